@@ -1,0 +1,293 @@
+//! Checkpoints: the whole pool state, written to freshly allocated extents
+//! (segments) and pointed to by the superblock. See docs/FORMAT.md §Checkpoint.
+
+use crate::address::BLOCK_SIZE;
+use crate::checksum::{checksum, SALT_SEGMENT_HEADER};
+use crate::codec::{Reader, Writer};
+use crate::error::{FormatError, Result};
+use crate::ops::MAX_NAME_LEN;
+
+pub const CHECKPOINT_MAGIC: [u8; 8] = *b"TARNCKPT";
+pub const SEGMENT_MAGIC: [u8; 8] = *b"TARNSEGM";
+pub const SEGMENT_HEADER_LEN: usize = 64;
+const SEGMENT_CRC_OFFSET: usize = 60;
+/// Upper bound on volumes in one pool (bounds every decode loop).
+pub const MAX_VOLUMES: u32 = 1 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentHeader {
+    pub seq: u64,
+    pub index: u32,
+    pub blocks: u32,
+    pub self_pba: u64,
+    /// Next segment's address; 0 for the last one.
+    pub next_pba: u64,
+    pub payload_len: u32,
+}
+
+impl SegmentHeader {
+    /// Payload bytes a segment of `blocks` blocks can hold.
+    pub fn capacity(blocks: u64) -> u64 {
+        blocks * BLOCK_SIZE - SEGMENT_HEADER_LEN as u64
+    }
+
+    pub fn encode(&self) -> [u8; SEGMENT_HEADER_LEN] {
+        let mut w = Writer::with_capacity(SEGMENT_HEADER_LEN);
+        w.bytes(&SEGMENT_MAGIC);
+        w.u64(self.seq);
+        w.u32(self.index);
+        w.u32(self.blocks);
+        w.u64(self.self_pba);
+        w.u64(self.next_pba);
+        w.u32(self.payload_len);
+        w.buf.resize(SEGMENT_CRC_OFFSET, 0);
+        let crc = checksum(SALT_SEGMENT_HEADER, &w.buf);
+        w.u32(crc);
+        w.buf.try_into().expect("64-byte header")
+    }
+
+    pub fn decode(buf: &[u8], read_at: u64) -> Result<SegmentHeader> {
+        const WHAT: &str = "checkpoint segment";
+        if buf.len() < SEGMENT_HEADER_LEN {
+            return Err(FormatError::Truncated { what: WHAT, needed: SEGMENT_HEADER_LEN, had: buf.len() });
+        }
+        if buf[..8] != SEGMENT_MAGIC {
+            return Err(FormatError::BadMagic { what: WHAT });
+        }
+        let stored = u32::from_le_bytes(buf[SEGMENT_CRC_OFFSET..SEGMENT_HEADER_LEN].try_into().expect("4 bytes"));
+        let computed = checksum(SALT_SEGMENT_HEADER, &buf[..SEGMENT_CRC_OFFSET]);
+        if stored != computed {
+            return Err(FormatError::BadChecksum { what: WHAT, stored, computed });
+        }
+        let mut r = Reader::new(&buf[8..SEGMENT_CRC_OFFSET], WHAT);
+        let h = SegmentHeader {
+            seq: r.u64()?,
+            index: r.u32()?,
+            blocks: r.u32()?,
+            self_pba: r.u64()?,
+            next_pba: r.u64()?,
+            payload_len: r.u32()?,
+        };
+        if h.self_pba != read_at {
+            return Err(FormatError::Misplaced { what: WHAT, stored: h.self_pba, actual: read_at });
+        }
+        if h.blocks == 0 || u64::from(h.payload_len) > Self::capacity(u64::from(h.blocks)) {
+            return Err(r.bad("payload_len", u64::from(h.payload_len)));
+        }
+        Ok(h)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointHeader {
+    pub seq: u64,
+    pub epoch: u64,
+    pub next_volume_id: u32,
+    pub volume_count: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeRecord {
+    pub id: u32,
+    pub size: u64,
+    pub name: String,
+    pub flags: u32,
+    pub extent_count: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExtentRecord {
+    pub lba: u64,
+    pub len: u64,
+    pub pba: u64,
+    pub birth: u64,
+}
+
+/// Streams a checkpoint payload: header, then per volume its record and its
+/// extents in ascending lba order (delta-encoded: ~6-10 bytes per extent).
+pub struct CheckpointEncoder {
+    w: Writer,
+    prev_end: u64,
+    prev_pba_end: u64,
+    extents_left: u64,
+    volumes_left: u32,
+}
+
+impl CheckpointEncoder {
+    pub fn new(h: &CheckpointHeader) -> Self {
+        let mut w = Writer::with_capacity(4096);
+        w.bytes(&CHECKPOINT_MAGIC);
+        w.u64(h.seq);
+        w.u64(h.epoch);
+        w.u32(h.next_volume_id);
+        w.u32(h.volume_count);
+        CheckpointEncoder { w, prev_end: 0, prev_pba_end: 0, extents_left: 0, volumes_left: h.volume_count }
+    }
+
+    pub fn volume(&mut self, v: &VolumeRecord) {
+        assert_eq!(self.extents_left, 0, "previous volume's extents incomplete");
+        assert!(self.volumes_left > 0, "more volumes than the header announced");
+        assert!(v.name.len() <= MAX_NAME_LEN);
+        self.volumes_left -= 1;
+        self.w.u32(v.id);
+        self.w.u64(v.size);
+        self.w.u8(v.name.len() as u8);
+        self.w.bytes(v.name.as_bytes());
+        self.w.u32(v.flags);
+        self.w.varint(v.extent_count);
+        self.extents_left = v.extent_count;
+        self.prev_end = 0;
+        self.prev_pba_end = 0;
+    }
+
+    pub fn extent(&mut self, e: &ExtentRecord) {
+        assert!(self.extents_left > 0, "more extents than the volume announced");
+        assert!(e.lba >= self.prev_end && e.len > 0, "extents must ascend and not overlap");
+        self.extents_left -= 1;
+        self.w.varint(e.lba - self.prev_end);
+        self.w.varint(e.len);
+        self.w.varint_signed(e.pba.wrapping_sub(self.prev_pba_end) as i64);
+        self.w.varint(e.birth);
+        self.prev_end = e.lba + e.len;
+        self.prev_pba_end = e.pba.wrapping_add(e.len);
+    }
+
+    pub fn finish(self) -> Vec<u8> {
+        assert!(self.extents_left == 0 && self.volumes_left == 0, "checkpoint incomplete");
+        self.w.buf
+    }
+}
+
+/// Pulls a checkpoint payload apart in the order the encoder wrote it.
+pub struct CheckpointDecoder<'a> {
+    r: Reader<'a>,
+    prev_end: u64,
+    prev_pba_end: u64,
+    extents_left: u64,
+    volumes_left: u32,
+}
+
+impl<'a> CheckpointDecoder<'a> {
+    pub fn new(buf: &'a [u8]) -> Result<(Self, CheckpointHeader)> {
+        let mut r = Reader::new(buf, "checkpoint");
+        if r.take(8)? != CHECKPOINT_MAGIC {
+            return Err(FormatError::BadMagic { what: "checkpoint" });
+        }
+        let h = CheckpointHeader { seq: r.u64()?, epoch: r.u64()?, next_volume_id: r.u32()?, volume_count: r.u32()? };
+        if h.volume_count > MAX_VOLUMES {
+            return Err(r.bad("volume_count", u64::from(h.volume_count)));
+        }
+        let d = CheckpointDecoder { r, prev_end: 0, prev_pba_end: 0, extents_left: 0, volumes_left: h.volume_count };
+        Ok((d, h))
+    }
+
+    /// The next volume record, or None after the last one.
+    pub fn volume(&mut self) -> Result<Option<VolumeRecord>> {
+        if self.extents_left != 0 {
+            return Err(self.r.bad("extents_left", self.extents_left));
+        }
+        if self.volumes_left == 0 {
+            if !self.r.is_empty() {
+                return Err(self.r.bad("trailing_bytes", self.r.remaining() as u64));
+            }
+            return Ok(None);
+        }
+        self.volumes_left -= 1;
+        let id = self.r.u32()?;
+        let size = self.r.u64()?;
+        let n = usize::from(self.r.u8()?);
+        if n > MAX_NAME_LEN {
+            return Err(self.r.bad("name_len", n as u64));
+        }
+        let name = String::from_utf8(self.r.take(n)?.to_vec()).map_err(|_| self.r.bad("name_utf8", 0))?;
+        let flags = self.r.u32()?;
+        let extent_count = self.r.varint()?;
+        // Each extent takes at least 4 bytes: a count beyond that is corrupt.
+        if extent_count > self.r.remaining() as u64 / 4 {
+            return Err(self.r.bad("extent_count", extent_count));
+        }
+        self.extents_left = extent_count;
+        self.prev_end = 0;
+        self.prev_pba_end = 0;
+        Ok(Some(VolumeRecord { id, size, name, flags, extent_count }))
+    }
+
+    /// The next extent of the current volume, or None after its last.
+    pub fn extent(&mut self) -> Result<Option<ExtentRecord>> {
+        if self.extents_left == 0 {
+            return Ok(None);
+        }
+        self.extents_left -= 1;
+        let gap = self.r.varint()?;
+        let len = self.r.varint()?;
+        let delta = self.r.varint_signed()?;
+        let birth = self.r.varint()?;
+        let lba = self.prev_end.checked_add(gap).ok_or(self.r.bad("lba", gap))?;
+        let end = lba.checked_add(len).ok_or(self.r.bad("len", len))?;
+        if len == 0 {
+            return Err(self.r.bad("len", 0));
+        }
+        let pba = self.prev_pba_end.wrapping_add(delta as u64);
+        self.prev_end = end;
+        self.prev_pba_end = pba.wrapping_add(len);
+        Ok(Some(ExtentRecord { lba, len, pba, birth }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> (CheckpointHeader, Vec<(VolumeRecord, Vec<ExtentRecord>)>) {
+        let h = CheckpointHeader { seq: 9, epoch: 3, next_volume_id: 3, volume_count: 2 };
+        let e = |lba, len, pba, birth| ExtentRecord { lba, len, pba, birth };
+        let v1 = VolumeRecord { id: 1, size: 1 << 30, name: "a".into(), flags: 0, extent_count: 3 };
+        let v2 = VolumeRecord { id: 2, size: 4096, name: "b".into(), flags: 0, extent_count: 0 };
+        (h, vec![(v1, vec![e(0, 4, 100, 1), e(4, 1, 50, 2), e(1000, 7, (1 << 48) | 3, 3)]), (v2, vec![])])
+    }
+
+    fn encode(h: &CheckpointHeader, vols: &[(VolumeRecord, Vec<ExtentRecord>)]) -> Vec<u8> {
+        let mut enc = CheckpointEncoder::new(h);
+        for (v, exts) in vols {
+            enc.volume(v);
+            exts.iter().for_each(|e| enc.extent(e));
+        }
+        enc.finish()
+    }
+
+    fn decode(buf: &[u8]) -> Result<(CheckpointHeader, Vec<(VolumeRecord, Vec<ExtentRecord>)>)> {
+        let (mut d, h) = CheckpointDecoder::new(buf)?;
+        let mut out = vec![];
+        while let Some(v) = d.volume()? {
+            let mut exts = vec![];
+            while let Some(e) = d.extent()? {
+                exts.push(e);
+            }
+            out.push((v, exts));
+        }
+        Ok((h, out))
+    }
+
+    #[test]
+    fn checkpoint_round_trips() {
+        let (h, vols) = sample();
+        let buf = encode(&h, &vols);
+        assert_eq!(decode(&buf).unwrap(), (h, vols));
+    }
+
+    #[test]
+    fn truncations_are_errors() {
+        let (h, vols) = sample();
+        let buf = encode(&h, &vols);
+        for n in 0..buf.len() {
+            assert!(decode(&buf[..n]).is_err(), "prefix {n} accepted");
+        }
+    }
+
+    #[test]
+    fn segment_header_round_trips() {
+        let s = SegmentHeader { seq: 1, index: 0, blocks: 3, self_pba: 77, next_pba: 99, payload_len: 100 };
+        assert_eq!(SegmentHeader::decode(&s.encode(), 77).unwrap(), s);
+        assert!(SegmentHeader::decode(&s.encode(), 78).is_err());
+    }
+}

@@ -1,0 +1,290 @@
+//! The superblock: one per device, two copies, the root of everything.
+//!
+//! Layout (little-endian, 4096 bytes; offsets in bytes):
+//! see docs/FORMAT.md §Superblock, which is normative. Field offsets here
+//! mirror it.
+
+use crate::address::{Pba, BLOCK_SIZE};
+use crate::checksum::{checksum, SALT_SUPERBLOCK};
+use crate::codec::{Reader, Writer};
+use crate::error::{FormatError, Result};
+
+pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"TARNPOOL";
+pub const FORMAT_VERSION: u32 = 1;
+/// Block addresses of the two superblock copies on every device.
+pub const SUPERBLOCK_COPIES: [u64; 2] = [0, 16];
+/// First block after the reserved label area on every device.
+pub const LABEL_BLOCKS: u64 = 32;
+pub const MAX_PATH_LEN: usize = 200;
+pub const MAX_DEVICE_ENTRIES: usize = 16;
+const CRC_OFFSET: usize = 4092;
+
+/// Incompatible features: a reader that does not know a set bit must refuse.
+pub mod incompat {
+    /// Map entries carry per-block data checksums (reserved for the integrity work).
+    pub const DATA_CHECKSUMS: u64 = 1 << 0;
+    /// Volumes may have snapshots and clones (reserved).
+    pub const SNAPSHOTS: u64 = 1 << 1;
+    /// Volumes may keep mirror copies (reserved).
+    pub const MIRRORS: u64 = 1 << 2;
+    /// Features this build understands.
+    pub const KNOWN: u64 = 0;
+}
+
+/// One member device as the primary's superblock records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceEntry {
+    pub uuid: [u8; 16],
+    pub blocks: u64,
+    /// Where the device was last seen (a hint; identity is the uuid).
+    pub path: String,
+}
+
+/// Where the current checkpoint lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CheckpointRef {
+    /// First segment (0 = no checkpoint yet: the pool is empty).
+    pub first_segment: u64,
+    pub segments: u32,
+    pub payload_len: u64,
+    pub payload_crc: u32,
+    /// Last commit sequence the checkpoint includes.
+    pub seq: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Superblock {
+    pub version: u32,
+    pub incompat: u64,
+    pub ro_compat: u64,
+    pub compat: u64,
+    pub pool_uuid: [u8; 16],
+    pub device_uuid: [u8; 16],
+    pub device_index: u16,
+    /// Generation: the valid copy with the highest txid is current.
+    pub txid: u64,
+    pub device_blocks: u64,
+    pub data_start: u64,
+    pub journal_start: u64,
+    pub journal_blocks: u64,
+    pub journal_generation: u64,
+    pub checkpoint: CheckpointRef,
+    pub created_unix: u64,
+    /// Only on the primary (index 0): every member, index = position.
+    pub devices: Vec<DeviceEntry>,
+}
+
+impl Superblock {
+    /// Encode for the copy at `copy_block`; the copy records its own address.
+    pub fn encode(&self, copy_block: u64) -> Vec<u8> {
+        assert!(self.devices.len() <= MAX_DEVICE_ENTRIES);
+        let mut w = Writer::with_capacity(BLOCK_SIZE as usize);
+        w.bytes(&SUPERBLOCK_MAGIC);
+        w.u32(self.version);
+        w.u32(BLOCK_SIZE as u32);
+        w.u64(self.incompat);
+        w.u64(self.ro_compat);
+        w.u64(self.compat);
+        w.bytes(&self.pool_uuid);
+        w.bytes(&self.device_uuid);
+        w.u16(self.device_index);
+        w.u16(self.devices.len() as u16);
+        w.u32(0);
+        w.u64(self.txid);
+        w.u64(copy_block);
+        w.u64(self.device_blocks);
+        w.u64(self.data_start);
+        w.u64(self.journal_start);
+        w.u64(self.journal_blocks);
+        w.u64(self.journal_generation);
+        w.u64(self.checkpoint.first_segment);
+        w.u64(self.checkpoint.payload_len);
+        w.u32(self.checkpoint.payload_crc);
+        w.u32(self.checkpoint.segments);
+        w.u64(self.checkpoint.seq);
+        w.u64(self.created_unix);
+        debug_assert_eq!(w.len(), 176);
+        for d in &self.devices {
+            assert!(d.path.len() <= MAX_PATH_LEN);
+            w.bytes(&d.uuid);
+            w.u64(d.blocks);
+            w.u16(d.path.len() as u16);
+            w.bytes(d.path.as_bytes());
+        }
+        assert!(w.len() <= CRC_OFFSET, "superblock overflows its block");
+        w.buf.resize(CRC_OFFSET, 0);
+        let crc = checksum(SALT_SUPERBLOCK, &w.buf);
+        w.u32(crc);
+        w.buf
+    }
+
+    /// Decode and validate the copy read from `copy_block`.
+    pub fn decode(buf: &[u8], copy_block: u64) -> Result<Superblock> {
+        const WHAT: &str = "superblock";
+        if buf.len() < BLOCK_SIZE as usize {
+            return Err(FormatError::Truncated { what: WHAT, needed: BLOCK_SIZE as usize, had: buf.len() });
+        }
+        if buf[..8] != SUPERBLOCK_MAGIC {
+            return Err(FormatError::BadMagic { what: WHAT });
+        }
+        let stored = u32::from_le_bytes([buf[CRC_OFFSET], buf[CRC_OFFSET + 1], buf[CRC_OFFSET + 2], buf[CRC_OFFSET + 3]]);
+        let computed = checksum(SALT_SUPERBLOCK, &buf[..CRC_OFFSET]);
+        if stored != computed {
+            return Err(FormatError::BadChecksum { what: WHAT, stored, computed });
+        }
+        let mut r = Reader::new(&buf[..CRC_OFFSET], WHAT);
+        r.take(8)?;
+        let version = r.u32()?;
+        if version != FORMAT_VERSION {
+            return Err(FormatError::UnsupportedVersion(version));
+        }
+        let block_size = r.u32()?;
+        if u64::from(block_size) != BLOCK_SIZE {
+            return Err(r.bad("block_size", u64::from(block_size)));
+        }
+        let incompat = r.u64()?;
+        if incompat & !incompat::KNOWN != 0 {
+            return Err(FormatError::UnsupportedFeatures(incompat & !incompat::KNOWN));
+        }
+        let ro_compat = r.u64()?;
+        let compat = r.u64()?;
+        let pool_uuid = r.array()?;
+        let device_uuid = r.array()?;
+        let device_index = r.u16()?;
+        let device_count = usize::from(r.u16()?);
+        r.u32()?;
+        let txid = r.u64()?;
+        let self_block = r.u64()?;
+        if self_block != copy_block {
+            return Err(FormatError::Misplaced { what: WHAT, stored: self_block, actual: copy_block });
+        }
+        let mut sb = Superblock {
+            version,
+            incompat,
+            ro_compat,
+            compat,
+            pool_uuid,
+            device_uuid,
+            device_index,
+            txid,
+            device_blocks: r.u64()?,
+            data_start: r.u64()?,
+            journal_start: r.u64()?,
+            journal_blocks: r.u64()?,
+            journal_generation: r.u64()?,
+            checkpoint: CheckpointRef::default(),
+            created_unix: 0,
+            devices: Vec::new(),
+        };
+        sb.checkpoint.first_segment = r.u64()?;
+        sb.checkpoint.payload_len = r.u64()?;
+        sb.checkpoint.payload_crc = r.u32()?;
+        sb.checkpoint.segments = r.u32()?;
+        sb.checkpoint.seq = r.u64()?;
+        sb.created_unix = r.u64()?;
+        if device_count > MAX_DEVICE_ENTRIES {
+            return Err(r.bad("device_count", device_count as u64));
+        }
+        for _ in 0..device_count {
+            let uuid = r.array()?;
+            let blocks = r.u64()?;
+            let len = usize::from(r.u16()?);
+            if len > MAX_PATH_LEN {
+                return Err(r.bad("path_len", len as u64));
+            }
+            let path = String::from_utf8_lossy(r.take(len)?).into_owned();
+            sb.devices.push(DeviceEntry { uuid, blocks, path });
+        }
+        sb.validate()?;
+        Ok(sb)
+    }
+
+    /// Cross-field checks that hold for every valid superblock.
+    fn validate(&self) -> Result<()> {
+        let bad = |field, value| FormatError::BadField { what: "superblock", field, value };
+        if self.data_start < crate::superblock::LABEL_BLOCKS || self.data_start > self.device_blocks {
+            return Err(bad("data_start", self.data_start));
+        }
+        if self.journal_blocks > 0 {
+            let end = self.journal_start.checked_add(self.journal_blocks).ok_or(bad("journal_blocks", self.journal_blocks))?;
+            if self.journal_start < LABEL_BLOCKS || end > self.data_start {
+                return Err(bad("journal_start", self.journal_start));
+            }
+        }
+        if self.checkpoint.first_segment != 0 && self.checkpoint.segments == 0 {
+            return Err(bad("checkpoint_segments", 0));
+        }
+        if self.device_index == 0 && self.devices.is_empty() {
+            return Err(bad("device_count", 0));
+        }
+        Ok(())
+    }
+
+    pub fn is_primary(&self) -> bool {
+        self.device_index == 0
+    }
+
+    pub fn first_segment(&self) -> Option<Pba> {
+        (self.checkpoint.first_segment != 0).then_some(Pba(self.checkpoint.first_segment))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub fn sample() -> Superblock {
+        Superblock {
+            version: FORMAT_VERSION,
+            incompat: 0,
+            ro_compat: 0,
+            compat: 0,
+            pool_uuid: [1; 16],
+            device_uuid: [2; 16],
+            device_index: 0,
+            txid: 7,
+            device_blocks: 1 << 20,
+            data_start: 1000,
+            journal_start: 32,
+            journal_blocks: 900,
+            journal_generation: 3,
+            checkpoint: CheckpointRef { first_segment: 5000, segments: 2, payload_len: 9000, payload_crc: 0xabcd, seq: 41 },
+            created_unix: 1_700_000_000,
+            devices: vec![DeviceEntry { uuid: [2; 16], blocks: 1 << 20, path: "/tmp/pool.img".into() }],
+        }
+    }
+
+    #[test]
+    fn round_trips_and_knows_its_copy() {
+        let sb = sample();
+        let bytes = sb.encode(16);
+        assert_eq!(bytes.len(), 4096);
+        assert_eq!(Superblock::decode(&bytes, 16).unwrap(), sb);
+        assert!(matches!(Superblock::decode(&bytes, 0), Err(FormatError::Misplaced { .. })));
+    }
+
+    #[test]
+    fn golden_header_bytes() {
+        let bytes = sample().encode(0);
+        assert_eq!(&bytes[0..8], b"TARNPOOL");
+        assert_eq!(&bytes[8..16], &[1, 0, 0, 0, 0, 0, 16, 0]);
+        assert_eq!(&bytes[80..88], &7u64.to_le_bytes());
+    }
+
+    #[test]
+    fn every_single_bit_flip_is_detected() {
+        let bytes = sample().encode(0);
+        for i in (0..4096).step_by(7) {
+            let mut b = bytes.clone();
+            b[i] ^= 0x10;
+            assert!(Superblock::decode(&b, 0).is_err(), "flip at byte {i} not detected");
+        }
+    }
+
+    #[test]
+    fn unknown_incompatible_feature_is_refused() {
+        let mut sb = sample();
+        sb.incompat = 1 << 40;
+        assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
+    }
+}

@@ -1,0 +1,1 @@
+//! NBD protocol and server (in progress).

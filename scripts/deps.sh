@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Idempotent install of everything the tarn tests and benchmark need on a
+# fresh Debian machine. Quiet; does nothing when all tools are present.
+#   bash scripts/deps.sh           # test + bench tools
+#   bash scripts/deps.sh --serve   # only what `tarn run` needs (cargo)
+set -euo pipefail
+
+mode=${1:-all}
+
+# command -> Debian package
+declare -A NEED=(
+  [qemu-img]=qemu-utils [qemu-io]=qemu-utils [qemu-nbd]=qemu-utils
+  [nbdinfo]=libnbd-bin [nbdcopy]=libnbd-bin [nbdsh]=python3-libnbd
+  [nbdfuse]=nbdfuse [fusermount3]=fuse3 [fio]=fio
+  [mkfs.ext4]=e2fsprogs [e2fsck]=e2fsprogs [nbdkit]=nbdkit
+  [losetup]=util-linux [fstrim]=util-linux [pgrep]=procps
+  [jq]=jq [python3]=python3 [timeout]=coreutils [curl]=curl
+)
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+missing=()
+if [ "$mode" != "--serve" ]; then
+  for cmd in "${!NEED[@]}"; do
+    command -v "$cmd" >/dev/null 2>&1 || missing+=("${NEED[$cmd]}")
+  done
+  # the libnbd python binding lives in the system python (the tests call
+  # /usr/bin/python3 explicitly since a pyenv python3 may shadow it)
+  if ! /usr/bin/python3 -c 'import nbd' >/dev/null 2>&1; then
+    missing+=(python3-libnbd)
+  fi
+  # the nbdkit plugins used by the benchmark
+  if command -v nbdkit >/dev/null 2>&1 && ! nbdkit file --version >/dev/null 2>&1; then
+    missing+=(nbdkit)
+  fi
+fi
+
+if [ ${#missing[@]} -gt 0 ]; then
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "deps.sh: missing packages ${missing[*]} and no apt-get; install them by hand" >&2
+    exit 1
+  fi
+  mapfile -t pkgs < <(printf '%s\n' "${missing[@]}" | sort -u)
+  echo "deps.sh: installing ${pkgs[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  # wait (bounded) for any other apt/dpkg run holding the lock
+  for _ in $(seq 1 120); do
+    if command -v fuser >/dev/null 2>&1 && fuser /var/lib/dpkg/lock-frontend >/dev/null 2>&1; then
+      sleep 5
+    else
+      break
+    fi
+  done
+  if ! as_root apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/tmp/tarn-deps-apt.log 2>&1; then
+    as_root apt-get update -qq >>/tmp/tarn-deps-apt.log 2>&1
+    as_root apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >>/tmp/tarn-deps-apt.log 2>&1 || {
+      echo "deps.sh: apt-get install failed, see /tmp/tarn-deps-apt.log" >&2
+      tail -20 /tmp/tarn-deps-apt.log >&2
+      exit 1
+    }
+  fi
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  if [ -x "$HOME/.cargo/bin/cargo" ]; then
+    :
+  else
+    echo "deps.sh: cargo not found; install a Rust toolchain (rustup or apt-get install cargo)" >&2
+    exit 1
+  fi
+fi
+exit 0

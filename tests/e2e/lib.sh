@@ -1,0 +1,249 @@
+# Shared helpers for tarn end-to-end tests. Source it from a test script:
+#   . "$(dirname "$0")/lib.sh"; e2e_init NAME
+# Env:
+#   TARN=path        tarn binary (default target/release/tarn)
+#   E2E_KEEP=1       keep the temp dir (always kept, minus big images, on failure)
+#   E2E_TMP=dir      where temp dirs go (default /var/tmp; must not be tmpfs for
+#                    fstrim/allocation numbers to mean anything)
+set -euo pipefail
+
+E2E_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$E2E_DIR/../.." && pwd)
+TARN=${TARN:-$REPO/target/release/tarn}
+# the libnbd python binding is only in the system python; a pyenv python3 may
+# shadow it on PATH, so call it explicitly
+SYSPY=/usr/bin/python3
+nbdsh() { PATH=/usr/bin:$PATH command nbdsh "$@"; }
+export LC_ALL=C
+
+E2E_NAME=
+T=
+E2E_PASS=0
+E2E_FAIL=0
+E2E_FAILED=()
+E2E_PIDS=()
+E2E_MOUNTS=()
+E2E_LOOPS=()
+E2E_FUSE=()
+SERVE_PID=
+SERVE_PORT=
+SERVE_SOCK=
+SERVE_POOL=
+SERVE_LOG=
+
+say()  { printf '%s\n' "$*"; }
+step() { printf '\n== %s\n' "$*"; }
+ok()   { E2E_PASS=$((E2E_PASS + 1)); printf '  ok   %s\n' "$*"; }
+bad()  { E2E_FAIL=$((E2E_FAIL + 1)); E2E_FAILED+=("$*"); printf '  FAIL %s\n' "$*"; }
+die()  { bad "$*"; say "aborting $E2E_NAME: $*"; exit 1; }
+
+# check DESC CMD...: run CMD, record pass/fail, show the output tail on failure
+check() {
+  local desc=$1; shift
+  local out rc=0
+  out=$("$@" 2>&1) || rc=$?
+  if [ $rc -eq 0 ]; then ok "$desc"; else
+    bad "$desc (exit $rc: $(printf '%q ' "$@" | cut -c1-200))"
+    printf '%s\n' "$out" | tail -n 15 | sed 's/^/       | /'
+  fi
+  return 0
+}
+# check_fails DESC CMD...: CMD must exit non-zero; its output is kept in $LAST_OUT
+LAST_OUT=
+LAST_RC=0
+check_fails() {
+  local desc=$1; shift
+  LAST_RC=0
+  LAST_OUT=$("$@" 2>&1) || LAST_RC=$?
+  if [ $LAST_RC -ne 0 ]; then ok "$desc (exit $LAST_RC: $(printf '%s' "$LAST_OUT" | tr '\n' ' ' | cut -c1-160))"
+  else
+    bad "$desc: expected failure but exit 0 ($(printf '%q ' "$@" | cut -c1-200))"
+    printf '%s\n' "$LAST_OUT" | tail -n 10 | sed 's/^/       | /'
+  fi
+  return 0
+}
+# expect_eq DESC GOT WANT
+expect_eq() { if [ "$2" = "$3" ]; then ok "$1 ($2)"; else bad "$1: got '$2', want '$3'"; fi; }
+# expect_between DESC VALUE LO HI (integers)
+expect_between() {
+  if [ "$2" -ge "$3" ] && [ "$2" -le "$4" ]; then ok "$1 ($2 in [$3, $4])"
+  else bad "$1: $2 not in [$3, $4]"; fi
+}
+
+need() {
+  local c
+  for c in "$@"; do
+    command -v "$c" >/dev/null 2>&1 || die "required tool '$c' missing (run scripts/deps.sh)"
+  done
+}
+
+e2e_init() {
+  E2E_NAME=$1
+  [ -x "$TARN" ] || { say "FAIL $E2E_NAME: tarn binary $TARN not found (cargo build --release -p tarn-cli)"; exit 1; }
+  local base=${E2E_TMP:-/var/tmp}
+  T=$(mktemp -d "$base/tarn-e2e-$E2E_NAME.XXXXXX")
+  trap e2e_cleanup EXIT
+  trap 'say "interrupted"; exit 130' INT TERM
+  say "### e2e $E2E_NAME (tarn: $TARN, dir: $T)"
+}
+
+e2e_cleanup() {
+  local rc=$? p m l i
+  set +e
+  for m in "${E2E_MOUNTS[@]}"; do mountpoint -q "$m" && { umount "$m" 2>/dev/null || umount -l "$m"; }; done
+  for l in "${E2E_LOOPS[@]}"; do losetup "$l" >/dev/null 2>&1 && losetup -d "$l"; done
+  for m in "${E2E_FUSE[@]}"; do mountpoint -q "$m" && { fusermount3 -u "$m" 2>/dev/null || fusermount3 -uz "$m"; }; done
+  for p in "${E2E_PIDS[@]}"; do kill -0 "$p" 2>/dev/null && kill -TERM "$p" 2>/dev/null; done
+  for p in "${E2E_PIDS[@]}"; do
+    for i in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$p" 2>/dev/null && kill -KILL "$p" 2>/dev/null
+    wait "$p" 2>/dev/null
+  done
+  if [ $rc -ne 0 ] || [ $E2E_FAIL -ne 0 ]; then
+    for l in "$T"/*.log; do
+      [ -s "$l" ] || continue
+      say "--- last lines of $l"; tail -n 25 "$l" | sed 's/^/  /'
+    done
+  fi
+  if [ -n "$T" ] && [ -d "$T" ]; then
+    if [ "${E2E_KEEP:-0}" = 1 ]; then say "kept $T"
+    elif [ $rc -ne 0 ] || [ $E2E_FAIL -ne 0 ]; then
+      find "$T" -type f -size +1M -delete 2>/dev/null; say "kept logs in $T"
+    else rm -rf "$T"; fi
+  fi
+  if [ $rc -eq 0 ] && [ $E2E_FAIL -ne 0 ]; then rc=1; fi
+  say "### $E2E_NAME: $E2E_PASS checks passed, $E2E_FAIL failed"
+  if [ $E2E_FAIL -ne 0 ]; then printf '    failed: %s\n' "${E2E_FAILED[@]}"; fi
+  exit $rc
+}
+
+# e2e_finish: end of a script (exit code reflects recorded failures)
+e2e_finish() { exit 0; }
+
+bg() { "$@" & E2E_PIDS+=($!); }
+
+free_port() {
+  "$SYSPY" -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'
+}
+
+# wait_until SECONDS CMD...: poll CMD every 0.2s
+wait_until() {
+  local secs=$1; shift
+  local end=$((SECONDS + secs))
+  while [ $SECONDS -lt $end ]; do
+    "$@" >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  return 1
+}
+
+tarn() { timeout 120 "$TARN" "$@"; }
+
+# make_pool PATH SIZE
+make_pool() {
+  check "tarn pool create $(basename "$1") --size $2" tarn pool create "$1" --size "$2"
+  [ -e "$1" ] || die "pool $1 was not created"
+}
+# make_vol POOL NAME SIZE
+make_vol() {
+  local out
+  out=$(tarn vol create "$2" --size "$3" -p "$1" 2>&1) || die "tarn vol create $2 --size $3 failed: $out"
+  ok "tarn vol create $2 --size $3"
+}
+
+uri()      { echo "nbd://127.0.0.1:$SERVE_PORT/$1"; }
+uri_unix() { echo "nbd+unix:///$1?socket=$SERVE_SOCK"; }
+
+# start_serve POOL [extra serve args]: background `tarn serve`, wait until it answers
+start_serve() {
+  SERVE_POOL=$1; shift
+  SERVE_PORT=$(free_port)
+  SERVE_SOCK=$T/nbd.sock
+  SERVE_LOG=$T/serve.log
+  rm -f "$SERVE_SOCK"
+  echo "--- tarn serve -p $SERVE_POOL --listen 127.0.0.1:$SERVE_PORT --socket $SERVE_SOCK $* ($(date +%T))" >>"$SERVE_LOG"
+  "$TARN" serve -p "$SERVE_POOL" --listen "127.0.0.1:$SERVE_PORT" --socket "$SERVE_SOCK" "$@" >>"$SERVE_LOG" 2>&1 &
+  SERVE_PID=$!
+  E2E_PIDS+=("$SERVE_PID")
+  local end=$((SECONDS + 30))
+  while :; do
+    kill -0 "$SERVE_PID" 2>/dev/null || { wait "$SERVE_PID"; die "tarn serve exited during startup (exit $?)"; }
+    if timeout 5 nbdinfo --list "nbd://127.0.0.1:$SERVE_PORT" >/dev/null 2>&1 &&
+       [ -S "$SERVE_SOCK" ] && timeout 5 nbdinfo --list "nbd+unix://?socket=$SERVE_SOCK" >/dev/null 2>&1; then
+      break
+    fi
+    [ $SECONDS -lt $end ] || die "tarn serve did not answer nbdinfo --list on 127.0.0.1:$SERVE_PORT and $SERVE_SOCK within 30s"
+    sleep 0.2
+  done
+  say "  tarn serve up: pid $SERVE_PID, nbd://127.0.0.1:$SERVE_PORT, socket $SERVE_SOCK"
+}
+
+# stop_serve [TIMEOUT]: SIGTERM, wait; records a check that it exited 0 in time
+stop_serve() {
+  local secs=${1:-60} rc=0 i
+  [ -n "$SERVE_PID" ] || return 0
+  kill -TERM "$SERVE_PID" 2>/dev/null || true
+  for i in $(seq 1 $((secs * 10))); do kill -0 "$SERVE_PID" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$SERVE_PID" 2>/dev/null; then
+    bad "tarn serve still running ${secs}s after SIGTERM; killing it"
+    kill -KILL "$SERVE_PID"; wait "$SERVE_PID" 2>/dev/null || true
+  else
+    wait "$SERVE_PID" || rc=$?
+    expect_eq "tarn serve exit status after SIGTERM" "$rc" 0
+  fi
+  SERVE_PID=
+}
+
+# kill9_serve: SIGKILL without any chance to commit
+kill9_serve() {
+  [ -n "$SERVE_PID" ] || return 0
+  kill -KILL "$SERVE_PID" 2>/dev/null || true
+  wait "$SERVE_PID" 2>/dev/null || true
+  SERVE_PID=
+}
+
+# vol_query POOL: sets VOL_JSON to `tarn vol list --json` (queried live over
+# the control socket while serving). If the live query fails that is recorded
+# once as a failure, and the server is stopped, queried offline and restarted.
+# (Never call these in $(...): they record checks and may restart the server.)
+VOL_LIVE_FAILED=0
+VOL_JSON=
+vol_query() {
+  local pool=$1 out
+  if out=$(timeout 30 "$TARN" vol list -p "$pool" --json 2>&1) && printf '%s' "$out" | jq -e 'type == "array"' >/dev/null 2>&1; then
+    VOL_JSON=$out; return 0
+  fi
+  if [ -n "$SERVE_PID" ]; then
+    if [ $VOL_LIVE_FAILED = 0 ]; then
+      bad "tarn vol list --json while serving: $(printf '%s' "$out" | tr '\n' ' ' | cut -c1-200)"
+      VOL_LIVE_FAILED=1
+    fi
+    stop_serve
+    out=$(timeout 30 "$TARN" vol list -p "$pool" --json 2>&1) || out=
+    start_serve "$pool"
+  fi
+  if printf '%s' "$out" | jq -e 'type == "array"' >/dev/null 2>&1; then VOL_JSON=$out; return 0; fi
+  bad "tarn vol list --json -p $pool: $(printf '%s' "$out" | tr '\n' ' ' | cut -c1-200)"
+  VOL_JSON='[]'
+  return 1
+}
+# vol_get POOL NAME FIELD: sets VAL (-1 if unknown)
+VAL=
+vol_get() {
+  vol_query "$1" || true
+  VAL=$(printf '%s' "$VOL_JSON" | jq -r --arg n "$2" --arg f "$3" '.[] | select(.name == $n) | .[$f]' 2>/dev/null | head -n1)
+  [[ "$VAL" =~ ^[0-9]+$ ]] || { bad "tarn vol list --json: no numeric '$3' for volume '$2' in: $(printf '%s' "$VOL_JSON" | cut -c1-200)"; VAL=-1; }
+}
+
+mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
+
+# pool_check POOL: `tarn pool check` must exit 0
+pool_check() {
+  local out rc=0
+  out=$(timeout 300 "$TARN" pool check -p "$1" 2>&1) || rc=$?
+  if [ $rc -eq 0 ]; then ok "tarn pool check clean${2:+ ($2)}"
+  else
+    bad "tarn pool check${2:+ ($2)} exit $rc"
+    printf '%s\n' "$out" | tail -n 20 | sed 's/^/       | /'
+  fi
+}
