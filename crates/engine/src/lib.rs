@@ -1,1 +1,26 @@
+//! tarn's engine: the device seam, free space, volume maps, the commit
+//! protocol, the pool API and the checker. See docs/ARCHITECTURE.md.
+
+pub mod check;
+mod checkpoint;
+pub mod commit;
 pub mod device;
+pub mod error;
+pub mod extent_map;
+pub mod file_device;
+pub mod io;
+mod journal;
+mod label;
+pub mod open;
+pub mod placement;
+pub mod pool;
+pub mod space;
+pub mod state;
+
+pub use check::CheckReport;
+pub use device::Device;
+pub use error::{EngineError, Result};
+pub use file_device::FileDevice;
+pub use io::StatusRun;
+pub use open::{create_pool, CreateOptions};
+pub use pool::{DeviceStatus, OpenOptions, Pool, PoolStatus, VolumeInfo};

@@ -267,7 +267,7 @@ mod tests {
     fn golden_header_bytes() {
         let bytes = sample().encode(0);
         assert_eq!(&bytes[0..8], b"TARNPOOL");
-        assert_eq!(&bytes[8..16], &[1, 0, 0, 0, 0, 0, 16, 0]);
+        assert_eq!(&bytes[8..16], &[1, 0, 0, 0, 0, 16, 0, 0]);
         assert_eq!(&bytes[80..88], &7u64.to_le_bytes());
     }
 

@@ -1,1 +1,37 @@
-//! NBD protocol and server (in progress).
+//! NBD protocol and server for tarn; knows nothing of maps.
+//!
+//! The engine implements [`Export`] (one block device) and [`Backend`] (the
+//! set of exports); [`Server`] serves them over TCP and Unix sockets with the
+//! fixed-newstyle handshake, structured replies, `base:allocation` block
+//! status, and many requests in flight per connection.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use tarn_nbd::{memory::{MemoryBackend, MemoryExport}, Server, ServerConfig};
+//! let backend = MemoryBackend::new().with_export("mem", "", Arc::new(MemoryExport::new(64 << 20)));
+//! let server = Server::new(Arc::new(backend), ServerConfig::default());
+//! let addr = server.listen_tcp("127.0.0.1:10809").unwrap();
+//! # let _ = addr;
+//! server.shutdown();
+//! ```
+//!
+//! Modules: [`protocol`] (constants and pure encoders/decoders), `handshake`
+//! (option haggling), `connection` (transmission phase: reader, workers),
+//! `writer` (combining reply writer), [`server`] (listeners and shutdown),
+//! [`export`] (traits), [`error`], [`memory`] (in-memory export for tests).
+
+pub mod error;
+pub mod export;
+pub mod memory;
+pub mod protocol;
+pub mod server;
+
+mod connection;
+mod handshake;
+mod stream;
+mod util;
+mod writer;
+
+pub use error::{ExportError, NbdError, ProtocolError};
+pub use export::{Backend, BlockStatusExtent, Export, ExportDescription};
+pub use server::{Server, ServerConfig};

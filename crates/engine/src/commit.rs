@@ -1,0 +1,185 @@
+//! Group commit. Every map and space change since the last commit reaches
+//! stable storage in one atomic step: a journal record, or a checkpoint when
+//! the journal is full. The order is what makes it crash-safe:
+//!
+//! 1. under the pool lock, take the pending ops (and, for a checkpoint,
+//!    serialize the whole state) — all their data is already written;
+//! 2. flush the data devices;
+//! 3. write the journal record (or checkpoint segments, flush, superblock);
+//! 4. flush the primary: the commit is durable;
+//! 5. wait until no I/O planned against the old map is in flight, then
+//!    return the freed space to the allocator.
+
+use crate::checkpoint;
+use crate::error::{EngineError, Result};
+use crate::extent_map::Freed;
+use crate::io::reserve_for;
+use crate::journal;
+use crate::label::write_label_copy;
+use crate::pool::{CommitCtl, Pool};
+use std::sync::atomic::Ordering;
+use tarn_format::journal::RecordHeader;
+use tarn_format::ops::encode_ops;
+use tarn_format::{Pba, BLOCK_SIZE};
+
+enum Plan {
+    /// Only data changed: flushing the devices is the whole commit.
+    DataOnly,
+    Journal { payload: Vec<u8> },
+    Checkpoint { payload: Vec<u8>, pieces: Vec<(Pba, u64)> },
+}
+
+impl Pool {
+    /// Make every write answered before this call durable (NBD FLUSH).
+    /// Concurrent callers share one commit.
+    pub fn flush(&self) -> Result<()> {
+        self.check_writable()?;
+        let target = self.write_gen.load(Ordering::SeqCst);
+        let mut ctl = self.lock_commit();
+        if self.committed_gen.load(Ordering::SeqCst) >= target {
+            return Ok(());
+        }
+        self.commit_locked(&mut ctl, false)
+    }
+
+    /// Write a checkpoint now (clean shutdown), so the journal starts empty.
+    pub fn checkpoint(&self) -> Result<()> {
+        self.check_writable()?;
+        let mut ctl = self.lock_commit();
+        self.commit_locked(&mut ctl, true)
+    }
+
+    /// Checkpoint and stop accepting changes: what a clean shutdown does.
+    pub fn close(&self) -> Result<()> {
+        if self.options.read_only || self.is_fenced() {
+            return Ok(());
+        }
+        self.checkpoint()?;
+        self.fenced.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn commit_locked(&self, ctl: &mut CommitCtl, force_checkpoint: bool) -> Result<()> {
+        let result = self.commit_steps(ctl, force_checkpoint);
+        if let Err(e) = &result {
+            log::error!("commit failed, fencing the pool: {e}");
+            self.fenced.store(true, Ordering::SeqCst);
+        }
+        result
+    }
+
+    fn commit_steps(&self, ctl: &mut CommitCtl, force_checkpoint: bool) -> Result<()> {
+        let (plan, mut frees, gen) = self.take_pending(ctl, force_checkpoint)?;
+        self.flush_dirty_devices()?;
+        match plan {
+            Plan::DataOnly => {}
+            Plan::Journal { payload } => self.write_journal(ctl, &payload)?,
+            Plan::Checkpoint { payload, pieces } => {
+                let old = self.write_checkpoint(ctl, &payload, pieces)?;
+                frees.extend(old);
+            }
+        }
+        self.committed_gen.fetch_max(gen, Ordering::SeqCst);
+        self.counters.commits.fetch_add(1, Ordering::Relaxed);
+        self.release(frees);
+        Ok(())
+    }
+
+    /// Step 1: snapshot what this commit covers.
+    fn take_pending(&self, ctl: &CommitCtl, force_checkpoint: bool) -> Result<(Plan, Freed, u64)> {
+        let mut inner = self.write_inner();
+        let gen = self.write_gen.load(Ordering::SeqCst);
+        let ops = std::mem::take(&mut inner.pending_ops);
+        let frees = std::mem::take(&mut inner.pending_frees);
+        if ops.is_empty() && !force_checkpoint {
+            return Ok((Plan::DataOnly, frees, gen));
+        }
+        let payload = encode_ops(&ops);
+        if !force_checkpoint && ctl.journal.fits(RecordHeader::blocks_for(payload.len())) {
+            return Ok((Plan::Journal { payload }, frees, gen));
+        }
+        let payload = checkpoint::encode_state(&inner.state, ctl.journal.seq + 1);
+        let inner = &mut *inner;
+        inner.space.reserve_blocks = reserve_for(inner.state.extent_count());
+        let need = checkpoint::blocks_needed(payload.len());
+        let mut pieces: Vec<(Pba, u64)> = Vec::new();
+        for _ in 0..64 {
+            if checkpoint::capacity(&pieces) >= payload.len() as u64 {
+                break;
+            }
+            let want = need.min(inner.space.free_blocks()).max(1);
+            let dev = (0..inner.space.devices.len()).max_by_key(|&d| inner.space.devices[d].free_blocks()).unwrap_or(0);
+            let Some(more) = inner.space.allocate_on(dev, want.min(inner.space.devices[dev].free_blocks()), true) else { break };
+            pieces.extend(more);
+        }
+        if checkpoint::capacity(&pieces) < payload.len() as u64 {
+            pieces.iter().for_each(|p| inner.space.give_back(p.0, p.1));
+            return Err(EngineError::NoSpace);
+        }
+        Ok((Plan::Checkpoint { payload, pieces }, frees, gen))
+    }
+
+    /// Step 2: data the new metadata points at must be durable first.
+    fn flush_dirty_devices(&self) -> Result<()> {
+        for (i, dev) in self.devices.iter().enumerate() {
+            if self.dirty[i].swap(false, Ordering::SeqCst) {
+                dev.flush().map_err(|e| EngineError::io("flush", dev.name(), e))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write_journal(&self, ctl: &mut CommitCtl, payload: &[u8]) -> Result<()> {
+        let primary = &self.devices[0];
+        let epoch = self.read_inner().state.epoch;
+        let blocks = journal::append(primary.as_ref(), &ctl.journal, epoch, payload)?;
+        primary.flush().map_err(|e| EngineError::io("flush journal", primary.name(), e))?;
+        ctl.journal.used += blocks;
+        ctl.journal.seq += 1;
+        self.counters.journal_bytes.fetch_add(blocks * BLOCK_SIZE, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Step 3 for a checkpoint; returns the previous checkpoint's extents,
+    /// free once the new superblock is durable.
+    fn write_checkpoint(&self, ctl: &mut CommitCtl, payload: &[u8], pieces: Vec<(Pba, u64)>) -> Result<Vec<(Pba, u64)>> {
+        let seq = ctl.journal.seq + 1;
+        let cref = checkpoint::write(&self.devices, &pieces, seq, payload)?;
+        for dev in &self.devices {
+            dev.flush().map_err(|e| EngineError::io("flush checkpoint", dev.name(), e))?;
+        }
+        let mut sb = ctl.sb.clone();
+        sb.txid += 1;
+        sb.checkpoint = cref;
+        sb.journal_generation += 1;
+        let primary = &self.devices[0];
+        write_label_copy(primary.as_ref(), &sb)?;
+        primary.flush().map_err(|e| EngineError::io("flush superblock", primary.name(), e))?;
+        ctl.sb = sb;
+        ctl.journal.generation = ctl.sb.journal_generation;
+        ctl.journal.used = 0;
+        ctl.journal.seq = seq;
+        self.counters.checkpoints.fetch_add(1, Ordering::Relaxed);
+        Ok(std::mem::replace(&mut ctl.checkpoint_pieces, pieces))
+    }
+
+    /// Step 5: reuse freed space only after in-flight I/O drained. The
+    /// discard hint goes out before the space is handed back, so it can
+    /// never punch a hole in data a new owner just wrote.
+    fn release(&self, frees: Freed) {
+        if frees.is_empty() {
+            return;
+        }
+        drop(self.io_gate.write().unwrap_or_else(|p| p.into_inner()));
+        if !self.options.no_discard {
+            for &(pba, len) in &frees {
+                let dev = &self.devices[usize::from(pba.device())];
+                if let Err(e) = dev.discard(pba.byte_offset(), len * BLOCK_SIZE) {
+                    log::debug!("discard on {} failed (ignored, a hint): {e}", dev.name());
+                }
+            }
+        }
+        let mut inner = self.write_inner();
+        frees.iter().for_each(|&(pba, len)| inner.space.give_back(pba, len));
+    }
+}

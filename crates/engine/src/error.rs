@@ -1,0 +1,44 @@
+//! The engine's typed error. Running out of space and corruption are values;
+//! callers map them to their own vocabulary (NBD errno, CLI messages).
+
+use tarn_format::FormatError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("{op} on device {device}: {source}")]
+    Io { op: &'static str, device: String, source: std::io::Error },
+    #[error("device {device} holds no valid tarn pool: {detail}")]
+    NotAPool { device: String, detail: String },
+    #[error("corrupt {what} on device {device}: {source}")]
+    Corrupt { what: &'static str, device: String, source: FormatError },
+    #[error("inconsistent pool metadata: {0}")]
+    Inconsistent(String),
+    #[error("device {device} does not belong to this pool: {detail}")]
+    ForeignDevice { device: String, detail: String },
+    #[error("no space left in the pool")]
+    NoSpace,
+    #[error("no volume named {0:?}")]
+    NoSuchVolume(String),
+    #[error("volume id {0} no longer exists")]
+    VolumeGone(u32),
+    #[error("a volume named {0:?} already exists")]
+    VolumeExists(String),
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("{op} of {len} bytes at offset {offset} is outside volume {volume} (size {size})")]
+    OutOfRange { op: &'static str, volume: String, offset: u64, len: u64, size: u64 },
+    #[error("the pool was opened read-only")]
+    ReadOnly,
+    #[error("the pool is fenced after a failed commit; restart to recover from the last commit")]
+    Fenced,
+    #[error("operation not supported: {0}")]
+    NotSupported(&'static str),
+}
+
+pub type Result<T> = std::result::Result<T, EngineError>;
+
+impl EngineError {
+    pub fn io(op: &'static str, device: String, source: std::io::Error) -> Self {
+        EngineError::Io { op, device, source }
+    }
+}

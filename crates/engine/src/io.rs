@@ -1,0 +1,308 @@
+//! Data I/O on volumes: read, write, trim, write-zeroes, block status.
+//!
+//! A write plans against the map under a short lock, allocates holes
+//! through the placement policy, writes the data outside every lock, then
+//! records the new mappings. Data is always on the device before the map
+//! points at it, so a commit never references unwritten blocks.
+
+use crate::error::{EngineError, Result};
+use crate::extent_map::{Freed, Segment};
+use crate::pool::{Pool, STRIPES};
+use std::sync::atomic::Ordering;
+use tarn_format::ops::Op;
+use tarn_format::{Pba, BLOCK_SIZE};
+
+const BS: usize = BLOCK_SIZE as usize;
+/// Largest single request the engine accepts (matches the NBD maximum).
+pub const MAX_IO_BYTES: u64 = 32 << 20;
+/// Segments one block-status answer may carry.
+const MAX_STATUS_SEGMENTS: usize = 1024;
+
+/// One run of a block-status answer, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatusRun {
+    pub length: u64,
+    pub allocated: bool,
+}
+
+/// Where new data for a logical run goes.
+struct NewPiece {
+    lba: u64,
+    len: u64,
+    pba: Pba,
+}
+
+impl Pool {
+    fn volume_size(&self, vol: u32) -> Result<(u64, String)> {
+        let inner = self.read_inner();
+        let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
+        Ok((v.size, v.name.clone()))
+    }
+
+    fn check_range(&self, op: &'static str, vol: u32, offset: u64, len: u64, max: u64) -> Result<()> {
+        let (size, name) = self.volume_size(vol)?;
+        let end = offset.checked_add(len);
+        if len == 0 || len > max || end.is_none_or(|e| e > size) {
+            return Err(EngineError::OutOfRange { op, volume: name, offset, len, size });
+        }
+        Ok(())
+    }
+
+    /// Read `buf.len()` bytes at byte `offset`; holes read as zeros.
+    pub fn read(&self, vol: u32, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check_range("read", vol, offset, buf.len() as u64, MAX_IO_BYTES)?;
+        let _gate = self.io_gate.read().unwrap_or_else(|p| p.into_inner());
+        let first = offset / BLOCK_SIZE;
+        let end = offset + buf.len() as u64;
+        let segs = {
+            let inner = self.read_inner();
+            let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
+            v.map.lookup(first, end.div_ceil(BLOCK_SIZE) - first, usize::MAX)
+        };
+        for seg in segs {
+            let s = (seg.lba() * BLOCK_SIZE).max(offset);
+            let e = ((seg.lba() + seg.len()) * BLOCK_SIZE).min(end);
+            let out = &mut buf[(s - offset) as usize..(e - offset) as usize];
+            match seg {
+                Segment::Hole { .. } => out.fill(0),
+                Segment::Mapped { lba, pba, .. } => {
+                    let dev = &self.devices[usize::from(pba.device())];
+                    let at = pba.byte_offset() + (s - lba * BLOCK_SIZE);
+                    dev.read_at(out, at).map_err(|e| EngineError::io("read data", dev.name(), e))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Write `data` at byte `offset`. Returns once the data is in the
+    /// devices' caches (durable after the next flush), or durable if `fua`.
+    pub fn write(&self, vol: u32, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.check_writable()?;
+        self.check_range("write", vol, offset, data.len() as u64, MAX_IO_BYTES)?;
+        let mut allocated = false;
+        let mut pos = 0usize;
+        while pos < data.len() {
+            let at = offset + pos as u64;
+            let in_block = (at % BLOCK_SIZE) as usize;
+            let lba = at / BLOCK_SIZE;
+            if in_block != 0 || data.len() - pos < BS {
+                let n = (BS - in_block).min(data.len() - pos);
+                allocated |= self.write_partial(vol, lba, in_block, &data[pos..pos + n])?;
+                pos += n;
+            } else {
+                let n = (data.len() - pos) / BS * BS;
+                allocated |= self.write_blocks(vol, lba, &data[pos..pos + n])?;
+                pos += n;
+            }
+        }
+        self.write_gen.fetch_add(1, Ordering::SeqCst);
+        if fua || (self.options.strict && allocated) {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Read-modify-write one block under its stripe lock, so two sub-block
+    /// writes to different sectors of one block cannot lose each other.
+    fn write_partial(&self, vol: u32, lba: u64, in_block: usize, bytes: &[u8]) -> Result<bool> {
+        let stripe = (lba as usize ^ (vol as usize).wrapping_mul(0x9e37)) % STRIPES;
+        let _s = self.stripes[stripe].lock().unwrap_or_else(|p| p.into_inner());
+        let mut block = vec![0u8; BS];
+        self.read(vol, lba * BLOCK_SIZE, &mut block)?;
+        block[in_block..in_block + bytes.len()].copy_from_slice(bytes);
+        self.write_blocks(vol, lba, &block)
+    }
+
+    /// Write whole blocks; returns whether any block needed new space.
+    fn write_blocks(&self, vol: u32, lba: u64, data: &[u8]) -> Result<bool> {
+        debug_assert!(data.len() % BS == 0 && !data.is_empty());
+        let n = (data.len() / BS) as u64;
+        let _gate = self.io_gate.read().unwrap_or_else(|p| p.into_inner());
+        let segs = {
+            let inner = self.read_inner();
+            let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
+            v.map.lookup(lba, n, usize::MAX)
+        };
+        let fresh = self.allocate_holes(vol, &segs)?;
+        let result = self.write_planned(&segs, &fresh, lba, data);
+        if let Err(e) = result {
+            self.give_back_unmapped(&fresh);
+            return Err(e);
+        }
+        if fresh.is_empty() {
+            return Ok(false);
+        }
+        self.map_fresh(vol, fresh)?;
+        Ok(true)
+    }
+
+    /// Allocate new space for every hole among `segs`, all or nothing.
+    fn allocate_holes(&self, vol: u32, segs: &[Segment]) -> Result<Vec<NewPiece>> {
+        if !segs.iter().any(|s| matches!(s, Segment::Hole { .. })) {
+            return Ok(Vec::new());
+        }
+        let mut inner = self.write_inner();
+        let inner = &mut *inner;
+        inner.space.reserve_blocks = reserve_for(inner.state.extent_count());
+        let mut fresh = Vec::new();
+        for seg in segs {
+            let Segment::Hole { lba, len } = *seg else { continue };
+            let Some(pieces) = inner.placement.place(&mut inner.space, vol, lba, len) else {
+                fresh.iter().for_each(|p: &NewPiece| inner.space.give_back(p.pba, p.len));
+                return Err(EngineError::NoSpace);
+            };
+            let mut at = lba;
+            for (pba, plen) in pieces {
+                fresh.push(NewPiece { lba: at, len: plen, pba });
+                at += plen;
+            }
+            assert_eq!(at, lba + len, "placement returned the wrong amount of space");
+        }
+        Ok(fresh)
+    }
+
+    fn write_planned(&self, segs: &[Segment], fresh: &[NewPiece], lba: u64, data: &[u8]) -> Result<()> {
+        for seg in segs {
+            if let Segment::Mapped { lba: s, len, pba, .. } = *seg {
+                self.write_device(pba, &data[((s - lba) as usize) * BS..((s - lba + len) as usize) * BS])?;
+            }
+        }
+        for p in fresh {
+            self.write_device(p.pba, &data[((p.lba - lba) as usize) * BS..((p.lba - lba + p.len) as usize) * BS])?;
+        }
+        Ok(())
+    }
+
+    fn write_device(&self, pba: Pba, data: &[u8]) -> Result<()> {
+        let i = usize::from(pba.device());
+        let dev = &self.devices[i];
+        dev.write_at(data, pba.byte_offset()).map_err(|e| EngineError::io("write data", dev.name(), e))?;
+        self.dirty[i].store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Point the map at freshly written pieces. If the volume vanished or
+    /// shrank meanwhile, the pieces go straight back: no commit saw them.
+    fn map_fresh(&self, vol: u32, fresh: Vec<NewPiece>) -> Result<()> {
+        let mut inner = self.write_inner();
+        let birth = inner.state.epoch;
+        let mut orphans = Vec::new();
+        for p in fresh {
+            let op = Op::Map { vol, lba: p.lba, len: p.len, pba: p.pba.0, birth };
+            let mut freed = Freed::new();
+            if inner.state.apply(&op, &mut freed).is_ok() {
+                inner.pending_frees.extend(freed);
+                inner.pending_ops.push(op);
+            } else {
+                orphans.push(p);
+            }
+        }
+        orphans.iter().for_each(|p| inner.space.give_back(p.pba, p.len));
+        if orphans.is_empty() {
+            Ok(())
+        } else {
+            Err(EngineError::VolumeGone(vol))
+        }
+    }
+
+    fn give_back_unmapped(&self, fresh: &[NewPiece]) {
+        let mut inner = self.write_inner();
+        fresh.iter().for_each(|p| inner.space.give_back(p.pba, p.len));
+    }
+
+    /// Release whole blocks inside [offset, offset+len); partial blocks at
+    /// the edges keep their data (TRIM is advisory there).
+    pub fn trim(&self, vol: u32, offset: u64, len: u64) -> Result<()> {
+        self.check_writable()?;
+        self.check_range("trim", vol, offset, len, u64::MAX)?;
+        let first = offset.div_ceil(BLOCK_SIZE);
+        let end = (offset + len) / BLOCK_SIZE;
+        if end > first {
+            self.unmap_blocks(vol, first, end - first)?;
+        }
+        self.write_gen.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn unmap_blocks(&self, vol: u32, lba: u64, n: u64) -> Result<()> {
+        let mut inner = self.write_inner();
+        let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
+        if v.map.any_mapped(lba, n) {
+            self.apply_ops(&mut inner, vec![Op::Unmap { vol, lba, len: n }])?;
+        }
+        Ok(())
+    }
+
+    /// Make [offset, offset+len) read as zeros. Without `no_hole` whole
+    /// blocks are unmapped (fast, frees space); with it they are written.
+    pub fn write_zeroes(&self, vol: u32, offset: u64, len: u64, no_hole: bool, fast: bool) -> Result<()> {
+        self.check_writable()?;
+        self.check_range("write_zeroes", vol, offset, len, u64::MAX)?;
+        if no_hole && fast {
+            return Err(EngineError::NotSupported("fast zeroing that keeps the range allocated"));
+        }
+        let end = offset + len;
+        let first = offset.div_ceil(BLOCK_SIZE);
+        let last = end / BLOCK_SIZE;
+        if first >= last {
+            return self.write_zero_bytes(vol, offset, len);
+        }
+        if offset < first * BLOCK_SIZE {
+            self.write_zero_bytes(vol, offset, first * BLOCK_SIZE - offset)?;
+        }
+        if no_hole {
+            self.write_zero_bytes(vol, first * BLOCK_SIZE, (last - first) * BLOCK_SIZE)?;
+        } else {
+            self.unmap_blocks(vol, first, last - first)?;
+            self.write_gen.fetch_add(1, Ordering::SeqCst);
+        }
+        if end > last * BLOCK_SIZE {
+            self.write_zero_bytes(vol, last * BLOCK_SIZE, end - last * BLOCK_SIZE)?;
+        }
+        Ok(())
+    }
+
+    fn write_zero_bytes(&self, vol: u32, offset: u64, len: u64) -> Result<()> {
+        const CHUNK: u64 = 1 << 20;
+        let zeros = vec![0u8; CHUNK.min(len) as usize];
+        let mut pos = 0;
+        while pos < len {
+            let n = CHUNK.min(len - pos);
+            self.write(vol, offset + pos, &zeros[..n as usize], false)?;
+            pos += n;
+        }
+        Ok(())
+    }
+
+    /// Allocation status from `offset`, in runs covering at most `len` bytes
+    /// (fewer if the answer would be long). Never empty for a valid range.
+    pub fn block_status(&self, vol: u32, offset: u64, len: u64) -> Result<Vec<StatusRun>> {
+        self.check_range("block_status", vol, offset, len, u64::MAX)?;
+        let first = offset / BLOCK_SIZE;
+        let end = offset + len;
+        let segs = {
+            let inner = self.read_inner();
+            let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
+            v.map.lookup(first, end.div_ceil(BLOCK_SIZE) - first, MAX_STATUS_SEGMENTS)
+        };
+        let mut runs: Vec<StatusRun> = Vec::with_capacity(segs.len());
+        for seg in segs {
+            let s = (seg.lba() * BLOCK_SIZE).max(offset);
+            let e = ((seg.lba() + seg.len()) * BLOCK_SIZE).min(end);
+            let allocated = matches!(seg, Segment::Mapped { .. });
+            match runs.last_mut() {
+                Some(r) if r.allocated == allocated => r.length += e - s,
+                _ => runs.push(StatusRun { length: e - s, allocated }),
+            }
+        }
+        Ok(runs)
+    }
+}
+
+/// Blocks kept free for metadata: room for two checkpoints of the current
+/// map (the new one is written before the old one is freed) plus slack.
+pub(crate) fn reserve_for(extents: usize) -> u64 {
+    let checkpoint_blocks = (extents as u64 * 24).div_ceil(BLOCK_SIZE) + 4;
+    1024 + 3 * checkpoint_blocks
+}

@@ -1,0 +1,71 @@
+//! The journal region on the primary device: one record per commit, appended
+//! until the region is full, then a checkpoint restarts it (with a new
+//! generation, so records of an older generation are never replayed).
+
+use crate::device::Device;
+use crate::error::{EngineError, Result};
+use tarn_format::journal::{RecordHeader, HEADER_LEN};
+use tarn_format::ops::{decode_ops, Op};
+use tarn_format::BLOCK_SIZE;
+
+/// Where the journal lives and how far it is filled.
+#[derive(Debug, Clone)]
+pub struct JournalCursor {
+    pub start: u64,
+    pub blocks: u64,
+    pub generation: u64,
+    /// Blocks used since the last checkpoint.
+    pub used: u64,
+    /// Sequence number of the last durable commit.
+    pub seq: u64,
+}
+
+impl JournalCursor {
+    pub fn fits(&self, record_blocks: u64) -> bool {
+        self.used + record_blocks <= self.blocks
+    }
+}
+
+/// One replayed commit.
+pub struct Replayed {
+    pub seq: u64,
+    pub epoch: u64,
+    pub ops: Vec<Op>,
+}
+
+/// Append one record; the caller flushes. Returns the blocks it took.
+pub fn append(dev: &dyn Device, cur: &JournalCursor, epoch: u64, payload: &[u8]) -> Result<u64> {
+    let block = cur.start + cur.used;
+    let rec = RecordHeader::encode_record(cur.generation, cur.seq + 1, block, epoch, payload);
+    let blocks = rec.len() as u64 / BLOCK_SIZE;
+    assert!(cur.fits(blocks), "journal record written past the region");
+    dev.write_at(&rec, block * BLOCK_SIZE).map_err(|e| EngineError::io("write journal", dev.name(), e))?;
+    Ok(blocks)
+}
+
+/// Read records in order from the region start while they are valid, of the
+/// right generation and consecutive. The first that is not ends the journal:
+/// it is a commit that never completed (torn, or never written).
+pub fn replay(dev: &dyn Device, cur: &mut JournalCursor, max_records: usize) -> Result<Vec<Replayed>> {
+    let mut out = Vec::new();
+    let mut head = vec![0u8; BLOCK_SIZE as usize];
+    while cur.used < cur.blocks && out.len() < max_records {
+        let block = cur.start + cur.used;
+        dev.read_at(&mut head, block * BLOCK_SIZE).map_err(|e| EngineError::io("read journal", dev.name(), e))?;
+        let Ok(h) = RecordHeader::decode(&head, block) else { break };
+        if h.generation != cur.generation || h.seq != cur.seq + 1 || !cur.fits(u64::from(h.blocks)) {
+            break;
+        }
+        let mut rec = vec![0u8; h.blocks as usize * BLOCK_SIZE as usize];
+        dev.read_at(&mut rec, block * BLOCK_SIZE).map_err(|e| EngineError::io("read journal", dev.name(), e))?;
+        let payload = &rec[HEADER_LEN..HEADER_LEN + h.payload_len as usize];
+        if h.verify_payload(payload).is_err() {
+            break;
+        }
+        let ops = decode_ops(payload).map_err(|source| EngineError::Corrupt { what: "journal record", device: dev.name(), source })?;
+        cur.used += u64::from(h.blocks);
+        cur.seq = h.seq;
+        out.push(Replayed { seq: h.seq, epoch: h.epoch, ops });
+    }
+    Ok(out)
+}

@@ -1,0 +1,216 @@
+//! Creating a pool on devices, and opening one: pick the current superblock,
+//! load the checkpoint, replay the journal, rebuild free space from the map.
+
+use crate::checkpoint;
+use crate::device::Device;
+use crate::error::{EngineError, Result};
+use crate::extent_map::Freed;
+use crate::io::reserve_for;
+use crate::journal::{self, JournalCursor};
+use crate::label::{read_label, write_both_labels};
+use crate::placement::Linear;
+use crate::pool::{CommitCtl, Counters, Inner, OpenOptions, Pool, STRIPES};
+use crate::space::{DeviceSpace, Space};
+use crate::state::State;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, RwLock};
+use tarn_format::superblock::{DeviceEntry, Superblock, FORMAT_VERSION, LABEL_BLOCKS, MAX_DEVICE_ENTRIES};
+use tarn_format::{Pba, BLOCK_SIZE};
+
+/// Journal records a replay reads at most (bounds the loop).
+const MAX_REPLAY_RECORDS: usize = 1 << 24;
+/// Smallest data area worth a pool.
+const MIN_DATA_BLOCKS: u64 = 256;
+
+#[derive(Debug, Clone, Default)]
+pub struct CreateOptions {
+    /// Journal size in bytes (default: 1/64 of the primary, 1 to 64 MiB).
+    pub journal_bytes: Option<u64>,
+    /// Overwrite devices that already hold a tarn label.
+    pub force: bool,
+}
+
+fn random_bytes<const N: usize>() -> Result<[u8; N]> {
+    let mut b = [0u8; N];
+    getrandom::fill(&mut b).map_err(|e| EngineError::InvalidArgument(format!("no randomness for uuids: {e}")))?;
+    Ok(b)
+}
+
+fn default_journal_blocks(primary_blocks: u64) -> u64 {
+    (primary_blocks / 64).clamp(256, 16384)
+}
+
+/// Write a new, empty pool on `devices` (the first is the primary).
+pub fn create_pool(devices: &[Arc<dyn Device>], paths: &[String], opts: &CreateOptions) -> Result<()> {
+    if devices.is_empty() || devices.len() > MAX_DEVICE_ENTRIES || paths.len() != devices.len() {
+        return Err(EngineError::InvalidArgument(format!("a pool takes 1 to {MAX_DEVICE_ENTRIES} devices")));
+    }
+    let journal_blocks = match opts.journal_bytes {
+        Some(b) => b.div_ceil(BLOCK_SIZE).max(16),
+        None => default_journal_blocks(devices[0].size() / BLOCK_SIZE),
+    };
+    let mut entries = Vec::new();
+    let mut labels = Vec::new();
+    let pool_uuid = random_bytes::<16>()?;
+    let generation = u64::from_le_bytes(random_bytes::<8>()?) >> 1 | 1;
+    for (i, dev) in devices.iter().enumerate() {
+        if !opts.force && read_label(dev.as_ref()).is_ok() {
+            return Err(EngineError::InvalidArgument(format!("device {} already holds a tarn pool (use --force to overwrite)", dev.name())));
+        }
+        let blocks = dev.size() / BLOCK_SIZE;
+        let data_start = LABEL_BLOCKS + if i == 0 { journal_blocks } else { 0 };
+        if blocks < data_start + MIN_DATA_BLOCKS {
+            return Err(EngineError::InvalidArgument(format!(
+                "device {} is too small: {} bytes, need at least {}",
+                dev.name(),
+                dev.size(),
+                (data_start + MIN_DATA_BLOCKS) * BLOCK_SIZE
+            )));
+        }
+        let device_uuid = random_bytes::<16>()?;
+        entries.push(DeviceEntry { uuid: device_uuid, blocks, path: paths[i].clone() });
+        labels.push(Superblock {
+            version: FORMAT_VERSION,
+            incompat: 0,
+            ro_compat: 0,
+            compat: 0,
+            pool_uuid,
+            device_uuid,
+            device_index: i as u16,
+            txid: 1,
+            device_blocks: blocks,
+            data_start,
+            journal_start: if i == 0 { LABEL_BLOCKS } else { 0 },
+            journal_blocks: if i == 0 { journal_blocks } else { 0 },
+            journal_generation: generation,
+            checkpoint: Default::default(),
+            created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            devices: Vec::new(),
+        });
+    }
+    labels[0].devices = entries;
+    // Secondaries first, primary last: a crash midway leaves no valid pool.
+    for (i, dev) in devices.iter().enumerate().rev() {
+        if i == 0 {
+            let zero = vec![0u8; BLOCK_SIZE as usize];
+            dev.write_at(&zero, LABEL_BLOCKS * BLOCK_SIZE).map_err(|e| EngineError::io("clear journal", dev.name(), e))?;
+        }
+        write_both_labels(dev.as_ref(), &labels[i])?;
+        dev.flush().map_err(|e| EngineError::io("flush", dev.name(), e))?;
+    }
+    Ok(())
+}
+
+/// Check that `dev` is member `index` of the pool the primary describes.
+fn verify_member(primary: &Superblock, index: usize, dev: &dyn Device) -> Result<()> {
+    let label = read_label(dev)?.current;
+    let entry = &primary.devices[index];
+    let foreign = |detail: String| EngineError::ForeignDevice { device: dev.name(), detail };
+    if label.pool_uuid != primary.pool_uuid {
+        return Err(foreign("it carries another pool's uuid".into()));
+    }
+    if label.device_uuid != entry.uuid || usize::from(label.device_index) != index {
+        return Err(foreign(format!("expected member {index}, found member {}", label.device_index)));
+    }
+    if dev.size() / BLOCK_SIZE < entry.blocks {
+        return Err(foreign(format!("device shrank: {} blocks, pool expects {}", dev.size() / BLOCK_SIZE, entry.blocks)));
+    }
+    Ok(())
+}
+
+impl Pool {
+    /// Open the pool whose primary is `devices[0]`; the others must be its
+    /// members in order (see [`Pool::member_paths`]).
+    pub fn open(devices: Vec<Arc<dyn Device>>, options: OpenOptions) -> Result<Pool> {
+        let primary = devices.first().ok_or_else(|| EngineError::InvalidArgument("no devices".into()))?;
+        let label = read_label(primary.as_ref())?;
+        let sb = label.current;
+        if !sb.is_primary() {
+            return Err(EngineError::InvalidArgument(format!("device {} is member {} of a pool, not its primary", primary.name(), sb.device_index)));
+        }
+        if devices.len() != sb.devices.len() {
+            return Err(EngineError::InvalidArgument(format!("pool has {} devices, {} given", sb.devices.len(), devices.len())));
+        }
+        for (i, dev) in devices.iter().enumerate().skip(1) {
+            verify_member(&sb, i, dev.as_ref())?;
+        }
+        let (mut state, pieces, seq) = load_checkpoint(&devices, &sb)?;
+        let mut cursor = JournalCursor { start: sb.journal_start, blocks: sb.journal_blocks, generation: sb.journal_generation, used: 0, seq };
+        let records = journal::replay(primary.as_ref(), &mut cursor, MAX_REPLAY_RECORDS)?;
+        let mut sink = Freed::new();
+        for rec in &records {
+            state.epoch = state.epoch.max(rec.epoch);
+            for op in &rec.ops {
+                state.apply(op, &mut sink).map_err(|detail| EngineError::NotAPool {
+                    device: primary.name(),
+                    detail: format!("journal record {} does not apply: {detail}", rec.seq),
+                })?;
+            }
+        }
+        let space = build_space(&devices, &sb, &state, &pieces)?;
+        let mut notes = Vec::new();
+        if let Some(why) = label.other_invalid {
+            notes.push(format!("superblock copy {} of {} is invalid ({why}); copy {} is in use", 1 - label.copy, primary.name(), label.copy));
+        }
+        log::info!("opened pool on {}: {} volumes, commit {}, {} journal records replayed", primary.name(), state.volumes.len(), cursor.seq, records.len());
+        let n = devices.len();
+        Ok(Pool {
+            inner: RwLock::new(Inner { state, space, placement: Box::new(Linear), pending_ops: Vec::new(), pending_frees: Vec::new() }),
+            commit: Mutex::new(CommitCtl { sb, journal: cursor, checkpoint_pieces: pieces, notes }),
+            devices,
+            io_gate: RwLock::new(()),
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            write_gen: AtomicU64::new(0),
+            committed_gen: AtomicU64::new(0),
+            dirty: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            fenced: AtomicBool::new(false),
+            options,
+            counters: Counters::default(),
+        })
+    }
+
+    /// The member paths recorded in a primary's superblock (index order).
+    pub fn member_paths(primary: &dyn Device) -> Result<Vec<String>> {
+        Ok(read_label(primary)?.current.devices.into_iter().map(|d| d.path).collect())
+    }
+}
+
+fn load_checkpoint(devices: &[Arc<dyn Device>], sb: &Superblock) -> Result<(State, Vec<(Pba, u64)>, u64)> {
+    if sb.first_segment().is_none() {
+        return Ok((State::default(), Vec::new(), sb.checkpoint.seq));
+    }
+    let (payload, pieces) = checkpoint::read(devices, &sb.checkpoint)?;
+    let (state, seq) = checkpoint::decode_state(&payload)
+        .map_err(|detail| EngineError::NotAPool { device: devices[0].name(), detail: format!("checkpoint: {detail}") })?;
+    if seq != sb.checkpoint.seq {
+        return Err(EngineError::NotAPool { device: devices[0].name(), detail: format!("checkpoint seq {seq} != superblock's {}", sb.checkpoint.seq) });
+    }
+    Ok((state, pieces, seq))
+}
+
+/// Everything not referenced by the map or the checkpoint is free.
+fn build_space(devices: &[Arc<dyn Device>], sb: &Superblock, state: &State, pieces: &[(Pba, u64)]) -> Result<Space> {
+    let mut used: Vec<Vec<(u64, u64)>> = vec![Vec::new(); devices.len()];
+    let mut add = |pba: Pba, len: u64| -> Result<()> {
+        let list = used.get_mut(usize::from(pba.device())).ok_or_else(|| EngineError::Inconsistent(format!("extent {pba} on unknown device")))?;
+        list.push((pba.block(), len));
+        Ok(())
+    };
+    for v in state.volumes.values() {
+        for (_, e) in v.map.iter() {
+            add(e.pba, e.len)?;
+        }
+    }
+    for &(pba, len) in pieces {
+        add(pba, len)?;
+    }
+    let mut space = Space { devices: Vec::new(), reserve_blocks: reserve_for(state.extent_count()) };
+    for (i, list) in used.iter_mut().enumerate() {
+        let start = if i == 0 { sb.data_start } else { LABEL_BLOCKS };
+        let end = sb.devices[i].blocks;
+        let ds = DeviceSpace::from_used(start, end, list)
+            .map_err(|e| EngineError::Inconsistent(format!("device {}: {e}", devices[i].name())))?;
+        space.devices.push(ds);
+    }
+    Ok(space)
+}

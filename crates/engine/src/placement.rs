@@ -1,0 +1,31 @@
+//! Placement policies decide where new extents go. The engine asks the
+//! policy; the policy asks the space map. Only `linear` exists today; the
+//! append, in-place and virtual-contiguity policies plug in here.
+
+use crate::space::Space;
+use tarn_format::Pba;
+
+pub trait Placement: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// Choose `len` new physical blocks for logical blocks [lba, lba+len) of
+    /// `volume`. `None` means the pool cannot hold them.
+    fn place(&mut self, space: &mut Space, volume: u32, lba: u64, len: u64) -> Option<Vec<(Pba, u64)>>;
+}
+
+/// Next-fit from a moving cursor on the device with the most free space
+/// (Virtual Allocation's linear allocation): writes that arrive together land
+/// together, so random writes become mostly sequential on the device and a
+/// sequential stream stays contiguous.
+#[derive(Debug, Default)]
+pub struct Linear;
+
+impl Placement for Linear {
+    fn name(&self) -> &'static str {
+        "linear"
+    }
+
+    fn place(&mut self, space: &mut Space, _volume: u32, _lba: u64, len: u64) -> Option<Vec<(Pba, u64)>> {
+        let device = (0..space.devices.len()).max_by_key(|&d| space.devices[d].free_blocks())?;
+        space.allocate_on(device, len, false)
+    }
+}

@@ -1,0 +1,294 @@
+//! The pool: devices, state, space and the commit machinery, and the
+//! administrative operations on volumes. Data I/O lives in `io.rs`, commits
+//! in `commit.rs`, opening in `open.rs`, the checker in `check.rs`.
+
+use crate::device::Device;
+use crate::error::{EngineError, Result};
+use crate::extent_map::Freed;
+use crate::journal::JournalCursor;
+use crate::placement::Placement;
+use crate::space::Space;
+use crate::state::{validate_name, State};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use tarn_format::ops::Op;
+use tarn_format::superblock::Superblock;
+use tarn_format::{Pba, BLOCK_SIZE};
+
+/// How a pool is opened.
+#[derive(Debug, Clone, Default)]
+pub struct OpenOptions {
+    /// Refuse every change and write nothing to the devices (the checker).
+    pub read_only: bool,
+    /// Commit before acknowledging any write that allocated (VA's
+    /// extent-based hardening) for clients that never flush.
+    pub strict: bool,
+    /// Skip punching holes in devices for freed space.
+    pub no_discard: bool,
+}
+
+/// Mutable state behind the pool's main lock.
+pub(crate) struct Inner {
+    pub state: State,
+    pub space: Space,
+    pub placement: Box<dyn Placement>,
+    /// Ops applied since the last commit took its snapshot.
+    pub pending_ops: Vec<Op>,
+    /// Space released by those ops: reusable only once they are durable.
+    pub pending_frees: Freed,
+}
+
+/// What only the committer touches.
+pub(crate) struct CommitCtl {
+    pub sb: Superblock,
+    pub journal: JournalCursor,
+    pub checkpoint_pieces: Vec<(Pba, u64)>,
+    /// Notes from open (an invalid superblock copy, say) for status/check.
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub commits: AtomicU64,
+    pub checkpoints: AtomicU64,
+    pub journal_bytes: AtomicU64,
+}
+
+pub struct Pool {
+    pub(crate) devices: Vec<Arc<dyn Device>>,
+    pub(crate) inner: RwLock<Inner>,
+    pub(crate) commit: Mutex<CommitCtl>,
+    /// Held shared by every data I/O from planning to completion; the
+    /// committer takes it exclusively once before freed space is reused, so
+    /// no I/O planned against the old map can touch reused space.
+    pub(crate) io_gate: RwLock<()>,
+    /// Serialize read-modify-write of partial blocks.
+    pub(crate) stripes: Vec<Mutex<()>>,
+    /// Bumped after every completed change (data or map).
+    pub(crate) write_gen: AtomicU64,
+    /// The highest write_gen a durable commit covers.
+    pub(crate) committed_gen: AtomicU64,
+    /// Devices written since their last flush.
+    pub(crate) dirty: Vec<AtomicBool>,
+    pub(crate) fenced: AtomicBool,
+    pub(crate) options: OpenOptions,
+    pub counters: Counters,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeInfo {
+    pub id: u32,
+    pub name: String,
+    pub size: u64,
+    pub allocated: u64,
+    pub extents: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct DeviceStatus {
+    pub index: usize,
+    pub path: String,
+    pub size: u64,
+    pub data_bytes: u64,
+    pub free_bytes: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct PoolStatus {
+    pub uuid: String,
+    pub devices: Vec<DeviceStatus>,
+    /// Bytes volumes can use in all (devices' data areas).
+    pub size: u64,
+    /// Bytes mapped by volumes.
+    pub used: u64,
+    /// Bytes free for new writes (reserve excluded).
+    pub free: u64,
+    /// Bytes held back for metadata so deletes and TRIM work when full.
+    pub reserved: u64,
+    /// Bytes released but not yet reusable (awaiting commit).
+    pub freeing: u64,
+    /// Bytes of metadata on the devices: labels, live journal, checkpoint.
+    pub metadata: u64,
+    pub journal_size: u64,
+    pub volumes: usize,
+    pub virtual_size: u64,
+    pub overcommit_ratio: f64,
+    pub epoch: u64,
+    pub commit_seq: u64,
+    pub placement: &'static str,
+    pub strict: bool,
+    pub notes: Vec<String>,
+}
+
+pub(crate) const STRIPES: usize = 64;
+
+impl Pool {
+    pub(crate) fn read_inner(&self) -> RwLockReadGuard<'_, Inner> {
+        self.inner.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn write_inner(&self) -> RwLockWriteGuard<'_, Inner> {
+        self.inner.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn lock_commit(&self) -> MutexGuard<'_, CommitCtl> {
+        self.commit.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn check_writable(&self) -> Result<()> {
+        if self.options.read_only {
+            return Err(EngineError::ReadOnly);
+        }
+        if self.fenced.load(Ordering::SeqCst) {
+            return Err(EngineError::Fenced);
+        }
+        Ok(())
+    }
+
+    pub fn devices(&self) -> &[Arc<dyn Device>] {
+        &self.devices
+    }
+
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.load(Ordering::SeqCst)
+    }
+
+    /// Whether anything changed since the last durable commit.
+    pub fn is_dirty(&self) -> bool {
+        self.write_gen.load(Ordering::SeqCst) > self.committed_gen.load(Ordering::SeqCst)
+    }
+
+    /// Apply ops as one change: either all apply or none is recorded (they
+    /// are validated against a scratch copy first only when several).
+    pub(crate) fn apply_ops(&self, inner: &mut Inner, ops: Vec<Op>) -> Result<()> {
+        for op in ops {
+            let mut freed = Freed::new();
+            inner.state.apply(&op, &mut freed).map_err(EngineError::InvalidArgument)?;
+            inner.pending_frees.extend(freed);
+            inner.pending_ops.push(op);
+        }
+        self.write_gen.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    pub fn volume_id(&self, name: &str) -> Option<u32> {
+        self.read_inner().state.by_name.get(name).copied()
+    }
+
+    pub fn volume_info(&self, id: u32) -> Option<VolumeInfo> {
+        self.read_inner().state.volume(id).map(info)
+    }
+
+    pub fn list_volumes(&self) -> Vec<VolumeInfo> {
+        self.read_inner().state.volumes.values().map(info).collect()
+    }
+
+    /// Create a thin volume of `size` bytes (rounded up to 4 KiB); durable
+    /// when it returns. The size may exceed the pool (overcommit).
+    pub fn create_volume(&self, name: &str, size: u64) -> Result<VolumeInfo> {
+        self.check_writable()?;
+        validate_name(name).map_err(EngineError::InvalidArgument)?;
+        let size = round_size(size)?;
+        let id = {
+            let mut inner = self.write_inner();
+            if inner.state.by_name.contains_key(name) {
+                return Err(EngineError::VolumeExists(name.to_string()));
+            }
+            let id = inner.state.next_volume_id;
+            self.apply_ops(&mut inner, vec![Op::VolCreate { vol: id, size, name: name.to_string() }])?;
+            id
+        };
+        self.flush()?;
+        self.volume_info(id).ok_or(EngineError::VolumeGone(id))
+    }
+
+    /// Grow or shrink; shrinking discards the tail and needs `allow_shrink`.
+    pub fn resize_volume(&self, name: &str, size: u64, allow_shrink: bool) -> Result<VolumeInfo> {
+        self.check_writable()?;
+        let size = round_size(size)?;
+        let id = {
+            let mut inner = self.write_inner();
+            let id = *inner.state.by_name.get(name).ok_or_else(|| EngineError::NoSuchVolume(name.to_string()))?;
+            let old = inner.state.volume(id).map(|v| v.size).unwrap_or(0);
+            if size < old && !allow_shrink {
+                return Err(EngineError::InvalidArgument(format!(
+                    "shrinking {name} from {old} to {size} bytes discards its tail; pass --allow-shrink"
+                )));
+            }
+            self.apply_ops(&mut inner, vec![Op::VolResize { vol: id, size }])?;
+            id
+        };
+        self.flush()?;
+        self.volume_info(id).ok_or(EngineError::VolumeGone(id))
+    }
+
+    /// Delete a volume; its space is free when this returns.
+    pub fn delete_volume(&self, name: &str) -> Result<()> {
+        self.check_writable()?;
+        {
+            let mut inner = self.write_inner();
+            let id = *inner.state.by_name.get(name).ok_or_else(|| EngineError::NoSuchVolume(name.to_string()))?;
+            self.apply_ops(&mut inner, vec![Op::VolDelete { vol: id }])?;
+        }
+        self.flush()
+    }
+
+    pub fn status(&self) -> PoolStatus {
+        let ctl = self.lock_commit();
+        let inner = self.read_inner();
+        let used = inner.state.mapped_blocks() * BLOCK_SIZE;
+        let size = inner.space.data_blocks() * BLOCK_SIZE;
+        let virtual_size: u64 = inner.state.volumes.values().map(|v| v.size).sum();
+        let labels = self.devices.len() as u64 * 2 * BLOCK_SIZE;
+        let checkpoint: u64 = ctl.checkpoint_pieces.iter().map(|p| p.1).sum::<u64>() * BLOCK_SIZE;
+        let devices = self
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| DeviceStatus {
+                index: i,
+                path: d.name(),
+                size: d.size(),
+                data_bytes: inner.space.devices[i].data_blocks() * BLOCK_SIZE,
+                free_bytes: inner.space.devices[i].free_blocks() * BLOCK_SIZE,
+            })
+            .collect();
+        PoolStatus {
+            uuid: uuid_string(&ctl.sb.pool_uuid),
+            devices,
+            size,
+            used,
+            free: inner.space.available_blocks() * BLOCK_SIZE,
+            reserved: inner.space.reserve_blocks.min(inner.space.free_blocks()) * BLOCK_SIZE,
+            freeing: inner.pending_frees.iter().map(|f| f.1).sum::<u64>() * BLOCK_SIZE,
+            metadata: labels + checkpoint + ctl.journal.used * BLOCK_SIZE,
+            journal_size: ctl.journal.blocks * BLOCK_SIZE,
+            volumes: inner.state.volumes.len(),
+            virtual_size,
+            overcommit_ratio: if size == 0 { 0.0 } else { virtual_size as f64 / size as f64 },
+            epoch: inner.state.epoch,
+            commit_seq: ctl.journal.seq,
+            placement: inner.placement.name(),
+            strict: self.options.strict,
+            notes: ctl.notes.clone(),
+        }
+    }
+}
+
+fn info(v: &crate::state::Volume) -> VolumeInfo {
+    VolumeInfo { id: v.id, name: v.name.clone(), size: v.size, allocated: v.map.mapped_blocks() * BLOCK_SIZE, extents: v.map.extent_count() as u64 }
+}
+
+/// Volume sizes are whole blocks: round up, refuse zero and absurd sizes.
+fn round_size(size: u64) -> Result<u64> {
+    const MAX: u64 = 1 << 60;
+    if size == 0 || size > MAX {
+        return Err(EngineError::InvalidArgument(format!("volume size must be between 1 byte and {MAX} bytes")));
+    }
+    Ok(size.div_ceil(BLOCK_SIZE) * BLOCK_SIZE)
+}
+
+pub fn uuid_string(u: &[u8; 16]) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+}

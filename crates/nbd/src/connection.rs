@@ -1,0 +1,641 @@
+//! Transmission phase of one connection.
+//!
+//! The connection thread reads and validates requests (including WRITE
+//! payloads) and pushes jobs into a bounded queue; up to
+//! `workers_per_conn` worker threads (spawned on demand) call the
+//! [`Export`] and hand replies to the shared combining
+//! [`ReplyWriter`]. Invalid requests are answered directly by the reading
+//! thread. Replies may be sent out of order.
+
+use std::collections::VecDeque;
+use std::io::{self, BufReader, Read};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+use crate::export::{BlockStatusExtent, Export};
+use crate::handshake::Negotiated;
+use crate::protocol::*;
+use crate::server::ServerConfig;
+use crate::stream::Stream;
+use crate::util::{lock, wait};
+use crate::writer::{BufPool, Reply, ReplyWriter};
+
+/// Payload bytes in flight per connection before the reader waits (one
+/// request may always be in flight, whatever its size).
+const MAX_IN_FLIGHT_BYTES: u64 = 256 << 20;
+/// Largest oversized WRITE payload read and discarded to keep the stream in
+/// sync; beyond this the client is disconnected.
+const MAX_DISCARD_BYTES: u64 = 64 << 20;
+/// Most descriptors in one block status reply (protocol recommendation).
+const MAX_DESCRIPTORS: usize = 1 << 20;
+/// Read buffer of the request reader (handshake and transmission).
+pub(crate) const READ_BUF: usize = 256 * 1024;
+
+/// What the validator needs to know about the negotiated session.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TransmissionParams {
+    pub size: u64,
+    pub read_only: bool,
+    pub structured: bool,
+    pub meta_context: Option<u32>,
+    pub min_block: u32,
+    pub max_payload: u32,
+}
+
+/// A validated request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Request {
+    Read { offset: u64, length: u32 },
+    Write { offset: u64, length: u32, fua: bool },
+    Disc,
+    Flush,
+    Trim { offset: u64, length: u32, fua: bool },
+    Cache { offset: u64, length: u32 },
+    WriteZeroes { offset: u64, length: u32, no_hole: bool, fast: bool, fua: bool },
+    BlockStatus { offset: u64, length: u32, req_one: bool },
+}
+
+/// Why a request is refused (error value and a message for structured replies).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Rejection {
+    pub errno: u32,
+    pub msg: &'static str,
+}
+
+fn reject(errno: u32, msg: &'static str) -> Rejection {
+    Rejection { errno, msg }
+}
+
+/// Validate a request header against the session (pure).
+pub(crate) fn validate_request(h: &RequestHeader, p: &TransmissionParams) -> Result<Request, Rejection> {
+    let Some(cmd) = Command::from_u16(h.command) else {
+        return Err(reject(NBD_EINVAL, "unknown command"));
+    };
+    if h.flags & !cmd.allowed_flags(p.structured) != 0 {
+        return Err(reject(NBD_EINVAL, "unknown or invalid command flags"));
+    }
+    let fua = h.flags & NBD_CMD_FLAG_FUA != 0;
+    let (offset, length) = (h.offset, h.length);
+    match cmd {
+        Command::Disc => return Ok(Request::Disc),
+        Command::Flush => {
+            if offset != 0 || length != 0 {
+                return Err(reject(NBD_EINVAL, "flush offset and length must be zero"));
+            }
+            return Ok(Request::Flush);
+        }
+        Command::Write | Command::Trim | Command::WriteZeroes if p.read_only => {
+            return Err(reject(NBD_EPERM, "export is read-only"));
+        }
+        Command::BlockStatus if p.meta_context.is_none() => {
+            return Err(reject(NBD_EINVAL, "no metadata context was negotiated"));
+        }
+        _ => {}
+    }
+    if length == 0 {
+        return Err(reject(NBD_EINVAL, "zero-length request"));
+    }
+    let Some(end) = offset.checked_add(length as u64) else {
+        return Err(reject(NBD_EINVAL, "offset + length overflows"));
+    };
+    if end > p.size {
+        return Err(match cmd {
+            Command::Write | Command::WriteZeroes => reject(NBD_ENOSPC, "write beyond the end of the export"),
+            _ => reject(NBD_EINVAL, "request beyond the end of the export"),
+        });
+    }
+    if matches!(cmd, Command::Read | Command::Write) && length > p.max_payload {
+        return Err(reject(NBD_EINVAL, "request exceeds the maximum payload size"));
+    }
+    if p.min_block > 1 && cmd != Command::BlockStatus {
+        let m = p.min_block as u64;
+        if offset % m != 0 || (length as u64 % m != 0 && end != p.size) {
+            return Err(reject(NBD_EINVAL, "request not aligned to the minimum block size"));
+        }
+    }
+    Ok(match cmd {
+        Command::Read => Request::Read { offset, length },
+        Command::Write => Request::Write { offset, length, fua },
+        Command::Trim => Request::Trim { offset, length, fua },
+        Command::Cache => Request::Cache { offset, length },
+        Command::WriteZeroes => Request::WriteZeroes {
+            offset,
+            length,
+            no_hole: h.flags & NBD_CMD_FLAG_NO_HOLE != 0,
+            fast: h.flags & NBD_CMD_FLAG_FAST_ZERO != 0,
+            fua,
+        },
+        Command::BlockStatus => Request::BlockStatus { offset, length, req_one: h.flags & NBD_CMD_FLAG_REQ_ONE != 0 },
+        // Returned early above.
+        Command::Disc => Request::Disc,
+        Command::Flush => Request::Flush,
+    })
+}
+
+/// Turn export extents into wire descriptors for a request (pure).
+///
+/// Zero-length extents are skipped, lengths are clamped to `u32` and to the
+/// export end, adjacent equal statuses are merged, the list stops once the
+/// requested length is covered, and REQ_ONE yields exactly one descriptor
+/// no longer than the request. Never empty.
+pub(crate) fn build_descriptors(
+    extents: &[BlockStatusExtent],
+    offset: u64,
+    length: u32,
+    size: u64,
+    req_one: bool,
+) -> Vec<BlockDescriptor> {
+    let mut out: Vec<BlockDescriptor> = Vec::new();
+    let mut covered: u64 = 0;
+    let avail = size.saturating_sub(offset);
+    for e in extents {
+        if e.length == 0 {
+            continue;
+        }
+        if covered >= length as u64 || covered >= avail {
+            break;
+        }
+        let status = if e.hole { NBD_STATE_HOLE } else { 0 } | if e.zero { NBD_STATE_ZERO } else { 0 };
+        let mut len = e.length.min(avail - covered);
+        let mut truncated = false;
+        if len > (u32::MAX & !511) as u64 {
+            len = (u32::MAX & !511) as u64;
+            truncated = true;
+        }
+        match out.last_mut() {
+            Some(last) if last.status == status && last.length as u64 + len <= u32::MAX as u64 => {
+                last.length += len as u32;
+            }
+            _ => {
+                if out.len() >= MAX_DESCRIPTORS {
+                    break;
+                }
+                out.push(BlockDescriptor { length: len as u32, status });
+            }
+        }
+        covered += len;
+        if truncated {
+            break;
+        }
+    }
+    if out.is_empty() {
+        let len = (length as u64).min(avail).max(1) as u32;
+        out.push(BlockDescriptor { length: len, status: 0 });
+    }
+    if req_one {
+        out.truncate(1);
+        out[0].length = out[0].length.min(length);
+    }
+    out
+}
+
+/// A validated request with its payload.
+struct Job {
+    handle: u64,
+    req: Request,
+    data: Vec<u8>,
+}
+
+impl Job {
+    fn cost(&self) -> u64 {
+        match self.req {
+            Request::Read { length, .. } | Request::Write { length, .. } => length as u64,
+            _ => 0,
+        }
+    }
+}
+
+struct QueueState {
+    jobs: VecDeque<Job>,
+    closed: bool,
+    idle: usize,
+    in_flight: usize,
+    in_flight_bytes: u64,
+    reader_waiting: bool,
+}
+
+/// State shared by the reader and the workers of one connection.
+struct Shared {
+    export: Arc<dyn Export>,
+    params: TransmissionParams,
+    writer: ReplyWriter,
+    pool: BufPool,
+    queue: Mutex<QueueState>,
+    work_cv: Condvar,
+    space_cv: Condvar,
+}
+
+impl Shared {
+    fn error_reply(&self, handle: u64, errno: u32, msg: &str) -> Reply {
+        if self.params.structured {
+            Reply::encoded(encode_error_chunk(handle, errno, msg))
+        } else {
+            Reply::simple(handle, errno)
+        }
+    }
+
+    fn send(&self, reply: Reply) {
+        self.writer.send(reply, &self.pool);
+    }
+}
+
+/// How the transmission phase ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum End {
+    /// NBD_CMD_DISC.
+    Disconnect,
+    /// The client closed the connection (or a read failed).
+    Eof,
+    /// The server is shutting down.
+    Shutdown,
+    /// Protocol violation: hard disconnect.
+    Violation,
+    /// The reply stream failed.
+    WriteError,
+}
+
+/// Serve the transmission phase until the client disconnects, the stream
+/// breaks, or `shutting_down` is set. Returns once every in-flight request
+/// has been answered and the socket is shut down.
+pub(crate) fn serve(
+    neg: Negotiated,
+    mut reader: BufReader<Stream>,
+    write_stream: Stream,
+    config: &ServerConfig,
+    shutting_down: &AtomicBool,
+) -> End {
+    let params = TransmissionParams {
+        size: neg.size,
+        read_only: neg.export.read_only(),
+        structured: neg.structured,
+        meta_context: neg.meta_context,
+        min_block: neg.min_block,
+        max_payload: neg.max_payload,
+    };
+    let shared = Arc::new(Shared {
+        export: neg.export,
+        params,
+        writer: ReplyWriter::new(write_stream),
+        pool: BufPool::new(),
+        queue: Mutex::new(QueueState {
+            jobs: VecDeque::new(),
+            closed: false,
+            idle: 0,
+            in_flight: 0,
+            in_flight_bytes: 0,
+            reader_waiting: false,
+        }),
+        work_cv: Condvar::new(),
+        space_cv: Condvar::new(),
+    });
+    serve_inner(&shared, &mut reader, config, shutting_down)
+}
+
+fn serve_inner<R: Read>(
+    shared: &Arc<Shared>,
+    reader: &mut BufReader<R>,
+    config: &ServerConfig,
+    shutting_down: &AtomicBool,
+) -> End {
+    let max_workers = config.workers_per_conn.max(1);
+    let max_in_flight = config.max_in_flight_per_conn.max(1);
+    let mut workers: Vec<JoinHandle<()>> = Vec::new();
+    let end = read_loop(shared, reader, max_in_flight, max_workers, &mut workers, shutting_down);
+
+    // Let the workers drain the queue, then close.
+    lock(&shared.queue).closed = true;
+    shared.work_cv.notify_all();
+    for w in workers {
+        let _ = w.join();
+    }
+    shared.writer.shutdown();
+    end
+}
+
+fn read_loop<R: Read>(
+    shared: &Arc<Shared>,
+    reader: &mut BufReader<R>,
+    max_in_flight: usize,
+    max_workers: usize,
+    workers: &mut Vec<JoinHandle<()>>,
+    shutting_down: &AtomicBool,
+) -> End {
+    let p = shared.params;
+    let mut hb = [0u8; REQUEST_HEADER_LEN];
+    loop {
+        if shutting_down.load(Ordering::Relaxed) {
+            return End::Shutdown;
+        }
+        if shared.writer.is_broken() {
+            return End::WriteError;
+        }
+        if let Err(e) = reader.read_exact(&mut hb) {
+            if shutting_down.load(Ordering::Relaxed) {
+                return End::Shutdown;
+            }
+            if e.kind() != io::ErrorKind::UnexpectedEof {
+                log::debug!("nbd: read error: {e}");
+            }
+            return End::Eof;
+        }
+        let h = match parse_request_header(&hb) {
+            Ok(h) => h,
+            Err(e) => {
+                if u32::from_be_bytes([hb[0], hb[1], hb[2], hb[3]]) == EXTENDED_REQUEST_MAGIC {
+                    log::warn!("nbd: extended request header without negotiation; disconnecting");
+                } else {
+                    log::warn!("nbd: {e}; disconnecting");
+                }
+                return End::Violation;
+            }
+        };
+        let validated = validate_request(&h, &p);
+        // A WRITE carries `length` payload bytes whether or not it is valid.
+        let payload = if h.command == NBD_CMD_WRITE { h.length as u64 } else { 0 };
+        let req = match validated {
+            Ok(Request::Disc) => {
+                log::debug!("nbd: client sent NBD_CMD_DISC");
+                return End::Disconnect;
+            }
+            Ok(r) => r,
+            Err(rej) => {
+                log::info!(
+                    "nbd: rejecting command {} flags {:#x} offset {} length {}: {} (errno {})",
+                    h.command,
+                    h.flags,
+                    h.offset,
+                    h.length,
+                    rej.msg,
+                    rej.errno
+                );
+                if payload > 0 {
+                    if payload > MAX_DISCARD_BYTES.max(p.max_payload as u64) {
+                        log::warn!("nbd: refusing to discard a {payload}-byte write payload; disconnecting");
+                        return End::Violation;
+                    }
+                    match io::copy(&mut reader.by_ref().take(payload), &mut io::sink()) {
+                        Ok(n) if n == payload => {}
+                        _ => return End::Eof,
+                    }
+                }
+                shared.send(shared.error_reply(h.handle, rej.errno, rej.msg));
+                continue;
+            }
+        };
+        let data = if let Request::Write { length, .. } = req {
+            let mut buf = shared.pool.get(length as usize);
+            if reader.read_exact(&mut buf).is_err() {
+                return End::Eof;
+            }
+            buf
+        } else {
+            Vec::new()
+        };
+        let job = Job { handle: h.handle, req, data };
+        let cost = job.cost();
+
+        let mut q = lock(&shared.queue);
+        while q.in_flight >= max_in_flight || (q.in_flight > 0 && q.in_flight_bytes + cost > MAX_IN_FLIGHT_BYTES) {
+            q.reader_waiting = true;
+            q = wait(&shared.space_cv, q);
+        }
+        q.in_flight += 1;
+        q.in_flight_bytes += cost;
+        q.jobs.push_back(job);
+        let notify = q.idle > 0;
+        let spawn = q.jobs.len() > q.idle && workers.len() < max_workers;
+        drop(q);
+        if notify {
+            shared.work_cv.notify_one();
+        }
+        if spawn {
+            let s = Arc::clone(shared);
+            match std::thread::Builder::new().name("nbd-worker".into()).spawn(move || worker(s)) {
+                Ok(h) => workers.push(h),
+                Err(e) => {
+                    log::error!("nbd: cannot spawn worker thread: {e}");
+                    if workers.is_empty() {
+                        // Nobody would ever answer: give up on this connection.
+                        return End::Violation;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn worker(sh: Arc<Shared>) {
+    let mut done: Option<u64> = None;
+    loop {
+        let job = {
+            let mut q = lock(&sh.queue);
+            if let Some(cost) = done.take() {
+                q.in_flight -= 1;
+                q.in_flight_bytes -= cost;
+                if q.reader_waiting {
+                    q.reader_waiting = false;
+                    sh.space_cv.notify_one();
+                }
+            }
+            loop {
+                if let Some(j) = q.jobs.pop_front() {
+                    break j;
+                }
+                if q.closed {
+                    return;
+                }
+                q.idle += 1;
+                q = wait(&sh.work_cv, q);
+                q.idle -= 1;
+            }
+        };
+        let cost = job.cost();
+        let handle = job.handle;
+        if sh.writer.is_broken() {
+            // Nobody will see the reply: skip the work.
+            sh.pool.put(job.data);
+            done = Some(cost);
+            continue;
+        }
+        let reply = match catch_unwind(AssertUnwindSafe(|| process(&sh, job))) {
+            Ok(r) => r,
+            Err(_) => {
+                log::error!("nbd: export panicked while handling a request");
+                sh.error_reply(handle, NBD_EIO, "internal error")
+            }
+        };
+        sh.send(reply);
+        done = Some(cost);
+    }
+}
+
+fn process(sh: &Shared, job: Job) -> Reply {
+    let e = &*sh.export;
+    let h = job.handle;
+    let res = match job.req {
+        Request::Read { offset, length } => {
+            let mut buf = sh.pool.get(length as usize);
+            return match e.read(offset, &mut buf) {
+                Ok(()) if sh.params.structured => Reply::structured_read(h, offset, buf),
+                Ok(()) => Reply::simple_read(h, buf),
+                Err(err) => {
+                    log::debug!("nbd: read at {offset} length {length} failed: {err}");
+                    sh.error_reply(h, err.errno(), "read failed").with_spare(buf)
+                }
+            };
+        }
+        Request::Write { offset, fua, .. } => {
+            let r = e.write(offset, &job.data, fua);
+            let reply = match r {
+                Ok(()) => Reply::simple(h, 0),
+                Err(err) => sh.error_reply(h, err.errno(), "write failed"),
+            };
+            return reply.with_spare(job.data);
+        }
+        Request::Flush => e.flush(),
+        Request::Trim { offset, length, fua } => e.trim(offset, length as u64, fua),
+        Request::Cache { offset, length } => e.cache(offset, length as u64),
+        Request::WriteZeroes { offset, length, no_hole, fast, fua } => {
+            e.write_zeroes(offset, length as u64, no_hole, fast, fua)
+        }
+        Request::BlockStatus { offset, length, req_one } => {
+            return match e.block_status(offset, length as u64) {
+                Ok(extents) => {
+                    let d = build_descriptors(&extents, offset, length, sh.params.size, req_one);
+                    let id = sh.params.meta_context.unwrap_or(0);
+                    Reply::encoded(encode_block_status_chunk(h, id, &d))
+                }
+                Err(err) => sh.error_reply(h, err.errno(), "block status failed"),
+            };
+        }
+        Request::Disc => Ok(()),
+    };
+    match res {
+        Ok(()) => Reply::simple(h, 0),
+        Err(err) => {
+            log::debug!("nbd: request failed: {err}");
+            sh.error_reply(h, err.errno(), "request failed")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> TransmissionParams {
+        TransmissionParams {
+            size: 1 << 20,
+            read_only: false,
+            structured: true,
+            meta_context: Some(1),
+            min_block: 1,
+            max_payload: 32 << 20,
+        }
+    }
+
+    fn hdr(command: u16, flags: u16, offset: u64, length: u32) -> RequestHeader {
+        RequestHeader { flags, command, handle: 7, offset, length }
+    }
+
+    #[test]
+    fn validate_ok() {
+        let p = params();
+        assert_eq!(
+            validate_request(&hdr(NBD_CMD_READ, NBD_CMD_FLAG_DF, 0, 4096), &p),
+            Ok(Request::Read { offset: 0, length: 4096 })
+        );
+        assert_eq!(
+            validate_request(&hdr(NBD_CMD_WRITE, NBD_CMD_FLAG_FUA, (1 << 20) - 512, 512), &p),
+            Ok(Request::Write { offset: (1 << 20) - 512, length: 512, fua: true })
+        );
+        assert_eq!(validate_request(&hdr(NBD_CMD_DISC, 0, 0, 0), &p), Ok(Request::Disc));
+        assert_eq!(validate_request(&hdr(NBD_CMD_FLUSH, 0, 0, 0), &p), Ok(Request::Flush));
+        assert_eq!(
+            validate_request(&hdr(NBD_CMD_WRITE_ZEROES, NBD_CMD_FLAG_NO_HOLE | NBD_CMD_FLAG_FAST_ZERO, 0, 8192), &p),
+            Ok(Request::WriteZeroes { offset: 0, length: 8192, no_hole: true, fast: true, fua: false })
+        );
+        assert_eq!(
+            validate_request(&hdr(NBD_CMD_BLOCK_STATUS, NBD_CMD_FLAG_REQ_ONE, 0, 1 << 20), &p),
+            Ok(Request::BlockStatus { offset: 0, length: 1 << 20, req_one: true })
+        );
+        assert_eq!(validate_request(&hdr(NBD_CMD_CACHE, 0, 0, 1), &p), Ok(Request::Cache { offset: 0, length: 1 }));
+        // Trim/zero lengths may exceed the payload maximum.
+        let mut small = p;
+        small.max_payload = 4096;
+        assert!(validate_request(&hdr(NBD_CMD_TRIM, 0, 0, 1 << 20), &small).is_ok());
+    }
+
+    #[test]
+    fn validate_errors() {
+        let p = params();
+        let err = |h: RequestHeader, p: &TransmissionParams| validate_request(&h, p).unwrap_err().errno;
+        assert_eq!(err(hdr(99, 0, 0, 1), &p), NBD_EINVAL);
+        assert_eq!(err(hdr(NBD_CMD_RESIZE, 0, 0, 1), &p), NBD_EINVAL);
+        assert_eq!(err(hdr(NBD_CMD_READ, 1 << 9, 0, 1), &p), NBD_EINVAL);
+        assert_eq!(err(hdr(NBD_CMD_WRITE, NBD_CMD_FLAG_DF, 0, 1), &p), NBD_EINVAL);
+        assert_eq!(err(hdr(NBD_CMD_READ, NBD_CMD_FLAG_PAYLOAD_LEN, 0, 1), &p), NBD_EINVAL);
+        assert_eq!(err(hdr(NBD_CMD_READ, 0, 0, 0), &p), NBD_EINVAL);
+        assert_eq!(err(hdr(NBD_CMD_WRITE, 0, 0, 0), &p), NBD_EINVAL);
+        assert_eq!(err(hdr(NBD_CMD_READ, 0, u64::MAX, 1), &p), NBD_EINVAL);
+        assert_eq!(err(hdr(NBD_CMD_WRITE, 0, u64::MAX - 10, 4096), &p), NBD_EINVAL);
+        assert_eq!(err(hdr(NBD_CMD_READ, 0, (1 << 20) - 1, 2), &p), NBD_EINVAL);
+        assert_eq!(err(hdr(NBD_CMD_WRITE, 0, 1 << 20, 1), &p), NBD_ENOSPC);
+        assert_eq!(err(hdr(NBD_CMD_WRITE_ZEROES, 0, 1 << 20, 1), &p), NBD_ENOSPC);
+        assert_eq!(err(hdr(NBD_CMD_TRIM, 0, 1 << 20, 1), &p), NBD_EINVAL);
+        assert_eq!(err(hdr(NBD_CMD_BLOCK_STATUS, 0, 1 << 20, 1), &p), NBD_EINVAL);
+        assert_eq!(err(hdr(NBD_CMD_FLUSH, 0, 1, 0), &p), NBD_EINVAL);
+        let mut small = p;
+        small.max_payload = 4096;
+        assert_eq!(err(hdr(NBD_CMD_READ, 0, 0, 8192), &small), NBD_EINVAL);
+        let mut ro = p;
+        ro.read_only = true;
+        assert_eq!(err(hdr(NBD_CMD_WRITE, 0, 0, 1), &ro), NBD_EPERM);
+        assert_eq!(err(hdr(NBD_CMD_TRIM, 0, 0, 1), &ro), NBD_EPERM);
+        assert_eq!(err(hdr(NBD_CMD_WRITE_ZEROES, 0, 0, 1), &ro), NBD_EPERM);
+        assert!(validate_request(&hdr(NBD_CMD_READ, 0, 0, 1), &ro).is_ok());
+        let mut nometa = p;
+        nometa.meta_context = None;
+        assert_eq!(err(hdr(NBD_CMD_BLOCK_STATUS, 0, 0, 1), &nometa), NBD_EINVAL);
+        let mut simple = p;
+        simple.structured = false;
+        assert_eq!(err(hdr(NBD_CMD_READ, NBD_CMD_FLAG_DF, 0, 1), &simple), NBD_EINVAL);
+        let mut aligned = p;
+        aligned.min_block = 512;
+        assert_eq!(err(hdr(NBD_CMD_READ, 0, 1, 512), &aligned), NBD_EINVAL);
+        assert_eq!(err(hdr(NBD_CMD_WRITE, 0, 0, 100), &aligned), NBD_EINVAL);
+        assert!(validate_request(&hdr(NBD_CMD_READ, 0, 512, 1024), &aligned).is_ok());
+    }
+
+    fn ext(length: u64, hole: bool) -> BlockStatusExtent {
+        BlockStatusExtent { length, hole, zero: hole }
+    }
+
+    #[test]
+    fn descriptors() {
+        let d = |l, s| BlockDescriptor { length: l, status: s };
+        let hz = NBD_STATE_HOLE | NBD_STATE_ZERO;
+        // Merge equal neighbours, skip empty extents.
+        assert_eq!(
+            build_descriptors(&[ext(4096, false), ext(0, true), ext(4096, false), ext(8192, true)], 0, 16384, 1 << 20, false),
+            vec![d(8192, 0), d(8192, hz)]
+        );
+        // Stop once the request is covered; the last one may extend past it.
+        assert_eq!(
+            build_descriptors(&[ext(4096, false), ext(8192, true), ext(4096, false)], 0, 5000, 1 << 20, false),
+            vec![d(4096, 0), d(8192, hz)]
+        );
+        // REQ_ONE: one descriptor, clamped to the request.
+        assert_eq!(build_descriptors(&[ext(65536, true), ext(4096, false)], 0, 4096, 1 << 20, true), vec![d(4096, hz)]);
+        // Clamped to the export end.
+        assert_eq!(build_descriptors(&[ext(1 << 30, true)], 4096, 4096, 8192, false), vec![d(4096, hz)]);
+        // Empty list: one descriptor of the requested length, status 0.
+        assert_eq!(build_descriptors(&[], 0, 4096, 1 << 20, false), vec![d(4096, 0)]);
+        assert_eq!(build_descriptors(&[ext(0, true)], 0, 4096, 1 << 20, true), vec![d(4096, 0)]);
+        // Huge extents are clamped to a 512-aligned u32.
+        let r = build_descriptors(&[ext(1 << 40, true), ext(1, false)], 0, u32::MAX, 1 << 41, false);
+        assert_eq!(r, vec![d(u32::MAX & !511, hz)]);
+    }
+}

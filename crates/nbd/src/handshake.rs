@@ -1,0 +1,393 @@
+//! Fixed newstyle handshake (option haggling) up to the transmission phase.
+
+use std::io::{BufReader, Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::error::NbdError;
+use crate::export::{Backend, Export};
+use crate::protocol::*;
+use crate::server::ServerConfig;
+use crate::stream::Stream;
+
+/// Options accepted per handshake before the client is disconnected.
+pub(crate) const MAX_OPTIONS: usize = 1000;
+/// Option payloads above this are considered abusive: disconnect.
+pub(crate) const MAX_OPTION_LEN: u32 = 64 * 1024;
+/// The whole handshake must finish within this time.
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Context ID of `base:allocation` in `NBD_OPT_SET_META_CONTEXT` replies.
+pub(crate) const BASE_ALLOCATION_ID: u32 = 1;
+
+/// Result of a successful handshake.
+pub(crate) struct Negotiated {
+    pub export: Arc<dyn Export>,
+    pub name: String,
+    pub size: u64,
+    pub transmission_flags: u16,
+    pub structured: bool,
+    /// Context ID of `base:allocation` if selected for this export.
+    pub meta_context: Option<u32>,
+    pub min_block: u32,
+    pub max_payload: u32,
+}
+
+/// Block sizes (minimum, preferred, maximum) to advertise and enforce.
+pub(crate) fn sanitize_block_sizes(sizes: (u32, u32, u32), config_max: u32) -> (u32, u32, u32) {
+    let (min, pref, max) = sizes;
+    let cfg_max = config_max.max(512);
+    let valid = min.is_power_of_two()
+        && min <= 65536
+        && pref.is_power_of_two()
+        && pref >= min.max(512)
+        && max >= pref;
+    if !valid {
+        log::warn!("nbd: export block sizes {sizes:?} are inconsistent, using defaults");
+        return (1, 4096.min(prev_pow2(cfg_max)), cfg_max);
+    }
+    (min, pref, max.min(cfg_max).max(pref))
+}
+
+fn prev_pow2(x: u32) -> u32 {
+    if x == 0 {
+        1
+    } else {
+        1 << (31 - x.leading_zeros())
+    }
+}
+
+/// Transmission flags for an export.
+pub(crate) fn transmission_flags(read_only: bool, structured: bool) -> u16 {
+    let mut f = NBD_FLAG_HAS_FLAGS | NBD_FLAG_SEND_FLUSH | NBD_FLAG_SEND_FUA | NBD_FLAG_SEND_CACHE | NBD_FLAG_CAN_MULTI_CONN;
+    if read_only {
+        f |= NBD_FLAG_READ_ONLY;
+    } else {
+        f |= NBD_FLAG_SEND_TRIM | NBD_FLAG_SEND_WRITE_ZEROES | NBD_FLAG_SEND_FAST_ZERO;
+    }
+    if structured {
+        f |= NBD_FLAG_SEND_DF;
+    }
+    f
+}
+
+/// Contexts a query list selects (LIST: `base:` is a wildcard, no query
+/// means all; SET: only exact names).
+fn match_contexts(queries: &[String], list: bool) -> bool {
+    if list && queries.is_empty() {
+        return true;
+    }
+    queries.iter().any(|q| q == BASE_ALLOCATION || (list && q == "base:"))
+}
+
+struct State<'a> {
+    backend: &'a dyn Backend,
+    config: &'a ServerConfig,
+    structured: bool,
+    /// Export (resolved name) `base:allocation` was selected for.
+    meta_export: Option<String>,
+    out: Vec<u8>,
+}
+
+enum Next {
+    Continue,
+    Go(Negotiated),
+}
+
+/// Run the handshake on `reader` (buffered socket) replying on `w`.
+pub(crate) fn negotiate(
+    reader: &mut BufReader<Stream>,
+    w: &Stream,
+    backend: &dyn Backend,
+    config: &ServerConfig,
+    shutting_down: &AtomicBool,
+) -> Result<Negotiated, NbdError> {
+    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+    reader.get_ref().set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    w.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    let mut wr = w;
+    wr.write_all(&encode_greeting(SERVER_HANDSHAKE_FLAGS))?;
+
+    let mut raw = [0u8; 4];
+    read_exact(reader, &mut raw)?;
+    let cflags = parse_client_flags(u32::from_be_bytes(raw), SERVER_HANDSHAKE_FLAGS)?;
+
+    let mut st = State { backend, config, structured: false, meta_export: None, out: Vec::with_capacity(256) };
+    let mut n = 0usize;
+    loop {
+        n += 1;
+        if n > MAX_OPTIONS {
+            return Err(NbdError::TooManyOptions(n));
+        }
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        if remaining.is_zero() {
+            return Err(NbdError::HandshakeTimeout);
+        }
+        reader.get_ref().set_read_timeout(Some(remaining))?;
+        let mut hb = [0u8; OPTION_HEADER_LEN];
+        read_exact(reader, &mut hb)?;
+        let hdr = parse_option_header(&hb)?;
+        if !cflags.fixed_newstyle && hdr.option != NBD_OPT_EXPORT_NAME {
+            // A non-fixed client cannot parse option replies.
+            return Err(NbdError::NotFixedNewstyle(hdr.option));
+        }
+        if hdr.length > MAX_OPTION_LEN {
+            return Err(NbdError::OptionTooLong { option: hdr.option, length: hdr.length });
+        }
+        let mut data = vec![0u8; hdr.length as usize];
+        read_exact(reader, &mut data)?;
+        log::debug!("nbd: option {} ({} bytes)", hdr.option, hdr.length);
+
+        st.out.clear();
+        if shutting_down.load(Ordering::Relaxed) && hdr.option != NBD_OPT_ABORT {
+            if hdr.option != NBD_OPT_EXPORT_NAME {
+                push_option_reply(&mut st.out, hdr.option, NBD_REP_ERR_SHUTDOWN, b"server is shutting down");
+                let _ = wr.write_all(&st.out);
+            }
+            return Err(NbdError::ShuttingDown);
+        }
+        let next = st.option(hdr.option, &data, cflags.no_zeroes);
+        if !st.out.is_empty() {
+            wr.write_all(&st.out)?;
+        }
+        match next? {
+            Next::Continue => {}
+            Next::Go(neg) => {
+                reader.get_ref().set_read_timeout(None)?;
+                w.set_write_timeout(None)?;
+                return Ok(neg);
+            }
+        }
+    }
+}
+
+fn read_exact(r: &mut BufReader<Stream>, buf: &mut [u8]) -> Result<(), NbdError> {
+    match r.read_exact(buf) {
+        Ok(()) => Ok(()),
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+            Err(NbdError::HandshakeTimeout)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+impl State<'_> {
+    fn reply(&mut self, option: u32, reply_type: u32, data: &[u8]) {
+        push_option_reply(&mut self.out, option, reply_type, data);
+    }
+
+    fn invalid(&mut self, option: u32, why: &str) -> Result<Next, NbdError> {
+        log::info!("nbd: invalid option {option}: {why}");
+        self.reply(option, NBD_REP_ERR_INVALID, why.as_bytes());
+        Ok(Next::Continue)
+    }
+
+    /// Resolve the empty name to the default export.
+    fn resolve(&self, name: &str) -> Option<String> {
+        if name.is_empty() {
+            self.backend.default_export()
+        } else {
+            Some(name.to_owned())
+        }
+    }
+
+    fn open(&self, name: &str) -> Option<(String, Arc<dyn Export>)> {
+        let resolved = self.resolve(name)?;
+        let export = self.backend.open(&resolved)?;
+        Some((resolved, export))
+    }
+
+    fn negotiated(&self, name: String, export: Arc<dyn Export>) -> Negotiated {
+        let size = export.size();
+        let (min_block, _, max_payload) = sanitize_block_sizes(export.block_sizes(), self.config.max_request_bytes);
+        let meta_context = match &self.meta_export {
+            Some(m) if *m == name => Some(BASE_ALLOCATION_ID),
+            _ => None,
+        };
+        Negotiated {
+            transmission_flags: transmission_flags(export.read_only(), self.structured),
+            export,
+            name,
+            size,
+            structured: self.structured,
+            meta_context,
+            min_block,
+            max_payload,
+        }
+    }
+
+    fn option(&mut self, option: u32, data: &[u8], no_zeroes: bool) -> Result<Next, NbdError> {
+        match option {
+            NBD_OPT_EXPORT_NAME => {
+                let name = parse_export_name(data)?;
+                let Some((name, export)) = self.open(&name) else {
+                    return Err(NbdError::UnknownExport(name));
+                };
+                let neg = self.negotiated(name, export);
+                self.out.extend_from_slice(&encode_export_name_reply(neg.size, neg.transmission_flags, no_zeroes));
+                log::info!("nbd: export {:?} selected with NBD_OPT_EXPORT_NAME", neg.name);
+                Ok(Next::Go(neg))
+            }
+            NBD_OPT_ABORT => {
+                self.reply(option, NBD_REP_ACK, &[]);
+                Err(NbdError::Aborted)
+            }
+            NBD_OPT_LIST => {
+                if !data.is_empty() {
+                    return self.invalid(option, "NBD_OPT_LIST takes no data");
+                }
+                for e in self.backend.list() {
+                    let payload = encode_rep_server(&e.name, &e.description);
+                    self.reply(option, NBD_REP_SERVER, &payload);
+                }
+                self.reply(option, NBD_REP_ACK, &[]);
+                Ok(Next::Continue)
+            }
+            NBD_OPT_STARTTLS => {
+                if !data.is_empty() {
+                    return self.invalid(option, "NBD_OPT_STARTTLS takes no data");
+                }
+                self.reply(option, NBD_REP_ERR_POLICY, b"TLS is not supported by this server");
+                Ok(Next::Continue)
+            }
+            NBD_OPT_INFO | NBD_OPT_GO => self.info(option, data),
+            NBD_OPT_STRUCTURED_REPLY => {
+                if !data.is_empty() {
+                    return self.invalid(option, "NBD_OPT_STRUCTURED_REPLY takes no data");
+                }
+                self.structured = true;
+                self.reply(option, NBD_REP_ACK, &[]);
+                Ok(Next::Continue)
+            }
+            NBD_OPT_LIST_META_CONTEXT | NBD_OPT_SET_META_CONTEXT => self.meta_context(option, data),
+            NBD_OPT_EXTENDED_HEADERS => {
+                self.reply(option, NBD_REP_ERR_UNSUP, b"extended headers are not supported");
+                Ok(Next::Continue)
+            }
+            _ => {
+                log::debug!("nbd: unsupported option {option}");
+                self.reply(option, NBD_REP_ERR_UNSUP, &[]);
+                Ok(Next::Continue)
+            }
+        }
+    }
+
+    fn info(&mut self, option: u32, data: &[u8]) -> Result<Next, NbdError> {
+        let req = match parse_info_request(data) {
+            Ok(r) => r,
+            Err(e) => return self.invalid(option, &e.to_string()),
+        };
+        let Some((name, export)) = self.open(&req.name) else {
+            self.reply(option, NBD_REP_ERR_UNKNOWN, format!("unknown export {:?}", req.name).as_bytes());
+            return Ok(Next::Continue);
+        };
+        let neg = self.negotiated(name, export);
+        self.reply(option, NBD_REP_INFO, &encode_info_export(neg.size, neg.transmission_flags));
+        let (min, pref, max) = sanitize_block_sizes(neg.export.block_sizes(), self.config.max_request_bytes);
+        self.reply(option, NBD_REP_INFO, &encode_info_block_size(min, pref, max));
+        if req.requests.contains(&NBD_INFO_NAME) || req.name != neg.name {
+            self.reply(option, NBD_REP_INFO, &encode_info_string(NBD_INFO_NAME, &neg.name));
+        }
+        if req.requests.contains(&NBD_INFO_DESCRIPTION) {
+            if let Some(d) = self.backend.list().into_iter().find(|d| d.name == neg.name) {
+                if !d.description.is_empty() {
+                    self.reply(option, NBD_REP_INFO, &encode_info_string(NBD_INFO_DESCRIPTION, &d.description));
+                }
+            }
+        }
+        self.reply(option, NBD_REP_ACK, &[]);
+        if option == NBD_OPT_GO {
+            log::info!(
+                "nbd: export {:?} selected (size {}, structured {}, base:allocation {})",
+                neg.name,
+                neg.size,
+                neg.structured,
+                neg.meta_context.is_some()
+            );
+            Ok(Next::Go(neg))
+        } else {
+            Ok(Next::Continue)
+        }
+    }
+
+    fn meta_context(&mut self, option: u32, data: &[u8]) -> Result<Next, NbdError> {
+        let set = option == NBD_OPT_SET_META_CONTEXT;
+        if set {
+            // SET replaces the previous selection even when it fails.
+            self.meta_export = None;
+        }
+        if !self.structured {
+            return self.invalid(option, "structured replies must be negotiated first");
+        }
+        let req = match parse_meta_context_request(data) {
+            Ok(r) => r,
+            Err(e) => return self.invalid(option, &e.to_string()),
+        };
+        let Some(name) = self.resolve(&req.export_name).filter(|n| self.backend.open(n).is_some()) else {
+            self.reply(option, NBD_REP_ERR_UNKNOWN, format!("unknown export {:?}", req.export_name).as_bytes());
+            return Ok(Next::Continue);
+        };
+        if match_contexts(&req.queries, !set) {
+            let id = if set { BASE_ALLOCATION_ID } else { 0 };
+            self.reply(option, NBD_REP_META_CONTEXT, &encode_rep_meta_context(id, BASE_ALLOCATION));
+            if set {
+                self.meta_export = Some(name);
+            }
+        }
+        self.reply(option, NBD_REP_ACK, &[]);
+        Ok(Next::Continue)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_sizes() {
+        assert_eq!(sanitize_block_sizes((1, 4096, 32 << 20), 32 << 20), (1, 4096, 32 << 20));
+        assert_eq!(sanitize_block_sizes((512, 4096, 64 << 20), 32 << 20), (512, 4096, 32 << 20));
+        assert_eq!(sanitize_block_sizes((4096, 4096, 1 << 20), 32 << 20), (4096, 4096, 1 << 20));
+        // Inconsistent: preferred below minimum, not powers of two, huge minimum.
+        assert_eq!(sanitize_block_sizes((4096, 512, 1 << 20), 32 << 20), (1, 4096, 32 << 20));
+        assert_eq!(sanitize_block_sizes((3, 4096, 1 << 20), 32 << 20), (1, 4096, 32 << 20));
+        assert_eq!(sanitize_block_sizes((1 << 17, 1 << 17, 1 << 20), 32 << 20), (1, 4096, 32 << 20));
+        assert_eq!(sanitize_block_sizes((0, 0, 0), 32 << 20), (1, 4096, 32 << 20));
+        // The configured maximum never drops below the preferred size.
+        assert_eq!(sanitize_block_sizes((1, 65536, 1 << 20), 4096), (1, 65536, 65536));
+    }
+
+    #[test]
+    fn flags() {
+        let f = transmission_flags(false, true);
+        assert_eq!(f & NBD_FLAG_READ_ONLY, 0);
+        for bit in [
+            NBD_FLAG_HAS_FLAGS,
+            NBD_FLAG_SEND_FLUSH,
+            NBD_FLAG_SEND_FUA,
+            NBD_FLAG_SEND_TRIM,
+            NBD_FLAG_SEND_WRITE_ZEROES,
+            NBD_FLAG_SEND_FAST_ZERO,
+            NBD_FLAG_SEND_DF,
+            NBD_FLAG_SEND_CACHE,
+            NBD_FLAG_CAN_MULTI_CONN,
+        ] {
+            assert_ne!(f & bit, 0, "bit {bit:#x}");
+        }
+        let f = transmission_flags(true, false);
+        assert_ne!(f & NBD_FLAG_READ_ONLY, 0);
+        assert_eq!(f & (NBD_FLAG_SEND_DF | NBD_FLAG_SEND_TRIM | NBD_FLAG_SEND_WRITE_ZEROES), 0);
+    }
+
+    #[test]
+    fn contexts() {
+        let q = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(match_contexts(&q(&[]), true));
+        assert!(!match_contexts(&q(&[]), false));
+        assert!(match_contexts(&q(&["base:"]), true));
+        assert!(!match_contexts(&q(&["base:"]), false));
+        assert!(match_contexts(&q(&["qemu:x", "base:allocation"]), false));
+        assert!(!match_contexts(&q(&["qemu:allocation-depth"]), true));
+    }
+}

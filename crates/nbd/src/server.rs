@@ -1,0 +1,369 @@
+//! Listeners, connection bookkeeping and graceful shutdown.
+
+use std::collections::HashMap;
+use std::io::{self, BufReader};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::connection;
+use crate::error::NbdError;
+use crate::export::Backend;
+use crate::handshake;
+use crate::stream::Stream;
+use crate::util::{lock, wait_timeout};
+
+/// Tunables of a [`Server`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// Requests queued or being processed per connection before the server
+    /// stops reading from that connection (default 64).
+    pub max_in_flight_per_conn: usize,
+    /// Worker threads per connection, spawned on demand (default 8).
+    pub workers_per_conn: usize,
+    /// Largest READ/WRITE payload accepted and advertised (default 32 MiB).
+    pub max_request_bytes: u32,
+    /// Concurrent connections; further ones are closed at once (default 256).
+    pub max_connections: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            max_in_flight_per_conn: 64,
+            workers_per_conn: 8,
+            max_request_bytes: 32 * 1024 * 1024,
+            max_connections: 256,
+        }
+    }
+}
+
+/// Time connections get to answer in-flight requests after [`Server::shutdown`]
+/// stops their reading, before their sockets are closed outright.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
+/// Further wait after the sockets were closed outright.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+enum ListenSock {
+    Tcp(Arc<TcpListener>),
+    Unix(Arc<UnixListener>, PathBuf),
+}
+
+struct Listener {
+    sock: ListenSock,
+    thread: Option<JoinHandle<()>>,
+}
+
+#[derive(Default)]
+struct Conns {
+    /// A handle on each live connection's socket, to shut it down.
+    live: HashMap<u64, Stream>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+struct Inner {
+    backend: Arc<dyn Backend>,
+    config: ServerConfig,
+    shutting_down: AtomicBool,
+    listeners: Mutex<Vec<Listener>>,
+    conns: Mutex<Conns>,
+    conns_cv: Condvar,
+    next_id: AtomicU64,
+}
+
+/// An NBD server: listeners plus one thread (and its workers) per connection.
+///
+/// Dropping a `Server` shuts it down.
+pub struct Server {
+    inner: Arc<Inner>,
+}
+
+impl Server {
+    pub fn new(backend: Arc<dyn Backend>, config: ServerConfig) -> Server {
+        Server {
+            inner: Arc::new(Inner {
+                backend,
+                config,
+                shutting_down: AtomicBool::new(false),
+                listeners: Mutex::new(Vec::new()),
+                conns: Mutex::new(Conns::default()),
+                conns_cv: Condvar::new(),
+                next_id: AtomicU64::new(1),
+            }),
+        }
+    }
+
+    /// Bind a TCP address (e.g. `127.0.0.1:10809`, port 0 for any) and
+    /// spawn its accept thread. Returns the bound address.
+    pub fn listen_tcp(&self, addr: &str) -> io::Result<SocketAddr> {
+        self.check_running()?;
+        let l = Arc::new(TcpListener::bind(addr)?);
+        let local = l.local_addr()?;
+        let inner = Arc::clone(&self.inner);
+        let l2 = Arc::clone(&l);
+        let thread = std::thread::Builder::new()
+            .name("nbd-accept".into())
+            .spawn(move || accept_loop(&inner, || l2.accept().map(|(s, _)| s).and_then(tcp_stream)))?;
+        lock(&self.inner.listeners).push(Listener { sock: ListenSock::Tcp(l), thread: Some(thread) });
+        log::info!("nbd: listening on {local}");
+        Ok(local)
+    }
+
+    /// Bind a Unix socket at `path` (a stale socket there is removed; a live
+    /// one is an `AddrInUse` error) with mode 0600, and spawn its accept thread.
+    pub fn listen_unix(&self, path: &Path) -> io::Result<()> {
+        self.check_running()?;
+        let l = Arc::new(bind_unix(path)?);
+        let inner = Arc::clone(&self.inner);
+        let l2 = Arc::clone(&l);
+        let thread = std::thread::Builder::new()
+            .name("nbd-accept".into())
+            .spawn(move || accept_loop(&inner, || l2.accept().map(|(s, _)| Stream::Unix(s))))?;
+        lock(&self.inner.listeners).push(Listener { sock: ListenSock::Unix(l, path.to_owned()), thread: Some(thread) });
+        log::info!("nbd: listening on {}", path.display());
+        Ok(())
+    }
+
+    /// Stop accepting, let connections finish in-flight requests (reply to them), close sockets, join threads. Bounded wait.
+    ///
+    /// Connections stop reading at once; requests already read are answered
+    /// within a few seconds, after which remaining sockets are closed
+    /// outright. Threads stuck inside the export are left detached.
+    pub fn shutdown(&self) {
+        let inner = &self.inner;
+        if inner.shutting_down.swap(true, Ordering::SeqCst) {
+            log::debug!("nbd: shutdown already requested");
+        } else {
+            log::info!("nbd: shutting down");
+        }
+
+        // Listeners: shutdown(2) on a listening socket wakes a blocked accept.
+        let listeners = std::mem::take(&mut *lock(&inner.listeners));
+        for l in &listeners {
+            let fd = match &l.sock {
+                ListenSock::Tcp(t) => t.as_raw_fd(),
+                ListenSock::Unix(u, _) => u.as_raw_fd(),
+            };
+            // SAFETY: the fd stays open: we hold an Arc on the listener.
+            unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+        }
+        for mut l in listeners {
+            if let Some(t) = l.thread.take() {
+                if join_within(t, Duration::from_secs(1)).is_err() {
+                    // Nudge a TCP accept that did not wake up.
+                    if let ListenSock::Tcp(t) = &l.sock {
+                        if let Ok(a) = t.local_addr() {
+                            let _ = TcpStream::connect_timeout(&a, Duration::from_millis(200));
+                        }
+                    }
+                }
+            }
+            if let ListenSock::Unix(_, path) = &l.sock {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+
+        // Connections: stop reading, let them drain, then close outright.
+        {
+            let c = lock(&inner.conns);
+            for s in c.live.values() {
+                s.shutdown(Shutdown::Read);
+            }
+        }
+        if !self.wait_conns(DRAIN_TIMEOUT) {
+            {
+                let c = lock(&inner.conns);
+                log::warn!("nbd: {} connection(s) still busy; closing their sockets", c.live.len());
+                for s in c.live.values() {
+                    s.shutdown(Shutdown::Both);
+                }
+            }
+            if !self.wait_conns(CLOSE_TIMEOUT) {
+                log::warn!("nbd: giving up on {} connection(s)", lock(&inner.conns).live.len());
+            }
+        }
+        let threads = std::mem::take(&mut lock(&inner.conns).threads);
+        for t in threads {
+            if t.is_finished() {
+                let _ = t.join();
+            }
+        }
+    }
+
+    /// Number of connections currently open.
+    pub fn connection_count(&self) -> usize {
+        lock(&self.inner.conns).live.len()
+    }
+
+    fn check_running(&self) -> io::Result<()> {
+        if self.inner.shutting_down.load(Ordering::SeqCst) {
+            return Err(io::Error::new(io::ErrorKind::Other, "server is shut down"));
+        }
+        Ok(())
+    }
+
+    /// Wait until no connection is live; false on timeout.
+    fn wait_conns(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut c = lock(&self.inner.conns);
+        while !c.live.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            c = wait_timeout(&self.inner.conns_cv, c, left);
+        }
+        true
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn tcp_stream(s: TcpStream) -> io::Result<Stream> {
+    s.set_nodelay(true)?;
+    Ok(Stream::Tcp(s))
+}
+
+fn join_within(t: JoinHandle<()>, d: Duration) -> Result<(), JoinHandle<()>> {
+    let deadline = Instant::now() + d;
+    while !t.is_finished() {
+        if Instant::now() >= deadline {
+            return Err(t);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _ = t.join();
+    Ok(())
+}
+
+fn bind_unix(path: &Path) -> io::Result<UnixListener> {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("{} exists and is not a socket", path.display())));
+        }
+        if UnixStream::connect(path).is_ok() {
+            return Err(io::Error::new(io::ErrorKind::AddrInUse, format!("{} is in use", path.display())));
+        }
+        log::info!("nbd: removing stale socket {}", path.display());
+        std::fs::remove_file(path)?;
+    }
+    // Bind under a temporary name, restrict it, then move it into place so
+    // that the socket is never reachable with wider permissions.
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let file = path.file_name().and_then(|f| f.to_str()).unwrap_or("nbd");
+    let tmp = path.with_file_name(format!(
+        ".{file}.{}.{}.tmp",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    match UnixListener::bind(&tmp) {
+        Ok(l) => {
+            let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
+                .and_then(|()| std::fs::rename(&tmp, path));
+            if let Err(e) = placed {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+            Ok(l)
+        }
+        Err(_) => {
+            // E.g. the temporary name is too long for sun_path.
+            let l = UnixListener::bind(path)?;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+            Ok(l)
+        }
+    }
+}
+
+fn accept_loop(inner: &Arc<Inner>, mut accept: impl FnMut() -> io::Result<Stream>) {
+    loop {
+        let res = accept();
+        if inner.shutting_down.load(Ordering::SeqCst) {
+            break;
+        }
+        match res {
+            Ok(s) => start_connection(inner, s),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                log::warn!("nbd: accept failed: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    log::debug!("nbd: accept loop finished");
+}
+
+fn start_connection(inner: &Arc<Inner>, stream: Stream) {
+    let mut c = lock(&inner.conns);
+    c.threads.retain(|t| !t.is_finished());
+    if inner.shutting_down.load(Ordering::SeqCst) {
+        return;
+    }
+    if c.live.len() >= inner.config.max_connections {
+        log::warn!("nbd: connection limit ({}) reached; refusing {}", inner.config.max_connections, stream.peer());
+        return;
+    }
+    let handle = match stream.try_clone() {
+        Ok(h) => h,
+        Err(e) => {
+            log::warn!("nbd: cannot clone socket: {e}");
+            return;
+        }
+    };
+    let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+    let inner2 = Arc::clone(inner);
+    let spawned = std::thread::Builder::new().name(format!("nbd-conn-{id}")).spawn(move || {
+        run_connection(&inner2, id, stream);
+        let mut c = lock(&inner2.conns);
+        c.live.remove(&id);
+        inner2.conns_cv.notify_all();
+    });
+    match spawned {
+        Ok(t) => {
+            c.live.insert(id, handle);
+            c.threads.push(t);
+        }
+        Err(e) => log::error!("nbd: cannot spawn connection thread: {e}"),
+    }
+}
+
+fn run_connection(inner: &Inner, id: u64, stream: Stream) {
+    let peer = stream.peer();
+    log::info!("nbd: connection {id} from {peer}");
+    let write_stream = match stream.try_clone() {
+        Ok(s) => s,
+        Err(e) => {
+            log::warn!("nbd: connection {id}: cannot clone socket: {e}");
+            return;
+        }
+    };
+    let mut reader = BufReader::with_capacity(connection::READ_BUF, stream);
+    match handshake::negotiate(&mut reader, &write_stream, &*inner.backend, &inner.config, &inner.shutting_down) {
+        Ok(neg) => {
+            let name = neg.name.clone();
+            let end = connection::serve(neg, reader, write_stream, &inner.config, &inner.shutting_down);
+            log::info!("nbd: connection {id} ({peer}, export {name:?}) closed: {end:?}");
+        }
+        Err(e) => {
+            match &e {
+                NbdError::Aborted => log::info!("nbd: connection {id} ({peer}): client ended the handshake"),
+                NbdError::Io(io) if io.kind() == io::ErrorKind::UnexpectedEof => {
+                    log::info!("nbd: connection {id} ({peer}): client disconnected during the handshake")
+                }
+                _ => log::warn!("nbd: connection {id} ({peer}): handshake failed: {e}"),
+            }
+            write_stream.shutdown(Shutdown::Both);
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! Reply output of a connection: a combining writer shared by the worker
+//! threads, and a small pool of data buffers.
+//!
+//! A worker that finishes a request hands its [`Reply`] to
+//! [`ReplyWriter::send`]. If no other thread is writing, it becomes the
+//! writer and sends every queued reply with one `sendmsg` per batch;
+//! otherwise it only queues the reply and returns, and the thread that is
+//! writing sends it before it stops writing. Each reply (header + payload)
+//! is thus written contiguously, replies are batched under load, and payload
+//! buffers are never copied.
+
+use std::io::IoSlice;
+use std::net::Shutdown;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use crate::protocol;
+use crate::stream::Stream;
+use crate::util::lock;
+
+/// One reply: a short inline header followed by an optional payload.
+pub(crate) struct Reply {
+    head: [u8; protocol::READ_CHUNK_HEADER_LEN],
+    head_len: u8,
+    /// Payload sent after the header.
+    data: Vec<u8>,
+    /// A buffer returned to the pool after sending (not sent).
+    spare: Vec<u8>,
+}
+
+impl Reply {
+    /// A simple reply without payload.
+    pub(crate) fn simple(handle: u64, error: u32) -> Reply {
+        let mut head = [0u8; protocol::READ_CHUNK_HEADER_LEN];
+        head[..protocol::SIMPLE_REPLY_LEN].copy_from_slice(&protocol::encode_simple_reply(handle, error));
+        Reply { head, head_len: protocol::SIMPLE_REPLY_LEN as u8, data: Vec::new(), spare: Vec::new() }
+    }
+
+    /// A successful simple reply to a read, followed by `data`.
+    pub(crate) fn simple_read(handle: u64, data: Vec<u8>) -> Reply {
+        let mut r = Reply::simple(handle, 0);
+        r.data = data;
+        r
+    }
+
+    /// A single final `OFFSET_DATA` chunk carrying `data` read at `offset`.
+    pub(crate) fn structured_read(handle: u64, offset: u64, data: Vec<u8>) -> Reply {
+        let len = u32::try_from(data.len()).unwrap_or(u32::MAX - 8);
+        let head = protocol::encode_read_chunk_header(handle, offset, len, true);
+        Reply { head, head_len: protocol::READ_CHUNK_HEADER_LEN as u8, data, spare: Vec::new() }
+    }
+
+    /// A fully encoded message.
+    pub(crate) fn encoded(bytes: Vec<u8>) -> Reply {
+        Reply { head: [0u8; protocol::READ_CHUNK_HEADER_LEN], head_len: 0, data: bytes, spare: Vec::new() }
+    }
+
+    /// Attach a buffer to be recycled once the reply is sent.
+    pub(crate) fn with_spare(mut self, spare: Vec<u8>) -> Reply {
+        self.spare = spare;
+        self
+    }
+
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> Vec<u8> {
+        let mut v = self.head[..self.head_len as usize].to_vec();
+        v.extend_from_slice(&self.data);
+        v
+    }
+}
+
+/// Pool of payload buffers (per connection) to avoid an allocation and a
+/// page-faulting zero fill per request.
+pub(crate) struct BufPool {
+    inner: Mutex<PoolInner>,
+}
+
+struct PoolInner {
+    bufs: Vec<Vec<u8>>,
+    bytes: usize,
+}
+
+/// Buffers larger than this are not kept.
+const POOL_MAX_BUF: usize = 4 << 20;
+/// Total capacity kept per connection.
+const POOL_MAX_BYTES: usize = 16 << 20;
+const POOL_MAX_COUNT: usize = 256;
+
+impl BufPool {
+    pub(crate) fn new() -> BufPool {
+        BufPool { inner: Mutex::new(PoolInner { bufs: Vec::new(), bytes: 0 }) }
+    }
+
+    /// A buffer of exactly `len` bytes (contents unspecified: old data or zero).
+    pub(crate) fn get(&self, len: usize) -> Vec<u8> {
+        let mut v = if len <= POOL_MAX_BUF {
+            let mut p = lock(&self.inner);
+            match p.bufs.pop() {
+                Some(v) => {
+                    p.bytes -= v.capacity();
+                    v
+                }
+                None => Vec::new(),
+            }
+        } else {
+            Vec::new()
+        };
+        if v.len() < len {
+            v.resize(len, 0);
+        } else {
+            v.truncate(len);
+        }
+        v
+    }
+
+    /// Return buffers to the pool.
+    pub(crate) fn put_many(&self, bufs: impl Iterator<Item = Vec<u8>>) {
+        let mut p = lock(&self.inner);
+        for v in bufs {
+            let cap = v.capacity();
+            if cap == 0 || cap > POOL_MAX_BUF || p.bufs.len() >= POOL_MAX_COUNT || p.bytes + cap > POOL_MAX_BYTES {
+                continue;
+            }
+            p.bytes += cap;
+            p.bufs.push(v);
+        }
+    }
+
+    pub(crate) fn put(&self, v: Vec<u8>) {
+        self.put_many(std::iter::once(v));
+    }
+}
+
+/// The shared, combining reply writer of one connection.
+pub(crate) struct ReplyWriter {
+    stream: Stream,
+    state: Mutex<WriterState>,
+    broken: AtomicBool,
+}
+
+struct WriterState {
+    queue: Vec<Reply>,
+    writing: bool,
+    spare: Vec<Reply>,
+}
+
+/// Replies per `sendmsg` (two iovecs each).
+const BATCH: usize = 64;
+
+impl ReplyWriter {
+    pub(crate) fn new(stream: Stream) -> ReplyWriter {
+        ReplyWriter {
+            stream,
+            state: Mutex::new(WriterState { queue: Vec::with_capacity(64), writing: false, spare: Vec::with_capacity(64) }),
+            broken: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether a write failed (the connection is unusable).
+    pub(crate) fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::Relaxed)
+    }
+
+    /// Queue `reply`; send it (and everything queued meanwhile) unless
+    /// another thread is already sending. When every caller of `send` has
+    /// returned, every queued reply has been written (or the writer broke).
+    pub(crate) fn send(&self, reply: Reply, pool: &BufPool) {
+        let mut st = lock(&self.state);
+        if self.is_broken() {
+            drop(st);
+            pool.put_many([reply.data, reply.spare].into_iter());
+            return;
+        }
+        st.queue.push(reply);
+        if st.writing {
+            return;
+        }
+        st.writing = true;
+        let mut batch = std::mem::take(&mut st.spare);
+        loop {
+            std::mem::swap(&mut batch, &mut st.queue);
+            drop(st);
+            let res = self.write_batch(&batch);
+            pool.put_many(batch.drain(..).flat_map(|r| [r.data, r.spare]));
+            st = lock(&self.state);
+            if let Err(e) = res {
+                log::debug!("nbd: reply write failed: {e}");
+                self.broken.store(true, Ordering::Relaxed);
+                // Wake the reader too: the connection is over.
+                self.stream.shutdown(Shutdown::Both);
+                let dropped = std::mem::take(&mut st.queue);
+                st.writing = false;
+                drop(st);
+                pool.put_many(dropped.into_iter().flat_map(|r| [r.data, r.spare]));
+                return;
+            }
+            if st.queue.is_empty() {
+                st.writing = false;
+                st.spare = batch;
+                return;
+            }
+        }
+    }
+
+    /// Close the connection in both directions.
+    pub(crate) fn shutdown(&self) {
+        self.stream.shutdown(Shutdown::Both);
+    }
+
+    fn write_batch(&self, batch: &[Reply]) -> std::io::Result<()> {
+        for chunk in batch.chunks(BATCH) {
+            let mut iov = [IoSlice::new(&[]); 2 * BATCH];
+            let mut n = 0;
+            for r in chunk {
+                if r.head_len > 0 {
+                    iov[n] = IoSlice::new(&r.head[..r.head_len as usize]);
+                    n += 1;
+                }
+                if !r.data.is_empty() {
+                    iov[n] = IoSlice::new(&r.data);
+                    n += 1;
+                }
+            }
+            self.stream.write_all_vectored(&mut iov[..n])?;
+        }
+        Ok(())
+    }
+}

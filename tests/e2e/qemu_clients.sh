@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Standard NBD clients against `tarn serve`: qemu-img (info/convert/compare),
+# qemu-io patterns (unaligned writes, discard, write-zeroes, flush, aio),
+# nbdinfo --map (block status), nbdcopy of a sparse image (thin allocation).
+. "$(dirname "$0")/lib.sh"
+need qemu-img qemu-io nbdinfo nbdcopy jq cmp
+e2e_init qemu_clients
+
+M=$((1 << 20))
+POOL=$T/pool.img
+make_pool "$POOL" 4G
+make_vol "$POOL" qc 256M
+make_vol "$POOL" qio 64M
+make_vol "$POOL" sp 256M
+start_serve "$POOL"
+
+step "export discovery"
+list=$(timeout 20 nbdinfo --list --json "nbd://127.0.0.1:$SERVE_PORT" 2>&1) || list=
+names=$(printf '%s' "$list" | jq -r '.exports[]."export-name"' 2>/dev/null | sort | tr '\n' ' ')
+expect_eq "nbdinfo --list shows every volume" "$names" "qc qio sp "
+size=$(timeout 20 nbdinfo --size "$(uri qc)" 2>&1) || size="error: $size"
+expect_eq "nbdinfo --size qc" "$size" $((256 * M))
+size=$(timeout 20 nbdinfo --size "$(uri_unix qio)" 2>&1) || size="error: $size"
+expect_eq "nbdinfo --size over unix socket" "$size" $((64 * M))
+check_fails "unknown export name is refused" timeout 20 nbdinfo --size "$(uri nosuchvolume)"
+info=$(timeout 20 qemu-img info --output=json "$(uri qc)" 2>&1) || info='{}'
+expect_eq "qemu-img info virtual-size" "$(printf '%s' "$info" | jq -r '."virtual-size"' 2>/dev/null)" $((256 * M))
+
+step "qemu-img convert / compare (64M random image)"
+head -c $((64 * M)) /dev/urandom >"$T/src.img"
+check "qemu-img convert -n src.img -> nbd (tcp)" timeout 120 qemu-img convert -p -n -f raw -O raw "$T/src.img" "$(uri qc)"
+check "qemu-img compare src.img nbd" timeout 120 qemu-img compare -f raw -F raw "$T/src.img" "$(uri qc)"
+check "qemu-img compare nbd src.img (reverse, unix socket)" timeout 120 qemu-img compare -f raw -F raw "$(uri_unix qc)" "$T/src.img"
+check "qemu-img convert nbd -> out.img" timeout 120 qemu-img convert -f raw -O raw "$(uri qc)" "$T/out.img"
+check "out.img first 64M == src.img" cmp -n $((64 * M)) "$T/src.img" "$T/out.img"
+check "out.img tail (192M) is zero" cmp -n $((192 * M)) -i $((64 * M)):0 "$T/out.img" /dev/zero
+check "qemu-img compare out.img src.img" qemu-img compare -f raw -F raw "$T/out.img" "$T/src.img"
+# modify one byte in the middle through qemu-io: compare must now see a difference
+check "qemu-io write 1 byte at 33M+7" timeout 60 qemu-io -f raw -c "write -P 0x5a $((33 * M + 7)) 1" "$(uri qc)"
+rc=0; timeout 120 qemu-img compare -q -f raw -F raw "$T/src.img" "$(uri qc)" || rc=$?
+expect_eq "qemu-img compare detects a 1-byte change (exit 1)" "$rc" 1
+rm -f "$T/out.img"
+
+step "qemu-io patterns on a fresh 64M volume"
+QIO=$(uri qio)
+qio() { timeout 120 qemu-io -f raw "$QIO" "$@"; }
+check "writes: aligned, 512-byte, odd unaligned, large" qio \
+  -c "write -P 0x11 0 64k" \
+  -c "write -P 0x22 $((1 * M)) 4k" \
+  -c "write -P 0x33 $((2 * M + 512)) 512" \
+  -c "write -P 0x44 $((3 * M + 1000)) 3000" \
+  -c "write -P 0x55 $((8 * M)) 4M" \
+  -c "write -P 0x66 $((16 * M)) 1M" \
+  -c "write -P 0x77 $((20 * M)) 1M" \
+  -c "write -P 0x78 $((24 * M)) 1M" \
+  -c "write -P 0x79 $((28 * M)) 2M" \
+  -c "write -f -P 0x7a $((40 * M)) 64k" \
+  -c "flush"
+check "overwrite inside a block (8M+100, 50 bytes)" qio -c "write -P 0x99 $((8 * M + 100)) 50" -c flush
+check "discard 16M+1M, write -z 20M+1M, write -z -u 24M+1M, partial discard 28M+64k+128k" qio \
+  -c "discard $((16 * M)) 1M" \
+  -c "write -z $((20 * M)) 1M" \
+  -c "write -z -u $((24 * M)) 1M" \
+  -c "discard $((28 * M + 65536)) 128k" \
+  -c "flush"
+check "aio writes (8 in flight) + aio_flush" qio \
+  -c "aio_write -P 0x81 $((44 * M)) 64k" -c "aio_write -P 0x82 $((44 * M + 65536)) 64k" \
+  -c "aio_write -P 0x83 $((44 * M + 131072)) 4k" -c "aio_write -P 0x84 $((44 * M + 135168)) 4k" \
+  -c "aio_write -P 0x85 $((45 * M)) 512" -c "aio_write -P 0x86 $((45 * M + 4096)) 1M" \
+  -c "aio_write -P 0x87 $((47 * M)) 128k" -c "aio_write -P 0x88 $((48 * M - 4096)) 4k" \
+  -c "aio_flush" -c "flush"
+# verification on a new connection, over the unix socket this time
+QIO=$(uri_unix qio)
+check "read back aligned + 4k" qio -c "read -P 0x11 0 64k" -c "read -P 0 65536 $((M - 65536))" \
+  -c "read -P 0x22 $((1 * M)) 4k" -c "read -P 0 $((1 * M + 4096)) $((M - 4096))"
+check "read back 512-byte write and its zero neighbours" qio -c "read -P 0 $((2 * M)) 512" \
+  -c "read -P 0x33 $((2 * M + 512)) 512" -c "read -P 0 $((2 * M + 1024)) $((M - 1024))"
+check "read back odd unaligned write (3M+1000, 3000) and neighbours" qio \
+  -c "read -P 0 $((3 * M)) 1000" -c "read -P 0x44 $((3 * M + 1000)) 3000" -c "read -P 0 $((3 * M + 4000)) 96"
+check "read back 4M write with inner 50-byte overwrite" qio -c "read -P 0x55 $((8 * M)) 100" \
+  -c "read -P 0x99 $((8 * M + 100)) 50" -c "read -P 0x55 $((8 * M + 150)) $((4 * M - 150))"
+check "discarded 16M+1M reads zeros" qio -c "read -P 0 $((16 * M)) 1M"
+check "write -z 20M+1M reads zeros" qio -c "read -P 0 $((20 * M)) 1M"
+check "write -z -u 24M+1M reads zeros" qio -c "read -P 0 $((24 * M)) 1M"
+check "data around the partial discard is intact" qio -c "read -P 0x79 $((28 * M)) 64k" \
+  -c "read -P 0x79 $((28 * M + 196608)) $((2 * M - 196608))"
+check "FUA write reads back" qio -c "read -P 0x7a $((40 * M)) 64k"
+check "aio writes read back" qio -c "read -P 0x81 $((44 * M)) 64k" -c "read -P 0x82 $((44 * M + 65536)) 64k" \
+  -c "read -P 0x83 $((44 * M + 131072)) 4k" -c "read -P 0x84 $((44 * M + 135168)) 4k" \
+  -c "read -P 0x85 $((45 * M)) 512" -c "read -P 0x86 $((45 * M + 4096)) 1M" \
+  -c "read -P 0x87 $((47 * M)) 128k" -c "read -P 0x88 $((48 * M - 4096)) 4k"
+check "never-written tail reads zeros" qio -c "read -P 0 $((50 * M)) 14M"
+check "unaligned read spanning data and zeros" qio -c "read -P 0x22 $((1 * M + 4000)) 96" -c "read -P 0 $((1 * M + 4096)) 100"
+
+step "nbdinfo --map (block status) of qio"
+if timeout 30 nbdinfo --map --json "$(uri qio)" >"$T/map.json" 2>"$T/map.err"; then
+  nbdinfo --map "$(uri qio)" 2>/dev/null | sed 's/^/    /' | head -40
+  check "map: written ranges are data" "$SYSPY" "$E2E_DIR/mapcheck.py" "$T/map.json" \
+    data:0:65536 data:$((1 * M)):4096 data:$((8 * M)):$((4 * M)) data:$((28 * M)):65536 \
+    data:$((40 * M)):65536 data:$((44 * M)):139264 data:$((45 * M + 4096)):$M
+  # (write -z without -u sends NO_HOLE: allocated zeroes, STATE_ZERO optional)
+  check "map: discarded / zero-with-unmap ranges read as zero" "$SYSPY" "$E2E_DIR/mapcheck.py" "$T/map.json" \
+    zero:$((16 * M)):$M zero:$((24 * M)):$M
+  check "map: discarded range is a hole" "$SYSPY" "$E2E_DIR/mapcheck.py" "$T/map.json" hole:$((16 * M)):$M
+  check "map: never-written ranges are holes" "$SYSPY" "$E2E_DIR/mapcheck.py" "$T/map.json" \
+    hole:$((4 * M)):$((4 * M)) hole:$((12 * M)):$((4 * M)) hole:$((32 * M)):$((8 * M)) hole:$((50 * M)):$((14 * M))
+else
+  bad "nbdinfo --map failed: $(head -c 300 "$T/map.err")"
+fi
+
+step "nbdcopy of a sparse 256M image (17M of data) in and out"
+truncate -s $((256 * M)) "$T/sparse.img"
+
+for off in 0 37 100 200 255; do
+  dd if=/dev/urandom of="$T/sparse.img" bs=1M seek=$off count=$([ $off = 255 ] && echo 1 || echo 4) conv=notrunc status=none
+done
+DATA=$((17 * M))
+say "  sparse.img: $(du -B1 --apparent-size "$T/sparse.img" | cut -f1) bytes apparent, $(du -B1 "$T/sparse.img" | cut -f1) allocated"
+check "nbdcopy sparse.img -> nbd (flush)" timeout 120 nbdcopy --flush "$T/sparse.img" "$(uri sp)"
+check "nbdcopy nbd -> back.img" timeout 120 nbdcopy "$(uri_unix sp)" "$T/back.img"
+check "back.img == sparse.img" cmp "$T/sparse.img" "$T/back.img"
+check "qemu-img compare sparse.img nbd" timeout 120 qemu-img compare -f raw -F raw "$T/sparse.img" "$(uri sp)"
+vol_get "$POOL" sp allocated; ALLOC=$VAL
+say "  volume sp: data written $(mib $DATA), tarn allocated $(mib "$ALLOC") of 256 MiB"
+expect_between "sp allocated bytes ~= data written (not the full 256M)" "$ALLOC" $DATA $((DATA + DATA / 10 + 2 * M))
+if timeout 30 nbdinfo --map --json "$(uri sp)" >"$T/spmap.json" 2>/dev/null; then
+  check "sp map: data where written, holes elsewhere" "$SYSPY" "$E2E_DIR/mapcheck.py" "$T/spmap.json" \
+    data:0:$((4 * M)) hole:$((4 * M)):$((33 * M)) data:$((37 * M)):$((4 * M)) hole:$((41 * M)):$((59 * M)) \
+    data:$((200 * M)):$((4 * M)) hole:$((204 * M)):$((51 * M)) data:$((255 * M)):$M
+fi
+vol_get "$POOL" qc allocated
+expect_between "qc allocated after 64M convert + 1 byte" "$VAL" $((64 * M)) $((64 * M + 64 * M / 10 + 2 * M))
+vol_get "$POOL" qc size
+expect_eq "vol list size of qc" "$VAL" $((256 * M))
+
+step "clean shutdown, restart, data still there"
+stop_serve
+pool_check "$POOL" "after clean shutdown"
+start_serve "$POOL"
+check "nbdcopy after restart == sparse.img" timeout 120 nbdcopy "$(uri sp)" "$T/back2.img"
+check "back2.img == sparse.img" cmp "$T/sparse.img" "$T/back2.img"
+check "qio patterns survive restart" timeout 120 qemu-io -f raw "$(uri qio)" -c "read -P 0x11 0 64k" \
+  -c "read -P 0x44 $((3 * M + 1000)) 3000" -c "read -P 0x99 $((8 * M + 100)) 50" -c "read -P 0 $((16 * M)) 1M" \
+  -c "read -P 0x88 $((48 * M - 4096)) 4k"
+stop_serve
+e2e_finish
