@@ -80,6 +80,20 @@ impl Pool {
     pub fn write(&self, vol: u32, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         self.check_writable()?;
         self.check_range("write", vol, offset, data.len() as u64, MAX_IO_BYTES)?;
+        let result = self.write_pieces(vol, offset, data);
+        // Counted even on failure: earlier pieces may have changed the map,
+        // and the next flush must not skip them.
+        self.write_gen.fetch_add(1, Ordering::SeqCst);
+        let allocated = result?;
+        if fua || (self.options.strict && allocated) {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Split a write into a partial head block, whole blocks, a partial
+    /// tail block; returns whether any of them allocated.
+    fn write_pieces(&self, vol: u32, offset: u64, data: &[u8]) -> Result<bool> {
         let mut allocated = false;
         let mut pos = 0usize;
         while pos < data.len() {
@@ -96,11 +110,7 @@ impl Pool {
                 pos += n;
             }
         }
-        self.write_gen.fetch_add(1, Ordering::SeqCst);
-        if fua || (self.options.strict && allocated) {
-            self.flush()?;
-        }
-        Ok(())
+        Ok(allocated)
     }
 
     /// Read-modify-write one block under its stripe lock, so two sub-block

@@ -30,6 +30,8 @@ const MAX_IN_FLIGHT_BYTES: u64 = 256 << 20;
 const MAX_DISCARD_BYTES: u64 = 64 << 20;
 /// Most descriptors in one block status reply (protocol recommendation).
 const MAX_DESCRIPTORS: usize = 1 << 20;
+/// Longest descriptor: the largest 512-aligned `u32`.
+const MAX_DESCRIPTOR_LEN: u32 = 0xffff_fe00;
 /// Read buffer of the request reader (handshake and transmission).
 pub(crate) const READ_BUF: usize = 256 * 1024;
 
@@ -111,6 +113,7 @@ pub(crate) fn validate_request(h: &RequestHeader, p: &TransmissionParams) -> Res
     }
     if p.min_block > 1 && cmd != Command::BlockStatus {
         let m = p.min_block as u64;
+        #[allow(clippy::manual_is_multiple_of)] // is_multiple_of needs Rust 1.87
         if offset % m != 0 || (length as u64 % m != 0 && end != p.size) {
             return Err(reject(NBD_EINVAL, "request not aligned to the minimum block size"));
         }
@@ -160,8 +163,8 @@ pub(crate) fn build_descriptors(
         let status = if e.hole { NBD_STATE_HOLE } else { 0 } | if e.zero { NBD_STATE_ZERO } else { 0 };
         let mut len = e.length.min(avail - covered);
         let mut truncated = false;
-        if len > (u32::MAX & !511) as u64 {
-            len = (u32::MAX & !511) as u64;
+        if len > MAX_DESCRIPTOR_LEN as u64 {
+            len = MAX_DESCRIPTOR_LEN as u64;
             truncated = true;
         }
         match out.last_mut() {
@@ -636,6 +639,6 @@ mod tests {
         assert_eq!(build_descriptors(&[ext(0, true)], 0, 4096, 1 << 20, true), vec![d(4096, 0)]);
         // Huge extents are clamped to a 512-aligned u32.
         let r = build_descriptors(&[ext(1 << 40, true), ext(1, false)], 0, u32::MAX, 1 << 41, false);
-        assert_eq!(r, vec![d(u32::MAX & !511, hz)]);
+        assert_eq!(r, vec![d(MAX_DESCRIPTOR_LEN, hz)]);
     }
 }

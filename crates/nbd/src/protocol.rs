@@ -13,7 +13,7 @@ pub const NBD_MAGIC: u64 = 0x4e42_444d_4147_4943;
 /// `IHAVEOPT`: newstyle magic, sent by the server and before every option.
 pub const IHAVEOPT: u64 = 0x4948_4156_454F_5054;
 /// Oldstyle `cliserv_magic` (never sent: oldstyle is not supported).
-pub const CLISERV_MAGIC: u64 = 0x0042_0281_8612_53;
+pub const CLISERV_MAGIC: u64 = 0x0000_4202_8186_1253;
 /// Magic of option replies.
 pub const OPT_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
 /// `NBD_REQUEST_MAGIC`.

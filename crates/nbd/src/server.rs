@@ -203,7 +203,7 @@ impl Server {
 
     fn check_running(&self) -> io::Result<()> {
         if self.inner.shutting_down.load(Ordering::SeqCst) {
-            return Err(io::Error::new(io::ErrorKind::Other, "server is shut down"));
+            return Err(io::Error::other("server is shut down"));
         }
         Ok(())
     }

@@ -226,3 +226,40 @@ impl ReplyWriter {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reply_bytes() {
+        assert_eq!(Reply::simple(3, 22).bytes(), protocol::encode_simple_reply(3, 22).to_vec());
+        let r = Reply::structured_read(1, 512, vec![9u8; 4]);
+        let b = r.bytes();
+        assert_eq!(&b[..28], &protocol::encode_read_chunk_header(1, 512, 4, true));
+        assert_eq!(&b[28..], &[9, 9, 9, 9]);
+        let r = Reply::simple_read(1, vec![1, 2]).with_spare(vec![0; 10]);
+        assert_eq!(r.bytes().len(), 18);
+        assert_eq!(Reply::encoded(vec![5; 7]).bytes(), vec![5; 7]);
+    }
+
+    #[test]
+    fn pool_reuses_and_bounds() {
+        let p = BufPool::new();
+        let mut v = p.get(4096);
+        assert_eq!(v.len(), 4096);
+        v[0] = 1;
+        let ptr = v.as_ptr();
+        p.put(v);
+        let v = p.get(100);
+        assert_eq!(v.len(), 100);
+        assert_eq!(v.as_ptr(), ptr);
+        p.put(v);
+        let v = p.get(8192);
+        assert_eq!(v.len(), 8192);
+        p.put(vec![0u8; POOL_MAX_BUF + 1]);
+        assert_eq!(lock(&p.inner).bufs.len(), 0);
+        p.put(v);
+        assert_eq!(lock(&p.inner).bufs.len(), 1);
+    }
+}

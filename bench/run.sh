@@ -1,0 +1,227 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark: tarn serve vs qemu-nbd (qcow2) vs nbdkit file (raw)
+# vs fio directly on a raw file, all through fio (nbd engine for the three
+# servers, io_uring/libaio + O_DIRECT for the raw file). Not part of the tests.
+#
+#   bash bench/run.sh
+# Env:
+#   BENCH_RUNTIME=20        seconds per measured run (time_based)
+#   BENCH_SIZE=2G           volume / image size
+#   BENCH_TARGETS="tarn qemu nbdkit raw"
+#   BENCH_WORKLOADS="rw4k_fresh rw4k_alloc rr4k sw1m sr1m rw4k_fsync"
+#   BENCH_TRANSPORT=tcp     tcp (127.0.0.1) or unix socket for the NBD servers
+#   BENCH_DIR=/var/tmp/tarn-bench   scratch space (needs ~2x BENCH_SIZE free)
+#   BENCH_META=1            also measure tarn metadata bytes per byte written
+#   TARN=target/release/tarn
+# Output: a table on stdout, also written to bench/results/<date>.txt; raw
+# fio JSON goes to bench/results/raw/<date>/ (gitignored).
+set -euo pipefail
+BENCH=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$BENCH/.." && pwd)
+TARN=${TARN:-$REPO/target/release/tarn}
+RUNTIME=${BENCH_RUNTIME:-20}
+SIZE=${BENCH_SIZE:-2G}
+TARGETS=${BENCH_TARGETS:-tarn qemu nbdkit raw}
+WORKLOADS=${BENCH_WORKLOADS:-rw4k_fresh rw4k_alloc rr4k sw1m sr1m rw4k_fsync}
+TRANSPORT=${BENCH_TRANSPORT:-tcp}
+DIR=${BENCH_DIR:-/var/tmp/tarn-bench}
+STAMP=$(date +%Y-%m-%d-%H%M)
+RAW=$BENCH/results/raw/$STAMP
+OUT=$BENCH/results/$STAMP.txt
+SYSPY=/usr/bin/python3
+export LC_ALL=C
+
+bytes() { "$SYSPY" -c 'import sys;s=sys.argv[1];m={"K":1<<10,"M":1<<20,"G":1<<30,"T":1<<40};print(int(s[:-1])*m[s[-1].upper()] if s[-1].upper() in m else int(s))' "$1"; }
+SIZE_B=$(bytes "$SIZE")
+POOL_B=$((SIZE_B * 2))
+
+for c in fio qemu-img qemu-nbd nbdkit nbdinfo; do
+  command -v $c >/dev/null || { echo "bench: $c missing, run: bash scripts/deps.sh" >&2; exit 1; }
+done
+if [[ " $TARGETS " == *" tarn "* ]] && ! [ -x "$TARN" ]; then
+  echo "bench: $TARN not built (cargo build --release -p tarn-cli): skipping the tarn target" >&2
+  TARGETS=${TARGETS//tarn/}
+fi
+
+mkdir -p "$DIR" "$RAW"
+MANIFEST=$RAW/manifest.tsv
+: >"$MANIFEST"
+PIDS=()
+SRV_PID=
+cleanup() {
+  set +e
+  for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && kill -TERM "$p"; done
+  for p in "${PIDS[@]}"; do
+    for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$p" 2>/dev/null && kill -KILL "$p"
+    wait "$p" 2>/dev/null
+  done
+  rm -rf "$DIR"/t.*
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
+free_port() { "$SYSPY" -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+wait_nbd() { # URI PID
+  local end=$((SECONDS + 30))
+  while [ $SECONDS -lt $end ]; do
+    kill -0 "$2" 2>/dev/null || return 1
+    timeout 5 nbdinfo --size "$1" >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  return 1
+}
+drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true; }
+hwm_kb() { awk '/^VmHWM/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
+
+# --- targets: setup sets FIO_TARGET (fio options), SRV_PID, TGT_DIR ---------
+listen_args() { # sets ADDR_URI_BASE and echo nothing
+  if [ "$TRANSPORT" = unix ]; then SOCK=$TGT_DIR/nbd.sock; URI_BASE="nbd+unix:///%s?socket=$SOCK"
+  else PORT=$(free_port); URI_BASE="nbd://127.0.0.1:$PORT/%s"; fi
+}
+setup_tarn() {
+  local pool=$TGT_DIR/pool.img
+  timeout 120 "$TARN" pool create "$pool" --size "$POOL_B" >"$TGT_DIR/create.log" 2>&1
+  timeout 120 "$TARN" vol create bench --size "$SIZE_B" -p "$pool" >>"$TGT_DIR/create.log" 2>&1
+  listen_args
+  if [ "$TRANSPORT" = unix ]; then
+    "$TARN" serve -p "$pool" --listen "127.0.0.1:$(free_port)" --socket "$SOCK" >"$TGT_DIR/serve.log" 2>&1 &
+  else
+    "$TARN" serve -p "$pool" --listen "127.0.0.1:$PORT" >"$TGT_DIR/serve.log" 2>&1 &
+  fi
+  SRV_PID=$!; PIDS+=("$SRV_PID")
+  URI=$(printf "$URI_BASE" bench)
+  wait_nbd "$URI" "$SRV_PID" || { cat "$TGT_DIR/serve.log" >&2; return 1; }
+  FIO_TARGET=("--ioengine=nbd" "--uri=$URI")
+}
+QEMU_AIO=io_uring
+setup_qemu() {
+  qemu-img create -q -f qcow2 "$TGT_DIR/disk.qcow2" "$SIZE_B"
+  local aio
+  for aio in $QEMU_AIO native; do
+    listen_args
+    if [ "$TRANSPORT" = unix ]; then set -- -k "$SOCK"; else set -- -b 127.0.0.1 -p "$PORT"; fi
+    qemu-nbd -f qcow2 --cache=none --aio=$aio --discard=unmap -t -x bench "$@" "$TGT_DIR/disk.qcow2" >"$TGT_DIR/qemu-nbd.log" 2>&1 &
+    SRV_PID=$!; PIDS+=("$SRV_PID")
+    URI=$(printf "$URI_BASE" bench)
+    if wait_nbd "$URI" "$SRV_PID"; then QEMU_AIO=$aio; break; fi
+    log "qemu-nbd --aio=$aio failed: $(tail -2 "$TGT_DIR/qemu-nbd.log" | tr '\n' ' ')"
+    kill "$SRV_PID" 2>/dev/null || true; wait "$SRV_PID" 2>/dev/null || true; SRV_PID=
+  done
+  [ -n "$SRV_PID" ] || return 1
+  FIO_TARGET=("--ioengine=nbd" "--uri=$URI")
+}
+setup_nbdkit() {
+  truncate -s "$SIZE_B" "$TGT_DIR/disk.raw"
+  listen_args
+  if [ "$TRANSPORT" = unix ]; then set -- -U "$SOCK"; else set -- -i 127.0.0.1 -p "$PORT"; fi
+  nbdkit -f --exit-with-parent "$@" file "$TGT_DIR/disk.raw" >"$TGT_DIR/nbdkit.log" 2>&1 &
+  SRV_PID=$!; PIDS+=("$SRV_PID")
+  URI=$(printf "$URI_BASE" bench)
+  wait_nbd "$URI" "$SRV_PID" || return 1
+  FIO_TARGET=("--ioengine=nbd" "--uri=$URI")
+}
+RAW_ENGINE=
+setup_raw() {
+  truncate -s "$SIZE_B" "$TGT_DIR/disk.raw"
+  if [ -z "$RAW_ENGINE" ]; then
+    RAW_ENGINE=libaio
+    fio --name=probe --ioengine=io_uring --direct=1 --filename="$TGT_DIR/disk.raw" --size=1M --rw=read \
+      --bs=4k --output=/dev/null >/dev/null 2>&1 && RAW_ENGINE=io_uring
+  fi
+  SRV_PID=
+  FIO_TARGET=("--ioengine=$RAW_ENGINE" "--direct=1" "--filename=$TGT_DIR/disk.raw")
+}
+teardown() {
+  if [ -n "$SRV_PID" ]; then
+    kill -TERM "$SRV_PID" 2>/dev/null || true
+    local i; for i in $(seq 1 600); do kill -0 "$SRV_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$SRV_PID" 2>/dev/null && { log "server $SRV_PID ignored SIGTERM for 60s, killing"; kill -KILL "$SRV_PID"; }
+    wait "$SRV_PID" 2>/dev/null || true
+    SRV_PID=
+  fi
+  rm -rf "$TGT_DIR"
+}
+
+# --- workloads ---------------------------------------------------------------
+# name -> "state|fio args"; state fresh = new empty target, alloc = prefilled
+declare -A WL=(
+  [rw4k_fresh]="fresh|--rw=randwrite --bs=4k --iodepth=32"
+  [rw4k_alloc]="alloc|--rw=randwrite --bs=4k --iodepth=32"
+  [rr4k]="alloc|--rw=randread --bs=4k --iodepth=32"
+  [sw1m]="fresh|--rw=write --bs=1M --iodepth=8"
+  [sr1m]="alloc|--rw=read --bs=1M --iodepth=8"
+  [rw4k_fsync]="fresh|--rw=randwrite --bs=4k --iodepth=32 --fsync=32"
+)
+COMMON=(--time_based "--runtime=$RUNTIME" --ramp_time=0 --numjobs=1 "--size=$SIZE_B"
+        --norandommap --randrepeat=0 --group_reporting --output-format=json)
+
+run_one() { # WORKLOAD TARGET
+  local wl=$1 tgt=$2 spec state args
+  spec=${WL[$wl]}; state=${spec%%|*}; args=${spec#*|}
+  TGT_DIR=$(mktemp -d "$DIR/t.$tgt.XXXX")
+  if ! "setup_$tgt"; then log "setup of $tgt failed"; printf '%s\t%s\t%s\t%s\n' "$wl" "$tgt" "-" 0 >>"$MANIFEST"; teardown; return 0; fi
+  if [ "$state" = alloc ]; then
+    timeout 600 fio --name=prefill "${FIO_TARGET[@]}" --rw=write --bs=1M --iodepth=8 "--size=$SIZE_B" \
+      --output="$RAW/$wl.$tgt.prefill.json" --output-format=json >/dev/null 2>&1 || log "prefill of $tgt failed"
+  fi
+  drop_caches
+  local js=$RAW/$wl.$tgt.json rc=0
+  # shellcheck disable=SC2086
+  timeout $((RUNTIME + 180)) fio --name="$wl" "${FIO_TARGET[@]}" $args "${COMMON[@]}" --output="$js" >"$RAW/$wl.$tgt.out" 2>&1 || rc=$?
+  [ $rc -eq 0 ] || { log "fio $wl on $tgt exit $rc: $(tail -2 "$RAW/$wl.$tgt.out" | tr '\n' ' ')"; js=-; }
+  local hwm=0; [ -n "$SRV_PID" ] && hwm=$(hwm_kb "$SRV_PID")
+  printf '%s\t%s\t%s\t%s\n' "$wl" "$tgt" "$js" "$hwm" >>"$MANIFEST"
+  teardown
+}
+
+log "bench: targets [$TARGETS], workloads [$WORKLOADS], size $SIZE, runtime ${RUNTIME}s, transport $TRANSPORT"
+read -r -a T_ARR <<<"$TARGETS"
+i=0
+for wl in $WORKLOADS; do
+  [ -n "${WL[$wl]:-}" ] || { log "unknown workload $wl"; continue; }
+  n=${#T_ARR[@]}
+  for k in $(seq 0 $((n - 1))); do
+    tgt=${T_ARR[$(((i + k) % n))]}   # rotate the order per workload
+    log "$wl on $tgt"
+    run_one "$wl" "$tgt"
+  done
+  i=$((i + 1))
+done
+
+# --- tarn metadata overhead + memory -----------------------------------------
+META=$RAW/meta.tsv
+: >"$META"
+if [[ " $TARGETS " == *" tarn "* ]] && [ "${BENCH_META:-1}" = 1 ]; then
+  for kind in seq rand; do
+    log "tarn metadata: $kind fill of $SIZE"
+    TGT_DIR=$(mktemp -d "$DIR/t.meta.XXXX")
+    if setup_tarn; then
+      if [ $kind = seq ]; then fill=(--rw=write --bs=1M --iodepth=8)
+      else fill=(--rw=randwrite --bs=4k --iodepth=32); fi   # random map: every 4k block once
+      timeout 1200 fio --name=fill "${FIO_TARGET[@]}" "${fill[@]}" "--size=$SIZE_B" --output-format=json \
+        --output="$RAW/meta.$kind.json" >/dev/null 2>&1 || log "fill failed"
+      hwm=$(hwm_kb "$SRV_PID")
+      teardown_keep=$TGT_DIR
+      kill -TERM "$SRV_PID"; for _ in $(seq 1 600); do kill -0 "$SRV_PID" 2>/dev/null || break; sleep 0.1; done
+      wait "$SRV_PID" 2>/dev/null || true; SRV_PID=
+      st=$(timeout 120 "$TARN" pool status -p "$TGT_DIR/pool.img" --json 2>&1 || true)
+      du_b=$(du -B1 "$TGT_DIR/pool.img" | cut -f1)
+      written=$("$SYSPY" -c 'import json,sys;print(sum(j["write"]["io_bytes"] for j in json.load(open(sys.argv[1]))["jobs"]))' "$RAW/meta.$kind.json" 2>/dev/null || echo 0)
+      printf '%s\t%s\t%s\t%s\t%s\n' "$kind" "$written" "$du_b" "$hwm" "$(printf '%s' "$st" | tr -d '\n\t')" >>"$META"
+    fi
+    teardown
+  done
+fi
+
+{
+  echo "tarn benchmark $STAMP  ($(uname -r), $(nproc) cpus, fs of $DIR: $(df --output=fstype "$DIR" | tail -1))"
+  echo "size $SIZE, runtime ${RUNTIME}s per run, numjobs=1, transport $TRANSPORT; qemu-nbd: qcow2 --cache=none --aio=$QEMU_AIO --discard=unmap;"
+  echo "nbdkit: file plugin, raw sparse file, default (page-cache) mode; raw: fio ${RAW_ENGINE:-io_uring} direct=1 on a sparse file"
+  echo "rw4k_fsync uses fio --fsync=32; with QD32 fio 3.x issues far more flushes than 1 per 32 writes (ratio shown per row)"
+  echo "git: $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo none)  fio: $(fio --version)"
+  echo
+  "$SYSPY" "$BENCH/report.py" "$MANIFEST" "$META"
+} | tee "$OUT"
+log "results: $OUT (raw fio json in $RAW)"
