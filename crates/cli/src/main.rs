@@ -1,1 +1,396 @@
-fn main() {}
+//! `tarn`: thin pools, volumes and an NBD server, with nouns like LVM and ZFS.
+
+mod admin;
+mod control;
+mod export;
+mod poolfile;
+mod serve;
+mod size;
+mod text;
+
+use admin::Request;
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tarn_engine::{create_pool, CreateOptions, Device, FileDevice, OpenOptions};
+
+#[derive(Parser)]
+#[command(
+    name = "tarn",
+    version,
+    about = "Thin pools, snapshots-ready volumes and an NBD server",
+    propagate_version = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Clone)]
+struct PoolArg {
+    /// The pool's primary device (file or block device).
+    #[arg(short = 'p', long = "pool", env = "TARN_POOL")]
+    pool: PathBuf,
+    /// Member devices, when they moved from the paths the pool recorded.
+    #[arg(long = "device")]
+    devices: Vec<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create, inspect and check pools.
+    #[command(subcommand)]
+    Pool(PoolCmd),
+    /// Create, list, resize and delete thin volumes.
+    #[command(subcommand)]
+    Vol(VolCmd),
+    /// Serve every volume of a pool over NBD.
+    Serve(ServeCmd),
+    /// The main job: create a pool with a default volume on first run, then serve it.
+    Run(RunCmd),
+}
+
+#[derive(Subcommand)]
+enum PoolCmd {
+    /// Write a new pool on one or more devices.
+    Create {
+        /// Primary device: an existing block device or file, or a file to create (with --size).
+        primary: PathBuf,
+        /// Size of the file to create when the primary does not exist.
+        #[arg(long, value_parser = size::parse_size)]
+        size: Option<u64>,
+        /// Further member devices.
+        #[arg(long = "device")]
+        devices: Vec<PathBuf>,
+        /// Journal size (default: 1/64 of the primary, 1 to 64 MiB).
+        #[arg(long, value_parser = size::parse_size)]
+        journal_size: Option<u64>,
+        /// Overwrite devices that already hold a tarn pool.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Usage: size, used, free, metadata, overcommit.
+    Status {
+        #[command(flatten)]
+        pool: PoolArg,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Verify every metadata invariant. Exit 0 clean, 1 problems, 2 could not check.
+    Check {
+        #[command(flatten)]
+        pool: PoolArg,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum VolCmd {
+    /// Create a thin volume (its size may exceed the pool).
+    Create {
+        name: String,
+        #[arg(long, value_parser = size::parse_size)]
+        size: u64,
+        #[command(flatten)]
+        pool: PoolArg,
+    },
+    /// List volumes with their allocated bytes.
+    List {
+        #[command(flatten)]
+        pool: PoolArg,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Grow or shrink a volume (shrinking discards the tail).
+    Resize {
+        name: String,
+        #[arg(long, value_parser = size::parse_size)]
+        size: u64,
+        #[arg(long)]
+        allow_shrink: bool,
+        #[command(flatten)]
+        pool: PoolArg,
+    },
+    /// Delete a volume and return its space to the pool.
+    Delete {
+        name: String,
+        #[command(flatten)]
+        pool: PoolArg,
+    },
+}
+
+#[derive(Args)]
+struct ServeCmd {
+    #[command(flatten)]
+    pool: PoolArg,
+    /// TCP address to listen on.
+    #[arg(long, default_value = "127.0.0.1:10809")]
+    listen: String,
+    /// Do not listen on TCP (use --socket).
+    #[arg(long)]
+    no_tcp: bool,
+    /// Also listen on this Unix socket (created mode 0600).
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Commit before acknowledging any write that allocated.
+    #[arg(long)]
+    strict: bool,
+    /// Seconds between background commits.
+    #[arg(long, default_value_t = 5)]
+    commit_interval: u64,
+}
+
+#[derive(Args)]
+struct RunCmd {
+    /// Where the default pool lives.
+    #[arg(long, default_value = "tarn-data")]
+    data_dir: PathBuf,
+    /// Size of the pool file created on first run (sparse).
+    #[arg(long, default_value = "32G", value_parser = size::parse_size)]
+    pool_size: u64,
+    /// Name of the default volume.
+    #[arg(long, default_value = "disk0")]
+    volume: String,
+    /// Size of the default volume created on first run.
+    #[arg(long, default_value = "16G", value_parser = size::parse_size)]
+    volume_size: u64,
+    #[arg(long, default_value = "127.0.0.1:10809")]
+    listen: String,
+    #[arg(long)]
+    strict: bool,
+}
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
+        .format_timestamp_millis()
+        .init();
+    let cli = Cli::parse();
+    match dispatch(cli.command) {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("tarn: error: {e:#}");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn dispatch(cmd: Command) -> Result<i32> {
+    match cmd {
+        Command::Pool(PoolCmd::Create {
+            primary,
+            size,
+            devices,
+            journal_size,
+            force,
+        }) => {
+            pool_create(&primary, size, &devices, journal_size, force)?;
+            Ok(0)
+        }
+        Command::Pool(PoolCmd::Status { pool, json }) => {
+            let v = admin(&pool, &Request::Status)?;
+            print(json, &v, text::status);
+            Ok(0)
+        }
+        Command::Pool(PoolCmd::Check { pool, json }) => {
+            let v = admin(&pool, &Request::Check)?;
+            print(json, &v, text::check);
+            Ok(if v["clean"].as_bool() == Some(true) {
+                0
+            } else {
+                1
+            })
+        }
+        Command::Vol(VolCmd::Create { name, size, pool }) => {
+            let v = admin(&pool, &Request::VolCreate { name, size })?;
+            println!(
+                "created volume {} ({} thin)",
+                v["name"].as_str().unwrap_or("?"),
+                size::human(v["size"].as_u64().unwrap_or(0))
+            );
+            Ok(0)
+        }
+        Command::Vol(VolCmd::List { pool, json }) => {
+            let v = admin(&pool, &Request::VolList)?;
+            print(json, &v, text::volumes);
+            Ok(0)
+        }
+        Command::Vol(VolCmd::Resize {
+            name,
+            size,
+            allow_shrink,
+            pool,
+        }) => {
+            let v = admin(
+                &pool,
+                &Request::VolResize {
+                    name,
+                    size,
+                    allow_shrink,
+                },
+            )?;
+            println!(
+                "volume {} is now {}",
+                v["name"].as_str().unwrap_or("?"),
+                size::human(v["size"].as_u64().unwrap_or(0))
+            );
+            Ok(0)
+        }
+        Command::Vol(VolCmd::Delete { name, pool }) => {
+            admin(&pool, &Request::VolDelete { name: name.clone() })?;
+            println!("deleted volume {name}");
+            Ok(0)
+        }
+        Command::Serve(s) => serve_cmd(s),
+        Command::Run(r) => run_cmd(r),
+    }
+}
+
+fn print(json: bool, v: &Value, render: fn(&Value) -> String) {
+    if json {
+        println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+    } else {
+        print!("{}", render(v));
+    }
+}
+
+/// Run an admin request through a running server, or on the pool directly.
+fn admin(p: &PoolArg, req: &Request) -> Result<Value> {
+    if let Some(sock) = poolfile::running_server(&p.pool) {
+        return control::call(&sock, req);
+    }
+    let opened = poolfile::open_pool(
+        &p.pool,
+        &p.devices,
+        OpenOptions {
+            read_only: !req.writes(),
+            ..Default::default()
+        },
+    )?;
+    let result = admin::execute(&opened.pool, req).map_err(anyhow::Error::msg);
+    if req.writes() {
+        opened.pool.close().context("commit")?;
+    }
+    result
+}
+
+fn open_or_create_file(path: &Path, size: Option<u64>) -> Result<FileDevice> {
+    if path.exists() {
+        return FileDevice::open(path, true).with_context(|| format!("open {}", path.display()));
+    }
+    let Some(size) = size else {
+        bail!(
+            "{} does not exist; pass --size to create it as a sparse file",
+            path.display()
+        )
+    };
+    FileDevice::create_file(path, size).with_context(|| format!("create {}", path.display()))
+}
+
+fn pool_create(
+    primary: &Path,
+    size: Option<u64>,
+    members: &[PathBuf],
+    journal: Option<u64>,
+    force: bool,
+) -> Result<()> {
+    let mut devices: Vec<Arc<dyn Device>> = vec![Arc::new(open_or_create_file(primary, size)?)];
+    let mut paths = vec![absolute(primary)];
+    for m in members {
+        devices.push(Arc::new(open_or_create_file(m, size)?));
+        paths.push(absolute(m));
+    }
+    create_pool(
+        &devices,
+        &paths,
+        &CreateOptions {
+            journal_bytes: journal,
+            force,
+        },
+    )?;
+    let total: u64 = devices.iter().map(|d| d.size()).sum();
+    println!(
+        "created pool on {} ({} device(s), {})",
+        primary.display(),
+        devices.len(),
+        size::human(total)
+    );
+    Ok(())
+}
+
+fn absolute(p: &Path) -> String {
+    std::path::absolute(p)
+        .unwrap_or_else(|_| p.to_path_buf())
+        .display()
+        .to_string()
+}
+
+fn serve_cmd(s: ServeCmd) -> Result<i32> {
+    let args = serve::ServeArgs {
+        pool: s.pool.pool,
+        members: s.pool.devices,
+        listen: (!s.no_tcp).then_some(s.listen),
+        socket: s.socket,
+        strict: s.strict,
+        commit_interval: Duration::from_secs(s.commit_interval.max(1)),
+    };
+    if args.listen.is_none() && args.socket.is_none() {
+        bail!("--no-tcp needs --socket");
+    }
+    serve::serve(args, |addr| {
+        if let Some(a) = addr {
+            eprintln!("tarn: listening on nbd://{a}/");
+        }
+    })?;
+    Ok(0)
+}
+
+fn run_cmd(r: RunCmd) -> Result<i32> {
+    std::fs::create_dir_all(&r.data_dir)
+        .with_context(|| format!("create {}", r.data_dir.display()))?;
+    let pool = r.data_dir.join("pool.img");
+    if !pool.exists() {
+        pool_create(&pool, Some(r.pool_size), &[], None, false)?;
+    }
+    let pa = PoolArg {
+        pool: pool.clone(),
+        devices: vec![],
+    };
+    let vols = admin(&pa, &Request::VolList)?;
+    let exists = vols
+        .as_array()
+        .is_some_and(|a| a.iter().any(|v| v["name"] == r.volume.as_str()));
+    if !exists {
+        admin(
+            &pa,
+            &Request::VolCreate {
+                name: r.volume.clone(),
+                size: r.volume_size,
+            },
+        )?;
+        println!(
+            "created volume {} ({} thin)",
+            r.volume,
+            size::human(r.volume_size)
+        );
+    }
+    let socket = std::path::absolute(r.data_dir.join("nbd.sock"))?;
+    let args = serve::ServeArgs {
+        pool,
+        members: vec![],
+        listen: Some(r.listen),
+        socket: Some(socket.clone()),
+        strict: r.strict,
+        commit_interval: Duration::from_secs(5),
+    };
+    let volume = r.volume;
+    serve::serve(args, move |addr| {
+        if let Some(a) = addr {
+            println!("{}", text::connect_hints(&a.to_string(), &volume, &socket));
+        }
+    })?;
+    Ok(0)
+}

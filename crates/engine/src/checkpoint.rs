@@ -3,24 +3,43 @@
 
 use crate::device::Device;
 use crate::error::{EngineError, Result};
+use crate::extent_map::ExtentMap;
 use crate::extent_map::Freed;
 use crate::state::{State, Volume};
-use crate::extent_map::ExtentMap;
 use std::sync::Arc;
-use tarn_format::checkpoint::{CheckpointDecoder, CheckpointEncoder, CheckpointHeader, ExtentRecord, SegmentHeader, VolumeRecord, SEGMENT_HEADER_LEN};
+use tarn_format::checkpoint::{
+    CheckpointDecoder, CheckpointEncoder, CheckpointHeader, ExtentRecord, SegmentHeader,
+    VolumeRecord, SEGMENT_HEADER_LEN,
+};
 use tarn_format::checksum::{checksum, SALT_CHECKPOINT};
 use tarn_format::superblock::CheckpointRef;
 use tarn_format::{Pba, BLOCK_SIZE};
 
 /// Serialize the state as of commit `seq`.
 pub fn encode_state(state: &State, seq: u64) -> Vec<u8> {
-    let header = CheckpointHeader { seq, epoch: state.epoch, next_volume_id: state.next_volume_id, volume_count: state.volumes.len() as u32 };
+    let header = CheckpointHeader {
+        seq,
+        epoch: state.epoch,
+        next_volume_id: state.next_volume_id,
+        volume_count: state.volumes.len() as u32,
+    };
     let mut enc = CheckpointEncoder::new(&header);
     for v in state.volumes.values() {
-        let rec = VolumeRecord { id: v.id, size: v.size, name: v.name.clone(), flags: 0, extent_count: v.map.extent_count() as u64 };
+        let rec = VolumeRecord {
+            id: v.id,
+            size: v.size,
+            name: v.name.clone(),
+            flags: 0,
+            extent_count: v.map.extent_count() as u64,
+        };
         enc.volume(&rec);
         for (lba, e) in v.map.iter() {
-            enc.extent(&ExtentRecord { lba, len: e.len, pba: e.pba.0, birth: e.birth });
+            enc.extent(&ExtentRecord {
+                lba,
+                len: e.len,
+                pba: e.pba.0,
+                birth: e.birth,
+            });
         }
     }
     enc.finish()
@@ -30,21 +49,43 @@ pub fn encode_state(state: &State, seq: u64) -> Vec<u8> {
 /// replay applies, so a damaged checkpoint is an error, not a bad state).
 pub fn decode_state(payload: &[u8]) -> std::result::Result<(State, u64), String> {
     let (mut dec, h) = CheckpointDecoder::new(payload).map_err(|e| e.to_string())?;
-    let mut state = State { epoch: h.epoch, next_volume_id: h.next_volume_id, ..State::default() };
+    let mut state = State {
+        epoch: h.epoch,
+        next_volume_id: h.next_volume_id,
+        ..State::default()
+    };
     let mut sink = Freed::new();
     while let Some(v) = dec.volume().map_err(|e| e.to_string())? {
         crate::state::validate_name(&v.name)?;
-        if v.id == 0 || v.id >= h.next_volume_id || state.volumes.contains_key(&v.id) || state.by_name.contains_key(&v.name) {
-            return Err(format!("volume {} ({}) duplicated or beyond next id {}", v.id, v.name, h.next_volume_id));
+        if v.id == 0
+            || v.id >= h.next_volume_id
+            || state.volumes.contains_key(&v.id)
+            || state.by_name.contains_key(&v.name)
+        {
+            return Err(format!(
+                "volume {} ({}) duplicated or beyond next id {}",
+                v.id, v.name, h.next_volume_id
+            ));
         }
-        let vol = Volume { id: v.id, name: v.name.clone(), size: v.size, map: ExtentMap::default() };
+        let vol = Volume {
+            id: v.id,
+            name: v.name.clone(),
+            size: v.size,
+            map: ExtentMap::default(),
+        };
         if v.size % BLOCK_SIZE != 0 {
             return Err(format!("volume {} size {} not block-aligned", v.id, v.size));
         }
         state.by_name.insert(v.name.clone(), v.id);
         state.volumes.insert(v.id, vol);
         while let Some(e) = dec.extent().map_err(|e| e.to_string())? {
-            let op = tarn_format::ops::Op::Map { vol: v.id, lba: e.lba, len: e.len, pba: e.pba, birth: e.birth };
+            let op = tarn_format::ops::Op::Map {
+                vol: v.id,
+                lba: e.lba,
+                len: e.len,
+                pba: e.pba,
+                birth: e.birth,
+            };
             state.apply(&op, &mut sink)?;
         }
     }
@@ -66,19 +107,38 @@ pub fn capacity(pieces: &[(Pba, u64)]) -> u64 {
 
 /// Write the payload across `pieces` (enough capacity, checked); the caller
 /// flushes the devices before pointing a superblock at the result.
-pub fn write(devices: &[Arc<dyn Device>], pieces: &[(Pba, u64)], seq: u64, payload: &[u8]) -> Result<CheckpointRef> {
-    assert!(capacity(pieces) >= payload.len() as u64, "checkpoint pieces too small");
+pub fn write(
+    devices: &[Arc<dyn Device>],
+    pieces: &[(Pba, u64)],
+    seq: u64,
+    payload: &[u8],
+) -> Result<CheckpointRef> {
+    assert!(
+        capacity(pieces) >= payload.len() as u64,
+        "checkpoint pieces too small"
+    );
     let mut rest = payload;
     for (i, &(pba, len)) in pieces.iter().enumerate() {
         let take = rest.len().min(SegmentHeader::capacity(len) as usize);
         let next = pieces.get(i + 1).map(|p| p.0 .0).unwrap_or(0);
-        let h = SegmentHeader { seq, index: i as u32, blocks: len as u32, self_pba: pba.0, next_pba: next, payload_len: take as u32 };
+        let h = SegmentHeader {
+            seq,
+            index: i as u32,
+            blocks: len as u32,
+            self_pba: pba.0,
+            next_pba: next,
+            payload_len: take as u32,
+        };
         let mut buf = Vec::with_capacity(SEGMENT_HEADER_LEN + take);
         buf.extend_from_slice(&h.encode());
         buf.extend_from_slice(&rest[..take]);
-        buf.resize(buf.len().div_ceil(BLOCK_SIZE as usize) * BLOCK_SIZE as usize, 0);
+        buf.resize(
+            buf.len().div_ceil(BLOCK_SIZE as usize) * BLOCK_SIZE as usize,
+            0,
+        );
         let dev = device(devices, pba)?;
-        dev.write_at(&buf, pba.byte_offset()).map_err(|e| EngineError::io("write checkpoint", dev.name(), e))?;
+        dev.write_at(&buf, pba.byte_offset())
+            .map_err(|e| EngineError::io("write checkpoint", dev.name(), e))?;
         rest = &rest[take..];
     }
     assert!(rest.is_empty());
@@ -92,15 +152,21 @@ pub fn write(devices: &[Arc<dyn Device>], pieces: &[(Pba, u64)], seq: u64, paylo
 }
 
 fn device(devices: &[Arc<dyn Device>], pba: Pba) -> Result<&Arc<dyn Device>> {
-    devices
-        .get(usize::from(pba.device()))
-        .ok_or_else(|| EngineError::Inconsistent(format!("checkpoint segment on unknown device {}", pba.device())))
+    devices.get(usize::from(pba.device())).ok_or_else(|| {
+        EngineError::Inconsistent(format!(
+            "checkpoint segment on unknown device {}",
+            pba.device()
+        ))
+    })
 }
 
 /// Read a checkpoint: its payload and the extents it occupies.
 pub fn read(devices: &[Arc<dyn Device>], r: &CheckpointRef) -> Result<(Vec<u8>, Vec<(Pba, u64)>)> {
     let primary = devices[0].name();
-    let corrupt = |detail: String| EngineError::NotAPool { device: primary.clone(), detail: format!("checkpoint: {detail}") };
+    let corrupt = |detail: String| EngineError::NotAPool {
+        device: primary.clone(),
+        detail: format!("checkpoint: {detail}"),
+    };
     let mut payload = Vec::with_capacity(r.payload_len.min(1 << 30) as usize);
     let mut pieces = Vec::new();
     let mut next = r.first_segment;
@@ -108,14 +174,29 @@ pub fn read(devices: &[Arc<dyn Device>], r: &CheckpointRef) -> Result<(Vec<u8>, 
         let pba = Pba(next);
         let dev = device(devices, pba)?;
         let mut head = vec![0u8; BLOCK_SIZE as usize];
-        dev.read_at(&mut head, pba.byte_offset()).map_err(|e| EngineError::io("read checkpoint", dev.name(), e))?;
-        let h = SegmentHeader::decode(&head, pba.0).map_err(|source| EngineError::Corrupt { what: "checkpoint segment", device: dev.name(), source })?;
-        if h.seq != r.seq || h.index != i || payload.len() as u64 + u64::from(h.payload_len) > r.payload_len {
-            return Err(corrupt(format!("segment {i} at {pba} does not belong to checkpoint {}", r.seq)));
+        dev.read_at(&mut head, pba.byte_offset())
+            .map_err(|e| EngineError::io("read checkpoint", dev.name(), e))?;
+        let h = SegmentHeader::decode(&head, pba.0).map_err(|source| EngineError::Corrupt {
+            what: "checkpoint segment",
+            device: dev.name(),
+            source,
+        })?;
+        if h.seq != r.seq
+            || h.index != i
+            || payload.len() as u64 + u64::from(h.payload_len) > r.payload_len
+        {
+            return Err(corrupt(format!(
+                "segment {i} at {pba} does not belong to checkpoint {}",
+                r.seq
+            )));
         }
-        let mut buf = vec![0u8; blocks_needed(h.payload_len as usize) as usize * BLOCK_SIZE as usize];
-        dev.read_at(&mut buf, pba.byte_offset()).map_err(|e| EngineError::io("read checkpoint", dev.name(), e))?;
-        payload.extend_from_slice(&buf[SEGMENT_HEADER_LEN..SEGMENT_HEADER_LEN + h.payload_len as usize]);
+        let mut buf =
+            vec![0u8; blocks_needed(h.payload_len as usize) as usize * BLOCK_SIZE as usize];
+        dev.read_at(&mut buf, pba.byte_offset())
+            .map_err(|e| EngineError::io("read checkpoint", dev.name(), e))?;
+        payload.extend_from_slice(
+            &buf[SEGMENT_HEADER_LEN..SEGMENT_HEADER_LEN + h.payload_len as usize],
+        );
         pieces.push((pba, u64::from(h.blocks)));
         next = h.next_pba;
         if next == 0 {
@@ -123,11 +204,18 @@ pub fn read(devices: &[Arc<dyn Device>], r: &CheckpointRef) -> Result<(Vec<u8>, 
         }
     }
     if pieces.len() != r.segments as usize || next != 0 || payload.len() as u64 != r.payload_len {
-        return Err(corrupt(format!("chain ended after {} of {} segments", pieces.len(), r.segments)));
+        return Err(corrupt(format!(
+            "chain ended after {} of {} segments",
+            pieces.len(),
+            r.segments
+        )));
     }
     let crc = checksum(SALT_CHECKPOINT, &payload);
     if crc != r.payload_crc {
-        return Err(corrupt(format!("payload checksum {crc:#010x} != {:#010x}", r.payload_crc)));
+        return Err(corrupt(format!(
+            "payload checksum {crc:#010x} != {:#010x}",
+            r.payload_crc
+        )));
     }
     Ok((payload, pieces))
 }

@@ -25,8 +25,13 @@ use tarn_format::{Pba, BLOCK_SIZE};
 enum Plan {
     /// Only data changed: flushing the devices is the whole commit.
     DataOnly,
-    Journal { payload: Vec<u8> },
-    Checkpoint { payload: Vec<u8>, pieces: Vec<(Pba, u64)> },
+    Journal {
+        payload: Vec<u8>,
+    },
+    Checkpoint {
+        payload: Vec<u8>,
+        pieces: Vec<(Pba, u64)>,
+    },
 }
 
 impl Pool {
@@ -108,8 +113,16 @@ impl Pool {
                 break;
             }
             let want = need.min(inner.space.free_blocks()).max(1);
-            let dev = (0..inner.space.devices.len()).max_by_key(|&d| inner.space.devices[d].free_blocks()).unwrap_or(0);
-            let Some(more) = inner.space.allocate_on(dev, want.min(inner.space.devices[dev].free_blocks()), true) else { break };
+            let dev = (0..inner.space.devices.len())
+                .max_by_key(|&d| inner.space.devices[d].free_blocks())
+                .unwrap_or(0);
+            let Some(more) = inner.space.allocate_on(
+                dev,
+                want.min(inner.space.devices[dev].free_blocks()),
+                true,
+            ) else {
+                break;
+            };
             pieces.extend(more);
         }
         if checkpoint::capacity(&pieces) < payload.len() as u64 {
@@ -123,7 +136,8 @@ impl Pool {
     fn flush_dirty_devices(&self) -> Result<()> {
         for (i, dev) in self.devices.iter().enumerate() {
             if self.dirty[i].swap(false, Ordering::SeqCst) {
-                dev.flush().map_err(|e| EngineError::io("flush", dev.name(), e))?;
+                dev.flush()
+                    .map_err(|e| EngineError::io("flush", dev.name(), e))?;
             }
         }
         Ok(())
@@ -133,20 +147,30 @@ impl Pool {
         let primary = &self.devices[0];
         let epoch = self.read_inner().state.epoch;
         let blocks = journal::append(primary.as_ref(), &ctl.journal, epoch, payload)?;
-        primary.flush().map_err(|e| EngineError::io("flush journal", primary.name(), e))?;
+        primary
+            .flush()
+            .map_err(|e| EngineError::io("flush journal", primary.name(), e))?;
         ctl.journal.used += blocks;
         ctl.journal.seq += 1;
-        self.counters.journal_bytes.fetch_add(blocks * BLOCK_SIZE, Ordering::Relaxed);
+        self.counters
+            .journal_bytes
+            .fetch_add(blocks * BLOCK_SIZE, Ordering::Relaxed);
         Ok(())
     }
 
     /// Step 3 for a checkpoint; returns the previous checkpoint's extents,
     /// free once the new superblock is durable.
-    fn write_checkpoint(&self, ctl: &mut CommitCtl, payload: &[u8], pieces: Vec<(Pba, u64)>) -> Result<Vec<(Pba, u64)>> {
+    fn write_checkpoint(
+        &self,
+        ctl: &mut CommitCtl,
+        payload: &[u8],
+        pieces: Vec<(Pba, u64)>,
+    ) -> Result<Vec<(Pba, u64)>> {
         let seq = ctl.journal.seq + 1;
         let cref = checkpoint::write(&self.devices, &pieces, seq, payload)?;
         for dev in &self.devices {
-            dev.flush().map_err(|e| EngineError::io("flush checkpoint", dev.name(), e))?;
+            dev.flush()
+                .map_err(|e| EngineError::io("flush checkpoint", dev.name(), e))?;
         }
         let mut sb = ctl.sb.clone();
         sb.txid += 1;
@@ -154,7 +178,9 @@ impl Pool {
         sb.journal_generation += 1;
         let primary = &self.devices[0];
         write_label_copy(primary.as_ref(), &sb)?;
-        primary.flush().map_err(|e| EngineError::io("flush superblock", primary.name(), e))?;
+        primary
+            .flush()
+            .map_err(|e| EngineError::io("flush superblock", primary.name(), e))?;
         ctl.sb = sb;
         ctl.journal.generation = ctl.sb.journal_generation;
         ctl.journal.used = 0;
@@ -180,6 +206,8 @@ impl Pool {
             }
         }
         let mut inner = self.write_inner();
-        frees.iter().for_each(|&(pba, len)| inner.space.give_back(pba, len));
+        frees
+            .iter()
+            .for_each(|&(pba, len)| inner.space.give_back(pba, len));
     }
 }

@@ -14,7 +14,9 @@ use crate::space::{DeviceSpace, Space};
 use crate::state::State;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
-use tarn_format::superblock::{DeviceEntry, Superblock, FORMAT_VERSION, LABEL_BLOCKS, MAX_DEVICE_ENTRIES};
+use tarn_format::superblock::{
+    DeviceEntry, Superblock, FORMAT_VERSION, LABEL_BLOCKS, MAX_DEVICE_ENTRIES,
+};
 use tarn_format::{Pba, BLOCK_SIZE};
 
 /// Journal records a replay reads at most (bounds the loop).
@@ -32,7 +34,8 @@ pub struct CreateOptions {
 
 fn random_bytes<const N: usize>() -> Result<[u8; N]> {
     let mut b = [0u8; N];
-    getrandom::fill(&mut b).map_err(|e| EngineError::InvalidArgument(format!("no randomness for uuids: {e}")))?;
+    getrandom::fill(&mut b)
+        .map_err(|e| EngineError::InvalidArgument(format!("no randomness for uuids: {e}")))?;
     Ok(b)
 }
 
@@ -41,9 +44,15 @@ fn default_journal_blocks(primary_blocks: u64) -> u64 {
 }
 
 /// Write a new, empty pool on `devices` (the first is the primary).
-pub fn create_pool(devices: &[Arc<dyn Device>], paths: &[String], opts: &CreateOptions) -> Result<()> {
+pub fn create_pool(
+    devices: &[Arc<dyn Device>],
+    paths: &[String],
+    opts: &CreateOptions,
+) -> Result<()> {
     if devices.is_empty() || devices.len() > MAX_DEVICE_ENTRIES || paths.len() != devices.len() {
-        return Err(EngineError::InvalidArgument(format!("a pool takes 1 to {MAX_DEVICE_ENTRIES} devices")));
+        return Err(EngineError::InvalidArgument(format!(
+            "a pool takes 1 to {MAX_DEVICE_ENTRIES} devices"
+        )));
     }
     let journal_blocks = match opts.journal_bytes {
         Some(b) => b.div_ceil(BLOCK_SIZE).max(16),
@@ -55,7 +64,10 @@ pub fn create_pool(devices: &[Arc<dyn Device>], paths: &[String], opts: &CreateO
     let generation = u64::from_le_bytes(random_bytes::<8>()?) >> 1 | 1;
     for (i, dev) in devices.iter().enumerate() {
         if !opts.force && read_label(dev.as_ref()).is_ok() {
-            return Err(EngineError::InvalidArgument(format!("device {} already holds a tarn pool (use --force to overwrite)", dev.name())));
+            return Err(EngineError::InvalidArgument(format!(
+                "device {} already holds a tarn pool (use --force to overwrite)",
+                dev.name()
+            )));
         }
         let blocks = dev.size() / BLOCK_SIZE;
         let data_start = LABEL_BLOCKS + if i == 0 { journal_blocks } else { 0 };
@@ -68,7 +80,11 @@ pub fn create_pool(devices: &[Arc<dyn Device>], paths: &[String], opts: &CreateO
             )));
         }
         let device_uuid = random_bytes::<16>()?;
-        entries.push(DeviceEntry { uuid: device_uuid, blocks, path: paths[i].clone() });
+        entries.push(DeviceEntry {
+            uuid: device_uuid,
+            blocks,
+            path: paths[i].clone(),
+        });
         labels.push(Superblock {
             version: FORMAT_VERSION,
             incompat: 0,
@@ -84,7 +100,10 @@ pub fn create_pool(devices: &[Arc<dyn Device>], paths: &[String], opts: &CreateO
             journal_blocks: if i == 0 { journal_blocks } else { 0 },
             journal_generation: generation,
             checkpoint: Default::default(),
-            created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            created_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
             devices: Vec::new(),
         });
     }
@@ -93,10 +112,12 @@ pub fn create_pool(devices: &[Arc<dyn Device>], paths: &[String], opts: &CreateO
     for (i, dev) in devices.iter().enumerate().rev() {
         if i == 0 {
             let zero = vec![0u8; BLOCK_SIZE as usize];
-            dev.write_at(&zero, LABEL_BLOCKS * BLOCK_SIZE).map_err(|e| EngineError::io("clear journal", dev.name(), e))?;
+            dev.write_at(&zero, LABEL_BLOCKS * BLOCK_SIZE)
+                .map_err(|e| EngineError::io("clear journal", dev.name(), e))?;
         }
         write_both_labels(dev.as_ref(), &labels[i])?;
-        dev.flush().map_err(|e| EngineError::io("flush", dev.name(), e))?;
+        dev.flush()
+            .map_err(|e| EngineError::io("flush", dev.name(), e))?;
     }
     Ok(())
 }
@@ -105,15 +126,25 @@ pub fn create_pool(devices: &[Arc<dyn Device>], paths: &[String], opts: &CreateO
 fn verify_member(primary: &Superblock, index: usize, dev: &dyn Device) -> Result<()> {
     let label = read_label(dev)?.current;
     let entry = &primary.devices[index];
-    let foreign = |detail: String| EngineError::ForeignDevice { device: dev.name(), detail };
+    let foreign = |detail: String| EngineError::ForeignDevice {
+        device: dev.name(),
+        detail,
+    };
     if label.pool_uuid != primary.pool_uuid {
         return Err(foreign("it carries another pool's uuid".into()));
     }
     if label.device_uuid != entry.uuid || usize::from(label.device_index) != index {
-        return Err(foreign(format!("expected member {index}, found member {}", label.device_index)));
+        return Err(foreign(format!(
+            "expected member {index}, found member {}",
+            label.device_index
+        )));
     }
     if dev.size() / BLOCK_SIZE < entry.blocks {
-        return Err(foreign(format!("device shrank: {} blocks, pool expects {}", dev.size() / BLOCK_SIZE, entry.blocks)));
+        return Err(foreign(format!(
+            "device shrank: {} blocks, pool expects {}",
+            dev.size() / BLOCK_SIZE,
+            entry.blocks
+        )));
     }
     Ok(())
 }
@@ -122,41 +153,81 @@ impl Pool {
     /// Open the pool whose primary is `devices[0]`; the others must be its
     /// members in order (see [`Pool::member_paths`]).
     pub fn open(devices: Vec<Arc<dyn Device>>, options: OpenOptions) -> Result<Pool> {
-        let primary = devices.first().ok_or_else(|| EngineError::InvalidArgument("no devices".into()))?;
+        let primary = devices
+            .first()
+            .ok_or_else(|| EngineError::InvalidArgument("no devices".into()))?;
         let label = read_label(primary.as_ref())?;
         let sb = label.current;
         if !sb.is_primary() {
-            return Err(EngineError::InvalidArgument(format!("device {} is member {} of a pool, not its primary", primary.name(), sb.device_index)));
+            return Err(EngineError::InvalidArgument(format!(
+                "device {} is member {} of a pool, not its primary",
+                primary.name(),
+                sb.device_index
+            )));
         }
         if devices.len() != sb.devices.len() {
-            return Err(EngineError::InvalidArgument(format!("pool has {} devices, {} given", sb.devices.len(), devices.len())));
+            return Err(EngineError::InvalidArgument(format!(
+                "pool has {} devices, {} given",
+                sb.devices.len(),
+                devices.len()
+            )));
         }
         for (i, dev) in devices.iter().enumerate().skip(1) {
             verify_member(&sb, i, dev.as_ref())?;
         }
         let (mut state, pieces, seq) = load_checkpoint(&devices, &sb)?;
-        let mut cursor = JournalCursor { start: sb.journal_start, blocks: sb.journal_blocks, generation: sb.journal_generation, used: 0, seq };
+        let mut cursor = JournalCursor {
+            start: sb.journal_start,
+            blocks: sb.journal_blocks,
+            generation: sb.journal_generation,
+            used: 0,
+            seq,
+        };
         let records = journal::replay(primary.as_ref(), &mut cursor, MAX_REPLAY_RECORDS)?;
         let mut sink = Freed::new();
         for rec in &records {
             state.epoch = state.epoch.max(rec.epoch);
             for op in &rec.ops {
-                state.apply(op, &mut sink).map_err(|detail| EngineError::NotAPool {
-                    device: primary.name(),
-                    detail: format!("journal record {} does not apply: {detail}", rec.seq),
-                })?;
+                state
+                    .apply(op, &mut sink)
+                    .map_err(|detail| EngineError::NotAPool {
+                        device: primary.name(),
+                        detail: format!("journal record {} does not apply: {detail}", rec.seq),
+                    })?;
             }
         }
         let space = build_space(&devices, &sb, &state, &pieces)?;
         let mut notes = Vec::new();
         if let Some(why) = label.other_invalid {
-            notes.push(format!("superblock copy {} of {} is invalid ({why}); copy {} is in use", 1 - label.copy, primary.name(), label.copy));
+            notes.push(format!(
+                "superblock copy {} of {} is invalid ({why}); copy {} is in use",
+                1 - label.copy,
+                primary.name(),
+                label.copy
+            ));
         }
-        log::info!("opened pool on {}: {} volumes, commit {}, {} journal records replayed", primary.name(), state.volumes.len(), cursor.seq, records.len());
+        log::info!(
+            "opened pool on {}: {} volumes, commit {}, {} journal records replayed",
+            primary.name(),
+            state.volumes.len(),
+            cursor.seq,
+            records.len()
+        );
         let n = devices.len();
         Ok(Pool {
-            inner: RwLock::new(Inner { state, space, placement: Box::new(Linear), pending_ops: Vec::new(), pending_frees: Vec::new() }),
-            commit: Mutex::new(CommitCtl { sb, journal: cursor, checkpoint_pieces: pieces, notes }),
+            inner: RwLock::new(Inner {
+                state,
+                space,
+                placement: Box::new(Linear),
+                pending_ops: Vec::new(),
+                pending_frees: Vec::new(),
+            }),
+            commit: Mutex::new(CommitCtl {
+                sb,
+                journal: cursor,
+                checkpoint_pieces: pieces,
+                notes,
+            }),
             devices,
             io_gate: RwLock::new(()),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
@@ -169,30 +240,58 @@ impl Pool {
         })
     }
 
+    /// The pool uuid a device carries (primary or member), without opening.
+    pub fn pool_uuid(dev: &dyn Device) -> Result<String> {
+        Ok(crate::pool::uuid_string(
+            &read_label(dev)?.current.pool_uuid,
+        ))
+    }
+
     /// The member paths recorded in a primary's superblock (index order).
     pub fn member_paths(primary: &dyn Device) -> Result<Vec<String>> {
-        Ok(read_label(primary)?.current.devices.into_iter().map(|d| d.path).collect())
+        Ok(read_label(primary)?
+            .current
+            .devices
+            .into_iter()
+            .map(|d| d.path)
+            .collect())
     }
 }
 
-fn load_checkpoint(devices: &[Arc<dyn Device>], sb: &Superblock) -> Result<(State, Vec<(Pba, u64)>, u64)> {
+fn load_checkpoint(
+    devices: &[Arc<dyn Device>],
+    sb: &Superblock,
+) -> Result<(State, Vec<(Pba, u64)>, u64)> {
     if sb.first_segment().is_none() {
         return Ok((State::default(), Vec::new(), sb.checkpoint.seq));
     }
     let (payload, pieces) = checkpoint::read(devices, &sb.checkpoint)?;
-    let (state, seq) = checkpoint::decode_state(&payload)
-        .map_err(|detail| EngineError::NotAPool { device: devices[0].name(), detail: format!("checkpoint: {detail}") })?;
+    let (state, seq) =
+        checkpoint::decode_state(&payload).map_err(|detail| EngineError::NotAPool {
+            device: devices[0].name(),
+            detail: format!("checkpoint: {detail}"),
+        })?;
     if seq != sb.checkpoint.seq {
-        return Err(EngineError::NotAPool { device: devices[0].name(), detail: format!("checkpoint seq {seq} != superblock's {}", sb.checkpoint.seq) });
+        return Err(EngineError::NotAPool {
+            device: devices[0].name(),
+            detail: format!("checkpoint seq {seq} != superblock's {}", sb.checkpoint.seq),
+        });
     }
     Ok((state, pieces, seq))
 }
 
 /// Everything not referenced by the map or the checkpoint is free.
-fn build_space(devices: &[Arc<dyn Device>], sb: &Superblock, state: &State, pieces: &[(Pba, u64)]) -> Result<Space> {
+fn build_space(
+    devices: &[Arc<dyn Device>],
+    sb: &Superblock,
+    state: &State,
+    pieces: &[(Pba, u64)],
+) -> Result<Space> {
     let mut used: Vec<Vec<(u64, u64)>> = vec![Vec::new(); devices.len()];
     let mut add = |pba: Pba, len: u64| -> Result<()> {
-        let list = used.get_mut(usize::from(pba.device())).ok_or_else(|| EngineError::Inconsistent(format!("extent {pba} on unknown device")))?;
+        let list = used
+            .get_mut(usize::from(pba.device()))
+            .ok_or_else(|| EngineError::Inconsistent(format!("extent {pba} on unknown device")))?;
         list.push((pba.block(), len));
         Ok(())
     };
@@ -204,7 +303,10 @@ fn build_space(devices: &[Arc<dyn Device>], sb: &Superblock, state: &State, piec
     for &(pba, len) in pieces {
         add(pba, len)?;
     }
-    let mut space = Space { devices: Vec::new(), reserve_blocks: reserve_for(state.extent_count()) };
+    let mut space = Space {
+        devices: Vec::new(),
+        reserve_blocks: reserve_for(state.extent_count()),
+    };
     for (i, list) in used.iter_mut().enumerate() {
         let start = if i == 0 { sb.data_start } else { LABEL_BLOCKS };
         let end = sb.devices[i].blocks;

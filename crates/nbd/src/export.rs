@@ -45,7 +45,8 @@ pub trait Export: Send + Sync {
         fua: bool,
     ) -> Result<(), ExportError>;
     /// Extents covering [offset, offset+length) from offset, in order; may stop early (at least one extent).
-    fn block_status(&self, offset: u64, length: u64) -> Result<Vec<BlockStatusExtent>, ExportError>;
+    fn block_status(&self, offset: u64, length: u64)
+        -> Result<Vec<BlockStatusExtent>, ExportError>;
     /// Prefetch hint.
     fn cache(&self, offset: u64, length: u64) -> Result<(), ExportError> {
         let _ = (offset, length);

@@ -12,7 +12,7 @@
 use std::io::IoSlice;
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use crate::protocol;
 use crate::stream::Stream;
@@ -32,8 +32,14 @@ impl Reply {
     /// A simple reply without payload.
     pub(crate) fn simple(handle: u64, error: u32) -> Reply {
         let mut head = [0u8; protocol::READ_CHUNK_HEADER_LEN];
-        head[..protocol::SIMPLE_REPLY_LEN].copy_from_slice(&protocol::encode_simple_reply(handle, error));
-        Reply { head, head_len: protocol::SIMPLE_REPLY_LEN as u8, data: Vec::new(), spare: Vec::new() }
+        head[..protocol::SIMPLE_REPLY_LEN]
+            .copy_from_slice(&protocol::encode_simple_reply(handle, error));
+        Reply {
+            head,
+            head_len: protocol::SIMPLE_REPLY_LEN as u8,
+            data: Vec::new(),
+            spare: Vec::new(),
+        }
     }
 
     /// A successful simple reply to a read, followed by `data`.
@@ -47,12 +53,22 @@ impl Reply {
     pub(crate) fn structured_read(handle: u64, offset: u64, data: Vec<u8>) -> Reply {
         let len = u32::try_from(data.len()).unwrap_or(u32::MAX - 8);
         let head = protocol::encode_read_chunk_header(handle, offset, len, true);
-        Reply { head, head_len: protocol::READ_CHUNK_HEADER_LEN as u8, data, spare: Vec::new() }
+        Reply {
+            head,
+            head_len: protocol::READ_CHUNK_HEADER_LEN as u8,
+            data,
+            spare: Vec::new(),
+        }
     }
 
     /// A fully encoded message.
     pub(crate) fn encoded(bytes: Vec<u8>) -> Reply {
-        Reply { head: [0u8; protocol::READ_CHUNK_HEADER_LEN], head_len: 0, data: bytes, spare: Vec::new() }
+        Reply {
+            head: [0u8; protocol::READ_CHUNK_HEADER_LEN],
+            head_len: 0,
+            data: bytes,
+            spare: Vec::new(),
+        }
     }
 
     /// Attach a buffer to be recycled once the reply is sent.
@@ -88,7 +104,12 @@ const POOL_MAX_COUNT: usize = 256;
 
 impl BufPool {
     pub(crate) fn new() -> BufPool {
-        BufPool { inner: Mutex::new(PoolInner { bufs: Vec::new(), bytes: 0 }) }
+        BufPool {
+            inner: Mutex::new(PoolInner {
+                bufs: Vec::new(),
+                bytes: 0,
+            }),
+        }
     }
 
     /// A buffer of exactly `len` bytes (contents unspecified: old data or zero).
@@ -118,7 +139,11 @@ impl BufPool {
         let mut p = lock(&self.inner);
         for v in bufs {
             let cap = v.capacity();
-            if cap == 0 || cap > POOL_MAX_BUF || p.bufs.len() >= POOL_MAX_COUNT || p.bytes + cap > POOL_MAX_BYTES {
+            if cap == 0
+                || cap > POOL_MAX_BUF
+                || p.bufs.len() >= POOL_MAX_COUNT
+                || p.bytes + cap > POOL_MAX_BYTES
+            {
                 continue;
             }
             p.bytes += cap;
@@ -151,7 +176,11 @@ impl ReplyWriter {
     pub(crate) fn new(stream: Stream) -> ReplyWriter {
         ReplyWriter {
             stream,
-            state: Mutex::new(WriterState { queue: Vec::with_capacity(64), writing: false, spare: Vec::with_capacity(64) }),
+            state: Mutex::new(WriterState {
+                queue: Vec::with_capacity(64),
+                writing: false,
+                spare: Vec::with_capacity(64),
+            }),
             broken: AtomicBool::new(false),
         }
     }
@@ -162,19 +191,54 @@ impl ReplyWriter {
     }
 
     /// Queue `reply`; send it (and everything queued meanwhile) unless
-    /// another thread is already sending. When every caller of `send` has
-    /// returned, every queued reply has been written (or the writer broke).
+    /// another thread is already sending. When every caller of `send` and
+    /// [`ReplyWriter::flush`] has returned, every queued reply has been
+    /// written (or the writer broke).
     pub(crate) fn send(&self, reply: Reply, pool: &BufPool) {
-        let mut st = lock(&self.state);
+        let st = lock(&self.state);
+        if let Some(st) = self.push(st, reply, pool) {
+            self.drain(st, pool);
+        }
+    }
+
+    /// Queue `reply` without writing it: it goes out with the next
+    /// [`ReplyWriter::send`] or [`ReplyWriter::flush`] (batching replies
+    /// produced back to back into one system call).
+    pub(crate) fn defer(&self, reply: Reply, pool: &BufPool) {
+        let st = lock(&self.state);
+        let _ = self.push(st, reply, pool);
+    }
+
+    /// Write every queued reply (unless another thread is already at it).
+    pub(crate) fn flush(&self, pool: &BufPool) {
+        let st = lock(&self.state);
+        if !st.writing && !st.queue.is_empty() {
+            self.drain(st, pool);
+        }
+    }
+
+    /// Push under the lock; returns the guard if the caller should drain.
+    fn push<'a>(
+        &self,
+        mut st: MutexGuard<'a, WriterState>,
+        reply: Reply,
+        pool: &BufPool,
+    ) -> Option<MutexGuard<'a, WriterState>> {
         if self.is_broken() {
             drop(st);
             pool.put_many([reply.data, reply.spare].into_iter());
-            return;
+            return None;
         }
         st.queue.push(reply);
         if st.writing {
-            return;
+            None
+        } else {
+            Some(st)
         }
+    }
+
+    /// Become the writer and write until the queue is empty.
+    fn drain<'a>(&'a self, mut st: MutexGuard<'a, WriterState>, pool: &BufPool) {
         st.writing = true;
         let mut batch = std::mem::take(&mut st.spare);
         loop {
@@ -233,10 +297,16 @@ mod tests {
 
     #[test]
     fn reply_bytes() {
-        assert_eq!(Reply::simple(3, 22).bytes(), protocol::encode_simple_reply(3, 22).to_vec());
+        assert_eq!(
+            Reply::simple(3, 22).bytes(),
+            protocol::encode_simple_reply(3, 22).to_vec()
+        );
         let r = Reply::structured_read(1, 512, vec![9u8; 4]);
         let b = r.bytes();
-        assert_eq!(&b[..28], &protocol::encode_read_chunk_header(1, 512, 4, true));
+        assert_eq!(
+            &b[..28],
+            &protocol::encode_read_chunk_header(1, 512, 4, true)
+        );
         assert_eq!(&b[28..], &[9, 9, 9, 9]);
         let r = Reply::simple_read(1, vec![1, 2]).with_spare(vec![0; 10]);
         assert_eq!(r.bytes().len(), 18);

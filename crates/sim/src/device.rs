@@ -39,7 +39,13 @@ impl SimDevice {
         SimDevice {
             name: name.to_string(),
             size,
-            state: Mutex::new(State { durable: image.clone(), cache: image, pending: Vec::new(), calls_left: None, dead: false }),
+            state: Mutex::new(State {
+                durable: image.clone(),
+                cache: image,
+                pending: Vec::new(),
+                calls_left: None,
+                dead: false,
+            }),
         }
     }
 
@@ -107,7 +113,10 @@ impl SimDevice {
     fn check(&self, off: u64, len: usize) -> io::Result<()> {
         match off.checked_add(len as u64) {
             Some(end) if end <= self.size => Ok(()),
-            _ => Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("{} I/O at {off}+{len} past end {}", self.name, self.size))),
+            _ => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("{} I/O at {off}+{len} past end {}", self.name, self.size),
+            )),
         }
     }
 }
