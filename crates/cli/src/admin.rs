@@ -13,18 +13,9 @@ pub enum Request {
     Check,
     Flush,
     VolList,
-    VolCreate {
-        name: String,
-        size: u64,
-    },
-    VolResize {
-        name: String,
-        size: u64,
-        allow_shrink: bool,
-    },
-    VolDelete {
-        name: String,
-    },
+    VolCreate { name: String, size: u64 },
+    VolResize { name: String, size: u64, allow_shrink: bool },
+    VolDelete { name: String },
 }
 
 impl Request {
@@ -32,10 +23,7 @@ impl Request {
     pub fn writes(&self) -> bool {
         matches!(
             self,
-            Request::Flush
-                | Request::VolCreate { .. }
-                | Request::VolResize { .. }
-                | Request::VolDelete { .. }
+            Request::Flush | Request::VolCreate { .. } | Request::VolResize { .. } | Request::VolDelete { .. }
         )
     }
 }
@@ -58,14 +46,10 @@ pub fn execute(pool: &Pool, req: &Request) -> Result<Value, String> {
             json!({})
         }
         Request::VolList => Value::Array(pool.list_volumes().iter().map(volume_json).collect()),
-        Request::VolCreate { name, size } => {
-            volume_json(&pool.create_volume(name, *size).map_err(e)?)
+        Request::VolCreate { name, size } => volume_json(&pool.create_volume(name, *size).map_err(e)?),
+        Request::VolResize { name, size, allow_shrink } => {
+            volume_json(&pool.resize_volume(name, *size, *allow_shrink).map_err(e)?)
         }
-        Request::VolResize {
-            name,
-            size,
-            allow_shrink,
-        } => volume_json(&pool.resize_volume(name, *size, *allow_shrink).map_err(e)?),
         Request::VolDelete { name } => {
             pool.delete_volume(name).map_err(e)?;
             json!({ "deleted": name })

@@ -17,8 +17,7 @@ const MAX_LINE: u64 = 64 * 1024;
 
 /// Ask the server at `path` to run `req`.
 pub fn call(path: &Path, req: &Request) -> Result<Value> {
-    let mut s =
-        UnixStream::connect(path).with_context(|| format!("connect to {}", path.display()))?;
+    let mut s = UnixStream::connect(path).with_context(|| format!("connect to {}", path.display()))?;
     s.set_read_timeout(Some(Duration::from_secs(600)))?;
     let mut line = serde_json::to_string(req)?;
     line.push('\n');
@@ -29,10 +28,7 @@ pub fn call(path: &Path, req: &Request) -> Result<Value> {
     if v["ok"].as_bool() == Some(true) {
         Ok(v["data"].clone())
     } else {
-        Err(anyhow!(
-            "{}",
-            v["error"].as_str().unwrap_or("server refused the request")
-        ))
+        Err(anyhow!("{}", v["error"].as_str().unwrap_or("server refused the request")))
     }
 }
 
@@ -42,19 +38,14 @@ pub fn listen(path: PathBuf, pool: Arc<Pool>) -> Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     }
     let _ = std::fs::remove_file(&path);
-    let listener = UnixListener::bind(&path)
-        .with_context(|| format!("bind control socket {}", path.display()))?;
+    let listener = UnixListener::bind(&path).with_context(|| format!("bind control socket {}", path.display()))?;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-    std::thread::Builder::new()
-        .name("control".into())
-        .spawn(move || {
-            for conn in listener.incoming().flatten() {
-                let pool = pool.clone();
-                let _ = std::thread::Builder::new()
-                    .name("control-conn".into())
-                    .spawn(move || answer(conn, &pool));
-            }
-        })?;
+    std::thread::Builder::new().name("control".into()).spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let pool = pool.clone();
+            let _ = std::thread::Builder::new().name("control-conn".into()).spawn(move || answer(conn, &pool));
+        }
+    })?;
     Ok(())
 }
 
@@ -64,11 +55,7 @@ fn answer(conn: UnixStream, pool: &Pool) {
         return;
     };
     let mut line = String::new();
-    if BufReader::new(conn)
-        .take(MAX_LINE)
-        .read_line(&mut line)
-        .is_err()
-    {
+    if BufReader::new(conn).take(MAX_LINE).read_line(&mut line).is_err() {
         return;
     }
     let reply = match serde_json::from_str::<Request>(&line) {

@@ -20,29 +20,20 @@ impl Backend for PoolBackend {
         self.pool
             .list_volumes()
             .into_iter()
-            .map(|v| ExportDescription {
-                description: format!("tarn thin volume, {} bytes", v.size),
-                name: v.name,
-            })
+            .map(|v| ExportDescription { description: format!("tarn thin volume, {} bytes", v.size), name: v.name })
             .collect()
     }
 
     fn open(&self, name: &str) -> Option<Arc<dyn Export>> {
         let id = self.pool.volume_id(name)?;
-        Some(Arc::new(VolumeExport {
-            pool: self.pool.clone(),
-            id,
-        }))
+        Some(Arc::new(VolumeExport { pool: self.pool.clone(), id }))
     }
 
     fn default_export(&self) -> Option<String> {
         let vols = self.pool.list_volumes();
         match vols.as_slice() {
             [only] => Some(only.name.clone()),
-            _ => vols
-                .iter()
-                .find(|v| v.name == "disk0")
-                .map(|v| v.name.clone()),
+            _ => vols.iter().find(|v| v.name == "disk0").map(|v| v.name.clone()),
         }
     }
 }
@@ -80,9 +71,7 @@ impl Export for VolumeExport {
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
-        self.pool
-            .write(self.id, offset, data, fua)
-            .map_err(nbd_error)
+        self.pool.write(self.id, offset, data, fua).map_err(nbd_error)
     }
 
     fn flush(&self) -> Result<(), ExportError> {
@@ -97,39 +86,19 @@ impl Export for VolumeExport {
         Ok(())
     }
 
-    fn write_zeroes(
-        &self,
-        offset: u64,
-        length: u64,
-        no_hole: bool,
-        fast: bool,
-        fua: bool,
-    ) -> Result<(), ExportError> {
-        self.pool
-            .write_zeroes(self.id, offset, length, no_hole, fast)
-            .map_err(nbd_error)?;
+    fn write_zeroes(&self, offset: u64, length: u64, no_hole: bool, fast: bool, fua: bool) -> Result<(), ExportError> {
+        self.pool.write_zeroes(self.id, offset, length, no_hole, fast).map_err(nbd_error)?;
         if fua {
             self.flush()?;
         }
         Ok(())
     }
 
-    fn block_status(
-        &self,
-        offset: u64,
-        length: u64,
-    ) -> Result<Vec<BlockStatusExtent>, ExportError> {
-        let runs = self
-            .pool
-            .block_status(self.id, offset, length)
-            .map_err(nbd_error)?;
+    fn block_status(&self, offset: u64, length: u64) -> Result<Vec<BlockStatusExtent>, ExportError> {
+        let runs = self.pool.block_status(self.id, offset, length).map_err(nbd_error)?;
         Ok(runs
             .into_iter()
-            .map(|r| BlockStatusExtent {
-                length: r.length,
-                hole: !r.allocated,
-                zero: !r.allocated,
-            })
+            .map(|r| BlockStatusExtent { length: r.length, hole: !r.allocated, zero: !r.allocated })
             .collect())
     }
 }

@@ -180,13 +180,7 @@ fn main() {
 
 fn dispatch(cmd: Command) -> Result<i32> {
     match cmd {
-        Command::Pool(PoolCmd::Create {
-            primary,
-            size,
-            devices,
-            journal_size,
-            force,
-        }) => {
+        Command::Pool(PoolCmd::Create { primary, size, devices, journal_size, force }) => {
             pool_create(&primary, size, &devices, journal_size, force)?;
             Ok(0)
         }
@@ -198,11 +192,7 @@ fn dispatch(cmd: Command) -> Result<i32> {
         Command::Pool(PoolCmd::Check { pool, json }) => {
             let v = admin(&pool, &Request::Check)?;
             print(json, &v, text::check);
-            Ok(if v["clean"].as_bool() == Some(true) {
-                0
-            } else {
-                1
-            })
+            Ok(if v["clean"].as_bool() == Some(true) { 0 } else { 1 })
         }
         Command::Vol(VolCmd::Create { name, size, pool }) => {
             let v = admin(&pool, &Request::VolCreate { name, size })?;
@@ -218,20 +208,8 @@ fn dispatch(cmd: Command) -> Result<i32> {
             print(json, &v, text::volumes);
             Ok(0)
         }
-        Command::Vol(VolCmd::Resize {
-            name,
-            size,
-            allow_shrink,
-            pool,
-        }) => {
-            let v = admin(
-                &pool,
-                &Request::VolResize {
-                    name,
-                    size,
-                    allow_shrink,
-                },
-            )?;
+        Command::Vol(VolCmd::Resize { name, size, allow_shrink, pool }) => {
+            let v = admin(&pool, &Request::VolResize { name, size, allow_shrink })?;
             println!(
                 "volume {} is now {}",
                 v["name"].as_str().unwrap_or("?"),
@@ -262,14 +240,8 @@ fn admin(p: &PoolArg, req: &Request) -> Result<Value> {
     if let Some(sock) = poolfile::running_server(&p.pool) {
         return control::call(&sock, req);
     }
-    let opened = poolfile::open_pool(
-        &p.pool,
-        &p.devices,
-        OpenOptions {
-            read_only: !req.writes(),
-            ..Default::default()
-        },
-    )?;
+    let opened =
+        poolfile::open_pool(&p.pool, &p.devices, OpenOptions { read_only: !req.writes(), ..Default::default() })?;
     let result = admin::execute(&opened.pool, req).map_err(anyhow::Error::msg);
     if req.writes() {
         opened.pool.close().context("commit")?;
@@ -282,10 +254,7 @@ fn open_or_create_file(path: &Path, size: Option<u64>) -> Result<FileDevice> {
         return FileDevice::open(path, true).with_context(|| format!("open {}", path.display()));
     }
     let Some(size) = size else {
-        bail!(
-            "{} does not exist; pass --size to create it as a sparse file",
-            path.display()
-        )
+        bail!("{} does not exist; pass --size to create it as a sparse file", path.display())
     };
     FileDevice::create_file(path, size).with_context(|| format!("create {}", path.display()))
 }
@@ -303,29 +272,14 @@ fn pool_create(
         devices.push(Arc::new(open_or_create_file(m, size)?));
         paths.push(absolute(m));
     }
-    create_pool(
-        &devices,
-        &paths,
-        &CreateOptions {
-            journal_bytes: journal,
-            force,
-        },
-    )?;
+    create_pool(&devices, &paths, &CreateOptions { journal_bytes: journal, force })?;
     let total: u64 = devices.iter().map(|d| d.size()).sum();
-    println!(
-        "created pool on {} ({} device(s), {})",
-        primary.display(),
-        devices.len(),
-        size::human(total)
-    );
+    println!("created pool on {} ({} device(s), {})", primary.display(), devices.len(), size::human(total));
     Ok(())
 }
 
 fn absolute(p: &Path) -> String {
-    std::path::absolute(p)
-        .unwrap_or_else(|_| p.to_path_buf())
-        .display()
-        .to_string()
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()).display().to_string()
 }
 
 fn serve_cmd(s: ServeCmd) -> Result<i32> {
@@ -349,33 +303,17 @@ fn serve_cmd(s: ServeCmd) -> Result<i32> {
 }
 
 fn run_cmd(r: RunCmd) -> Result<i32> {
-    std::fs::create_dir_all(&r.data_dir)
-        .with_context(|| format!("create {}", r.data_dir.display()))?;
+    std::fs::create_dir_all(&r.data_dir).with_context(|| format!("create {}", r.data_dir.display()))?;
     let pool = r.data_dir.join("pool.img");
     if !pool.exists() {
         pool_create(&pool, Some(r.pool_size), &[], None, false)?;
     }
-    let pa = PoolArg {
-        pool: pool.clone(),
-        devices: vec![],
-    };
+    let pa = PoolArg { pool: pool.clone(), devices: vec![] };
     let vols = admin(&pa, &Request::VolList)?;
-    let exists = vols
-        .as_array()
-        .is_some_and(|a| a.iter().any(|v| v["name"] == r.volume.as_str()));
+    let exists = vols.as_array().is_some_and(|a| a.iter().any(|v| v["name"] == r.volume.as_str()));
     if !exists {
-        admin(
-            &pa,
-            &Request::VolCreate {
-                name: r.volume.clone(),
-                size: r.volume_size,
-            },
-        )?;
-        println!(
-            "created volume {} ({} thin)",
-            r.volume,
-            size::human(r.volume_size)
-        );
+        admin(&pa, &Request::VolCreate { name: r.volume.clone(), size: r.volume_size })?;
+        println!("created volume {} ({} thin)", r.volume, size::human(r.volume_size));
     }
     let socket = std::path::absolute(r.data_dir.join("nbd.sock"))?;
     let args = serve::ServeArgs {

@@ -17,14 +17,13 @@ pub struct OpenPool {
 /// Take an advisory lock on the primary so two processes never both write.
 fn lock(path: &Path, exclusive: bool) -> Result<File> {
     let f = File::open(path).with_context(|| format!("open {}", path.display()))?;
-    let mode = if exclusive {
-        libc::LOCK_EX
-    } else {
-        libc::LOCK_SH
-    } | libc::LOCK_NB;
+    let mode = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH } | libc::LOCK_NB;
     // SAFETY: flock on an fd we own.
     if unsafe { libc::flock(f.as_raw_fd(), mode) } != 0 {
-        bail!("pool {} is in use by another tarn process (is `tarn serve` running without its control socket?)", path.display());
+        bail!(
+            "pool {} is in use by another tarn process (is `tarn serve` running without its control socket?)",
+            path.display()
+        );
     }
     Ok(f)
 }
@@ -37,29 +36,23 @@ pub fn open_pool(primary: &Path, members: &[PathBuf], options: OpenOptions) -> R
         bail!("pool device {} does not exist", primary.display());
     }
     let lock = lock(primary, writable)?;
-    let first = FileDevice::open(primary, writable)
-        .with_context(|| format!("open pool device {}", primary.display()))?;
+    let first =
+        FileDevice::open(primary, writable).with_context(|| format!("open pool device {}", primary.display()))?;
     let recorded = Pool::member_paths(&first)?;
     let mut devices: Vec<Arc<dyn Device>> = vec![Arc::new(first)];
     for (i, recorded_path) in recorded.iter().enumerate().skip(1) {
-        let path = members
-            .get(i - 1)
-            .cloned()
-            .unwrap_or_else(|| PathBuf::from(recorded_path));
+        let path = members.get(i - 1).cloned().unwrap_or_else(|| PathBuf::from(recorded_path));
         let dev = FileDevice::open(&path, writable)
             .with_context(|| format!("open member device {i} at {}", path.display()))?;
         devices.push(Arc::new(dev));
     }
-    let pool =
-        Pool::open(devices, options).with_context(|| format!("open pool {}", primary.display()))?;
+    let pool = Pool::open(devices, options).with_context(|| format!("open pool {}", primary.display()))?;
     Ok(OpenPool { pool, _lock: lock })
 }
 
 /// Where the server holding pool `uuid` listens for admin requests.
 pub fn control_socket_path(uuid: &str) -> PathBuf {
-    let dir = std::env::var_os("TARN_RUN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp/tarn-run"));
+    let dir = std::env::var_os("TARN_RUN_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/tmp/tarn-run"));
     dir.join(format!("{uuid}.sock"))
 }
 
@@ -68,7 +61,5 @@ pub fn running_server(primary: &Path) -> Option<PathBuf> {
     let dev = FileDevice::open(primary, false).ok()?;
     let uuid = Pool::pool_uuid(&dev).ok()?;
     let path = control_socket_path(&uuid);
-    std::os::unix::net::UnixStream::connect(&path)
-        .ok()
-        .map(|_| path)
+    std::os::unix::net::UnixStream::connect(&path).ok().map(|_| path)
 }

@@ -26,42 +26,20 @@ pub struct ServeArgs {
 }
 
 pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>)) -> Result<()> {
-    let opened = open_pool(
-        &args.pool,
-        &args.members,
-        OpenOptions {
-            strict: args.strict,
-            ..Default::default()
-        },
-    )?;
+    let opened = open_pool(&args.pool, &args.members, OpenOptions { strict: args.strict, ..Default::default() })?;
     let status = opened.pool.status();
     let pool = Arc::new(opened.pool);
     let control_path = control_socket_path(&status.uuid);
     control::listen(control_path.clone(), pool.clone())?;
-    let server = Server::new(
-        Arc::new(PoolBackend::new(pool.clone())),
-        ServerConfig::default(),
-    );
+    let server = Server::new(Arc::new(PoolBackend::new(pool.clone())), ServerConfig::default());
     let addr = match &args.listen {
-        Some(a) => Some(
-            server
-                .listen_tcp(a)
-                .with_context(|| format!("listen on {a}"))?,
-        ),
+        Some(a) => Some(server.listen_tcp(a).with_context(|| format!("listen on {a}"))?),
         None => None,
     };
     if let Some(sock) = &args.socket {
-        server
-            .listen_unix(sock)
-            .with_context(|| format!("listen on {}", sock.display()))?;
+        server.listen_unix(sock).with_context(|| format!("listen on {}", sock.display()))?;
     }
-    log::info!(
-        "serving pool {} ({} volumes) on {:?} {:?}",
-        status.uuid,
-        status.volumes,
-        addr,
-        args.socket
-    );
+    log::info!("serving pool {} ({} volumes) on {:?} {:?}", status.uuid, status.volumes, addr, args.socket);
     on_ready(addr);
     let stop = Arc::new(AtomicBool::new(false));
     let committer = spawn_committer(pool.clone(), args.commit_interval, stop.clone());
@@ -83,11 +61,7 @@ pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>
 
 /// Commit whatever changed every `interval`, so clients that never flush
 /// lose at most that much.
-fn spawn_committer(
-    pool: Arc<Pool>,
-    interval: Duration,
-    stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<()> {
+fn spawn_committer(pool: Arc<Pool>, interval: Duration, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
     std::thread::Builder::new()
         .name("committer".into())
         .spawn(move || {

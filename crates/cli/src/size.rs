@@ -2,10 +2,7 @@
 
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(t);
+    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);
     let (digits, shift) = match t.chars().last() {
         Some('K' | 'k') => (&t[..t.len() - 1], 10),
         Some('M' | 'm') => (&t[..t.len() - 1], 20),
@@ -14,9 +11,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         Some('P' | 'p') => (&t[..t.len() - 1], 50),
         _ => (t, 0),
     };
-    let n: u64 = digits.parse().map_err(|_| {
-        format!("invalid size {s:?}: use a number with an optional K, M, G, T or P suffix")
-    })?;
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("invalid size {s:?}: use a number with an optional K, M, G, T or P suffix"))?;
     n.checked_mul(1u64 << shift)
         .filter(|v| *v > 0)
         .ok_or_else(|| format!("invalid size {s:?}: must be above zero and below 16 EiB"))

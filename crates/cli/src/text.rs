@@ -16,12 +16,7 @@ pub fn status(v: &Value) -> String {
     let _ = writeln!(s, "  used       {} ({} bytes)", b(&v["used"]), v["used"]);
     let _ = writeln!(s, "  free       {} ({} bytes)", b(&v["free"]), v["free"]);
     let _ = writeln!(s, "  reserved   {} (kept for metadata)", b(&v["reserved"]));
-    let _ = writeln!(
-        s,
-        "  metadata   {} ({} bytes)",
-        b(&v["metadata"]),
-        v["metadata"]
-    );
+    let _ = writeln!(s, "  metadata   {} ({} bytes)", b(&v["metadata"]), v["metadata"]);
     let _ = writeln!(
         s,
         "  volumes    {} ({} virtual, overcommit {:.2}x)",
@@ -59,11 +54,7 @@ pub fn check(v: &Value) -> String {
     for p in v["problems"].as_array().into_iter().flatten() {
         let _ = writeln!(s, "PROBLEM: {}", p.as_str().unwrap_or(""));
     }
-    let verdict = if v["clean"] == true {
-        "clean"
-    } else {
-        "PROBLEMS FOUND"
-    };
+    let verdict = if v["clean"] == true { "clean" } else { "PROBLEMS FOUND" };
     let _ = writeln!(
         s,
         "{verdict}: {} volumes, {} extents, {} mapped, {} free",
@@ -76,10 +67,7 @@ pub fn check(v: &Value) -> String {
 }
 
 pub fn volumes(v: &Value) -> String {
-    let mut s = format!(
-        "{:<24} {:>12} {:>12} {:>8}\n",
-        "NAME", "SIZE", "ALLOCATED", "EXTENTS"
-    );
+    let mut s = format!("{:<24} {:>12} {:>12} {:>8}\n", "NAME", "SIZE", "ALLOCATED", "EXTENTS");
     for vol in v.as_array().into_iter().flatten() {
         let _ = writeln!(
             s,

@@ -42,11 +42,7 @@ impl Pool {
         let _quiet = self.io_gate.write().unwrap_or_else(|p| p.into_inner());
         let ctl = self.lock_commit();
         let inner = self.read_inner();
-        let mut r = CheckReport {
-            notes: ctl.notes.clone(),
-            volumes: inner.state.volumes.len(),
-            ..Default::default()
-        };
+        let mut r = CheckReport { notes: ctl.notes.clone(), volumes: inner.state.volumes.len(), ..Default::default() };
         let mut owners: Vec<Vec<Owner>> = vec![Vec::new(); self.devices.len()];
         for v in inner.state.volumes.values() {
             let mut sum = 0;
@@ -57,12 +53,7 @@ impl Pool {
                 if e.len == 0 || lba < prev_end || lba + e.len > v.blocks() {
                     problem(
                         &mut r,
-                        format!(
-                            "volume {}: extent {lba}+{} overlaps or exceeds {} blocks",
-                            v.name,
-                            e.len,
-                            v.blocks()
-                        ),
+                        format!("volume {}: extent {lba}+{} overlaps or exceeds {} blocks", v.name, e.len, v.blocks()),
                     );
                 }
                 if e.birth > inner.state.epoch || e.birth == 0 {
@@ -75,23 +66,12 @@ impl Pool {
                     );
                 }
                 prev_end = lba + e.len;
-                push_owner(
-                    &mut owners,
-                    e.pba,
-                    e.len,
-                    format!("volume {} block {lba}", v.name),
-                    &mut r.problems,
-                );
+                push_owner(&mut owners, e.pba, e.len, format!("volume {} block {lba}", v.name), &mut r.problems);
             }
             if sum != v.map.mapped_blocks() {
                 problem(
                     &mut r,
-                    format!(
-                        "volume {}: allocated counter {} != {} blocks mapped",
-                        v.name,
-                        v.map.mapped_blocks(),
-                        sum
-                    ),
+                    format!("volume {}: allocated counter {} != {} blocks mapped", v.name, v.map.mapped_blocks(), sum),
                 );
             }
             r.mapped_blocks += sum;
@@ -101,13 +81,7 @@ impl Pool {
             push_owner(&mut owners, pba, len, "checkpoint".into(), &mut r.problems);
         }
         for &(pba, len) in &inner.pending_frees {
-            push_owner(
-                &mut owners,
-                pba,
-                len,
-                "space awaiting commit".into(),
-                &mut r.problems,
-            );
+            push_owner(&mut owners, pba, len, "space awaiting commit".into(), &mut r.problems);
         }
         for (i, ds) in inner.space.devices.iter().enumerate() {
             r.free_blocks += ds.free_blocks();
@@ -116,13 +90,7 @@ impl Pool {
             }
         }
         if ctl.journal.used > ctl.journal.blocks {
-            problem(
-                &mut r,
-                format!(
-                    "journal uses {} of {} blocks",
-                    ctl.journal.used, ctl.journal.blocks
-                ),
-            );
+            problem(&mut r, format!("journal uses {} of {} blocks", ctl.journal.used, ctl.journal.blocks));
         }
         let data = inner.space.data_blocks();
         let pending: u64 = inner.pending_frees.iter().map(|f| f.1).sum();
@@ -143,22 +111,10 @@ fn problem(r: &mut CheckReport, msg: String) {
     }
 }
 
-fn push_owner(
-    owners: &mut [Vec<Owner>],
-    pba: Pba,
-    len: u64,
-    what: String,
-    problems: &mut Vec<String>,
-) {
+fn push_owner(owners: &mut [Vec<Owner>], pba: Pba, len: u64, what: String, problems: &mut Vec<String>) {
     match owners.get_mut(usize::from(pba.device())) {
-        Some(list) => list.push(Owner {
-            start: pba.block(),
-            len,
-            what,
-        }),
-        None => problems.push(format!(
-            "{what}: physical {pba} on a device the pool does not have"
-        )),
+        Some(list) => list.push(Owner { start: pba.block(), len, what }),
+        None => problems.push(format!("{what}: physical {pba} on a device the pool does not have")),
     }
 }
 
@@ -172,17 +128,11 @@ fn compare_space(device: usize, ds: &DeviceSpace, owners: &mut [Owner]) -> Vec<S
     let mut last: Option<&Owner> = None;
     for o in owners.iter() {
         if o.start < ds.data_start || o.start + o.len > ds.data_end {
-            out.push(format!(
-                "device {device}: {} at block {}+{} lies outside the data area",
-                o.what, o.start, o.len
-            ));
+            out.push(format!("device {device}: {} at block {}+{} lies outside the data area", o.what, o.start, o.len));
         }
         if o.start < pos {
             let other = last.map(|l| l.what.as_str()).unwrap_or("the label area");
-            out.push(format!(
-                "device {device}: {} at block {} shares space with {other}",
-                o.what, o.start
-            ));
+            out.push(format!("device {device}: {} at block {} shares space with {other}", o.what, o.start));
         } else if o.start > pos {
             expected_free.push((pos, o.start - pos));
         }
@@ -207,11 +157,7 @@ fn compare_space(device: usize, ds: &DeviceSpace, owners: &mut [Owner]) -> Vec<S
     }
     let counted: u64 = actual.iter().map(|r| r.1).sum();
     if counted != ds.free_blocks() {
-        out.push(format!(
-            "device {device}: free counter {} != {} blocks in free ranges",
-            ds.free_blocks(),
-            counted
-        ));
+        out.push(format!("device {device}: free counter {} != {} blocks in free ranges", ds.free_blocks(), counted));
     }
     out
 }

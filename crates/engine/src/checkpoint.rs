@@ -8,8 +8,8 @@ use crate::extent_map::Freed;
 use crate::state::{State, Volume};
 use std::sync::Arc;
 use tarn_format::checkpoint::{
-    CheckpointDecoder, CheckpointEncoder, CheckpointHeader, ExtentRecord, SegmentHeader,
-    VolumeRecord, SEGMENT_HEADER_LEN,
+    CheckpointDecoder, CheckpointEncoder, CheckpointHeader, ExtentRecord, SegmentHeader, VolumeRecord,
+    SEGMENT_HEADER_LEN,
 };
 use tarn_format::checksum::{checksum, SALT_CHECKPOINT};
 use tarn_format::superblock::CheckpointRef;
@@ -34,12 +34,7 @@ pub fn encode_state(state: &State, seq: u64) -> Vec<u8> {
         };
         enc.volume(&rec);
         for (lba, e) in v.map.iter() {
-            enc.extent(&ExtentRecord {
-                lba,
-                len: e.len,
-                pba: e.pba.0,
-                birth: e.birth,
-            });
+            enc.extent(&ExtentRecord { lba, len: e.len, pba: e.pba.0, birth: e.birth });
         }
     }
     enc.finish()
@@ -49,11 +44,7 @@ pub fn encode_state(state: &State, seq: u64) -> Vec<u8> {
 /// replay applies, so a damaged checkpoint is an error, not a bad state).
 pub fn decode_state(payload: &[u8]) -> std::result::Result<(State, u64), String> {
     let (mut dec, h) = CheckpointDecoder::new(payload).map_err(|e| e.to_string())?;
-    let mut state = State {
-        epoch: h.epoch,
-        next_volume_id: h.next_volume_id,
-        ..State::default()
-    };
+    let mut state = State { epoch: h.epoch, next_volume_id: h.next_volume_id, ..State::default() };
     let mut sink = Freed::new();
     while let Some(v) = dec.volume().map_err(|e| e.to_string())? {
         crate::state::validate_name(&v.name)?;
@@ -62,30 +53,16 @@ pub fn decode_state(payload: &[u8]) -> std::result::Result<(State, u64), String>
             || state.volumes.contains_key(&v.id)
             || state.by_name.contains_key(&v.name)
         {
-            return Err(format!(
-                "volume {} ({}) duplicated or beyond next id {}",
-                v.id, v.name, h.next_volume_id
-            ));
+            return Err(format!("volume {} ({}) duplicated or beyond next id {}", v.id, v.name, h.next_volume_id));
         }
-        let vol = Volume {
-            id: v.id,
-            name: v.name.clone(),
-            size: v.size,
-            map: ExtentMap::default(),
-        };
+        let vol = Volume { id: v.id, name: v.name.clone(), size: v.size, map: ExtentMap::default() };
         if v.size % BLOCK_SIZE != 0 {
             return Err(format!("volume {} size {} not block-aligned", v.id, v.size));
         }
         state.by_name.insert(v.name.clone(), v.id);
         state.volumes.insert(v.id, vol);
         while let Some(e) = dec.extent().map_err(|e| e.to_string())? {
-            let op = tarn_format::ops::Op::Map {
-                vol: v.id,
-                lba: e.lba,
-                len: e.len,
-                pba: e.pba,
-                birth: e.birth,
-            };
+            let op = tarn_format::ops::Op::Map { vol: v.id, lba: e.lba, len: e.len, pba: e.pba, birth: e.birth };
             state.apply(&op, &mut sink)?;
         }
     }
@@ -107,16 +84,8 @@ pub fn capacity(pieces: &[(Pba, u64)]) -> u64 {
 
 /// Write the payload across `pieces` (enough capacity, checked); the caller
 /// flushes the devices before pointing a superblock at the result.
-pub fn write(
-    devices: &[Arc<dyn Device>],
-    pieces: &[(Pba, u64)],
-    seq: u64,
-    payload: &[u8],
-) -> Result<CheckpointRef> {
-    assert!(
-        capacity(pieces) >= payload.len() as u64,
-        "checkpoint pieces too small"
-    );
+pub fn write(devices: &[Arc<dyn Device>], pieces: &[(Pba, u64)], seq: u64, payload: &[u8]) -> Result<CheckpointRef> {
+    assert!(capacity(pieces) >= payload.len() as u64, "checkpoint pieces too small");
     let mut rest = payload;
     for (i, &(pba, len)) in pieces.iter().enumerate() {
         let take = rest.len().min(SegmentHeader::capacity(len) as usize);
@@ -132,13 +101,9 @@ pub fn write(
         let mut buf = Vec::with_capacity(SEGMENT_HEADER_LEN + take);
         buf.extend_from_slice(&h.encode());
         buf.extend_from_slice(&rest[..take]);
-        buf.resize(
-            buf.len().div_ceil(BLOCK_SIZE as usize) * BLOCK_SIZE as usize,
-            0,
-        );
+        buf.resize(buf.len().div_ceil(BLOCK_SIZE as usize) * BLOCK_SIZE as usize, 0);
         let dev = device(devices, pba)?;
-        dev.write_at(&buf, pba.byte_offset())
-            .map_err(|e| EngineError::io("write checkpoint", dev.name(), e))?;
+        dev.write_at(&buf, pba.byte_offset()).map_err(|e| EngineError::io("write checkpoint", dev.name(), e))?;
         rest = &rest[take..];
     }
     assert!(rest.is_empty());
@@ -152,21 +117,16 @@ pub fn write(
 }
 
 fn device(devices: &[Arc<dyn Device>], pba: Pba) -> Result<&Arc<dyn Device>> {
-    devices.get(usize::from(pba.device())).ok_or_else(|| {
-        EngineError::Inconsistent(format!(
-            "checkpoint segment on unknown device {}",
-            pba.device()
-        ))
-    })
+    devices
+        .get(usize::from(pba.device()))
+        .ok_or_else(|| EngineError::Inconsistent(format!("checkpoint segment on unknown device {}", pba.device())))
 }
 
 /// Read a checkpoint: its payload and the extents it occupies.
 pub fn read(devices: &[Arc<dyn Device>], r: &CheckpointRef) -> Result<(Vec<u8>, Vec<(Pba, u64)>)> {
     let primary = devices[0].name();
-    let corrupt = |detail: String| EngineError::NotAPool {
-        device: primary.clone(),
-        detail: format!("checkpoint: {detail}"),
-    };
+    let corrupt =
+        |detail: String| EngineError::NotAPool { device: primary.clone(), detail: format!("checkpoint: {detail}") };
     let mut payload = Vec::with_capacity(r.payload_len.min(1 << 30) as usize);
     let mut pieces = Vec::new();
     let mut next = r.first_segment;
@@ -174,29 +134,18 @@ pub fn read(devices: &[Arc<dyn Device>], r: &CheckpointRef) -> Result<(Vec<u8>, 
         let pba = Pba(next);
         let dev = device(devices, pba)?;
         let mut head = vec![0u8; BLOCK_SIZE as usize];
-        dev.read_at(&mut head, pba.byte_offset())
-            .map_err(|e| EngineError::io("read checkpoint", dev.name(), e))?;
+        dev.read_at(&mut head, pba.byte_offset()).map_err(|e| EngineError::io("read checkpoint", dev.name(), e))?;
         let h = SegmentHeader::decode(&head, pba.0).map_err(|source| EngineError::Corrupt {
             what: "checkpoint segment",
             device: dev.name(),
             source,
         })?;
-        if h.seq != r.seq
-            || h.index != i
-            || payload.len() as u64 + u64::from(h.payload_len) > r.payload_len
-        {
-            return Err(corrupt(format!(
-                "segment {i} at {pba} does not belong to checkpoint {}",
-                r.seq
-            )));
+        if h.seq != r.seq || h.index != i || payload.len() as u64 + u64::from(h.payload_len) > r.payload_len {
+            return Err(corrupt(format!("segment {i} at {pba} does not belong to checkpoint {}", r.seq)));
         }
-        let mut buf =
-            vec![0u8; blocks_needed(h.payload_len as usize) as usize * BLOCK_SIZE as usize];
-        dev.read_at(&mut buf, pba.byte_offset())
-            .map_err(|e| EngineError::io("read checkpoint", dev.name(), e))?;
-        payload.extend_from_slice(
-            &buf[SEGMENT_HEADER_LEN..SEGMENT_HEADER_LEN + h.payload_len as usize],
-        );
+        let mut buf = vec![0u8; blocks_needed(h.payload_len as usize) as usize * BLOCK_SIZE as usize];
+        dev.read_at(&mut buf, pba.byte_offset()).map_err(|e| EngineError::io("read checkpoint", dev.name(), e))?;
+        payload.extend_from_slice(&buf[SEGMENT_HEADER_LEN..SEGMENT_HEADER_LEN + h.payload_len as usize]);
         pieces.push((pba, u64::from(h.blocks)));
         next = h.next_pba;
         if next == 0 {
@@ -204,18 +153,11 @@ pub fn read(devices: &[Arc<dyn Device>], r: &CheckpointRef) -> Result<(Vec<u8>, 
         }
     }
     if pieces.len() != r.segments as usize || next != 0 || payload.len() as u64 != r.payload_len {
-        return Err(corrupt(format!(
-            "chain ended after {} of {} segments",
-            pieces.len(),
-            r.segments
-        )));
+        return Err(corrupt(format!("chain ended after {} of {} segments", pieces.len(), r.segments)));
     }
     let crc = checksum(SALT_CHECKPOINT, &payload);
     if crc != r.payload_crc {
-        return Err(corrupt(format!(
-            "payload checksum {crc:#010x} != {:#010x}",
-            r.payload_crc
-        )));
+        return Err(corrupt(format!("payload checksum {crc:#010x} != {:#010x}", r.payload_crc)));
     }
     Ok((payload, pieces))
 }

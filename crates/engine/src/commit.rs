@@ -105,7 +105,7 @@ impl Pool {
         }
         let payload = checkpoint::encode_state(&inner.state, ctl.journal.seq + 1);
         let inner = &mut *inner;
-        inner.space.reserve_blocks = reserve_for(inner.state.extent_count());
+        inner.space.reserve_blocks = reserve_for(inner.state.extent_count(), inner.space.data_blocks());
         let need = checkpoint::blocks_needed(payload.len());
         let mut pieces: Vec<(Pba, u64)> = Vec::new();
         for _ in 0..64 {
@@ -113,14 +113,9 @@ impl Pool {
                 break;
             }
             let want = need.min(inner.space.free_blocks()).max(1);
-            let dev = (0..inner.space.devices.len())
-                .max_by_key(|&d| inner.space.devices[d].free_blocks())
-                .unwrap_or(0);
-            let Some(more) = inner.space.allocate_on(
-                dev,
-                want.min(inner.space.devices[dev].free_blocks()),
-                true,
-            ) else {
+            let dev = (0..inner.space.devices.len()).max_by_key(|&d| inner.space.devices[d].free_blocks()).unwrap_or(0);
+            let Some(more) = inner.space.allocate_on(dev, want.min(inner.space.devices[dev].free_blocks()), true)
+            else {
                 break;
             };
             pieces.extend(more);
@@ -136,8 +131,7 @@ impl Pool {
     fn flush_dirty_devices(&self) -> Result<()> {
         for (i, dev) in self.devices.iter().enumerate() {
             if self.dirty[i].swap(false, Ordering::SeqCst) {
-                dev.flush()
-                    .map_err(|e| EngineError::io("flush", dev.name(), e))?;
+                dev.flush().map_err(|e| EngineError::io("flush", dev.name(), e))?;
             }
         }
         Ok(())
@@ -147,14 +141,10 @@ impl Pool {
         let primary = &self.devices[0];
         let epoch = self.read_inner().state.epoch;
         let blocks = journal::append(primary.as_ref(), &ctl.journal, epoch, payload)?;
-        primary
-            .flush()
-            .map_err(|e| EngineError::io("flush journal", primary.name(), e))?;
+        primary.flush().map_err(|e| EngineError::io("flush journal", primary.name(), e))?;
         ctl.journal.used += blocks;
         ctl.journal.seq += 1;
-        self.counters
-            .journal_bytes
-            .fetch_add(blocks * BLOCK_SIZE, Ordering::Relaxed);
+        self.counters.journal_bytes.fetch_add(blocks * BLOCK_SIZE, Ordering::Relaxed);
         Ok(())
     }
 
@@ -169,18 +159,20 @@ impl Pool {
         let seq = ctl.journal.seq + 1;
         let cref = checkpoint::write(&self.devices, &pieces, seq, payload)?;
         for dev in &self.devices {
-            dev.flush()
-                .map_err(|e| EngineError::io("flush checkpoint", dev.name(), e))?;
+            dev.flush().map_err(|e| EngineError::io("flush checkpoint", dev.name(), e))?;
         }
         let mut sb = ctl.sb.clone();
         sb.txid += 1;
         sb.checkpoint = cref;
         sb.journal_generation += 1;
+        // Both copies carry the new state, one at a time with a flush
+        // between: a torn write leaves the other copy (old or new) intact,
+        // and rot in one copy never sends the pool back a checkpoint.
         let primary = &self.devices[0];
-        write_label_copy(primary.as_ref(), &sb)?;
-        primary
-            .flush()
-            .map_err(|e| EngineError::io("flush superblock", primary.name(), e))?;
+        for copy in [(sb.txid % 2) as usize, ((sb.txid + 1) % 2) as usize] {
+            write_label_copy(primary.as_ref(), &sb, copy)?;
+            primary.flush().map_err(|e| EngineError::io("flush superblock", primary.name(), e))?;
+        }
         ctl.sb = sb;
         ctl.journal.generation = ctl.sb.journal_generation;
         ctl.journal.used = 0;
@@ -206,8 +198,6 @@ impl Pool {
             }
         }
         let mut inner = self.write_inner();
-        frees
-            .iter()
-            .for_each(|&(pba, len)| inner.space.give_back(pba, len));
+        frees.iter().for_each(|&(pba, len)| inner.space.give_back(pba, len));
     }
 }

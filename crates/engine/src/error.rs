@@ -6,19 +6,11 @@ use tarn_format::FormatError;
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error("{op} on device {device}: {source}")]
-    Io {
-        op: &'static str,
-        device: String,
-        source: std::io::Error,
-    },
+    Io { op: &'static str, device: String, source: std::io::Error },
     #[error("device {device} holds no valid tarn pool: {detail}")]
     NotAPool { device: String, detail: String },
     #[error("corrupt {what} on device {device}: {source}")]
-    Corrupt {
-        what: &'static str,
-        device: String,
-        source: FormatError,
-    },
+    Corrupt { what: &'static str, device: String, source: FormatError },
     #[error("inconsistent pool metadata: {0}")]
     Inconsistent(String),
     #[error("device {device} does not belong to this pool: {detail}")]
@@ -34,13 +26,7 @@ pub enum EngineError {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("{op} of {len} bytes at offset {offset} is outside volume {volume} (size {size})")]
-    OutOfRange {
-        op: &'static str,
-        volume: String,
-        offset: u64,
-        len: u64,
-        size: u64,
-    },
+    OutOfRange { op: &'static str, volume: String, offset: u64, len: u64, size: u64 },
     #[error("the pool was opened read-only")]
     ReadOnly,
     #[error("the pool is fenced after a failed commit; restart to recover from the last commit")]

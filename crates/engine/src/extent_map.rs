@@ -18,16 +18,8 @@ pub struct Extent {
 /// A piece of a looked-up range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Segment {
-    Mapped {
-        lba: u64,
-        len: u64,
-        pba: Pba,
-        birth: u64,
-    },
-    Hole {
-        lba: u64,
-        len: u64,
-    },
+    Mapped { lba: u64, len: u64, pba: Pba, birth: u64 },
+    Hole { lba: u64, len: u64 },
 }
 
 impl Segment {
@@ -71,53 +63,31 @@ impl ExtentMap {
         let end = lba + len;
         let mut out = Vec::new();
         let mut pos = lba;
-        let first = self
-            .entries
-            .range(..=lba)
-            .next_back()
-            .filter(|(k, e)| **k + e.len > lba)
-            .map(|(k, _)| *k);
+        let first = self.entries.range(..=lba).next_back().filter(|(k, e)| **k + e.len > lba).map(|(k, _)| *k);
         let start_key = first.unwrap_or(lba);
         for (&k, e) in self.entries.range(start_key..end) {
             if out.len() + 2 > max_segments {
                 break;
             }
             if k > pos {
-                out.push(Segment::Hole {
-                    lba: pos,
-                    len: k - pos,
-                });
+                out.push(Segment::Hole { lba: pos, len: k - pos });
             }
             let s = k.max(pos);
             let e_end = (k + e.len).min(end);
-            out.push(Segment::Mapped {
-                lba: s,
-                len: e_end - s,
-                pba: e.pba.add(s - k),
-                birth: e.birth,
-            });
+            out.push(Segment::Mapped { lba: s, len: e_end - s, pba: e.pba.add(s - k), birth: e.birth });
             pos = e_end;
         }
         if pos < end && out.len() < max_segments {
-            out.push(Segment::Hole {
-                lba: pos,
-                len: end - pos,
-            });
+            out.push(Segment::Hole { lba: pos, len: end - pos });
         }
-        debug_assert!(out
-            .windows(2)
-            .all(|w| w[0].lba() + w[0].len() == w[1].lba()));
+        debug_assert!(out.windows(2).all(|w| w[0].lba() + w[0].len() == w[1].lba()));
         out
     }
 
     /// Whether any block of [lba, lba+len) is mapped (O(log n)).
     pub fn any_mapped(&self, lba: u64, len: u64) -> bool {
         let end = lba + len;
-        let before = self
-            .entries
-            .range(..=lba)
-            .next_back()
-            .is_some_and(|(k, e)| k + e.len > lba);
+        let before = self.entries.range(..=lba).next_back().is_some_and(|(k, e)| k + e.len > lba);
         before || self.entries.range(lba..end).next().is_some()
     }
 
@@ -130,11 +100,7 @@ impl ExtentMap {
                 self.cut(k, e, lba, end, &mut freed);
             }
         }
-        let inside: Vec<(u64, Extent)> = self
-            .entries
-            .range(lba..end)
-            .map(|(k, e)| (*k, *e))
-            .collect();
+        let inside: Vec<(u64, Extent)> = self.entries.range(lba..end).map(|(k, e)| (*k, *e)).collect();
         for (k, e) in inside {
             self.cut(k, e, lba, end, &mut freed);
         }
@@ -152,14 +118,7 @@ impl ExtentMap {
             self.entries.insert(k, Extent { len: s - k, ..e });
         }
         if t < e_end {
-            self.entries.insert(
-                t,
-                Extent {
-                    len: e_end - t,
-                    pba: e.pba.add(t - k),
-                    birth: e.birth,
-                },
-            );
+            self.entries.insert(t, Extent { len: e_end - t, pba: e.pba.add(t - k), birth: e.birth });
         }
         freed.push((e.pba.add(s - k), t - s));
         self.mapped_blocks -= t - s;
@@ -179,19 +138,12 @@ impl ExtentMap {
             {
                 self.entries.remove(&k);
                 start = k;
-                ext = Extent {
-                    len: left.len + len,
-                    pba: left.pba,
-                    birth,
-                };
+                ext = Extent { len: left.len + len, pba: left.pba, birth };
             }
         }
         let end = lba + len;
         if let Some(&right) = self.entries.get(&end) {
-            if pba.add(len) == right.pba
-                && right.birth == birth
-                && right.pba.device() == pba.device()
-            {
+            if pba.add(len) == right.pba && right.birth == birth && right.pba.device() == pba.device() {
                 self.entries.remove(&end);
                 ext.len += right.len;
             }
@@ -252,24 +204,8 @@ mod tests {
         assert_eq!(m.mapped_blocks(), 88);
         let segs = m.lookup(0, 20, 100);
         assert_eq!(segs[0], Segment::Hole { lba: 0, len: 12 });
-        assert_eq!(
-            segs[1],
-            Segment::Mapped {
-                lba: 12,
-                len: 3,
-                pba: p(5002),
-                birth: 1
-            }
-        );
-        assert_eq!(
-            segs[2],
-            Segment::Mapped {
-                lba: 15,
-                len: 5,
-                pba: p(1015),
-                birth: 1
-            }
-        );
+        assert_eq!(segs[1], Segment::Mapped { lba: 12, len: 3, pba: p(5002), birth: 1 });
+        assert_eq!(segs[2], Segment::Mapped { lba: 15, len: 5, pba: p(1015), birth: 1 });
     }
 
     #[test]
@@ -290,9 +226,7 @@ mod tests {
             if next() % 3 == 0 {
                 let freed = m.remove(lba, len);
                 let n: u64 = freed.iter().map(|f| f.1).sum();
-                let expect = (lba..lba + len)
-                    .filter(|i| model[*i as usize].is_some())
-                    .count() as u64;
+                let expect = (lba..lba + len).filter(|i| model[*i as usize].is_some()).count() as u64;
                 assert_eq!(n, expect);
                 (lba..lba + len).for_each(|i| model[i as usize] = None);
             } else {
@@ -301,10 +235,7 @@ mod tests {
                 phys += len + next() % 2;
             }
             assert_eq!(flatten(&m, 256), model);
-            assert_eq!(
-                m.mapped_blocks(),
-                model.iter().filter(|b| b.is_some()).count() as u64
-            );
+            assert_eq!(m.mapped_blocks(), model.iter().filter(|b| b.is_some()).count() as u64);
         }
         let segs = m.lookup(0, 256, usize::MAX);
         assert_eq!(segs.iter().map(|s| s.len()).sum::<u64>(), 256);

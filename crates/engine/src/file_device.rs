@@ -20,40 +20,18 @@ const BLKDISCARD: libc::c_ulong = 0x1277;
 impl FileDevice {
     /// Open an existing file or block device.
     pub fn open(path: &Path, writable: bool) -> io::Result<FileDevice> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(writable)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(path)?;
+        let file = OpenOptions::new().read(true).write(writable).custom_flags(libc::O_CLOEXEC).open(path)?;
         let meta = file.metadata()?;
         let is_block = meta.file_type().is_block_device();
-        let size = if is_block {
-            block_device_size(&file)?
-        } else {
-            meta.len()
-        };
-        Ok(FileDevice {
-            file,
-            path: path.to_path_buf(),
-            size,
-            is_block,
-        })
+        let size = if is_block { block_device_size(&file)? } else { meta.len() };
+        Ok(FileDevice { file, path: path.to_path_buf(), size, is_block })
     }
 
     /// Create a sparse regular file of `size` bytes (it must not exist).
     pub fn create_file(path: &Path, size: u64) -> io::Result<FileDevice> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(path)?;
+        let file = OpenOptions::new().read(true).write(true).create_new(true).open(path)?;
         file.set_len(size)?;
-        Ok(FileDevice {
-            file,
-            path: path.to_path_buf(),
-            size,
-            is_block: false,
-        })
+        Ok(FileDevice { file, path: path.to_path_buf(), size, is_block: false })
     }
 
     pub fn path(&self) -> &Path {
@@ -90,11 +68,7 @@ impl Device for FileDevice {
             let range = [offset, len];
             // SAFETY: BLKDISCARD reads two u64 (start, length) from the pointer.
             let rc = unsafe { libc::ioctl(fd, BLKDISCARD as _, range.as_ptr()) };
-            return if rc == 0 {
-                Ok(())
-            } else {
-                Err(io::Error::last_os_error())
-            };
+            return if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
         }
         let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
         // SAFETY: plain syscall on an fd we own.

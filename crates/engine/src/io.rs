@@ -35,31 +35,15 @@ struct NewPiece {
 impl Pool {
     fn volume_size(&self, vol: u32) -> Result<(u64, String)> {
         let inner = self.read_inner();
-        let v = inner
-            .state
-            .volume(vol)
-            .ok_or(EngineError::VolumeGone(vol))?;
+        let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
         Ok((v.size, v.name.clone()))
     }
 
-    fn check_range(
-        &self,
-        op: &'static str,
-        vol: u32,
-        offset: u64,
-        len: u64,
-        max: u64,
-    ) -> Result<()> {
+    fn check_range(&self, op: &'static str, vol: u32, offset: u64, len: u64, max: u64) -> Result<()> {
         let (size, name) = self.volume_size(vol)?;
         let end = offset.checked_add(len);
         if len == 0 || len > max || end.is_none_or(|e| e > size) {
-            return Err(EngineError::OutOfRange {
-                op,
-                volume: name,
-                offset,
-                len,
-                size,
-            });
+            return Err(EngineError::OutOfRange { op, volume: name, offset, len, size });
         }
         Ok(())
     }
@@ -72,12 +56,8 @@ impl Pool {
         let end = offset + buf.len() as u64;
         let segs = {
             let inner = self.read_inner();
-            let v = inner
-                .state
-                .volume(vol)
-                .ok_or(EngineError::VolumeGone(vol))?;
-            v.map
-                .lookup(first, end.div_ceil(BLOCK_SIZE) - first, usize::MAX)
+            let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
+            v.map.lookup(first, end.div_ceil(BLOCK_SIZE) - first, usize::MAX)
         };
         for seg in segs {
             let s = (seg.lba() * BLOCK_SIZE).max(offset);
@@ -88,8 +68,7 @@ impl Pool {
                 Segment::Mapped { lba, pba, .. } => {
                     let dev = &self.devices[usize::from(pba.device())];
                     let at = pba.byte_offset() + (s - lba * BLOCK_SIZE);
-                    dev.read_at(out, at)
-                        .map_err(|e| EngineError::io("read data", dev.name(), e))?;
+                    dev.read_at(out, at).map_err(|e| EngineError::io("read data", dev.name(), e))?;
                 }
             }
         }
@@ -138,9 +117,7 @@ impl Pool {
     /// writes to different sectors of one block cannot lose each other.
     fn write_partial(&self, vol: u32, lba: u64, in_block: usize, bytes: &[u8]) -> Result<bool> {
         let stripe = (lba as usize ^ (vol as usize).wrapping_mul(0x9e37)) % STRIPES;
-        let _s = self.stripes[stripe]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let _s = self.stripes[stripe].lock().unwrap_or_else(|p| p.into_inner());
         let mut block = vec![0u8; BS];
         self.read(vol, lba * BLOCK_SIZE, &mut block)?;
         block[in_block..in_block + bytes.len()].copy_from_slice(bytes);
@@ -154,10 +131,7 @@ impl Pool {
         let _gate = self.io_gate.read().unwrap_or_else(|p| p.into_inner());
         let segs = {
             let inner = self.read_inner();
-            let v = inner
-                .state
-                .volume(vol)
-                .ok_or(EngineError::VolumeGone(vol))?;
+            let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
             v.map.lookup(lba, n, usize::MAX)
         };
         let fresh = self.allocate_holes(vol, &segs)?;
@@ -180,59 +154,34 @@ impl Pool {
         }
         let mut inner = self.write_inner();
         let inner = &mut *inner;
-        inner.space.reserve_blocks = reserve_for(inner.state.extent_count());
+        inner.space.reserve_blocks = reserve_for(inner.state.extent_count(), inner.space.data_blocks());
         let mut fresh = Vec::new();
         for seg in segs {
             let Segment::Hole { lba, len } = *seg else {
                 continue;
             };
             let Some(pieces) = inner.placement.place(&mut inner.space, vol, lba, len) else {
-                fresh
-                    .iter()
-                    .for_each(|p: &NewPiece| inner.space.give_back(p.pba, p.len));
+                fresh.iter().for_each(|p: &NewPiece| inner.space.give_back(p.pba, p.len));
                 return Err(EngineError::NoSpace);
             };
             let mut at = lba;
             for (pba, plen) in pieces {
-                fresh.push(NewPiece {
-                    lba: at,
-                    len: plen,
-                    pba,
-                });
+                fresh.push(NewPiece { lba: at, len: plen, pba });
                 at += plen;
             }
-            assert_eq!(
-                at,
-                lba + len,
-                "placement returned the wrong amount of space"
-            );
+            assert_eq!(at, lba + len, "placement returned the wrong amount of space");
         }
         Ok(fresh)
     }
 
-    fn write_planned(
-        &self,
-        segs: &[Segment],
-        fresh: &[NewPiece],
-        lba: u64,
-        data: &[u8],
-    ) -> Result<()> {
+    fn write_planned(&self, segs: &[Segment], fresh: &[NewPiece], lba: u64, data: &[u8]) -> Result<()> {
         for seg in segs {
-            if let Segment::Mapped {
-                lba: s, len, pba, ..
-            } = *seg
-            {
-                self.write_device(
-                    pba,
-                    &data[((s - lba) as usize) * BS..((s - lba + len) as usize) * BS],
-                )?;
+            if let Segment::Mapped { lba: s, len, pba, .. } = *seg {
+                self.write_device(pba, &data[((s - lba) as usize) * BS..((s - lba + len) as usize) * BS])?;
             }
         }
         for p in fresh {
-            self.write_device(
-                p.pba,
-                &data[((p.lba - lba) as usize) * BS..((p.lba - lba + p.len) as usize) * BS],
-            )?;
+            self.write_device(p.pba, &data[((p.lba - lba) as usize) * BS..((p.lba - lba + p.len) as usize) * BS])?;
         }
         Ok(())
     }
@@ -240,8 +189,7 @@ impl Pool {
     fn write_device(&self, pba: Pba, data: &[u8]) -> Result<()> {
         let i = usize::from(pba.device());
         let dev = &self.devices[i];
-        dev.write_at(data, pba.byte_offset())
-            .map_err(|e| EngineError::io("write data", dev.name(), e))?;
+        dev.write_at(data, pba.byte_offset()).map_err(|e| EngineError::io("write data", dev.name(), e))?;
         self.dirty[i].store(true, Ordering::SeqCst);
         Ok(())
     }
@@ -253,13 +201,7 @@ impl Pool {
         let birth = inner.state.epoch;
         let mut orphans = Vec::new();
         for p in fresh {
-            let op = Op::Map {
-                vol,
-                lba: p.lba,
-                len: p.len,
-                pba: p.pba.0,
-                birth,
-            };
+            let op = Op::Map { vol, lba: p.lba, len: p.len, pba: p.pba.0, birth };
             let mut freed = Freed::new();
             if inner.state.apply(&op, &mut freed).is_ok() {
                 inner.pending_frees.extend(freed);
@@ -268,9 +210,7 @@ impl Pool {
                 orphans.push(p);
             }
         }
-        orphans
-            .iter()
-            .for_each(|p| inner.space.give_back(p.pba, p.len));
+        orphans.iter().for_each(|p| inner.space.give_back(p.pba, p.len));
         if orphans.is_empty() {
             Ok(())
         } else {
@@ -280,9 +220,7 @@ impl Pool {
 
     fn give_back_unmapped(&self, fresh: &[NewPiece]) {
         let mut inner = self.write_inner();
-        fresh
-            .iter()
-            .for_each(|p| inner.space.give_back(p.pba, p.len));
+        fresh.iter().for_each(|p| inner.space.give_back(p.pba, p.len));
     }
 
     /// Release whole blocks inside [offset, offset+len); partial blocks at
@@ -301,10 +239,7 @@ impl Pool {
 
     fn unmap_blocks(&self, vol: u32, lba: u64, n: u64) -> Result<()> {
         let mut inner = self.write_inner();
-        let v = inner
-            .state
-            .volume(vol)
-            .ok_or(EngineError::VolumeGone(vol))?;
+        let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
         if v.map.any_mapped(lba, n) {
             self.apply_ops(&mut inner, vec![Op::Unmap { vol, lba, len: n }])?;
         }
@@ -313,20 +248,11 @@ impl Pool {
 
     /// Make [offset, offset+len) read as zeros. Without `no_hole` whole
     /// blocks are unmapped (fast, frees space); with it they are written.
-    pub fn write_zeroes(
-        &self,
-        vol: u32,
-        offset: u64,
-        len: u64,
-        no_hole: bool,
-        fast: bool,
-    ) -> Result<()> {
+    pub fn write_zeroes(&self, vol: u32, offset: u64, len: u64, no_hole: bool, fast: bool) -> Result<()> {
         self.check_writable()?;
         self.check_range("write_zeroes", vol, offset, len, u64::MAX)?;
         if no_hole && fast {
-            return Err(EngineError::NotSupported(
-                "fast zeroing that keeps the range allocated",
-            ));
+            return Err(EngineError::NotSupported("fast zeroing that keeps the range allocated"));
         }
         let end = offset + len;
         let first = offset.div_ceil(BLOCK_SIZE);
@@ -369,12 +295,8 @@ impl Pool {
         let end = offset + len;
         let segs = {
             let inner = self.read_inner();
-            let v = inner
-                .state
-                .volume(vol)
-                .ok_or(EngineError::VolumeGone(vol))?;
-            v.map
-                .lookup(first, end.div_ceil(BLOCK_SIZE) - first, MAX_STATUS_SEGMENTS)
+            let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
+            v.map.lookup(first, end.div_ceil(BLOCK_SIZE) - first, MAX_STATUS_SEGMENTS)
         };
         let mut runs: Vec<StatusRun> = Vec::with_capacity(segs.len());
         for seg in segs {
@@ -383,10 +305,7 @@ impl Pool {
             let allocated = matches!(seg, Segment::Mapped { .. });
             match runs.last_mut() {
                 Some(r) if r.allocated == allocated => r.length += e - s,
-                _ => runs.push(StatusRun {
-                    length: e - s,
-                    allocated,
-                }),
+                _ => runs.push(StatusRun { length: e - s, allocated }),
             }
         }
         Ok(runs)
@@ -394,8 +313,9 @@ impl Pool {
 }
 
 /// Blocks kept free for metadata: room for two checkpoints of the current
-/// map (the new one is written before the old one is freed) plus slack.
-pub(crate) fn reserve_for(extents: usize) -> u64 {
+/// map (the new one is written before the old one is freed) plus slack of
+/// 1/32 of the pool, at most 4 MiB.
+pub(crate) fn reserve_for(extents: usize, data_blocks: u64) -> u64 {
     let checkpoint_blocks = (extents as u64 * 24).div_ceil(BLOCK_SIZE) + 4;
-    1024 + 3 * checkpoint_blocks
+    (data_blocks / 32).clamp(16, 1024) + 3 * checkpoint_blocks
 }

@@ -39,35 +39,27 @@ pub fn append(dev: &dyn Device, cur: &JournalCursor, epoch: u64, payload: &[u8])
     let rec = RecordHeader::encode_record(cur.generation, cur.seq + 1, block, epoch, payload);
     let blocks = rec.len() as u64 / BLOCK_SIZE;
     assert!(cur.fits(blocks), "journal record written past the region");
-    dev.write_at(&rec, block * BLOCK_SIZE)
-        .map_err(|e| EngineError::io("write journal", dev.name(), e))?;
+    dev.write_at(&rec, block * BLOCK_SIZE).map_err(|e| EngineError::io("write journal", dev.name(), e))?;
     Ok(blocks)
 }
 
 /// Read records in order from the region start while they are valid, of the
 /// right generation and consecutive. The first that is not ends the journal:
 /// it is a commit that never completed (torn, or never written).
-pub fn replay(
-    dev: &dyn Device,
-    cur: &mut JournalCursor,
-    max_records: usize,
-) -> Result<Vec<Replayed>> {
+pub fn replay(dev: &dyn Device, cur: &mut JournalCursor, max_records: usize) -> Result<Vec<Replayed>> {
     let mut out = Vec::new();
     let mut head = vec![0u8; BLOCK_SIZE as usize];
     while cur.used < cur.blocks && out.len() < max_records {
         let block = cur.start + cur.used;
-        dev.read_at(&mut head, block * BLOCK_SIZE)
-            .map_err(|e| EngineError::io("read journal", dev.name(), e))?;
+        dev.read_at(&mut head, block * BLOCK_SIZE).map_err(|e| EngineError::io("read journal", dev.name(), e))?;
         let Ok(h) = RecordHeader::decode(&head, block) else {
             break;
         };
-        if h.generation != cur.generation || h.seq != cur.seq + 1 || !cur.fits(u64::from(h.blocks))
-        {
+        if h.generation != cur.generation || h.seq != cur.seq + 1 || !cur.fits(u64::from(h.blocks)) {
             break;
         }
         let mut rec = vec![0u8; h.blocks as usize * BLOCK_SIZE as usize];
-        dev.read_at(&mut rec, block * BLOCK_SIZE)
-            .map_err(|e| EngineError::io("read journal", dev.name(), e))?;
+        dev.read_at(&mut rec, block * BLOCK_SIZE).map_err(|e| EngineError::io("read journal", dev.name(), e))?;
         let payload = &rec[HEADER_LEN..HEADER_LEN + h.payload_len as usize];
         if h.verify_payload(payload).is_err() {
             break;
@@ -79,11 +71,7 @@ pub fn replay(
         })?;
         cur.used += u64::from(h.blocks);
         cur.seq = h.seq;
-        out.push(Replayed {
-            seq: h.seq,
-            epoch: h.epoch,
-            ops,
-        });
+        out.push(Replayed { seq: h.seq, epoch: h.epoch, ops });
     }
     Ok(out)
 }

@@ -26,45 +26,26 @@ pub fn read_label(dev: &dyn Device) -> Result<LabelRead> {
     let mut found: Vec<std::result::Result<Superblock, String>> = Vec::new();
     for &block in &SUPERBLOCK_COPIES {
         let mut buf = vec![0u8; BLOCK_SIZE as usize];
-        dev.read_at(&mut buf, block * BLOCK_SIZE)
-            .map_err(|e| EngineError::io("read superblock", dev.name(), e))?;
+        dev.read_at(&mut buf, block * BLOCK_SIZE).map_err(|e| EngineError::io("read superblock", dev.name(), e))?;
         found.push(Superblock::decode(&buf, block).map_err(|e| e.to_string()));
     }
-    let best = (0..2)
-        .filter(|&i| found[i].is_ok())
-        .max_by_key(|&i| found[i].as_ref().map(|s| s.txid).unwrap_or(0));
+    let best = (0..2).filter(|&i| found[i].is_ok()).max_by_key(|&i| found[i].as_ref().map(|s| s.txid).unwrap_or(0));
     let Some(copy) = best else {
-        let why = found
-            .iter()
-            .map(|f| f.as_ref().err().cloned().unwrap_or_default())
-            .collect::<Vec<_>>()
-            .join("; ");
-        return Err(EngineError::NotAPool {
-            device: dev.name(),
-            detail: format!("no valid superblock copy ({why})"),
-        });
+        let why = found.iter().map(|f| f.as_ref().err().cloned().unwrap_or_default()).collect::<Vec<_>>().join("; ");
+        return Err(EngineError::NotAPool { device: dev.name(), detail: format!("no valid superblock copy ({why})") });
     };
     let other_invalid = found[1 - copy].as_ref().err().cloned();
     let current = found.swap_remove(copy).expect("chosen copy is valid");
     if let Some(why) = &other_invalid {
-        log::warn!(
-            "device {}: superblock copy {} invalid ({why}); using copy {copy}",
-            dev.name(),
-            1 - copy
-        );
+        log::warn!("device {}: superblock copy {} invalid ({why}); using copy {copy}", dev.name(), 1 - copy);
     }
-    Ok(LabelRead {
-        current,
-        copy,
-        other_invalid,
-    })
+    Ok(LabelRead { current, copy, other_invalid })
 }
 
-/// Write one copy (the one `txid` selects: copies alternate) and nothing else.
-pub fn write_label_copy(dev: &dyn Device, sb: &Superblock) -> Result<()> {
-    let block = SUPERBLOCK_COPIES[(sb.txid % 2) as usize];
-    dev.write_at(&sb.encode(block), block * BLOCK_SIZE)
-        .map_err(|e| EngineError::io("write superblock", dev.name(), e))
+/// Write one copy (index into SUPERBLOCK_COPIES) and nothing else.
+pub fn write_label_copy(dev: &dyn Device, sb: &Superblock, copy: usize) -> Result<()> {
+    let block = SUPERBLOCK_COPIES[copy];
+    dev.write_at(&sb.encode(block), block * BLOCK_SIZE).map_err(|e| EngineError::io("write superblock", dev.name(), e))
 }
 
 /// Write both copies (pool creation only: there is no older state to keep).

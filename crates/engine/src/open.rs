@@ -14,9 +14,7 @@ use crate::space::{DeviceSpace, Space};
 use crate::state::State;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
-use tarn_format::superblock::{
-    DeviceEntry, Superblock, FORMAT_VERSION, LABEL_BLOCKS, MAX_DEVICE_ENTRIES,
-};
+use tarn_format::superblock::{DeviceEntry, Superblock, FORMAT_VERSION, LABEL_BLOCKS, MAX_DEVICE_ENTRIES};
 use tarn_format::{Pba, BLOCK_SIZE};
 
 /// Journal records a replay reads at most (bounds the loop).
@@ -34,8 +32,7 @@ pub struct CreateOptions {
 
 fn random_bytes<const N: usize>() -> Result<[u8; N]> {
     let mut b = [0u8; N];
-    getrandom::fill(&mut b)
-        .map_err(|e| EngineError::InvalidArgument(format!("no randomness for uuids: {e}")))?;
+    getrandom::fill(&mut b).map_err(|e| EngineError::InvalidArgument(format!("no randomness for uuids: {e}")))?;
     Ok(b)
 }
 
@@ -44,15 +41,9 @@ fn default_journal_blocks(primary_blocks: u64) -> u64 {
 }
 
 /// Write a new, empty pool on `devices` (the first is the primary).
-pub fn create_pool(
-    devices: &[Arc<dyn Device>],
-    paths: &[String],
-    opts: &CreateOptions,
-) -> Result<()> {
+pub fn create_pool(devices: &[Arc<dyn Device>], paths: &[String], opts: &CreateOptions) -> Result<()> {
     if devices.is_empty() || devices.len() > MAX_DEVICE_ENTRIES || paths.len() != devices.len() {
-        return Err(EngineError::InvalidArgument(format!(
-            "a pool takes 1 to {MAX_DEVICE_ENTRIES} devices"
-        )));
+        return Err(EngineError::InvalidArgument(format!("a pool takes 1 to {MAX_DEVICE_ENTRIES} devices")));
     }
     let journal_blocks = match opts.journal_bytes {
         Some(b) => b.div_ceil(BLOCK_SIZE).max(16),
@@ -80,11 +71,7 @@ pub fn create_pool(
             )));
         }
         let device_uuid = random_bytes::<16>()?;
-        entries.push(DeviceEntry {
-            uuid: device_uuid,
-            blocks,
-            path: paths[i].clone(),
-        });
+        entries.push(DeviceEntry { uuid: device_uuid, blocks, path: paths[i].clone() });
         labels.push(Superblock {
             version: FORMAT_VERSION,
             incompat: 0,
@@ -116,8 +103,7 @@ pub fn create_pool(
                 .map_err(|e| EngineError::io("clear journal", dev.name(), e))?;
         }
         write_both_labels(dev.as_ref(), &labels[i])?;
-        dev.flush()
-            .map_err(|e| EngineError::io("flush", dev.name(), e))?;
+        dev.flush().map_err(|e| EngineError::io("flush", dev.name(), e))?;
     }
     Ok(())
 }
@@ -126,18 +112,12 @@ pub fn create_pool(
 fn verify_member(primary: &Superblock, index: usize, dev: &dyn Device) -> Result<()> {
     let label = read_label(dev)?.current;
     let entry = &primary.devices[index];
-    let foreign = |detail: String| EngineError::ForeignDevice {
-        device: dev.name(),
-        detail,
-    };
+    let foreign = |detail: String| EngineError::ForeignDevice { device: dev.name(), detail };
     if label.pool_uuid != primary.pool_uuid {
         return Err(foreign("it carries another pool's uuid".into()));
     }
     if label.device_uuid != entry.uuid || usize::from(label.device_index) != index {
-        return Err(foreign(format!(
-            "expected member {index}, found member {}",
-            label.device_index
-        )));
+        return Err(foreign(format!("expected member {index}, found member {}", label.device_index)));
     }
     if dev.size() / BLOCK_SIZE < entry.blocks {
         return Err(foreign(format!(
@@ -153,9 +133,7 @@ impl Pool {
     /// Open the pool whose primary is `devices[0]`; the others must be its
     /// members in order (see [`Pool::member_paths`]).
     pub fn open(devices: Vec<Arc<dyn Device>>, options: OpenOptions) -> Result<Pool> {
-        let primary = devices
-            .first()
-            .ok_or_else(|| EngineError::InvalidArgument("no devices".into()))?;
+        let primary = devices.first().ok_or_else(|| EngineError::InvalidArgument("no devices".into()))?;
         let label = read_label(primary.as_ref())?;
         let sb = label.current;
         if !sb.is_primary() {
@@ -188,12 +166,10 @@ impl Pool {
         for rec in &records {
             state.epoch = state.epoch.max(rec.epoch);
             for op in &rec.ops {
-                state
-                    .apply(op, &mut sink)
-                    .map_err(|detail| EngineError::NotAPool {
-                        device: primary.name(),
-                        detail: format!("journal record {} does not apply: {detail}", rec.seq),
-                    })?;
+                state.apply(op, &mut sink).map_err(|detail| EngineError::NotAPool {
+                    device: primary.name(),
+                    detail: format!("journal record {} does not apply: {detail}", rec.seq),
+                })?;
             }
         }
         let space = build_space(&devices, &sb, &state, &pieces)?;
@@ -222,12 +198,7 @@ impl Pool {
                 pending_ops: Vec::new(),
                 pending_frees: Vec::new(),
             }),
-            commit: Mutex::new(CommitCtl {
-                sb,
-                journal: cursor,
-                checkpoint_pieces: pieces,
-                notes,
-            }),
+            commit: Mutex::new(CommitCtl { sb, journal: cursor, checkpoint_pieces: pieces, notes }),
             devices,
             io_gate: RwLock::new(()),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
@@ -242,35 +213,24 @@ impl Pool {
 
     /// The pool uuid a device carries (primary or member), without opening.
     pub fn pool_uuid(dev: &dyn Device) -> Result<String> {
-        Ok(crate::pool::uuid_string(
-            &read_label(dev)?.current.pool_uuid,
-        ))
+        Ok(crate::pool::uuid_string(&read_label(dev)?.current.pool_uuid))
     }
 
     /// The member paths recorded in a primary's superblock (index order).
     pub fn member_paths(primary: &dyn Device) -> Result<Vec<String>> {
-        Ok(read_label(primary)?
-            .current
-            .devices
-            .into_iter()
-            .map(|d| d.path)
-            .collect())
+        Ok(read_label(primary)?.current.devices.into_iter().map(|d| d.path).collect())
     }
 }
 
-fn load_checkpoint(
-    devices: &[Arc<dyn Device>],
-    sb: &Superblock,
-) -> Result<(State, Vec<(Pba, u64)>, u64)> {
+fn load_checkpoint(devices: &[Arc<dyn Device>], sb: &Superblock) -> Result<(State, Vec<(Pba, u64)>, u64)> {
     if sb.first_segment().is_none() {
         return Ok((State::default(), Vec::new(), sb.checkpoint.seq));
     }
     let (payload, pieces) = checkpoint::read(devices, &sb.checkpoint)?;
-    let (state, seq) =
-        checkpoint::decode_state(&payload).map_err(|detail| EngineError::NotAPool {
-            device: devices[0].name(),
-            detail: format!("checkpoint: {detail}"),
-        })?;
+    let (state, seq) = checkpoint::decode_state(&payload).map_err(|detail| EngineError::NotAPool {
+        device: devices[0].name(),
+        detail: format!("checkpoint: {detail}"),
+    })?;
     if seq != sb.checkpoint.seq {
         return Err(EngineError::NotAPool {
             device: devices[0].name(),
@@ -281,12 +241,7 @@ fn load_checkpoint(
 }
 
 /// Everything not referenced by the map or the checkpoint is free.
-fn build_space(
-    devices: &[Arc<dyn Device>],
-    sb: &Superblock,
-    state: &State,
-    pieces: &[(Pba, u64)],
-) -> Result<Space> {
+fn build_space(devices: &[Arc<dyn Device>], sb: &Superblock, state: &State, pieces: &[(Pba, u64)]) -> Result<Space> {
     let mut used: Vec<Vec<(u64, u64)>> = vec![Vec::new(); devices.len()];
     let mut add = |pba: Pba, len: u64| -> Result<()> {
         let list = used
@@ -303,10 +258,7 @@ fn build_space(
     for &(pba, len) in pieces {
         add(pba, len)?;
     }
-    let mut space = Space {
-        devices: Vec::new(),
-        reserve_blocks: reserve_for(state.extent_count()),
-    };
+    let mut space = Space { devices: Vec::new(), reserve_blocks: 0 };
     for (i, list) in used.iter_mut().enumerate() {
         let start = if i == 0 { sb.data_start } else { LABEL_BLOCKS };
         let end = sb.devices[i].blocks;
@@ -314,5 +266,6 @@ fn build_space(
             .map_err(|e| EngineError::Inconsistent(format!("device {}: {e}", devices[i].name())))?;
         space.devices.push(ds);
     }
+    space.reserve_blocks = reserve_for(state.extent_count(), space.data_blocks());
     Ok(space)
 }

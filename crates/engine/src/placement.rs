@@ -9,13 +9,7 @@ pub trait Placement: Send + Sync {
     fn name(&self) -> &'static str;
     /// Choose `len` new physical blocks for logical blocks [lba, lba+len) of
     /// `volume`. `None` means the pool cannot hold them.
-    fn place(
-        &mut self,
-        space: &mut Space,
-        volume: u32,
-        lba: u64,
-        len: u64,
-    ) -> Option<Vec<(Pba, u64)>>;
+    fn place(&mut self, space: &mut Space, volume: u32, lba: u64, len: u64) -> Option<Vec<(Pba, u64)>>;
 }
 
 /// Next-fit from a moving cursor on the device with the most free space
@@ -30,13 +24,7 @@ impl Placement for Linear {
         "linear"
     }
 
-    fn place(
-        &mut self,
-        space: &mut Space,
-        _volume: u32,
-        _lba: u64,
-        len: u64,
-    ) -> Option<Vec<(Pba, u64)>> {
+    fn place(&mut self, space: &mut Space, _volume: u32, _lba: u64, len: u64) -> Option<Vec<(Pba, u64)>> {
         let device = (0..space.devices.len()).max_by_key(|&d| space.devices[d].free_blocks())?;
         space.allocate_on(device, len, false)
     }

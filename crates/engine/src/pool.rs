@@ -163,10 +163,7 @@ impl Pool {
     pub(crate) fn apply_ops(&self, inner: &mut Inner, ops: Vec<Op>) -> Result<()> {
         for op in ops {
             let mut freed = Freed::new();
-            inner
-                .state
-                .apply(&op, &mut freed)
-                .map_err(EngineError::InvalidArgument)?;
+            inner.state.apply(&op, &mut freed).map_err(EngineError::InvalidArgument)?;
             inner.pending_frees.extend(freed);
             inner.pending_ops.push(op);
         }
@@ -198,14 +195,7 @@ impl Pool {
                 return Err(EngineError::VolumeExists(name.to_string()));
             }
             let id = inner.state.next_volume_id;
-            self.apply_ops(
-                &mut inner,
-                vec![Op::VolCreate {
-                    vol: id,
-                    size,
-                    name: name.to_string(),
-                }],
-            )?;
+            self.apply_ops(&mut inner, vec![Op::VolCreate { vol: id, size, name: name.to_string() }])?;
             id
         };
         self.flush()?;
@@ -218,11 +208,7 @@ impl Pool {
         let size = round_size(size)?;
         let id = {
             let mut inner = self.write_inner();
-            let id = *inner
-                .state
-                .by_name
-                .get(name)
-                .ok_or_else(|| EngineError::NoSuchVolume(name.to_string()))?;
+            let id = *inner.state.by_name.get(name).ok_or_else(|| EngineError::NoSuchVolume(name.to_string()))?;
             let old = inner.state.volume(id).map(|v| v.size).unwrap_or(0);
             if size < old && !allow_shrink {
                 return Err(EngineError::InvalidArgument(format!(
@@ -241,11 +227,7 @@ impl Pool {
         self.check_writable()?;
         {
             let mut inner = self.write_inner();
-            let id = *inner
-                .state
-                .by_name
-                .get(name)
-                .ok_or_else(|| EngineError::NoSuchVolume(name.to_string()))?;
+            let id = *inner.state.by_name.get(name).ok_or_else(|| EngineError::NoSuchVolume(name.to_string()))?;
             self.apply_ops(&mut inner, vec![Op::VolDelete { vol: id }])?;
         }
         self.flush()
@@ -253,7 +235,9 @@ impl Pool {
 
     pub fn status(&self) -> PoolStatus {
         let ctl = self.lock_commit();
-        let inner = self.read_inner();
+        let mut inner = self.write_inner();
+        let inner = &mut *inner;
+        inner.space.reserve_blocks = crate::io::reserve_for(inner.state.extent_count(), inner.space.data_blocks());
         let used = inner.state.mapped_blocks() * BLOCK_SIZE;
         let size = inner.space.data_blocks() * BLOCK_SIZE;
         let virtual_size: u64 = inner.state.volumes.values().map(|v| v.size).sum();
@@ -283,11 +267,7 @@ impl Pool {
             journal_size: ctl.journal.blocks * BLOCK_SIZE,
             volumes: inner.state.volumes.len(),
             virtual_size,
-            overcommit_ratio: if size == 0 {
-                0.0
-            } else {
-                virtual_size as f64 / size as f64
-            },
+            overcommit_ratio: if size == 0 { 0.0 } else { virtual_size as f64 / size as f64 },
             epoch: inner.state.epoch,
             commit_seq: ctl.journal.seq,
             placement: inner.placement.name(),
@@ -311,21 +291,12 @@ fn info(v: &crate::state::Volume) -> VolumeInfo {
 fn round_size(size: u64) -> Result<u64> {
     const MAX: u64 = 1 << 60;
     if size == 0 || size > MAX {
-        return Err(EngineError::InvalidArgument(format!(
-            "volume size must be between 1 byte and {MAX} bytes"
-        )));
+        return Err(EngineError::InvalidArgument(format!("volume size must be between 1 byte and {MAX} bytes")));
     }
     Ok(size.div_ceil(BLOCK_SIZE) * BLOCK_SIZE)
 }
 
 pub fn uuid_string(u: &[u8; 16]) -> String {
     let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
+    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
 }

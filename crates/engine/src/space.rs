@@ -22,12 +22,7 @@ pub struct DeviceSpace {
 impl DeviceSpace {
     /// A device whose data area is entirely free.
     pub fn new(data_start: u64, data_end: u64) -> DeviceSpace {
-        let mut s = DeviceSpace {
-            data_start,
-            data_end,
-            cursor: data_start,
-            ..Default::default()
-        };
+        let mut s = DeviceSpace { data_start, data_end, cursor: data_start, ..Default::default() };
         if data_end > data_start {
             s.free.insert(data_start, data_end - data_start);
             s.free_blocks = data_end - data_start;
@@ -36,18 +31,9 @@ impl DeviceSpace {
     }
 
     /// Build from the sorted-or-not list of used ranges.
-    pub fn from_used(
-        data_start: u64,
-        data_end: u64,
-        used: &mut [(u64, u64)],
-    ) -> Result<DeviceSpace, String> {
+    pub fn from_used(data_start: u64, data_end: u64, used: &mut [(u64, u64)]) -> Result<DeviceSpace, String> {
         used.sort_unstable();
-        let mut s = DeviceSpace {
-            data_start,
-            data_end,
-            cursor: data_start,
-            ..Default::default()
-        };
+        let mut s = DeviceSpace { data_start, data_end, cursor: data_start, ..Default::default() };
         let mut pos = data_start;
         for &(start, len) in used.iter() {
             if start < pos || start + len > data_end {
@@ -114,10 +100,7 @@ impl DeviceSpace {
         let mut s = start;
         let mut l = len;
         if let Some((&ps, &pl)) = self.free.range(..start).next_back() {
-            assert!(
-                ps + pl <= start,
-                "double free: {start}+{len} overlaps free {ps}+{pl}"
-            );
+            assert!(ps + pl <= start, "double free: {start}+{len} overlaps free {ps}+{pl}");
             if ps + pl == start {
                 self.free.remove(&ps);
                 s = ps;
@@ -125,10 +108,7 @@ impl DeviceSpace {
             }
         }
         if let Some((&ns, &nl)) = self.free.range(start..).next() {
-            assert!(
-                ns >= start + len,
-                "double free: {start}+{len} overlaps free {ns}+{nl}"
-            );
+            assert!(ns >= start + len, "double free: {start}+{len} overlaps free {ns}+{nl}");
             if ns == start + len {
                 self.free.remove(&ns);
                 l += nl;
@@ -164,28 +144,15 @@ impl Space {
 
     /// Take exactly `want` blocks from one device (user data respects the
     /// reserve, metadata may use it), or nothing.
-    pub fn allocate_on(
-        &mut self,
-        device: usize,
-        want: u64,
-        for_metadata: bool,
-    ) -> Option<Vec<(Pba, u64)>> {
-        let limit = if for_metadata {
-            self.free_blocks()
-        } else {
-            self.available_blocks()
-        };
+    pub fn allocate_on(&mut self, device: usize, want: u64, for_metadata: bool) -> Option<Vec<(Pba, u64)>> {
+        let limit = if for_metadata { self.free_blocks() } else { self.available_blocks() };
         if want > limit || self.devices.get(device)?.free_blocks() < want {
             return None;
         }
         let mut out = Vec::new();
         let got = self.devices[device].take(want, usize::MAX, &mut out);
         assert_eq!(got, want, "device free count disagrees with its ranges");
-        Some(
-            out.into_iter()
-                .map(|(b, l)| (Pba::new(device as u16, b), l))
-                .collect(),
-        )
+        Some(out.into_iter().map(|(b, l)| (Pba::new(device as u16, b), l)).collect())
     }
 
     pub fn give_back(&mut self, pba: Pba, len: u64) {
@@ -243,10 +210,7 @@ mod tests {
 
     #[test]
     fn reserve_holds_back_user_writes_not_metadata() {
-        let mut s = Space {
-            devices: vec![DeviceSpace::new(0, 100)],
-            reserve_blocks: 20,
-        };
+        let mut s = Space { devices: vec![DeviceSpace::new(0, 100)], reserve_blocks: 20 };
         assert!(s.allocate_on(0, 81, false).is_none());
         assert!(s.allocate_on(0, 80, false).is_some());
         assert!(s.allocate_on(0, 1, false).is_none());

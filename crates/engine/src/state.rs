@@ -32,12 +32,7 @@ pub struct State {
 
 impl Default for State {
     fn default() -> Self {
-        State {
-            volumes: BTreeMap::new(),
-            by_name: HashMap::new(),
-            next_volume_id: 1,
-            epoch: 1,
-        }
+        State { volumes: BTreeMap::new(), by_name: HashMap::new(), next_volume_id: 1, epoch: 1 }
     }
 }
 
@@ -47,9 +42,7 @@ pub fn validate_name(name: &str) -> Result<(), String> {
         return Err(format!("volume name must be 1 to {MAX_NAME_LEN} bytes"));
     }
     if name.contains(['@', '/']) || name.chars().any(|c| c.is_control() || c.is_whitespace()) {
-        return Err(format!(
-            "volume name {name:?} may not contain '@', '/', spaces or control characters"
-        ));
+        return Err(format!("volume name {name:?} may not contain '@', '/', spaces or control characters"));
     }
     Ok(())
 }
@@ -72,17 +65,8 @@ impl State {
     /// bug) is refused with a reason and changes nothing.
     pub fn apply(&mut self, op: &Op, freed: &mut Freed) -> Result<(), String> {
         match op {
-            Op::Map {
-                vol,
-                lba,
-                len,
-                pba,
-                birth,
-            } => {
-                let v = self
-                    .volumes
-                    .get_mut(vol)
-                    .ok_or(format!("map on unknown volume {vol}"))?;
+            Op::Map { vol, lba, len, pba, birth } => {
+                let v = self.volumes.get_mut(vol).ok_or(format!("map on unknown volume {vol}"))?;
                 check_range(v, *lba, *len)?;
                 if *birth > self.epoch {
                     return Err(format!("map born in future epoch {birth} > {}", self.epoch));
@@ -90,10 +74,7 @@ impl State {
                 freed.extend(v.map.insert(*lba, *len, Pba(*pba), *birth));
             }
             Op::Unmap { vol, lba, len } => {
-                let v = self
-                    .volumes
-                    .get_mut(vol)
-                    .ok_or(format!("unmap on unknown volume {vol}"))?;
+                let v = self.volumes.get_mut(vol).ok_or(format!("unmap on unknown volume {vol}"))?;
                 check_range(v, *lba, *len)?;
                 freed.extend(v.map.remove(*lba, *len));
             }
@@ -105,23 +86,13 @@ impl State {
                 if size % BLOCK_SIZE != 0 {
                     return Err(format!("volume size {size} not a multiple of {BLOCK_SIZE}"));
                 }
-                self.volumes.insert(
-                    *vol,
-                    Volume {
-                        id: *vol,
-                        name: name.clone(),
-                        size: *size,
-                        map: ExtentMap::default(),
-                    },
-                );
+                self.volumes
+                    .insert(*vol, Volume { id: *vol, name: name.clone(), size: *size, map: ExtentMap::default() });
                 self.by_name.insert(name.clone(), *vol);
                 self.next_volume_id = self.next_volume_id.max(vol + 1);
             }
             Op::VolResize { vol, size } => {
-                let v = self
-                    .volumes
-                    .get_mut(vol)
-                    .ok_or(format!("resize of unknown volume {vol}"))?;
+                let v = self.volumes.get_mut(vol).ok_or(format!("resize of unknown volume {vol}"))?;
                 if size % BLOCK_SIZE != 0 {
                     return Err(format!("volume size {size} not a multiple of {BLOCK_SIZE}"));
                 }
@@ -132,10 +103,7 @@ impl State {
                 v.size = *size;
             }
             Op::VolDelete { vol } => {
-                let mut v = self
-                    .volumes
-                    .remove(vol)
-                    .ok_or(format!("delete of unknown volume {vol}"))?;
+                let mut v = self.volumes.remove(vol).ok_or(format!("delete of unknown volume {vol}"))?;
                 self.by_name.remove(&v.name);
                 freed.extend(v.map.clear());
             }
@@ -147,10 +115,6 @@ impl State {
 fn check_range(v: &Volume, lba: u64, len: u64) -> Result<(), String> {
     match lba.checked_add(len) {
         Some(end) if len > 0 && end <= v.blocks() => Ok(()),
-        _ => Err(format!(
-            "blocks {lba}+{len} outside volume {} of {} blocks",
-            v.id,
-            v.blocks()
-        )),
+        _ => Err(format!("blocks {lba}+{len} outside volume {} of {} blocks", v.id, v.blocks())),
     }
 }

@@ -49,27 +49,15 @@ impl SegmentHeader {
     pub fn decode(buf: &[u8], read_at: u64) -> Result<SegmentHeader> {
         const WHAT: &str = "checkpoint segment";
         if buf.len() < SEGMENT_HEADER_LEN {
-            return Err(FormatError::Truncated {
-                what: WHAT,
-                needed: SEGMENT_HEADER_LEN,
-                had: buf.len(),
-            });
+            return Err(FormatError::Truncated { what: WHAT, needed: SEGMENT_HEADER_LEN, had: buf.len() });
         }
         if buf[..8] != SEGMENT_MAGIC {
             return Err(FormatError::BadMagic { what: WHAT });
         }
-        let stored = u32::from_le_bytes(
-            buf[SEGMENT_CRC_OFFSET..SEGMENT_HEADER_LEN]
-                .try_into()
-                .expect("4 bytes"),
-        );
+        let stored = u32::from_le_bytes(buf[SEGMENT_CRC_OFFSET..SEGMENT_HEADER_LEN].try_into().expect("4 bytes"));
         let computed = checksum(SALT_SEGMENT_HEADER, &buf[..SEGMENT_CRC_OFFSET]);
         if stored != computed {
-            return Err(FormatError::BadChecksum {
-                what: WHAT,
-                stored,
-                computed,
-            });
+            return Err(FormatError::BadChecksum { what: WHAT, stored, computed });
         }
         let mut r = Reader::new(&buf[8..SEGMENT_CRC_OFFSET], WHAT);
         let h = SegmentHeader {
@@ -81,11 +69,7 @@ impl SegmentHeader {
             payload_len: r.u32()?,
         };
         if h.self_pba != read_at {
-            return Err(FormatError::Misplaced {
-                what: WHAT,
-                stored: h.self_pba,
-                actual: read_at,
-            });
+            return Err(FormatError::Misplaced { what: WHAT, stored: h.self_pba, actual: read_at });
         }
         if h.blocks == 0 || u64::from(h.payload_len) > Self::capacity(u64::from(h.blocks)) {
             return Err(r.bad("payload_len", u64::from(h.payload_len)));
@@ -137,21 +121,12 @@ impl CheckpointEncoder {
         w.u64(h.epoch);
         w.u32(h.next_volume_id);
         w.u32(h.volume_count);
-        CheckpointEncoder {
-            w,
-            prev_end: 0,
-            prev_pba_end: 0,
-            extents_left: 0,
-            volumes_left: h.volume_count,
-        }
+        CheckpointEncoder { w, prev_end: 0, prev_pba_end: 0, extents_left: 0, volumes_left: h.volume_count }
     }
 
     pub fn volume(&mut self, v: &VolumeRecord) {
         assert_eq!(self.extents_left, 0, "previous volume's extents incomplete");
-        assert!(
-            self.volumes_left > 0,
-            "more volumes than the header announced"
-        );
+        assert!(self.volumes_left > 0, "more volumes than the header announced");
         assert!(v.name.len() <= MAX_NAME_LEN);
         self.volumes_left -= 1;
         self.w.u32(v.id);
@@ -166,29 +141,19 @@ impl CheckpointEncoder {
     }
 
     pub fn extent(&mut self, e: &ExtentRecord) {
-        assert!(
-            self.extents_left > 0,
-            "more extents than the volume announced"
-        );
-        assert!(
-            e.lba >= self.prev_end && e.len > 0,
-            "extents must ascend and not overlap"
-        );
+        assert!(self.extents_left > 0, "more extents than the volume announced");
+        assert!(e.lba >= self.prev_end && e.len > 0, "extents must ascend and not overlap");
         self.extents_left -= 1;
         self.w.varint(e.lba - self.prev_end);
         self.w.varint(e.len);
-        self.w
-            .varint_signed(e.pba.wrapping_sub(self.prev_pba_end) as i64);
+        self.w.varint_signed(e.pba.wrapping_sub(self.prev_pba_end) as i64);
         self.w.varint(e.birth);
         self.prev_end = e.lba + e.len;
         self.prev_pba_end = e.pba.wrapping_add(e.len);
     }
 
     pub fn finish(self) -> Vec<u8> {
-        assert!(
-            self.extents_left == 0 && self.volumes_left == 0,
-            "checkpoint incomplete"
-        );
+        assert!(self.extents_left == 0 && self.volumes_left == 0, "checkpoint incomplete");
         self.w.buf
     }
 }
@@ -208,22 +173,11 @@ impl<'a> CheckpointDecoder<'a> {
         if r.take(8)? != CHECKPOINT_MAGIC {
             return Err(FormatError::BadMagic { what: "checkpoint" });
         }
-        let h = CheckpointHeader {
-            seq: r.u64()?,
-            epoch: r.u64()?,
-            next_volume_id: r.u32()?,
-            volume_count: r.u32()?,
-        };
+        let h = CheckpointHeader { seq: r.u64()?, epoch: r.u64()?, next_volume_id: r.u32()?, volume_count: r.u32()? };
         if h.volume_count > MAX_VOLUMES {
             return Err(r.bad("volume_count", u64::from(h.volume_count)));
         }
-        let d = CheckpointDecoder {
-            r,
-            prev_end: 0,
-            prev_pba_end: 0,
-            extents_left: 0,
-            volumes_left: h.volume_count,
-        };
+        let d = CheckpointDecoder { r, prev_end: 0, prev_pba_end: 0, extents_left: 0, volumes_left: h.volume_count };
         Ok((d, h))
     }
 
@@ -245,8 +199,7 @@ impl<'a> CheckpointDecoder<'a> {
         if n > MAX_NAME_LEN {
             return Err(self.r.bad("name_len", n as u64));
         }
-        let name =
-            String::from_utf8(self.r.take(n)?.to_vec()).map_err(|_| self.r.bad("name_utf8", 0))?;
+        let name = String::from_utf8(self.r.take(n)?.to_vec()).map_err(|_| self.r.bad("name_utf8", 0))?;
         let flags = self.r.u32()?;
         let extent_count = self.r.varint()?;
         // Each extent takes at least 4 bytes: a count beyond that is corrupt.
@@ -256,13 +209,7 @@ impl<'a> CheckpointDecoder<'a> {
         self.extents_left = extent_count;
         self.prev_end = 0;
         self.prev_pba_end = 0;
-        Ok(Some(VolumeRecord {
-            id,
-            size,
-            name,
-            flags,
-            extent_count,
-        }))
+        Ok(Some(VolumeRecord { id, size, name, flags, extent_count }))
     }
 
     /// The next extent of the current volume, or None after its last.
@@ -275,10 +222,7 @@ impl<'a> CheckpointDecoder<'a> {
         let len = self.r.varint()?;
         let delta = self.r.varint_signed()?;
         let birth = self.r.varint()?;
-        let lba = self
-            .prev_end
-            .checked_add(gap)
-            .ok_or(self.r.bad("lba", gap))?;
+        let lba = self.prev_end.checked_add(gap).ok_or(self.r.bad("lba", gap))?;
         let end = lba.checked_add(len).ok_or(self.r.bad("len", len))?;
         if len == 0 {
             return Err(self.r.bad("len", 0));
@@ -286,12 +230,7 @@ impl<'a> CheckpointDecoder<'a> {
         let pba = self.prev_pba_end.wrapping_add(delta as u64);
         self.prev_end = end;
         self.prev_pba_end = pba.wrapping_add(len);
-        Ok(Some(ExtentRecord {
-            lba,
-            len,
-            pba,
-            birth,
-        }))
+        Ok(Some(ExtentRecord { lba, len, pba, birth }))
     }
 }
 
@@ -300,46 +239,11 @@ mod tests {
     use super::*;
 
     fn sample() -> (CheckpointHeader, Vec<(VolumeRecord, Vec<ExtentRecord>)>) {
-        let h = CheckpointHeader {
-            seq: 9,
-            epoch: 3,
-            next_volume_id: 3,
-            volume_count: 2,
-        };
-        let e = |lba, len, pba, birth| ExtentRecord {
-            lba,
-            len,
-            pba,
-            birth,
-        };
-        let v1 = VolumeRecord {
-            id: 1,
-            size: 1 << 30,
-            name: "a".into(),
-            flags: 0,
-            extent_count: 3,
-        };
-        let v2 = VolumeRecord {
-            id: 2,
-            size: 4096,
-            name: "b".into(),
-            flags: 0,
-            extent_count: 0,
-        };
-        (
-            h,
-            vec![
-                (
-                    v1,
-                    vec![
-                        e(0, 4, 100, 1),
-                        e(4, 1, 50, 2),
-                        e(1000, 7, (1 << 48) | 3, 3),
-                    ],
-                ),
-                (v2, vec![]),
-            ],
-        )
+        let h = CheckpointHeader { seq: 9, epoch: 3, next_volume_id: 3, volume_count: 2 };
+        let e = |lba, len, pba, birth| ExtentRecord { lba, len, pba, birth };
+        let v1 = VolumeRecord { id: 1, size: 1 << 30, name: "a".into(), flags: 0, extent_count: 3 };
+        let v2 = VolumeRecord { id: 2, size: 4096, name: "b".into(), flags: 0, extent_count: 0 };
+        (h, vec![(v1, vec![e(0, 4, 100, 1), e(4, 1, 50, 2), e(1000, 7, (1 << 48) | 3, 3)]), (v2, vec![])])
     }
 
     fn encode(h: &CheckpointHeader, vols: &[(VolumeRecord, Vec<ExtentRecord>)]) -> Vec<u8> {
@@ -382,14 +286,7 @@ mod tests {
 
     #[test]
     fn segment_header_round_trips() {
-        let s = SegmentHeader {
-            seq: 1,
-            index: 0,
-            blocks: 3,
-            self_pba: 77,
-            next_pba: 99,
-            payload_len: 100,
-        };
+        let s = SegmentHeader { seq: 1, index: 0, blocks: 3, self_pba: 77, next_pba: 99, payload_len: 100 };
         assert_eq!(SegmentHeader::decode(&s.encode(), 77).unwrap(), s);
         assert!(SegmentHeader::decode(&s.encode(), 78).is_err());
     }

@@ -10,9 +10,7 @@ pub struct Writer {
 
 impl Writer {
     pub fn with_capacity(n: usize) -> Self {
-        Writer {
-            buf: Vec::with_capacity(n),
-        }
+        Writer { buf: Vec::with_capacity(n) }
     }
     pub fn u8(&mut self, v: u8) {
         self.buf.push(v);
@@ -71,11 +69,7 @@ impl<'a> Reader<'a> {
     }
     pub fn take(&mut self, n: usize) -> Result<&'a [u8]> {
         if self.remaining() < n {
-            return Err(FormatError::Truncated {
-                what: self.what,
-                needed: self.pos + n,
-                had: self.buf.len(),
-            });
+            return Err(FormatError::Truncated { what: self.what, needed: self.pos + n, had: self.buf.len() });
         }
         let s = &self.buf[self.pos..self.pos + n];
         self.pos += n;
@@ -105,33 +99,21 @@ impl<'a> Reader<'a> {
             let b = self.u8()?;
             let part = u64::from(b & 0x7f);
             if i == 9 && b > 1 {
-                return Err(FormatError::BadField {
-                    what: self.what,
-                    field: "varint",
-                    value: u64::from(b),
-                });
+                return Err(FormatError::BadField { what: self.what, field: "varint", value: u64::from(b) });
             }
             v |= part << (7 * i);
             if b & 0x80 == 0 {
                 return Ok(v);
             }
         }
-        Err(FormatError::BadField {
-            what: self.what,
-            field: "varint",
-            value: v,
-        })
+        Err(FormatError::BadField { what: self.what, field: "varint", value: v })
     }
     pub fn varint_signed(&mut self) -> Result<i64> {
         let z = self.varint()?;
         Ok(((z >> 1) as i64) ^ -((z & 1) as i64))
     }
     pub fn bad(&self, field: &'static str, value: u64) -> FormatError {
-        FormatError::BadField {
-            what: self.what,
-            field,
-            value,
-        }
+        FormatError::BadField { what: self.what, field, value }
     }
 }
 
@@ -141,16 +123,7 @@ mod tests {
 
     #[test]
     fn varints_round_trip_at_the_edges() {
-        let vals = [
-            0u64,
-            1,
-            127,
-            128,
-            300,
-            u32::MAX as u64,
-            u64::MAX - 1,
-            u64::MAX,
-        ];
+        let vals = [0u64, 1, 127, 128, 300, u32::MAX as u64, u64::MAX - 1, u64::MAX];
         let signed = [0i64, -1, 1, i64::MIN, i64::MAX, -300];
         let mut w = Writer::default();
         vals.iter().for_each(|v| w.varint(*v));

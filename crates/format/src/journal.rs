@@ -32,13 +32,7 @@ impl RecordHeader {
     }
 
     /// The whole record: header, payload, zero padding to a block boundary.
-    pub fn encode_record(
-        generation: u64,
-        seq: u64,
-        self_block: u64,
-        epoch: u64,
-        payload: &[u8],
-    ) -> Vec<u8> {
+    pub fn encode_record(generation: u64, seq: u64, self_block: u64, epoch: u64, payload: &[u8]) -> Vec<u8> {
         let blocks = Self::blocks_for(payload.len());
         let h = RecordHeader {
             generation,
@@ -70,11 +64,7 @@ impl RecordHeader {
     pub fn decode(buf: &[u8], block: u64) -> Result<RecordHeader> {
         const WHAT: &str = "journal record";
         if buf.len() < HEADER_LEN {
-            return Err(FormatError::Truncated {
-                what: WHAT,
-                needed: HEADER_LEN,
-                had: buf.len(),
-            });
+            return Err(FormatError::Truncated { what: WHAT, needed: HEADER_LEN, had: buf.len() });
         }
         if buf[..8] != JOURNAL_MAGIC {
             return Err(FormatError::BadMagic { what: WHAT });
@@ -90,25 +80,13 @@ impl RecordHeader {
             epoch: r.u64()?,
             payload_crc: r.u32()?,
         };
-        let stored = u32::from_le_bytes(
-            buf[HEADER_CRC_OFFSET..HEADER_LEN]
-                .try_into()
-                .expect("4 bytes"),
-        );
+        let stored = u32::from_le_bytes(buf[HEADER_CRC_OFFSET..HEADER_LEN].try_into().expect("4 bytes"));
         let computed = checksum(SALT_JOURNAL_HEADER, &buf[..HEADER_CRC_OFFSET]);
         if stored != computed {
-            return Err(FormatError::BadChecksum {
-                what: WHAT,
-                stored,
-                computed,
-            });
+            return Err(FormatError::BadChecksum { what: WHAT, stored, computed });
         }
         if h.self_block != block {
-            return Err(FormatError::Misplaced {
-                what: WHAT,
-                stored: h.self_block,
-                actual: block,
-            });
+            return Err(FormatError::Misplaced { what: WHAT, stored: h.self_block, actual: block });
         }
         if u64::from(h.blocks) != Self::blocks_for(h.payload_len as usize) {
             return Err(r.bad("blocks", u64::from(h.blocks)));
@@ -120,11 +98,7 @@ impl RecordHeader {
     pub fn verify_payload(&self, payload: &[u8]) -> Result<()> {
         let computed = checksum(SALT_JOURNAL_PAYLOAD, payload);
         if computed != self.payload_crc {
-            return Err(FormatError::BadChecksum {
-                what: "journal payload",
-                stored: self.payload_crc,
-                computed,
-            });
+            return Err(FormatError::BadChecksum { what: "journal payload", stored: self.payload_crc, computed });
         }
         Ok(())
     }
@@ -140,18 +114,12 @@ mod tests {
         let rec = RecordHeader::encode_record(4, 17, 40, 2, &payload);
         assert_eq!(rec.len(), 8192);
         let h = RecordHeader::decode(&rec, 40).unwrap();
-        assert_eq!(
-            (h.generation, h.seq, h.epoch, h.payload_len),
-            (4, 17, 2, 5000)
-        );
-        h.verify_payload(&rec[HEADER_LEN..HEADER_LEN + 5000])
-            .unwrap();
+        assert_eq!((h.generation, h.seq, h.epoch, h.payload_len), (4, 17, 2, 5000));
+        h.verify_payload(&rec[HEADER_LEN..HEADER_LEN + 5000]).unwrap();
         assert!(RecordHeader::decode(&rec, 41).is_err());
         let mut torn = rec.clone();
         torn[HEADER_LEN + 4097] ^= 1;
-        assert!(h
-            .verify_payload(&torn[HEADER_LEN..HEADER_LEN + 5000])
-            .is_err());
+        assert!(h.verify_payload(&torn[HEADER_LEN..HEADER_LEN + 5000]).is_err());
         let mut bad = rec;
         bad[20] ^= 1;
         assert!(RecordHeader::decode(&bad, 40).is_err());

@@ -52,13 +52,7 @@ mod tag {
 impl Op {
     pub fn encode(&self, w: &mut Writer) {
         match self {
-            Op::Map {
-                vol,
-                lba,
-                len,
-                pba,
-                birth,
-            } => {
+            Op::Map { vol, lba, len, pba, birth } => {
                 w.u8(tag::MAP);
                 w.u32(*vol);
                 w.varint(*lba);
@@ -101,13 +95,7 @@ impl Op {
                 if len == 0 {
                     return Err(r.bad("map_len", 0));
                 }
-                Op::Map {
-                    vol,
-                    lba,
-                    len,
-                    pba,
-                    birth,
-                }
+                Op::Map { vol, lba, len, pba, birth }
             }
             tag::UNMAP => {
                 let (lba, len) = (r.varint()?, r.varint()?);
@@ -119,14 +107,10 @@ impl Op {
                 if n > MAX_NAME_LEN {
                     return Err(r.bad("name_len", n as u64));
                 }
-                let name =
-                    String::from_utf8(r.take(n)?.to_vec()).map_err(|_| r.bad("name_utf8", 0))?;
+                let name = String::from_utf8(r.take(n)?.to_vec()).map_err(|_| r.bad("name_utf8", 0))?;
                 Op::VolCreate { vol, size, name }
             }
-            tag::VOL_RESIZE => Op::VolResize {
-                vol,
-                size: r.u64()?,
-            },
+            tag::VOL_RESIZE => Op::VolResize { vol, size: r.u64()? },
             tag::VOL_DELETE => Op::VolDelete { vol },
             other => return Err(r.bad("op_tag", u64::from(other))),
         })
@@ -164,27 +148,10 @@ mod tests {
 
     pub fn sample_ops() -> Vec<Op> {
         vec![
-            Op::VolCreate {
-                vol: 1,
-                size: 1 << 30,
-                name: "disk0".into(),
-            },
-            Op::Map {
-                vol: 1,
-                lba: 10,
-                len: 256,
-                pba: (1 << 48) | 77,
-                birth: 1,
-            },
-            Op::Unmap {
-                vol: 1,
-                lba: 12,
-                len: 1,
-            },
-            Op::VolResize {
-                vol: 1,
-                size: 1 << 31,
-            },
+            Op::VolCreate { vol: 1, size: 1 << 30, name: "disk0".into() },
+            Op::Map { vol: 1, lba: 10, len: 256, pba: (1 << 48) | 77, birth: 1 },
+            Op::Unmap { vol: 1, lba: 12, len: 1 },
+            Op::VolResize { vol: 1, size: 1 << 31 },
             Op::VolDelete { vol: 1 },
         ]
     }

@@ -122,28 +122,16 @@ impl Superblock {
     pub fn decode(buf: &[u8], copy_block: u64) -> Result<Superblock> {
         const WHAT: &str = "superblock";
         if buf.len() < BLOCK_SIZE as usize {
-            return Err(FormatError::Truncated {
-                what: WHAT,
-                needed: BLOCK_SIZE as usize,
-                had: buf.len(),
-            });
+            return Err(FormatError::Truncated { what: WHAT, needed: BLOCK_SIZE as usize, had: buf.len() });
         }
         if buf[..8] != SUPERBLOCK_MAGIC {
             return Err(FormatError::BadMagic { what: WHAT });
         }
-        let stored = u32::from_le_bytes([
-            buf[CRC_OFFSET],
-            buf[CRC_OFFSET + 1],
-            buf[CRC_OFFSET + 2],
-            buf[CRC_OFFSET + 3],
-        ]);
+        let stored =
+            u32::from_le_bytes([buf[CRC_OFFSET], buf[CRC_OFFSET + 1], buf[CRC_OFFSET + 2], buf[CRC_OFFSET + 3]]);
         let computed = checksum(SALT_SUPERBLOCK, &buf[..CRC_OFFSET]);
         if stored != computed {
-            return Err(FormatError::BadChecksum {
-                what: WHAT,
-                stored,
-                computed,
-            });
+            return Err(FormatError::BadChecksum { what: WHAT, stored, computed });
         }
         let mut r = Reader::new(&buf[..CRC_OFFSET], WHAT);
         r.take(8)?;
@@ -157,9 +145,7 @@ impl Superblock {
         }
         let incompat = r.u64()?;
         if incompat & !incompat::KNOWN != 0 {
-            return Err(FormatError::UnsupportedFeatures(
-                incompat & !incompat::KNOWN,
-            ));
+            return Err(FormatError::UnsupportedFeatures(incompat & !incompat::KNOWN));
         }
         let ro_compat = r.u64()?;
         let compat = r.u64()?;
@@ -171,11 +157,7 @@ impl Superblock {
         let txid = r.u64()?;
         let self_block = r.u64()?;
         if self_block != copy_block {
-            return Err(FormatError::Misplaced {
-                what: WHAT,
-                stored: self_block,
-                actual: copy_block,
-            });
+            return Err(FormatError::Misplaced { what: WHAT, stored: self_block, actual: copy_block });
         }
         let mut sb = Superblock {
             version,
@@ -220,13 +202,8 @@ impl Superblock {
 
     /// Cross-field checks that hold for every valid superblock.
     fn validate(&self) -> Result<()> {
-        let bad = |field, value| FormatError::BadField {
-            what: "superblock",
-            field,
-            value,
-        };
-        if self.data_start < crate::superblock::LABEL_BLOCKS || self.data_start > self.device_blocks
-        {
+        let bad = |field, value| FormatError::BadField { what: "superblock", field, value };
+        if self.data_start < crate::superblock::LABEL_BLOCKS || self.data_start > self.device_blocks {
             return Err(bad("data_start", self.data_start));
         }
         if self.journal_blocks > 0 {
@@ -283,11 +260,7 @@ mod tests {
                 seq: 41,
             },
             created_unix: 1_700_000_000,
-            devices: vec![DeviceEntry {
-                uuid: [2; 16],
-                blocks: 1 << 20,
-                path: "/tmp/pool.img".into(),
-            }],
+            devices: vec![DeviceEntry { uuid: [2; 16], blocks: 1 << 20, path: "/tmp/pool.img".into() }],
         }
     }
 
@@ -297,10 +270,7 @@ mod tests {
         let bytes = sb.encode(16);
         assert_eq!(bytes.len(), 4096);
         assert_eq!(Superblock::decode(&bytes, 16).unwrap(), sb);
-        assert!(matches!(
-            Superblock::decode(&bytes, 0),
-            Err(FormatError::Misplaced { .. })
-        ));
+        assert!(matches!(Superblock::decode(&bytes, 0), Err(FormatError::Misplaced { .. })));
     }
 
     #[test]
@@ -317,10 +287,7 @@ mod tests {
         for i in (0..4096).step_by(7) {
             let mut b = bytes.clone();
             b[i] ^= 0x10;
-            assert!(
-                Superblock::decode(&b, 0).is_err(),
-                "flip at byte {i} not detected"
-            );
+            assert!(Superblock::decode(&b, 0).is_err(), "flip at byte {i} not detected");
         }
     }
 
@@ -328,9 +295,6 @@ mod tests {
     fn unknown_incompatible_feature_is_refused() {
         let mut sb = sample();
         sb.incompat = 1 << 40;
-        assert!(matches!(
-            Superblock::decode(&sb.encode(0), 0),
-            Err(FormatError::UnsupportedFeatures(_))
-        ));
+        assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
     }
 }

@@ -95,13 +95,8 @@ fn main() -> ExitCode {
         set
     };
 
-    let export = if read_only {
-        MemoryExport::new_read_only(size)
-    } else {
-        MemoryExport::new(size)
-    };
-    let backend =
-        MemoryBackend::new().with_export("mem", "tarn in-memory test export", Arc::new(export));
+    let export = if read_only { MemoryExport::new_read_only(size) } else { MemoryExport::new(size) };
+    let backend = MemoryBackend::new().with_export("mem", "tarn in-memory test export", Arc::new(export));
     let server = Server::new(Arc::new(backend), config);
     if let Some(addr) = &listen {
         match server.listen_tcp(addr) {

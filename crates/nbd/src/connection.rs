@@ -50,38 +50,14 @@ pub(crate) struct TransmissionParams {
 /// A validated request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Request {
-    Read {
-        offset: u64,
-        length: u32,
-    },
-    Write {
-        offset: u64,
-        length: u32,
-        fua: bool,
-    },
+    Read { offset: u64, length: u32 },
+    Write { offset: u64, length: u32, fua: bool },
     Disc,
     Flush,
-    Trim {
-        offset: u64,
-        length: u32,
-        fua: bool,
-    },
-    Cache {
-        offset: u64,
-        length: u32,
-    },
-    WriteZeroes {
-        offset: u64,
-        length: u32,
-        no_hole: bool,
-        fast: bool,
-        fua: bool,
-    },
-    BlockStatus {
-        offset: u64,
-        length: u32,
-        req_one: bool,
-    },
+    Trim { offset: u64, length: u32, fua: bool },
+    Cache { offset: u64, length: u32 },
+    WriteZeroes { offset: u64, length: u32, no_hole: bool, fast: bool, fua: bool },
+    BlockStatus { offset: u64, length: u32, req_one: bool },
 }
 
 /// Why a request is refused (error value and a message for structured replies).
@@ -96,10 +72,7 @@ fn reject(errno: u32, msg: &'static str) -> Rejection {
 }
 
 /// Validate a request header against the session (pure).
-pub(crate) fn validate_request(
-    h: &RequestHeader,
-    p: &TransmissionParams,
-) -> Result<Request, Rejection> {
+pub(crate) fn validate_request(h: &RequestHeader, p: &TransmissionParams) -> Result<Request, Rejection> {
     let Some(cmd) = Command::from_u16(h.command) else {
         return Err(reject(NBD_EINVAL, "unknown command"));
     };
@@ -132,40 +105,24 @@ pub(crate) fn validate_request(
     };
     if end > p.size {
         return Err(match cmd {
-            Command::Write | Command::WriteZeroes => {
-                reject(NBD_ENOSPC, "write beyond the end of the export")
-            }
+            Command::Write | Command::WriteZeroes => reject(NBD_ENOSPC, "write beyond the end of the export"),
             _ => reject(NBD_EINVAL, "request beyond the end of the export"),
         });
     }
     if matches!(cmd, Command::Read | Command::Write) && length > p.max_payload {
-        return Err(reject(
-            NBD_EINVAL,
-            "request exceeds the maximum payload size",
-        ));
+        return Err(reject(NBD_EINVAL, "request exceeds the maximum payload size"));
     }
     if p.min_block > 1 && cmd != Command::BlockStatus {
         let m = p.min_block as u64;
         #[allow(clippy::manual_is_multiple_of)] // is_multiple_of needs Rust 1.87
         if offset % m != 0 || (length as u64 % m != 0 && end != p.size) {
-            return Err(reject(
-                NBD_EINVAL,
-                "request not aligned to the minimum block size",
-            ));
+            return Err(reject(NBD_EINVAL, "request not aligned to the minimum block size"));
         }
     }
     Ok(match cmd {
         Command::Read => Request::Read { offset, length },
-        Command::Write => Request::Write {
-            offset,
-            length,
-            fua,
-        },
-        Command::Trim => Request::Trim {
-            offset,
-            length,
-            fua,
-        },
+        Command::Write => Request::Write { offset, length, fua },
+        Command::Trim => Request::Trim { offset, length, fua },
         Command::Cache => Request::Cache { offset, length },
         Command::WriteZeroes => Request::WriteZeroes {
             offset,
@@ -174,11 +131,7 @@ pub(crate) fn validate_request(
             fast: h.flags & NBD_CMD_FLAG_FAST_ZERO != 0,
             fua,
         },
-        Command::BlockStatus => Request::BlockStatus {
-            offset,
-            length,
-            req_one: h.flags & NBD_CMD_FLAG_REQ_ONE != 0,
-        },
+        Command::BlockStatus => Request::BlockStatus { offset, length, req_one: h.flags & NBD_CMD_FLAG_REQ_ONE != 0 },
         // Returned early above.
         Command::Disc => Request::Disc,
         Command::Flush => Request::Flush,
@@ -208,8 +161,7 @@ pub(crate) fn build_descriptors(
         if covered >= length as u64 || covered >= avail {
             break;
         }
-        let status =
-            if e.hole { NBD_STATE_HOLE } else { 0 } | if e.zero { NBD_STATE_ZERO } else { 0 };
+        let status = if e.hole { NBD_STATE_HOLE } else { 0 } | if e.zero { NBD_STATE_ZERO } else { 0 };
         let mut len = e.length.min(avail - covered);
         let mut truncated = false;
         if len > MAX_DESCRIPTOR_LEN as u64 {
@@ -224,10 +176,7 @@ pub(crate) fn build_descriptors(
                 if out.len() >= MAX_DESCRIPTORS {
                     break;
                 }
-                out.push(BlockDescriptor {
-                    length: len as u32,
-                    status,
-                });
+                out.push(BlockDescriptor { length: len as u32, status });
             }
         }
         covered += len;
@@ -237,10 +186,7 @@ pub(crate) fn build_descriptors(
     }
     if out.is_empty() {
         let len = (length as u64).min(avail).max(1) as u32;
-        out.push(BlockDescriptor {
-            length: len,
-            status: 0,
-        });
+        out.push(BlockDescriptor { length: len, status: 0 });
     }
     if req_one {
         out.truncate(1);
@@ -362,14 +308,7 @@ fn serve_inner<R: Read>(
     let max_workers = config.workers_per_conn;
     let max_in_flight = config.max_in_flight_per_conn.max(1);
     let mut workers: Vec<JoinHandle<()>> = Vec::new();
-    let end = read_loop(
-        shared,
-        reader,
-        max_in_flight,
-        max_workers,
-        &mut workers,
-        shutting_down,
-    );
+    let end = read_loop(shared, reader, max_in_flight, max_workers, &mut workers, shutting_down);
 
     // Let the workers drain the queue, then close.
     lock(&shared.queue).closed = true;
@@ -425,11 +364,7 @@ fn read_loop<R: Read>(
         };
         let validated = validate_request(&h, &p);
         // A WRITE carries `length` payload bytes whether or not it is valid.
-        let payload = if h.command == NBD_CMD_WRITE {
-            h.length as u64
-        } else {
-            0
-        };
+        let payload = if h.command == NBD_CMD_WRITE { h.length as u64 } else { 0 };
         if payload > reader.buffer().len() as u64 {
             shared.writer.flush(&shared.pool);
         }
@@ -459,10 +394,7 @@ fn read_loop<R: Read>(
                         _ => return End::Eof,
                     }
                 }
-                shared.writer.defer(
-                    shared.error_reply(h.handle, rej.errno, rej.msg),
-                    &shared.pool,
-                );
+                shared.writer.defer(shared.error_reply(h.handle, rej.errno, rej.msg), &shared.pool);
                 continue;
             }
         };
@@ -475,11 +407,7 @@ fn read_loop<R: Read>(
         } else {
             Vec::new()
         };
-        let job = Job {
-            handle: h.handle,
-            req,
-            data,
-        };
+        let job = Job { handle: h.handle, req, data };
 
         if max_workers == 0 || shared.costs.run_inline(&job.req) {
             let reply = run_job(shared, job);
@@ -489,15 +417,11 @@ fn read_loop<R: Read>(
 
         let cost = job.cost();
         let mut q = lock(&shared.queue);
-        if q.in_flight >= max_in_flight
-            || (q.in_flight > 0 && q.in_flight_bytes + cost > MAX_IN_FLIGHT_BYTES)
-        {
+        if q.in_flight >= max_in_flight || (q.in_flight > 0 && q.in_flight_bytes + cost > MAX_IN_FLIGHT_BYTES) {
             drop(q);
             shared.writer.flush(&shared.pool);
             q = lock(&shared.queue);
-            while q.in_flight >= max_in_flight
-                || (q.in_flight > 0 && q.in_flight_bytes + cost > MAX_IN_FLIGHT_BYTES)
-            {
+            while q.in_flight >= max_in_flight || (q.in_flight > 0 && q.in_flight_bytes + cost > MAX_IN_FLIGHT_BYTES) {
                 q.reader_waiting = true;
                 q = wait(&shared.space_cv, q);
             }
@@ -513,10 +437,7 @@ fn read_loop<R: Read>(
         }
         if spawn {
             let s = Arc::clone(shared);
-            match std::thread::Builder::new()
-                .name("nbd-worker".into())
-                .spawn(move || worker(s))
-            {
+            match std::thread::Builder::new().name("nbd-worker".into()).spawn(move || worker(s)) {
                 Ok(h) => workers.push(h),
                 Err(e) => {
                     log::error!("nbd: cannot spawn worker thread: {e}");
@@ -551,9 +472,7 @@ pub(crate) const INLINE_MAX_NS: u64 = 20_000;
 
 impl CostModel {
     pub(crate) fn new() -> CostModel {
-        CostModel {
-            avg_ns: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
-        }
+        CostModel { avg_ns: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)] }
     }
 
     fn class(req: &Request) -> Option<usize> {
@@ -645,8 +564,7 @@ fn process(sh: &Shared, job: Job) -> Reply {
                 Ok(()) => Reply::simple_read(h, buf),
                 Err(err) => {
                     log::debug!("nbd: read at {offset} length {length} failed: {err}");
-                    sh.error_reply(h, err.errno(), "read failed")
-                        .with_spare(buf)
+                    sh.error_reply(h, err.errno(), "read failed").with_spare(buf)
                 }
             };
         }
@@ -659,24 +577,12 @@ fn process(sh: &Shared, job: Job) -> Reply {
             return reply.with_spare(job.data);
         }
         Request::Flush => e.flush(),
-        Request::Trim {
-            offset,
-            length,
-            fua,
-        } => e.trim(offset, length as u64, fua),
+        Request::Trim { offset, length, fua } => e.trim(offset, length as u64, fua),
         Request::Cache { offset, length } => e.cache(offset, length as u64),
-        Request::WriteZeroes {
-            offset,
-            length,
-            no_hole,
-            fast,
-            fua,
-        } => e.write_zeroes(offset, length as u64, no_hole, fast, fua),
-        Request::BlockStatus {
-            offset,
-            length,
-            req_one,
-        } => {
+        Request::WriteZeroes { offset, length, no_hole, fast, fua } => {
+            e.write_zeroes(offset, length as u64, no_hole, fast, fua)
+        }
+        Request::BlockStatus { offset, length, req_one } => {
             return match e.block_status(offset, length as u64) {
                 Ok(extents) => {
                     let d = build_descriptors(&extents, offset, length, sh.params.size, req_one);
@@ -713,13 +619,7 @@ mod tests {
     }
 
     fn hdr(command: u16, flags: u16, offset: u64, length: u32) -> RequestHeader {
-        RequestHeader {
-            flags,
-            command,
-            handle: 7,
-            offset,
-            length,
-        }
+        RequestHeader { flags, command, handle: 7, offset, length }
     }
 
     #[test]
@@ -727,66 +627,23 @@ mod tests {
         let p = params();
         assert_eq!(
             validate_request(&hdr(NBD_CMD_READ, NBD_CMD_FLAG_DF, 0, 4096), &p),
-            Ok(Request::Read {
-                offset: 0,
-                length: 4096
-            })
+            Ok(Request::Read { offset: 0, length: 4096 })
         );
         assert_eq!(
-            validate_request(
-                &hdr(NBD_CMD_WRITE, NBD_CMD_FLAG_FUA, (1 << 20) - 512, 512),
-                &p
-            ),
-            Ok(Request::Write {
-                offset: (1 << 20) - 512,
-                length: 512,
-                fua: true
-            })
+            validate_request(&hdr(NBD_CMD_WRITE, NBD_CMD_FLAG_FUA, (1 << 20) - 512, 512), &p),
+            Ok(Request::Write { offset: (1 << 20) - 512, length: 512, fua: true })
+        );
+        assert_eq!(validate_request(&hdr(NBD_CMD_DISC, 0, 0, 0), &p), Ok(Request::Disc));
+        assert_eq!(validate_request(&hdr(NBD_CMD_FLUSH, 0, 0, 0), &p), Ok(Request::Flush));
+        assert_eq!(
+            validate_request(&hdr(NBD_CMD_WRITE_ZEROES, NBD_CMD_FLAG_NO_HOLE | NBD_CMD_FLAG_FAST_ZERO, 0, 8192), &p),
+            Ok(Request::WriteZeroes { offset: 0, length: 8192, no_hole: true, fast: true, fua: false })
         );
         assert_eq!(
-            validate_request(&hdr(NBD_CMD_DISC, 0, 0, 0), &p),
-            Ok(Request::Disc)
+            validate_request(&hdr(NBD_CMD_BLOCK_STATUS, NBD_CMD_FLAG_REQ_ONE, 0, 1 << 20), &p),
+            Ok(Request::BlockStatus { offset: 0, length: 1 << 20, req_one: true })
         );
-        assert_eq!(
-            validate_request(&hdr(NBD_CMD_FLUSH, 0, 0, 0), &p),
-            Ok(Request::Flush)
-        );
-        assert_eq!(
-            validate_request(
-                &hdr(
-                    NBD_CMD_WRITE_ZEROES,
-                    NBD_CMD_FLAG_NO_HOLE | NBD_CMD_FLAG_FAST_ZERO,
-                    0,
-                    8192
-                ),
-                &p
-            ),
-            Ok(Request::WriteZeroes {
-                offset: 0,
-                length: 8192,
-                no_hole: true,
-                fast: true,
-                fua: false
-            })
-        );
-        assert_eq!(
-            validate_request(
-                &hdr(NBD_CMD_BLOCK_STATUS, NBD_CMD_FLAG_REQ_ONE, 0, 1 << 20),
-                &p
-            ),
-            Ok(Request::BlockStatus {
-                offset: 0,
-                length: 1 << 20,
-                req_one: true
-            })
-        );
-        assert_eq!(
-            validate_request(&hdr(NBD_CMD_CACHE, 0, 0, 1), &p),
-            Ok(Request::Cache {
-                offset: 0,
-                length: 1
-            })
-        );
+        assert_eq!(validate_request(&hdr(NBD_CMD_CACHE, 0, 0, 1), &p), Ok(Request::Cache { offset: 0, length: 1 }));
         // Trim/zero lengths may exceed the payload maximum.
         let mut small = p;
         small.max_payload = 4096;
@@ -796,37 +653,21 @@ mod tests {
     #[test]
     fn validate_errors() {
         let p = params();
-        let err =
-            |h: RequestHeader, p: &TransmissionParams| validate_request(&h, p).unwrap_err().errno;
+        let err = |h: RequestHeader, p: &TransmissionParams| validate_request(&h, p).unwrap_err().errno;
         assert_eq!(err(hdr(99, 0, 0, 1), &p), NBD_EINVAL);
         assert_eq!(err(hdr(NBD_CMD_RESIZE, 0, 0, 1), &p), NBD_EINVAL);
         assert_eq!(err(hdr(NBD_CMD_READ, 1 << 9, 0, 1), &p), NBD_EINVAL);
-        assert_eq!(
-            err(hdr(NBD_CMD_WRITE, NBD_CMD_FLAG_DF, 0, 1), &p),
-            NBD_EINVAL
-        );
-        assert_eq!(
-            err(hdr(NBD_CMD_READ, NBD_CMD_FLAG_PAYLOAD_LEN, 0, 1), &p),
-            NBD_EINVAL
-        );
+        assert_eq!(err(hdr(NBD_CMD_WRITE, NBD_CMD_FLAG_DF, 0, 1), &p), NBD_EINVAL);
+        assert_eq!(err(hdr(NBD_CMD_READ, NBD_CMD_FLAG_PAYLOAD_LEN, 0, 1), &p), NBD_EINVAL);
         assert_eq!(err(hdr(NBD_CMD_READ, 0, 0, 0), &p), NBD_EINVAL);
         assert_eq!(err(hdr(NBD_CMD_WRITE, 0, 0, 0), &p), NBD_EINVAL);
         assert_eq!(err(hdr(NBD_CMD_READ, 0, u64::MAX, 1), &p), NBD_EINVAL);
-        assert_eq!(
-            err(hdr(NBD_CMD_WRITE, 0, u64::MAX - 10, 4096), &p),
-            NBD_EINVAL
-        );
+        assert_eq!(err(hdr(NBD_CMD_WRITE, 0, u64::MAX - 10, 4096), &p), NBD_EINVAL);
         assert_eq!(err(hdr(NBD_CMD_READ, 0, (1 << 20) - 1, 2), &p), NBD_EINVAL);
         assert_eq!(err(hdr(NBD_CMD_WRITE, 0, 1 << 20, 1), &p), NBD_ENOSPC);
-        assert_eq!(
-            err(hdr(NBD_CMD_WRITE_ZEROES, 0, 1 << 20, 1), &p),
-            NBD_ENOSPC
-        );
+        assert_eq!(err(hdr(NBD_CMD_WRITE_ZEROES, 0, 1 << 20, 1), &p), NBD_ENOSPC);
         assert_eq!(err(hdr(NBD_CMD_TRIM, 0, 1 << 20, 1), &p), NBD_EINVAL);
-        assert_eq!(
-            err(hdr(NBD_CMD_BLOCK_STATUS, 0, 1 << 20, 1), &p),
-            NBD_EINVAL
-        );
+        assert_eq!(err(hdr(NBD_CMD_BLOCK_STATUS, 0, 1 << 20, 1), &p), NBD_EINVAL);
         assert_eq!(err(hdr(NBD_CMD_FLUSH, 0, 1, 0), &p), NBD_EINVAL);
         let mut small = p;
         small.max_payload = 4096;
@@ -842,10 +683,7 @@ mod tests {
         assert_eq!(err(hdr(NBD_CMD_BLOCK_STATUS, 0, 0, 1), &nometa), NBD_EINVAL);
         let mut simple = p;
         simple.structured = false;
-        assert_eq!(
-            err(hdr(NBD_CMD_READ, NBD_CMD_FLAG_DF, 0, 1), &simple),
-            NBD_EINVAL
-        );
+        assert_eq!(err(hdr(NBD_CMD_READ, NBD_CMD_FLAG_DF, 0, 1), &simple), NBD_EINVAL);
         let mut aligned = p;
         aligned.min_block = 512;
         assert_eq!(err(hdr(NBD_CMD_READ, 0, 1, 512), &aligned), NBD_EINVAL);
@@ -854,29 +692,17 @@ mod tests {
     }
 
     fn ext(length: u64, hole: bool) -> BlockStatusExtent {
-        BlockStatusExtent {
-            length,
-            hole,
-            zero: hole,
-        }
+        BlockStatusExtent { length, hole, zero: hole }
     }
 
     #[test]
     fn descriptors() {
-        let d = |l, s| BlockDescriptor {
-            length: l,
-            status: s,
-        };
+        let d = |l, s| BlockDescriptor { length: l, status: s };
         let hz = NBD_STATE_HOLE | NBD_STATE_ZERO;
         // Merge equal neighbours, skip empty extents.
         assert_eq!(
             build_descriptors(
-                &[
-                    ext(4096, false),
-                    ext(0, true),
-                    ext(4096, false),
-                    ext(8192, true)
-                ],
+                &[ext(4096, false), ext(0, true), ext(4096, false), ext(8192, true)],
                 0,
                 16384,
                 1 << 20,
@@ -886,48 +712,18 @@ mod tests {
         );
         // Stop once the request is covered; the last one may extend past it.
         assert_eq!(
-            build_descriptors(
-                &[ext(4096, false), ext(8192, true), ext(4096, false)],
-                0,
-                5000,
-                1 << 20,
-                false
-            ),
+            build_descriptors(&[ext(4096, false), ext(8192, true), ext(4096, false)], 0, 5000, 1 << 20, false),
             vec![d(4096, 0), d(8192, hz)]
         );
         // REQ_ONE: one descriptor, clamped to the request.
-        assert_eq!(
-            build_descriptors(
-                &[ext(65536, true), ext(4096, false)],
-                0,
-                4096,
-                1 << 20,
-                true
-            ),
-            vec![d(4096, hz)]
-        );
+        assert_eq!(build_descriptors(&[ext(65536, true), ext(4096, false)], 0, 4096, 1 << 20, true), vec![d(4096, hz)]);
         // Clamped to the export end.
-        assert_eq!(
-            build_descriptors(&[ext(1 << 30, true)], 4096, 4096, 8192, false),
-            vec![d(4096, hz)]
-        );
+        assert_eq!(build_descriptors(&[ext(1 << 30, true)], 4096, 4096, 8192, false), vec![d(4096, hz)]);
         // Empty list: one descriptor of the requested length, status 0.
-        assert_eq!(
-            build_descriptors(&[], 0, 4096, 1 << 20, false),
-            vec![d(4096, 0)]
-        );
-        assert_eq!(
-            build_descriptors(&[ext(0, true)], 0, 4096, 1 << 20, true),
-            vec![d(4096, 0)]
-        );
+        assert_eq!(build_descriptors(&[], 0, 4096, 1 << 20, false), vec![d(4096, 0)]);
+        assert_eq!(build_descriptors(&[ext(0, true)], 0, 4096, 1 << 20, true), vec![d(4096, 0)]);
         // Huge extents are clamped to a 512-aligned u32.
-        let r = build_descriptors(
-            &[ext(1 << 40, true), ext(1, false)],
-            0,
-            u32::MAX,
-            1 << 41,
-            false,
-        );
+        let r = build_descriptors(&[ext(1 << 40, true), ext(1, false)], 0, u32::MAX, 1 << 41, false);
         assert_eq!(r, vec![d(MAX_DESCRIPTOR_LEN, hz)]);
     }
 }

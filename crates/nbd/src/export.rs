@@ -36,17 +36,9 @@ pub trait Export: Send + Sync {
     /// Discard a range (a hint; reads of it are unspecified afterwards).
     fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), ExportError>;
     /// Zero a range. no_hole: keep the range allocated; fast: fail with NotSupported unless it is fast.
-    fn write_zeroes(
-        &self,
-        offset: u64,
-        length: u64,
-        no_hole: bool,
-        fast: bool,
-        fua: bool,
-    ) -> Result<(), ExportError>;
+    fn write_zeroes(&self, offset: u64, length: u64, no_hole: bool, fast: bool, fua: bool) -> Result<(), ExportError>;
     /// Extents covering [offset, offset+length) from offset, in order; may stop early (at least one extent).
-    fn block_status(&self, offset: u64, length: u64)
-        -> Result<Vec<BlockStatusExtent>, ExportError>;
+    fn block_status(&self, offset: u64, length: u64) -> Result<Vec<BlockStatusExtent>, ExportError>;
     /// Prefetch hint.
     fn cache(&self, offset: u64, length: u64) -> Result<(), ExportError> {
         let _ = (offset, length);

@@ -38,11 +38,7 @@ pub(crate) struct Negotiated {
 pub(crate) fn sanitize_block_sizes(sizes: (u32, u32, u32), config_max: u32) -> (u32, u32, u32) {
     let (min, pref, max) = sizes;
     let cfg_max = config_max.max(512);
-    let valid = min.is_power_of_two()
-        && min <= 65536
-        && pref.is_power_of_two()
-        && pref >= min.max(512)
-        && max >= pref;
+    let valid = min.is_power_of_two() && min <= 65536 && pref.is_power_of_two() && pref >= min.max(512) && max >= pref;
     if !valid {
         log::warn!("nbd: export block sizes {sizes:?} are inconsistent, using defaults");
         return (1, 4096.min(prev_pow2(cfg_max)), cfg_max);
@@ -60,11 +56,8 @@ fn prev_pow2(x: u32) -> u32 {
 
 /// Transmission flags for an export.
 pub(crate) fn transmission_flags(read_only: bool, structured: bool) -> u16 {
-    let mut f = NBD_FLAG_HAS_FLAGS
-        | NBD_FLAG_SEND_FLUSH
-        | NBD_FLAG_SEND_FUA
-        | NBD_FLAG_SEND_CACHE
-        | NBD_FLAG_CAN_MULTI_CONN;
+    let mut f =
+        NBD_FLAG_HAS_FLAGS | NBD_FLAG_SEND_FLUSH | NBD_FLAG_SEND_FUA | NBD_FLAG_SEND_CACHE | NBD_FLAG_CAN_MULTI_CONN;
     if read_only {
         f |= NBD_FLAG_READ_ONLY;
     } else {
@@ -82,9 +75,7 @@ fn match_contexts(queries: &[String], list: bool) -> bool {
     if list && queries.is_empty() {
         return true;
     }
-    queries
-        .iter()
-        .any(|q| q == BASE_ALLOCATION || (list && q == "base:"))
+    queries.iter().any(|q| q == BASE_ALLOCATION || (list && q == "base:"))
 }
 
 struct State<'a> {
@@ -119,13 +110,7 @@ pub(crate) fn negotiate(
     read_exact(reader, &mut raw)?;
     let cflags = parse_client_flags(u32::from_be_bytes(raw), SERVER_HANDSHAKE_FLAGS)?;
 
-    let mut st = State {
-        backend,
-        config,
-        structured: false,
-        meta_export: None,
-        out: Vec::with_capacity(256),
-    };
+    let mut st = State { backend, config, structured: false, meta_export: None, out: Vec::with_capacity(256) };
     let mut n = 0usize;
     loop {
         n += 1;
@@ -145,10 +130,7 @@ pub(crate) fn negotiate(
             return Err(NbdError::NotFixedNewstyle(hdr.option));
         }
         if hdr.length > MAX_OPTION_LEN {
-            return Err(NbdError::OptionTooLong {
-                option: hdr.option,
-                length: hdr.length,
-            });
+            return Err(NbdError::OptionTooLong { option: hdr.option, length: hdr.length });
         }
         let mut data = vec![0u8; hdr.length as usize];
         read_exact(reader, &mut data)?;
@@ -157,12 +139,7 @@ pub(crate) fn negotiate(
         st.out.clear();
         if shutting_down.load(Ordering::Relaxed) && hdr.option != NBD_OPT_ABORT {
             if hdr.option != NBD_OPT_EXPORT_NAME {
-                push_option_reply(
-                    &mut st.out,
-                    hdr.option,
-                    NBD_REP_ERR_SHUTDOWN,
-                    b"server is shutting down",
-                );
+                push_option_reply(&mut st.out, hdr.option, NBD_REP_ERR_SHUTDOWN, b"server is shutting down");
                 let _ = wr.write_all(&st.out);
             }
             return Err(NbdError::ShuttingDown);
@@ -185,12 +162,7 @@ pub(crate) fn negotiate(
 fn read_exact(r: &mut BufReader<Stream>, buf: &mut [u8]) -> Result<(), NbdError> {
     match r.read_exact(buf) {
         Ok(()) => Ok(()),
-        Err(e)
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-            ) =>
-        {
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
             Err(NbdError::HandshakeTimeout)
         }
         Err(e) => Err(e.into()),
@@ -225,8 +197,7 @@ impl State<'_> {
 
     fn negotiated(&self, name: String, export: Arc<dyn Export>) -> Negotiated {
         let size = export.size();
-        let (min_block, _, max_payload) =
-            sanitize_block_sizes(export.block_sizes(), self.config.max_request_bytes);
+        let (min_block, _, max_payload) = sanitize_block_sizes(export.block_sizes(), self.config.max_request_bytes);
         let meta_context = match &self.meta_export {
             Some(m) if *m == name => Some(BASE_ALLOCATION_ID),
             _ => None,
@@ -251,15 +222,8 @@ impl State<'_> {
                     return Err(NbdError::UnknownExport(name));
                 };
                 let neg = self.negotiated(name, export);
-                self.out.extend_from_slice(&encode_export_name_reply(
-                    neg.size,
-                    neg.transmission_flags,
-                    no_zeroes,
-                ));
-                log::info!(
-                    "nbd: export {:?} selected with NBD_OPT_EXPORT_NAME",
-                    neg.name
-                );
+                self.out.extend_from_slice(&encode_export_name_reply(neg.size, neg.transmission_flags, no_zeroes));
+                log::info!("nbd: export {:?} selected with NBD_OPT_EXPORT_NAME", neg.name);
                 Ok(Next::Go(neg))
             }
             NBD_OPT_ABORT => {
@@ -281,11 +245,7 @@ impl State<'_> {
                 if !data.is_empty() {
                     return self.invalid(option, "NBD_OPT_STARTTLS takes no data");
                 }
-                self.reply(
-                    option,
-                    NBD_REP_ERR_POLICY,
-                    b"TLS is not supported by this server",
-                );
+                self.reply(option, NBD_REP_ERR_POLICY, b"TLS is not supported by this server");
                 Ok(Next::Continue)
             }
             NBD_OPT_INFO | NBD_OPT_GO => self.info(option, data),
@@ -299,11 +259,7 @@ impl State<'_> {
             }
             NBD_OPT_LIST_META_CONTEXT | NBD_OPT_SET_META_CONTEXT => self.meta_context(option, data),
             NBD_OPT_EXTENDED_HEADERS => {
-                self.reply(
-                    option,
-                    NBD_REP_ERR_UNSUP,
-                    b"extended headers are not supported",
-                );
+                self.reply(option, NBD_REP_ERR_UNSUP, b"extended headers are not supported");
                 Ok(Next::Continue)
             }
             _ => {
@@ -320,41 +276,20 @@ impl State<'_> {
             Err(e) => return self.invalid(option, &e.to_string()),
         };
         let Some((name, export)) = self.open(&req.name) else {
-            self.reply(
-                option,
-                NBD_REP_ERR_UNKNOWN,
-                format!("unknown export {:?}", req.name).as_bytes(),
-            );
+            self.reply(option, NBD_REP_ERR_UNKNOWN, format!("unknown export {:?}", req.name).as_bytes());
             return Ok(Next::Continue);
         };
         let neg = self.negotiated(name, export);
-        self.reply(
-            option,
-            NBD_REP_INFO,
-            &encode_info_export(neg.size, neg.transmission_flags),
-        );
-        let (min, pref, max) =
-            sanitize_block_sizes(neg.export.block_sizes(), self.config.max_request_bytes);
-        self.reply(
-            option,
-            NBD_REP_INFO,
-            &encode_info_block_size(min, pref, max),
-        );
+        self.reply(option, NBD_REP_INFO, &encode_info_export(neg.size, neg.transmission_flags));
+        let (min, pref, max) = sanitize_block_sizes(neg.export.block_sizes(), self.config.max_request_bytes);
+        self.reply(option, NBD_REP_INFO, &encode_info_block_size(min, pref, max));
         if req.requests.contains(&NBD_INFO_NAME) || req.name != neg.name {
-            self.reply(
-                option,
-                NBD_REP_INFO,
-                &encode_info_string(NBD_INFO_NAME, &neg.name),
-            );
+            self.reply(option, NBD_REP_INFO, &encode_info_string(NBD_INFO_NAME, &neg.name));
         }
         if req.requests.contains(&NBD_INFO_DESCRIPTION) {
             if let Some(d) = self.backend.list().into_iter().find(|d| d.name == neg.name) {
                 if !d.description.is_empty() {
-                    self.reply(
-                        option,
-                        NBD_REP_INFO,
-                        &encode_info_string(NBD_INFO_DESCRIPTION, &d.description),
-                    );
+                    self.reply(option, NBD_REP_INFO, &encode_info_string(NBD_INFO_DESCRIPTION, &d.description));
                 }
             }
         }
@@ -386,24 +321,13 @@ impl State<'_> {
             Ok(r) => r,
             Err(e) => return self.invalid(option, &e.to_string()),
         };
-        let Some(name) = self
-            .resolve(&req.export_name)
-            .filter(|n| self.backend.open(n).is_some())
-        else {
-            self.reply(
-                option,
-                NBD_REP_ERR_UNKNOWN,
-                format!("unknown export {:?}", req.export_name).as_bytes(),
-            );
+        let Some(name) = self.resolve(&req.export_name).filter(|n| self.backend.open(n).is_some()) else {
+            self.reply(option, NBD_REP_ERR_UNKNOWN, format!("unknown export {:?}", req.export_name).as_bytes());
             return Ok(Next::Continue);
         };
         if match_contexts(&req.queries, !set) {
             let id = if set { BASE_ALLOCATION_ID } else { 0 };
-            self.reply(
-                option,
-                NBD_REP_META_CONTEXT,
-                &encode_rep_meta_context(id, BASE_ALLOCATION),
-            );
+            self.reply(option, NBD_REP_META_CONTEXT, &encode_rep_meta_context(id, BASE_ALLOCATION));
             if set {
                 self.meta_export = Some(name);
             }
@@ -419,40 +343,16 @@ mod tests {
 
     #[test]
     fn block_sizes() {
-        assert_eq!(
-            sanitize_block_sizes((1, 4096, 32 << 20), 32 << 20),
-            (1, 4096, 32 << 20)
-        );
-        assert_eq!(
-            sanitize_block_sizes((512, 4096, 64 << 20), 32 << 20),
-            (512, 4096, 32 << 20)
-        );
-        assert_eq!(
-            sanitize_block_sizes((4096, 4096, 1 << 20), 32 << 20),
-            (4096, 4096, 1 << 20)
-        );
+        assert_eq!(sanitize_block_sizes((1, 4096, 32 << 20), 32 << 20), (1, 4096, 32 << 20));
+        assert_eq!(sanitize_block_sizes((512, 4096, 64 << 20), 32 << 20), (512, 4096, 32 << 20));
+        assert_eq!(sanitize_block_sizes((4096, 4096, 1 << 20), 32 << 20), (4096, 4096, 1 << 20));
         // Inconsistent: preferred below minimum, not powers of two, huge minimum.
-        assert_eq!(
-            sanitize_block_sizes((4096, 512, 1 << 20), 32 << 20),
-            (1, 4096, 32 << 20)
-        );
-        assert_eq!(
-            sanitize_block_sizes((3, 4096, 1 << 20), 32 << 20),
-            (1, 4096, 32 << 20)
-        );
-        assert_eq!(
-            sanitize_block_sizes((1 << 17, 1 << 17, 1 << 20), 32 << 20),
-            (1, 4096, 32 << 20)
-        );
-        assert_eq!(
-            sanitize_block_sizes((0, 0, 0), 32 << 20),
-            (1, 4096, 32 << 20)
-        );
+        assert_eq!(sanitize_block_sizes((4096, 512, 1 << 20), 32 << 20), (1, 4096, 32 << 20));
+        assert_eq!(sanitize_block_sizes((3, 4096, 1 << 20), 32 << 20), (1, 4096, 32 << 20));
+        assert_eq!(sanitize_block_sizes((1 << 17, 1 << 17, 1 << 20), 32 << 20), (1, 4096, 32 << 20));
+        assert_eq!(sanitize_block_sizes((0, 0, 0), 32 << 20), (1, 4096, 32 << 20));
         // The configured maximum never drops below the preferred size.
-        assert_eq!(
-            sanitize_block_sizes((1, 65536, 1 << 20), 4096),
-            (1, 65536, 65536)
-        );
+        assert_eq!(sanitize_block_sizes((1, 65536, 1 << 20), 4096), (1, 65536, 65536));
     }
 
     #[test]
@@ -474,10 +374,7 @@ mod tests {
         }
         let f = transmission_flags(true, false);
         assert_ne!(f & NBD_FLAG_READ_ONLY, 0);
-        assert_eq!(
-            f & (NBD_FLAG_SEND_DF | NBD_FLAG_SEND_TRIM | NBD_FLAG_SEND_WRITE_ZEROES),
-            0
-        );
+        assert_eq!(f & (NBD_FLAG_SEND_DF | NBD_FLAG_SEND_TRIM | NBD_FLAG_SEND_WRITE_ZEROES), 0);
     }
 
     #[test]

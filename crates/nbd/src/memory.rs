@@ -27,34 +27,22 @@ impl MemoryExport {
     /// A writable export of `size` bytes, all holes.
     pub fn new(size: u64) -> MemoryExport {
         let n = size.div_ceil(MEMORY_BLOCK as u64) as usize;
-        MemoryExport {
-            size,
-            read_only: false,
-            blocks: (0..n).map(|_| RwLock::new(None)).collect(),
-        }
+        MemoryExport { size, read_only: false, blocks: (0..n).map(|_| RwLock::new(None)).collect() }
     }
 
     /// Same, but refusing writes.
     pub fn new_read_only(size: u64) -> MemoryExport {
-        MemoryExport {
-            read_only: true,
-            ..MemoryExport::new(size)
-        }
+        MemoryExport { read_only: true, ..MemoryExport::new(size) }
     }
 
     /// Number of allocated 4 KiB blocks.
     pub fn allocated_blocks(&self) -> usize {
-        self.blocks
-            .iter()
-            .filter(|b| read_lock(b).is_some())
-            .count()
+        self.blocks.iter().filter(|b| read_lock(b).is_some()).count()
     }
 
     /// Whether the block containing `offset` is allocated.
     pub fn is_allocated(&self, offset: u64) -> bool {
-        self.blocks
-            .get((offset / MEMORY_BLOCK as u64) as usize)
-            .is_some_and(|b| read_lock(b).is_some())
+        self.blocks.get((offset / MEMORY_BLOCK as u64) as usize).is_some_and(|b| read_lock(b).is_some())
     }
 
     fn check(&self, offset: u64, len: u64) -> Result<(), ExportError> {
@@ -162,22 +150,14 @@ impl Export for MemoryExport {
         Ok(())
     }
 
-    fn block_status(
-        &self,
-        offset: u64,
-        length: u64,
-    ) -> Result<Vec<BlockStatusExtent>, ExportError> {
+    fn block_status(&self, offset: u64, length: u64) -> Result<Vec<BlockStatusExtent>, ExportError> {
         self.check(offset, length)?;
         let mut out: Vec<BlockStatusExtent> = Vec::new();
         Self::for_each_piece(offset, length, |idx, _, n, _| {
             let hole = read_lock(&self.blocks[idx]).is_none();
             match out.last_mut() {
                 Some(last) if last.hole == hole => last.length += n as u64,
-                _ => out.push(BlockStatusExtent {
-                    length: n as u64,
-                    hole,
-                    zero: hole,
-                }),
+                _ => out.push(BlockStatusExtent { length: n as u64, hole, zero: hole }),
             }
         });
         Ok(out)
@@ -196,19 +176,8 @@ impl MemoryBackend {
     }
 
     /// Add an export.
-    pub fn with_export(
-        mut self,
-        name: &str,
-        description: &str,
-        export: Arc<dyn Export>,
-    ) -> MemoryBackend {
-        self.exports.push((
-            ExportDescription {
-                name: name.into(),
-                description: description.into(),
-            },
-            export,
-        ));
+    pub fn with_export(mut self, name: &str, description: &str, export: Arc<dyn Export>) -> MemoryBackend {
+        self.exports.push((ExportDescription { name: name.into(), description: description.into() }, export));
         self
     }
 }
@@ -219,10 +188,7 @@ impl Backend for MemoryBackend {
     }
 
     fn open(&self, name: &str) -> Option<Arc<dyn Export>> {
-        self.exports
-            .iter()
-            .find(|(d, _)| d.name == name)
-            .map(|(_, e)| Arc::clone(e))
+        self.exports.iter().find(|(d, _)| d.name == name).map(|(_, e)| Arc::clone(e))
     }
 
     fn default_export(&self) -> Option<String> {
@@ -251,21 +217,9 @@ mod tests {
         assert_eq!(
             m.block_status(0, 5 * 4096 + 100).unwrap(),
             vec![
-                BlockStatusExtent {
-                    length: 3 * 4096,
-                    hole: false,
-                    zero: false
-                },
-                BlockStatusExtent {
-                    length: 2 * 4096,
-                    hole: true,
-                    zero: true
-                },
-                BlockStatusExtent {
-                    length: 100,
-                    hole: false,
-                    zero: false
-                },
+                BlockStatusExtent { length: 3 * 4096, hole: false, zero: false },
+                BlockStatusExtent { length: 2 * 4096, hole: true, zero: true },
+                BlockStatusExtent { length: 100, hole: false, zero: false },
             ]
         );
         m.trim(0, 8192, false).unwrap();

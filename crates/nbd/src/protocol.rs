@@ -156,30 +156,21 @@ fn be_u16(b: &[u8], at: usize) -> Result<u16, ProtocolError> {
     b.get(at..at + 2)
         .and_then(|s| s.try_into().ok())
         .map(u16::from_be_bytes)
-        .ok_or(ProtocolError::Truncated {
-            needed: at + 2,
-            got: b.len(),
-        })
+        .ok_or(ProtocolError::Truncated { needed: at + 2, got: b.len() })
 }
 
 fn be_u32(b: &[u8], at: usize) -> Result<u32, ProtocolError> {
     b.get(at..at + 4)
         .and_then(|s| s.try_into().ok())
         .map(u32::from_be_bytes)
-        .ok_or(ProtocolError::Truncated {
-            needed: at + 4,
-            got: b.len(),
-        })
+        .ok_or(ProtocolError::Truncated { needed: at + 4, got: b.len() })
 }
 
 fn be_u64(b: &[u8], at: usize) -> Result<u64, ProtocolError> {
     b.get(at..at + 8)
         .and_then(|s| s.try_into().ok())
         .map(u64::from_be_bytes)
-        .ok_or(ProtocolError::Truncated {
-            needed: at + 8,
-            got: b.len(),
-        })
+        .ok_or(ProtocolError::Truncated { needed: at + 8, got: b.len() })
 }
 
 /// Validate an NBD string: UTF-8, no NUL, at most [`MAX_STRING_LEN`] bytes.
@@ -190,23 +181,15 @@ pub fn parse_string(b: &[u8]) -> Result<String, ProtocolError> {
     if b.contains(&0) {
         return Err(ProtocolError::InvalidString);
     }
-    std::str::from_utf8(b)
-        .map(str::to_owned)
-        .map_err(|_| ProtocolError::InvalidString)
+    std::str::from_utf8(b).map(str::to_owned).map_err(|_| ProtocolError::InvalidString)
 }
 
 /// Read a `u32 length` + string at `*pos`, advancing `*pos`.
 fn take_lp_string(b: &[u8], pos: &mut usize) -> Result<String, ProtocolError> {
     let len = be_u32(b, *pos)? as usize;
     let start = *pos + 4;
-    let end = start.checked_add(len).ok_or(ProtocolError::Truncated {
-        needed: usize::MAX,
-        got: b.len(),
-    })?;
-    let s = b.get(start..end).ok_or(ProtocolError::Truncated {
-        needed: end,
-        got: b.len(),
-    })?;
+    let end = start.checked_add(len).ok_or(ProtocolError::Truncated { needed: usize::MAX, got: b.len() })?;
+    let s = b.get(start..end).ok_or(ProtocolError::Truncated { needed: end, got: b.len() })?;
     let s = parse_string(s)?;
     *pos = end;
     Ok(s)
@@ -255,10 +238,7 @@ pub fn parse_client_flags(raw: u32, server_flags: u16) -> Result<ClientFlags, Pr
     if raw & !allowed != 0 {
         return Err(ProtocolError::UnknownClientFlags(raw));
     }
-    Ok(ClientFlags {
-        fixed_newstyle: raw & NBD_FLAG_C_FIXED_NEWSTYLE != 0,
-        no_zeroes: raw & NBD_FLAG_C_NO_ZEROES != 0,
-    })
+    Ok(ClientFlags { fixed_newstyle: raw & NBD_FLAG_C_FIXED_NEWSTYLE != 0, no_zeroes: raw & NBD_FLAG_C_NO_ZEROES != 0 })
 }
 
 /// Header of a client option.
@@ -272,15 +252,9 @@ pub struct OptionHeader {
 pub fn parse_option_header(b: &[u8; OPTION_HEADER_LEN]) -> Result<OptionHeader, ProtocolError> {
     let magic = be_u64(b, 0)?;
     if magic != IHAVEOPT {
-        return Err(ProtocolError::BadMagic {
-            expected: IHAVEOPT,
-            found: magic,
-        });
+        return Err(ProtocolError::BadMagic { expected: IHAVEOPT, found: magic });
     }
-    Ok(OptionHeader {
-        option: be_u32(b, 8)?,
-        length: be_u32(b, 12)?,
-    })
+    Ok(OptionHeader { option: be_u32(b, 8)?, length: be_u32(b, 12)? })
 }
 
 /// Append one option reply (magic, option, type, length, data) to `out`.
@@ -336,15 +310,10 @@ pub fn parse_info_request(data: &[u8]) -> Result<InfoRequest, ProtocolError> {
     pos += 2;
     let need = pos + 2 * n;
     if data.len() < need {
-        return Err(ProtocolError::Truncated {
-            needed: need,
-            got: data.len(),
-        });
+        return Err(ProtocolError::Truncated { needed: need, got: data.len() });
     }
     if data.len() > need {
-        return Err(ProtocolError::TrailingData {
-            extra: data.len() - need,
-        });
+        return Err(ProtocolError::TrailingData { extra: data.len() - need });
     }
     let mut requests = Vec::with_capacity(n);
     for i in 0..n {
@@ -374,24 +343,16 @@ pub fn parse_meta_context_request(data: &[u8]) -> Result<MetaContextRequest, Pro
     // Each query takes at least 4 bytes: bound the allocation by the data.
     let remaining = data.len() - pos;
     if n > remaining / 4 {
-        return Err(ProtocolError::Truncated {
-            needed: pos + 4 * n.min(usize::MAX / 8),
-            got: data.len(),
-        });
+        return Err(ProtocolError::Truncated { needed: pos + 4 * n.min(usize::MAX / 8), got: data.len() });
     }
     let mut queries = Vec::with_capacity(n);
     for _ in 0..n {
         queries.push(take_lp_string(data, &mut pos)?);
     }
     if pos != data.len() {
-        return Err(ProtocolError::TrailingData {
-            extra: data.len() - pos,
-        });
+        return Err(ProtocolError::TrailingData { extra: data.len() - pos });
     }
-    Ok(MetaContextRequest {
-        export_name,
-        queries,
-    })
+    Ok(MetaContextRequest { export_name, queries })
 }
 
 /// `NBD_REP_INFO` payload for `NBD_INFO_EXPORT`.
@@ -457,10 +418,7 @@ pub struct RequestHeader {
 pub fn parse_request_header(b: &[u8; REQUEST_HEADER_LEN]) -> Result<RequestHeader, ProtocolError> {
     let magic = be_u32(b, 0)?;
     if magic != REQUEST_MAGIC {
-        return Err(ProtocolError::BadMagic {
-            expected: REQUEST_MAGIC as u64,
-            found: magic as u64,
-        });
+        return Err(ProtocolError::BadMagic { expected: REQUEST_MAGIC as u64, found: magic as u64 });
     }
     Ok(RequestHeader {
         flags: be_u16(b, 4)?,
@@ -535,12 +493,7 @@ pub fn encode_simple_reply(handle: u64, error: u32) -> [u8; SIMPLE_REPLY_LEN] {
 }
 
 /// A structured reply chunk header.
-pub fn encode_structured_header(
-    flags: u16,
-    reply_type: u16,
-    handle: u64,
-    length: u32,
-) -> [u8; STRUCTURED_HEADER_LEN] {
+pub fn encode_structured_header(flags: u16, reply_type: u16, handle: u64, length: u32) -> [u8; STRUCTURED_HEADER_LEN] {
     let mut b = [0u8; STRUCTURED_HEADER_LEN];
     b[0..4].copy_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
     b[4..6].copy_from_slice(&flags.to_be_bytes());
@@ -553,21 +506,11 @@ pub fn encode_structured_header(
 /// Header of an `NBD_REPLY_TYPE_OFFSET_DATA` chunk carrying `data_len`
 /// bytes at `offset` (the data itself follows). `data_len` must be at most
 /// `u32::MAX - 8`; larger values are clamped (callers bound reads far lower).
-pub fn encode_read_chunk_header(
-    handle: u64,
-    offset: u64,
-    data_len: u32,
-    done: bool,
-) -> [u8; READ_CHUNK_HEADER_LEN] {
+pub fn encode_read_chunk_header(handle: u64, offset: u64, data_len: u32, done: bool) -> [u8; READ_CHUNK_HEADER_LEN] {
     let mut b = [0u8; READ_CHUNK_HEADER_LEN];
     let flags = if done { NBD_REPLY_FLAG_DONE } else { 0 };
     let len = data_len.saturating_add(8);
-    b[0..20].copy_from_slice(&encode_structured_header(
-        flags,
-        NBD_REPLY_TYPE_OFFSET_DATA,
-        handle,
-        len,
-    ));
+    b[0..20].copy_from_slice(&encode_structured_header(flags, NBD_REPLY_TYPE_OFFSET_DATA, handle, len));
     b[20..28].copy_from_slice(&offset.to_be_bytes());
     b
 }
@@ -586,12 +529,7 @@ pub fn encode_error_chunk(handle: u64, error: u32, message: &str) -> Vec<u8> {
     }
     let len = 6 + msg.len();
     let mut v = Vec::with_capacity(STRUCTURED_HEADER_LEN + len);
-    v.extend_from_slice(&encode_structured_header(
-        NBD_REPLY_FLAG_DONE,
-        NBD_REPLY_TYPE_ERROR,
-        handle,
-        len as u32,
-    ));
+    v.extend_from_slice(&encode_structured_header(NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_ERROR, handle, len as u32));
     v.extend_from_slice(&error.to_be_bytes());
     v.extend_from_slice(&(msg.len() as u16).to_be_bytes());
     v.extend_from_slice(msg.as_bytes());
@@ -607,11 +545,7 @@ pub struct BlockDescriptor {
 
 /// A final `NBD_REPLY_TYPE_BLOCK_STATUS` chunk. `descriptors` should not be
 /// empty (the protocol requires at least one); the caller guarantees it.
-pub fn encode_block_status_chunk(
-    handle: u64,
-    context_id: u32,
-    descriptors: &[BlockDescriptor],
-) -> Vec<u8> {
+pub fn encode_block_status_chunk(handle: u64, context_id: u32, descriptors: &[BlockDescriptor]) -> Vec<u8> {
     let len = 4 + 8 * descriptors.len();
     let mut v = Vec::with_capacity(STRUCTURED_HEADER_LEN + len);
     v.extend_from_slice(&encode_structured_header(
@@ -646,10 +580,7 @@ mod tests {
         assert!(f.fixed_newstyle && f.no_zeroes);
         let f = parse_client_flags(0, SERVER_HANDSHAKE_FLAGS).unwrap();
         assert!(!f.fixed_newstyle && !f.no_zeroes);
-        assert_eq!(
-            parse_client_flags(4, SERVER_HANDSHAKE_FLAGS),
-            Err(ProtocolError::UnknownClientFlags(4))
-        );
+        assert_eq!(parse_client_flags(4, SERVER_HANDSHAKE_FLAGS), Err(ProtocolError::UnknownClientFlags(4)));
         assert!(parse_client_flags(0x8000_0001, SERVER_HANDSHAKE_FLAGS).is_err());
         // NO_ZEROES not advertised: the client may not set it.
         assert!(parse_client_flags(2, NBD_FLAG_FIXED_NEWSTYLE).is_err());
@@ -661,27 +592,15 @@ mod tests {
         b[0..8].copy_from_slice(b"IHAVEOPT");
         b[8..12].copy_from_slice(&7u32.to_be_bytes());
         b[12..16].copy_from_slice(&13u32.to_be_bytes());
-        assert_eq!(
-            parse_option_header(&b).unwrap(),
-            OptionHeader {
-                option: 7,
-                length: 13
-            }
-        );
+        assert_eq!(parse_option_header(&b).unwrap(), OptionHeader { option: 7, length: 13 });
         b[0] = b'X';
-        assert!(matches!(
-            parse_option_header(&b),
-            Err(ProtocolError::BadMagic { .. })
-        ));
+        assert!(matches!(parse_option_header(&b), Err(ProtocolError::BadMagic { .. })));
     }
 
     #[test]
     fn option_reply_golden() {
         let r = encode_option_reply(NBD_OPT_LIST, NBD_REP_ACK, &[]);
-        assert_eq!(
-            r,
-            [0, 0x03, 0xe8, 0x89, 0x04, 0x55, 0x65, 0xa9, 0, 0, 0, 3, 0, 0, 0, 1, 0, 0, 0, 0]
-        );
+        assert_eq!(r, [0, 0x03, 0xe8, 0x89, 0x04, 0x55, 0x65, 0xa9, 0, 0, 0, 3, 0, 0, 0, 1, 0, 0, 0, 0]);
         let r = encode_option_reply(NBD_OPT_GO, NBD_REP_ERR_UNKNOWN, b"no");
         assert_eq!(&r[8..20], &[0, 0, 0, 7, 0x80, 0, 0, 6, 0, 0, 0, 2]);
         assert_eq!(&r[20..], b"no");
@@ -709,13 +628,7 @@ mod tests {
         assert_eq!(r.requests, vec![NBD_INFO_BLOCK_SIZE, NBD_INFO_NAME]);
         // Empty name, no requests.
         let r = parse_info_request(&[0, 0, 0, 0, 0, 0]).unwrap();
-        assert_eq!(
-            r,
-            InfoRequest {
-                name: String::new(),
-                requests: vec![]
-            }
-        );
+        assert_eq!(r, InfoRequest { name: String::new(), requests: vec![] });
     }
 
     #[test]
@@ -732,10 +645,7 @@ mod tests {
         // Trailing data.
         let mut t = d.clone();
         t.push(0);
-        assert!(matches!(
-            parse_info_request(&t),
-            Err(ProtocolError::TrailingData { extra: 1 })
-        ));
+        assert!(matches!(parse_info_request(&t), Err(ProtocolError::TrailingData { extra: 1 })));
         // Name length past the end, including a huge one.
         let mut h = d.clone();
         h[0..4].copy_from_slice(&u32::MAX.to_be_bytes());
@@ -757,19 +667,13 @@ mod tests {
         dup.extend_from_slice(&2u16.to_be_bytes());
         dup.extend_from_slice(&3u16.to_be_bytes());
         dup.extend_from_slice(&3u16.to_be_bytes());
-        assert_eq!(
-            parse_info_request(&dup),
-            Err(ProtocolError::DuplicateInfo(3))
-        );
+        assert_eq!(parse_info_request(&dup), Err(ProtocolError::DuplicateInfo(3)));
         // Too-long name.
         let mut long = Vec::new();
         long.extend_from_slice(&5000u32.to_be_bytes());
         long.extend_from_slice(&[b'a'; 5000]);
         long.extend_from_slice(&0u16.to_be_bytes());
-        assert_eq!(
-            parse_info_request(&long),
-            Err(ProtocolError::StringTooLong(5000))
-        );
+        assert_eq!(parse_info_request(&long), Err(ProtocolError::StringTooLong(5000)));
     }
 
     fn meta(name: &str, queries: &[&str]) -> Vec<u8> {
@@ -806,20 +710,11 @@ mod tests {
 
     #[test]
     fn info_replies_golden() {
-        assert_eq!(
-            encode_info_export(512, 0x0d6d),
-            [0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0x0d, 0x6d]
-        );
-        assert_eq!(
-            encode_info_block_size(1, 4096, 32 << 20),
-            [0, 3, 0, 0, 0, 1, 0, 0, 0x10, 0, 0x02, 0, 0, 0]
-        );
+        assert_eq!(encode_info_export(512, 0x0d6d), [0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0x0d, 0x6d]);
+        assert_eq!(encode_info_block_size(1, 4096, 32 << 20), [0, 3, 0, 0, 0, 1, 0, 0, 0x10, 0, 0x02, 0, 0, 0]);
         assert_eq!(encode_info_string(NBD_INFO_NAME, "ab"), [0, 1, b'a', b'b']);
         assert_eq!(encode_rep_server("ab", "d"), [0, 0, 0, 2, b'a', b'b', b'd']);
-        assert_eq!(
-            encode_rep_meta_context(1, "x:y"),
-            [0, 0, 0, 1, b'x', b':', b'y']
-        );
+        assert_eq!(encode_rep_meta_context(1, "x:y"), [0, 0, 0, 1, b'x', b':', b'y']);
         let long = "é".repeat(3000); // 6000 bytes, clamped at a char boundary
         let e = encode_info_string(NBD_INFO_DESCRIPTION, &long);
         assert_eq!(e.len(), 2 + 4096);
@@ -828,28 +723,17 @@ mod tests {
 
     #[test]
     fn request_header_roundtrip_and_golden() {
-        let h = RequestHeader {
-            flags: 1,
-            command: NBD_CMD_WRITE,
-            handle: 0x0102030405060708,
-            offset: 4096,
-            length: 512,
-        };
+        let h =
+            RequestHeader { flags: 1, command: NBD_CMD_WRITE, handle: 0x0102030405060708, offset: 4096, length: 512 };
         let b = encode_request_header(&h);
         assert_eq!(
             b,
-            [
-                0x25, 0x60, 0x95, 0x13, 0, 1, 0, 1, 1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 0, 0, 0x10,
-                0, 0, 0, 2, 0
-            ]
+            [0x25, 0x60, 0x95, 0x13, 0, 1, 0, 1, 1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0, 2, 0]
         );
         assert_eq!(parse_request_header(&b).unwrap(), h);
         let mut bad = b;
         bad[3] = 0x14;
-        assert!(matches!(
-            parse_request_header(&bad),
-            Err(ProtocolError::BadMagic { .. })
-        ));
+        assert!(matches!(parse_request_header(&bad), Err(ProtocolError::BadMagic { .. })));
         assert!(parse_request_header(&[0u8; 28]).is_err());
     }
 
@@ -860,10 +744,7 @@ mod tests {
         assert_eq!(Command::from_u16(8), None);
         assert_eq!(Command::from_u16(0xffff), None);
         assert_eq!(Command::Read.allowed_flags(false), NBD_CMD_FLAG_FUA);
-        assert_eq!(
-            Command::Read.allowed_flags(true),
-            NBD_CMD_FLAG_FUA | NBD_CMD_FLAG_DF
-        );
+        assert_eq!(Command::Read.allowed_flags(true), NBD_CMD_FLAG_FUA | NBD_CMD_FLAG_DF);
         assert_eq!(Command::WriteZeroes.allowed_flags(false), 0b10011);
         assert_eq!(Command::BlockStatus.allowed_flags(true), 0b1001);
     }
@@ -877,10 +758,7 @@ mod tests {
         let h = encode_read_chunk_header(9, 4096, 512, true);
         assert_eq!(
             h,
-            [
-                0x66, 0x8e, 0x33, 0xef, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 2, 8, 0, 0, 0, 0,
-                0, 0, 0x10, 0
-            ]
+            [0x66, 0x8e, 0x33, 0xef, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 2, 8, 0, 0, 0, 0, 0, 0, 0x10, 0]
         );
         assert_eq!(encode_none_chunk(1)[4..8], [0, 1, 0, 0]);
         let e = encode_error_chunk(5, NBD_EIO, "bad");
@@ -891,23 +769,11 @@ mod tests {
         let bs = encode_block_status_chunk(
             2,
             1,
-            &[
-                BlockDescriptor {
-                    length: 4096,
-                    status: 3,
-                },
-                BlockDescriptor {
-                    length: 512,
-                    status: 0,
-                },
-            ],
+            &[BlockDescriptor { length: 4096, status: 3 }, BlockDescriptor { length: 512, status: 0 }],
         );
         assert_eq!(&bs[4..8], &[0, 1, 0, 5]);
         assert_eq!(&bs[16..20], &[0, 0, 0, 20]);
-        assert_eq!(
-            &bs[20..],
-            &[0, 0, 0, 1, 0, 0, 0x10, 0, 0, 0, 0, 3, 0, 0, 2, 0, 0, 0, 0, 0]
-        );
+        assert_eq!(&bs[20..], &[0, 0, 0, 1, 0, 0, 0x10, 0, 0, 0, 0, 3, 0, 0, 2, 0, 0, 0, 0, 0]);
     }
 
     /// Cheap deterministic fuzzing: no decoder panics on random input.

@@ -109,13 +109,8 @@ impl Server {
         let l2 = Arc::clone(&l);
         let thread = std::thread::Builder::new()
             .name("nbd-accept".into())
-            .spawn(move || {
-                accept_loop(&inner, || l2.accept().map(|(s, _)| s).and_then(tcp_stream))
-            })?;
-        lock(&self.inner.listeners).push(Listener {
-            sock: ListenSock::Tcp(l),
-            thread: Some(thread),
-        });
+            .spawn(move || accept_loop(&inner, || l2.accept().map(|(s, _)| s).and_then(tcp_stream)))?;
+        lock(&self.inner.listeners).push(Listener { sock: ListenSock::Tcp(l), thread: Some(thread) });
         log::info!("nbd: listening on {local}");
         Ok(local)
     }
@@ -130,10 +125,7 @@ impl Server {
         let thread = std::thread::Builder::new()
             .name("nbd-accept".into())
             .spawn(move || accept_loop(&inner, || l2.accept().map(|(s, _)| Stream::Unix(s))))?;
-        lock(&self.inner.listeners).push(Listener {
-            sock: ListenSock::Unix(l, path.to_owned()),
-            thread: Some(thread),
-        });
+        lock(&self.inner.listeners).push(Listener { sock: ListenSock::Unix(l, path.to_owned()), thread: Some(thread) });
         log::info!("nbd: listening on {}", path.display());
         Ok(())
     }
@@ -187,19 +179,13 @@ impl Server {
         if !self.wait_conns(DRAIN_TIMEOUT) {
             {
                 let c = lock(&inner.conns);
-                log::warn!(
-                    "nbd: {} connection(s) still busy; closing their sockets",
-                    c.live.len()
-                );
+                log::warn!("nbd: {} connection(s) still busy; closing their sockets", c.live.len());
                 for s in c.live.values() {
                     s.shutdown(Shutdown::Both);
                 }
             }
             if !self.wait_conns(CLOSE_TIMEOUT) {
-                log::warn!(
-                    "nbd: giving up on {} connection(s)",
-                    lock(&inner.conns).live.len()
-                );
+                log::warn!("nbd: giving up on {} connection(s)", lock(&inner.conns).live.len());
             }
         }
         let threads = std::mem::take(&mut lock(&inner.conns).threads);
@@ -269,10 +255,7 @@ fn bind_unix(path: &Path) -> io::Result<UnixListener> {
             ));
         }
         if UnixStream::connect(path).is_ok() {
-            return Err(io::Error::new(
-                io::ErrorKind::AddrInUse,
-                format!("{} is in use", path.display()),
-            ));
+            return Err(io::Error::new(io::ErrorKind::AddrInUse, format!("{} is in use", path.display())));
         }
         log::info!("nbd: removing stale socket {}", path.display());
         std::fs::remove_file(path)?;
@@ -281,11 +264,8 @@ fn bind_unix(path: &Path) -> io::Result<UnixListener> {
     // that the socket is never reachable with wider permissions.
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let file = path.file_name().and_then(|f| f.to_str()).unwrap_or("nbd");
-    let tmp = path.with_file_name(format!(
-        ".{file}.{}.{}.tmp",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
-    ));
+    let tmp =
+        path.with_file_name(format!(".{file}.{}.{}.tmp", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
     match UnixListener::bind(&tmp) {
         Ok(l) => {
             let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
@@ -331,11 +311,7 @@ fn start_connection(inner: &Arc<Inner>, stream: Stream) {
         return;
     }
     if c.live.len() >= inner.config.max_connections {
-        log::warn!(
-            "nbd: connection limit ({}) reached; refusing {}",
-            inner.config.max_connections,
-            stream.peer()
-        );
+        log::warn!("nbd: connection limit ({}) reached; refusing {}", inner.config.max_connections, stream.peer());
         return;
     }
     let handle = match stream.try_clone() {
@@ -347,14 +323,12 @@ fn start_connection(inner: &Arc<Inner>, stream: Stream) {
     };
     let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
     let inner2 = Arc::clone(inner);
-    let spawned = std::thread::Builder::new()
-        .name(format!("nbd-conn-{id}"))
-        .spawn(move || {
-            run_connection(&inner2, id, stream);
-            let mut c = lock(&inner2.conns);
-            c.live.remove(&id);
-            inner2.conns_cv.notify_all();
-        });
+    let spawned = std::thread::Builder::new().name(format!("nbd-conn-{id}")).spawn(move || {
+        run_connection(&inner2, id, stream);
+        let mut c = lock(&inner2.conns);
+        c.live.remove(&id);
+        inner2.conns_cv.notify_all();
+    });
     match spawned {
         Ok(t) => {
             c.live.insert(id, handle);
@@ -375,22 +349,10 @@ fn run_connection(inner: &Inner, id: u64, stream: Stream) {
         }
     };
     let mut reader = BufReader::with_capacity(connection::READ_BUF, stream);
-    match handshake::negotiate(
-        &mut reader,
-        &write_stream,
-        &*inner.backend,
-        &inner.config,
-        &inner.shutting_down,
-    ) {
+    match handshake::negotiate(&mut reader, &write_stream, &*inner.backend, &inner.config, &inner.shutting_down) {
         Ok(neg) => {
             let name = neg.name.clone();
-            let end = connection::serve(
-                neg,
-                reader,
-                write_stream,
-                &inner.config,
-                &inner.shutting_down,
-            );
+            let end = connection::serve(neg, reader, write_stream, &inner.config, &inner.shutting_down);
             log::info!("nbd: connection {id} ({peer}, export {name:?}) closed: {end:?}");
         }
         Err(e) => {
@@ -399,9 +361,7 @@ fn run_connection(inner: &Inner, id: u64, stream: Stream) {
                     log::info!("nbd: connection {id} ({peer}): client ended the handshake")
                 }
                 NbdError::Io(io) if io.kind() == io::ErrorKind::UnexpectedEof => {
-                    log::info!(
-                        "nbd: connection {id} ({peer}): client disconnected during the handshake"
-                    )
+                    log::info!("nbd: connection {id} ({peer}): client disconnected during the handshake")
                 }
                 _ => log::warn!("nbd: connection {id} ({peer}): handshake failed: {e}"),
             }

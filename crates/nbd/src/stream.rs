@@ -46,10 +46,7 @@ impl Stream {
     /// Peer description for logs.
     pub(crate) fn peer(&self) -> String {
         match self {
-            Stream::Tcp(s) => s
-                .peer_addr()
-                .map(|a| a.to_string())
-                .unwrap_or_else(|_| "tcp:?".into()),
+            Stream::Tcp(s) => s.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "tcp:?".into()),
             Stream::Unix(_) => "unix".into(),
         }
     }
@@ -110,8 +107,7 @@ fn advance_slices<'a>(bufs: &mut &mut [IoSlice<'a>], mut n: usize) {
         if n > 0 {
             // SAFETY-free re-slicing: build a new IoSlice over the tail of the
             // same memory. `n < first.len()` here.
-            let rest: &'a [u8] =
-                unsafe { std::slice::from_raw_parts(first.as_ptr().add(n), first.len() - n) };
+            let rest: &'a [u8] = unsafe { std::slice::from_raw_parts(first.as_ptr().add(n), first.len() - n) };
             *first = IoSlice::new(rest);
         }
     }

@@ -13,11 +13,7 @@ pub(crate) fn wait<'a, T>(cv: &Condvar, g: MutexGuard<'a, T>) -> MutexGuard<'a, 
     cv.wait(g).unwrap_or_else(|e| e.into_inner())
 }
 
-pub(crate) fn wait_timeout<'a, T>(
-    cv: &Condvar,
-    g: MutexGuard<'a, T>,
-    d: Duration,
-) -> MutexGuard<'a, T> {
+pub(crate) fn wait_timeout<'a, T>(cv: &Condvar, g: MutexGuard<'a, T>, d: Duration) -> MutexGuard<'a, T> {
     match cv.wait_timeout(g, d) {
         Ok((g, _)) => g,
         Err(e) => e.into_inner().0,

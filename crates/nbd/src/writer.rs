@@ -32,14 +32,8 @@ impl Reply {
     /// A simple reply without payload.
     pub(crate) fn simple(handle: u64, error: u32) -> Reply {
         let mut head = [0u8; protocol::READ_CHUNK_HEADER_LEN];
-        head[..protocol::SIMPLE_REPLY_LEN]
-            .copy_from_slice(&protocol::encode_simple_reply(handle, error));
-        Reply {
-            head,
-            head_len: protocol::SIMPLE_REPLY_LEN as u8,
-            data: Vec::new(),
-            spare: Vec::new(),
-        }
+        head[..protocol::SIMPLE_REPLY_LEN].copy_from_slice(&protocol::encode_simple_reply(handle, error));
+        Reply { head, head_len: protocol::SIMPLE_REPLY_LEN as u8, data: Vec::new(), spare: Vec::new() }
     }
 
     /// A successful simple reply to a read, followed by `data`.
@@ -53,22 +47,12 @@ impl Reply {
     pub(crate) fn structured_read(handle: u64, offset: u64, data: Vec<u8>) -> Reply {
         let len = u32::try_from(data.len()).unwrap_or(u32::MAX - 8);
         let head = protocol::encode_read_chunk_header(handle, offset, len, true);
-        Reply {
-            head,
-            head_len: protocol::READ_CHUNK_HEADER_LEN as u8,
-            data,
-            spare: Vec::new(),
-        }
+        Reply { head, head_len: protocol::READ_CHUNK_HEADER_LEN as u8, data, spare: Vec::new() }
     }
 
     /// A fully encoded message.
     pub(crate) fn encoded(bytes: Vec<u8>) -> Reply {
-        Reply {
-            head: [0u8; protocol::READ_CHUNK_HEADER_LEN],
-            head_len: 0,
-            data: bytes,
-            spare: Vec::new(),
-        }
+        Reply { head: [0u8; protocol::READ_CHUNK_HEADER_LEN], head_len: 0, data: bytes, spare: Vec::new() }
     }
 
     /// Attach a buffer to be recycled once the reply is sent.
@@ -104,12 +88,7 @@ const POOL_MAX_COUNT: usize = 256;
 
 impl BufPool {
     pub(crate) fn new() -> BufPool {
-        BufPool {
-            inner: Mutex::new(PoolInner {
-                bufs: Vec::new(),
-                bytes: 0,
-            }),
-        }
+        BufPool { inner: Mutex::new(PoolInner { bufs: Vec::new(), bytes: 0 }) }
     }
 
     /// A buffer of exactly `len` bytes (contents unspecified: old data or zero).
@@ -139,11 +118,7 @@ impl BufPool {
         let mut p = lock(&self.inner);
         for v in bufs {
             let cap = v.capacity();
-            if cap == 0
-                || cap > POOL_MAX_BUF
-                || p.bufs.len() >= POOL_MAX_COUNT
-                || p.bytes + cap > POOL_MAX_BYTES
-            {
+            if cap == 0 || cap > POOL_MAX_BUF || p.bufs.len() >= POOL_MAX_COUNT || p.bytes + cap > POOL_MAX_BYTES {
                 continue;
             }
             p.bytes += cap;
@@ -297,16 +272,10 @@ mod tests {
 
     #[test]
     fn reply_bytes() {
-        assert_eq!(
-            Reply::simple(3, 22).bytes(),
-            protocol::encode_simple_reply(3, 22).to_vec()
-        );
+        assert_eq!(Reply::simple(3, 22).bytes(), protocol::encode_simple_reply(3, 22).to_vec());
         let r = Reply::structured_read(1, 512, vec![9u8; 4]);
         let b = r.bytes();
-        assert_eq!(
-            &b[..28],
-            &protocol::encode_read_chunk_header(1, 512, 4, true)
-        );
+        assert_eq!(&b[..28], &protocol::encode_read_chunk_header(1, 512, 4, true));
         assert_eq!(&b[28..], &[9, 9, 9, 9]);
         let r = Reply::simple_read(1, vec![1, 2]).with_spare(vec![0; 10]);
         assert_eq!(r.bytes().len(), 18);

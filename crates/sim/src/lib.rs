@@ -13,9 +13,6 @@ pub fn seeds(count: u64) -> Vec<u64> {
     if let Some(seed) = std::env::var("TARN_SEED").ok().and_then(|s| s.parse().ok()) {
         return vec![seed];
     }
-    let base = std::env::var("TARN_SEED_BASE")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0u64);
+    let base = std::env::var("TARN_SEED_BASE").ok().and_then(|s| s.parse().ok()).unwrap_or(0u64);
     (base..base + count).collect()
 }

@@ -18,11 +18,7 @@ pub struct VolModel {
 
 impl VolModel {
     pub fn new(size: usize) -> Self {
-        VolModel {
-            current: vec![0; size],
-            durable: vec![0; size],
-            since_flush: HashMap::new(),
-        }
+        VolModel { current: vec![0; size], durable: vec![0; size], since_flush: HashMap::new() }
     }
 
     fn note_blocks(&mut self, offset: usize, len: usize) {
@@ -64,12 +60,10 @@ impl VolModel {
             };
             for s in 0..BLOCK / SECTOR {
                 let sr = s * SECTOR..(s + 1) * SECTOR;
-                let ok = got[sr.clone()] == durable[sr.clone()]
-                    || versions.iter().any(|v| v[sr.clone()] == got[sr.clone()]);
+                let ok =
+                    got[sr.clone()] == durable[sr.clone()] || versions.iter().any(|v| v[sr.clone()] == got[sr.clone()]);
                 if !ok {
-                    return Err(format!(
-                        "block {b} sector {s} holds data never written there"
-                    ));
+                    return Err(format!("block {b} sector {s} holds data never written there"));
                 }
             }
         }

@@ -21,12 +21,7 @@ pub struct SimConfig {
 
 impl Default for SimConfig {
     fn default() -> Self {
-        SimConfig {
-            steps: 300,
-            device_bytes: 6 << 20,
-            max_devices: 2,
-            journal_bytes: 64 << 10,
-        }
+        SimConfig { steps: 300, device_bytes: 6 << 20, max_devices: 2, journal_bytes: 64 << 10 }
     }
 }
 
@@ -54,41 +49,20 @@ struct Run {
 pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<RunStats, String> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let ndev = rng.random_range(1..=cfg.max_devices);
-    let devs: Vec<Arc<SimDevice>> = (0..ndev)
-        .map(|i| Arc::new(SimDevice::new(&format!("sim{i}"), cfg.device_bytes)))
-        .collect();
-    let dyn_devs: Vec<Arc<dyn Device>> =
-        devs.iter().map(|d| d.clone() as Arc<dyn Device>).collect();
+    let devs: Vec<Arc<SimDevice>> =
+        (0..ndev).map(|i| Arc::new(SimDevice::new(&format!("sim{i}"), cfg.device_bytes))).collect();
+    let dyn_devs: Vec<Arc<dyn Device>> = devs.iter().map(|d| d.clone() as Arc<dyn Device>).collect();
     let paths = (0..ndev).map(|i| format!("sim{i}")).collect::<Vec<_>>();
-    create_pool(
-        &dyn_devs,
-        &paths,
-        &CreateOptions {
-            journal_bytes: Some(cfg.journal_bytes),
-            force: false,
-        },
-    )
-    .map_err(|e| e.to_string())?;
+    create_pool(&dyn_devs, &paths, &CreateOptions { journal_bytes: Some(cfg.journal_bytes), force: false })
+        .map_err(|e| e.to_string())?;
     let strict = rng.random_bool(0.2);
-    let mut run = Run {
-        rng,
-        devs,
-        pool: None,
-        model: Model::default(),
-        uncertain_volume: None,
-        crashes: 0,
-        strict,
-    };
+    let mut run = Run { rng, devs, pool: None, model: Model::default(), uncertain_volume: None, crashes: 0, strict };
     run.reopen()?;
     for step in 0..cfg.steps {
-        run.step()
-            .map_err(|e| format!("seed {seed} step {step}: {e}"))?;
+        run.step().map_err(|e| format!("seed {seed} step {step}: {e}"))?;
     }
-    run.crash_and_verify()
-        .map_err(|e| format!("seed {seed} final crash: {e}"))?;
-    Ok(RunStats {
-        crashes: run.crashes,
-    })
+    run.crash_and_verify().map_err(|e| format!("seed {seed} final crash: {e}"))?;
+    Ok(RunStats { crashes: run.crashes })
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -102,19 +76,9 @@ impl Run {
     }
 
     fn reopen(&mut self) -> Result<(), String> {
-        let devs: Vec<Arc<dyn Device>> = self
-            .devs
-            .iter()
-            .map(|d| d.clone() as Arc<dyn Device>)
-            .collect();
-        let pool = Pool::open(
-            devs,
-            OpenOptions {
-                strict: self.strict,
-                ..Default::default()
-            },
-        )
-        .map_err(|e| format!("reopen: {e}"))?;
+        let devs: Vec<Arc<dyn Device>> = self.devs.iter().map(|d| d.clone() as Arc<dyn Device>).collect();
+        let pool = Pool::open(devs, OpenOptions { strict: self.strict, ..Default::default() })
+            .map_err(|e| format!("reopen: {e}"))?;
         let report = pool.check();
         if !report.is_clean() {
             return Err(format!("checker after reopen: {:?}", report.problems));
@@ -142,10 +106,7 @@ impl Run {
     fn any_volume(&mut self) -> (String, u32, usize) {
         let names: Vec<&String> = self.model.vols.keys().collect();
         let name = names[self.rng.random_range(0..names.len())].clone();
-        let id = self
-            .pool()
-            .volume_id(&name)
-            .expect("model volume exists in pool");
+        let id = self.pool().volume_id(&name).expect("model volume exists in pool");
         let size = self.model.vols[&name].current.len();
         (name, id, size)
     }
@@ -168,9 +129,7 @@ impl Run {
         let (name, id, size) = self.any_volume();
         let (off, len) = self.range(size, 64 << 10);
         let fill: u8 = self.rng.random();
-        let data: Vec<u8> = (0..len)
-            .map(|i| fill.wrapping_add((i / 512) as u8))
-            .collect();
+        let data: Vec<u8> = (0..len).map(|i| fill.wrapping_add((i / 512) as u8)).collect();
         let fua = self.rng.random_bool(0.05);
         let r = self.pool().write(id, off as u64, &data, fua);
         trace!("write {name} {off}+{len} fill {fill} fua {fua}: {r:?}");
@@ -201,25 +160,15 @@ impl Run {
         let len = attempted.len();
         if self.devs.iter().any(|d| d.is_dead()) {
             // Cut mid-write: any sector of the range may hold old or new data.
-            self.model
-                .vols
-                .get_mut(name)
-                .expect("volume")
-                .write(off, attempted);
+            self.model.vols.get_mut(name).expect("volume").write(off, attempted);
             return self.crash_and_verify();
         }
         if !matches!(e, EngineError::NoSpace) {
             return Err(format!("write failed without a crash: {e}"));
         }
         let mut back = vec![0u8; len];
-        self.pool()
-            .read(id, off as u64, &mut back)
-            .map_err(|e| format!("read after ENOSPC: {e}"))?;
-        self.model
-            .vols
-            .get_mut(name)
-            .expect("volume")
-            .adopt(off, &back);
+        self.pool().read(id, off as u64, &mut back).map_err(|e| format!("read after ENOSPC: {e}"))?;
+        self.model.vols.get_mut(name).expect("volume").adopt(off, &back);
         Ok(())
     }
 
@@ -229,15 +178,11 @@ impl Run {
         let zero = self.rng.random_bool(0.5);
         let no_hole = zero && self.rng.random_bool(0.3);
         let r = if zero {
-            self.pool()
-                .write_zeroes(id, off as u64, len as u64, no_hole, false)
+            self.pool().write_zeroes(id, off as u64, len as u64, no_hole, false)
         } else {
             self.pool().trim(id, off as u64, len as u64)
         };
-        trace!(
-            "{} {name} {off}+{len} no_hole {no_hole}: {r:?}",
-            if zero { "zero" } else { "trim" }
-        );
+        trace!("{} {name} {off}+{len} no_hole {no_hole}: {r:?}", if zero { "zero" } else { "trim" });
         match r {
             Ok(()) => {
                 let m = self.model.vols.get_mut(&name).expect("volume");
@@ -281,9 +226,7 @@ impl Run {
             return Err(format!("read failed: {e}"));
         }
         if buf != self.model.vols[&name].current[off..off + len] {
-            return Err(format!(
-                "live read of {name} at {off}+{len} differs from the model"
-            ));
+            return Err(format!("live read of {name} at {off}+{len} differs from the model"));
         }
         Ok(())
     }
@@ -385,23 +328,15 @@ impl Run {
         for name in names {
             let image = self.read_volume(&name)?;
             let m = self.model.vols.get_mut(&name).expect("volume");
-            m.check_after_crash(&image)
-                .map_err(|e| format!("after crash, volume {name}: {e}"))?;
+            m.check_after_crash(&image).map_err(|e| format!("after crash, volume {name}: {e}"))?;
             m.current = image;
             m.flushed();
         }
-        let mut listed: Vec<String> = self
-            .pool()
-            .list_volumes()
-            .into_iter()
-            .map(|v| v.name)
-            .collect();
+        let mut listed: Vec<String> = self.pool().list_volumes().into_iter().map(|v| v.name).collect();
         listed.sort();
         let expected: Vec<String> = self.model.vols.keys().cloned().collect();
         if listed != expected {
-            return Err(format!(
-                "after crash the pool lists {listed:?}, the model {expected:?}"
-            ));
+            return Err(format!("after crash the pool lists {listed:?}, the model {expected:?}"));
         }
         Ok(())
     }
@@ -419,9 +354,7 @@ impl Run {
             .map(|v| v.size as usize)
             .unwrap_or(0);
         if actual != before && actual != after {
-            return Err(format!(
-                "volume {name} has size {actual} after a cut operation from {before} to {after}"
-            ));
+            return Err(format!("volume {name} has size {actual} after a cut operation from {before} to {after}"));
         }
         match (actual, self.model.vols.get_mut(&name)) {
             (0, _) => {
@@ -441,22 +374,17 @@ impl Run {
 
     fn read_volume(&self, name: &str) -> Result<Vec<u8>, String> {
         let pool = self.pool();
-        let id = pool
-            .volume_id(name)
-            .ok_or(format!("volume {name} missing after reopen"))?;
+        let id = pool.volume_id(name).ok_or(format!("volume {name} missing after reopen"))?;
         let size = pool.volume_info(id).map(|v| v.size as usize).unwrap_or(0);
         let mut image = vec![0u8; size];
-        pool.read(id, 0, &mut image)
-            .map_err(|e| format!("read {name}: {e}"))?;
+        pool.read(id, 0, &mut image).map_err(|e| format!("read {name}: {e}"))?;
         Ok(image)
     }
 
     fn verify_all_current(&self) -> Result<(), String> {
         for (name, m) in &self.model.vols {
             if self.read_volume(name)? != m.current {
-                return Err(format!(
-                    "after clean reopen, volume {name} differs from the model"
-                ));
+                return Err(format!("after clean reopen, volume {name} differs from the model"));
             }
         }
         Ok(())

@@ -15,8 +15,5 @@ fn crash_simulation_500_seeds() {
         }
     }
     println!("{} seeds, {crashes} crashes survived", list.len());
-    assert!(
-        crashes >= list.len(),
-        "every run ends in at least one crash"
-    );
+    assert!(crashes >= list.len(), "every run ends in at least one crash");
 }

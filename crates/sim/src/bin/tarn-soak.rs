@@ -8,10 +8,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let count = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(20_000);
     let steps = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(600);
-    let cfg = SimConfig {
-        steps,
-        ..SimConfig::default()
-    };
+    let cfg = SimConfig { steps, ..SimConfig::default() };
     let list = seeds(count);
     let mut crashes = 0;
     for (i, &seed) in list.iter().enumerate() {

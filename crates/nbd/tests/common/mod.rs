@@ -1,0 +1,284 @@
+//! A minimal raw-protocol NBD client for the integration tests.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tarn_nbd::memory::{MemoryBackend, MemoryExport};
+use tarn_nbd::protocol::*;
+use tarn_nbd::{Server, ServerConfig};
+
+pub const SIZE: u64 = 16 << 20;
+
+pub struct TestServer {
+    pub server: Server,
+    pub addr: SocketAddr,
+    pub export: Arc<MemoryExport>,
+}
+
+pub fn start() -> TestServer {
+    start_with(MemoryExport::new(SIZE), ServerConfig::default())
+}
+
+pub fn start_with(export: MemoryExport, config: ServerConfig) -> TestServer {
+    let export = Arc::new(export);
+    let backend = MemoryBackend::new().with_export("mem", "test export", export.clone());
+    let server = Server::new(Arc::new(backend), config);
+    let addr = server.listen_tcp("127.0.0.1:0").expect("listen");
+    TestServer { server, addr, export }
+}
+
+pub struct Client {
+    pub s: TcpStream,
+}
+
+#[derive(Debug)]
+pub struct OptReply {
+    pub option: u32,
+    pub rtype: u32,
+    pub data: Vec<u8>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct Chunk {
+    pub flags: u16,
+    pub ctype: u16,
+    pub handle: u64,
+    pub payload: Vec<u8>,
+}
+
+/// Any reply in the transmission phase.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reply {
+    Simple { error: u32, handle: u64 },
+    Chunk(Chunk),
+}
+
+impl Client {
+    /// Connect and do the initial greeting with the given client flags.
+    pub fn connect_raw(addr: SocketAddr, client_flags: u32) -> Client {
+        let s = TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut c = Client { s };
+        let mut g = [0u8; 18];
+        c.s.read_exact(&mut g).expect("greeting");
+        assert_eq!(&g[0..8], b"NBDMAGIC");
+        assert_eq!(&g[8..16], b"IHAVEOPT");
+        assert_eq!(u16::from_be_bytes([g[16], g[17]]), NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES);
+        c.s.write_all(&client_flags.to_be_bytes()).unwrap();
+        c
+    }
+
+    pub fn connect(addr: SocketAddr) -> Client {
+        Client::connect_raw(addr, NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES)
+    }
+
+    pub fn send_option(&mut self, option: u32, data: &[u8]) {
+        let mut b = Vec::new();
+        b.extend_from_slice(&IHAVEOPT.to_be_bytes());
+        b.extend_from_slice(&option.to_be_bytes());
+        b.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        b.extend_from_slice(data);
+        self.s.write_all(&b).unwrap();
+    }
+
+    pub fn read_opt_reply(&mut self) -> OptReply {
+        let mut h = [0u8; 20];
+        self.s.read_exact(&mut h).expect("option reply header");
+        assert_eq!(u64::from_be_bytes(h[0..8].try_into().unwrap()), OPT_REPLY_MAGIC);
+        let len = u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize;
+        let mut data = vec![0u8; len];
+        self.s.read_exact(&mut data).unwrap();
+        OptReply {
+            option: u32::from_be_bytes(h[8..12].try_into().unwrap()),
+            rtype: u32::from_be_bytes(h[12..16].try_into().unwrap()),
+            data,
+        }
+    }
+
+    /// Send an option and collect replies up to the final one.
+    pub fn option(&mut self, option: u32, data: &[u8]) -> Vec<OptReply> {
+        self.send_option(option, data);
+        let mut v = Vec::new();
+        loop {
+            let r = self.read_opt_reply();
+            assert_eq!(r.option, option);
+            let last = r.rtype == NBD_REP_ACK || r.rtype & 0x8000_0000 != 0;
+            v.push(r);
+            if last {
+                return v;
+            }
+        }
+    }
+
+    pub fn structured(&mut self) {
+        let r = self.option(NBD_OPT_STRUCTURED_REPLY, &[]);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].rtype, NBD_REP_ACK);
+    }
+
+    pub fn set_meta(&mut self, name: &str, queries: &[&str]) -> Vec<OptReply> {
+        self.option(NBD_OPT_SET_META_CONTEXT, &meta_data(name, queries))
+    }
+
+    /// NBD_OPT_GO; returns (size, transmission flags) or the error reply type.
+    pub fn go(&mut self, name: &str, infos: &[u16]) -> Result<(u64, u16, Vec<OptReply>), u32> {
+        let replies = self.option(NBD_OPT_GO, &info_data(name, infos));
+        let last = replies.last().unwrap();
+        if last.rtype != NBD_REP_ACK {
+            return Err(last.rtype);
+        }
+        let exp = replies
+            .iter()
+            .find(|r| r.rtype == NBD_REP_INFO && r.data[0..2] == NBD_INFO_EXPORT.to_be_bytes())
+            .expect("NBD_INFO_EXPORT");
+        assert_eq!(exp.data.len(), 12);
+        let size = u64::from_be_bytes(exp.data[2..10].try_into().unwrap());
+        let flags = u16::from_be_bytes(exp.data[10..12].try_into().unwrap());
+        Ok((size, flags, replies))
+    }
+
+    /// Full handshake: optionally structured replies + base:allocation, then GO.
+    pub fn open(addr: SocketAddr, structured: bool) -> (Client, u64, u16) {
+        let mut c = Client::connect(addr);
+        if structured {
+            c.structured();
+            let r = c.set_meta("mem", &["base:allocation"]);
+            assert_eq!(r.len(), 2);
+            assert_eq!(r[0].rtype, NBD_REP_META_CONTEXT);
+        }
+        let (size, flags, _) = c.go("mem", &[NBD_INFO_BLOCK_SIZE]).expect("GO");
+        (c, size, flags)
+    }
+
+    pub fn request(&mut self, flags: u16, command: u16, handle: u64, offset: u64, length: u32, payload: &[u8]) {
+        let h = RequestHeader { flags, command, handle, offset, length };
+        let mut b = encode_request_header(&h).to_vec();
+        b.extend_from_slice(payload);
+        self.s.write_all(&b).unwrap();
+    }
+
+    /// Read one reply; `read_len` tells how much data follows a successful
+    /// simple reply (the client must know it from its own request).
+    pub fn reply(&mut self, read_len: impl Fn(u64) -> usize) -> (Reply, Vec<u8>) {
+        let mut m = [0u8; 4];
+        self.s.read_exact(&mut m).expect("reply magic");
+        let magic = u32::from_be_bytes(m);
+        if magic == SIMPLE_REPLY_MAGIC {
+            let mut r = [0u8; 12];
+            self.s.read_exact(&mut r).unwrap();
+            let error = u32::from_be_bytes(r[0..4].try_into().unwrap());
+            let handle = u64::from_be_bytes(r[4..12].try_into().unwrap());
+            let mut data = Vec::new();
+            if error == 0 {
+                data = vec![0u8; read_len(handle)];
+                self.s.read_exact(&mut data).unwrap();
+            }
+            (Reply::Simple { error, handle }, data)
+        } else {
+            assert_eq!(magic, STRUCTURED_REPLY_MAGIC, "unexpected reply magic {magic:#x}");
+            let mut r = [0u8; 16];
+            self.s.read_exact(&mut r).unwrap();
+            let len = u32::from_be_bytes(r[12..16].try_into().unwrap()) as usize;
+            let mut payload = vec![0u8; len];
+            self.s.read_exact(&mut payload).unwrap();
+            let chunk = Chunk {
+                flags: u16::from_be_bytes(r[0..2].try_into().unwrap()),
+                ctype: u16::from_be_bytes(r[2..4].try_into().unwrap()),
+                handle: u64::from_be_bytes(r[4..12].try_into().unwrap()),
+                payload,
+            };
+            (Reply::Chunk(chunk), Vec::new())
+        }
+    }
+
+    /// Simple reply without data; returns (error, handle).
+    pub fn simple(&mut self) -> (u32, u64) {
+        match self.reply(|_| 0).0 {
+            Reply::Simple { error, handle } => (error, handle),
+            other => panic!("expected a simple reply, got {other:?}"),
+        }
+    }
+
+    /// Structured chunk.
+    pub fn chunk(&mut self) -> Chunk {
+        match self.reply(|_| 0).0 {
+            Reply::Chunk(c) => c,
+            other => panic!("expected a chunk, got {other:?}"),
+        }
+    }
+
+    /// Error value of the next reply, simple or structured error chunk.
+    pub fn error_of_next(&mut self) -> (u32, u64) {
+        match self.reply(|_| 0).0 {
+            Reply::Simple { error, handle } => (error, handle),
+            Reply::Chunk(c) => {
+                assert_eq!(c.ctype, NBD_REPLY_TYPE_ERROR, "expected an error chunk: {c:?}");
+                assert_ne!(c.flags & NBD_REPLY_FLAG_DONE, 0);
+                (u32::from_be_bytes(c.payload[0..4].try_into().unwrap()), c.handle)
+            }
+        }
+    }
+
+    pub fn write(&mut self, handle: u64, offset: u64, data: &[u8]) {
+        self.request(0, NBD_CMD_WRITE, handle, offset, data.len() as u32, data);
+    }
+
+    /// Simple-reply read.
+    pub fn read_simple(&mut self, handle: u64, offset: u64, len: u32) -> Vec<u8> {
+        self.request(0, NBD_CMD_READ, handle, offset, len, &[]);
+        let (r, data) = self.reply(|_| len as usize);
+        assert_eq!(r, Reply::Simple { error: 0, handle });
+        data
+    }
+
+    pub fn disc(&mut self) {
+        self.request(0, NBD_CMD_DISC, 0, 0, 0, &[]);
+    }
+
+    /// True if the server closed the connection (EOF) within the timeout.
+    pub fn closed_by_server(&mut self) -> bool {
+        let mut b = [0u8; 1];
+        matches!(self.s.read(&mut b), Ok(0) | Err(_))
+    }
+}
+
+pub fn info_data(name: &str, infos: &[u16]) -> Vec<u8> {
+    let mut d = Vec::new();
+    d.extend_from_slice(&(name.len() as u32).to_be_bytes());
+    d.extend_from_slice(name.as_bytes());
+    d.extend_from_slice(&(infos.len() as u16).to_be_bytes());
+    for i in infos {
+        d.extend_from_slice(&i.to_be_bytes());
+    }
+    d
+}
+
+pub fn meta_data(name: &str, queries: &[&str]) -> Vec<u8> {
+    let mut d = Vec::new();
+    d.extend_from_slice(&(name.len() as u32).to_be_bytes());
+    d.extend_from_slice(name.as_bytes());
+    d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+    for q in queries {
+        d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+        d.extend_from_slice(q.as_bytes());
+    }
+    d
+}
+
+/// Parse a BLOCK_STATUS chunk payload into (context id, [(length, status)]).
+pub fn parse_block_status(payload: &[u8]) -> (u32, Vec<(u32, u32)>) {
+    assert!(payload.len() >= 12 && (payload.len() - 4) % 8 == 0);
+    let id = u32::from_be_bytes(payload[0..4].try_into().unwrap());
+    let d = payload[4..]
+        .chunks(8)
+        .map(|c| (u32::from_be_bytes(c[0..4].try_into().unwrap()), u32::from_be_bytes(c[4..8].try_into().unwrap())))
+        .collect();
+    (id, d)
+}
+
+pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}

@@ -1,0 +1,160 @@
+//! Pool behaviour at the edges, on simulated devices: a full pool, damaged
+//! labels, foreign members, volume administration and space accounting.
+
+use std::sync::Arc;
+use tarn_engine::{create_pool, CreateOptions, Device, EngineError, OpenOptions, Pool};
+use tarn_sim::SimDevice;
+
+const MIB: u64 = 1 << 20;
+
+fn devices(n: usize, size: u64) -> (Vec<Arc<SimDevice>>, Vec<Arc<dyn Device>>) {
+    let sims: Vec<Arc<SimDevice>> = (0..n).map(|i| Arc::new(SimDevice::new(&format!("sim{i}"), size))).collect();
+    let dyns = sims.iter().map(|d| d.clone() as Arc<dyn Device>).collect();
+    (sims, dyns)
+}
+
+fn new_pool(n: usize, size: u64) -> (Vec<Arc<SimDevice>>, Pool) {
+    let (sims, dyns) = devices(n, size);
+    let paths = (0..n).map(|i| format!("sim{i}")).collect::<Vec<_>>();
+    create_pool(&dyns, &paths, &CreateOptions { journal_bytes: Some(256 << 10), force: false }).unwrap();
+    let pool = Pool::open(dyns, OpenOptions::default()).unwrap();
+    (sims, pool)
+}
+
+fn reopen(sims: &[Arc<SimDevice>]) -> Result<Pool, EngineError> {
+    Pool::open(sims.iter().map(|d| d.clone() as Arc<dyn Device>).collect(), OpenOptions::default())
+}
+
+/// Bug guarded: a full pool must fail only writes to holes, keep
+/// allocated ranges writable, and let TRIM give space back.
+#[test]
+fn full_pool_fails_only_holes_and_trim_recovers() {
+    let (_sims, pool) = new_pool(1, 8 * MIB);
+    let v = pool.create_volume("big", 64 * MIB).unwrap().id;
+    let chunk = vec![0x5au8; 256 << 10];
+    let mut written = 0u64;
+    let err = loop {
+        match pool.write(v, written, &chunk, false) {
+            Ok(()) => written += chunk.len() as u64,
+            Err(e) => break e,
+        }
+        assert!(written < 64 * MIB, "8 MiB pool accepted 64 MiB");
+    };
+    assert!(matches!(err, EngineError::NoSpace), "got {err}");
+    // Allocated space stays writable at 100% full.
+    pool.write(v, 0, &vec![0x77u8; 4096], false).unwrap();
+    pool.flush().unwrap();
+    assert!(pool.check().is_clean());
+    // TRIM frees space once committed; the hole is writable again.
+    pool.trim(v, 0, 1 * MIB).unwrap();
+    pool.flush().unwrap();
+    pool.write(v, written, &vec![1u8; 4096], false).unwrap();
+    let report = pool.check();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    let mut back = vec![0u8; 4096];
+    pool.read(v, 0, &mut back).unwrap();
+    assert!(back.iter().all(|b| *b == 0), "trimmed range must read zeros");
+}
+
+/// Bug guarded: a torn or damaged superblock copy must not make the pool
+/// unopenable; two damaged copies give a clear error and change nothing.
+#[test]
+fn damaged_superblocks() {
+    let (sims, pool) = new_pool(1, 4 * MIB);
+    let v = pool.create_volume("a", MIB).unwrap().id;
+    pool.write(v, 0, &vec![9u8; 8192], false).unwrap();
+    pool.close().unwrap();
+    drop(pool);
+    sims[0].flip_bit(100, 3);
+    let pool = reopen(&sims).expect("opens from the other copy");
+    assert!(pool.status().notes.iter().any(|n| n.contains("invalid")), "the damaged copy is reported");
+    let mut back = vec![0u8; 8192];
+    pool.read(v, 0, &mut back).unwrap();
+    assert_eq!(back, vec![9u8; 8192]);
+    drop(pool);
+    sims[0].flip_bit(16 * 4096 + 100, 3);
+    let mut before = vec![0u8; 4 * MIB as usize];
+    sims[0].read_at(&mut before, 0).unwrap();
+    match reopen(&sims) {
+        Err(EngineError::NotAPool { device, .. }) => assert_eq!(device, "sim0"),
+        other => panic!("expected NotAPool, got {:?}", other.map(|_| ())),
+    }
+    let mut after = vec![0u8; 4 * MIB as usize];
+    sims[0].read_at(&mut after, 0).unwrap();
+    assert!(before == after, "a failed open wrote to the device");
+}
+
+/// Bug guarded: a member device of another pool must be refused by name.
+#[test]
+fn foreign_member_is_refused() {
+    let (a, pool_a) = new_pool(2, 4 * MIB);
+    let (b, pool_b) = new_pool(2, 4 * MIB);
+    drop((pool_a, pool_b));
+    let mixed: Vec<Arc<dyn Device>> = vec![a[0].clone(), b[1].clone()];
+    match Pool::open(mixed, OpenOptions::default()) {
+        Err(EngineError::ForeignDevice { device, .. }) => assert_eq!(device, "sim1"),
+        other => panic!("expected ForeignDevice, got {:?}", other.map(|_| ())),
+    }
+}
+
+/// Volume administration: names, sizes, shrink discards the tail, delete
+/// returns every block, accounting is exact.
+#[test]
+fn volume_lifecycle_and_accounting() {
+    let (sims, pool) = new_pool(2, 8 * MIB);
+    assert!(matches!(pool.create_volume("a@b", MIB), Err(EngineError::InvalidArgument(_))));
+    assert!(matches!(pool.create_volume("", MIB), Err(EngineError::InvalidArgument(_))));
+    let v = pool.create_volume("vol", 100 * MIB).unwrap();
+    assert!(matches!(pool.create_volume("vol", MIB), Err(EngineError::VolumeExists(_))));
+    assert_eq!(v.size, 100 * MIB, "overcommit allowed");
+    let free0 = pool.status().free;
+    pool.write(v.id, 0, &vec![1u8; 1 << 20], false).unwrap();
+    pool.write(v.id, 50 * MIB, &vec![2u8; 4096], false).unwrap();
+    assert_eq!(pool.volume_info(v.id).unwrap().allocated, MIB + 4096);
+    assert!(pool.resize_volume("vol", 10 * MIB, false).is_err(), "shrink needs consent");
+    pool.resize_volume("vol", 10 * MIB, true).unwrap();
+    assert_eq!(pool.volume_info(v.id).unwrap().allocated, MIB);
+    assert!(pool.write(v.id, 10 * MIB, &[0u8; 1], false).is_err(), "write past the new end");
+    pool.resize_volume("vol", 20 * MIB, false).unwrap();
+    let mut back = vec![7u8; 4096];
+    pool.read(v.id, 15 * MIB, &mut back).unwrap();
+    assert!(back.iter().all(|b| *b == 0), "grown tail reads zeros");
+    pool.delete_volume("vol").unwrap();
+    assert_eq!(pool.status().used, 0);
+    assert!(pool.status().free >= free0);
+    assert!(pool.check().is_clean());
+    pool.close().unwrap();
+    drop(pool);
+    let pool = reopen(&sims).unwrap();
+    assert!(pool.list_volumes().is_empty());
+    assert!(pool.check().is_clean());
+}
+
+/// Sequential writes must cost ranges, not per-block entries.
+#[test]
+fn sequential_fill_makes_few_extents() {
+    let (_sims, pool) = new_pool(1, 64 * MIB);
+    let v = pool.create_volume("seq", 48 * MIB).unwrap().id;
+    let chunk = vec![3u8; 128 << 10];
+    for i in 0..(40 * MIB / chunk.len() as u64) {
+        pool.write(v, i * chunk.len() as u64, &chunk, false).unwrap();
+    }
+    pool.checkpoint().unwrap();
+    let info = pool.volume_info(v).unwrap();
+    assert!(info.extents <= 2, "{} extents for a sequential fill", info.extents);
+    let st = pool.status();
+    assert!(st.metadata * 2000 <= 40 * MIB, "metadata {} bytes for 40 MiB written", st.metadata);
+}
+
+/// Out-of-range and oversized requests are errors, not panics.
+#[test]
+fn out_of_range_requests() {
+    let (_sims, pool) = new_pool(1, 4 * MIB);
+    let v = pool.create_volume("r", MIB).unwrap().id;
+    let mut buf = vec![0u8; 4096];
+    assert!(matches!(pool.read(v, MIB - 100, &mut buf), Err(EngineError::OutOfRange { .. })));
+    assert!(matches!(pool.read(v, u64::MAX - 10, &mut buf), Err(EngineError::OutOfRange { .. })));
+    assert!(matches!(pool.trim(v, u64::MAX, 2), Err(EngineError::OutOfRange { .. })));
+    assert!(matches!(pool.read(v, 0, &mut []), Err(EngineError::OutOfRange { .. })));
+    assert!(matches!(pool.read(999, 0, &mut buf), Err(EngineError::VolumeGone(999))));
+}
