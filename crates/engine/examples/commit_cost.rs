@@ -15,7 +15,8 @@ fn main() {
     let path = std::path::Path::new(&dir).join("tarn-commit-cost.img");
     let _ = std::fs::remove_file(&path);
     let dev: Arc<dyn Device> = Arc::new(FileDevice::create_file(&path, 8 << 30).expect("create"));
-    create_pool(&[dev.clone()], &[path.display().to_string()], &CreateOptions::default()).expect("create pool");
+    create_pool(std::slice::from_ref(&dev), &[path.display().to_string()], &CreateOptions::default())
+        .expect("create pool");
     let pool = Pool::open(vec![dev], OpenOptions { no_discard: true, ..Default::default() }).expect("open");
     let vol = pool.create_volume("v", 4 << 30).expect("volume").id;
     let block = vec![0xa5u8; 4096];
@@ -36,13 +37,21 @@ fn main() {
     println!("durable commit of 1,000 random 4K writes: median {:.2} ms, p90 {:.2} ms", lat[100], lat[180]);
     let t = Instant::now();
     pool.checkpoint().expect("checkpoint");
-    println!("checkpoint of {} extents: {:.1} ms", pool.volume_info(vol).map(|v| v.extents).unwrap_or(0), t.elapsed().as_secs_f64() * 1e3);
+    println!(
+        "checkpoint of {} extents: {:.1} ms",
+        pool.volume_info(vol).map(|v| v.extents).unwrap_or(0),
+        t.elapsed().as_secs_f64() * 1e3
+    );
     pool.close().expect("close");
     drop(pool);
     let t = Instant::now();
     let dev: Arc<dyn Device> = Arc::new(FileDevice::open(&path, true).expect("open file"));
     let pool = Pool::open(vec![dev], OpenOptions::default()).expect("reopen");
-    println!("open with {} extents: {:.1} ms", pool.volume_info(vol).map(|v| v.extents).unwrap_or(0), t.elapsed().as_secs_f64() * 1e3);
+    println!(
+        "open with {} extents: {:.1} ms",
+        pool.volume_info(vol).map(|v| v.extents).unwrap_or(0),
+        t.elapsed().as_secs_f64() * 1e3
+    );
     drop(pool);
     let _ = std::fs::remove_file(&path);
 

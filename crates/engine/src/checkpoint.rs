@@ -4,7 +4,7 @@
 use crate::device::Device;
 use crate::error::{EngineError, Result};
 use crate::extent_map::ExtentMap;
-use crate::extent_map::Freed;
+use crate::extent_map::{Freed, Ranges};
 use crate::state::{State, Volume};
 use std::sync::Arc;
 use tarn_format::checkpoint::{
@@ -123,7 +123,7 @@ fn device(devices: &[Arc<dyn Device>], pba: Pba) -> Result<&Arc<dyn Device>> {
 }
 
 /// Read a checkpoint: its payload and the extents it occupies.
-pub fn read(devices: &[Arc<dyn Device>], r: &CheckpointRef) -> Result<(Vec<u8>, Vec<(Pba, u64)>)> {
+pub fn read(devices: &[Arc<dyn Device>], r: &CheckpointRef) -> Result<(Vec<u8>, Ranges)> {
     let primary = devices[0].name();
     let corrupt =
         |detail: String| EngineError::NotAPool { device: primary.clone(), detail: format!("checkpoint: {detail}") };

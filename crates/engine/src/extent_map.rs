@@ -33,10 +33,15 @@ impl Segment {
             Segment::Mapped { len, .. } | Segment::Hole { len, .. } => len,
         }
     }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
-/// Physical blocks a map change released: (first block, count).
-pub type Freed = Vec<(Pba, u64)>;
+/// Physical ranges: (first block, count).
+pub type Ranges = Vec<(Pba, u64)>;
+/// Physical blocks a map change released.
+pub type Freed = Ranges;
 
 #[derive(Debug, Default, Clone)]
 pub struct ExtentMap {
@@ -74,7 +79,7 @@ impl ExtentMap {
             }
             let s = k.max(pos);
             let e_end = (k + e.len).min(end);
-            out.push(Segment::Mapped { lba: s, len: e_end - s, pba: e.pba.add(s - k), birth: e.birth });
+            out.push(Segment::Mapped { lba: s, len: e_end - s, pba: e.pba.offset_by(s - k), birth: e.birth });
             pos = e_end;
         }
         if pos < end && out.len() < max_segments {
@@ -118,9 +123,9 @@ impl ExtentMap {
             self.entries.insert(k, Extent { len: s - k, ..e });
         }
         if t < e_end {
-            self.entries.insert(t, Extent { len: e_end - t, pba: e.pba.add(t - k), birth: e.birth });
+            self.entries.insert(t, Extent { len: e_end - t, pba: e.pba.offset_by(t - k), birth: e.birth });
         }
-        freed.push((e.pba.add(s - k), t - s));
+        freed.push((e.pba.offset_by(s - k), t - s));
         self.mapped_blocks -= t - s;
     }
 
@@ -132,7 +137,7 @@ impl ExtentMap {
         let mut ext = Extent { len, pba, birth };
         if let Some((&k, &left)) = self.entries.range(..lba).next_back() {
             if k + left.len == lba
-                && left.pba.add(left.len) == pba
+                && left.pba.offset_by(left.len) == pba
                 && left.birth == birth
                 && left.pba.device() == pba.device()
             {
@@ -143,7 +148,7 @@ impl ExtentMap {
         }
         let end = lba + len;
         if let Some(&right) = self.entries.get(&end) {
-            if pba.add(len) == right.pba && right.birth == birth && right.pba.device() == pba.device() {
+            if pba.offset_by(len) == right.pba && right.birth == birth && right.pba.device() == pba.device() {
                 self.entries.remove(&end);
                 ext.len += right.len;
             }

@@ -126,7 +126,7 @@ impl Pool {
 
     /// Write whole blocks; returns whether any block needed new space.
     fn write_blocks(&self, vol: u32, lba: u64, data: &[u8]) -> Result<bool> {
-        debug_assert!(data.len() % BS == 0 && !data.is_empty());
+        debug_assert!(data.len().is_multiple_of(BS) && !data.is_empty());
         let n = (data.len() / BS) as u64;
         let _gate = self.io_gate.read().unwrap_or_else(|p| p.into_inner());
         let segs = {

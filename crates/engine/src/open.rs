@@ -4,7 +4,7 @@
 use crate::checkpoint;
 use crate::device::Device;
 use crate::error::{EngineError, Result};
-use crate::extent_map::Freed;
+use crate::extent_map::{Freed, Ranges};
 use crate::io::reserve_for;
 use crate::journal::{self, JournalCursor};
 use crate::label::{read_label, write_both_labels};
@@ -222,7 +222,7 @@ impl Pool {
     }
 }
 
-fn load_checkpoint(devices: &[Arc<dyn Device>], sb: &Superblock) -> Result<(State, Vec<(Pba, u64)>, u64)> {
+fn load_checkpoint(devices: &[Arc<dyn Device>], sb: &Superblock) -> Result<(State, Ranges, u64)> {
     if sb.first_segment().is_none() {
         return Ok((State::default(), Vec::new(), sb.checkpoint.seq));
     }

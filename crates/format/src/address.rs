@@ -30,7 +30,7 @@ impl Pba {
     pub fn byte_offset(self) -> u64 {
         self.block() << BLOCK_SHIFT
     }
-    pub fn add(self, blocks: u64) -> Pba {
+    pub fn offset_by(self, blocks: u64) -> Pba {
         Pba::new(self.device(), self.block() + blocks)
     }
 }

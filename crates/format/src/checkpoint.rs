@@ -238,7 +238,9 @@ impl<'a> CheckpointDecoder<'a> {
 mod tests {
     use super::*;
 
-    fn sample() -> (CheckpointHeader, Vec<(VolumeRecord, Vec<ExtentRecord>)>) {
+    type Decoded = (CheckpointHeader, Vec<(VolumeRecord, Vec<ExtentRecord>)>);
+
+    fn sample() -> Decoded {
         let h = CheckpointHeader { seq: 9, epoch: 3, next_volume_id: 3, volume_count: 2 };
         let e = |lba, len, pba, birth| ExtentRecord { lba, len, pba, birth };
         let v1 = VolumeRecord { id: 1, size: 1 << 30, name: "a".into(), flags: 0, extent_count: 3 };
@@ -255,7 +257,7 @@ mod tests {
         enc.finish()
     }
 
-    fn decode(buf: &[u8]) -> Result<(CheckpointHeader, Vec<(VolumeRecord, Vec<ExtentRecord>)>)> {
+    fn decode(buf: &[u8]) -> Result<Decoded> {
         let (mut d, h) = CheckpointDecoder::new(buf)?;
         let mut out = vec![];
         while let Some(v) = d.volume()? {

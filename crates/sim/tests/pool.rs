@@ -46,7 +46,7 @@ fn full_pool_fails_only_holes_and_trim_recovers() {
     pool.flush().unwrap();
     assert!(pool.check().is_clean());
     // TRIM frees space once committed; the hole is writable again.
-    pool.trim(v, 0, 1 * MIB).unwrap();
+    pool.trim(v, 0, MIB).unwrap();
     pool.flush().unwrap();
     pool.write(v, written, &vec![1u8; 4096], false).unwrap();
     let report = pool.check();
