@@ -1,14 +1,18 @@
 //! Transmission phase of one connection.
 //!
 //! The connection thread reads and validates requests (including WRITE
-//! payloads) and pushes jobs into a bounded queue; up to
-//! `workers_per_conn` worker threads (spawned on demand) call the
-//! [`Export`] and hand replies to the shared combining
-//! [`ReplyWriter`]. Invalid requests are answered directly by the reading
-//! thread. Replies may be sent out of order.
+//! payloads, through a 256 KiB read buffer). Each valid request is either
+//! run right there ("inline": no hand-off, WRITE data taken straight from
+//! the read buffer) or pushed into a bounded queue served by up to
+//! `workers_per_conn` worker threads spawned on demand; [`CostModel`]
+//! picks inline for request classes the export answers quickly and the
+//! workers for slow ones and for flushes. Replies go through the shared
+//! combining [`ReplyWriter`]: inline replies are batched and written before
+//! the thread next blocks on the socket. Invalid requests are answered by
+//! the reading thread. Replies may be sent out of order.
 
 use std::collections::VecDeque;
-use std::io::{self, BufReader, Read};
+use std::io::{self, BufRead, BufReader, Read};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -333,6 +337,7 @@ fn read_loop<R: Read>(
     let mut hb = [0u8; REQUEST_HEADER_LEN];
     loop {
         if shutting_down.load(Ordering::Relaxed) {
+            refuse_buffered(shared, reader);
             return End::Shutdown;
         }
         if shared.writer.is_broken() {
@@ -398,6 +403,17 @@ fn read_loop<R: Read>(
                 continue;
             }
         };
+        let inline = max_workers == 0 || shared.costs.run_inline(&req);
+        if let Request::Write { length, .. } = req {
+            let len = length as usize;
+            if inline && reader.buffer().len() >= len {
+                // Zero copy: write straight from the read buffer.
+                let reply = run(shared, h.handle, req, &reader.buffer()[..len]);
+                reader.consume(len);
+                shared.writer.defer(reply, &shared.pool);
+                continue;
+            }
+        }
         let data = if let Request::Write { length, .. } = req {
             let mut buf = shared.pool.get(length as usize);
             if reader.read_exact(&mut buf).is_err() {
@@ -409,7 +425,7 @@ fn read_loop<R: Read>(
         };
         let job = Job { handle: h.handle, req, data };
 
-        if max_workers == 0 || shared.costs.run_inline(&job.req) {
+        if inline {
             let reply = run_job(shared, job);
             shared.writer.defer(reply, &shared.pool);
             continue;
@@ -448,6 +464,27 @@ fn read_loop<R: Read>(
                 }
             }
         }
+    }
+}
+
+/// On shutdown: answer requests already received in full (still in the
+/// read buffer) with `NBD_ESHUTDOWN` rather than dropping them silently.
+fn refuse_buffered<R: Read>(shared: &Shared, reader: &mut BufReader<R>) {
+    loop {
+        let buf = reader.buffer();
+        let Some(hb) = buf.get(..REQUEST_HEADER_LEN).and_then(|b| <[u8; REQUEST_HEADER_LEN]>::try_from(b).ok()) else {
+            return;
+        };
+        let Ok(h) = parse_request_header(&hb) else { return };
+        if h.command == NBD_CMD_DISC {
+            return;
+        }
+        let payload = if h.command == NBD_CMD_WRITE { h.length as usize } else { 0 };
+        if buf.len() - REQUEST_HEADER_LEN < payload {
+            return;
+        }
+        reader.consume(REQUEST_HEADER_LEN + payload);
+        shared.writer.defer(shared.error_reply(h.handle, NBD_ESHUTDOWN, "server is shutting down"), &shared.pool);
     }
 }
 
@@ -494,17 +531,28 @@ impl CostModel {
         if let Some(c) = Self::class(req) {
             let a = &self.avg_ns[c];
             let old = a.load(Ordering::Relaxed);
-            a.store(old - old / 8 + ns.min(1 << 40) / 8, Ordering::Relaxed);
+            let new = old - old / 8 + ns.min(1 << 40) / 8;
+            a.store(new, Ordering::Relaxed);
+            if (old <= INLINE_MAX_NS) != (new <= INLINE_MAX_NS) {
+                const NAMES: [&str; 3] = ["reads", "writes", "other requests"];
+                let mode = if new <= INLINE_MAX_NS { "inline" } else { "on workers" };
+                log::debug!("nbd: {} now run {mode} (average {} us)", NAMES[c], new / 1000);
+            }
         }
     }
 }
 
 /// Run a job (catching export panics) and record its duration.
 fn run_job(sh: &Shared, job: Job) -> Reply {
-    let handle = job.handle;
-    let req = job.req;
+    let Job { handle, req, data } = job;
+    run(sh, handle, req, &data).with_spare(data)
+}
+
+/// Execute a request against the export, catching panics and recording
+/// the duration; `data` is the WRITE payload.
+fn run(sh: &Shared, handle: u64, req: Request, data: &[u8]) -> Reply {
     let start = Instant::now();
-    let reply = match catch_unwind(AssertUnwindSafe(|| process(sh, job))) {
+    let reply = match catch_unwind(AssertUnwindSafe(|| execute(sh, handle, req, data))) {
         Ok(r) => r,
         Err(_) => {
             log::error!("nbd: export panicked while handling a request");
@@ -553,10 +601,9 @@ fn worker(sh: Arc<Shared>) {
     }
 }
 
-fn process(sh: &Shared, job: Job) -> Reply {
+fn execute(sh: &Shared, h: u64, req: Request, data: &[u8]) -> Reply {
     let e = &*sh.export;
-    let h = job.handle;
-    let res = match job.req {
+    let res = match req {
         Request::Read { offset, length } => {
             let mut buf = sh.pool.get(length as usize);
             return match e.read(offset, &mut buf) {
@@ -568,14 +615,12 @@ fn process(sh: &Shared, job: Job) -> Reply {
                 }
             };
         }
-        Request::Write { offset, fua, .. } => {
-            let r = e.write(offset, &job.data, fua);
-            let reply = match r {
-                Ok(()) => Reply::simple(h, 0),
-                Err(err) => sh.error_reply(h, err.errno(), "write failed"),
-            };
-            return reply.with_spare(job.data);
+        Request::Write { offset, .. } if data.is_empty() => {
+            // Cannot happen (zero-length writes are rejected); no panic.
+            log::error!("nbd: write at {offset} without payload");
+            return sh.error_reply(h, NBD_EIO, "internal error");
         }
+        Request::Write { offset, fua, .. } => e.write(offset, data, fua),
         Request::Flush => e.flush(),
         Request::Trim { offset, length, fua } => e.trim(offset, length as u64, fua),
         Request::Cache { offset, length } => e.cache(offset, length as u64),
@@ -689,6 +734,22 @@ mod tests {
         assert_eq!(err(hdr(NBD_CMD_READ, 0, 1, 512), &aligned), NBD_EINVAL);
         assert_eq!(err(hdr(NBD_CMD_WRITE, 0, 0, 100), &aligned), NBD_EINVAL);
         assert!(validate_request(&hdr(NBD_CMD_READ, 0, 512, 1024), &aligned).is_ok());
+    }
+
+    #[test]
+    fn cost_model_adapts() {
+        let m = CostModel::new();
+        let w = Request::Write { offset: 0, length: 1, fua: false };
+        let r = Request::Read { offset: 0, length: 1 };
+        assert!(m.run_inline(&w) && m.run_inline(&r));
+        assert!(!m.run_inline(&Request::Flush));
+        m.record(&w, 10_000_000);
+        assert!(!m.run_inline(&w));
+        assert!(m.run_inline(&r), "classes are independent");
+        for _ in 0..100 {
+            m.record(&w, 1_000);
+        }
+        assert!(m.run_inline(&w), "fast again: back inline");
     }
 
     fn ext(length: u64, hole: bool) -> BlockStatusExtent {

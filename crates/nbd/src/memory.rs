@@ -165,7 +165,7 @@ impl Export for MemoryExport {
 }
 
 /// A [`Backend`] over a fixed list of exports; the first one is the default.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct MemoryBackend {
     exports: Vec<(ExportDescription, Arc<dyn Export>)>,
 }

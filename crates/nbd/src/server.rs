@@ -26,6 +26,9 @@ pub struct ServerConfig {
     /// stops reading from that connection (default 64).
     pub max_in_flight_per_conn: usize,
     /// Worker threads per connection, spawned on demand (default 8).
+    /// Requests the export answers quickly run on the connection's reading
+    /// thread instead (see `CostModel` in `connection.rs`); 0 runs every
+    /// request there.
     pub workers_per_conn: usize,
     /// Largest READ/WRITE payload accepted and advertised (default 32 MiB).
     pub max_request_bytes: u32,

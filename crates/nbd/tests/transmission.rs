@@ -137,7 +137,8 @@ fn oversized_write_payload_is_discarded_or_disconnected() {
 fn bad_magic_disconnects() {
     let t = start();
     let (mut c, _, _) = Client::open(t.addr, false);
-    let mut h = encode_request_header(&RequestHeader { flags: 0, command: NBD_CMD_READ, handle: 1, offset: 0, length: 512 });
+    let mut h =
+        encode_request_header(&RequestHeader { flags: 0, command: NBD_CMD_READ, handle: 1, offset: 0, length: 512 });
     h[0] ^= 0xff;
     c.s.write_all(&h).unwrap();
     assert!(c.closed_by_server());

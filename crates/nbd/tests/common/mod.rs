@@ -270,7 +270,7 @@ pub fn meta_data(name: &str, queries: &[&str]) -> Vec<u8> {
 
 /// Parse a BLOCK_STATUS chunk payload into (context id, [(length, status)]).
 pub fn parse_block_status(payload: &[u8]) -> (u32, Vec<(u32, u32)>) {
-    assert!(payload.len() >= 12 && (payload.len() - 4) % 8 == 0);
+    assert!(payload.len() >= 12 && payload.len() % 8 == 4);
     let id = u32::from_be_bytes(payload[0..4].try_into().unwrap());
     let d = payload[4..]
         .chunks(8)

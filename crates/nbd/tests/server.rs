@@ -1,0 +1,301 @@
+//! Server lifecycle: abrupt clients, graceful shutdown, Unix sockets,
+//! connection limits.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use tarn_nbd::memory::{MemoryBackend, MemoryExport};
+use tarn_nbd::protocol::*;
+use tarn_nbd::{BlockStatusExtent, Export, ExportError, Server, ServerConfig};
+
+fn wait_for(mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+#[test]
+fn client_disconnect_mid_flight() {
+    let t = start();
+    for round in 0..5 {
+        let (mut c, _, _) = Client::open(t.addr, round % 2 == 0);
+        // Lots of requests in flight (writes with payload, big reads), then
+        // vanish without reading a single reply.
+        let mut batch = Vec::new();
+        for i in 0..300u64 {
+            let (cmd, len) = if i % 2 == 0 { (NBD_CMD_WRITE, 65536) } else { (NBD_CMD_READ, 1 << 20) };
+            let h = RequestHeader { flags: 0, command: cmd, handle: i, offset: (i % 8) << 20, length: len };
+            batch.extend_from_slice(&encode_request_header(&h));
+            if cmd == NBD_CMD_WRITE {
+                batch.extend_from_slice(&vec![i as u8; len as usize]);
+            }
+        }
+        let _ = c.s.set_write_timeout(Some(Duration::from_secs(2)));
+        let _ = c.s.write_all(&batch[..batch.len() / 2]);
+        drop(c);
+    }
+    // Every connection goes away and the server still serves.
+    assert!(wait_for(|| t.server.connection_count() == 0), "connections leaked");
+    let (mut c, _, _) = Client::open(t.addr, false);
+    c.write(1, 0, &[7; 512]);
+    assert_eq!(c.simple(), (0, 1));
+    assert_eq!(c.read_simple(2, 0, 512), vec![7; 512]);
+}
+
+#[test]
+fn disc_answers_in_flight_requests_first() {
+    let t = start();
+    let (mut c, _, _) = Client::open(t.addr, false);
+    let mut batch = Vec::new();
+    for i in 0..50u64 {
+        let h = RequestHeader { flags: 0, command: NBD_CMD_WRITE, handle: i, offset: i * 4096, length: 4096 };
+        batch.extend_from_slice(&encode_request_header(&h));
+        batch.extend_from_slice(&[i as u8; 4096]);
+    }
+    batch.extend_from_slice(&encode_request_header(&RequestHeader {
+        flags: 0,
+        command: NBD_CMD_DISC,
+        handle: 99,
+        offset: 0,
+        length: 0,
+    }));
+    c.s.write_all(&batch).unwrap();
+    let mut got = 0;
+    for _ in 0..50 {
+        assert_eq!(c.simple().0, 0);
+        got += 1;
+    }
+    assert_eq!(got, 50);
+    assert!(c.closed_by_server());
+    assert_eq!(t.export.allocated_blocks(), 50);
+}
+
+/// An export whose writes take a while, to have requests in flight.
+struct Slow(MemoryExport);
+
+impl Export for Slow {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn read_only(&self) -> bool {
+        false
+    }
+    fn read(&self, o: u64, b: &mut [u8]) -> Result<(), ExportError> {
+        self.0.read(o, b)
+    }
+    fn write(&self, o: u64, d: &[u8], f: bool) -> Result<(), ExportError> {
+        std::thread::sleep(Duration::from_millis(100));
+        self.0.write(o, d, f)
+    }
+    fn flush(&self) -> Result<(), ExportError> {
+        Ok(())
+    }
+    fn trim(&self, o: u64, l: u64, f: bool) -> Result<(), ExportError> {
+        self.0.trim(o, l, f)
+    }
+    fn write_zeroes(&self, o: u64, l: u64, n: bool, fa: bool, fu: bool) -> Result<(), ExportError> {
+        self.0.write_zeroes(o, l, n, fa, fu)
+    }
+    fn block_status(&self, o: u64, l: u64) -> Result<Vec<BlockStatusExtent>, ExportError> {
+        self.0.block_status(o, l)
+    }
+}
+
+#[test]
+fn shutdown_answers_in_flight_then_closes() {
+    let backend = MemoryBackend::new().with_export("mem", "", Arc::new(Slow(MemoryExport::new(1 << 20))));
+    let server = Server::new(Arc::new(backend), ServerConfig::default());
+    let addr = server.listen_tcp("127.0.0.1:0").unwrap();
+    let (mut c, _, _) = Client::open(addr, false);
+    // A connection still in the handshake, and one idle in transmission.
+    let mut hs = Client::connect(addr);
+    let (mut idle, _, _) = Client::open(addr, false);
+    for i in 0..4u64 {
+        c.write(i, i * 4096, &[1; 4096]);
+    }
+    // Let the server read them (the first slow write marks writes as slow,
+    // so they are spread over the workers).
+    std::thread::sleep(Duration::from_millis(150));
+    let start = Instant::now();
+    let stopper = std::thread::spawn(move || {
+        server.shutdown();
+        server
+    });
+    let mut answered = 0;
+    while answered < 4 {
+        assert_eq!(c.simple().0, 0);
+        answered += 1;
+    }
+    assert!(c.closed_by_server());
+    assert!(idle.closed_by_server());
+    assert!(hs.closed_by_server());
+    let server = stopper.join().unwrap();
+    assert!(start.elapsed() < Duration::from_secs(4), "shutdown took {:?}", start.elapsed());
+    assert_eq!(server.connection_count(), 0);
+    // No longer accepting.
+    assert!(std::net::TcpStream::connect(addr).is_err());
+    assert!(server.listen_tcp("127.0.0.1:0").is_err());
+}
+
+#[test]
+fn shutdown_refuses_requests_not_yet_started() {
+    let backend = MemoryBackend::new().with_export("mem", "", Arc::new(Slow(MemoryExport::new(1 << 20))));
+    let server = Server::new(Arc::new(backend), ServerConfig::default());
+    let addr = server.listen_tcp("127.0.0.1:0").unwrap();
+    let (mut c, _, _) = Client::open(addr, false);
+    // One slow write (run by the reading thread: nothing is known to be
+    // slow yet) followed by reads that arrive in the same segment.
+    let mut batch =
+        encode_request_header(&RequestHeader { flags: 0, command: NBD_CMD_WRITE, handle: 0, offset: 0, length: 512 })
+            .to_vec();
+    batch.extend_from_slice(&[3; 512]);
+    for i in 1..=3u64 {
+        batch.extend_from_slice(&encode_request_header(&RequestHeader {
+            flags: 0,
+            command: NBD_CMD_READ,
+            handle: i,
+            offset: 0,
+            length: 512,
+        }));
+    }
+    c.s.write_all(&batch).unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    let stopper = std::thread::spawn(move || server.shutdown());
+    let mut replies = std::collections::HashMap::new();
+    for _ in 0..4 {
+        let (e, h) = c.simple();
+        replies.insert(h, e);
+    }
+    assert_eq!(replies[&0], 0, "the write in progress completes");
+    for i in 1..=3 {
+        assert_eq!(replies[&i], NBD_ESHUTDOWN, "request {i}");
+    }
+    assert!(c.closed_by_server());
+    stopper.join().unwrap();
+}
+
+#[test]
+fn slow_requests_run_concurrently() {
+    // Writes take 100 ms each: after the first one the server must spread
+    // them over its workers instead of running them one after another.
+    let backend = MemoryBackend::new().with_export("mem", "", Arc::new(Slow(MemoryExport::new(1 << 20))));
+    let server = Server::new(Arc::new(backend), ServerConfig::default());
+    let addr = server.listen_tcp("127.0.0.1:0").unwrap();
+    let (mut c, _, _) = Client::open(addr, false);
+    c.write(0, 0, &[1; 512]);
+    assert_eq!(c.simple(), (0, 0));
+    let start = Instant::now();
+    for i in 1..=8u64 {
+        c.write(i, i * 4096, &[1; 512]);
+    }
+    for _ in 1..=8 {
+        assert_eq!(c.simple().0, 0);
+    }
+    let t = start.elapsed();
+    assert!(t < Duration::from_millis(500), "8 slow writes took {t:?}: not concurrent");
+}
+
+#[test]
+fn shutdown_is_bounded_with_a_client_that_never_reads() {
+    let t = start();
+    let (mut c, _, _) = Client::open(t.addr, false);
+    // Fill the pipes with reads the client never collects.
+    let mut batch = Vec::new();
+    for i in 0..200u64 {
+        batch.extend_from_slice(&encode_request_header(&RequestHeader {
+            flags: 0,
+            command: NBD_CMD_READ,
+            handle: i,
+            offset: 0,
+            length: 1 << 20,
+        }));
+    }
+    c.s.write_all(&batch).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let start = Instant::now();
+    t.server.shutdown();
+    assert!(start.elapsed() < Duration::from_secs(8), "shutdown took {:?}", start.elapsed());
+    assert_eq!(t.server.connection_count(), 0);
+}
+
+#[test]
+fn unix_socket() {
+    let dir = std::env::temp_dir().join(format!("tarn-nbd-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("nbd.sock");
+    // A stale socket file is replaced.
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+    let backend = MemoryBackend::new().with_export("mem", "", Arc::new(MemoryExport::new(1 << 20)));
+    let server = Server::new(Arc::new(backend.clone()), ServerConfig::default());
+    server.listen_unix(&path).unwrap();
+    let meta = std::fs::metadata(&path).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    // A live socket is not stolen by a second server.
+    let other = Server::new(Arc::new(backend), ServerConfig::default());
+    assert_eq!(other.listen_unix(&path).unwrap_err().kind(), std::io::ErrorKind::AddrInUse);
+    // Regular files are not removed.
+    let file = dir.join("file");
+    std::fs::write(&file, b"x").unwrap();
+    assert!(other.listen_unix(&file).is_err());
+    assert!(file.exists());
+
+    let mut s = UnixStream::connect(&path).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut g = [0u8; 18];
+    s.read_exact(&mut g).unwrap();
+    assert_eq!(&g[0..8], b"NBDMAGIC");
+    s.write_all(&3u32.to_be_bytes()).unwrap();
+    let mut opt = IHAVEOPT.to_be_bytes().to_vec();
+    opt.extend_from_slice(&NBD_OPT_EXPORT_NAME.to_be_bytes());
+    opt.extend_from_slice(&3u32.to_be_bytes());
+    opt.extend_from_slice(b"mem");
+    s.write_all(&opt).unwrap();
+    let mut r = [0u8; 10];
+    s.read_exact(&mut r).unwrap();
+    assert_eq!(u64::from_be_bytes(r[0..8].try_into().unwrap()), 1 << 20);
+    let mut req =
+        encode_request_header(&RequestHeader { flags: 0, command: NBD_CMD_WRITE, handle: 1, offset: 0, length: 3 })
+            .to_vec();
+    req.extend_from_slice(b"abc");
+    req.extend_from_slice(&encode_request_header(&RequestHeader {
+        flags: 0,
+        command: NBD_CMD_READ,
+        handle: 2,
+        offset: 0,
+        length: 3,
+    }));
+    s.write_all(&req).unwrap();
+    let mut replies = [0u8; 16 + 16 + 3];
+    s.read_exact(&mut replies).unwrap();
+    assert_eq!(&replies[0..16], &encode_simple_reply(1, 0));
+    assert_eq!(&replies[16..32], &encode_simple_reply(2, 0));
+    assert_eq!(&replies[32..], b"abc");
+
+    server.shutdown();
+    assert!(!path.exists(), "socket file left behind");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn connection_limit() {
+    let cfg = ServerConfig { max_connections: 2, ..Default::default() };
+    let t = start_with(MemoryExport::new(1 << 20), cfg);
+    let (_a, _, _) = Client::open(t.addr, false);
+    let (_b, _, _) = Client::open(t.addr, false);
+    let mut s = std::net::TcpStream::connect(t.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut b = [0u8; 1];
+    assert!(matches!(s.read(&mut b), Ok(0) | Err(_)), "third connection was served");
+}
