@@ -72,7 +72,9 @@ impl ExtentMap {
         let start_key = first.unwrap_or(lba);
         for (&k, e) in self.entries.range(start_key..end) {
             if out.len() + 2 > max_segments {
-                break;
+                // Stop early; the answer covers [lba, pos) only. Never
+                // close it with a hole: the rest may well be mapped.
+                return out;
             }
             if k > pos {
                 out.push(Segment::Hole { lba: pos, len: k - pos });
@@ -250,10 +252,20 @@ mod tests {
     fn lookup_respects_max_segments() {
         let mut m = ExtentMap::default();
         for i in 0..10 {
-            m.insert(i * 2, 1, p(100 + i * 7), 1);
+            m.insert(i * 2 + 1, 1, p(100 + i * 7), 1);
         }
-        let segs = m.lookup(0, 20, 4);
-        assert!(segs.len() <= 4);
-        assert_eq!(segs[0].lba(), 0);
+        for max in 2..25 {
+            let segs = m.lookup(0, 20, max);
+            assert!(segs.len() <= max && !segs.is_empty());
+            assert_eq!(segs[0].lba(), 0);
+            // Regression: a truncated answer once ended with a hole covering
+            // the rest of the range, reporting mapped blocks as holes.
+            for s in &segs {
+                let mapped = (s.lba()..s.lba() + s.len()).any(|b| m.any_mapped(b, 1));
+                if let Segment::Hole { .. } = s {
+                    assert!(!mapped, "hole segment {s:?} covers mapped blocks (max {max})");
+                }
+            }
+        }
     }
 }

@@ -228,6 +228,27 @@ impl Run {
         if buf != self.model.vols[&name].current[off..off + len] {
             return Err(format!("live read of {name} at {off}+{len} differs from the model"));
         }
+        self.check_block_status(&name, id, off, len)
+    }
+
+    /// Whatever block status calls a hole must read as zeros, and the runs
+    /// must tile the range from its start without gaps.
+    fn check_block_status(&self, name: &str, id: u32, off: usize, len: usize) -> Result<(), String> {
+        let runs = self.pool().block_status(id, off as u64, len as u64).map_err(|e| format!("block status: {e}"))?;
+        let mut pos = off;
+        for r in &runs {
+            let end = pos + r.length as usize;
+            if end > off + len || r.length == 0 {
+                return Err(format!("block status run {r:?} at {pos} leaves {off}+{len}"));
+            }
+            if !r.allocated && self.model.vols[name].current[pos..end].iter().any(|b| *b != 0) {
+                return Err(format!("block status calls {name} {pos}..{end} a hole but it holds data"));
+            }
+            pos = end;
+        }
+        if runs.is_empty() {
+            return Err("block status returned no runs".into());
+        }
         Ok(())
     }
 
