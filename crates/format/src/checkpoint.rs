@@ -2,7 +2,7 @@
 //! (segments) and pointed to by the superblock. See docs/FORMAT.md §Checkpoint.
 
 use crate::address::BLOCK_SIZE;
-use crate::checksum::{checksum, SALT_SEGMENT_HEADER};
+use crate::checksum::{seal, unseal, SALT_SEGMENT_HEADER};
 use crate::codec::{Reader, Writer};
 use crate::error::{FormatError, Result};
 use crate::ops::MAX_NAME_LEN;
@@ -40,26 +40,13 @@ impl SegmentHeader {
         w.u64(self.self_pba);
         w.u64(self.next_pba);
         w.u32(self.payload_len);
-        w.buf.resize(SEGMENT_CRC_OFFSET, 0);
-        let crc = checksum(SALT_SEGMENT_HEADER, &w.buf);
-        w.u32(crc);
+        seal(&mut w, SALT_SEGMENT_HEADER, SEGMENT_CRC_OFFSET);
         w.buf.try_into().expect("64-byte header")
     }
 
     pub fn decode(buf: &[u8], read_at: u64) -> Result<SegmentHeader> {
         const WHAT: &str = "checkpoint segment";
-        if buf.len() < SEGMENT_HEADER_LEN {
-            return Err(FormatError::Truncated { what: WHAT, needed: SEGMENT_HEADER_LEN, had: buf.len() });
-        }
-        if buf[..8] != SEGMENT_MAGIC {
-            return Err(FormatError::BadMagic { what: WHAT });
-        }
-        let stored = u32::from_le_bytes(buf[SEGMENT_CRC_OFFSET..SEGMENT_HEADER_LEN].try_into().expect("4 bytes"));
-        let computed = checksum(SALT_SEGMENT_HEADER, &buf[..SEGMENT_CRC_OFFSET]);
-        if stored != computed {
-            return Err(FormatError::BadChecksum { what: WHAT, stored, computed });
-        }
-        let mut r = Reader::new(&buf[8..SEGMENT_CRC_OFFSET], WHAT);
+        let mut r = unseal(buf, &SEGMENT_MAGIC, SALT_SEGMENT_HEADER, SEGMENT_CRC_OFFSET, WHAT)?;
         let h = SegmentHeader {
             seq: r.u64()?,
             index: r.u32()?,

@@ -2,8 +2,8 @@
 //! region of the primary device. See docs/FORMAT.md §Journal.
 
 use crate::address::BLOCK_SIZE;
-use crate::checksum::{checksum, SALT_JOURNAL_HEADER, SALT_JOURNAL_PAYLOAD};
-use crate::codec::{Reader, Writer};
+use crate::checksum::{checksum, seal, unseal, SALT_JOURNAL_HEADER, SALT_JOURNAL_PAYLOAD};
+use crate::codec::Writer;
 use crate::error::{FormatError, Result};
 
 pub const JOURNAL_MAGIC: [u8; 8] = *b"TARNJRNL";
@@ -52,9 +52,7 @@ impl RecordHeader {
         w.u32(h.blocks);
         w.u64(h.epoch);
         w.u32(h.payload_crc);
-        w.buf.resize(HEADER_CRC_OFFSET, 0);
-        let crc = checksum(SALT_JOURNAL_HEADER, &w.buf);
-        w.u32(crc);
+        seal(&mut w, SALT_JOURNAL_HEADER, HEADER_CRC_OFFSET);
         w.bytes(payload);
         w.buf.resize((blocks * BLOCK_SIZE) as usize, 0);
         w.buf
@@ -63,14 +61,7 @@ impl RecordHeader {
     /// Decode the header in the first block of a record read at `block`.
     pub fn decode(buf: &[u8], block: u64) -> Result<RecordHeader> {
         const WHAT: &str = "journal record";
-        if buf.len() < HEADER_LEN {
-            return Err(FormatError::Truncated { what: WHAT, needed: HEADER_LEN, had: buf.len() });
-        }
-        if buf[..8] != JOURNAL_MAGIC {
-            return Err(FormatError::BadMagic { what: WHAT });
-        }
-        let mut r = Reader::new(&buf[..HEADER_LEN], WHAT);
-        r.take(8)?;
+        let mut r = unseal(buf, &JOURNAL_MAGIC, SALT_JOURNAL_HEADER, HEADER_CRC_OFFSET, WHAT)?;
         let h = RecordHeader {
             generation: r.u64()?,
             seq: r.u64()?,
@@ -80,11 +71,6 @@ impl RecordHeader {
             epoch: r.u64()?,
             payload_crc: r.u32()?,
         };
-        let stored = u32::from_le_bytes(buf[HEADER_CRC_OFFSET..HEADER_LEN].try_into().expect("4 bytes"));
-        let computed = checksum(SALT_JOURNAL_HEADER, &buf[..HEADER_CRC_OFFSET]);
-        if stored != computed {
-            return Err(FormatError::BadChecksum { what: WHAT, stored, computed });
-        }
         if h.self_block != block {
             return Err(FormatError::Misplaced { what: WHAT, stored: h.self_block, actual: block });
         }

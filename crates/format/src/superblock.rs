@@ -5,8 +5,8 @@
 //! mirror it.
 
 use crate::address::{Pba, BLOCK_SIZE};
-use crate::checksum::{checksum, SALT_SUPERBLOCK};
-use crate::codec::{Reader, Writer};
+use crate::checksum::{seal, unseal, SALT_SUPERBLOCK};
+use crate::codec::Writer;
 use crate::error::{FormatError, Result};
 
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"TARNPOOL";
@@ -111,30 +111,14 @@ impl Superblock {
             w.u16(d.path.len() as u16);
             w.bytes(d.path.as_bytes());
         }
-        assert!(w.len() <= CRC_OFFSET, "superblock overflows its block");
-        w.buf.resize(CRC_OFFSET, 0);
-        let crc = checksum(SALT_SUPERBLOCK, &w.buf);
-        w.u32(crc);
+        seal(&mut w, SALT_SUPERBLOCK, CRC_OFFSET);
         w.buf
     }
 
     /// Decode and validate the copy read from `copy_block`.
     pub fn decode(buf: &[u8], copy_block: u64) -> Result<Superblock> {
         const WHAT: &str = "superblock";
-        if buf.len() < BLOCK_SIZE as usize {
-            return Err(FormatError::Truncated { what: WHAT, needed: BLOCK_SIZE as usize, had: buf.len() });
-        }
-        if buf[..8] != SUPERBLOCK_MAGIC {
-            return Err(FormatError::BadMagic { what: WHAT });
-        }
-        let stored =
-            u32::from_le_bytes([buf[CRC_OFFSET], buf[CRC_OFFSET + 1], buf[CRC_OFFSET + 2], buf[CRC_OFFSET + 3]]);
-        let computed = checksum(SALT_SUPERBLOCK, &buf[..CRC_OFFSET]);
-        if stored != computed {
-            return Err(FormatError::BadChecksum { what: WHAT, stored, computed });
-        }
-        let mut r = Reader::new(&buf[..CRC_OFFSET], WHAT);
-        r.take(8)?;
+        let mut r = unseal(buf, &SUPERBLOCK_MAGIC, SALT_SUPERBLOCK, CRC_OFFSET, WHAT)?;
         let version = r.u32()?;
         if version != FORMAT_VERSION {
             return Err(FormatError::UnsupportedVersion(version));
