@@ -10,7 +10,7 @@ DESC = {
     "rr4k": "4K randread QD32",
     "sw1m": "1M seq write QD8, fresh",
     "sr1m": "1M seq read QD8",
-    "rw4k_fsync": "4K randwrite QD32 fsync=32",
+    "rw4k_fsync": "4K randwrite QD32, flush/32",
 }
 
 
@@ -93,9 +93,11 @@ def main():
             s = json.loads(st)
             m = int(s["metadata"])
             used = s.get("used")
+            j = s.get("journal_size")
             print(f"tarn metadata after {kind} fill: {m} bytes for {written} bytes written = "
-                  f"{m / max(written, 1) * 100:.3f}% ({m / max(written, 1):.5f} B/B); pool used {used}, "
-                  f"pool file on disk {du_b}; server VmHWM {int(kb) / 1024:.1f} MiB")
+                  f"{m / max(written, 1) * 100:.4f}% ({m / max(written, 1):.6f} B/B)"
+                  + (f" (+ fixed journal {j})" if j is not None else "")
+                  + f"; pool used {used}, pool file on disk {du_b}; server VmHWM {int(kb) / 1024:.1f} MiB")
         except Exception:
             print(f"tarn metadata after {kind} fill: pool status unavailable: {st[:200]}; "
                   f"pool file on disk {du_b} bytes for {written} written; server VmHWM {int(kb) / 1024:.1f} MiB")

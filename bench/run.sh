@@ -152,7 +152,9 @@ declare -A WL=(
   [rr4k]="alloc|--rw=randread --bs=4k --iodepth=32"
   [sw1m]="fresh|--rw=write --bs=1M --iodepth=8"
   [sr1m]="alloc|--rw=read --bs=1M --iodepth=8"
-  [rw4k_fsync]="fresh|--rw=randwrite --bs=4k --iodepth=32 --fsync=32"
+  # replayed from a generated iolog (gen_iolog.py): fio's own --fsync=32 at
+  # QD32 issues nearly one flush per write, not one per 32
+  [rw4k_fsync]="fresh|IOLOG"
 )
 COMMON=(--time_based "--runtime=$RUNTIME" --ramp_time=0 --numjobs=1 "--size=$SIZE_B"
         --norandommap --randrepeat=0 --group_reporting --output-format=json)
@@ -167,15 +169,23 @@ run_one() { # WORKLOAD TARGET
       --output="$RAW/$wl.$tgt.prefill.json" --output-format=json >/dev/null 2>&1 || log "prefill of $tgt failed"
   fi
   drop_caches
-  local js=$RAW/$wl.$tgt.json rc=0
+  local js=$RAW/$wl.$tgt.json rc=0 common=("${COMMON[@]}")
+  if [ "$args" = IOLOG ]; then
+    # 4k random writes with a flush after every 32, QD32; enough for RUNTIME at 100k IOPS
+    local fname=nbd; [ "$tgt" = raw ] && fname=$TGT_DIR/disk.raw
+    "$SYSPY" "$BENCH/gen_iolog.py" "$fname" "$SIZE_B" $((RUNTIME * 100000)) 32 "$TGT_DIR/fsync.iolog"
+    args="--iodepth=32 --read_iolog=$TGT_DIR/fsync.iolog"
+    common=("--runtime=$RUNTIME" --numjobs=1 --group_reporting --output-format=json)
+  fi
   # shellcheck disable=SC2086
-  timeout $((RUNTIME + 180)) fio --name="$wl" "${FIO_TARGET[@]}" $args "${COMMON[@]}" --output="$js" >"$RAW/$wl.$tgt.out" 2>&1 || rc=$?
+  timeout $((RUNTIME + 180)) fio --name="$wl" "${FIO_TARGET[@]}" $args "${common[@]}" --output="$js" >"$RAW/$wl.$tgt.out" 2>&1 || rc=$?
   [ $rc -eq 0 ] || { log "fio $wl on $tgt exit $rc: $(tail -2 "$RAW/$wl.$tgt.out" | tr '\n' ' ')"; js=-; }
   local hwm=0; [ -n "$SRV_PID" ] && hwm=$(hwm_kb "$SRV_PID")
   printf '%s\t%s\t%s\t%s\n' "$wl" "$tgt" "$js" "$hwm" >>"$MANIFEST"
   teardown
 }
 
+LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 log "bench: targets [$TARGETS], workloads [$WORKLOADS], size $SIZE, runtime ${RUNTIME}s, transport $TRANSPORT"
 read -r -a T_ARR <<<"$TARGETS"
 i=0
@@ -203,7 +213,6 @@ if [[ " $TARGETS " == *" tarn "* ]] && [ "${BENCH_META:-1}" = 1 ]; then
       timeout 1200 fio --name=fill "${FIO_TARGET[@]}" "${fill[@]}" "--size=$SIZE_B" --output-format=json \
         --output="$RAW/meta.$kind.json" >/dev/null 2>&1 || log "fill failed"
       hwm=$(hwm_kb "$SRV_PID")
-      teardown_keep=$TGT_DIR
       kill -TERM "$SRV_PID"; for _ in $(seq 1 600); do kill -0 "$SRV_PID" 2>/dev/null || break; sleep 0.1; done
       wait "$SRV_PID" 2>/dev/null || true; SRV_PID=
       st=$(timeout 120 "$TARN" pool status -p "$TGT_DIR/pool.img" --json 2>&1 || true)
@@ -219,8 +228,8 @@ fi
   echo "tarn benchmark $STAMP  ($(uname -r), $(nproc) cpus, fs of $DIR: $(df --output=fstype "$DIR" | tail -1))"
   echo "size $SIZE, runtime ${RUNTIME}s per run, numjobs=1, transport $TRANSPORT; qemu-nbd: qcow2 --cache=none --aio=$QEMU_AIO --discard=unmap;"
   echo "nbdkit: file plugin, raw sparse file, default (page-cache) mode; raw: fio ${RAW_ENGINE:-io_uring} direct=1 on a sparse file"
-  echo "rw4k_fsync uses fio --fsync=32; with QD32 fio 3.x issues far more flushes than 1 per 32 writes (ratio shown per row)"
-  echo "git: $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo none)  fio: $(fio --version)"
+  echo "4K randwrite fsync=32: replayed fio iolog, one flush (fsync for raw-file) after every 32 writes, QD32"
+  echo "git: $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo none)  fio: $(fio --version)  load at start: $LOAD_START, at end: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo
   "$SYSPY" "$BENCH/report.py" "$MANIFEST" "$META"
 } | tee "$OUT"

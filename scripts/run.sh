@@ -7,19 +7,6 @@ cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 bash scripts/deps.sh --serve
 cargo build --release -p tarn-cli >&2
-listen=127.0.0.1:10809
-prev=
-for a in "$@"; do
-  case $a in --listen=*) listen=${a#--listen=};; esac
-  [ "$prev" = --listen ] && listen=$a
-  prev=$a
-done
-cat >&2 <<HINT
-tarn: serving volume disk0 at nbd://$listen/disk0 (Ctrl-C / SIGTERM stops cleanly)
-  inspect:  nbdinfo nbd://$listen/disk0
-  copy in:  qemu-img convert -n -O raw disk.img nbd://$listen/disk0
-  as file:  mkdir m && nbdfuse m/disk nbd://$listen/disk0 &
-  kernel:   nbd-client ${listen%:*} ${listen##*:} -N disk0 /dev/nbd0   (needs the nbd module)
-  (client tools: bash scripts/deps.sh)
-HINT
+# tarn run prints the NBD URIs and example client commands itself
+echo "scripts/run.sh: starting tarn run $* (client tools such as nbdinfo, qemu-img, nbdfuse: bash scripts/deps.sh)" >&2
 exec target/release/tarn run "$@"

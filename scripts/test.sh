@@ -7,7 +7,7 @@
 #   E2E_ONLY=qemu_clients bash scripts/test.sh   # cargo + one scenario
 #   SKIP_CARGO=1 bash scripts/test.sh    # e2e only (uses existing build)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 export PATH="$HOME/.cargo/bin:$PATH"
 E2E_TIMEOUT=${E2E_TIMEOUT:-900}
 

@@ -18,7 +18,7 @@ fails_with() {
   check_fails "$desc" timeout 30 "$@"
   if [ "$LAST_RC" -ne 0 ]; then
     if [ "$LAST_RC" -ge 124 ]; then bad "$desc: exit $LAST_RC (timeout/signal, not a clean error)"
-    elif ! printf '%s' "$LAST_OUT" | grep -Eqi -- "$pat"; then bad "$desc: message does not match /$pat/: $(printf '%s' "$LAST_OUT" | head -3 | tr '\n' ' ')"
+    elif ! printf '%s' "$LAST_OUT" | grep -Ei -- "$pat" >/dev/null; then bad "$desc: message does not match /$pat/: $(printf '%s' "$LAST_OUT" | head -3 | tr '\n' ' ')"
     fi
   fi
 }
@@ -43,13 +43,13 @@ fails_with "vol create with an invalid name (slash)" 'name|invalid' "$TARN" vol 
 
 step "missing and corrupted pools"
 fails_with "tarn serve -p /nonexistent/pool.img names the path" '/nonexistent/pool.img' \
-  "$TARN" serve -p /nonexistent/pool.img --listen 127.0.0.1:$(free_port)
+  "$TARN" serve -p /nonexistent/pool.img --listen "127.0.0.1:$(free_port)"
 fails_with "pool status of a missing pool names the path" '/nonexistent/pool.img' "$TARN" pool status -p /nonexistent/pool.img
 rc=0; timeout 30 "$TARN" pool check -p /nonexistent/pool.img >/dev/null 2>&1 || rc=$?
 expect_eq "pool check of a missing pool exits 2 (could not check)" "$rc" 2
 head -c $((4 * M)) /dev/urandom >"$T/random.img"
 fails_with "serve on a file of random bytes is refused" 'superblock|magic|not a tarn|pool|corrupt|invalid' \
-  "$TARN" serve -p "$T/random.img" --listen 127.0.0.1:$(free_port)
+  "$TARN" serve -p "$T/random.img" --listen "127.0.0.1:$(free_port)"
 
 # a real pool with data, then copies with damaged superblock areas
 start_serve "$POOL"
@@ -59,7 +59,7 @@ cp --sparse=always "$POOL" "$T/both.img"
 dd if=/dev/urandom of="$T/both.img" bs=64K count=2 conv=notrunc status=none
 sum_before=$(sha256sum <"$T/both.img")
 fails_with "serve on a pool with both superblock copies (first 128 KiB) garbage" 'superblock|corrupt|checksum|magic|invalid|not a tarn' \
-  "$TARN" serve -p "$T/both.img" --listen 127.0.0.1:$(free_port)
+  "$TARN" serve -p "$T/both.img" --listen "127.0.0.1:$(free_port)"
 fails_with "vol list on that pool" 'superblock|corrupt|checksum|magic|invalid|not a tarn' "$TARN" vol list -p "$T/both.img"
 rc=0; timeout 60 "$TARN" pool check -p "$T/both.img" >"$T/check-both.out" 2>&1 || rc=$?
 if [ $rc -eq 1 ] || [ $rc -eq 2 ]; then ok "pool check on it exits $rc ($(head -1 "$T/check-both.out"))"
@@ -68,7 +68,7 @@ expect_eq "corrupted pool file byte-identical after the attempts (sha256)" "$(sh
 # one copy (the first 64 KiB, copy 0) damaged: the other copy should still open it
 cp --sparse=always "$POOL" "$T/one.img"
 dd if=/dev/urandom of="$T/one.img" bs=64K count=1 conv=notrunc status=none
-out=$(timeout 30 "$TARN" vol list -p "$T/one.img" --json 2>&1) && printf '%s' "$out" | grep -q '"v"' &&
+out=$(timeout 30 "$TARN" vol list -p "$T/one.img" --json 2>&1) && printf '%s' "$out" | grep '"v"' >/dev/null &&
   ok "pool with only superblock copy 0 damaged still opens from copy 1" ||
   bad "pool with only superblock copy 0 (first 64 KiB) damaged does not open: $(printf '%s' "$out" | head -2 | tr '\n' ' ')"
 rm -f "$T/one.img" "$T/both.img"
@@ -81,7 +81,7 @@ start_serve "$FULL"
 written=0; err=
 for i in $(seq 0 31); do
   if ! out=$(timeout 60 qemu-io -f raw "$(uri big)" -c "write -P 0x5e $((i * 4 * M)) 4M" -c flush 2>&1) ||
-     printf '%s' "$out" | grep -qi 'error\|failed'; then
+     printf '%s' "$out" | grep -i 'error\|failed' >/dev/null; then
     err=$out; break
   fi
   written=$((written + 4 * M))
@@ -89,7 +89,7 @@ done
 say "  wrote $(mib $written) before the first error"
 if [ -z "$err" ]; then bad "writing 128M into a 64M pool never failed"
 else
-  printf '%s' "$err" | grep -qi 'no space left' && ok "write fails with ENOSPC: $(printf '%s' "$err" | grep -i 'no space' | head -1)" ||
+  printf '%s' "$err" | grep -i 'no space left' >/dev/null && ok "write fails with ENOSPC: $(printf '%s' "$err" | grep -i 'no space' | head -1)" ||
     bad "write into a full pool failed, but not with ENOSPC: $(printf '%s' "$err" | head -3 | tr '\n' ' ')"
 fi
 expect_between "bytes accepted before ENOSPC" "$written" $((16 * M)) $((64 * M))

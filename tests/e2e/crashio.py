@@ -23,6 +23,9 @@ import sys
 import time
 
 SECTOR = 512
+# CRASHIO_ALIGNED=1: the stream only issues 4k-aligned writes (for narrowing
+# down failures)
+ALIGNED = os.environ.get("CRASHIO_ALIGNED") == "1"
 
 
 def data_for(seed, length):
@@ -44,6 +47,8 @@ def cmd_flushed(uri, exp_path, seed, rounds):
     if os.fstat(fd).st_size != size:
         os.ftruncate(fd, size)
     exp = mmap.mmap(fd, size)
+    ops = open(exp_path + ".ops", "a", buffering=1)
+    ops.write(f"# seed {seed}\n")
     can_trim = h.can_trim()
     can_zero = h.can_zero()
     nw = nt = nz = 0
@@ -56,12 +61,14 @@ def cmd_flushed(uri, exp_path, seed, rounds):
                 off = r.randrange(0, size // 65536) * 65536
                 ln = min(r.choice([65536, 131072, 1 << 20]), size - off)
                 h.trim(ln, off)
+                ops.write(f"{seed} {rnd} trim {off} {ln}\n")
                 exp[off:off + ln] = bytes(ln)
                 nt += 1
             elif kind < 0.3 and can_zero:
                 off = r.randrange(0, size - 4096) & ~511
                 ln = min(r.choice([512, 4096, 65536, 300 * 1024]), size - off)
                 h.zero(ln, off)
+                ops.write(f"{seed} {rnd} zero {off} {ln}\n")
                 exp[off:off + ln] = bytes(ln)
                 nz += 1
             else:
@@ -74,9 +81,11 @@ def cmd_flushed(uri, exp_path, seed, rounds):
                 ln = min(ln, size - off)
                 buf = data_for(r.getrandbits(64), ln)
                 h.pwrite(buf, off)
+                ops.write(f"{seed} {rnd} write {off} {ln}\n")
                 exp[off:off + ln] = buf
                 nw += 1
         h.flush()
+        ops.write(f"{seed} {rnd} flush\n")
     exp.flush()
     h.shutdown()
     print(f"flushed: {rounds} rounds, {nw} writes, {nt} trims, {nz} zeroes, all flushed")
@@ -117,7 +126,7 @@ def cmd_stream(uri, log_path, seed, seconds):
                     retire()
                 flushes.append((h.aio_flush(), idx - 1))
             for _ in range(20):
-                if r.random() < 0.5:
+                if ALIGNED or r.random() < 0.5:
                     off = r.randrange(0, size // 4096) * 4096
                     ln = r.choice([4096, 16384, 65536])
                 else:
@@ -211,9 +220,27 @@ def cmd_verify(got_path, exp_path, log_path):
           f"{len(touched)} sectors touched by the stream, {n_sectors - len(touched)} untouched sectors compared")
     if bad:
         bad.sort()
-        print(f"verify: {len(bad)} bad sectors; first ones:")
-        for sec, why in bad[:10]:
-            print(f"  sector {sec} (offset {sec * SECTOR}): {why}")
+        runs = []  # [first_sector, n, why]
+        for sec, why in bad:
+            if runs and runs[-1][0] + runs[-1][1] == sec and runs[-1][2] == why:
+                runs[-1][1] += 1
+            else:
+                runs.append([sec, 1, why])
+        print(f"verify: {len(bad)} bad sectors in {len(runs)} runs; first runs:")
+        ops = []
+        if os.path.exists(exp_path + ".ops"):
+            for line in open(exp_path + ".ops"):
+                p = line.split()
+                if len(p) == 5:
+                    ops.append((p[0], p[1], p[2], int(p[3]), int(p[4])))
+        for sec, n, why in runs[:8]:
+            lo, hi = sec * SECTOR, (sec + n) * SECTOR
+            g, e = gm[lo:hi], em[lo:hi]
+            desc = "reads zeros" if g.count(0) == len(g) else "reads non-zero data"
+            desc += ", expected zeros" if e.count(0) == len(e) else ", expected data"
+            last = [o for o in ops if o[3] < hi and lo < o[3] + o[4]]
+            hist = "; ".join(f"{o[2]} {o[3]}+{o[4]} (seed {o[0]} round {o[1]})" for o in last[-3:])
+            print(f"  offset {lo} len {hi - lo}: {why}; {desc}; last flushed ops there: {hist or 'none'}")
         sys.exit(1)
     print("verify: all flushed data intact")
 

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared helpers for tarn end-to-end tests. Source it from a test script:
 #   . "$(dirname "$0")/lib.sh"; e2e_init NAME
 # Env:
@@ -167,7 +168,10 @@ start_serve() {
   E2E_PIDS+=("$SERVE_PID")
   local end=$((SECONDS + 30))
   while :; do
-    kill -0 "$SERVE_PID" 2>/dev/null || { wait "$SERVE_PID"; die "tarn serve exited during startup (exit $?)"; }
+    if ! kill -0 "$SERVE_PID" 2>/dev/null; then
+      local rc=0; wait "$SERVE_PID" || rc=$?; SERVE_PID=
+      die "tarn serve exited during startup (exit $rc): $(tail -n 3 "$SERVE_LOG" | tr '\n' ' ')"
+    fi
     if timeout 5 nbdinfo --list "nbd://127.0.0.1:$SERVE_PORT" >/dev/null 2>&1 &&
        [ -S "$SERVE_SOCK" ] && timeout 5 nbdinfo --list "nbd+unix://?socket=$SERVE_SOCK" >/dev/null 2>&1; then
       break

@@ -12,12 +12,13 @@ make_pool "$POOL" 4G
 make_vol "$POOL" qc 256M
 make_vol "$POOL" qio 64M
 make_vol "$POOL" sp 256M
+make_vol "$POOL" frag 64M
 start_serve "$POOL"
 
 step "export discovery"
 list=$(timeout 20 nbdinfo --list --json "nbd://127.0.0.1:$SERVE_PORT" 2>&1) || list=
 names=$(printf '%s' "$list" | jq -r '.exports[]."export-name"' 2>/dev/null | sort | tr '\n' ' ')
-expect_eq "nbdinfo --list shows every volume" "$names" "qc qio sp "
+expect_eq "nbdinfo --list shows every volume" "$names" "frag qc qio sp "
 size=$(timeout 20 nbdinfo --size "$(uri qc)" 2>&1) || size="error: $size"
 expect_eq "nbdinfo --size qc" "$size" $((256 * M))
 size=$(timeout 20 nbdinfo --size "$(uri_unix qio)" 2>&1) || size="error: $size"
@@ -132,6 +133,33 @@ vol_get "$POOL" qc allocated
 expect_between "qc allocated after 64M convert + 1 byte" "$VAL" $((64 * M)) $((64 * M + 64 * M / 10 + 2 * M))
 vol_get "$POOL" qc size
 expect_eq "vol list size of qc" "$VAL" $((256 * M))
+
+step "fragmented volume: 1024 separate 4k extents (block status across many extents)"
+# every 64k a 4k write with its own pattern byte; clients that trust block
+# status (nbdcopy, qemu-img convert) must still copy every extent
+args=()
+for i in $(seq 0 1023); do args+=(-c "write -q -P $((i % 251 + 1)) $((i * 65536)) 4k"); done
+check "1024 scattered 4k writes into frag" timeout 300 qemu-io -f raw "$(uri frag)" "${args[@]}" -c flush
+"$SYSPY" - "$T/frag-exp.img" <<'PY'
+import sys
+with open(sys.argv[1], "wb") as f:
+    f.truncate(64 << 20)
+    for i in range(1024):
+        f.seek(i * 65536)
+        f.write(bytes([i % 251 + 1]) * 4096)
+PY
+if timeout 60 nbdinfo --map --json "$(uri frag)" >"$T/frag.map.json" 2>/dev/null; then
+  n=$(jq '[.[] | select(.type % 2 == 0)] | length' "$T/frag.map.json")
+  last=$(jq -c '.[-1]' "$T/frag.map.json")
+  expect_eq "nbdinfo --map reports 1024 data extents (last extent: $last)" "$n" 1024
+else
+  bad "nbdinfo --map on frag failed"
+fi
+check "nbdcopy --no-extents frag == expected" bash -c "nbdcopy --no-extents '$(uri frag)' '$T/frag-full.img' && cmp '$T/frag-exp.img' '$T/frag-full.img'"
+check "nbdcopy (guided by block status) frag == expected" bash -c "nbdcopy '$(uri frag)' '$T/frag-bs.img' && cmp '$T/frag-exp.img' '$T/frag-bs.img'"
+check "qemu-img convert (uses block status) frag == expected" bash -c "qemu-img convert -f raw -O raw '$(uri frag)' '$T/frag-q.img' && cmp '$T/frag-exp.img' '$T/frag-q.img'"
+check "qemu-img compare frag-exp.img nbd" timeout 120 qemu-img compare -f raw -F raw "$T/frag-exp.img" "$(uri frag)"
+rm -f "$T"/frag-*.img
 
 step "clean shutdown, restart, data still there"
 stop_serve
