@@ -36,9 +36,6 @@ pub fn read_label(dev: &dyn Device) -> Result<LabelRead> {
     };
     let other_invalid = found[1 - copy].as_ref().err().cloned();
     let current = found.swap_remove(copy).expect("chosen copy is valid");
-    if let Some(why) = &other_invalid {
-        log::warn!("device {}: superblock copy {} invalid ({why}); using copy {copy}", dev.name(), 1 - copy);
-    }
     Ok(LabelRead { current, copy, other_invalid })
 }
 

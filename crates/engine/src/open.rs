@@ -175,6 +175,12 @@ impl Pool {
         let space = build_space(&devices, &sb, &state, &pieces)?;
         let mut notes = Vec::new();
         if let Some(why) = label.other_invalid {
+            log::warn!(
+                "device {}: superblock copy {} invalid ({why}); using copy {}",
+                primary.name(),
+                1 - label.copy,
+                label.copy
+            );
             notes.push(format!(
                 "superblock copy {} of {} is invalid ({why}); copy {} is in use",
                 1 - label.copy,

@@ -363,7 +363,12 @@ fn run_connection(inner: &Inner, id: u64, stream: Stream) {
                 NbdError::Aborted => {
                     log::info!("nbd: connection {id} ({peer}): client ended the handshake")
                 }
-                NbdError::Io(io) if io.kind() == io::ErrorKind::UnexpectedEof => {
+                NbdError::Io(io)
+                    if matches!(
+                        io.kind(),
+                        io::ErrorKind::UnexpectedEof | io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+                    ) =>
+                {
                     log::info!("nbd: connection {id} ({peer}): client disconnected during the handshake")
                 }
                 _ => log::warn!("nbd: connection {id} ({peer}): handshake failed: {e}"),
