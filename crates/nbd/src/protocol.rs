@@ -562,6 +562,20 @@ pub fn encode_block_status_chunk(handle: u64, context_id: u32, descriptors: &[Bl
     v
 }
 
+/// The client side of NBD_OPT_LIST/SET_META_CONTEXT option data: export
+/// name and queries, each length-prefixed (for clients, tests and fuzzing).
+pub fn encode_meta_context_request(name: &str, queries: &[&str]) -> Vec<u8> {
+    let mut d = Vec::new();
+    d.extend_from_slice(&(name.len() as u32).to_be_bytes());
+    d.extend_from_slice(name.as_bytes());
+    d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+    for q in queries {
+        d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+        d.extend_from_slice(q.as_bytes());
+    }
+    d
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -677,15 +691,7 @@ mod tests {
     }
 
     fn meta(name: &str, queries: &[&str]) -> Vec<u8> {
-        let mut d = Vec::new();
-        d.extend_from_slice(&(name.len() as u32).to_be_bytes());
-        d.extend_from_slice(name.as_bytes());
-        d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
-        for q in queries {
-            d.extend_from_slice(&(q.len() as u32).to_be_bytes());
-            d.extend_from_slice(q.as_bytes());
-        }
-        d
+        encode_meta_context_request(name, queries)
     }
 
     #[test]

@@ -257,15 +257,7 @@ pub fn info_data(name: &str, infos: &[u16]) -> Vec<u8> {
 }
 
 pub fn meta_data(name: &str, queries: &[&str]) -> Vec<u8> {
-    let mut d = Vec::new();
-    d.extend_from_slice(&(name.len() as u32).to_be_bytes());
-    d.extend_from_slice(name.as_bytes());
-    d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
-    for q in queries {
-        d.extend_from_slice(&(q.len() as u32).to_be_bytes());
-        d.extend_from_slice(q.as_bytes());
-    }
-    d
+    tarn_nbd::protocol::encode_meta_context_request(name, queries)
 }
 
 /// Parse a BLOCK_STATUS chunk payload into (context id, [(length, status)]).
