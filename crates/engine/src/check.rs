@@ -39,8 +39,10 @@ const MAX_LISTED: usize = 100;
 
 impl Pool {
     pub fn check(&self) -> CheckReport {
-        let _quiet = self.io_gate.write().unwrap_or_else(|p| p.into_inner());
+        // Lock order everywhere: commit, then I/O gate, then pool state (the
+        // committer holds the commit lock while it drains the gate).
         let ctl = self.lock_commit();
+        let _quiet = self.io_gate.write().unwrap_or_else(|p| p.into_inner());
         let inner = self.read_inner();
         let mut r = CheckReport { notes: ctl.notes.clone(), volumes: inner.state.volumes.len(), ..Default::default() };
         let mut owners: Vec<Vec<Owner>> = vec![Vec::new(); self.devices.len()];

@@ -54,6 +54,8 @@ pub struct Counters {
     pub journal_bytes: AtomicU64,
 }
 
+/// Lock order: `commit`, then `io_gate`, then `inner`; stripe locks are taken
+/// before the gate and never by the committer.
 pub struct Pool {
     pub(crate) devices: Vec<Arc<dyn Device>>,
     pub(crate) inner: RwLock<Inner>,

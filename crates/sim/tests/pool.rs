@@ -158,3 +158,45 @@ fn out_of_range_requests() {
     assert!(matches!(pool.read(v, 0, &mut []), Err(EngineError::OutOfRange { .. })));
     assert!(matches!(pool.read(999, 0, &mut buf), Err(EngineError::VolumeGone(999))));
 }
+
+/// Bug guarded: `check` took the I/O gate before the commit lock while the
+/// committer, holding the commit lock, waited for the gate: an online check
+/// during a commit that freed space deadlocked the pool.
+#[test]
+fn online_check_during_commits_does_not_deadlock() {
+    let (_sims, pool) = new_pool(1, 16 * MIB);
+    let pool = Arc::new(pool);
+    let v = pool.create_volume("c", 8 * MIB).unwrap().id;
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let writer = {
+        let pool = pool.clone();
+        let done = done_tx.clone();
+        std::thread::spawn(move || {
+            for i in 0..300u64 {
+                let off = (i * 7 % 64) * 64 * 1024;
+                pool.write(v, off, &vec![i as u8; 64 * 1024], false).unwrap();
+                pool.trim(v, off, 32 * 1024).unwrap();
+                pool.flush().unwrap();
+            }
+            done.send("writer").unwrap();
+        })
+    };
+    let checker = {
+        let pool = pool.clone();
+        std::thread::spawn(move || {
+            for _ in 0..300 {
+                let r = pool.check();
+                assert!(r.is_clean(), "{:?}", r.problems);
+            }
+            done_tx.send("checker").unwrap();
+        })
+    };
+    for _ in 0..2 {
+        let who = done_rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("deadlock: check and commit wait on each other");
+        assert!(who == "writer" || who == "checker");
+    }
+    writer.join().unwrap();
+    checker.join().unwrap();
+}
