@@ -44,6 +44,8 @@ impl Pool {
         if self.committed_gen.load(Ordering::SeqCst) >= target {
             return Ok(());
         }
+        // A commit that failed while we waited fenced the pool: do not retry.
+        self.check_writable()?;
         self.commit_locked(&mut ctl, false)
     }
 
@@ -56,7 +58,7 @@ impl Pool {
 
     /// Checkpoint and stop accepting changes: what a clean shutdown does.
     pub fn close(&self) -> Result<()> {
-        if self.options.read_only || self.is_fenced() {
+        if self.options.read_only {
             return Ok(());
         }
         self.checkpoint()?;
