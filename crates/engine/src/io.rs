@@ -33,17 +33,14 @@ struct NewPiece {
 }
 
 impl Pool {
-    fn volume_size(&self, vol: u32) -> Result<(u64, String)> {
+    /// Validate a request against the volume's size; the name is only
+    /// copied for the error (this runs on every I/O).
+    fn check_range(&self, op: &'static str, vol: u32, offset: u64, len: u64, max: u64) -> Result<()> {
         let inner = self.read_inner();
         let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
-        Ok((v.size, v.name.clone()))
-    }
-
-    fn check_range(&self, op: &'static str, vol: u32, offset: u64, len: u64, max: u64) -> Result<()> {
-        let (size, name) = self.volume_size(vol)?;
         let end = offset.checked_add(len);
-        if len == 0 || len > max || end.is_none_or(|e| e > size) {
-            return Err(EngineError::OutOfRange { op, volume: name, offset, len, size });
+        if len == 0 || len > max || end.is_none_or(|e| e > v.size) {
+            return Err(EngineError::OutOfRange { op, volume: v.name.clone(), offset, len, size: v.size });
         }
         Ok(())
     }
