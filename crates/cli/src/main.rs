@@ -196,11 +196,8 @@ fn dispatch(cmd: Command) -> Result<i32> {
         }
         Command::Vol(VolCmd::Create { name, size, pool }) => {
             let v = admin(&pool, &Request::VolCreate { name, size })?;
-            println!(
-                "created volume {} ({} thin)",
-                v["name"].as_str().unwrap_or("?"),
-                size::human(v["size"].as_u64().unwrap_or(0))
-            );
+            let (name, size) = text::name_and_size(&v);
+            println!("created volume {name} ({size} thin)");
             Ok(0)
         }
         Command::Vol(VolCmd::List { pool, json }) => {
@@ -210,11 +207,8 @@ fn dispatch(cmd: Command) -> Result<i32> {
         }
         Command::Vol(VolCmd::Resize { name, size, allow_shrink, pool }) => {
             let v = admin(&pool, &Request::VolResize { name, size, allow_shrink })?;
-            println!(
-                "volume {} is now {}",
-                v["name"].as_str().unwrap_or("?"),
-                size::human(v["size"].as_u64().unwrap_or(0))
-            );
+            let (name, size) = text::name_and_size(&v);
+            println!("volume {name} is now {size}");
             Ok(0)
         }
         Command::Vol(VolCmd::Delete { name, pool }) => {

@@ -9,6 +9,11 @@ fn b(v: &Value) -> String {
     human(v.as_u64().unwrap_or(0))
 }
 
+/// A volume answer's name and human-readable size.
+pub fn name_and_size(v: &Value) -> (String, String) {
+    (v["name"].as_str().unwrap_or("?").to_string(), b(&v["size"]))
+}
+
 pub fn status(v: &Value) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "pool {}", v["uuid"].as_str().unwrap_or("?"));
