@@ -11,6 +11,10 @@ pub const DEVICE_BITS: u32 = 16;
 pub const BLOCK_BITS: u32 = 48;
 pub const MAX_DEVICES: usize = 256;
 pub const BLOCK_MASK: u64 = (1 << BLOCK_BITS) - 1;
+/// The device index of the virtual "origin" device: a clone's map entry on it
+/// means "read the origin snapshot at block `pba.block()`". No real device
+/// has this index (at most [`MAX_DEVICES`]), and it holds no space.
+pub const ORIGIN_DEVICE: u16 = u16::MAX;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Pba(pub u64);
@@ -29,6 +33,14 @@ impl Pba {
     /// Byte offset on its device.
     pub fn byte_offset(self) -> u64 {
         self.block() << BLOCK_SHIFT
+    }
+    /// The origin marker for logical block `lba` of a clone.
+    pub fn origin(lba: u64) -> Pba {
+        Pba::new(ORIGIN_DEVICE, lba)
+    }
+    /// Whether this names the clone's origin rather than real space.
+    pub fn is_origin(self) -> bool {
+        self.device() == ORIGIN_DEVICE
     }
     pub fn offset_by(self, blocks: u64) -> Pba {
         Pba::new(self.device(), self.block() + blocks)

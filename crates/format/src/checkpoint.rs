@@ -78,8 +78,38 @@ pub struct VolumeRecord {
     pub id: u32,
     pub size: u64,
     pub name: String,
-    pub flags: u32,
+    /// The clone's origin: (volume id, snapshot epoch).
+    pub origin: Option<(u32, u64)>,
+    /// Snapshot records following the head's extents.
+    pub snapshot_count: u32,
     pub extent_count: u64,
+}
+
+/// Volume record flags.
+pub mod volume_flags {
+    /// An origin (volume u32, epoch varint) follows the flags.
+    pub const CLONE: u32 = 1 << 0;
+    /// A snapshot count (varint) follows; after the head's extents come that
+    /// many snapshot records, each followed by its dead list's extents.
+    pub const SNAPSHOTS: u32 = 1 << 1;
+    pub const KNOWN: u32 = CLONE | SNAPSHOTS;
+}
+
+/// Upper bound on snapshots of one volume (bounds decode loops).
+pub const MAX_SNAPSHOTS: u32 = 1 << 16;
+
+/// A snapshot of the volume whose record precedes it: taken at `epoch`,
+/// its size, creation time, the blocks it referenced when taken (own data,
+/// plus materialized origin data since) and the extents killed while it was
+/// the volume's newest snapshot (its dead list).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotRecord {
+    pub epoch: u64,
+    pub size: u64,
+    pub created: u64,
+    pub referenced: u64,
+    pub name: String,
+    pub dead_count: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +128,7 @@ pub struct CheckpointEncoder {
     prev_pba_end: u64,
     extents_left: u64,
     volumes_left: u32,
+    snapshots_left: u32,
 }
 
 impl CheckpointEncoder {
@@ -108,21 +139,63 @@ impl CheckpointEncoder {
         w.u64(h.epoch);
         w.u32(h.next_volume_id);
         w.u32(h.volume_count);
-        CheckpointEncoder { w, prev_end: 0, prev_pba_end: 0, extents_left: 0, volumes_left: h.volume_count }
+        CheckpointEncoder {
+            w,
+            prev_end: 0,
+            prev_pba_end: 0,
+            extents_left: 0,
+            volumes_left: h.volume_count,
+            snapshots_left: 0,
+        }
     }
 
     pub fn volume(&mut self, v: &VolumeRecord) {
-        assert_eq!(self.extents_left, 0, "previous volume's extents incomplete");
+        assert!(self.extents_left == 0 && self.snapshots_left == 0, "previous volume incomplete");
         assert!(self.volumes_left > 0, "more volumes than the header announced");
-        assert!(v.name.len() <= MAX_NAME_LEN);
+        assert!(v.name.len() <= MAX_NAME_LEN && v.snapshot_count <= MAX_SNAPSHOTS);
         self.volumes_left -= 1;
         self.w.u32(v.id);
         self.w.u64(v.size);
         self.w.u8(v.name.len() as u8);
         self.w.bytes(v.name.as_bytes());
-        self.w.u32(v.flags);
+        let mut flags = 0;
+        if v.origin.is_some() {
+            flags |= volume_flags::CLONE;
+        }
+        if v.snapshot_count > 0 {
+            flags |= volume_flags::SNAPSHOTS;
+        }
+        self.w.u32(flags);
+        if let Some((vol, epoch)) = v.origin {
+            self.w.u32(vol);
+            self.w.varint(epoch);
+        }
+        if v.snapshot_count > 0 {
+            self.w.varint(u64::from(v.snapshot_count));
+        }
         self.w.varint(v.extent_count);
-        self.extents_left = v.extent_count;
+        self.snapshots_left = v.snapshot_count;
+        self.start_extents(v.extent_count);
+    }
+
+    /// The next snapshot of the current volume, after the previous list's extents.
+    pub fn snapshot(&mut self, s: &SnapshotRecord) {
+        assert!(self.extents_left == 0, "previous extent list incomplete");
+        assert!(self.snapshots_left > 0, "more snapshots than the volume announced");
+        assert!(s.name.len() <= MAX_NAME_LEN);
+        self.snapshots_left -= 1;
+        self.w.varint(s.epoch);
+        self.w.u64(s.size);
+        self.w.u64(s.created);
+        self.w.varint(s.referenced);
+        self.w.u8(s.name.len() as u8);
+        self.w.bytes(s.name.as_bytes());
+        self.w.varint(s.dead_count);
+        self.start_extents(s.dead_count);
+    }
+
+    fn start_extents(&mut self, count: u64) {
+        self.extents_left = count;
         self.prev_end = 0;
         self.prev_pba_end = 0;
     }
@@ -140,7 +213,7 @@ impl CheckpointEncoder {
     }
 
     pub fn finish(self) -> Vec<u8> {
-        assert!(self.extents_left == 0 && self.volumes_left == 0, "checkpoint incomplete");
+        assert!(self.extents_left == 0 && self.volumes_left == 0 && self.snapshots_left == 0, "checkpoint incomplete");
         self.w.buf
     }
 }
@@ -152,6 +225,7 @@ pub struct CheckpointDecoder<'a> {
     prev_pba_end: u64,
     extents_left: u64,
     volumes_left: u32,
+    snapshots_left: u32,
 }
 
 impl<'a> CheckpointDecoder<'a> {
@@ -164,14 +238,21 @@ impl<'a> CheckpointDecoder<'a> {
         if h.volume_count > MAX_VOLUMES {
             return Err(r.bad("volume_count", u64::from(h.volume_count)));
         }
-        let d = CheckpointDecoder { r, prev_end: 0, prev_pba_end: 0, extents_left: 0, volumes_left: h.volume_count };
+        let d = CheckpointDecoder {
+            r,
+            prev_end: 0,
+            prev_pba_end: 0,
+            extents_left: 0,
+            volumes_left: h.volume_count,
+            snapshots_left: 0,
+        };
         Ok((d, h))
     }
 
     /// The next volume record, or None after the last one.
     pub fn volume(&mut self) -> Result<Option<VolumeRecord>> {
-        if self.extents_left != 0 {
-            return Err(self.r.bad("extents_left", self.extents_left));
+        if self.extents_left != 0 || self.snapshots_left != 0 {
+            return Err(self.r.bad("extents_left", self.extents_left + u64::from(self.snapshots_left)));
         }
         if self.volumes_left == 0 {
             if !self.r.is_empty() {
@@ -182,21 +263,60 @@ impl<'a> CheckpointDecoder<'a> {
         self.volumes_left -= 1;
         let id = self.r.u32()?;
         let size = self.r.u64()?;
+        let name = self.name()?;
+        let flags = self.r.u32()?;
+        if flags & !volume_flags::KNOWN != 0 {
+            return Err(self.r.bad("volume_flags", u64::from(flags)));
+        }
+        let origin = if flags & volume_flags::CLONE != 0 { Some((self.r.u32()?, self.r.varint()?)) } else { None };
+        let mut snapshot_count = 0;
+        if flags & volume_flags::SNAPSHOTS != 0 {
+            let n = self.r.varint()?;
+            if n == 0 || n > u64::from(MAX_SNAPSHOTS) {
+                return Err(self.r.bad("snapshot_count", n));
+            }
+            snapshot_count = n as u32;
+        }
+        let extent_count = self.extent_count()?;
+        self.snapshots_left = snapshot_count;
+        Ok(Some(VolumeRecord { id, size, name, origin, snapshot_count, extent_count }))
+    }
+
+    /// The next snapshot of the current volume (after the previous extent
+    /// list is consumed), or None after its last.
+    pub fn snapshot(&mut self) -> Result<Option<SnapshotRecord>> {
+        if self.extents_left != 0 {
+            return Err(self.r.bad("extents_left", self.extents_left));
+        }
+        if self.snapshots_left == 0 {
+            return Ok(None);
+        }
+        self.snapshots_left -= 1;
+        let (epoch, size, created, referenced) = (self.r.varint()?, self.r.u64()?, self.r.u64()?, self.r.varint()?);
+        let name = self.name()?;
+        let dead_count = self.extent_count()?;
+        Ok(Some(SnapshotRecord { epoch, size, created, referenced, name, dead_count }))
+    }
+
+    fn name(&mut self) -> Result<String> {
         let n = usize::from(self.r.u8()?);
         if n > MAX_NAME_LEN {
             return Err(self.r.bad("name_len", n as u64));
         }
-        let name = String::from_utf8(self.r.take(n)?.to_vec()).map_err(|_| self.r.bad("name_utf8", 0))?;
-        let flags = self.r.u32()?;
-        let extent_count = self.r.varint()?;
+        String::from_utf8(self.r.take(n)?.to_vec()).map_err(|_| self.r.bad("name_utf8", 0))
+    }
+
+    /// Read an extent count and start that list.
+    fn extent_count(&mut self) -> Result<u64> {
+        let count = self.r.varint()?;
         // Each extent takes at least 4 bytes: a count beyond that is corrupt.
-        if extent_count > self.r.remaining() as u64 / 4 {
-            return Err(self.r.bad("extent_count", extent_count));
+        if count > self.r.remaining() as u64 / 4 {
+            return Err(self.r.bad("extent_count", count));
         }
-        self.extents_left = extent_count;
+        self.extents_left = count;
         self.prev_end = 0;
         self.prev_pba_end = 0;
-        Ok(Some(VolumeRecord { id, size, name, flags, extent_count }))
+        Ok(count)
     }
 
     /// The next extent of the current volume, or None after its last.
@@ -225,34 +345,73 @@ impl<'a> CheckpointDecoder<'a> {
 mod tests {
     use super::*;
 
-    type Decoded = (CheckpointHeader, Vec<(VolumeRecord, Vec<ExtentRecord>)>);
+    type Snaps = Vec<(SnapshotRecord, Vec<ExtentRecord>)>;
+    type Decoded = (CheckpointHeader, Vec<(VolumeRecord, Vec<ExtentRecord>, Snaps)>);
 
     fn sample() -> Decoded {
-        let h = CheckpointHeader { seq: 9, epoch: 3, next_volume_id: 3, volume_count: 2 };
+        let h = CheckpointHeader { seq: 9, epoch: 3, next_volume_id: 4, volume_count: 3 };
         let e = |lba, len, pba, birth| ExtentRecord { lba, len, pba, birth };
-        let v1 = VolumeRecord { id: 1, size: 1 << 30, name: "a".into(), flags: 0, extent_count: 3 };
-        let v2 = VolumeRecord { id: 2, size: 4096, name: "b".into(), flags: 0, extent_count: 0 };
-        (h, vec![(v1, vec![e(0, 4, 100, 1), e(4, 1, 50, 2), e(1000, 7, (1 << 48) | 3, 3)]), (v2, vec![])])
+        let vol = |id, name: &str, origin, snapshot_count, extent_count| VolumeRecord {
+            id,
+            size: 1 << 30,
+            name: name.into(),
+            origin,
+            snapshot_count,
+            extent_count,
+        };
+        let snap = |epoch, name: &str, dead_count| SnapshotRecord {
+            epoch,
+            size: 1 << 30,
+            created: 1_790_000_000,
+            referenced: 5,
+            name: name.into(),
+            dead_count,
+        };
+        let v1 = vol(1, "a", None, 2, 3);
+        let v1_snaps = vec![(snap(1, "s1", 1), vec![e(4, 1, 60, 1)]), (snap(2, "s2", 0), vec![])];
+        let v2 = vol(2, "b", None, 0, 0);
+        let v3 = vol(3, "c", Some((1, 2)), 0, 1);
+        (
+            h,
+            vec![
+                (v1, vec![e(0, 4, 100, 1), e(4, 1, 50, 2), e(1000, 7, (1 << 48) | 3, 3)], v1_snaps),
+                (v2, vec![], vec![]),
+                (v3, vec![e(0, 9, (0xffff << 48) | 0, 0)], vec![]),
+            ],
+        )
     }
 
-    fn encode(h: &CheckpointHeader, vols: &[(VolumeRecord, Vec<ExtentRecord>)]) -> Vec<u8> {
+    fn encode(h: &CheckpointHeader, vols: &[(VolumeRecord, Vec<ExtentRecord>, Snaps)]) -> Vec<u8> {
         let mut enc = CheckpointEncoder::new(h);
-        for (v, exts) in vols {
+        for (v, exts, snaps) in vols {
             enc.volume(v);
             exts.iter().for_each(|e| enc.extent(e));
+            for (s, dead) in snaps {
+                enc.snapshot(s);
+                dead.iter().for_each(|e| enc.extent(e));
+            }
         }
         enc.finish()
+    }
+
+    fn extents(d: &mut CheckpointDecoder<'_>) -> Result<Vec<ExtentRecord>> {
+        let mut exts = vec![];
+        while let Some(e) = d.extent()? {
+            exts.push(e);
+        }
+        Ok(exts)
     }
 
     fn decode(buf: &[u8]) -> Result<Decoded> {
         let (mut d, h) = CheckpointDecoder::new(buf)?;
         let mut out = vec![];
         while let Some(v) = d.volume()? {
-            let mut exts = vec![];
-            while let Some(e) = d.extent()? {
-                exts.push(e);
+            let exts = extents(&mut d)?;
+            let mut snaps = vec![];
+            while let Some(s) = d.snapshot()? {
+                snaps.push((s, extents(&mut d)?));
             }
-            out.push((v, exts));
+            out.push((v, exts, snaps));
         }
         Ok((h, out))
     }

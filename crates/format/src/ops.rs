@@ -35,8 +35,47 @@ pub enum Op {
         vol: u32,
         size: u64,
     },
-    /// Deletes the volume and every mapping it holds.
+    /// Deletes the volume, its snapshots and every mapping they hold.
     VolDelete {
+        vol: u32,
+    },
+    /// Snapshot `vol` as `name`: the snapshot's epoch is the current epoch,
+    /// which then advances. `created` is seconds since the Unix epoch.
+    SnapCreate {
+        vol: u32,
+        name: String,
+        created: u64,
+    },
+    /// Delete the snapshot of `vol` taken at `epoch`.
+    SnapDelete {
+        vol: u32,
+        epoch: u64,
+    },
+    /// Make `vol`'s head the contents of its newest snapshot, `epoch`.
+    Rollback {
+        vol: u32,
+        epoch: u64,
+    },
+    /// A new volume `vol` whose contents are `origin_vol`'s snapshot at
+    /// `origin_epoch` until written.
+    CloneCreate {
+        vol: u32,
+        origin_vol: u32,
+        origin_epoch: u64,
+        name: String,
+    },
+    /// Replace a clone's origin marker over [lba, lba+len) in its head
+    /// (`snap` = 0) or in the dead list of its snapshot `snap` by a copy at
+    /// `pba` (0: the origin had a hole there), keeping the entry's birth.
+    Materialize {
+        vol: u32,
+        snap: u64,
+        lba: u64,
+        len: u64,
+        pba: u64,
+    },
+    /// The clone no longer reads through to its origin (no marker is left).
+    CloneDetach {
         vol: u32,
     },
 }
@@ -47,6 +86,26 @@ mod tag {
     pub const VOL_CREATE: u8 = 3;
     pub const VOL_RESIZE: u8 = 4;
     pub const VOL_DELETE: u8 = 5;
+    pub const SNAP_CREATE: u8 = 6;
+    pub const SNAP_DELETE: u8 = 7;
+    pub const ROLLBACK: u8 = 8;
+    pub const CLONE_CREATE: u8 = 9;
+    pub const MATERIALIZE: u8 = 10;
+    pub const CLONE_DETACH: u8 = 11;
+}
+
+fn encode_name(w: &mut Writer, name: &str) {
+    assert!(name.len() <= MAX_NAME_LEN);
+    w.u8(name.len() as u8);
+    w.bytes(name.as_bytes());
+}
+
+fn decode_name(r: &mut Reader<'_>) -> Result<String> {
+    let n = usize::from(r.u8()?);
+    if n > MAX_NAME_LEN {
+        return Err(r.bad("name_len", n as u64));
+    }
+    String::from_utf8(r.take(n)?.to_vec()).map_err(|_| r.bad("name_utf8", 0))
 }
 
 impl Op {
@@ -67,12 +126,10 @@ impl Op {
                 w.varint(*len);
             }
             Op::VolCreate { vol, size, name } => {
-                assert!(name.len() <= MAX_NAME_LEN);
                 w.u8(tag::VOL_CREATE);
                 w.u32(*vol);
                 w.u64(*size);
-                w.u8(name.len() as u8);
-                w.bytes(name.as_bytes());
+                encode_name(w, name);
             }
             Op::VolResize { vol, size } => {
                 w.u8(tag::VOL_RESIZE);
@@ -82,6 +139,45 @@ impl Op {
             Op::VolDelete { vol } => {
                 w.u8(tag::VOL_DELETE);
                 w.u32(*vol);
+            }
+            _ => self.encode_snapshot_op(w),
+        }
+    }
+
+    fn encode_snapshot_op(&self, w: &mut Writer) {
+        match self {
+            Op::SnapCreate { vol, name, created } => {
+                w.u8(tag::SNAP_CREATE);
+                w.u32(*vol);
+                w.u64(*created);
+                encode_name(w, name);
+            }
+            Op::SnapDelete { vol, epoch } | Op::Rollback { vol, epoch } => {
+                w.u8(if matches!(self, Op::SnapDelete { .. }) { tag::SNAP_DELETE } else { tag::ROLLBACK });
+                w.u32(*vol);
+                w.varint(*epoch);
+            }
+            Op::CloneCreate { vol, origin_vol, origin_epoch, name } => {
+                w.u8(tag::CLONE_CREATE);
+                w.u32(*vol);
+                w.u32(*origin_vol);
+                w.varint(*origin_epoch);
+                encode_name(w, name);
+            }
+            Op::Materialize { vol, snap, lba, len, pba } => {
+                w.u8(tag::MATERIALIZE);
+                w.u32(*vol);
+                w.varint(*snap);
+                w.varint(*lba);
+                w.varint(*len);
+                w.u64(*pba);
+            }
+            Op::CloneDetach { vol } => {
+                w.u8(tag::CLONE_DETACH);
+                w.u32(*vol);
+            }
+            Op::Map { .. } | Op::Unmap { .. } | Op::VolCreate { .. } | Op::VolResize { .. } | Op::VolDelete { .. } => {
+                unreachable!("volume ops are encoded by Op::encode")
             }
         }
     }
@@ -103,15 +199,28 @@ impl Op {
             }
             tag::VOL_CREATE => {
                 let size = r.u64()?;
-                let n = usize::from(r.u8()?);
-                if n > MAX_NAME_LEN {
-                    return Err(r.bad("name_len", n as u64));
-                }
-                let name = String::from_utf8(r.take(n)?.to_vec()).map_err(|_| r.bad("name_utf8", 0))?;
-                Op::VolCreate { vol, size, name }
+                Op::VolCreate { vol, size, name: decode_name(r)? }
             }
             tag::VOL_RESIZE => Op::VolResize { vol, size: r.u64()? },
             tag::VOL_DELETE => Op::VolDelete { vol },
+            tag::SNAP_CREATE => {
+                let created = r.u64()?;
+                Op::SnapCreate { vol, created, name: decode_name(r)? }
+            }
+            tag::SNAP_DELETE => Op::SnapDelete { vol, epoch: r.varint()? },
+            tag::ROLLBACK => Op::Rollback { vol, epoch: r.varint()? },
+            tag::CLONE_CREATE => {
+                let (origin_vol, origin_epoch) = (r.u32()?, r.varint()?);
+                Op::CloneCreate { vol, origin_vol, origin_epoch, name: decode_name(r)? }
+            }
+            tag::MATERIALIZE => {
+                let (snap, lba, len, pba) = (r.varint()?, r.varint()?, r.varint()?, r.u64()?);
+                if len == 0 {
+                    return Err(r.bad("materialize_len", 0));
+                }
+                Op::Materialize { vol, snap, lba, len, pba }
+            }
+            tag::CLONE_DETACH => Op::CloneDetach { vol },
             other => return Err(r.bad("op_tag", u64::from(other))),
         })
     }
@@ -153,6 +262,13 @@ mod tests {
             Op::Unmap { vol: 1, lba: 12, len: 1 },
             Op::VolResize { vol: 1, size: 1 << 31 },
             Op::VolDelete { vol: 1 },
+            Op::SnapCreate { vol: 2, name: "monday".into(), created: 1_790_000_000 },
+            Op::SnapDelete { vol: 2, epoch: 7 },
+            Op::Rollback { vol: 2, epoch: 300 },
+            Op::CloneCreate { vol: 3, origin_vol: 2, origin_epoch: 7, name: "c".into() },
+            Op::Materialize { vol: 3, snap: 0, lba: 5, len: 9, pba: 77 },
+            Op::Materialize { vol: 3, snap: 8, lba: 0, len: 1, pba: 0 },
+            Op::CloneDetach { vol: 3 },
         ]
     }
 

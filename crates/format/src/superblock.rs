@@ -23,12 +23,13 @@ const CRC_OFFSET: usize = 4092;
 pub mod incompat {
     /// Map entries carry per-block data checksums (reserved for the integrity work).
     pub const DATA_CHECKSUMS: u64 = 1 << 0;
-    /// Volumes may have snapshots and clones (reserved).
+    /// Volumes may have snapshots and clones: checkpoint volume records may
+    /// carry snapshot sections and origins, the journal ops 6-11.
     pub const SNAPSHOTS: u64 = 1 << 1;
     /// Volumes may keep mirror copies (reserved).
     pub const MIRRORS: u64 = 1 << 2;
     /// Features this build understands.
-    pub const KNOWN: u64 = 0;
+    pub const KNOWN: u64 = SNAPSHOTS;
 }
 
 /// One member device as the primary's superblock records it.
