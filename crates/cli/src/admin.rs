@@ -51,7 +51,7 @@ pub fn execute(pool: &Pool, req: &Request) -> Result<Value, String> {
             volume_json(&pool.resize_volume(name, *size, *allow_shrink).map_err(e)?)
         }
         Request::VolDelete { name } => {
-            pool.delete_volume(name).map_err(e)?;
+            pool.delete_volume(name, false).map_err(e)?;
             json!({ "deleted": name })
         }
     })

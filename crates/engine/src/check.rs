@@ -2,8 +2,10 @@
 //! state (with I/O quiesced) or a read-only open. Checksums of every
 //! structure were verified when the pool was opened; this walks the rest.
 
+use crate::extent_map::ExtentMap;
 use crate::pool::Pool;
 use crate::space::DeviceSpace;
+use crate::state::{State, Volume, MAX_CLONE_DEPTH};
 use tarn_format::{Pba, BLOCK_SIZE};
 
 #[derive(Debug, Clone, Default)]
@@ -47,36 +49,14 @@ impl Pool {
         let mut r = CheckReport { notes: ctl.notes.clone(), volumes: inner.state.volumes.len(), ..Default::default() };
         let mut owners: Vec<Vec<Owner>> = vec![Vec::new(); self.devices.len()];
         for v in inner.state.volumes.values() {
-            let mut sum = 0;
-            let mut prev_end = 0;
-            for (lba, e) in v.map.iter() {
-                r.extents += 1;
-                sum += e.len;
-                if e.len == 0 || lba < prev_end || lba + e.len > v.blocks() {
-                    problem(
-                        &mut r,
-                        format!("volume {}: extent {lba}+{} overlaps or exceeds {} blocks", v.name, e.len, v.blocks()),
-                    );
-                }
-                if e.birth > inner.state.epoch || e.birth == 0 {
-                    problem(
-                        &mut r,
-                        format!(
-                            "volume {}: extent at {lba} born in epoch {} (current {})",
-                            v.name, e.birth, inner.state.epoch
-                        ),
-                    );
-                }
-                prev_end = lba + e.len;
-                push_owner(&mut owners, e.pba, e.len, format!("volume {} block {lba}", v.name), &mut r.problems);
+            check_volume_links(&inner.state, v, &mut r);
+            let lists = std::iter::once(("head".to_string(), &v.map, v.blocks(), inner.state.epoch)).chain(
+                v.snapshots.iter().map(|s| (format!("snapshot {}", s.name), &s.dead, s.size / BLOCK_SIZE, s.epoch)),
+            );
+            for (list, map, blocks, max_birth) in lists {
+                let what = format!("volume {} {list}", v.name);
+                r.mapped_blocks += check_map(&what, map, blocks, max_birth, v.origin.is_some(), &mut owners, &mut r);
             }
-            if sum != v.map.mapped_blocks() {
-                problem(
-                    &mut r,
-                    format!("volume {}: allocated counter {} != {} blocks mapped", v.name, v.map.mapped_blocks(), sum),
-                );
-            }
-            r.mapped_blocks += sum;
         }
         for &(pba, len) in &ctl.checkpoint_pieces {
             r.metadata_blocks += len;
@@ -105,6 +85,65 @@ impl Pool {
         }
         r
     }
+}
+
+/// Snapshots in epoch order before the current epoch; a clone's origin
+/// exists and its chain is not too deep.
+fn check_volume_links(state: &State, v: &Volume, r: &mut CheckReport) {
+    let epochs: Vec<u64> = v.snapshots.iter().map(|s| s.epoch).collect();
+    if epochs.windows(2).any(|w| w[0] >= w[1]) || epochs.last().is_some_and(|&e| e >= state.epoch) {
+        problem(r, format!("volume {}: snapshot epochs {epochs:?} not ascending below {}", v.name, state.epoch));
+    }
+    if let Some(o) = v.origin {
+        let found = state.volume(o.vol).is_some_and(|ov| ov.snapshot_index(o.epoch).is_some());
+        if !found || state.clone_depth(v.id) > MAX_CLONE_DEPTH {
+            problem(r, format!("volume {}: origin {}@{} missing or chain too deep", v.name, o.vol, o.epoch));
+        }
+    }
+}
+
+/// One extent list (a head or a dead list): ordered, inside its size, born
+/// in range, origin markers only in clones; returns its real blocks and
+/// records their owners.
+fn check_map(
+    what: &str,
+    map: &ExtentMap,
+    blocks: u64,
+    max_birth: u64,
+    clone: bool,
+    owners: &mut [Vec<Owner>],
+    r: &mut CheckReport,
+) -> u64 {
+    let (mut physical, mut sum, mut prev_end) = (0, 0, 0);
+    for (lba, e) in map.iter() {
+        r.extents += 1;
+        sum += e.len;
+        if e.len == 0 || lba < prev_end || lba + e.len > blocks {
+            problem(r, format!("{what}: extent {lba}+{} overlaps or exceeds {blocks} blocks", e.len));
+        }
+        // Birth 0 marks origin markers and their copies (flattened clones).
+        if e.birth > max_birth {
+            problem(r, format!("{what}: extent at {lba} born in epoch {} (at most {max_birth})", e.birth));
+        }
+        prev_end = lba + e.len;
+        if e.pba.is_origin() {
+            if !clone || e.pba.block() != lba || e.birth != 0 {
+                problem(r, format!("{what}: misplaced origin marker at {lba}"));
+            }
+            continue;
+        }
+        physical += e.len;
+        push_owner(owners, e.pba, e.len, format!("{what} block {lba}"), &mut r.problems);
+    }
+    if sum != map.mapped_blocks() || physical != map.physical_blocks() {
+        let msg = format!(
+            "{what}: counters {}/{} != {sum}/{physical} blocks mapped",
+            map.mapped_blocks(),
+            map.physical_blocks()
+        );
+        problem(r, msg);
+    }
+    physical
 }
 
 fn problem(r: &mut CheckReport, msg: String) {

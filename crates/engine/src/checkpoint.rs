@@ -3,12 +3,11 @@
 
 use crate::device::Device;
 use crate::error::{EngineError, Result};
-use crate::extent_map::ExtentMap;
-use crate::extent_map::{Freed, Ranges};
-use crate::state::{State, Volume};
+use crate::extent_map::{ExtentMap, Ranges};
+use crate::state::{Origin, Snapshot, State, Volume};
 use std::sync::Arc;
 use tarn_format::checkpoint::{
-    CheckpointDecoder, CheckpointEncoder, CheckpointHeader, ExtentRecord, SegmentHeader, VolumeRecord,
+    CheckpointDecoder, CheckpointEncoder, CheckpointHeader, ExtentRecord, SegmentHeader, SnapshotRecord, VolumeRecord,
     SEGMENT_HEADER_LEN,
 };
 use tarn_format::checksum::{checksum, SALT_CHECKPOINT};
@@ -29,23 +28,38 @@ pub fn encode_state(state: &State, seq: u64) -> Vec<u8> {
             id: v.id,
             size: v.size,
             name: v.name.clone(),
-            flags: 0,
+            origin: v.origin.map(|o| (o.vol, o.epoch)),
+            snapshot_count: v.snapshots.len() as u32,
             extent_count: v.map.extent_count() as u64,
         };
         enc.volume(&rec);
-        for (lba, e) in v.map.iter() {
-            enc.extent(&ExtentRecord { lba, len: e.len, pba: e.pba.0, birth: e.birth });
+        encode_extents(&mut enc, &v.map);
+        for s in &v.snapshots {
+            enc.snapshot(&SnapshotRecord {
+                epoch: s.epoch,
+                size: s.size,
+                created: s.created,
+                referenced: s.referenced,
+                name: s.name.clone(),
+                dead_count: s.dead.extent_count() as u64,
+            });
+            encode_extents(&mut enc, &s.dead);
         }
     }
     enc.finish()
 }
 
-/// Rebuild the state from a checkpoint payload (applying the same checks
-/// replay applies, so a damaged checkpoint is an error, not a bad state).
+fn encode_extents(enc: &mut CheckpointEncoder, map: &ExtentMap) {
+    for (lba, e) in map.iter() {
+        enc.extent(&ExtentRecord { lba, len: e.len, pba: e.pba.0, birth: e.birth });
+    }
+}
+
+/// Rebuild the state from a checkpoint payload, checking what replay would
+/// check, so a damaged checkpoint is an error, not a bad state.
 pub fn decode_state(payload: &[u8]) -> std::result::Result<(State, u64), String> {
     let (mut dec, h) = CheckpointDecoder::new(payload).map_err(|e| e.to_string())?;
     let mut state = State { epoch: h.epoch, next_volume_id: h.next_volume_id, ..State::default() };
-    let mut sink = Freed::new();
     while let Some(v) = dec.volume().map_err(|e| e.to_string())? {
         crate::state::validate_name(&v.name)?;
         if v.id == 0
@@ -55,21 +69,62 @@ pub fn decode_state(payload: &[u8]) -> std::result::Result<(State, u64), String>
         {
             return Err(format!("volume {} ({}) duplicated or beyond next id {}", v.id, v.name, h.next_volume_id));
         }
-        let vol = Volume { id: v.id, name: v.name.clone(), size: v.size, map: ExtentMap::default() };
         if v.size % BLOCK_SIZE != 0 {
             return Err(format!("volume {} size {} not block-aligned", v.id, v.size));
         }
+        let origin = v.origin.map(|(vol, epoch)| Origin { vol, epoch });
+        let map = decode_extents(&mut dec, v.size, h.epoch, origin.is_some())?;
+        let mut vol = Volume { id: v.id, name: v.name.clone(), size: v.size, map, snapshots: Vec::new(), origin };
+        while let Some(s) = dec.snapshot().map_err(|e| e.to_string())? {
+            crate::state::validate_name(&s.name)?;
+            let last = vol.snapshots.last().map(|p| p.epoch);
+            if last.is_some_and(|p| s.epoch <= p) || s.epoch >= h.epoch || vol.snapshot_named(&s.name).is_some() {
+                return Err(format!("volume {}: snapshot {} at epoch {} out of order", v.name, s.name, s.epoch));
+            }
+            let dead = decode_extents(&mut dec, s.size, s.epoch, origin.is_some())?;
+            vol.snapshots.push(Snapshot {
+                name: s.name,
+                epoch: s.epoch,
+                size: s.size,
+                created: s.created,
+                referenced: s.referenced,
+                dead,
+            });
+        }
         state.by_name.insert(v.name.clone(), v.id);
         state.volumes.insert(v.id, vol);
-        while let Some(e) = dec.extent().map_err(|e| e.to_string())? {
-            let op = tarn_format::ops::Op::Map { vol: v.id, lba: e.lba, len: e.len, pba: e.pba, birth: e.birth };
-            state.apply(&op, &mut sink)?;
+    }
+    for v in state.volumes.values() {
+        if let Some(o) = v.origin {
+            let ok = state.volume(o.vol).is_some_and(|ov| ov.snapshot_index(o.epoch).is_some());
+            if !ok || state.clone_depth(v.id) > crate::state::MAX_CLONE_DEPTH {
+                return Err(format!("volume {}: origin {}@{} missing or too deep", v.name, o.vol, o.epoch));
+            }
         }
     }
-    if !sink.is_empty() {
-        return Err("checkpoint extents overlap".into());
-    }
     Ok((state, h.seq))
+}
+
+/// One extent list: inside `size` bytes, born no later than `max_birth`,
+/// origin markers only in clones (and only at their own block numbers).
+fn decode_extents(
+    dec: &mut CheckpointDecoder<'_>,
+    size: u64,
+    max_birth: u64,
+    clone: bool,
+) -> std::result::Result<ExtentMap, String> {
+    let mut map = ExtentMap::default();
+    while let Some(e) = dec.extent().map_err(|e| e.to_string())? {
+        let pba = Pba(e.pba);
+        let bad_origin = pba.is_origin() && (!clone || pba.block() != e.lba || e.birth != 0);
+        if e.lba + e.len > size / BLOCK_SIZE || e.birth > max_birth || bad_origin {
+            return Err(format!("extent {}+{} at {pba} born {} does not fit its list", e.lba, e.len, e.birth));
+        }
+        if !map.insert(e.lba, e.len, pba, e.birth).is_empty() {
+            return Err("checkpoint extents overlap".into());
+        }
+    }
+    Ok(map)
 }
 
 /// Blocks one segment needs for `payload` bytes.

@@ -27,6 +27,8 @@ enum Plan {
     DataOnly,
     Journal {
         payload: Vec<u8>,
+        /// The epoch after the ops (replay checks it).
+        epoch: u64,
     },
     Checkpoint {
         payload: Vec<u8>,
@@ -66,7 +68,7 @@ impl Pool {
         Ok(())
     }
 
-    fn commit_locked(&self, ctl: &mut CommitCtl, force_checkpoint: bool) -> Result<()> {
+    pub(crate) fn commit_locked(&self, ctl: &mut CommitCtl, force_checkpoint: bool) -> Result<()> {
         let result = self.commit_steps(ctl, force_checkpoint);
         if let Err(e) = &result {
             log::error!("commit failed, fencing the pool: {e}");
@@ -80,7 +82,7 @@ impl Pool {
         self.flush_dirty_devices()?;
         match plan {
             Plan::DataOnly => {}
-            Plan::Journal { payload } => self.write_journal(ctl, &payload)?,
+            Plan::Journal { payload, epoch } => self.write_journal(ctl, &payload, epoch)?,
             Plan::Checkpoint { payload, pieces } => {
                 let old = self.write_checkpoint(ctl, &payload, pieces)?;
                 frees.extend(old);
@@ -103,7 +105,7 @@ impl Pool {
         }
         let payload = encode_ops(&ops);
         if !force_checkpoint && ctl.journal.fits(RecordHeader::blocks_for(payload.len())) {
-            return Ok((Plan::Journal { payload }, frees, gen));
+            return Ok((Plan::Journal { payload, epoch: inner.state.epoch }, frees, gen));
         }
         let payload = checkpoint::encode_state(&inner.state, ctl.journal.seq + 1);
         let inner = &mut *inner;
@@ -139,9 +141,8 @@ impl Pool {
         Ok(())
     }
 
-    fn write_journal(&self, ctl: &mut CommitCtl, payload: &[u8]) -> Result<()> {
+    fn write_journal(&self, ctl: &mut CommitCtl, payload: &[u8], epoch: u64) -> Result<()> {
         let primary = &self.devices[0];
-        let epoch = self.read_inner().state.epoch;
         let blocks = journal::append(primary.as_ref(), &ctl.journal, epoch, payload)?;
         primary.flush().map_err(|e| EngineError::io("flush journal", primary.name(), e))?;
         ctl.journal.used += blocks;

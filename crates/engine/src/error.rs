@@ -23,6 +23,12 @@ pub enum EngineError {
     VolumeGone(u32),
     #[error("a volume named {0:?} already exists")]
     VolumeExists(String),
+    #[error("volume {volume:?} has no snapshot named {name:?}")]
+    NoSuchSnapshot { volume: String, name: String },
+    #[error("volume {volume:?} already has a snapshot named {name:?}")]
+    SnapshotExists { volume: String, name: String },
+    #[error("{what} is in use: {detail}")]
+    InUse { what: String, detail: String },
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("{op} of {len} bytes at offset {offset} is outside volume {volume} (size {size})")]

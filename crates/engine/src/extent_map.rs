@@ -42,16 +42,60 @@ impl Segment {
 pub type Ranges = Vec<(Pba, u64)>;
 /// Physical blocks a map change released.
 pub type Freed = Ranges;
+/// Entries (or pieces of them) a map change removed: (lba, extent).
+pub type Killed = Vec<(u64, Extent)>;
 
+/// Entries may point at real space or, in a clone, at the origin device
+/// (`Pba::is_origin`): those count as mapped but hold no space.
 #[derive(Debug, Default, Clone)]
 pub struct ExtentMap {
     entries: BTreeMap<u64, Extent>,
     mapped_blocks: u64,
+    origin_blocks: u64,
 }
 
 impl ExtentMap {
+    /// Blocks that are not holes (real data or origin markers).
     pub fn mapped_blocks(&self) -> u64 {
         self.mapped_blocks
+    }
+
+    /// Blocks backed by real space.
+    pub fn physical_blocks(&self) -> u64 {
+        self.mapped_blocks - self.origin_blocks
+    }
+
+    /// Blocks still reading through to a clone's origin.
+    pub fn origin_blocks(&self) -> u64 {
+        self.origin_blocks
+    }
+
+    fn count(&mut self, pba: Pba, len: u64, add: bool) {
+        let origin = if pba.is_origin() { len } else { 0 };
+        if add {
+            self.mapped_blocks += len;
+            self.origin_blocks += origin;
+        } else {
+            self.mapped_blocks -= len;
+            self.origin_blocks -= origin;
+        }
+    }
+
+    /// Entries in lba order, starting with the one covering `lba` if any.
+    pub fn iter_from(&self, lba: u64) -> impl Iterator<Item = (u64, &Extent)> + '_ {
+        let covering = self.entries.range(..lba).next_back().filter(|(k, e)| **k + e.len > lba).map(|(k, _)| *k);
+        self.entries.range(covering.unwrap_or(lba)..).map(|(k, v)| (*k, v))
+    }
+
+    /// Entries overlapping [lba, lba+len), clipped to it.
+    pub fn entries_in(&self, lba: u64, len: u64) -> Killed {
+        self.lookup(lba, len, usize::MAX)
+            .into_iter()
+            .filter_map(|s| match s {
+                Segment::Mapped { lba, len, pba, birth } => Some((lba, Extent { len, pba, birth })),
+                Segment::Hole { .. } => None,
+            })
+            .collect()
     }
 
     pub fn extent_count(&self) -> usize {
@@ -98,8 +142,8 @@ impl ExtentMap {
         before || self.entries.range(lba..end).next().is_some()
     }
 
-    /// Make [lba, lba+len) a hole; returns the physical pieces it released.
-    pub fn remove(&mut self, lba: u64, len: u64) -> Freed {
+    /// Make [lba, lba+len) a hole; returns the pieces it removed.
+    pub fn remove(&mut self, lba: u64, len: u64) -> Killed {
         let end = lba + len;
         let mut freed = Vec::new();
         if let Some((&k, &e)) = self.entries.range(..lba).next_back() {
@@ -115,7 +159,7 @@ impl ExtentMap {
     }
 
     /// Remove the part of entry (k, e) inside [lba, end), keeping the rest.
-    fn cut(&mut self, k: u64, e: Extent, lba: u64, end: u64, freed: &mut Freed) {
+    fn cut(&mut self, k: u64, e: Extent, lba: u64, end: u64, freed: &mut Killed) {
         let e_end = k + e.len;
         let s = k.max(lba);
         let t = e_end.min(end);
@@ -127,12 +171,13 @@ impl ExtentMap {
         if t < e_end {
             self.entries.insert(t, Extent { len: e_end - t, pba: e.pba.offset_by(t - k), birth: e.birth });
         }
-        freed.push((e.pba.offset_by(s - k), t - s));
-        self.mapped_blocks -= t - s;
+        let piece = Extent { len: t - s, pba: e.pba.offset_by(s - k), birth: e.birth };
+        self.count(piece.pba, piece.len, false);
+        freed.push((s, piece));
     }
 
     /// Map [lba, lba+len) to `pba`..; returns what the range used to map.
-    pub fn insert(&mut self, lba: u64, len: u64, pba: Pba, birth: u64) -> Freed {
+    pub fn insert(&mut self, lba: u64, len: u64, pba: Pba, birth: u64) -> Killed {
         assert!(len > 0, "empty extent");
         let freed = self.remove(lba, len);
         let mut start = lba;
@@ -156,16 +201,16 @@ impl ExtentMap {
             }
         }
         self.entries.insert(start, ext);
-        self.mapped_blocks += len;
+        self.count(pba, len, true);
         freed
     }
 
-    /// Drop every entry; returns all physical pieces.
-    pub fn clear(&mut self) -> Freed {
-        let freed = self.entries.values().map(|e| (e.pba, e.len)).collect();
-        self.entries.clear();
+    /// Drop every entry; returns them all.
+    pub fn clear(&mut self) -> Killed {
+        let killed = std::mem::take(&mut self.entries).into_iter().collect();
         self.mapped_blocks = 0;
-        freed
+        self.origin_blocks = 0;
+        killed
     }
 }
 
@@ -204,10 +249,10 @@ mod tests {
         let mut m = ExtentMap::default();
         m.insert(0, 100, p(1000), 1);
         let freed = m.insert(10, 5, p(5000), 1);
-        assert_eq!(freed, vec![(p(1010), 5)]);
+        assert_eq!(freed, vec![(10, Extent { len: 5, pba: p(1010), birth: 1 })]);
         assert_eq!(m.extent_count(), 3);
         let freed = m.remove(0, 12);
-        assert_eq!(freed.iter().map(|f| f.1).sum::<u64>(), 12);
+        assert_eq!(freed.iter().map(|f| f.1.len).sum::<u64>(), 12);
         assert_eq!(m.mapped_blocks(), 88);
         let segs = m.lookup(0, 20, 100);
         assert_eq!(segs[0], Segment::Hole { lba: 0, len: 12 });
@@ -232,7 +277,7 @@ mod tests {
             let len = 1 + next() % (256 - lba).min(9);
             if next() % 3 == 0 {
                 let freed = m.remove(lba, len);
-                let n: u64 = freed.iter().map(|f| f.1).sum();
+                let n: u64 = freed.iter().map(|f| f.1.len).sum();
                 let expect = (lba..lba + len).filter(|i| model[*i as usize].is_some()).count() as u64;
                 assert_eq!(n, expect);
                 (lba..lba + len).for_each(|i| model[i as usize] = None);

@@ -8,6 +8,7 @@
 use crate::error::{EngineError, Result};
 use crate::extent_map::{Freed, Segment};
 use crate::pool::{Pool, STRIPES};
+use crate::view::View;
 use std::sync::atomic::Ordering;
 use tarn_format::ops::Op;
 use tarn_format::{Pba, BLOCK_SIZE};
@@ -25,37 +26,58 @@ pub struct StatusRun {
     pub allocated: bool,
 }
 
+/// One run of a changed-block answer, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChangeRun {
+    pub length: u64,
+    pub changed: bool,
+}
+
 /// Where new data for a logical run goes.
-struct NewPiece {
-    lba: u64,
-    len: u64,
-    pba: Pba,
+pub(crate) struct NewPiece {
+    pub lba: u64,
+    pub len: u64,
+    pub pba: Pba,
 }
 
 impl Pool {
     /// Validate a request against the volume's size; the name is only
     /// copied for the error (this runs on every I/O).
     fn check_range(&self, op: &'static str, vol: u32, offset: u64, len: u64, max: u64) -> Result<()> {
+        self.check_view_range(op, vol, View::Head, offset, len, max)
+    }
+
+    pub(crate) fn check_view_range(
+        &self,
+        op: &'static str,
+        vol: u32,
+        view: View,
+        offset: u64,
+        len: u64,
+        max: u64,
+    ) -> Result<()> {
         let inner = self.read_inner();
         let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
+        let size = v.view_size(view).ok_or(EngineError::VolumeGone(vol))?;
         let end = offset.checked_add(len);
-        if len == 0 || len > max || end.is_none_or(|e| e > v.size) {
-            return Err(EngineError::OutOfRange { op, volume: v.name.clone(), offset, len, size: v.size });
+        if len == 0 || len > max || end.is_none_or(|e| e > size) {
+            return Err(EngineError::OutOfRange { op, volume: v.name.clone(), offset, len, size });
         }
         Ok(())
     }
 
     /// Read `buf.len()` bytes at byte `offset`; holes read as zeros.
     pub fn read(&self, vol: u32, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.check_range("read", vol, offset, buf.len() as u64, MAX_IO_BYTES)?;
+        self.read_view(vol, View::Head, offset, buf)
+    }
+
+    /// Read from the head or a snapshot of a volume.
+    pub fn read_view(&self, vol: u32, view: View, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check_view_range("read", vol, view, offset, buf.len() as u64, MAX_IO_BYTES)?;
         let _gate = self.io_gate.read().unwrap_or_else(|p| p.into_inner());
         let first = offset / BLOCK_SIZE;
         let end = offset + buf.len() as u64;
-        let segs = {
-            let inner = self.read_inner();
-            let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
-            v.map.lookup(first, end.div_ceil(BLOCK_SIZE) - first, usize::MAX)
-        };
+        let segs = self.resolve(vol, view, first, end.div_ceil(BLOCK_SIZE) - first)?;
         for seg in segs {
             let s = (seg.lba() * BLOCK_SIZE).max(offset);
             let e = ((seg.lba() + seg.len()) * BLOCK_SIZE).min(end);
@@ -121,7 +143,20 @@ impl Pool {
         self.write_blocks(vol, lba, &block)
     }
 
+    /// Segments of a view with clones' origin markers resolved.
+    pub(crate) fn resolve(&self, vol: u32, view: View, lba: u64, len: u64) -> Result<Vec<Segment>> {
+        let inner = self.read_inner();
+        let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
+        if view == View::Head && v.origin.is_none() {
+            return Ok(v.map.lookup(lba, len, usize::MAX));
+        }
+        inner.state.resolve(vol, view, lba, len).map_err(EngineError::Inconsistent)
+    }
+
     /// Write whole blocks; returns whether any block needed new space.
+    /// Blocks the head owns alone are overwritten in place; blocks a
+    /// snapshot (or the origin) still shows are redirected to new space,
+    /// exactly the blocks written.
     fn write_blocks(&self, vol: u32, lba: u64, data: &[u8]) -> Result<bool> {
         debug_assert!(data.len().is_multiple_of(BS) && !data.is_empty());
         let n = (data.len() / BS) as u64;
@@ -129,7 +164,15 @@ impl Pool {
         let segs = {
             let inner = self.read_inner();
             let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
-            v.map.lookup(lba, n, usize::MAX)
+            let mut segs = v.map.lookup(lba, n, usize::MAX);
+            for seg in segs.iter_mut() {
+                if let Segment::Mapped { lba, len, pba, birth } = *seg {
+                    if !v.owns_alone(pba, birth) {
+                        *seg = Segment::Hole { lba, len };
+                    }
+                }
+            }
+            segs
         };
         let fresh = self.allocate_holes(vol, &segs)?;
         let result = self.write_planned(&segs, &fresh, lba, data);
@@ -145,7 +188,7 @@ impl Pool {
     }
 
     /// Allocate new space for every hole among `segs`, all or nothing.
-    fn allocate_holes(&self, vol: u32, segs: &[Segment]) -> Result<Vec<NewPiece>> {
+    pub(crate) fn allocate_holes(&self, vol: u32, segs: &[Segment]) -> Result<Vec<NewPiece>> {
         if !segs.iter().any(|s| matches!(s, Segment::Hole { .. })) {
             return Ok(Vec::new());
         }
@@ -183,7 +226,7 @@ impl Pool {
         Ok(())
     }
 
-    fn write_device(&self, pba: Pba, data: &[u8]) -> Result<()> {
+    pub(crate) fn write_device(&self, pba: Pba, data: &[u8]) -> Result<()> {
         let i = usize::from(pba.device());
         let dev = &self.devices[i];
         dev.write_at(data, pba.byte_offset()).map_err(|e| EngineError::io("write data", dev.name(), e))?;
@@ -215,7 +258,7 @@ impl Pool {
         }
     }
 
-    fn give_back_unmapped(&self, fresh: &[NewPiece]) {
+    pub(crate) fn give_back_unmapped(&self, fresh: &[NewPiece]) {
         let mut inner = self.write_inner();
         fresh.iter().for_each(|p| inner.space.give_back(p.pba, p.len));
     }
@@ -287,26 +330,90 @@ impl Pool {
     /// Allocation status from `offset`, in runs covering at most `len` bytes
     /// (fewer if the answer would be long). Never empty for a valid range.
     pub fn block_status(&self, vol: u32, offset: u64, len: u64) -> Result<Vec<StatusRun>> {
-        self.check_range("block_status", vol, offset, len, u64::MAX)?;
+        self.block_status_view(vol, View::Head, offset, len)
+    }
+
+    /// Block status of the head or a snapshot. Views that resolve through
+    /// snapshots or origins look at most [`MAX_VIEW_SPAN`] bytes per call.
+    pub fn block_status_view(&self, vol: u32, view: View, offset: u64, len: u64) -> Result<Vec<StatusRun>> {
+        self.check_view_range("block_status", vol, view, offset, len, u64::MAX)?;
         let first = offset / BLOCK_SIZE;
         let end = offset + len;
         let segs = {
             let inner = self.read_inner();
             let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
-            v.map.lookup(first, end.div_ceil(BLOCK_SIZE) - first, MAX_STATUS_SEGMENTS)
-        };
-        let mut runs: Vec<StatusRun> = Vec::with_capacity(segs.len());
-        for seg in segs {
-            let s = (seg.lba() * BLOCK_SIZE).max(offset);
-            let e = ((seg.lba() + seg.len()) * BLOCK_SIZE).min(end);
-            let allocated = matches!(seg, Segment::Mapped { .. });
-            match runs.last_mut() {
-                Some(r) if r.allocated == allocated => r.length += e - s,
-                _ => runs.push(StatusRun { length: e - s, allocated }),
+            if view == View::Head && v.origin.is_none() {
+                v.map.lookup(first, end.div_ceil(BLOCK_SIZE) - first, MAX_STATUS_SEGMENTS)
+            } else {
+                let end = end.min(offset.saturating_add(MAX_VIEW_SPAN));
+                let n = end.div_ceil(BLOCK_SIZE) - first;
+                inner.state.resolve(vol, view, first, n).map_err(EngineError::Inconsistent)?
             }
-        }
-        Ok(runs)
+        };
+        let pieces = segs.iter().map(|s| (s.lba(), s.len(), matches!(s, Segment::Mapped { .. })));
+        Ok(byte_runs(pieces, offset, end)
+            .into_iter()
+            .map(|(length, allocated)| StatusRun { length, allocated })
+            .collect())
     }
+
+    /// Changed-block tracking: runs from `offset` marking where `view` may
+    /// differ from the volume's snapshot taken at `since` (older than the
+    /// view). At most [`MAX_VIEW_SPAN`] bytes per call.
+    pub fn changed_runs(&self, vol: u32, view: View, since: u64, offset: u64, len: u64) -> Result<Vec<ChangeRun>> {
+        self.check_view_range("changed_blocks", vol, view, offset, len, u64::MAX)?;
+        let end = (offset + len).min(offset.saturating_add(MAX_VIEW_SPAN));
+        let first = offset / BLOCK_SIZE;
+        let n = end.div_ceil(BLOCK_SIZE) - first;
+        let changed = {
+            let inner = self.read_inner();
+            let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
+            v.changed_since(view, since, first, n).ok_or_else(|| {
+                EngineError::InvalidArgument(format!(
+                    "epoch {since} is not a snapshot of {} older than the view",
+                    v.name
+                ))
+            })?
+        };
+        let mut pieces = Vec::with_capacity(changed.len() * 2 + 1);
+        let mut pos = first;
+        for (lba, len) in changed {
+            if lba > pos {
+                pieces.push((pos, lba - pos, false));
+            }
+            pieces.push((lba, len, true));
+            pos = lba + len;
+        }
+        if pos < first + n {
+            pieces.push((pos, first + n - pos, false));
+        }
+        let runs = byte_runs(pieces.into_iter(), offset, end);
+        Ok(runs.into_iter().map(|(length, changed)| ChangeRun { length, changed }).collect())
+    }
+}
+
+/// Bytes a block-status answer on a snapshot, clone or change list covers
+/// at most (clients ask again for the rest): bounds the work per request.
+pub const MAX_VIEW_SPAN: u64 = 1 << 30;
+
+/// Byte runs (length, flag) of (lba, blocks, flag) pieces clipped to
+/// [offset, end), equal neighbours merged, at most [`MAX_STATUS_SEGMENTS`].
+fn byte_runs(pieces: impl Iterator<Item = (u64, u64, bool)>, offset: u64, end: u64) -> Vec<(u64, bool)> {
+    let mut runs: Vec<(u64, bool)> = Vec::new();
+    for (lba, len, flag) in pieces {
+        let s = (lba * BLOCK_SIZE).max(offset);
+        let e = ((lba + len) * BLOCK_SIZE).min(end);
+        if e <= s {
+            continue;
+        }
+        let full = runs.len() == MAX_STATUS_SEGMENTS;
+        match runs.last_mut() {
+            Some(r) if r.1 == flag => r.0 += e - s,
+            _ if full => break,
+            _ => runs.push((e - s, flag)),
+        }
+    }
+    runs
 }
 
 /// Blocks kept free for metadata: room for two checkpoints of the current

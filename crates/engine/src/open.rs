@@ -74,7 +74,7 @@ pub fn create_pool(devices: &[Arc<dyn Device>], paths: &[String], opts: &CreateO
         entries.push(DeviceEntry { uuid: device_uuid, blocks, path: paths[i].clone() });
         labels.push(Superblock {
             version: FORMAT_VERSION,
-            incompat: 0,
+            incompat: tarn_format::superblock::incompat::SNAPSHOTS,
             ro_compat: 0,
             compat: 0,
             pool_uuid,
@@ -164,12 +164,16 @@ impl Pool {
         let records = journal::replay(primary.as_ref(), &mut cursor, MAX_REPLAY_RECORDS)?;
         let mut sink = Freed::new();
         for rec in &records {
-            state.epoch = state.epoch.max(rec.epoch);
+            let bad = |detail: String| EngineError::NotAPool {
+                device: primary.name(),
+                detail: format!("journal record {} does not apply: {detail}", rec.seq),
+            };
             for op in &rec.ops {
-                state.apply(op, &mut sink).map_err(|detail| EngineError::NotAPool {
-                    device: primary.name(),
-                    detail: format!("journal record {} does not apply: {detail}", rec.seq),
-                })?;
+                state.apply(op, &mut sink).map_err(bad)?;
+            }
+            // Only snapshot ops move the epoch; the record states where it ended.
+            if state.epoch != rec.epoch {
+                return Err(bad(format!("epoch {} after replay, record says {}", state.epoch, rec.epoch)));
             }
         }
         let space = build_space(&devices, &sb, &state, &pieces)?;
@@ -256,10 +260,8 @@ fn build_space(devices: &[Arc<dyn Device>], sb: &Superblock, state: &State, piec
         list.push((pba.block(), len));
         Ok(())
     };
-    for v in state.volumes.values() {
-        for (_, e) in v.map.iter() {
-            add(e.pba, e.len)?;
-        }
+    for (pba, len) in state.physical_extents() {
+        add(pba, len)?;
     }
     for &(pba, len) in pieces {
         add(pba, len)?;

@@ -82,8 +82,16 @@ pub struct VolumeInfo {
     pub id: u32,
     pub name: String,
     pub size: u64,
+    /// Bytes of own space the head maps.
     pub allocated: u64,
     pub extents: u64,
+    pub snapshots: usize,
+    /// Bytes of own space only snapshots hold (freed by deleting them all).
+    pub snapshot_bytes: u64,
+    /// `VOL@SNAP` a clone reads its unwritten blocks from.
+    pub origin: Option<String>,
+    /// Bytes a clone still reads from its origin (0 once flattened).
+    pub origin_bytes: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -178,11 +186,13 @@ impl Pool {
     }
 
     pub fn volume_info(&self, id: u32) -> Option<VolumeInfo> {
-        self.read_inner().state.volume(id).map(info)
+        let inner = self.read_inner();
+        inner.state.volume(id).map(|v| info(&inner.state, v))
     }
 
     pub fn list_volumes(&self) -> Vec<VolumeInfo> {
-        self.read_inner().state.volumes.values().map(info).collect()
+        let inner = self.read_inner();
+        inner.state.volumes.values().map(|v| info(&inner.state, v)).collect()
     }
 
     /// Create a thin volume of `size` bytes (rounded up to 4 KiB); durable
@@ -224,12 +234,31 @@ impl Pool {
         self.volume_info(id).ok_or(EngineError::VolumeGone(id))
     }
 
-    /// Delete a volume; its space is free when this returns.
-    pub fn delete_volume(&self, name: &str) -> Result<()> {
+    /// Delete a volume; its space is free when this returns. A volume with
+    /// snapshots goes only with `with_snapshots` (they go too); one whose
+    /// snapshots have clones never.
+    pub fn delete_volume(&self, name: &str, with_snapshots: bool) -> Result<()> {
         self.check_writable()?;
         {
             let mut inner = self.write_inner();
-            let id = *inner.state.by_name.get(name).ok_or_else(|| EngineError::NoSuchVolume(name.to_string()))?;
+            let v = crate::snapshot::volume_named(&inner.state, name)?;
+            let clones: Vec<String> = inner.state.clones_of(v.id, None).iter().map(|c| c.name.clone()).collect();
+            if !clones.is_empty() {
+                return Err(EngineError::InUse {
+                    what: format!("volume {name}"),
+                    detail: format!(
+                        "clones {} depend on its snapshots; flatten or delete them first",
+                        clones.join(", ")
+                    ),
+                });
+            }
+            if !v.snapshots.is_empty() && !with_snapshots {
+                return Err(EngineError::InUse {
+                    what: format!("volume {name}"),
+                    detail: format!("it has {} snapshots; pass --recursive to delete them too", v.snapshots.len()),
+                });
+            }
+            let id = v.id;
             self.apply_ops(&mut inner, vec![Op::VolDelete { vol: id }])?;
         }
         self.flush()
@@ -279,13 +308,22 @@ impl Pool {
     }
 }
 
-fn info(v: &crate::state::Volume) -> VolumeInfo {
+fn info(state: &crate::state::State, v: &crate::state::Volume) -> VolumeInfo {
+    let origin = v.origin.and_then(|o| {
+        let ov = state.volume(o.vol)?;
+        let snap = ov.snapshots.iter().find(|s| s.epoch == o.epoch)?;
+        Some(format!("{}@{}", ov.name, snap.name))
+    });
     VolumeInfo {
         id: v.id,
         name: v.name.clone(),
         size: v.size,
-        allocated: v.map.mapped_blocks() * BLOCK_SIZE,
+        allocated: v.map.physical_blocks() * BLOCK_SIZE,
         extents: v.map.extent_count() as u64,
+        snapshots: v.snapshots.len(),
+        snapshot_bytes: v.snapshot_blocks() * BLOCK_SIZE,
+        origin,
+        origin_bytes: v.origin_blocks() * BLOCK_SIZE,
     }
 }
 

@@ -1,10 +1,42 @@
-//! The pool's logical state: volumes and their maps. Changed only through
-//! [`State::apply`], by the live pool and by journal replay alike.
+//! The pool's logical state: volumes, their maps and snapshots. Changed only
+//! through [`State::apply`], by the live pool and by journal replay alike.
+//!
+//! Snapshots follow the dead-list rule (Loris epochs, ZFS dead lists): a
+//! snapshot is the epoch it was taken in; every map entry carries the epoch
+//! its data was born in. An entry killed (overwritten, trimmed) while born at
+//! or before the newest snapshot is still visible there, so it moves to that
+//! snapshot's dead list instead of being freed. See `snapshot.rs` for reads.
 
-use crate::extent_map::{ExtentMap, Freed};
+use crate::extent_map::{Extent, ExtentMap, Freed, Killed};
 use std::collections::{BTreeMap, HashMap};
+use tarn_format::checkpoint::MAX_SNAPSHOTS;
 use tarn_format::ops::{Op, MAX_NAME_LEN};
 use tarn_format::{Pba, BLOCK_SIZE};
+
+/// A clone reads through to at most this many generations of origins, so a
+/// read costs at most this many map lookups per level (`flatten` cuts it).
+pub const MAX_CLONE_DEPTH: usize = 16;
+
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub name: String,
+    /// Data born in this epoch or before is in the snapshot (if alive then).
+    pub epoch: u64,
+    pub size: u64,
+    pub created: u64,
+    /// Blocks of the volume's own space the snapshot shows.
+    pub referenced: u64,
+    /// Entries visible in this snapshot killed while it was the newest:
+    /// born at or before `epoch`, dead before the next snapshot.
+    pub dead: ExtentMap,
+}
+
+/// Where a clone's unwritten blocks come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Origin {
+    pub vol: u32,
+    pub epoch: u64,
+}
 
 #[derive(Debug, Clone)]
 pub struct Volume {
@@ -12,12 +44,81 @@ pub struct Volume {
     pub name: String,
     /// Visible size in bytes (a multiple of the block size).
     pub size: u64,
+    /// The head: what the volume reads now.
     pub map: ExtentMap,
+    /// Oldest first; epochs strictly ascending.
+    pub snapshots: Vec<Snapshot>,
+    pub origin: Option<Origin>,
 }
 
 impl Volume {
+    fn new(id: u32, name: String, size: u64) -> Volume {
+        Volume { id, name, size, map: ExtentMap::default(), snapshots: Vec::new(), origin: None }
+    }
+
     pub fn blocks(&self) -> u64 {
         self.size / BLOCK_SIZE
+    }
+
+    /// Epoch of the newest snapshot: head entries born after it are the
+    /// head's alone and may be overwritten in place.
+    pub fn shared_epoch(&self) -> Option<u64> {
+        self.snapshots.last().map(|s| s.epoch)
+    }
+
+    /// Whether a head entry born in `birth` at `pba` may be overwritten in place.
+    pub fn owns_alone(&self, pba: Pba, birth: u64) -> bool {
+        !pba.is_origin() && self.shared_epoch().is_none_or(|e| birth > e)
+    }
+
+    pub fn snapshot_index(&self, epoch: u64) -> Option<usize> {
+        self.snapshots.binary_search_by_key(&epoch, |s| s.epoch).ok()
+    }
+
+    pub fn snapshot_named(&self, name: &str) -> Option<&Snapshot> {
+        self.snapshots.iter().find(|s| s.name == name)
+    }
+
+    /// Blocks of own space held only by snapshots (dead lists).
+    pub fn snapshot_blocks(&self) -> u64 {
+        self.snapshots.iter().map(|s| s.dead.physical_blocks()).sum()
+    }
+
+    /// Blocks still reading through to the origin, head and dead lists.
+    pub fn origin_blocks(&self) -> u64 {
+        self.map.origin_blocks() + self.snapshots.iter().map(|s| s.dead.origin_blocks()).sum::<u64>()
+    }
+
+    /// Blocks deleting snapshot `i` would free: its dead list's entries born
+    /// after the previous snapshot (no other view can see them).
+    pub fn exclusive_blocks(&self, i: usize) -> u64 {
+        let after = if i == 0 { None } else { Some(self.snapshots[i - 1].epoch) };
+        self.snapshots[i]
+            .dead
+            .iter()
+            .filter(|(_, e)| !e.pba.is_origin() && after.is_none_or(|a| e.birth > a))
+            .map(|(_, e)| e.len)
+            .sum()
+    }
+
+    /// Send entries the head no longer shows to the newest snapshot's dead
+    /// list if that snapshot still shows them; free the rest.
+    fn retire(&mut self, killed: Killed, freed: &mut Freed) {
+        for (lba, e) in killed {
+            match self.snapshots.last_mut() {
+                Some(s) if e.birth <= s.epoch => {
+                    let twice = s.dead.insert(lba, e.len, e.pba, e.birth);
+                    assert!(twice.is_empty(), "two versions of block {lba} died in one interval");
+                }
+                _ => free(lba, e, freed),
+            }
+        }
+    }
+}
+
+fn free(_lba: u64, e: Extent, freed: &mut Freed) {
+    if !e.pba.is_origin() {
+        freed.push((e.pba, e.len));
     }
 }
 
@@ -36,13 +137,13 @@ impl Default for State {
     }
 }
 
-/// Checks a volume name: what `vol create` accepts and replay expects.
+/// Checks a volume or snapshot name: what the CLI accepts and replay expects.
 pub fn validate_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > MAX_NAME_LEN {
-        return Err(format!("volume name must be 1 to {MAX_NAME_LEN} bytes"));
+        return Err(format!("name must be 1 to {MAX_NAME_LEN} bytes"));
     }
     if name.contains(['@', '/']) || name.chars().any(|c| c.is_control() || c.is_whitespace()) {
-        return Err(format!("volume name {name:?} may not contain '@', '/', spaces or control characters"));
+        return Err(format!("name {name:?} may not contain '@', '/', spaces or control characters"));
     }
     Ok(())
 }
@@ -52,12 +153,52 @@ impl State {
         self.volumes.get(&id)
     }
 
+    fn volume_mut(&mut self, id: u32, what: &str) -> Result<&mut Volume, String> {
+        self.volumes.get_mut(&id).ok_or(format!("{what} on unknown volume {id}"))
+    }
+
+    /// Blocks of real space referenced by every volume, head and snapshots.
     pub fn mapped_blocks(&self) -> u64 {
-        self.volumes.values().map(|v| v.map.mapped_blocks()).sum()
+        self.volumes.values().map(|v| v.map.physical_blocks() + v.snapshot_blocks()).sum()
+    }
+
+    /// Every piece of real space the volumes reference: heads and dead lists.
+    pub fn physical_extents(&self) -> impl Iterator<Item = (Pba, u64)> + '_ {
+        self.volumes
+            .values()
+            .flat_map(|v| std::iter::once(&v.map).chain(v.snapshots.iter().map(|s| &s.dead)))
+            .flat_map(|m| m.iter())
+            .filter(|(_, e)| !e.pba.is_origin())
+            .map(|(_, e)| (e.pba, e.len))
     }
 
     pub fn extent_count(&self) -> usize {
-        self.volumes.values().map(|v| v.map.extent_count()).sum()
+        self.volumes
+            .values()
+            .map(|v| v.map.extent_count() + v.snapshots.iter().map(|s| s.dead.extent_count()).sum::<usize>())
+            .sum()
+    }
+
+    /// Volumes cloned from `vol`'s snapshot at `epoch` (any epoch if None).
+    pub fn clones_of(&self, vol: u32, epoch: Option<u64>) -> Vec<&Volume> {
+        self.volumes
+            .values()
+            .filter(|c| c.origin.is_some_and(|o| o.vol == vol && epoch.is_none_or(|e| o.epoch == e)))
+            .collect()
+    }
+
+    /// Generations of origins above `vol` (0 for a plain volume).
+    pub fn clone_depth(&self, vol: u32) -> usize {
+        let mut depth = 0;
+        let mut at = self.volume(vol).and_then(|v| v.origin);
+        while let Some(o) = at {
+            depth += 1;
+            if depth > MAX_CLONE_DEPTH {
+                break;
+            }
+            at = self.volume(o.vol).and_then(|v| v.origin);
+        }
+        depth
     }
 
     /// Apply one op; physical blocks it releases are appended to `freed`.
@@ -66,47 +207,198 @@ impl State {
     pub fn apply(&mut self, op: &Op, freed: &mut Freed) -> Result<(), String> {
         match op {
             Op::Map { vol, lba, len, pba, birth } => {
-                let v = self.volumes.get_mut(vol).ok_or(format!("map on unknown volume {vol}"))?;
+                let epoch = self.epoch;
+                let v = self.volume_mut(*vol, "map")?;
                 check_range(v, *lba, *len)?;
-                if *birth > self.epoch {
-                    return Err(format!("map born in future epoch {birth} > {}", self.epoch));
+                if *birth > epoch || Pba(*pba).is_origin() {
+                    return Err(format!("map to {} born in epoch {birth} (current {epoch})", Pba(*pba)));
                 }
-                freed.extend(v.map.insert(*lba, *len, Pba(*pba), *birth));
+                let killed = v.map.insert(*lba, *len, Pba(*pba), *birth);
+                v.retire(killed, freed);
             }
             Op::Unmap { vol, lba, len } => {
-                let v = self.volumes.get_mut(vol).ok_or(format!("unmap on unknown volume {vol}"))?;
+                let v = self.volume_mut(*vol, "unmap")?;
                 check_range(v, *lba, *len)?;
-                freed.extend(v.map.remove(*lba, *len));
+                let killed = v.map.remove(*lba, *len);
+                v.retire(killed, freed);
             }
             Op::VolCreate { vol, size, name } => {
-                validate_name(name)?;
-                if self.volumes.contains_key(vol) || self.by_name.contains_key(name) || *vol == 0 {
-                    return Err(format!("volume {vol} ({name}) already exists"));
-                }
-                if size % BLOCK_SIZE != 0 {
-                    return Err(format!("volume size {size} not a multiple of {BLOCK_SIZE}"));
-                }
-                self.volumes
-                    .insert(*vol, Volume { id: *vol, name: name.clone(), size: *size, map: ExtentMap::default() });
+                self.check_new_volume(*vol, name, *size)?;
+                self.volumes.insert(*vol, Volume::new(*vol, name.clone(), *size));
                 self.by_name.insert(name.clone(), *vol);
                 self.next_volume_id = self.next_volume_id.max(vol + 1);
             }
             Op::VolResize { vol, size } => {
-                let v = self.volumes.get_mut(vol).ok_or(format!("resize of unknown volume {vol}"))?;
+                let v = self.volume_mut(*vol, "resize")?;
                 if size % BLOCK_SIZE != 0 {
                     return Err(format!("volume size {size} not a multiple of {BLOCK_SIZE}"));
                 }
                 let new_blocks = size / BLOCK_SIZE;
                 if new_blocks < v.blocks() {
-                    freed.extend(v.map.remove(new_blocks, v.blocks() - new_blocks));
+                    let killed = v.map.remove(new_blocks, v.blocks() - new_blocks);
+                    v.retire(killed, freed);
                 }
                 v.size = *size;
             }
             Op::VolDelete { vol } => {
+                if let Some(c) = self.clones_of(*vol, None).first() {
+                    return Err(format!("volume {vol} has clone {}", c.name));
+                }
                 let mut v = self.volumes.remove(vol).ok_or(format!("delete of unknown volume {vol}"))?;
                 self.by_name.remove(&v.name);
-                freed.extend(v.map.clear());
+                v.map.clear().into_iter().for_each(|(l, e)| free(l, e, freed));
+                for mut s in v.snapshots {
+                    s.dead.clear().into_iter().for_each(|(l, e)| free(l, e, freed));
+                }
             }
+            _ => return self.apply_snapshot_op(op, freed),
+        }
+        Ok(())
+    }
+
+    fn check_new_volume(&self, vol: u32, name: &str, size: u64) -> Result<(), String> {
+        validate_name(name)?;
+        if self.volumes.contains_key(&vol) || self.by_name.contains_key(name) || vol == 0 {
+            return Err(format!("volume {vol} ({name}) already exists"));
+        }
+        if size % BLOCK_SIZE != 0 {
+            return Err(format!("volume size {size} not a multiple of {BLOCK_SIZE}"));
+        }
+        Ok(())
+    }
+
+    fn apply_snapshot_op(&mut self, op: &Op, freed: &mut Freed) -> Result<(), String> {
+        match op {
+            Op::SnapCreate { vol, name, created } => self.snap_create(*vol, name, *created),
+            Op::SnapDelete { vol, epoch } => self.snap_delete(*vol, *epoch, freed),
+            Op::Rollback { vol, epoch } => self.rollback(*vol, *epoch, freed),
+            Op::CloneCreate { vol, origin_vol, origin_epoch, name } => {
+                self.clone_create(*vol, Origin { vol: *origin_vol, epoch: *origin_epoch }, name)
+            }
+            Op::Materialize { vol, snap, lba, len, pba } => self.materialize(*vol, *snap, *lba, *len, *pba),
+            Op::CloneDetach { vol } => {
+                let v = self.volume_mut(*vol, "detach")?;
+                if v.origin.is_none() || v.origin_blocks() != 0 {
+                    return Err(format!("volume {vol} is not a fully materialized clone"));
+                }
+                v.origin = None;
+                Ok(())
+            }
+            Op::Map { .. } | Op::Unmap { .. } | Op::VolCreate { .. } | Op::VolResize { .. } | Op::VolDelete { .. } => {
+                unreachable!("volume ops are applied by State::apply")
+            }
+        }
+    }
+
+    fn snap_create(&mut self, vol: u32, name: &str, created: u64) -> Result<(), String> {
+        validate_name(name)?;
+        let epoch = self.epoch;
+        let v = self.volume_mut(vol, "snapshot")?;
+        if v.snapshot_named(name).is_some() {
+            return Err(format!("volume {} already has a snapshot {name}", v.name));
+        }
+        if v.snapshots.len() >= MAX_SNAPSHOTS as usize {
+            return Err(format!("volume {} has {MAX_SNAPSHOTS} snapshots already", v.name));
+        }
+        let referenced = v.map.physical_blocks();
+        let snap =
+            Snapshot { name: name.to_string(), epoch, size: v.size, created, referenced, dead: ExtentMap::default() };
+        v.snapshots.push(snap);
+        self.epoch += 1;
+        Ok(())
+    }
+
+    /// Delete snapshot `epoch` of `vol`: its dead list's entries born after
+    /// the previous snapshot are seen by no one and freed; the others are
+    /// still seen by the previous snapshot and join its dead list. Cost: the
+    /// size of that dead list, not of the volume.
+    fn snap_delete(&mut self, vol: u32, epoch: u64, freed: &mut Freed) -> Result<(), String> {
+        if let Some(c) = self.clones_of(vol, Some(epoch)).first() {
+            return Err(format!("snapshot {epoch} of volume {vol} has clone {}", c.name));
+        }
+        let v = self.volume_mut(vol, "snapshot delete")?;
+        let i = v.snapshot_index(epoch).ok_or(format!("volume {vol} has no snapshot at epoch {epoch}"))?;
+        let mut gone = v.snapshots.remove(i);
+        let mut prev = i.checked_sub(1).map(|p| &mut v.snapshots[p]);
+        for (lba, e) in gone.dead.clear() {
+            match prev {
+                Some(ref mut p) if e.birth <= p.epoch => {
+                    let twice = p.dead.insert(lba, e.len, e.pba, e.birth);
+                    assert!(twice.is_empty(), "block {lba} alive twice at epoch {}", p.epoch);
+                }
+                _ => free(lba, e, freed),
+            }
+        }
+        Ok(())
+    }
+
+    /// Roll the head back to the newest snapshot: what was born since is
+    /// freed, what died since comes back. Cost: a scan of the head.
+    fn rollback(&mut self, vol: u32, epoch: u64, freed: &mut Freed) -> Result<(), String> {
+        let v = self.volume_mut(vol, "rollback")?;
+        if v.shared_epoch() != Some(epoch) {
+            return Err(format!("rollback of volume {vol} to epoch {epoch}, which is not its newest snapshot"));
+        }
+        let newer: Vec<(u64, u64)> =
+            v.map.iter().filter(|(_, e)| e.birth > epoch).map(|(lba, e)| (lba, e.len)).collect();
+        for (lba, len) in newer {
+            v.map.remove(lba, len).into_iter().for_each(|(l, e)| free(l, e, freed));
+        }
+        let snap = v.snapshots.last_mut().ok_or("no snapshot")?;
+        let back = snap.dead.clear();
+        v.size = snap.size;
+        let tail = v.map.remove(v.blocks(), u64::MAX - v.blocks());
+        assert!(tail.is_empty(), "head mapped past its snapshot's size");
+        for (lba, e) in back {
+            let twice = v.map.insert(lba, e.len, e.pba, e.birth);
+            assert!(twice.is_empty(), "rollback found block {lba} mapped twice");
+        }
+        Ok(())
+    }
+
+    fn clone_create(&mut self, vol: u32, origin: Origin, name: &str) -> Result<(), String> {
+        let o = self.volume(origin.vol).ok_or(format!("clone of unknown volume {}", origin.vol))?;
+        let snap = o.snapshots.iter().find(|s| s.epoch == origin.epoch);
+        let size = snap.ok_or(format!("clone of unknown snapshot {} of volume {}", origin.epoch, o.name))?.size;
+        if self.clone_depth(origin.vol) + 1 > MAX_CLONE_DEPTH {
+            return Err(format!(
+                "clone of {} would be {} generations deep (at most {MAX_CLONE_DEPTH})",
+                o.name,
+                MAX_CLONE_DEPTH + 1
+            ));
+        }
+        self.check_new_volume(vol, name, size)?;
+        let mut v = Volume::new(vol, name.to_string(), size);
+        v.origin = Some(origin);
+        if size > 0 {
+            v.map.insert(0, size / BLOCK_SIZE, Pba::origin(0), 0);
+        }
+        self.volumes.insert(vol, v);
+        self.by_name.insert(name.to_string(), vol);
+        self.next_volume_id = self.next_volume_id.max(vol + 1);
+        Ok(())
+    }
+
+    /// Replace an origin marker (in the head, or in snapshot `snap`'s dead
+    /// list) by a private copy of the origin's data, same birth.
+    fn materialize(&mut self, vol: u32, snap: u64, lba: u64, len: u64, pba: u64) -> Result<(), String> {
+        let v = self.volume_mut(vol, "materialize")?;
+        let upto = if snap == 0 { v.snapshots.len() } else { v.snapshot_index(snap).ok_or("unknown snapshot")? + 1 };
+        let map = if snap == 0 { &mut v.map } else { &mut v.snapshots[upto - 1].dead };
+        let here = map.lookup(lba, len, 2);
+        let birth = match here.as_slice() {
+            [crate::extent_map::Segment::Mapped { pba: p, birth, len: l, .. }]
+                if *l == len && *p == Pba::origin(lba) =>
+            {
+                *birth
+            }
+            _ => return Err(format!("volume {vol}: blocks {lba}+{len} are not an origin marker")),
+        };
+        map.remove(lba, len);
+        if pba != 0 {
+            map.insert(lba, len, Pba(pba), birth);
+            // The copy is now own space every snapshot up to there shows.
+            v.snapshots[..upto].iter_mut().for_each(|s| s.referenced += len);
         }
         Ok(())
     }

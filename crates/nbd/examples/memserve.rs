@@ -2,8 +2,11 @@
 //!
 //! ```text
 //! memserve --size 64M --listen 127.0.0.1:10809 [--socket PATH] [--read-only]
-//!           [--workers N] [--max-in-flight N] [-v|-vv]
+//!           [--dirty-bitmap NAME] [--workers N] [--max-in-flight N] [-v|-vv]
 //! ```
+//!
+//! `--dirty-bitmap NAME` tracks the ranges written, trimmed or zeroed since
+//! start-up and offers them as the metadata context `qemu:dirty-bitmap:NAME`.
 //!
 //! Runs until SIGTERM or SIGINT, then shuts the server down gracefully.
 
@@ -41,7 +44,7 @@ fn parse_size(s: &str) -> Option<u64> {
 }
 
 fn usage() -> ExitCode {
-    eprintln!("usage: memserve --size SIZE[K|M|G] [--listen ADDR:PORT] [--socket PATH] [--read-only] [--workers N] [--max-in-flight N] [-v|-vv]");
+    eprintln!("usage: memserve --size SIZE[K|M|G] [--listen ADDR:PORT] [--socket PATH] [--read-only] [--dirty-bitmap NAME] [--workers N] [--max-in-flight N] [-v|-vv]");
     ExitCode::from(2)
 }
 
@@ -50,6 +53,7 @@ fn main() -> ExitCode {
     let mut listen = None;
     let mut socket: Option<PathBuf> = None;
     let mut read_only = false;
+    let mut dirty_bitmap: Option<String> = None;
     let mut config = ServerConfig::default();
     let mut level = log::LevelFilter::Warn;
     let mut args = std::env::args().skip(1);
@@ -62,6 +66,10 @@ fn main() -> ExitCode {
             "--listen" => listen = args.next(),
             "--socket" => socket = args.next().map(PathBuf::from),
             "--read-only" => read_only = true,
+            "--dirty-bitmap" => match args.next() {
+                Some(n) if !n.is_empty() => dirty_bitmap = Some(n),
+                _ => return usage(),
+            },
             "--workers" => match args.next().and_then(|v| v.parse().ok()) {
                 Some(n) => config.workers_per_conn = n,
                 None => return usage(),
@@ -95,7 +103,10 @@ fn main() -> ExitCode {
         set
     };
 
-    let export = if read_only { MemoryExport::new_read_only(size) } else { MemoryExport::new(size) };
+    let mut export = if read_only { MemoryExport::new_read_only(size) } else { MemoryExport::new(size) };
+    if let Some(name) = &dirty_bitmap {
+        export = export.with_dirty_bitmap(name);
+    }
     let backend = MemoryBackend::new().with_export("mem", "tarn in-memory test export", Arc::new(export));
     let server = Server::new(Arc::new(backend), config);
     if let Some(addr) = &listen {

@@ -19,8 +19,10 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use crate::error::ExportError;
 use crate::export::{BlockStatusExtent, Export};
 use crate::handshake::Negotiated;
+use crate::meta::MetaContext;
 use crate::protocol::*;
 use crate::server::ServerConfig;
 use crate::stream::Stream;
@@ -33,7 +35,9 @@ const MAX_IN_FLIGHT_BYTES: u64 = 256 << 20;
 /// Largest oversized WRITE payload read and discarded to keep the stream in
 /// sync; beyond this the client is disconnected.
 const MAX_DISCARD_BYTES: u64 = 64 << 20;
-/// Most descriptors in one block status reply (protocol recommendation).
+/// Most descriptors in one block status reply, all contexts together (the
+/// protocol's recommendation for one chunk, so that several contexts do not
+/// multiply the reply size).
 const MAX_DESCRIPTORS: usize = 1 << 20;
 /// Longest descriptor: the largest 512-aligned `u32`.
 const MAX_DESCRIPTOR_LEN: u32 = 0xffff_fe00;
@@ -46,7 +50,8 @@ pub(crate) struct TransmissionParams {
     pub size: u64,
     pub read_only: bool,
     pub structured: bool,
-    pub meta_context: Option<u32>,
+    /// At least one metadata context was negotiated.
+    pub has_meta_context: bool,
     pub min_block: u32,
     pub max_payload: u32,
 }
@@ -96,7 +101,7 @@ pub(crate) fn validate_request(h: &RequestHeader, p: &TransmissionParams) -> Res
         Command::Write | Command::Trim | Command::WriteZeroes if p.read_only => {
             return Err(reject(NBD_EPERM, "export is read-only"));
         }
-        Command::BlockStatus if p.meta_context.is_none() => {
+        Command::BlockStatus if !p.has_meta_context => {
             return Err(reject(NBD_EINVAL, "no metadata context was negotiated"));
         }
         _ => {}
@@ -142,61 +147,116 @@ pub(crate) fn validate_request(h: &RequestHeader, p: &TransmissionParams) -> Res
     })
 }
 
-/// Turn export extents into wire descriptors for a request (pure).
+/// What a block status request asks for, as far as descriptors go.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StatusQuery {
+    pub offset: u64,
+    pub length: u32,
+    /// Export size.
+    pub size: u64,
+    pub req_one: bool,
+    /// Most descriptors to return (REQ_ONE: one; zero is taken as one).
+    pub max_descriptors: usize,
+}
+
+impl StatusQuery {
+    /// Bytes the reply may cover: the request, clipped to the export end.
+    fn span(&self) -> u64 {
+        (self.length as u64).min(self.size.saturating_sub(self.offset))
+    }
+}
+
+/// `base:allocation` flags of an export extent.
+fn base_extent(e: &BlockStatusExtent) -> (u64, u32) {
+    let status = if e.hole { NBD_STATE_HOLE } else { 0 } | if e.zero { NBD_STATE_ZERO } else { 0 };
+    (e.length, status)
+}
+
+/// Turn `(length, status)` extents into wire descriptors (pure).
 ///
-/// Zero-length extents are skipped, lengths are clamped to `u32` and to the
-/// export end, adjacent equal statuses are merged, the list stops once the
-/// requested length is covered, and REQ_ONE yields exactly one descriptor
-/// no longer than the request. Never empty.
+/// Zero-length extents are skipped, adjacent equal statuses are merged,
+/// lengths are clipped to the requested range (and the export end) and to
+/// 512-aligned `u32`s, the list stops once the range is covered or at
+/// `max_descriptors`, and REQ_ONE yields at most one descriptor. Empty
+/// only if the extents cover nothing.
 pub(crate) fn build_descriptors(
-    extents: &[BlockStatusExtent],
-    offset: u64,
-    length: u32,
-    size: u64,
-    req_one: bool,
+    extents: impl IntoIterator<Item = (u64, u32)>,
+    q: &StatusQuery,
 ) -> Vec<BlockDescriptor> {
+    let span = q.span();
+    let max = if q.req_one { 1 } else { q.max_descriptors.max(1) };
     let mut out: Vec<BlockDescriptor> = Vec::new();
     let mut covered: u64 = 0;
-    let avail = size.saturating_sub(offset);
-    for e in extents {
-        if e.length == 0 {
+    for (length, status) in extents {
+        if covered >= span {
+            break;
+        }
+        if length == 0 {
             continue;
         }
-        if covered >= length as u64 || covered >= avail {
-            break;
-        }
-        let status = if e.hole { NBD_STATE_HOLE } else { 0 } | if e.zero { NBD_STATE_ZERO } else { 0 };
-        let mut len = e.length.min(avail - covered);
-        let mut truncated = false;
-        if len > MAX_DESCRIPTOR_LEN as u64 {
-            len = MAX_DESCRIPTOR_LEN as u64;
-            truncated = true;
-        }
+        let want = length.min(span - covered);
+        let len = want.min(MAX_DESCRIPTOR_LEN as u64);
+        let full = out.len() >= max;
         match out.last_mut() {
-            Some(last) if last.status == status && last.length as u64 + len <= u32::MAX as u64 => {
+            Some(last) if last.status == status && last.length as u64 + len <= MAX_DESCRIPTOR_LEN as u64 => {
                 last.length += len as u32;
             }
-            _ => {
-                if out.len() >= MAX_DESCRIPTORS {
-                    break;
-                }
-                out.push(BlockDescriptor { length: len as u32, status });
-            }
+            _ if full => break,
+            _ => out.push(BlockDescriptor { length: len as u32, status }),
         }
         covered += len;
-        if truncated {
+        if len < want {
+            // Cut by the descriptor limit: what follows would be misplaced.
             break;
+        }
+    }
+    out
+}
+
+/// Descriptors of one context for a request; fails on an export error or,
+/// for an extra context, on an empty answer (a reply without a descriptor
+/// would be invalid and could stall the client).
+fn context_descriptors(e: &dyn Export, c: &MetaContext, q: &StatusQuery) -> Result<Vec<BlockDescriptor>, ExportError> {
+    let (offset, length) = (q.offset, q.length as u64);
+    if c.is_base_allocation() {
+        let d = build_descriptors(e.block_status(offset, length)?.iter().map(base_extent), q);
+        if d.is_empty() {
+            // Status 0 ("allocated, data") is always a safe answer for base:allocation.
+            return Ok(vec![BlockDescriptor { length: q.span().max(1) as u32, status: 0 }]);
+        }
+        return Ok(d);
+    }
+    let d = build_descriptors(e.context_status(&c.name, offset, length)?.iter().map(|x| (x.length, x.flags)), q);
+    if d.is_empty() {
+        log::warn!("nbd: export returned no extent for {:?} at {offset} length {length}", c.name);
+        return Err(ExportError::Io);
+    }
+    Ok(d)
+}
+
+/// Reply to NBD_CMD_BLOCK_STATUS: one chunk per negotiated context, in the
+/// order they were selected, only the last one flagged DONE. Any failure
+/// turns the whole reply into one error chunk (nothing is sent before the
+/// reply is complete).
+fn block_status_reply(sh: &Shared, h: u64, offset: u64, length: u32, req_one: bool) -> Reply {
+    let contexts = &sh.contexts;
+    let max_descriptors = MAX_DESCRIPTORS / contexts.len().max(1);
+    let q = StatusQuery { offset, length, size: sh.params.size, req_one, max_descriptors };
+    let mut out = Vec::new();
+    for (i, c) in contexts.iter().enumerate() {
+        match context_descriptors(&*sh.export, c, &q) {
+            Ok(d) => push_block_status_chunk(&mut out, h, c.id, &d, i + 1 == contexts.len()),
+            Err(err) => {
+                log::debug!("nbd: block status of {:?} at {offset} length {length} failed: {err}", c.name);
+                return sh.error_reply(h, err.errno(), "block status failed");
+            }
         }
     }
     if out.is_empty() {
-        let len = (length as u64).min(avail).max(1) as u32;
-        out.push(BlockDescriptor { length: len, status: 0 });
+        // Unreachable: validate_request refuses block status without contexts.
+        return sh.error_reply(h, NBD_EINVAL, "no metadata context was negotiated");
     }
-    if req_one {
-        out.truncate(1);
-        out[0].length = out[0].length.min(length);
-    }
-    out
+    Reply::encoded(out)
 }
 
 /// A validated request with its payload.
@@ -228,6 +288,8 @@ struct QueueState {
 struct Shared {
     export: Arc<dyn Export>,
     params: TransmissionParams,
+    /// Negotiated metadata contexts, in selection order.
+    contexts: Vec<MetaContext>,
     writer: ReplyWriter,
     pool: BufPool,
     costs: CostModel,
@@ -279,13 +341,14 @@ pub(crate) fn serve(
         size: neg.size,
         read_only: neg.export.read_only(),
         structured: neg.structured,
-        meta_context: neg.meta_context,
+        has_meta_context: !neg.meta_contexts.is_empty(),
         min_block: neg.min_block,
         max_payload: neg.max_payload,
     };
     let shared = Arc::new(Shared {
         export: neg.export,
         params,
+        contexts: neg.meta_contexts,
         writer: ReplyWriter::new(write_stream),
         pool: BufPool::new(),
         costs: CostModel::new(),
@@ -627,16 +690,7 @@ fn execute(sh: &Shared, h: u64, req: Request, data: &[u8]) -> Reply {
         Request::WriteZeroes { offset, length, no_hole, fast, fua } => {
             e.write_zeroes(offset, length as u64, no_hole, fast, fua)
         }
-        Request::BlockStatus { offset, length, req_one } => {
-            return match e.block_status(offset, length as u64) {
-                Ok(extents) => {
-                    let d = build_descriptors(&extents, offset, length, sh.params.size, req_one);
-                    let id = sh.params.meta_context.unwrap_or(0);
-                    Reply::encoded(encode_block_status_chunk(h, id, &d))
-                }
-                Err(err) => sh.error_reply(h, err.errno(), "block status failed"),
-            };
-        }
+        Request::BlockStatus { offset, length, req_one } => return block_status_reply(sh, h, offset, length, req_one),
         Request::Disc => Ok(()),
     };
     match res {
@@ -657,7 +711,7 @@ mod tests {
             size: 1 << 20,
             read_only: false,
             structured: true,
-            meta_context: Some(1),
+            has_meta_context: true,
             min_block: 1,
             max_payload: 32 << 20,
         }
@@ -724,7 +778,7 @@ mod tests {
         assert_eq!(err(hdr(NBD_CMD_WRITE_ZEROES, 0, 0, 1), &ro), NBD_EPERM);
         assert!(validate_request(&hdr(NBD_CMD_READ, 0, 0, 1), &ro).is_ok());
         let mut nometa = p;
-        nometa.meta_context = None;
+        nometa.has_meta_context = false;
         assert_eq!(err(hdr(NBD_CMD_BLOCK_STATUS, 0, 0, 1), &nometa), NBD_EINVAL);
         let mut simple = p;
         simple.structured = false;
@@ -752,8 +806,12 @@ mod tests {
         assert!(m.run_inline(&w), "fast again: back inline");
     }
 
-    fn ext(length: u64, hole: bool) -> BlockStatusExtent {
-        BlockStatusExtent { length, hole, zero: hole }
+    fn ext(length: u64, hole: bool) -> (u64, u32) {
+        base_extent(&BlockStatusExtent { length, hole, zero: hole })
+    }
+
+    fn query(offset: u64, length: u32, size: u64, req_one: bool) -> StatusQuery {
+        StatusQuery { offset, length, size, req_one, max_descriptors: MAX_DESCRIPTORS }
     }
 
     #[test]
@@ -763,28 +821,42 @@ mod tests {
         // Merge equal neighbours, skip empty extents.
         assert_eq!(
             build_descriptors(
-                &[ext(4096, false), ext(0, true), ext(4096, false), ext(8192, true)],
-                0,
-                16384,
-                1 << 20,
-                false
+                [ext(4096, false), ext(0, true), ext(4096, false), ext(8192, true)],
+                &query(0, 16384, 1 << 20, false)
             ),
             vec![d(8192, 0), d(8192, hz)]
         );
-        // Stop once the request is covered; the last one may extend past it.
+        // Stop once the request is covered; the last one is clipped to it.
         assert_eq!(
-            build_descriptors(&[ext(4096, false), ext(8192, true), ext(4096, false)], 0, 5000, 1 << 20, false),
-            vec![d(4096, 0), d(8192, hz)]
+            build_descriptors([ext(4096, false), ext(8192, true), ext(4096, false)], &query(0, 5000, 1 << 20, false)),
+            vec![d(4096, 0), d(904, hz)]
         );
-        // REQ_ONE: one descriptor, clamped to the request.
-        assert_eq!(build_descriptors(&[ext(65536, true), ext(4096, false)], 0, 4096, 1 << 20, true), vec![d(4096, hz)]);
-        // Clamped to the export end.
-        assert_eq!(build_descriptors(&[ext(1 << 30, true)], 4096, 4096, 8192, false), vec![d(4096, hz)]);
-        // Empty list: one descriptor of the requested length, status 0.
-        assert_eq!(build_descriptors(&[], 0, 4096, 1 << 20, false), vec![d(4096, 0)]);
-        assert_eq!(build_descriptors(&[ext(0, true)], 0, 4096, 1 << 20, true), vec![d(4096, 0)]);
-        // Huge extents are clamped to a 512-aligned u32.
-        let r = build_descriptors(&[ext(1 << 40, true), ext(1, false)], 0, u32::MAX, 1 << 41, false);
+        // REQ_ONE: one descriptor, clipped to the request.
+        assert_eq!(
+            build_descriptors([ext(65536, true), ext(4096, false)], &query(0, 4096, 1 << 20, true)),
+            vec![d(4096, hz)]
+        );
+        assert_eq!(
+            build_descriptors([ext(100, true), ext(4096, false)], &query(0, 4096, 1 << 20, true)),
+            vec![d(100, hz)]
+        );
+        // Clipped to the export end.
+        assert_eq!(build_descriptors([ext(1 << 30, true)], &query(4096, 8192, 8192, false)), vec![d(4096, hz)]);
+        // Nothing usable: empty (callers decide).
+        assert!(build_descriptors([], &query(0, 4096, 1 << 20, false)).is_empty());
+        assert!(build_descriptors([ext(0, true)], &query(0, 4096, 1 << 20, true)).is_empty());
+        // Huge extents are clipped to a 512-aligned u32.
+        let r = build_descriptors([ext(1 << 40, true), ext(1, false)], &query(0, u32::MAX, 1 << 41, false));
         assert_eq!(r, vec![d(MAX_DESCRIPTOR_LEN, hz)]);
+        // The descriptor budget.
+        let mut q = query(0, 1 << 20, 1 << 20, false);
+        q.max_descriptors = 2;
+        let alternating = (0..100).map(|i| (512u64, i % 2));
+        assert_eq!(build_descriptors(alternating, &q), vec![d(512, 0), d(512, 1)]);
+        // Arbitrary flags (extra contexts) pass through.
+        assert_eq!(
+            build_descriptors([(4096, 1), (4096, 1), (8192, 0)], &query(1, 10000, 1 << 20, false)),
+            vec![d(8192, 1), d(1808, 0)]
+        );
     }
 }

@@ -16,6 +16,16 @@ pub struct BlockStatusExtent {
     pub zero: bool,
 }
 
+/// One extent of a non-base metadata context: length in bytes and the
+/// context-defined flags (for `qemu:dirty-bitmap:*`, bit 0 = dirty).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContextExtent {
+    /// Length in bytes (extents of length 0 are ignored by the server).
+    pub length: u64,
+    /// Status flags as defined by the context (sent as-is on the wire).
+    pub flags: u32,
+}
+
 /// A block device served over NBD. All methods may be called concurrently
 /// from several worker threads and several connections.
 ///
@@ -52,6 +62,26 @@ pub trait Export: Send + Sync {
     /// protocol defaults if they are inconsistent.
     fn block_sizes(&self) -> (u32, u32, u32) {
         (1, 4096, 32 * 1024 * 1024)
+    }
+    /// Extra metadata contexts this export offers besides base:allocation,
+    /// full names such as "qemu:dirty-bitmap:snap1". Default: none.
+    ///
+    /// Asked once per `NBD_OPT_LIST_META_CONTEXT` / `NBD_OPT_SET_META_CONTEXT`.
+    /// The server ignores (with a warning) names that are not valid context
+    /// names (`namespace:leaf`, leaf not empty and not ending in `:`, at most
+    /// 4096 bytes, no NUL), names in the `base:` namespace, duplicates, and
+    /// any beyond the first 1024.
+    fn meta_contexts(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// Status of [offset, offset+length) in the extra context `name` (one of
+    /// meta_contexts()); in order from offset, may stop early, at least one extent.
+    ///
+    /// An error, or an empty list, fails the whole `NBD_CMD_BLOCK_STATUS`
+    /// request (an empty list as `NBD_EIO`).
+    fn context_status(&self, name: &str, offset: u64, length: u64) -> Result<Vec<ContextExtent>, ExportError> {
+        let _ = (name, offset, length);
+        Err(ExportError::NotSupported)
     }
 }
 

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::NbdError;
 use crate::export::{Backend, Export};
+use crate::meta::{self, MetaContext, MAX_META_QUERIES};
 use crate::protocol::*;
 use crate::server::ServerConfig;
 use crate::stream::Stream;
@@ -18,9 +19,6 @@ pub(crate) const MAX_OPTION_LEN: u32 = 64 * 1024;
 /// The whole handshake must finish within this time.
 pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Context ID of `base:allocation` in `NBD_OPT_SET_META_CONTEXT` replies.
-pub(crate) const BASE_ALLOCATION_ID: u32 = 1;
-
 /// Result of a successful handshake.
 pub(crate) struct Negotiated {
     pub export: Arc<dyn Export>,
@@ -28,8 +26,8 @@ pub(crate) struct Negotiated {
     pub size: u64,
     pub transmission_flags: u16,
     pub structured: bool,
-    /// Context ID of `base:allocation` if selected for this export.
-    pub meta_context: Option<u32>,
+    /// Metadata contexts selected for this export, in selection order.
+    pub meta_contexts: Vec<MetaContext>,
     pub min_block: u32,
     pub max_payload: u32,
 }
@@ -69,21 +67,13 @@ pub(crate) fn transmission_flags(read_only: bool, structured: bool) -> u16 {
     f
 }
 
-/// Contexts a query list selects (LIST: `base:` is a wildcard, no query
-/// means all; SET: only exact names).
-fn match_contexts(queries: &[String], list: bool) -> bool {
-    if list && queries.is_empty() {
-        return true;
-    }
-    queries.iter().any(|q| q == BASE_ALLOCATION || (list && q == "base:"))
-}
-
 struct State<'a> {
     backend: &'a dyn Backend,
     config: &'a ServerConfig,
     structured: bool,
-    /// Export (resolved name) `base:allocation` was selected for.
-    meta_export: Option<String>,
+    /// Export (resolved name) and contexts of the last successful
+    /// NBD_OPT_SET_META_CONTEXT.
+    meta: Option<(String, Vec<MetaContext>)>,
     out: Vec<u8>,
 }
 
@@ -110,7 +100,7 @@ pub(crate) fn negotiate(
     read_exact(reader, &mut raw)?;
     let cflags = parse_client_flags(u32::from_be_bytes(raw), SERVER_HANDSHAKE_FLAGS)?;
 
-    let mut st = State { backend, config, structured: false, meta_export: None, out: Vec::with_capacity(256) };
+    let mut st = State { backend, config, structured: false, meta: None, out: Vec::with_capacity(256) };
     let mut n = 0usize;
     loop {
         n += 1;
@@ -198,9 +188,10 @@ impl State<'_> {
     fn negotiated(&self, name: String, export: Arc<dyn Export>) -> Negotiated {
         let size = export.size();
         let (min_block, _, max_payload) = sanitize_block_sizes(export.block_sizes(), self.config.max_request_bytes);
-        let meta_context = match &self.meta_export {
-            Some(m) if *m == name => Some(BASE_ALLOCATION_ID),
-            _ => None,
+        // The selection only counts for the export it was made for.
+        let meta_contexts = match &self.meta {
+            Some((m, contexts)) if *m == name => contexts.clone(),
+            _ => Vec::new(),
         };
         Negotiated {
             transmission_flags: transmission_flags(export.read_only(), self.structured),
@@ -208,7 +199,7 @@ impl State<'_> {
             name,
             size,
             structured: self.structured,
-            meta_context,
+            meta_contexts,
             min_block,
             max_payload,
         }
@@ -295,12 +286,13 @@ impl State<'_> {
         }
         self.reply(option, NBD_REP_ACK, &[]);
         if option == NBD_OPT_GO {
+            let contexts: Vec<&str> = neg.meta_contexts.iter().map(|c| c.name.as_str()).collect();
             log::info!(
-                "nbd: export {:?} selected (size {}, structured {}, base:allocation {})",
+                "nbd: export {:?} selected (size {}, structured {}, metadata contexts {:?})",
                 neg.name,
                 neg.size,
                 neg.structured,
-                neg.meta_context.is_some()
+                contexts
             );
             Ok(Next::Go(neg))
         } else {
@@ -312,7 +304,7 @@ impl State<'_> {
         let set = option == NBD_OPT_SET_META_CONTEXT;
         if set {
             // SET replaces the previous selection even when it fails.
-            self.meta_export = None;
+            self.meta = None;
         }
         if !self.structured {
             return self.invalid(option, "structured replies must be negotiated first");
@@ -321,15 +313,27 @@ impl State<'_> {
             Ok(r) => r,
             Err(e) => return self.invalid(option, &e.to_string()),
         };
-        let Some(name) = self.resolve(&req.export_name).filter(|n| self.backend.open(n).is_some()) else {
+        if req.queries.len() > MAX_META_QUERIES {
+            log::info!("nbd: option {option} with {} metadata context queries refused", req.queries.len());
+            let msg = format!("at most {MAX_META_QUERIES} metadata context queries are accepted");
+            self.reply(option, NBD_REP_ERR_TOO_BIG, msg.as_bytes());
+            return Ok(Next::Continue);
+        }
+        let Some((name, export)) = self.open(&req.export_name) else {
             self.reply(option, NBD_REP_ERR_UNKNOWN, format!("unknown export {:?}", req.export_name).as_bytes());
             return Ok(Next::Continue);
         };
-        if match_contexts(&req.queries, !set) {
-            let id = if set { BASE_ALLOCATION_ID } else { 0 };
-            self.reply(option, NBD_REP_META_CONTEXT, &encode_rep_meta_context(id, BASE_ALLOCATION));
-            if set {
-                self.meta_export = Some(name);
+        let offered = meta::offered(export.meta_contexts());
+        if set {
+            let selected = meta::select(&offered, &req.queries);
+            for c in &selected {
+                self.reply(option, NBD_REP_META_CONTEXT, &encode_rep_meta_context(c.id, &c.name));
+            }
+            self.meta = Some((name, selected));
+        } else {
+            // LIST replies carry the reserved context ID 0.
+            for c in meta::list(&offered, &req.queries) {
+                self.reply(option, NBD_REP_META_CONTEXT, &encode_rep_meta_context(0, c));
             }
         }
         self.reply(option, NBD_REP_ACK, &[]);
@@ -375,16 +379,5 @@ mod tests {
         let f = transmission_flags(true, false);
         assert_ne!(f & NBD_FLAG_READ_ONLY, 0);
         assert_eq!(f & (NBD_FLAG_SEND_DF | NBD_FLAG_SEND_TRIM | NBD_FLAG_SEND_WRITE_ZEROES), 0);
-    }
-
-    #[test]
-    fn contexts() {
-        let q = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert!(match_contexts(&q(&[]), true));
-        assert!(!match_contexts(&q(&[]), false));
-        assert!(match_contexts(&q(&["base:"]), true));
-        assert!(!match_contexts(&q(&["base:"]), false));
-        assert!(match_contexts(&q(&["qemu:x", "base:allocation"]), false));
-        assert!(!match_contexts(&q(&["qemu:allocation-depth"]), true));
     }
 }

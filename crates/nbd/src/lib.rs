@@ -2,8 +2,15 @@
 //!
 //! The engine implements [`Export`] (one block device) and [`Backend`] (the
 //! set of exports); [`Server`] serves them over TCP and Unix sockets with the
-//! fixed-newstyle handshake, structured replies, `base:allocation` block
-//! status, and many requests in flight per connection.
+//! fixed-newstyle handshake, structured replies, block status, and many
+//! requests in flight per connection.
+//!
+//! Block status covers `base:allocation` ([`Export::block_status`]) and any
+//! further metadata contexts an export offers ([`Export::meta_contexts`],
+//! [`Export::context_status`]), such as qemu's changed-block tracking
+//! convention `qemu:dirty-bitmap:NAME` (flag [`protocol::NBD_STATE_DIRTY`]),
+//! which qemu-img (`x-dirty-bitmap`), nbdinfo `--map=CONTEXT` and libnbd
+//! read as they are. A request gets one chunk per negotiated context.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -16,7 +23,8 @@
 //! ```
 //!
 //! Modules: [`protocol`] (constants and pure encoders/decoders), `handshake`
-//! (option haggling), `connection` (transmission phase: reader, workers),
+//! (option haggling), `meta` (metadata context names, queries and IDs),
+//! `connection` (transmission phase: reader, workers),
 //! `writer` (combining reply writer), [`server`] (listeners and shutdown),
 //! [`export`] (traits), [`error`], [`memory`] (in-memory export for tests).
 
@@ -28,10 +36,11 @@ pub mod server;
 
 mod connection;
 mod handshake;
+mod meta;
 mod stream;
 mod util;
 mod writer;
 
 pub use error::{ExportError, NbdError, ProtocolError};
-pub use export::{Backend, BlockStatusExtent, Export, ExportDescription};
+pub use export::{Backend, BlockStatusExtent, ContextExtent, Export, ExportDescription};
 pub use server::{Server, ServerConfig};

@@ -5,14 +5,75 @@
 //! unallocated block is a hole (reads as zeroes, reported as
 //! `hole|zero` by block status). Trim and write-zeroes without `NO_HOLE`
 //! deallocate fully covered blocks and zero partial ones.
+//!
+//! Optionally ([`MemoryExport::with_dirty_bitmap`]) the export tracks the
+//! ranges changed since its creation at [`DIRTY_GRANULARITY`] and offers
+//! them as qemu's `qemu:dirty-bitmap:NAME` metadata context, the way an
+//! engine would offer changed-block tracking.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::error::ExportError;
-use crate::export::{Backend, BlockStatusExtent, Export, ExportDescription};
+use crate::export::{Backend, BlockStatusExtent, ContextExtent, Export, ExportDescription};
+use crate::protocol::{NBD_STATE_DIRTY, QEMU_DIRTY_BITMAP_PREFIX};
 
 /// Allocation granularity.
 pub const MEMORY_BLOCK: usize = 4096;
+/// Granularity of the dirty bitmap (qemu's default bitmap granularity).
+pub const DIRTY_GRANULARITY: u64 = 64 * 1024;
+
+/// One bit per [`DIRTY_GRANULARITY`] chunk, set when anything in the chunk
+/// is written, trimmed or zeroed; atomic so that writers need no lock.
+struct DirtyBitmap {
+    /// Full context name, `qemu:dirty-bitmap:NAME`.
+    context: String,
+    bits: Vec<AtomicU64>,
+}
+
+impl DirtyBitmap {
+    fn new(name: &str, size: u64) -> DirtyBitmap {
+        let chunks = size.div_ceil(DIRTY_GRANULARITY);
+        let words = chunks.div_ceil(64) as usize;
+        let context = format!("{QEMU_DIRTY_BITMAP_PREFIX}{name}");
+        DirtyBitmap { context, bits: (0..words).map(|_| AtomicU64::new(0)).collect() }
+    }
+
+    /// Mark the chunks touching `[offset, offset+len)` (a valid range).
+    fn mark(&self, offset: u64, len: u64) {
+        if len == 0 {
+            return;
+        }
+        let (first, last) = (offset / DIRTY_GRANULARITY, (offset + len - 1) / DIRTY_GRANULARITY);
+        for chunk in first..=last {
+            if let Some(w) = self.bits.get((chunk / 64) as usize) {
+                w.fetch_or(1 << (chunk % 64), Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn is_dirty(&self, chunk: u64) -> bool {
+        self.bits.get((chunk / 64) as usize).is_some_and(|w| w.load(Ordering::Relaxed) & (1 << (chunk % 64)) != 0)
+    }
+
+    /// Extents of `[offset, offset+len)` (a valid range), equal neighbours merged.
+    fn status(&self, offset: u64, len: u64) -> Vec<ContextExtent> {
+        let end = offset + len;
+        let mut out: Vec<ContextExtent> = Vec::new();
+        let mut pos = offset;
+        while pos < end {
+            let chunk = pos / DIRTY_GRANULARITY;
+            let n = ((chunk + 1) * DIRTY_GRANULARITY).min(end) - pos;
+            let flags = if self.is_dirty(chunk) { NBD_STATE_DIRTY } else { 0 };
+            match out.last_mut() {
+                Some(last) if last.flags == flags => last.length += n,
+                _ => out.push(ContextExtent { length: n, flags }),
+            }
+            pos += n;
+        }
+        out
+    }
+}
 
 type Block = Option<Box<[u8; MEMORY_BLOCK]>>;
 
@@ -21,13 +82,24 @@ pub struct MemoryExport {
     size: u64,
     read_only: bool,
     blocks: Vec<RwLock<Block>>,
+    dirty: Option<DirtyBitmap>,
 }
 
 impl MemoryExport {
     /// A writable export of `size` bytes, all holes.
     pub fn new(size: u64) -> MemoryExport {
         let n = size.div_ceil(MEMORY_BLOCK as u64) as usize;
-        MemoryExport { size, read_only: false, blocks: (0..n).map(|_| RwLock::new(None)).collect() }
+        MemoryExport { size, read_only: false, blocks: (0..n).map(|_| RwLock::new(None)).collect(), dirty: None }
+    }
+
+    /// Track changes from now on and offer them as the metadata context
+    /// `qemu:dirty-bitmap:<name>` (flag [`NBD_STATE_DIRTY`] for a
+    /// [`DIRTY_GRANULARITY`] chunk written, trimmed or zeroed since). The
+    /// server ignores the context if the resulting name is not a valid
+    /// context name (e.g. an empty `name`).
+    pub fn with_dirty_bitmap(mut self, name: &str) -> MemoryExport {
+        self.dirty = Some(DirtyBitmap::new(name, self.size));
+        self
     }
 
     /// Same, but refusing writes.
@@ -52,11 +124,16 @@ impl MemoryExport {
         }
     }
 
+    /// Validate a mutation of the range and, as it is about to change, mark it dirty.
     fn check_write(&self, offset: u64, len: u64) -> Result<(), ExportError> {
         if self.read_only {
             return Err(ExportError::Perm);
         }
-        self.check(offset, len)
+        self.check(offset, len)?;
+        if let Some(d) = &self.dirty {
+            d.mark(offset, len);
+        }
+        Ok(())
     }
 
     /// Call `f(block index, offset in block, length, byte offset in range)`
@@ -162,6 +239,18 @@ impl Export for MemoryExport {
         });
         Ok(out)
     }
+
+    fn meta_contexts(&self) -> Vec<String> {
+        self.dirty.iter().map(|d| d.context.clone()).collect()
+    }
+
+    fn context_status(&self, name: &str, offset: u64, length: u64) -> Result<Vec<ContextExtent>, ExportError> {
+        let Some(d) = self.dirty.as_ref().filter(|d| d.context == name) else {
+            return Err(ExportError::NotSupported);
+        };
+        self.check(offset, length)?;
+        Ok(d.status(offset, length))
+    }
 }
 
 /// A [`Backend`] over a fixed list of exports; the first one is the default.
@@ -234,5 +323,35 @@ mod tests {
         let ro = MemoryExport::new_read_only(4096);
         assert_eq!(ro.write(0, &[1], false), Err(ExportError::Perm));
         assert_eq!(m.read(u64::MAX, &mut [0u8; 2]), Err(ExportError::Invalid));
+        // No dirty bitmap unless asked for.
+        assert!(m.meta_contexts().is_empty());
+        assert_eq!(m.context_status("qemu:dirty-bitmap:x", 0, 1), Err(ExportError::NotSupported));
+    }
+
+    #[test]
+    fn dirty_bitmap() {
+        let g = DIRTY_GRANULARITY;
+        let m = MemoryExport::new(10 * g + 100).with_dirty_bitmap("b");
+        assert_eq!(m.meta_contexts(), ["qemu:dirty-bitmap:b"]);
+        let name = "qemu:dirty-bitmap:b";
+        let ext = |length, flags| ContextExtent { length, flags };
+        assert_eq!(m.context_status(name, 0, 10 * g + 100).unwrap(), [ext(10 * g + 100, 0)]);
+        m.write(g + 1, &[1; 10], false).unwrap();
+        m.trim(3 * g - 1, 2, false).unwrap();
+        m.write_zeroes(10 * g, 100, false, false, false).unwrap();
+        // Failed writes change nothing.
+        assert!(m.write(10 * g + 99, &[1; 2], false).is_err());
+        assert_eq!(
+            m.context_status(name, 0, 10 * g + 100).unwrap(),
+            [ext(g, 0), ext(3 * g, 1), ext(6 * g, 0), ext(100, 1)]
+        );
+        // Unaligned query, clipped to the range.
+        assert_eq!(m.context_status(name, g + 5, g).unwrap(), [ext(g, 1)]);
+        assert_eq!(m.context_status(name, 4 * g - 5, 10).unwrap(), [ext(5, 1), ext(5, 0)]);
+        assert_eq!(m.context_status("qemu:dirty-bitmap:c", 0, 1), Err(ExportError::NotSupported));
+        assert_eq!(m.context_status(name, 10 * g, 101), Err(ExportError::Invalid));
+        // Reads do not dirty anything.
+        m.read(5 * g, &mut [0u8; 100]).unwrap();
+        assert_eq!(m.context_status(name, 5 * g, g).unwrap(), [ext(g, 0)]);
     }
 }

@@ -120,12 +120,17 @@ pub const NBD_REPLY_TYPE_BLOCK_STATUS_EXT: u16 = 6;
 pub const NBD_REPLY_TYPE_ERROR: u16 = (1 << 15) + 1;
 pub const NBD_REPLY_TYPE_ERROR_OFFSET: u16 = (1 << 15) + 2;
 
-// ---------------------------------------------------------------- base:allocation
+// ---------------------------------------------------------------- metadata contexts
 
 pub const NBD_STATE_HOLE: u32 = 1 << 0;
 pub const NBD_STATE_ZERO: u32 = 1 << 1;
-/// The only metadata context this server knows.
+/// The metadata context every export offers (from [`crate::Export::block_status`]).
 pub const BASE_ALLOCATION: &str = "base:allocation";
+/// Prefix of qemu's changed-block-tracking contexts, `qemu:dirty-bitmap:NAME`
+/// (qemu's `docs/interop/nbd.rst`); also a wildcard for NBD_OPT_LIST_META_CONTEXT.
+pub const QEMU_DIRTY_BITMAP_PREFIX: &str = "qemu:dirty-bitmap:";
+/// Flag of `qemu:dirty-bitmap:*` extents: the range changed (0: clean).
+pub const NBD_STATE_DIRTY: u32 = 1 << 0;
 
 // ---------------------------------------------------------------- error values
 
@@ -536,7 +541,7 @@ pub fn encode_error_chunk(handle: u64, error: u32, message: &str) -> Vec<u8> {
     v
 }
 
-/// One `base:allocation` descriptor.
+/// One block status descriptor (of any metadata context).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockDescriptor {
     pub length: u32,
@@ -546,20 +551,35 @@ pub struct BlockDescriptor {
 /// A final `NBD_REPLY_TYPE_BLOCK_STATUS` chunk. `descriptors` should not be
 /// empty (the protocol requires at least one); the caller guarantees it.
 pub fn encode_block_status_chunk(handle: u64, context_id: u32, descriptors: &[BlockDescriptor]) -> Vec<u8> {
+    let mut v = Vec::new();
+    push_block_status_chunk(&mut v, handle, context_id, descriptors, true);
+    v
+}
+
+/// Append one `NBD_REPLY_TYPE_BLOCK_STATUS` chunk to `out`; `done` sets
+/// `NBD_REPLY_FLAG_DONE` (only on the last chunk of a reply with several
+/// contexts). `descriptors` should not be empty; the caller guarantees it.
+pub fn push_block_status_chunk(
+    out: &mut Vec<u8>,
+    handle: u64,
+    context_id: u32,
+    descriptors: &[BlockDescriptor],
+    done: bool,
+) {
     let len = 4 + 8 * descriptors.len();
-    let mut v = Vec::with_capacity(STRUCTURED_HEADER_LEN + len);
-    v.extend_from_slice(&encode_structured_header(
-        NBD_REPLY_FLAG_DONE,
+    let flags = if done { NBD_REPLY_FLAG_DONE } else { 0 };
+    out.reserve(STRUCTURED_HEADER_LEN + len);
+    out.extend_from_slice(&encode_structured_header(
+        flags,
         NBD_REPLY_TYPE_BLOCK_STATUS,
         handle,
         u32::try_from(len).unwrap_or(u32::MAX),
     ));
-    v.extend_from_slice(&context_id.to_be_bytes());
+    out.extend_from_slice(&context_id.to_be_bytes());
     for d in descriptors {
-        v.extend_from_slice(&d.length.to_be_bytes());
-        v.extend_from_slice(&d.status.to_be_bytes());
+        out.extend_from_slice(&d.length.to_be_bytes());
+        out.extend_from_slice(&d.status.to_be_bytes());
     }
-    v
 }
 
 /// The client side of NBD_OPT_LIST/SET_META_CONTEXT option data: export
@@ -780,6 +800,15 @@ mod tests {
         assert_eq!(&bs[4..8], &[0, 1, 0, 5]);
         assert_eq!(&bs[16..20], &[0, 0, 0, 20]);
         assert_eq!(&bs[20..], &[0, 0, 0, 1, 0, 0, 0x10, 0, 0, 0, 0, 3, 0, 0, 2, 0, 0, 0, 0, 0]);
+        // Two chunks appended to one buffer: only the second one is DONE.
+        let mut two = Vec::new();
+        push_block_status_chunk(&mut two, 2, 7, &[BlockDescriptor { length: 512, status: 1 }], false);
+        push_block_status_chunk(&mut two, 2, 1, &[BlockDescriptor { length: 512, status: 0 }], true);
+        assert_eq!(two.len(), 2 * (20 + 12));
+        assert_eq!(&two[4..8], &[0, 0, 0, 5]);
+        assert_eq!(&two[20..24], &[0, 0, 0, 7]);
+        assert_eq!(&two[36..40], &[0, 1, 0, 5]);
+        assert_eq!(&two[32 + 20..32 + 24], &[0, 0, 0, 1]);
     }
 
     /// Cheap deterministic fuzzing: no decoder panics on random input.

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Exercise the `memserve` example with real NBD clients (libnbd's nbdinfo,
-# nbdsh and nbdcopy, qemu-img, qemu-io, fio's nbd engine).
+# nbdsh and nbdcopy, qemu-img, qemu-io, fio's nbd engine), including the
+# changed-block tracking context `qemu:dirty-bitmap:cbt` (memserve
+# --dirty-bitmap, 64 KiB granularity) as backup tools read it.
 # Exits non-zero on the first failure or mismatch.
 #
 #   crates/nbd/tests/real_clients.sh            # builds memserve (release)
@@ -30,8 +32,10 @@ PORT=${PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1"
 SOCK=$WORK/nbd.sock
 URI=nbd://127.0.0.1:$PORT/mem
 SIZE=$((64 * 1024 * 1024))
+MiB=$((1024 * 1024))
+BITMAP=qemu:dirty-bitmap:cbt
 
-"$MEMSERVE" --size 64M --listen "127.0.0.1:$PORT" --socket "$SOCK" -v >"$WORK/memserve.log" 2>&1 &
+"$MEMSERVE" --size 64M --listen "127.0.0.1:$PORT" --socket "$SOCK" --dirty-bitmap cbt -v >"$WORK/memserve.log" 2>&1 &
 PID=$!
 cleanup() {
     kill "$PID" 2>/dev/null || true
@@ -50,6 +54,9 @@ done
 # libnbd's nbdsh needs the system python with the nbd module.
 nbdsh_() { PATH=/usr/bin:$PATH nbdsh "$@"; }
 
+# The dirty-bitmap map as "offset length flags;..." (nbdinfo --map=CONTEXT).
+dirty_map() { nbdinfo --map="$BITMAP" "$URI" | awk '{print $1, $2, $3}' | tr '\n' ';'; }
+
 step "nbdinfo --list"
 out=$(nbdinfo --list "nbd://127.0.0.1:$PORT")
 echo "$out" | grep -q 'export="mem"' || fail "export not listed: $out"
@@ -67,8 +74,37 @@ for k in ("can_flush", "can_fua", "can_trim", "can_zero", "can_fast_zero", "can_
 assert e["is_read_only"] is False
 assert e["block_size_minimum"] == 1 and e["block_size_preferred"] == 4096
 assert e["block_size_maximum"] == 32 * 1024 * 1024
-assert "base:allocation" in e["contexts"]
+assert e["contexts"] == ["base:allocation", "'"$BITMAP"'"], e["contexts"]
 ' || fail "nbdinfo --json"
+
+step "nbdinfo --list --content shows the dirty-bitmap context"
+out=$(nbdinfo --list --content "nbd://127.0.0.1:$PORT")
+echo "$out" | grep -qx $'\t\t'"$BITMAP" || fail "context not listed: $out"
+
+step "nbdsh: NBD_OPT_LIST_META_CONTEXT queries"
+nbdsh_ -c "uri = '$URI'" -c '
+h.set_opt_mode(True)
+h.connect_uri(uri)
+def listed(*queries):
+    h.clear_meta_contexts()
+    for q in queries:
+        h.add_meta_context(q)
+    out = []
+    n = h.opt_list_meta_context(lambda name: out.append(name))
+    assert n == len(out), (n, out)
+    return out
+bitmap = "'"$BITMAP"'"
+assert listed() == ["base:allocation", bitmap], listed()
+assert listed("qemu:") == [bitmap], listed("qemu:")
+assert listed("qemu:dirty-bitmap:") == [bitmap]
+assert listed("base:") == ["base:allocation"]
+assert listed(bitmap) == [bitmap]
+assert listed("qemu:dirty-bitmap:nope", "x-foo:bar", "qemu:allocation-depth") == []
+h.opt_abort()
+' || fail "nbdsh meta context listing"
+
+step "nbdinfo --map=$BITMAP (nothing written yet)"
+[[ $(dirty_map) == "0 $SIZE 0;" ]] || fail "unexpected dirty map of a fresh export: $(dirty_map)"
 
 step "nbdinfo over the Unix socket"
 [[ $(nbdinfo --size "nbd+unix:///mem?socket=$SOCK") == "$SIZE" ]] || fail "unix socket size"
@@ -94,6 +130,10 @@ echo "$out" | grep -q '^discard 65536/65536' || fail "qemu-io discard"
 step "nbdinfo --map after discard"
 map=$(nbdinfo --map "$URI" | awk '{print $1, $2, $3}' | tr '\n' ';')
 [[ "$map" == "0 65536 3;65536 983040 0;1048576 $((SIZE - 1048576)) 3;" ]] || fail "unexpected map: $map"
+
+step "nbdinfo --map=$BITMAP after qemu-io (written and discarded: dirty)"
+map=$(dirty_map)
+[[ "$map" == "0 $MiB 1;$MiB $((SIZE - MiB)) 0;" ]] || fail "unexpected dirty map: $map"
 
 step "nbdsh: zero, trim, block status, error replies"
 nbdsh_ -c "uri = '$URI'" -c '
@@ -131,6 +171,60 @@ except nbd.Error as e:
     assert e.errnum == errno.ENOSPC, e
 assert h.pread(1, 2 * 1024 * 1024) == b"\x00"
 ' || fail "nbdsh checks"
+
+step "nbdinfo --map=$BITMAP after nbdsh (64 KiB granularity)"
+map=$(dirty_map)
+want="0 $MiB 1;$MiB $MiB 0;$((2 * MiB)) 65536 1;$((2 * MiB + 65536)) $((SIZE - 2 * MiB - 65536)) 0;"
+[[ "$map" == "$want" ]] || fail "unexpected dirty map: $map (want $want)"
+
+step "nbdsh: base:allocation and $BITMAP in one block status"
+nbdsh_ -c "uri = '$URI'" -c '
+bitmap = "'"$BITMAP"'"
+h.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
+h.add_meta_context(bitmap)
+h.add_meta_context("qemu:dirty-bitmap:nope")
+h.connect_uri(uri)
+assert h.can_meta_context(nbd.CONTEXT_BASE_ALLOCATION) and h.can_meta_context(bitmap)
+assert not h.can_meta_context("qemu:dirty-bitmap:nope")
+MiB = 1024 * 1024
+def status(offset, length, flags=0):
+    seen = {}
+    def cb(meta, off, entries, err):
+        assert off == offset and meta not in seen, (meta, off)
+        seen[meta] = list(entries)
+        return 0
+    h.block_status(length, offset, cb, flags)
+    return seen
+s = status(MiB - 4096, 2 * MiB)
+assert set(s) == {"base:allocation", bitmap}, s
+assert s[bitmap] == [4096, 1, MiB, 0, 65536, 1, MiB - 69632, 0], s[bitmap]
+assert sum(s["base:allocation"][0::2]) == 2 * MiB, s
+s = status(2 * MiB + 100, 1000, nbd.CMD_FLAG_REQ_ONE)
+assert s == {"base:allocation": [1000, 0], bitmap: [1000, 1]}, s
+# Writes show up at once, rounded out to 64 KiB.
+h.pwrite(b"\x11" * 512, 40 * MiB + 70000)
+assert status(40 * MiB, MiB)[bitmap] == [65536, 0, 65536, 1, MiB - 131072, 0]
+' || fail "nbdsh dirty bitmap block status"
+DIRTY="0:$MiB $((2 * MiB)):65536 $((40 * MiB + 65536)):65536"
+
+step "qemu-img map with x-dirty-bitmap=$BITMAP"
+# In x-dirty-bitmap mode qemu reads the bitmap flags as base:allocation
+# ones: dirty (bit 0) looks like a hole, so dirty ranges are
+# "data": false, "present": false and clean ones "data": true.
+qemu-img map --output=json --image-opts \
+    "driver=nbd,server.type=inet,server.host=127.0.0.1,server.port=$PORT,export=mem,x-dirty-bitmap=$BITMAP" |
+    python3 -c '
+import json, sys
+m = json.load(sys.stdin)
+dirty = [tuple(map(int, r.split(":"))) for r in sys.argv[1].split()]
+assert m[0]["start"] == 0 and sum(e["length"] for e in m) == '"$SIZE"', m
+for a, b in zip(m, m[1:]):
+    assert a["start"] + a["length"] == b["start"], (a, b)
+got = [(e["start"], e["length"]) for e in m if not e["data"]]
+assert got == dirty, (got, dirty)
+for e in m:
+    assert e["zero"] is False and e["present"] == e["data"], e
+' "$DIRTY" || fail "qemu-img map x-dirty-bitmap"
 
 step "nbdcopy into and out of a sparse file"
 IN=$WORK/in.img

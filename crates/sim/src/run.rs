@@ -315,7 +315,7 @@ impl Run {
             }
         } else {
             self.uncertain_volume = Some((name.clone(), size, 0));
-            match self.pool().delete_volume(&name) {
+            match self.pool().delete_volume(&name, true) {
                 Ok(()) => {
                     self.uncertain_volume = None;
                     self.model.vols.remove(&name);

@@ -119,7 +119,7 @@ fn volume_lifecycle_and_accounting() {
     let mut back = vec![7u8; 4096];
     pool.read(v.id, 15 * MIB, &mut back).unwrap();
     assert!(back.iter().all(|b| *b == 0), "grown tail reads zeros");
-    pool.delete_volume("vol").unwrap();
+    pool.delete_volume("vol", false).unwrap();
     assert_eq!(pool.status().used, 0);
     assert!(pool.status().free >= free0);
     assert!(pool.check().is_clean());

@@ -22,6 +22,11 @@ pub fn start() -> TestServer {
     start_with(MemoryExport::new(SIZE), ServerConfig::default())
 }
 
+/// A server whose export "mem" tracks changes as `qemu:dirty-bitmap:<bitmap>`.
+pub fn start_dirty(bitmap: &str) -> TestServer {
+    start_with(MemoryExport::new(SIZE).with_dirty_bitmap(bitmap), ServerConfig::default())
+}
+
 pub fn start_with(export: MemoryExport, config: ServerConfig) -> TestServer {
     let export = Arc::new(export);
     let backend = MemoryBackend::new().with_export("mem", "test export", export.clone());
@@ -121,6 +126,40 @@ impl Client {
 
     pub fn set_meta(&mut self, name: &str, queries: &[&str]) -> Vec<OptReply> {
         self.option(NBD_OPT_SET_META_CONTEXT, &meta_data(name, queries))
+    }
+
+    /// NBD_OPT_LIST_META_CONTEXT that must succeed; the context names listed
+    /// (whose reserved IDs must be 0).
+    pub fn list_meta(&mut self, name: &str, queries: &[&str]) -> Vec<String> {
+        let r = self.option(NBD_OPT_LIST_META_CONTEXT, &meta_data(name, queries));
+        assert_eq!(r.last().unwrap().rtype, NBD_REP_ACK, "{r:?}");
+        let ctx = meta_contexts_of(&r);
+        assert!(ctx.iter().all(|(id, _)| *id == 0), "{ctx:?}");
+        ctx.into_iter().map(|(_, n)| n).collect()
+    }
+
+    /// NBD_OPT_SET_META_CONTEXT that must succeed; the (id, name) selected.
+    pub fn set_meta_ids(&mut self, name: &str, queries: &[&str]) -> Vec<(u32, String)> {
+        let r = self.set_meta(name, queries);
+        assert_eq!(r.last().unwrap().rtype, NBD_REP_ACK, "{r:?}");
+        meta_contexts_of(&r)
+    }
+
+    /// Send NBD_CMD_BLOCK_STATUS and read chunks up to the one flagged DONE
+    /// (at most 100).
+    pub fn block_status(&mut self, flags: u16, handle: u64, offset: u64, length: u32) -> Vec<Chunk> {
+        self.request(flags, NBD_CMD_BLOCK_STATUS, handle, offset, length, &[]);
+        let mut v = Vec::new();
+        for _ in 0..100 {
+            let c = self.chunk();
+            assert_eq!(c.handle, handle);
+            let done = c.flags & NBD_REPLY_FLAG_DONE != 0;
+            v.push(c);
+            if done {
+                return v;
+            }
+        }
+        panic!("no chunk flagged DONE among 100");
     }
 
     /// NBD_OPT_GO; returns (size, transmission flags) or the error reply type.
@@ -254,6 +293,18 @@ pub fn info_data(name: &str, infos: &[u16]) -> Vec<u8> {
         d.extend_from_slice(&i.to_be_bytes());
     }
     d
+}
+
+/// (id, name) of the NBD_REP_META_CONTEXT replies.
+pub fn meta_contexts_of(replies: &[OptReply]) -> Vec<(u32, String)> {
+    replies
+        .iter()
+        .filter(|r| r.rtype == NBD_REP_META_CONTEXT)
+        .map(|r| {
+            let id = u32::from_be_bytes(r.data[0..4].try_into().unwrap());
+            (id, String::from_utf8(r.data[4..].to_vec()).unwrap())
+        })
+        .collect()
 }
 
 pub fn meta_data(name: &str, queries: &[&str]) -> Vec<u8> {
