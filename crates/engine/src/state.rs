@@ -230,7 +230,7 @@ impl State {
             }
             Op::VolResize { vol, size } => {
                 let v = self.volume_mut(*vol, "resize")?;
-                if size % BLOCK_SIZE != 0 {
+                if !size.is_multiple_of(BLOCK_SIZE) {
                     return Err(format!("volume size {size} not a multiple of {BLOCK_SIZE}"));
                 }
                 let new_blocks = size / BLOCK_SIZE;
@@ -261,7 +261,7 @@ impl State {
         if self.volumes.contains_key(&vol) || self.by_name.contains_key(name) || vol == 0 {
             return Err(format!("volume {vol} ({name}) already exists"));
         }
-        if size % BLOCK_SIZE != 0 {
+        if !size.is_multiple_of(BLOCK_SIZE) {
             return Err(format!("volume size {size} not a multiple of {BLOCK_SIZE}"));
         }
         Ok(())
