@@ -2,9 +2,10 @@
 //! locally (pool opened by the CLI) or inside `tarn serve` over its control
 //! socket, so a running server never has to be stopped to manage volumes.
 
+use crate::export::Clients;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use tarn_engine::{Pool, PoolStatus, VolumeInfo};
+use tarn_engine::{EngineError, Pool, PoolStatus, SnapshotInfo, View, VolumeInfo};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -13,52 +14,211 @@ pub enum Request {
     Check,
     Flush,
     VolList,
-    VolCreate { name: String, size: u64 },
-    VolResize { name: String, size: u64, allow_shrink: bool },
-    VolDelete { name: String },
+    VolCreate {
+        name: String,
+        size: u64,
+    },
+    VolResize {
+        name: String,
+        size: u64,
+        allow_shrink: bool,
+    },
+    VolDelete {
+        name: String,
+        /// Absent in requests of older clients: they never deleted snapshots.
+        #[serde(default)]
+        recursive: bool,
+    },
+    VolClone {
+        volume: String,
+        snapshot: String,
+        clone: String,
+    },
+    /// Streams `{"progress":[done,total]}` lines before its answer.
+    VolFlatten {
+        name: String,
+    },
+    SnapCreate {
+        volume: String,
+        name: String,
+    },
+    SnapList {
+        volume: Option<String>,
+    },
+    SnapDelete {
+        volume: String,
+        name: String,
+    },
+    SnapRollback {
+        volume: String,
+        name: String,
+        destroy_newer: bool,
+    },
+    /// Changed ranges from snapshot `from` to snapshot `to` (None: the head).
+    Diff {
+        volume: String,
+        from: String,
+        to: Option<String>,
+    },
 }
 
 impl Request {
     /// Whether the request changes the pool (a local run must open it writable).
     pub fn writes(&self) -> bool {
-        matches!(
+        !matches!(
             self,
-            Request::Flush | Request::VolCreate { .. } | Request::VolResize { .. } | Request::VolDelete { .. }
+            Request::Status | Request::Check | Request::VolList | Request::SnapList { .. } | Request::Diff { .. }
         )
     }
 }
 
-pub fn execute(pool: &Pool, req: &Request) -> Result<Value, String> {
-    let e = |e: tarn_engine::EngineError| e.to_string();
-    Ok(match req {
-        Request::Status => status_json(&pool.status()),
-        Request::Check => {
-            let r = pool.check();
-            json!({
-                "clean": r.is_clean(), "problems": r.problems, "notes": r.notes,
-                "volumes": r.volumes, "extents": r.extents,
-                "mapped_bytes": r.mapped_blocks * 4096, "free_bytes": r.free_blocks * 4096,
-                "checkpoint_bytes": r.metadata_blocks * 4096,
-            })
-        }
-        Request::Flush => {
-            pool.flush().map_err(e)?;
-            json!({})
-        }
-        Request::VolList => Value::Array(pool.list_volumes().iter().map(volume_json).collect()),
-        Request::VolCreate { name, size } => volume_json(&pool.create_volume(name, *size).map_err(e)?),
+/// What a request may use besides the pool.
+pub struct Ctx<'a> {
+    /// Called with (done, total) blocks by long requests (flatten).
+    pub progress: &'a mut dyn FnMut(u64, u64),
+    /// NBD connections of a running server (None when run locally).
+    pub clients: Option<&'a Clients>,
+}
+
+pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, String> {
+    let r = match req {
+        Request::Status => Ok(status_json(&pool.status())),
+        Request::Check => Ok(check_json(pool)),
+        Request::Flush => pool.flush().map(|_| json!({})),
+        Request::VolList => Ok(Value::Array(pool.list_volumes().iter().map(volume_json).collect())),
+        Request::VolCreate { name, size } => pool.create_volume(name, *size).map(|v| volume_json(&v)),
         Request::VolResize { name, size, allow_shrink } => {
-            volume_json(&pool.resize_volume(name, *size, *allow_shrink).map_err(e)?)
+            pool.resize_volume(name, *size, *allow_shrink).map(|v| volume_json(&v))
         }
-        Request::VolDelete { name } => {
-            pool.delete_volume(name, false).map_err(e)?;
-            json!({ "deleted": name })
+        Request::VolDelete { name, recursive } => vol_delete(pool, name, *recursive),
+        Request::VolClone { volume, snapshot, clone } => {
+            pool.create_clone(volume, snapshot, clone).map(|v| volume_json(&v))
         }
+        Request::VolFlatten { name } => vol_flatten(pool, name, ctx),
+        Request::SnapCreate { volume, name } => pool.create_snapshot(volume, name).map(|s| snapshot_json(&s)),
+        Request::SnapList { volume } => {
+            pool.list_snapshots(volume.as_deref()).map(|l| Value::Array(l.iter().map(snapshot_json).collect()))
+        }
+        Request::SnapDelete { volume, name } => pool
+            .delete_snapshot(volume, name)
+            .map(|freed| json!({ "deleted": format!("{volume}@{name}"), "freed": freed })),
+        Request::SnapRollback { volume, name, destroy_newer } => rollback(pool, volume, name, *destroy_newer, ctx),
+        Request::Diff { volume, from, to } => diff(pool, volume, from, to.as_deref()),
+    };
+    r.map_err(|e| e.to_string())
+}
+
+fn check_json(pool: &Pool) -> Value {
+    let r = pool.check();
+    json!({
+        "clean": r.is_clean(), "problems": r.problems, "notes": r.notes,
+        "volumes": r.volumes, "extents": r.extents,
+        "mapped_bytes": r.mapped_blocks * 4096, "free_bytes": r.free_blocks * 4096,
+        "checkpoint_bytes": r.metadata_blocks * 4096,
     })
 }
 
+fn vol_delete(pool: &Pool, name: &str, recursive: bool) -> Result<Value, EngineError> {
+    // Named before they go, for the report.
+    let snapshots: Vec<String> =
+        if recursive { pool.list_snapshots(Some(name))?.into_iter().map(|s| s.name).collect() } else { Vec::new() };
+    pool.delete_volume(name, recursive)?;
+    Ok(json!({ "deleted": name, "snapshots_deleted": snapshots }))
+}
+
+fn vol_flatten(pool: &Pool, name: &str, ctx: &mut Ctx) -> Result<Value, EngineError> {
+    let id = pool.volume_id(name).ok_or_else(|| EngineError::NoSuchVolume(name.to_string()))?;
+    let origin = pool.volume_info(id).and_then(|v| v.origin);
+    pool.flatten(name, ctx.progress)?;
+    let after = pool.volume_info(id).ok_or(EngineError::VolumeGone(id))?;
+    Ok(json!({ "volume": volume_json(&after), "detached_from": origin }))
+}
+
+fn rollback(pool: &Pool, volume: &str, name: &str, destroy_newer: bool, ctx: &Ctx) -> Result<Value, EngineError> {
+    let target = pool.snapshot_info(volume, name)?;
+    // Only what the rollback will destroy (newer snapshots), named for the report.
+    let newer: Vec<String> =
+        pool.list_snapshots(Some(volume))?.into_iter().filter(|s| s.epoch > target.epoch).map(|s| s.name).collect();
+    pool.rollback(volume, name, destroy_newer)?;
+    let id = pool.volume_id(volume);
+    let connected = match (ctx.clients, id) {
+        (Some(c), Some(id)) => c.connected(id, View::Head),
+        _ => 0,
+    };
+    Ok(json!({ "volume": volume, "snapshot": name, "destroyed": newer, "connected": connected }))
+}
+
+/// Bytes changed between two views of a volume, as merged (offset, length)
+/// ranges: the same answer the NBD dirty-bitmap context gives.
+fn diff(pool: &Pool, volume: &str, from: &str, to: Option<&str>) -> Result<Value, EngineError> {
+    let (id, since) = snapshot_epoch(pool, volume, from)?;
+    let (view, to_name) = match to {
+        None => (View::Head, volume.to_string()),
+        Some(snap) => (View::Snapshot(snapshot_epoch(pool, volume, snap)?.1), format!("{volume}@{snap}")),
+    };
+    if let View::Snapshot(e) = view {
+        if e < since {
+            return Err(EngineError::InvalidArgument(format!("{to_name} is older than {volume}@{from}; swap them")));
+        }
+    }
+    let size = pool.view_size(id, view).ok_or(EngineError::VolumeGone(id))?;
+    let ranges = changed_ranges(pool, id, view, since, size)?;
+    let changed: u64 = ranges.iter().map(|r| r.1).sum();
+    let from = format!("{volume}@{from}");
+    Ok(json!({ "from": from, "to": to_name, "size": size, "ranges": ranges, "changed_bytes": changed }))
+}
+
+/// The volume id and epoch of `volume@snap`, or the engine's error naming
+/// what is missing.
+fn snapshot_epoch(pool: &Pool, volume: &str, snap: &str) -> Result<(u32, u64), EngineError> {
+    match pool.lookup_view(&format!("{volume}@{snap}")) {
+        Some((id, View::Snapshot(epoch))) => Ok((id, epoch)),
+        _ => pool
+            .snapshot_info(volume, snap)
+            .and(Err(EngineError::NoSuchSnapshot { volume: volume.to_string(), name: snap.to_string() })),
+    }
+}
+
+fn changed_ranges(pool: &Pool, id: u32, view: View, since: u64, size: u64) -> Result<Vec<(u64, u64)>, EngineError> {
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    let mut offset = 0;
+    // Each answer covers at most 1 GiB (and may stop earlier): ask again from where it ended.
+    while offset < size {
+        let start = offset;
+        for r in pool.changed_runs(id, view, since, offset, size - offset)? {
+            if r.changed {
+                push_range(&mut ranges, offset, r.length);
+            }
+            offset += r.length;
+        }
+        if offset == start {
+            return Err(EngineError::Inconsistent(format!("changed-block answer at offset {offset} covers nothing")));
+        }
+    }
+    Ok(ranges)
+}
+
+/// Append a range, merged with the last one when they touch (answers split at call boundaries).
+fn push_range(ranges: &mut Vec<(u64, u64)>, offset: u64, length: u64) {
+    match ranges.last_mut() {
+        Some(last) if last.0 + last.1 == offset => last.1 += length,
+        _ => ranges.push((offset, length)),
+    }
+}
+
 pub fn volume_json(v: &VolumeInfo) -> Value {
-    json!({ "name": v.name, "id": v.id, "size": v.size, "allocated": v.allocated, "extents": v.extents })
+    json!({
+        "name": v.name, "id": v.id, "size": v.size, "allocated": v.allocated, "extents": v.extents,
+        "snapshots": v.snapshots, "snapshot_bytes": v.snapshot_bytes,
+        "origin": v.origin, "origin_bytes": v.origin_bytes,
+    })
+}
+
+pub fn snapshot_json(s: &SnapshotInfo) -> Value {
+    json!({
+        "volume": s.volume, "name": s.name, "epoch": s.epoch, "size": s.size, "created": s.created,
+        "exclusive": s.exclusive, "shared": s.shared, "referenced": s.referenced, "clones": s.clones,
+    })
 }
 
 pub fn status_json(s: &PoolStatus) -> Value {
@@ -73,4 +233,24 @@ pub fn status_json(s: &PoolStatus) -> Value {
             "index": d.index, "path": d.path, "size": d.size, "data": d.data_bytes, "free": d.free_bytes,
         })).collect::<Vec<_>>(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_merge_across_answers() {
+        let mut r = Vec::new();
+        push_range(&mut r, 0, 4096);
+        push_range(&mut r, 4096, 4096);
+        push_range(&mut r, 16384, 4096);
+        assert_eq!(r, vec![(0, 8192), (16384, 4096)]);
+    }
+
+    #[test]
+    fn old_vol_delete_requests_still_parse() {
+        let r: Request = serde_json::from_str(r#"{"op":"vol_delete","name":"v"}"#).expect("parse");
+        assert!(matches!(r, Request::VolDelete { recursive: false, .. }));
+    }
 }

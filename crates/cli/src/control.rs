@@ -1,39 +1,55 @@
-//! The control socket: one JSON request per line in, one JSON answer per
-//! line out. Mode 0600, so only the pool's owner can manage it.
+//! The control socket: one JSON request per line in; zero or more
+//! `{"progress":[done,total]}` lines (long requests only) then one JSON
+//! answer line out. Mode 0600, so only the pool's owner can manage it.
 
-use crate::admin::{execute, Request};
-use anyhow::{anyhow, Context, Result};
+use crate::admin::{execute, Ctx, Request};
+use crate::export::Clients;
+use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tarn_engine::Pool;
 
 /// Longest request line accepted.
 const MAX_LINE: u64 = 64 * 1024;
+/// Longest answer line accepted (a diff of a fragmented volume is long).
+const MAX_ANSWER: u64 = 1 << 30;
+/// Least time between two progress lines, so a fast flatten does not flood the socket.
+const PROGRESS_EVERY: Duration = Duration::from_millis(100);
 
-/// Ask the server at `path` to run `req`.
-pub fn call(path: &Path, req: &Request) -> Result<Value> {
+/// Ask the server at `path` to run `req`; `progress` sees the progress lines.
+pub fn call(path: &Path, req: &Request, progress: &mut dyn FnMut(u64, u64)) -> Result<Value> {
     let mut s = UnixStream::connect(path).with_context(|| format!("connect to {}", path.display()))?;
+    // Per read: a long request keeps the connection alive with progress lines.
     s.set_read_timeout(Some(Duration::from_secs(600)))?;
     let mut line = serde_json::to_string(req)?;
     line.push('\n');
     s.write_all(line.as_bytes())?;
-    let mut answer = String::new();
-    BufReader::new(s).take(64 << 20).read_line(&mut answer)?;
-    let v: Value = serde_json::from_str(&answer).context("server answered with invalid JSON")?;
-    if v["ok"].as_bool() == Some(true) {
-        Ok(v["data"].clone())
-    } else {
-        Err(anyhow!("{}", v["error"].as_str().unwrap_or("server refused the request")))
+    let mut reader = BufReader::new(s);
+    loop {
+        let mut answer = String::new();
+        if (&mut reader).take(MAX_ANSWER).read_line(&mut answer)? == 0 {
+            bail!("the server closed the control connection without answering (see its log)");
+        }
+        let v: Value = serde_json::from_str(&answer).context("server answered with invalid JSON")?;
+        if let Some([done, total]) = v["progress"].as_array().map(Vec::as_slice) {
+            progress(done.as_u64().unwrap_or(0), total.as_u64().unwrap_or(0));
+            continue;
+        }
+        return if v["ok"].as_bool() == Some(true) {
+            Ok(v["data"].clone())
+        } else {
+            Err(anyhow!("{}", v["error"].as_str().unwrap_or("server refused the request")))
+        };
     }
 }
 
 /// Serve admin requests on `path` until the process exits.
-pub fn listen(path: PathBuf, pool: Arc<Pool>) -> Result<()> {
+pub fn listen(path: PathBuf, pool: Arc<Pool>, clients: Arc<Clients>) -> Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     }
@@ -42,15 +58,18 @@ pub fn listen(path: PathBuf, pool: Arc<Pool>) -> Result<()> {
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
     std::thread::Builder::new().name("control".into()).spawn(move || {
         for conn in listener.incoming().flatten() {
-            let pool = pool.clone();
-            let _ = std::thread::Builder::new().name("control-conn".into()).spawn(move || answer(conn, &pool));
+            let (pool, clients) = (pool.clone(), clients.clone());
+            let _ =
+                std::thread::Builder::new().name("control-conn".into()).spawn(move || answer(conn, &pool, &clients));
         }
     })?;
     Ok(())
 }
 
-fn answer(conn: UnixStream, pool: &Pool) {
+fn answer(conn: UnixStream, pool: &Pool, clients: &Clients) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
+    // A client that stops reading must not stall a flatten for long.
+    let _ = conn.set_write_timeout(Some(Duration::from_secs(10)));
     let Ok(mut out) = conn.try_clone() else {
         return;
     };
@@ -61,7 +80,10 @@ fn answer(conn: UnixStream, pool: &Pool) {
     let reply = match serde_json::from_str::<Request>(&line) {
         Ok(req) => {
             log::info!("control request: {req:?}");
-            match execute(pool, &req) {
+            let mut progress = ProgressLines { out: &mut out, last: None, broken: false };
+            let mut report = |done, total| progress.send(done, total);
+            let mut ctx = Ctx { progress: &mut report, clients: Some(clients) };
+            match execute(pool, &req, &mut ctx) {
                 Ok(data) => json!({ "ok": true, "data": data }),
                 Err(e) => json!({ "ok": false, "error": e }),
             }
@@ -69,4 +91,25 @@ fn answer(conn: UnixStream, pool: &Pool) {
         Err(e) => json!({ "ok": false, "error": format!("bad request: {e}") }),
     };
     let _ = writeln!(out, "{reply}");
+}
+
+/// Progress of a long request, as throttled lines to the client.
+struct ProgressLines<'a> {
+    out: &'a mut UnixStream,
+    last: Option<Instant>,
+    /// The client went away: the request still completes, silently.
+    broken: bool,
+}
+
+impl ProgressLines<'_> {
+    fn send(&mut self, done: u64, total: u64) {
+        let due = self.last.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) || done >= total;
+        if self.broken || !due {
+            return;
+        }
+        self.last = Some(Instant::now());
+        if writeln!(self.out, "{}", json!({ "progress": [done, total] })).is_err() {
+            self.broken = true;
+        }
+    }
 }

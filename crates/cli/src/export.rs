@@ -1,32 +1,77 @@
-//! The bridge from NBD to the engine: each volume is an export. Engine
-//! errors become NBD errors here and only here.
+//! The bridge from NBD to the engine: each volume is a writable export and
+//! each snapshot a read-only export named `VOL@SNAP`. Engine errors become
+//! NBD errors here and only here.
 
-use std::sync::Arc;
-use tarn_engine::{EngineError, Pool};
-use tarn_nbd::{Backend, BlockStatusExtent, Export, ExportDescription, ExportError};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use tarn_engine::{EngineError, Pool, View};
+use tarn_nbd::{Backend, BlockStatusExtent, ContextExtent, Export, ExportDescription, ExportError};
+
+/// Prefix of the changed-block tracking contexts, one per older snapshot.
+const DIRTY_BITMAP: &str = "qemu:dirty-bitmap:";
+/// Flag of a changed extent in a dirty-bitmap context.
+const DIRTY: u32 = 1;
 
 pub struct PoolBackend {
     pool: Arc<Pool>,
+    clients: Arc<Clients>,
 }
 
 impl PoolBackend {
-    pub fn new(pool: Arc<Pool>) -> Self {
-        PoolBackend { pool }
+    pub fn new(pool: Arc<Pool>, clients: Arc<Clients>) -> Self {
+        PoolBackend { pool, clients }
+    }
+}
+
+/// Open exports per (volume, view), so that an admin request can tell
+/// whether clients are looking at what it is about to change.
+#[derive(Default)]
+pub struct Clients(Mutex<HashMap<(u32, View), usize>>);
+
+impl Clients {
+    /// Exports open on this view; includes the short-lived ones a client
+    /// opens while negotiating.
+    pub fn connected(&self, vol: u32, view: View) -> usize {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).get(&(vol, view)).copied().unwrap_or(0)
+    }
+
+    fn add(&self, key: (u32, View), delta: isize) {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = map.entry(key).or_insert(0);
+        *n = n.saturating_add_signed(delta);
+        if *n == 0 {
+            map.remove(&key);
+        }
     }
 }
 
 impl Backend for PoolBackend {
     fn list(&self) -> Vec<ExportDescription> {
-        self.pool
-            .list_volumes()
-            .into_iter()
-            .map(|v| ExportDescription { description: format!("tarn thin volume, {} bytes", v.size), name: v.name })
-            .collect()
+        let mut out = Vec::new();
+        for v in self.pool.list_volumes() {
+            // older_snapshots of the head is every snapshot, without the
+            // space accounting list_snapshots would compute for each.
+            let snaps = self.pool.older_snapshots(v.id, View::Head);
+            out.push(ExportDescription {
+                description: format!("tarn thin volume, {} bytes", v.size),
+                name: v.name.clone(),
+            });
+            out.extend(snaps.into_iter().filter_map(|(snap, epoch)| {
+                let size = self.pool.view_size(v.id, View::Snapshot(epoch))?;
+                let description = format!("tarn snapshot of {} (read-only), {size} bytes", v.name);
+                Some(ExportDescription { name: format!("{}@{snap}", v.name), description })
+            }));
+        }
+        out
     }
 
     fn open(&self, name: &str) -> Option<Arc<dyn Export>> {
-        let id = self.pool.volume_id(name)?;
-        Some(Arc::new(VolumeExport { pool: self.pool.clone(), id }))
+        let (id, view) = self.pool.lookup_view(name)?;
+        // Pinned now: a dirty bitmap keeps meaning "since that snapshot" even
+        // if a namesake replaces it while the client is connected.
+        let bitmaps = self.pool.older_snapshots(id, view);
+        self.clients.add((id, view), 1);
+        Some(Arc::new(VolumeExport { pool: self.pool.clone(), id, view, bitmaps, clients: self.clients.clone() }))
     }
 
     fn default_export(&self) -> Option<String> {
@@ -38,9 +83,20 @@ impl Backend for PoolBackend {
     }
 }
 
+/// A volume's head (writable) or one of its snapshots (read-only).
 struct VolumeExport {
     pool: Arc<Pool>,
     id: u32,
+    view: View,
+    /// Older snapshots (name, epoch) offered as dirty bitmaps.
+    bitmaps: Vec<(String, u64)>,
+    clients: Arc<Clients>,
+}
+
+impl Drop for VolumeExport {
+    fn drop(&mut self) {
+        self.clients.add((self.id, self.view), -1);
+    }
 }
 
 fn nbd_error(e: EngineError) -> ExportError {
@@ -50,6 +106,12 @@ fn nbd_error(e: EngineError) -> ExportError {
         EngineError::ReadOnly => ExportError::Perm,
         EngineError::NotSupported(_) => ExportError::NotSupported,
         EngineError::Fenced => ExportError::Shutdown,
+        // The volume or snapshot was deleted under a connected client: its
+        // requests fail, the server goes on.
+        EngineError::VolumeGone(_) | EngineError::NoSuchVolume(_) | EngineError::NoSuchSnapshot { .. } => {
+            log::warn!("request on a deleted export: {e}");
+            ExportError::Io
+        }
         other => {
             log::error!("I/O error served to a client: {other}");
             ExportError::Io
@@ -57,20 +119,33 @@ fn nbd_error(e: EngineError) -> ExportError {
     }
 }
 
+impl VolumeExport {
+    fn writable(&self) -> Result<(), ExportError> {
+        // The server refuses writes to read-only exports already; this keeps
+        // a snapshot immutable whatever calls it.
+        if self.view == View::Head {
+            Ok(())
+        } else {
+            Err(ExportError::Perm)
+        }
+    }
+}
+
 impl Export for VolumeExport {
     fn size(&self) -> u64 {
-        self.pool.volume_info(self.id).map(|v| v.size).unwrap_or(0)
+        self.pool.view_size(self.id, self.view).unwrap_or(0)
     }
 
     fn read_only(&self) -> bool {
-        false
+        self.view != View::Head
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
-        self.pool.read(self.id, offset, buf).map_err(nbd_error)
+        self.pool.read_view(self.id, self.view, offset, buf).map_err(nbd_error)
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
+        self.writable()?;
         self.pool.write(self.id, offset, data, fua).map_err(nbd_error)
     }
 
@@ -79,6 +154,7 @@ impl Export for VolumeExport {
     }
 
     fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), ExportError> {
+        self.writable()?;
         self.pool.trim(self.id, offset, length).map_err(nbd_error)?;
         if fua {
             self.flush()?;
@@ -87,6 +163,7 @@ impl Export for VolumeExport {
     }
 
     fn write_zeroes(&self, offset: u64, length: u64, no_hole: bool, fast: bool, fua: bool) -> Result<(), ExportError> {
+        self.writable()?;
         self.pool.write_zeroes(self.id, offset, length, no_hole, fast).map_err(nbd_error)?;
         if fua {
             self.flush()?;
@@ -95,10 +172,31 @@ impl Export for VolumeExport {
     }
 
     fn block_status(&self, offset: u64, length: u64) -> Result<Vec<BlockStatusExtent>, ExportError> {
-        let runs = self.pool.block_status(self.id, offset, length).map_err(nbd_error)?;
+        let runs = self.pool.block_status_view(self.id, self.view, offset, length).map_err(nbd_error)?;
         Ok(runs
             .into_iter()
             .map(|r| BlockStatusExtent { length: r.length, hole: !r.allocated, zero: !r.allocated })
+            .collect())
+    }
+
+    fn meta_contexts(&self) -> Vec<String> {
+        self.bitmaps.iter().map(|(name, _)| format!("{DIRTY_BITMAP}{name}")).collect()
+    }
+
+    fn context_status(&self, name: &str, offset: u64, length: u64) -> Result<Vec<ContextExtent>, ExportError> {
+        let snap = name.strip_prefix(DIRTY_BITMAP).ok_or(ExportError::NotSupported)?;
+        let (_, since) = self.bitmaps.iter().find(|(n, _)| n == snap).ok_or(ExportError::NotSupported)?;
+        let runs = self.pool.changed_runs(self.id, self.view, *since, offset, length).map_err(|e| match e {
+            // The snapshot the bitmap compares with was deleted meanwhile.
+            EngineError::InvalidArgument(msg) => {
+                log::warn!("dirty bitmap {name:?} of a connected client is gone: {msg}");
+                ExportError::Io
+            }
+            other => nbd_error(other),
+        })?;
+        Ok(runs
+            .into_iter()
+            .map(|r| ContextExtent { length: r.length, flags: if r.changed { DIRTY } else { 0 } })
             .collect())
     }
 }

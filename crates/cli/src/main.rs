@@ -4,14 +4,18 @@ mod admin;
 mod control;
 mod export;
 mod poolfile;
+mod progress;
 mod serve;
 mod size;
+mod snapshots;
+mod spec;
 mod text;
 
-use admin::Request;
+use admin::{Ctx, Request};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use serde_json::Value;
+use spec::{SnapSpec, ViewSpec};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +25,7 @@ use tarn_engine::{create_pool, CreateOptions, Device, FileDevice, OpenOptions};
 #[command(
     name = "tarn",
     version,
-    about = "Thin pools, snapshots-ready volumes and an NBD server",
+    about = "Thin pools, volumes with snapshots and clones, and an NBD server",
     propagate_version = true
 )]
 struct Cli {
@@ -44,10 +48,15 @@ enum Command {
     /// Create, inspect and check pools.
     #[command(subcommand)]
     Pool(PoolCmd),
-    /// Create, list, resize and delete thin volumes.
+    /// Create, list, resize, clone and delete thin volumes.
     #[command(subcommand)]
     Vol(VolCmd),
-    /// Serve every volume of a pool over NBD.
+    /// Create, list, delete and roll back to snapshots of volumes.
+    #[command(subcommand)]
+    Snap(SnapCmd),
+    /// Byte ranges changed since a snapshot (in a newer snapshot, or the head).
+    Diff(DiffCmd),
+    /// Serve every volume (writable) and snapshot (read-only, VOL@SNAP) of a pool over NBD.
     Serve(ServeCmd),
     /// The main job: create a pool with a default volume on first run, then serve it.
     Run(RunCmd),
@@ -118,9 +127,87 @@ enum VolCmd {
     /// Delete a volume and return its space to the pool.
     Delete {
         name: String,
+        /// Also delete the volume's snapshots (refused without it when it has some).
+        #[arg(short = 'r', long)]
+        recursive: bool,
         #[command(flatten)]
         pool: PoolArg,
     },
+    /// A writable volume starting as a copy of a snapshot; nothing is copied.
+    Clone {
+        /// The snapshot to clone.
+        #[arg(value_name = "VOL@SNAP", value_parser = spec::parse_snap)]
+        origin: SnapSpec,
+        /// Name of the new volume.
+        #[arg(value_name = "NEWVOL")]
+        name: String,
+        #[command(flatten)]
+        pool: PoolArg,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Copy what a clone still shares with its origin, so the origin snapshot can go.
+    Flatten {
+        name: String,
+        #[command(flatten)]
+        pool: PoolArg,
+    },
+}
+
+#[derive(Subcommand)]
+enum SnapCmd {
+    /// Snapshot a volume: holds every write answered before it; nothing is copied.
+    Create {
+        #[arg(value_name = "VOL@NAME", value_parser = spec::parse_snap)]
+        snap: SnapSpec,
+        #[command(flatten)]
+        pool: PoolArg,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Snapshots (of one volume, or all) with the space each holds.
+    List {
+        /// Only this volume's snapshots.
+        #[arg(value_name = "VOL")]
+        volume: Option<String>,
+        #[command(flatten)]
+        pool: PoolArg,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a snapshot and return the space only it held.
+    Delete {
+        #[arg(value_name = "VOL@NAME", value_parser = spec::parse_snap)]
+        snap: SnapSpec,
+        #[command(flatten)]
+        pool: PoolArg,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make the volume's contents those of the snapshot again (connected clients see the change).
+    Rollback {
+        #[arg(value_name = "VOL@NAME", value_parser = spec::parse_snap)]
+        snap: SnapSpec,
+        /// Delete the snapshots newer than this one (refused without it).
+        #[arg(long)]
+        destroy_newer: bool,
+        #[command(flatten)]
+        pool: PoolArg,
+    },
+}
+
+#[derive(Args)]
+struct DiffCmd {
+    /// The older snapshot.
+    #[arg(value_name = "VOL@OLD", value_parser = spec::parse_snap)]
+    from: SnapSpec,
+    /// A newer snapshot of the same volume, or the volume itself (its head; the default).
+    #[arg(value_name = "VOL@NEW|VOL", value_parser = spec::parse_view)]
+    to: Option<ViewSpec>,
+    #[command(flatten)]
+    pool: PoolArg,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -211,11 +298,11 @@ fn dispatch(cmd: Command) -> Result<i32> {
             println!("volume {name} is now {size}");
             Ok(0)
         }
-        Command::Vol(VolCmd::Delete { name, pool }) => {
-            admin(&pool, &Request::VolDelete { name: name.clone() })?;
-            println!("deleted volume {name}");
-            Ok(0)
-        }
+        Command::Vol(VolCmd::Delete { name, recursive, pool }) => snapshots::vol_delete(&pool, name, recursive),
+        Command::Vol(VolCmd::Clone { origin, name, pool, json }) => snapshots::vol_clone(&pool, origin, name, json),
+        Command::Vol(VolCmd::Flatten { name, pool }) => snapshots::vol_flatten(&pool, name),
+        Command::Snap(cmd) => snapshots::snap(cmd),
+        Command::Diff(d) => snapshots::diff(d),
         Command::Serve(s) => serve_cmd(s),
         Command::Run(r) => run_cmd(r),
     }
@@ -223,20 +310,30 @@ fn dispatch(cmd: Command) -> Result<i32> {
 
 fn print(json: bool, v: &Value, render: fn(&Value) -> String) {
     if json {
-        println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+        print_json(v);
     } else {
         print!("{}", render(v));
     }
 }
 
+fn print_json(v: &Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
 /// Run an admin request through a running server, or on the pool directly.
 fn admin(p: &PoolArg, req: &Request) -> Result<Value> {
+    admin_progress(p, req, &mut |_, _| {})
+}
+
+/// `admin` for a long request: `progress(done, total)` as it goes.
+fn admin_progress(p: &PoolArg, req: &Request, progress: &mut dyn FnMut(u64, u64)) -> Result<Value> {
     if let Some(sock) = poolfile::running_server(&p.pool) {
-        return control::call(&sock, req);
+        return control::call(&sock, req, progress);
     }
     let opened =
         poolfile::open_pool(&p.pool, &p.devices, OpenOptions { read_only: !req.writes(), ..Default::default() })?;
-    let result = admin::execute(&opened.pool, req).map_err(anyhow::Error::msg);
+    let mut ctx = Ctx { progress, clients: None };
+    let result = admin::execute(&opened.pool, req, &mut ctx).map_err(anyhow::Error::msg);
     if req.writes() {
         opened.pool.close().context("commit")?;
     }

@@ -1,9 +1,9 @@
-//! `tarn serve`: every volume of the pool as an NBD export, a control
+//! `tarn serve`: every volume and snapshot of the pool as an NBD export, a control
 //! socket for admin requests, a background commit every few seconds, and
 //! a clean shutdown (drain, commit, checkpoint) on SIGTERM or SIGINT.
 
 use crate::control;
-use crate::export::PoolBackend;
+use crate::export::{Clients, PoolBackend};
 use crate::poolfile::{control_socket_path, open_pool};
 use anyhow::{Context, Result};
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -30,8 +30,9 @@ pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>
     let status = opened.pool.status();
     let pool = Arc::new(opened.pool);
     let control_path = control_socket_path(&status.uuid);
-    control::listen(control_path.clone(), pool.clone())?;
-    let server = Server::new(Arc::new(PoolBackend::new(pool.clone())), ServerConfig::default());
+    let clients = Arc::new(Clients::default());
+    control::listen(control_path.clone(), pool.clone(), clients.clone())?;
+    let server = Server::new(Arc::new(PoolBackend::new(pool.clone(), clients)), ServerConfig::default());
     let addr = match &args.listen {
         Some(a) => Some(server.listen_tcp(a).with_context(|| format!("listen on {a}"))?),
         None => None,

@@ -72,18 +72,123 @@ pub fn check(v: &Value) -> String {
 }
 
 pub fn volumes(v: &Value) -> String {
-    let mut s = format!("{:<24} {:>12} {:>12} {:>8}\n", "NAME", "SIZE", "ALLOCATED", "EXTENTS");
+    let mut s = format!(
+        "{:<24} {:>12} {:>12} {:>8} {:>6} {:>12}  {}\n",
+        "NAME", "SIZE", "ALLOCATED", "EXTENTS", "SNAPS", "SNAP-BYTES", "ORIGIN"
+    );
     for vol in v.as_array().into_iter().flatten() {
         let _ = writeln!(
             s,
-            "{:<24} {:>12} {:>12} {:>8}",
+            "{:<24} {:>12} {:>12} {:>8} {:>6} {:>12}  {}",
             vol["name"].as_str().unwrap_or("?"),
             b(&vol["size"]),
             b(&vol["allocated"]),
-            vol["extents"]
+            vol["extents"].as_u64().unwrap_or(0),
+            vol["snapshots"].as_u64().unwrap_or(0),
+            b(&vol["snapshot_bytes"]),
+            origin(vol)
         );
     }
     s
+}
+
+/// A clone's origin and how much it still reads from it, or "-".
+fn origin(vol: &Value) -> String {
+    match vol["origin"].as_str() {
+        Some(o) if vol["origin_bytes"].as_u64().unwrap_or(0) > 0 => format!("{o} ({} shared)", b(&vol["origin_bytes"])),
+        Some(o) => o.to_string(),
+        None => "-".to_string(),
+    }
+}
+
+/// One snapshot in a sentence (create's answer).
+pub fn snapshot(v: &Value) -> String {
+    format!(
+        "created snapshot {}@{} ({}, {} referenced)\n",
+        v["volume"].as_str().unwrap_or("?"),
+        v["name"].as_str().unwrap_or("?"),
+        b(&v["size"]),
+        b(&v["referenced"])
+    )
+}
+
+/// The snapshot table, then per volume what its head and its snapshots hold
+/// (head + snapshots = the volume's share of the pool).
+pub fn snapshots(snaps: &Value, vols: &Value, only: Option<&str>) -> String {
+    let mut s = format!(
+        "{:<32} {:<19} {:>11} {:>11} {:>11} {:>11}  {}\n",
+        "SNAPSHOT", "CREATED", "SIZE", "EXCLUSIVE", "SHARED", "REFERENCED", "CLONES"
+    );
+    let list = snaps.as_array().map(Vec::as_slice).unwrap_or_default();
+    for snap in list {
+        let clones: Vec<&str> = snap["clones"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+        let _ = writeln!(
+            s,
+            "{:<32} {:<19} {:>11} {:>11} {:>11} {:>11}  {}",
+            format!("{}@{}", snap["volume"].as_str().unwrap_or("?"), snap["name"].as_str().unwrap_or("?")),
+            local_time(snap["created"].as_u64().unwrap_or(0)),
+            b(&snap["size"]),
+            b(&snap["exclusive"]),
+            b(&snap["shared"]),
+            b(&snap["referenced"]),
+            if clones.is_empty() { "-".to_string() } else { clones.join(",") }
+        );
+    }
+    for vol in vols.as_array().into_iter().flatten() {
+        let name = vol["name"].as_str().unwrap_or("?");
+        if only.is_some_and(|o| o != name) || (only.is_none() && vol["snapshots"].as_u64().unwrap_or(0) == 0) {
+            continue;
+        }
+        let (head, snap) = (vol["allocated"].as_u64().unwrap_or(0), vol["snapshot_bytes"].as_u64().unwrap_or(0));
+        let _ = writeln!(
+            s,
+            "{name}: {} in the head + {} only in {} snapshot(s) = {}",
+            human(head),
+            human(snap),
+            vol["snapshots"],
+            human(head + snap)
+        );
+    }
+    s
+}
+
+/// A diff as `offset length` lines in bytes, then a total line.
+pub fn diff(v: &Value) -> String {
+    let mut s = String::new();
+    let ranges = v["ranges"].as_array().map(Vec::as_slice).unwrap_or_default();
+    for r in ranges {
+        let _ = writeln!(s, "{} {}", r[0], r[1]);
+    }
+    let _ = writeln!(
+        s,
+        "total {} bytes changed in {} ranges from {} to {}",
+        v["changed_bytes"],
+        ranges.len(),
+        v["from"].as_str().unwrap_or("?"),
+        v["to"].as_str().unwrap_or("?")
+    );
+    s
+}
+
+/// `YYYY-MM-DD HH:MM:SS` in the local time zone (the seconds if it has none).
+pub fn local_time(secs: u64) -> String {
+    let Ok(t) = libc::time_t::try_from(secs) else {
+        return secs.to_string();
+    };
+    // SAFETY: tm is plain data; localtime_r only writes into it.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    if unsafe { libc::localtime_r(&t, &mut tm) }.is_null() {
+        return secs.to_string();
+    }
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec
+    )
 }
 
 pub fn connect_hints(addr: &str, volume: &str, socket: &Path) -> String {
@@ -103,4 +208,33 @@ pub fn connect_hints(addr: &str, volume: &str, socket: &Path) -> String {
         sock = socket.display(),
         port = addr.rsplit(':').next().unwrap_or("10809"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn diff_lines_then_total() {
+        let v = json!({ "from": "v@a", "to": "v", "ranges": [[0, 8192], [1048576, 4096]], "changed_bytes": 12288 });
+        assert_eq!(diff(&v), "0 8192\n1048576 4096\ntotal 12288 bytes changed in 2 ranges from v@a to v\n");
+    }
+
+    #[test]
+    fn snapshot_table_has_a_total_per_volume() {
+        let snaps = json!([{ "volume": "v", "name": "a", "created": 0, "size": 4096, "exclusive": 4096,
+            "shared": 0, "referenced": 4096, "clones": ["c"] }]);
+        let vols = json!([{ "name": "v", "allocated": 8192, "snapshot_bytes": 4096, "snapshots": 1 },
+            { "name": "w", "allocated": 0, "snapshot_bytes": 0, "snapshots": 0 }]);
+        let t = snapshots(&snaps, &vols, None);
+        assert!(t.lines().nth(1).is_some_and(|l| l.starts_with("v@a ") && l.ends_with(" c")), "{t}");
+        assert!(t.contains("v: 8.00 KiB in the head + 4.00 KiB only in 1 snapshot(s) = 12.00 KiB"), "{t}");
+        assert!(!t.contains("w:"), "{t}");
+    }
+
+    #[test]
+    fn local_time_shape() {
+        assert_eq!(local_time(1_700_000_000).len(), "2023-11-14 22:13:20".len());
+    }
 }
