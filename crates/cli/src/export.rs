@@ -188,8 +188,8 @@ impl Export for VolumeExport {
         let (_, since) = self.bitmaps.iter().find(|(n, _)| n == snap).ok_or(ExportError::NotSupported)?;
         let runs = self.pool.changed_runs(self.id, self.view, *since, offset, length).map_err(|e| match e {
             // The snapshot the bitmap compares with was deleted meanwhile.
-            EngineError::InvalidArgument(msg) => {
-                log::warn!("dirty bitmap {name:?} of a connected client is gone: {msg}");
+            EngineError::NoSuchSnapshot { .. } => {
+                log::warn!("dirty bitmap {name:?} of a connected client is gone");
                 ExportError::Io
             }
             other => nbd_error(other),

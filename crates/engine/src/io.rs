@@ -58,7 +58,7 @@ impl Pool {
     ) -> Result<()> {
         let inner = self.read_inner();
         let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
-        let size = v.view_size(view).ok_or(EngineError::VolumeGone(vol))?;
+        let size = v.view_size(view).ok_or_else(|| gone_snapshot(v, view))?;
         let end = offset.checked_add(len);
         if len == 0 || len > max || end.is_none_or(|e| e > size) {
             return Err(EngineError::OutOfRange { op, volume: v.name.clone(), offset, len, size });
@@ -368,6 +368,9 @@ impl Pool {
         let changed = {
             let inner = self.read_inner();
             let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
+            if v.snapshot_index(since).is_none() {
+                return Err(gone_snapshot(v, View::Snapshot(since)));
+            }
             v.changed_since(view, since, first, n).ok_or_else(|| {
                 EngineError::InvalidArgument(format!(
                     "epoch {since} is not a snapshot of {} older than the view",
@@ -389,6 +392,16 @@ impl Pool {
         }
         let runs = byte_runs(pieces.into_iter(), offset, end);
         Ok(runs.into_iter().map(|(length, changed)| ChangeRun { length, changed }).collect())
+    }
+}
+
+/// The error for a view whose snapshot was deleted (say, under a client).
+fn gone_snapshot(v: &crate::state::Volume, view: View) -> EngineError {
+    match view {
+        View::Head => EngineError::VolumeGone(v.id),
+        View::Snapshot(epoch) => {
+            EngineError::NoSuchSnapshot { volume: v.name.clone(), name: format!("(epoch {epoch})") }
+        }
     }
 }
 
