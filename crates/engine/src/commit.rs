@@ -191,6 +191,11 @@ impl Pool {
         if frees.is_empty() {
             return;
         }
+        // Freed pieces come in logical order; after redirected random writes
+        // they are physically scattered piece by piece but adjacent as a set.
+        // Coalesced, a snapshot delete of 1 GiB of 4K pieces is a handful of
+        // discards instead of 262,144.
+        let frees = coalesce(frees);
         drop(self.io_gate.write().unwrap_or_else(|p| p.into_inner()));
         if !self.options.no_discard {
             for &(pba, len) in &frees {
@@ -202,5 +207,30 @@ impl Pool {
         }
         let mut inner = self.write_inner();
         frees.iter().for_each(|&(pba, len)| inner.space.give_back(pba, len));
+    }
+}
+
+/// Sort physical ranges and merge the adjacent ones (they never overlap).
+fn coalesce(mut frees: Freed) -> Freed {
+    frees.sort_unstable_by_key(|f| f.0);
+    let mut out: Freed = Vec::with_capacity(frees.len());
+    for (pba, len) in frees {
+        match out.last_mut() {
+            Some(last) if last.0.device() == pba.device() && last.0.offset_by(last.1) == pba => last.1 += len,
+            _ => out.push((pba, len)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coalesce_merges_adjacent_ranges_per_device() {
+        let p = |d, b| Pba::new(d, b);
+        let frees = vec![(p(0, 20), 2), (p(0, 10), 5), (p(1, 15), 1), (p(0, 15), 5), (p(0, 30), 1), (p(1, 16), 4)];
+        assert_eq!(coalesce(frees), vec![(p(0, 10), 12), (p(0, 30), 1), (p(1, 15), 5)]);
     }
 }
