@@ -1,12 +1,27 @@
 //! Deterministic simulation of tarn: simulated devices with crash and fault
 //! injection, a reference model, and seeded runs that replay exactly.
 
+/// Whether `TARN_SIM_TRACE` asks for every step on stderr.
+fn tracing() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("TARN_SIM_TRACE").is_some())
+}
+
+macro_rules! trace {
+    ($($arg:tt)*) => { if crate::tracing() { eprintln!($($arg)*); } };
+}
+
+pub mod accounting;
+mod admin;
 pub mod device;
 pub mod model;
 pub mod run;
+pub mod settle;
+mod verify;
+mod workload;
 
 pub use device::SimDevice;
-pub use run::{run_seed, SimConfig};
+pub use run::{run_seed, RunStats, SimConfig, Workload, OP_NAMES};
 
 /// Seeds to run: `TARN_SEED=N` replays one; otherwise `count` from `TARN_SEED_BASE` (default 0).
 pub fn seeds(count: u64) -> Vec<u64> {

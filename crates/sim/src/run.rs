@@ -1,14 +1,29 @@
 //! One seeded simulation run: random operations against a pool on simulated
 //! devices and against the model, power cuts at random device calls,
 //! reopen, compare, check. Any failure names its seed; `TARN_SEED=N`
-//! replays it exactly.
+//! replays it exactly. The data operations, crash handling and the basic
+//! workload live here; the snapshot workload in `workload.rs`, admin
+//! outcomes in `admin.rs`, settling after a crash in `settle.rs`, the
+//! comparisons in `verify.rs`, space accounting in `accounting.rs`.
 
+use crate::admin::Pending;
 use crate::device::SimDevice;
-use crate::model::{Model, VolModel, BLOCK};
+use crate::model::{Effect, Model, BLOCK};
+use crate::settle::Seen;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
-use tarn_engine::{create_pool, CreateOptions, Device, EngineError, OpenOptions, Pool};
+use tarn_engine::{create_pool, CreateOptions, Device, EngineError, OpenOptions, Pool, View};
+
+/// Which operations a run mixes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workload {
+    /// Writes, trims, flushes, volume create/resize/delete, crashes.
+    Basic,
+    /// The same on small volumes, plus snapshots, rollbacks, clones,
+    /// flatten, deletes with and without snapshots.
+    Snapshots,
+}
 
 /// Knobs of a run (small sizes keep hundreds of seeds within seconds).
 #[derive(Debug, Clone)]
@@ -17,62 +32,128 @@ pub struct SimConfig {
     pub device_bytes: u64,
     pub max_devices: usize,
     pub journal_bytes: u64,
+    pub workload: Workload,
+    /// A quarter of the runs use devices this small instead, so that space
+    /// runs out (snapshots hold old versions).
+    pub tight_bytes: Option<u64>,
 }
 
 impl Default for SimConfig {
     fn default() -> Self {
-        SimConfig { steps: 300, device_bytes: 6 << 20, max_devices: 2, journal_bytes: 64 << 10 }
+        SimConfig {
+            steps: 300,
+            device_bytes: 6 << 20,
+            max_devices: 2,
+            journal_bytes: 64 << 10,
+            workload: Workload::Basic,
+            tight_bytes: None,
+        }
     }
 }
 
-fn tracing() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("TARN_SIM_TRACE").is_some())
+impl SimConfig {
+    /// The snapshot workload's defaults.
+    pub fn snapshots() -> Self {
+        SimConfig {
+            steps: 250,
+            device_bytes: 8 << 20,
+            workload: Workload::Snapshots,
+            tight_bytes: Some(2 << 20),
+            ..SimConfig::default()
+        }
+    }
 }
 
-macro_rules! trace {
-    ($($arg:tt)*) => { if tracing() { eprintln!($($arg)*); } };
+/// Admin operations, as counted in [`RunStats::done`].
+pub const OP_NAMES: [&str; 8] =
+    ["vol create", "vol resize", "vol delete", "snapshot", "snap delete", "rollback", "clone", "flatten"];
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunStats {
+    pub crashes: usize,
+    /// Admin operations (volume and snapshot) that happened.
+    pub admin: usize,
+    /// The same by operation, in the order of [`OP_NAMES`].
+    pub done: [usize; 8],
+    /// Admin operations refused as the model predicted.
+    pub refused: usize,
+    /// Admin operations cut by a crash, settled after reopen: done, not done.
+    pub cut_done: usize,
+    pub cut_undone: usize,
+    /// Writes or flattens that ran out of space.
+    pub enospc: usize,
+    /// Accounting checks skipped (too many ambiguous entries).
+    pub space_skipped: usize,
 }
 
-struct Run {
-    rng: ChaCha8Rng,
-    devs: Vec<Arc<SimDevice>>,
-    pool: Option<Pool>,
-    model: Model,
-    /// A volume operation cut by a crash: (name, size before, size after; 0 = absent).
-    uncertain_volume: Option<(String, usize, usize)>,
-    crashes: usize,
+impl RunStats {
+    pub fn add(&mut self, o: &RunStats) {
+        self.crashes += o.crashes;
+        self.admin += o.admin;
+        self.done.iter_mut().zip(o.done).for_each(|(a, b)| *a += b);
+        self.refused += o.refused;
+        self.cut_done += o.cut_done;
+        self.cut_undone += o.cut_undone;
+        self.enospc += o.enospc;
+        self.space_skipped += o.space_skipped;
+    }
+}
+
+pub(crate) struct Run {
+    pub(crate) rng: ChaCha8Rng,
+    pub(crate) devs: Vec<Arc<SimDevice>>,
+    pub(crate) pool: Option<Pool>,
+    pub(crate) model: Model,
+    /// An admin operation cut by a crash: settled after reopen.
+    pub(crate) pending: Option<Pending>,
+    pub(crate) stats: RunStats,
     strict: bool,
+    workload: Workload,
+    /// Writes so far: stamped into the data so that versions differ.
+    serial: u64,
 }
 
 /// Run one seed; Err describes the first divergence.
 pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<RunStats, String> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let ndev = rng.random_range(1..=cfg.max_devices);
-    let devs: Vec<Arc<SimDevice>> =
-        (0..ndev).map(|i| Arc::new(SimDevice::new(&format!("sim{i}"), cfg.device_bytes))).collect();
+    let bytes = match cfg.tight_bytes {
+        Some(tight) if rng.random_bool(0.25) => tight,
+        _ => cfg.device_bytes,
+    };
+    let devs: Vec<Arc<SimDevice>> = (0..ndev).map(|i| Arc::new(SimDevice::new(&format!("sim{i}"), bytes))).collect();
     let dyn_devs: Vec<Arc<dyn Device>> = devs.iter().map(|d| d.clone() as Arc<dyn Device>).collect();
     let paths = (0..ndev).map(|i| format!("sim{i}")).collect::<Vec<_>>();
     create_pool(&dyn_devs, &paths, &CreateOptions { journal_bytes: Some(cfg.journal_bytes), force: false })
         .map_err(|e| e.to_string())?;
     let strict = rng.random_bool(0.2);
-    let mut run = Run { rng, devs, pool: None, model: Model::default(), uncertain_volume: None, crashes: 0, strict };
+    let mut run = Run {
+        rng,
+        devs,
+        pool: None,
+        model: Model::default(),
+        pending: None,
+        stats: RunStats::default(),
+        strict,
+        workload: cfg.workload,
+        serial: 0,
+    };
     run.reopen()?;
     for step in 0..cfg.steps {
-        run.step().map_err(|e| format!("seed {seed} step {step}: {e}"))?;
+        trace!("-- step {step}");
+        run.step().and_then(|()| run.after_step()).map_err(|e| format!("seed {seed} step {step}: {e}"))?;
     }
     run.crash_and_verify().map_err(|e| format!("seed {seed} final crash: {e}"))?;
-    Ok(RunStats { crashes: run.crashes })
-}
-
-#[derive(Debug, Clone, Copy)]
-pub struct RunStats {
-    pub crashes: usize,
+    Ok(run.stats)
 }
 
 impl Run {
-    fn pool(&self) -> &Pool {
+    pub(crate) fn pool(&self) -> &Pool {
         self.pool.as_ref().expect("pool open")
+    }
+
+    pub(crate) fn any_dead(&self) -> bool {
+        self.devs.iter().any(|d| d.is_dead())
     }
 
     fn reopen(&mut self) -> Result<(), String> {
@@ -88,6 +169,9 @@ impl Run {
     }
 
     fn step(&mut self) -> Result<(), String> {
+        if self.workload == Workload::Snapshots {
+            return self.step_snapshots();
+        }
         if self.model.vols.is_empty() || self.rng.random_bool(0.02) {
             return self.volume_op();
         }
@@ -103,16 +187,25 @@ impl Run {
         }
     }
 
-    fn any_volume(&mut self) -> (String, u32, usize) {
+    /// A cut that an operation survived (an ignored discard hint after its
+    /// commit) is applied at once; then the space accounting must hold.
+    fn after_step(&mut self) -> Result<(), String> {
+        if self.any_dead() {
+            self.crash_and_verify()?;
+        }
+        self.verify_space().map_err(|e| format!("after the step: {e}"))
+    }
+
+    pub(crate) fn any_volume(&mut self) -> (String, u32, usize) {
         let names: Vec<&String> = self.model.vols.keys().collect();
         let name = names[self.rng.random_range(0..names.len())].clone();
         let id = self.pool().volume_id(&name).expect("model volume exists in pool");
-        let size = self.model.vols[&name].current.len();
+        let size = self.model.vol(&name).current.len();
         (name, id, size)
     }
 
     /// A random byte range, block-aligned most of the time.
-    fn range(&mut self, size: usize, max: usize) -> (usize, usize) {
+    pub(crate) fn range(&mut self, size: usize, max: usize) -> (usize, usize) {
         if self.rng.random_bool(0.7) {
             let blocks = size / BLOCK;
             let b = self.rng.random_range(0..blocks);
@@ -125,58 +218,71 @@ impl Run {
         }
     }
 
-    fn write(&mut self) -> Result<(), String> {
+    /// Data for a write: a pattern, with the write's serial in every sector
+    /// so that no two writes leave the same block (fewer ambiguous entries).
+    fn stamped(&mut self, fill: u8, len: usize) -> Vec<u8> {
+        self.serial += 1;
+        let mut data: Vec<u8> = (0..len).map(|i| fill.wrapping_add((i / 512) as u8)).collect();
+        let tag = self.serial.to_le_bytes();
+        for sector in data.chunks_mut(512) {
+            let n = sector.len().min(tag.len());
+            sector[..n].copy_from_slice(&tag[..n]);
+        }
+        data
+    }
+
+    pub(crate) fn write(&mut self) -> Result<(), String> {
         let (name, id, size) = self.any_volume();
         let (off, len) = self.range(size, 64 << 10);
         let fill: u8 = self.rng.random();
-        let data: Vec<u8> = (0..len).map(|i| fill.wrapping_add((i / 512) as u8)).collect();
+        let data = self.stamped(fill, len);
         let fua = self.rng.random_bool(0.05);
+        let effects = self.model.vol(&name).write_effects(off, &data);
         let r = self.pool().write(id, off as u64, &data, fua);
-        trace!("write {name} {off}+{len} fill {fill} fua {fua}: {r:?}");
+        trace!("write {name} {off}+{len} serial {} fua {fua}: {r:?}", self.serial);
         match r {
             Ok(()) => {
-                let m = self.model.vols.get_mut(&name).expect("volume");
-                m.write(off, &data);
+                self.model.apply(&name, &effects);
                 if fua {
                     // A FUA write answers after a full commit of the pool.
                     self.model.flushed();
                 }
                 Ok(())
             }
-            Err(e) => self.after_failed_write(&name, id, off, &data, e),
+            Err(e) => self.after_failed_write(&name, id, &effects, e),
         }
     }
 
-    /// A failed write leaves its range undefined: adopt what the pool shows
-    /// (each sector old or new is checked after the next crash anyway).
-    fn after_failed_write(
-        &mut self,
-        name: &str,
-        id: u32,
-        off: usize,
-        attempted: &[u8],
-        e: EngineError,
-    ) -> Result<(), String> {
-        let len = attempted.len();
-        if self.devs.iter().any(|d| d.is_dead()) {
+    /// A failed write leaves each block of its range old or new.
+    fn after_failed_write(&mut self, name: &str, id: u32, effects: &[Effect], e: EngineError) -> Result<(), String> {
+        if self.any_dead() {
             // Cut mid-write: any sector of the range may hold old or new data.
-            self.model.vols.get_mut(name).expect("volume").write(off, attempted);
+            self.model.apply(name, effects);
             return self.crash_and_verify();
         }
         if !matches!(e, EngineError::NoSpace) {
             return Err(format!("write failed without a crash: {e}"));
         }
-        let mut back = vec![0u8; len];
-        self.pool().read(id, off as u64, &mut back).map_err(|e| format!("read after ENOSPC: {e}"))?;
-        self.model.vols.get_mut(name).expect("volume").adopt(off, &back);
-        Ok(())
+        self.stats.enospc += 1;
+        let blocks = self.model.vol(name).blocks();
+        let alloc = self.alloc_map(id, View::Head, blocks)?;
+        let mut got = Vec::with_capacity(effects.len());
+        for e in effects {
+            let mut buf = vec![0u8; BLOCK];
+            self.pool().read(id, (e.lba * BLOCK) as u64, &mut buf).map_err(|e| format!("read after ENOSPC: {e}"))?;
+            got.push(buf);
+        }
+        let alloc: Vec<bool> = effects.iter().map(|e| alloc[e.lba]).collect();
+        self.model.adopt_partial(name, effects, &got, &alloc).map_err(|e| format!("after ENOSPC, {name}: {e}"))
     }
 
-    fn trim_or_zero(&mut self) -> Result<(), String> {
+    pub(crate) fn trim_or_zero(&mut self) -> Result<(), String> {
         let (name, id, size) = self.any_volume();
         let (off, len) = self.range(size, 256 << 10);
         let zero = self.rng.random_bool(0.5);
         let no_hole = zero && self.rng.random_bool(0.3);
+        let m = self.model.vol(&name);
+        let effects = if zero { m.zero_effects(off, len, no_hole) } else { m.trim_effects(off, len) };
         let r = if zero {
             self.pool().write_zeroes(id, off as u64, len as u64, no_hole, false)
         } else {
@@ -185,24 +291,14 @@ impl Run {
         trace!("{} {name} {off}+{len} no_hole {no_hole}: {r:?}", if zero { "zero" } else { "trim" });
         match r {
             Ok(()) => {
-                let m = self.model.vols.get_mut(&name).expect("volume");
-                if zero {
-                    m.write(off, &vec![0u8; len]);
-                } else {
-                    // Only whole blocks inside the range are released.
-                    let first = off.div_ceil(BLOCK) * BLOCK;
-                    let end = (off + len) / BLOCK * BLOCK;
-                    if end > first {
-                        m.write(first, &vec![0u8; end - first]);
-                    }
-                }
+                self.model.apply(&name, &effects);
                 Ok(())
             }
-            Err(e) => self.after_failed_write(&name, id, off, &vec![0u8; len], e),
+            Err(e) => self.after_failed_write(&name, id, &effects, e),
         }
     }
 
-    fn flush(&mut self) -> Result<(), String> {
+    pub(crate) fn flush(&mut self) -> Result<(), String> {
         let r = self.pool().flush();
         trace!("flush: {r:?}");
         match r {
@@ -210,7 +306,7 @@ impl Run {
                 self.model.flushed();
                 Ok(())
             }
-            Err(_) if self.devs.iter().any(|d| d.is_dead()) => self.crash_and_verify(),
+            Err(_) if self.any_dead() => self.crash_and_verify(),
             Err(e) => Err(format!("flush failed without a crash: {e}")),
         }
     }
@@ -220,39 +316,19 @@ impl Run {
         let (off, len) = self.range(size, 128 << 10);
         let mut buf = vec![0u8; len];
         if let Err(e) = self.pool().read(id, off as u64, &mut buf) {
-            if self.devs.iter().any(|d| d.is_dead()) {
+            if self.any_dead() {
                 return self.crash_and_verify();
             }
             return Err(format!("read failed: {e}"));
         }
-        if buf != self.model.vols[&name].current[off..off + len] {
+        let m = self.model.vol(&name);
+        if buf != m.current[off..off + len] {
             return Err(format!("live read of {name} at {off}+{len} differs from the model"));
         }
-        self.check_block_status(&name, id, off, len)
+        self.check_block_status(id, View::Head, &m.ids, off, len).map_err(|e| format!("{name} head: {e}"))
     }
 
-    /// Whatever block status calls a hole must read as zeros, and the runs
-    /// must tile the range from its start without gaps.
-    fn check_block_status(&self, name: &str, id: u32, off: usize, len: usize) -> Result<(), String> {
-        let runs = self.pool().block_status(id, off as u64, len as u64).map_err(|e| format!("block status: {e}"))?;
-        let mut pos = off;
-        for r in &runs {
-            let end = pos + r.length as usize;
-            if end > off + len || r.length == 0 {
-                return Err(format!("block status run {r:?} at {pos} leaves {off}+{len}"));
-            }
-            if !r.allocated && self.model.vols[name].current[pos..end].iter().any(|b| *b != 0) {
-                return Err(format!("block status calls {name} {pos}..{end} a hole but it holds data"));
-            }
-            pos = end;
-        }
-        if runs.is_empty() {
-            return Err("block status returned no runs".into());
-        }
-        Ok(())
-    }
-
-    fn arm_crash(&mut self) -> Result<(), String> {
+    pub(crate) fn arm_crash(&mut self) -> Result<(), String> {
         let i = self.rng.random_range(0..self.devs.len());
         let calls = self.rng.random_range(0..20);
         self.devs[i].crash_after(calls);
@@ -260,11 +336,11 @@ impl Run {
         Ok(())
     }
 
-    fn clean_reopen(&mut self) -> Result<(), String> {
+    pub(crate) fn clean_reopen(&mut self) -> Result<(), String> {
         trace!("clean reopen");
         let pool = self.pool.take().expect("pool open");
         if let Err(e) = pool.close() {
-            if self.devs.iter().any(|d| d.is_dead()) {
+            if self.any_dead() {
                 self.pool = Some(pool);
                 return self.crash_and_verify();
             }
@@ -272,12 +348,12 @@ impl Run {
         }
         drop(pool);
         self.model.flushed();
-        if self.devs.iter().any(|d| d.is_dead()) {
+        if self.any_dead() {
             // The cut hit an ignored discard hint after the commit.
             return self.crash_and_verify();
         }
         self.reopen()?;
-        self.verify_all_current()
+        self.verify_all("after clean reopen")
     }
 
     fn volume_op(&mut self) -> Result<(), String> {
@@ -288,126 +364,64 @@ impl Run {
                 return Ok(());
             }
             let size = self.rng.random_range(1..=(3 << 20) / BLOCK) * BLOCK;
-            self.uncertain_volume = Some((name.clone(), 0, size));
-            return match self.pool().create_volume(&name, size as u64) {
-                Ok(_) => {
-                    self.uncertain_volume = None;
-                    self.model.vols.insert(name, VolModel::new(size));
-                    self.model.flushed();
-                    Ok(())
-                }
-                Err(e) => self.after_failed_volume_op(e),
-            };
+            let r = self.pool().create_volume(&name, size as u64);
+            return self.admin_outcome(Pending::VolCreate { name, size }, Ok(()), r).map(drop);
         }
         let (name, _, size) = self.any_volume();
         if roll < 8 {
-            let new = self.rng.random_range(1..=(3 << 20) / BLOCK) * BLOCK;
-            self.uncertain_volume = Some((name.clone(), size, new));
-            match self.pool().resize_volume(&name, new as u64, true) {
-                Ok(_) => {
-                    self.uncertain_volume = None;
-                    let m = self.model.vols.get_mut(&name).expect("volume");
-                    m.current.resize(new, 0);
-                    self.model.flushed();
-                    Ok(())
-                }
-                Err(e) => self.after_failed_volume_op(e),
-            }
+            let to = self.rng.random_range(1..=(3 << 20) / BLOCK) * BLOCK;
+            let r = self.pool().resize_volume(&name, to as u64, true);
+            self.admin_outcome(Pending::VolResize { name, from: size, to }, Ok(()), r).map(drop)
         } else {
-            self.uncertain_volume = Some((name.clone(), size, 0));
-            match self.pool().delete_volume(&name, true) {
-                Ok(()) => {
-                    self.uncertain_volume = None;
-                    self.model.vols.remove(&name);
-                    self.model.flushed();
-                    Ok(())
-                }
-                Err(e) => self.after_failed_volume_op(e),
-            }
+            let r = self.pool().delete_volume(&name, true);
+            self.admin_outcome(Pending::VolDelete { name }, Ok(()), r).map(drop)
         }
-    }
-
-    fn after_failed_volume_op(&mut self, e: EngineError) -> Result<(), String> {
-        if self.devs.iter().any(|d| d.is_dead()) {
-            return self.crash_and_verify();
-        }
-        Err(format!("volume operation failed without a crash: {e}"))
     }
 
     /// Power cut now: drop the pool without closing, crash the devices,
-    /// reopen, and compare every volume with what the model allows.
-    fn crash_and_verify(&mut self) -> Result<(), String> {
+    /// reopen, settle a cut admin operation, check every volume against
+    /// what the model allows, adopt what survived, and compare everything.
+    pub(crate) fn crash_and_verify(&mut self) -> Result<(), String> {
         trace!("CRASH");
-        self.crashes += 1;
+        self.stats.crashes += 1;
         drop(self.pool.take());
         for d in &self.devs {
             d.crash(&mut self.rng);
         }
         self.reopen()?;
-        self.settle_uncertain_volume()?;
+        self.settle_pending()?;
+        self.verify_names().map_err(|e| format!("after crash: {e}"))?;
         let names: Vec<String> = self.model.vols.keys().cloned().collect();
         for name in names {
-            let image = self.read_volume(&name)?;
-            let m = self.model.vols.get_mut(&name).expect("volume");
-            m.check_after_crash(&image).map_err(|e| format!("after crash, volume {name}: {e}"))?;
-            m.current = image;
-            m.flushed();
+            let (id, image) = self.read_volume(&name)?;
+            let seen = self.seen_head(&name, id, image.len() / BLOCK)?;
+            self.model
+                .adopt_after_crash(&name, image, &seen)
+                .map_err(|e| format!("after crash, volume {name}: {e}"))?;
         }
-        let mut listed: Vec<String> = self.pool().list_volumes().into_iter().map(|v| v.name).collect();
-        listed.sort();
-        let expected: Vec<String> = self.model.vols.keys().cloned().collect();
-        if listed != expected {
-            return Err(format!("after crash the pool lists {listed:?}, the model {expected:?}"));
-        }
-        Ok(())
+        self.verify_all("after crash")
     }
 
-    /// A volume op cut by the crash may or may not have happened; adopt
-    /// whichever state the pool shows, if it is one of the two.
-    fn settle_uncertain_volume(&mut self) -> Result<(), String> {
-        let Some((name, before, after)) = self.uncertain_volume.take() else {
-            return Ok(());
-        };
-        let actual = self
-            .pool()
-            .volume_id(&name)
-            .and_then(|id| self.pool().volume_info(id))
-            .map(|v| v.size as usize)
-            .unwrap_or(0);
-        if actual != before && actual != after {
-            return Err(format!("volume {name} has size {actual} after a cut operation from {before} to {after}"));
+    /// Block status of a head, and its changed blocks against each snapshot.
+    fn seen_head(&self, name: &str, id: u32, blocks: usize) -> Result<Seen, String> {
+        let alloc = self.alloc_map(id, View::Head, blocks)?;
+        let mut changed = Vec::new();
+        for s in &self.model.vol(name).snaps {
+            let what = format!("{name}@{}", s.name);
+            let Some((_, View::Snapshot(epoch))) = self.pool().lookup_view(&what) else {
+                return Err(format!("after crash, {what} missing"));
+            };
+            changed.push(self.changed_map(id, View::Head, epoch, blocks)?);
         }
-        match (actual, self.model.vols.get_mut(&name)) {
-            (0, _) => {
-                self.model.vols.remove(&name);
-            }
-            (n, Some(m)) => {
-                m.current.resize(n, 0);
-                m.durable.resize(n, 0);
-                m.since_flush.retain(|b, _| (b + 1) * BLOCK <= n);
-            }
-            (n, None) => {
-                self.model.vols.insert(name, VolModel::new(n));
-            }
-        }
-        Ok(())
+        Ok(Seen { alloc, changed })
     }
 
-    fn read_volume(&self, name: &str) -> Result<Vec<u8>, String> {
+    pub(crate) fn read_volume(&self, name: &str) -> Result<(u32, Vec<u8>), String> {
         let pool = self.pool();
         let id = pool.volume_id(name).ok_or(format!("volume {name} missing after reopen"))?;
         let size = pool.volume_info(id).map(|v| v.size as usize).unwrap_or(0);
         let mut image = vec![0u8; size];
         pool.read(id, 0, &mut image).map_err(|e| format!("read {name}: {e}"))?;
-        Ok(image)
-    }
-
-    fn verify_all_current(&self) -> Result<(), String> {
-        for (name, m) in &self.model.vols {
-            if self.read_volume(name)? != m.current {
-                return Err(format!("after clean reopen, volume {name} differs from the model"));
-            }
-        }
-        Ok(())
+        Ok((id, image))
     }
 }

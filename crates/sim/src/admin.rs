@@ -1,0 +1,213 @@
+//! Admin operations as the model sees them: the outcome it predicts for
+//! each (done, or refused with a given error), applying one that happened,
+//! and settling one a crash cut: done or not, the reopened pool says which.
+
+use crate::model::BLOCK;
+use crate::run::Run;
+use tarn_engine::{EngineError, View};
+
+/// An admin operation, as the model applies it.
+#[derive(Debug, Clone)]
+pub(crate) enum Pending {
+    VolCreate {
+        name: String,
+        size: usize,
+    },
+    VolResize {
+        name: String,
+        from: usize,
+        to: usize,
+    },
+    VolDelete {
+        name: String,
+    },
+    SnapCreate {
+        vol: String,
+        snap: String,
+    },
+    SnapDelete {
+        vol: String,
+        snap: String,
+    },
+    /// Newer snapshots go too (the model only predicts success when allowed).
+    Rollback {
+        vol: String,
+        snap: String,
+    },
+    CloneCreate {
+        vol: String,
+        snap: String,
+        clone: String,
+    },
+    Flatten {
+        vol: String,
+    },
+}
+
+impl Pending {
+    /// Index into `RunStats::done` (see `run::OP_NAMES`).
+    pub(crate) fn index(&self) -> usize {
+        match self {
+            Pending::VolCreate { .. } => 0,
+            Pending::VolResize { .. } => 1,
+            Pending::VolDelete { .. } => 2,
+            Pending::SnapCreate { .. } => 3,
+            Pending::SnapDelete { .. } => 4,
+            Pending::Rollback { .. } => 5,
+            Pending::CloneCreate { .. } => 6,
+            Pending::Flatten { .. } => 7,
+        }
+    }
+}
+
+/// What the reopened pool shows of an admin operation a crash cut.
+#[derive(Debug)]
+enum Cut {
+    /// Done, so its commit landed: everything before it is durable.
+    Done,
+    NotDone,
+    /// A rollback to the newest snapshot, done or not: the same state.
+    HeadIsSnapshot {
+        vol: String,
+        snap: String,
+    },
+}
+
+/// What the model predicts: done, or refused with this error.
+pub(crate) type Expect = Result<(), &'static str>;
+
+fn error_name(e: &EngineError) -> &'static str {
+    match e {
+        EngineError::InvalidArgument(_) => "InvalidArgument",
+        EngineError::SnapshotExists { .. } => "SnapshotExists",
+        EngineError::NoSuchSnapshot { .. } => "NoSuchSnapshot",
+        EngineError::InUse { .. } => "InUse",
+        EngineError::VolumeExists(_) => "VolumeExists",
+        EngineError::NoSuchVolume(_) => "NoSuchVolume",
+        EngineError::NoSpace => "NoSpace",
+        _ => "other",
+    }
+}
+
+impl Run {
+    /// Hold an admin operation's result to the model's prediction. A crash
+    /// during it leaves it pending, settled after the reopen.
+    pub(crate) fn admin_outcome<T>(
+        &mut self,
+        p: Pending,
+        expect: Expect,
+        r: Result<T, EngineError>,
+    ) -> Result<Option<T>, String> {
+        match (r, expect) {
+            (Ok(t), Ok(())) => {
+                self.apply_admin(&p);
+                self.stats.admin += 1;
+                Ok(Some(t))
+            }
+            (Err(e), Err(want)) if error_name(&e) == want => {
+                self.stats.refused += 1;
+                Ok(None)
+            }
+            (Err(_), Ok(())) if self.any_dead() => {
+                self.pending = Some(p);
+                self.crash_and_verify().map(|()| None)
+            }
+            (Ok(_), Err(want)) => Err(format!("{p:?} succeeded; the model expected {want}")),
+            (Err(e), expect) => Err(format!("{p:?} failed: {e} (the model expected {expect:?})")),
+        }
+    }
+
+    /// The model's side of an admin operation that happened: it committed,
+    /// so everything answered before it is durable too.
+    fn apply_admin(&mut self, p: &Pending) {
+        self.stats.done[p.index()] += 1;
+        let m = &mut self.model;
+        match p {
+            Pending::VolCreate { name, size } => m.new_volume(name, *size),
+            Pending::VolResize { name, to, .. } => m.resize(name, *to),
+            Pending::VolDelete { name } => {
+                m.vols.remove(name);
+            }
+            Pending::SnapCreate { vol, snap } => m.snapshot(vol, snap),
+            Pending::SnapDelete { vol, snap } => m.delete_snapshot(vol, snap),
+            Pending::Rollback { vol, snap } => m.rollback(vol, snap),
+            Pending::CloneCreate { vol, snap, clone } => m.clone_volume(vol, snap, clone),
+            Pending::Flatten { vol } => m.flatten(vol),
+        }
+        m.flushed();
+    }
+
+    /// An admin operation cut by the crash happened or not: apply it to the
+    /// model if the reopened pool shows it done.
+    pub(crate) fn settle_pending(&mut self) -> Result<(), String> {
+        let Some(p) = self.pending.take() else {
+            return Ok(());
+        };
+        let seen = self.observe_cut(&p).map_err(|e| format!("after a crash during {p:?}: {e}"))?;
+        trace!("cut {p:?}: {seen:?}");
+        match seen {
+            Cut::Done => {
+                self.stats.cut_done += 1;
+                self.apply_admin(&p);
+            }
+            Cut::NotDone => self.stats.cut_undone += 1,
+            Cut::HeadIsSnapshot { vol, snap } => {
+                self.stats.cut_done += 1;
+                self.stats.done[p.index()] += 1;
+                self.model.rollback(&vol, &snap);
+                self.model.vols.get_mut(&vol).expect("rolled back volume").flushed();
+            }
+        }
+        Ok(())
+    }
+
+    fn observe_cut(&self, p: &Pending) -> Result<Cut, String> {
+        let pool = self.pool();
+        let size_of = |name: &str| pool.volume_id(name).and_then(|id| pool.volume_info(id)).map(|i| i.size as usize);
+        let done = match p {
+            Pending::VolCreate { name, size } => match size_of(name) {
+                None => false,
+                Some(s) if s == *size => true,
+                Some(s) => return Err(format!("volume {name} has size {s}, created with {size}")),
+            },
+            // To the same size, whether the commit landed is not observable.
+            Pending::VolResize { name, from, to } => match size_of(name) {
+                Some(s) if s == *from => false,
+                Some(s) if s == *to => true,
+                s => return Err(format!("volume {name} has size {s:?} after a resize from {from} to {to}")),
+            },
+            Pending::VolDelete { name } => size_of(name).is_none(),
+            Pending::SnapCreate { vol, snap } => pool.lookup_view(&format!("{vol}@{snap}")).is_some(),
+            Pending::SnapDelete { vol, snap } => pool.lookup_view(&format!("{vol}@{snap}")).is_none(),
+            Pending::Rollback { vol, snap } => return self.rolled_back(vol, snap),
+            Pending::CloneCreate { clone, .. } => size_of(clone).is_some(),
+            Pending::Flatten { vol } => {
+                let info = pool.volume_id(vol).and_then(|id| pool.volume_info(id));
+                info.ok_or(format!("clone {vol} missing"))?.origin.is_none()
+            }
+        };
+        Ok(if done { Cut::Done } else { Cut::NotDone })
+    }
+
+    /// A rollback happened if the newer snapshots are gone. Without newer
+    /// ones the pool cannot tell: if the head shows exactly the snapshot's
+    /// entries, the volume is the snapshot either way, but whether the
+    /// commit (and so other volumes' writes) landed stays open.
+    fn rolled_back(&self, vol: &str, snap: &str) -> Result<Cut, String> {
+        let pool = self.pool();
+        let v = self.model.vol(vol);
+        let i = v.snap_index(snap).expect("rollback target in the model");
+        if let Some(newest) = v.snaps.last().filter(|_| i + 1 < v.snaps.len()) {
+            let gone = pool.lookup_view(&format!("{vol}@{}", newest.name)).is_none();
+            return Ok(if gone { Cut::Done } else { Cut::NotDone });
+        }
+        let Some((id, View::Snapshot(epoch))) = pool.lookup_view(&format!("{vol}@{snap}")) else {
+            return Err(format!("rollback target {vol}@{snap} missing"));
+        };
+        let size = pool.volume_info(id).map_or(0, |i| i.size as usize);
+        if size != v.snaps[i].data.len() || self.changed_map(id, View::Head, epoch, size / BLOCK)?.contains(&true) {
+            return Ok(Cut::NotDone);
+        }
+        Ok(Cut::HeadIsSnapshot { vol: vol.to_string(), snap: snap.to_string() })
+    }
+}
