@@ -40,6 +40,9 @@
 #   BENCH_CLI_DELTAS="0 16M 256M 1G"   changed before a timed delete
 #   BENCH_MANY=1000         snapshots for the list/open case
 #   BENCH_CLONE_DEPTH=8
+#   BENCH_READ_CACHE=cold   cold: drop the page cache before each read run (as
+#                           run.sh); warm: read the view once first instead
+#                           (isolates the map work from the disk)
 #   BENCH_EXAMPLE_ARGS=""   extra options for snapshot_cost (see its header)
 #   BENCH_DIR=/var/tmp/tarn-bench-snap   scratch (needs ~4x BENCH_SIZE free;
 #                           the example needs 72 GiB for its 64 GiB row, or
@@ -64,6 +67,7 @@ CLI_REPS=${BENCH_CLI_REPS:-20}
 CLI_DELTAS=${BENCH_CLI_DELTAS:-0 16M 256M 1G}
 MANY=${BENCH_MANY:-1000}
 CLONE_DEPTH=${BENCH_CLONE_DEPTH:-8}
+READ_CACHE=${BENCH_READ_CACHE:-cold}
 EXAMPLE_ARGS=${BENCH_EXAMPLE_ARGS:-}
 DIR=${BENCH_DIR:-/var/tmp/tarn-bench-snap}
 STAMP=$(date +%Y-%m-%d-%H%M)
@@ -253,7 +257,11 @@ read_pair() { # TARGET VIEW URI SIZE
   for wl in rr4k sr1m; do
     if [ $wl = rr4k ]; then args=(--rw=randread --bs=4k --iodepth=32 --norandommap)
     else args=(--rw=read --bs=1M --iodepth=8); fi
-    drop_caches
+    if [ "$READ_CACHE" = warm ]; then   # read the whole view once first (tarn's data path is the page cache)
+      fio_run "$RAW/r.$1.$2.$wl.warmup.json" "$3" "--size=$4" --rw=read --bs=1M --iodepth=8 || true
+    else
+      drop_caches
+    fi
     l0=$(load1)
     fio_run "$RAW/r.$1.$2.$wl.json" "$3" "--size=$4" --time_based "--runtime=$RUNTIME" "${args[@]}" || true
     printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$wl" "$RAW/r.$1.$2.$wl.json" "$l0" "$(load1)" >>"$READ"
@@ -468,7 +476,7 @@ fi
 
 {
   echo "tarn snapshot benchmark $STAMP  ($(uname -r), $(nproc) cpus, $(free -g | awk '/^Mem:/ {print $2}') GiB RAM, fs of $DIR: $(df --output=fstype "$DIR" | tail -1) ($(awk -v d="$(df --output=target "$DIR" | tail -1)" '$2 == d {print $4}' /proc/mounts | head -1)))"
-  echo "sections [$SECTIONS]; size $SIZE, runtime ${RUNTIME}s per fio run, QD32 4K / QD8 1M, numjobs=1, TCP loopback; churn ${CHURN}% between snapshots"
+  echo "sections [$SECTIONS]; size $SIZE, runtime ${RUNTIME}s per fio run, QD32 4K / QD8 1M, numjobs=1, TCP loopback; churn ${CHURN}% between snapshots; reads: $READ_CACHE page cache"
   echo "qemu-nbd: qcow2 (64K clusters) --cache=none --aio=$QEMU_AIO --discard=unmap; internal snapshots with qemu-img snapshot -c, qemu-nbd stopped around it"
   echo "git: $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo none)$(git -C "$REPO" diff --quiet 2>/dev/null || echo ' (+ uncommitted changes)')  tarn binary: built ${TARN_DATE:-none}  fio: $(fio --version)  $(qemu-img --version | head -1)"
   echo "load at start: $LOAD_START, at end: $(cut -d' ' -f1-3 /proc/loadavg)"
