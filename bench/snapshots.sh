@@ -14,8 +14,10 @@
 #            it (norandommap). Ratios against each target's 0-snapshot row.
 #   cli      wall time of tarn's CLI against a running server (process start
 #            and control socket included): snap create on sequential and 4K-
-#            fragmented maps, snap delete against changed data, 1,000
-#            snapshots: snap list, server stop/start, offline list.
+#            fragmented maps, snap delete against changed data (a fresh
+#            volume per row; a guest stand-in writes and FLUSHes every 100 ms
+#            meanwhile and its longest stall is recorded), 1,000 snapshots:
+#            snap list, server stop/start, offline list.
 #   read     4K random read QD32 and 1M sequential read QD8 from the head and
 #            from the oldest of 10 snapshots (qemu: qemu-nbd -l), and from a
 #            clone at depth 1 and depth BENCH_CLONE_DEPTH (qemu: qcow2 overlay
@@ -317,8 +319,8 @@ read_target() { # TARGET
 snap_reps() { # SETUP CHURN N PREFIX: N creations, CHURN 4K writes before each
   "$SYSPY" "$BENCH/snap_loop.py" --prefix "$4" "$BASE/bench" "$CLI_B" "$2" "$3" -- \
     "$TARN" snap create "bench@{name}" -p "$TGT_DIR/pool.img" >"$TGT_DIR/loop.tsv" || { log "snap loop failed"; return 1; }
-  local name us
-  while IFS=$'\t' read -r name us; do sample "snap create" "$1" "$us"; done <"$TGT_DIR/loop.tsv"
+  local us
+  while IFS=$'\t' read -r _ us; do sample "snap create" "$1" "$us"; done <"$TGT_DIR/loop.tsv"
 }
 cli_section() {
   local d i pool setup
@@ -364,7 +366,9 @@ cli_section() {
       timed "snap delete, changed since:" "$dd (4K random), $CLI_SIZE $layout" "$TARN" snap delete bench@old -p "$pool"
       kill -TERM "$probe" 2>/dev/null; wait "$probe" 2>/dev/null || true
       sample "  guest FLUSH during it (longest)" "$dd, $CLI_SIZE $layout" "$(cut -f1 "$TGT_DIR/probe.out" 2>/dev/null || echo 0)" \
-        "write+flush every 100 ms"
+        "4K write + flush every 100 ms"
+      sample "  guest 4K WRITE during it (longest)" "$dd, $CLI_SIZE $layout" "$(cut -f2 "$TGT_DIR/probe.out" 2>/dev/null || echo 0)" \
+        "(a hole punch holds the pool file's inode lock)"
       timed "  then delete the next (0 changed)" "$CLI_SIZE $layout" "$TARN" snap delete bench@new -p "$pool"
     done
     teardown
