@@ -90,7 +90,9 @@ fn answer(conn: UnixStream, pool: &Pool, clients: &Clients) {
         }
         Err(e) => json!({ "ok": false, "error": format!("bad request: {e}") }),
     };
-    let _ = writeln!(out, "{reply}");
+    // One write: formatting straight into the socket sent a 1,000-snapshot
+    // listing in thousands of small writes (75 ms of a 77 ms `snap list`).
+    let _ = out.write_all(format!("{reply}\n").as_bytes());
 }
 
 /// Progress of a long request, as throttled lines to the client.
