@@ -71,6 +71,9 @@ impl Pool {
                 problem(&mut r, msg);
             }
         }
+        if self.checksums {
+            check_sums(&inner.state, &mut r);
+        }
         if ctl.journal.used > ctl.journal.blocks {
             problem(&mut r, format!("journal uses {} of {} blocks", ctl.journal.used, ctl.journal.blocks));
         }
@@ -84,6 +87,23 @@ impl Pool {
             problem(&mut r, msg);
         }
         r
+    }
+}
+
+/// With data checksums, every block a map references has one.
+fn check_sums(state: &State, r: &mut CheckReport) {
+    let mut missing = 0u64;
+    let mut first = None;
+    for (pba, len) in state.physical_extents() {
+        for i in 0..len {
+            if state.sums.get(pba.offset_by(i)).is_none() {
+                missing += 1;
+                first = first.or(Some(pba.offset_by(i)));
+            }
+        }
+    }
+    if let Some(at) = first {
+        problem(r, format!("{missing} mapped blocks have no data checksum (first at {at})"));
     }
 }
 

@@ -5,6 +5,7 @@ use crate::device::Device;
 use crate::error::{EngineError, Result};
 use crate::extent_map::{ExtentMap, Ranges};
 use crate::state::{Origin, Snapshot, State, Volume};
+use crate::sums::BlockSums;
 use std::sync::Arc;
 use tarn_format::checkpoint::{
     CheckpointDecoder, CheckpointEncoder, CheckpointHeader, ExtentRecord, SegmentHeader, SnapshotRecord, VolumeRecord,
@@ -14,8 +15,11 @@ use tarn_format::checksum::{checksum, SALT_CHECKPOINT};
 use tarn_format::superblock::CheckpointRef;
 use tarn_format::{Pba, BLOCK_SIZE};
 
-/// Serialize the state as of commit `seq`.
-pub fn encode_state(state: &State, seq: u64) -> Vec<u8> {
+/// Serialize the state as of commit `seq`; `with_sums`: the pool keeps data
+/// checksums, and every extent on real space carries its blocks' sums.
+/// Overwrite regions are all closed first (a checkpoint records none).
+pub fn encode_state(state: &State, seq: u64, with_sums: bool) -> Vec<u8> {
+    assert!(state.open_regions.is_empty(), "checkpoint with open overwrite regions");
     let header = CheckpointHeader {
         seq,
         epoch: state.epoch,
@@ -31,9 +35,10 @@ pub fn encode_state(state: &State, seq: u64) -> Vec<u8> {
             origin: v.origin.map(|o| (o.vol, o.epoch)),
             snapshot_count: v.snapshots.len() as u32,
             extent_count: v.map.extent_count() as u64,
+            sums: with_sums,
         };
         enc.volume(&rec);
-        encode_extents(&mut enc, &v.map);
+        encode_extents(&mut enc, &v.map, state);
         for s in &v.snapshots {
             enc.snapshot(&SnapshotRecord {
                 epoch: s.epoch,
@@ -43,15 +48,22 @@ pub fn encode_state(state: &State, seq: u64) -> Vec<u8> {
                 name: s.name.clone(),
                 dead_count: s.dead.extent_count() as u64,
             });
-            encode_extents(&mut enc, &s.dead);
+            encode_extents(&mut enc, &s.dead, state);
         }
     }
     enc.finish()
 }
 
-fn encode_extents(enc: &mut CheckpointEncoder, map: &ExtentMap) {
+fn encode_extents(enc: &mut CheckpointEncoder, map: &ExtentMap, state: &State) {
     for (lba, e) in map.iter() {
-        enc.extent(&ExtentRecord { lba, len: e.len, pba: e.pba.0, birth: e.birth });
+        let rec = ExtentRecord { lba, len: e.len, pba: e.pba.0, birth: e.birth };
+        if !enc.with_sums() || e.pba.is_origin() {
+            enc.extent(&rec);
+            continue;
+        }
+        // Invariant (the checker verifies it): every mapped block is summed.
+        let sums = state.sums.all(e.pba, e.len).unwrap_or_else(|| panic!("extent at {} lacks checksums", e.pba));
+        enc.extent_summed(&rec, &sums);
     }
 }
 
@@ -73,7 +85,7 @@ pub fn decode_state(payload: &[u8]) -> std::result::Result<(State, u64), String>
             return Err(format!("volume {} size {} not block-aligned", v.id, v.size));
         }
         let origin = v.origin.map(|(vol, epoch)| Origin { vol, epoch });
-        let map = decode_extents(&mut dec, v.size, h.epoch, origin.is_some())?;
+        let map = decode_extents(&mut dec, v.size, h.epoch, origin.is_some(), &mut state.sums)?;
         let mut vol = Volume { id: v.id, name: v.name.clone(), size: v.size, map, snapshots: Vec::new(), origin };
         while let Some(s) = dec.snapshot().map_err(|e| e.to_string())? {
             crate::state::validate_name(&s.name)?;
@@ -81,7 +93,7 @@ pub fn decode_state(payload: &[u8]) -> std::result::Result<(State, u64), String>
             if last.is_some_and(|p| s.epoch <= p) || s.epoch >= h.epoch || vol.snapshot_named(&s.name).is_some() {
                 return Err(format!("volume {}: snapshot {} at epoch {} out of order", v.name, s.name, s.epoch));
             }
-            let dead = decode_extents(&mut dec, s.size, s.epoch, origin.is_some())?;
+            let dead = decode_extents(&mut dec, s.size, s.epoch, origin.is_some(), &mut state.sums)?;
             vol.snapshots.push(Snapshot {
                 name: s.name,
                 epoch: s.epoch,
@@ -112,6 +124,7 @@ fn decode_extents(
     size: u64,
     max_birth: u64,
     clone: bool,
+    sums: &mut BlockSums,
 ) -> std::result::Result<ExtentMap, String> {
     let mut map = ExtentMap::default();
     while let Some(e) = dec.extent().map_err(|e| e.to_string())? {
@@ -122,6 +135,9 @@ fn decode_extents(
         }
         if !map.insert(e.lba, e.len, pba, e.birth).is_empty() {
             return Err("checkpoint extents overlap".into());
+        }
+        if !dec.sums().is_empty() {
+            sums.set(pba, dec.sums());
         }
     }
     Ok(map)

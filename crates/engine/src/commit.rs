@@ -16,10 +16,10 @@ use crate::extent_map::Freed;
 use crate::io::reserve_for;
 use crate::journal;
 use crate::label::write_label_copy;
-use crate::pool::{CommitCtl, Pool};
+use crate::pool::{CommitCtl, Inner, Pool};
 use std::sync::atomic::Ordering;
 use tarn_format::journal::RecordHeader;
-use tarn_format::ops::encode_ops;
+use tarn_format::ops::{encode_ops, Op, MAX_REGIONS_PER_OP};
 use tarn_format::{Pba, BLOCK_SIZE};
 
 enum Plan {
@@ -29,6 +29,8 @@ enum Plan {
         payload: Vec<u8>,
         /// The epoch after the ops (replay checks it).
         epoch: u64,
+        /// Overwrite regions the record opens.
+        opened: Vec<u64>,
     },
     Checkpoint {
         payload: Vec<u8>,
@@ -78,11 +80,31 @@ impl Pool {
     }
 
     fn commit_steps(&self, ctl: &mut CommitCtl, force_checkpoint: bool) -> Result<()> {
-        let (plan, mut frees, gen) = self.take_pending(ctl, force_checkpoint)?;
+        let mut drained = self.needs_drain(ctl, force_checkpoint);
+        let taken = loop {
+            // Closing an overwrite region needs every in-place write to it
+            // recorded: hold the I/O gate while the commit takes its ops.
+            let _quiet = drained.then(|| self.io_gate.write().unwrap_or_else(|p| p.into_inner()));
+            match self.take_pending(ctl, force_checkpoint, drained)? {
+                Some(taken) => break taken,
+                None if !drained => drained = true,
+                None => unreachable!("a drained commit always takes its ops"),
+            }
+        };
+        let (plan, mut frees, gen) = taken;
         self.flush_dirty_devices()?;
         match plan {
             Plan::DataOnly => {}
-            Plan::Journal { payload, epoch } => self.write_journal(ctl, &payload, epoch)?,
+            Plan::Journal { payload, epoch, opened } => {
+                self.write_journal(ctl, &payload, epoch)?;
+                // Only now may writes go in place there: the record is durable.
+                let mut inner = self.write_inner();
+                let now = self.counters.commits.load(Ordering::Relaxed);
+                for r in &opened {
+                    inner.regions.last_write.entry(*r).or_insert(now);
+                }
+                inner.state.open_regions.extend(opened);
+            }
             Plan::Checkpoint { payload, pieces } => {
                 let old = self.write_checkpoint(ctl, &payload, pieces)?;
                 frees.extend(old);
@@ -94,21 +116,59 @@ impl Pool {
         Ok(())
     }
 
-    /// Step 1: snapshot what this commit covers.
-    fn take_pending(&self, ctl: &CommitCtl, force_checkpoint: bool) -> Result<(Plan, Freed, u64)> {
+    /// Whether this commit should drain in-flight I/O: it closes idle
+    /// overwrite regions, or it may well be a checkpoint (which closes all).
+    fn needs_drain(&self, ctl: &CommitCtl, force_checkpoint: bool) -> bool {
+        let inner = self.read_inner();
+        if inner.state.open_regions.is_empty() {
+            return false;
+        }
+        let now = self.counters.commits.load(Ordering::Relaxed);
+        let journal_low = ctl.journal.used * 4 > ctl.journal.blocks * 3;
+        force_checkpoint || journal_low || !inner.regions.idle(&inner.state.open_regions, now).is_empty()
+    }
+
+    /// Step 1: snapshot what this commit covers. None: it must be a
+    /// checkpoint, overwrite regions are open and I/O was not drained.
+    fn take_pending(&self, ctl: &CommitCtl, force_checkpoint: bool, drained: bool) -> Result<Option<Taken>> {
         let mut inner = self.write_inner();
+        let inner = &mut *inner;
         let gen = self.write_gen.load(Ordering::SeqCst);
-        let ops = std::mem::take(&mut inner.pending_ops);
+        let mut ops = std::mem::take(&mut inner.pending_ops);
         let frees = std::mem::take(&mut inner.pending_frees);
+        if drained {
+            let now = self.counters.commits.load(Ordering::Relaxed);
+            let idle = inner.regions.idle(&inner.state.open_regions, now);
+            close_regions(inner, &idle, &mut ops);
+        }
+        let opened: Vec<u64> = std::mem::take(&mut inner.regions.wanted)
+            .into_iter()
+            .filter(|r| !inner.state.open_regions.contains(r))
+            .collect();
+        for chunk in opened.chunks(MAX_REGIONS_PER_OP) {
+            ops.push(Op::Regions { open: true, ids: chunk.to_vec() });
+        }
         if ops.is_empty() && !force_checkpoint {
-            return Ok((Plan::DataOnly, frees, gen));
+            return Ok(Some((Plan::DataOnly, frees, gen)));
         }
         let payload = encode_ops(&ops);
         if !force_checkpoint && ctl.journal.fits(RecordHeader::blocks_for(payload.len())) {
-            return Ok((Plan::Journal { payload, epoch: inner.state.epoch }, frees, gen));
+            return Ok(Some((Plan::Journal { payload, epoch: inner.state.epoch, opened }, frees, gen)));
         }
-        let payload = checkpoint::encode_state(&inner.state, ctl.journal.seq + 1);
-        let inner = &mut *inner;
+        if !drained && !inner.state.open_regions.is_empty() {
+            // Put everything back; the caller drains and asks again.
+            ops.retain(|op| !matches!(op, Op::Regions { .. }));
+            inner.pending_ops = ops;
+            inner.pending_frees = frees;
+            inner.regions.wanted.extend(opened);
+            return Ok(None);
+        }
+        // A checkpoint records no open region: all close (their sums are all
+        // recorded, I/O is drained); the wanted ones open with a later record.
+        let all: Vec<u64> = inner.state.open_regions.iter().copied().collect();
+        close_regions(inner, &all, &mut Vec::new());
+        inner.regions.wanted.extend(opened);
+        let payload = checkpoint::encode_state(&inner.state, ctl.journal.seq + 1, self.checksums);
         inner.space.reserve_blocks = reserve_for(inner.state.extent_count(), inner.space.data_blocks());
         let need = checkpoint::blocks_needed(payload.len());
         let mut pieces: Vec<(Pba, u64)> = Vec::new();
@@ -128,7 +188,7 @@ impl Pool {
             pieces.iter().for_each(|p| inner.space.give_back(p.0, p.1));
             return Err(EngineError::NoSpace);
         }
-        Ok((Plan::Checkpoint { payload, pieces }, frees, gen))
+        Ok(Some((Plan::Checkpoint { payload, pieces }, frees, gen)))
     }
 
     /// Step 2: data the new metadata points at must be durable first.
@@ -211,6 +271,22 @@ impl Pool {
         }
         let mut inner = self.write_inner();
         frees.iter().for_each(|&(pba, len)| inner.space.give_back(pba, len));
+    }
+}
+
+/// What a commit takes: its plan, the space it frees, the write generation it covers.
+type Taken = (Plan, Freed, u64);
+
+/// Close overwrite regions now (writes there redirect from here on) and
+/// record it in `ops`. Only with I/O drained: every in-place write to them
+/// has its checksums among the pending ops.
+fn close_regions(inner: &mut Inner, ids: &[u64], ops: &mut Vec<Op>) {
+    for id in ids {
+        inner.state.open_regions.remove(id);
+        inner.regions.last_write.remove(id);
+    }
+    for chunk in ids.chunks(MAX_REGIONS_PER_OP) {
+        ops.push(Op::Regions { open: false, ids: chunk.to_vec() });
     }
 }
 

@@ -37,6 +37,8 @@ pub enum EngineError {
     ReadOnly,
     #[error("the pool is fenced after a failed commit; restart to recover from the last commit")]
     Fenced,
+    #[error("data at block {block} of device {device} failed its checksum on every copy (stored {expected:#010x}, read {found:#010x})")]
+    Checksum { device: String, block: u64, expected: u32, found: u32 },
     #[error("operation not supported: {0}")]
     NotSupported(&'static str),
 }

@@ -121,10 +121,12 @@ impl Pool {
             self.give_back_unmapped(&fresh);
             return Ok(false);
         }
-        let mut ops: Vec<Op> = fresh
-            .iter()
-            .map(|p| Op::Materialize { vol: id, snap: m.snap, lba: p.lba, len: p.len, pba: p.pba.0 })
-            .collect();
+        let mut ops = Vec::new();
+        for p in &fresh {
+            ops.push(Op::Materialize { vol: id, snap: m.snap, lba: p.lba, len: p.len, pba: p.pba.0 });
+            let at = ((p.lba - m.lba) as usize) * bs;
+            ops.extend(self.sums_op(p.pba, &data[at..at + p.len as usize * bs]));
+        }
         for s in &segs {
             if let Segment::Hole { lba, len } = *s {
                 ops.push(Op::Materialize { vol: id, snap: m.snap, lba, len, pba: 0 });

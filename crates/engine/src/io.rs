@@ -7,7 +7,8 @@
 
 use crate::error::{EngineError, Result};
 use crate::extent_map::{Freed, Segment};
-use crate::pool::{Pool, STRIPES};
+use crate::pool::{Inner, Pool, STRIPES};
+use crate::sums::{regions_of, sums_of};
 use crate::view::View;
 use std::sync::atomic::Ordering;
 use tarn_format::ops::Op;
@@ -31,6 +32,26 @@ pub struct StatusRun {
 pub struct ChangeRun {
     pub length: u64,
     pub changed: bool,
+}
+
+/// Tries a write makes at most (each retry follows a commit opening regions).
+const MAX_WRITE_ATTEMPTS: usize = 3;
+
+/// How a write goes: in place (Mapped) or to new space (Hole); `closed`:
+/// overwrite regions that redirected it and should open.
+struct WritePlan {
+    segs: Vec<Segment>,
+    closed: Vec<u64>,
+}
+
+/// Apply a pool op that cannot fail (sums) and queue it for the commit.
+fn push_op(inner: &mut Inner, op: Op) {
+    let mut freed = Freed::new();
+    if let Err(e) = inner.state.apply(&op, &mut freed) {
+        unreachable!("pool op refused: {e}");
+    }
+    debug_assert!(freed.is_empty());
+    inner.pending_ops.push(op);
 }
 
 /// Where new data for a logical run goes.
@@ -71,26 +92,21 @@ impl Pool {
         self.read_view(vol, View::Head, offset, buf)
     }
 
-    /// Read from the head or a snapshot of a volume.
+    /// Read from the head or a snapshot of a volume. With checksums every
+    /// block is verified; a mismatch is first re-read with writes drained
+    /// (a racing in-place overwrite is not corruption), then served from a
+    /// good copy (which heals the bad ones) or answered with an error.
     pub fn read_view(&self, vol: u32, view: View, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check_view_range("read", vol, view, offset, buf.len() as u64, MAX_IO_BYTES)?;
-        let _gate = self.io_gate.read().unwrap_or_else(|p| p.into_inner());
-        let first = offset / BLOCK_SIZE;
-        let end = offset + buf.len() as u64;
-        let segs = self.resolve(vol, view, first, end.div_ceil(BLOCK_SIZE) - first)?;
-        for seg in segs {
-            let s = (seg.lba() * BLOCK_SIZE).max(offset);
-            let e = ((seg.lba() + seg.len()) * BLOCK_SIZE).min(end);
-            let out = &mut buf[(s - offset) as usize..(e - offset) as usize];
-            match seg {
-                Segment::Hole { .. } => out.fill(0),
-                Segment::Mapped { lba, pba, .. } => {
-                    let dev = &self.devices[usize::from(pba.device())];
-                    let at = pba.byte_offset() + (s - lba * BLOCK_SIZE);
-                    dev.read_at(out, at).map_err(|e| EngineError::io("read data", dev.name(), e))?;
-                }
+        {
+            let _gate = self.io_gate.read().unwrap_or_else(|p| p.into_inner());
+            if self.read_verified(vol, view, offset, buf, false)? {
+                return Ok(());
             }
         }
+        let _quiet = self.io_gate.write().unwrap_or_else(|p| p.into_inner());
+        let healed = self.read_verified(vol, view, offset, buf, true)?;
+        debug_assert!(healed);
         Ok(())
     }
 
@@ -145,46 +161,117 @@ impl Pool {
 
     /// Segments of a view with clones' origin markers resolved.
     pub(crate) fn resolve(&self, vol: u32, view: View, lba: u64, len: u64) -> Result<Vec<Segment>> {
-        let inner = self.read_inner();
-        let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
-        if view == View::Head && v.origin.is_none() {
-            return Ok(v.map.lookup(lba, len, usize::MAX));
-        }
-        inner.state.resolve(vol, view, lba, len).map_err(EngineError::Inconsistent)
+        resolve_in(&self.read_inner(), vol, view, lba, len)
     }
 
     /// Write whole blocks; returns whether any block needed new space.
-    /// Blocks the head owns alone are overwritten in place; blocks a
-    /// snapshot (or the origin) still shows are redirected to new space,
-    /// exactly the blocks written.
+    /// Blocks the head owns alone are overwritten in place (with checksums:
+    /// only inside open overwrite regions); blocks a snapshot (or the
+    /// origin) still shows are redirected to new space, exactly the blocks
+    /// written. A full pool never fails a write to owned blocks: their
+    /// regions are opened at once and the write goes in place.
     fn write_blocks(&self, vol: u32, lba: u64, data: &[u8]) -> Result<bool> {
         debug_assert!(data.len().is_multiple_of(BS) && !data.is_empty());
         let n = (data.len() / BS) as u64;
-        let _gate = self.io_gate.read().unwrap_or_else(|p| p.into_inner());
-        let segs = {
-            let inner = self.read_inner();
-            let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
-            let mut segs = v.map.lookup(lba, n, usize::MAX);
-            for seg in segs.iter_mut() {
-                if let Segment::Mapped { lba, len, pba, birth } = *seg {
-                    if !v.owns_alone(pba, birth) {
+        let sums = if self.checksums { sums_of(data) } else { Vec::new() };
+        for _ in 0..MAX_WRITE_ATTEMPTS {
+            let gate = self.io_gate.read().unwrap_or_else(|p| p.into_inner());
+            let plan = self.plan_write(vol, lba, n)?;
+            let fresh = match self.allocate_holes(vol, &plan.segs) {
+                Err(EngineError::NoSpace) if !plan.closed.is_empty() => {
+                    drop(gate);
+                    self.open_regions_now(plan.closed)?;
+                    continue;
+                }
+                other => other?,
+            };
+            if let Err(e) = self.write_planned(&plan.segs, &fresh, lba, data) {
+                self.give_back_unmapped(&fresh);
+                return Err(e);
+            }
+            let allocated = !fresh.is_empty();
+            self.record_write(vol, lba, &plan, fresh, &sums)?;
+            return Ok(allocated);
+        }
+        Err(EngineError::NoSpace)
+    }
+
+    /// Segments of [lba, lba+n): Mapped = overwrite in place, Hole = needs
+    /// new space.
+    fn plan_write(&self, vol: u32, lba: u64, n: u64) -> Result<WritePlan> {
+        let inner = self.read_inner();
+        let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
+        let mut segs = v.map.lookup(lba, n, usize::MAX);
+        let mut closed = Vec::new();
+        for seg in segs.iter_mut() {
+            if let Segment::Mapped { lba, len, pba, birth } = *seg {
+                if !v.owns_alone(pba, birth) {
+                    *seg = Segment::Hole { lba, len };
+                } else if self.checksums {
+                    let shut: Vec<u64> = regions_of(pba, len).filter(|r| !inner.state.open_regions.contains(r)).collect();
+                    if !shut.is_empty() {
+                        closed.extend(shut);
                         *seg = Segment::Hole { lba, len };
                     }
                 }
             }
-            segs
-        };
-        let fresh = self.allocate_holes(vol, &segs)?;
-        let result = self.write_planned(&segs, &fresh, lba, data);
-        if let Err(e) = result {
-            self.give_back_unmapped(&fresh);
-            return Err(e);
         }
-        if fresh.is_empty() {
-            return Ok(false);
+        Ok(WritePlan { segs, closed })
+    }
+
+    /// Open overwrite regions with a commit of its own (a full pool).
+    fn open_regions_now(&self, ids: Vec<u64>) -> Result<()> {
+        let mut ctl = self.lock_commit();
+        self.write_inner().regions.wanted.extend(ids);
+        self.commit_locked(&mut ctl, false)
+    }
+
+    /// The Sums op for freshly written blocks (None without checksums).
+    pub(crate) fn sums_op(&self, pba: Pba, data: &[u8]) -> Option<Op> {
+        self.checksums.then(|| Op::Sums { pba: pba.0, sums: sums_of(data) })
+    }
+
+    /// After the data is written: record checksums of blocks overwritten in
+    /// place, point the map at new pieces (with their sums), and ask for
+    /// the regions that were closed to open. If the volume vanished or
+    /// shrank meanwhile, new pieces go straight back: no commit saw them.
+    fn record_write(&self, vol: u32, lba: u64, plan: &WritePlan, fresh: Vec<NewPiece>, sums: &[u32]) -> Result<()> {
+        let mut inner = self.write_inner();
+        let inner = &mut *inner;
+        let part = |at: u64, len: u64| sums[(at - lba) as usize..(at - lba + len) as usize].to_vec();
+        inner.regions.wanted.extend(plan.closed.iter().copied());
+        if self.checksums {
+            let now = self.counters.commits.load(Ordering::Relaxed);
+            for seg in &plan.segs {
+                if let Segment::Mapped { lba: at, len, pba, .. } = *seg {
+                    regions_of(pba, len).for_each(|r| {
+                        inner.regions.last_write.insert(r, now);
+                    });
+                    push_op(inner, Op::Sums { pba: pba.0, sums: part(at, len) });
+                }
+            }
         }
-        self.map_fresh(vol, fresh)?;
-        Ok(true)
+        let birth = inner.state.epoch;
+        let mut orphans = Vec::new();
+        for p in fresh {
+            let op = Op::Map { vol, lba: p.lba, len: p.len, pba: p.pba.0, birth };
+            let mut freed = Freed::new();
+            if inner.state.apply(&op, &mut freed).is_ok() {
+                inner.pending_frees.extend(freed);
+                inner.pending_ops.push(op);
+                if self.checksums {
+                    push_op(inner, Op::Sums { pba: p.pba.0, sums: part(p.lba, p.len) });
+                }
+            } else {
+                orphans.push(p);
+            }
+        }
+        orphans.iter().for_each(|p| inner.space.give_back(p.pba, p.len));
+        if orphans.is_empty() {
+            Ok(())
+        } else {
+            Err(EngineError::VolumeGone(vol))
+        }
     }
 
     /// Allocate new space for every hole among `segs`, all or nothing.
@@ -232,30 +319,6 @@ impl Pool {
         dev.write_at(data, pba.byte_offset()).map_err(|e| EngineError::io("write data", dev.name(), e))?;
         self.dirty[i].store(true, Ordering::SeqCst);
         Ok(())
-    }
-
-    /// Point the map at freshly written pieces. If the volume vanished or
-    /// shrank meanwhile, the pieces go straight back: no commit saw them.
-    fn map_fresh(&self, vol: u32, fresh: Vec<NewPiece>) -> Result<()> {
-        let mut inner = self.write_inner();
-        let birth = inner.state.epoch;
-        let mut orphans = Vec::new();
-        for p in fresh {
-            let op = Op::Map { vol, lba: p.lba, len: p.len, pba: p.pba.0, birth };
-            let mut freed = Freed::new();
-            if inner.state.apply(&op, &mut freed).is_ok() {
-                inner.pending_frees.extend(freed);
-                inner.pending_ops.push(op);
-            } else {
-                orphans.push(p);
-            }
-        }
-        orphans.iter().for_each(|p| inner.space.give_back(p.pba, p.len));
-        if orphans.is_empty() {
-            Ok(())
-        } else {
-            Err(EngineError::VolumeGone(vol))
-        }
     }
 
     pub(crate) fn give_back_unmapped(&self, fresh: &[NewPiece]) {
@@ -393,6 +456,15 @@ impl Pool {
         let runs = byte_runs(pieces.into_iter(), offset, end);
         Ok(runs.into_iter().map(|(length, changed)| ChangeRun { length, changed }).collect())
     }
+}
+
+/// [`Pool::resolve`] under a lock the caller holds.
+pub(crate) fn resolve_in(inner: &Inner, vol: u32, view: View, lba: u64, len: u64) -> Result<Vec<Segment>> {
+    let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
+    if view == View::Head && v.origin.is_none() {
+        return Ok(v.map.lookup(lba, len, usize::MAX));
+    }
+    inner.state.resolve(vol, view, lba, len).map_err(EngineError::Inconsistent)
 }
 
 /// The error for a view whose snapshot was deleted (say, under a client).

@@ -15,9 +15,12 @@ mod label;
 pub mod open;
 pub mod placement;
 pub mod pool;
+pub mod scrub;
 pub mod snapshot;
 pub mod space;
 pub mod state;
+pub mod sums;
+pub mod verify;
 pub mod view;
 
 pub use check::CheckReport;

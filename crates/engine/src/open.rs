@@ -14,7 +14,7 @@ use crate::space::{DeviceSpace, Space};
 use crate::state::State;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
-use tarn_format::superblock::{DeviceEntry, Superblock, FORMAT_VERSION, LABEL_BLOCKS, MAX_DEVICE_ENTRIES};
+use tarn_format::superblock::{incompat, DeviceEntry, Superblock, FORMAT_VERSION, LABEL_BLOCKS, MAX_DEVICE_ENTRIES};
 use tarn_format::{Pba, BLOCK_SIZE};
 
 /// Journal records a replay reads at most (bounds the loop).
@@ -74,7 +74,7 @@ pub fn create_pool(devices: &[Arc<dyn Device>], paths: &[String], opts: &CreateO
         entries.push(DeviceEntry { uuid: device_uuid, blocks, path: paths[i].clone() });
         labels.push(Superblock {
             version: FORMAT_VERSION,
-            incompat: tarn_format::superblock::incompat::SNAPSHOTS,
+            incompat: incompat::SNAPSHOTS | incompat::DATA_CHECKSUMS,
             ro_compat: 0,
             compat: 0,
             pool_uuid,
@@ -200,13 +200,17 @@ impl Pool {
             records.len()
         );
         let n = devices.len();
-        Ok(Pool {
+        let checksums = sb.incompat & incompat::DATA_CHECKSUMS != 0;
+        let crashed_regions = state.open_regions.clone();
+        let read_only = options.read_only;
+        let pool = Pool {
             inner: RwLock::new(Inner {
                 state,
                 space,
                 placement: Box::new(Linear),
                 pending_ops: Vec::new(),
                 pending_frees: Vec::new(),
+                regions: Default::default(),
             }),
             commit: Mutex::new(CommitCtl { sb, journal: cursor, checkpoint_pieces: pieces, notes }),
             devices,
@@ -216,9 +220,14 @@ impl Pool {
             committed_gen: AtomicU64::new(0),
             dirty: (0..n).map(|_| AtomicBool::new(false)).collect(),
             fenced: AtomicBool::new(false),
+            checksums,
             options,
             counters: Counters::default(),
-        })
+        };
+        if !read_only {
+            pool.resync_regions(&crashed_regions)?;
+        }
+        Ok(pool)
     }
 
     /// The pool uuid a device carries (primary or member), without opening.

@@ -9,6 +9,7 @@ use crate::journal::JournalCursor;
 use crate::placement::Placement;
 use crate::space::Space;
 use crate::state::{validate_name, State};
+use crate::sums::RegionTracker;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use tarn_format::ops::Op;
@@ -36,6 +37,8 @@ pub(crate) struct Inner {
     pub pending_ops: Vec<Op>,
     /// Space released by those ops: reusable only once they are durable.
     pub pending_frees: Freed,
+    /// Overwrite regions wanted open and their last in-place writes.
+    pub regions: RegionTracker,
 }
 
 /// What only the committer touches.
@@ -52,6 +55,14 @@ pub struct Counters {
     pub commits: AtomicU64,
     pub checkpoints: AtomicU64,
     pub journal_bytes: AtomicU64,
+    /// Blocks read whose data matched no copy's checksum (returned as EIO).
+    pub checksum_errors: AtomicU64,
+    /// Reads that failed with an I/O error on every copy.
+    pub read_errors: AtomicU64,
+    /// Bad copies rewritten from a good one (self-heal, scrub, resync).
+    pub healed_blocks: AtomicU64,
+    /// Blocks in regions open at a crash whose checksums were recomputed.
+    pub resynced_blocks: AtomicU64,
 }
 
 /// Lock order: `commit`, then `io_gate`, then `inner`; stripe locks are taken
@@ -74,6 +85,8 @@ pub struct Pool {
     pub(crate) dirty: Vec<AtomicBool>,
     pub(crate) fenced: AtomicBool,
     pub(crate) options: OpenOptions,
+    /// The pool keeps data checksums (DATA_CHECKSUMS feature).
+    pub(crate) checksums: bool,
     pub counters: Counters,
 }
 
@@ -128,6 +141,12 @@ pub struct PoolStatus {
     pub placement: &'static str,
     pub strict: bool,
     pub notes: Vec<String>,
+    /// Whether data blocks carry checksums.
+    pub checksums: bool,
+    pub checksum_errors: u64,
+    pub read_errors: u64,
+    pub healed_blocks: u64,
+    pub resynced_blocks: u64,
 }
 
 pub(crate) const STRIPES: usize = 64;
@@ -304,6 +323,11 @@ impl Pool {
             placement: inner.placement.name(),
             strict: self.options.strict,
             notes: ctl.notes.clone(),
+            checksums: self.checksums,
+            checksum_errors: self.counters.checksum_errors.load(Ordering::Relaxed),
+            read_errors: self.counters.read_errors.load(Ordering::Relaxed),
+            healed_blocks: self.counters.healed_blocks.load(Ordering::Relaxed),
+            resynced_blocks: self.counters.resynced_blocks.load(Ordering::Relaxed),
         }
     }
 }

@@ -8,7 +8,8 @@
 //! snapshot's dead list instead of being freed. See `snapshot.rs` for reads.
 
 use crate::extent_map::{Extent, ExtentMap, Freed, Killed};
-use std::collections::{BTreeMap, HashMap};
+use crate::sums::BlockSums;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use tarn_format::checkpoint::MAX_SNAPSHOTS;
 use tarn_format::ops::{Op, MAX_NAME_LEN};
 use tarn_format::{Pba, BLOCK_SIZE};
@@ -129,11 +130,22 @@ pub struct State {
     pub next_volume_id: u32,
     /// The current epoch: new data is born in it.
     pub epoch: u64,
+    /// Data checksums by physical block (pools with DATA_CHECKSUMS).
+    pub sums: BlockSums,
+    /// Overwrite regions durably open (see `sums.rs`).
+    pub open_regions: BTreeSet<u64>,
 }
 
 impl Default for State {
     fn default() -> Self {
-        State { volumes: BTreeMap::new(), by_name: HashMap::new(), next_volume_id: 1, epoch: 1 }
+        State {
+            volumes: BTreeMap::new(),
+            by_name: HashMap::new(),
+            next_volume_id: 1,
+            epoch: 1,
+            sums: BlockSums::default(),
+            open_regions: BTreeSet::new(),
+        }
     }
 }
 
@@ -251,6 +263,16 @@ impl State {
                     s.dead.clear().into_iter().for_each(|(l, e)| free(l, e, freed));
                 }
             }
+            Op::Sums { pba, sums } => {
+                if Pba(*pba).is_origin() || sums.is_empty() {
+                    return Err(format!("checksums for {} blocks at {}", sums.len(), Pba(*pba)));
+                }
+                self.sums.set(Pba(*pba), sums);
+            }
+            Op::Regions { open: true, ids } => self.open_regions.extend(ids.iter().copied()),
+            Op::Regions { open: false, ids } => ids.iter().for_each(|id| {
+                self.open_regions.remove(id);
+            }),
             _ => return self.apply_snapshot_op(op, freed),
         }
         Ok(())
@@ -284,8 +306,14 @@ impl State {
                 v.origin = None;
                 Ok(())
             }
-            Op::Map { .. } | Op::Unmap { .. } | Op::VolCreate { .. } | Op::VolResize { .. } | Op::VolDelete { .. } => {
-                unreachable!("volume ops are applied by State::apply")
+            Op::Map { .. }
+            | Op::Unmap { .. }
+            | Op::VolCreate { .. }
+            | Op::VolResize { .. }
+            | Op::VolDelete { .. }
+            | Op::Sums { .. }
+            | Op::Regions { .. } => {
+                unreachable!("volume and pool ops are applied by State::apply")
             }
         }
     }

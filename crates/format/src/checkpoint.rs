@@ -83,6 +83,9 @@ pub struct VolumeRecord {
     /// Snapshot records following the head's extents.
     pub snapshot_count: u32,
     pub extent_count: u64,
+    /// Every extent on real space (head and dead lists) carries its blocks'
+    /// data checksums.
+    pub sums: bool,
 }
 
 /// Volume record flags.
@@ -92,7 +95,10 @@ pub mod volume_flags {
     /// A snapshot count (varint) follows; after the head's extents come that
     /// many snapshot records, each followed by its dead list's extents.
     pub const SNAPSHOTS: u32 = 1 << 1;
-    pub const KNOWN: u32 = CLONE | SNAPSHOTS;
+    /// Each extent record not on the origin device is followed by one u32
+    /// crc32c per block (head and dead lists alike).
+    pub const SUMS: u32 = 1 << 2;
+    pub const KNOWN: u32 = CLONE | SNAPSHOTS | SUMS;
 }
 
 /// Upper bound on snapshots of one volume (bounds decode loops).
@@ -124,6 +130,7 @@ pub struct ExtentRecord {
 /// extents in ascending lba order (delta-encoded: ~6-10 bytes per extent).
 pub struct CheckpointEncoder {
     w: Writer,
+    sums: bool,
     prev_end: u64,
     prev_pba_end: u64,
     extents_left: u64,
@@ -141,6 +148,7 @@ impl CheckpointEncoder {
         w.u32(h.volume_count);
         CheckpointEncoder {
             w,
+            sums: false,
             prev_end: 0,
             prev_pba_end: 0,
             extents_left: 0,
@@ -165,6 +173,10 @@ impl CheckpointEncoder {
         if v.snapshot_count > 0 {
             flags |= volume_flags::SNAPSHOTS;
         }
+        if v.sums {
+            flags |= volume_flags::SUMS;
+        }
+        self.sums = v.sums;
         self.w.u32(flags);
         if let Some((vol, epoch)) = v.origin {
             self.w.u32(vol);
@@ -200,7 +212,25 @@ impl CheckpointEncoder {
         self.prev_pba_end = 0;
     }
 
+    /// Whether the current volume's extents carry checksums.
+    pub fn with_sums(&self) -> bool {
+        self.sums
+    }
+
+    /// An extent of a volume without checksums, or an origin marker.
     pub fn extent(&mut self, e: &ExtentRecord) {
+        assert!(!self.sums || crate::Pba(e.pba).is_origin(), "extent needs its checksums");
+        self.put_extent(e);
+    }
+
+    /// An extent on real space of a volume with checksums: one per block.
+    pub fn extent_summed(&mut self, e: &ExtentRecord, sums: &[u32]) {
+        assert!(self.sums && sums.len() as u64 == e.len, "checksums do not match the extent");
+        self.put_extent(e);
+        sums.iter().for_each(|&s| self.w.u32(s));
+    }
+
+    fn put_extent(&mut self, e: &ExtentRecord) {
         assert!(self.extents_left > 0, "more extents than the volume announced");
         assert!(e.lba >= self.prev_end && e.len > 0, "extents must ascend and not overlap");
         self.extents_left -= 1;
@@ -221,6 +251,9 @@ impl CheckpointEncoder {
 /// Pulls a checkpoint payload apart in the order the encoder wrote it.
 pub struct CheckpointDecoder<'a> {
     r: Reader<'a>,
+    sums: bool,
+    /// Checksums of the last extent returned (empty without SUMS).
+    last_sums: Vec<u32>,
     prev_end: u64,
     prev_pba_end: u64,
     extents_left: u64,
@@ -240,6 +273,8 @@ impl<'a> CheckpointDecoder<'a> {
         }
         let d = CheckpointDecoder {
             r,
+            sums: false,
+            last_sums: Vec::new(),
             prev_end: 0,
             prev_pba_end: 0,
             extents_left: 0,
@@ -279,7 +314,8 @@ impl<'a> CheckpointDecoder<'a> {
         }
         let extent_count = self.extent_count()?;
         self.snapshots_left = snapshot_count;
-        Ok(Some(VolumeRecord { id, size, name, origin, snapshot_count, extent_count }))
+        self.sums = flags & volume_flags::SUMS != 0;
+        Ok(Some(VolumeRecord { id, size, name, origin, snapshot_count, extent_count, sums: self.sums }))
     }
 
     /// The next snapshot of the current volume (after the previous extent
@@ -337,7 +373,22 @@ impl<'a> CheckpointDecoder<'a> {
         let pba = self.prev_pba_end.wrapping_add(delta as u64);
         self.prev_end = end;
         self.prev_pba_end = pba.wrapping_add(len);
+        self.last_sums.clear();
+        if self.sums && !crate::Pba(pba).is_origin() {
+            if len > self.r.remaining() as u64 / 4 {
+                return Err(self.r.bad("sums_len", len));
+            }
+            for _ in 0..len {
+                self.last_sums.push(self.r.u32()?);
+            }
+        }
         Ok(Some(ExtentRecord { lba, len, pba, birth }))
+    }
+
+    /// The data checksums of the extent `extent` returned last (one per
+    /// block; empty if its volume carries none or it is an origin marker).
+    pub fn sums(&self) -> &[u32] {
+        &self.last_sums
     }
 }
 
@@ -351,13 +402,14 @@ mod tests {
     fn sample() -> Decoded {
         let h = CheckpointHeader { seq: 9, epoch: 3, next_volume_id: 4, volume_count: 3 };
         let e = |lba, len, pba, birth| ExtentRecord { lba, len, pba, birth };
-        let vol = |id, name: &str, origin, snapshot_count, extent_count| VolumeRecord {
+        let vol = |id, name: &str, origin: Option<(u32, u64)>, snapshot_count, extent_count| VolumeRecord {
             id,
             size: 1 << 30,
             name: name.into(),
             origin,
             snapshot_count,
             extent_count,
+            sums: id != 2,
         };
         let snap = |epoch, name: &str, dead_count| SnapshotRecord {
             epoch,
@@ -381,22 +433,37 @@ mod tests {
         )
     }
 
+    /// Made-up checksums for an extent's blocks.
+    fn sums_of(e: &ExtentRecord) -> Vec<u32> {
+        (0..e.len).map(|i| (e.pba ^ i.wrapping_mul(0x9e37_79b9)) as u32).collect()
+    }
+
+    fn summed(v: &VolumeRecord, e: &ExtentRecord) -> bool {
+        v.sums && !crate::Pba(e.pba).is_origin()
+    }
+
     fn encode(h: &CheckpointHeader, vols: &[(VolumeRecord, Vec<ExtentRecord>, Snaps)]) -> Vec<u8> {
         let mut enc = CheckpointEncoder::new(h);
         for (v, exts, snaps) in vols {
             enc.volume(v);
-            exts.iter().for_each(|e| enc.extent(e));
+            let put = |enc: &mut CheckpointEncoder, e: &ExtentRecord| match summed(v, e) {
+                true => enc.extent_summed(e, &sums_of(e)),
+                false => enc.extent(e),
+            };
+            exts.iter().for_each(|e| put(&mut enc, e));
             for (s, dead) in snaps {
                 enc.snapshot(s);
-                dead.iter().for_each(|e| enc.extent(e));
+                dead.iter().for_each(|e| put(&mut enc, e));
             }
         }
         enc.finish()
     }
 
-    fn extents(d: &mut CheckpointDecoder<'_>) -> Result<Vec<ExtentRecord>> {
+    fn extents(d: &mut CheckpointDecoder<'_>, v: &VolumeRecord) -> Result<Vec<ExtentRecord>> {
         let mut exts = vec![];
         while let Some(e) = d.extent()? {
+            let want = if summed(v, &e) { sums_of(&e) } else { vec![] };
+            assert_eq!(d.sums(), want.as_slice());
             exts.push(e);
         }
         Ok(exts)
@@ -406,10 +473,10 @@ mod tests {
         let (mut d, h) = CheckpointDecoder::new(buf)?;
         let mut out = vec![];
         while let Some(v) = d.volume()? {
-            let exts = extents(&mut d)?;
+            let exts = extents(&mut d, &v)?;
             let mut snaps = vec![];
             while let Some(s) = d.snapshot()? {
-                snaps.push((s, extents(&mut d)?));
+                snaps.push((s, extents(&mut d, &v)?));
             }
             out.push((v, exts, snaps));
         }

@@ -78,6 +78,34 @@ pub enum Op {
     CloneDetach {
         vol: u32,
     },
+    /// Physical blocks [pba, pba + sums.len()) hold data whose crc32c are
+    /// `sums`, one per block (pools with the DATA_CHECKSUMS feature). The
+    /// op rides in the same record as the Map op that points at the blocks,
+    /// or alone after an in-place overwrite.
+    Sums {
+        pba: u64,
+        sums: Vec<u32>,
+    },
+    /// Overwrite regions (`region_of`) that may now (`open`) or may no
+    /// longer be overwritten in place. After a crash, blocks in open regions
+    /// may hold data newer than their checksums: open resynchronizes them.
+    Regions {
+        open: bool,
+        ids: Vec<u64>,
+    },
+}
+
+/// Blocks one Sums op covers at most (the largest write: 32 MiB).
+pub const MAX_SUMS_PER_OP: usize = 8192;
+/// Region ids one Regions op carries at most.
+pub const MAX_REGIONS_PER_OP: usize = 1 << 16;
+/// log2 of an overwrite region's size in blocks (64 MiB).
+pub const REGION_SHIFT: u32 = 14;
+
+/// The overwrite region a physical block address belongs to (the device
+/// index stays in the high bits).
+pub fn region_of(pba: u64) -> u64 {
+    pba >> REGION_SHIFT
 }
 
 mod tag {
@@ -92,6 +120,9 @@ mod tag {
     pub const CLONE_CREATE: u8 = 9;
     pub const MATERIALIZE: u8 = 10;
     pub const CLONE_DETACH: u8 = 11;
+    pub const SUMS: u8 = 12;
+    pub const REGIONS_OPEN: u8 = 13;
+    pub const REGIONS_CLOSE: u8 = 14;
 }
 
 fn encode_name(w: &mut Writer, name: &str) {
@@ -140,6 +171,21 @@ impl Op {
                 w.u8(tag::VOL_DELETE);
                 w.u32(*vol);
             }
+            Op::Sums { pba, sums } => {
+                assert!(!sums.is_empty() && sums.len() <= MAX_SUMS_PER_OP);
+                w.u8(tag::SUMS);
+                w.u32(0);
+                w.u64(*pba);
+                w.varint(sums.len() as u64);
+                sums.iter().for_each(|&s| w.u32(s));
+            }
+            Op::Regions { open, ids } => {
+                assert!(!ids.is_empty() && ids.len() <= MAX_REGIONS_PER_OP);
+                w.u8(if *open { tag::REGIONS_OPEN } else { tag::REGIONS_CLOSE });
+                w.u32(0);
+                w.varint(ids.len() as u64);
+                ids.iter().for_each(|&id| w.varint(id));
+            }
             _ => self.encode_snapshot_op(w),
         }
     }
@@ -176,8 +222,14 @@ impl Op {
                 w.u8(tag::CLONE_DETACH);
                 w.u32(*vol);
             }
-            Op::Map { .. } | Op::Unmap { .. } | Op::VolCreate { .. } | Op::VolResize { .. } | Op::VolDelete { .. } => {
-                unreachable!("volume ops are encoded by Op::encode")
+            Op::Map { .. }
+            | Op::Unmap { .. }
+            | Op::VolCreate { .. }
+            | Op::VolResize { .. }
+            | Op::VolDelete { .. }
+            | Op::Sums { .. }
+            | Op::Regions { .. } => {
+                unreachable!("volume and pool ops are encoded by Op::encode")
             }
         }
     }
@@ -221,6 +273,26 @@ impl Op {
                 Op::Materialize { vol, snap, lba, len, pba }
             }
             tag::CLONE_DETACH => Op::CloneDetach { vol },
+            tag::SUMS | tag::REGIONS_OPEN | tag::REGIONS_CLOSE if vol != 0 => {
+                return Err(r.bad("pool_op_vol", u64::from(vol)));
+            }
+            tag::SUMS => {
+                let pba = r.u64()?;
+                let n = r.varint()?;
+                if n == 0 || n > MAX_SUMS_PER_OP as u64 || n > r.remaining() as u64 / 4 {
+                    return Err(r.bad("sums_len", n));
+                }
+                let sums = (0..n).map(|_| r.u32()).collect::<Result<Vec<u32>>>()?;
+                Op::Sums { pba, sums }
+            }
+            tag::REGIONS_OPEN | tag::REGIONS_CLOSE => {
+                let n = r.varint()?;
+                if n == 0 || n > MAX_REGIONS_PER_OP as u64 || n > r.remaining() as u64 {
+                    return Err(r.bad("regions_len", n));
+                }
+                let ids = (0..n).map(|_| r.varint()).collect::<Result<Vec<u64>>>()?;
+                Op::Regions { open: t == tag::REGIONS_OPEN, ids }
+            }
             other => return Err(r.bad("op_tag", u64::from(other))),
         })
     }
@@ -269,6 +341,9 @@ mod tests {
             Op::Materialize { vol: 3, snap: 0, lba: 5, len: 9, pba: 77 },
             Op::Materialize { vol: 3, snap: 8, lba: 0, len: 1, pba: 0 },
             Op::CloneDetach { vol: 3 },
+            Op::Sums { pba: (2 << 48) | 5, sums: vec![0, u32::MAX, 0xdead_beef] },
+            Op::Regions { open: true, ids: vec![0, 1 << 34, 7] },
+            Op::Regions { open: false, ids: vec![3] },
         ]
     }
 

@@ -21,7 +21,8 @@ const CRC_OFFSET: usize = 4092;
 
 /// Incompatible features: a reader that does not know a set bit must refuse.
 pub mod incompat {
-    /// Map entries carry per-block data checksums (reserved for the integrity work).
+    /// Every block of data has a crc32c held by the metadata that points at
+    /// it: Sums ops in the journal, checksummed extents in the checkpoint.
     pub const DATA_CHECKSUMS: u64 = 1 << 0;
     /// Volumes may have snapshots and clones: checkpoint volume records may
     /// carry snapshot sections and origins, the journal ops 6-11.
@@ -29,7 +30,7 @@ pub mod incompat {
     /// Volumes may keep mirror copies (reserved).
     pub const MIRRORS: u64 = 1 << 2;
     /// Features this build understands.
-    pub const KNOWN: u64 = SNAPSHOTS;
+    pub const KNOWN: u64 = SNAPSHOTS | DATA_CHECKSUMS;
 }
 
 /// One member device as the primary's superblock records it.

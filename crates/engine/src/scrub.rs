@@ -1,0 +1,272 @@
+//! Scrub: read every block the pool references, on every copy, verify it
+//! against its checksum, rewrite bad copies from a good one, and name the
+//! volume ranges no copy can give back. Also the resync of overwrite
+//! regions that were open at a crash (see `sums.rs`).
+
+use crate::error::{EngineError, Result};
+use crate::extent_map::ExtentMap;
+use crate::pool::Pool;
+use crate::sums::{block_sum, regions_of};
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use tarn_format::ops::{region_of, Op};
+use tarn_format::{Pba, BLOCK_SIZE};
+
+const BS: usize = BLOCK_SIZE as usize;
+/// Blocks read per step (1 MiB): large sequential reads, short gate holds.
+const CHUNK_BLOCKS: u64 = 256;
+
+#[derive(Debug, Clone, Default)]
+pub struct ScrubOptions {
+    /// Bytes per second at most (None: as fast as the devices go).
+    pub rate: Option<u64>,
+}
+
+/// A range of a volume no copy could give back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LostRange {
+    pub volume: String,
+    /// None: the head (and the snapshots sharing the block); Some: data
+    /// only snapshots hold (this one and older ones back to its birth).
+    pub snapshot: Option<String>,
+    pub offset: u64,
+    pub len: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ScrubReport {
+    /// Bytes of data verified, all copies counted once.
+    pub bytes: u64,
+    pub blocks: u64,
+    /// Copies of blocks that failed their checksum or could not be read.
+    pub bad_copies: u64,
+    /// Of those, copies rewritten from a good one.
+    pub repaired: u64,
+    /// Blocks without a good copy: listed in `lost` by volume range.
+    pub lost_blocks: u64,
+    pub lost: Vec<LostRange>,
+    /// Blocks without a checksum (pools created before checksums).
+    pub unsummed_blocks: u64,
+    pub elapsed: Duration,
+}
+
+/// A piece of physical space and who maps it.
+#[derive(Debug, Clone)]
+struct Owned {
+    pba: Pba,
+    len: u64,
+    vol: u32,
+    snapshot: Option<u64>,
+    lba: u64,
+}
+
+/// What checking one block on all its copies found.
+enum BlockVerdict {
+    Good,
+    /// Some copies bad, rewritten from a good one (count).
+    Repaired(u64),
+    /// No copy good.
+    Lost(u64),
+}
+
+impl Pool {
+    /// Scrub the whole pool online. `progress(done, total)` in bytes.
+    pub fn scrub(&self, opts: &ScrubOptions, progress: &mut dyn FnMut(u64, u64)) -> Result<ScrubReport> {
+        let started = Instant::now();
+        let mut owned = self.owned_extents(|_| true);
+        owned.sort_by_key(|o| o.pba.0);
+        let total: u64 = owned.iter().map(|o| o.len * BLOCK_SIZE).sum();
+        let mut report = ScrubReport::default();
+        let mut lost: Vec<(Owned, u64)> = Vec::new();
+        for o in &owned {
+            let mut at = 0;
+            while at < o.len {
+                let n = CHUNK_BLOCKS.min(o.len - at);
+                self.scrub_chunk(o.pba.offset_by(at), n, &mut report, |i| lost.push((o.clone(), at + i)))?;
+                at += n;
+                report.bytes += n * BLOCK_SIZE;
+                progress(report.bytes, total);
+                throttle(opts.rate, report.bytes, started);
+            }
+        }
+        report.lost = self.lost_ranges(&lost);
+        report.elapsed = started.elapsed();
+        log::info!(
+            "scrub: {} blocks, {} bad copies, {} repaired, {} lost in {:.1}s",
+            report.blocks,
+            report.bad_copies,
+            report.repaired,
+            report.lost_blocks,
+            report.elapsed.as_secs_f64()
+        );
+        Ok(report)
+    }
+
+    /// Every mapped physical extent with its owner, filtered by `keep`.
+    fn owned_extents(&self, keep: impl Fn(&Owned) -> bool) -> Vec<Owned> {
+        let inner = self.read_inner();
+        let mut out = Vec::new();
+        for v in inner.state.volumes.values() {
+            let lists = std::iter::once((None, &v.map)).chain(v.snapshots.iter().map(|s| (Some(s.epoch), &s.dead)));
+            for (snapshot, map) in lists {
+                collect_owned(map, v.id, snapshot, &keep, &mut out);
+            }
+        }
+        out
+    }
+
+    /// Verify `n` blocks at `pba` on every copy; `lost(i)` for each block i
+    /// no copy holds.
+    fn scrub_chunk(&self, pba: Pba, n: u64, r: &mut ScrubReport, mut lost: impl FnMut(u64)) -> Result<()> {
+        let dev = &self.devices[usize::from(pba.device())];
+        let copies = dev.copies();
+        let mut suspects: BTreeSet<u64> = BTreeSet::new();
+        {
+            let _gate = self.io_gate.read().unwrap_or_else(|p| p.into_inner());
+            let sums = self.read_inner().state.sums.get_run(pba, n);
+            let mut buf = vec![0u8; n as usize * BS];
+            for copy in 0..copies {
+                if dev.read_copy(copy, &mut buf, pba.byte_offset()).is_err() {
+                    suspects.extend(0..n); // find which blocks, one by one
+                    continue;
+                }
+                for (i, block) in buf.chunks_exact(BS).enumerate() {
+                    match sums[i] {
+                        Some(want) if block_sum(block) != want => {
+                            suspects.insert(i as u64);
+                        }
+                        None if copy == 0 => r.unsummed_blocks += 1,
+                        _ => {}
+                    }
+                }
+            }
+        }
+        r.blocks += n;
+        for i in suspects {
+            // Writes drained: a racing overwrite is not corruption.
+            let _quiet = self.io_gate.write().unwrap_or_else(|p| p.into_inner());
+            let Some(want) = self.read_inner().state.sums.get(pba.offset_by(i)) else { continue };
+            match self.check_block_copies(pba.offset_by(i), want) {
+                BlockVerdict::Good => {}
+                BlockVerdict::Repaired(k) => {
+                    r.bad_copies += k;
+                    r.repaired += k;
+                }
+                BlockVerdict::Lost(k) => {
+                    r.bad_copies += k;
+                    r.lost_blocks += 1;
+                    lost(i);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Check one block on every copy against `want`, healing bad copies.
+    fn check_block_copies(&self, pba: Pba, want: u32) -> BlockVerdict {
+        let c = self.examine_copies(pba, want);
+        let bad = c.bad.len() as u64;
+        match c.good {
+            _ if bad == 0 => BlockVerdict::Good,
+            Some(good) => {
+                self.rewrite_copies(pba, &good, &c.bad);
+                BlockVerdict::Repaired(bad)
+            }
+            None => {
+                // heal_block counts and logs it the same way a read would.
+                let _ = self.heal_block(pba, want);
+                BlockVerdict::Lost(bad)
+            }
+        }
+    }
+
+    /// Lost blocks as merged volume ranges, with names.
+    fn lost_ranges(&self, lost: &[(Owned, u64)]) -> Vec<LostRange> {
+        let inner = self.read_inner();
+        let mut out: Vec<LostRange> = Vec::new();
+        for (o, i) in lost {
+            let Some(v) = inner.state.volume(o.vol) else { continue };
+            let snapshot = o.snapshot.and_then(|e| v.snapshots.iter().find(|s| s.epoch == e)).map(|s| s.name.clone());
+            let offset = (o.lba + i) * BLOCK_SIZE;
+            match out.last_mut() {
+                Some(l) if l.volume == v.name && l.snapshot == snapshot && l.offset + l.len == offset => {
+                    l.len += BLOCK_SIZE
+                }
+                _ => out.push(LostRange { volume: v.name.clone(), snapshot, offset, len: BLOCK_SIZE }),
+            }
+        }
+        out
+    }
+
+    /// After a crash: blocks in overwrite regions that were open may hold
+    /// data newer (or torn) relative to their checksums, and mirror copies
+    /// may differ. Any of those contents is a valid outcome of unflushed
+    /// writes: keep a copy that matches its sum, else copy 0's data with a
+    /// new sum, make every copy equal, and close the regions.
+    pub(crate) fn resync_regions(&self, regions: &BTreeSet<u64>) -> Result<()> {
+        if regions.is_empty() {
+            return Ok(());
+        }
+        let owned = self.owned_extents(|o| regions_of(o.pba, o.len).any(|r| regions.contains(&r)));
+        let mut ops = Vec::new();
+        for o in &owned {
+            for i in 0..o.len {
+                let pba = o.pba.offset_by(i);
+                if regions.contains(&region_of(pba.0)) {
+                    ops.extend(self.resync_block(pba)?);
+                }
+            }
+        }
+        let resynced = ops.len() as u64;
+        let mut ctl = self.lock_commit();
+        {
+            let mut inner = self.write_inner();
+            let ids: Vec<u64> = regions.iter().copied().collect();
+            ops.push(Op::Regions { open: false, ids });
+            self.apply_ops(&mut inner, ops).map_err(|e| EngineError::Inconsistent(e.to_string()))?;
+        }
+        self.commit_locked(&mut ctl, false)?;
+        self.counters.resynced_blocks.fetch_add(resynced, Ordering::Relaxed);
+        log::warn!("resynchronized {} overwrite regions open at a crash: {resynced} checksums renewed", regions.len());
+        Ok(())
+    }
+
+    /// One block of a region open at a crash: the op renewing its sum, if
+    /// no copy matched the stored one.
+    fn resync_block(&self, pba: Pba) -> Result<Option<Op>> {
+        let want = self.read_inner().state.sums.get(pba).unwrap_or(0);
+        let c = self.examine_copies(pba, want);
+        if let Some(good) = c.good {
+            self.rewrite_copies(pba, &good, &c.bad);
+            return Ok(None);
+        }
+        let dev = &self.devices[usize::from(pba.device())];
+        let mut block = vec![0u8; BS];
+        dev.read_at(&mut block, pba.byte_offset()).map_err(|e| EngineError::io("resync read", dev.name(), e))?;
+        let others: Vec<usize> = (1..dev.copies()).collect();
+        self.rewrite_copies(pba, &block, &others);
+        Ok(Some(Op::Sums { pba: pba.0, sums: vec![block_sum(&block)] }))
+    }
+}
+
+fn collect_owned(map: &ExtentMap, vol: u32, snapshot: Option<u64>, keep: &impl Fn(&Owned) -> bool, out: &mut Vec<Owned>) {
+    for (lba, e) in map.iter() {
+        if e.pba.is_origin() {
+            continue;
+        }
+        let o = Owned { pba: e.pba, len: e.len, vol, snapshot, lba };
+        if keep(&o) {
+            out.push(o);
+        }
+    }
+}
+
+/// Sleep so that `done` bytes since `started` stay under `rate` per second.
+fn throttle(rate: Option<u64>, done: u64, started: Instant) {
+    let Some(rate) = rate.filter(|&r| r > 0) else { return };
+    let due = Duration::from_secs_f64(done as f64 / rate as f64);
+    if let Some(wait) = due.checked_sub(started.elapsed()) {
+        std::thread::sleep(wait.min(Duration::from_secs(1)));
+    }
+}
