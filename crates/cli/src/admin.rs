@@ -54,6 +54,14 @@ pub enum Request {
         name: String,
         destroy_newer: bool,
     },
+    /// Verify every copy of every block, heal from good copies; with
+    /// `repair`, also rewrite damaged superblock copies. Streams progress.
+    Scrub {
+        /// Bytes per second at most.
+        rate: Option<u64>,
+        #[serde(default)]
+        repair: bool,
+    },
     /// Changed ranges from snapshot `from` to snapshot `to` (None: the head).
     Diff {
         volume: String,
@@ -104,6 +112,7 @@ pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, Strin
             .map(|freed| json!({ "deleted": format!("{volume}@{name}"), "freed": freed })),
         Request::SnapRollback { volume, name, destroy_newer } => rollback(pool, volume, name, *destroy_newer, ctx),
         Request::Diff { volume, from, to } => diff(pool, volume, from, to.as_deref()),
+        Request::Scrub { rate, repair } => scrub(pool, *rate, *repair, ctx),
     };
     r.map_err(|e| e.to_string())
 }
@@ -116,6 +125,23 @@ fn check_json(pool: &Pool) -> Value {
         "mapped_bytes": r.mapped_blocks * 4096, "free_bytes": r.free_blocks * 4096,
         "checkpoint_bytes": r.metadata_blocks * 4096,
     })
+}
+
+fn scrub(pool: &Pool, rate: Option<u64>, repair: bool, ctx: &mut Ctx) -> Result<Value, EngineError> {
+    let labels = if repair { pool.repair_labels()? } else { Vec::new() };
+    let opts = tarn_engine::scrub::ScrubOptions { rate };
+    // Progress in blocks, like flatten's.
+    let r = pool.scrub(&opts, &mut |done, total| (ctx.progress)(done / 4096, total / 4096))?;
+    let lost: Vec<Value> = r
+        .lost
+        .iter()
+        .map(|l| json!({ "volume": l.volume, "snapshot": l.snapshot, "offset": l.offset, "length": l.len }))
+        .collect();
+    Ok(json!({
+        "bytes": r.bytes, "blocks": r.blocks, "bad_copies": r.bad_copies, "repaired": r.repaired,
+        "lost_blocks": r.lost_blocks, "lost": lost, "unsummed_blocks": r.unsummed_blocks,
+        "seconds": r.elapsed.as_secs_f64(), "labels_repaired": labels,
+    }))
 }
 
 fn vol_delete(pool: &Pool, name: &str, recursive: bool) -> Result<Value, EngineError> {
@@ -229,6 +255,8 @@ pub fn status_json(s: &PoolStatus) -> Value {
         "volumes": s.volumes, "virtual_size": s.virtual_size, "overcommit_ratio": s.overcommit_ratio,
         "epoch": s.epoch, "commit_seq": s.commit_seq, "placement": s.placement, "strict": s.strict,
         "notes": s.notes,
+        "checksums": s.checksums, "checksum_errors": s.checksum_errors, "read_errors": s.read_errors,
+        "healed_blocks": s.healed_blocks, "resynced_blocks": s.resynced_blocks,
         "devices": s.devices.iter().map(|d| json!({
             "index": d.index, "path": d.path, "size": d.size, "data": d.data_bytes, "free": d.free_bytes,
         })).collect::<Vec<_>>(),

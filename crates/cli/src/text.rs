@@ -45,8 +45,46 @@ pub fn status(v: &Value) -> String {
             b(&d["free"])
         );
     }
+    let _ = writeln!(
+        s,
+        "  checksums  {}: {} errors, {} read errors, {} healed, {} resynced",
+        if v["checksums"] == true { "crc32c" } else { "off" },
+        v["checksum_errors"],
+        v["read_errors"],
+        v["healed_blocks"],
+        v["resynced_blocks"]
+    );
     for n in v["notes"].as_array().into_iter().flatten() {
         let _ = writeln!(s, "  note: {}", n.as_str().unwrap_or(""));
+    }
+    s
+}
+
+pub fn scrub(v: &Value) -> String {
+    let mut s = String::new();
+    for l in v["labels_repaired"].as_array().into_iter().flatten() {
+        let _ = writeln!(s, "repaired: {}", l.as_str().unwrap_or(""));
+    }
+    let secs = v["seconds"].as_f64().unwrap_or(0.0);
+    let bytes = v["bytes"].as_u64().unwrap_or(0);
+    let _ = writeln!(
+        s,
+        "scrubbed {} in {secs:.1}s ({}/s): {} bad copies, {} repaired, {} blocks lost",
+        b(&v["bytes"]),
+        human((bytes as f64 / secs.max(1e-6)) as u64),
+        v["bad_copies"],
+        v["repaired"],
+        v["lost_blocks"]
+    );
+    if v["unsummed_blocks"].as_u64().unwrap_or(0) > 0 {
+        let _ = writeln!(s, "{} blocks carry no checksum (written before checksums)", v["unsummed_blocks"]);
+    }
+    for l in v["lost"].as_array().into_iter().flatten() {
+        let view = match l["snapshot"].as_str() {
+            Some(snap) => format!("{}@{snap}", l["volume"].as_str().unwrap_or("?")),
+            None => l["volume"].as_str().unwrap_or("?").to_string(),
+        };
+        let _ = writeln!(s, "lost: {view} bytes {}+{}", l["offset"], l["length"]);
     }
     s
 }

@@ -208,7 +208,8 @@ impl Pool {
                 if !v.owns_alone(pba, birth) {
                     *seg = Segment::Hole { lba, len };
                 } else if self.checksums {
-                    let shut: Vec<u64> = regions_of(pba, len).filter(|r| !inner.state.open_regions.contains(r)).collect();
+                    let shut: Vec<u64> =
+                        regions_of(pba, len).filter(|r| !inner.state.open_regions.contains(r)).collect();
                     if !shut.is_empty() {
                         closed.extend(shut);
                         *seg = Segment::Hole { lba, len };

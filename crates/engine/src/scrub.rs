@@ -5,6 +5,7 @@
 
 use crate::error::{EngineError, Result};
 use crate::extent_map::ExtentMap;
+use crate::label::{read_label, write_label_copy};
 use crate::pool::Pool;
 use crate::sums::{block_sum, regions_of};
 use std::collections::BTreeSet;
@@ -181,6 +182,27 @@ impl Pool {
         }
     }
 
+    /// Rewrite every invalid superblock copy from its device's current one
+    /// (the repair of a torn or rotten label); says what it fixed.
+    pub fn repair_labels(&self) -> Result<Vec<String>> {
+        self.check_writable()?;
+        let mut ctl = self.lock_commit();
+        let mut fixed = Vec::new();
+        for dev in &self.devices {
+            let label = read_label(dev.as_ref())?;
+            let Some(why) = label.other_invalid else { continue };
+            let copy = 1 - label.copy;
+            write_label_copy(dev.as_ref(), &label.current, copy)?;
+            dev.flush().map_err(|e| EngineError::io("flush superblock", dev.name(), e))?;
+            log::warn!("rewrote superblock copy {copy} of {} ({why})", dev.name());
+            fixed.push(format!("superblock copy {copy} of {} rewritten (was: {why})", dev.name()));
+        }
+        if !fixed.is_empty() {
+            ctl.notes.retain(|n| !n.starts_with("superblock copy"));
+        }
+        Ok(fixed)
+    }
+
     /// Lost blocks as merged volume ranges, with names.
     fn lost_ranges(&self, lost: &[(Owned, u64)]) -> Vec<LostRange> {
         let inner = self.read_inner();
@@ -250,7 +272,13 @@ impl Pool {
     }
 }
 
-fn collect_owned(map: &ExtentMap, vol: u32, snapshot: Option<u64>, keep: &impl Fn(&Owned) -> bool, out: &mut Vec<Owned>) {
+fn collect_owned(
+    map: &ExtentMap,
+    vol: u32,
+    snapshot: Option<u64>,
+    keep: &impl Fn(&Owned) -> bool,
+    out: &mut Vec<Owned>,
+) {
     for (lba, e) in map.iter() {
         if e.pba.is_origin() {
             continue;

@@ -58,11 +58,7 @@ impl std::fmt::Debug for BlockSums {
 
 impl Clone for BlockSums {
     fn clone(&self) -> Self {
-        let pages = self
-            .pages
-            .iter()
-            .map(|(k, p)| (*k, Box::new(Page { sums: p.sums, known: p.known })))
-            .collect();
+        let pages = self.pages.iter().map(|(k, p)| (*k, Box::new(Page { sums: p.sums, known: p.known }))).collect();
         BlockSums { pages }
     }
 }

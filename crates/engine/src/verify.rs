@@ -155,7 +155,12 @@ impl Pool {
                 dev.copies(),
                 c.found
             );
-            return Err(EngineError::Checksum { device: dev.name(), block: pba.block(), expected: want, found: c.found });
+            return Err(EngineError::Checksum {
+                device: dev.name(),
+                block: pba.block(),
+                expected: want,
+                found: c.found,
+            });
         };
         self.rewrite_copies(pba, &good, &c.bad);
         Ok(good)
