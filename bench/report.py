@@ -3,7 +3,8 @@
 import json
 import sys
 
-NAMES = {"tarn": "tarn", "qemu": "qemu-nbd", "nbdkit": "nbdkit-file", "raw": "raw-file"}
+NAMES = {"tarn": "tarn", "qemu": "qemu-nbd", "nbdkit": "nbdkit-file", "raw": "raw-file",
+         "tarn_nosum": "tarn-no-checksums"}
 DESC = {
     "rw4k_fresh": "4K randwrite QD32, fresh",
     "rw4k_alloc": "4K randwrite QD32, allocated",

@@ -7,7 +7,7 @@
 # Env:
 #   BENCH_RUNTIME=20        seconds per measured run (time_based)
 #   BENCH_SIZE=2G           volume / image size
-#   BENCH_TARGETS="tarn qemu nbdkit raw"
+#   BENCH_TARGETS="tarn qemu nbdkit raw"   (also: tarn_nosum = tarn without data checksums)
 #   BENCH_WORKLOADS="rw4k_fresh rw4k_alloc rr4k sw1m sr1m rw4k_fsync"
 #   BENCH_TRANSPORT=tcp     tcp (127.0.0.1) or unix socket for the NBD servers
 #   BENCH_DIR=/var/tmp/tarn-bench   scratch space (needs ~2x BENCH_SIZE free)
@@ -80,9 +80,9 @@ listen_args() { # sets ADDR_URI_BASE and echo nothing
   if [ "$TRANSPORT" = unix ]; then SOCK=$TGT_DIR/nbd.sock; URI_BASE="nbd+unix:///%s?socket=$SOCK"
   else PORT=$(free_port); URI_BASE="nbd://127.0.0.1:$PORT/%s"; fi
 }
-setup_tarn() {
+setup_tarn() { # [extra pool create args]
   local pool=$TGT_DIR/pool.img
-  timeout 120 "$TARN" pool create "$pool" --size "$POOL_B" >"$TGT_DIR/create.log" 2>&1
+  timeout 120 "$TARN" pool create "$pool" --size "$POOL_B" "$@" >"$TGT_DIR/create.log" 2>&1
   timeout 120 "$TARN" vol create bench --size "$SIZE_B" -p "$pool" >>"$TGT_DIR/create.log" 2>&1
   listen_args
   if [ "$TRANSPORT" = unix ]; then
@@ -95,6 +95,8 @@ setup_tarn() {
   wait_nbd "$URI" "$SRV_PID" || { cat "$TGT_DIR/serve.log" >&2; return 1; }
   FIO_TARGET=("--ioengine=nbd" "--uri=$URI")
 }
+# tarn without data checksums: the cost of checksums is tarn / tarn_nosum
+setup_tarn_nosum() { setup_tarn --no-checksums; }
 QEMU_AIO=io_uring
 setup_qemu() {
   qemu-img create -q -f qcow2 "$TGT_DIR/disk.qcow2" "$SIZE_B"

@@ -80,6 +80,9 @@ enum PoolCmd {
         /// Overwrite devices that already hold a tarn pool.
         #[arg(long)]
         force: bool,
+        /// Keep no data checksums (data errors then go undetected).
+        #[arg(long)]
+        no_checksums: bool,
     },
     /// Usage: size, used, free, metadata, overcommit.
     Status {
@@ -288,8 +291,8 @@ fn main() {
 
 fn dispatch(cmd: Command) -> Result<i32> {
     match cmd {
-        Command::Pool(PoolCmd::Create { primary, size, devices, journal_size, force }) => {
-            pool_create(&primary, size, &devices, journal_size, force)?;
+        Command::Pool(PoolCmd::Create { primary, size, devices, journal_size, force, no_checksums }) => {
+            pool_create(&primary, size, &devices, journal_size, force, no_checksums)?;
             Ok(0)
         }
         Command::Pool(PoolCmd::Status { pool, json }) => {
@@ -388,6 +391,7 @@ fn pool_create(
     members: &[PathBuf],
     journal: Option<u64>,
     force: bool,
+    no_checksums: bool,
 ) -> Result<()> {
     let mut devices: Vec<Arc<dyn Device>> = vec![Arc::new(open_or_create_file(primary, size)?)];
     let mut paths = vec![absolute(primary)];
@@ -395,7 +399,7 @@ fn pool_create(
         devices.push(Arc::new(open_or_create_file(m, size)?));
         paths.push(absolute(m));
     }
-    create_pool(&devices, &paths, &CreateOptions { journal_bytes: journal, force })?;
+    create_pool(&devices, &paths, &CreateOptions { journal_bytes: journal, force, no_checksums })?;
     let total: u64 = devices.iter().map(|d| d.size()).sum();
     println!("created pool on {} ({} device(s), {})", primary.display(), devices.len(), size::human(total));
     Ok(())
@@ -429,7 +433,7 @@ fn run_cmd(r: RunCmd) -> Result<i32> {
     std::fs::create_dir_all(&r.data_dir).with_context(|| format!("create {}", r.data_dir.display()))?;
     let pool = r.data_dir.join("pool.img");
     if !pool.exists() {
-        pool_create(&pool, Some(r.pool_size), &[], None, false)?;
+        pool_create(&pool, Some(r.pool_size), &[], None, false, false)?;
     }
     let pa = PoolArg { pool: pool.clone(), devices: vec![] };
     let vols = admin(&pa, &Request::VolList)?;

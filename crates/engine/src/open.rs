@@ -28,6 +28,9 @@ pub struct CreateOptions {
     pub journal_bytes: Option<u64>,
     /// Overwrite devices that already hold a tarn label.
     pub force: bool,
+    /// Keep no data checksums (like btrfs nodatasum): data errors go
+    /// undetected; for comparisons and for data checksummed above.
+    pub no_checksums: bool,
 }
 
 fn random_bytes<const N: usize>() -> Result<[u8; N]> {
@@ -74,7 +77,7 @@ pub fn create_pool(devices: &[Arc<dyn Device>], paths: &[String], opts: &CreateO
         entries.push(DeviceEntry { uuid: device_uuid, blocks, path: paths[i].clone() });
         labels.push(Superblock {
             version: FORMAT_VERSION,
-            incompat: incompat::SNAPSHOTS | incompat::DATA_CHECKSUMS,
+            incompat: incompat::SNAPSHOTS | if opts.no_checksums { 0 } else { incompat::DATA_CHECKSUMS },
             ro_compat: 0,
             compat: 0,
             pool_uuid,

@@ -124,8 +124,12 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<RunStats, String> {
     let devs: Vec<Arc<SimDevice>> = (0..ndev).map(|i| Arc::new(SimDevice::new(&format!("sim{i}"), bytes))).collect();
     let dyn_devs: Vec<Arc<dyn Device>> = devs.iter().map(|d| d.clone() as Arc<dyn Device>).collect();
     let paths = (0..ndev).map(|i| format!("sim{i}")).collect::<Vec<_>>();
-    create_pool(&dyn_devs, &paths, &CreateOptions { journal_bytes: Some(cfg.journal_bytes), force: false })
-        .map_err(|e| e.to_string())?;
+    create_pool(
+        &dyn_devs,
+        &paths,
+        &CreateOptions { journal_bytes: Some(cfg.journal_bytes), force: false, ..Default::default() },
+    )
+    .map_err(|e| e.to_string())?;
     let strict = rng.random_bool(0.2);
     let mut run = Run {
         rng,

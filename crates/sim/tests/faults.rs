@@ -30,7 +30,12 @@ fn open(sim: &Arc<SimDevice>) -> Result<Pool, EngineError> {
 fn closed_pool() -> Arc<SimDevice> {
     let sim = Arc::new(SimDevice::new("sim0", 32 * MIB));
     let dyns = vec![sim.clone() as Arc<dyn Device>];
-    create_pool(&dyns, &["sim0".into()], &CreateOptions { journal_bytes: Some(256 << 10), force: false }).unwrap();
+    create_pool(
+        &dyns,
+        &["sim0".into()],
+        &CreateOptions { journal_bytes: Some(256 << 10), force: false, ..Default::default() },
+    )
+    .unwrap();
     let pool = Pool::open(dyns, OpenOptions::default()).unwrap();
     let a = pool.create_volume("a", 4 * MIB).unwrap().id;
     let b = pool.create_volume("b", 4 * MIB).unwrap().id;
@@ -54,8 +59,7 @@ fn closed_pool() -> Arc<SimDevice> {
 /// skipped: after a checkpoint its records belong to an older generation
 /// and are rightly ignored, so flips there change nothing.
 fn metadata_bytes(sim: &SimDevice) -> Vec<u64> {
-    let data: std::collections::HashSet<Vec<u8>> =
-        (0..24).chain(100..108).chain(200..216).map(block).collect();
+    let data: std::collections::HashSet<Vec<u8>> = (0..24).chain(100..108).chain(200..216).map(block).collect();
     let mut buf = vec![0u8; BS];
     let mut out = Vec::new();
     // Superblock copies live at blocks 0 and 16; after the label area and
@@ -122,7 +126,12 @@ fn every_metadata_bit_flip_is_detected() {
 fn failing_device_errors_reach_caller_and_failed_commit_fences() {
     let sim = Arc::new(SimDevice::new("sim0", 32 * MIB));
     let dyns = vec![sim.clone() as Arc<dyn Device>];
-    create_pool(&dyns, &["sim0".into()], &CreateOptions { journal_bytes: Some(256 << 10), force: false }).unwrap();
+    create_pool(
+        &dyns,
+        &["sim0".into()],
+        &CreateOptions { journal_bytes: Some(256 << 10), force: false, ..Default::default() },
+    )
+    .unwrap();
     let pool = Pool::open(dyns, OpenOptions::default()).unwrap();
     let v = pool.create_volume("a", 4 * MIB).unwrap().id;
     pool.write(v, 0, &block(1), false).unwrap();

@@ -16,7 +16,8 @@ fn devices(n: usize, size: u64) -> (Vec<Arc<SimDevice>>, Vec<Arc<dyn Device>>) {
 fn new_pool(n: usize, size: u64) -> (Vec<Arc<SimDevice>>, Pool) {
     let (sims, dyns) = devices(n, size);
     let paths = (0..n).map(|i| format!("sim{i}")).collect::<Vec<_>>();
-    create_pool(&dyns, &paths, &CreateOptions { journal_bytes: Some(256 << 10), force: false }).unwrap();
+    create_pool(&dyns, &paths, &CreateOptions { journal_bytes: Some(256 << 10), force: false, ..Default::default() })
+        .unwrap();
     let pool = Pool::open(dyns, OpenOptions::default()).unwrap();
     (sims, pool)
 }

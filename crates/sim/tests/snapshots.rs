@@ -11,7 +11,12 @@ const BS: usize = 4096;
 fn new_pool(size: u64) -> (Arc<SimDevice>, Pool) {
     let sim = Arc::new(SimDevice::new("sim0", size));
     let dyns: Vec<Arc<dyn Device>> = vec![sim.clone()];
-    create_pool(&dyns, &["sim0".into()], &CreateOptions { journal_bytes: Some(256 << 10), force: false }).unwrap();
+    create_pool(
+        &dyns,
+        &["sim0".into()],
+        &CreateOptions { journal_bytes: Some(256 << 10), force: false, ..Default::default() },
+    )
+    .unwrap();
     (sim.clone(), Pool::open(dyns, OpenOptions::default()).unwrap())
 }
 
