@@ -71,7 +71,9 @@ fn spawn_committer(pool: Arc<Pool>, interval: Duration, stop: Arc<AtomicBool>) -
             while !stop.load(Ordering::SeqCst) {
                 std::thread::sleep(tick);
                 waited += tick;
-                if waited < interval {
+                // Writes waiting for an overwrite region to open are
+                // redirected meanwhile: open it within a tick.
+                if waited < interval && !pool.wants_commit() {
                     continue;
                 }
                 waited = Duration::ZERO;

@@ -182,6 +182,12 @@ impl Pool {
         self.fenced.load(Ordering::SeqCst)
     }
 
+    /// Whether a commit is wanted soon: writes asked overwrite regions open
+    /// (until a commit opens them, writes there are redirected).
+    pub fn wants_commit(&self) -> bool {
+        !self.read_inner().regions.wanted.is_empty()
+    }
+
     /// Whether anything changed since the last durable commit.
     pub fn is_dirty(&self) -> bool {
         self.write_gen.load(Ordering::SeqCst) > self.committed_gen.load(Ordering::SeqCst)
