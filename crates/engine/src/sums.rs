@@ -43,11 +43,33 @@ struct Page {
     known: [u64; PAGE_BLOCKS / 64],
 }
 
+/// A hasher for integer keys: one multiply (the std SipHash showed up at
+/// ~5% of a 4K write's instructions under callgrind).
+#[derive(Default, Clone, Copy)]
+pub struct IntHasher(u64);
+
+impl std::hash::Hasher for IntHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0 ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// A HashMap keyed by integers, hashed by [`IntHasher`].
+pub type IntMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<IntHasher>>;
+
 /// Checksums by physical block. Entries of freed blocks linger (harmless:
 /// a block is summed again whenever it is written).
 #[derive(Default)]
 pub struct BlockSums {
-    pages: HashMap<u64, Box<Page>>,
+    pages: IntMap<Box<Page>>,
 }
 
 impl std::fmt::Debug for BlockSums {
@@ -114,7 +136,7 @@ pub struct RegionTracker {
     /// Regions writes wanted open; the next commit opens them.
     pub wanted: BTreeSet<u64>,
     /// Commit count at the last in-place write, per open region.
-    pub last_write: HashMap<u64, u64>,
+    pub last_write: IntMap<u64>,
 }
 
 impl RegionTracker {
