@@ -57,7 +57,7 @@ impl Pool {
                     let (b0, b1) = (s / BLOCK_SIZE, e.div_ceil(BLOCK_SIZE));
                     let skip = (b0 - lba) as usize;
                     let at = pba.offset_by(b0 - lba);
-                    let ok = if s % BLOCK_SIZE == 0 && e % BLOCK_SIZE == 0 {
+                    let ok = if s.is_multiple_of(BLOCK_SIZE) && e.is_multiple_of(BLOCK_SIZE) {
                         self.read_blocks_checked(at, out, &sums[skip..], heal)?
                     } else {
                         let mut whole = vec![0u8; ((b1 - b0) as usize) * BS];
