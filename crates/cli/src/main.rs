@@ -100,25 +100,21 @@ enum PoolCmd {
     },
     /// Read and verify every copy of every block, rewrite bad copies from good
     /// ones, list the volume ranges no copy holds. Exit 0 clean or repaired, 1 data lost.
-    Scrub {
-        #[command(flatten)]
-        pool: PoolArg,
-        /// Read at most this many bytes per second (e.g. 200M).
-        #[arg(long, value_parser = size::parse_size)]
-        rate: Option<u64>,
-        #[arg(long)]
-        json: bool,
-    },
+    Scrub(ScrubArgs),
     /// Scrub, and also rewrite damaged superblock copies from the good one.
     /// Exit 0 when nothing is lost, 1 when ranges are lost (listed).
-    Repair {
-        #[command(flatten)]
-        pool: PoolArg,
-        #[arg(long, value_parser = size::parse_size)]
-        rate: Option<u64>,
-        #[arg(long)]
-        json: bool,
-    },
+    Repair(ScrubArgs),
+}
+
+#[derive(Args)]
+struct ScrubArgs {
+    #[command(flatten)]
+    pool: PoolArg,
+    /// Read at most this many bytes per second (e.g. 200M).
+    #[arg(long, value_parser = size::parse_size)]
+    rate: Option<u64>,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Subcommand)]
@@ -305,8 +301,8 @@ fn dispatch(cmd: Command) -> Result<i32> {
             print(json, &v, text::check);
             Ok(if v["clean"].as_bool() == Some(true) { 0 } else { 1 })
         }
-        Command::Pool(PoolCmd::Scrub { pool, rate, json }) => scrub_cmd(&pool, rate, false, json),
-        Command::Pool(PoolCmd::Repair { pool, rate, json }) => scrub_cmd(&pool, rate, true, json),
+        Command::Pool(PoolCmd::Scrub(a)) => scrub_cmd(&a, false),
+        Command::Pool(PoolCmd::Repair(a)) => scrub_cmd(&a, true),
         Command::Vol(VolCmd::Create { name, size, pool }) => {
             let v = admin(&pool, &Request::VolCreate { name, size })?;
             let (name, size) = text::name_and_size(&v);
@@ -334,12 +330,13 @@ fn dispatch(cmd: Command) -> Result<i32> {
     }
 }
 
-fn scrub_cmd(pool: &PoolArg, rate: Option<u64>, repair: bool, json: bool) -> Result<i32> {
+fn scrub_cmd(a: &ScrubArgs, repair: bool) -> Result<i32> {
     let mut bar = progress::Progress::new(if repair { "repair" } else { "scrub" });
-    let result = admin_progress(pool, &Request::Scrub { rate, repair }, &mut |d, t| bar.update(d, t));
+    let req = Request::Scrub { rate: a.rate, repair };
+    let result = admin_progress(&a.pool, &req, &mut |d, t| bar.update(d, t));
     bar.finish();
     let v = result?;
-    print(json, &v, text::scrub);
+    print(a.json, &v, text::scrub);
     Ok(if v["lost_blocks"].as_u64() == Some(0) { 0 } else { 1 })
 }
 

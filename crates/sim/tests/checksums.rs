@@ -6,27 +6,11 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
 use tarn_engine::scrub::ScrubOptions;
-use tarn_engine::{create_pool, CreateOptions, Device, EngineError, OpenOptions, Pool};
-use tarn_sim::SimDevice;
+use tarn_engine::{Device, EngineError, Pool};
+use tarn_sim::{fixture, SimDevice};
 
 const MIB: u64 = 1 << 20;
 const BS: usize = 4096;
-
-fn new_pool(size: u64) -> (Arc<SimDevice>, Pool) {
-    let sim = Arc::new(SimDevice::new("sim0", size));
-    let dyns = vec![sim.clone() as Arc<dyn Device>];
-    create_pool(
-        &dyns,
-        &["sim0".into()],
-        &CreateOptions { journal_bytes: Some(256 << 10), force: false, ..Default::default() },
-    )
-    .unwrap();
-    (sim.clone(), Pool::open(dyns, OpenOptions::default()).unwrap())
-}
-
-fn reopen(sim: &Arc<SimDevice>) -> Pool {
-    Pool::open(vec![sim.clone() as Arc<dyn Device>], OpenOptions::default()).unwrap()
-}
 
 /// A block whose every byte says which block it is.
 fn block(tag: u64) -> Vec<u8> {
@@ -58,7 +42,7 @@ fn fill(pool: &Pool, vol: u32, blocks: u64) {
 
 #[test]
 fn flipped_data_bit_is_an_error_counted_and_listed_by_scrub() {
-    let (sim, pool) = new_pool(64 * MIB);
+    let (sim, pool) = fixture::one_device_pool(64 * MIB);
     let v = pool.create_volume("d", 16 * MIB).unwrap().id;
     fill(&pool, v, 32);
     let at = find(&sim, &block(7));
@@ -80,14 +64,14 @@ fn flipped_data_bit_is_an_error_counted_and_listed_by_scrub() {
     // The sums are durable: after a clean reopen the block still fails.
     pool.close().unwrap();
     drop(pool);
-    let pool = reopen(&sim);
+    let pool = fixture::reopen(&sim).unwrap();
     assert!(matches!(pool.read(v, 7 * BS as u64, &mut buf), Err(EngineError::Checksum { .. })));
     assert!(pool.check().is_clean());
 }
 
 #[test]
 fn every_random_bit_flip_in_written_data_is_detected() {
-    let (sim, pool) = new_pool(64 * MIB);
+    let (sim, pool) = fixture::one_device_pool(64 * MIB);
     let v = pool.create_volume("d", 16 * MIB).unwrap().id;
     fill(&pool, v, 64);
     let places: Vec<u64> = (0..64).map(|b| find(&sim, &block(b))).collect();
@@ -108,7 +92,7 @@ fn every_random_bit_flip_in_written_data_is_detected() {
 
 #[test]
 fn crash_after_unflushed_in_place_overwrite_is_resynced_not_reported() {
-    let (sim, pool) = new_pool(64 * MIB);
+    let (sim, pool) = fixture::one_device_pool(64 * MIB);
     let v = pool.create_volume("d", 16 * MIB).unwrap().id;
     fill(&pool, v, 32);
     // The first overwrite redirects and asks its region open; after the
@@ -122,7 +106,7 @@ fn crash_after_unflushed_in_place_overwrite_is_resynced_not_reported() {
     sim.flush().unwrap();
     sim.crash(&mut ChaCha8Rng::seed_from_u64(1));
     drop(pool);
-    let pool = reopen(&sim);
+    let pool = fixture::reopen(&sim).unwrap();
     let mut buf = vec![0u8; BS];
     pool.read(v, 3 * BS as u64, &mut buf).unwrap();
     assert_eq!(buf, block(203));
@@ -135,7 +119,7 @@ fn crash_after_unflushed_in_place_overwrite_is_resynced_not_reported() {
 
 #[test]
 fn scrub_reports_progress_and_respects_its_rate() {
-    let (_sim, pool) = new_pool(64 * MIB);
+    let (_sim, pool) = fixture::one_device_pool(64 * MIB);
     let v = pool.create_volume("d", 16 * MIB).unwrap().id;
     fill(&pool, v, 256);
     let mut last = (0, 0);

@@ -8,8 +8,8 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
-use tarn_engine::{create_pool, CreateOptions, Device, EngineError, OpenOptions, Pool};
-use tarn_sim::SimDevice;
+use tarn_engine::{Device, EngineError, Pool};
+use tarn_sim::{fixture, SimDevice};
 
 const MIB: u64 = 1 << 20;
 const BS: usize = 4096;
@@ -23,20 +23,12 @@ fn block(tag: u64) -> Vec<u8> {
 }
 
 fn open(sim: &Arc<SimDevice>) -> Result<Pool, EngineError> {
-    Pool::open(vec![sim.clone() as Arc<dyn Device>], OpenOptions::default())
+    fixture::reopen(sim)
 }
 
 /// A closed pool with 48 data blocks over two volumes and a snapshot.
 fn closed_pool() -> Arc<SimDevice> {
-    let sim = Arc::new(SimDevice::new("sim0", 32 * MIB));
-    let dyns = vec![sim.clone() as Arc<dyn Device>];
-    create_pool(
-        &dyns,
-        &["sim0".into()],
-        &CreateOptions { journal_bytes: Some(256 << 10), force: false, ..Default::default() },
-    )
-    .unwrap();
-    let pool = Pool::open(dyns, OpenOptions::default()).unwrap();
+    let (sim, pool) = fixture::one_device_pool(32 * MIB);
     let a = pool.create_volume("a", 4 * MIB).unwrap().id;
     let b = pool.create_volume("b", 4 * MIB).unwrap().id;
     for i in 0..24 {
@@ -124,15 +116,7 @@ fn every_metadata_bit_flip_is_detected() {
 
 #[test]
 fn failing_device_errors_reach_caller_and_failed_commit_fences() {
-    let sim = Arc::new(SimDevice::new("sim0", 32 * MIB));
-    let dyns = vec![sim.clone() as Arc<dyn Device>];
-    create_pool(
-        &dyns,
-        &["sim0".into()],
-        &CreateOptions { journal_bytes: Some(256 << 10), force: false, ..Default::default() },
-    )
-    .unwrap();
-    let pool = Pool::open(dyns, OpenOptions::default()).unwrap();
+    let (sim, pool) = fixture::one_device_pool(32 * MIB);
     let v = pool.create_volume("a", 4 * MIB).unwrap().id;
     pool.write(v, 0, &block(1), false).unwrap();
     // The device dies after one more call: the write lands, the flush fails.

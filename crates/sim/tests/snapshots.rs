@@ -2,26 +2,18 @@
 //! view, space accounting, and what survives a reopen.
 
 use std::sync::Arc;
-use tarn_engine::{create_pool, CreateOptions, Device, EngineError, OpenOptions, Pool, View};
-use tarn_sim::SimDevice;
+use tarn_engine::{EngineError, Pool, View};
+use tarn_sim::{fixture, SimDevice};
 
 const MIB: u64 = 1 << 20;
 const BS: usize = 4096;
 
 fn new_pool(size: u64) -> (Arc<SimDevice>, Pool) {
-    let sim = Arc::new(SimDevice::new("sim0", size));
-    let dyns: Vec<Arc<dyn Device>> = vec![sim.clone()];
-    create_pool(
-        &dyns,
-        &["sim0".into()],
-        &CreateOptions { journal_bytes: Some(256 << 10), force: false, ..Default::default() },
-    )
-    .unwrap();
-    (sim.clone(), Pool::open(dyns, OpenOptions::default()).unwrap())
+    fixture::one_device_pool(size)
 }
 
 fn reopen(sim: &Arc<SimDevice>) -> Pool {
-    Pool::open(vec![sim.clone() as Arc<dyn Device>], OpenOptions::default()).unwrap()
+    fixture::reopen(sim).unwrap()
 }
 
 fn block(tag: u8) -> Vec<u8> {

@@ -1,0 +1,20 @@
+//! Pools on one simulated device, for tests.
+
+use crate::SimDevice;
+use std::sync::Arc;
+use tarn_engine::{create_pool, CreateOptions, Device, EngineError, OpenOptions, Pool};
+
+/// A new pool (256 KiB journal) on a fresh simulated device named "sim0".
+pub fn one_device_pool(size: u64) -> (Arc<SimDevice>, Pool) {
+    let sim = Arc::new(SimDevice::new("sim0", size));
+    let dyns: Vec<Arc<dyn Device>> = vec![sim.clone()];
+    let opts = CreateOptions { journal_bytes: Some(256 << 10), ..Default::default() };
+    create_pool(&dyns, &["sim0".into()], &opts).expect("create pool on a simulated device");
+    let pool = Pool::open(dyns, OpenOptions::default()).expect("open a new pool");
+    (sim, pool)
+}
+
+/// Open the pool on `sim` again (after a close, a crash or damage).
+pub fn reopen(sim: &Arc<SimDevice>) -> Result<Pool, EngineError> {
+    Pool::open(vec![sim.clone() as Arc<dyn Device>], OpenOptions::default())
+}
