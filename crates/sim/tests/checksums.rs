@@ -4,7 +4,6 @@
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use std::sync::Arc;
 use tarn_engine::scrub::ScrubOptions;
 use tarn_engine::{Device, EngineError, Pool};
 use tarn_sim::{fixture, SimDevice};
