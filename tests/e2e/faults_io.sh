@@ -162,7 +162,7 @@ detach_device() {
   fi
   if [ -n "$KIT_PID" ]; then
     kill -TERM "$KIT_PID" 2>/dev/null
-    for i in $(seq 1 100); do kill -0 "$KIT_PID" 2>/dev/null || break; sleep 0.1; done
+    for _ in $(seq 1 100); do kill -0 "$KIT_PID" 2>/dev/null || break; sleep 0.1; done
     kill -0 "$KIT_PID" 2>/dev/null && kill -KILL "$KIT_PID" 2>/dev/null
     wait "$KIT_PID" 2>/dev/null || true
     KIT_PID=
@@ -271,6 +271,7 @@ server_up "fenced"
 check_fails "a new client's write + flush fails (fenced)" timeout 60 qemu-io -f raw "$(uri $VOL)" -c "write -P 0x55 $((24 * M)) 64k" -c flush
 json=$(tarn pool status -p "$DEV" --json 2>&1) && ok "pool status answers while fenced (read_errors $(printf '%s' "$json" | jq -r .read_errors 2>/dev/null))" ||
   bad "pool status while fenced: $(printf '%s' "$json" | tr '\n' ' ' | cut -c1-200)"
+expect_eq "pool status says fenced" "$(printf '%s' "$json" | "$SYSPY" -c 'import json,sys;print(json.load(sys.stdin)["fenced"])' 2>&1)" True
 # until the restart the server still shows every acknowledged write, the
 # uncommitted 0x33 too (it is in the device and in the in-memory map)
 cp "$T/expect.raw" "$T/acked.raw"

@@ -255,7 +255,7 @@ pub fn status_json(s: &PoolStatus) -> Value {
         "volumes": s.volumes, "virtual_size": s.virtual_size, "overcommit_ratio": s.overcommit_ratio,
         "epoch": s.epoch, "commit_seq": s.commit_seq, "placement": s.placement, "strict": s.strict,
         "notes": s.notes,
-        "checksums": s.checksums, "checksum_errors": s.checksum_errors, "read_errors": s.read_errors,
+        "fenced": s.fenced, "checksums": s.checksums, "checksum_errors": s.checksum_errors, "read_errors": s.read_errors,
         "healed_blocks": s.healed_blocks, "resynced_blocks": s.resynced_blocks,
         "devices": s.devices.iter().map(|d| json!({
             "index": d.index, "path": d.path, "size": d.size, "data": d.data_bytes, "free": d.free_bytes,

@@ -17,6 +17,9 @@ pub fn name_and_size(v: &Value) -> (String, String) {
 pub fn status(v: &Value) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "pool {}", v["uuid"].as_str().unwrap_or("?"));
+    if v["fenced"] == true {
+        let _ = writeln!(s, "  state      FENCED: a commit failed; changes are refused until a restart");
+    }
     let _ = writeln!(s, "  size       {} ({} bytes)", b(&v["size"]), v["size"]);
     let _ = writeln!(s, "  used       {} ({} bytes)", b(&v["used"]), v["used"]);
     let _ = writeln!(s, "  free       {} ({} bytes)", b(&v["free"]), v["free"]);

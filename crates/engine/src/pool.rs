@@ -141,6 +141,8 @@ pub struct PoolStatus {
     pub placement: &'static str,
     pub strict: bool,
     pub notes: Vec<String>,
+    /// A commit failed: changes are refused until a restart.
+    pub fenced: bool,
     /// Whether data blocks carry checksums.
     pub checksums: bool,
     pub checksum_errors: u64,
@@ -329,6 +331,7 @@ impl Pool {
             placement: inner.placement.name(),
             strict: self.options.strict,
             notes: ctl.notes.clone(),
+            fenced: self.is_fenced(),
             checksums: self.checksums,
             checksum_errors: self.counters.checksum_errors.load(Ordering::Relaxed),
             read_errors: self.counters.read_errors.load(Ordering::Relaxed),
