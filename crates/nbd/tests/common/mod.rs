@@ -35,8 +35,10 @@ pub fn start_with(export: MemoryExport, config: ServerConfig) -> TestServer {
     TestServer { server, addr, export }
 }
 
-pub struct Client {
-    pub s: TcpStream,
+/// A raw client on a TCP stream, or on any other byte stream (a TLS
+/// session after NBD_OPT_STARTTLS).
+pub struct Client<S: Read + Write = TcpStream> {
+    pub s: S,
 }
 
 #[derive(Debug)]
@@ -61,7 +63,7 @@ pub enum Reply {
     Chunk(Chunk),
 }
 
-impl Client {
+impl Client<TcpStream> {
     /// Connect and do the initial greeting with the given client flags.
     pub fn connect_raw(addr: SocketAddr, client_flags: u32) -> Client {
         let s = TcpStream::connect(addr).expect("connect");
@@ -80,6 +82,21 @@ impl Client {
         Client::connect_raw(addr, NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES)
     }
 
+    /// Full handshake: optionally structured replies + base:allocation, then GO.
+    pub fn open(addr: SocketAddr, structured: bool) -> (Client, u64, u16) {
+        let mut c = Client::connect(addr);
+        if structured {
+            c.structured();
+            let r = c.set_meta("mem", &["base:allocation"]);
+            assert_eq!(r.len(), 2);
+            assert_eq!(r[0].rtype, NBD_REP_META_CONTEXT);
+        }
+        let (size, flags, _) = c.go("mem", &[NBD_INFO_BLOCK_SIZE]).expect("GO");
+        (c, size, flags)
+    }
+}
+
+impl<S: Read + Write> Client<S> {
     pub fn send_option(&mut self, option: u32, data: &[u8]) {
         let mut b = Vec::new();
         b.extend_from_slice(&IHAVEOPT.to_be_bytes());
@@ -177,19 +194,6 @@ impl Client {
         let size = u64::from_be_bytes(exp.data[2..10].try_into().unwrap());
         let flags = u16::from_be_bytes(exp.data[10..12].try_into().unwrap());
         Ok((size, flags, replies))
-    }
-
-    /// Full handshake: optionally structured replies + base:allocation, then GO.
-    pub fn open(addr: SocketAddr, structured: bool) -> (Client, u64, u16) {
-        let mut c = Client::connect(addr);
-        if structured {
-            c.structured();
-            let r = c.set_meta("mem", &["base:allocation"]);
-            assert_eq!(r.len(), 2);
-            assert_eq!(r[0].rtype, NBD_REP_META_CONTEXT);
-        }
-        let (size, flags, _) = c.go("mem", &[NBD_INFO_BLOCK_SIZE]).expect("GO");
-        (c, size, flags)
     }
 
     pub fn request(&mut self, flags: u16, command: u16, handle: u64, offset: u64, length: u32, payload: &[u8]) {
