@@ -29,7 +29,7 @@ pub enum TlsMode {
 /// Error loading or checking the TLS configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read { path: PathBuf, source: std::io::Error },
     #[error("{path}: not valid PEM: {detail}")]
     Pem { path: PathBuf, detail: String },
