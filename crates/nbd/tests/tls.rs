@@ -16,7 +16,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
 use tarn_nbd::memory::{MemoryBackend, MemoryExport};
 use tarn_nbd::protocol::*;
-use tarn_nbd::{AllowList, Server, ServerConfig, TlsConfig, TlsMode};
+use tarn_nbd::{AllowList, BlockStatusExtent, Export, ExportError, Server, ServerConfig, TlsConfig, TlsMode};
 
 type TlsClient = Client<StreamOwned<ClientConnection, TcpStream>>;
 
@@ -159,9 +159,42 @@ fn warned(parts: &[&str]) -> bool {
 
 // ------------------------------------------------------------ helpers
 
+/// A memory export whose reads take 200 µs, so that the server answers
+/// them on worker threads (encrypting concurrently with the reader).
+struct SlowReads(MemoryExport);
+
+impl Export for SlowReads {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn read_only(&self) -> bool {
+        false
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
+        std::thread::sleep(std::time::Duration::from_micros(200));
+        self.0.read(offset, buf)
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
+        self.0.write(offset, data, fua)
+    }
+    fn flush(&self) -> Result<(), ExportError> {
+        self.0.flush()
+    }
+    fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), ExportError> {
+        self.0.trim(offset, length, fua)
+    }
+    fn write_zeroes(&self, offset: u64, length: u64, no_hole: bool, fast: bool, fua: bool) -> Result<(), ExportError> {
+        self.0.write_zeroes(offset, length, no_hole, fast, fua)
+    }
+    fn block_status(&self, offset: u64, length: u64) -> Result<Vec<BlockStatusExtent>, ExportError> {
+        self.0.block_status(offset, length)
+    }
+}
+
 fn serve(tls: TlsConfig) -> (Server, SocketAddr) {
     let backend = MemoryBackend::new()
         .with_export("mem", "test export", Arc::new(MemoryExport::new(SIZE)))
+        .with_export("slow", "slow reads", Arc::new(SlowReads(MemoryExport::new(SIZE))))
         .with_export("other", "another export", Arc::new(MemoryExport::new(SIZE)));
     let server = Server::new(Arc::new(backend), ServerConfig { tls: Some(tls), ..ServerConfig::default() });
     let addr = server.listen_tcp("127.0.0.1:0").expect("listen");
@@ -231,17 +264,75 @@ fn data_over_tls_reads_back() {
     for i in 0..8u64 {
         c.request(0, NBD_CMD_READ, 100 + i, i * chunk as u64, chunk as u32, &[]);
     }
-    for i in 0..8u64 {
+    // Replies may come in any order (slow requests go to workers).
+    let mut seen = [false; 8];
+    for _ in 0..8u64 {
         let ch = c.chunk();
-        assert_eq!(ch.handle, 100 + i);
         assert_eq!(ch.ctype, NBD_REPLY_TYPE_OFFSET_DATA);
+        let i = ch.handle - 100;
+        assert_eq!(u64::from_be_bytes(ch.payload[..8].try_into().unwrap()), i * chunk as u64);
         assert_eq!(&ch.payload[8..], &pattern(i as u8, chunk)[..], "read {i}");
+        seen[i as usize] = true;
     }
+    assert!(seen.iter().all(|s| *s));
     c.disc();
     // Optional mode: a plaintext client is served too.
     let (mut p, size, _) = Client::open(addr, false);
     assert_eq!(size, SIZE);
     assert_eq!(p.read_simple(1, 0, 4096), pattern(0, chunk)[..4096]);
+}
+
+#[test]
+fn worker_replies_over_tls() {
+    let pki = Pki::new();
+    let (_server, addr) = serve(pki.server_config(TlsMode::Require, false));
+    let mut c = starttls(Client::connect(addr), pki.client_config(None));
+    c.go("slow", &[]).unwrap();
+    let len = 64 * 1024;
+    for i in 0..16u64 {
+        c.write(i, i * len as u64, &pattern(i as u8, len));
+    }
+    let mut done: Vec<u64> = (0..16).map(|_| c.simple()).inspect(|r| assert_eq!(r.0, 0)).map(|r| r.1).collect();
+    done.sort_unstable();
+    assert_eq!(done, (0..16).collect::<Vec<_>>());
+    // Reads and flushes in flight together, answered by several workers
+    // (possibly out of order) while the reader keeps decrypting requests.
+    for round in 0..4u64 {
+        for i in 0..16u64 {
+            c.request(0, NBD_CMD_READ, 1000 + i, i * len as u64, len as u32, &[]);
+        }
+        c.request(0, NBD_CMD_FLUSH, 2000 + round, 0, 0, &[]);
+        let mut seen = 0;
+        for _ in 0..17 {
+            // A simple reply's data length follows from the request.
+            let (r, data) = c.reply(|h| if h >= 2000 { 0 } else { len });
+            let Reply::Simple { error: 0, handle } = r else { panic!("round {round}: {r:?}") };
+            if handle >= 2000 {
+                assert!(data.is_empty());
+                continue;
+            }
+            let i = handle - 1000;
+            assert_eq!(data, pattern(i as u8, len), "round {round} read {i}");
+            seen += 1;
+        }
+        assert_eq!(seen, 16);
+    }
+}
+
+#[test]
+fn garbage_records_inside_a_session_close_it() {
+    let pki = Pki::new();
+    let (_server, addr) = serve(pki.server_config(TlsMode::Optional, false));
+    let mut c = starttls(Client::connect(addr), pki.client_config(None));
+    c.go("mem", &[]).unwrap();
+    // An application-data record that does not decrypt, on the raw socket.
+    let mut bad = vec![0x17, 0x03, 0x03, 0x00, 0x40];
+    bad.extend_from_slice(&[0xa5; 0x40]);
+    c.s.sock.write_all(&bad).unwrap();
+    assert!(closes_after_alert(&mut c.s.sock));
+    let mut again = starttls(Client::connect(addr), pki.client_config(None));
+    again.go("mem", &[]).unwrap();
+    assert_eq!(again.read_simple(1, 0, 512).len(), 512);
 }
 
 #[test]
@@ -280,7 +371,7 @@ fn require_mode_refuses_plaintext() {
     }
     // The same connection may still upgrade and then succeed.
     let mut t = starttls(c, pki.client_config(None));
-    assert_eq!(listed(&mut t), vec!["mem".to_string(), "other".to_string()]);
+    assert_eq!(listed(&mut t), ["mem", "slow", "other"]);
     t.go("mem", &[]).expect("GO after STARTTLS");
     assert_eq!(t.read_simple(7, 0, 512).len(), 512);
     // NBD_OPT_EXPORT_NAME cannot be refused: the server closes.
@@ -322,7 +413,7 @@ fn allow_list_hides_and_refuses_exports() {
     let (_server, addr) = serve(tls);
     // alice (matched by her DNS SAN) sees and opens only "mem".
     let mut a = starttls(Client::connect(addr), pki.client_config(Some("alice")));
-    assert_eq!(listed(&mut a), vec!["mem".to_string()]);
+    assert_eq!(listed(&mut a), ["mem"]);
     assert_eq!(a.option(NBD_OPT_INFO, &info_data("other", &[])).last().unwrap().rtype, NBD_REP_ERR_UNKNOWN);
     assert_eq!(a.go("other", &[]).unwrap_err(), NBD_REP_ERR_UNKNOWN);
     a.structured();
