@@ -238,6 +238,12 @@ impl State<'_> {
         }
     }
 
+    /// With an allow-list, every export is TLS-only: a plaintext client
+    /// has no certificate to be allowed by.
+    fn exports_need_tls(&self) -> bool {
+        !self.tls_active && self.config.tls.as_ref().is_some_and(|t| t.allow.is_some())
+    }
+
     /// Resolve the empty name to the default export.
     fn resolve(&self, name: &str) -> Option<String> {
         if name.is_empty() {
@@ -338,7 +344,13 @@ impl State<'_> {
             Err(e) => return self.invalid(option, &e.to_string()),
         };
         let Some((name, export)) = self.open(&req.name) else {
-            self.reply(option, NBD_REP_ERR_UNKNOWN, format!("unknown export {:?}", req.name).as_bytes());
+            if self.exports_need_tls() {
+                // proto.md SELECTIVETLS: INFO/GO on a TLS-only (or missing)
+                // export before TLS answers ERR_TLS_REQD.
+                self.reply(option, NBD_REP_ERR_TLS_REQD, b"exports need TLS with a client certificate");
+            } else {
+                self.reply(option, NBD_REP_ERR_UNKNOWN, format!("unknown export {:?}", req.name).as_bytes());
+            }
             return Ok(Next::Continue);
         };
         let neg = self.negotiated(name, export);

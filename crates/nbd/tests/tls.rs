@@ -425,9 +425,14 @@ fn allow_list_hides_and_refuses_exports() {
     assert_eq!(b.go("mem", &[]).unwrap_err(), NBD_REP_ERR_UNKNOWN);
     b.send_option(NBD_OPT_EXPORT_NAME, b"other");
     assert!(b.closed_by_server(), "EXPORT_NAME of a hidden export closes");
-    // A plaintext client has no identity: nothing either.
+    // A plaintext client has no identity: nothing either, and INFO/GO
+    // answer ERR_TLS_REQD (every export is TLS-only, proto.md SELECTIVETLS).
     let mut p = Client::connect(addr);
     assert!(listed(&mut p).is_empty());
+    assert_eq!(p.go("mem", &[]).unwrap_err(), NBD_REP_ERR_TLS_REQD);
+    assert_eq!(p.go("nosuch", &[]).unwrap_err(), NBD_REP_ERR_TLS_REQD);
+    p.structured();
+    assert_eq!(p.set_meta("mem", &["base:allocation"]).last().unwrap().rtype, NBD_REP_ERR_UNKNOWN);
 }
 
 #[test]
