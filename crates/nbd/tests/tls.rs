@@ -16,7 +16,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
 use tarn_nbd::memory::{MemoryBackend, MemoryExport};
 use tarn_nbd::protocol::*;
-use tarn_nbd::{AllowList, BlockStatusExtent, Export, ExportError, Server, ServerConfig, TlsConfig, TlsMode};
+use tarn_nbd::{AllowList, Server, ServerConfig, TlsConfig, TlsMode};
 
 type TlsClient = Client<StreamOwned<ClientConnection, TcpStream>>;
 
@@ -159,42 +159,17 @@ fn warned(parts: &[&str]) -> bool {
 
 // ------------------------------------------------------------ helpers
 
-/// A memory export whose reads take 200 µs, so that the server answers
-/// them on worker threads (encrypting concurrently with the reader).
-struct SlowReads(MemoryExport);
-
-impl Export for SlowReads {
-    fn size(&self) -> u64 {
-        self.0.size()
-    }
-    fn read_only(&self) -> bool {
-        false
-    }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
-        std::thread::sleep(std::time::Duration::from_micros(200));
-        self.0.read(offset, buf)
-    }
-    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
-        self.0.write(offset, data, fua)
-    }
-    fn flush(&self) -> Result<(), ExportError> {
-        self.0.flush()
-    }
-    fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), ExportError> {
-        self.0.trim(offset, length, fua)
-    }
-    fn write_zeroes(&self, offset: u64, length: u64, no_hole: bool, fast: bool, fua: bool) -> Result<(), ExportError> {
-        self.0.write_zeroes(offset, length, no_hole, fast, fua)
-    }
-    fn block_status(&self, offset: u64, length: u64) -> Result<Vec<BlockStatusExtent>, ExportError> {
-        self.0.block_status(offset, length)
-    }
+/// Reads take 200 µs, so the server answers them on worker threads
+/// (encrypting concurrently with the reader).
+fn slow_reads() -> SlowExport {
+    let inner = MemoryExport::new(SIZE);
+    SlowExport { inner, read_delay: std::time::Duration::from_micros(200), write_delay: Default::default() }
 }
 
 fn serve(tls: TlsConfig) -> (Server, SocketAddr) {
     let backend = MemoryBackend::new()
         .with_export("mem", "test export", Arc::new(MemoryExport::new(SIZE)))
-        .with_export("slow", "slow reads", Arc::new(SlowReads(MemoryExport::new(SIZE))))
+        .with_export("slow", "slow reads", Arc::new(slow_reads()))
         .with_export("other", "another export", Arc::new(MemoryExport::new(SIZE)));
     let server = Server::new(Arc::new(backend), ServerConfig { tls: Some(tls), ..ServerConfig::default() });
     let addr = server.listen_tcp("127.0.0.1:0").expect("listen");
@@ -208,6 +183,13 @@ fn starttls(mut c: Client, config: Arc<ClientConfig>) -> TlsClient {
     assert_eq!(r[0].rtype, NBD_REP_ACK);
     let conn = ClientConnection::new(config, ServerName::try_from("localhost").unwrap()).unwrap();
     Client { s: StreamOwned::new(conn, c.s) }
+}
+
+/// Connect, STARTTLS (presenting `cert` if given) and GO to `export`.
+fn session(addr: SocketAddr, pki: &Pki, cert: Option<&str>, export: &str) -> TlsClient {
+    let mut c = starttls(Client::connect(addr), pki.client_config(cert));
+    c.go(export, &[]).unwrap_or_else(|e| panic!("GO {export} over TLS: error {e:#x}"));
+    c
 }
 
 /// The TLS handshake must fail or the server must close right after it.
@@ -286,8 +268,7 @@ fn data_over_tls_reads_back() {
 fn worker_replies_over_tls() {
     let pki = Pki::new();
     let (_server, addr) = serve(pki.server_config(TlsMode::Require, false));
-    let mut c = starttls(Client::connect(addr), pki.client_config(None));
-    c.go("slow", &[]).unwrap();
+    let mut c = session(addr, &pki, None, "slow");
     let len = 64 * 1024;
     for i in 0..16u64 {
         c.write(i, i * len as u64, &pattern(i as u8, len));
@@ -323,15 +304,13 @@ fn worker_replies_over_tls() {
 fn garbage_records_inside_a_session_close_it() {
     let pki = Pki::new();
     let (_server, addr) = serve(pki.server_config(TlsMode::Optional, false));
-    let mut c = starttls(Client::connect(addr), pki.client_config(None));
-    c.go("mem", &[]).unwrap();
+    let mut c = session(addr, &pki, None, "mem");
     // An application-data record that does not decrypt, on the raw socket.
     let mut bad = vec![0x17, 0x03, 0x03, 0x00, 0x40];
     bad.extend_from_slice(&[0xa5; 0x40]);
     c.s.sock.write_all(&bad).unwrap();
     assert!(closes_after_alert(&mut c.s.sock));
-    let mut again = starttls(Client::connect(addr), pki.client_config(None));
-    again.go("mem", &[]).unwrap();
+    let mut again = session(addr, &pki, None, "mem");
     assert_eq!(again.read_simple(1, 0, 512).len(), 512);
 }
 
@@ -389,8 +368,7 @@ fn client_certificates_are_verified() {
     let pki = Pki::new();
     let (_server, addr) = serve(pki.server_config(TlsMode::Require, true));
     // Signed by the CA: served.
-    let mut ok = starttls(Client::connect(addr), pki.client_config(Some("alice")));
-    ok.go("mem", &[]).expect("GO with a good client certificate");
+    let mut ok = session(addr, &pki, Some("alice"), "mem");
     // No certificate, or one from another CA (same names): refused, logged.
     let none = Client::connect(addr);
     let port = none.s.local_addr().unwrap().port();
@@ -446,8 +424,7 @@ fn allow_list_needs_client_certificates() {
 fn garbage_after_starttls_closes_only_that_connection() {
     let pki = Pki::new();
     let (server, addr) = serve(pki.server_config(TlsMode::Optional, false));
-    let mut good = starttls(Client::connect(addr), pki.client_config(None));
-    good.go("mem", &[]).unwrap();
+    let mut good = session(addr, &pki, None, "mem");
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     for round in 0..20 {
         let mut c = Client::connect(addr);
@@ -472,8 +449,7 @@ fn garbage_after_starttls_closes_only_that_connection() {
     }
     // Still serving: the old session and new ones.
     assert_eq!(good.read_simple(1, 0, 512).len(), 512);
-    let mut again = starttls(Client::connect(addr), pki.client_config(None));
-    again.go("mem", &[]).unwrap();
+    let again = session(addr, &pki, None, "mem");
     drop(again);
     drop(good);
     server.shutdown();

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tarn_nbd::memory::{MemoryBackend, MemoryExport};
 use tarn_nbd::protocol::*;
-use tarn_nbd::{Server, ServerConfig};
+use tarn_nbd::{BlockStatusExtent, Export, ExportError, Server, ServerConfig};
 
 pub const SIZE: u64 = 16 << 20;
 
@@ -328,4 +328,41 @@ pub fn parse_block_status(payload: &[u8]) -> (u32, Vec<(u32, u32)>) {
 
 pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+/// A memory export whose reads and writes take a while: requests stay in
+/// flight, and the server answers them on worker threads.
+pub struct SlowExport {
+    pub inner: MemoryExport,
+    pub read_delay: Duration,
+    pub write_delay: Duration,
+}
+
+impl Export for SlowExport {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_only(&self) -> bool {
+        false
+    }
+    fn read(&self, o: u64, b: &mut [u8]) -> Result<(), ExportError> {
+        std::thread::sleep(self.read_delay);
+        self.inner.read(o, b)
+    }
+    fn write(&self, o: u64, d: &[u8], f: bool) -> Result<(), ExportError> {
+        std::thread::sleep(self.write_delay);
+        self.inner.write(o, d, f)
+    }
+    fn flush(&self) -> Result<(), ExportError> {
+        self.inner.flush()
+    }
+    fn trim(&self, o: u64, l: u64, f: bool) -> Result<(), ExportError> {
+        self.inner.trim(o, l, f)
+    }
+    fn write_zeroes(&self, o: u64, l: u64, n: bool, fa: bool, fu: bool) -> Result<(), ExportError> {
+        self.inner.write_zeroes(o, l, n, fa, fu)
+    }
+    fn block_status(&self, o: u64, l: u64) -> Result<Vec<BlockStatusExtent>, ExportError> {
+        self.inner.block_status(o, l)
+    }
 }
