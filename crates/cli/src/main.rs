@@ -10,6 +10,7 @@ mod size;
 mod snapshots;
 mod spec;
 mod text;
+mod tls;
 
 use admin::{Ctx, Request};
 use anyhow::{bail, Context, Result};
@@ -249,6 +250,8 @@ struct ServeCmd {
     /// Seconds between background commits.
     #[arg(long, default_value_t = 5)]
     commit_interval: u64,
+    #[command(flatten)]
+    tls: tls::TlsArgs,
 }
 
 #[derive(Args)]
@@ -414,6 +417,8 @@ fn serve_cmd(s: ServeCmd) -> Result<i32> {
         socket: s.socket,
         strict: s.strict,
         commit_interval: Duration::from_secs(s.commit_interval.max(1)),
+        tls: s.tls.config()?,
+        socket_mode: s.tls.socket_mode,
     };
     if args.listen.is_none() && args.socket.is_none() {
         bail!("--no-tcp needs --socket");
@@ -447,6 +452,8 @@ fn run_cmd(r: RunCmd) -> Result<i32> {
         socket: Some(socket.clone()),
         strict: r.strict,
         commit_interval: Duration::from_secs(5),
+        tls: None,
+        socket_mode: 0o600,
     };
     let volume = r.volume;
     serve::serve(args, move |addr| {

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tarn_engine::{OpenOptions, Pool};
-use tarn_nbd::{Server, ServerConfig};
+use tarn_nbd::{Server, ServerConfig, TlsConfig};
 
 #[derive(Debug, Clone)]
 pub struct ServeArgs {
@@ -23,6 +23,10 @@ pub struct ServeArgs {
     pub socket: Option<PathBuf>,
     pub strict: bool,
     pub commit_interval: Duration,
+    /// NBD over TLS; None: STARTTLS is refused.
+    pub tls: Option<TlsConfig>,
+    /// Permissions of the Unix socket.
+    pub socket_mode: u32,
 }
 
 pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>)) -> Result<()> {
@@ -32,13 +36,19 @@ pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>
     let control_path = control_socket_path(&status.uuid);
     let clients = Arc::new(Clients::default());
     control::listen(control_path.clone(), pool.clone(), clients.clone())?;
-    let server = Server::new(Arc::new(PoolBackend::new(pool.clone(), clients)), ServerConfig::default());
+    if let Some(t) = &args.tls {
+        log::info!("NBD over TLS: {:?}", t.mode());
+    }
+    let config = ServerConfig { tls: args.tls.clone(), ..ServerConfig::default() };
+    let server = Server::new(Arc::new(PoolBackend::new(pool.clone(), clients)), config);
     let addr = match &args.listen {
         Some(a) => Some(server.listen_tcp(a).with_context(|| format!("listen on {a}"))?),
         None => None,
     };
     if let Some(sock) = &args.socket {
-        server.listen_unix(sock).with_context(|| format!("listen on {}", sock.display()))?;
+        server
+            .listen_unix_with_mode(sock, args.socket_mode)
+            .with_context(|| format!("listen on {}", sock.display()))?;
     }
     log::info!("serving pool {} ({} volumes) on {:?} {:?}", status.uuid, status.volumes, addr, args.socket);
     on_ready(addr);

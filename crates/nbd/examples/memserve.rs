@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! memserve --size 64M --listen 127.0.0.1:10809 [--socket PATH] [--read-only]
-//!           [--dirty-bitmap NAME] [--workers N] [--max-in-flight N] [-v|-vv]
+//!           [--dirty-bitmap NAME] [--workers N] [--max-in-flight N]
+//!           [--tls CERT.pem KEY.pem] [-v|-vv]
 //! ```
 //!
 //! `--dirty-bitmap NAME` tracks the ranges written, trimmed or zeroed since
@@ -44,7 +45,7 @@ fn parse_size(s: &str) -> Option<u64> {
 }
 
 fn usage() -> ExitCode {
-    eprintln!("usage: memserve --size SIZE[K|M|G] [--listen ADDR:PORT] [--socket PATH] [--read-only] [--dirty-bitmap NAME] [--workers N] [--max-in-flight N] [-v|-vv]");
+    eprintln!("usage: memserve --size SIZE[K|M|G] [--listen ADDR:PORT] [--socket PATH] [--read-only] [--dirty-bitmap NAME] [--workers N] [--max-in-flight N] [--tls CERT KEY] [-v|-vv]");
     ExitCode::from(2)
 }
 
@@ -56,6 +57,7 @@ fn main() -> ExitCode {
     let mut dirty_bitmap: Option<String> = None;
     let mut config = ServerConfig::default();
     let mut level = log::LevelFilter::Warn;
+    let mut tls_files: Vec<PathBuf> = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -78,6 +80,10 @@ fn main() -> ExitCode {
                 Some(n) => config.max_in_flight_per_conn = n,
                 None => return usage(),
             },
+            "--tls" => match (args.next(), args.next()) {
+                (Some(cert), Some(key)) => tls_files = vec![cert.into(), key.into()],
+                _ => return usage(),
+            },
             "-v" => level = log::LevelFilter::Info,
             "-vv" => level = log::LevelFilter::Debug,
             _ => return usage(),
@@ -89,6 +95,15 @@ fn main() -> ExitCode {
     }
     if log::set_logger(&StderrLogger).is_ok() {
         log::set_max_level(level);
+    }
+    if let [cert, key] = tls_files.as_slice() {
+        match tarn_nbd::TlsConfig::from_pem_files(cert, key, None, tarn_nbd::TlsMode::Optional) {
+            Ok(t) => config.tls = Some(t),
+            Err(e) => {
+                eprintln!("memserve: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
     }
 
     // Block SIGTERM/SIGINT in every thread (inherited by those spawned

@@ -25,7 +25,7 @@ use crate::handshake::Negotiated;
 use crate::meta::MetaContext;
 use crate::protocol::*;
 use crate::server::ServerConfig;
-use crate::stream::Stream;
+use crate::transport::Transport;
 use crate::util::{lock, wait};
 use crate::writer::{BufPool, Reply, ReplyWriter};
 
@@ -330,10 +330,10 @@ pub(crate) enum End {
 /// Serve the transmission phase until the client disconnects, the stream
 /// breaks, or `shutting_down` is set. Returns once every in-flight request
 /// has been answered and the socket is shut down.
-pub(crate) fn serve(
+pub(crate) fn serve<R: Read>(
     neg: Negotiated,
-    mut reader: BufReader<Stream>,
-    write_stream: Stream,
+    mut reader: BufReader<R>,
+    transport: Transport,
     config: &ServerConfig,
     shutting_down: &AtomicBool,
 ) -> End {
@@ -349,7 +349,7 @@ pub(crate) fn serve(
         export: neg.export,
         params,
         contexts: neg.meta_contexts,
-        writer: ReplyWriter::new(write_stream),
+        writer: ReplyWriter::new(transport),
         pool: BufPool::new(),
         costs: CostModel::new(),
         queue: Mutex::new(QueueState {

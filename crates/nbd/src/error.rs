@@ -88,4 +88,10 @@ pub enum NbdError {
     Aborted,
     #[error("server is shutting down")]
     ShuttingDown,
+    /// The TLS handshake failed (e.g. a client certificate that does not
+    /// verify) or a TLS record was bad.
+    #[error("TLS: {0}")]
+    Tls(#[from] rustls::Error),
+    #[error("client sent option {0} before STARTTLS to a server that requires TLS")]
+    TlsRequired(u32),
 }

@@ -1,6 +1,5 @@
 //! Fixed newstyle handshake (option haggling) up to the transmission phase.
 
-use std::io::{BufReader, Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,7 +9,8 @@ use crate::export::{Backend, Export};
 use crate::meta::{self, MetaContext, MAX_META_QUERIES};
 use crate::protocol::*;
 use crate::server::ServerConfig;
-use crate::stream::Stream;
+use crate::tls::{ClientIdentity, TlsMode};
+use crate::transport::Channel;
 
 /// Options accepted per handshake before the client is disconnected.
 pub(crate) const MAX_OPTIONS: usize = 1000;
@@ -75,32 +75,45 @@ struct State<'a> {
     /// NBD_OPT_SET_META_CONTEXT.
     meta: Option<(String, Vec<MetaContext>)>,
     out: Vec<u8>,
+    /// NBD_OPT_STARTTLS succeeded.
+    tls_active: bool,
+    /// The verified client certificate's names (mutual TLS).
+    identity: Option<ClientIdentity>,
 }
 
 enum Next {
     Continue,
+    /// NBD_OPT_STARTTLS was acknowledged: run the TLS handshake.
+    StartTls(Arc<rustls::ServerConfig>),
     Go(Negotiated),
 }
 
-/// Run the handshake on `reader` (buffered socket) replying on `w`.
+/// Run the handshake on `chan`; returns the session and the channel
+/// (upgraded to TLS if the client asked for it).
 pub(crate) fn negotiate(
-    reader: &mut BufReader<Stream>,
-    w: &Stream,
+    mut chan: Channel,
     backend: &dyn Backend,
     config: &ServerConfig,
     shutting_down: &AtomicBool,
-) -> Result<Negotiated, NbdError> {
+) -> Result<(Negotiated, Channel), NbdError> {
     let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
-    reader.get_ref().set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
-    w.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
-    let mut wr = w;
-    wr.write_all(&encode_greeting(SERVER_HANDSHAKE_FLAGS))?;
+    chan.sock().set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    chan.sock().set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    chan.write_all(&encode_greeting(SERVER_HANDSHAKE_FLAGS))?;
 
     let mut raw = [0u8; 4];
-    read_exact(reader, &mut raw)?;
+    read_exact(&mut chan, &mut raw)?;
     let cflags = parse_client_flags(u32::from_be_bytes(raw), SERVER_HANDSHAKE_FLAGS)?;
 
-    let mut st = State { backend, config, structured: false, meta: None, out: Vec::with_capacity(256) };
+    let mut st = State {
+        backend,
+        config,
+        structured: false,
+        meta: None,
+        out: Vec::with_capacity(256),
+        tls_active: false,
+        identity: None,
+    };
     let mut n = 0usize;
     loop {
         n += 1;
@@ -111,9 +124,9 @@ pub(crate) fn negotiate(
         if remaining.is_zero() {
             return Err(NbdError::HandshakeTimeout);
         }
-        reader.get_ref().set_read_timeout(Some(remaining))?;
+        chan.sock().set_read_timeout(Some(remaining))?;
         let mut hb = [0u8; OPTION_HEADER_LEN];
-        read_exact(reader, &mut hb)?;
+        read_exact(&mut chan, &mut hb)?;
         let hdr = parse_option_header(&hb)?;
         if !cflags.fixed_newstyle && hdr.option != NBD_OPT_EXPORT_NAME {
             // A non-fixed client cannot parse option replies.
@@ -123,33 +136,37 @@ pub(crate) fn negotiate(
             return Err(NbdError::OptionTooLong { option: hdr.option, length: hdr.length });
         }
         let mut data = vec![0u8; hdr.length as usize];
-        read_exact(reader, &mut data)?;
+        read_exact(&mut chan, &mut data)?;
         log::debug!("nbd: option {} ({} bytes)", hdr.option, hdr.length);
 
         st.out.clear();
         if shutting_down.load(Ordering::Relaxed) && hdr.option != NBD_OPT_ABORT {
             if hdr.option != NBD_OPT_EXPORT_NAME {
                 push_option_reply(&mut st.out, hdr.option, NBD_REP_ERR_SHUTDOWN, b"server is shutting down");
-                let _ = wr.write_all(&st.out);
+                let _ = chan.write_all(&st.out);
             }
             return Err(NbdError::ShuttingDown);
         }
         let next = st.option(hdr.option, &data, cflags.no_zeroes);
         if !st.out.is_empty() {
-            wr.write_all(&st.out)?;
+            chan.write_all(&st.out)?;
         }
         match next? {
             Next::Continue => {}
+            Next::StartTls(tls) => {
+                chan = chan.start_tls(tls, crate::connection::READ_BUF)?;
+                st.tls_started(chan.identity().cloned());
+            }
             Next::Go(neg) => {
-                reader.get_ref().set_read_timeout(None)?;
-                w.set_write_timeout(None)?;
-                return Ok(neg);
+                chan.sock().set_read_timeout(None)?;
+                chan.sock().set_write_timeout(None)?;
+                return Ok((neg, chan));
             }
         }
     }
 }
 
-fn read_exact(r: &mut BufReader<Stream>, buf: &mut [u8]) -> Result<(), NbdError> {
+fn read_exact(r: &mut Channel, buf: &mut [u8]) -> Result<(), NbdError> {
     match r.read_exact(buf) {
         Ok(()) => Ok(()),
         Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
@@ -170,6 +187,63 @@ impl State<'_> {
         Ok(Next::Continue)
     }
 
+    /// After a successful TLS handshake: nothing negotiated in plaintext
+    /// carries over (proto.md, NBD_OPT_STARTTLS).
+    fn tls_started(&mut self, identity: Option<ClientIdentity>) {
+        self.tls_active = true;
+        self.structured = false;
+        self.meta = None;
+        if let Some(id) = &identity {
+            log::info!("nbd: TLS client certificate names {:?}", id.names);
+        }
+        self.identity = identity;
+    }
+
+    /// In require mode before TLS: refuse every option but STARTTLS and
+    /// ABORT (ERR_TLS_REQD; EXPORT_NAME cannot be refused, so close).
+    fn tls_gate(&mut self, option: u32) -> Result<Option<Next>, NbdError> {
+        let required = self.config.tls.as_ref().is_some_and(|t| t.mode == TlsMode::Require) && !self.tls_active;
+        if !required || option == NBD_OPT_STARTTLS || option == NBD_OPT_ABORT {
+            return Ok(None);
+        }
+        if option == NBD_OPT_EXPORT_NAME {
+            return Err(NbdError::TlsRequired(option));
+        }
+        log::info!("nbd: option {option} before STARTTLS refused (TLS required)");
+        self.reply(option, NBD_REP_ERR_TLS_REQD, b"TLS is required: send NBD_OPT_STARTTLS first");
+        Ok(Some(Next::Continue))
+    }
+
+    fn start_tls(&mut self, option: u32, data: &[u8]) -> Result<Next, NbdError> {
+        if !data.is_empty() {
+            return self.invalid(option, "NBD_OPT_STARTTLS takes no data");
+        }
+        let Some(tls) = &self.config.tls else {
+            self.reply(option, NBD_REP_ERR_POLICY, b"TLS is not enabled on this server");
+            return Ok(Next::Continue);
+        };
+        if self.tls_active {
+            return self.invalid(option, "TLS is already active");
+        }
+        let config = Arc::clone(&tls.rustls);
+        self.reply(option, NBD_REP_ACK, &[]);
+        Ok(Next::StartTls(config))
+    }
+
+    /// Whether the client may see export `name` (the TLS allow-list).
+    fn visible(&self, name: &str) -> bool {
+        match self.config.tls.as_ref().and_then(|t| t.allow.as_ref()) {
+            None => true,
+            Some(allow) => allow.permits(self.identity.as_ref(), name),
+        }
+    }
+
+    /// With an allow-list, every export is TLS-only: a plaintext client
+    /// has no certificate to be allowed by.
+    fn exports_need_tls(&self) -> bool {
+        !self.tls_active && self.config.tls.as_ref().is_some_and(|t| t.allow.is_some())
+    }
+
     /// Resolve the empty name to the default export.
     fn resolve(&self, name: &str) -> Option<String> {
         if name.is_empty() {
@@ -181,6 +255,11 @@ impl State<'_> {
 
     fn open(&self, name: &str) -> Option<(String, Arc<dyn Export>)> {
         let resolved = self.resolve(name)?;
+        if !self.visible(&resolved) {
+            let who = self.identity.as_ref().map(|i| i.names.as_slice()).unwrap_or_default();
+            log::info!("nbd: export {resolved:?} is not in the allow-list of client {who:?}");
+            return None;
+        }
         let export = self.backend.open(&resolved)?;
         Some((resolved, export))
     }
@@ -206,6 +285,9 @@ impl State<'_> {
     }
 
     fn option(&mut self, option: u32, data: &[u8], no_zeroes: bool) -> Result<Next, NbdError> {
+        if let Some(refused) = self.tls_gate(option)? {
+            return Ok(refused);
+        }
         match option {
             NBD_OPT_EXPORT_NAME => {
                 let name = parse_export_name(data)?;
@@ -225,20 +307,15 @@ impl State<'_> {
                 if !data.is_empty() {
                     return self.invalid(option, "NBD_OPT_LIST takes no data");
                 }
-                for e in self.backend.list() {
+                let visible: Vec<_> = self.backend.list().into_iter().filter(|e| self.visible(&e.name)).collect();
+                for e in visible {
                     let payload = encode_rep_server(&e.name, &e.description);
                     self.reply(option, NBD_REP_SERVER, &payload);
                 }
                 self.reply(option, NBD_REP_ACK, &[]);
                 Ok(Next::Continue)
             }
-            NBD_OPT_STARTTLS => {
-                if !data.is_empty() {
-                    return self.invalid(option, "NBD_OPT_STARTTLS takes no data");
-                }
-                self.reply(option, NBD_REP_ERR_POLICY, b"TLS is not supported by this server");
-                Ok(Next::Continue)
-            }
+            NBD_OPT_STARTTLS => self.start_tls(option, data),
             NBD_OPT_INFO | NBD_OPT_GO => self.info(option, data),
             NBD_OPT_STRUCTURED_REPLY => {
                 if !data.is_empty() {
@@ -267,7 +344,13 @@ impl State<'_> {
             Err(e) => return self.invalid(option, &e.to_string()),
         };
         let Some((name, export)) = self.open(&req.name) else {
-            self.reply(option, NBD_REP_ERR_UNKNOWN, format!("unknown export {:?}", req.name).as_bytes());
+            if self.exports_need_tls() {
+                // proto.md SELECTIVETLS: INFO/GO on a TLS-only (or missing)
+                // export before TLS answers ERR_TLS_REQD.
+                self.reply(option, NBD_REP_ERR_TLS_REQD, b"exports need TLS with a client certificate");
+            } else {
+                self.reply(option, NBD_REP_ERR_UNKNOWN, format!("unknown export {:?}", req.name).as_bytes());
+            }
             return Ok(Next::Continue);
         };
         let neg = self.negotiated(name, export);

@@ -25,7 +25,9 @@
 //! Modules: [`protocol`] (constants and pure encoders/decoders), `handshake`
 //! (option haggling), `meta` (metadata context names, queries and IDs),
 //! `connection` (transmission phase: reader, workers),
-//! `writer` (combining reply writer), [`server`] (listeners and shutdown),
+//! `writer` (combining reply writer), `transport` (plain socket or TLS
+//! session), [`tls`] (certificates, modes, allow-list),
+//! [`server`] (listeners and shutdown),
 //! [`export`] (traits), [`error`], [`memory`] (in-memory export for tests).
 
 pub mod error;
@@ -33,14 +35,17 @@ pub mod export;
 pub mod memory;
 pub mod protocol;
 pub mod server;
+pub mod tls;
 
 mod connection;
 mod handshake;
 mod meta;
 mod stream;
+mod transport;
 mod util;
 mod writer;
 
 pub use error::{ExportError, NbdError, ProtocolError};
 pub use export::{Backend, BlockStatusExtent, ContextExtent, Export, ExportDescription};
 pub use server::{Server, ServerConfig};
+pub use tls::{AllowList, ClientIdentity, TlsConfig, TlsError, TlsMode};

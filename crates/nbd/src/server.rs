@@ -1,9 +1,10 @@
 //! Listeners, connection bookkeeping and graceful shutdown.
 
 use std::collections::HashMap;
-use std::io::{self, BufReader};
+use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -17,6 +18,8 @@ use crate::error::NbdError;
 use crate::export::Backend;
 use crate::handshake;
 use crate::stream::Stream;
+use crate::tls::TlsConfig;
+use crate::transport::{Channel, Transport};
 use crate::util::{lock, wait_timeout};
 
 /// Tunables of a [`Server`].
@@ -34,6 +37,8 @@ pub struct ServerConfig {
     pub max_request_bytes: u32,
     /// Concurrent connections; further ones are closed at once (default 256).
     pub max_connections: usize,
+    /// NBD_OPT_STARTTLS: None (default) answers it with ERR_POLICY.
+    pub tls: Option<TlsConfig>,
 }
 
 impl Default for ServerConfig {
@@ -43,6 +48,7 @@ impl Default for ServerConfig {
             workers_per_conn: 8,
             max_request_bytes: 32 * 1024 * 1024,
             max_connections: 256,
+            tls: None,
         }
     }
 }
@@ -121,8 +127,15 @@ impl Server {
     /// Bind a Unix socket at `path` (a stale socket there is removed; a live
     /// one is an `AddrInUse` error) with mode 0600, and spawn its accept thread.
     pub fn listen_unix(&self, path: &Path) -> io::Result<()> {
+        self.listen_unix_with_mode(path, 0o600)
+    }
+
+    /// [`Server::listen_unix`] with permission bits `mode` (e.g. 0o660 for
+    /// a group). The socket never has wider permissions than `mode`, not
+    /// even briefly.
+    pub fn listen_unix_with_mode(&self, path: &Path, mode: u32) -> io::Result<()> {
         self.check_running()?;
-        let l = Arc::new(bind_unix(path)?);
+        let l = Arc::new(bind_unix(path, mode & 0o777)?);
         let inner = Arc::clone(&self.inner);
         let l2 = Arc::clone(&l);
         let thread = std::thread::Builder::new()
@@ -249,7 +262,7 @@ fn join_within(t: JoinHandle<()>, d: Duration) -> Result<(), JoinHandle<()>> {
     Ok(())
 }
 
-fn bind_unix(path: &Path) -> io::Result<UnixListener> {
+fn bind_unix(path: &Path, mode: u32) -> io::Result<UnixListener> {
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
             return Err(io::Error::new(
@@ -263,28 +276,46 @@ fn bind_unix(path: &Path) -> io::Result<UnixListener> {
         log::info!("nbd: removing stale socket {}", path.display());
         std::fs::remove_file(path)?;
     }
-    // Bind under a temporary name, restrict it, then move it into place so
-    // that the socket is never reachable with wider permissions.
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    let file = path.file_name().and_then(|f| f.to_str()).unwrap_or("nbd");
-    let tmp =
-        path.with_file_name(format!(".{file}.{}.{}.tmp", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
-    match UnixListener::bind(&tmp) {
-        Ok(l) => {
-            let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
-                .and_then(|()| std::fs::rename(&tmp, path));
-            if let Err(e) = placed {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(e);
-            }
-            Ok(l)
+    bind_with_mode(path, mode)
+}
+
+/// Bind and listen on `path` so that the socket file is never more open
+/// than `mode`: Linux creates it with the socket's own mode minus the
+/// umask, so the socket is fchmod-ed before bind; the file is then set to
+/// exactly `mode` (only adding back what the umask removed) before
+/// listen, so no client can connect while it has other permissions.
+fn bind_with_mode(path: &Path, mode: u32) -> io::Result<UnixListener> {
+    // SAFETY: plain system calls on a descriptor we own; the sockaddr is
+    // zeroed and filled within its bounds.
+    unsafe {
+        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
         }
-        Err(_) => {
-            // E.g. the temporary name is too long for sun_path.
-            let l = UnixListener::bind(path)?;
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-            Ok(l)
+        let fd = OwnedFd::from_raw_fd(fd);
+        if libc::fchmod(fd.as_raw_fd(), mode as libc::mode_t) != 0 {
+            return Err(io::Error::last_os_error());
         }
+        let mut addr: libc::sockaddr_un = std::mem::zeroed();
+        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        let bytes = path.as_os_str().as_bytes();
+        if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("bad socket path {}", path.display())));
+        }
+        for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+            *d = *s as libc::c_char;
+        }
+        let len = std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1;
+        if libc::bind(fd.as_raw_fd(), &addr as *const _ as *const libc::sockaddr, len as libc::socklen_t) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let placed = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode));
+        if placed.is_err() || libc::listen(fd.as_raw_fd(), 128) != 0 {
+            let e = placed.err().unwrap_or_else(io::Error::last_os_error);
+            let _ = std::fs::remove_file(path);
+            return Err(e);
+        }
+        Ok(UnixListener::from(fd))
     }
 }
 
@@ -344,18 +375,25 @@ fn start_connection(inner: &Arc<Inner>, stream: Stream) {
 fn run_connection(inner: &Inner, id: u64, stream: Stream) {
     let peer = stream.peer();
     log::info!("nbd: connection {id} from {peer}");
-    let write_stream = match stream.try_clone() {
-        Ok(s) => s,
+    let (ctl, chan) = match stream.try_clone().and_then(|ctl| Ok((ctl, Channel::plain(stream, connection::READ_BUF)?)))
+    {
+        Ok(x) => x,
         Err(e) => {
             log::warn!("nbd: connection {id}: cannot clone socket: {e}");
             return;
         }
     };
-    let mut reader = BufReader::with_capacity(connection::READ_BUF, stream);
-    match handshake::negotiate(&mut reader, &write_stream, &*inner.backend, &inner.config, &inner.shutting_down) {
-        Ok(neg) => {
+    match handshake::negotiate(chan, &*inner.backend, &inner.config, &inner.shutting_down) {
+        Ok((neg, chan)) => {
             let name = neg.name.clone();
-            let end = connection::serve(neg, reader, write_stream, &inner.config, &inner.shutting_down);
+            let (cfg, stop) = (&inner.config, &inner.shutting_down);
+            // Two monomorphic read loops: the plaintext one is unchanged.
+            let end = match chan {
+                Channel::Plain { reader, writer } => {
+                    connection::serve(neg, reader, Transport::Plain(writer), cfg, stop)
+                }
+                Channel::Tls { reader, session } => connection::serve(neg, reader, Transport::Tls(session), cfg, stop),
+            };
             log::info!("nbd: connection {id} ({peer}, export {name:?}) closed: {end:?}");
         }
         Err(e) => {
@@ -371,9 +409,10 @@ fn run_connection(inner: &Inner, id: u64, stream: Stream) {
                 {
                     log::info!("nbd: connection {id} ({peer}): client disconnected during the handshake")
                 }
+                NbdError::Tls(tls) => log::warn!("nbd: connection {id} ({peer}): TLS refused: {tls}"),
                 _ => log::warn!("nbd: connection {id} ({peer}): handshake failed: {e}"),
             }
-            write_stream.shutdown(Shutdown::Both);
+            ctl.shutdown(Shutdown::Both);
         }
     }
 }

@@ -10,12 +10,11 @@
 //! buffers are never copied.
 
 use std::io::IoSlice;
-use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::protocol;
-use crate::stream::Stream;
+use crate::transport::Transport;
 use crate::util::lock;
 
 /// One reply: a short inline header followed by an optional payload.
@@ -133,7 +132,7 @@ impl BufPool {
 
 /// The shared, combining reply writer of one connection.
 pub(crate) struct ReplyWriter {
-    stream: Stream,
+    transport: Transport,
     state: Mutex<WriterState>,
     broken: AtomicBool,
 }
@@ -148,9 +147,9 @@ struct WriterState {
 const BATCH: usize = 64;
 
 impl ReplyWriter {
-    pub(crate) fn new(stream: Stream) -> ReplyWriter {
+    pub(crate) fn new(transport: Transport) -> ReplyWriter {
         ReplyWriter {
-            stream,
+            transport,
             state: Mutex::new(WriterState {
                 queue: Vec::with_capacity(64),
                 writing: false,
@@ -226,7 +225,7 @@ impl ReplyWriter {
                 log::debug!("nbd: reply write failed: {e}");
                 self.broken.store(true, Ordering::Relaxed);
                 // Wake the reader too: the connection is over.
-                self.stream.shutdown(Shutdown::Both);
+                self.transport.shutdown();
                 let dropped = std::mem::take(&mut st.queue);
                 st.writing = false;
                 drop(st);
@@ -243,7 +242,7 @@ impl ReplyWriter {
 
     /// Close the connection in both directions.
     pub(crate) fn shutdown(&self) {
-        self.stream.shutdown(Shutdown::Both);
+        self.transport.shutdown();
     }
 
     fn write_batch(&self, batch: &[Reply]) -> std::io::Result<()> {
@@ -260,7 +259,10 @@ impl ReplyWriter {
                     n += 1;
                 }
             }
-            self.stream.write_all_vectored(&mut iov[..n])?;
+            match &self.transport {
+                Transport::Plain(s) => s.write_all_vectored(&mut iov[..n])?,
+                Transport::Tls(t) => t.write_all_vectored(&iov[..n])?,
+            }
         }
         Ok(())
     }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use tarn_nbd::memory::{MemoryBackend, MemoryExport};
 use tarn_nbd::protocol::*;
-use tarn_nbd::{BlockStatusExtent, Export, ExportError, Server, ServerConfig};
+use tarn_nbd::{Server, ServerConfig};
 
 fn wait_for(mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -81,40 +81,15 @@ fn disc_answers_in_flight_requests_first() {
     assert_eq!(t.export.allocated_blocks(), 50);
 }
 
-/// An export whose writes take a while, to have requests in flight.
-struct Slow(MemoryExport);
-
-impl Export for Slow {
-    fn size(&self) -> u64 {
-        self.0.size()
-    }
-    fn read_only(&self) -> bool {
-        false
-    }
-    fn read(&self, o: u64, b: &mut [u8]) -> Result<(), ExportError> {
-        self.0.read(o, b)
-    }
-    fn write(&self, o: u64, d: &[u8], f: bool) -> Result<(), ExportError> {
-        std::thread::sleep(Duration::from_millis(100));
-        self.0.write(o, d, f)
-    }
-    fn flush(&self) -> Result<(), ExportError> {
-        Ok(())
-    }
-    fn trim(&self, o: u64, l: u64, f: bool) -> Result<(), ExportError> {
-        self.0.trim(o, l, f)
-    }
-    fn write_zeroes(&self, o: u64, l: u64, n: bool, fa: bool, fu: bool) -> Result<(), ExportError> {
-        self.0.write_zeroes(o, l, n, fa, fu)
-    }
-    fn block_status(&self, o: u64, l: u64) -> Result<Vec<BlockStatusExtent>, ExportError> {
-        self.0.block_status(o, l)
-    }
+/// An export whose writes take 100 ms, to have requests in flight.
+fn slow_writes() -> Arc<SlowExport> {
+    let inner = MemoryExport::new(1 << 20);
+    Arc::new(SlowExport { inner, read_delay: Duration::ZERO, write_delay: Duration::from_millis(100) })
 }
 
 #[test]
 fn shutdown_answers_in_flight_then_closes() {
-    let backend = MemoryBackend::new().with_export("mem", "", Arc::new(Slow(MemoryExport::new(1 << 20))));
+    let backend = MemoryBackend::new().with_export("mem", "", slow_writes());
     let server = Server::new(Arc::new(backend), ServerConfig::default());
     let addr = server.listen_tcp("127.0.0.1:0").unwrap();
     let (mut c, _, _) = Client::open(addr, false);
@@ -150,7 +125,7 @@ fn shutdown_answers_in_flight_then_closes() {
 
 #[test]
 fn shutdown_refuses_requests_not_yet_started() {
-    let backend = MemoryBackend::new().with_export("mem", "", Arc::new(Slow(MemoryExport::new(1 << 20))));
+    let backend = MemoryBackend::new().with_export("mem", "", slow_writes());
     let server = Server::new(Arc::new(backend), ServerConfig::default());
     let addr = server.listen_tcp("127.0.0.1:0").unwrap();
     let (mut c, _, _) = Client::open(addr, false);
@@ -189,7 +164,7 @@ fn shutdown_refuses_requests_not_yet_started() {
 fn slow_requests_run_concurrently() {
     // Writes take 100 ms each: after the first one the server must spread
     // them over its workers instead of running them one after another.
-    let backend = MemoryBackend::new().with_export("mem", "", Arc::new(Slow(MemoryExport::new(1 << 20))));
+    let backend = MemoryBackend::new().with_export("mem", "", slow_writes());
     let server = Server::new(Arc::new(backend), ServerConfig::default());
     let addr = server.listen_tcp("127.0.0.1:0").unwrap();
     let (mut c, _, _) = Client::open(addr, false);

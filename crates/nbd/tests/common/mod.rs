@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tarn_nbd::memory::{MemoryBackend, MemoryExport};
 use tarn_nbd::protocol::*;
-use tarn_nbd::{Server, ServerConfig};
+use tarn_nbd::{BlockStatusExtent, Export, ExportError, Server, ServerConfig};
 
 pub const SIZE: u64 = 16 << 20;
 
@@ -35,8 +35,10 @@ pub fn start_with(export: MemoryExport, config: ServerConfig) -> TestServer {
     TestServer { server, addr, export }
 }
 
-pub struct Client {
-    pub s: TcpStream,
+/// A raw client on a TCP stream, or on any other byte stream (a TLS
+/// session after NBD_OPT_STARTTLS).
+pub struct Client<S: Read + Write = TcpStream> {
+    pub s: S,
 }
 
 #[derive(Debug)]
@@ -61,7 +63,7 @@ pub enum Reply {
     Chunk(Chunk),
 }
 
-impl Client {
+impl Client<TcpStream> {
     /// Connect and do the initial greeting with the given client flags.
     pub fn connect_raw(addr: SocketAddr, client_flags: u32) -> Client {
         let s = TcpStream::connect(addr).expect("connect");
@@ -80,6 +82,21 @@ impl Client {
         Client::connect_raw(addr, NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES)
     }
 
+    /// Full handshake: optionally structured replies + base:allocation, then GO.
+    pub fn open(addr: SocketAddr, structured: bool) -> (Client, u64, u16) {
+        let mut c = Client::connect(addr);
+        if structured {
+            c.structured();
+            let r = c.set_meta("mem", &["base:allocation"]);
+            assert_eq!(r.len(), 2);
+            assert_eq!(r[0].rtype, NBD_REP_META_CONTEXT);
+        }
+        let (size, flags, _) = c.go("mem", &[NBD_INFO_BLOCK_SIZE]).expect("GO");
+        (c, size, flags)
+    }
+}
+
+impl<S: Read + Write> Client<S> {
     pub fn send_option(&mut self, option: u32, data: &[u8]) {
         let mut b = Vec::new();
         b.extend_from_slice(&IHAVEOPT.to_be_bytes());
@@ -177,19 +194,6 @@ impl Client {
         let size = u64::from_be_bytes(exp.data[2..10].try_into().unwrap());
         let flags = u16::from_be_bytes(exp.data[10..12].try_into().unwrap());
         Ok((size, flags, replies))
-    }
-
-    /// Full handshake: optionally structured replies + base:allocation, then GO.
-    pub fn open(addr: SocketAddr, structured: bool) -> (Client, u64, u16) {
-        let mut c = Client::connect(addr);
-        if structured {
-            c.structured();
-            let r = c.set_meta("mem", &["base:allocation"]);
-            assert_eq!(r.len(), 2);
-            assert_eq!(r[0].rtype, NBD_REP_META_CONTEXT);
-        }
-        let (size, flags, _) = c.go("mem", &[NBD_INFO_BLOCK_SIZE]).expect("GO");
-        (c, size, flags)
     }
 
     pub fn request(&mut self, flags: u16, command: u16, handle: u64, offset: u64, length: u32, payload: &[u8]) {
@@ -324,4 +328,41 @@ pub fn parse_block_status(payload: &[u8]) -> (u32, Vec<(u32, u32)>) {
 
 pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+/// A memory export whose reads and writes take a while: requests stay in
+/// flight, and the server answers them on worker threads.
+pub struct SlowExport {
+    pub inner: MemoryExport,
+    pub read_delay: Duration,
+    pub write_delay: Duration,
+}
+
+impl Export for SlowExport {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_only(&self) -> bool {
+        false
+    }
+    fn read(&self, o: u64, b: &mut [u8]) -> Result<(), ExportError> {
+        std::thread::sleep(self.read_delay);
+        self.inner.read(o, b)
+    }
+    fn write(&self, o: u64, d: &[u8], f: bool) -> Result<(), ExportError> {
+        std::thread::sleep(self.write_delay);
+        self.inner.write(o, d, f)
+    }
+    fn flush(&self) -> Result<(), ExportError> {
+        self.inner.flush()
+    }
+    fn trim(&self, o: u64, l: u64, f: bool) -> Result<(), ExportError> {
+        self.inner.trim(o, l, f)
+    }
+    fn write_zeroes(&self, o: u64, l: u64, n: bool, fa: bool, fu: bool) -> Result<(), ExportError> {
+        self.inner.write_zeroes(o, l, n, fa, fu)
+    }
+    fn block_status(&self, o: u64, l: u64) -> Result<Vec<BlockStatusExtent>, ExportError> {
+        self.inner.block_status(o, l)
+    }
 }
