@@ -57,9 +57,29 @@ pub fn control_socket_path(uuid: &str) -> PathBuf {
 }
 
 /// The control socket for the pool on `primary`, if a server answers there.
+/// Found by the pool uuid on the device, or — when the device cannot be read
+/// (failing, or a missing mirror leg) — by the alias the server made for
+/// the path it was started with.
 pub fn running_server(primary: &Path) -> Option<PathBuf> {
-    let dev = FileDevice::open(primary, false).ok()?;
-    let uuid = Pool::pool_uuid(&dev).ok()?;
-    let path = control_socket_path(&uuid);
-    std::os::unix::net::UnixStream::connect(&path).ok().map(|_| path)
+    let by_uuid = FileDevice::open(primary, false)
+        .ok()
+        .and_then(|dev| Pool::pool_uuid(&dev).ok())
+        .map(|uuid| control_socket_path(&uuid));
+    [by_uuid, Some(control_alias_path(primary))]
+        .into_iter()
+        .flatten()
+        .find(|path| std::os::unix::net::UnixStream::connect(path).is_ok())
+}
+
+/// A symlink to the control socket named after the pool's primary path
+/// (FNV-1a of the canonical path: stable across builds).
+pub fn control_alias_path(primary: &Path) -> PathBuf {
+    let canonical = std::fs::canonicalize(primary).unwrap_or_else(|_| primary.to_path_buf());
+    let hash = canonical
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    let socket = control_socket_path("x");
+    socket.with_file_name(format!("path-{hash:016x}.sock"))
 }

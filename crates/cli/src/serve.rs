@@ -4,7 +4,7 @@
 
 use crate::control;
 use crate::export::{Clients, PoolBackend};
-use crate::poolfile::{control_socket_path, open_pool};
+use crate::poolfile::{control_alias_path, control_socket_path, open_pool};
 use anyhow::{Context, Result};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -36,6 +36,11 @@ pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>
     let control_path = control_socket_path(&status.uuid);
     let clients = Arc::new(Clients::default());
     control::listen(control_path.clone(), pool.clone(), clients.clone())?;
+    let alias = control_alias_path(&args.pool);
+    let _ = std::fs::remove_file(&alias);
+    if let Err(e) = std::os::unix::fs::symlink(&control_path, &alias) {
+        log::warn!("control socket alias {}: {e} (admin commands then need a readable pool device)", alias.display());
+    }
     if let Some(t) = &args.tls {
         log::info!("NBD over TLS: {:?}", t.mode());
     }
@@ -62,6 +67,7 @@ pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>
     stop.store(true, Ordering::SeqCst);
     let _ = committer.join();
     let _ = std::fs::remove_file(&control_path);
+    let _ = std::fs::remove_file(&alias);
     if let Some(sock) = &args.socket {
         let _ = std::fs::remove_file(sock);
     }
