@@ -129,3 +129,37 @@ fn scrub_reports_progress_and_respects_its_rate() {
     // 1 MiB at 4 MiB/s: at least ~250 ms (the first chunk is free).
     assert!(t.elapsed() >= std::time::Duration::from_millis(200), "{:?}", t.elapsed());
 }
+
+#[test]
+fn idle_regions_close_so_a_crash_does_not_excuse_their_corruption() {
+    let (sim, pool) = fixture::one_device_pool(256 * MIB);
+    let a = pool.create_volume("a", 16 * MIB).unwrap().id;
+    let b = pool.create_volume("b", 128 * MIB).unwrap().id;
+    fill(&pool, a, 32);
+    // Open a's region: a redirected overwrite asks, the flush opens it.
+    pool.write(a, 3 * BS as u64, &block(103), false).unwrap();
+    pool.flush().unwrap();
+    // b's data goes past the first 64 MiB region of the device.
+    let chunk = vec![0x11u8; MIB as usize];
+    for i in 0..100 {
+        pool.write(b, i * MIB, &chunk, false).unwrap();
+    }
+    pool.flush().unwrap();
+    // Commits with in-place writes only in b's last region: a's goes idle.
+    for i in 0..12u64 {
+        pool.write(b, 99 * MIB + i * BS as u64, &block(500 + i), false).unwrap();
+        pool.flush().unwrap();
+    }
+    let at = find(&sim, &block(5));
+    sim.flip_bit(at + 7, 1);
+    sim.crash(&mut ChaCha8Rng::seed_from_u64(3));
+    drop(pool);
+    let pool = fixture::reopen(&sim).unwrap();
+    let mut buf = vec![0u8; BS];
+    let err = pool.read(a, 5 * BS as u64, &mut buf).unwrap_err();
+    assert!(matches!(err, EngineError::Checksum { .. }), "{err}");
+    // b's region was open at the crash: resynced, and b reads back.
+    assert!(pool.status().resynced_blocks == 0, "nothing changed behind the sums in b");
+    pool.read(b, 99 * MIB + 4 * BS as u64, &mut buf).unwrap();
+    assert_eq!(buf, block(504));
+}
