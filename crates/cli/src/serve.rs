@@ -59,6 +59,7 @@ pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>
     on_ready(addr);
     let stop = Arc::new(AtomicBool::new(false));
     let committer = spawn_committer(pool.clone(), args.commit_interval, stop.clone());
+    spawn_resync(pool.clone());
     let mut signals = Signals::new([SIGTERM, SIGINT]).context("install signal handlers")?;
     if let Some(sig) = signals.forever().next() {
         log::info!("signal {sig}: draining connections");
@@ -74,6 +75,25 @@ pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>
     pool.close().context("final commit")?;
     eprintln!("tarn: pool committed and closed");
     Ok(())
+}
+
+/// Resync the overwrite regions a crash left open, while clients already
+/// work (reads there resync what they touch first).
+fn spawn_resync(pool: Arc<Pool>) {
+    let pending = pool.resync_pending();
+    if pending == 0 {
+        return;
+    }
+    let spawned = std::thread::Builder::new().name("resync".into()).spawn(move || {
+        let started = std::time::Instant::now();
+        match pool.resync() {
+            Ok(n) => log::info!("resync of {pending} regions done in {:.1?}: {n} checksums renewed", started.elapsed()),
+            Err(e) => log::error!("resync failed: {e}"),
+        }
+    });
+    if let Err(e) = spawned {
+        log::error!("could not start the resync thread ({e}); it runs at the next checkpoint");
+    }
 }
 
 /// Commit whatever changed every `interval`, so clients that never flush

@@ -80,16 +80,25 @@ impl Pool {
     }
 
     fn commit_steps(&self, ctl: &mut CommitCtl, force_checkpoint: bool) -> Result<()> {
+        if force_checkpoint || journal_low(ctl) {
+            // A checkpoint closes every region: resync what a crash left open.
+            self.resync_suspects()?;
+        }
         let mut drained = self.needs_drain(ctl, force_checkpoint);
+        let mut tries = 0;
         let taken = loop {
             // Closing an overwrite region needs every in-place write to it
             // recorded: hold the I/O gate while the commit takes its ops.
-            let _quiet = drained.then(|| self.io_gate.write().unwrap_or_else(|p| p.into_inner()));
-            match self.take_pending(ctl, force_checkpoint, drained)? {
-                Some(taken) => break taken,
-                None if !drained => drained = true,
-                None => unreachable!("a drained commit always takes its ops"),
+            let quiet = drained.then(|| self.io_gate.write().unwrap_or_else(|p| p.into_inner()));
+            if let Some(taken) = self.take_pending(ctl, force_checkpoint, drained)? {
+                break taken;
             }
+            // A checkpoint it must be: drain, and resync what a crash left open.
+            drop(quiet);
+            tries += 1;
+            assert!(tries < 3, "a drained commit with every region resynced takes its ops");
+            self.resync_suspects()?;
+            drained = true;
         };
         let (plan, mut frees, gen) = taken;
         self.flush_dirty_devices()?;
@@ -124,12 +133,12 @@ impl Pool {
             return false;
         }
         let now = self.counters.commits.load(Ordering::Relaxed);
-        let journal_low = ctl.journal.used * 4 > ctl.journal.blocks * 3;
-        force_checkpoint || journal_low || !inner.regions.idle(&inner.state.open_regions, now).is_empty()
+        force_checkpoint || journal_low(ctl) || !inner.regions.idle(&inner.state.open_regions, now).is_empty()
     }
 
     /// Step 1: snapshot what this commit covers. None: it must be a
-    /// checkpoint, overwrite regions are open and I/O was not drained.
+    /// checkpoint, and overwrite regions are open with I/O not drained, or
+    /// await their resync after a crash.
     fn take_pending(&self, ctl: &CommitCtl, force_checkpoint: bool, drained: bool) -> Result<Option<Taken>> {
         let mut inner = self.write_inner();
         let inner = &mut *inner;
@@ -155,7 +164,7 @@ impl Pool {
         if !force_checkpoint && ctl.journal.fits(RecordHeader::blocks_for(payload.len())) {
             return Ok(Some((Plan::Journal { payload, epoch: inner.state.epoch, opened }, frees, gen)));
         }
-        if !drained && !inner.state.open_regions.is_empty() {
+        if (!drained && !inner.state.open_regions.is_empty()) || !inner.regions.suspect.is_empty() {
             // Put everything back; the caller drains and asks again.
             ops.retain(|op| !matches!(op, Op::Regions { .. }));
             inner.pending_ops = ops;
@@ -272,6 +281,11 @@ impl Pool {
         let mut inner = self.write_inner();
         frees.iter().for_each(|&(pba, len)| inner.space.give_back(pba, len));
     }
+}
+
+/// The journal is three quarters full: a checkpoint is near.
+fn journal_low(ctl: &CommitCtl) -> bool {
+    ctl.journal.used * 4 > ctl.journal.blocks * 3
 }
 
 /// What a commit takes: its plan, the space it frees, the write generation it covers.

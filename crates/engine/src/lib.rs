@@ -15,6 +15,7 @@ mod label;
 pub mod open;
 pub mod placement;
 pub mod pool;
+pub mod resync;
 pub mod scrub;
 pub mod snapshot;
 pub mod space;

@@ -227,8 +227,9 @@ impl Pool {
             options,
             counters: Counters::default(),
         };
-        if !read_only {
-            pool.resync_regions(&crashed_regions)?;
+        if !read_only && !crashed_regions.is_empty() {
+            log::warn!("{} overwrite regions were open at a crash: resync pending", crashed_regions.len());
+            pool.write_inner().regions.suspect = crashed_regions;
         }
         Ok(pool)
     }

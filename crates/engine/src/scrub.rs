@@ -1,17 +1,15 @@
 //! Scrub: read every block the pool references, on every copy, verify it
 //! against its checksum, rewrite bad copies from a good one, and name the
-//! volume ranges no copy can give back. Also the resync of overwrite
-//! regions that were open at a crash (see `sums.rs`).
+//! volume ranges no copy can give back.
 
 use crate::error::{EngineError, Result};
 use crate::extent_map::ExtentMap;
 use crate::label::{read_label, write_label_copy};
 use crate::pool::Pool;
-use crate::sums::{block_sum, regions_of};
+use crate::sums::block_sum;
 use std::collections::BTreeSet;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-use tarn_format::ops::{region_of, Op};
+
 use tarn_format::{Pba, BLOCK_SIZE};
 
 const BS: usize = BLOCK_SIZE as usize;
@@ -54,9 +52,9 @@ pub struct ScrubReport {
 
 /// A piece of physical space and who maps it.
 #[derive(Debug, Clone)]
-struct Owned {
-    pba: Pba,
-    len: u64,
+pub(crate) struct Owned {
+    pub pba: Pba,
+    pub len: u64,
     vol: u32,
     snapshot: Option<u64>,
     lba: u64,
@@ -105,7 +103,7 @@ impl Pool {
     }
 
     /// Every mapped physical extent with its owner, filtered by `keep`.
-    fn owned_extents(&self, keep: impl Fn(&Owned) -> bool) -> Vec<Owned> {
+    pub(crate) fn owned_extents(&self, keep: impl Fn(&Owned) -> bool) -> Vec<Owned> {
         let inner = self.read_inner();
         let mut out = Vec::new();
         for v in inner.state.volumes.values() {
@@ -166,6 +164,13 @@ impl Pool {
 
     /// Check one block on every copy against `want`, healing bad copies.
     fn check_block_copies(&self, pba: Pba, want: u32) -> BlockVerdict {
+        if self.is_suspect(pba) {
+            // Left open by a crash: whatever is there is valid; resync it.
+            return match self.resync_block(pba) {
+                Ok(_) => BlockVerdict::Good,
+                Err(_) => BlockVerdict::Lost(1),
+            };
+        }
         let c = self.examine_copies(pba, want);
         let bad = c.bad.len() as u64;
         match c.good {
@@ -219,56 +224,6 @@ impl Pool {
             }
         }
         out
-    }
-
-    /// After a crash: blocks in overwrite regions that were open may hold
-    /// data newer (or torn) relative to their checksums, and mirror copies
-    /// may differ. Any of those contents is a valid outcome of unflushed
-    /// writes: keep a copy that matches its sum, else copy 0's data with a
-    /// new sum, make every copy equal, and close the regions.
-    pub(crate) fn resync_regions(&self, regions: &BTreeSet<u64>) -> Result<()> {
-        if regions.is_empty() {
-            return Ok(());
-        }
-        let owned = self.owned_extents(|o| regions_of(o.pba, o.len).any(|r| regions.contains(&r)));
-        let mut ops = Vec::new();
-        for o in &owned {
-            for i in 0..o.len {
-                let pba = o.pba.offset_by(i);
-                if regions.contains(&region_of(pba.0)) {
-                    ops.extend(self.resync_block(pba)?);
-                }
-            }
-        }
-        let resynced = ops.len() as u64;
-        let mut ctl = self.lock_commit();
-        {
-            let mut inner = self.write_inner();
-            let ids: Vec<u64> = regions.iter().copied().collect();
-            ops.push(Op::Regions { open: false, ids });
-            self.apply_ops(&mut inner, ops).map_err(|e| EngineError::Inconsistent(e.to_string()))?;
-        }
-        self.commit_locked(&mut ctl, false)?;
-        self.counters.resynced_blocks.fetch_add(resynced, Ordering::Relaxed);
-        log::warn!("resynchronized {} overwrite regions open at a crash: {resynced} checksums renewed", regions.len());
-        Ok(())
-    }
-
-    /// One block of a region open at a crash: the op renewing its sum, if
-    /// no copy matched the stored one.
-    fn resync_block(&self, pba: Pba) -> Result<Option<Op>> {
-        let want = self.read_inner().state.sums.get(pba).unwrap_or(0);
-        let c = self.examine_copies(pba, want);
-        if let Some(good) = c.good {
-            self.rewrite_copies(pba, &good, &c.bad);
-            return Ok(None);
-        }
-        let dev = &self.devices[usize::from(pba.device())];
-        let mut block = vec![0u8; BS];
-        dev.read_at(&mut block, pba.byte_offset()).map_err(|e| EngineError::io("resync read", dev.name(), e))?;
-        let others: Vec<usize> = (1..dev.copies()).collect();
-        self.rewrite_copies(pba, &block, &others);
-        Ok(Some(Op::Sums { pba: pba.0, sums: vec![block_sum(&block)] }))
     }
 }
 

@@ -15,9 +15,9 @@
 //! (64 MiB of physical space each): a region opens by a commit before the
 //! first in-place write to it (until then writes there are redirected), and
 //! closes, with every checksum of it durable, once idle. After a crash the
-//! regions still open are resynchronized at open — checksums recomputed from
-//! whatever the blocks hold, copies made equal — like md's write-intent
-//! bitmap. Everywhere else a mismatch is corruption.
+//! regions still open are resynchronized (`resync.rs`) — checksums
+//! recomputed from whatever the blocks hold, copies made equal — like md's
+//! write-intent bitmap. Everywhere else a mismatch is corruption.
 
 use std::collections::{BTreeSet, HashMap};
 use tarn_format::ops::region_of;
@@ -137,12 +137,19 @@ pub struct RegionTracker {
     pub wanted: BTreeSet<u64>,
     /// Commit count at the last in-place write, per open region.
     pub last_write: IntMap<u64>,
+    /// Regions a crash left open, not yet resynced (`resync.rs`).
+    pub suspect: BTreeSet<u64>,
 }
 
 impl RegionTracker {
-    /// Open regions idle for `IDLE_COMMITS` commits as of commit `now`.
+    /// Open regions idle for `IDLE_COMMITS` commits as of commit `now`
+    /// (not those awaiting resync: they close when resynced).
     pub fn idle(&self, open: &BTreeSet<u64>, now: u64) -> Vec<u64> {
-        open.iter().copied().filter(|r| self.last_write.get(r).is_none_or(|&t| t + IDLE_COMMITS <= now)).collect()
+        open.iter()
+            .copied()
+            .filter(|r| !self.suspect.contains(r))
+            .filter(|r| self.last_write.get(r).is_none_or(|&t| t + IDLE_COMMITS <= now))
+            .collect()
     }
 }
 

@@ -96,7 +96,9 @@ impl Pool {
             if !heal {
                 return Ok(false);
             }
-            block.copy_from_slice(&self.heal_block(pba.offset_by(i as u64), want)?);
+            let at = pba.offset_by(i as u64);
+            let good = if self.is_suspect(at) { self.resync_block(at)?.0 } else { self.heal_block(at, want)? };
+            block.copy_from_slice(&good);
         }
         Ok(true)
     }

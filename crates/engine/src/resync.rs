@@ -1,0 +1,96 @@
+//! Resynchronizing the overwrite regions a crash left open (see `sums.rs`):
+//! their blocks may hold data newer than their checksums (an in-place
+//! write reached the disk, the commit with its sum did not), torn at sector
+//! granularity, and mirror copies may differ. Any of those contents is a
+//! valid outcome of unflushed writes, so for each block: keep a copy that
+//! matches its sum, else copy 0's content with a new sum; make every copy
+//! equal. Like md's resync after an unclean shutdown, it runs after open,
+//! in the background (`tarn serve`), so opening never scans data; until a
+//! region is done, reads there resync the blocks they touch first.
+
+use crate::error::{EngineError, Result};
+use crate::pool::Pool;
+use crate::sums::{block_sum, regions_of};
+use std::sync::atomic::Ordering;
+use tarn_format::ops::{region_of, Op, MAX_REGIONS_PER_OP};
+use tarn_format::{Pba, BLOCK_SIZE};
+
+const BS: usize = BLOCK_SIZE as usize;
+/// Blocks resynced per hold of the I/O gate (1 MiB): short stalls.
+const CHUNK_BLOCKS: u64 = 256;
+
+impl Pool {
+    /// Overwrite regions still waiting for their resync.
+    pub fn resync_pending(&self) -> usize {
+        self.read_inner().regions.suspect.len()
+    }
+
+    /// Resync every region a crash left open and commit; returns the
+    /// checksums renewed.
+    pub fn resync(&self) -> Result<u64> {
+        self.check_writable()?;
+        let mut ctl = self.lock_commit();
+        let renewed = self.resync_suspects()?;
+        self.commit_locked(&mut ctl, false)?;
+        Ok(renewed)
+    }
+
+    /// Whether `pba` lies in a region left open by a crash, not yet resynced.
+    pub(crate) fn is_suspect(&self, pba: Pba) -> bool {
+        let inner = self.read_inner();
+        !inner.regions.suspect.is_empty() && inner.regions.suspect.contains(&region_of(pba.0))
+    }
+
+    /// Resync the suspect regions and queue their sums and their closing
+    /// for the next commit. Called with the commit lock held.
+    pub(crate) fn resync_suspects(&self) -> Result<u64> {
+        let regions = self.read_inner().regions.suspect.clone();
+        if regions.is_empty() {
+            return Ok(0);
+        }
+        let owned = self.owned_extents(|o| regions_of(o.pba, o.len).any(|r| regions.contains(&r)));
+        let mut renewed = 0;
+        for o in &owned {
+            let mut at = 0;
+            while at < o.len {
+                let n = CHUNK_BLOCKS.min(o.len - at);
+                let _quiet = self.io_gate.write().unwrap_or_else(|p| p.into_inner());
+                for pba in (at..at + n).map(|i| o.pba.offset_by(i)).filter(|p| regions.contains(&region_of(p.0))) {
+                    if self.resync_block(pba)?.1 {
+                        renewed += 1;
+                    }
+                }
+                at += n;
+            }
+        }
+        let mut inner = self.write_inner();
+        inner.regions.suspect.clear();
+        let ids: Vec<u64> = regions.iter().copied().collect();
+        let ops = ids.chunks(MAX_REGIONS_PER_OP).map(|c| Op::Regions { open: false, ids: c.to_vec() }).collect();
+        self.apply_ops(&mut inner, ops).map_err(|e| EngineError::Inconsistent(e.to_string()))?;
+        log::warn!("resynchronized {} overwrite regions left open by a crash: {renewed} checksums renewed", ids.len());
+        Ok(renewed)
+    }
+
+    /// One block of a suspect region, I/O drained: its data (a copy matching
+    /// the stored sum, else copy 0's), every copy made equal; true if its
+    /// sum was renewed (the Sums op is queued).
+    pub(crate) fn resync_block(&self, pba: Pba) -> Result<(Vec<u8>, bool)> {
+        let want = self.read_inner().state.sums.get(pba).unwrap_or(0);
+        let c = self.examine_copies(pba, want);
+        if let Some(good) = c.good {
+            self.rewrite_copies(pba, &good, &c.bad);
+            return Ok((good, false));
+        }
+        let dev = &self.devices[usize::from(pba.device())];
+        let mut block = vec![0u8; BS];
+        dev.read_copy(0, &mut block, pba.byte_offset()).map_err(|e| EngineError::io("resync read", dev.name(), e))?;
+        let others: Vec<usize> = (1..dev.copies()).collect();
+        self.rewrite_copies(pba, &block, &others);
+        let op = Op::Sums { pba: pba.0, sums: vec![block_sum(&block)] };
+        let mut inner = self.write_inner();
+        self.apply_ops(&mut inner, vec![op]).map_err(|e| EngineError::Inconsistent(e.to_string()))?;
+        self.counters.resynced_blocks.fetch_add(1, Ordering::Relaxed);
+        Ok((block, true))
+    }
+}
