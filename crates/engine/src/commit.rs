@@ -100,6 +100,8 @@ impl Pool {
         let gen = self.write_gen.load(Ordering::SeqCst);
         let ops = std::mem::take(&mut inner.pending_ops);
         let frees = std::mem::take(&mut inner.pending_frees);
+        // A mirror leg changed state: only a checkpoint rewrites the table.
+        let force_checkpoint = force_checkpoint || self.device_table(&ctl.sb.devices) != ctl.sb.devices;
         if ops.is_empty() && !force_checkpoint {
             return Ok((Plan::DataOnly, frees, gen));
         }
@@ -168,6 +170,7 @@ impl Pool {
         sb.txid += 1;
         sb.checkpoint = cref;
         sb.journal_generation += 1;
+        sb.devices = self.device_table(&sb.devices);
         // Both copies carry the new state, one at a time with a flush
         // between: a torn write leaves the other copy (old or new) intact,
         // and rot in one copy never sends the pool back a checkpoint.

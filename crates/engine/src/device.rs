@@ -26,4 +26,24 @@ pub trait Device: Send + Sync {
     fn size(&self) -> u64;
     /// A human name for error messages (a path, or "sim#3").
     fn name(&self) -> String;
+    /// Independent copies of every byte (1 unless mirrored).
+    fn copies(&self) -> usize {
+        1
+    }
+    /// Read copy `copy` (0..copies()) only; Err if that copy is unavailable.
+    fn read_copy(&self, copy: usize, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        if copy == 0 {
+            self.read_at(buf, offset)
+        } else {
+            Err(io::Error::other("no such copy"))
+        }
+    }
+    /// Rewrite copy `copy` only (self-heal).
+    fn write_copy(&self, copy: usize, data: &[u8], offset: u64) -> io::Result<()> {
+        if copy == 0 {
+            self.write_at(data, offset)
+        } else {
+            Err(io::Error::other("no such copy"))
+        }
+    }
 }
