@@ -147,7 +147,7 @@ impl Pool {
     /// the leg label, which is the new leg's own), the journal, and every
     /// block the allocator does not hold free (data, checkpoints, space
     /// freed but not yet reusable).
-    fn used_ranges(&self, member: usize) -> Vec<(u64, u64)> {
+    pub fn used_ranges(&self, member: usize) -> Vec<(u64, u64)> {
         let inner = self.read_inner();
         let ds = &inner.space.devices[member];
         let mut out = vec![(0, LEG_LABEL_BLOCK), (LEG_LABEL_BLOCK + 1, ds.data_start - LEG_LABEL_BLOCK - 1)];
