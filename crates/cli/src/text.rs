@@ -16,7 +16,7 @@ pub fn name_and_size(v: &Value) -> (String, String) {
 
 pub fn status(v: &Value) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "pool {}", v["uuid"].as_str().unwrap_or("?"));
+    let _ = writeln!(s, "pool {}  {}", v["uuid"].as_str().unwrap_or("?"), v["state"].as_str().unwrap_or("ONLINE"));
     let _ = writeln!(s, "  size       {} ({} bytes)", b(&v["size"]), v["size"]);
     let _ = writeln!(s, "  used       {} ({} bytes)", b(&v["used"]), v["used"]);
     let _ = writeln!(s, "  free       {} ({} bytes)", b(&v["free"]), v["free"]);
@@ -44,11 +44,37 @@ pub fn status(v: &Value) -> String {
             b(&d["data"]),
             b(&d["free"])
         );
+        for l in d["legs"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                s,
+                "    leg {}  {:<11} {}  errors: {} read, {} write; {} blocks healed",
+                l["index"],
+                l["state"].as_str().unwrap_or("?"),
+                l["path"].as_str().unwrap_or("?"),
+                l["read_errors"],
+                l["write_errors"],
+                l["healed_blocks"]
+            );
+        }
     }
     for n in v["notes"].as_array().into_iter().flatten() {
         let _ = writeln!(s, "  note: {}", n.as_str().unwrap_or(""));
     }
     s
+}
+
+/// `pool replace`'s answer.
+pub fn replaced(v: &Value) -> String {
+    format!(
+        "replaced {} with {} (member {} leg {}): resilvered {} in {:.1}s ({:.0} MiB/s)\n",
+        v["old"].as_str().unwrap_or("?"),
+        v["new"].as_str().unwrap_or("?"),
+        v["member"],
+        v["leg"],
+        b(&v["copied_bytes"]),
+        v["seconds"].as_f64().unwrap_or(0.0),
+        v["mib_per_second"].as_f64().unwrap_or(0.0)
+    )
 }
 
 pub fn check(v: &Value) -> String {

@@ -121,7 +121,7 @@ fn assemble_mirror(
 ) -> Result<Arc<MirrorDevice>> {
     let mut devs: Vec<Option<Arc<dyn Device>>> = vec![None; entry.legs.len()];
     for dev in found {
-        let pos = identify_leg(sb, index, entry, dev.as_ref())?;
+        let Some(pos) = identify_leg(sb, index, entry, dev.as_ref(), notes)? else { continue };
         if devs[pos].is_some() {
             return Err(EngineError::InvalidArgument(format!("leg {pos} of member {index} given twice ({})", dev.name())));
         }
@@ -151,10 +151,28 @@ fn assemble_mirror(
     Ok(Arc::new(MirrorDevice::new(legs, entry.blocks * BLOCK_SIZE, writable)))
 }
 
-/// Which leg of member `index` `dev` is; refuses anything else by name.
-fn identify_leg(sb: &Superblock, index: usize, entry: &DeviceEntry, dev: &dyn Device) -> Result<usize> {
+/// Which leg of member `index` `dev` is. A device that reads as nothing
+/// (truncated, zeroed, I/O errors) is a dead leg: None, and the mirror runs
+/// without it. One that carries tarn labels of anything else is refused by name.
+fn identify_leg(
+    sb: &Superblock,
+    index: usize,
+    entry: &DeviceEntry,
+    dev: &dyn Device,
+    notes: &mut Vec<String>,
+) -> Result<Option<usize>> {
     let foreign = |detail: String| EngineError::ForeignDevice { device: dev.name(), detail };
-    let label = read_leg_label(dev).map_err(|e| foreign(format!("no valid mirror leg label ({e})")))?;
+    let label = match read_leg_label(dev) {
+        Ok(l) => l,
+        Err(e) if read_label(dev).is_ok() => {
+            return Err(foreign(format!("it holds a tarn superblock but no mirror leg label ({e})")));
+        }
+        Err(e) => {
+            log::warn!("member {index}: {} does not read as a mirror leg ({e}); left out", dev.name());
+            notes.push(format!("member {index} is DEGRADED: {} does not read as a leg ({e}); left out", dev.name()));
+            return Ok(None);
+        }
+    };
     if label.pool_uuid != sb.pool_uuid {
         return Err(foreign("it is a mirror leg of another pool".into()));
     }
@@ -167,7 +185,7 @@ fn identify_leg(sb: &Superblock, index: usize, entry: &DeviceEntry, dev: &dyn De
     if dev.size() / BLOCK_SIZE < entry.blocks {
         return Err(foreign(format!("device shrank: {} blocks, pool expects {}", dev.size() / BLOCK_SIZE, entry.blocks)));
     }
-    Ok(pos)
+    Ok(Some(pos))
 }
 
 /// Every in-sync leg must carry the slot's newest superblock in both copies;
