@@ -64,7 +64,10 @@ fn open_leg(member: usize, path: &Path, writable: bool) -> Option<Arc<dyn Device
     match FileDevice::open(path, writable) {
         Ok(d) => Some(Arc::new(d)),
         Err(e) => {
-            eprintln!("tarn: warning: mirror leg {} of member {member} cannot be opened ({e}); continuing DEGRADED", path.display());
+            eprintln!(
+                "tarn: warning: mirror leg {} of member {member} cannot be opened ({e}); continuing DEGRADED",
+                path.display()
+            );
             None
         }
     }

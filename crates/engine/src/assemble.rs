@@ -31,7 +31,8 @@ struct LabelHeal {
 }
 
 pub(crate) fn write_leg_label(dev: &dyn Device, label: &LegLabel) -> Result<()> {
-    dev.write_at(&label.encode(), LEG_LABEL_BLOCK * BLOCK_SIZE).map_err(|e| EngineError::io("write leg label", dev.name(), e))
+    dev.write_at(&label.encode(), LEG_LABEL_BLOCK * BLOCK_SIZE)
+        .map_err(|e| EngineError::io("write leg label", dev.name(), e))
 }
 
 pub(crate) fn read_leg_label(dev: &dyn Device) -> std::result::Result<LegLabel, String> {
@@ -123,7 +124,10 @@ fn assemble_mirror(
     for dev in found {
         let Some(pos) = identify_leg(sb, index, entry, dev.as_ref(), notes)? else { continue };
         if devs[pos].is_some() {
-            return Err(EngineError::InvalidArgument(format!("leg {pos} of member {index} given twice ({})", dev.name())));
+            return Err(EngineError::InvalidArgument(format!(
+                "leg {pos} of member {index} given twice ({})",
+                dev.name()
+            )));
         }
         devs[pos] = Some(dev);
     }
@@ -180,10 +184,17 @@ fn identify_leg(
         return Err(foreign(format!("it is a leg of member {}, not of member {index}", label.slot_index)));
     }
     let pos = entry.legs.iter().position(|l| l.uuid == label.leg_uuid).ok_or_else(|| {
-        foreign(format!("its leg {} is no longer in member {index} (replaced)", crate::pool::uuid_string(&label.leg_uuid)))
+        foreign(format!(
+            "its leg {} is no longer in member {index} (replaced)",
+            crate::pool::uuid_string(&label.leg_uuid)
+        ))
     })?;
     if dev.size() / BLOCK_SIZE < entry.blocks {
-        return Err(foreign(format!("device shrank: {} blocks, pool expects {}", dev.size() / BLOCK_SIZE, entry.blocks)));
+        return Err(foreign(format!(
+            "device shrank: {} blocks, pool expects {}",
+            dev.size() / BLOCK_SIZE,
+            entry.blocks
+        )));
     }
     Ok(Some(pos))
 }
@@ -203,7 +214,10 @@ fn plan_label_heals(sb: &Superblock, index: usize, legs: &[Leg], heals: &mut Vec
         best.current.clone()
     };
     if online.is_empty() {
-        return Err(EngineError::MemberUnavailable { member: index, detail: "no in-sync leg of the mirror is present".into() });
+        return Err(EngineError::MemberUnavailable {
+            member: index,
+            detail: "no in-sync leg of the mirror is present".into(),
+        });
     }
     for ((_, dev), read) in online.iter().zip(reads) {
         let why = match read {
@@ -211,14 +225,25 @@ fn plan_label_heals(sb: &Superblock, index: usize, legs: &[Leg], heals: &mut Vec
             Ok(l) if l.current.pool_uuid != sb.pool_uuid || usize::from(l.current.device_index) != index => {
                 return Err(EngineError::ForeignDevice {
                     device: dev.name(),
-                    detail: format!("its superblock is member {} of pool {}", l.current.device_index, crate::pool::uuid_string(&l.current.pool_uuid)),
+                    detail: format!(
+                        "its superblock is member {} of pool {}",
+                        l.current.device_index,
+                        crate::pool::uuid_string(&l.current.pool_uuid)
+                    ),
                 });
             }
             Ok(l) if l.current.txid < best.txid => {
-                format!("superblock of leg {} (member {index}) is stale (txid {} < {})", dev.name(), l.current.txid, best.txid)
+                format!(
+                    "superblock of leg {} (member {index}) is stale (txid {} < {})",
+                    dev.name(),
+                    l.current.txid,
+                    best.txid
+                )
             }
             Ok(l) => match l.other_invalid {
-                Some(bad) => format!("superblock copy {} of leg {} (member {index}) invalid ({bad})", 1 - l.copy, dev.name()),
+                Some(bad) => {
+                    format!("superblock copy {} of leg {} (member {index}) invalid ({bad})", 1 - l.copy, dev.name())
+                }
                 None => continue,
             },
         };

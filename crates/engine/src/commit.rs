@@ -80,6 +80,9 @@ impl Pool {
     fn commit_steps(&self, ctl: &mut CommitCtl, force_checkpoint: bool) -> Result<()> {
         let (plan, mut frees, gen) = self.take_pending(ctl, force_checkpoint)?;
         self.flush_dirty_devices()?;
+        // A mirror leg that dropped out is recorded before anything this
+        // commit makes durable, and again if it dropped out during it.
+        self.record_leg_states(ctl)?;
         match plan {
             Plan::DataOnly => {}
             Plan::Journal { payload, epoch } => self.write_journal(ctl, &payload, epoch)?,
@@ -88,6 +91,7 @@ impl Pool {
                 frees.extend(old);
             }
         }
+        self.record_leg_states(ctl)?;
         self.committed_gen.fetch_max(gen, Ordering::SeqCst);
         self.counters.commits.fetch_add(1, Ordering::Relaxed);
         self.release(frees);
@@ -100,8 +104,6 @@ impl Pool {
         let gen = self.write_gen.load(Ordering::SeqCst);
         let ops = std::mem::take(&mut inner.pending_ops);
         let frees = std::mem::take(&mut inner.pending_frees);
-        // A mirror leg changed state: only a checkpoint rewrites the table.
-        let force_checkpoint = force_checkpoint || self.device_table(&ctl.sb.devices) != ctl.sb.devices;
         if ops.is_empty() && !force_checkpoint {
             return Ok((Plan::DataOnly, frees, gen));
         }
@@ -171,20 +173,25 @@ impl Pool {
         sb.checkpoint = cref;
         sb.journal_generation += 1;
         sb.devices = self.device_table(&sb.devices);
-        // Both copies carry the new state, one at a time with a flush
-        // between: a torn write leaves the other copy (old or new) intact,
-        // and rot in one copy never sends the pool back a checkpoint.
-        let primary = &self.devices[0];
-        for copy in [(sb.txid % 2) as usize, ((sb.txid + 1) % 2) as usize] {
-            write_label_copy(primary.as_ref(), &sb, copy)?;
-            primary.flush().map_err(|e| EngineError::io("flush superblock", primary.name(), e))?;
-        }
+        self.write_superblock(&sb)?;
         ctl.sb = sb;
         ctl.journal.generation = ctl.sb.journal_generation;
         ctl.journal.used = 0;
         ctl.journal.seq = seq;
         self.counters.checkpoints.fetch_add(1, Ordering::Relaxed);
         Ok(std::mem::replace(&mut ctl.checkpoint_pieces, pieces))
+    }
+
+    /// Both copies carry the new state, one at a time with a flush
+    /// between: a torn write leaves the other copy (old or new) intact,
+    /// and rot in one copy never sends the pool back a checkpoint.
+    pub(crate) fn write_superblock(&self, sb: &tarn_format::superblock::Superblock) -> Result<()> {
+        let primary = &self.devices[0];
+        for copy in [(sb.txid % 2) as usize, ((sb.txid + 1) % 2) as usize] {
+            write_label_copy(primary.as_ref(), sb, copy)?;
+            primary.flush().map_err(|e| EngineError::io("flush superblock", primary.name(), e))?;
+        }
+        Ok(())
     }
 
     /// Step 5: reuse freed space only after in-flight I/O drained. The

@@ -55,9 +55,8 @@ pub fn replay(dev: &dyn Device, cur: &mut JournalCursor, max_records: usize) -> 
         // On a mirror, a copy failing these checks where another passes is
         // rewritten from the good one (read_validated).
         let header_ok = |b: &[u8]| {
-            RecordHeader::decode(b, block).is_ok_and(|h| {
-                h.generation == cur.generation && h.seq == cur.seq + 1 && cur.fits(u64::from(h.blocks))
-            })
+            RecordHeader::decode(b, block)
+                .is_ok_and(|h| h.generation == cur.generation && h.seq == cur.seq + 1 && cur.fits(u64::from(h.blocks)))
         };
         let io = |e| EngineError::io("read journal", dev.name(), e);
         if !read_validated(dev, &mut head, block * BLOCK_SIZE, header_ok).map_err(io)? {

@@ -8,13 +8,13 @@ use crate::extent_map::{Freed, Ranges};
 use crate::io::reserve_for;
 use crate::journal::{self, JournalCursor};
 use crate::label::{read_label, write_both_labels};
+use crate::mirror::{Leg, LegHealth, MirrorDevice};
 use crate::placement::Linear;
 use crate::pool::{CommitCtl, Counters, Inner, OpenOptions, Pool, STRIPES};
 use crate::space::{DeviceSpace, Space};
 use crate::state::State;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
-use crate::mirror::{Leg, LegHealth, MirrorDevice};
 use tarn_format::leg::LegLabel;
 use tarn_format::superblock::{
     DeviceEntry, LegEntry, LegState, Superblock, FORMAT_VERSION, LABEL_BLOCKS, MAX_DEVICE_ENTRIES, MAX_LEGS,
@@ -135,7 +135,8 @@ pub fn create_mirrored_pool(slots: &[Vec<(Arc<dyn Device>, String)>], opts: &Cre
     // Secondaries first, primary last: a crash midway leaves no valid pool.
     for (i, dev) in devices.iter().enumerate().rev() {
         for (leg_index, leg) in labels[0].devices[i].legs.iter().enumerate() {
-            let label = LegLabel { pool_uuid, slot_uuid: labels[i].device_uuid, slot_index: i as u16, leg_uuid: leg.uuid };
+            let label =
+                LegLabel { pool_uuid, slot_uuid: labels[i].device_uuid, slot_index: i as u16, leg_uuid: leg.uuid };
             crate::assemble::write_leg_label(slots[i][leg_index].0.as_ref(), &label)?;
         }
         if i == 0 {

@@ -7,7 +7,7 @@ use crate::assemble::write_leg_label;
 use crate::device::Device;
 use crate::error::{EngineError, Result};
 use crate::mirror::{Leg, LegHealth, MirrorDevice};
-use crate::pool::{uuid_string, Pool};
+use crate::pool::{uuid_string, CommitCtl, Pool};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -42,6 +42,23 @@ impl Pool {
         table
     }
 
+    /// If a mirror leg changed state since the superblock was written,
+    /// write it again with the new device table (txid + 1; checkpoint and
+    /// journal unchanged, so the live journal stays valid).
+    pub(crate) fn record_leg_states(&self, ctl: &mut CommitCtl) -> Result<()> {
+        let table = self.device_table(&ctl.sb.devices);
+        if table == ctl.sb.devices {
+            return Ok(());
+        }
+        let mut sb = ctl.sb.clone();
+        sb.txid += 1;
+        sb.devices = table;
+        self.write_superblock(&sb)?;
+        log::info!("device table updated (txid {}): mirror leg states changed", sb.txid);
+        ctl.sb = sb;
+        Ok(())
+    }
+
     /// Replace the mirror leg `old` (its recorded path, device name or leg
     /// uuid) with `new` and resilver it; `progress(done, total)` in blocks.
     /// Durable (checkpointed) when it returns.
@@ -54,7 +71,9 @@ impl Pool {
     ) -> Result<ReplaceReport> {
         self.check_writable()?;
         let (member, leg) = self.find_leg(old)?;
-        let mirror = self.mirrors[member].clone().ok_or_else(|| EngineError::InvalidArgument(format!("{old} is not a mirror leg")))?;
+        let mirror = self.mirrors[member]
+            .clone()
+            .ok_or_else(|| EngineError::InvalidArgument(format!("{old} is not a mirror leg")))?;
         let slot_bytes = mirror.size();
         if new.size() < slot_bytes {
             return Err(EngineError::InvalidArgument(format!(
@@ -67,11 +86,14 @@ impl Pool {
         if legs.iter().enumerate().any(|(i, l)| i != leg && l.dev.as_ref().is_some_and(|d| d.name() == new.name())) {
             return Err(EngineError::InvalidArgument(format!("{} is already a leg of member {member}", new.name())));
         }
-        let source = (0..legs.len())
-            .find(|&i| i != leg && legs[i].health() == LegHealth::Online)
-            .ok_or_else(|| EngineError::MemberUnavailable { member, detail: "no other in-sync leg to copy from".into() })?;
+        let source = (0..legs.len()).find(|&i| i != leg && legs[i].health() == LegHealth::Online).ok_or_else(|| {
+            EngineError::MemberUnavailable { member, detail: "no other in-sync leg to copy from".into() }
+        })?;
         if mirror.resilvering.swap(true, Ordering::SeqCst) {
-            return Err(EngineError::InUse { what: format!("member {member}"), detail: "a resilver is running".into() });
+            return Err(EngineError::InUse {
+                what: format!("member {member}"),
+                detail: "a resilver is running".into(),
+            });
         }
         let result = self.resilver(member, leg, source, &mirror, new, new_path, progress);
         mirror.resilvering.store(false, Ordering::SeqCst);
@@ -115,6 +137,13 @@ impl Pool {
         mirror
             .install(leg, Leg::new(Some(new.clone()), leg_uuid, new_path.to_string(), LegHealth::Resilvering))
             .map_err(|e| EngineError::io("install leg", new.name(), e))?;
+        // Recorded at once (as needing a resilver), so after a crash the
+        // new device is known and the old leg's copy is not trusted.
+        {
+            let mut ctl = self.lock_commit();
+            self.check_writable()?;
+            self.record_leg_states(&mut ctl)?;
+        }
         // Installed before the ranges are taken: anything allocated later is
         // written with the new leg in place.
         let ranges = self.used_ranges(member);
@@ -128,7 +157,9 @@ impl Pool {
             while at < start + len {
                 let n = CHUNK_BLOCKS.min(start + len - at);
                 let chunk = &mut buf[..(n * BLOCK_SIZE) as usize];
-                mirror.copy_leg(source, leg, at * BLOCK_SIZE, chunk).map_err(|e| EngineError::io("resilver", new.name(), e))?;
+                mirror
+                    .copy_leg(source, leg, at * BLOCK_SIZE, chunk)
+                    .map_err(|e| EngineError::io("resilver", new.name(), e))?;
                 at += n;
                 done += n;
                 progress(done, total);
@@ -139,7 +170,7 @@ impl Pool {
         // The checkpoint writes the table with the new leg in sync.
         self.checkpoint()?;
         let seconds = started.elapsed().as_secs_f64();
-        log::info!("resilver of member {member} done: {} MiB in {seconds:.1}s", total * BLOCK_SIZE >> 20);
+        log::info!("resilver of member {member} done: {} MiB in {seconds:.1}s", (total * BLOCK_SIZE) >> 20);
         Ok((total * BLOCK_SIZE, seconds))
     }
 

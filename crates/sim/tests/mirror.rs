@@ -30,7 +30,10 @@ fn create(members: &[&[&Arc<SimDevice>]]) -> Pool {
     open(members.iter().map(|m| dyns(m)).collect()).unwrap()
 }
 
-fn open(slots: Vec<Vec<Arc<dyn Device>>>) -> Result<Pool, EngineError> {
+/// Devices found per member.
+type Slots = Vec<Vec<Arc<dyn Device>>>;
+
+fn open(slots: Slots) -> Result<Pool, EngineError> {
     Pool::open_slots(slots, OpenOptions::default())
 }
 
@@ -137,7 +140,7 @@ fn foreign_legs_are_refused_by_name() {
     drop(mirrored(&a, &b, &c));
     drop(mirrored(&x, &y, &z));
     let before = [image(&a), image(&b), image(&c)];
-    let cases: Vec<(Vec<Vec<Arc<dyn Device>>>, &str)> = vec![
+    let cases: Vec<(Slots, &str)> = vec![
         (vec![dyns(&[&a, &y]), dyns(&[&c])], "y"),
         (vec![dyns(&[&a]), dyns(&[&z])], "z"),
         (vec![dyns(&[&a]), dyns(&[&b])], "b"),
@@ -196,7 +199,8 @@ fn replace_resilvers_while_writing() {
     }
     assert!(pool.check().is_clean());
     drop(pool);
-    // The replaced leg is no longer a leg of the pool.
+    // The replaced leg, readable again, is no longer a leg of the pool.
+    b.fail_io(false, false);
     match open(vec![dyns(&[&a, &b]), dyns(&[&c])]) {
         Err(EngineError::ForeignDevice { device, .. }) => assert_eq!(device, "b"),
         other => panic!("expected the replaced leg refused, got {:?}", other.map(|_| ())),
@@ -237,4 +241,25 @@ fn metadata_damage_on_one_leg_is_healed() {
     assert_eq!(read_vol(&pool, v, 64 << 10, 4096), pattern(8, 4096));
     assert!(range(&a, journal, 1) == range(&b, journal, 1), "journal record rewritten on leg a");
     assert!(pool.check().is_clean());
+}
+
+/// Bug guarded: a leg that failed a write must be recorded faulted by the
+/// commit that makes the write durable; otherwise, after a crash, the
+/// reopened pool trusts it and reads the old data from it (leg 0 is read first).
+#[test]
+fn leg_fault_is_durable_with_the_commit() {
+    let (a, b) = (sim("a"), sim("b"));
+    let pool = create(&[&[&a, &b]]);
+    let v = pool.create_volume("v", 4 * MIB).unwrap().id;
+    pool.write(v, 0, &pattern(1, 64 << 10), false).unwrap();
+    pool.flush().unwrap();
+    a.fail_io(false, true);
+    pool.write(v, 0, &pattern(2, 64 << 10), false).unwrap();
+    pool.create_volume("w", MIB).unwrap(); // a journal commit
+    drop(pool); // crash: no close, no checkpoint
+    a.fail_io(false, false);
+    let pool = open(vec![dyns(&[&a, &b])]).unwrap();
+    assert_eq!(leg_states(&pool), vec!["FAULTED", "ONLINE"]);
+    assert_eq!(read_vol(&pool, v, 0, 64 << 10), pattern(2, 64 << 10), "stale leg a was read");
+    assert!(pool.volume_id("w").is_some());
 }
