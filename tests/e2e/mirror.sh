@@ -89,6 +89,21 @@ status_field "$A" '[.state, .devices[0].legs[0].state, .devices[0].legs[1].state
 expect_eq "after restart: pool and both legs" "$VAL" "ONLINE ONLINE ONLINE"
 stop_serve
 
+step "kill -9 while writing: restart resyncs the legs"
+start_serve "$A"
+check "write 2M of 0x5d at 30M" timeout 60 qemu-io -f raw "$(uri v)" -c "write -P 0x5d 30M 2M" -c flush
+kill9_serve
+printf '\x5d%.0s' $(seq 1 4096) >"$T/p5d"
+for i in $(seq 0 511); do cat "$T/p5d"; done >"$T/p5d-2M"
+dd if="$T/p5d-2M" of="$REF" bs=1M seek=30 conv=notrunc status=none
+start_serve "$A"
+wait_until 60 grep -q "mirror resync done" "$SERVE_LOG" && ok "resync after the unclean stop finished" ||
+  bad "no 'mirror resync done' in the server log"
+status_field "$A" '[.state, .devices[0].legs[1].state] | join(" ")'
+expect_eq "after the resync" "$VAL" "ONLINE ONLINE"
+compare_ref "after kill -9 and resync: identical to the reference"
+stop_serve
+
 step "leg A removed: C alone holds all data"
 mv "$A" "$T/legA.away"
 start_serve "$C"

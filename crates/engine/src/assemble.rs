@@ -140,6 +140,13 @@ fn assemble_mirror(
                 LegHealth::Missing
             }
             (Some(_), LegState::InSync) => LegHealth::Online,
+            (Some(d), LegState::NeedsResilver) => {
+                notes.push(format!(
+                    "member {index}: leg {pos} ({}) did not finish its resilver; it is resumed",
+                    d.name()
+                ));
+                LegHealth::Resilvering
+            }
             (Some(d), state) => {
                 log::warn!("member {index}: leg {} is stale ({state:?}); not used until replaced", d.name());
                 notes.push(format!(

@@ -64,6 +64,7 @@ impl Pool {
             return Ok(());
         }
         self.checkpoint()?;
+        self.mark_closed()?;
         self.fenced.store(true, Ordering::SeqCst);
         Ok(())
     }

@@ -305,10 +305,13 @@ impl Device for MirrorDevice {
         read(&self.legs).len()
     }
 
+    /// Also from a RESILVERING leg: callers of `read_copy` validate what they
+    /// read (checksums, self addresses, sequence numbers), and a block a
+    /// resilvering leg holds that validates is right.
     fn read_copy(&self, copy: usize, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let leg = self.leg(copy)?;
         let dev = match (&leg.dev, leg.health()) {
-            (Some(dev), LegHealth::Online) => dev,
+            (Some(dev), LegHealth::Online | LegHealth::Resilvering) => dev,
             (_, h) => return Err(io::Error::other(format!("leg {} is {}", leg.name(), h.label()))),
         };
         dev.read_at(buf, offset).inspect_err(|e| {
@@ -324,7 +327,7 @@ impl Device for MirrorDevice {
         let _g = read(&self.gate);
         let leg = self.leg(copy)?;
         let dev = match (&leg.dev, leg.health()) {
-            (Some(dev), LegHealth::Online) => dev,
+            (Some(dev), LegHealth::Online | LegHealth::Resilvering) => dev,
             (_, h) => return Err(io::Error::other(format!("leg {} is {}", leg.name(), h.label()))),
         };
         match dev.write_at(data, offset) {

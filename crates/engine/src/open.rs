@@ -114,6 +114,7 @@ pub fn create_mirrored_pool(slots: &[Vec<(Arc<dyn Device>, String)>], opts: &Cre
             pool_uuid,
             device_uuid,
             device_index: i as u16,
+            flags: 0,
             txid: 1,
             device_blocks: blocks,
             data_start,
@@ -248,7 +249,7 @@ impl Pool {
             records.len()
         );
         let n = devices.len();
-        Ok(Pool {
+        let pool = Pool {
             inner: RwLock::new(Inner {
                 state,
                 space,
@@ -267,7 +268,10 @@ impl Pool {
             fenced: AtomicBool::new(false),
             options,
             counters: Counters::default(),
-        })
+        };
+        let notes = pool.mark_open()?;
+        pool.lock_commit().notes.extend(notes);
+        Ok(pool)
     }
 
     /// The pool uuid a device carries (primary or member), without opening.

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 use tarn_format::leg::{LegLabel, LEG_LABEL_BLOCK};
-use tarn_format::superblock::{DeviceEntry, LABEL_BLOCKS};
+use tarn_format::superblock::{DeviceEntry, FLAG_OPEN, LABEL_BLOCKS};
 use tarn_format::BLOCK_SIZE;
 
 /// Blocks copied per step (writes to the mirror wait at most one step).
@@ -149,22 +149,7 @@ impl Pool {
         let ranges = self.used_ranges(member);
         let total: u64 = ranges.iter().map(|r| r.1).sum();
         log::info!("resilver of member {member} leg {leg} onto {}: {total} blocks from leg {source}", new.name());
-        let mut done = 0;
-        let mut buf = vec![0u8; (CHUNK_BLOCKS * BLOCK_SIZE) as usize];
-        progress(0, total);
-        for (start, len) in ranges {
-            let mut at = start;
-            while at < start + len {
-                let n = CHUNK_BLOCKS.min(start + len - at);
-                let chunk = &mut buf[..(n * BLOCK_SIZE) as usize];
-                mirror
-                    .copy_leg(source, leg, at * BLOCK_SIZE, chunk)
-                    .map_err(|e| EngineError::io("resilver", new.name(), e))?;
-                at += n;
-                done += n;
-                progress(done, total);
-            }
-        }
+        copy_ranges(mirror, source, leg, &ranges, progress).map_err(|e| EngineError::io("resilver", new.name(), e))?;
         new.flush().map_err(|e| EngineError::io("flush", new.name(), e))?;
         mirror.set_health(leg, LegHealth::Online).map_err(|e| EngineError::io("resilver", new.name(), e))?;
         // The checkpoint writes the table with the new leg in sync.
@@ -194,6 +179,135 @@ impl Pool {
             out.push((pos, ds.data_end - pos));
         }
         out
+    }
+}
+
+/// Copy `ranges` (blocks) from leg `src` to leg `dst` in chunks.
+fn copy_ranges(
+    mirror: &MirrorDevice,
+    src: usize,
+    dst: usize,
+    ranges: &[(u64, u64)],
+    progress: &mut dyn FnMut(u64, u64),
+) -> std::io::Result<()> {
+    let total: u64 = ranges.iter().map(|r| r.1).sum();
+    let mut done = 0;
+    let mut buf = vec![0u8; (CHUNK_BLOCKS * BLOCK_SIZE) as usize];
+    progress(0, total);
+    for &(start, len) in ranges {
+        let mut at = start;
+        while at < start + len {
+            let n = CHUNK_BLOCKS.min(start + len - at);
+            mirror.copy_leg(src, dst, at * BLOCK_SIZE, &mut buf[..(n * BLOCK_SIZE) as usize])?;
+            at += n;
+            done += n;
+            progress(done, total);
+        }
+    }
+    Ok(())
+}
+
+impl Pool {
+    fn has_mirrors(&self) -> bool {
+        self.mirrors.iter().any(Option::is_some)
+    }
+
+    /// At a writable open of a pool with mirrors: after an unclean shutdown
+    /// (FLAG_OPEN found set) every in-sync leg but the first of each mirror
+    /// may miss writes a crash cut, so it is resynced (RESILVERING: written,
+    /// not read); then FLAG_OPEN is set before anything is written.
+    pub(crate) fn mark_open(&self) -> Result<Vec<String>> {
+        let mut notes = Vec::new();
+        if !self.has_mirrors() || self.options.read_only {
+            return Ok(notes);
+        }
+        let mut ctl = self.lock_commit();
+        if ctl.sb.flags & FLAG_OPEN != 0 {
+            for (member, m) in self.mirrors.iter().enumerate() {
+                let Some(m) = m else { continue };
+                let online: Vec<usize> = m
+                    .legs()
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, l)| l.health() == LegHealth::Online)
+                    .map(|(i, _)| i)
+                    .collect();
+                for &leg in online.iter().skip(1) {
+                    m.set_health(leg, LegHealth::Resilvering).map_err(|e| EngineError::io("resync", m.name(), e))?;
+                    notes.push(format!(
+                        "member {member}: unclean shutdown; leg {leg} is resynced from leg {}",
+                        online[0]
+                    ));
+                }
+            }
+        }
+        let mut sb = ctl.sb.clone();
+        sb.txid += 1;
+        sb.flags |= FLAG_OPEN;
+        sb.devices = self.device_table(&sb.devices);
+        self.write_superblock(&sb)?;
+        ctl.sb = sb;
+        Ok(notes)
+    }
+
+    /// At a clean close (after the final checkpoint): clear FLAG_OPEN.
+    pub(crate) fn mark_closed(&self) -> Result<()> {
+        if !self.has_mirrors() || self.options.read_only {
+            return Ok(());
+        }
+        let mut ctl = self.lock_commit();
+        let mut sb = ctl.sb.clone();
+        sb.txid += 1;
+        sb.flags &= !FLAG_OPEN;
+        sb.devices = self.device_table(&sb.devices);
+        self.write_superblock(&sb)?;
+        ctl.sb = sb;
+        Ok(())
+    }
+
+    /// Whether a mirror has a leg to resync (after an unclean shutdown, or
+    /// a resilver that did not finish) and no resilver is running.
+    pub fn needs_resync(&self) -> bool {
+        self.mirrors.iter().flatten().any(|m| {
+            !m.resilvering.load(Ordering::SeqCst) && m.legs().iter().any(|l| l.health() == LegHealth::Resilvering)
+        })
+    }
+
+    /// Bring every RESILVERING leg in sync from its mirror's first in-sync
+    /// leg, while I/O continues; checkpoint. Returns the bytes copied.
+    pub fn resync(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<u64> {
+        self.check_writable()?;
+        let mut copied = 0;
+        for (member, m) in self.mirrors.iter().enumerate() {
+            let Some(m) = m else { continue };
+            if m.resilvering.swap(true, Ordering::SeqCst) {
+                continue;
+            }
+            let result = self.resync_member(member, m, progress);
+            m.resilvering.store(false, Ordering::SeqCst);
+            copied += result?;
+        }
+        if copied > 0 {
+            self.checkpoint()?;
+        }
+        Ok(copied)
+    }
+
+    fn resync_member(&self, member: usize, m: &MirrorDevice, progress: &mut dyn FnMut(u64, u64)) -> Result<u64> {
+        let legs = m.legs();
+        let Some(src) = legs.iter().position(|l| l.health() == LegHealth::Online) else { return Ok(0) };
+        let mut copied = 0;
+        for dst in (0..legs.len()).filter(|&i| legs[i].health() == LegHealth::Resilvering) {
+            let ranges = self.used_ranges(member);
+            log::info!("member {member}: resync of leg {dst} from leg {src}");
+            copy_ranges(m, src, dst, &ranges, progress).map_err(|e| EngineError::io("resync", m.name(), e))?;
+            if let Some(dev) = &legs[dst].dev {
+                dev.flush().map_err(|e| EngineError::io("flush", dev.name(), e))?;
+            }
+            m.set_health(dst, LegHealth::Online).map_err(|e| EngineError::io("resync", m.name(), e))?;
+            copied += ranges.iter().map(|r| r.1).sum::<u64>() * BLOCK_SIZE;
+        }
+        Ok(copied)
     }
 }
 

@@ -33,6 +33,11 @@ pub mod incompat {
     pub const KNOWN: u64 = SNAPSHOTS | MIRRORS;
 }
 
+/// Superblock flag: a pool with mirrors is open for writing (set before its
+/// first write, cleared by a clean close). Found set at open, the legs may
+/// differ in blocks whose writes a crash cut, so they are resynced.
+pub const FLAG_OPEN: u32 = 1;
+
 /// Most legs a mirrored slot may have.
 pub const MAX_LEGS: usize = 4;
 
@@ -101,6 +106,8 @@ pub struct Superblock {
     pub pool_uuid: [u8; 16],
     pub device_uuid: [u8; 16],
     pub device_index: u16,
+    /// State flags (offset 76, was reserved zero): see [`FLAG_OPEN`].
+    pub flags: u32,
     /// Generation: the valid copy with the highest txid is current.
     pub txid: u64,
     pub device_blocks: u64,
@@ -129,7 +136,7 @@ impl Superblock {
         w.bytes(&self.device_uuid);
         w.u16(self.device_index);
         w.u16(self.devices.len() as u16);
-        w.u32(0);
+        w.u32(self.flags);
         w.u64(self.txid);
         w.u64(copy_block);
         w.u64(self.device_blocks);
@@ -182,7 +189,7 @@ impl Superblock {
         let device_uuid = r.array()?;
         let device_index = r.u16()?;
         let device_count = usize::from(r.u16()?);
-        r.u32()?;
+        let flags = r.u32()?;
         let txid = r.u64()?;
         let self_block = r.u64()?;
         if self_block != copy_block {
@@ -196,6 +203,7 @@ impl Superblock {
             pool_uuid,
             device_uuid,
             device_index,
+            flags,
             txid,
             device_blocks: r.u64()?,
             data_start: r.u64()?,
@@ -322,6 +330,7 @@ mod tests {
             pool_uuid: [1; 16],
             device_uuid: [2; 16],
             device_index: 0,
+            flags: 0,
             txid: 7,
             device_blocks: 1 << 20,
             data_start: 1000,

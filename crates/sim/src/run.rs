@@ -182,6 +182,11 @@ impl Run {
         let slots = slots_of(&self.devs, self.mirrored);
         let pool = Pool::open_slots(slots, OpenOptions { strict: self.strict, ..Default::default() })
             .map_err(|e| format!("reopen: {e}"))?;
+        if pool.needs_resync() {
+            // After a crash the mirror legs may differ where writes were cut.
+            let bytes = pool.resync(&mut |_, _| {}).map_err(|e| format!("resync after reopen: {e}"))?;
+            trace!("resynced {bytes} bytes");
+        }
         let report = pool.check();
         if !report.is_clean() {
             return Err(format!("checker after reopen: {:?}", report.problems));
@@ -374,7 +379,11 @@ impl Run {
             // The cut hit an ignored discard hint after the commit.
             return self.crash_and_verify();
         }
-        self.reopen()?;
+        // Opening a pool with mirrors writes (the superblock's open flag):
+        // an armed cut can hit it.
+        if let Err(e) = self.reopen() {
+            return if self.any_dead() { self.crash_and_verify() } else { Err(e) };
+        }
         self.verify_all("after clean reopen")
     }
 
