@@ -379,6 +379,10 @@ fn open_or_create_file(path: &Path, size: Option<u64>) -> Result<FileDevice> {
 
 /// `slots[0]` is the primary (with its mirror legs, if any).
 fn pool_create(slots: &[Vec<PathBuf>], size: Option<u64>, journal: Option<u64>, force: bool) -> Result<()> {
+    let all: Vec<String> = slots.iter().flatten().map(|p| absolute(p)).collect();
+    if let Some(dup) = all.iter().enumerate().find(|(i, p)| all[..*i].contains(p)) {
+        bail!("{} is named twice: every device and mirror leg must be a different device", dup.1);
+    }
     let mut devices: Vec<Vec<(Arc<dyn Device>, String)>> = Vec::new();
     for slot in slots {
         let mut legs = Vec::new();
