@@ -141,7 +141,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<RunStats, String> {
     };
     let total = ndev + usize::from(cfg.mirror);
     let devs: Vec<Arc<SimDevice>> = (0..total).map(|i| Arc::new(SimDevice::new(&format!("sim{i}"), bytes))).collect();
-    let opts = CreateOptions { journal_bytes: Some(cfg.journal_bytes), force: false };
+    let opts = CreateOptions { journal_bytes: Some(cfg.journal_bytes), ..Default::default() };
     let slots: Vec<Vec<(Arc<dyn Device>, String)>> = slots_of(&devs, cfg.mirror)
         .into_iter()
         .map(|s| s.into_iter().map(|d| (d.clone(), d.name())).collect())

@@ -26,7 +26,8 @@ fn mirrored(a: &Arc<SimDevice>, b: &Arc<SimDevice>, c: &Arc<SimDevice>) -> Pool 
 fn create(members: &[&[&Arc<SimDevice>]]) -> Pool {
     let slots: Vec<Vec<(Arc<dyn Device>, String)>> =
         members.iter().map(|m| m.iter().map(|d| ((*d).clone() as Arc<dyn Device>, d.name())).collect()).collect();
-    create_mirrored_pool(&slots, &CreateOptions { journal_bytes: Some(256 << 10), force: false }).unwrap();
+    let opts = CreateOptions { journal_bytes: Some(256 << 10), ..Default::default() };
+    create_mirrored_pool(&slots, &opts).unwrap();
     open(members.iter().map(|m| dyns(m)).collect()).unwrap()
 }
 
