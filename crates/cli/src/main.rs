@@ -391,7 +391,7 @@ fn pool_create(slots: &[Vec<PathBuf>], size: Option<u64>, journal: Option<u64>, 
         }
         devices.push(legs);
     }
-    create_mirrored_pool(&devices, &CreateOptions { journal_bytes: journal, force, ..Default::default() })?;
+    create_mirrored_pool(&devices, &CreateOptions { journal_bytes: journal, force })?;
     let total: u64 = devices.iter().map(|s| s.iter().map(|d| d.0.size()).min().unwrap_or(0)).sum();
     let mirrors = slots.iter().filter(|s| s.len() > 1).count();
     let mirrored = if mirrors > 0 { format!(", {mirrors} mirrored") } else { String::new() };
