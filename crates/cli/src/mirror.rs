@@ -42,7 +42,10 @@ pub fn open_members(
 ) -> Result<Vec<Vec<Arc<dyn Device>>>> {
     let recorded = Pool::member_legs(&first)?;
     let mut slots: Vec<Vec<Arc<dyn Device>>> = vec![vec![Arc::new(first)]];
-    for leg in recorded.first().into_iter().flatten().filter(|p| !same_file(Path::new(p), primary)) {
+    // A mirrored primary: its other legs too (a plain one is `primary` itself,
+    // even when it moved or is a copy of the recorded path).
+    let primary_legs = recorded.first().filter(|legs| legs.len() > 1).into_iter().flatten();
+    for leg in primary_legs.filter(|p| !same_file(Path::new(p), primary)) {
         if let Some(dev) = open_leg(0, Path::new(leg), writable) {
             slots[0].push(dev);
         }
