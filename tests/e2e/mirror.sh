@@ -125,6 +125,18 @@ start_serve "$A"
 compare_ref "stale A back: reads come from C (the write A missed is there)"
 stop_serve
 
+step "a leg of another pool in place of a leg: refused by name, nothing written"
+check "pool M (m1 + m2)" tarn pool create "$T/m1.img" --mirror "$T/m2.img" --size 64M
+check "pool X (x1 + x2)" tarn pool create "$T/x1.img" --mirror "$T/x2.img" --size 64M
+make_vol "$T/x1.img" xv 8M
+cp "$T/x2.img" "$T/m2.img"
+sum=$(sha256sum <"$T/m1.img")
+check_fails "pool status of M with X's leg as m2" timeout 30 "$TARN" pool status -p "$T/m1.img"
+printf '%s' "$LAST_OUT" | grep -q "m2.img.*does not belong to this pool" && ok "error names m2.img as foreign" ||
+  bad "error does not name m2.img as foreign: $LAST_OUT"
+expect_eq "m1 unchanged by the refused open" "$(sha256sum <"$T/m1.img")" "$sum"
+rm -f "$T"/m1.img "$T"/m2.img "$T"/x1.img "$T"/x2.img
+
 step "a plain member missing: clear error, nothing written"
 P=$T/plain.img
 check "pool create with a plain member" tarn pool create "$P" --device "$T/member.img" --size 64M

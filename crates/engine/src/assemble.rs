@@ -86,8 +86,16 @@ pub(crate) fn assemble(slots: Vec<Vec<Arc<dyn Device>>>, writable: bool) -> Resu
 fn primary_label(candidates: &[Arc<dyn Device>]) -> Result<LabelRead> {
     let mut best: Option<LabelRead> = None;
     let mut first_err = None;
+    // The pool is the one the first device (the one named) belongs to.
+    let mut pool_uuid = None;
     for dev in candidates {
         match read_label(dev.as_ref()) {
+            Ok(l) if *pool_uuid.get_or_insert(l.current.pool_uuid) != l.current.pool_uuid => {
+                return Err(EngineError::ForeignDevice {
+                    device: dev.name(),
+                    detail: format!("it belongs to pool {}", crate::pool::uuid_string(&l.current.pool_uuid)),
+                });
+            }
             Ok(l) if best.as_ref().is_none_or(|b| l.current.txid > b.current.txid) => best = Some(l),
             Ok(_) => {}
             Err(e) => {
