@@ -36,10 +36,12 @@ pub fn status(v: &Value) -> String {
         if v["strict"] == true { ", strict" } else { "" }
     );
     for d in v["devices"].as_array().into_iter().flatten() {
+        let mirrored = d["legs"].as_array().is_some_and(|l| !l.is_empty());
         let _ = writeln!(
             s,
-            "  device {}  {}  {} data, {} free",
+            "  device {}  {}{}  {} data, {} free",
             d["index"],
+            if mirrored { format!("{}  ", d["state"].as_str().unwrap_or("?")) } else { String::new() },
             d["path"].as_str().unwrap_or("?"),
             b(&d["data"]),
             b(&d["free"])
