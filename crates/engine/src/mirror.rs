@@ -223,9 +223,10 @@ impl MirrorDevice {
         (state, legs)
     }
 
-    /// Run `op` on every writable leg; succeed if one did. Legs that failed
-    /// while another succeeded are faulted; if all failed (a power cut, say)
-    /// the states stay and the error is the device's.
+    /// Run `op` on every writable leg; succeed if an in-sync leg did (a
+    /// resilvering leg alone is not readable). Legs that failed while one
+    /// succeeded are faulted; if none did (a power cut, say) the states stay
+    /// and the error is the device's.
     fn fan_out(&self, what: &str, op: impl Fn(&dyn Device) -> io::Result<()>) -> io::Result<()> {
         if !self.writable {
             return Err(io::Error::other(format!("{} is open read-only", self.name)));
@@ -237,7 +238,7 @@ impl MirrorDevice {
         for leg in legs.iter().filter(|l| l.health().writable()) {
             let Some(dev) = &leg.dev else { continue };
             match op(dev.as_ref()) {
-                Ok(()) => ok += 1,
+                Ok(()) => ok += usize::from(leg.health() == LegHealth::Online),
                 Err(e) => failed.push((leg.clone(), e)),
             }
         }
@@ -477,6 +478,22 @@ mod tests {
         b.fail.store(true, Ordering::SeqCst);
         assert!(m.write_at(&[9; 4096], 0).is_err(), "no leg left: the write fails");
         assert_eq!(m.legs()[1].health(), LegHealth::Online, "the last leg is not faulted by its own failure");
+    }
+
+    #[test]
+    fn a_resilvering_leg_is_written_but_never_read_nor_enough() {
+        let (a, b, m) = pair();
+        m.set_health(1, LegHealth::Resilvering).unwrap();
+        m.write_at(&[3; 4096], 0).unwrap();
+        let mut buf = [0u8; 4096];
+        b.read_at(&mut buf, 0).unwrap();
+        assert_eq!(buf, [3; 4096], "the resilvering leg gets writes");
+        b.write_at(&[4; 4096], 0).unwrap();
+        m.read_at(&mut buf, 0).unwrap();
+        assert_eq!(buf, [3; 4096], "reads come from the in-sync leg only");
+        a.fail.store(true, Ordering::SeqCst);
+        assert!(m.write_at(&[5; 4096], 0).is_err(), "only a resilvering leg took it: not durable anywhere readable");
+        assert!(m.read_at(&mut buf, 0).is_err());
     }
 
     #[test]
