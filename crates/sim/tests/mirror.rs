@@ -38,6 +38,15 @@ fn open(slots: Slots) -> Result<Pool, EngineError> {
     Pool::open_slots(slots, OpenOptions::default())
 }
 
+/// A pool on the mirror (a, b) with volume "v" (4 MiB) holding
+/// `pattern(seed)` in its first 64 KiB.
+fn mirror_with_volume(a: &Arc<SimDevice>, b: &Arc<SimDevice>, seed: u8) -> (Pool, u32) {
+    let pool = create(&[&[a, b]]);
+    let v = pool.create_volume("v", 4 * MIB).unwrap().id;
+    pool.write(v, 0, &pattern(seed, 64 << 10), false).unwrap();
+    (pool, v)
+}
+
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
@@ -213,9 +222,7 @@ fn replace_resilvers_while_writing() {
 #[test]
 fn metadata_damage_on_one_leg_is_healed() {
     let (a, b) = (sim("a"), sim("b"));
-    let pool = create(&[&[&a, &b]]);
-    let v = pool.create_volume("v", 4 * MIB).unwrap().id;
-    pool.write(v, 0, &pattern(7, 64 << 10), false).unwrap();
+    let (pool, v) = mirror_with_volume(&a, &b, 7);
     pool.close().unwrap();
     drop(pool);
     // Checkpoint segment on leg a, superblock copy 0 on leg b.
@@ -250,9 +257,7 @@ fn metadata_damage_on_one_leg_is_healed() {
 #[test]
 fn leg_fault_is_durable_with_the_commit() {
     let (a, b) = (sim("a"), sim("b"));
-    let pool = create(&[&[&a, &b]]);
-    let v = pool.create_volume("v", 4 * MIB).unwrap().id;
-    pool.write(v, 0, &pattern(1, 64 << 10), false).unwrap();
+    let (pool, v) = mirror_with_volume(&a, &b, 1);
     pool.flush().unwrap();
     a.fail_io(false, true);
     pool.write(v, 0, &pattern(2, 64 << 10), false).unwrap();
@@ -271,9 +276,7 @@ fn leg_fault_is_durable_with_the_commit() {
 #[test]
 fn unclean_shutdown_resyncs_the_other_legs() {
     let (a, b) = (sim("a"), sim("b"));
-    let pool = create(&[&[&a, &b]]);
-    let v = pool.create_volume("v", 4 * MIB).unwrap().id;
-    pool.write(v, 0, &pattern(1, 64 << 10), false).unwrap();
+    let (pool, v) = mirror_with_volume(&a, &b, 1);
     pool.flush().unwrap();
     pool.close().unwrap();
     drop(pool);
