@@ -85,10 +85,9 @@ pub fn replace(pool: &PoolArg, old: &str, new: &Path, size: Option<u64>) -> Resu
         };
         FileDevice::create_file(new, size).with_context(|| format!("create {}", new.display()))?;
     }
-    let old = match Path::new(old).exists() || old.contains('/') {
-        true => crate::absolute(Path::new(old)),
-        false => old.to_string(),
-    };
+    // A leg is named by its uuid or by its path (recorded absolute).
+    let is_uuid = old.len() == 36 && old.chars().all(|c| c.is_ascii_hexdigit() || c == '-');
+    let old = if is_uuid { old.to_string() } else { crate::absolute(Path::new(old)) };
     let req = Request::PoolReplace { old, new: crate::absolute(new) };
     let mut bar = Progress::new("resilver");
     let v = crate::admin_progress(pool, &req, &mut |done, total| bar.update(done, total));

@@ -205,7 +205,8 @@ impl MirrorDevice {
             .enumerate()
             .map(|(i, l)| LegStatus {
                 index: i,
-                path: l.name(),
+                // As recorded (what `replace` takes), not as opened.
+                path: l.path.clone(),
                 uuid: crate::pool::uuid_string(&l.uuid),
                 state: l.health().label(),
                 read_errors: l.read_errors.load(Ordering::Relaxed),
