@@ -62,6 +62,12 @@ pub enum Request {
         #[serde(default)]
         repair: bool,
     },
+    /// Replace mirror leg `old` with device `new` and resilver; streams
+    /// `{"progress":[done,total]}` lines (blocks) before its answer.
+    PoolReplace {
+        old: String,
+        new: String,
+    },
     /// Changed ranges from snapshot `from` to snapshot `to` (None: the head).
     Diff {
         volume: String,
@@ -113,6 +119,7 @@ pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, Strin
         Request::SnapRollback { volume, name, destroy_newer } => rollback(pool, volume, name, *destroy_newer, ctx),
         Request::Diff { volume, from, to } => diff(pool, volume, from, to.as_deref()),
         Request::Scrub { rate, repair } => scrub(pool, *rate, *repair, ctx),
+        Request::PoolReplace { old, new } => return crate::mirror::execute_replace(pool, old, new, ctx.progress),
     };
     r.map_err(|e| e.to_string())
 }
@@ -249,7 +256,7 @@ pub fn snapshot_json(s: &SnapshotInfo) -> Value {
 
 pub fn status_json(s: &PoolStatus) -> Value {
     json!({
-        "uuid": s.uuid,
+        "uuid": s.uuid, "state": s.state,
         "size": s.size, "used": s.used, "free": s.free, "reserved": s.reserved, "freeing": s.freeing,
         "metadata": s.metadata, "journal_size": s.journal_size,
         "volumes": s.volumes, "virtual_size": s.virtual_size, "overcommit_ratio": s.overcommit_ratio,
@@ -259,6 +266,10 @@ pub fn status_json(s: &PoolStatus) -> Value {
         "healed_blocks": s.healed_blocks, "resynced_blocks": s.resynced_blocks,
         "devices": s.devices.iter().map(|d| json!({
             "index": d.index, "path": d.path, "size": d.size, "data": d.data_bytes, "free": d.free_bytes,
+            "state": d.state, "legs": d.legs.iter().map(|l| json!({
+                "index": l.index, "path": l.path, "uuid": l.uuid, "state": l.state,
+                "read_errors": l.read_errors, "write_errors": l.write_errors, "healed_blocks": l.healed_blocks,
+            })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     })
 }

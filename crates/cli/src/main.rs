@@ -3,6 +3,7 @@
 mod admin;
 mod control;
 mod export;
+mod mirror;
 mod poolfile;
 mod progress;
 mod serve;
@@ -20,7 +21,7 @@ use spec::{SnapSpec, ViewSpec};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use tarn_engine::{create_pool, CreateOptions, Device, FileDevice, OpenOptions};
+use tarn_engine::{create_mirrored_pool, CreateOptions, Device, FileDevice, OpenOptions};
 
 #[derive(Parser)]
 #[command(
@@ -72,9 +73,12 @@ enum PoolCmd {
         /// Size of the file to create when the primary does not exist.
         #[arg(long, value_parser = size::parse_size)]
         size: Option<u64>,
-        /// Further member devices.
-        #[arg(long = "device")]
-        devices: Vec<PathBuf>,
+        /// Further member devices; `mirror:A,B` makes a mirrored member.
+        #[arg(long = "device", value_name = "PATH|mirror:PATH,PATH")]
+        devices: Vec<String>,
+        /// Mirror the primary onto this device too (repeat for 3+ legs).
+        #[arg(long = "mirror", value_name = "PATH")]
+        mirror: Vec<PathBuf>,
         /// Journal size (default: 1/64 of the primary, 1 to 64 MiB).
         #[arg(long, value_parser = size::parse_size)]
         journal_size: Option<u64>,
@@ -87,6 +91,20 @@ enum PoolCmd {
     },
     /// Usage: size, used, free, metadata, overcommit.
     Status {
+        #[command(flatten)]
+        pool: PoolArg,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Replace a mirror leg (failed, missing or healthy) and resilver onto the new device.
+    Replace {
+        /// The leg to replace: its path as `pool status` shows it, or its uuid.
+        old: String,
+        /// The new device (a file is created with --size if missing).
+        new: PathBuf,
+        /// Size of the file to create when NEW does not exist.
+        #[arg(long, value_parser = size::parse_size)]
+        size: Option<u64>,
         #[command(flatten)]
         pool: PoolArg,
         #[arg(long)]
@@ -290,8 +308,18 @@ fn main() {
 
 fn dispatch(cmd: Command) -> Result<i32> {
     match cmd {
-        Command::Pool(PoolCmd::Create { primary, size, devices, journal_size, force, no_checksums }) => {
-            pool_create(&primary, size, &devices, journal_size, force, no_checksums)?;
+        Command::Pool(PoolCmd::Create { primary, size, devices, mirror, journal_size, force, no_checksums }) => {
+            let mut slots = vec![std::iter::once(primary).chain(mirror).collect::<Vec<_>>()];
+            for d in &devices {
+                slots.push(mirror::parse_member(d).map_err(anyhow::Error::msg)?);
+            }
+            let opts = CreateOptions { journal_bytes: journal_size, force, no_checksums };
+            pool_create(&slots, size, &opts)?;
+            Ok(0)
+        }
+        Command::Pool(PoolCmd::Replace { old, new, size, pool, json }) => {
+            let v = mirror::replace(&pool, &old, &new, size)?;
+            print(json, &v, text::replaced);
             Ok(0)
         }
         Command::Pool(PoolCmd::Status { pool, json }) => {
@@ -385,23 +413,25 @@ fn open_or_create_file(path: &Path, size: Option<u64>) -> Result<FileDevice> {
     FileDevice::create_file(path, size).with_context(|| format!("create {}", path.display()))
 }
 
-fn pool_create(
-    primary: &Path,
-    size: Option<u64>,
-    members: &[PathBuf],
-    journal: Option<u64>,
-    force: bool,
-    no_checksums: bool,
-) -> Result<()> {
-    let mut devices: Vec<Arc<dyn Device>> = vec![Arc::new(open_or_create_file(primary, size)?)];
-    let mut paths = vec![absolute(primary)];
-    for m in members {
-        devices.push(Arc::new(open_or_create_file(m, size)?));
-        paths.push(absolute(m));
+/// `slots[0]` is the primary (with its mirror legs, if any).
+fn pool_create(slots: &[Vec<PathBuf>], size: Option<u64>, opts: &CreateOptions) -> Result<()> {
+    let all: Vec<String> = slots.iter().flatten().map(|p| absolute(p)).collect();
+    if let Some(dup) = all.iter().enumerate().find(|(i, p)| all[..*i].contains(p)) {
+        bail!("{} is named twice: every device and mirror leg must be a different device", dup.1);
     }
-    create_pool(&devices, &paths, &CreateOptions { journal_bytes: journal, force, no_checksums })?;
-    let total: u64 = devices.iter().map(|d| d.size()).sum();
-    println!("created pool on {} ({} device(s), {})", primary.display(), devices.len(), size::human(total));
+    let mut devices: Vec<Vec<(Arc<dyn Device>, String)>> = Vec::new();
+    for slot in slots {
+        let mut legs = Vec::new();
+        for path in slot {
+            legs.push((Arc::new(open_or_create_file(path, size)?) as Arc<dyn Device>, absolute(path)));
+        }
+        devices.push(legs);
+    }
+    create_mirrored_pool(&devices, opts)?;
+    let total: u64 = devices.iter().map(|s| s.iter().map(|d| d.0.size()).min().unwrap_or(0)).sum();
+    let mirrors = slots.iter().filter(|s| s.len() > 1).count();
+    let mirrored = if mirrors > 0 { format!(", {mirrors} mirrored") } else { String::new() };
+    println!("created pool on {} ({} device(s){mirrored}, {})", slots[0][0].display(), slots.len(), size::human(total));
     Ok(())
 }
 
@@ -435,7 +465,7 @@ fn run_cmd(r: RunCmd) -> Result<i32> {
     std::fs::create_dir_all(&r.data_dir).with_context(|| format!("create {}", r.data_dir.display()))?;
     let pool = r.data_dir.join("pool.img");
     if !pool.exists() {
-        pool_create(&pool, Some(r.pool_size), &[], None, false, false)?;
+        pool_create(&[vec![pool.clone()]], Some(r.pool_size), &CreateOptions::default())?;
     }
     let pa = PoolArg { pool: pool.clone(), devices: vec![] };
     let vols = admin(&pa, &Request::VolList)?;

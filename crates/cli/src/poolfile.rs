@@ -5,8 +5,7 @@ use anyhow::{bail, Context, Result};
 use std::fs::File;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use tarn_engine::{Device, FileDevice, OpenOptions, Pool};
+use tarn_engine::{FileDevice, OpenOptions, Pool};
 
 /// An open pool plus the lock that keeps a second writer out.
 pub struct OpenPool {
@@ -38,15 +37,8 @@ pub fn open_pool(primary: &Path, members: &[PathBuf], options: OpenOptions) -> R
     let lock = lock(primary, writable)?;
     let first =
         FileDevice::open(primary, writable).with_context(|| format!("open pool device {}", primary.display()))?;
-    let recorded = Pool::member_paths(&first)?;
-    let mut devices: Vec<Arc<dyn Device>> = vec![Arc::new(first)];
-    for (i, recorded_path) in recorded.iter().enumerate().skip(1) {
-        let path = members.get(i - 1).cloned().unwrap_or_else(|| PathBuf::from(recorded_path));
-        let dev = FileDevice::open(&path, writable)
-            .with_context(|| format!("open member device {i} at {}", path.display()))?;
-        devices.push(Arc::new(dev));
-    }
-    let pool = Pool::open(devices, options).with_context(|| format!("open pool {}", primary.display()))?;
+    let slots = crate::mirror::open_members(primary, first, members, writable)?;
+    let pool = Pool::open_slots(slots, options).with_context(|| format!("open pool {}", primary.display()))?;
     Ok(OpenPool { pool, _lock: lock })
 }
 

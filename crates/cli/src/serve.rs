@@ -33,6 +33,7 @@ pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>
     let opened = open_pool(&args.pool, &args.members, OpenOptions { strict: args.strict, ..Default::default() })?;
     let status = opened.pool.status();
     let pool = Arc::new(opened.pool);
+    crate::mirror::spawn_resync(pool.clone());
     let control_path = control_socket_path(&status.uuid);
     let clients = Arc::new(Clients::default());
     control::listen(control_path.clone(), pool.clone(), clients.clone())?;

@@ -16,7 +16,7 @@ pub fn name_and_size(v: &Value) -> (String, String) {
 
 pub fn status(v: &Value) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "pool {}", v["uuid"].as_str().unwrap_or("?"));
+    let _ = writeln!(s, "pool {}  {}", v["uuid"].as_str().unwrap_or("?"), v["state"].as_str().unwrap_or("ONLINE"));
     if v["fenced"] == true {
         let _ = writeln!(s, "  state      FENCED: a commit failed; changes are refused until a restart");
     }
@@ -39,14 +39,28 @@ pub fn status(v: &Value) -> String {
         if v["strict"] == true { ", strict" } else { "" }
     );
     for d in v["devices"].as_array().into_iter().flatten() {
+        let mirrored = d["legs"].as_array().is_some_and(|l| !l.is_empty());
         let _ = writeln!(
             s,
-            "  device {}  {}  {} data, {} free",
+            "  device {}  {}{}  {} data, {} free",
             d["index"],
+            if mirrored { format!("{}  ", d["state"].as_str().unwrap_or("?")) } else { String::new() },
             d["path"].as_str().unwrap_or("?"),
             b(&d["data"]),
             b(&d["free"])
         );
+        for l in d["legs"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                s,
+                "    leg {}  {:<11} {}  errors: {} read, {} write; {} blocks healed",
+                l["index"],
+                l["state"].as_str().unwrap_or("?"),
+                l["path"].as_str().unwrap_or("?"),
+                l["read_errors"],
+                l["write_errors"],
+                l["healed_blocks"]
+            );
+        }
     }
     let _ = writeln!(
         s,
@@ -90,6 +104,20 @@ pub fn scrub(v: &Value) -> String {
         let _ = writeln!(s, "lost: {view} bytes {}+{}", l["offset"], l["length"]);
     }
     s
+}
+
+/// `pool replace`'s answer.
+pub fn replaced(v: &Value) -> String {
+    format!(
+        "replaced {} with {} (member {} leg {}): resilvered {} in {:.1}s ({:.0} MiB/s)\n",
+        v["old"].as_str().unwrap_or("?"),
+        v["new"].as_str().unwrap_or("?"),
+        v["member"],
+        v["leg"],
+        b(&v["copied_bytes"]),
+        v["seconds"].as_f64().unwrap_or(0.0),
+        v["mib_per_second"].as_f64().unwrap_or(0.0)
+    )
 }
 
 pub fn check(v: &Value) -> String {

@@ -193,9 +193,46 @@ fn device(devices: &[Arc<dyn Device>], pba: Pba) -> Result<&Arc<dyn Device>> {
         .ok_or_else(|| EngineError::Inconsistent(format!("checkpoint segment on unknown device {}", pba.device())))
 }
 
-/// Read a checkpoint: its payload and the extents it occupies.
+/// Read a checkpoint: its payload and the extents it occupies. On mirrors,
+/// copy 0 of every segment first, then copy 1, ...: the first complete,
+/// valid read wins and the copies that failed are rewritten from it.
 pub fn read(devices: &[Arc<dyn Device>], r: &CheckpointRef) -> Result<(Vec<u8>, Ranges)> {
+    let copies = devices.iter().map(|d| d.copies()).max().unwrap_or(1);
+    let mut first_err = None;
+    for copy in 0..copies {
+        match read_copy(devices, r, copy) {
+            Ok((payload, pieces, raw)) => {
+                if copy > 0 {
+                    heal_segments(devices, &raw, copy);
+                }
+                return Ok((payload, pieces));
+            }
+            Err(e) => {
+                log::warn!("checkpoint {} copy {copy} unusable: {e}", r.seq);
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    Err(first_err.unwrap_or(EngineError::Inconsistent("no copy of the checkpoint to read".into())))
+}
+
+/// Rewrite copies `0..good` of each segment on a mirror where they differ.
+fn heal_segments(devices: &[Arc<dyn Device>], raw: &[(Pba, Vec<u8>)], good: usize) {
+    for (pba, bytes) in raw {
+        let Ok(dev) = device(devices, *pba) else { continue };
+        for c in 0..good.min(dev.copies()) {
+            crate::mirror::heal_if_differs(dev.as_ref(), c, bytes, pba.byte_offset());
+        }
+    }
+}
+
+/// Segments as read, for healing the other copies.
+type RawSegments = Vec<(Pba, Vec<u8>)>;
+
+/// Read copy `copy` of every segment (a device with fewer copies: its last).
+fn read_copy(devices: &[Arc<dyn Device>], r: &CheckpointRef, copy: usize) -> Result<(Vec<u8>, Ranges, RawSegments)> {
     let primary = devices[0].name();
+    let mut raw = Vec::new();
     let corrupt =
         |detail: String| EngineError::NotAPool { device: primary.clone(), detail: format!("checkpoint: {detail}") };
     let mut payload = Vec::with_capacity(r.payload_len.min(1 << 30) as usize);
@@ -204,8 +241,10 @@ pub fn read(devices: &[Arc<dyn Device>], r: &CheckpointRef) -> Result<(Vec<u8>, 
     for i in 0..r.segments {
         let pba = Pba(next);
         let dev = device(devices, pba)?;
+        let copy = copy.min(dev.copies() - 1);
         let mut head = vec![0u8; BLOCK_SIZE as usize];
-        dev.read_at(&mut head, pba.byte_offset()).map_err(|e| EngineError::io("read checkpoint", dev.name(), e))?;
+        dev.read_copy(copy, &mut head, pba.byte_offset())
+            .map_err(|e| EngineError::io("read checkpoint", dev.name(), e))?;
         let h = SegmentHeader::decode(&head, pba.0).map_err(|source| EngineError::Corrupt {
             what: "checkpoint segment",
             device: dev.name(),
@@ -215,9 +254,11 @@ pub fn read(devices: &[Arc<dyn Device>], r: &CheckpointRef) -> Result<(Vec<u8>, 
             return Err(corrupt(format!("segment {i} at {pba} does not belong to checkpoint {}", r.seq)));
         }
         let mut buf = vec![0u8; blocks_needed(h.payload_len as usize) as usize * BLOCK_SIZE as usize];
-        dev.read_at(&mut buf, pba.byte_offset()).map_err(|e| EngineError::io("read checkpoint", dev.name(), e))?;
+        dev.read_copy(copy, &mut buf, pba.byte_offset())
+            .map_err(|e| EngineError::io("read checkpoint", dev.name(), e))?;
         payload.extend_from_slice(&buf[SEGMENT_HEADER_LEN..SEGMENT_HEADER_LEN + h.payload_len as usize]);
         pieces.push((pba, u64::from(h.blocks)));
+        raw.push((pba, buf));
         next = h.next_pba;
         if next == 0 {
             break;
@@ -230,5 +271,5 @@ pub fn read(devices: &[Arc<dyn Device>], r: &CheckpointRef) -> Result<(Vec<u8>, 
     if crc != r.payload_crc {
         return Err(corrupt(format!("payload checksum {crc:#010x} != {:#010x}", r.payload_crc)));
     }
-    Ok((payload, pieces))
+    Ok((payload, pieces, raw))
 }

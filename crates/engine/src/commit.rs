@@ -66,6 +66,7 @@ impl Pool {
             return Ok(());
         }
         self.checkpoint()?;
+        self.mark_closed()?;
         self.fenced.store(true, Ordering::SeqCst);
         Ok(())
     }
@@ -102,6 +103,9 @@ impl Pool {
         };
         let (plan, mut frees, gen) = taken;
         self.flush_dirty_devices()?;
+        // A mirror leg that dropped out is recorded before anything this
+        // commit makes durable, and again if it dropped out during it.
+        self.record_leg_states(ctl)?;
         match plan {
             Plan::DataOnly => {}
             Plan::Journal { payload, epoch, opened } => {
@@ -119,6 +123,7 @@ impl Pool {
                 frees.extend(old);
             }
         }
+        self.record_leg_states(ctl)?;
         self.committed_gen.fetch_max(gen, Ordering::SeqCst);
         self.counters.commits.fetch_add(1, Ordering::Relaxed);
         self.release(frees);
@@ -237,20 +242,26 @@ impl Pool {
         sb.txid += 1;
         sb.checkpoint = cref;
         sb.journal_generation += 1;
-        // Both copies carry the new state, one at a time with a flush
-        // between: a torn write leaves the other copy (old or new) intact,
-        // and rot in one copy never sends the pool back a checkpoint.
-        let primary = &self.devices[0];
-        for copy in [(sb.txid % 2) as usize, ((sb.txid + 1) % 2) as usize] {
-            write_label_copy(primary.as_ref(), &sb, copy)?;
-            primary.flush().map_err(|e| EngineError::io("flush superblock", primary.name(), e))?;
-        }
+        sb.devices = self.device_table(&sb.devices);
+        self.write_superblock(&sb)?;
         ctl.sb = sb;
         ctl.journal.generation = ctl.sb.journal_generation;
         ctl.journal.used = 0;
         ctl.journal.seq = seq;
         self.counters.checkpoints.fetch_add(1, Ordering::Relaxed);
         Ok(std::mem::replace(&mut ctl.checkpoint_pieces, pieces))
+    }
+
+    /// Both copies carry the new state, one at a time with a flush
+    /// between: a torn write leaves the other copy (old or new) intact,
+    /// and rot in one copy never sends the pool back a checkpoint.
+    pub(crate) fn write_superblock(&self, sb: &tarn_format::superblock::Superblock) -> Result<()> {
+        let primary = &self.devices[0];
+        for copy in [(sb.txid % 2) as usize, ((sb.txid + 1) % 2) as usize] {
+            write_label_copy(primary.as_ref(), sb, copy)?;
+            primary.flush().map_err(|e| EngineError::io("flush superblock", primary.name(), e))?;
+        }
+        Ok(())
     }
 
     /// Step 5: reuse freed space only after in-flight I/O drained. The

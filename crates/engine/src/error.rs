@@ -15,6 +15,8 @@ pub enum EngineError {
     Inconsistent(String),
     #[error("device {device} does not belong to this pool: {detail}")]
     ForeignDevice { device: String, detail: String },
+    #[error("member {member} of the pool is unavailable: {detail}")]
+    MemberUnavailable { member: usize, detail: String },
     #[error("no space left in the pool")]
     NoSpace,
     #[error("no volume named {0:?}")]

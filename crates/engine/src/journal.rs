@@ -4,6 +4,7 @@
 
 use crate::device::Device;
 use crate::error::{EngineError, Result};
+use crate::mirror::read_validated;
 use tarn_format::journal::{RecordHeader, HEADER_LEN};
 use tarn_format::ops::{decode_ops, Op};
 use tarn_format::BLOCK_SIZE;
@@ -51,19 +52,26 @@ pub fn replay(dev: &dyn Device, cur: &mut JournalCursor, max_records: usize) -> 
     let mut head = vec![0u8; BLOCK_SIZE as usize];
     while cur.used < cur.blocks && out.len() < max_records {
         let block = cur.start + cur.used;
-        dev.read_at(&mut head, block * BLOCK_SIZE).map_err(|e| EngineError::io("read journal", dev.name(), e))?;
+        // On a mirror, a copy failing these checks where another passes is
+        // rewritten from the good one (read_validated).
+        let header_ok = |b: &[u8]| {
+            RecordHeader::decode(b, block)
+                .is_ok_and(|h| h.generation == cur.generation && h.seq == cur.seq + 1 && cur.fits(u64::from(h.blocks)))
+        };
+        let io = |e| EngineError::io("read journal", dev.name(), e);
+        if !read_validated(dev, &mut head, block * BLOCK_SIZE, header_ok).map_err(io)? {
+            break;
+        }
         let Ok(h) = RecordHeader::decode(&head, block) else {
             break;
         };
-        if h.generation != cur.generation || h.seq != cur.seq + 1 || !cur.fits(u64::from(h.blocks)) {
-            break;
-        }
         let mut rec = vec![0u8; h.blocks as usize * BLOCK_SIZE as usize];
-        dev.read_at(&mut rec, block * BLOCK_SIZE).map_err(|e| EngineError::io("read journal", dev.name(), e))?;
-        let payload = &rec[HEADER_LEN..HEADER_LEN + h.payload_len as usize];
-        if h.verify_payload(payload).is_err() {
+        let payload_range = HEADER_LEN..HEADER_LEN + h.payload_len as usize;
+        let record_ok = |b: &[u8]| header_ok(b) && h.verify_payload(&b[payload_range.clone()]).is_ok();
+        if !read_validated(dev, &mut rec, block * BLOCK_SIZE, record_ok).map_err(io)? {
             break;
         }
+        let payload = &rec[payload_range.clone()];
         let ops = decode_ops(payload).map_err(|source| EngineError::Corrupt {
             what: "journal record",
             device: dev.name(),

@@ -1,6 +1,7 @@
 //! tarn's engine: the device seam, free space, volume maps, the commit
 //! protocol, the pool API and the checker. See docs/ARCHITECTURE.md.
 
+mod assemble;
 pub mod check;
 mod checkpoint;
 pub mod commit;
@@ -12,9 +13,11 @@ mod flatten;
 pub mod io;
 mod journal;
 mod label;
+pub mod mirror;
 pub mod open;
 pub mod placement;
 pub mod pool;
+pub mod resilver;
 pub mod resync;
 pub mod scrub;
 pub mod snapshot;
@@ -29,7 +32,9 @@ pub use device::Device;
 pub use error::{EngineError, Result};
 pub use file_device::FileDevice;
 pub use io::{ChangeRun, StatusRun};
-pub use open::{create_pool, CreateOptions};
+pub use mirror::{LegStatus, MirrorDevice};
+pub use open::{create_mirrored_pool, create_pool, CreateOptions};
 pub use pool::{DeviceStatus, OpenOptions, Pool, PoolStatus, VolumeInfo};
+pub use resilver::ReplaceReport;
 pub use snapshot::SnapshotInfo;
 pub use view::View;

@@ -8,13 +8,17 @@ use crate::extent_map::{Freed, Ranges};
 use crate::io::reserve_for;
 use crate::journal::{self, JournalCursor};
 use crate::label::{read_label, write_both_labels};
+use crate::mirror::{Leg, LegHealth, MirrorDevice};
 use crate::placement::Linear;
 use crate::pool::{CommitCtl, Counters, Inner, OpenOptions, Pool, STRIPES};
 use crate::space::{DeviceSpace, Space};
 use crate::state::State;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
-use tarn_format::superblock::{incompat, DeviceEntry, Superblock, FORMAT_VERSION, LABEL_BLOCKS, MAX_DEVICE_ENTRIES};
+use tarn_format::leg::LegLabel;
+use tarn_format::superblock::{
+    incompat, DeviceEntry, LegEntry, LegState, Superblock, FORMAT_VERSION, LABEL_BLOCKS, MAX_DEVICE_ENTRIES, MAX_LEGS,
+};
 use tarn_format::{Pba, BLOCK_SIZE};
 
 /// Journal records a replay reads at most (bounds the loop).
@@ -45,23 +49,49 @@ fn default_journal_blocks(primary_blocks: u64) -> u64 {
 
 /// Write a new, empty pool on `devices` (the first is the primary).
 pub fn create_pool(devices: &[Arc<dyn Device>], paths: &[String], opts: &CreateOptions) -> Result<()> {
-    if devices.is_empty() || devices.len() > MAX_DEVICE_ENTRIES || paths.len() != devices.len() {
+    if paths.len() != devices.len() {
+        return Err(EngineError::InvalidArgument("one path per device".into()));
+    }
+    let slots: Vec<Vec<(Arc<dyn Device>, String)>> =
+        devices.iter().zip(paths).map(|(d, p)| vec![(d.clone(), p.clone())]).collect();
+    create_mirrored_pool(&slots, opts)
+}
+
+/// Write a new, empty pool on `slots` (the first is the primary); a slot of
+/// two or more (device, path) legs is a mirror (docs/FORMAT.md §Mirrors).
+pub fn create_mirrored_pool(slots: &[Vec<(Arc<dyn Device>, String)>], opts: &CreateOptions) -> Result<()> {
+    if slots.is_empty() || slots.len() > MAX_DEVICE_ENTRIES {
         return Err(EngineError::InvalidArgument(format!("a pool takes 1 to {MAX_DEVICE_ENTRIES} devices")));
     }
+    if let Some(s) = slots.iter().find(|s| s.is_empty() || s.len() > MAX_LEGS) {
+        return Err(EngineError::InvalidArgument(format!("a mirror takes 2 to {MAX_LEGS} devices, not {}", s.len())));
+    }
+    let mirrored = slots.iter().any(|s| s.len() > 1);
+    let devices: Vec<Arc<dyn Device>> = slots.iter().map(|s| slot_device(s)).collect::<Result<_>>()?;
+    let primary_blocks = devices[0].size() / BLOCK_SIZE;
     let journal_blocks = match opts.journal_bytes {
         Some(b) => b.div_ceil(BLOCK_SIZE).max(16),
-        None => default_journal_blocks(devices[0].size() / BLOCK_SIZE),
+        None => default_journal_blocks(primary_blocks),
     };
     let mut entries = Vec::new();
     let mut labels = Vec::new();
     let pool_uuid = random_bytes::<16>()?;
     let generation = u64::from_le_bytes(random_bytes::<8>()?) >> 1 | 1;
-    for (i, dev) in devices.iter().enumerate() {
-        if !opts.force && read_label(dev.as_ref()).is_ok() {
-            return Err(EngineError::InvalidArgument(format!(
-                "device {} already holds a tarn pool (use --force to overwrite)",
-                dev.name()
-            )));
+    let mut features = incompat::SNAPSHOTS;
+    if !opts.no_checksums {
+        features |= incompat::DATA_CHECKSUMS;
+    }
+    if mirrored {
+        features |= incompat::MIRRORS;
+    }
+    for (i, (dev, slot)) in devices.iter().zip(slots).enumerate() {
+        for (leg, _) in slot {
+            if !opts.force && read_label(leg.as_ref()).is_ok() {
+                return Err(EngineError::InvalidArgument(format!(
+                    "device {} already holds a tarn pool (use --force to overwrite)",
+                    leg.name()
+                )));
+            }
         }
         let blocks = dev.size() / BLOCK_SIZE;
         let data_start = LABEL_BLOCKS + if i == 0 { journal_blocks } else { 0 };
@@ -74,15 +104,23 @@ pub fn create_pool(devices: &[Arc<dyn Device>], paths: &[String], opts: &CreateO
             )));
         }
         let device_uuid = random_bytes::<16>()?;
-        entries.push(DeviceEntry { uuid: device_uuid, blocks, path: paths[i].clone() });
+        let legs = if slot.len() > 1 {
+            slot.iter()
+                .map(|(_, p)| Ok(LegEntry { uuid: random_bytes::<16>()?, state: LegState::InSync, path: p.clone() }))
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            Vec::new()
+        };
+        entries.push(DeviceEntry { uuid: device_uuid, blocks, path: slot[0].1.clone(), legs });
         labels.push(Superblock {
             version: FORMAT_VERSION,
-            incompat: incompat::SNAPSHOTS | if opts.no_checksums { 0 } else { incompat::DATA_CHECKSUMS },
+            incompat: features,
             ro_compat: 0,
             compat: 0,
             pool_uuid,
             device_uuid,
             device_index: i as u16,
+            flags: 0,
             txid: 1,
             device_blocks: blocks,
             data_start,
@@ -98,8 +136,16 @@ pub fn create_pool(devices: &[Arc<dyn Device>], paths: &[String], opts: &CreateO
         });
     }
     labels[0].devices = entries;
+    if !labels[0].fits() {
+        return Err(EngineError::InvalidArgument("too many devices or paths too long for the device table".into()));
+    }
     // Secondaries first, primary last: a crash midway leaves no valid pool.
     for (i, dev) in devices.iter().enumerate().rev() {
+        for (leg_index, leg) in labels[0].devices[i].legs.iter().enumerate() {
+            let label =
+                LegLabel { pool_uuid, slot_uuid: labels[i].device_uuid, slot_index: i as u16, leg_uuid: leg.uuid };
+            crate::assemble::write_leg_label(slots[i][leg_index].0.as_ref(), &label)?;
+        }
         if i == 0 {
             let zero = vec![0u8; BLOCK_SIZE as usize];
             dev.write_at(&zero, LABEL_BLOCKS * BLOCK_SIZE)
@@ -109,6 +155,16 @@ pub fn create_pool(devices: &[Arc<dyn Device>], paths: &[String], opts: &CreateO
         dev.flush().map_err(|e| EngineError::io("flush", dev.name(), e))?;
     }
     Ok(())
+}
+
+/// One device for a slot: itself, or a mirror of its legs (as small as the smallest).
+fn slot_device(slot: &[(Arc<dyn Device>, String)]) -> Result<Arc<dyn Device>> {
+    if slot.len() == 1 {
+        return Ok(slot[0].0.clone());
+    }
+    let size = slot.iter().map(|l| l.0.size()).min().unwrap_or(0) / BLOCK_SIZE * BLOCK_SIZE;
+    let legs = slot.iter().map(|(d, p)| Leg::new(Some(d.clone()), [0; 16], p.clone(), LegHealth::Online)).collect();
+    Ok(Arc::new(MirrorDevice::new(legs, size, true)))
 }
 
 /// Check that `dev` is member `index` of the pool the primary describes.
@@ -136,25 +192,21 @@ impl Pool {
     /// Open the pool whose primary is `devices[0]`; the others must be its
     /// members in order (see [`Pool::member_paths`]).
     pub fn open(devices: Vec<Arc<dyn Device>>, options: OpenOptions) -> Result<Pool> {
-        let primary = devices.first().ok_or_else(|| EngineError::InvalidArgument("no devices".into()))?;
-        let label = read_label(primary.as_ref())?;
-        let sb = label.current;
-        if !sb.is_primary() {
-            return Err(EngineError::InvalidArgument(format!(
-                "device {} is member {} of a pool, not its primary",
-                primary.name(),
-                sb.device_index
-            )));
-        }
-        if devices.len() != sb.devices.len() {
-            return Err(EngineError::InvalidArgument(format!(
-                "pool has {} devices, {} given",
-                sb.devices.len(),
-                devices.len()
-            )));
-        }
+        Self::open_slots(devices.into_iter().map(|d| vec![d]).collect(), options)
+    }
+
+    /// Open from the devices found per member: `slots[i]` is one device for
+    /// a plain member, or the legs found (any order, some may be missing)
+    /// for a mirrored one. A mirror missing legs opens DEGRADED.
+    pub fn open_slots(slots: Vec<Vec<Arc<dyn Device>>>, options: OpenOptions) -> Result<Pool> {
+        let asm = crate::assemble::assemble(slots, !options.read_only)?;
+        let (devices, mirrors, label) = (asm.devices, asm.mirrors, asm.label);
+        let primary = &devices[0];
+        let sb = label.current.clone();
         for (i, dev) in devices.iter().enumerate().skip(1) {
-            verify_member(&sb, i, dev.as_ref())?;
+            if mirrors[i].is_none() {
+                verify_member(&sb, i, dev.as_ref())?;
+            }
         }
         let (mut state, pieces, seq) = load_checkpoint(&devices, &sb)?;
         let mut cursor = JournalCursor {
@@ -180,7 +232,7 @@ impl Pool {
             }
         }
         let space = build_space(&devices, &sb, &state, &pieces)?;
-        let mut notes = Vec::new();
+        let mut notes = asm.notes;
         if let Some(why) = label.other_invalid {
             log::warn!(
                 "device {}: superblock copy {} invalid ({why}); using copy {}",
@@ -217,6 +269,7 @@ impl Pool {
             }),
             commit: Mutex::new(CommitCtl { sb, journal: cursor, checkpoint_pieces: pieces, notes }),
             devices,
+            mirrors,
             io_gate: RwLock::new(()),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             write_gen: AtomicU64::new(0),
@@ -227,6 +280,8 @@ impl Pool {
             options,
             counters: Counters::default(),
         };
+        let notes = pool.mark_open()?;
+        pool.lock_commit().notes.extend(notes);
         if !read_only && !crashed_regions.is_empty() {
             log::warn!("{} overwrite regions were open at a crash: resync pending", crashed_regions.len());
             pool.write_inner().regions.suspect = crashed_regions;
@@ -242,6 +297,16 @@ impl Pool {
     /// The member paths recorded in a primary's superblock (index order).
     pub fn member_paths(primary: &dyn Device) -> Result<Vec<String>> {
         Ok(read_label(primary)?.current.devices.into_iter().map(|d| d.path).collect())
+    }
+
+    /// Per member, the paths of its devices as recorded: one for a plain
+    /// member, every leg's for a mirrored one.
+    pub fn member_legs(primary: &dyn Device) -> Result<Vec<Vec<String>>> {
+        let devices = read_label(primary)?.current.devices;
+        Ok(devices
+            .into_iter()
+            .map(|d| if d.legs.is_empty() { vec![d.path] } else { d.legs.into_iter().map(|l| l.path).collect() })
+            .collect())
     }
 }
 

@@ -69,6 +69,8 @@ pub struct Counters {
 /// before the gate and never by the committer.
 pub struct Pool {
     pub(crate) devices: Vec<Arc<dyn Device>>,
+    /// Per slot, its mirror when mirrored (the same object as in `devices`).
+    pub(crate) mirrors: Vec<Option<Arc<crate::mirror::MirrorDevice>>>,
     pub(crate) inner: RwLock<Inner>,
     pub(crate) commit: Mutex<CommitCtl>,
     /// Held shared by every data I/O from planning to completion; the
@@ -111,6 +113,10 @@ pub struct VolumeInfo {
 pub struct DeviceStatus {
     pub index: usize,
     pub path: String,
+    /// ONLINE, or for a mirror DEGRADED / RESILVERING.
+    pub state: &'static str,
+    /// A mirror's legs (empty for a plain device).
+    pub legs: Vec<crate::mirror::LegStatus>,
     pub size: u64,
     pub data_bytes: u64,
     pub free_bytes: u64,
@@ -119,6 +125,8 @@ pub struct DeviceStatus {
 #[derive(Debug, Clone)]
 pub struct PoolStatus {
     pub uuid: String,
+    /// ONLINE, or DEGRADED when a mirror runs without a leg.
+    pub state: &'static str,
     pub devices: Vec<DeviceStatus>,
     /// Bytes volumes can use in all (devices' data areas).
     pub size: u64,
@@ -301,20 +309,24 @@ impl Pool {
         let virtual_size: u64 = inner.state.volumes.values().map(|v| v.size).sum();
         let labels = self.devices.len() as u64 * 2 * BLOCK_SIZE;
         let checkpoint: u64 = ctl.checkpoint_pieces.iter().map(|p| p.1).sum::<u64>() * BLOCK_SIZE;
-        let devices = self
+        let devices: Vec<DeviceStatus> = self
             .devices
             .iter()
             .enumerate()
             .map(|(i, d)| DeviceStatus {
                 index: i,
                 path: d.name(),
+                state: self.mirrors[i].as_ref().map_or("ONLINE", |m| m.status().0),
+                legs: self.mirrors[i].as_ref().map(|m| m.status().1).unwrap_or_default(),
                 size: d.size(),
                 data_bytes: inner.space.devices[i].data_blocks() * BLOCK_SIZE,
                 free_bytes: inner.space.devices[i].free_blocks() * BLOCK_SIZE,
             })
             .collect();
+        let state = if devices.iter().all(|d| d.state == "ONLINE") { "ONLINE" } else { "DEGRADED" };
         PoolStatus {
             uuid: uuid_string(&ctl.sb.pool_uuid),
+            state,
             devices,
             size,
             used,

@@ -8,6 +8,7 @@ pub mod checksum;
 pub mod codec;
 pub mod error;
 pub mod journal;
+pub mod leg;
 pub mod ops;
 pub mod superblock;
 

@@ -27,18 +27,62 @@ pub mod incompat {
     /// Volumes may have snapshots and clones: checkpoint volume records may
     /// carry snapshot sections and origins, the journal ops 6-11.
     pub const SNAPSHOTS: u64 = 1 << 1;
-    /// Volumes may keep mirror copies (reserved).
+    /// Pool members may be mirrors of 2+ legs: each device table entry
+    /// carries a leg list (docs/FORMAT.md §Mirrors).
     pub const MIRRORS: u64 = 1 << 2;
     /// Features this build understands.
-    pub const KNOWN: u64 = SNAPSHOTS | DATA_CHECKSUMS;
+    pub const KNOWN: u64 = SNAPSHOTS | DATA_CHECKSUMS | MIRRORS;
 }
 
-/// One member device as the primary's superblock records it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Superblock flag: a pool with mirrors is open for writing (set before its
+/// first write, cleared by a clean close). Found set at open, the legs may
+/// differ in blocks whose writes a crash cut, so they are resynced.
+pub const FLAG_OPEN: u32 = 1;
+
+/// Most legs a mirrored slot may have.
+pub const MAX_LEGS: usize = 4;
+
+/// One member device ("slot") as the primary's superblock records it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DeviceEntry {
     pub uuid: [u8; 16],
     pub blocks: u64,
     /// Where the device was last seen (a hint; identity is the uuid).
+    pub path: String,
+    /// Mirror legs (empty: a single device). Encoded only with MIRRORS.
+    pub legs: Vec<LegEntry>,
+}
+
+/// Whether a mirror leg holds every byte of its slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LegState {
+    /// Identical to the other in-sync legs: readable.
+    #[default]
+    InSync = 0,
+    /// An I/O error or absence took it out; its content is stale.
+    Faulted = 1,
+    /// A replacement whose copy did not finish; its content is partial.
+    NeedsResilver = 2,
+}
+
+impl LegState {
+    fn from_u8(v: u8) -> Option<LegState> {
+        match v {
+            0 => Some(LegState::InSync),
+            1 => Some(LegState::Faulted),
+            2 => Some(LegState::NeedsResilver),
+            _ => None,
+        }
+    }
+}
+
+/// One leg of a mirrored slot.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LegEntry {
+    /// Matches the leg label on the leg's own device.
+    pub uuid: [u8; 16],
+    pub state: LegState,
+    /// Where the leg was last seen (a hint).
     pub path: String,
 }
 
@@ -63,6 +107,8 @@ pub struct Superblock {
     pub pool_uuid: [u8; 16],
     pub device_uuid: [u8; 16],
     pub device_index: u16,
+    /// State flags (offset 76, was reserved zero): see [`FLAG_OPEN`].
+    pub flags: u32,
     /// Generation: the valid copy with the highest txid is current.
     pub txid: u64,
     pub device_blocks: u64,
@@ -91,7 +137,7 @@ impl Superblock {
         w.bytes(&self.device_uuid);
         w.u16(self.device_index);
         w.u16(self.devices.len() as u16);
-        w.u32(0);
+        w.u32(self.flags);
         w.u64(self.txid);
         w.u64(copy_block);
         w.u64(self.device_blocks);
@@ -106,12 +152,17 @@ impl Superblock {
         w.u64(self.checkpoint.seq);
         w.u64(self.created_unix);
         debug_assert_eq!(w.len(), 176);
+        let mirrors = self.incompat & incompat::MIRRORS != 0;
         for d in &self.devices {
             assert!(d.path.len() <= MAX_PATH_LEN);
+            assert!(mirrors || d.legs.is_empty(), "mirror legs need the MIRRORS feature");
             w.bytes(&d.uuid);
             w.u64(d.blocks);
             w.u16(d.path.len() as u16);
             w.bytes(d.path.as_bytes());
+            if mirrors {
+                encode_legs(&mut w, &d.legs);
+            }
         }
         seal(&mut w, SALT_SUPERBLOCK, CRC_OFFSET);
         w.buf
@@ -139,7 +190,7 @@ impl Superblock {
         let device_uuid = r.array()?;
         let device_index = r.u16()?;
         let device_count = usize::from(r.u16()?);
-        r.u32()?;
+        let flags = r.u32()?;
         let txid = r.u64()?;
         let self_block = r.u64()?;
         if self_block != copy_block {
@@ -153,6 +204,7 @@ impl Superblock {
             pool_uuid,
             device_uuid,
             device_index,
+            flags,
             txid,
             device_blocks: r.u64()?,
             data_start: r.u64()?,
@@ -180,7 +232,8 @@ impl Superblock {
                 return Err(r.bad("path_len", len as u64));
             }
             let path = String::from_utf8_lossy(r.take(len)?).into_owned();
-            sb.devices.push(DeviceEntry { uuid, blocks, path });
+            let legs = if incompat & incompat::MIRRORS != 0 { decode_legs(&mut r)? } else { Vec::new() };
+            sb.devices.push(DeviceEntry { uuid, blocks, path, legs });
         }
         sb.validate()?;
         Ok(sb)
@@ -210,6 +263,18 @@ impl Superblock {
         Ok(())
     }
 
+    /// Bytes the encoding takes before the crc; at most 4092 fits.
+    pub fn encoded_len(&self) -> usize {
+        let legs = |d: &DeviceEntry| 1 + d.legs.iter().map(|l| 19 + l.path.len()).sum::<usize>();
+        let mirrors = self.incompat & incompat::MIRRORS != 0;
+        176 + self.devices.iter().map(|d| 26 + d.path.len() + if mirrors { legs(d) } else { 0 }).sum::<usize>()
+    }
+
+    /// Whether the device table fits in the superblock.
+    pub fn fits(&self) -> bool {
+        self.encoded_len() <= CRC_OFFSET && self.devices.len() <= MAX_DEVICE_ENTRIES
+    }
+
     pub fn is_primary(&self) -> bool {
         self.device_index == 0
     }
@@ -217,6 +282,40 @@ impl Superblock {
     pub fn first_segment(&self) -> Option<Pba> {
         (self.checkpoint.first_segment != 0).then_some(Pba(self.checkpoint.first_segment))
     }
+}
+
+/// `leg_count u8` (0 or 2..=MAX_LEGS), then per leg `uuid[16]`, `state u8`,
+/// `path_len u16`, `path`.
+fn encode_legs(w: &mut Writer, legs: &[LegEntry]) {
+    assert!(legs.is_empty() || (2..=MAX_LEGS).contains(&legs.len()));
+    w.u8(legs.len() as u8);
+    for l in legs {
+        assert!(l.path.len() <= MAX_PATH_LEN);
+        w.bytes(&l.uuid);
+        w.u8(l.state as u8);
+        w.u16(l.path.len() as u16);
+        w.bytes(l.path.as_bytes());
+    }
+}
+
+fn decode_legs(r: &mut crate::codec::Reader<'_>) -> Result<Vec<LegEntry>> {
+    let count = usize::from(r.u8()?);
+    if count == 1 || count > MAX_LEGS {
+        return Err(r.bad("leg_count", count as u64));
+    }
+    let mut legs = Vec::with_capacity(count);
+    for _ in 0..count {
+        let uuid = r.array()?;
+        let raw = r.u8()?;
+        let state = LegState::from_u8(raw).ok_or_else(|| r.bad("leg_state", u64::from(raw)))?;
+        let len = usize::from(r.u16()?);
+        if len > MAX_PATH_LEN {
+            return Err(r.bad("leg path_len", len as u64));
+        }
+        let path = String::from_utf8_lossy(r.take(len)?).into_owned();
+        legs.push(LegEntry { uuid, state, path });
+    }
+    Ok(legs)
 }
 
 #[cfg(test)]
@@ -232,6 +331,7 @@ mod tests {
             pool_uuid: [1; 16],
             device_uuid: [2; 16],
             device_index: 0,
+            flags: 0,
             txid: 7,
             device_blocks: 1 << 20,
             data_start: 1000,
@@ -246,7 +346,12 @@ mod tests {
                 seq: 41,
             },
             created_unix: 1_700_000_000,
-            devices: vec![DeviceEntry { uuid: [2; 16], blocks: 1 << 20, path: "/tmp/pool.img".into() }],
+            devices: vec![DeviceEntry {
+                uuid: [2; 16],
+                blocks: 1 << 20,
+                path: "/tmp/pool.img".into(),
+                legs: Vec::new(),
+            }],
         }
     }
 
@@ -275,6 +380,30 @@ mod tests {
             b[i] ^= 0x10;
             assert!(Superblock::decode(&b, 0).is_err(), "flip at byte {i} not detected");
         }
+    }
+
+    #[test]
+    fn mirror_legs_round_trip_only_with_the_feature() {
+        let mut sb = sample();
+        let legs = vec![
+            LegEntry { uuid: [3; 16], state: LegState::InSync, path: "/a.img".into() },
+            LegEntry { uuid: [4; 16], state: LegState::Faulted, path: "/b.img".into() },
+        ];
+        sb.devices[0].legs = legs;
+        sb.incompat = incompat::SNAPSHOTS | incompat::MIRRORS;
+        let bytes = sb.encode(0);
+        assert_eq!(sb.encoded_len(), 176 + 26 + 13 + 1 + 2 * 19 + 12);
+        let back = Superblock::decode(&bytes, 0).unwrap();
+        assert_eq!(back, sb);
+        // leg_count right after the entry's path: a single-leg mirror is invalid.
+        let mut bad = bytes.clone();
+        bad[176 + 26 + 13] = 1;
+        assert!(Superblock::decode(&bad, 0).is_err());
+        // Without the feature the same pool encodes exactly as before.
+        let mut plain = sample();
+        plain.incompat = incompat::SNAPSHOTS;
+        assert_eq!(plain.encoded_len(), 176 + 26 + 13);
+        assert_eq!(Superblock::decode(&plain.encode(0), 0).unwrap().devices[0].legs, vec![]);
     }
 
     #[test]

@@ -21,6 +21,9 @@ struct State {
     /// cut; after it every call fails until `crash` is applied.
     calls_left: Option<u64>,
     dead: bool,
+    /// Injected media errors: reads / writes and flushes fail (until cleared).
+    fail_reads: bool,
+    fail_writes: bool,
 }
 
 pub struct SimDevice {
@@ -45,6 +48,8 @@ impl SimDevice {
                 pending: Vec::new(),
                 calls_left: None,
                 dead: false,
+                fail_reads: false,
+                fail_writes: false,
             }),
         }
     }
@@ -103,7 +108,18 @@ impl SimDevice {
         s.cache[offset as usize] ^= 1 << (bit % 8);
     }
 
+    /// Make reads and/or writes (and flushes) fail with an I/O error, like a
+    /// dying disk; `(false, false)` heals it. Content is kept.
+    pub fn fail_io(&self, reads: bool, writes: bool) {
+        let mut s = self.lock();
+        s.fail_reads = reads;
+        s.fail_writes = writes;
+    }
+
     fn tick(s: &mut State) -> io::Result<()> {
+        if s.fail_writes {
+            return Err(io::Error::other("injected write error"));
+        }
         if s.dead {
             return Err(dead());
         }
@@ -134,6 +150,9 @@ impl Device for SimDevice {
         let s = self.lock();
         if s.dead {
             return Err(dead());
+        }
+        if s.fail_reads {
+            return Err(io::Error::other("injected read error"));
         }
         buf.copy_from_slice(&s.cache[offset as usize..offset as usize + buf.len()]);
         Ok(())

@@ -13,7 +13,7 @@ use crate::settle::Seen;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
-use tarn_engine::{create_pool, CreateOptions, Device, EngineError, OpenOptions, Pool, View};
+use tarn_engine::{create_mirrored_pool, CreateOptions, Device, EngineError, OpenOptions, Pool, View};
 
 /// Which operations a run mixes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +36,9 @@ pub struct SimConfig {
     /// A quarter of the runs use devices this small instead, so that space
     /// runs out (snapshots hold old versions).
     pub tight_bytes: Option<u64>,
+    /// The primary is a mirror of two devices (a power cut on one leg then
+    /// faults it and the pool goes on, until the crash of all devices).
+    pub mirror: bool,
 }
 
 impl Default for SimConfig {
@@ -47,6 +50,7 @@ impl Default for SimConfig {
             journal_bytes: 64 << 10,
             workload: Workload::Basic,
             tight_bytes: None,
+            mirror: false,
         }
     }
 }
@@ -111,6 +115,20 @@ pub(crate) struct Run {
     workload: Workload,
     /// Writes so far: stamped into the data so that versions differ.
     serial: u64,
+    /// The last of `devs` is the primary's second mirror leg.
+    mirrored: bool,
+}
+
+/// Devices per member; with `mirrored`, the last device is a second leg of
+/// the primary.
+fn slots_of(devs: &[Arc<SimDevice>], mirrored: bool) -> Vec<Vec<Arc<dyn Device>>> {
+    let dyns: Vec<Arc<dyn Device>> = devs.iter().map(|d| d.clone() as Arc<dyn Device>).collect();
+    let plain = dyns.len() - usize::from(mirrored);
+    let mut slots: Vec<Vec<Arc<dyn Device>>> = dyns[..plain].iter().map(|d| vec![d.clone()]).collect();
+    if mirrored {
+        slots[0].push(dyns[plain].clone());
+    }
+    slots
 }
 
 /// Run one seed; Err describes the first divergence.
@@ -121,15 +139,14 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<RunStats, String> {
         Some(tight) if rng.random_bool(0.25) => tight,
         _ => cfg.device_bytes,
     };
-    let devs: Vec<Arc<SimDevice>> = (0..ndev).map(|i| Arc::new(SimDevice::new(&format!("sim{i}"), bytes))).collect();
-    let dyn_devs: Vec<Arc<dyn Device>> = devs.iter().map(|d| d.clone() as Arc<dyn Device>).collect();
-    let paths = (0..ndev).map(|i| format!("sim{i}")).collect::<Vec<_>>();
-    create_pool(
-        &dyn_devs,
-        &paths,
-        &CreateOptions { journal_bytes: Some(cfg.journal_bytes), force: false, ..Default::default() },
-    )
-    .map_err(|e| e.to_string())?;
+    let total = ndev + usize::from(cfg.mirror);
+    let devs: Vec<Arc<SimDevice>> = (0..total).map(|i| Arc::new(SimDevice::new(&format!("sim{i}"), bytes))).collect();
+    let opts = CreateOptions { journal_bytes: Some(cfg.journal_bytes), ..Default::default() };
+    let slots: Vec<Vec<(Arc<dyn Device>, String)>> = slots_of(&devs, cfg.mirror)
+        .into_iter()
+        .map(|s| s.into_iter().map(|d| (d.clone(), d.name())).collect())
+        .collect();
+    create_mirrored_pool(&slots, &opts).map_err(|e| e.to_string())?;
     let strict = rng.random_bool(0.2);
     let mut run = Run {
         rng,
@@ -141,6 +158,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<RunStats, String> {
         strict,
         workload: cfg.workload,
         serial: 0,
+        mirrored: cfg.mirror,
     };
     run.reopen()?;
     for step in 0..cfg.steps {
@@ -161,9 +179,14 @@ impl Run {
     }
 
     fn reopen(&mut self) -> Result<(), String> {
-        let devs: Vec<Arc<dyn Device>> = self.devs.iter().map(|d| d.clone() as Arc<dyn Device>).collect();
-        let pool = Pool::open(devs, OpenOptions { strict: self.strict, ..Default::default() })
+        let slots = slots_of(&self.devs, self.mirrored);
+        let pool = Pool::open_slots(slots, OpenOptions { strict: self.strict, ..Default::default() })
             .map_err(|e| format!("reopen: {e}"))?;
+        if pool.needs_resync() {
+            // After a crash the mirror legs may differ where writes were cut.
+            let bytes = pool.resync_legs(&mut |_, _| {}).map_err(|e| format!("resync after reopen: {e}"))?;
+            trace!("resynced {bytes} bytes");
+        }
         let report = pool.check();
         if !report.is_clean() {
             return Err(format!("checker after reopen: {:?}", report.problems));
@@ -356,7 +379,11 @@ impl Run {
             // The cut hit an ignored discard hint after the commit.
             return self.crash_and_verify();
         }
-        self.reopen()?;
+        // Opening a pool with mirrors writes (the superblock's open flag):
+        // an armed cut can hit it.
+        if let Err(e) = self.reopen() {
+            return if self.any_dead() { self.crash_and_verify() } else { Err(e) };
+        }
         self.verify_all("after clean reopen")
     }
 

@@ -1,13 +1,17 @@
-//! The crash simulation: 500 seeds of each workload per test run (the two
-//! tests run in parallel). A failure prints its seed;
+//! The crash simulation: 500 seeds of each workload per test run (the
+//! tests run in parallel), and fewer with a mirrored primary. A failure prints its seed;
 //! `TARN_SEED=N cargo test -p tarn-sim --release --test crash` replays
-//! exactly that run (in both tests); `TARN_SIM_TRACE=1` prints its steps.
+//! exactly that run (in every test); `TARN_SIM_TRACE=1` prints its steps.
 
 use tarn_sim::{run_seed, seeds, RunStats, SimConfig};
 
 fn run_all(cfg: &SimConfig) -> (usize, RunStats) {
+    run_count(cfg, 500)
+}
+
+fn run_count(cfg: &SimConfig, count: u64) -> (usize, RunStats) {
     let mut total = RunStats::default();
-    let list = seeds(500);
+    let list = seeds(count);
     for &seed in &list {
         let replay = format!("replay: TARN_SEED={seed} TARN_SIM_TRACE=1 cargo test -p tarn-sim --release --test crash");
         // An assertion inside the engine panics: name the seed for it too.
@@ -36,4 +40,22 @@ fn snapshot_crash_simulation_500_seeds() {
     // both before and after their commit (a single replayed seed may not).
     let all_kinds = stats.done.iter().all(|&n| n > 0) && stats.cut_done > 0 && stats.cut_undone > 0;
     assert!(seeds < 100 || all_kinds, "admin ops done and cut: {stats:?}");
+}
+
+/// A mirrored primary: power cuts hit one leg at a time (it is faulted and
+/// the pool goes on) and then every device; after each reopen the pool must
+/// match the model and check clean, with the faulted leg never read again
+/// and the legs resynced after the crash.
+#[test]
+fn mirror_crash_simulation_200_seeds() {
+    let (seeds, stats) = run_count(&SimConfig { mirror: true, ..SimConfig::default() }, 200);
+    println!("{seeds} seeds: {stats:?}");
+    assert!(stats.crashes >= seeds, "every run ends in at least one crash");
+}
+
+#[test]
+fn mirror_snapshot_crash_simulation_100_seeds() {
+    let (seeds, stats) = run_count(&SimConfig { mirror: true, ..SimConfig::snapshots() }, 100);
+    println!("{seeds} seeds: {stats:?}");
+    assert!(stats.crashes >= seeds && stats.admin > 0, "crashes and admin ops happen: {stats:?}");
 }

@@ -1,0 +1,143 @@
+//! Mirrors on the command line: `mirror:A,B` member specs, finding the legs
+//! of an existing pool (a missing leg is left out: the engine opens the
+//! mirror DEGRADED), and `tarn pool replace`.
+
+use crate::admin::Request;
+use crate::progress::Progress;
+use crate::PoolArg;
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tarn_engine::{Device, FileDevice, Pool};
+
+/// A `--device` value: `PATH`, or `mirror:PATH,PATH[,...]`.
+pub fn parse_member(s: &str) -> Result<Vec<PathBuf>, String> {
+    let Some(list) = s.strip_prefix("mirror:") else {
+        return Ok(vec![PathBuf::from(s)]);
+    };
+    let legs: Vec<PathBuf> = list.split(',').map(PathBuf::from).collect();
+    if legs.len() < 2 || legs.iter().any(|p| p.as_os_str().is_empty()) {
+        return Err(format!("{s:?}: a mirror takes two or more comma-separated paths, none empty"));
+    }
+    Ok(legs)
+}
+
+/// Same file? (Paths recorded absolute; the user may give them relative.)
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+/// The devices of every member: `primary` (opened) plus what the primary's
+/// superblock records, with `overrides` for moved plain members. A mirror
+/// leg that cannot be opened is left out with a warning; a plain member that
+/// cannot be opened is an error.
+pub fn open_members(
+    primary: &Path,
+    first: FileDevice,
+    overrides: &[PathBuf],
+    writable: bool,
+) -> Result<Vec<Vec<Arc<dyn Device>>>> {
+    let recorded = Pool::member_legs(&first)?;
+    let mut slots: Vec<Vec<Arc<dyn Device>>> = vec![vec![Arc::new(first)]];
+    // A mirrored primary: its other legs too (a plain one is `primary` itself,
+    // even when it moved or is a copy of the recorded path).
+    let primary_legs = recorded.first().filter(|legs| legs.len() > 1).into_iter().flatten();
+    for leg in primary_legs.filter(|p| !same_file(Path::new(p), primary)) {
+        if let Some(dev) = open_leg(0, Path::new(leg), writable) {
+            slots[0].push(dev);
+        }
+    }
+    for (i, legs) in recorded.iter().enumerate().skip(1) {
+        if legs.len() == 1 {
+            let path = overrides.get(i - 1).cloned().unwrap_or_else(|| PathBuf::from(&legs[0]));
+            let dev = FileDevice::open(&path, writable)
+                .with_context(|| format!("open member device {i} at {}", path.display()))?;
+            slots.push(vec![Arc::new(dev)]);
+            continue;
+        }
+        slots.push(legs.iter().filter_map(|p| open_leg(i, Path::new(p), writable)).collect());
+    }
+    Ok(slots)
+}
+
+fn open_leg(member: usize, path: &Path, writable: bool) -> Option<Arc<dyn Device>> {
+    match FileDevice::open(path, writable) {
+        Ok(d) => Some(Arc::new(d)),
+        Err(e) => {
+            eprintln!(
+                "tarn: warning: mirror leg {} of member {member} cannot be opened ({e}); continuing DEGRADED",
+                path.display()
+            );
+            None
+        }
+    }
+}
+
+/// `tarn pool replace OLD NEW`: online through a running server, else on
+/// the pool directly; a progress bar (or lines) while it resilvers.
+pub fn replace(pool: &PoolArg, old: &str, new: &Path, size: Option<u64>) -> Result<serde_json::Value> {
+    if !new.exists() {
+        let Some(size) = size else {
+            bail!("{} does not exist; pass --size to create it as a sparse file", new.display())
+        };
+        FileDevice::create_file(new, size).with_context(|| format!("create {}", new.display()))?;
+    }
+    // A leg is named by its uuid or by its path (recorded absolute).
+    let is_uuid = old.len() == 36 && old.chars().all(|c| c.is_ascii_hexdigit() || c == '-');
+    let old = if is_uuid { old.to_string() } else { crate::absolute(Path::new(old)) };
+    let req = Request::PoolReplace { old, new: crate::absolute(new) };
+    let mut bar = Progress::new("resilver");
+    let v = crate::admin_progress(pool, &req, &mut |done, total| bar.update(done, total));
+    bar.finish();
+    v
+}
+
+/// After an unclean shutdown (or an unfinished resilver) a mirror leg is
+/// RESILVERING: bring it in sync in the background while the server serves.
+pub fn spawn_resync(pool: Arc<Pool>) {
+    if !pool.needs_resync() {
+        return;
+    }
+    let spawned = std::thread::Builder::new().name("resync".into()).spawn(move || {
+        eprintln!("tarn: resyncing mirror legs in the background");
+        match pool.resync_legs(&mut |_, _| {}) {
+            Ok(bytes) => eprintln!("tarn: mirror resync done ({} MiB copied)", bytes >> 20),
+            Err(e) => log::error!("mirror resync failed (legs stay RESILVERING until the next start): {e}"),
+        }
+    });
+    if let Err(e) = spawned {
+        log::error!("cannot start the resync thread: {e}");
+    }
+}
+
+/// Run on the pool (server side or local): open `new` and resilver onto it.
+pub fn execute_replace(
+    pool: &Pool,
+    old: &str,
+    new: &str,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<serde_json::Value, String> {
+    let dev = FileDevice::open(Path::new(new), true).map_err(|e| format!("open {new}: {e}"))?;
+    let r = pool.replace_leg(old, Arc::new(dev), new, progress).map_err(|e| e.to_string())?;
+    let mib_s = if r.seconds > 0.0 { r.copied_bytes as f64 / r.seconds / (1 << 20) as f64 } else { 0.0 };
+    Ok(serde_json::json!({
+        "member": r.member, "leg": r.leg, "old": r.old, "new": r.new,
+        "copied_bytes": r.copied_bytes, "seconds": r.seconds, "mib_per_second": mib_s,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn member_specs() {
+        assert_eq!(parse_member("a.img"), Ok(vec![PathBuf::from("a.img")]));
+        assert_eq!(parse_member("mirror:a,b"), Ok(vec![PathBuf::from("a"), PathBuf::from("b")]));
+        assert!(parse_member("mirror:a").is_err());
+        assert!(parse_member("mirror:a,").is_err());
+    }
+}
