@@ -60,7 +60,7 @@ pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>
     on_ready(addr);
     let stop = Arc::new(AtomicBool::new(false));
     let committer = spawn_committer(pool.clone(), args.commit_interval, stop.clone());
-    spawn_resync(pool.clone());
+    spawn_region_resync(pool.clone());
     let mut signals = Signals::new([SIGTERM, SIGINT]).context("install signal handlers")?;
     if let Some(sig) = signals.forever().next() {
         log::info!("signal {sig}: draining connections");
@@ -80,7 +80,7 @@ pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>
 
 /// Resync the overwrite regions a crash left open, while clients already
 /// work (reads there resync what they touch first).
-fn spawn_resync(pool: Arc<Pool>) {
+fn spawn_region_resync(pool: Arc<Pool>) {
     let pending = pool.resync_pending();
     if pending == 0 {
         return;

@@ -26,8 +26,10 @@ pub(crate) struct Assembled {
 /// A leg superblock to rewrite once every check passed.
 struct LabelHeal {
     dev: Arc<dyn Device>,
-    sb: Superblock,
+    sb: Option<Superblock>,
     why: String,
+    /// The leg label to rewrite (it was damaged; the leg was deduced).
+    leg: Option<LegLabel>,
 }
 
 pub(crate) fn write_leg_label(dev: &dyn Device, label: &LegLabel) -> Result<()> {
@@ -73,7 +75,12 @@ pub(crate) fn assemble(slots: Vec<Vec<Arc<dyn Device>>>, writable: bool) -> Resu
             out.notes.push(format!("{} (not rewritten: opened read-only)", h.why));
             continue;
         }
-        write_both_labels(h.dev.as_ref(), &h.sb)?;
+        if let Some(leg) = &h.leg {
+            write_leg_label(h.dev.as_ref(), leg)?;
+        }
+        if let Some(sb) = &h.sb {
+            write_both_labels(h.dev.as_ref(), sb)?;
+        }
         h.dev.flush().map_err(|e| EngineError::io("flush superblock", h.dev.name(), e))?;
         log::warn!("{}; rewritten", h.why);
         out.notes.push(format!("{}; rewritten from an in-sync leg", h.why));
@@ -129,8 +136,16 @@ fn assemble_mirror(
     heals: &mut Vec<LabelHeal>,
 ) -> Result<Arc<MirrorDevice>> {
     let mut devs: Vec<Option<Arc<dyn Device>>> = vec![None; entry.legs.len()];
+    let mut damaged = Vec::new();
     for dev in found {
-        let Some(pos) = identify_leg(sb, index, entry, dev.as_ref(), notes)? else { continue };
+        let pos = match identify_leg(sb, index, entry, dev.as_ref(), notes)? {
+            Identified::Leg(pos) => pos,
+            Identified::Dead => continue,
+            Identified::DamagedLabel => {
+                damaged.push(dev);
+                continue;
+            }
+        };
         if devs[pos].is_some() {
             return Err(EngineError::InvalidArgument(format!(
                 "leg {pos} of member {index} given twice ({})",
@@ -139,6 +154,7 @@ fn assemble_mirror(
         }
         devs[pos] = Some(dev);
     }
+    let relabel = deduce_damaged_leg(sb, index, entry, &mut devs, damaged, notes);
     let mut legs = Vec::new();
     for (pos, (dev, rec)) in devs.into_iter().zip(&entry.legs).enumerate() {
         let health = match (&dev, rec.state) {
@@ -167,7 +183,50 @@ fn assemble_mirror(
         legs.push(Leg::new(dev, rec.uuid, rec.path.clone(), health));
     }
     plan_label_heals(sb, index, &legs, heals)?;
+    if let Some((dev, leg)) = relabel {
+        let why = format!("member {index}: the leg label of {} was damaged", dev.name());
+        heals.push(LabelHeal { dev, sb: None, why, leg: Some(leg) });
+    }
     Ok(Arc::new(MirrorDevice::new(legs, entry.blocks * BLOCK_SIZE, writable)))
+}
+
+/// A device of this member whose leg label is damaged is the leg no other
+/// device claimed, if exactly one is left: use it and plan a new label.
+fn deduce_damaged_leg(
+    sb: &Superblock,
+    index: usize,
+    entry: &DeviceEntry,
+    devs: &mut [Option<Arc<dyn Device>>],
+    damaged: Vec<Arc<dyn Device>>,
+    notes: &mut Vec<String>,
+) -> Option<(Arc<dyn Device>, LegLabel)> {
+    let free: Vec<usize> = (0..devs.len()).filter(|&p| devs[p].is_none()).collect();
+    if damaged.len() != 1 || free.len() != 1 {
+        for d in &damaged {
+            notes.push(format!("member {index} is DEGRADED: {} has a damaged leg label; left out", d.name()));
+        }
+        return None;
+    }
+    let dev = damaged.into_iter().next()?;
+    let pos = free[0];
+    log::warn!("member {index}: {} has a damaged leg label; it is leg {pos}, the only one unclaimed", dev.name());
+    devs[pos] = Some(dev.clone());
+    let label = LegLabel {
+        pool_uuid: sb.pool_uuid,
+        slot_uuid: entry.uuid,
+        slot_index: index as u16,
+        leg_uuid: entry.legs[pos].uuid,
+    };
+    Some((dev, label))
+}
+
+/// What a device given for a mirrored member is.
+enum Identified {
+    Leg(usize),
+    /// Reads as nothing of ours (blank, truncated, I/O errors): left out.
+    Dead,
+    /// Carries this member's superblock but its leg label is damaged.
+    DamagedLabel,
 }
 
 /// Which leg of member `index` `dev` is. A device that reads as nothing
@@ -179,18 +238,22 @@ fn identify_leg(
     entry: &DeviceEntry,
     dev: &dyn Device,
     notes: &mut Vec<String>,
-) -> Result<Option<usize>> {
+) -> Result<Identified> {
     let foreign = |detail: String| EngineError::ForeignDevice { device: dev.name(), detail };
     let label = match read_leg_label(dev) {
         Ok(l) => l,
-        Err(e) if read_label(dev).is_ok() => {
-            return Err(foreign(format!("it holds a tarn superblock but no mirror leg label ({e})")));
-        }
-        Err(e) => {
-            log::warn!("member {index}: {} does not read as a mirror leg ({e}); left out", dev.name());
-            notes.push(format!("member {index} is DEGRADED: {} does not read as a leg ({e}); left out", dev.name()));
-            return Ok(None);
-        }
+        Err(e) => match read_label(dev) {
+            Ok(l) if l.current.pool_uuid == sb.pool_uuid && l.current.device_uuid == entry.uuid => {
+                return Ok(Identified::DamagedLabel);
+            }
+            Ok(_) => return Err(foreign(format!("it holds a tarn superblock but no mirror leg label ({e})"))),
+            Err(_) => {
+                log::warn!("member {index}: {} does not read as a mirror leg ({e}); left out", dev.name());
+                notes
+                    .push(format!("member {index} is DEGRADED: {} does not read as a leg ({e}); left out", dev.name()));
+                return Ok(Identified::Dead);
+            }
+        },
     };
     if label.pool_uuid != sb.pool_uuid {
         return Err(foreign("it is a mirror leg of another pool".into()));
@@ -211,7 +274,7 @@ fn identify_leg(
             entry.blocks
         )));
     }
-    Ok(Some(pos))
+    Ok(Identified::Leg(pos))
 }
 
 /// Every in-sync leg must carry the slot's newest superblock in both copies;
@@ -262,7 +325,7 @@ fn plan_label_heals(sb: &Superblock, index: usize, legs: &[Leg], heals: &mut Vec
                 None => continue,
             },
         };
-        heals.push(LabelHeal { dev: (*dev).clone(), sb: best.clone(), why });
+        heals.push(LabelHeal { dev: (*dev).clone(), sb: Some(best.clone()), why, leg: None });
     }
     Ok(())
 }
