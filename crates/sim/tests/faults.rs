@@ -200,9 +200,9 @@ fn with_two_copies_scrub_repairs_many_flips_and_loses_only_blocks_bad_on_both() 
     let (a, b, pool, v) = mirrored_pool();
     let places: Vec<u64> = (0..64).map(|i| find_on(&a, &block(300 + i))).collect();
     let mut rng = ChaCha8Rng::seed_from_u64(5);
-    for i in 0..40 {
+    for (i, &at) in places.iter().enumerate().take(40) {
         let leg = if i % 2 == 0 { &a } else { &b };
-        leg.flip_bit(places[i] + rng.random_range(0..BS as u64), rng.random_range(0..8u8));
+        leg.flip_bit(at + rng.random_range(0..BS as u64), rng.random_range(0..8u8));
     }
     // Block 50 rots on both legs: nothing can give it back.
     a.flip_bit(places[50] + 1, 0);
@@ -266,7 +266,7 @@ fn with_two_copies_every_metadata_bit_flip_is_repaired() {
 fn live_metadata_bytes(sim: &SimDevice, data: &std::collections::HashSet<Vec<u8>>) -> Vec<u64> {
     let mut buf = vec![0u8; BS];
     let mut out = Vec::new();
-    for b in (0..sim.size() / BS as u64).filter(|&b| b < 32 || b >= 32 + 64) {
+    for b in (0..sim.size() / BS as u64).filter(|&b| !(32..32 + 64).contains(&b)) {
         sim.read_at(&mut buf, b * BS as u64).unwrap();
         if buf.iter().all(|&x| x == 0) || data.contains(&buf) {
             continue;
