@@ -72,6 +72,22 @@ impl Pool {
         Ok(renewed)
     }
 
+    /// The first copy of block `pba` that can be read (a faulted or missing
+    /// mirror leg cannot), and which copy it was.
+    fn first_readable_copy(&self, pba: Pba) -> Result<(Vec<u8>, usize)> {
+        let dev = &self.devices[usize::from(pba.device())];
+        let mut block = vec![0u8; BS];
+        let mut last = None;
+        for copy in 0..dev.copies() {
+            match dev.read_copy(copy, &mut block, pba.byte_offset()) {
+                Ok(()) => return Ok((block, copy)),
+                Err(e) => last = Some(e),
+            }
+        }
+        let e = last.unwrap_or_else(|| std::io::Error::other("no copies"));
+        Err(EngineError::io("resync read", dev.name(), e))
+    }
+
     /// One block of a suspect region, I/O drained: its data (a copy matching
     /// the stored sum, else copy 0's), every copy made equal; true if its
     /// sum was renewed (the Sums op is queued).
@@ -82,10 +98,9 @@ impl Pool {
             self.rewrite_copies(pba, &good, &c.bad);
             return Ok((good, false));
         }
+        let (block, source) = self.first_readable_copy(pba)?;
         let dev = &self.devices[usize::from(pba.device())];
-        let mut block = vec![0u8; BS];
-        dev.read_copy(0, &mut block, pba.byte_offset()).map_err(|e| EngineError::io("resync read", dev.name(), e))?;
-        let others: Vec<usize> = (1..dev.copies()).collect();
+        let others: Vec<usize> = (0..dev.copies()).filter(|&c| c != source).collect();
         self.rewrite_copies(pba, &block, &others);
         let op = Op::Sums { pba: pba.0, sums: vec![block_sum(&block)] };
         let mut inner = self.write_inner();
