@@ -155,6 +155,7 @@ impl Pool {
             let idle = inner.regions.idle(&inner.state.open_regions, now);
             close_regions(inner, &idle, &mut ops);
         }
+        inner.regions.urgent = 0;
         let opened: Vec<u64> = std::mem::take(&mut inner.regions.wanted)
             .into_iter()
             .filter(|r| !inner.state.open_regions.contains(r))

@@ -241,6 +241,7 @@ impl Pool {
         let inner = &mut *inner;
         let part = |at: u64, len: u64| sums[(at - lba) as usize..(at - lba + len) as usize].to_vec();
         inner.regions.wanted.extend(plan.closed.iter().copied());
+        inner.regions.urgent += plan.closed.len();
         if self.checksums {
             let now = self.counters.commits.load(Ordering::Relaxed);
             for seg in &plan.segs {
@@ -255,6 +256,13 @@ impl Pool {
         let birth = inner.state.epoch;
         let mut orphans = Vec::new();
         for p in fresh {
+            if self.checksums {
+                // New data is what gets overwritten next: its regions open
+                // with the commit that maps it, so the next pass goes in place.
+                let open = &inner.state.open_regions;
+                let shut = regions_of(p.pba, p.len).filter(|r| !open.contains(r));
+                inner.regions.wanted.extend(shut);
+            }
             let op = Op::Map { vol, lba: p.lba, len: p.len, pba: p.pba.0, birth };
             let mut freed = Freed::new();
             if inner.state.apply(&op, &mut freed).is_ok() {

@@ -195,7 +195,7 @@ impl Pool {
     /// Whether a commit is wanted soon: writes asked overwrite regions open
     /// (until a commit opens them, writes there are redirected).
     pub fn wants_commit(&self) -> bool {
-        !self.read_inner().regions.wanted.is_empty()
+        self.read_inner().regions.urgent > 0
     }
 
     /// Whether anything changed since the last durable commit.

@@ -127,14 +127,19 @@ pub fn regions_of(pba: Pba, len: u64) -> impl Iterator<Item = u64> {
     region_of(pba.0)..=region_of(pba.0 + len.max(1) - 1)
 }
 
-/// Commits a region may go without an in-place write before it closes.
-pub const IDLE_COMMITS: u64 = 8;
+/// Commits a region may go without an in-place write before it closes: a
+/// region closed too eagerly makes the next pass over it redirect again
+/// (seen as 1M sequential overwrites at half speed with 8).
+pub const IDLE_COMMITS: u64 = 64;
 
 /// The live side of overwrite regions (the durable set is in the state).
 #[derive(Debug, Default)]
 pub struct RegionTracker {
     /// Regions writes wanted open; the next commit opens them.
     pub wanted: BTreeSet<u64>,
+    /// Of those, how many were asked by redirected writes (a commit soon
+    /// helps them); the others hold new data and can wait for any commit.
+    pub urgent: usize,
     /// Commit count at the last in-place write, per open region.
     pub last_write: IntMap<u64>,
     /// Regions a crash left open, not yet resynced (`resync.rs`).

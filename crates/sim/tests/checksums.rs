@@ -5,6 +5,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tarn_engine::scrub::ScrubOptions;
+use tarn_engine::sums::IDLE_COMMITS;
 use tarn_engine::{Device, EngineError, Pool};
 use tarn_sim::{fixture, SimDevice};
 
@@ -151,7 +152,7 @@ fn idle_regions_close_so_a_crash_does_not_excuse_their_corruption() {
     }
     pool.flush().unwrap();
     // Commits with in-place writes only in b's last region: a's goes idle.
-    for i in 0..12u64 {
+    for i in 0..IDLE_COMMITS + 4 {
         pool.write(b, 99 * MIB + i * BS as u64, &block(500 + i), false).unwrap();
         pool.flush().unwrap();
     }
