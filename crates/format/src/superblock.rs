@@ -178,7 +178,9 @@ impl Superblock {
             if len > MAX_PATH_LEN {
                 return Err(r.bad("path_len", len as u64));
             }
-            let path = String::from_utf8_lossy(r.take(len)?).into_owned();
+            // Strictly UTF-8: a lossy decode could grow past MAX_PATH_LEN
+            // and make the next `encode` of this superblock panic.
+            let path = String::from_utf8(r.take(len)?.to_vec()).map_err(|_| r.bad("path_utf8", 0))?;
             sb.devices.push(DeviceEntry { uuid, blocks, path });
         }
         sb.validate()?;
@@ -274,6 +276,21 @@ mod tests {
             b[i] ^= 0x10;
             assert!(Superblock::decode(&b, 0).is_err(), "flip at byte {i} not detected");
         }
+    }
+
+    /// Found by fuzz/format_superblock: a 200-byte path of invalid UTF-8
+    /// was decoded lossily into 600 bytes, and encoding it again panicked.
+    #[test]
+    fn path_that_is_not_utf8_is_refused() {
+        let mut sb = sample();
+        sb.devices[0].path = "x".repeat(MAX_PATH_LEN);
+        let mut bytes = sb.encode(0);
+        let path_at = 176 + 16 + 8 + 2;
+        bytes[path_at..path_at + MAX_PATH_LEN].fill(0xff);
+        let crc = crate::checksum::checksum(SALT_SUPERBLOCK, &bytes[..CRC_OFFSET]);
+        bytes[CRC_OFFSET..].copy_from_slice(&crc.to_le_bytes());
+        let err = Superblock::decode(&bytes, 0).unwrap_err();
+        assert!(matches!(err, FormatError::BadField { field: "path_utf8", .. }), "{err}");
     }
 
     #[test]
