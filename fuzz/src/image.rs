@@ -1,4 +1,4 @@
-//! A small, deterministic pool image (one 4 MiB device) built from the
+//! A small, deterministic pool image (one 2 MiB device) built from the
 //! format's own encoders: two superblock copies, a checkpoint in two
 //! segments, two journal records after it. `engine_open` damages copies of
 //! it and opens them.
@@ -16,7 +16,7 @@ use tarn_format::BLOCK_SIZE;
 
 use crate::samples;
 
-pub const DEVICE_BYTES: usize = 4 << 20;
+pub const DEVICE_BYTES: usize = 2 << 20;
 const BS: usize = BLOCK_SIZE as usize;
 /// Blocks of the two checkpoint segments (device 0, so pba = block).
 pub const SEGMENTS: [u64; 2] = [100, 110];

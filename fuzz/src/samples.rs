@@ -16,14 +16,14 @@ pub fn superblock() -> Superblock {
         device_uuid: [0x22; 16],
         device_index: 0,
         txid: 3,
-        device_blocks: 1024,
+        device_blocks: 512,
         data_start: 48,
         journal_start: 32,
         journal_blocks: 16,
         journal_generation: 0x1234_5678,
         checkpoint: CheckpointRef::default(),
         created_unix: 1_700_000_000,
-        devices: vec![DeviceEntry { uuid: [0x22; 16], blocks: 1024, path: "fuzz0".into() }],
+        devices: vec![DeviceEntry { uuid: [0x22; 16], blocks: 512, path: "fuzz0".into() }],
     }
 }
 
