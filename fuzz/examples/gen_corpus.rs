@@ -70,7 +70,8 @@ fn main() {
     // Checkpoints: the image's payload, alone and after a segment header.
     let payload = samples::encode_checkpoint(&samples::checkpoint());
     write(&dir, "format_checkpoint", "payload", &with_flags(0, &payload));
-    let h = SegmentHeader { seq: 5, index: 0, blocks: 1, self_pba: 100, next_pba: 0, payload_len: payload.len() as u32 };
+    let h =
+        SegmentHeader { seq: 5, index: 0, blocks: 1, self_pba: 100, next_pba: 0, payload_len: payload.len() as u32 };
     let mut seg = h.encode().to_vec();
     assert_eq!(seg.len(), SEGMENT_HEADER_LEN);
     seg.extend_from_slice(&payload);

@@ -7,11 +7,11 @@ use std::io;
 use std::sync::{Arc, Mutex};
 
 use tarn_engine::{Device, OpenOptions, Pool};
+use tarn_format::checkpoint::{SegmentHeader, SEGMENT_HEADER_LEN};
+use tarn_format::checksum::{checksum, SALT_CHECKPOINT};
 use tarn_format::journal::RecordHeader;
 use tarn_format::ops::encode_ops;
 use tarn_format::superblock::SUPERBLOCK_COPIES;
-use tarn_format::checkpoint::{SegmentHeader, SEGMENT_HEADER_LEN};
-use tarn_format::checksum::{checksum, SALT_CHECKPOINT};
 use tarn_format::BLOCK_SIZE;
 
 use crate::samples;

@@ -41,7 +41,11 @@ fn ignore_sigpipe() {
 pub fn run(client: &[u8], setup: Setup) {
     ignore_sigpipe();
     let backend = MemoryBackend::new()
-        .with_export(EXPORTS[0], "fuzz export", Arc::new(MemoryExport::new(EXPORT_SIZE).with_dirty_bitmap(DIRTY_BITMAP)))
+        .with_export(
+            EXPORTS[0],
+            "fuzz export",
+            Arc::new(MemoryExport::new(EXPORT_SIZE).with_dirty_bitmap(DIRTY_BITMAP)),
+        )
         .with_export(EXPORTS[1], "", Arc::new(MemoryExport::new_read_only(EXPORT_SIZE)));
     let config = ServerConfig {
         max_in_flight_per_conn: 8,

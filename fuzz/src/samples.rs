@@ -1,6 +1,8 @@
 //! Valid structures: the fuzz targets' seeds and the pool image's parts.
 
-use tarn_format::checkpoint::{CheckpointDecoder, CheckpointEncoder, CheckpointHeader, ExtentRecord, SnapshotRecord, VolumeRecord};
+use tarn_format::checkpoint::{
+    CheckpointDecoder, CheckpointEncoder, CheckpointHeader, ExtentRecord, SnapshotRecord, VolumeRecord,
+};
 use tarn_format::ops::Op;
 use tarn_format::superblock::{incompat, CheckpointRef, DeviceEntry, Superblock, FORMAT_VERSION};
 use tarn_format::Pba;
