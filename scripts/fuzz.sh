@@ -66,8 +66,8 @@ for target in "${targets[@]}"; do
   timeout -k 10 $((secs + 120)) "${fuzz[@]}" run "$target" "fuzz/corpus/$target" "fuzz/seeds/$target" -- \
     -max_total_time="$secs" -max_len=65536 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 >"$log" 2>&1
   rc=$?
-  execs=$(grep -oE '^stat::number_of_executed_units: [0-9]+' "$log" | grep -oE '[0-9]+$')
-  rate=$(grep -oE '^stat::average_exec_per_sec: [0-9]+' "$log" | grep -oE '[0-9]+$')
+  execs=$(grep -oE '^stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$')
+  rate=$(grep -oE '^stat::average_exec_per_sec: *[0-9]+' "$log" | grep -oE '[0-9]+$')
   cov=$(grep -oE 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+/[0-9a-zA-Z]+' "$log" | tail -1)
   stats="${execs:-?} execs, ${rate:-?}/s, $cov"
   if [ $rc -eq 0 ]; then
