@@ -80,8 +80,9 @@ for target in "${targets[@]}"; do
     if [ -n "$artifact" ]; then
       rel=${artifact#"$PWD/"}
       echo "  crash input: $rel"
-      echo "  reproduce:   ${fuzz[*]} run $target $rel"
-      echo "  minimize:    ${fuzz[*]} tmin $target $rel"
+      env=${RUSTC_BOOTSTRAP:+RUSTC_BOOTSTRAP=1 }
+      echo "  reproduce:   $env${fuzz[*]} run $target $rel"
+      echo "  minimize:    $env${fuzz[*]} tmin $target $rel"
     fi
   fi
 done
