@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The test command: installs test deps, builds, runs the Rust tests (incl. the
 # crash simulation) and every end-to-end scenario in tests/e2e/.
-# Prints a closing line "N passed, M failed" (cargo = 1 entry, each e2e
-# script = 1 entry); exits non-zero on any failure.
+# Prints a closing line "N passed, M failed" (cargo = 1 entry, a short run of
+# every fuzz target = 1 entry, each e2e script = 1 entry); exits non-zero on
+# any failure.
 #   bash scripts/test.sh                 # everything
 #   E2E_ONLY=qemu_clients bash scripts/test.sh   # cargo + one scenario
 #   SKIP_CARGO=1 bash scripts/test.sh    # e2e only (uses existing build)
+#   FUZZ_SECONDS=60 bash scripts/test.sh # fuzz each target longer (default 15)
+#   SKIP_FUZZ=1 bash scripts/test.sh     # without the fuzz entry
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -35,6 +38,13 @@ if [ "${SKIP_CARGO:-0}" != 1 ]; then
     banner "cargo test --release --workspace"
     rc=0; cargo test --release --workspace || rc=$?
     record "cargo test --release --workspace" $rc $((SECONDS - t))
+    if [ "${SKIP_FUZZ:-0}" != 1 ]; then
+      # Build and run every fuzz target briefly (docs/FUZZING.md).
+      banner "fuzz (${FUZZ_SECONDS:-15}s per target)"
+      t=$SECONDS; rc=0
+      timeout -k 30 1200 bash scripts/fuzz.sh "${FUZZ_SECONDS:-15}" </dev/null || rc=$?
+      record "fuzz" $rc $((SECONDS - t))
+    fi
   else
     record "cargo build --release --workspace" 1 $((SECONDS - t))
     built=0

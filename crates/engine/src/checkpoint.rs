@@ -133,6 +133,7 @@ fn decode_extents(
         if e.lba + e.len > size / BLOCK_SIZE || e.birth > max_birth || bad_origin {
             return Err(format!("extent {}+{} at {pba} born {} does not fit its list", e.lba, e.len, e.birth));
         }
+        crate::state::check_physical(e.pba, e.len)?;
         if !map.insert(e.lba, e.len, pba, e.birth).is_empty() {
             return Err("checkpoint extents overlap".into());
         }

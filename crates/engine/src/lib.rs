@@ -38,3 +38,11 @@ pub use pool::{DeviceStatus, OpenOptions, Pool, PoolStatus, VolumeInfo};
 pub use resilver::ReplaceReport;
 pub use snapshot::SnapshotInfo;
 pub use view::View;
+
+/// Decode a checkpoint payload into the pool state and its commit sequence,
+/// with every check [`Pool::open`] makes after reading and checksumming the
+/// segments. Public only for the fuzz targets in `fuzz/`.
+#[doc(hidden)]
+pub fn decode_checkpoint_state(payload: &[u8]) -> std::result::Result<(state::State, u64), String> {
+    checkpoint::decode_state(payload)
+}

@@ -32,6 +32,10 @@ impl DeviceSpace {
 
     /// Build from the sorted-or-not list of used ranges.
     pub fn from_used(data_start: u64, data_end: u64, used: &mut [(u64, u64)]) -> Result<DeviceSpace, String> {
+        if data_end < data_start {
+            // Only a damaged superblock (device table) says so.
+            return Err(format!("data area {data_start}..{data_end} ends before it starts"));
+        }
         used.sort_unstable();
         let mut s = DeviceSpace { data_start, data_end, cursor: data_start, ..Default::default() };
         let mut pos = data_start;
@@ -165,6 +169,16 @@ impl Space {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by fuzz/engine_open: a device table entry smaller than the
+    /// data start gave a reversed data area, and `data_blocks` underflowed.
+    #[test]
+    fn reversed_data_area_is_an_error() {
+        let err = DeviceSpace::from_used(48, 40, &mut []).err().unwrap();
+        assert!(err.contains("ends before it starts"), "{err}");
+        let empty = DeviceSpace::from_used(48, 48, &mut []).unwrap();
+        assert_eq!(empty.data_blocks(), 0);
+    }
 
     #[test]
     fn take_and_give_back_keep_counts_and_coalesce() {

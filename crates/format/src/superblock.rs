@@ -4,7 +4,7 @@
 //! see docs/FORMAT.md §Superblock, which is normative. Field offsets here
 //! mirror it.
 
-use crate::address::{Pba, BLOCK_SIZE};
+use crate::address::{Pba, BLOCK_MASK, BLOCK_SIZE};
 use crate::checksum::{seal, unseal, SALT_SUPERBLOCK};
 use crate::codec::Writer;
 use crate::error::{FormatError, Result};
@@ -231,7 +231,9 @@ impl Superblock {
             if len > MAX_PATH_LEN {
                 return Err(r.bad("path_len", len as u64));
             }
-            let path = String::from_utf8_lossy(r.take(len)?).into_owned();
+            // Strictly UTF-8: a lossy decode could grow past MAX_PATH_LEN
+            // and make the next `encode` of this superblock panic.
+            let path = String::from_utf8(r.take(len)?.to_vec()).map_err(|_| r.bad("path_utf8", 0))?;
             let legs = if incompat & incompat::MIRRORS != 0 { decode_legs(&mut r)? } else { Vec::new() };
             sb.devices.push(DeviceEntry { uuid, blocks, path, legs });
         }
@@ -242,6 +244,14 @@ impl Superblock {
     /// Cross-field checks that hold for every valid superblock.
     fn validate(&self) -> Result<()> {
         let bad = |field, value| FormatError::BadField { what: "superblock", field, value };
+        // Block numbers are 48 bits (see address.rs): a larger device cannot
+        // be addressed, and its byte offsets would overflow.
+        if self.device_blocks > BLOCK_MASK + 1 {
+            return Err(bad("device_blocks", self.device_blocks));
+        }
+        if let Some(d) = self.devices.iter().find(|d| d.blocks > BLOCK_MASK + 1) {
+            return Err(bad("device_table_blocks", d.blocks));
+        }
         if self.data_start < crate::superblock::LABEL_BLOCKS || self.data_start > self.device_blocks {
             return Err(bad("data_start", self.data_start));
         }
@@ -380,6 +390,41 @@ mod tests {
             b[i] ^= 0x10;
             assert!(Superblock::decode(&b, 0).is_err(), "flip at byte {i} not detected");
         }
+    }
+
+    /// Found by fuzz/format_superblock: a 200-byte path of invalid UTF-8
+    /// was decoded lossily into 600 bytes, and encoding it again panicked.
+    #[test]
+    fn path_that_is_not_utf8_is_refused() {
+        let mut sb = sample();
+        sb.devices[0].path = "x".repeat(MAX_PATH_LEN);
+        let mut bytes = sb.encode(0);
+        let path_at = 176 + 16 + 8 + 2;
+        bytes[path_at..path_at + MAX_PATH_LEN].fill(0xff);
+        let crc = crate::checksum::checksum(SALT_SUPERBLOCK, &bytes[..CRC_OFFSET]);
+        bytes[CRC_OFFSET..].copy_from_slice(&crc.to_le_bytes());
+        let err = Superblock::decode(&bytes, 0).unwrap_err();
+        assert!(matches!(err, FormatError::BadField { field: "path_utf8", .. }), "{err}");
+    }
+
+    /// Found by fuzz/engine_open: a checksummed superblock with a journal
+    /// start near 2^60 blocks passed validation, and the engine's byte
+    /// offset `block * 4096` overflowed.
+    #[test]
+    fn device_beyond_48_bit_block_numbers_is_refused() {
+        let mut sb = sample();
+        sb.device_blocks = 1 << 60;
+        sb.data_start = 1 << 59;
+        sb.journal_start = 1 << 58;
+        let err = Superblock::decode(&sb.encode(0), 0).unwrap_err();
+        assert!(matches!(err, FormatError::BadField { field: "device_blocks", .. }), "{err}");
+        let mut sb = sample();
+        sb.devices[0].blocks = u64::MAX;
+        let err = Superblock::decode(&sb.encode(0), 0).unwrap_err();
+        assert!(matches!(err, FormatError::BadField { field: "device_table_blocks", .. }), "{err}");
+        let mut sb = sample();
+        sb.device_blocks = BLOCK_MASK + 1;
+        assert!(Superblock::decode(&sb.encode(0), 0).is_ok());
     }
 
     #[test]

@@ -212,6 +212,16 @@ impl Server {
         }
     }
 
+    /// Serve one already connected Unix stream on the calling thread:
+    /// handshake, then transmission, until the peer closes it or a protocol
+    /// error ends the connection. Not counted in [`Server::connection_count`]
+    /// and not stopped by [`Server::shutdown`]. For the fuzz targets in
+    /// `fuzz/`, which feed the real server code over a socket pair.
+    #[doc(hidden)]
+    pub fn serve_unix_stream(&self, stream: UnixStream) {
+        run_connection(&self.inner, 0, Stream::Unix(stream));
+    }
+
     /// Number of connections currently open.
     pub fn connection_count(&self) -> usize {
         lock(&self.inner.conns).live.len()
