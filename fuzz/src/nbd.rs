@@ -52,6 +52,7 @@ pub fn run(client: &[u8], setup: Setup) {
         workers_per_conn: setup.workers,
         max_request_bytes: MAX_REQUEST,
         max_connections: 1,
+        tls: None,
     };
     let server = Server::new(Arc::new(backend), config);
     let (ours, theirs) = UnixStream::pair().expect("socketpair");

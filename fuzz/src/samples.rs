@@ -25,7 +25,8 @@ pub fn superblock() -> Superblock {
         journal_generation: 0x1234_5678,
         checkpoint: CheckpointRef::default(),
         created_unix: 1_700_000_000,
-        devices: vec![DeviceEntry { uuid: [0x22; 16], blocks: 512, path: "fuzz0".into() }],
+        devices: vec![DeviceEntry { uuid: [0x22; 16], blocks: 512, path: "fuzz0".into(), legs: Vec::new() }],
+        flags: 0,
     }
 }
 
@@ -70,6 +71,7 @@ pub fn checkpoint() -> Checkpoint {
         origin,
         snapshot_count,
         extent_count,
+        sums: false,
     };
     let snap = |epoch, name: &str, referenced, dead_count| SnapshotRecord {
         epoch,

@@ -322,7 +322,7 @@ fn decode_legs(r: &mut crate::codec::Reader<'_>) -> Result<Vec<LegEntry>> {
         if len > MAX_PATH_LEN {
             return Err(r.bad("leg path_len", len as u64));
         }
-        let path = String::from_utf8_lossy(r.take(len)?).into_owned();
+        let path = String::from_utf8(r.take(len)?.to_vec()).map_err(|_| r.bad("leg_path_utf8", 0))?;
         legs.push(LegEntry { uuid, state, path });
     }
     Ok(legs)
