@@ -147,6 +147,12 @@ impl Pool {
     fn take_pending(&self, ctl: &CommitCtl, force_checkpoint: bool, drained: bool) -> Result<Option<Taken>> {
         let mut inner = self.write_inner();
         let inner = &mut *inner;
+        if !drained && self.fresh_writes.load(Ordering::SeqCst) > 0 {
+            // A write is overwriting new data in place in a closed region: a
+            // commit must not make that data's map durable before the write
+            // recorded its new sums. Drain it first.
+            return Ok(None);
+        }
         let gen = self.write_gen.load(Ordering::SeqCst);
         let mut ops = std::mem::take(&mut inner.pending_ops);
         let frees = std::mem::take(&mut inner.pending_frees);
@@ -156,6 +162,8 @@ impl Pool {
             close_regions(inner, &idle, &mut ops);
         }
         inner.regions.urgent = 0;
+        // From here a commit may make their maps durable: no longer fresh.
+        inner.regions.fresh.clear();
         let opened: Vec<u64> = std::mem::take(&mut inner.regions.wanted)
             .into_iter()
             .filter(|r| !inner.state.open_regions.contains(r))

@@ -39,9 +39,29 @@ const MAX_WRITE_ATTEMPTS: usize = 3;
 
 /// How a write goes: in place (Mapped) or to new space (Hole); `closed`:
 /// overwrite regions that redirected it and should open.
-struct WritePlan {
+struct WritePlan<'a> {
     segs: Vec<Segment>,
     closed: Vec<u64>,
+    /// Held while the write overwrites uncommitted new data in a closed
+    /// region: a commit then waits for it (see `take_pending`).
+    _fresh: Option<FreshWrite<'a>>,
+}
+
+/// Counts a write in flight over fresh blocks of a closed region, from its
+/// plan (under the state lock) until it recorded its sums.
+struct FreshWrite<'a>(&'a Pool);
+
+impl<'a> FreshWrite<'a> {
+    fn start(pool: &'a Pool) -> Self {
+        pool.fresh_writes.fetch_add(1, Ordering::SeqCst);
+        FreshWrite(pool)
+    }
+}
+
+impl Drop for FreshWrite<'_> {
+    fn drop(&mut self) {
+        self.0.fresh_writes.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Apply a pool op that cannot fail (sums) and queue it for the commit.
@@ -198,11 +218,12 @@ impl Pool {
 
     /// Segments of [lba, lba+n): Mapped = overwrite in place, Hole = needs
     /// new space.
-    fn plan_write(&self, vol: u32, lba: u64, n: u64) -> Result<WritePlan> {
+    fn plan_write(&self, vol: u32, lba: u64, n: u64) -> Result<WritePlan<'_>> {
         let inner = self.read_inner();
         let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
         let mut segs = v.map.lookup(lba, n, usize::MAX);
         let mut closed = Vec::new();
+        let mut fresh_guard = None;
         for seg in segs.iter_mut() {
             if let Segment::Mapped { lba, len, pba, birth } = *seg {
                 if !v.owns_alone(pba, birth) {
@@ -210,14 +231,18 @@ impl Pool {
                 } else if self.checksums {
                     let shut: Vec<u64> =
                         regions_of(pba, len).filter(|r| !inner.state.open_regions.contains(r)).collect();
-                    if !shut.is_empty() {
+                    if !shut.is_empty() && inner.regions.is_fresh(pba, len) {
+                        // Unmapped by any durable entry: in place is safe
+                        // as long as no commit takes ops meanwhile (below).
+                        fresh_guard.get_or_insert_with(|| FreshWrite::start(self));
+                    } else if !shut.is_empty() {
                         closed.extend(shut);
                         *seg = Segment::Hole { lba, len };
                     }
                 }
             }
         }
-        Ok(WritePlan { segs, closed })
+        Ok(WritePlan { segs, closed, _fresh: fresh_guard })
     }
 
     /// Open overwrite regions with a commit of its own (a full pool).
@@ -236,7 +261,7 @@ impl Pool {
     /// place, point the map at new pieces (with their sums), and ask for
     /// the regions that were closed to open. If the volume vanished or
     /// shrank meanwhile, new pieces go straight back: no commit saw them.
-    fn record_write(&self, vol: u32, lba: u64, plan: &WritePlan, fresh: Vec<NewPiece>, sums: &[u32]) -> Result<()> {
+    fn record_write(&self, vol: u32, lba: u64, plan: &WritePlan<'_>, fresh: Vec<NewPiece>, sums: &[u32]) -> Result<()> {
         let mut inner = self.write_inner();
         let inner = &mut *inner;
         let part = |at: u64, len: u64| sums[(at - lba) as usize..(at - lba + len) as usize].to_vec();
@@ -260,8 +285,9 @@ impl Pool {
                 // New data is what gets overwritten next: its regions open
                 // with the commit that maps it, so the next pass goes in place.
                 let open = &inner.state.open_regions;
-                let shut = regions_of(p.pba, p.len).filter(|r| !open.contains(r));
+                let shut: Vec<u64> = regions_of(p.pba, p.len).filter(|r| !open.contains(r)).collect();
                 inner.regions.wanted.extend(shut);
+                inner.regions.add_fresh(p.pba, p.len);
             }
             let op = Op::Map { vol, lba: p.lba, len: p.len, pba: p.pba.0, birth };
             let mut freed = Freed::new();

@@ -277,6 +277,7 @@ impl Pool {
             dirty: (0..n).map(|_| AtomicBool::new(false)).collect(),
             fenced: AtomicBool::new(false),
             checksums,
+            fresh_writes: AtomicU64::new(0),
             options,
             counters: Counters::default(),
         };

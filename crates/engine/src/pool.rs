@@ -89,6 +89,8 @@ pub struct Pool {
     pub(crate) options: OpenOptions,
     /// The pool keeps data checksums (DATA_CHECKSUMS feature).
     pub(crate) checksums: bool,
+    /// Writes in flight over uncommitted new data in closed regions.
+    pub(crate) fresh_writes: AtomicU64,
     pub counters: Counters,
 }
 

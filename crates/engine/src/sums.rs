@@ -144,9 +144,29 @@ pub struct RegionTracker {
     pub last_write: IntMap<u64>,
     /// Regions a crash left open, not yet resynced (`resync.rs`).
     pub suspect: BTreeSet<u64>,
+    /// Physical ranges (start -> end) written to new space since the last
+    /// commit took its ops: no durable map entry points at them, so they
+    /// may be overwritten in place whatever their region (a crash forgets
+    /// them). Allocation is next-fit, so these are few ranges.
+    pub fresh: std::collections::BTreeMap<u64, u64>,
 }
 
 impl RegionTracker {
+    /// Note new data at [pba, pba + len).
+    pub fn add_fresh(&mut self, pba: Pba, len: u64) {
+        let (start, end) = (pba.0, pba.0 + len);
+        if let Some((_, e)) = self.fresh.range_mut(..=start).next_back().filter(|(_, e)| **e == start) {
+            *e = end;
+        } else {
+            self.fresh.insert(start, end);
+        }
+    }
+
+    /// Whether all of [pba, pba + len) is new data no commit has taken.
+    pub fn is_fresh(&self, pba: Pba, len: u64) -> bool {
+        self.fresh.range(..=pba.0).next_back().is_some_and(|(_, &e)| e >= pba.0 + len)
+    }
+
     /// Open regions idle for `IDLE_COMMITS` commits as of commit `now`
     /// (not those awaiting resync: they close when resynced).
     pub fn idle(&self, open: &BTreeSet<u64>, now: u64) -> Vec<u64> {
