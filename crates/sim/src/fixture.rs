@@ -18,3 +18,11 @@ pub fn one_device_pool(size: u64) -> (Arc<SimDevice>, Pool) {
 pub fn reopen(sim: &Arc<SimDevice>) -> Result<Pool, EngineError> {
     Pool::open(vec![sim.clone() as Arc<dyn Device>], OpenOptions::default())
 }
+
+/// Byte offset of the 4 KiB block holding exactly `data` on `sim` (tests
+/// locate a volume block on the device to damage it).
+pub fn find_block(sim: &SimDevice, data: &[u8]) -> Option<u64> {
+    let bs = data.len();
+    let mut buf = vec![0u8; bs];
+    (0..sim.size() / bs as u64).map(|b| b * bs as u64).find(|&at| sim.read_at(&mut buf, at).is_ok() && buf == data)
+}

@@ -23,14 +23,7 @@ fn block(tag: u64) -> Vec<u8> {
 
 /// Byte offset of the block holding `data` on the device.
 fn find(sim: &SimDevice, data: &[u8]) -> u64 {
-    let mut buf = vec![0u8; BS];
-    (0..sim.size() / BS as u64)
-        .map(|b| b * BS as u64)
-        .find(|&at| {
-            sim.read_at(&mut buf, at).unwrap();
-            buf == data
-        })
-        .expect("block not found on the device")
+    fixture::find_block(sim, data).expect("block not found on the device")
 }
 
 fn fill(pool: &Pool, vol: u32, blocks: u64) {

@@ -153,14 +153,7 @@ fn mirrored_pool() -> (Arc<SimDevice>, Arc<SimDevice>, Pool, u32) {
 
 /// Byte offset of the block holding `data` on a device.
 fn find_on(sim: &SimDevice, data: &[u8]) -> u64 {
-    let mut buf = vec![0u8; BS];
-    (0..sim.size() / BS as u64)
-        .map(|b| b * BS as u64)
-        .find(|&at| {
-            sim.read_at(&mut buf, at).unwrap();
-            buf == data
-        })
-        .expect("block not on the device")
+    fixture::find_block(sim, data).expect("block not on the device")
 }
 
 #[test]
