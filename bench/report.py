@@ -3,6 +3,8 @@
 import json
 import sys
 
+from fio_json import load_job, summarize
+
 NAMES = {"tarn": "tarn", "qemu": "qemu-nbd", "nbdkit": "nbdkit-file", "raw": "raw-file",
          "tarn_nosum": "tarn-no-checksums"}
 DESC = {
@@ -16,29 +18,14 @@ DESC = {
 
 
 def parse(path):
-    if path == "-":
+    job = None if path == "-" else load_job(path)
+    if job is None:
         return None
-    try:
-        j = json.load(open(path))
-    except Exception:
-        # fio may print warnings before the JSON
-        txt = open(path).read()
-        j = json.loads(txt[txt.index("{"):])
-    job = j["jobs"][0]
-    iops = bw = 0.0
-    p99 = 0.0
-    for d in ("read", "write"):
-        x = job[d]
-        if x["io_bytes"] == 0:
-            continue
-        iops += x["iops"]
-        bw += x["bw_bytes"]
-        pct = x.get("clat_ns", {}).get("percentile", {})
-        p99 = max(p99, pct.get("99.000000", 0) / 1000.0)
+    r = summarize(job)
     syncs = job.get("sync", {}).get("total_ios", 0)
     writes = job["write"].get("total_ios", 0)
-    return {"iops": iops, "mbs": bw / 1e6, "p99": p99, "err": job.get("error", 0),
-            "flush": (syncs / writes) if syncs and writes else None}
+    r["flush"] = (syncs / writes) if syncs and writes else None
+    return r
 
 
 def main():

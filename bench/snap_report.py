@@ -4,29 +4,14 @@ import json
 import statistics
 import sys
 
+from fio_json import load_job, summarize
+
 NAMES = {"tarn": "tarn", "qemu": "qemu-nbd/qcow2"}
 
 
 def parse(path):
-    try:
-        txt = open(path).read()
-        j = json.loads(txt[txt.index("{"):])  # fio may print warnings first
-    except Exception:
-        return None
-    job = j["jobs"][0]
-    iops = bw = nbytes = 0.0
-    p99 = 0.0
-    for d in ("read", "write"):
-        x = job[d]
-        if x["io_bytes"] == 0:
-            continue
-        iops += x["iops"]
-        bw += x["bw_bytes"]
-        nbytes += x["io_bytes"]
-        pct = x.get("clat_ns", {}).get("percentile", {})
-        p99 = max(p99, pct.get("99.000000", 0) / 1000.0)
-    return {"iops": iops, "mbs": bw / 1e6, "p99": p99, "bytes": nbytes,
-            "secs": job.get("job_runtime", job.get("elapsed", 0) * 1000) / 1000.0, "err": job.get("error", 0)}
+    job = load_job(path)
+    return summarize(job) if job else None
 
 
 def rows(path):
