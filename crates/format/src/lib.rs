@@ -9,6 +9,7 @@ pub mod codec;
 pub mod error;
 pub mod journal;
 pub mod leg;
+pub mod node;
 pub mod ops;
 pub mod superblock;
 
