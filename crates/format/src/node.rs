@@ -347,10 +347,8 @@ mod tests {
 
     #[test]
     fn branch_round_trips() {
-        let children = vec![
-            ChildRef { key: 0, pba: Pba::new(0, 5), crc: 1 },
-            ChildRef { key: 500, pba: Pba::new(2, 9), crc: 2 },
-        ];
+        let children =
+            vec![ChildRef { key: 0, pba: Pba::new(0, 5), crc: 1 }, ChildRef { key: 500, pba: Pba::new(2, 9), crc: 2 }];
         let block = encode_node::<ExtentValue>(&header(1), &NodeBody::Branch(children.clone()));
         let (_, body) = decode_node::<ExtentValue>(&block, &expect(&block, 1)).unwrap();
         assert_eq!(body, NodeBody::Branch(children));
