@@ -103,7 +103,12 @@ fn main() {
         if last.elapsed().as_secs() >= 10 {
             last = Instant::now();
             let s = store.cache.stats();
-            eprintln!("{i} inserts, {:.0}/s, rss {} MiB, cache {} MiB", i as f64 / t0.elapsed().as_secs_f64(), rss_mib(), s.bytes >> 20);
+            eprintln!(
+                "{i} inserts, {:.0}/s, rss {} MiB, cache {} MiB",
+                i as f64 / t0.elapsed().as_secs_f64(),
+                rss_mib(),
+                s.bytes >> 20
+            );
         }
     }
     let secs = t0.elapsed().as_secs_f64();
@@ -111,11 +116,27 @@ fn main() {
     let nodes_written = io.written.load(Ordering::Relaxed);
     let used_blocks = alloc.next - 16 - alloc.free.len() as u64;
     println!("inserts {n} over {vol_blocks} blocks in {secs:.1} s: {:.0} inserts/s", n as f64 / secs);
-    println!("extents {} ; tree blocks in use {used_blocks} = {:.1} bytes/extent", map.counts.extents, used_blocks as f64 * 4096.0 / map.counts.extents as f64);
+    println!(
+        "extents {} ; tree blocks in use {used_blocks} = {:.1} bytes/extent",
+        map.counts.extents,
+        used_blocks as f64 * 4096.0 / map.counts.extents as f64
+    );
     println!("metadata on disk vs data written (4 KiB each): {:.3}%", used_blocks as f64 * 100.0 / n as f64);
-    println!("checkpoints {} (dirty bound {dirty_max}): median {:.1} ms, p99 {:.1} ms, max {:.1} ms", ckpt_ms.len(), pct(&mut ckpt_ms, 0.5), pct(&mut ckpt_ms, 0.99), pct(&mut ckpt_ms, 1.0));
+    println!(
+        "checkpoints {} (dirty bound {dirty_max}): median {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        ckpt_ms.len(),
+        pct(&mut ckpt_ms, 0.5),
+        pct(&mut ckpt_ms, 0.99),
+        pct(&mut ckpt_ms, 1.0)
+    );
     println!("node blocks written {nodes_written} = {:.1} KiB per insert", nodes_written as f64 * 4.0 / n as f64);
-    println!("cache {cache_mib} MiB: hits {} misses {} evictions {}; rss {} MiB", s.hits, s.misses, s.evictions, rss_mib());
+    println!(
+        "cache {cache_mib} MiB: hits {} misses {} evictions {}; rss {} MiB",
+        s.hits,
+        s.misses,
+        s.evictions,
+        rss_mib()
+    );
     drop(map);
     drop(store);
     let t = Instant::now();
@@ -131,5 +152,9 @@ fn main() {
         x ^= x << 17;
         reopened.lookup(&cold, x % vol_blocks, 1, 4).expect("lookup");
     }
-    println!("random lookups (cold cache filling): {:.0}/s; rss {} MiB", lookups as f64 / t.elapsed().as_secs_f64(), rss_mib());
+    println!(
+        "random lookups (cold cache filling): {:.0}/s; rss {} MiB",
+        lookups as f64 / t.elapsed().as_secs_f64(),
+        rss_mib()
+    );
 }

@@ -18,6 +18,7 @@ pub mod extents;
 pub mod io;
 mod mutate;
 pub mod node;
+pub mod space;
 pub mod tree;
 
 pub use cache::{Cache, CacheStats};
@@ -25,6 +26,7 @@ pub use checkpoint::{Frozen, NodeAlloc, Written};
 pub use error::{Result, StoreError};
 pub use extents::ExtentTree;
 pub use io::{MemIo, NodeIo};
+pub use space::SpaceMap;
 pub use tree::{RootRef, Tree};
 
 use std::sync::atomic::{AtomicU64, Ordering};
