@@ -3,6 +3,7 @@
 //! description; the offsets and constants in this crate mirror it.
 
 pub mod address;
+pub mod catalog;
 pub mod checkpoint;
 pub mod checksum;
 pub mod codec;
