@@ -150,7 +150,13 @@ impl Catalog {
         if r.take(8)? != CATALOG_MAGIC {
             return Err(FormatError::BadMagic { what: "catalog" });
         }
-        let mut c = Catalog { seq: r.u64()?, epoch: r.u64()?, next_volume_id: r.u32()?, generation: r.u64()?, ..Default::default() };
+        let mut c = Catalog {
+            seq: r.u64()?,
+            epoch: r.u64()?,
+            next_volume_id: r.u32()?,
+            generation: r.u64()?,
+            ..Default::default()
+        };
         for _ in 0..count(&mut r, MAX_CATALOG_DEVICES, "device count")? {
             c.spaces.push(SpaceEntry { root: read_root(&mut r)?, free_blocks: r.varint()?, cursor: r.varint()? });
         }
@@ -213,7 +219,8 @@ fn read_root(r: &mut Reader) -> Result<Root> {
 }
 
 fn read_map(r: &mut Reader) -> Result<MapRecord> {
-    let m = MapRecord { root: read_root(r)?, mapped_blocks: r.varint()?, origin_blocks: r.varint()?, extents: r.varint()? };
+    let m =
+        MapRecord { root: read_root(r)?, mapped_blocks: r.varint()?, origin_blocks: r.varint()?, extents: r.varint()? };
     if m.origin_blocks > m.mapped_blocks || (m.root.pba == 0 && (m.extents != 0 || m.mapped_blocks != 0)) {
         return Err(r.bad("map counts", m.mapped_blocks));
     }
@@ -276,7 +283,8 @@ mod tests {
     use super::*;
 
     fn sample() -> Catalog {
-        let m = |pba, n| MapRecord { root: Root { pba, crc: 7, level: 1 }, mapped_blocks: n, origin_blocks: 0, extents: 3 };
+        let m =
+            |pba, n| MapRecord { root: Root { pba, crc: 7, level: 1 }, mapped_blocks: n, origin_blocks: 0, extents: 3 };
         Catalog {
             seq: 9,
             epoch: 5,
@@ -291,9 +299,23 @@ mod tests {
                     name: "a".into(),
                     origin: None,
                     head: m(50, 10),
-                    snapshots: vec![SnapshotEntry { epoch: 2, size: 1 << 20, created: 1, referenced: 8, name: "s".into(), dead: m(60, 2) }],
+                    snapshots: vec![SnapshotEntry {
+                        epoch: 2,
+                        size: 1 << 20,
+                        created: 1,
+                        referenced: 8,
+                        name: "s".into(),
+                        dead: m(60, 2),
+                    }],
                 },
-                VolumeEntry { id: 2, size: 4096, name: "c".into(), origin: Some((1, 2)), head: MapRecord::default(), snapshots: vec![] },
+                VolumeEntry {
+                    id: 2,
+                    size: 4096,
+                    name: "c".into(),
+                    origin: Some((1, 2)),
+                    head: MapRecord::default(),
+                    snapshots: vec![],
+                },
             ],
             own_nodes: vec![(40, 1), (50, 2)],
             deferred: vec![(10, 4)],

@@ -152,6 +152,44 @@ impl LeafValue for RangeValue {
     }
 }
 
+/// Blocks one checksum entry covers.
+pub const SUMS_GROUP: u64 = 16;
+
+/// Data checksums of a group of 16 physical blocks (key: first block's
+/// address / 16): which blocks have one, and the crc32c of each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SumsValue {
+    pub known: u16,
+    pub crcs: [u32; SUMS_GROUP as usize],
+}
+
+impl LeafValue for SumsValue {
+    const CODEC: u8 = 3;
+    fn encode(prev: Option<&(u64, Self)>, key: u64, v: &Self, w: &mut Writer) {
+        w.varint(key - prev.map_or(0, |p| p.0 + 1));
+        w.u16(v.known);
+        (0..16).filter(|i| v.known & (1 << i) != 0).for_each(|i| w.u32(v.crcs[i]));
+    }
+    fn decode(prev: Option<&(u64, Self)>, r: &mut Reader) -> Result<(u64, Self)> {
+        let gap = r.varint()?;
+        let key = prev.map_or(0, |p| p.0 + 1).checked_add(gap).ok_or_else(|| r.bad("key", gap))?;
+        let known = r.u16()?;
+        if known == 0 {
+            return Err(r.bad("known", 0));
+        }
+        let mut crcs = [0u32; SUMS_GROUP as usize];
+        for (i, c) in crcs.iter_mut().enumerate() {
+            if known & (1 << i) != 0 {
+                *c = r.u32()?;
+            }
+        }
+        Ok((key, SumsValue { known, crcs }))
+    }
+    fn encoded_len(prev: Option<&(u64, Self)>, key: u64, v: &Self) -> usize {
+        varint_len(key - prev.map_or(0, |p| p.0 + 1)) + 2 + 4 * v.known.count_ones() as usize
+    }
+}
+
 pub fn varint_len(v: u64) -> usize {
     (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
 }
@@ -389,6 +427,20 @@ mod tests {
         let stale = Expect { crc: e.crc ^ 1, ..e };
         assert!(matches!(decode_node::<ExtentValue>(&block, &stale), Err(FormatError::BadChecksum { .. })));
         assert!(decode_node::<ExtentValue>(&block[..100], &e).is_err());
+    }
+
+    #[test]
+    fn sums_leaf_round_trips_with_exact_size() {
+        let mut a = SumsValue { known: 0b101, crcs: [0; 16] };
+        a.crcs[0] = 0xdead_beef;
+        a.crcs[2] = 7;
+        let entries = vec![(4, a), (5, SumsValue { known: 0xffff, crcs: [9; 16] })];
+        let h = NodeHeader { codec: SumsValue::CODEC, ..header(0) };
+        let block = encode_node(&h, &NodeBody::Leaf(entries.clone()));
+        assert_eq!(u16::from_le_bytes([block[38], block[39]]) as usize, leaf_bytes(&entries));
+        assert_eq!(leaf_bytes(&entries), (1 + 2 + 8) + (1 + 2 + 64));
+        let (_, body) = decode_node::<SumsValue>(&block, &expect(&block, 0)).unwrap();
+        assert_eq!(body, NodeBody::Leaf(entries));
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub mod io;
 mod mutate;
 pub mod node;
 pub mod space;
+pub mod sums;
 pub mod tree;
 
 pub use cache::{Cache, CacheStats};
@@ -27,6 +28,7 @@ pub use error::{Result, StoreError};
 pub use extents::ExtentTree;
 pub use io::{MemIo, NodeIo};
 pub use space::SpaceMap;
+pub use sums::SumsTree;
 pub use tree::{RootRef, Tree};
 
 use std::sync::atomic::{AtomicU64, Ordering};
