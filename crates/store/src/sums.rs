@@ -32,10 +32,8 @@ impl SumsTree {
                 Some((k, v)) if k == key => v,
                 _ => SumsValue { known: 0, crcs: [0; SUMS_GROUP as usize] },
             };
-            for j in 0..n {
-                v.crcs[first + j] = sums[i + j];
-                v.known |= 1 << (first + j);
-            }
+            v.crcs[first..first + n].copy_from_slice(&sums[i..i + n]);
+            v.known |= (((1u32 << n) - 1) << first) as u16;
             self.tree.insert(store, key, v, sup)?;
             i += n;
         }
