@@ -15,6 +15,10 @@ pub enum StoreError {
     Invalid { pba: Pba, tree: u64, what: String },
     #[error("no space left for store nodes")]
     NoSpace,
+    /// Only inside [`crate::without_io`]: the node is not cached; load it
+    /// with [`crate::fetch`] outside the caller's lock and try again.
+    #[error("store node {} of tree {:#x} is not cached", .0.pba, .0.tree)]
+    Miss(crate::Miss),
     #[error("metadata cache of {bytes} bytes cannot hold one path from root to leaf (needs at least {needed})")]
     CacheTooSmall { bytes: usize, needed: usize },
 }

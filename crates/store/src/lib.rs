@@ -31,6 +31,7 @@ pub use space::SpaceMap;
 pub use sums::SumsTree;
 pub use tree::{RootRef, Tree};
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tarn_format::Pba;
@@ -57,4 +58,45 @@ impl Store {
     pub fn forget(&self, pba: Pba) {
         self.cache.remove(pba);
     }
+}
+
+thread_local! {
+    static NO_IO: Cell<bool> = const { Cell::new(false) };
+}
+
+fn io_forbidden() -> bool {
+    NO_IO.with(|f| f.get())
+}
+
+/// Run `f` (tree reads under a lock that writers wait on) without device
+/// I/O: a node that is not cached fails the read with
+/// [`StoreError::Miss`], which the caller answers by dropping its lock,
+/// calling [`fetch`] and retrying. So no lock is held across a read.
+pub fn without_io<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            NO_IO.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(NO_IO.with(|c| c.replace(true)));
+    f()
+}
+
+/// A node a read under [`without_io`] needed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Miss {
+    pub pba: Pba,
+    pub crc: u32,
+    pub tree: u64,
+    pub level: u8,
+    lo: u64,
+    hi: u64,
+}
+
+/// Read and cache the node a [`Miss`] named (no lock needed).
+pub fn fetch<V: tarn_format::node::LeafValue>(store: &Store, miss: &Miss) -> Result<()> {
+    let probe: Tree<V> = Tree::new(miss.tree);
+    let bounds = tree::Bounds { lo: miss.lo, hi: miss.hi };
+    probe.load_clean(store, miss.pba, miss.crc, miss.level, bounds).map(|_| ())
 }

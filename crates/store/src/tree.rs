@@ -87,6 +87,9 @@ impl<V: LeafValue> Tree<V> {
             return Ok(n);
         }
         let tree = self.id;
+        if crate::io_forbidden() {
+            return Err(StoreError::Miss(crate::Miss { pba, crc, tree, level, lo: b.lo, hi: b.hi }));
+        }
         let device = || store.io.device_name(pba);
         let mut buf = vec![0u8; NODE_SIZE];
         store.io.read_node(pba, &mut buf).map_err(|source| StoreError::Read { pba, tree, device: device(), source })?;

@@ -195,3 +195,27 @@ fn misdirected_and_lost_writes_are_caught() {
     let (store, tree) = reopen(&io, root);
     assert_eq!(tree.walk(&store, &mut |_, _| {}).unwrap().entries, 20_000);
 }
+
+/// Reads under a lock writers wait on do no I/O: a cold node is a Miss,
+/// fetched outside the lock, after which the same read succeeds.
+#[test]
+fn reads_without_io_miss_then_fetch() {
+    let (io, root) = written_tree(20_000);
+    let (store, tree) = reopen(&io, root);
+    let reads = io.reads.load(std::sync::atomic::Ordering::Relaxed);
+    let mut fetched = 0;
+    let found = loop {
+        match tarn_store::without_io(|| tree.get_le(&store, 3 * 12_345)) {
+            Err(StoreError::Miss(m)) => {
+                assert_eq!(io.reads.load(std::sync::atomic::Ordering::Relaxed), reads + fetched, "no read inside");
+                tarn_store::fetch::<RangeValue>(&store, &m).unwrap();
+                fetched += 1;
+                assert!(fetched <= 17, "one fetch per level at most");
+            }
+            other => break other.unwrap(),
+        }
+    };
+    assert_eq!(found, Some((3 * 12_345, RangeValue { len: 2 })));
+    assert!(fetched >= 2, "root and leaf were cold: {fetched}");
+    assert_eq!(tree.get_le(&store, 3 * 12_345).unwrap(), found, "and with I/O allowed");
+}
