@@ -41,8 +41,9 @@ record_e2e() {
   local name=$1 rc=$2 secs=$3 report=$4 id reason
   if [ "$rc" -eq $SKIP_EXIT ]; then
     reason=$(awk -F '\t' -v n="$name" '$1 == n { print $2; exit }' "$report")
-    if skip_requested "$name" && [ -n "$reason" ]; then record_skip "e2e $name" "$reason"
-    else record "e2e $name (exit $SKIP_EXIT means skipped, but TARN_SKIP does not name it)" "$rc" "$secs"; fi
+    if ! skip_requested "$name"; then record "e2e $name (exit $SKIP_EXIT = skipped, but TARN_SKIP does not name it)" "$rc" "$secs"
+    elif [ -z "$reason" ]; then record "e2e $name (exit $SKIP_EXIT = skipped, but not through lib.sh: no reason)" "$rc" "$secs"
+    else record_skip "e2e $name" "$reason"; fi
     return
   fi
   record "e2e $name" "$rc" "$secs"
