@@ -475,7 +475,9 @@ out=$(tarn vol delete vol --recursive -p "$POOL" 2>&1) && ok "vol delete vol --r
 U2=$(pool_used "$POOL")
 expect_between "the volume's space is back" $((U1 - U2)) $((3 * M)) $((4 * M))
 check_fails "vol@last is no export any more" timeout 20 nbdinfo --size "$(uri vol@last)"
-expect_eq "vol's snapshots went with it" "$(tarn snap list -p "$POOL" --json | jq -r 'map("\(.volume)@\(.name)") | join(",")')" "fs@frozen"
+# only the ext4 part's snapshot is left, if that part ran
+LEFT=; [ $EXT4 = 0 ] || LEFT=fs@frozen
+expect_eq "vol's snapshots went with it" "$(tarn snap list -p "$POOL" --json | jq -r 'map("\(.volume)@\(.name)") | join(",")')" "$LEFT"
 stop_serve
 pool_check "$POOL" "after clones, flatten and deletes"
 
