@@ -21,7 +21,7 @@ fn check<V: LeafValue>(block: &[u8]) {
     }
     let again = encode_node(&header, &body);
     let expect = Expect { crc: node_crc(&again), ..expect };
-    let (h2, b2): (_, NodeBody<V>) = decode_node(&again, &expect).expect("a re-encoded node decodes");
+    let (h2, b2): (_, NodeBody) = decode_node::<V>(&again, &expect).expect("a re-encoded node decodes");
     assert_eq!((h2, b2), (header, body));
 }
 

@@ -57,9 +57,82 @@ pub struct ChildRef {
 
 /// A node's contents.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NodeBody<V> {
-    Leaf(Vec<(u64, V)>),
+pub enum NodeBody {
+    Leaf(PackedLeaf),
     Branch(Vec<ChildRef>),
+}
+
+/// Entries in one group at most: a reader decodes at most this many to
+/// reach any entry, a change re-encodes one group.
+pub const GROUP_MAX: usize = 32;
+
+/// A leaf's entries as stored, and as the store keeps them in memory:
+/// groups of consecutive entries, each group's first entry encoded on its
+/// own (against no predecessor), the others against the entry before.
+/// Finding an entry decodes one group; changing one re-encodes one group.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PackedLeaf {
+    /// Entries per group (1..=GROUP_MAX).
+    pub sizes: Vec<u8>,
+    pub data: Vec<u8>,
+}
+
+impl PackedLeaf {
+    /// Pack entries (keys ascending) in groups of `GROUP_MAX / 2`.
+    pub fn pack<V: LeafValue>(entries: &[(u64, V)]) -> PackedLeaf {
+        let mut w = Writer::default();
+        let mut sizes = Vec::new();
+        for group in entries.chunks(GROUP_MAX / 2) {
+            sizes.push(group.len() as u8);
+            encode_group(group, &mut w);
+        }
+        PackedLeaf { sizes, data: w.buf }
+    }
+
+    /// Bytes in a node's payload.
+    pub fn payload_len(&self) -> usize {
+        2 + self.sizes.len() + self.data.len()
+    }
+
+    pub fn count(&self) -> usize {
+        self.sizes.iter().map(|s| usize::from(*s)).sum()
+    }
+
+    /// Decode and validate every entry; returns them and each group's
+    /// byte offset in `data`.
+    pub fn unpack<V: LeafValue>(&self) -> Result<(Vec<(u64, V)>, Vec<u16>)> {
+        let mut r = Reader::new(&self.data, "store leaf");
+        let mut out: Vec<(u64, V)> = Vec::with_capacity(self.count());
+        let mut offsets = Vec::with_capacity(self.sizes.len());
+        for &size in &self.sizes {
+            if size == 0 || usize::from(size) > GROUP_MAX {
+                return Err(r.bad("group size", u64::from(size)));
+            }
+            offsets.push(r.position() as u16);
+            let first = V::decode(None, &mut r)?;
+            if out.last().is_some_and(|p| first.0 < V::key_end(p.0, &p.1)) {
+                return Err(r.bad("group key order", first.0));
+            }
+            out.push(first);
+            for _ in 1..size {
+                let e = V::decode(out.last(), &mut r)?;
+                out.push(e);
+            }
+        }
+        if !r.is_empty() {
+            return Err(r.bad("leaf trailing bytes", r.remaining() as u64));
+        }
+        Ok((out, offsets))
+    }
+}
+
+/// Encode one group: the first entry alone, the rest as deltas.
+pub fn encode_group<V: LeafValue>(group: &[(u64, V)], w: &mut Writer) {
+    let mut prev = None;
+    for e in group {
+        V::encode(prev, e.0, &e.1, w);
+        prev = Some(e);
+    }
 }
 
 /// A leaf value type and its compact encoding. Keys ascend; entries are
@@ -72,6 +145,8 @@ pub trait LeafValue: Copy + std::fmt::Debug + PartialEq + Send + Sync + 'static 
     fn decode(prev: Option<&(u64, Self)>, r: &mut Reader) -> Result<(u64, Self)>;
     /// Bytes `encode` writes (must agree exactly).
     fn encoded_len(prev: Option<&(u64, Self)>, key: u64, value: &Self) -> usize;
+    /// The smallest key the next entry may have.
+    fn key_end(key: u64, value: &Self) -> u64;
 }
 
 /// A volume map entry: logical blocks `[key, key+len)` at `pba`, born in
@@ -126,6 +201,9 @@ impl LeafValue for ExtentValue {
             + signed_len(v.pba.wrapping_sub(pba_end) as i64)
             + signed_len(v.birth.wrapping_sub(birth) as i64)
     }
+    fn key_end(key: u64, v: &Self) -> u64 {
+        key + v.len
+    }
 }
 
 /// A free (or otherwise plain) range: blocks `[key, key+len)`.
@@ -149,6 +227,9 @@ impl LeafValue for RangeValue {
     }
     fn encoded_len(prev: Option<&(u64, Self)>, key: u64, v: &Self) -> usize {
         varint_len(key - prev.map_or(0, |(k, p)| k + p.len)) + varint_len(v.len)
+    }
+    fn key_end(key: u64, v: &Self) -> u64 {
+        key + v.len
     }
 }
 
@@ -188,6 +269,9 @@ impl LeafValue for SumsValue {
     fn encoded_len(prev: Option<&(u64, Self)>, key: u64, v: &Self) -> usize {
         varint_len(key - prev.map_or(0, |p| p.0 + 1)) + 2 + 4 * v.known.count_ones() as usize
     }
+    fn key_end(key: u64, _: &Self) -> u64 {
+        key + 1
+    }
 }
 
 pub fn varint_len(v: u64) -> usize {
@@ -198,8 +282,8 @@ fn signed_len(v: i64) -> usize {
     varint_len(((v << 1) ^ (v >> 63)) as u64)
 }
 
-/// Bytes a leaf's entries take encoded.
-pub fn leaf_bytes<V: LeafValue>(entries: &[(u64, V)]) -> usize {
+/// Bytes a group of entries takes encoded.
+pub fn group_bytes<V: LeafValue>(entries: &[(u64, V)]) -> usize {
     let mut prev = None;
     let mut n = 0;
     for e in entries {
@@ -211,27 +295,31 @@ pub fn leaf_bytes<V: LeafValue>(entries: &[(u64, V)]) -> usize {
 
 /// Encode a node into one block. Panics if the body does not fit: the tree
 /// splits nodes before that (a programming error, not a disk error).
-pub fn encode_node<V: LeafValue>(h: &NodeHeader, body: &NodeBody<V>) -> Vec<u8> {
+pub fn encode_node(h: &NodeHeader, body: &NodeBody) -> Vec<u8> {
     let mut w = Writer::with_capacity(NODE_SIZE);
     w.bytes(NODE_MAGIC);
     w.u64(h.self_pba.0);
     w.u64(h.generation);
     w.u64(h.tree);
     let (kind, count) = match body {
-        NodeBody::Leaf(e) => (KIND_LEAF, e.len()),
+        NodeBody::Leaf(l) => (KIND_LEAF, l.count()),
         NodeBody::Branch(c) => (KIND_BRANCH, c.len()),
     };
     assert_eq!(kind == KIND_LEAF, h.level == 0, "leaves are level 0, branches above");
     w.u8(kind);
     w.u8(h.level);
-    w.u8(V::CODEC);
+    w.u8(h.codec);
     w.u8(0);
     w.u16(u16::try_from(count).expect("node entry count fits u16"));
     let len_at = w.len();
     w.u16(0);
     assert_eq!(w.len(), NODE_HEADER);
     match body {
-        NodeBody::Leaf(entries) => encode_leaf(entries, &mut w),
+        NodeBody::Leaf(l) => {
+            w.u16(l.sizes.len() as u16);
+            w.bytes(&l.sizes);
+            w.bytes(&l.data);
+        }
         NodeBody::Branch(children) => children.iter().for_each(|c| {
             w.u64(c.key);
             w.u64(c.pba.0);
@@ -245,14 +333,6 @@ pub fn encode_node<V: LeafValue>(h: &NodeHeader, body: &NodeBody<V>) -> Vec<u8> 
     let crc = checksum(SALT_NODE, &w.buf);
     w.u32(crc);
     w.buf
-}
-
-fn encode_leaf<V: LeafValue>(entries: &[(u64, V)], w: &mut Writer) {
-    let mut prev = None;
-    for e in entries {
-        V::encode(prev, e.0, &e.1, w);
-        prev = Some(e);
-    }
 }
 
 /// The node's checksum as its parent records it.
@@ -272,7 +352,7 @@ pub struct Expect {
 /// Decode and validate a node read from `expect.pba`: checksum (and the
 /// parent's record of it), magic, address, tree, level, codec, counts,
 /// ascending keys. Every violation is an error naming the field.
-pub fn decode_node<V: LeafValue>(block: &[u8], expect: &Expect) -> Result<(NodeHeader, NodeBody<V>)> {
+pub fn decode_node<V: LeafValue>(block: &[u8], expect: &Expect) -> Result<(NodeHeader, NodeBody)> {
     const WHAT: &str = "store node";
     if block.len() != NODE_SIZE {
         return Err(FormatError::Truncated { what: WHAT, needed: NODE_SIZE, had: block.len() });
@@ -294,7 +374,8 @@ pub fn decode_node<V: LeafValue>(block: &[u8], expect: &Expect) -> Result<(NodeH
         return Err(r.bad("payload_len", payload as u64));
     }
     let mut p = Reader::new(r.take(payload)?, WHAT);
-    let body = if h.level == 0 { NodeBody::Leaf(decode_leaf(&mut p, count)?) } else { decode_branch(&mut p, count)? };
+    let body =
+        if h.level == 0 { NodeBody::Leaf(decode_leaf::<V>(&mut p, count)?) } else { decode_branch(&mut p, count)? };
     if !p.is_empty() || r.take(r.remaining())?.iter().any(|b| *b != 0) {
         return Err(FormatError::BadField { what: WHAT, field: "trailing bytes", value: p.remaining() as u64 });
     }
@@ -327,16 +408,19 @@ fn decode_header(r: &mut Reader, expect: &Expect) -> Result<NodeHeader> {
     Ok(NodeHeader { self_pba, generation, tree, level, codec })
 }
 
-fn decode_leaf<V: LeafValue>(r: &mut Reader, count: usize) -> Result<Vec<(u64, V)>> {
-    let mut out: Vec<(u64, V)> = Vec::with_capacity(count.min(NODE_PAYLOAD_MAX));
-    for _ in 0..count {
-        let e = V::decode(out.last(), r)?;
-        out.push(e);
+fn decode_leaf<V: LeafValue>(r: &mut Reader, count: usize) -> Result<PackedLeaf> {
+    let groups = usize::from(r.u16()?);
+    let sizes = r.take(groups)?.to_vec();
+    let data = r.take(r.remaining())?.to_vec();
+    let leaf = PackedLeaf { sizes, data };
+    if leaf.count() != count {
+        return Err(r.bad("leaf count", count as u64));
     }
-    Ok(out)
+    leaf.unpack::<V>()?;
+    Ok(leaf)
 }
 
-fn decode_branch<V>(r: &mut Reader, count: usize) -> Result<NodeBody<V>> {
+fn decode_branch(r: &mut Reader, count: usize) -> Result<NodeBody> {
     if count == 0 || count > BRANCH_MAX {
         return Err(r.bad("branch count", count as u64));
     }
@@ -373,21 +457,25 @@ mod tests {
 
     #[test]
     fn leaf_round_trips_and_its_size_is_exact() {
-        let entries = sample_leaf();
-        let block = encode_node(&header(0), &NodeBody::Leaf(entries.clone()));
+        let entries: Vec<(u64, ExtentValue)> =
+            (0..100).map(|i| (i * 5, ExtentValue { len: 2, pba: 1000 + i * 3, birth: i % 3 })).collect();
+        let packed = PackedLeaf::pack(&entries);
+        assert_eq!(packed.sizes, vec![16, 16, 16, 16, 16, 16, 4]);
+        let block = encode_node(&header(0), &NodeBody::Leaf(packed.clone()));
         assert_eq!(block.len(), NODE_SIZE);
         let payload = u16::from_le_bytes([block[38], block[39]]) as usize;
-        assert_eq!(payload, leaf_bytes(&entries));
+        assert_eq!(payload, packed.payload_len());
         let (h, body) = decode_node::<ExtentValue>(&block, &expect(&block, 0)).unwrap();
         assert_eq!(h, header(0));
-        assert_eq!(body, NodeBody::Leaf(entries));
+        assert_eq!(body, NodeBody::Leaf(packed.clone()));
+        assert_eq!(packed.unpack::<ExtentValue>().unwrap().0, entries);
     }
 
     #[test]
     fn branch_round_trips() {
         let children =
             vec![ChildRef { key: 0, pba: Pba::new(0, 5), crc: 1 }, ChildRef { key: 500, pba: Pba::new(2, 9), crc: 2 }];
-        let block = encode_node::<ExtentValue>(&header(1), &NodeBody::Branch(children.clone()));
+        let block = encode_node(&header(1), &NodeBody::Branch(children.clone()));
         let (_, body) = decode_node::<ExtentValue>(&block, &expect(&block, 1)).unwrap();
         assert_eq!(body, NodeBody::Branch(children));
     }
@@ -395,15 +483,17 @@ mod tests {
     /// Pins the encoding: a change here is a format change (docs/FORMAT.md).
     #[test]
     fn golden_bytes_of_a_leaf() {
-        let block = encode_node(&header(0), &NodeBody::Leaf(sample_leaf()));
+        let packed = PackedLeaf::pack(&sample_leaf());
+        let block = encode_node(&header(0), &NodeBody::Leaf(packed));
         let head = "54 41 52 4e 4e 4f 44 45 4d 00 00 00 00 00 00 00 05 00 00 00 00 00 00 00 \
-                    02 00 00 00 01 00 00 00 00 00 01 00 03 00 14 00";
+                    02 00 00 00 01 00 00 00 00 00 01 00 03 00 17 00";
         assert_eq!(hex(&block[..NODE_HEADER]), head);
-        // key 10, len 4, pba +1000, birth +3 | gap 0, len 1, pba +0, birth +0 |
-        // gap 885, len 2, pba +(1:5 - 0:1005) (zig-zag, 7 bytes), birth -2
-        let entries = "0a 04 d0 0f 06 00 01 00 00 f5 06 02 b0 f0 ff ff ff ff 7f 03";
-        assert_eq!(hex(&block[NODE_HEADER..NODE_HEADER + 20]), entries);
-        assert!(block[NODE_HEADER + 20..NODE_CRC_OFFSET].iter().all(|b| *b == 0));
+        // 1 group of 3 | key 10, len 4, pba +1000, birth +3 | gap 0, len 1,
+        // pba +0, birth +0 | gap 885, len 2, pba +(1:5 - 0:1005) (zig-zag,
+        // 7 bytes), birth -2
+        let payload = "01 00 03 0a 04 d0 0f 06 00 01 00 00 f5 06 02 b0 f0 ff ff ff ff 7f 03";
+        assert_eq!(hex(&block[NODE_HEADER..NODE_HEADER + 23]), payload);
+        assert!(block[NODE_HEADER + 23..NODE_CRC_OFFSET].iter().all(|b| *b == 0));
         assert_eq!(hex(&block[NODE_CRC_OFFSET..]), hex(&node_crc(&block).to_le_bytes()));
     }
 
@@ -413,7 +503,7 @@ mod tests {
 
     #[test]
     fn damage_is_named() {
-        let block = encode_node(&header(0), &NodeBody::Leaf(sample_leaf()));
+        let block = encode_node(&header(0), &NodeBody::Leaf(PackedLeaf::pack(&sample_leaf())));
         let e = expect(&block, 0);
         let mut flipped = block.clone();
         flipped[50] ^= 1;
@@ -429,18 +519,32 @@ mod tests {
         assert!(decode_node::<ExtentValue>(&block[..100], &e).is_err());
     }
 
+    /// Each group's first entry stands alone, so order across groups is
+    /// checked on its own: overlapping groups are damage.
     #[test]
-    fn sums_leaf_round_trips_with_exact_size() {
+    fn groups_out_of_order_are_refused() {
+        let a = PackedLeaf::pack(&[(100u64, RangeValue { len: 10 })]);
+        let b = PackedLeaf::pack(&[(105u64, RangeValue { len: 1 })]);
+        let joined = PackedLeaf { sizes: vec![1, 1], data: [a.data, b.data].concat() };
+        assert!(joined.unpack::<RangeValue>().is_err());
+        let bad_size = PackedLeaf { sizes: vec![0], data: vec![] };
+        assert!(bad_size.unpack::<RangeValue>().is_err());
+    }
+
+    #[test]
+    fn sums_group_round_trips_with_exact_size() {
         let mut a = SumsValue { known: 0b101, crcs: [0; 16] };
         a.crcs[0] = 0xdead_beef;
         a.crcs[2] = 7;
         let entries = vec![(4, a), (5, SumsValue { known: 0xffff, crcs: [9; 16] })];
+        assert_eq!(group_bytes(&entries), (1 + 2 + 8) + (1 + 2 + 64));
+        let packed = PackedLeaf::pack(&entries);
+        assert_eq!(packed.data.len(), group_bytes(&entries));
         let h = NodeHeader { codec: SumsValue::CODEC, ..header(0) };
-        let block = encode_node(&h, &NodeBody::Leaf(entries.clone()));
-        assert_eq!(u16::from_le_bytes([block[38], block[39]]) as usize, leaf_bytes(&entries));
-        assert_eq!(leaf_bytes(&entries), (1 + 2 + 8) + (1 + 2 + 64));
+        let block = encode_node(&h, &NodeBody::Leaf(packed.clone()));
         let (_, body) = decode_node::<SumsValue>(&block, &expect(&block, 0)).unwrap();
-        assert_eq!(body, NodeBody::Leaf(entries));
+        assert_eq!(body, NodeBody::Leaf(packed.clone()));
+        assert_eq!(packed.unpack::<SumsValue>().unwrap().0, entries);
     }
 
     #[test]

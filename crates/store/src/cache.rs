@@ -13,7 +13,7 @@ use tarn_format::Pba;
 
 /// Largest in-memory size of one decoded node (a leaf of 1-byte-ish
 /// entries decodes to ~1,000 entries of 32 bytes).
-pub const MAX_NODE_BYTES: usize = 40 << 10;
+pub const MAX_NODE_BYTES: usize = 8 << 10;
 /// A cache must hold a whole root-to-leaf path while an operation runs.
 pub const MIN_CACHE_BYTES: usize = (MAX_LEVEL as usize + 1) * MAX_NODE_BYTES;
 

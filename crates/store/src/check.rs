@@ -44,8 +44,11 @@ impl<V: LeafValue> Tree<V> {
         match &*node {
             Node::Leaf(l) => {
                 stats.leaves += 1;
-                stats.entries += l.entries.len() as u64;
-                l.entries.iter().for_each(|(k, v)| f(*k, v));
+                stats.entries += l.len() as u64;
+                l.for_each_in(0, u64::MAX, &mut |k, v| {
+                    f(k, v);
+                    true
+                });
             }
             Node::Branch(br) => {
                 for (i, c) in br.children.iter().enumerate() {

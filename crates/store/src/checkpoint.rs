@@ -75,7 +75,7 @@ impl<V: LeafValue> Frozen<V> {
         written: &mut Written,
     ) -> Result<RootRef> {
         if let Ptr::Dirty(n) = &self.root {
-            if matches!(&**n, Node::Leaf(l) if l.entries.is_empty()) {
+            if matches!(&**n, Node::Leaf(l) if l.is_empty()) {
                 return Ok(RootRef::EMPTY);
             }
         }
@@ -97,7 +97,7 @@ impl<V: LeafValue> Frozen<V> {
             Ptr::Dirty(n) => n,
         };
         let body = match &**node {
-            Node::Leaf(l) => NodeBody::Leaf(l.entries.clone()),
+            Node::Leaf(l) => NodeBody::Leaf(l.to_packed()),
             Node::Branch(b) => {
                 let mut children = Vec::with_capacity(b.children.len());
                 for (key, child) in b.keys.iter().zip(&b.children) {

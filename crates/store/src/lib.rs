@@ -16,6 +16,7 @@ pub mod checkpoint;
 pub mod error;
 pub mod extents;
 pub mod io;
+pub mod leaf;
 mod mutate;
 pub mod node;
 pub mod space;

@@ -9,7 +9,7 @@ use crate::tree::{route, Bounds, Tree};
 use crate::Store;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use tarn_format::node::{leaf_bytes, LeafValue, BRANCH_MAX, MAX_LEVEL, NODE_PAYLOAD_MAX};
+use tarn_format::node::{LeafValue, BRANCH_MAX, MAX_LEVEL, NODE_PAYLOAD_MAX};
 use tarn_format::Pba;
 
 /// A node under this fill is merged with a neighbour when they fit together.
@@ -85,10 +85,7 @@ impl<V: LeafValue> Tree<V> {
         sup: &mut Vec<Pba>,
     ) -> Result<Option<V>> {
         match self.make_mut(store, ptr, level, b, sup)? {
-            Node::Leaf(l) => {
-                let i = l.entries.partition_point(|e| e.0 < key);
-                Ok(l.entries.get(i).filter(|e| e.0 == key).is_some().then(|| l.remove_at(i).1))
-            }
+            Node::Leaf(l) => Ok(l.remove(key)),
             Node::Branch(br) => {
                 let i = route(&br.keys, key);
                 let cb = b.child(&br.keys, i);
@@ -105,7 +102,7 @@ impl<V: LeafValue> Tree<V> {
         let level = br.level - 1;
         let child = self.load(store, &br.children[i], level, b.child(&br.keys, i))?;
         let (empty, low) = match &*child {
-            Node::Leaf(l) => (l.entries.is_empty(), l.bytes < LEAF_LOW),
+            Node::Leaf(l) => (l.is_empty(), l.payload_len() < LEAF_LOW),
             Node::Branch(c) => (c.children.is_empty(), c.children.len() < BRANCH_LOW),
         };
         if empty {
@@ -127,10 +124,7 @@ impl<V: LeafValue> Tree<V> {
         let a = self.load(store, &br.children[left], level, lb)?;
         let c = self.load(store, &br.children[left + 1], level, rb)?;
         let fits = match (&*a, &*c) {
-            (Node::Leaf(x), Node::Leaf(y)) => {
-                let joined: Vec<(u64, V)> = x.entries.iter().chain(y.entries.iter()).copied().collect();
-                leaf_bytes(&joined) <= NODE_PAYLOAD_MAX * 3 / 4
-            }
+            (Node::Leaf(x), Node::Leaf(y)) => x.payload_len() + y.payload_len() <= NODE_PAYLOAD_MAX * 3 / 4,
             (Node::Branch(x), Node::Branch(y)) => x.children.len() + y.children.len() <= BRANCH_MAX * 3 / 4,
             _ => false,
         };
@@ -143,10 +137,7 @@ impl<V: LeafValue> Tree<V> {
         let right_ptr = br.children.remove(left + 1);
         let right = take_node(store, right_ptr, c, sup);
         match (dirty_with(store, &mut br.children[left], a, sup), right) {
-            (Node::Leaf(x), Node::Leaf(y)) => {
-                x.entries.extend(y.entries);
-                x.bytes = leaf_bytes(&x.entries);
-            }
+            (Node::Leaf(x), Node::Leaf(y)) => x.append(y),
             (Node::Branch(x), Node::Branch(y)) => {
                 x.keys.push(right_key);
                 x.keys.extend(y.keys.into_iter().skip(1));
@@ -201,22 +192,19 @@ impl<V: LeafValue> Tree<V> {
 }
 
 fn leaf_insert<V: LeafValue>(store: &Store, l: &mut Leaf<V>, key: u64, value: V) -> (Option<V>, Split<V>) {
-    let i = l.entries.partition_point(|e| e.0 < key);
-    if l.entries.get(i).is_some_and(|e| e.0 == key) {
-        return (Some(l.replace_at(i, value)), leaf_split(store, l));
-    }
-    l.insert_at(i, key, value);
-    (None, leaf_split(store, l))
+    let old = l.insert(key, value);
+    (old, leaf_split(store, l))
 }
 
 fn leaf_split<V: LeafValue>(store: &Store, l: &mut Leaf<V>) -> Split<V> {
-    if l.bytes <= NODE_PAYLOAD_MAX {
+    if l.payload_len() <= NODE_PAYLOAD_MAX {
         return None;
     }
     let right = l.split();
-    assert!(l.bytes <= NODE_PAYLOAD_MAX && right.bytes <= NODE_PAYLOAD_MAX, "a split leaf fits");
+    assert!(l.payload_len() <= NODE_PAYLOAD_MAX && right.payload_len() <= NODE_PAYLOAD_MAX, "a split leaf fits");
     store.dirty_nodes.fetch_add(1, Ordering::Relaxed);
-    Some((right.entries[0].0, Ptr::Dirty(Arc::new(Node::Leaf(right)))))
+    let first = right.first().expect("the upper half has entries").0;
+    Some((first, Ptr::Dirty(Arc::new(Node::Leaf(right)))))
 }
 
 fn branch_split<V: LeafValue>(store: &Store, br: &mut Branch<V>) -> Split<V> {

@@ -5,8 +5,9 @@
 //! touches one then gets a copy (`Arc::make_mut`): copy-on-write in memory
 //! as on disk.
 
+pub use crate::leaf::Leaf;
 use std::sync::Arc;
-use tarn_format::node::{leaf_bytes, LeafValue, NodeBody};
+use tarn_format::node::{LeafValue, NodeBody};
 use tarn_format::Pba;
 
 /// A branch's link to a child.
@@ -28,13 +29,6 @@ impl<V: LeafValue> Clone for Ptr<V> {
 }
 
 #[derive(Debug, Clone)]
-pub struct Leaf<V> {
-    pub entries: Vec<(u64, V)>,
-    /// Encoded size of `entries` (kept exact as they change).
-    pub bytes: usize,
-}
-
-#[derive(Debug, Clone)]
 pub struct Branch<V: LeafValue> {
     /// Levels above the leaves (1 for a parent of leaves).
     pub level: u8,
@@ -52,7 +46,7 @@ pub enum Node<V: LeafValue> {
 
 impl<V: LeafValue> Node<V> {
     pub fn empty_leaf() -> Node<V> {
-        Node::Leaf(Leaf { entries: Vec::new(), bytes: 0 })
+        Node::Leaf(Leaf::empty())
     }
 
     pub fn level(&self) -> u8 {
@@ -65,7 +59,7 @@ impl<V: LeafValue> Node<V> {
     /// Bytes this node takes in memory, for the cache's budget.
     pub fn mem_bytes(&self) -> usize {
         let body = match self {
-            Node::Leaf(l) => l.entries.capacity() * std::mem::size_of::<(u64, V)>(),
+            Node::Leaf(l) => l.mem_bytes(),
             Node::Branch(b) => {
                 b.keys.capacity() * std::mem::size_of::<u64>() + b.children.capacity() * std::mem::size_of::<Ptr<V>>()
             }
@@ -74,66 +68,14 @@ impl<V: LeafValue> Node<V> {
     }
 
     /// A clean node from a decoded block (children all on disk).
-    pub fn from_body(level: u8, body: NodeBody<V>) -> Node<V> {
-        match body {
-            NodeBody::Leaf(entries) => {
-                let bytes = leaf_bytes(&entries);
-                Node::Leaf(Leaf { entries, bytes })
-            }
+    pub fn from_body(level: u8, body: NodeBody) -> tarn_format::error::Result<Node<V>> {
+        Ok(match body {
+            NodeBody::Leaf(packed) => Node::Leaf(Leaf::from_packed(packed)?),
             NodeBody::Branch(children) => Node::Branch(Branch {
                 level,
                 keys: children.iter().map(|c| c.key).collect(),
                 children: children.iter().map(|c| Ptr::Clean { pba: c.pba, crc: c.crc }).collect(),
             }),
-        }
-    }
-}
-
-impl<V: LeafValue> Leaf<V> {
-    fn size_at(&self, i: usize) -> usize {
-        match self.entries.get(i) {
-            Some(e) => V::encoded_len(i.checked_sub(1).map(|p| &self.entries[p]), e.0, &e.1),
-            None => 0,
-        }
-    }
-
-    /// Insert at index `i` (keys stay ascending: the caller found `i`).
-    pub fn insert_at(&mut self, i: usize, key: u64, value: V) {
-        self.bytes -= self.size_at(i);
-        self.entries.insert(i, (key, value));
-        self.bytes += self.size_at(i) + self.size_at(i + 1);
-        debug_assert_eq!(self.bytes, leaf_bytes(&self.entries));
-    }
-
-    pub fn remove_at(&mut self, i: usize) -> (u64, V) {
-        self.bytes -= self.size_at(i) + self.size_at(i + 1);
-        let e = self.entries.remove(i);
-        self.bytes += self.size_at(i);
-        debug_assert_eq!(self.bytes, leaf_bytes(&self.entries));
-        e
-    }
-
-    pub fn replace_at(&mut self, i: usize, value: V) -> V {
-        self.bytes -= self.size_at(i) + self.size_at(i + 1);
-        let old = std::mem::replace(&mut self.entries[i].1, value);
-        self.bytes += self.size_at(i) + self.size_at(i + 1);
-        old
-    }
-
-    /// Split off the upper half by encoded size.
-    pub fn split(&mut self) -> Leaf<V> {
-        let mut acc = 0;
-        let mut at = self.entries.len() / 2;
-        for i in 0..self.entries.len() {
-            acc += self.size_at(i);
-            if acc * 2 >= self.bytes {
-                at = (i + 1).clamp(1, self.entries.len() - 1);
-                break;
-            }
-        }
-        let right = self.entries.split_off(at);
-        self.bytes = leaf_bytes(&self.entries);
-        let bytes = leaf_bytes(&right);
-        Leaf { entries: right, bytes }
+        })
     }
 }

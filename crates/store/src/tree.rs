@@ -108,7 +108,8 @@ impl<V: LeafValue> Tree<V> {
                 what: format!("value codec {} in a tree of {}", h.codec, V::CODEC),
             });
         }
-        let node = Node::from_body(level, body);
+        let corrupt = |source| StoreError::Corrupt { pba, tree, level, device: device(), source };
+        let node = Node::from_body(level, body).map_err(corrupt)?;
         check_bounds(&node, b).map_err(|what| StoreError::Invalid { pba, tree, what })?;
         let node = Arc::new(node);
         store.cache.insert(pba, node.clone(), node.mem_bytes());
@@ -131,7 +132,7 @@ impl<V: LeafValue> Tree<V> {
     fn le_in(&self, store: &Store, ptr: &Ptr<V>, level: u8, b: Bounds, key: u64) -> Result<Option<(u64, V)>> {
         let node = self.load(store, ptr, level, b)?;
         match &*node {
-            Node::Leaf(l) => Ok(l.entries.partition_point(|e| e.0 <= key).checked_sub(1).map(|i| l.entries[i])),
+            Node::Leaf(l) => Ok(l.get_le(key)),
             Node::Branch(br) => {
                 let i = route(&br.keys, key);
                 if let Some(found) = self.le_in(store, &br.children[i], level - 1, b.child(&br.keys, i), key)? {
@@ -154,7 +155,7 @@ impl<V: LeafValue> Tree<V> {
     fn ge_in(&self, store: &Store, ptr: &Ptr<V>, level: u8, b: Bounds, key: u64) -> Result<Option<(u64, V)>> {
         let node = self.load(store, ptr, level, b)?;
         match &*node {
-            Node::Leaf(l) => Ok(l.entries.get(l.entries.partition_point(|e| e.0 < key)).copied()),
+            Node::Leaf(l) => Ok(l.get_ge(key)),
             Node::Branch(br) => {
                 let i = route(&br.keys, key);
                 if let Some(found) = self.ge_in(store, &br.children[i], level - 1, b.child(&br.keys, i), key)? {
@@ -172,7 +173,7 @@ impl<V: LeafValue> Tree<V> {
     fn edge(&self, store: &Store, ptr: &Ptr<V>, level: u8, b: Bounds, last: bool) -> Result<Option<(u64, V)>> {
         let node = self.load(store, ptr, level, b)?;
         match &*node {
-            Node::Leaf(l) => Ok(if last { l.entries.last() } else { l.entries.first() }.copied()),
+            Node::Leaf(l) => Ok(if last { l.last() } else { l.first() }),
             Node::Branch(br) => {
                 let i = if last { br.children.len() - 1 } else { 0 };
                 self.edge(store, &br.children[i], level - 1, b.child(&br.keys, i), last)
@@ -199,15 +200,7 @@ impl<V: LeafValue> Tree<V> {
     ) -> Result<bool> {
         let node = self.load(store, ptr, level, b)?;
         match &*node {
-            Node::Leaf(l) => {
-                let start = l.entries.partition_point(|e| e.0 < from);
-                for (k, v) in l.entries[start..].iter().take_while(|e| e.0 < to) {
-                    if !f(*k, v) {
-                        return Ok(false);
-                    }
-                }
-                Ok(true)
-            }
+            Node::Leaf(l) => Ok(l.for_each_in(from, to, f)),
             Node::Branch(br) => {
                 let first = route(&br.keys, from);
                 for i in first..br.children.len() {
@@ -226,12 +219,12 @@ impl<V: LeafValue> Tree<V> {
 
 /// A node read from a device must keep the keys its parent promised.
 fn check_bounds<V: LeafValue>(node: &Node<V>, b: Bounds) -> std::result::Result<(), String> {
-    let keys: Vec<u64> = match node {
-        Node::Leaf(l) => l.entries.iter().map(|e| e.0).collect(),
-        Node::Branch(br) => br.keys.iter().skip(1).copied().collect(),
+    let (first, last) = match node {
+        Node::Leaf(l) => (l.first().map(|e| e.0), l.last().map(|e| e.0)),
+        Node::Branch(br) => (br.keys.get(1).copied(), br.keys.last().copied().filter(|_| br.keys.len() > 1)),
     };
-    let (Some(first), Some(last)) = (keys.first(), keys.last()) else { return Ok(()) };
-    if *first < b.lo || *last >= b.hi {
+    let (Some(first), Some(last)) = (first, last) else { return Ok(()) };
+    if first < b.lo || last >= b.hi {
         return Err(format!("keys {first}..={last} outside the parent's bounds {}..{}", b.lo, b.hi));
     }
     if let Node::Branch(br) = node {
