@@ -100,7 +100,7 @@ impl PackedLeaf {
 
     /// Decode and validate every entry; returns them and each group's
     /// byte offset in `data`.
-    pub fn unpack<V: LeafValue>(&self) -> Result<(Vec<(u64, V)>, Vec<u16>)> {
+    pub fn unpack<V: LeafValue>(&self) -> Result<Unpacked<V>> {
         let mut r = Reader::new(&self.data, "store leaf");
         let mut out: Vec<(u64, V)> = Vec::with_capacity(self.count());
         let mut offsets = Vec::with_capacity(self.sizes.len());
@@ -125,6 +125,9 @@ impl PackedLeaf {
         Ok((out, offsets))
     }
 }
+
+/// A leaf's entries and each group's byte offset.
+pub type Unpacked<V> = (Vec<(u64, V)>, Vec<u16>);
 
 /// Encode one group: the first entry alone, the rest as deltas.
 pub fn encode_group<V: LeafValue>(group: &[(u64, V)], w: &mut Writer) {

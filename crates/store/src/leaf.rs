@@ -233,7 +233,7 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             let key = (x % 2000) * 3;
-            if x % 3 == 0 {
+            if x.is_multiple_of(3) {
                 assert_eq!(leaf.remove(key).map(|v| v.len), model.remove(&key));
             } else {
                 assert_eq!(
