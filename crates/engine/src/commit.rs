@@ -13,10 +13,9 @@
 use crate::checkpoint;
 use crate::error::{EngineError, Result};
 use crate::extent_map::Freed;
-use crate::io::reserve_for;
 use crate::journal;
-use crate::label::write_label_copy;
 use crate::pool::{CommitCtl, Inner, Pool};
+use crate::space::reserve_for;
 use std::sync::atomic::Ordering;
 use tarn_format::journal::RecordHeader;
 use tarn_format::ops::{encode_ops, Op, MAX_REGIONS_PER_OP};
@@ -58,6 +57,16 @@ impl Pool {
         self.check_writable()?;
         let mut ctl = self.lock_commit();
         self.commit_locked(&mut ctl, true)
+    }
+
+    /// Resync every region a crash left open and commit; returns the
+    /// checksums renewed.
+    pub fn resync(&self) -> Result<u64> {
+        self.check_writable()?;
+        let mut ctl = self.lock_commit();
+        let renewed = self.resync_suspects()?;
+        self.commit_locked(&mut ctl, false)?;
+        Ok(renewed)
     }
 
     /// Checkpoint and stop accepting changes: what a clean shutdown does.
@@ -259,18 +268,6 @@ impl Pool {
         ctl.journal.seq = seq;
         self.counters.checkpoints.fetch_add(1, Ordering::Relaxed);
         Ok(std::mem::replace(&mut ctl.checkpoint_pieces, pieces))
-    }
-
-    /// Both copies carry the new state, one at a time with a flush
-    /// between: a torn write leaves the other copy (old or new) intact,
-    /// and rot in one copy never sends the pool back a checkpoint.
-    pub(crate) fn write_superblock(&self, sb: &tarn_format::superblock::Superblock) -> Result<()> {
-        let primary = &self.devices[0];
-        for copy in [(sb.txid % 2) as usize, ((sb.txid + 1) % 2) as usize] {
-            write_label_copy(primary.as_ref(), sb, copy)?;
-            primary.flush().map_err(|e| EngineError::io("flush superblock", primary.name(), e))?;
-        }
-        Ok(())
     }
 
     /// Step 5: reuse freed space only after in-flight I/O drained. The

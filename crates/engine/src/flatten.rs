@@ -33,7 +33,7 @@ impl Pool {
         self.check_writable()?;
         let (id, total) = {
             let inner = self.read_inner();
-            let v = crate::snapshot::volume_named(&inner.state, vol)?;
+            let v = crate::pool::volume_named(&inner.state, vol)?;
             if v.origin.is_none() {
                 return Err(EngineError::InvalidArgument(format!("volume {vol} is not a clone")));
             }

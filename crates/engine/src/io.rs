@@ -181,7 +181,7 @@ impl Pool {
 
     /// Segments of a view with clones' origin markers resolved.
     pub(crate) fn resolve(&self, vol: u32, view: View, lba: u64, len: u64) -> Result<Vec<Segment>> {
-        resolve_in(&self.read_inner(), vol, view, lba, len)
+        crate::pool::resolve_in(&self.read_inner(), vol, view, lba, len)
     }
 
     /// Write whole blocks; returns whether any block needed new space.
@@ -316,7 +316,7 @@ impl Pool {
         }
         let mut inner = self.write_inner();
         let inner = &mut *inner;
-        inner.space.reserve_blocks = reserve_for(inner.state.extent_count(), inner.space.data_blocks());
+        inner.space.reserve_blocks = crate::space::reserve_for(inner.state.extent_count(), inner.space.data_blocks());
         let mut fresh = Vec::new();
         for seg in segs {
             let Segment::Hole { lba, len } = *seg else {
@@ -493,15 +493,6 @@ impl Pool {
     }
 }
 
-/// [`Pool::resolve`] under a lock the caller holds.
-pub(crate) fn resolve_in(inner: &Inner, vol: u32, view: View, lba: u64, len: u64) -> Result<Vec<Segment>> {
-    let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
-    if view == View::Head && v.origin.is_none() {
-        return Ok(v.map.lookup(lba, len, usize::MAX));
-    }
-    inner.state.resolve(vol, view, lba, len).map_err(EngineError::Inconsistent)
-}
-
 /// The error for a view whose snapshot was deleted (say, under a client).
 fn gone_snapshot(v: &crate::state::Volume, view: View) -> EngineError {
     match view {
@@ -534,12 +525,4 @@ fn byte_runs(pieces: impl Iterator<Item = (u64, u64, bool)>, offset: u64, end: u
         }
     }
     runs
-}
-
-/// Blocks kept free for metadata: room for two checkpoints of the current
-/// map (the new one is written before the old one is freed) plus slack of
-/// 1/32 of the pool, at most 4 MiB.
-pub(crate) fn reserve_for(extents: usize, data_blocks: u64) -> u64 {
-    let checkpoint_blocks = (extents as u64 * 24).div_ceil(BLOCK_SIZE) + 4;
-    (data_blocks / 32).clamp(16, 1024) + 3 * checkpoint_blocks
 }

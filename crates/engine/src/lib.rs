@@ -24,8 +24,10 @@ pub mod snapshot;
 pub mod space;
 pub mod state;
 pub mod sums;
+mod superblock;
 pub mod verify;
 pub mod view;
+mod volumes;
 
 pub use check::CheckReport;
 pub use device::Device;

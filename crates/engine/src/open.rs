@@ -5,13 +5,12 @@ use crate::checkpoint;
 use crate::device::Device;
 use crate::error::{EngineError, Result};
 use crate::extent_map::{Freed, Ranges};
-use crate::io::reserve_for;
 use crate::journal::{self, JournalCursor};
 use crate::label::{read_label, write_both_labels};
 use crate::mirror::{Leg, LegHealth, MirrorDevice};
 use crate::placement::Linear;
 use crate::pool::{CommitCtl, Counters, Inner, OpenOptions, Pool, STRIPES};
-use crate::space::{DeviceSpace, Space};
+use crate::space::{reserve_for, DeviceSpace, Space};
 use crate::state::State;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
@@ -292,7 +291,7 @@ impl Pool {
 
     /// The pool uuid a device carries (primary or member), without opening.
     pub fn pool_uuid(dev: &dyn Device) -> Result<String> {
-        Ok(crate::pool::uuid_string(&read_label(dev)?.current.pool_uuid))
+        Ok(crate::label::uuid_string(&read_label(dev)?.current.pool_uuid))
     }
 
     /// The member paths recorded in a primary's superblock (index order).

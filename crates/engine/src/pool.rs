@@ -5,11 +5,13 @@
 use crate::device::Device;
 use crate::error::{EngineError, Result};
 use crate::extent_map::Freed;
+use crate::extent_map::Segment;
 use crate::journal::JournalCursor;
 use crate::placement::Placement;
 use crate::space::Space;
-use crate::state::{validate_name, State};
+use crate::state::{State, Volume};
 use crate::sums::RegionTracker;
+use crate::view::View;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use tarn_format::ops::Op;
@@ -232,80 +234,11 @@ impl Pool {
         inner.state.volumes.values().map(|v| info(&inner.state, v)).collect()
     }
 
-    /// Create a thin volume of `size` bytes (rounded up to 4 KiB); durable
-    /// when it returns. The size may exceed the pool (overcommit).
-    pub fn create_volume(&self, name: &str, size: u64) -> Result<VolumeInfo> {
-        self.check_writable()?;
-        validate_name(name).map_err(EngineError::InvalidArgument)?;
-        let size = round_size(size)?;
-        let id = {
-            let mut inner = self.write_inner();
-            if inner.state.by_name.contains_key(name) {
-                return Err(EngineError::VolumeExists(name.to_string()));
-            }
-            let id = inner.state.next_volume_id;
-            self.apply_ops(&mut inner, vec![Op::VolCreate { vol: id, size, name: name.to_string() }])?;
-            id
-        };
-        self.flush()?;
-        self.volume_info(id).ok_or(EngineError::VolumeGone(id))
-    }
-
-    /// Grow or shrink; shrinking discards the tail and needs `allow_shrink`.
-    pub fn resize_volume(&self, name: &str, size: u64, allow_shrink: bool) -> Result<VolumeInfo> {
-        self.check_writable()?;
-        let size = round_size(size)?;
-        let id = {
-            let mut inner = self.write_inner();
-            let id = *inner.state.by_name.get(name).ok_or_else(|| EngineError::NoSuchVolume(name.to_string()))?;
-            let old = inner.state.volume(id).map(|v| v.size).unwrap_or(0);
-            if size < old && !allow_shrink {
-                return Err(EngineError::InvalidArgument(format!(
-                    "shrinking {name} from {old} to {size} bytes discards its tail; pass --allow-shrink"
-                )));
-            }
-            self.apply_ops(&mut inner, vec![Op::VolResize { vol: id, size }])?;
-            id
-        };
-        self.flush()?;
-        self.volume_info(id).ok_or(EngineError::VolumeGone(id))
-    }
-
-    /// Delete a volume; its space is free when this returns. A volume with
-    /// snapshots goes only with `with_snapshots` (they go too); one whose
-    /// snapshots have clones never.
-    pub fn delete_volume(&self, name: &str, with_snapshots: bool) -> Result<()> {
-        self.check_writable()?;
-        {
-            let mut inner = self.write_inner();
-            let v = crate::snapshot::volume_named(&inner.state, name)?;
-            let clones: Vec<String> = inner.state.clones_of(v.id, None).iter().map(|c| c.name.clone()).collect();
-            if !clones.is_empty() {
-                return Err(EngineError::InUse {
-                    what: format!("volume {name}"),
-                    detail: format!(
-                        "clones {} depend on its snapshots; flatten or delete them first",
-                        clones.join(", ")
-                    ),
-                });
-            }
-            if !v.snapshots.is_empty() && !with_snapshots {
-                return Err(EngineError::InUse {
-                    what: format!("volume {name}"),
-                    detail: format!("it has {} snapshots; pass --recursive to delete them too", v.snapshots.len()),
-                });
-            }
-            let id = v.id;
-            self.apply_ops(&mut inner, vec![Op::VolDelete { vol: id }])?;
-        }
-        self.flush()
-    }
-
     pub fn status(&self) -> PoolStatus {
         let ctl = self.lock_commit();
         let mut inner = self.write_inner();
         let inner = &mut *inner;
-        inner.space.reserve_blocks = crate::io::reserve_for(inner.state.extent_count(), inner.space.data_blocks());
+        inner.space.reserve_blocks = crate::space::reserve_for(inner.state.extent_count(), inner.space.data_blocks());
         let used = inner.state.mapped_blocks() * BLOCK_SIZE;
         let size = inner.space.data_blocks() * BLOCK_SIZE;
         let virtual_size: u64 = inner.state.volumes.values().map(|v| v.size).sum();
@@ -327,7 +260,7 @@ impl Pool {
             .collect();
         let state = if devices.iter().all(|d| d.state == "ONLINE") { "ONLINE" } else { "DEGRADED" };
         PoolStatus {
-            uuid: uuid_string(&ctl.sb.pool_uuid),
+            uuid: crate::label::uuid_string(&ctl.sb.pool_uuid),
             state,
             devices,
             size,
@@ -355,6 +288,21 @@ impl Pool {
     }
 }
 
+/// The volume called `name`.
+pub(crate) fn volume_named<'a>(state: &'a State, name: &str) -> Result<&'a Volume> {
+    state.by_name.get(name).and_then(|id| state.volume(*id)).ok_or_else(|| EngineError::NoSuchVolume(name.to_string()))
+}
+
+/// Segments of a view with clones' origin markers resolved, under a lock
+/// the caller holds.
+pub(crate) fn resolve_in(inner: &Inner, vol: u32, view: View, lba: u64, len: u64) -> Result<Vec<Segment>> {
+    let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
+    if view == View::Head && v.origin.is_none() {
+        return Ok(v.map.lookup(lba, len, usize::MAX));
+    }
+    inner.state.resolve(vol, view, lba, len).map_err(EngineError::Inconsistent)
+}
+
 fn info(state: &crate::state::State, v: &crate::state::Volume) -> VolumeInfo {
     let origin = v.origin.and_then(|o| {
         let ov = state.volume(o.vol)?;
@@ -372,18 +320,4 @@ fn info(state: &crate::state::State, v: &crate::state::Volume) -> VolumeInfo {
         origin,
         origin_bytes: v.origin_blocks() * BLOCK_SIZE,
     }
-}
-
-/// Volume sizes are whole blocks: round up, refuse zero and absurd sizes.
-fn round_size(size: u64) -> Result<u64> {
-    const MAX: u64 = 1 << 60;
-    if size == 0 || size > MAX {
-        return Err(EngineError::InvalidArgument(format!("volume size must be between 1 byte and {MAX} bytes")));
-    }
-    Ok(size.div_ceil(BLOCK_SIZE) * BLOCK_SIZE)
-}
-
-pub fn uuid_string(u: &[u8; 16]) -> String {
-    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
 }

@@ -6,13 +6,14 @@
 use crate::assemble::write_leg_label;
 use crate::device::Device;
 use crate::error::{EngineError, Result};
+use crate::label::uuid_string;
 use crate::mirror::{Leg, LegHealth, MirrorDevice};
-use crate::pool::{uuid_string, CommitCtl, Pool};
+use crate::pool::Pool;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 use tarn_format::leg::{LegLabel, LEG_LABEL_BLOCK};
-use tarn_format::superblock::{DeviceEntry, FLAG_OPEN, LABEL_BLOCKS};
+use tarn_format::superblock::LABEL_BLOCKS;
 use tarn_format::BLOCK_SIZE;
 
 /// Blocks copied per step (writes to the mirror wait at most one step).
@@ -30,35 +31,6 @@ pub struct ReplaceReport {
 }
 
 impl Pool {
-    /// The device table as the next superblock should record it: the
-    /// committed one with every mirror's current leg states.
-    pub(crate) fn device_table(&self, committed: &[DeviceEntry]) -> Vec<DeviceEntry> {
-        let mut table = committed.to_vec();
-        for (entry, m) in table.iter_mut().zip(&self.mirrors) {
-            if let Some(m) = m {
-                entry.legs = m.leg_entries();
-            }
-        }
-        table
-    }
-
-    /// If a mirror leg changed state since the superblock was written,
-    /// write it again with the new device table (txid + 1; checkpoint and
-    /// journal unchanged, so the live journal stays valid).
-    pub(crate) fn record_leg_states(&self, ctl: &mut CommitCtl) -> Result<()> {
-        let table = self.device_table(&ctl.sb.devices);
-        if table == ctl.sb.devices {
-            return Ok(());
-        }
-        let mut sb = ctl.sb.clone();
-        sb.txid += 1;
-        sb.devices = table;
-        self.write_superblock(&sb)?;
-        log::info!("device table updated (txid {}): mirror leg states changed", sb.txid);
-        ctl.sb = sb;
-        Ok(())
-    }
-
     /// Replace the mirror leg `old` (its recorded path, device name or leg
     /// uuid) with `new` and resilver it; `progress(done, total)` in blocks.
     /// Durable (checkpointed) when it returns.
@@ -208,63 +180,6 @@ fn copy_ranges(
 }
 
 impl Pool {
-    fn has_mirrors(&self) -> bool {
-        self.mirrors.iter().any(Option::is_some)
-    }
-
-    /// At a writable open of a pool with mirrors: after an unclean shutdown
-    /// (FLAG_OPEN found set) every in-sync leg but the first of each mirror
-    /// may miss writes a crash cut, so it is resynced (RESILVERING: written,
-    /// not read); then FLAG_OPEN is set before anything is written.
-    pub(crate) fn mark_open(&self) -> Result<Vec<String>> {
-        let mut notes = Vec::new();
-        if !self.has_mirrors() || self.options.read_only {
-            return Ok(notes);
-        }
-        let mut ctl = self.lock_commit();
-        if ctl.sb.flags & FLAG_OPEN != 0 {
-            for (member, m) in self.mirrors.iter().enumerate() {
-                let Some(m) = m else { continue };
-                let online: Vec<usize> = m
-                    .legs()
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, l)| l.health() == LegHealth::Online)
-                    .map(|(i, _)| i)
-                    .collect();
-                for &leg in online.iter().skip(1) {
-                    m.set_health(leg, LegHealth::Resilvering).map_err(|e| EngineError::io("resync", m.name(), e))?;
-                    notes.push(format!(
-                        "member {member}: unclean shutdown; leg {leg} is resynced from leg {}",
-                        online[0]
-                    ));
-                }
-            }
-        }
-        let mut sb = ctl.sb.clone();
-        sb.txid += 1;
-        sb.flags |= FLAG_OPEN;
-        sb.devices = self.device_table(&sb.devices);
-        self.write_superblock(&sb)?;
-        ctl.sb = sb;
-        Ok(notes)
-    }
-
-    /// At a clean close (after the final checkpoint): clear FLAG_OPEN.
-    pub(crate) fn mark_closed(&self) -> Result<()> {
-        if !self.has_mirrors() || self.options.read_only {
-            return Ok(());
-        }
-        let mut ctl = self.lock_commit();
-        let mut sb = ctl.sb.clone();
-        sb.txid += 1;
-        sb.flags &= !FLAG_OPEN;
-        sb.devices = self.device_table(&sb.devices);
-        self.write_superblock(&sb)?;
-        ctl.sb = sb;
-        Ok(())
-    }
-
     /// Whether a mirror has a leg to resync (after an unclean shutdown, or
     /// a resilver that did not finish) and no resilver is running.
     pub fn needs_resync(&self) -> bool {

@@ -25,16 +25,6 @@ impl Pool {
         self.read_inner().regions.suspect.len()
     }
 
-    /// Resync every region a crash left open and commit; returns the
-    /// checksums renewed.
-    pub fn resync(&self) -> Result<u64> {
-        self.check_writable()?;
-        let mut ctl = self.lock_commit();
-        let renewed = self.resync_suspects()?;
-        self.commit_locked(&mut ctl, false)?;
-        Ok(renewed)
-    }
-
     /// Whether `pba` lies in a region left open by a crash, not yet resynced.
     pub(crate) fn is_suspect(&self, pba: Pba) -> bool {
         let inner = self.read_inner();

@@ -7,7 +7,7 @@
 //! volume holds.
 
 use crate::error::{EngineError, Result};
-use crate::pool::{CommitCtl, Pool, VolumeInfo};
+use crate::pool::{volume_named, CommitCtl, Pool, VolumeInfo};
 use crate::state::{validate_name, State, Volume};
 use crate::view::View;
 use tarn_format::ops::Op;
@@ -187,10 +187,6 @@ impl Pool {
         };
         v.snapshots.iter().filter(|s| s.epoch < limit).map(|s| (s.name.clone(), s.epoch)).collect()
     }
-}
-
-pub(crate) fn volume_named<'a>(state: &'a State, name: &str) -> Result<&'a Volume> {
-    state.by_name.get(name).and_then(|id| state.volume(*id)).ok_or_else(|| EngineError::NoSuchVolume(name.to_string()))
 }
 
 fn snapshot_index(v: &Volume, name: &str) -> Result<usize> {

@@ -3,8 +3,7 @@
 
 use crate::error::{EngineError, Result};
 use crate::extent_map::Segment;
-use crate::io::resolve_in;
-use crate::pool::Pool;
+use crate::pool::{resolve_in, Pool};
 use crate::sums::{block_sum, regions_of};
 use crate::view::View;
 use std::sync::atomic::Ordering;
