@@ -4,7 +4,7 @@
 
 use crate::device::Device;
 use crate::error::{EngineError, Result};
-use crate::mirror::read_validated;
+use crate::members::mirror::read_validated;
 use tarn_format::journal::{RecordHeader, HEADER_LEN};
 use tarn_format::ops::{decode_ops, Op};
 use tarn_format::BLOCK_SIZE;

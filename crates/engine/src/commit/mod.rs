@@ -10,10 +10,12 @@
 //! 5. wait until no I/O planned against the old map is in flight, then
 //!    return the freed space to the allocator.
 
-use crate::checkpoint;
+mod superblock;
+
 use crate::error::{EngineError, Result};
-use crate::extent_map::Freed;
-use crate::journal;
+use crate::map::extent_map::Freed;
+use crate::meta::checkpoint;
+use crate::meta::journal;
 use crate::pool::{CommitCtl, Inner, Pool};
 use crate::space::reserve_for;
 use std::sync::atomic::Ordering;

@@ -4,14 +4,14 @@
 
 use crate::device::Device;
 use crate::error::{EngineError, Result};
-use crate::extent_map::Freed;
-use crate::extent_map::Segment;
-use crate::journal::JournalCursor;
-use crate::placement::Placement;
+use crate::map::extent_map::Freed;
+use crate::map::extent_map::Segment;
+use crate::map::state::{State, Volume};
+use crate::map::sums::RegionTracker;
+use crate::map::view::View;
+use crate::meta::journal::JournalCursor;
+use crate::space::placement::Placement;
 use crate::space::Space;
-use crate::state::{State, Volume};
-use crate::sums::RegionTracker;
-use crate::view::View;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use tarn_format::ops::Op;
@@ -72,7 +72,7 @@ pub struct Counters {
 pub struct Pool {
     pub(crate) devices: Vec<Arc<dyn Device>>,
     /// Per slot, its mirror when mirrored (the same object as in `devices`).
-    pub(crate) mirrors: Vec<Option<Arc<crate::mirror::MirrorDevice>>>,
+    pub(crate) mirrors: Vec<Option<Arc<crate::members::mirror::MirrorDevice>>>,
     pub(crate) inner: RwLock<Inner>,
     pub(crate) commit: Mutex<CommitCtl>,
     /// Held shared by every data I/O from planning to completion; the
@@ -120,7 +120,7 @@ pub struct DeviceStatus {
     /// ONLINE, or for a mirror DEGRADED / RESILVERING.
     pub state: &'static str,
     /// A mirror's legs (empty for a plain device).
-    pub legs: Vec<crate::mirror::LegStatus>,
+    pub legs: Vec<crate::members::mirror::LegStatus>,
     pub size: u64,
     pub data_bytes: u64,
     pub free_bytes: u64,
@@ -260,7 +260,7 @@ impl Pool {
             .collect();
         let state = if devices.iter().all(|d| d.state == "ONLINE") { "ONLINE" } else { "DEGRADED" };
         PoolStatus {
-            uuid: crate::label::uuid_string(&ctl.sb.pool_uuid),
+            uuid: crate::device::label::uuid_string(&ctl.sb.pool_uuid),
             state,
             devices,
             size,
@@ -303,7 +303,7 @@ pub(crate) fn resolve_in(inner: &Inner, vol: u32, view: View, lba: u64, len: u64
     inner.state.resolve(vol, view, lba, len).map_err(EngineError::Inconsistent)
 }
 
-fn info(state: &crate::state::State, v: &crate::state::Volume) -> VolumeInfo {
+fn info(state: &crate::map::state::State, v: &crate::map::state::Volume) -> VolumeInfo {
     let origin = v.origin.and_then(|o| {
         let ov = state.volume(o.vol)?;
         let snap = ov.snapshots.iter().find(|s| s.epoch == o.epoch)?;

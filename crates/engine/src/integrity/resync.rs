@@ -9,8 +9,8 @@
 //! region is done, reads there resync the blocks they touch first.
 
 use crate::error::{EngineError, Result};
+use crate::map::sums::{block_sum, regions_of};
 use crate::pool::Pool;
-use crate::sums::{block_sum, regions_of};
 use std::sync::atomic::Ordering;
 use tarn_format::ops::{region_of, Op, MAX_REGIONS_PER_OP};
 use tarn_format::{Pba, BLOCK_SIZE};

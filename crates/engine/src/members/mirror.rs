@@ -207,7 +207,7 @@ impl MirrorDevice {
                 index: i,
                 // As recorded (what `replace` takes), not as opened.
                 path: l.path.clone(),
-                uuid: crate::label::uuid_string(&l.uuid),
+                uuid: crate::device::label::uuid_string(&l.uuid),
                 state: l.health().label(),
                 read_errors: l.read_errors.load(Ordering::Relaxed),
                 write_errors: l.write_errors.load(Ordering::Relaxed),

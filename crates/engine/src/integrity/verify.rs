@@ -2,10 +2,10 @@
 //! map entry holds (see `sums.rs`), and self-heal from other copies.
 
 use crate::error::{EngineError, Result};
-use crate::extent_map::Segment;
+use crate::map::extent_map::Segment;
+use crate::map::sums::{block_sum, regions_of};
+use crate::map::view::View;
 use crate::pool::{resolve_in, Pool};
-use crate::sums::{block_sum, regions_of};
-use crate::view::View;
 use std::sync::atomic::Ordering;
 use tarn_format::{Pba, BLOCK_SIZE};
 

@@ -6,10 +6,10 @@
 //! points at it, so a commit never references unwritten blocks.
 
 use crate::error::{EngineError, Result};
-use crate::extent_map::{Freed, Segment};
+use crate::map::extent_map::{Freed, Segment};
+use crate::map::sums::{regions_of, sums_of};
+use crate::map::view::View;
 use crate::pool::{Inner, Pool, STRIPES};
-use crate::sums::{regions_of, sums_of};
-use crate::view::View;
 use std::sync::atomic::Ordering;
 use tarn_format::ops::Op;
 use tarn_format::{Pba, BLOCK_SIZE};
@@ -494,7 +494,7 @@ impl Pool {
 }
 
 /// The error for a view whose snapshot was deleted (say, under a client).
-fn gone_snapshot(v: &crate::state::Volume, view: View) -> EngineError {
+fn gone_snapshot(v: &crate::map::state::Volume, view: View) -> EngineError {
     match view {
         View::Head => EngineError::VolumeGone(v.id),
         View::Snapshot(epoch) => {

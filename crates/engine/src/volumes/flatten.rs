@@ -5,10 +5,10 @@
 //! skipped).
 
 use crate::error::{EngineError, Result};
-use crate::extent_map::{ExtentMap, Segment};
+use crate::map::extent_map::{ExtentMap, Segment};
+use crate::map::state::Volume;
+use crate::map::view::View;
 use crate::pool::Pool;
-use crate::state::Volume;
-use crate::view::View;
 use tarn_format::ops::Op;
 use tarn_format::BLOCK_SIZE;
 

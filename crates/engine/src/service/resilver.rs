@@ -3,11 +3,11 @@
 //! by nobody), every range the pool uses is copied to it from an in-sync leg
 //! while I/O continues, and a checkpoint then records it in sync.
 
-use crate::assemble::write_leg_label;
+use crate::device::label::uuid_string;
 use crate::device::Device;
 use crate::error::{EngineError, Result};
-use crate::label::uuid_string;
-use crate::mirror::{Leg, LegHealth, MirrorDevice};
+use crate::members::assemble::write_leg_label;
+use crate::members::mirror::{Leg, LegHealth, MirrorDevice};
 use crate::pool::Pool;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -2,9 +2,12 @@
 //! plain volumes (snapshots and clones are in `snapshot.rs`). Each change
 //! is one op, durable when the call returns.
 
+mod flatten;
+pub mod snapshot;
+
 use crate::error::{EngineError, Result};
+use crate::map::state::validate_name;
 use crate::pool::{volume_named, Pool, VolumeInfo};
-use crate::state::validate_name;
 use tarn_format::ops::Op;
 use tarn_format::BLOCK_SIZE;
 

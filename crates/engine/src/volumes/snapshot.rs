@@ -7,9 +7,9 @@
 //! volume holds.
 
 use crate::error::{EngineError, Result};
+use crate::map::state::{validate_name, State, Volume};
+use crate::map::view::View;
 use crate::pool::{volume_named, CommitCtl, Pool, VolumeInfo};
-use crate::state::{validate_name, State, Volume};
-use crate::view::View;
 use tarn_format::ops::Op;
 use tarn_format::superblock::incompat;
 use tarn_format::BLOCK_SIZE;

@@ -4,6 +4,8 @@
 //! checkpoint's own segments (everything not referenced is free), so it can
 //! never disagree with the map it serves. Running out is a value (`None`).
 
+pub mod placement;
+
 use std::collections::BTreeMap;
 use tarn_format::{Pba, BLOCK_SIZE};
 

@@ -1,17 +1,17 @@
 //! Creating a pool on devices, and opening one: pick the current superblock,
 //! load the checkpoint, replay the journal, rebuild free space from the map.
 
-use crate::checkpoint;
+use crate::device::label::{read_label, write_both_labels};
 use crate::device::Device;
 use crate::error::{EngineError, Result};
-use crate::extent_map::{Freed, Ranges};
-use crate::journal::{self, JournalCursor};
-use crate::label::{read_label, write_both_labels};
-use crate::mirror::{Leg, LegHealth, MirrorDevice};
-use crate::placement::Linear;
+use crate::map::extent_map::{Freed, Ranges};
+use crate::map::state::State;
+use crate::members::mirror::{Leg, LegHealth, MirrorDevice};
+use crate::meta::checkpoint;
+use crate::meta::journal::{self, JournalCursor};
 use crate::pool::{CommitCtl, Counters, Inner, OpenOptions, Pool, STRIPES};
+use crate::space::placement::Linear;
 use crate::space::{reserve_for, DeviceSpace, Space};
-use crate::state::State;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
 use tarn_format::leg::LegLabel;
@@ -143,7 +143,7 @@ pub fn create_mirrored_pool(slots: &[Vec<(Arc<dyn Device>, String)>], opts: &Cre
         for (leg_index, leg) in labels[0].devices[i].legs.iter().enumerate() {
             let label =
                 LegLabel { pool_uuid, slot_uuid: labels[i].device_uuid, slot_index: i as u16, leg_uuid: leg.uuid };
-            crate::assemble::write_leg_label(slots[i][leg_index].0.as_ref(), &label)?;
+            crate::members::assemble::write_leg_label(slots[i][leg_index].0.as_ref(), &label)?;
         }
         if i == 0 {
             let zero = vec![0u8; BLOCK_SIZE as usize];
@@ -198,7 +198,7 @@ impl Pool {
     /// a plain member, or the legs found (any order, some may be missing)
     /// for a mirrored one. A mirror missing legs opens DEGRADED.
     pub fn open_slots(slots: Vec<Vec<Arc<dyn Device>>>, options: OpenOptions) -> Result<Pool> {
-        let asm = crate::assemble::assemble(slots, !options.read_only)?;
+        let asm = crate::members::assemble::assemble(slots, !options.read_only)?;
         let (devices, mirrors, label) = (asm.devices, asm.mirrors, asm.label);
         let primary = &devices[0];
         let sb = label.current.clone();
@@ -291,7 +291,7 @@ impl Pool {
 
     /// The pool uuid a device carries (primary or member), without opening.
     pub fn pool_uuid(dev: &dyn Device) -> Result<String> {
-        Ok(crate::label::uuid_string(&read_label(dev)?.current.pool_uuid))
+        Ok(crate::device::label::uuid_string(&read_label(dev)?.current.pool_uuid))
     }
 
     /// The member paths recorded in a primary's superblock (index order).

@@ -3,10 +3,10 @@
 //! relies on them, and the OPEN flag that tells a restart whether the
 //! shutdown was clean.
 
+use crate::device::label::write_label_copy;
 use crate::device::Device;
 use crate::error::{EngineError, Result};
-use crate::label::write_label_copy;
-use crate::mirror::LegHealth;
+use crate::members::mirror::LegHealth;
 use crate::pool::{CommitCtl, Pool};
 use tarn_format::superblock::{DeviceEntry, Superblock, FLAG_OPEN};
 
