@@ -33,6 +33,7 @@ pub use members::mirror::{LegStatus, MirrorDevice};
 pub use pool::{DeviceStatus, OpenOptions, Pool, PoolStatus, VolumeInfo};
 pub use service::open::{create_mirrored_pool, create_pool, CreateOptions};
 pub use service::resilver::ReplaceReport;
+pub use service::{Service, ServiceOptions};
 pub use volumes::snapshot::SnapshotInfo;
 
 /// Decode a checkpoint payload into the pool state and its commit sequence,

@@ -64,11 +64,19 @@ impl Pool {
     /// Resync every region a crash left open and commit; returns the
     /// checksums renewed.
     pub fn resync(&self) -> Result<u64> {
+        Ok(self.resync_until(&|| false)?.unwrap_or(0))
+    }
+
+    /// [`Pool::resync`], checking `stop` between 1 MiB chunks: None if it
+    /// stopped early (what is left waits for the next start or checkpoint).
+    pub fn resync_until(&self, stop: &dyn Fn() -> bool) -> Result<Option<u64>> {
         self.check_writable()?;
         let mut ctl = self.lock_commit();
-        let renewed = self.resync_suspects()?;
+        let Some(renewed) = self.resync_suspects_until(stop)? else {
+            return Ok(None);
+        };
         self.commit_locked(&mut ctl, false)?;
-        Ok(renewed)
+        Ok(Some(renewed))
     }
 
     /// Checkpoint and stop accepting changes: what a clean shutdown does.

@@ -2,5 +2,8 @@
 //! replacing and resyncing mirror legs (`resilver.rs`), and the service
 //! that runs a pool's background threads.
 
+mod background;
 pub mod open;
 pub mod resilver;
+
+pub use background::{Service, ServiceOptions};

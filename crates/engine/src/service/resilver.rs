@@ -121,7 +121,8 @@ impl Pool {
         let ranges = self.used_ranges(member);
         let total: u64 = ranges.iter().map(|r| r.1).sum();
         log::info!("resilver of member {member} leg {leg} onto {}: {total} blocks from leg {source}", new.name());
-        copy_ranges(mirror, source, leg, &ranges, progress).map_err(|e| EngineError::io("resilver", new.name(), e))?;
+        copy_ranges(mirror, (source, leg), &ranges, progress, &|| false)
+            .map_err(|e| EngineError::io("resilver", new.name(), e))?;
         new.flush().map_err(|e| EngineError::io("flush", new.name(), e))?;
         mirror.set_health(leg, LegHealth::Online).map_err(|e| EngineError::io("resilver", new.name(), e))?;
         // The checkpoint writes the table with the new leg in sync.
@@ -154,14 +155,15 @@ impl Pool {
     }
 }
 
-/// Copy `ranges` (blocks) from leg `src` to leg `dst` in chunks.
+/// Copy `ranges` (blocks) from leg `src` to leg `dst` in chunks; false if
+/// `stop` said so between two chunks.
 fn copy_ranges(
     mirror: &MirrorDevice,
-    src: usize,
-    dst: usize,
+    (src, dst): (usize, usize),
     ranges: &[(u64, u64)],
     progress: &mut dyn FnMut(u64, u64),
-) -> std::io::Result<()> {
+    stop: &dyn Fn() -> bool,
+) -> std::io::Result<bool> {
     let total: u64 = ranges.iter().map(|r| r.1).sum();
     let mut done = 0;
     let mut buf = vec![0u8; (CHUNK_BLOCKS * BLOCK_SIZE) as usize];
@@ -169,6 +171,9 @@ fn copy_ranges(
     for &(start, len) in ranges {
         let mut at = start;
         while at < start + len {
+            if stop() {
+                return Ok(false);
+            }
             let n = CHUNK_BLOCKS.min(start + len - at);
             mirror.copy_leg(src, dst, at * BLOCK_SIZE, &mut buf[..(n * BLOCK_SIZE) as usize])?;
             at += n;
@@ -176,7 +181,7 @@ fn copy_ranges(
             progress(done, total);
         }
     }
-    Ok(())
+    Ok(true)
 }
 
 impl Pool {
@@ -191,6 +196,12 @@ impl Pool {
     /// Bring every RESILVERING leg in sync from its mirror's first in-sync
     /// leg, while I/O continues; checkpoint. Returns the bytes copied.
     pub fn resync_legs(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<u64> {
+        self.resync_legs_until(progress, &|| false)
+    }
+
+    /// [`Pool::resync_legs`], checking `stop` between 1 MiB chunks: a leg
+    /// not finished stays RESILVERING (the next start resyncs it again).
+    pub fn resync_legs_until(&self, progress: &mut dyn FnMut(u64, u64), stop: &dyn Fn() -> bool) -> Result<u64> {
         self.check_writable()?;
         let mut copied = 0;
         for (member, m) in self.mirrors.iter().enumerate() {
@@ -198,7 +209,7 @@ impl Pool {
             if m.resilvering.swap(true, Ordering::SeqCst) {
                 continue;
             }
-            let result = self.resync_member(member, m, progress);
+            let result = self.resync_member(member, m, progress, stop);
             m.resilvering.store(false, Ordering::SeqCst);
             copied += result?;
         }
@@ -208,14 +219,24 @@ impl Pool {
         Ok(copied)
     }
 
-    fn resync_member(&self, member: usize, m: &MirrorDevice, progress: &mut dyn FnMut(u64, u64)) -> Result<u64> {
+    fn resync_member(
+        &self,
+        member: usize,
+        m: &MirrorDevice,
+        progress: &mut dyn FnMut(u64, u64),
+        stop: &dyn Fn() -> bool,
+    ) -> Result<u64> {
         let legs = m.legs();
         let Some(src) = legs.iter().position(|l| l.health() == LegHealth::Online) else { return Ok(0) };
         let mut copied = 0;
         for dst in (0..legs.len()).filter(|&i| legs[i].health() == LegHealth::Resilvering) {
             let ranges = self.used_ranges(member);
             log::info!("member {member}: resync of leg {dst} from leg {src}");
-            copy_ranges(m, src, dst, &ranges, progress).map_err(|e| EngineError::io("resync", m.name(), e))?;
+            let io = |e| EngineError::io("resync", m.name(), e);
+            if !copy_ranges(m, (src, dst), &ranges, progress, stop).map_err(io)? {
+                log::info!("member {member}: resync of leg {dst} stopped; it stays RESILVERING");
+                break;
+            }
             if let Some(dev) = &legs[dst].dev {
                 dev.flush().map_err(|e| EngineError::io("flush", dev.name(), e))?;
             }
