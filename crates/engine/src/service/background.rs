@@ -11,6 +11,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// Receives the service's operator notices.
+pub type Notice = Arc<dyn Fn(&str) + Send + Sync>;
+
 /// How the service runs.
 #[derive(Clone)]
 pub struct ServiceOptions {
@@ -21,7 +24,7 @@ pub struct ServiceOptions {
     pub tick: Duration,
     /// Told of what an operator wants to see whatever the log level (the
     /// CLI prints it): a mirror resync starting and finishing.
-    pub notice: Option<Arc<dyn Fn(&str) + Send + Sync>>,
+    pub notice: Option<Notice>,
 }
 
 impl Default for ServiceOptions {

@@ -6,4 +6,4 @@ mod background;
 pub mod open;
 pub mod resilver;
 
-pub use background::{Service, ServiceOptions};
+pub use background::{Notice, Service, ServiceOptions};
