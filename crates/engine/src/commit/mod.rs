@@ -17,7 +17,7 @@ use crate::map::extent_map::Freed;
 use crate::meta::checkpoint;
 use crate::meta::journal;
 use crate::pool::{CommitCtl, Inner, Pool};
-use crate::space::reserve_for;
+use crate::space::{reserve_for, Space};
 use std::sync::atomic::Ordering;
 use tarn_format::journal::RecordHeader;
 use tarn_format::ops::{encode_ops, Op, MAX_REGIONS_PER_OP};
@@ -50,6 +50,23 @@ impl Pool {
             return Ok(());
         }
         // A commit that failed while we waited fenced the pool: do not retry.
+        self.check_writable()?;
+        self.commit_locked(&mut ctl, false)
+    }
+
+    /// Back-pressure on the queue of pending ops: a writer that finds it over
+    /// its bound commits it, or waits for the commit already taking it,
+    /// instead of growing it. Takes the commit lock, first in the lock
+    /// order: call it holding no other pool lock (nor a stripe lock).
+    pub(crate) fn make_room(&self) -> Result<()> {
+        if !self.pending_over_limit() {
+            return Ok(());
+        }
+        let mut ctl = self.lock_commit();
+        // The commit we may have waited for took the queue.
+        if !self.pending_over_limit() {
+            return Ok(());
+        }
         self.check_writable()?;
         self.commit_locked(&mut ctl, false)
     }
@@ -173,8 +190,7 @@ impl Pool {
             return Ok(None);
         }
         let gen = self.write_gen.load(Ordering::SeqCst);
-        let mut ops = std::mem::take(&mut inner.pending_ops);
-        let frees = std::mem::take(&mut inner.pending_frees);
+        let (mut ops, frees) = inner.take_queue();
         if drained {
             let now = self.counters.commits.load(Ordering::Relaxed);
             let idle = inner.regions.idle(&inner.state.open_regions, now);
@@ -200,8 +216,7 @@ impl Pool {
         if (!drained && !inner.state.open_regions.is_empty()) || !inner.regions.suspect.is_empty() {
             // Put everything back; the caller drains and asks again.
             ops.retain(|op| !matches!(op, Op::Regions { .. }));
-            inner.pending_ops = ops;
-            inner.pending_frees = frees;
+            inner.requeue(ops, frees);
             inner.regions.wanted.extend(opened);
             return Ok(None);
         }
@@ -212,24 +227,7 @@ impl Pool {
         inner.regions.wanted.extend(opened);
         let payload = checkpoint::encode_state(&inner.state, ctl.journal.seq + 1, self.checksums);
         inner.space.reserve_blocks = reserve_for(inner.state.extent_count(), inner.space.data_blocks());
-        let need = checkpoint::blocks_needed(payload.len());
-        let mut pieces: Vec<(Pba, u64)> = Vec::new();
-        for _ in 0..64 {
-            if checkpoint::capacity(&pieces) >= payload.len() as u64 {
-                break;
-            }
-            let want = need.min(inner.space.free_blocks()).max(1);
-            let dev = (0..inner.space.devices.len()).max_by_key(|&d| inner.space.devices[d].free_blocks()).unwrap_or(0);
-            let Some(more) = inner.space.allocate_on(dev, want.min(inner.space.devices[dev].free_blocks()), true)
-            else {
-                break;
-            };
-            pieces.extend(more);
-        }
-        if checkpoint::capacity(&pieces) < payload.len() as u64 {
-            pieces.iter().for_each(|p| inner.space.give_back(p.0, p.1));
-            return Err(EngineError::NoSpace);
-        }
+        let pieces = allocate_checkpoint(&mut inner.space, payload.len())?;
         Ok(Some((Plan::Checkpoint { payload, pieces }, frees, gen)))
     }
 
@@ -308,6 +306,29 @@ impl Pool {
         let mut inner = self.write_inner();
         frees.iter().for_each(|&(pba, len)| inner.space.give_back(pba, len));
     }
+}
+
+/// Space for a checkpoint payload of `len` bytes, in at most 64 pieces
+/// from the devices with the most free space (metadata may use the reserve).
+fn allocate_checkpoint(space: &mut Space, len: usize) -> Result<Vec<(Pba, u64)>> {
+    let need = checkpoint::blocks_needed(len);
+    let mut pieces: Vec<(Pba, u64)> = Vec::new();
+    for _ in 0..64 {
+        if checkpoint::capacity(&pieces) >= len as u64 {
+            break;
+        }
+        let want = need.min(space.free_blocks()).max(1);
+        let dev = (0..space.devices.len()).max_by_key(|&d| space.devices[d].free_blocks()).unwrap_or(0);
+        let Some(more) = space.allocate_on(dev, want.min(space.devices[dev].free_blocks()), true) else {
+            break;
+        };
+        pieces.extend(more);
+    }
+    if checkpoint::capacity(&pieces) < len as u64 {
+        pieces.iter().for_each(|p| space.give_back(p.0, p.1));
+        return Err(EngineError::NoSpace);
+    }
+    Ok(pieces)
 }
 
 /// The journal is three quarters full: a checkpoint is near.

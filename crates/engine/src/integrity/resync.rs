@@ -1,4 +1,4 @@
-//! Resynchronizing the overwrite regions a crash left open (see `sums.rs`):
+//! Resynchronizing the overwrite regions a crash left open (see `map/sums.rs`):
 //! their blocks may hold data newer than their checksums (an in-place
 //! write reached the disk, the commit with its sum did not), torn at sector
 //! granularity, and mirror copies may differ. Any of those contents is a

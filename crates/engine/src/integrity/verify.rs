@@ -1,5 +1,5 @@
 //! Verified reads: every block of data checked against the checksum its
-//! map entry holds (see `sums.rs`), and self-heal from other copies.
+//! map entry holds (see `map/sums.rs`), and self-heal from other copies.
 
 use crate::error::{EngineError, Result};
 use crate::map::extent_map::Segment;

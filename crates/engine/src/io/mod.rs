@@ -71,7 +71,7 @@ fn push_op(inner: &mut Inner, op: Op) {
         unreachable!("pool op refused: {e}");
     }
     debug_assert!(freed.is_empty());
-    inner.pending_ops.push(op);
+    inner.queue(op, freed);
 }
 
 /// Where new data for a logical run goes.
@@ -135,6 +135,7 @@ impl Pool {
     pub fn write(&self, vol: u32, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         self.check_writable()?;
         self.check_range("write", vol, offset, data.len() as u64, MAX_IO_BYTES)?;
+        self.make_room()?;
         let result = self.write_pieces(vol, offset, data);
         // Counted even on failure: earlier pieces may have changed the map,
         // and the next flush must not skip them.
@@ -292,8 +293,7 @@ impl Pool {
             let op = Op::Map { vol, lba: p.lba, len: p.len, pba: p.pba.0, birth };
             let mut freed = Freed::new();
             if inner.state.apply(&op, &mut freed).is_ok() {
-                inner.pending_frees.extend(freed);
-                inner.pending_ops.push(op);
+                inner.queue(op, freed);
                 if self.checksums {
                     push_op(inner, Op::Sums { pba: p.pba.0, sums: part(p.lba, p.len) });
                 }
@@ -376,6 +376,7 @@ impl Pool {
     }
 
     fn unmap_blocks(&self, vol: u32, lba: u64, n: u64) -> Result<()> {
+        self.make_room()?;
         let mut inner = self.write_inner();
         let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
         if v.map.any_mapped(lba, n) {

@@ -5,7 +5,7 @@
 //! snapshot is the epoch it was taken in; every map entry carries the epoch
 //! its data was born in. An entry killed (overwritten, trimmed) while born at
 //! or before the newest snapshot is still visible there, so it moves to that
-//! snapshot's dead list instead of being freed. See `snapshot.rs` for reads.
+//! snapshot's dead list instead of being freed. See `view.rs` for reads.
 
 use crate::map::extent_map::{Extent, ExtentMap, Freed, Killed};
 use crate::map::sums::BlockSums;

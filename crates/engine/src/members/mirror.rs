@@ -6,7 +6,7 @@
 //! checksum-verifying readers can heal a bad copy from a good one.
 //!
 //! Leg states live in memory here; the pool writes them into the device
-//! table of the primary's superblock at the next commit (see commit.rs), so a
+//! table of the primary's superblock at the next commit (see `commit/superblock.rs`), so a
 //! leg that dropped out is never trusted again without a resilver.
 
 use crate::device::Device;

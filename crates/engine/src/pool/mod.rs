@@ -1,6 +1,8 @@
-//! The pool: devices, state, space and the commit machinery, and the
-//! administrative operations on volumes. Data I/O lives in `io.rs`, commits
-//! in `commit.rs`, opening in `open.rs`, the checker in `check.rs`.
+//! The pool core: devices, the state and space behind the main lock, the
+//! queue of pending ops and its bound, the commit control block, the lock
+//! helpers, status and listings. The operations live in the folders above
+//! (`integrity/`, `commit/`, `io/`, `volumes/`, `service/`), each in its
+//! own `impl Pool`; docs/ARCHITECTURE.md (*Locks*) has the lock order.
 
 use crate::device::Device;
 use crate::error::{EngineError, Result};
@@ -9,7 +11,7 @@ use crate::map::extent_map::Segment;
 use crate::map::state::{State, Volume};
 use crate::map::sums::RegionTracker;
 use crate::map::view::View;
-use crate::meta::journal::JournalCursor;
+use crate::meta::journal::{op_bytes_bound, JournalCursor};
 use crate::space::placement::Placement;
 use crate::space::Space;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -35,12 +37,55 @@ pub(crate) struct Inner {
     pub state: State,
     pub space: Space,
     pub placement: Box<dyn Placement>,
-    /// Ops applied since the last commit took its snapshot.
+    /// Ops applied since the last commit took its snapshot (change only
+    /// through `queue`, `take_queue`, `requeue`).
     pub pending_ops: Vec<Op>,
     /// Space released by those ops: reusable only once they are durable.
     pub pending_frees: Freed,
+    /// Weight of the two queues: a bound on the ops' encoded size plus 16
+    /// bytes per freed range (see `PendingStatus`).
+    pub pending_bytes: usize,
     /// Overwrite regions wanted open and their last in-place writes.
     pub regions: RegionTracker,
+}
+
+/// Bytes a freed range weighs in the pending queue (its size in memory).
+const FREED_RANGE_BYTES: usize = 16;
+
+impl Inner {
+    /// Queue an applied op and the space it released for the next commit.
+    pub fn queue(&mut self, op: Op, freed: Freed) {
+        self.pending_bytes += op_bytes_bound(&op) + freed.len() * FREED_RANGE_BYTES;
+        self.pending_frees.extend(freed);
+        self.pending_ops.push(op);
+    }
+
+    /// Everything queued, for a commit; the queue is empty after.
+    pub fn take_queue(&mut self) -> (Vec<Op>, Freed) {
+        self.pending_bytes = 0;
+        (std::mem::take(&mut self.pending_ops), std::mem::take(&mut self.pending_frees))
+    }
+
+    /// Put back what a commit took and did not write (the queue was empty
+    /// since: the commit held the lock).
+    pub fn requeue(&mut self, ops: Vec<Op>, frees: Freed) {
+        debug_assert!(self.pending_ops.is_empty() && self.pending_frees.is_empty());
+        self.pending_bytes = ops.iter().map(op_bytes_bound).sum::<usize>() + frees.len() * FREED_RANGE_BYTES;
+        self.pending_ops = ops;
+        self.pending_frees = frees;
+    }
+}
+
+/// The queue of changes waiting for a commit, and its bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PendingStatus {
+    pub ops: usize,
+    pub freed_ranges: usize,
+    /// Upper bound of the ops' encoded size plus 16 bytes per freed range.
+    pub bytes: usize,
+    /// A writer that finds `bytes` over this commits before it adds more,
+    /// so the queue holds at most this plus the ops of the requests in flight.
+    pub limit: usize,
 }
 
 /// What only the committer touches.
@@ -67,8 +112,8 @@ pub struct Counters {
     pub resynced_blocks: AtomicU64,
 }
 
-/// Lock order: `commit`, then `io_gate`, then `inner`; stripe locks are taken
-/// before the gate and never by the committer.
+/// Lock order: a stripe, then `commit`, then `io_gate`, then `inner`; the
+/// committer never takes a stripe (docs/ARCHITECTURE.md, *Locks*).
 pub struct Pool {
     pub(crate) devices: Vec<Arc<dyn Device>>,
     /// Per slot, its mirror when mirrored (the same object as in `devices`).
@@ -85,6 +130,8 @@ pub struct Pool {
     pub(crate) write_gen: AtomicU64,
     /// The highest write_gen a durable commit covers.
     pub(crate) committed_gen: AtomicU64,
+    /// Bound of the pending queue's weight (`Inner::pending_bytes`).
+    pub(crate) pending_limit: usize,
     /// Devices written since their last flush.
     pub(crate) dirty: Vec<AtomicBool>,
     pub(crate) fenced: AtomicBool,
@@ -202,6 +249,22 @@ impl Pool {
         self.read_inner().regions.urgent > 0
     }
 
+    /// The queue of changes waiting for the next commit.
+    pub fn pending(&self) -> PendingStatus {
+        let inner = self.read_inner();
+        PendingStatus {
+            ops: inner.pending_ops.len(),
+            freed_ranges: inner.pending_frees.len(),
+            bytes: inner.pending_bytes,
+            limit: self.pending_limit,
+        }
+    }
+
+    /// Whether the pending queue is over its bound (writers then commit first).
+    pub(crate) fn pending_over_limit(&self) -> bool {
+        self.read_inner().pending_bytes > self.pending_limit
+    }
+
     /// Whether anything changed since the last durable commit.
     pub fn is_dirty(&self) -> bool {
         self.write_gen.load(Ordering::SeqCst) > self.committed_gen.load(Ordering::SeqCst)
@@ -213,8 +276,7 @@ impl Pool {
         for op in ops {
             let mut freed = Freed::new();
             inner.state.apply(&op, &mut freed).map_err(EngineError::InvalidArgument)?;
-            inner.pending_frees.extend(freed);
-            inner.pending_ops.push(op);
+            inner.queue(op, freed);
         }
         self.write_gen.fetch_add(1, Ordering::SeqCst);
         Ok(())

@@ -62,6 +62,7 @@ impl Pool {
         let mut cursor = (0u64, 0u64);
         while let Some(m) = self.next_marker(id, cursor)? {
             cursor = (m.snap, m.lba);
+            self.make_room()?;
             if self.materialize(id, m)? {
                 copied += m.len;
                 cursor.1 = m.lba + m.len;

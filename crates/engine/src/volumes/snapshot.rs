@@ -1,5 +1,5 @@
 //! Snapshots, rollback and clones of volumes: the administrative side. The
-//! rules live in `state.rs` (what each op does to the maps) and `view.rs`
+//! rules live in `map/state.rs` (what each op does to the maps) and `map/view.rs`
 //! (what a snapshot shows); here are the locking and the commits.
 //!
 //! Taking a snapshot waits for in-flight writes (the I/O gate), records the
