@@ -2,11 +2,11 @@
 //! against its checksum, rewrite bad copies from a good one, and name the
 //! volume ranges no copy can give back.
 
+use crate::device::label::{read_label, write_label_copy};
 use crate::error::{EngineError, Result};
-use crate::extent_map::ExtentMap;
-use crate::label::{read_label, write_label_copy};
+use crate::map::extent_map::ExtentMap;
+use crate::map::sums::block_sum;
 use crate::pool::Pool;
-use crate::sums::block_sum;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 

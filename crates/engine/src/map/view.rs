@@ -9,8 +9,8 @@
 //! blocks not yet found. A clone's origin markers resolve in the origin
 //! snapshot, at most [`MAX_CLONE_DEPTH`] generations up.
 
-use crate::extent_map::Segment;
-use crate::state::{State, Volume, MAX_CLONE_DEPTH};
+use crate::map::extent_map::Segment;
+use crate::map::state::{State, Volume, MAX_CLONE_DEPTH};
 
 /// Which contents of a volume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

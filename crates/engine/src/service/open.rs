@@ -1,18 +1,17 @@
 //! Creating a pool on devices, and opening one: pick the current superblock,
 //! load the checkpoint, replay the journal, rebuild free space from the map.
 
-use crate::checkpoint;
+use crate::device::label::{read_label, write_both_labels};
 use crate::device::Device;
 use crate::error::{EngineError, Result};
-use crate::extent_map::{Freed, Ranges};
-use crate::io::reserve_for;
-use crate::journal::{self, JournalCursor};
-use crate::label::{read_label, write_both_labels};
-use crate::mirror::{Leg, LegHealth, MirrorDevice};
-use crate::placement::Linear;
+use crate::map::extent_map::{Freed, Ranges};
+use crate::map::state::State;
+use crate::members::mirror::{Leg, LegHealth, MirrorDevice};
+use crate::meta::checkpoint;
+use crate::meta::journal::{self, JournalCursor};
 use crate::pool::{CommitCtl, Counters, Inner, OpenOptions, Pool, STRIPES};
-use crate::space::{DeviceSpace, Space};
-use crate::state::State;
+use crate::space::placement::Linear;
+use crate::space::{reserve_for, DeviceSpace, Space};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
 use tarn_format::leg::LegLabel;
@@ -73,10 +72,6 @@ pub fn create_mirrored_pool(slots: &[Vec<(Arc<dyn Device>, String)>], opts: &Cre
         Some(b) => b.div_ceil(BLOCK_SIZE).max(16),
         None => default_journal_blocks(primary_blocks),
     };
-    let mut entries = Vec::new();
-    let mut labels = Vec::new();
-    let pool_uuid = random_bytes::<16>()?;
-    let generation = u64::from_le_bytes(random_bytes::<8>()?) >> 1 | 1;
     let mut features = incompat::SNAPSHOTS;
     if !opts.no_checksums {
         features |= incompat::DATA_CHECKSUMS;
@@ -84,17 +79,45 @@ pub fn create_mirrored_pool(slots: &[Vec<(Arc<dyn Device>, String)>], opts: &Cre
     if mirrored {
         features |= incompat::MIRRORS;
     }
+    let new = NewPool {
+        pool_uuid: random_bytes::<16>()?,
+        generation: u64::from_le_bytes(random_bytes::<8>()?) >> 1 | 1,
+        features,
+        journal_blocks,
+    };
+    let mut entries = Vec::new();
+    let mut labels = Vec::new();
     for (i, (dev, slot)) in devices.iter().zip(slots).enumerate() {
-        for (leg, _) in slot {
-            if !opts.force && read_label(leg.as_ref()).is_ok() {
-                return Err(EngineError::InvalidArgument(format!(
-                    "device {} already holds a tarn pool (use --force to overwrite)",
-                    leg.name()
-                )));
-            }
-        }
+        refuse_labelled(slot, opts.force)?;
+        let (entry, label) = new.member(i, dev.as_ref(), slot)?;
+        entries.push(entry);
+        labels.push(label);
+    }
+    labels[0].devices = entries;
+    if !labels[0].fits() {
+        return Err(EngineError::InvalidArgument("too many devices or paths too long for the device table".into()));
+    }
+    write_new_labels(&devices, slots, &labels, new.pool_uuid)
+}
+
+/// What every member of a new pool shares.
+struct NewPool {
+    pool_uuid: [u8; 16],
+    generation: u64,
+    features: u64,
+    journal_blocks: u64,
+}
+
+impl NewPool {
+    /// Member `i`'s device table entry and superblock (without the table).
+    fn member(
+        &self,
+        i: usize,
+        dev: &dyn Device,
+        slot: &[(Arc<dyn Device>, String)],
+    ) -> Result<(DeviceEntry, Superblock)> {
         let blocks = dev.size() / BLOCK_SIZE;
-        let data_start = LABEL_BLOCKS + if i == 0 { journal_blocks } else { 0 };
+        let data_start = LABEL_BLOCKS + if i == 0 { self.journal_blocks } else { 0 };
         if blocks < data_start + MIN_DATA_BLOCKS {
             return Err(EngineError::InvalidArgument(format!(
                 "device {} is too small: {} bytes, need at least {}",
@@ -111,13 +134,13 @@ pub fn create_mirrored_pool(slots: &[Vec<(Arc<dyn Device>, String)>], opts: &Cre
         } else {
             Vec::new()
         };
-        entries.push(DeviceEntry { uuid: device_uuid, blocks, path: slot[0].1.clone(), legs });
-        labels.push(Superblock {
+        let entry = DeviceEntry { uuid: device_uuid, blocks, path: slot[0].1.clone(), legs };
+        let label = Superblock {
             version: FORMAT_VERSION,
-            incompat: features,
+            incompat: self.features,
             ro_compat: 0,
             compat: 0,
-            pool_uuid,
+            pool_uuid: self.pool_uuid,
             device_uuid,
             device_index: i as u16,
             flags: 0,
@@ -125,26 +148,45 @@ pub fn create_mirrored_pool(slots: &[Vec<(Arc<dyn Device>, String)>], opts: &Cre
             device_blocks: blocks,
             data_start,
             journal_start: if i == 0 { LABEL_BLOCKS } else { 0 },
-            journal_blocks: if i == 0 { journal_blocks } else { 0 },
-            journal_generation: generation,
+            journal_blocks: if i == 0 { self.journal_blocks } else { 0 },
+            journal_generation: self.generation,
             checkpoint: Default::default(),
             created_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
             devices: Vec::new(),
-        });
+        };
+        Ok((entry, label))
     }
-    labels[0].devices = entries;
-    if !labels[0].fits() {
-        return Err(EngineError::InvalidArgument("too many devices or paths too long for the device table".into()));
+}
+
+/// Refuse devices that already hold a tarn label, unless forced.
+fn refuse_labelled(slot: &[(Arc<dyn Device>, String)], force: bool) -> Result<()> {
+    for (leg, _) in slot {
+        if !force && read_label(leg.as_ref()).is_ok() {
+            return Err(EngineError::InvalidArgument(format!(
+                "device {} already holds a tarn pool (use --force to overwrite)",
+                leg.name()
+            )));
+        }
     }
-    // Secondaries first, primary last: a crash midway leaves no valid pool.
+    Ok(())
+}
+
+/// Write leg labels and superblocks: secondaries first, primary last, so a
+/// crash midway leaves no valid pool.
+fn write_new_labels(
+    devices: &[Arc<dyn Device>],
+    slots: &[Vec<(Arc<dyn Device>, String)>],
+    labels: &[Superblock],
+    pool_uuid: [u8; 16],
+) -> Result<()> {
     for (i, dev) in devices.iter().enumerate().rev() {
         for (leg_index, leg) in labels[0].devices[i].legs.iter().enumerate() {
             let label =
                 LegLabel { pool_uuid, slot_uuid: labels[i].device_uuid, slot_index: i as u16, leg_uuid: leg.uuid };
-            crate::assemble::write_leg_label(slots[i][leg_index].0.as_ref(), &label)?;
+            crate::members::assemble::write_leg_label(slots[i][leg_index].0.as_ref(), &label)?;
         }
         if i == 0 {
             let zero = vec![0u8; BLOCK_SIZE as usize];
@@ -199,7 +241,7 @@ impl Pool {
     /// a plain member, or the legs found (any order, some may be missing)
     /// for a mirrored one. A mirror missing legs opens DEGRADED.
     pub fn open_slots(slots: Vec<Vec<Arc<dyn Device>>>, options: OpenOptions) -> Result<Pool> {
-        let asm = crate::assemble::assemble(slots, !options.read_only)?;
+        let asm = crate::members::assemble::assemble(slots, !options.read_only)?;
         let (devices, mirrors, label) = (asm.devices, asm.mirrors, asm.label);
         let primary = &devices[0];
         let sb = label.current.clone();
@@ -209,28 +251,7 @@ impl Pool {
             }
         }
         let (mut state, pieces, seq) = load_checkpoint(&devices, &sb)?;
-        let mut cursor = JournalCursor {
-            start: sb.journal_start,
-            blocks: sb.journal_blocks,
-            generation: sb.journal_generation,
-            used: 0,
-            seq,
-        };
-        let records = journal::replay(primary.as_ref(), &mut cursor, MAX_REPLAY_RECORDS)?;
-        let mut sink = Freed::new();
-        for rec in &records {
-            let bad = |detail: String| EngineError::NotAPool {
-                device: primary.name(),
-                detail: format!("journal record {} does not apply: {detail}", rec.seq),
-            };
-            for op in &rec.ops {
-                state.apply(op, &mut sink).map_err(bad)?;
-            }
-            // Only snapshot ops move the epoch; the record states where it ended.
-            if state.epoch != rec.epoch {
-                return Err(bad(format!("epoch {} after replay, record says {}", state.epoch, rec.epoch)));
-            }
-        }
+        let (cursor, replayed) = replay_journal(primary.as_ref(), &sb, seq, &mut state)?;
         let space = build_space(&devices, &sb, &state, &pieces)?;
         let mut notes = asm.notes;
         if let Some(why) = label.other_invalid {
@@ -248,39 +269,15 @@ impl Pool {
             ));
         }
         log::info!(
-            "opened pool on {}: {} volumes, commit {}, {} journal records replayed",
+            "opened pool on {}: {} volumes, commit {}, {replayed} journal records replayed",
             primary.name(),
             state.volumes.len(),
             cursor.seq,
-            records.len()
         );
-        let n = devices.len();
-        let checksums = sb.incompat & incompat::DATA_CHECKSUMS != 0;
         let crashed_regions = state.open_regions.clone();
         let read_only = options.read_only;
-        let pool = Pool {
-            inner: RwLock::new(Inner {
-                state,
-                space,
-                placement: Box::new(Linear),
-                pending_ops: Vec::new(),
-                pending_frees: Vec::new(),
-                regions: Default::default(),
-            }),
-            commit: Mutex::new(CommitCtl { sb, journal: cursor, checkpoint_pieces: pieces, notes }),
-            devices,
-            mirrors,
-            io_gate: RwLock::new(()),
-            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
-            write_gen: AtomicU64::new(0),
-            committed_gen: AtomicU64::new(0),
-            dirty: (0..n).map(|_| AtomicBool::new(false)).collect(),
-            fenced: AtomicBool::new(false),
-            checksums,
-            fresh_writes: AtomicU64::new(0),
-            options,
-            counters: Counters::default(),
-        };
+        let ctl = CommitCtl { sb, journal: cursor, checkpoint_pieces: pieces, notes };
+        let pool = Pool::new(devices, mirrors, state, space, ctl, options);
         let notes = pool.mark_open()?;
         pool.lock_commit().notes.extend(notes);
         if !read_only && !crashed_regions.is_empty() {
@@ -290,9 +287,48 @@ impl Pool {
         Ok(pool)
     }
 
+    /// The pool object over opened devices and loaded state; nothing pending.
+    fn new(
+        devices: Vec<Arc<dyn Device>>,
+        mirrors: Vec<Option<Arc<MirrorDevice>>>,
+        state: State,
+        space: Space,
+        ctl: CommitCtl,
+        options: OpenOptions,
+    ) -> Pool {
+        let n = devices.len();
+        let checksums = ctl.sb.incompat & incompat::DATA_CHECKSUMS != 0;
+        let pending_limit = journal::pending_limit(ctl.sb.journal_blocks);
+        Pool {
+            inner: RwLock::new(Inner {
+                state,
+                space,
+                placement: Box::new(Linear),
+                pending_ops: Vec::new(),
+                pending_frees: Vec::new(),
+                pending_bytes: 0,
+                regions: Default::default(),
+            }),
+            commit: Mutex::new(ctl),
+            devices,
+            mirrors,
+            io_gate: RwLock::new(()),
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            write_gen: AtomicU64::new(0),
+            committed_gen: AtomicU64::new(0),
+            dirty: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            fenced: AtomicBool::new(false),
+            checksums,
+            pending_limit,
+            fresh_writes: AtomicU64::new(0),
+            options,
+            counters: Counters::default(),
+        }
+    }
+
     /// The pool uuid a device carries (primary or member), without opening.
     pub fn pool_uuid(dev: &dyn Device) -> Result<String> {
-        Ok(crate::pool::uuid_string(&read_label(dev)?.current.pool_uuid))
+        Ok(crate::device::label::uuid_string(&read_label(dev)?.current.pool_uuid))
     }
 
     /// The member paths recorded in a primary's superblock (index order).
@@ -309,6 +345,39 @@ impl Pool {
             .map(|d| if d.legs.is_empty() { vec![d.path] } else { d.legs.into_iter().map(|l| l.path).collect() })
             .collect())
     }
+}
+
+/// Apply the journal's records after the checkpoint (`seq`) to `state`;
+/// returns the cursor after the last valid record and how many there were.
+fn replay_journal(
+    primary: &dyn Device,
+    sb: &Superblock,
+    seq: u64,
+    state: &mut State,
+) -> Result<(JournalCursor, usize)> {
+    let mut cursor = JournalCursor {
+        start: sb.journal_start,
+        blocks: sb.journal_blocks,
+        generation: sb.journal_generation,
+        used: 0,
+        seq,
+    };
+    let records = journal::replay(primary, &mut cursor, MAX_REPLAY_RECORDS)?;
+    let mut sink = Freed::new();
+    for rec in &records {
+        let bad = |detail: String| EngineError::NotAPool {
+            device: primary.name(),
+            detail: format!("journal record {} does not apply: {detail}", rec.seq),
+        };
+        for op in &rec.ops {
+            state.apply(op, &mut sink).map_err(bad)?;
+        }
+        // Only snapshot ops move the epoch; the record states where it ended.
+        if state.epoch != rec.epoch {
+            return Err(bad(format!("epoch {} after replay, record says {}", state.epoch, rec.epoch)));
+        }
+    }
+    Ok((cursor, records.len()))
 }
 
 fn load_checkpoint(devices: &[Arc<dyn Device>], sb: &Superblock) -> Result<(State, Ranges, u64)> {

@@ -3,10 +3,10 @@
 //! anything is written, so a refused device (foreign, wrong member, another
 //! pool's leg) leaves every device as it was.
 
+use crate::device::label::{read_label, write_both_labels, LabelRead};
 use crate::device::Device;
 use crate::error::{EngineError, Result};
-use crate::label::{read_label, write_both_labels, LabelRead};
-use crate::mirror::{Leg, LegHealth, MirrorDevice};
+use crate::members::mirror::{Leg, LegHealth, MirrorDevice};
 use std::sync::Arc;
 use tarn_format::leg::{LegLabel, LEG_LABEL_BLOCK};
 use tarn_format::superblock::{DeviceEntry, LegState, Superblock};
@@ -100,7 +100,7 @@ fn primary_label(candidates: &[Arc<dyn Device>]) -> Result<LabelRead> {
             Ok(l) if *pool_uuid.get_or_insert(l.current.pool_uuid) != l.current.pool_uuid => {
                 return Err(EngineError::ForeignDevice {
                     device: dev.name(),
-                    detail: format!("it belongs to pool {}", crate::pool::uuid_string(&l.current.pool_uuid)),
+                    detail: format!("it belongs to pool {}", crate::device::label::uuid_string(&l.current.pool_uuid)),
                 });
             }
             Ok(l) if best.as_ref().is_none_or(|b| l.current.txid > b.current.txid) => best = Some(l),
@@ -264,7 +264,7 @@ fn identify_leg(
     let pos = entry.legs.iter().position(|l| l.uuid == label.leg_uuid).ok_or_else(|| {
         foreign(format!(
             "its leg {} is no longer in member {index} (replaced)",
-            crate::pool::uuid_string(&label.leg_uuid)
+            crate::device::label::uuid_string(&label.leg_uuid)
         ))
     })?;
     if dev.size() / BLOCK_SIZE < entry.blocks {
@@ -306,7 +306,7 @@ fn plan_label_heals(sb: &Superblock, index: usize, legs: &[Leg], heals: &mut Vec
                     detail: format!(
                         "its superblock is member {} of pool {}",
                         l.current.device_index,
-                        crate::pool::uuid_string(&l.current.pool_uuid)
+                        crate::device::label::uuid_string(&l.current.pool_uuid)
                     ),
                 });
             }

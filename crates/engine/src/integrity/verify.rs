@@ -1,12 +1,11 @@
 //! Verified reads: every block of data checked against the checksum its
-//! map entry holds (see `sums.rs`), and self-heal from other copies.
+//! map entry holds (see `map/sums.rs`), and self-heal from other copies.
 
 use crate::error::{EngineError, Result};
-use crate::extent_map::Segment;
-use crate::io::resolve_in;
-use crate::pool::Pool;
-use crate::sums::{block_sum, regions_of};
-use crate::view::View;
+use crate::map::extent_map::Segment;
+use crate::map::sums::{block_sum, regions_of};
+use crate::map::view::View;
+use crate::pool::{resolve_in, Pool};
 use std::sync::atomic::Ordering;
 use tarn_format::{Pba, BLOCK_SIZE};
 

@@ -10,13 +10,14 @@
 //! 5. wait until no I/O planned against the old map is in flight, then
 //!    return the freed space to the allocator.
 
-use crate::checkpoint;
+mod superblock;
+
 use crate::error::{EngineError, Result};
-use crate::extent_map::Freed;
-use crate::io::reserve_for;
-use crate::journal;
-use crate::label::write_label_copy;
+use crate::map::extent_map::Freed;
+use crate::meta::checkpoint;
+use crate::meta::journal;
 use crate::pool::{CommitCtl, Inner, Pool};
+use crate::space::{reserve_for, Space};
 use std::sync::atomic::Ordering;
 use tarn_format::journal::RecordHeader;
 use tarn_format::ops::{encode_ops, Op, MAX_REGIONS_PER_OP};
@@ -53,11 +54,46 @@ impl Pool {
         self.commit_locked(&mut ctl, false)
     }
 
+    /// Back-pressure on the queue of pending ops: a writer that finds it over
+    /// its bound commits it, or waits for the commit already taking it,
+    /// instead of growing it. Takes the commit lock, first in the lock
+    /// order: call it holding no other pool lock (nor a stripe lock).
+    pub(crate) fn make_room(&self) -> Result<()> {
+        if !self.pending_over_limit() {
+            return Ok(());
+        }
+        let mut ctl = self.lock_commit();
+        // The commit we may have waited for took the queue.
+        if !self.pending_over_limit() {
+            return Ok(());
+        }
+        self.check_writable()?;
+        self.commit_locked(&mut ctl, false)
+    }
+
     /// Write a checkpoint now (clean shutdown), so the journal starts empty.
     pub fn checkpoint(&self) -> Result<()> {
         self.check_writable()?;
         let mut ctl = self.lock_commit();
         self.commit_locked(&mut ctl, true)
+    }
+
+    /// Resync every region a crash left open and commit; returns the
+    /// checksums renewed.
+    pub fn resync(&self) -> Result<u64> {
+        Ok(self.resync_until(&|| false)?.unwrap_or(0))
+    }
+
+    /// [`Pool::resync`], checking `stop` between 1 MiB chunks: None if it
+    /// stopped early (what is left waits for the next start or checkpoint).
+    pub fn resync_until(&self, stop: &dyn Fn() -> bool) -> Result<Option<u64>> {
+        self.check_writable()?;
+        let mut ctl = self.lock_commit();
+        let Some(renewed) = self.resync_suspects_until(stop)? else {
+            return Ok(None);
+        };
+        self.commit_locked(&mut ctl, false)?;
+        Ok(Some(renewed))
     }
 
     /// Checkpoint and stop accepting changes: what a clean shutdown does.
@@ -154,8 +190,7 @@ impl Pool {
             return Ok(None);
         }
         let gen = self.write_gen.load(Ordering::SeqCst);
-        let mut ops = std::mem::take(&mut inner.pending_ops);
-        let frees = std::mem::take(&mut inner.pending_frees);
+        let (mut ops, frees) = inner.take_queue();
         if drained {
             let now = self.counters.commits.load(Ordering::Relaxed);
             let idle = inner.regions.idle(&inner.state.open_regions, now);
@@ -181,8 +216,7 @@ impl Pool {
         if (!drained && !inner.state.open_regions.is_empty()) || !inner.regions.suspect.is_empty() {
             // Put everything back; the caller drains and asks again.
             ops.retain(|op| !matches!(op, Op::Regions { .. }));
-            inner.pending_ops = ops;
-            inner.pending_frees = frees;
+            inner.requeue(ops, frees);
             inner.regions.wanted.extend(opened);
             return Ok(None);
         }
@@ -193,24 +227,7 @@ impl Pool {
         inner.regions.wanted.extend(opened);
         let payload = checkpoint::encode_state(&inner.state, ctl.journal.seq + 1, self.checksums);
         inner.space.reserve_blocks = reserve_for(inner.state.extent_count(), inner.space.data_blocks());
-        let need = checkpoint::blocks_needed(payload.len());
-        let mut pieces: Vec<(Pba, u64)> = Vec::new();
-        for _ in 0..64 {
-            if checkpoint::capacity(&pieces) >= payload.len() as u64 {
-                break;
-            }
-            let want = need.min(inner.space.free_blocks()).max(1);
-            let dev = (0..inner.space.devices.len()).max_by_key(|&d| inner.space.devices[d].free_blocks()).unwrap_or(0);
-            let Some(more) = inner.space.allocate_on(dev, want.min(inner.space.devices[dev].free_blocks()), true)
-            else {
-                break;
-            };
-            pieces.extend(more);
-        }
-        if checkpoint::capacity(&pieces) < payload.len() as u64 {
-            pieces.iter().for_each(|p| inner.space.give_back(p.0, p.1));
-            return Err(EngineError::NoSpace);
-        }
+        let pieces = allocate_checkpoint(&mut inner.space, payload.len())?;
         Ok(Some((Plan::Checkpoint { payload, pieces }, frees, gen)))
     }
 
@@ -261,18 +278,6 @@ impl Pool {
         Ok(std::mem::replace(&mut ctl.checkpoint_pieces, pieces))
     }
 
-    /// Both copies carry the new state, one at a time with a flush
-    /// between: a torn write leaves the other copy (old or new) intact,
-    /// and rot in one copy never sends the pool back a checkpoint.
-    pub(crate) fn write_superblock(&self, sb: &tarn_format::superblock::Superblock) -> Result<()> {
-        let primary = &self.devices[0];
-        for copy in [(sb.txid % 2) as usize, ((sb.txid + 1) % 2) as usize] {
-            write_label_copy(primary.as_ref(), sb, copy)?;
-            primary.flush().map_err(|e| EngineError::io("flush superblock", primary.name(), e))?;
-        }
-        Ok(())
-    }
-
     /// Step 5: reuse freed space only after in-flight I/O drained. The
     /// discard hint goes out before the space is handed back, so it can
     /// never punch a hole in data a new owner just wrote.
@@ -301,6 +306,29 @@ impl Pool {
         let mut inner = self.write_inner();
         frees.iter().for_each(|&(pba, len)| inner.space.give_back(pba, len));
     }
+}
+
+/// Space for a checkpoint payload of `len` bytes, in at most 64 pieces
+/// from the devices with the most free space (metadata may use the reserve).
+fn allocate_checkpoint(space: &mut Space, len: usize) -> Result<Vec<(Pba, u64)>> {
+    let need = checkpoint::blocks_needed(len);
+    let mut pieces: Vec<(Pba, u64)> = Vec::new();
+    for _ in 0..64 {
+        if checkpoint::capacity(&pieces) >= len as u64 {
+            break;
+        }
+        let want = need.min(space.free_blocks()).max(1);
+        let dev = (0..space.devices.len()).max_by_key(|&d| space.devices[d].free_blocks()).unwrap_or(0);
+        let Some(more) = space.allocate_on(dev, want.min(space.devices[dev].free_blocks()), true) else {
+            break;
+        };
+        pieces.extend(more);
+    }
+    if checkpoint::capacity(&pieces) < len as u64 {
+        pieces.iter().for_each(|p| space.give_back(p.0, p.1));
+        return Err(EngineError::NoSpace);
+    }
+    Ok(pieces)
 }
 
 /// The journal is three quarters full: a checkpoint is near.

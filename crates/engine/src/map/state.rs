@@ -5,10 +5,10 @@
 //! snapshot is the epoch it was taken in; every map entry carries the epoch
 //! its data was born in. An entry killed (overwritten, trimmed) while born at
 //! or before the newest snapshot is still visible there, so it moves to that
-//! snapshot's dead list instead of being freed. See `snapshot.rs` for reads.
+//! snapshot's dead list instead of being freed. See `view.rs` for reads.
 
-use crate::extent_map::{Extent, ExtentMap, Freed, Killed};
-use crate::sums::BlockSums;
+use crate::map::extent_map::{Extent, ExtentMap, Freed, Killed};
+use crate::map::sums::BlockSums;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use tarn_format::address::BLOCK_MASK;
 use tarn_format::checkpoint::MAX_SNAPSHOTS;
@@ -432,7 +432,7 @@ impl State {
         let map = if snap == 0 { &mut v.map } else { &mut v.snapshots[upto - 1].dead };
         let here = map.lookup(lba, len, 2);
         let birth = match here.as_slice() {
-            [crate::extent_map::Segment::Mapped { pba: p, birth, len: l, .. }]
+            [crate::map::extent_map::Segment::Mapped { pba: p, birth, len: l, .. }]
                 if *l == len && *p == Pba::origin(lba) =>
             {
                 *birth

@@ -1,4 +1,4 @@
-//! Resynchronizing the overwrite regions a crash left open (see `sums.rs`):
+//! Resynchronizing the overwrite regions a crash left open (see `map/sums.rs`):
 //! their blocks may hold data newer than their checksums (an in-place
 //! write reached the disk, the commit with its sum did not), torn at sector
 //! granularity, and mirror copies may differ. Any of those contents is a
@@ -9,8 +9,9 @@
 //! region is done, reads there resync the blocks they touch first.
 
 use crate::error::{EngineError, Result};
+use crate::map::sums::{block_sum, regions_of};
 use crate::pool::Pool;
-use crate::sums::{block_sum, regions_of};
+use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use tarn_format::ops::{region_of, Op, MAX_REGIONS_PER_OP};
 use tarn_format::{Pba, BLOCK_SIZE};
@@ -25,16 +26,6 @@ impl Pool {
         self.read_inner().regions.suspect.len()
     }
 
-    /// Resync every region a crash left open and commit; returns the
-    /// checksums renewed.
-    pub fn resync(&self) -> Result<u64> {
-        self.check_writable()?;
-        let mut ctl = self.lock_commit();
-        let renewed = self.resync_suspects()?;
-        self.commit_locked(&mut ctl, false)?;
-        Ok(renewed)
-    }
-
     /// Whether `pba` lies in a region left open by a crash, not yet resynced.
     pub(crate) fn is_suspect(&self, pba: Pba) -> bool {
         let inner = self.read_inner();
@@ -44,32 +35,57 @@ impl Pool {
     /// Resync the suspect regions and queue their sums and their closing
     /// for the next commit. Called with the commit lock held.
     pub(crate) fn resync_suspects(&self) -> Result<u64> {
+        Ok(self.resync_suspects_until(&|| false)?.unwrap_or(0))
+    }
+
+    /// [`Pool::resync_suspects`], checking `stop` between chunks: None if it
+    /// stopped early (the regions stay suspect; the sums renewed so far are
+    /// queued, and a checkpoint resyncs the rest).
+    pub(crate) fn resync_suspects_until(&self, stop: &dyn Fn() -> bool) -> Result<Option<u64>> {
         let regions = self.read_inner().regions.suspect.clone();
         if regions.is_empty() {
-            return Ok(0);
+            return Ok(Some(0));
         }
         let owned = self.owned_extents(|o| regions_of(o.pba, o.len).any(|r| regions.contains(&r)));
         let mut renewed = 0;
         for o in &owned {
             let mut at = 0;
             while at < o.len {
-                let n = CHUNK_BLOCKS.min(o.len - at);
-                let _quiet = self.io_gate.write().unwrap_or_else(|p| p.into_inner());
-                for pba in (at..at + n).map(|i| o.pba.offset_by(i)).filter(|p| regions.contains(&region_of(p.0))) {
-                    if self.resync_block(pba)?.1 {
-                        renewed += 1;
-                    }
+                if stop() {
+                    return Ok(None);
                 }
+                let n = CHUNK_BLOCKS.min(o.len - at);
+                renewed += self.resync_chunk(o.pba.offset_by(at), n, &regions)?;
                 at += n;
             }
         }
+        self.close_resynced(&regions, renewed)?;
+        Ok(Some(renewed))
+    }
+
+    /// Resync the blocks of [pba, pba + n) in `regions`, I/O drained;
+    /// returns how many sums were renewed.
+    fn resync_chunk(&self, pba: Pba, n: u64, regions: &BTreeSet<u64>) -> Result<u64> {
+        let _quiet = self.io_gate.write().unwrap_or_else(|p| p.into_inner());
+        let mut renewed = 0;
+        for pba in (0..n).map(|i| pba.offset_by(i)).filter(|p| regions.contains(&region_of(p.0))) {
+            if self.resync_block(pba)?.1 {
+                renewed += 1;
+            }
+        }
+        Ok(renewed)
+    }
+
+    /// Every block of `regions` is resynced: they are no longer suspect,
+    /// and the next commit closes them.
+    fn close_resynced(&self, regions: &BTreeSet<u64>, renewed: u64) -> Result<()> {
         let mut inner = self.write_inner();
         inner.regions.suspect.clear();
         let ids: Vec<u64> = regions.iter().copied().collect();
         let ops = ids.chunks(MAX_REGIONS_PER_OP).map(|c| Op::Regions { open: false, ids: c.to_vec() }).collect();
         self.apply_ops(&mut inner, ops).map_err(|e| EngineError::Inconsistent(e.to_string()))?;
         log::warn!("resynchronized {} overwrite regions left open by a crash: {renewed} checksums renewed", ids.len());
-        Ok(renewed)
+        Ok(())
     }
 
     /// The first copy of block `pba` that can be read (a faulted or missing

@@ -2,10 +2,10 @@
 //! state (with I/O quiesced) or a read-only open. Checksums of every
 //! structure were verified when the pool was opened; this walks the rest.
 
-use crate::extent_map::ExtentMap;
+use crate::map::extent_map::ExtentMap;
+use crate::map::state::{State, Volume, MAX_CLONE_DEPTH};
 use crate::pool::Pool;
 use crate::space::DeviceSpace;
-use crate::state::{State, Volume, MAX_CLONE_DEPTH};
 use tarn_format::{Pba, BLOCK_SIZE};
 
 #[derive(Debug, Clone, Default)]

@@ -1,5 +1,5 @@
 //! Snapshots, rollback and clones of volumes: the administrative side. The
-//! rules live in `state.rs` (what each op does to the maps) and `view.rs`
+//! rules live in `map/state.rs` (what each op does to the maps) and `map/view.rs`
 //! (what a snapshot shows); here are the locking and the commits.
 //!
 //! Taking a snapshot waits for in-flight writes (the I/O gate), records the
@@ -7,9 +7,9 @@
 //! volume holds.
 
 use crate::error::{EngineError, Result};
-use crate::pool::{CommitCtl, Pool, VolumeInfo};
-use crate::state::{validate_name, State, Volume};
-use crate::view::View;
+use crate::map::state::{validate_name, State, Volume};
+use crate::map::view::View;
+use crate::pool::{volume_named, CommitCtl, Pool, VolumeInfo};
 use tarn_format::ops::Op;
 use tarn_format::superblock::incompat;
 use tarn_format::BLOCK_SIZE;
@@ -187,10 +187,6 @@ impl Pool {
         };
         v.snapshots.iter().filter(|s| s.epoch < limit).map(|s| (s.name.clone(), s.epoch)).collect()
     }
-}
-
-pub(crate) fn volume_named<'a>(state: &'a State, name: &str) -> Result<&'a Volume> {
-    state.by_name.get(name).and_then(|id| state.volume(*id)).ok_or_else(|| EngineError::NoSuchVolume(name.to_string()))
 }
 
 fn snapshot_index(v: &Volume, name: &str) -> Result<usize> {

@@ -5,6 +5,9 @@
 //! calls the file system, the clock or OS randomness directly, so the simulator
 //! can stand in for any of them.
 
+pub mod file_device;
+pub mod label;
+
 use std::io;
 
 /// A place bytes live. Offsets and lengths are in bytes; the engine only issues

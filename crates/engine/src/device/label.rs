@@ -53,3 +53,9 @@ pub fn write_both_labels(dev: &dyn Device, sb: &Superblock) -> Result<()> {
     }
     Ok(())
 }
+
+/// A pool, slot or leg uuid as text (8-4-4-4-12 hex digits).
+pub fn uuid_string(u: &[u8; 16]) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+}

@@ -4,8 +4,10 @@
 //! checkpoint's own segments (everything not referenced is free), so it can
 //! never disagree with the map it serves. Running out is a value (`None`).
 
+pub mod placement;
+
 use std::collections::BTreeMap;
-use tarn_format::Pba;
+use tarn_format::{Pba, BLOCK_SIZE};
 
 #[derive(Debug, Clone, Default)]
 pub struct DeviceSpace {
@@ -164,6 +166,14 @@ impl Space {
         assert!(dev < self.devices.len(), "free on unknown device {dev}");
         self.devices[dev].give_back(pba.block(), len);
     }
+}
+
+/// Blocks kept free for metadata: room for two checkpoints of the current
+/// map (the new one is written before the old one is freed) plus slack of
+/// 1/32 of the pool, at most 4 MiB.
+pub(crate) fn reserve_for(extents: usize, data_blocks: u64) -> u64 {
+    let checkpoint_blocks = (extents as u64 * 24).div_ceil(BLOCK_SIZE) + 4;
+    (data_blocks / 32).clamp(16, 1024) + 3 * checkpoint_blocks
 }
 
 #[cfg(test)]

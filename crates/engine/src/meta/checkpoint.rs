@@ -3,9 +3,9 @@
 
 use crate::device::Device;
 use crate::error::{EngineError, Result};
-use crate::extent_map::{ExtentMap, Ranges};
-use crate::state::{Origin, Snapshot, State, Volume};
-use crate::sums::BlockSums;
+use crate::map::extent_map::{ExtentMap, Ranges};
+use crate::map::state::{Origin, Snapshot, State, Volume};
+use crate::map::sums::BlockSums;
 use std::sync::Arc;
 use tarn_format::checkpoint::{
     CheckpointDecoder, CheckpointEncoder, CheckpointHeader, ExtentRecord, SegmentHeader, SnapshotRecord, VolumeRecord,
@@ -73,7 +73,7 @@ pub fn decode_state(payload: &[u8]) -> std::result::Result<(State, u64), String>
     let (mut dec, h) = CheckpointDecoder::new(payload).map_err(|e| e.to_string())?;
     let mut state = State { epoch: h.epoch, next_volume_id: h.next_volume_id, ..State::default() };
     while let Some(v) = dec.volume().map_err(|e| e.to_string())? {
-        crate::state::validate_name(&v.name)?;
+        crate::map::state::validate_name(&v.name)?;
         if v.id == 0
             || v.id >= h.next_volume_id
             || state.volumes.contains_key(&v.id)
@@ -88,7 +88,7 @@ pub fn decode_state(payload: &[u8]) -> std::result::Result<(State, u64), String>
         let map = decode_extents(&mut dec, v.size, h.epoch, origin.is_some(), &mut state.sums)?;
         let mut vol = Volume { id: v.id, name: v.name.clone(), size: v.size, map, snapshots: Vec::new(), origin };
         while let Some(s) = dec.snapshot().map_err(|e| e.to_string())? {
-            crate::state::validate_name(&s.name)?;
+            crate::map::state::validate_name(&s.name)?;
             let last = vol.snapshots.last().map(|p| p.epoch);
             if last.is_some_and(|p| s.epoch <= p) || s.epoch >= h.epoch || vol.snapshot_named(&s.name).is_some() {
                 return Err(format!("volume {}: snapshot {} at epoch {} out of order", v.name, s.name, s.epoch));
@@ -109,7 +109,7 @@ pub fn decode_state(payload: &[u8]) -> std::result::Result<(State, u64), String>
     for v in state.volumes.values() {
         if let Some(o) = v.origin {
             let ok = state.volume(o.vol).is_some_and(|ov| ov.snapshot_index(o.epoch).is_some());
-            if !ok || state.clone_depth(v.id) > crate::state::MAX_CLONE_DEPTH {
+            if !ok || state.clone_depth(v.id) > crate::map::state::MAX_CLONE_DEPTH {
                 return Err(format!("volume {}: origin {}@{} missing or too deep", v.name, o.vol, o.epoch));
             }
         }
@@ -133,7 +133,7 @@ fn decode_extents(
         if e.lba + e.len > size / BLOCK_SIZE || e.birth > max_birth || bad_origin {
             return Err(format!("extent {}+{} at {pba} born {} does not fit its list", e.lba, e.len, e.birth));
         }
-        crate::state::check_physical(e.pba, e.len)?;
+        crate::map::state::check_physical(e.pba, e.len)?;
         if !map.insert(e.lba, e.len, pba, e.birth).is_empty() {
             return Err("checkpoint extents overlap".into());
         }
@@ -222,7 +222,7 @@ fn heal_segments(devices: &[Arc<dyn Device>], raw: &[(Pba, Vec<u8>)], good: usiz
     for (pba, bytes) in raw {
         let Ok(dev) = device(devices, *pba) else { continue };
         for c in 0..good.min(dev.copies()) {
-            crate::mirror::heal_if_differs(dev.as_ref(), c, bytes, pba.byte_offset());
+            crate::members::mirror::heal_if_differs(dev.as_ref(), c, bytes, pba.byte_offset());
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use crate::device::Device;
 use crate::error::{EngineError, Result};
-use crate::mirror::read_validated;
+use crate::members::mirror::read_validated;
 use tarn_format::journal::{RecordHeader, HEADER_LEN};
 use tarn_format::ops::{decode_ops, Op};
 use tarn_format::BLOCK_SIZE;
@@ -82,4 +82,32 @@ pub fn replay(dev: &dyn Device, cur: &mut JournalCursor, max_records: usize) -> 
         out.push(Replayed { seq: h.seq, epoch: h.epoch, ops });
     }
     Ok(out)
+}
+
+/// An upper bound of `op`'s encoded size in a journal record (every varint
+/// at its longest), cheap enough to count on every write.
+pub fn op_bytes_bound(op: &Op) -> usize {
+    const V: usize = 10; // a varint at its longest
+    const HEAD: usize = 1 + 4; // tag, volume
+    match op {
+        Op::Map { .. } => HEAD + V + V + 8 + V,
+        Op::Unmap { .. } => HEAD + V + V,
+        Op::VolCreate { name, .. } | Op::SnapCreate { name, .. } => HEAD + 8 + 1 + name.len(),
+        Op::VolResize { .. } => HEAD + 8,
+        Op::VolDelete { .. } | Op::CloneDetach { .. } => HEAD,
+        Op::Sums { sums, .. } => HEAD + 8 + V + 4 * sums.len(),
+        Op::Regions { ids, .. } => HEAD + V + V * ids.len(),
+        Op::SnapDelete { .. } | Op::Rollback { .. } => HEAD + V,
+        Op::CloneCreate { name, .. } => HEAD + 4 + V + 1 + name.len(),
+        Op::Materialize { .. } => HEAD + V + V + V + 8,
+    }
+}
+
+/// The bound of the queue of pending ops (`Pool::pending`): a quarter of
+/// the journal, between 16 KiB and 4 MiB. A commit of a full queue is then
+/// a record well inside the journal (a checkpoint comes at three quarters
+/// full, see `commit/`), and its encoding, write and replay stay short.
+pub fn pending_limit(journal_blocks: u64) -> usize {
+    let quarter = journal_blocks.saturating_mul(BLOCK_SIZE) / 4;
+    quarter.clamp(16 << 10, 4 << 20) as usize
 }

@@ -6,7 +6,7 @@
 //! checksum-verifying readers can heal a bad copy from a good one.
 //!
 //! Leg states live in memory here; the pool writes them into the device
-//! table of the primary's superblock at the next commit (see commit.rs), so a
+//! table of the primary's superblock at the next commit (see `commit/superblock.rs`), so a
 //! leg that dropped out is never trusted again without a resilver.
 
 use crate::device::Device;
@@ -207,7 +207,7 @@ impl MirrorDevice {
                 index: i,
                 // As recorded (what `replace` takes), not as opened.
                 path: l.path.clone(),
-                uuid: crate::pool::uuid_string(&l.uuid),
+                uuid: crate::device::label::uuid_string(&l.uuid),
                 state: l.health().label(),
                 read_errors: l.read_errors.load(Ordering::Relaxed),
                 write_errors: l.write_errors.load(Ordering::Relaxed),

@@ -6,10 +6,10 @@
 //! points at it, so a commit never references unwritten blocks.
 
 use crate::error::{EngineError, Result};
-use crate::extent_map::{Freed, Segment};
+use crate::map::extent_map::{Freed, Segment};
+use crate::map::sums::{regions_of, sums_of};
+use crate::map::view::View;
 use crate::pool::{Inner, Pool, STRIPES};
-use crate::sums::{regions_of, sums_of};
-use crate::view::View;
 use std::sync::atomic::Ordering;
 use tarn_format::ops::Op;
 use tarn_format::{Pba, BLOCK_SIZE};
@@ -71,7 +71,7 @@ fn push_op(inner: &mut Inner, op: Op) {
         unreachable!("pool op refused: {e}");
     }
     debug_assert!(freed.is_empty());
-    inner.pending_ops.push(op);
+    inner.queue(op, freed);
 }
 
 /// Where new data for a logical run goes.
@@ -135,6 +135,7 @@ impl Pool {
     pub fn write(&self, vol: u32, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         self.check_writable()?;
         self.check_range("write", vol, offset, data.len() as u64, MAX_IO_BYTES)?;
+        self.make_room()?;
         let result = self.write_pieces(vol, offset, data);
         // Counted even on failure: earlier pieces may have changed the map,
         // and the next flush must not skip them.
@@ -181,7 +182,7 @@ impl Pool {
 
     /// Segments of a view with clones' origin markers resolved.
     pub(crate) fn resolve(&self, vol: u32, view: View, lba: u64, len: u64) -> Result<Vec<Segment>> {
-        resolve_in(&self.read_inner(), vol, view, lba, len)
+        crate::pool::resolve_in(&self.read_inner(), vol, view, lba, len)
     }
 
     /// Write whole blocks; returns whether any block needed new space.
@@ -292,8 +293,7 @@ impl Pool {
             let op = Op::Map { vol, lba: p.lba, len: p.len, pba: p.pba.0, birth };
             let mut freed = Freed::new();
             if inner.state.apply(&op, &mut freed).is_ok() {
-                inner.pending_frees.extend(freed);
-                inner.pending_ops.push(op);
+                inner.queue(op, freed);
                 if self.checksums {
                     push_op(inner, Op::Sums { pba: p.pba.0, sums: part(p.lba, p.len) });
                 }
@@ -316,7 +316,7 @@ impl Pool {
         }
         let mut inner = self.write_inner();
         let inner = &mut *inner;
-        inner.space.reserve_blocks = reserve_for(inner.state.extent_count(), inner.space.data_blocks());
+        inner.space.reserve_blocks = crate::space::reserve_for(inner.state.extent_count(), inner.space.data_blocks());
         let mut fresh = Vec::new();
         for seg in segs {
             let Segment::Hole { lba, len } = *seg else {
@@ -376,6 +376,7 @@ impl Pool {
     }
 
     fn unmap_blocks(&self, vol: u32, lba: u64, n: u64) -> Result<()> {
+        self.make_room()?;
         let mut inner = self.write_inner();
         let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
         if v.map.any_mapped(lba, n) {
@@ -493,17 +494,8 @@ impl Pool {
     }
 }
 
-/// [`Pool::resolve`] under a lock the caller holds.
-pub(crate) fn resolve_in(inner: &Inner, vol: u32, view: View, lba: u64, len: u64) -> Result<Vec<Segment>> {
-    let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
-    if view == View::Head && v.origin.is_none() {
-        return Ok(v.map.lookup(lba, len, usize::MAX));
-    }
-    inner.state.resolve(vol, view, lba, len).map_err(EngineError::Inconsistent)
-}
-
 /// The error for a view whose snapshot was deleted (say, under a client).
-fn gone_snapshot(v: &crate::state::Volume, view: View) -> EngineError {
+fn gone_snapshot(v: &crate::map::state::Volume, view: View) -> EngineError {
     match view {
         View::Head => EngineError::VolumeGone(v.id),
         View::Snapshot(epoch) => {
@@ -534,12 +526,4 @@ fn byte_runs(pieces: impl Iterator<Item = (u64, u64, bool)>, offset: u64, end: u
         }
     }
     runs
-}
-
-/// Blocks kept free for metadata: room for two checkpoints of the current
-/// map (the new one is written before the old one is freed) plus slack of
-/// 1/32 of the pool, at most 4 MiB.
-pub(crate) fn reserve_for(extents: usize, data_blocks: u64) -> u64 {
-    let checkpoint_blocks = (extents as u64 * 24).div_ceil(BLOCK_SIZE) + 4;
-    (data_blocks / 32).clamp(16, 1024) + 3 * checkpoint_blocks
 }

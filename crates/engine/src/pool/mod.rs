@@ -1,15 +1,19 @@
-//! The pool: devices, state, space and the commit machinery, and the
-//! administrative operations on volumes. Data I/O lives in `io.rs`, commits
-//! in `commit.rs`, opening in `open.rs`, the checker in `check.rs`.
+//! The pool core: devices, the state and space behind the main lock, the
+//! queue of pending ops and its bound, the commit control block, the lock
+//! helpers, status and listings. The operations live in the folders above
+//! (`integrity/`, `commit/`, `io/`, `volumes/`, `service/`), each in its
+//! own `impl Pool`; docs/ARCHITECTURE.md (*Locks*) has the lock order.
 
 use crate::device::Device;
 use crate::error::{EngineError, Result};
-use crate::extent_map::Freed;
-use crate::journal::JournalCursor;
-use crate::placement::Placement;
+use crate::map::extent_map::Freed;
+use crate::map::extent_map::Segment;
+use crate::map::state::{State, Volume};
+use crate::map::sums::RegionTracker;
+use crate::map::view::View;
+use crate::meta::journal::{op_bytes_bound, JournalCursor};
+use crate::space::placement::Placement;
 use crate::space::Space;
-use crate::state::{validate_name, State};
-use crate::sums::RegionTracker;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use tarn_format::ops::Op;
@@ -33,12 +37,55 @@ pub(crate) struct Inner {
     pub state: State,
     pub space: Space,
     pub placement: Box<dyn Placement>,
-    /// Ops applied since the last commit took its snapshot.
+    /// Ops applied since the last commit took its snapshot (change only
+    /// through `queue`, `take_queue`, `requeue`).
     pub pending_ops: Vec<Op>,
     /// Space released by those ops: reusable only once they are durable.
     pub pending_frees: Freed,
+    /// Weight of the two queues: a bound on the ops' encoded size plus 16
+    /// bytes per freed range (see `PendingStatus`).
+    pub pending_bytes: usize,
     /// Overwrite regions wanted open and their last in-place writes.
     pub regions: RegionTracker,
+}
+
+/// Bytes a freed range weighs in the pending queue (its size in memory).
+const FREED_RANGE_BYTES: usize = 16;
+
+impl Inner {
+    /// Queue an applied op and the space it released for the next commit.
+    pub fn queue(&mut self, op: Op, freed: Freed) {
+        self.pending_bytes += op_bytes_bound(&op) + freed.len() * FREED_RANGE_BYTES;
+        self.pending_frees.extend(freed);
+        self.pending_ops.push(op);
+    }
+
+    /// Everything queued, for a commit; the queue is empty after.
+    pub fn take_queue(&mut self) -> (Vec<Op>, Freed) {
+        self.pending_bytes = 0;
+        (std::mem::take(&mut self.pending_ops), std::mem::take(&mut self.pending_frees))
+    }
+
+    /// Put back what a commit took and did not write (the queue was empty
+    /// since: the commit held the lock).
+    pub fn requeue(&mut self, ops: Vec<Op>, frees: Freed) {
+        debug_assert!(self.pending_ops.is_empty() && self.pending_frees.is_empty());
+        self.pending_bytes = ops.iter().map(op_bytes_bound).sum::<usize>() + frees.len() * FREED_RANGE_BYTES;
+        self.pending_ops = ops;
+        self.pending_frees = frees;
+    }
+}
+
+/// The queue of changes waiting for a commit, and its bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PendingStatus {
+    pub ops: usize,
+    pub freed_ranges: usize,
+    /// Upper bound of the ops' encoded size plus 16 bytes per freed range.
+    pub bytes: usize,
+    /// A writer that finds `bytes` over this commits before it adds more,
+    /// so the queue holds at most this plus the ops of the requests in flight.
+    pub limit: usize,
 }
 
 /// What only the committer touches.
@@ -65,12 +112,12 @@ pub struct Counters {
     pub resynced_blocks: AtomicU64,
 }
 
-/// Lock order: `commit`, then `io_gate`, then `inner`; stripe locks are taken
-/// before the gate and never by the committer.
+/// Lock order: a stripe, then `commit`, then `io_gate`, then `inner`; the
+/// committer never takes a stripe (docs/ARCHITECTURE.md, *Locks*).
 pub struct Pool {
     pub(crate) devices: Vec<Arc<dyn Device>>,
     /// Per slot, its mirror when mirrored (the same object as in `devices`).
-    pub(crate) mirrors: Vec<Option<Arc<crate::mirror::MirrorDevice>>>,
+    pub(crate) mirrors: Vec<Option<Arc<crate::members::mirror::MirrorDevice>>>,
     pub(crate) inner: RwLock<Inner>,
     pub(crate) commit: Mutex<CommitCtl>,
     /// Held shared by every data I/O from planning to completion; the
@@ -83,6 +130,8 @@ pub struct Pool {
     pub(crate) write_gen: AtomicU64,
     /// The highest write_gen a durable commit covers.
     pub(crate) committed_gen: AtomicU64,
+    /// Bound of the pending queue's weight (`Inner::pending_bytes`).
+    pub(crate) pending_limit: usize,
     /// Devices written since their last flush.
     pub(crate) dirty: Vec<AtomicBool>,
     pub(crate) fenced: AtomicBool,
@@ -118,7 +167,7 @@ pub struct DeviceStatus {
     /// ONLINE, or for a mirror DEGRADED / RESILVERING.
     pub state: &'static str,
     /// A mirror's legs (empty for a plain device).
-    pub legs: Vec<crate::mirror::LegStatus>,
+    pub legs: Vec<crate::members::mirror::LegStatus>,
     pub size: u64,
     pub data_bytes: u64,
     pub free_bytes: u64,
@@ -200,6 +249,22 @@ impl Pool {
         self.read_inner().regions.urgent > 0
     }
 
+    /// The queue of changes waiting for the next commit.
+    pub fn pending(&self) -> PendingStatus {
+        let inner = self.read_inner();
+        PendingStatus {
+            ops: inner.pending_ops.len(),
+            freed_ranges: inner.pending_frees.len(),
+            bytes: inner.pending_bytes,
+            limit: self.pending_limit,
+        }
+    }
+
+    /// Whether the pending queue is over its bound (writers then commit first).
+    pub(crate) fn pending_over_limit(&self) -> bool {
+        self.read_inner().pending_bytes > self.pending_limit
+    }
+
     /// Whether anything changed since the last durable commit.
     pub fn is_dirty(&self) -> bool {
         self.write_gen.load(Ordering::SeqCst) > self.committed_gen.load(Ordering::SeqCst)
@@ -211,8 +276,7 @@ impl Pool {
         for op in ops {
             let mut freed = Freed::new();
             inner.state.apply(&op, &mut freed).map_err(EngineError::InvalidArgument)?;
-            inner.pending_frees.extend(freed);
-            inner.pending_ops.push(op);
+            inner.queue(op, freed);
         }
         self.write_gen.fetch_add(1, Ordering::SeqCst);
         Ok(())
@@ -232,80 +296,11 @@ impl Pool {
         inner.state.volumes.values().map(|v| info(&inner.state, v)).collect()
     }
 
-    /// Create a thin volume of `size` bytes (rounded up to 4 KiB); durable
-    /// when it returns. The size may exceed the pool (overcommit).
-    pub fn create_volume(&self, name: &str, size: u64) -> Result<VolumeInfo> {
-        self.check_writable()?;
-        validate_name(name).map_err(EngineError::InvalidArgument)?;
-        let size = round_size(size)?;
-        let id = {
-            let mut inner = self.write_inner();
-            if inner.state.by_name.contains_key(name) {
-                return Err(EngineError::VolumeExists(name.to_string()));
-            }
-            let id = inner.state.next_volume_id;
-            self.apply_ops(&mut inner, vec![Op::VolCreate { vol: id, size, name: name.to_string() }])?;
-            id
-        };
-        self.flush()?;
-        self.volume_info(id).ok_or(EngineError::VolumeGone(id))
-    }
-
-    /// Grow or shrink; shrinking discards the tail and needs `allow_shrink`.
-    pub fn resize_volume(&self, name: &str, size: u64, allow_shrink: bool) -> Result<VolumeInfo> {
-        self.check_writable()?;
-        let size = round_size(size)?;
-        let id = {
-            let mut inner = self.write_inner();
-            let id = *inner.state.by_name.get(name).ok_or_else(|| EngineError::NoSuchVolume(name.to_string()))?;
-            let old = inner.state.volume(id).map(|v| v.size).unwrap_or(0);
-            if size < old && !allow_shrink {
-                return Err(EngineError::InvalidArgument(format!(
-                    "shrinking {name} from {old} to {size} bytes discards its tail; pass --allow-shrink"
-                )));
-            }
-            self.apply_ops(&mut inner, vec![Op::VolResize { vol: id, size }])?;
-            id
-        };
-        self.flush()?;
-        self.volume_info(id).ok_or(EngineError::VolumeGone(id))
-    }
-
-    /// Delete a volume; its space is free when this returns. A volume with
-    /// snapshots goes only with `with_snapshots` (they go too); one whose
-    /// snapshots have clones never.
-    pub fn delete_volume(&self, name: &str, with_snapshots: bool) -> Result<()> {
-        self.check_writable()?;
-        {
-            let mut inner = self.write_inner();
-            let v = crate::snapshot::volume_named(&inner.state, name)?;
-            let clones: Vec<String> = inner.state.clones_of(v.id, None).iter().map(|c| c.name.clone()).collect();
-            if !clones.is_empty() {
-                return Err(EngineError::InUse {
-                    what: format!("volume {name}"),
-                    detail: format!(
-                        "clones {} depend on its snapshots; flatten or delete them first",
-                        clones.join(", ")
-                    ),
-                });
-            }
-            if !v.snapshots.is_empty() && !with_snapshots {
-                return Err(EngineError::InUse {
-                    what: format!("volume {name}"),
-                    detail: format!("it has {} snapshots; pass --recursive to delete them too", v.snapshots.len()),
-                });
-            }
-            let id = v.id;
-            self.apply_ops(&mut inner, vec![Op::VolDelete { vol: id }])?;
-        }
-        self.flush()
-    }
-
     pub fn status(&self) -> PoolStatus {
         let ctl = self.lock_commit();
         let mut inner = self.write_inner();
         let inner = &mut *inner;
-        inner.space.reserve_blocks = crate::io::reserve_for(inner.state.extent_count(), inner.space.data_blocks());
+        inner.space.reserve_blocks = crate::space::reserve_for(inner.state.extent_count(), inner.space.data_blocks());
         let used = inner.state.mapped_blocks() * BLOCK_SIZE;
         let size = inner.space.data_blocks() * BLOCK_SIZE;
         let virtual_size: u64 = inner.state.volumes.values().map(|v| v.size).sum();
@@ -327,7 +322,7 @@ impl Pool {
             .collect();
         let state = if devices.iter().all(|d| d.state == "ONLINE") { "ONLINE" } else { "DEGRADED" };
         PoolStatus {
-            uuid: uuid_string(&ctl.sb.pool_uuid),
+            uuid: crate::device::label::uuid_string(&ctl.sb.pool_uuid),
             state,
             devices,
             size,
@@ -355,7 +350,22 @@ impl Pool {
     }
 }
 
-fn info(state: &crate::state::State, v: &crate::state::Volume) -> VolumeInfo {
+/// The volume called `name`.
+pub(crate) fn volume_named<'a>(state: &'a State, name: &str) -> Result<&'a Volume> {
+    state.by_name.get(name).and_then(|id| state.volume(*id)).ok_or_else(|| EngineError::NoSuchVolume(name.to_string()))
+}
+
+/// Segments of a view with clones' origin markers resolved, under a lock
+/// the caller holds.
+pub(crate) fn resolve_in(inner: &Inner, vol: u32, view: View, lba: u64, len: u64) -> Result<Vec<Segment>> {
+    let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
+    if view == View::Head && v.origin.is_none() {
+        return Ok(v.map.lookup(lba, len, usize::MAX));
+    }
+    inner.state.resolve(vol, view, lba, len).map_err(EngineError::Inconsistent)
+}
+
+fn info(state: &crate::map::state::State, v: &crate::map::state::Volume) -> VolumeInfo {
     let origin = v.origin.and_then(|o| {
         let ov = state.volume(o.vol)?;
         let snap = ov.snapshots.iter().find(|s| s.epoch == o.epoch)?;
@@ -372,18 +382,4 @@ fn info(state: &crate::state::State, v: &crate::state::Volume) -> VolumeInfo {
         origin,
         origin_bytes: v.origin_blocks() * BLOCK_SIZE,
     }
-}
-
-/// Volume sizes are whole blocks: round up, refuse zero and absurd sizes.
-fn round_size(size: u64) -> Result<u64> {
-    const MAX: u64 = 1 << 60;
-    if size == 0 || size > MAX {
-        return Err(EngineError::InvalidArgument(format!("volume size must be between 1 byte and {MAX} bytes")));
-    }
-    Ok(size.div_ceil(BLOCK_SIZE) * BLOCK_SIZE)
-}
-
-pub fn uuid_string(u: &[u8; 16]) -> String {
-    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
 }

@@ -3,16 +3,17 @@
 //! by nobody), every range the pool uses is copied to it from an in-sync leg
 //! while I/O continues, and a checkpoint then records it in sync.
 
-use crate::assemble::write_leg_label;
+use crate::device::label::uuid_string;
 use crate::device::Device;
 use crate::error::{EngineError, Result};
-use crate::mirror::{Leg, LegHealth, MirrorDevice};
-use crate::pool::{uuid_string, CommitCtl, Pool};
+use crate::members::assemble::write_leg_label;
+use crate::members::mirror::{Leg, LegHealth, MirrorDevice};
+use crate::pool::Pool;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 use tarn_format::leg::{LegLabel, LEG_LABEL_BLOCK};
-use tarn_format::superblock::{DeviceEntry, FLAG_OPEN, LABEL_BLOCKS};
+use tarn_format::superblock::LABEL_BLOCKS;
 use tarn_format::BLOCK_SIZE;
 
 /// Blocks copied per step (writes to the mirror wait at most one step).
@@ -30,35 +31,6 @@ pub struct ReplaceReport {
 }
 
 impl Pool {
-    /// The device table as the next superblock should record it: the
-    /// committed one with every mirror's current leg states.
-    pub(crate) fn device_table(&self, committed: &[DeviceEntry]) -> Vec<DeviceEntry> {
-        let mut table = committed.to_vec();
-        for (entry, m) in table.iter_mut().zip(&self.mirrors) {
-            if let Some(m) = m {
-                entry.legs = m.leg_entries();
-            }
-        }
-        table
-    }
-
-    /// If a mirror leg changed state since the superblock was written,
-    /// write it again with the new device table (txid + 1; checkpoint and
-    /// journal unchanged, so the live journal stays valid).
-    pub(crate) fn record_leg_states(&self, ctl: &mut CommitCtl) -> Result<()> {
-        let table = self.device_table(&ctl.sb.devices);
-        if table == ctl.sb.devices {
-            return Ok(());
-        }
-        let mut sb = ctl.sb.clone();
-        sb.txid += 1;
-        sb.devices = table;
-        self.write_superblock(&sb)?;
-        log::info!("device table updated (txid {}): mirror leg states changed", sb.txid);
-        ctl.sb = sb;
-        Ok(())
-    }
-
     /// Replace the mirror leg `old` (its recorded path, device name or leg
     /// uuid) with `new` and resilver it; `progress(done, total)` in blocks.
     /// Durable (checkpointed) when it returns.
@@ -149,7 +121,8 @@ impl Pool {
         let ranges = self.used_ranges(member);
         let total: u64 = ranges.iter().map(|r| r.1).sum();
         log::info!("resilver of member {member} leg {leg} onto {}: {total} blocks from leg {source}", new.name());
-        copy_ranges(mirror, source, leg, &ranges, progress).map_err(|e| EngineError::io("resilver", new.name(), e))?;
+        copy_ranges(mirror, (source, leg), &ranges, progress, &|| false)
+            .map_err(|e| EngineError::io("resilver", new.name(), e))?;
         new.flush().map_err(|e| EngineError::io("flush", new.name(), e))?;
         mirror.set_health(leg, LegHealth::Online).map_err(|e| EngineError::io("resilver", new.name(), e))?;
         // The checkpoint writes the table with the new leg in sync.
@@ -182,14 +155,15 @@ impl Pool {
     }
 }
 
-/// Copy `ranges` (blocks) from leg `src` to leg `dst` in chunks.
+/// Copy `ranges` (blocks) from leg `src` to leg `dst` in chunks; false if
+/// `stop` said so between two chunks.
 fn copy_ranges(
     mirror: &MirrorDevice,
-    src: usize,
-    dst: usize,
+    (src, dst): (usize, usize),
     ranges: &[(u64, u64)],
     progress: &mut dyn FnMut(u64, u64),
-) -> std::io::Result<()> {
+    stop: &dyn Fn() -> bool,
+) -> std::io::Result<bool> {
     let total: u64 = ranges.iter().map(|r| r.1).sum();
     let mut done = 0;
     let mut buf = vec![0u8; (CHUNK_BLOCKS * BLOCK_SIZE) as usize];
@@ -197,6 +171,9 @@ fn copy_ranges(
     for &(start, len) in ranges {
         let mut at = start;
         while at < start + len {
+            if stop() {
+                return Ok(false);
+            }
             let n = CHUNK_BLOCKS.min(start + len - at);
             mirror.copy_leg(src, dst, at * BLOCK_SIZE, &mut buf[..(n * BLOCK_SIZE) as usize])?;
             at += n;
@@ -204,67 +181,10 @@ fn copy_ranges(
             progress(done, total);
         }
     }
-    Ok(())
+    Ok(true)
 }
 
 impl Pool {
-    fn has_mirrors(&self) -> bool {
-        self.mirrors.iter().any(Option::is_some)
-    }
-
-    /// At a writable open of a pool with mirrors: after an unclean shutdown
-    /// (FLAG_OPEN found set) every in-sync leg but the first of each mirror
-    /// may miss writes a crash cut, so it is resynced (RESILVERING: written,
-    /// not read); then FLAG_OPEN is set before anything is written.
-    pub(crate) fn mark_open(&self) -> Result<Vec<String>> {
-        let mut notes = Vec::new();
-        if !self.has_mirrors() || self.options.read_only {
-            return Ok(notes);
-        }
-        let mut ctl = self.lock_commit();
-        if ctl.sb.flags & FLAG_OPEN != 0 {
-            for (member, m) in self.mirrors.iter().enumerate() {
-                let Some(m) = m else { continue };
-                let online: Vec<usize> = m
-                    .legs()
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, l)| l.health() == LegHealth::Online)
-                    .map(|(i, _)| i)
-                    .collect();
-                for &leg in online.iter().skip(1) {
-                    m.set_health(leg, LegHealth::Resilvering).map_err(|e| EngineError::io("resync", m.name(), e))?;
-                    notes.push(format!(
-                        "member {member}: unclean shutdown; leg {leg} is resynced from leg {}",
-                        online[0]
-                    ));
-                }
-            }
-        }
-        let mut sb = ctl.sb.clone();
-        sb.txid += 1;
-        sb.flags |= FLAG_OPEN;
-        sb.devices = self.device_table(&sb.devices);
-        self.write_superblock(&sb)?;
-        ctl.sb = sb;
-        Ok(notes)
-    }
-
-    /// At a clean close (after the final checkpoint): clear FLAG_OPEN.
-    pub(crate) fn mark_closed(&self) -> Result<()> {
-        if !self.has_mirrors() || self.options.read_only {
-            return Ok(());
-        }
-        let mut ctl = self.lock_commit();
-        let mut sb = ctl.sb.clone();
-        sb.txid += 1;
-        sb.flags &= !FLAG_OPEN;
-        sb.devices = self.device_table(&sb.devices);
-        self.write_superblock(&sb)?;
-        ctl.sb = sb;
-        Ok(())
-    }
-
     /// Whether a mirror has a leg to resync (after an unclean shutdown, or
     /// a resilver that did not finish) and no resilver is running.
     pub fn needs_resync(&self) -> bool {
@@ -276,6 +196,12 @@ impl Pool {
     /// Bring every RESILVERING leg in sync from its mirror's first in-sync
     /// leg, while I/O continues; checkpoint. Returns the bytes copied.
     pub fn resync_legs(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<u64> {
+        self.resync_legs_until(progress, &|| false)
+    }
+
+    /// [`Pool::resync_legs`], checking `stop` between 1 MiB chunks: a leg
+    /// not finished stays RESILVERING (the next start resyncs it again).
+    pub fn resync_legs_until(&self, progress: &mut dyn FnMut(u64, u64), stop: &dyn Fn() -> bool) -> Result<u64> {
         self.check_writable()?;
         let mut copied = 0;
         for (member, m) in self.mirrors.iter().enumerate() {
@@ -283,7 +209,7 @@ impl Pool {
             if m.resilvering.swap(true, Ordering::SeqCst) {
                 continue;
             }
-            let result = self.resync_member(member, m, progress);
+            let result = self.resync_member(member, m, progress, stop);
             m.resilvering.store(false, Ordering::SeqCst);
             copied += result?;
         }
@@ -293,14 +219,24 @@ impl Pool {
         Ok(copied)
     }
 
-    fn resync_member(&self, member: usize, m: &MirrorDevice, progress: &mut dyn FnMut(u64, u64)) -> Result<u64> {
+    fn resync_member(
+        &self,
+        member: usize,
+        m: &MirrorDevice,
+        progress: &mut dyn FnMut(u64, u64),
+        stop: &dyn Fn() -> bool,
+    ) -> Result<u64> {
         let legs = m.legs();
         let Some(src) = legs.iter().position(|l| l.health() == LegHealth::Online) else { return Ok(0) };
         let mut copied = 0;
         for dst in (0..legs.len()).filter(|&i| legs[i].health() == LegHealth::Resilvering) {
             let ranges = self.used_ranges(member);
             log::info!("member {member}: resync of leg {dst} from leg {src}");
-            copy_ranges(m, src, dst, &ranges, progress).map_err(|e| EngineError::io("resync", m.name(), e))?;
+            let io = |e| EngineError::io("resync", m.name(), e);
+            if !copy_ranges(m, (src, dst), &ranges, progress, stop).map_err(io)? {
+                log::info!("member {member}: resync of leg {dst} stopped; it stays RESILVERING");
+                break;
+            }
             if let Some(dev) = &legs[dst].dev {
                 dev.flush().map_err(|e| EngineError::io("flush", dev.name(), e))?;
             }

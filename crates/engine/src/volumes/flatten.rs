@@ -5,10 +5,10 @@
 //! skipped).
 
 use crate::error::{EngineError, Result};
-use crate::extent_map::{ExtentMap, Segment};
+use crate::map::extent_map::{ExtentMap, Segment};
+use crate::map::state::Volume;
+use crate::map::view::View;
 use crate::pool::Pool;
-use crate::state::Volume;
-use crate::view::View;
 use tarn_format::ops::Op;
 use tarn_format::BLOCK_SIZE;
 
@@ -33,7 +33,7 @@ impl Pool {
         self.check_writable()?;
         let (id, total) = {
             let inner = self.read_inner();
-            let v = crate::snapshot::volume_named(&inner.state, vol)?;
+            let v = crate::pool::volume_named(&inner.state, vol)?;
             if v.origin.is_none() {
                 return Err(EngineError::InvalidArgument(format!("volume {vol} is not a clone")));
             }
@@ -62,6 +62,7 @@ impl Pool {
         let mut cursor = (0u64, 0u64);
         while let Some(m) = self.next_marker(id, cursor)? {
             cursor = (m.snap, m.lba);
+            self.make_room()?;
             if self.materialize(id, m)? {
                 copied += m.len;
                 cursor.1 = m.lba + m.len;

@@ -15,7 +15,7 @@
 //! (64 MiB of physical space each): a region opens by a commit before the
 //! first in-place write to it (until then writes there are redirected), and
 //! closes, with every checksum of it durable, once idle. After a crash the
-//! regions still open are resynchronized (`resync.rs`) — checksums
+//! regions still open are resynchronized (`integrity/resync.rs`) — checksums
 //! recomputed from whatever the blocks hold, copies made equal — like md's
 //! write-intent bitmap. Everywhere else a mismatch is corruption.
 
@@ -142,7 +142,7 @@ pub struct RegionTracker {
     pub urgent: usize,
     /// Commit count at the last in-place write, per open region.
     pub last_write: IntMap<u64>,
-    /// Regions a crash left open, not yet resynced (`resync.rs`).
+    /// Regions a crash left open, not yet resynced (`integrity/resync.rs`).
     pub suspect: BTreeSet<u64>,
     /// Physical ranges (start -> end) written to new space since the last
     /// commit took its ops: no durable map entry points at them, so they
