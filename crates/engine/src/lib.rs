@@ -41,5 +41,6 @@ pub use volumes::snapshot::SnapshotInfo;
 /// segments. Public only for the fuzz targets in `fuzz/`.
 #[doc(hidden)]
 pub fn decode_checkpoint_state(payload: &[u8]) -> std::result::Result<(state::State, u64), String> {
-    meta::checkpoint::decode_state(payload)
+    let store = std::sync::Arc::new(tarn_store::Store::memory());
+    meta::checkpoint::decode_state(payload, store).map_err(|e| e.to_string())
 }

@@ -23,6 +23,22 @@ pub enum Segment {
     Hole { lba: u64, len: u64 },
 }
 
+impl Segment {
+    pub fn lba(&self) -> u64 {
+        match *self {
+            Segment::Mapped { lba, .. } | Segment::Hole { lba, .. } => lba,
+        }
+    }
+    pub fn len(&self) -> u64 {
+        match *self {
+            Segment::Mapped { len, .. } | Segment::Hole { len, .. } => len,
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// Entries (or pieces) a change removed: (lba, extent).
 pub type Killed = Vec<(u64, Extent)>;
 
@@ -96,6 +112,21 @@ impl ExtentTree {
             true
         })?;
         Ok(out)
+    }
+
+    /// Call `f` on every entry from the one covering `lba` on, in order,
+    /// until it returns false.
+    pub fn for_each_from(&self, store: &Store, lba: u64, f: &mut dyn FnMut(u64, Extent) -> bool) -> Result<()> {
+        let mut from = lba;
+        if let Some((k, v)) = self.tree.get_le(store, lba)? {
+            if k < lba && k + v.len > lba {
+                if !f(k, extent(&v)) {
+                    return Ok(());
+                }
+                from = k + v.len;
+            }
+        }
+        self.tree.range(store, from, u64::MAX, &mut |k, v| f(k, extent(v)))
     }
 
     /// Segments covering exactly `[lba, lba+len)`, at most `max_segments`

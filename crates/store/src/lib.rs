@@ -46,9 +46,21 @@ pub struct Store {
     pub(crate) dirty_nodes: AtomicU64,
 }
 
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Store({:?}, {} dirty)", self.cache.stats(), self.dirty_nodes())
+    }
+}
+
 impl Store {
     pub fn new(io: Arc<dyn NodeIo>, cache_bytes: usize) -> Result<Store> {
         Ok(Store { io, cache: Cache::new(cache_bytes)?, dirty_nodes: AtomicU64::new(0) })
+    }
+
+    /// A store whose trees live in memory only (nothing is written until
+    /// the engine checkpoints trees; tests and tools).
+    pub fn memory() -> Store {
+        Store::new(Arc::new(MemIo::default()), 64 << 20).expect("64 MiB is above the minimum cache")
     }
 
     pub fn dirty_nodes(&self) -> u64 {

@@ -225,7 +225,7 @@ impl Pool {
         let all: Vec<u64> = inner.state.open_regions.iter().copied().collect();
         close_regions(inner, &all, &mut Vec::new());
         inner.regions.wanted.extend(opened);
-        let payload = checkpoint::encode_state(&inner.state, ctl.journal.seq + 1, self.checksums);
+        let payload = checkpoint::encode_state(&inner.state, ctl.journal.seq + 1, self.checksums)?;
         inner.space.reserve_blocks = reserve_for(inner.state.extent_count(), inner.space.data_blocks());
         let pieces = allocate_checkpoint(&mut inner.space, payload.len())?;
         Ok(Some((Plan::Checkpoint { payload, pieces }, frees, gen)))

@@ -94,7 +94,11 @@ impl Pool {
 fn check_sums(state: &State, r: &mut CheckReport) {
     let mut missing = 0u64;
     let mut first = None;
-    for (pba, len) in state.physical_extents() {
+    let extents = match state.physical_extents() {
+        Ok(extents) => extents,
+        Err(e) => return problem(r, format!("reading the maps: {e}")),
+    };
+    for (pba, len) in extents {
         for i in 0..len {
             if state.sums.get(pba.offset_by(i)).is_none() {
                 missing += 1;
@@ -135,7 +139,14 @@ fn check_map(
     r: &mut CheckReport,
 ) -> u64 {
     let (mut physical, mut sum, mut prev_end) = (0, 0, 0);
-    for (lba, e) in map.iter() {
+    let entries = match map.entries() {
+        Ok(entries) => entries,
+        Err(e) => {
+            problem(r, format!("{what}: {e}"));
+            return 0;
+        }
+    };
+    for (lba, e) in entries {
         r.extents += 1;
         sum += e.len;
         if e.len == 0 || lba < prev_end || lba + e.len > blocks {

@@ -46,7 +46,7 @@ impl Pool {
         if regions.is_empty() {
             return Ok(Some(0));
         }
-        let owned = self.owned_extents(|o| regions_of(o.pba, o.len).any(|r| regions.contains(&r)));
+        let owned = self.owned_extents(|o| regions_of(o.pba, o.len).any(|r| regions.contains(&r)))?;
         let mut renewed = 0;
         for o in &owned {
             let mut at = 0;

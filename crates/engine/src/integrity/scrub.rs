@@ -73,7 +73,7 @@ impl Pool {
     /// Scrub the whole pool online. `progress(done, total)` in bytes.
     pub fn scrub(&self, opts: &ScrubOptions, progress: &mut dyn FnMut(u64, u64)) -> Result<ScrubReport> {
         let started = Instant::now();
-        let mut owned = self.owned_extents(|_| true);
+        let mut owned = self.owned_extents(|_| true)?;
         owned.sort_by_key(|o| o.pba.0);
         let total: u64 = owned.iter().map(|o| o.len * BLOCK_SIZE).sum();
         let mut report = ScrubReport::default();
@@ -103,16 +103,16 @@ impl Pool {
     }
 
     /// Every mapped physical extent with its owner, filtered by `keep`.
-    pub(crate) fn owned_extents(&self, keep: impl Fn(&Owned) -> bool) -> Vec<Owned> {
+    pub(crate) fn owned_extents(&self, keep: impl Fn(&Owned) -> bool) -> Result<Vec<Owned>> {
         let inner = self.read_inner();
         let mut out = Vec::new();
         for v in inner.state.volumes.values() {
             let lists = std::iter::once((None, &v.map)).chain(v.snapshots.iter().map(|s| (Some(s.epoch), &s.dead)));
             for (snapshot, map) in lists {
-                collect_owned(map, v.id, snapshot, &keep, &mut out);
+                collect_owned(map, v.id, snapshot, &keep, &mut out)?;
             }
         }
-        out
+        Ok(out)
     }
 
     /// Verify `n` blocks at `pba` on every copy; `lost(i)` for each block i
@@ -233,8 +233,8 @@ fn collect_owned(
     snapshot: Option<u64>,
     keep: &impl Fn(&Owned) -> bool,
     out: &mut Vec<Owned>,
-) {
-    for (lba, e) in map.iter() {
+) -> Result<()> {
+    for (lba, e) in map.entries()? {
         if e.pba.is_origin() {
             continue;
         }
@@ -243,6 +243,7 @@ fn collect_owned(
             out.push(o);
         }
     }
+    Ok(())
 }
 
 /// Sleep so that `done` bytes since `started` stay under `rate` per second.

@@ -5,7 +5,7 @@
 //! records the new mappings. Data is always on the device before the map
 //! points at it, so a commit never references unwritten blocks.
 
-use crate::error::{EngineError, Result};
+use crate::error::{EngineError, Result, StateError};
 use crate::map::extent_map::{Freed, Segment};
 use crate::map::sums::{regions_of, sums_of};
 use crate::map::view::View;
@@ -222,7 +222,7 @@ impl Pool {
     fn plan_write(&self, vol: u32, lba: u64, n: u64) -> Result<WritePlan<'_>> {
         let inner = self.read_inner();
         let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
-        let mut segs = v.map.lookup(lba, n, usize::MAX);
+        let mut segs = v.map.lookup(lba, n, usize::MAX)?;
         let mut closed = Vec::new();
         let mut fresh_guard = None;
         for seg in segs.iter_mut() {
@@ -292,13 +292,21 @@ impl Pool {
             }
             let op = Op::Map { vol, lba: p.lba, len: p.len, pba: p.pba.0, birth };
             let mut freed = Freed::new();
-            if inner.state.apply(&op, &mut freed).is_ok() {
-                inner.queue(op, freed);
-                if self.checksums {
-                    push_op(inner, Op::Sums { pba: p.pba.0, sums: part(p.lba, p.len) });
+            match inner.state.apply(&op, &mut freed) {
+                Ok(()) => {
+                    inner.queue(op, freed);
+                    if self.checksums {
+                        push_op(inner, Op::Sums { pba: p.pba.0, sums: part(p.lba, p.len) });
+                    }
                 }
-            } else {
-                orphans.push(p);
+                // The volume went away meanwhile: nothing changed.
+                Err(StateError::Refused(_)) => orphans.push(p),
+                // Damaged metadata, the map possibly half changed: nothing
+                // more may be committed.
+                Err(broken) => {
+                    self.fenced.store(true, Ordering::SeqCst);
+                    return Err(broken.into());
+                }
             }
         }
         orphans.iter().for_each(|p| inner.space.give_back(p.pba, p.len));
@@ -379,7 +387,7 @@ impl Pool {
         self.make_room()?;
         let mut inner = self.write_inner();
         let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
-        if v.map.any_mapped(lba, n) {
+        if v.map.any_mapped(lba, n)? {
             self.apply_ops(&mut inner, vec![Op::Unmap { vol, lba, len: n }])?;
         }
         Ok(())
@@ -442,11 +450,11 @@ impl Pool {
             let inner = self.read_inner();
             let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
             if view == View::Head && v.origin.is_none() {
-                v.map.lookup(first, end.div_ceil(BLOCK_SIZE) - first, MAX_STATUS_SEGMENTS)
+                v.map.lookup(first, end.div_ceil(BLOCK_SIZE) - first, MAX_STATUS_SEGMENTS)?
             } else {
                 let end = end.min(offset.saturating_add(MAX_VIEW_SPAN));
                 let n = end.div_ceil(BLOCK_SIZE) - first;
-                inner.state.resolve(vol, view, first, n).map_err(EngineError::Inconsistent)?
+                inner.state.resolve(vol, view, first, n)?
             }
         };
         let pieces = segs.iter().map(|s| (s.lba(), s.len(), matches!(s, Segment::Mapped { .. })));
@@ -470,7 +478,7 @@ impl Pool {
             if v.snapshot_index(since).is_none() {
                 return Err(gone_snapshot(v, View::Snapshot(since)));
             }
-            v.changed_since(view, since, first, n).ok_or_else(|| {
+            v.changed_since(view, since, first, n)?.ok_or_else(|| {
                 EngineError::InvalidArgument(format!(
                     "epoch {since} is not a snapshot of {} older than the view",
                     v.name

@@ -7,19 +7,22 @@
 //! or before the newest snapshot is still visible there, so it moves to that
 //! snapshot's dead list instead of being freed. See `view.rs` for reads.
 
-use crate::map::extent_map::{Extent, ExtentMap, Freed, Killed};
+pub use crate::error::StateError;
+use crate::map::extent_map::{tree_id, Extent, ExtentMap, Freed, Killed};
 use crate::map::sums::BlockSums;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 use tarn_format::address::BLOCK_MASK;
 use tarn_format::checkpoint::MAX_SNAPSHOTS;
 use tarn_format::ops::{Op, MAX_NAME_LEN};
 use tarn_format::{Pba, BLOCK_SIZE};
+use tarn_store::Store;
 
 /// A clone reads through to at most this many generations of origins, so a
 /// read costs at most this many map lookups per level (`flatten` cuts it).
 pub const MAX_CLONE_DEPTH: usize = 16;
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Snapshot {
     pub name: String,
     /// Data born in this epoch or before is in the snapshot (if alive then).
@@ -40,7 +43,7 @@ pub struct Origin {
     pub epoch: u64,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Volume {
     pub id: u32,
     pub name: String,
@@ -54,8 +57,9 @@ pub struct Volume {
 }
 
 impl Volume {
-    fn new(id: u32, name: String, size: u64) -> Volume {
-        Volume { id, name, size, map: ExtentMap::default(), snapshots: Vec::new(), origin: None }
+    fn new(store: &Arc<Store>, id: u32, name: String, size: u64) -> Volume {
+        let map = ExtentMap::new(store.clone(), tree_id::head(id));
+        Volume { id, name, size, map, snapshots: Vec::new(), origin: None }
     }
 
     pub fn blocks(&self) -> u64 {
@@ -93,28 +97,36 @@ impl Volume {
 
     /// Blocks deleting snapshot `i` would free: its dead list's entries born
     /// after the previous snapshot (no other view can see them).
-    pub fn exclusive_blocks(&self, i: usize) -> u64 {
+    pub fn exclusive_blocks(&self, i: usize) -> Result<u64, StateError> {
         let after = if i == 0 { None } else { Some(self.snapshots[i - 1].epoch) };
-        self.snapshots[i]
-            .dead
-            .iter()
-            .filter(|(_, e)| !e.pba.is_origin() && after.is_none_or(|a| e.birth > a))
-            .map(|(_, e)| e.len)
-            .sum()
+        let mut sum = 0;
+        self.snapshots[i].dead.for_each_from(0, &mut |_, e| {
+            if !e.pba.is_origin() && after.is_none_or(|a| e.birth > a) {
+                sum += e.len;
+            }
+            true
+        })?;
+        Ok(sum)
     }
 
     /// Send entries the head no longer shows to the newest snapshot's dead
     /// list if that snapshot still shows them; free the rest.
-    fn retire(&mut self, killed: Killed, freed: &mut Freed) {
+    fn retire(&mut self, killed: Killed, freed: &mut Freed) -> Result<(), StateError> {
         for (lba, e) in killed {
             match self.snapshots.last_mut() {
                 Some(s) if e.birth <= s.epoch => {
-                    let twice = s.dead.insert(lba, e.len, e.pba, e.birth);
-                    assert!(twice.is_empty(), "two versions of block {lba} died in one interval");
+                    // Only damaged metadata (a head overlapping its dead
+                    // list) gets here twice for one block.
+                    let twice = s.dead.insert(lba, e.len, e.pba, e.birth)?;
+                    if !twice.is_empty() {
+                        let what = format!("volume {}: two versions of block {lba} died in one interval", self.id);
+                        return Err(StateError::Invariant(what));
+                    }
                 }
                 _ => free(lba, e, freed),
             }
         }
+        Ok(())
     }
 }
 
@@ -124,8 +136,10 @@ fn free(_lba: u64, e: Extent, freed: &mut Freed) {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct State {
+    /// Where every map's nodes live.
+    pub store: Arc<Store>,
     pub volumes: BTreeMap<u32, Volume>,
     pub by_name: HashMap<String, u32>,
     pub next_volume_id: u32,
@@ -139,7 +153,14 @@ pub struct State {
 
 impl Default for State {
     fn default() -> Self {
+        State::new(Arc::new(Store::memory()))
+    }
+}
+
+impl State {
+    pub fn new(store: Arc<Store>) -> State {
         State {
+            store,
             volumes: BTreeMap::new(),
             by_name: HashMap::new(),
             next_volume_id: 1,
@@ -176,13 +197,18 @@ impl State {
     }
 
     /// Every piece of real space the volumes reference: heads and dead lists.
-    pub fn physical_extents(&self) -> impl Iterator<Item = (Pba, u64)> + '_ {
-        self.volumes
-            .values()
-            .flat_map(|v| std::iter::once(&v.map).chain(v.snapshots.iter().map(|s| &s.dead)))
-            .flat_map(|m| m.iter())
-            .filter(|(_, e)| !e.pba.is_origin())
-            .map(|(_, e)| (e.pba, e.len))
+    pub fn physical_extents(&self) -> Result<Vec<(Pba, u64)>, StateError> {
+        let mut out = Vec::new();
+        for m in self.volumes.values().flat_map(|v| std::iter::once(&v.map).chain(v.snapshots.iter().map(|s| &s.dead)))
+        {
+            m.for_each_from(0, &mut |_, e| {
+                if !e.pba.is_origin() {
+                    out.push((e.pba, e.len));
+                }
+                true
+            })?;
+        }
+        Ok(out)
     }
 
     pub fn extent_count(&self) -> usize {
@@ -217,7 +243,7 @@ impl State {
     /// Apply one op; physical blocks it releases are appended to `freed`.
     /// An op that does not fit the state (replay of a damaged journal, or a
     /// bug) is refused with a reason and changes nothing.
-    pub fn apply(&mut self, op: &Op, freed: &mut Freed) -> Result<(), String> {
+    pub fn apply(&mut self, op: &Op, freed: &mut Freed) -> Result<(), StateError> {
         match op {
             Op::Map { vol, lba, len, pba, birth } => {
                 let epoch = self.epoch;
@@ -227,50 +253,50 @@ impl State {
                 // hide behind a snapshot it was never in (found by fuzzing:
                 // a rollback then met the block twice and panicked).
                 if *birth != epoch || Pba(*pba).is_origin() {
-                    return Err(format!("map to {} born in epoch {birth} (current {epoch})", Pba(*pba)));
+                    return Err(format!("map to {} born in epoch {birth} (current {epoch})", Pba(*pba)).into());
                 }
                 check_physical(*pba, *len)?;
-                let killed = v.map.insert(*lba, *len, Pba(*pba), *birth);
-                v.retire(killed, freed);
+                let killed = v.map.insert(*lba, *len, Pba(*pba), *birth)?;
+                v.retire(killed, freed)?;
             }
             Op::Unmap { vol, lba, len } => {
                 let v = self.volume_mut(*vol, "unmap")?;
                 check_range(v, *lba, *len)?;
-                let killed = v.map.remove(*lba, *len);
-                v.retire(killed, freed);
+                let killed = v.map.remove(*lba, *len)?;
+                v.retire(killed, freed)?;
             }
             Op::VolCreate { vol, size, name } => {
                 self.check_new_volume(*vol, name, *size)?;
-                self.volumes.insert(*vol, Volume::new(*vol, name.clone(), *size));
+                self.volumes.insert(*vol, Volume::new(&self.store, *vol, name.clone(), *size));
                 self.by_name.insert(name.clone(), *vol);
                 self.next_volume_id = self.next_volume_id.max(vol + 1);
             }
             Op::VolResize { vol, size } => {
                 let v = self.volume_mut(*vol, "resize")?;
                 if !size.is_multiple_of(BLOCK_SIZE) {
-                    return Err(format!("volume size {size} not a multiple of {BLOCK_SIZE}"));
+                    return Err(format!("volume size {size} not a multiple of {BLOCK_SIZE}").into());
                 }
                 let new_blocks = size / BLOCK_SIZE;
                 if new_blocks < v.blocks() {
-                    let killed = v.map.remove(new_blocks, v.blocks() - new_blocks);
-                    v.retire(killed, freed);
+                    let killed = v.map.remove(new_blocks, v.blocks() - new_blocks)?;
+                    v.retire(killed, freed)?;
                 }
                 v.size = *size;
             }
             Op::VolDelete { vol } => {
                 if let Some(c) = self.clones_of(*vol, None).first() {
-                    return Err(format!("volume {vol} has clone {}", c.name));
+                    return Err(format!("volume {vol} has clone {}", c.name).into());
                 }
                 let mut v = self.volumes.remove(vol).ok_or(format!("delete of unknown volume {vol}"))?;
                 self.by_name.remove(&v.name);
-                v.map.clear().into_iter().for_each(|(l, e)| free(l, e, freed));
+                v.map.clear()?.into_iter().for_each(|(l, e)| free(l, e, freed));
                 for mut s in v.snapshots {
-                    s.dead.clear().into_iter().for_each(|(l, e)| free(l, e, freed));
+                    s.dead.clear()?.into_iter().for_each(|(l, e)| free(l, e, freed));
                 }
             }
             Op::Sums { pba, sums } => {
                 if Pba(*pba).is_origin() || sums.is_empty() {
-                    return Err(format!("checksums for {} blocks at {}", sums.len(), Pba(*pba)));
+                    return Err(format!("checksums for {} blocks at {}", sums.len(), Pba(*pba)).into());
                 }
                 self.sums.set(Pba(*pba), sums);
             }
@@ -283,22 +309,22 @@ impl State {
         Ok(())
     }
 
-    fn check_new_volume(&self, vol: u32, name: &str, size: u64) -> Result<(), String> {
+    fn check_new_volume(&self, vol: u32, name: &str, size: u64) -> Result<(), StateError> {
         validate_name(name)?;
         if self.volumes.contains_key(&vol) || self.by_name.contains_key(name) || vol == 0 {
-            return Err(format!("volume {vol} ({name}) already exists"));
+            return Err(format!("volume {vol} ({name}) already exists").into());
         }
         if vol == u32::MAX {
             // next_volume_id (vol + 1) would overflow.
-            return Err(format!("volume id {vol} out of range"));
+            return Err(format!("volume id {vol} out of range").into());
         }
         if !size.is_multiple_of(BLOCK_SIZE) {
-            return Err(format!("volume size {size} not a multiple of {BLOCK_SIZE}"));
+            return Err(format!("volume size {size} not a multiple of {BLOCK_SIZE}").into());
         }
         Ok(())
     }
 
-    fn apply_snapshot_op(&mut self, op: &Op, freed: &mut Freed) -> Result<(), String> {
+    fn apply_snapshot_op(&mut self, op: &Op, freed: &mut Freed) -> Result<(), StateError> {
         match op {
             Op::SnapCreate { vol, name, created } => self.snap_create(*vol, name, *created),
             Op::SnapDelete { vol, epoch } => self.snap_delete(*vol, *epoch, freed),
@@ -310,7 +336,7 @@ impl State {
             Op::CloneDetach { vol } => {
                 let v = self.volume_mut(*vol, "detach")?;
                 if v.origin.is_none() || v.origin_blocks() != 0 {
-                    return Err(format!("volume {vol} is not a fully materialized clone"));
+                    return Err(format!("volume {vol} is not a fully materialized clone").into());
                 }
                 v.origin = None;
                 Ok(())
@@ -327,19 +353,20 @@ impl State {
         }
     }
 
-    fn snap_create(&mut self, vol: u32, name: &str, created: u64) -> Result<(), String> {
+    fn snap_create(&mut self, vol: u32, name: &str, created: u64) -> Result<(), StateError> {
         validate_name(name)?;
         let epoch = self.epoch;
         let v = self.volume_mut(vol, "snapshot")?;
         if v.snapshot_named(name).is_some() {
-            return Err(format!("volume {} already has a snapshot {name}", v.name));
+            return Err(format!("volume {} already has a snapshot {name}", v.name).into());
         }
         if v.snapshots.len() >= MAX_SNAPSHOTS as usize {
-            return Err(format!("volume {} has {MAX_SNAPSHOTS} snapshots already", v.name));
+            return Err(format!("volume {} has {MAX_SNAPSHOTS} snapshots already", v.name).into());
         }
         let referenced = v.map.physical_blocks();
-        let snap =
-            Snapshot { name: name.to_string(), epoch, size: v.size, created, referenced, dead: ExtentMap::default() };
+        let dead = ExtentMap::new(self.store.clone(), tree_id::dead_list(epoch));
+        let v = self.volumes.get_mut(&vol).ok_or(format!("snapshot on unknown volume {vol}"))?;
+        let snap = Snapshot { name: name.to_string(), epoch, size: v.size, created, referenced, dead };
         v.snapshots.push(snap);
         self.epoch += 1;
         Ok(())
@@ -349,19 +376,21 @@ impl State {
     /// the previous snapshot are seen by no one and freed; the others are
     /// still seen by the previous snapshot and join its dead list. Cost: the
     /// size of that dead list, not of the volume.
-    fn snap_delete(&mut self, vol: u32, epoch: u64, freed: &mut Freed) -> Result<(), String> {
+    fn snap_delete(&mut self, vol: u32, epoch: u64, freed: &mut Freed) -> Result<(), StateError> {
         if let Some(c) = self.clones_of(vol, Some(epoch)).first() {
-            return Err(format!("snapshot {epoch} of volume {vol} has clone {}", c.name));
+            return Err(format!("snapshot {epoch} of volume {vol} has clone {}", c.name).into());
         }
         let v = self.volume_mut(vol, "snapshot delete")?;
         let i = v.snapshot_index(epoch).ok_or(format!("volume {vol} has no snapshot at epoch {epoch}"))?;
         let mut gone = v.snapshots.remove(i);
         let mut prev = i.checked_sub(1).map(|p| &mut v.snapshots[p]);
-        for (lba, e) in gone.dead.clear() {
+        for (lba, e) in gone.dead.clear()? {
             match prev {
                 Some(ref mut p) if e.birth <= p.epoch => {
-                    let twice = p.dead.insert(lba, e.len, e.pba, e.birth);
-                    assert!(twice.is_empty(), "block {lba} alive twice at epoch {}", p.epoch);
+                    let twice = p.dead.insert(lba, e.len, e.pba, e.birth)?;
+                    if !twice.is_empty() {
+                        return Err(StateError::Invariant(format!("block {lba} alive twice at epoch {}", p.epoch)));
+                    }
                 }
                 _ => free(lba, e, freed),
             }
@@ -371,29 +400,39 @@ impl State {
 
     /// Roll the head back to the newest snapshot: what was born since is
     /// freed, what died since comes back. Cost: a scan of the head.
-    fn rollback(&mut self, vol: u32, epoch: u64, freed: &mut Freed) -> Result<(), String> {
+    fn rollback(&mut self, vol: u32, epoch: u64, freed: &mut Freed) -> Result<(), StateError> {
         let v = self.volume_mut(vol, "rollback")?;
         if v.shared_epoch() != Some(epoch) {
-            return Err(format!("rollback of volume {vol} to epoch {epoch}, which is not its newest snapshot"));
+            let what = format!("rollback of volume {vol} to epoch {epoch}, which is not its newest snapshot");
+            return Err(what.into());
         }
-        let newer: Vec<(u64, u64)> =
-            v.map.iter().filter(|(_, e)| e.birth > epoch).map(|(lba, e)| (lba, e.len)).collect();
+        let mut newer: Vec<(u64, u64)> = Vec::new();
+        v.map.for_each_from(0, &mut |lba, e| {
+            if e.birth > epoch {
+                newer.push((lba, e.len));
+            }
+            true
+        })?;
         for (lba, len) in newer {
-            v.map.remove(lba, len).into_iter().for_each(|(l, e)| free(l, e, freed));
+            v.map.remove(lba, len)?.into_iter().for_each(|(l, e)| free(l, e, freed));
         }
         let snap = v.snapshots.last_mut().ok_or("no snapshot")?;
-        let back = snap.dead.clear();
+        let back = snap.dead.clear()?;
         v.size = snap.size;
-        let tail = v.map.remove(v.blocks(), u64::MAX - v.blocks());
-        assert!(tail.is_empty(), "head mapped past its snapshot's size");
+        let tail = v.map.remove(v.blocks(), u64::MAX - v.blocks())?;
+        if !tail.is_empty() {
+            return Err(StateError::Invariant(format!("volume {vol}: head mapped past its snapshot's size")));
+        }
         for (lba, e) in back {
-            let twice = v.map.insert(lba, e.len, e.pba, e.birth);
-            assert!(twice.is_empty(), "rollback found block {lba} mapped twice");
+            let twice = v.map.insert(lba, e.len, e.pba, e.birth)?;
+            if !twice.is_empty() {
+                return Err(StateError::Invariant(format!("volume {vol}: rollback found block {lba} mapped twice")));
+            }
         }
         Ok(())
     }
 
-    fn clone_create(&mut self, vol: u32, origin: Origin, name: &str) -> Result<(), String> {
+    fn clone_create(&mut self, vol: u32, origin: Origin, name: &str) -> Result<(), StateError> {
         let o = self.volume(origin.vol).ok_or(format!("clone of unknown volume {}", origin.vol))?;
         let snap = o.snapshots.iter().find(|s| s.epoch == origin.epoch);
         let size = snap.ok_or(format!("clone of unknown snapshot {} of volume {}", origin.epoch, o.name))?.size;
@@ -402,13 +441,14 @@ impl State {
                 "clone of {} would be {} generations deep (at most {MAX_CLONE_DEPTH})",
                 o.name,
                 MAX_CLONE_DEPTH + 1
-            ));
+            )
+            .into());
         }
         self.check_new_volume(vol, name, size)?;
-        let mut v = Volume::new(vol, name.to_string(), size);
+        let mut v = Volume::new(&self.store, vol, name.to_string(), size);
         v.origin = Some(origin);
         if size > 0 {
-            v.map.insert(0, size / BLOCK_SIZE, Pba::origin(0), 0);
+            v.map.insert(0, size / BLOCK_SIZE, Pba::origin(0), 0)?;
         }
         self.volumes.insert(vol, v);
         self.by_name.insert(name.to_string(), vol);
@@ -418,11 +458,11 @@ impl State {
 
     /// Replace an origin marker (in the head, or in snapshot `snap`'s dead
     /// list) by a private copy of the origin's data, same birth.
-    fn materialize(&mut self, vol: u32, snap: u64, lba: u64, len: u64, pba: u64) -> Result<(), String> {
+    fn materialize(&mut self, vol: u32, snap: u64, lba: u64, len: u64, pba: u64) -> Result<(), StateError> {
         let v = self.volume_mut(vol, "materialize")?;
         // Origin markers and copies are block ranges of 48-bit block numbers.
         if lba > BLOCK_MASK {
-            return Err(format!("volume {vol}: origin marker at block {lba} exceeds 48-bit block numbers"));
+            return Err(format!("volume {vol}: origin marker at block {lba} exceeds 48-bit block numbers").into());
         }
         check_physical(lba, len)?;
         if pba != 0 {
@@ -430,18 +470,18 @@ impl State {
         }
         let upto = if snap == 0 { v.snapshots.len() } else { v.snapshot_index(snap).ok_or("unknown snapshot")? + 1 };
         let map = if snap == 0 { &mut v.map } else { &mut v.snapshots[upto - 1].dead };
-        let here = map.lookup(lba, len, 2);
+        let here = map.lookup(lba, len, 2)?;
         let birth = match here.as_slice() {
             [crate::map::extent_map::Segment::Mapped { pba: p, birth, len: l, .. }]
                 if *l == len && *p == Pba::origin(lba) =>
             {
                 *birth
             }
-            _ => return Err(format!("volume {vol}: blocks {lba}+{len} are not an origin marker")),
+            _ => return Err(format!("volume {vol}: blocks {lba}+{len} are not an origin marker").into()),
         };
-        map.remove(lba, len);
+        map.remove(lba, len)?;
         if pba != 0 {
-            map.insert(lba, len, Pba(pba), birth);
+            map.insert(lba, len, Pba(pba), birth)?;
             // The copy is now own space every snapshot up to there shows.
             v.snapshots[..upto].iter_mut().for_each(|s| s.referenced += len);
         }
@@ -476,7 +516,7 @@ mod tests {
         let mut state = State::default();
         let mut freed = Freed::new();
         for op in ops {
-            state.apply(op, &mut freed)?;
+            state.apply(op, &mut freed).map_err(|e| e.to_string())?;
         }
         Ok(state)
     }

@@ -10,7 +10,8 @@
 //! snapshot, at most [`MAX_CLONE_DEPTH`] generations up.
 
 use crate::map::extent_map::Segment;
-use crate::map::state::{State, Volume, MAX_CLONE_DEPTH};
+use crate::map::state::{State, StateError, Volume, MAX_CLONE_DEPTH};
+use tarn_store::StoreError;
 
 /// Which contents of a volume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -31,13 +32,13 @@ impl Volume {
 
     /// Segments of [lba, lba+len) as the view shows them, in order: holes,
     /// real extents and (in clones) origin markers, each with its birth.
-    pub fn view_segments(&self, view: View, lba: u64, len: u64) -> Vec<Segment> {
-        let head = self.map.lookup(lba, len, usize::MAX);
+    pub fn view_segments(&self, view: View, lba: u64, len: u64) -> Result<Vec<Segment>, StoreError> {
+        let head = self.map.lookup(lba, len, usize::MAX)?;
         let View::Snapshot(epoch) = view else {
-            return head;
+            return Ok(head);
         };
         let Some(k) = self.snapshot_index(epoch) else {
-            return vec![Segment::Hole { lba, len }];
+            return Ok(vec![Segment::Hole { lba, len }]);
         };
         let mut found = Vec::new();
         let mut pending = Vec::new();
@@ -47,12 +48,12 @@ impl Volume {
                 break;
             }
             for (at, n) in std::mem::take(&mut pending) {
-                sort_by_birth(snap.dead.lookup(at, n, usize::MAX), epoch, &mut found, &mut pending);
+                sort_by_birth(snap.dead.lookup(at, n, usize::MAX)?, epoch, &mut found, &mut pending);
             }
         }
         found.extend(pending.into_iter().map(|(lba, len)| Segment::Hole { lba, len }));
         found.sort_by_key(|s| s.lba());
-        merge_holes(found)
+        Ok(merge_holes(found))
     }
 
     /// Ranges (lba, len) inside [lba, lba+len) where `view` may differ from
@@ -60,14 +61,23 @@ impl Volume {
     /// and entries it showed that died before the view. Exact from epochs
     /// alone, so it survives any crash. None if `since` is not an older
     /// snapshot of this volume.
-    pub fn changed_since(&self, view: View, since: u64, lba: u64, len: u64) -> Option<Vec<(u64, u64)>> {
-        let k = self.snapshot_index(since)?;
+    pub fn changed_since(
+        &self,
+        view: View,
+        since: u64,
+        lba: u64,
+        len: u64,
+    ) -> Result<Option<Vec<(u64, u64)>>, StoreError> {
+        let Some(k) = self.snapshot_index(since) else { return Ok(None) };
         let upto = match view {
             View::Head => self.snapshots.len(),
-            View::Snapshot(e) => self.snapshot_index(e).filter(|&m| m >= k)?,
+            View::Snapshot(e) => match self.snapshot_index(e).filter(|&m| m >= k) {
+                Some(m) => m,
+                None => return Ok(None),
+            },
         };
         let mut changed: Vec<(u64, u64)> = Vec::new();
-        for seg in self.view_segments(view, lba, len) {
+        for seg in self.view_segments(view, lba, len)? {
             if let Segment::Mapped { lba, len, birth, .. } = seg {
                 if birth > since {
                     changed.push((lba, len));
@@ -75,14 +85,14 @@ impl Volume {
             }
         }
         for snap in &self.snapshots[k..upto] {
-            for (at, e) in snap.dead.entries_in(lba, len) {
+            for (at, e) in snap.dead.entries_in(lba, len)? {
                 if e.birth <= since {
                     changed.push((at, e.len));
                 }
             }
         }
         changed.sort_unstable();
-        Some(merge_ranges(changed))
+        Ok(Some(merge_ranges(changed)))
     }
 }
 
@@ -124,16 +134,17 @@ fn merge_ranges(sorted: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
 impl State {
     /// Segments of the view with every origin marker resolved: holes and
     /// real extents only. Errors only on a broken origin chain.
-    pub fn resolve(&self, vol: u32, view: View, lba: u64, len: u64) -> Result<Vec<Segment>, String> {
+    pub fn resolve(&self, vol: u32, view: View, lba: u64, len: u64) -> Result<Vec<Segment>, StateError> {
         self.resolve_at(vol, view, lba, len, 0)
     }
 
-    fn resolve_at(&self, vol: u32, view: View, lba: u64, len: u64, depth: usize) -> Result<Vec<Segment>, String> {
+    fn resolve_at(&self, vol: u32, view: View, lba: u64, len: u64, depth: usize) -> Result<Vec<Segment>, StateError> {
         if depth > MAX_CLONE_DEPTH {
-            return Err(format!("origin chain of volume {vol} deeper than {MAX_CLONE_DEPTH}"));
+            return Err(StateError::Invariant(format!("origin chain of volume {vol} deeper than {MAX_CLONE_DEPTH}")));
         }
-        let v = self.volume(vol).ok_or(format!("origin volume {vol} is gone"))?;
-        let segs = v.view_segments(view, lba, len);
+        let gone = || StateError::Invariant(format!("origin volume {vol} is gone"));
+        let v = self.volume(vol).ok_or_else(gone)?;
+        let segs = v.view_segments(view, lba, len)?;
         let Some(origin) = v.origin else {
             return Ok(segs);
         };

@@ -3,8 +3,9 @@
 
 use crate::device::Device;
 use crate::error::{EngineError, Result};
+use crate::map::extent_map::tree_id;
 use crate::map::extent_map::{ExtentMap, Ranges};
-use crate::map::state::{Origin, Snapshot, State, Volume};
+use crate::map::state::{Origin, Snapshot, State, StateError, Volume};
 use crate::map::sums::BlockSums;
 use std::sync::Arc;
 use tarn_format::checkpoint::{
@@ -14,11 +15,12 @@ use tarn_format::checkpoint::{
 use tarn_format::checksum::{checksum, SALT_CHECKPOINT};
 use tarn_format::superblock::CheckpointRef;
 use tarn_format::{Pba, BLOCK_SIZE};
+use tarn_store::Store;
 
 /// Serialize the state as of commit `seq`; `with_sums`: the pool keeps data
 /// checksums, and every extent on real space carries its blocks' sums.
 /// Overwrite regions are all closed first (a checkpoint records none).
-pub fn encode_state(state: &State, seq: u64, with_sums: bool) -> Vec<u8> {
+pub fn encode_state(state: &State, seq: u64, with_sums: bool) -> std::result::Result<Vec<u8>, StateError> {
     assert!(state.open_regions.is_empty(), "checkpoint with open overwrite regions");
     let header = CheckpointHeader {
         seq,
@@ -38,7 +40,7 @@ pub fn encode_state(state: &State, seq: u64, with_sums: bool) -> Vec<u8> {
             sums: with_sums,
         };
         enc.volume(&rec);
-        encode_extents(&mut enc, &v.map, state);
+        encode_extents(&mut enc, &v.map, state)?;
         for s in &v.snapshots {
             enc.snapshot(&SnapshotRecord {
                 epoch: s.epoch,
@@ -48,52 +50,62 @@ pub fn encode_state(state: &State, seq: u64, with_sums: bool) -> Vec<u8> {
                 name: s.name.clone(),
                 dead_count: s.dead.extent_count() as u64,
             });
-            encode_extents(&mut enc, &s.dead, state);
+            encode_extents(&mut enc, &s.dead, state)?;
         }
     }
-    enc.finish()
+    Ok(enc.finish())
 }
 
-fn encode_extents(enc: &mut CheckpointEncoder, map: &ExtentMap, state: &State) {
-    for (lba, e) in map.iter() {
+fn encode_extents(enc: &mut CheckpointEncoder, map: &ExtentMap, state: &State) -> std::result::Result<(), StateError> {
+    for (lba, e) in map.entries()? {
         let rec = ExtentRecord { lba, len: e.len, pba: e.pba.0, birth: e.birth };
         if !enc.with_sums() || e.pba.is_origin() {
             enc.extent(&rec);
             continue;
         }
         // Invariant (the checker verifies it): every mapped block is summed.
-        let sums = state.sums.all(e.pba, e.len).unwrap_or_else(|| panic!("extent at {} lacks checksums", e.pba));
+        let Some(sums) = state.sums.all(e.pba, e.len) else {
+            return Err(StateError::Invariant(format!("extent at {} lacks checksums", e.pba)));
+        };
         enc.extent_summed(&rec, &sums);
     }
+    Ok(())
+}
+
+/// A checkpoint that does not decode or breaks an invariant.
+fn bad(detail: impl std::fmt::Display) -> StateError {
+    StateError::Invariant(detail.to_string())
 }
 
 /// Rebuild the state from a checkpoint payload, checking what replay would
 /// check, so a damaged checkpoint is an error, not a bad state.
-pub fn decode_state(payload: &[u8]) -> std::result::Result<(State, u64), String> {
-    let (mut dec, h) = CheckpointDecoder::new(payload).map_err(|e| e.to_string())?;
-    let mut state = State { epoch: h.epoch, next_volume_id: h.next_volume_id, ..State::default() };
-    while let Some(v) = dec.volume().map_err(|e| e.to_string())? {
-        crate::map::state::validate_name(&v.name)?;
+pub fn decode_state(payload: &[u8], store: Arc<Store>) -> std::result::Result<(State, u64), StateError> {
+    let (mut dec, h) = CheckpointDecoder::new(payload).map_err(bad)?;
+    let mut state = State { epoch: h.epoch, next_volume_id: h.next_volume_id, ..State::new(store.clone()) };
+    while let Some(v) = dec.volume().map_err(bad)? {
+        crate::map::state::validate_name(&v.name).map_err(bad)?;
         if v.id == 0
             || v.id >= h.next_volume_id
             || state.volumes.contains_key(&v.id)
             || state.by_name.contains_key(&v.name)
         {
-            return Err(format!("volume {} ({}) duplicated or beyond next id {}", v.id, v.name, h.next_volume_id));
+            return Err(bad(format!("volume {} ({}) duplicated or beyond next id {}", v.id, v.name, h.next_volume_id)));
         }
         if v.size % BLOCK_SIZE != 0 {
-            return Err(format!("volume {} size {} not block-aligned", v.id, v.size));
+            return Err(bad(format!("volume {} size {} not block-aligned", v.id, v.size)));
         }
         let origin = v.origin.map(|(vol, epoch)| Origin { vol, epoch });
-        let map = decode_extents(&mut dec, v.size, h.epoch, origin.is_some(), &mut state.sums)?;
+        let map = ExtentMap::new(store.clone(), tree_id::head(v.id));
+        let map = decode_extents(&mut dec, map, v.size, h.epoch, origin.is_some(), &mut state.sums)?;
         let mut vol = Volume { id: v.id, name: v.name.clone(), size: v.size, map, snapshots: Vec::new(), origin };
-        while let Some(s) = dec.snapshot().map_err(|e| e.to_string())? {
-            crate::map::state::validate_name(&s.name)?;
+        while let Some(s) = dec.snapshot().map_err(bad)? {
+            crate::map::state::validate_name(&s.name).map_err(bad)?;
             let last = vol.snapshots.last().map(|p| p.epoch);
             if last.is_some_and(|p| s.epoch <= p) || s.epoch >= h.epoch || vol.snapshot_named(&s.name).is_some() {
-                return Err(format!("volume {}: snapshot {} at epoch {} out of order", v.name, s.name, s.epoch));
+                return Err(bad(format!("volume {}: snapshot {} at epoch {} out of order", v.name, s.name, s.epoch)));
             }
-            let dead = decode_extents(&mut dec, s.size, s.epoch, origin.is_some(), &mut state.sums)?;
+            let dead = ExtentMap::new(store.clone(), tree_id::dead_list(s.epoch));
+            let dead = decode_extents(&mut dec, dead, s.size, s.epoch, origin.is_some(), &mut state.sums)?;
             vol.snapshots.push(Snapshot {
                 name: s.name,
                 epoch: s.epoch,
@@ -110,7 +122,7 @@ pub fn decode_state(payload: &[u8]) -> std::result::Result<(State, u64), String>
         if let Some(o) = v.origin {
             let ok = state.volume(o.vol).is_some_and(|ov| ov.snapshot_index(o.epoch).is_some());
             if !ok || state.clone_depth(v.id) > crate::map::state::MAX_CLONE_DEPTH {
-                return Err(format!("volume {}: origin {}@{} missing or too deep", v.name, o.vol, o.epoch));
+                return Err(bad(format!("volume {}: origin {}@{} missing or too deep", v.name, o.vol, o.epoch)));
             }
         }
     }
@@ -121,21 +133,21 @@ pub fn decode_state(payload: &[u8]) -> std::result::Result<(State, u64), String>
 /// origin markers only in clones (and only at their own block numbers).
 fn decode_extents(
     dec: &mut CheckpointDecoder<'_>,
+    mut map: ExtentMap,
     size: u64,
     max_birth: u64,
     clone: bool,
     sums: &mut BlockSums,
-) -> std::result::Result<ExtentMap, String> {
-    let mut map = ExtentMap::default();
-    while let Some(e) = dec.extent().map_err(|e| e.to_string())? {
+) -> std::result::Result<ExtentMap, StateError> {
+    while let Some(e) = dec.extent().map_err(bad)? {
         let pba = Pba(e.pba);
         let bad_origin = pba.is_origin() && (!clone || pba.block() != e.lba || e.birth != 0);
         if e.lba + e.len > size / BLOCK_SIZE || e.birth > max_birth || bad_origin {
-            return Err(format!("extent {}+{} at {pba} born {} does not fit its list", e.lba, e.len, e.birth));
+            return Err(bad(format!("extent {}+{} at {pba} born {} does not fit its list", e.lba, e.len, e.birth)));
         }
-        crate::map::state::check_physical(e.pba, e.len)?;
-        if !map.insert(e.lba, e.len, pba, e.birth).is_empty() {
-            return Err("checkpoint extents overlap".into());
+        crate::map::state::check_physical(e.pba, e.len).map_err(bad)?;
+        if !map.insert(e.lba, e.len, pba, e.birth)?.is_empty() {
+            return Err(bad("checkpoint extents overlap"));
         }
         if !dec.sums().is_empty() {
             sums.set(pba, dec.sums());

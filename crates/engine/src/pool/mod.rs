@@ -5,7 +5,7 @@
 //! own `impl Pool`; docs/ARCHITECTURE.md (*Locks*) has the lock order.
 
 use crate::device::Device;
-use crate::error::{EngineError, Result};
+use crate::error::{EngineError, Result, StateError};
 use crate::map::extent_map::Freed;
 use crate::map::extent_map::Segment;
 use crate::map::state::{State, Volume};
@@ -275,7 +275,14 @@ impl Pool {
     pub(crate) fn apply_ops(&self, inner: &mut Inner, ops: Vec<Op>) -> Result<()> {
         for op in ops {
             let mut freed = Freed::new();
-            inner.state.apply(&op, &mut freed).map_err(EngineError::InvalidArgument)?;
+            inner.state.apply(&op, &mut freed).map_err(|e| match e {
+                StateError::Refused(why) => EngineError::InvalidArgument(why),
+                broken => {
+                    // Damaged metadata, possibly half applied: commit nothing more.
+                    self.fenced.store(true, Ordering::SeqCst);
+                    EngineError::State(broken)
+                }
+            })?;
             inner.queue(op, freed);
         }
         self.write_gen.fetch_add(1, Ordering::SeqCst);
@@ -360,9 +367,9 @@ pub(crate) fn volume_named<'a>(state: &'a State, name: &str) -> Result<&'a Volum
 pub(crate) fn resolve_in(inner: &Inner, vol: u32, view: View, lba: u64, len: u64) -> Result<Vec<Segment>> {
     let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
     if view == View::Head && v.origin.is_none() {
-        return Ok(v.map.lookup(lba, len, usize::MAX));
+        return Ok(v.map.lookup(lba, len, usize::MAX)?);
     }
-    inner.state.resolve(vol, view, lba, len).map_err(EngineError::Inconsistent)
+    Ok(inner.state.resolve(vol, view, lba, len)?)
 }
 
 fn info(state: &crate::map::state::State, v: &crate::map::state::Volume) -> VolumeInfo {

@@ -370,7 +370,7 @@ fn replay_journal(
             detail: format!("journal record {} does not apply: {detail}", rec.seq),
         };
         for op in &rec.ops {
-            state.apply(op, &mut sink).map_err(bad)?;
+            state.apply(op, &mut sink).map_err(|e| bad(e.to_string()))?;
         }
         // Only snapshot ops move the epoch; the record states where it ended.
         if state.epoch != rec.epoch {
@@ -385,7 +385,8 @@ fn load_checkpoint(devices: &[Arc<dyn Device>], sb: &Superblock) -> Result<(Stat
         return Ok((State::default(), Vec::new(), sb.checkpoint.seq));
     }
     let (payload, pieces) = checkpoint::read(devices, &sb.checkpoint)?;
-    let (state, seq) = checkpoint::decode_state(&payload).map_err(|detail| EngineError::NotAPool {
+    let store = Arc::new(tarn_store::Store::memory());
+    let (state, seq) = checkpoint::decode_state(&payload, store).map_err(|detail| EngineError::NotAPool {
         device: devices[0].name(),
         detail: format!("checkpoint: {detail}"),
     })?;
@@ -408,7 +409,7 @@ fn build_space(devices: &[Arc<dyn Device>], sb: &Superblock, state: &State, piec
         list.push((pba.block(), len));
         Ok(())
     };
-    for (pba, len) in state.physical_extents() {
+    for (pba, len) in state.physical_extents()? {
         add(pba, len)?;
     }
     for &(pba, len) in pieces {

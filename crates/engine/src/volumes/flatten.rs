@@ -82,7 +82,7 @@ impl Pool {
         let start = if cursor.0 == 0 { 0 } else { v.snapshot_index(cursor.0).map_or(0, |i| i + 1) };
         for (n, (snap, map)) in lists.enumerate().skip(start) {
             let from = if n == start { cursor.1 } else { 0 };
-            if let Some((lba, len)) = first_marker(map, from) {
+            if let Some((lba, len)) = first_marker(map, from)? {
                 return Ok(Some(Marker { snap, lba, len: len.min(CHUNK_BLOCKS) }));
             }
         }
@@ -116,7 +116,10 @@ impl Pool {
             }
         }
         let mut inner = self.write_inner();
-        let still = inner.state.volume(id).is_some_and(|v| is_marker(v, m));
+        let still = match inner.state.volume(id) {
+            Some(v) => is_marker(v, m)?,
+            None => false,
+        };
         if !still {
             drop(inner);
             self.give_back_unmapped(&fresh);
@@ -139,19 +142,24 @@ impl Pool {
 }
 
 /// First origin marker in `map` ending after `from`: (lba, len), clipped to start at `from`.
-fn first_marker(map: &ExtentMap, from: u64) -> Option<(u64, u64)> {
-    map.iter_from(from).find(|(_, e)| e.pba.is_origin()).map(|(lba, e)| {
-        let start = lba.max(from);
-        (start, e.len - (start - lba))
-    })
+fn first_marker(map: &ExtentMap, from: u64) -> Result<Option<(u64, u64)>> {
+    let mut found = None;
+    map.for_each_from(from, &mut |lba, e| {
+        if e.pba.is_origin() {
+            let start = lba.max(from);
+            found = Some((start, e.len - (start - lba)));
+        }
+        found.is_none()
+    })?;
+    Ok(found)
 }
 
 /// Whether [m.lba, +m.len) in the marker's list is still one origin marker.
-fn is_marker(v: &Volume, m: Marker) -> bool {
+fn is_marker(v: &Volume, m: Marker) -> Result<bool> {
     let map = if m.snap == 0 { Some(&v.map) } else { v.snapshot_index(m.snap).map(|i| &v.snapshots[i].dead) };
     let Some(map) = map else {
-        return false;
+        return Ok(false);
     };
-    matches!(map.lookup(m.lba, m.len, 2).as_slice(),
-        [Segment::Mapped { len, pba, .. }] if *len == m.len && pba.is_origin() && pba.block() == m.lba)
+    Ok(matches!(map.lookup(m.lba, m.len, 2)?.as_slice(),
+        [Segment::Mapped { len, pba, .. }] if *len == m.len && pba.is_origin() && pba.block() == m.lba))
 }

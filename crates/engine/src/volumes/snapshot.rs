@@ -72,7 +72,7 @@ impl Pool {
         let inner = self.read_inner();
         let v = volume_named(&inner.state, vol)?;
         let i = snapshot_index(v, name)?;
-        Ok(snapshot_info(&inner.state, v, i))
+        snapshot_info(&inner.state, v, i)
     }
 
     /// Snapshots of one volume, or of all, oldest first.
@@ -83,7 +83,7 @@ impl Pool {
             Some(name) => vec![volume_named(state, name)?],
             None => state.volumes.values().collect(),
         };
-        Ok(vols.into_iter().flat_map(|v| (0..v.snapshots.len()).map(move |i| snapshot_info(state, v, i))).collect())
+        vols.into_iter().flat_map(|v| (0..v.snapshots.len()).map(move |i| snapshot_info(state, v, i))).collect()
     }
 
     /// Delete a snapshot; returns the bytes freed, back in the pool when
@@ -96,7 +96,7 @@ impl Pool {
             let v = volume_named(&inner.state, vol)?;
             let i = snapshot_index(v, name)?;
             refuse_if_cloned(&inner.state, v, i)?;
-            let (id, epoch, exclusive) = (v.id, v.snapshots[i].epoch, v.exclusive_blocks(i));
+            let (id, epoch, exclusive) = (v.id, v.snapshots[i].epoch, v.exclusive_blocks(i)?);
             self.apply_ops(&mut inner, vec![Op::SnapDelete { vol: id, epoch }])?;
             exclusive * BLOCK_SIZE
         };
@@ -208,11 +208,11 @@ fn refuse_if_cloned(state: &State, v: &Volume, i: usize) -> Result<()> {
     })
 }
 
-fn snapshot_info(state: &State, v: &Volume, i: usize) -> SnapshotInfo {
+fn snapshot_info(state: &State, v: &Volume, i: usize) -> Result<SnapshotInfo> {
     let s = &v.snapshots[i];
-    let exclusive = v.exclusive_blocks(i) * BLOCK_SIZE;
+    let exclusive = v.exclusive_blocks(i)? * BLOCK_SIZE;
     let referenced = s.referenced * BLOCK_SIZE;
-    SnapshotInfo {
+    Ok(SnapshotInfo {
         volume: v.name.clone(),
         name: s.name.clone(),
         epoch: s.epoch,
@@ -222,7 +222,7 @@ fn snapshot_info(state: &State, v: &Volume, i: usize) -> SnapshotInfo {
         referenced,
         shared: referenced.saturating_sub(exclusive),
         clones: state.clones_of(v.id, Some(s.epoch)).iter().map(|c| c.name.clone()).collect(),
-    }
+    })
 }
 
 fn unix_now() -> u64 {
