@@ -94,6 +94,13 @@ impl<'a> Reader<'a> {
     }
     /// LEB128 unsigned varint of at most 10 bytes.
     pub fn varint(&mut self) -> Result<u64> {
+        // Fast path: one byte (most deltas in a leaf).
+        if let Some(&b) = self.buf.get(self.pos) {
+            if b < 0x80 {
+                self.pos += 1;
+                return Ok(u64::from(b));
+            }
+        }
         let mut v: u64 = 0;
         for i in 0..10 {
             let b = self.u8()?;

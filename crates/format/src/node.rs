@@ -64,7 +64,7 @@ pub enum NodeBody {
 
 /// Entries in one group at most: a reader decodes at most this many to
 /// reach any entry, a change re-encodes one group.
-pub const GROUP_MAX: usize = 32;
+pub const GROUP_MAX: usize = 8;
 
 /// A leaf's entries as stored, and as the store keeps them in memory:
 /// groups of consecutive entries, each group's first entry encoded on its
@@ -78,11 +78,11 @@ pub struct PackedLeaf {
 }
 
 impl PackedLeaf {
-    /// Pack entries (keys ascending) in groups of `GROUP_MAX / 2`.
+    /// Pack entries (keys ascending) in groups of `GROUP_MAX`.
     pub fn pack<V: LeafValue>(entries: &[(u64, V)]) -> PackedLeaf {
         let mut w = Writer::default();
         let mut sizes = Vec::new();
-        for group in entries.chunks(GROUP_MAX / 2) {
+        for group in entries.chunks(GROUP_MAX) {
             sizes.push(group.len() as u8);
             encode_group(group, &mut w);
         }
@@ -463,7 +463,7 @@ mod tests {
         let entries: Vec<(u64, ExtentValue)> =
             (0..100).map(|i| (i * 5, ExtentValue { len: 2, pba: 1000 + i * 3, birth: i % 3 })).collect();
         let packed = PackedLeaf::pack(&entries);
-        assert_eq!(packed.sizes, vec![16, 16, 16, 16, 16, 16, 4]);
+        assert_eq!(packed.sizes, [vec![8; 12], vec![4]].concat());
         let block = encode_node(&header(0), &NodeBody::Leaf(packed.clone()));
         assert_eq!(block.len(), NODE_SIZE);
         let payload = u16::from_le_bytes([block[38], block[39]]) as usize;

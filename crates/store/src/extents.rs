@@ -91,8 +91,9 @@ impl ExtentTree {
         Ok(())
     }
 
+    /// Remove the entry at `lba`, which the caller just found.
     fn take(&mut self, store: &Store, lba: u64, sup: &mut Vec<Pba>) -> Result<()> {
-        if self.tree.remove(store, lba, sup)?.is_some() {
+        if self.tree.remove_present(store, lba, sup)?.is_some() {
             self.counts.extents -= 1;
         }
         Ok(())
@@ -174,23 +175,46 @@ impl ExtentTree {
     }
 
     /// Map `[lba, lba+len)` to `pba..`; returns what the range mapped before.
+    /// Reads the neighbourhood once (the left neighbour, what the range
+    /// overlaps, the right neighbour), then changes only what it must.
     pub fn insert(&mut self, store: &Store, lba: u64, new: Extent, sup: &mut Vec<Pba>) -> Result<Killed> {
         assert!(new.len > 0, "empty extent");
-        let killed = self.remove(store, lba, new.len, sup)?;
-        let (mut start, mut ext) = (lba, new);
-        if let Some((k, left)) = self.tree.get_le(store, lba.saturating_sub(1))?.filter(|_| lba > 0) {
-            let left = extent(&left);
-            if k + left.len == lba && joins(left, new) {
-                self.take(store, k, sup)?;
-                (start, ext) = (k, Extent { len: left.len + new.len, ..left });
-            }
-        }
         let end = lba + new.len;
-        if let Some((k, right)) = self.tree.get_ge(store, end)? {
-            if k == end && joins(new, extent(&right)) {
-                self.take(store, k, sup)?;
-                ext.len += right.len;
+        let mut near: Vec<(u64, Extent)> = Vec::new();
+        let from = match self.tree.get_le(store, lba.saturating_sub(1))? {
+            Some((k, _)) => k,
+            None => lba,
+        };
+        self.tree.range(store, from, end.saturating_add(1), &mut |k, v| {
+            near.push((k, extent(v)));
+            true
+        })?;
+        let mut killed = Vec::new();
+        let (mut start, mut ext) = (lba, new);
+        for (k, e) in near {
+            let e_end = k + e.len;
+            if e_end < lba || (e_end == lba && !joins(e, new)) || (k == end && !joins(new, e)) {
+                continue;
             }
+            self.take(store, k, sup)?;
+            if e_end == lba {
+                (start, ext) = (k, Extent { len: e.len + ext.len, ..e });
+                continue;
+            }
+            if k == end {
+                ext.len += e.len;
+                continue;
+            }
+            let (s, t) = (k.max(lba), e_end.min(end));
+            if k < s {
+                self.put(store, k, Extent { len: s - k, ..e }, sup)?;
+            }
+            if t < e_end {
+                self.put(store, t, Extent { len: e_end - t, pba: e.pba.offset_by(t - k), birth: e.birth }, sup)?;
+            }
+            let piece = Extent { len: t - s, pba: e.pba.offset_by(s - k), birth: e.birth };
+            self.count(piece, false);
+            killed.push((s, piece));
         }
         self.put(store, start, ext, sup)?;
         self.count(new, true);

@@ -14,6 +14,8 @@ pub struct Leaf<V> {
     sizes: Vec<u8>,
     /// Byte offset of each group in `data`.
     offs: Vec<u16>,
+    /// Each group's first key (searched without decoding).
+    firsts: Vec<u64>,
     data: Vec<u8>,
     count: usize,
     _v: PhantomData<V>,
@@ -23,13 +25,19 @@ type Group<V> = Vec<(u64, V)>;
 
 impl<V: LeafValue> Leaf<V> {
     pub fn empty() -> Leaf<V> {
-        Leaf { sizes: Vec::new(), offs: Vec::new(), data: Vec::new(), count: 0, _v: PhantomData }
+        Leaf { sizes: Vec::new(), offs: Vec::new(), firsts: Vec::new(), data: Vec::new(), count: 0, _v: PhantomData }
     }
 
     /// From a node's validated payload.
     pub fn from_packed(p: PackedLeaf) -> Result<Leaf<V>> {
         let (entries, offs) = p.unpack::<V>()?;
-        Ok(Leaf { count: entries.len(), sizes: p.sizes, offs, data: p.data, _v: PhantomData })
+        let mut firsts = Vec::with_capacity(p.sizes.len());
+        let mut at = 0;
+        for s in &p.sizes {
+            firsts.push(entries[at].0);
+            at += usize::from(*s);
+        }
+        Ok(Leaf { count: entries.len(), sizes: p.sizes, offs, firsts, data: p.data, _v: PhantomData })
     }
 
     pub fn to_packed(&self) -> PackedLeaf {
@@ -50,7 +58,7 @@ impl<V: LeafValue> Leaf<V> {
     }
 
     pub fn mem_bytes(&self) -> usize {
-        self.data.capacity() + self.sizes.capacity() + 2 * self.offs.capacity()
+        self.data.capacity() + self.sizes.capacity() + 2 * self.offs.capacity() + 8 * self.firsts.capacity()
     }
 
     fn group_range(&self, g: usize) -> std::ops::Range<usize> {
@@ -69,23 +77,9 @@ impl<V: LeafValue> Leaf<V> {
         out
     }
 
-    fn first_key(&self, g: usize) -> u64 {
-        let mut r = Reader::new(&self.data[self.group_range(g)], "store leaf");
-        V::decode(None, &mut r).expect("a leaf in memory decodes").0
-    }
-
     /// The last group whose first key is <= `key`.
     fn group_for(&self, key: u64) -> Option<usize> {
-        let (mut lo, mut hi) = (0, self.sizes.len());
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            if self.first_key(mid) <= key {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
-        }
-        lo.checked_sub(1)
+        self.firsts.partition_point(|f| *f <= key).checked_sub(1)
     }
 
     pub fn get_le(&self, key: u64) -> Option<(u64, V)> {
@@ -163,12 +157,14 @@ impl<V: LeafValue> Leaf<V> {
         debug_assert!(entries.len() <= 2 * GROUP_MAX);
         let mut w = Writer::default();
         let mut sizes: Vec<u8> = Vec::with_capacity(2);
+        let mut firsts: Vec<u64> = Vec::with_capacity(2);
         let halves: Vec<&[(u64, V)]> =
             if entries.len() > GROUP_MAX { entries.chunks(entries.len().div_ceil(2)).collect() } else { vec![entries] };
         let mut starts = Vec::with_capacity(2);
         for half in halves.into_iter().filter(|h| !h.is_empty()) {
             starts.push(w.len());
             sizes.push(half.len() as u8);
+            firsts.push(half[0].0);
             encode_group(half, &mut w);
         }
         let at = self.offs.get(g).map_or(self.data.len(), |o| usize::from(*o));
@@ -176,6 +172,7 @@ impl<V: LeafValue> Leaf<V> {
         self.data.splice(at..end, w.buf.iter().copied());
         let delta = w.len() as isize - (end - at) as isize;
         self.sizes.splice(g..g + n, sizes.iter().copied());
+        self.firsts.splice(g..g + n, firsts.iter().copied());
         let new_offs: Vec<u16> = starts.iter().map(|s| (at + s) as u16).collect();
         self.offs.splice(g..g + n, new_offs.iter().copied());
         for o in &mut self.offs[g + new_offs.len()..] {
@@ -192,6 +189,7 @@ impl<V: LeafValue> Leaf<V> {
         let right = Leaf {
             sizes: self.sizes.split_off(at),
             offs: self.offs.split_off(at).into_iter().map(|o| o - base as u16).collect(),
+            firsts: self.firsts.split_off(at),
             data: self.data.split_off(base),
             count: 0,
             _v: PhantomData,
@@ -206,6 +204,7 @@ impl<V: LeafValue> Leaf<V> {
         let base = self.data.len() as u16;
         self.offs.extend(other.offs.iter().map(|o| o + base));
         self.sizes.extend(other.sizes);
+        self.firsts.extend(other.firsts);
         self.data.extend(other.data);
         self.count += other.count;
     }
@@ -254,6 +253,7 @@ mod tests {
                 let again = Leaf::<RangeValue>::from_packed(leaf.to_packed()).unwrap();
                 assert_eq!(again.entries(), leaf.entries());
                 assert_eq!(again.offs, leaf.offs);
+                assert_eq!(again.firsts, leaf.firsts);
             }
         }
         let all: Vec<(u64, u64)> = leaf.entries().iter().map(|(k, v)| (*k, v.len)).collect();

@@ -64,9 +64,15 @@ impl<V: LeafValue> Tree<V> {
 
     /// Remove `key`; returns its value if it was there.
     pub fn remove(&mut self, store: &Store, key: u64, superseded: &mut Vec<Pba>) -> Result<Option<V>> {
+        // Look first: removing an absent key must not dirty a path.
         if self.get_le(store, key)?.is_none_or(|(k, _)| k != key) {
             return Ok(None);
         }
+        self.remove_present(store, key, superseded)
+    }
+
+    /// Remove a key the caller just found in the tree.
+    pub fn remove_present(&mut self, store: &Store, key: u64, superseded: &mut Vec<Pba>) -> Result<Option<V>> {
         let mut root = std::mem::replace(&mut self.root, Ptr::Clean { pba: Pba(0), crc: 0 });
         let result = self.remove_in(store, &mut root, self.height, Bounds::ALL, key, superseded);
         self.root = root;
