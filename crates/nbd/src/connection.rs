@@ -1,7 +1,8 @@
 //! Transmission phase of one connection.
 //!
 //! The connection thread reads and validates requests (including WRITE
-//! payloads, through a 256 KiB read buffer). Each valid request is either
+//! payloads: small ones through a 256 KiB read buffer, large ones straight
+//! from the stream into their own buffer). Each valid request is either
 //! run right there ("inline": no hand-off, WRITE data taken straight from
 //! the read buffer) or pushed into a bounded queue served by up to
 //! `workers_per_conn` worker threads spawned on demand; [`CostModel`]
@@ -398,6 +399,10 @@ fn read_loop<R: Read>(
 ) -> End {
     let p = shared.params;
     let mut hb = [0u8; REQUEST_HEADER_LEN];
+    // The last request was a large WRITE whose payload came straight from
+    // the stream: read the next header alone too (large sequential writes
+    // then cost two reads and no copy through the read buffer each).
+    let mut after_direct = false;
     loop {
         if shutting_down.load(Ordering::Relaxed) {
             refuse_buffered(shared, reader);
@@ -410,7 +415,13 @@ fn read_loop<R: Read>(
         if reader.buffer().len() < REQUEST_HEADER_LEN {
             shared.writer.flush(&shared.pool);
         }
-        if let Err(e) = reader.read_exact(&mut hb) {
+        let got = if after_direct && reader.buffer().is_empty() {
+            reader.get_mut().read_exact(&mut hb)
+        } else {
+            reader.read_exact(&mut hb)
+        };
+        after_direct = false;
+        if let Err(e) = got {
             if shutting_down.load(Ordering::Relaxed) {
                 return End::Shutdown;
             }
@@ -479,8 +490,9 @@ fn read_loop<R: Read>(
         }
         let data = if let Request::Write { length, .. } = req {
             let mut buf = shared.pool.get(length as usize);
-            if reader.read_exact(&mut buf).is_err() {
-                return End::Eof;
+            match read_payload(reader, &mut buf) {
+                Ok(direct) => after_direct = direct,
+                Err(_) => return End::Eof,
             }
             buf
         } else {
@@ -528,6 +540,26 @@ fn read_loop<R: Read>(
             }
         }
     }
+}
+
+/// Payloads at least this large are read from the stream straight into
+/// their buffer, past the read buffer.
+const DIRECT_PAYLOAD: usize = 64 * 1024;
+
+/// Read a WRITE payload into `buf`. A large one takes what the read buffer
+/// already holds, then the rest straight from the stream into `buf`: its
+/// bytes are copied once (socket to `buf`), and its tail never drags the
+/// next request's header and payload through the read buffer. A small one
+/// goes through the read buffer, which batches the requests behind it.
+/// Returns whether the payload was read straight from the stream.
+fn read_payload<R: Read>(reader: &mut BufReader<R>, buf: &mut [u8]) -> io::Result<bool> {
+    let have = reader.buffer().len().min(buf.len());
+    if buf.len() - have < DIRECT_PAYLOAD {
+        return reader.read_exact(buf).map(|()| false);
+    }
+    buf[..have].copy_from_slice(&reader.buffer()[..have]);
+    reader.consume(have);
+    reader.get_mut().read_exact(&mut buf[have..]).map(|()| true)
 }
 
 /// On shutdown: answer requests already received in full (still in the
@@ -788,6 +820,35 @@ mod tests {
         assert_eq!(err(hdr(NBD_CMD_READ, 0, 1, 512), &aligned), NBD_EINVAL);
         assert_eq!(err(hdr(NBD_CMD_WRITE, 0, 0, 100), &aligned), NBD_EINVAL);
         assert!(validate_request(&hdr(NBD_CMD_READ, 0, 512, 1024), &aligned).is_ok());
+    }
+
+    #[test]
+    fn payloads_read_whole_and_in_order() {
+        // Payloads below and above DIRECT_PAYLOAD, each followed by a
+        // marker, through a read buffer that holds part of each.
+        let sizes = [100usize, DIRECT_PAYLOAD - 1, DIRECT_PAYLOAD, 3 * DIRECT_PAYLOAD + 7, 1 << 20];
+        let mut stream = Vec::new();
+        for (i, &n) in sizes.iter().enumerate() {
+            stream.extend((0..n).map(|j| (j * 7 + i) as u8));
+            stream.extend_from_slice(b"MARK");
+        }
+        for cap in [16usize, 4096, READ_BUF] {
+            let mut r = BufReader::with_capacity(cap, io::Cursor::new(stream.clone()));
+            for (i, &n) in sizes.iter().enumerate() {
+                let mut buf = vec![0u8; n];
+                let direct = read_payload(&mut r, &mut buf).unwrap();
+                assert!(!direct || n >= DIRECT_PAYLOAD, "small payloads go through the read buffer");
+                if n >= DIRECT_PAYLOAD + cap {
+                    assert!(direct, "payload {i} cap {cap}: the read buffer holds less than cap");
+                }
+                assert!(buf.iter().enumerate().all(|(j, &b)| b == (j * 7 + i) as u8), "payload {i} cap {cap}");
+                let mut m = [0u8; 4];
+                r.read_exact(&mut m).unwrap();
+                assert_eq!(&m, b"MARK");
+            }
+            let mut b = [0u8; 1];
+            assert!(read_payload(&mut r, &mut b).is_err(), "end of stream");
+        }
     }
 
     #[test]
