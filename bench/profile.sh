@@ -6,7 +6,7 @@
 #
 #   bash bench/profile.sh TARGET WORKLOAD [OUTDIR]
 #   TARGET: tarn | tarn_nosum | nbdkit     WORKLOAD: sw1m | sr1m
-# Env: TARN=target/release/tarn  PROF_PERF_SECS=10  PROF_STRACE_SECS=4
+# Env: TARN=target/release/tarn  PROF_WARMUP=2  PROF_PERF_SECS=10  PROF_STRACE_SECS=4
 #      PROF_SIZE=2G  PROF_DIR=/var/tmp/tarn-prof
 # Output in OUTDIR (default /var/tmp/tarn-prof/out-TARGET-WORKLOAD):
 # perf.data, report.txt (perf report --no-children --sort symbol),
@@ -55,11 +55,11 @@ case $WL in
         sync; echo 3 >/proc/sys/vm/drop_caches ;;
   *) echo "unknown workload $WL" >&2; exit 2 ;;
 esac
-RUN=$((PERF_SECS + STRACE_SECS + 8))
+RUN=$((${PROF_WARMUP:-2} + PERF_SECS + STRACE_SECS + 6))
 fio --name="$WL" --ioengine=nbd --uri="$URI" "${args[@]}" --time_based --runtime=$RUN --size="$SIZE" \
   --numjobs=1 --output-format=json --output="$OUT/fio.json" >/dev/null 2>&1 &
 FIO=$!
-sleep 2
+sleep "${PROF_WARMUP:-2}"   # PROF_WARMUP: seconds of fio before perf starts
 echo "load before perf: $(cut -d' ' -f1-3 /proc/loadavg)" >"$OUT/io.txt"
 io() { awk '/^(rchar|wchar)/ {printf "%s ", $2}' "/proc/$SRV/io"; }
 # CPU ticks (utime+stime of all threads) and context switches of the server
