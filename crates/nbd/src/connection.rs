@@ -1,7 +1,8 @@
 //! Transmission phase of one connection.
 //!
 //! The connection thread reads and validates requests (including WRITE
-//! payloads, through a 256 KiB read buffer). Each valid request is either
+//! payloads: small ones through a 256 KiB read buffer, large ones straight
+//! from the stream into their own buffer). Each valid request is either
 //! run right there ("inline": no hand-off, WRITE data taken straight from
 //! the read buffer) or pushed into a bounded queue served by up to
 //! `workers_per_conn` worker threads spawned on demand; [`CostModel`]
@@ -396,8 +397,13 @@ fn read_loop<R: Read>(
     workers: &mut Vec<JoinHandle<()>>,
     shutting_down: &AtomicBool,
 ) -> End {
+    // The last request was a large WRITE whose payload came straight from
+    // the stream: read the next header alone too (large sequential writes
+    // then cost two reads and no copy through the read buffer each).
+    let mut after_direct = false;
     loop {
-        if let Err(end) = serve_request(shared, reader, max_in_flight, max_workers, workers, shutting_down) {
+        let limits = (max_in_flight, max_workers);
+        if let Err(end) = serve_request(shared, reader, limits, workers, shutting_down, &mut after_direct) {
             return end;
         }
     }
@@ -408,13 +414,13 @@ fn read_loop<R: Read>(
 fn serve_request<R: Read>(
     shared: &Arc<Shared>,
     reader: &mut BufReader<R>,
-    max_in_flight: usize,
-    max_workers: usize,
+    (max_in_flight, max_workers): (usize, usize),
     workers: &mut Vec<JoinHandle<()>>,
     shutting_down: &AtomicBool,
+    after_direct: &mut bool,
 ) -> Result<(), End> {
     check_running(shared, reader, shutting_down)?;
-    let h = read_header(shared, reader, shutting_down)?;
+    let h = read_header(shared, reader, shutting_down, std::mem::take(after_direct))?;
     let validated = validate_request(&h, &shared.params);
     // A WRITE carries `length` payload bytes whether or not it is valid.
     let payload = if h.command == NBD_CMD_WRITE { h.length as u64 } else { 0 };
@@ -434,7 +440,7 @@ fn serve_request<R: Read>(
     if inline && write_from_buffer(shared, reader, h.handle, req) {
         return Ok(());
     }
-    let job = Job { handle: h.handle, req, data: read_payload(shared, reader, req)? };
+    let job = Job { handle: h.handle, req, data: read_payload(shared, reader, req, after_direct)? };
     if inline {
         let reply = run_job(shared, job);
         shared.writer.defer(reply, &shared.pool);
@@ -466,13 +472,19 @@ fn read_header<R: Read>(
     shared: &Shared,
     reader: &mut BufReader<R>,
     shutting_down: &AtomicBool,
+    after_direct: bool,
 ) -> Result<RequestHeader, End> {
     // About to block on the socket: send the replies produced so far.
     if reader.buffer().len() < REQUEST_HEADER_LEN {
         shared.writer.flush(&shared.pool);
     }
     let mut hb = [0u8; REQUEST_HEADER_LEN];
-    if let Err(e) = reader.read_exact(&mut hb) {
+    let got = if after_direct && reader.buffer().is_empty() {
+        reader.get_mut().read_exact(&mut hb)
+    } else {
+        reader.read_exact(&mut hb)
+    };
+    if let Err(e) = got {
         if shutting_down.load(Ordering::Relaxed) {
             return Err(End::Shutdown);
         }
@@ -539,11 +551,36 @@ fn write_from_buffer<R: Read>(shared: &Shared, reader: &mut BufReader<R>, handle
 }
 
 /// A WRITE's payload in a pooled buffer; empty for the other requests.
-fn read_payload<R: Read>(shared: &Shared, reader: &mut BufReader<R>, req: Request) -> Result<Vec<u8>, End> {
+fn read_payload<R: Read>(
+    shared: &Shared,
+    reader: &mut BufReader<R>,
+    req: Request,
+    direct: &mut bool,
+) -> Result<Vec<u8>, End> {
     let Request::Write { length, .. } = req else { return Ok(Vec::new()) };
     let mut buf = shared.pool.get(length as usize);
-    reader.read_exact(&mut buf).map_err(|_| End::Eof)?;
+    *direct = read_payload_into(reader, &mut buf).map_err(|_| End::Eof)?;
     Ok(buf)
+}
+
+/// Payloads at least this large are read from the stream straight into
+/// their buffer, past the read buffer.
+const DIRECT_PAYLOAD: usize = 64 * 1024;
+
+/// Read a WRITE payload into `buf`. A large one takes what the read buffer
+/// already holds, then the rest straight from the stream into `buf`: its
+/// bytes are copied once (socket to `buf`), and its tail never drags the
+/// next request's header and payload through the read buffer. A small one
+/// goes through the read buffer, which batches the requests behind it.
+/// Returns whether the payload was read straight from the stream.
+fn read_payload_into<R: Read>(reader: &mut BufReader<R>, buf: &mut [u8]) -> io::Result<bool> {
+    let have = reader.buffer().len().min(buf.len());
+    if buf.len() - have < DIRECT_PAYLOAD {
+        return reader.read_exact(buf).map(|()| false);
+    }
+    buf[..have].copy_from_slice(&reader.buffer()[..have]);
+    reader.consume(have);
+    reader.get_mut().read_exact(&mut buf[have..]).map(|()| true)
 }
 
 /// Queue a job for the workers, first waiting while the connection is at
@@ -851,6 +888,35 @@ mod tests {
         assert_eq!(err(hdr(NBD_CMD_READ, 0, 1, 512), &aligned), NBD_EINVAL);
         assert_eq!(err(hdr(NBD_CMD_WRITE, 0, 0, 100), &aligned), NBD_EINVAL);
         assert!(validate_request(&hdr(NBD_CMD_READ, 0, 512, 1024), &aligned).is_ok());
+    }
+
+    #[test]
+    fn payloads_read_whole_and_in_order() {
+        // Payloads below and above DIRECT_PAYLOAD, each followed by a
+        // marker, through a read buffer that holds part of each.
+        let sizes = [100usize, DIRECT_PAYLOAD - 1, DIRECT_PAYLOAD, 3 * DIRECT_PAYLOAD + 7, 1 << 20];
+        let mut stream = Vec::new();
+        for (i, &n) in sizes.iter().enumerate() {
+            stream.extend((0..n).map(|j| (j * 7 + i) as u8));
+            stream.extend_from_slice(b"MARK");
+        }
+        for cap in [16usize, 4096, READ_BUF] {
+            let mut r = BufReader::with_capacity(cap, io::Cursor::new(stream.clone()));
+            for (i, &n) in sizes.iter().enumerate() {
+                let mut buf = vec![0u8; n];
+                let direct = read_payload_into(&mut r, &mut buf).unwrap();
+                assert!(!direct || n >= DIRECT_PAYLOAD, "small payloads go through the read buffer");
+                if n >= DIRECT_PAYLOAD + cap {
+                    assert!(direct, "payload {i} cap {cap}: the read buffer holds less than cap");
+                }
+                assert!(buf.iter().enumerate().all(|(j, &b)| b == (j * 7 + i) as u8), "payload {i} cap {cap}");
+                let mut m = [0u8; 4];
+                r.read_exact(&mut m).unwrap();
+                assert_eq!(&m, b"MARK");
+            }
+            let mut b = [0u8; 1];
+            assert!(read_payload_into(&mut r, &mut b).is_err(), "end of stream");
+        }
     }
 
     #[test]
