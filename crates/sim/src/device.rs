@@ -98,6 +98,9 @@ struct State {
     rate: Option<ErrorRate>,
     write_faults: Vec<(WriteTarget, WriteFault)>,
     events: Vec<FaultEvent>,
+    /// Reads return the intended content of damaged blocks (a device that
+    /// hides damage: negative controls only).
+    repair_reads: bool,
     /// Blocks (by index) whose cached content a fault made wrong, with what
     /// they should hold; a block leaves when its content is right again.
     damage: BTreeMap<u64, Vec<u8>>,
@@ -148,6 +151,15 @@ impl State {
         });
     }
 
+    fn overlay_intended(&self, buf: &mut [u8], off: usize) {
+        let (first, end) = (off / DAMAGE_BLOCK, (off + buf.len()).div_ceil(DAMAGE_BLOCK));
+        for (&b, want) in self.damage.range(first as u64..end as u64) {
+            let base = b as usize * DAMAGE_BLOCK;
+            let (from, to) = (off.max(base), (off + buf.len()).min(base + DAMAGE_BLOCK));
+            buf[from - off..to - off].copy_from_slice(&want[from - base..to - base]);
+        }
+    }
+
     fn write_cache(&mut self, off: usize, data: &[u8]) {
         self.cache[off..off + data.len()].copy_from_slice(data);
         self.pending.push((off as u64, data.to_vec()));
@@ -194,6 +206,7 @@ impl SimDevice {
                 write_faults: Vec::new(),
                 events: Vec::new(),
                 damage: BTreeMap::new(),
+                repair_reads: false,
             }),
         }
     }
@@ -314,20 +327,21 @@ impl SimDevice {
     }
 
     /// Read what the medium should hold if no fault had hit it (damaged
-    /// blocks give their intended content): for a device that "repairs"
-    /// reads, in negative controls.
+    /// blocks give their intended content).
     pub fn read_intended(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.check(offset, buf.len())?;
         let s = self.lock();
         let off = offset as usize;
         buf.copy_from_slice(&s.cache[off..off + buf.len()]);
-        let (first, end) = (off / DAMAGE_BLOCK, (off + buf.len()).div_ceil(DAMAGE_BLOCK));
-        for (&b, want) in s.damage.range(first as u64..end as u64) {
-            let base = b as usize * DAMAGE_BLOCK;
-            let (from, to) = (off.max(base), (off + buf.len()).min(base + DAMAGE_BLOCK));
-            buf[from - off..to - off].copy_from_slice(&want[from - base..to - base]);
-        }
+        s.overlay_intended(buf, off);
         Ok(())
+    }
+
+    /// Make every read return the intended content of damaged blocks: a
+    /// device that hides damage, so that negative controls can show the
+    /// checks fail when damage goes unseen.
+    pub fn repair_reads(&self, on: bool) {
+        self.lock().repair_reads = on;
     }
 
     /// Make reads and/or writes (and flushes) fail with an I/O error, like a
@@ -383,6 +397,9 @@ impl Device for SimDevice {
             return Err(io::Error::other(format!("injected read error at {offset}+{len}")));
         }
         buf.copy_from_slice(&s.cache[offset as usize..offset as usize + len]);
+        if s.repair_reads {
+            s.overlay_intended(buf, offset as usize);
+        }
         let State { read_flips, events, .. } = &mut *s;
         for f in read_flips.iter_mut().filter(|f| overlaps(offset, len, f.offset, f.offset + 1)) {
             buf[(f.offset - offset) as usize] ^= 1 << f.bit;
