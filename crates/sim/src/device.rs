@@ -337,6 +337,14 @@ impl SimDevice {
         Ok(())
     }
 
+    /// What the device holds now, whatever faults are armed (for tests).
+    pub fn read_stored(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.check(offset, buf.len())?;
+        let s = self.lock();
+        buf.copy_from_slice(&s.cache[offset as usize..offset as usize + buf.len()]);
+        Ok(())
+    }
+
     /// Make every read return the intended content of damaged blocks: a
     /// device that hides damage, so that negative controls can show the
     /// checks fail when damage goes unseen.

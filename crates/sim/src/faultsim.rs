@@ -27,8 +27,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use tarn_engine::scrub::ScrubOptions;
 use tarn_engine::{create_mirrored_pool, CreateOptions, Device, EngineError, OpenOptions, Pool, View};
-use tarn_format::checkpoint::SegmentHeader;
-use tarn_format::journal::RecordHeader;
+use tarn_format::checkpoint::{SegmentHeader, SEGMENT_HEADER_LEN};
+use tarn_format::journal::{RecordHeader, HEADER_LEN};
 use tarn_format::superblock::{Superblock, LABEL_BLOCKS, SUPERBLOCK_COPIES};
 
 /// The device faults a run injects (one kind per run).
@@ -214,7 +214,8 @@ pub fn run_fault_seed(seed: u64, cfg: &FaultConfig) -> Result<FaultStats, String
         place,
         stats: FaultStats { runs: 1, ..Default::default() },
     };
-    run.go().map_err(|e| format!("seed {seed} ({:?} at {place:?}): {e}", cfg.kind))?;
+    run.go().map_err(|e| format!("seed {seed} ({:?} at {:?}): {e}", cfg.kind, run.place))?;
+    run.stats.fired = usize::from(run.fired());
     Ok(run.stats)
 }
 
@@ -247,15 +248,18 @@ impl FaultRun {
                 return Err("the workload stopped before any fault".into());
             }
         }
-        self.arm()?;
-        self.armed = true;
+        // Rot and read faults on metadata are armed just before the last
+        // open: a checkpoint (every close) rewrites the superblocks and
+        // leaves the journal and the old segments behind, so damage there
+        // earlier would mostly meet nothing.
+        if !self.late_meta() {
+            self.arm()?;
+            self.armed = true;
+        }
         for _ in 0..self.cfg.steps {
             if !self.step()? {
                 return if self.ended { Ok(()) } else { self.after_fence() };
             }
-        }
-        if self.fired() {
-            self.stats.fired = 1;
         }
         let (bad, failed) = self.verify_views("after the faults")?;
         self.verify_scrub(&bad, &failed)?;
@@ -462,11 +466,17 @@ impl FaultRun {
             self.place = Place::Meta;
         }
         let meta = live_metadata(&dev);
+        // A data block, or a metadata block (only the bytes a checksum
+        // covers: the zero padding after a record's or segment's payload
+        // is read by nothing).
         let pick_block = |rng: &mut ChaCha8Rng| match target_block {
-            Some(b) => b,
-            None => meta[rng.random_range(0..meta.len())].0,
+            Some(b) => (b, 0, BLOCK),
+            None => {
+                let m = &meta[rng.random_range(0..meta.len())];
+                (m.block, m.lo, m.hi)
+            }
         };
-        let byte = |rng: &mut ChaCha8Rng, b: u64| b * BS + rng.random_range(0..BS);
+        let byte = |rng: &mut ChaCha8Rng, (b, lo, hi): (u64, usize, usize)| b * BS + rng.random_range(lo..hi) as u64;
         match self.cfg.kind {
             FaultKind::Rot => {
                 let b = pick_block(&mut self.rng);
@@ -480,7 +490,7 @@ impl FaultRun {
                 dev.flip_on_read(at, self.rng.random_range(0..8), times);
             }
             FaultKind::ReadErrors => {
-                let b = pick_block(&mut self.rng);
+                let (b, ..) = pick_block(&mut self.rng);
                 dev.fail_range(b * BS, BS, true, false);
             }
             FaultKind::WriteErrors => match place {
@@ -506,6 +516,16 @@ impl FaultRun {
             }
         }
         Ok(())
+    }
+
+    /// Rot or a read fault aimed at metadata: armed after the final close
+    /// (or crash), so it meets the open.
+    fn late_meta(&self) -> bool {
+        self.place == Place::Meta
+            && matches!(
+                self.cfg.kind,
+                FaultKind::Rot | FaultKind::ReadFlipOnce | FaultKind::ReadFlipSticky | FaultKind::ReadErrors
+            )
     }
 
     /// A block of the device holding live data of some view (by content:
@@ -673,6 +693,10 @@ impl FaultRun {
         if self.place == Place::Data {
             self.devs.iter().for_each(|d| d.clear_faults());
         }
+        if self.late_meta() {
+            self.arm()?;
+            self.armed = true;
+        }
         let meta_damage = self.meta_damage();
         trace!(
             "meta damage {meta_damage:?}, damaged blocks {:?}",
@@ -697,6 +721,9 @@ impl FaultRun {
                     trace!("known gap {:?}", Gap::StaleSuperblockCopy);
                     self.stats.gap = Some(Gap::StaleSuperblockCopy);
                     self.stats.stale_superblocks += 1;
+                }
+                if meta_damage == Some("checkpoint segment") && persistent && !self.cfg.mirror {
+                    return Err("opened over a damaged checkpoint segment".into());
                 }
                 if noted {
                     self.stats.other_copy = 1;
@@ -754,13 +781,24 @@ impl FaultRun {
     fn meta_damage(&self) -> Option<&'static str> {
         let mut found = None;
         for d in &self.devs {
-            let live: HashMap<u64, &'static str> = live_metadata_intended(d).into_iter().collect();
-            let damaged = d.damage().into_iter().map(|(off, _)| off / BS);
-            let armed_reads = d.events().into_iter().filter_map(|e| match e {
-                FaultEvent::ReadFlip { offset, .. } | FaultEvent::ReadError { offset, .. } => Some(offset / BS),
+            let live = live_metadata_intended(d);
+            let covered = |b: u64| live.iter().find(|m| m.block == b);
+            let mut stored = vec![0u8; BLOCK];
+            let damaged = d.damage().into_iter().filter_map(|(off, want)| {
+                let m = covered(off / BS)?;
+                d.read_stored(&mut stored, off).ok()?;
+                (stored[m.lo..m.hi] != want[m.lo..m.hi]).then_some(m.what)
+            });
+            let read_faults = d.events().into_iter().filter_map(|e| match e {
+                FaultEvent::ReadFlip { offset, .. } => {
+                    covered(offset / BS).filter(|m| (m.lo..m.hi).contains(&((offset % BS) as usize))).map(|m| m.what)
+                }
+                FaultEvent::ReadError { offset, len } => {
+                    (offset / BS..(offset + len as u64).div_ceil(BS)).find_map(|b| covered(b).map(|m| m.what))
+                }
                 _ => None,
             });
-            let hit = damaged.chain(armed_reads).find_map(|b| live.get(&b).copied());
+            let hit = damaged.chain(read_faults).next();
             if self.cfg.mirror && hit.is_none() {
                 return None;
             }
@@ -798,9 +836,6 @@ impl FaultRun {
     /// A failed commit fenced the pool: drop it, power-cycle, clear the
     /// faults, reopen; every head holds its flushed data or newer.
     fn after_fence(&mut self) -> Result<(), String> {
-        if self.fired() {
-            self.stats.fired = 1;
-        }
         drop(self.pool.take());
         for d in &self.devs {
             d.crash(&mut self.rng);
@@ -856,20 +891,39 @@ fn journal_range(dev: &SimDevice) -> (u64, u64) {
     })
 }
 
-/// Blocks of live metadata as the device holds them now.
-fn live_metadata(dev: &SimDevice) -> Vec<(u64, &'static str)> {
+/// One block of live metadata and the bytes of it a checksum covers.
+#[derive(Debug, Clone, Copy)]
+struct Meta {
+    block: u64,
+    lo: usize,
+    hi: usize,
+    what: &'static str,
+}
+
+/// Live metadata as the device holds it now.
+fn live_metadata(dev: &SimDevice) -> Vec<Meta> {
     metadata_of(dev, false)
 }
 
-/// Blocks of live metadata as the device would hold them without faults.
-fn live_metadata_intended(dev: &SimDevice) -> Vec<(u64, &'static str)> {
+/// Live metadata as the device would hold it without faults.
+fn live_metadata_intended(dev: &SimDevice) -> Vec<Meta> {
     metadata_of(dev, true)
+}
+
+/// Blocks of a structure of `bytes` covered bytes starting at `start`.
+fn covered(start: u64, bytes: usize, what: &'static str) -> impl Iterator<Item = Meta> {
+    (0..bytes.div_ceil(BLOCK)).map(move |i| Meta {
+        block: start + i as u64,
+        lo: 0,
+        hi: (bytes - i * BLOCK).min(BLOCK),
+        what,
+    })
 }
 
 /// Both superblock copies, the journal records replay would apply, the
 /// segments of the current checkpoint.
-fn metadata_of(dev: &SimDevice, intended: bool) -> Vec<(u64, &'static str)> {
-    let mut out: Vec<(u64, &'static str)> = SUPERBLOCK_COPIES.iter().map(|&b| (b, "superblock")).collect();
+fn metadata_of(dev: &SimDevice, intended: bool) -> Vec<Meta> {
+    let mut out: Vec<Meta> = SUPERBLOCK_COPIES.iter().flat_map(|&b| covered(b, BLOCK, "superblock")).collect();
     let Some(sb) = superblock(dev, intended) else {
         return out;
     };
@@ -880,7 +934,7 @@ fn metadata_of(dev: &SimDevice, intended: bool) -> Vec<(u64, &'static str)> {
         if h.generation != sb.journal_generation || h.seq != seq + 1 {
             break;
         }
-        out.extend((at..at + u64::from(h.blocks)).map(|b| (b, "journal record")));
+        out.extend(covered(at, HEADER_LEN + h.payload_len as usize, "journal record"));
         at += u64::from(h.blocks);
         seq = h.seq;
     }
@@ -888,7 +942,7 @@ fn metadata_of(dev: &SimDevice, intended: bool) -> Vec<(u64, &'static str)> {
     for _ in 0..sb.checkpoint.segments {
         let b = pba & ((1 << 48) - 1);
         let Ok(h) = SegmentHeader::decode(&read_block(dev, b, intended), pba) else { break };
-        out.extend((b..b + u64::from(h.blocks)).map(|b| (b, "checkpoint segment")));
+        out.extend(covered(b, SEGMENT_HEADER_LEN + h.payload_len as usize, "checkpoint segment"));
         pba = h.next_pba;
     }
     out
