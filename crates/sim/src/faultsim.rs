@@ -614,7 +614,10 @@ impl FaultRun {
                         Ok(()) => {
                             wrong.insert(key);
                         }
-                        Err(e) if is_typed_read_error(&e) && self.fired() => {
+                        // An error must be explained: the block is damaged, a
+                        // read fault fired (its view block is not known), or a
+                        // write failed midway.
+                        Err(e) if is_typed_read_error(&e) && self.explains(&bad, &key) => {
                             if self.cfg.mirror && bad.is_empty() {
                                 return Err(format!("{what}: {label} block {b} failed with a good copy: {e}"));
                             }
@@ -628,6 +631,12 @@ impl FaultRun {
         self.stats.damaged_data += bad.len();
         self.stats.read_errors += failed.len();
         Ok((bad, failed, wrong))
+    }
+
+    fn explains(&self, bad: &Blocks, key: &(String, usize, usize)) -> bool {
+        bad.contains(key)
+            || self.read_fault_fired()
+            || self.devs.iter().flat_map(|d| d.events()).any(|e| matches!(e, FaultEvent::WriteError { .. }))
     }
 
     fn read_fault_fired(&self) -> bool {
