@@ -477,6 +477,7 @@ impl FaultRun {
             }
         };
         let byte = |rng: &mut ChaCha8Rng, (b, lo, hi): (u64, usize, usize)| b * BS + rng.random_range(lo..hi) as u64;
+        trace!("arm {:?} at {place:?} on {} (data block {target_block:?})", self.cfg.kind, dev.name());
         match self.cfg.kind {
             FaultKind::Rot => {
                 let b = pick_block(&mut self.rng);
