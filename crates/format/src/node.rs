@@ -150,6 +150,14 @@ pub trait LeafValue: Copy + std::fmt::Debug + PartialEq + Send + Sync + 'static 
     fn encoded_len(prev: Option<&(u64, Self)>, key: u64, value: &Self) -> usize;
     /// The smallest key the next entry may have.
     fn key_end(key: u64, value: &Self) -> u64;
+    /// Decode an entry this process encoded (or validated) itself, at
+    /// `*pos` in `buf`: no checks, no error path.
+    fn decode_trusted(prev: Option<&(u64, Self)>, buf: &[u8], pos: &mut usize) -> (u64, Self) {
+        let mut r = Reader::new(&buf[*pos..], "store leaf");
+        let e = Self::decode(prev, &mut r).expect("an entry encoded in memory decodes");
+        *pos += r.position();
+        e
+    }
 }
 
 /// A volume map entry: logical blocks `[key, key+len)` at `pba`, born in
@@ -206,6 +214,15 @@ impl LeafValue for ExtentValue {
     }
     fn key_end(key: u64, v: &Self) -> u64 {
         key + v.len
+    }
+    fn decode_trusted(prev: Option<&(u64, Self)>, buf: &[u8], pos: &mut usize) -> (u64, Self) {
+        use crate::codec::{trusted_varint, trusted_varint_signed};
+        let (key_end, pba_end, birth) = end_of(prev);
+        let key = key_end + trusted_varint(buf, pos);
+        let len = trusted_varint(buf, pos);
+        let pba = pba_end.wrapping_add(trusted_varint_signed(buf, pos) as u64);
+        let birth = birth.wrapping_add(trusted_varint_signed(buf, pos) as u64);
+        (key, ExtentValue { len, pba, birth })
     }
 }
 
