@@ -305,9 +305,10 @@ impl Pool {
 
     pub fn status(&self) -> PoolStatus {
         let ctl = self.lock_commit();
-        let mut inner = self.write_inner();
-        let inner = &mut *inner;
-        inner.space.reserve_blocks = crate::space::reserve_for(inner.state.extent_count(), inner.space.data_blocks());
+        // A read lock: status never holds what writers wait for longer than
+        // a read; the reserve the next commit will set is computed here.
+        let inner = self.read_inner();
+        let reserve = crate::space::reserve_for(inner.state.extent_count(), inner.space.data_blocks());
         let used = inner.state.mapped_blocks() * BLOCK_SIZE;
         let size = inner.space.data_blocks() * BLOCK_SIZE;
         let virtual_size: u64 = inner.state.volumes.values().map(|v| v.size).sum();
@@ -334,8 +335,8 @@ impl Pool {
             devices,
             size,
             used,
-            free: inner.space.available_blocks() * BLOCK_SIZE,
-            reserved: inner.space.reserve_blocks.min(inner.space.free_blocks()) * BLOCK_SIZE,
+            free: inner.space.free_blocks().saturating_sub(reserve) * BLOCK_SIZE,
+            reserved: reserve.min(inner.space.free_blocks()) * BLOCK_SIZE,
             freeing: inner.pending_frees.iter().map(|f| f.1).sum::<u64>() * BLOCK_SIZE,
             metadata: labels + checkpoint + ctl.journal.used * BLOCK_SIZE,
             journal_size: ctl.journal.blocks * BLOCK_SIZE,
