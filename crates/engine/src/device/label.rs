@@ -13,6 +13,9 @@ pub struct LabelRead {
     pub copy: usize,
     /// Why the other copy was not used, if it was invalid.
     pub other_invalid: Option<String>,
+    /// The other copy's txid, if it is valid but older: a checkpoint cut
+    /// short by a crash, or a lost or misdirected write of that copy.
+    pub other_older: Option<u64>,
 }
 
 /// Read both copies; the valid one with the highest txid wins.
@@ -26,8 +29,9 @@ pub fn read_label(dev: &dyn Device) -> Result<LabelRead> {
     let mut found: Vec<std::result::Result<Superblock, String>> = Vec::new();
     for &block in &SUPERBLOCK_COPIES {
         let mut buf = vec![0u8; BLOCK_SIZE as usize];
-        dev.read_at(&mut buf, block * BLOCK_SIZE).map_err(|e| EngineError::io("read superblock", dev.name(), e))?;
-        found.push(Superblock::decode(&buf, block).map_err(|e| e.to_string()));
+        // A copy that cannot be read is an invalid copy: the other may do.
+        let read = dev.read_at(&mut buf, block * BLOCK_SIZE).map_err(|e| format!("read error: {e}"));
+        found.push(read.and_then(|()| Superblock::decode(&buf, block).map_err(|e| e.to_string())));
     }
     let best = (0..2).filter(|&i| found[i].is_ok()).max_by_key(|&i| found[i].as_ref().map(|s| s.txid).unwrap_or(0));
     let Some(copy) = best else {
@@ -36,7 +40,8 @@ pub fn read_label(dev: &dyn Device) -> Result<LabelRead> {
     };
     let other_invalid = found[1 - copy].as_ref().err().cloned();
     let current = found.swap_remove(copy).expect("chosen copy is valid");
-    Ok(LabelRead { current, copy, other_invalid })
+    let other_older = found[0].as_ref().ok().map(|o| o.txid).filter(|t| *t < current.txid);
+    Ok(LabelRead { current, copy, other_invalid, other_older })
 }
 
 /// Write one copy (index into SUPERBLOCK_COPIES) and nothing else.

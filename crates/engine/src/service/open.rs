@@ -268,6 +268,18 @@ impl Pool {
                 label.copy
             ));
         }
+        if let Some(older) = label.other_older {
+            let note = format!(
+                "superblock copy {} of {} is older (txid {older}, copy {} has {}): a checkpoint was cut short \
+                 or a write of that copy was lost; the next checkpoint rewrites both",
+                1 - label.copy,
+                primary.name(),
+                label.copy,
+                sb.txid
+            );
+            log::warn!("{note}");
+            notes.push(note);
+        }
         log::info!(
             "opened pool on {}: {} volumes, commit {}, {replayed} journal records replayed",
             primary.name(),
