@@ -81,7 +81,45 @@ pub fn replay(dev: &dyn Device, cur: &mut JournalCursor, max_records: usize) -> 
         cur.seq = h.seq;
         out.push(Replayed { seq: h.seq, epoch: h.epoch, ops });
     }
+    if out.len() < max_records {
+        refuse_if_a_record_follows(dev, cur)?;
+    }
     Ok(out)
+}
+
+/// Blocks after the end of replay searched for a later record: more than
+/// one record can take (the pending-ops bound keeps records under 4 MiB).
+const FOLLOWING_SCAN_BLOCKS: u64 = 2048;
+
+/// Replay ended at `cur`: the record there is torn, damaged or was never
+/// written. Records of one generation are written one after another, each
+/// only once the one before is durable, so a valid record of this
+/// generation with a later sequence number beyond it means the record
+/// here was complete and is now damaged (rot, a lost or misdirected
+/// write): replaying past it is impossible and stopping would silently
+/// drop committed changes. Found by the device-fault simulation.
+fn refuse_if_a_record_follows(dev: &dyn Device, cur: &JournalCursor) -> Result<()> {
+    let first = cur.start + cur.used + 1;
+    let end = (cur.start + cur.blocks).min(first + FOLLOWING_SCAN_BLOCKS);
+    let mut buf = vec![0u8; BLOCK_SIZE as usize];
+    for block in first..end {
+        // A block that cannot be read proves nothing either way.
+        if dev.read_at(&mut buf, block * BLOCK_SIZE).is_err() {
+            continue;
+        }
+        let Ok(h) = RecordHeader::decode(&buf, block) else { continue };
+        if h.generation == cur.generation && h.seq > cur.seq + 1 {
+            let detail = format!(
+                "journal record {} at block {} is damaged, but record {} follows at block {block}: \
+                 committed changes would be lost; refusing to open",
+                cur.seq + 1,
+                cur.start + cur.used,
+                h.seq
+            );
+            return Err(EngineError::NotAPool { device: dev.name(), detail });
+        }
+    }
+    Ok(())
 }
 
 /// An upper bound of `op`'s encoded size in a journal record (every varint
