@@ -25,10 +25,12 @@
 # NBD_CMD_FLUSH) with --runtime=DURATION.
 # Env:
 #   DURATION=600          seconds per target
-#   VOL_SIZE=64G          volume / image size (the writes are spread over it:
-#                         distinct 4K blocks written ~= extents; 64 GiB at
-#                         ~37k IOPS for 600 s is ~12 M). Needs about that much
-#                         free disk: the live data is what it is.
+#   VOL_SIZE=56G          volume / image size (the writes are spread over it:
+#                         distinct 4K blocks written ~= extents = V(1-e^(-W/V))
+#                         for W writes over V blocks: 56 GiB at ~30k IOPS for
+#                         600 s is ~10.5 M). Needs that much free disk: the
+#                         live data is what it is, and the qcow2 is written in
+#                         full (QEMU_PREALLOC).
 #   POOL_SIZE=2*VOL_SIZE  tarn's sparse pool file
 #   TARGETS="tarn qemu"
 #   ROUNDS=1              rounds; the target order alternates per round and the
@@ -44,7 +46,7 @@
 #                         image after a 90 s run. full = the image written once
 #                         before the run: qcow2 then writes in place (no cluster
 #                         allocation), the easier job for the peer.
-#   IOLOG_RATE=120000     writes per second the iolog holds (fio stops early if
+#   IOLOG_RATE=80000      writes per second the iolog holds (fio stops early if
 #                         a target is faster than this)
 #   OUT=bench/results/raw/<date>-aging   raw files (fio JSON and logs, samples)
 #   RESULT=bench/results/<date>-aging.txt
@@ -55,13 +57,13 @@ BENCH=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$BENCH/.." && pwd)
 TARN_SRC=${TARN:-$REPO/target/release/tarn}
 DURATION=${DURATION:-600}
-VOL_SIZE=${VOL_SIZE:-64G}
+VOL_SIZE=${VOL_SIZE:-56G}
 TARGETS=${TARGETS:-tarn qemu}
 ROUNDS=${ROUNDS:-1}
 SAMPLE=${SAMPLE:-5}
 FLUSH_EVERY=${FLUSH_EVERY:-256}
 QD=${QD:-32}
-IOLOG_RATE=${IOLOG_RATE:-120000}
+IOLOG_RATE=${IOLOG_RATE:-80000}
 QEMU_PREALLOC=${QEMU_PREALLOC:-full}
 DIR=${BENCH_DIR:-/var/tmp/tarn-aging}
 STAMP=$(date +%Y-%m-%d-%H%M)
