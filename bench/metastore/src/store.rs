@@ -107,8 +107,8 @@ pub trait Ordered {
 pub fn apply<O: Ordered>(o: &mut O, vol: u32, lba: u64, len: u32, pba: u64, birth: u64) {
     let end = lba + len as u64;
     let k = key(vol, lba);
-    let mut new = Val { len, pba, birth };
-    let mut new_key = k;
+    // the entry before the new extent once overlaps are gone: a merge candidate
+    let mut before = None;
     if let Some((pk, pv)) = o.pred(k) {
         if key_vol(pk) == vol {
             let plba = key_lba(pk);
@@ -116,17 +116,18 @@ pub fn apply<O: Ordered>(o: &mut O, vol: u32, lba: u64, len: u32, pba: u64, birt
             if pend > lba {
                 // overlaps the start: keep its head, and its tail past the new extent
                 if plba < lba {
-                    o.put(pk, Val { len: (lba - plba) as u32, ..pv });
+                    let head = Val { len: (lba - plba) as u32, ..pv };
+                    o.put(pk, head);
+                    before = Some((pk, head));
                 } else {
                     o.del(pk);
+                    before = o.pred(k).filter(|(bk, _)| key_vol(*bk) == vol);
                 }
                 if pend > end {
                     o.put(key(vol, end), Val { len: (pend - end) as u32, pba: pv.pba + (end - plba), birth: pv.birth });
                 }
-            } else if pend == lba && pv.pba + pv.len as u64 == pba && pv.birth == birth {
-                // contiguous in both spaces and of this commit: one extent
-                new_key = pk;
-                new = Val { len: pv.len + len, pba: pv.pba, birth };
+            } else {
+                before = Some((pk, pv));
             }
         }
     }
@@ -142,7 +143,15 @@ pub fn apply<O: Ordered>(o: &mut O, vol: u32, lba: u64, len: u32, pba: u64, birt
             break;
         }
     }
-    o.put(new_key, new);
+    match before {
+        // contiguous in both spaces and of this commit: one extent
+        Some((bk, bv))
+            if key_lba(bk) + bv.len as u64 == lba && bv.pba + bv.len as u64 == pba && bv.birth == birth =>
+        {
+            o.put(bk, Val { len: bv.len + len, pba: bv.pba, birth })
+        }
+        _ => o.put(k, Val { len, pba, birth }),
+    }
 }
 
 #[cfg(test)]
