@@ -80,6 +80,9 @@ for c in fio qemu-img qemu-nbd nbdinfo; do
   command -v $c >/dev/null || { echo "aging: $c missing, run: bash scripts/deps.sh" >&2; exit 1; }
 done
 mkdir -p "$DIR" "$OUT"
+# a directory of our own: a concurrent run with the same BENCH_DIR must not
+# clean up our pool (it did once: the pool was unlinked under a running server)
+DIR=$(mktemp -d "$DIR/run.XXXX")
 TARN=$DIR/tarn.bin
 if [[ " $TARGETS " == *" tarn "* ]]; then
   [ -x "$TARN_SRC" ] || { echo "aging: $TARN_SRC not built (cargo build --release -p tarn-cli)" >&2; exit 1; }
@@ -105,7 +108,7 @@ cleanup() {
     kill -0 "$p" 2>/dev/null && kill -KILL "$p"
     wait "$p" 2>/dev/null
   done
-  rm -rf "$DIR"/t.* "$DIR"/aging.iolog
+  rm -rf "$DIR"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -273,7 +276,7 @@ run_target() { # TARGET ROUND
   rm -f "$OUT/$tag"_slat.*.log "$OUT/$tag"_lat.*.log
   stop_monitor
   start_monitor "$OUT/$tag.rss-stop.tsv"   # memory while stopping
-  "after_$tgt"
+  "after_$tgt" || log "after-run steps of $tgt failed (see $OUT/cmd.log)"
   stop_monitor
   cp "$TGT_DIR"/*.log "$OUT/" 2>/dev/null || true
   for f in "$TGT_DIR"/*.out; do [ -e "$f" ] && cp "$f" "$OUT/$tag.$(basename "$f" | tr -d '()' | tr ' ' '_')"; done
