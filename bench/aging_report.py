@@ -39,6 +39,20 @@ def read_tsv(path):
     return lines
 
 
+def per_second(samples, secs):
+    """One value per second. fio writes no iops sample for a second in which
+    nothing completed (a stall): a gap of k seconds between two samples adds
+    k - 1 seconds of 0 (the samples add up to the job's total)."""
+    out = []
+    prev = 0
+    for ms, v in samples:
+        gap = round((ms - prev) / 1000.0)
+        out.extend([0] * max(gap - 1, 0))
+        out.append(v)
+        prev = ms
+    return [((i + 1) * 1000, v) for i, v in enumerate(out)]
+
+
 def per_minute(samples, agg):
     """{minute index: agg(values)} of per-second samples; minute 0 = first."""
     by = {}
@@ -69,7 +83,7 @@ def load_round(out, tag):
     r["flush_mean_ms"] = sl.get("mean", 0) / 1e6
     r["flush_max_ms"] = sl.get("max", 0) / 1e6
     r["err"] = job.get("error", 0)
-    iops = read_log(os.path.join(out, tag + "_iops.1.log"))
+    iops = per_second(read_log(os.path.join(out, tag + "_iops.1.log")), r["secs"])
     clats = read_log(os.path.join(out, tag + "_clat.1.log"))
     r["sec_iops"] = iops
     r["min_iops"] = per_minute(iops, lambda v: sum(v) / len(v))
@@ -125,8 +139,8 @@ def main():
     peer = next((t for t in targets if t != "tarn"), None)
     note = " (median of the rounds, range in brackets)" if rounds > 1 else ""
 
-    print(f"== per minute{note}: write IOPS (mean of the 1-second samples), the slowest second's IOPS, "
-          "the slowest write (ms), server VmRSS at the minute's end (MiB)")
+    print(f"== per minute{note}: write IOPS (mean of the 1-second samples; a second without any completion "
+          "counts as 0), the slowest second's IOPS, the slowest write (ms), server VmRSS at the minute's end (MiB)")
     minutes = sorted(set(m for t in targets for r in res[t] for m in r["min_iops"]))
     hdr = f"{'min':>4}"
     for t in targets:
