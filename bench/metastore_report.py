@@ -82,11 +82,8 @@ def main():
         for b, rs, _ in rows:
             line += f"{('yes' if all(x[1].get('caches_dropped') for x in rs) else 'no') if rs else '':>{w}}"
         print(line)
-        line = f"{'load1 (start/end of runs)':30}"
         for b, rs, loads in rows:
-            v = " ".join(f"{a}/{c}" for a, c in loads)
-            line += f"{v[:w - 1]:>{w}}"
-        print(line)
+            print(f"load1 at start/end of each {b} run: " + ", ".join(f"{a}/{c}" for a, c in loads))
         d = {b: rs for b, rs, _ in rows if rs}
         if "redb" in d and "btreemap" in d:
             med = lambda b, k: statistics.median([k(x[1]) for x in d[b]])
