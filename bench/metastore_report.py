@@ -91,7 +91,7 @@ def main():
                   f"commit p99 {med('redb', COLS[2][1]) / med('btreemap', COLS[2][1]):.2f}x, "
                   f"commit max {med('redb', COLS[3][1]) / med('btreemap', COLS[3][1]):.2f}x, "
                   f"lookups/s {med('redb', COLS[4][1]) / med('btreemap', COLS[4][1]):.2f}x, "
-                  f"reopen {med('redb', COLS[7][1]) / med('btreemap', COLS[7][1]):.3f}x")
+                  f"reopen {med('redb', COLS[7][1]) / med('btreemap', COLS[7][1]):.2g}x")
     big = ns[-1] if ns else None
     if big:
         print(f"\n== as the map grows (N = {big}, round 1): the progress lines of each backend")
