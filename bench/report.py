@@ -6,7 +6,7 @@ import sys
 from fio_json import load_job, summarize
 
 NAMES = {"tarn": "tarn", "qemu": "qemu-nbd", "nbdkit": "nbdkit-file", "raw": "raw-file",
-         "tarn_nosum": "tarn-no-checksums"}
+         "tarn_nosum": "tarn-no-checksums", "tarn_b": "tarn-b"}
 DESC = {
     "rw4k_fresh": "4K randwrite QD32, fresh",
     "rw4k_alloc": "4K randwrite QD32, allocated",

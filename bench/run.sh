@@ -13,6 +13,8 @@
 #   BENCH_DIR=/var/tmp/tarn-bench   scratch space (needs ~2x BENCH_SIZE free)
 #   BENCH_META=1            also measure tarn metadata bytes per byte written
 #   TARN=target/release/tarn
+#   TARN_B=path/to/another/tarn   target tarn_b: the same setup with that binary
+#                                 (before/after twin runs; ratios are tarn / tarn_b)
 # Output: a table on stdout, also written to bench/results/<date>.txt; raw
 # fio JSON goes to bench/results/raw/<date>/ (gitignored).
 set -euo pipefail
@@ -81,7 +83,7 @@ listen_args() { # sets ADDR_URI_BASE and echo nothing
   else PORT=$(free_port); URI_BASE="nbd://127.0.0.1:$PORT/%s"; fi
 }
 setup_tarn() { # [extra pool create args]
-  local pool=$TGT_DIR/pool.img
+  local pool=$TGT_DIR/pool.img TARN=${SETUP_TARN:-$TARN}
   timeout 120 "$TARN" pool create "$pool" --size "$POOL_B" "$@" >"$TGT_DIR/create.log" 2>&1
   timeout 120 "$TARN" vol create bench --size "$SIZE_B" -p "$pool" >>"$TGT_DIR/create.log" 2>&1
   listen_args
@@ -97,6 +99,8 @@ setup_tarn() { # [extra pool create args]
 }
 # tarn without data checksums: the cost of checksums is tarn / tarn_nosum
 setup_tarn_nosum() { setup_tarn --no-checksums; }
+# another build of tarn (TARN_B), for before/after comparisons in one run
+setup_tarn_b() { [ -x "${TARN_B:-}" ] || { log "TARN_B not set or not executable"; return 1; }; SETUP_TARN=$TARN_B setup_tarn; }
 QEMU_AIO=io_uring
 setup_qemu() {
   qemu-img create -q -f qcow2 "$TGT_DIR/disk.qcow2" "$SIZE_B"

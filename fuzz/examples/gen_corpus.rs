@@ -78,6 +78,18 @@ fn main() {
     write(&dir, "format_checkpoint", "segment", &with_flags(1, &seg));
     write(&dir, "format_checkpoint", "segment_reseal", &with_flags(3, &seg));
 
+    // Store nodes: a leaf of extents, a leaf of ranges, a branch.
+    use tarn_format::node::{encode_node, ChildRef, ExtentValue, NodeBody, NodeHeader, PackedLeaf, RangeValue};
+    use tarn_format::Pba;
+    let header = |level, codec| NodeHeader { self_pba: Pba::new(0, 300), generation: 4, tree: 1 << 32 | 1, level, codec };
+    let extents: Vec<(u64, ExtentValue)> =
+        (0..50).map(|i| (i * 7, ExtentValue { len: 1 + i % 3, pba: Pba::new(0, 1000 + i * 5).0, birth: 1 + i % 2 })).collect();
+    write(&dir, "format_node", "extent_leaf", &encode_node(&header(0, 1), &NodeBody::Leaf(PackedLeaf::pack(&extents))));
+    let ranges: Vec<(u64, RangeValue)> = (0..50).map(|i| (i * 10, RangeValue { len: 1 + i % 9 })).collect();
+    write(&dir, "format_node", "range_leaf", &encode_node(&header(0, 2), &NodeBody::Leaf(PackedLeaf::pack(&ranges))));
+    let children: Vec<ChildRef> = (0..20).map(|i| ChildRef { key: i * 1000, pba: Pba::new(0, 400 + i), crc: i as u32 }).collect();
+    write(&dir, "format_node", "branch", &encode_node(&header(2, 1), &NodeBody::Branch(children)));
+
     // engine_open: the image as is, resealed, and with an appended record.
     let pool = image::open(img.bytes.clone()).expect("pool image opens");
     let report = pool.check();

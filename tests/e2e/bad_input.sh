@@ -5,8 +5,8 @@
 # NBD requests and protocol garbage that must not take the server down.
 . "$(dirname "$0")/lib.sh"
 need qemu-io nbdinfo sha256sum
+need_pynbd
 e2e_init bad_input
-"$SYSPY" -c 'import nbd' 2>/dev/null || die "python3-libnbd missing for $SYSPY (run scripts/deps.sh)"
 
 M=$((1 << 20))
 POOL=$T/pool.img

@@ -7,8 +7,8 @@
 # unflushed write (crashio.py verify). Three crash cycles, then a clean stop.
 . "$(dirname "$0")/lib.sh"
 need nbdcopy
+need_pynbd
 e2e_init crash_restart
-"$SYSPY" -c 'import nbd' 2>/dev/null || die "python3-libnbd missing for $SYSPY (run scripts/deps.sh)"
 
 CYCLES=${CRASH_CYCLES:-3}
 POOL=$T/pool.img

@@ -6,11 +6,10 @@
 # allocated bytes must drop to roughly what the filesystem still holds.
 . "$(dirname "$0")/lib.sh"
 need nbdfuse fusermount3 losetup mkfs.ext4 e2fsck fstrim sha256sum mountpoint
+need_root "losetup, mount"
+need_fuse
+need_loop
 e2e_init ext4_kernel
-
-if [ "$(id -u)" != 0 ]; then say "SKIP ext4_kernel: needs root (losetup, mount)"; exit 0; fi
-if [ ! -c /dev/fuse ]; then say "SKIP ext4_kernel: /dev/fuse is not available"; exit 0; fi
-if ! losetup -f >/dev/null 2>&1; then say "SKIP ext4_kernel: no free loop device (losetup -f failed)"; exit 0; fi
 
 M=$((1 << 20))
 POOL=$T/pool.img

@@ -7,8 +7,8 @@
 # refused without being written.
 . "$(dirname "$0")/lib.sh"
 need qemu-img nbdcopy nbdinfo sha256sum
+need_pynbd
 e2e_init faults
-"$SYSPY" -c 'import nbd' 2>/dev/null || die "python3-libnbd missing for $SYSPY (run scripts/deps.sh)"
 
 M=$((1 << 20))
 POOL=$T/pool.img

@@ -10,12 +10,11 @@
 # committed is not, `pool check` is clean and writes work again.
 . "$(dirname "$0")/lib.sh"
 need nbdkit nbdfuse fusermount3 mountpoint qemu-io nbdcopy nbdinfo sha256sum jq
+need_root "drop_caches"
+need_fuse
+need_pynbd
+nbdkit --filter=error null --dump-plugin >/dev/null 2>&1 || cannot_run "nbdkit error filter missing (run scripts/deps.sh)"
 e2e_init faults_io
-
-if [ "$(id -u)" != 0 ]; then say "SKIP faults_io: needs root (drop_caches)"; exit 0; fi
-if [ ! -c /dev/fuse ]; then say "SKIP faults_io: /dev/fuse is not available"; exit 0; fi
-"$SYSPY" -c 'import nbd' 2>/dev/null || die "python3-libnbd missing for $SYSPY (run scripts/deps.sh)"
-nbdkit --filter=error null --dump-plugin >/dev/null 2>&1 || die "nbdkit error filter missing (run scripts/deps.sh)"
 
 M=$((1 << 20))
 VOL=v

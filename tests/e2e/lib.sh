@@ -6,6 +6,13 @@
 #   E2E_KEEP=1       keep the temp dir (always kept, minus big images, on failure)
 #   E2E_TMP=dir      where temp dirs go (default /var/tmp; must not be tmpfs for
 #                    fstrim/allocation numbers to mean anything)
+#   TARN_SKIP=a,b    scripts (NAME) or parts of scripts (NAME:PART) to skip on
+#                    purpose. A script that cannot run here (a tool, root,
+#                    /dev/fuse, a loop device missing) FAILS unless TARN_SKIP
+#                    names it: then it exits 77 (E2E_SKIP_EXIT) and
+#                    scripts/test.sh lists it as SKIPPED, never as passed.
+#   TARN_SKIP_REPORT=file  where skips are appended as "NAME<TAB>REASON"
+#                    (set by scripts/test.sh to build its summary)
 set -euo pipefail
 
 E2E_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -17,7 +24,10 @@ SYSPY=/usr/bin/python3
 nbdsh() { PATH=/usr/bin:$PATH command nbdsh "$@"; }
 export LC_ALL=C
 
-E2E_NAME=
+# the script's own name until e2e_init sets it, so that prerequisite checks
+# before e2e_init can name the test that cannot run
+E2E_NAME=$(basename "$0" .sh)
+E2E_SKIP_EXIT=77
 T=
 E2E_PASS=0
 E2E_FAIL=0
@@ -71,15 +81,71 @@ expect_between() {
   else bad "$1: $2 not in [$3, $4]"; fi
 }
 
+# skip_requested ID: TARN_SKIP (comma-separated) names ID
+skip_requested() { [[ ",${TARN_SKIP:-}," == *",$1,"* ]]; }
+
+# record_skip ID REASON: print and report a skip that TARN_SKIP asked for
+record_skip() {
+  say "SKIPPED $1 ($2)"
+  if [ -n "${TARN_SKIP_REPORT:-}" ]; then printf '%s\t%s\n' "$1" "$2" >>"$TARN_SKIP_REPORT"; fi
+}
+
+# skip_exit REASON: end the script as skipped (only when TARN_SKIP names it)
+E2E_SKIPPING=0
+skip_exit() {
+  record_skip "$E2E_NAME" "$1"
+  E2E_SKIPPING=1
+  exit $E2E_SKIP_EXIT
+}
+
+# cannot_run REASON: a prerequisite of this script is missing. That is a
+# failure (a test that cannot run never passes), unless TARN_SKIP names the
+# script: then it is a skip with its own exit code.
+cannot_run() {
+  if skip_requested "$E2E_NAME"; then skip_exit "$1"; fi
+  say "FAIL $E2E_NAME: cannot run: $1 (TARN_SKIP=$E2E_NAME skips it on purpose)"
+  exit 1
+}
+
+# missing_tools TOOL...: prints the tools that are not on PATH (nothing if all are)
+missing_tools() {
+  local c missing=()
+  for c in "$@"; do command -v "$c" >/dev/null 2>&1 || missing+=("$c"); done
+  if [ ${#missing[@]} -gt 0 ]; then printf '%s\n' "${missing[*]}"; fi
+}
+
 need() {
-  local c
-  for c in "$@"; do
-    command -v "$c" >/dev/null 2>&1 || die "required tool '$c' missing (run scripts/deps.sh)"
-  done
+  local missing
+  missing=$(missing_tools "$@")
+  if [ -n "$missing" ]; then cannot_run "required tool(s) missing: $missing (run scripts/deps.sh)"; fi
+}
+
+# need_root WHY: root is needed (loop devices, mount, drop_caches)
+need_root() { [ "$(id -u)" = 0 ] || cannot_run "needs root ($1)"; }
+need_fuse() { [ -c /dev/fuse ] || cannot_run "/dev/fuse is not available"; }
+need_loop() { losetup -f >/dev/null 2>&1 || cannot_run "no free loop device (losetup -f failed)"; }
+need_pynbd() { "$SYSPY" -c 'import nbd' 2>/dev/null || cannot_run "python3-libnbd missing for $SYSPY (run scripts/deps.sh)"; }
+
+# part_runs PART MISSING: whether the optional PART of this script runs.
+# MISSING names a missing prerequisite (empty: none). TARN_SKIP=NAME:PART
+# skips the part (reported as SKIPPED); otherwise a missing prerequisite is
+# a recorded failure and the part does not run.
+part_runs() {
+  local id=$E2E_NAME:$1
+  if skip_requested "$id"; then record_skip "$id" "${2:-TARN_SKIP names it}"; return 1; fi
+  [ -n "$2" ] || return 0
+  bad "cannot run $id: $2 (TARN_SKIP=$id skips it on purpose)"
+  return 1
 }
 
 e2e_init() {
   E2E_NAME=$1
+  # what this library itself uses (start_serve, vol_query, free_port)
+  need nbdinfo jq timeout
+  [ -x "$SYSPY" ] || cannot_run "$SYSPY missing"
+  # after every prerequisite check (the script's come before e2e_init), so
+  # that a skip names what is missing when something is
+  if skip_requested "$E2E_NAME"; then skip_exit "TARN_SKIP names it"; fi
   [ -x "$TARN" ] || { say "FAIL $E2E_NAME: tarn binary $TARN not found (cargo build --release -p tarn-cli)"; exit 1; }
   local base=${E2E_TMP:-/var/tmp}
   T=$(mktemp -d "$base/tarn-e2e-$E2E_NAME.XXXXXX")
@@ -91,6 +157,9 @@ e2e_init() {
 e2e_cleanup() {
   local rc=$? p m l i
   set +e
+  # a command that happens to exit 77 under set -e is a failure, not a
+  # skip; so is a skip after checks already failed
+  if [ $rc -eq $E2E_SKIP_EXIT ] && { [ $E2E_SKIPPING != 1 ] || [ $E2E_FAIL -ne 0 ]; }; then rc=1; fi
   for m in "${E2E_MOUNTS[@]}"; do mountpoint -q "$m" && { umount "$m" 2>/dev/null || umount -l "$m"; }; done
   for l in "${E2E_LOOPS[@]}"; do losetup "$l" >/dev/null 2>&1 && losetup -d "$l"; done
   for m in "${E2E_FUSE[@]}"; do mountpoint -q "$m" && { fusermount3 -u "$m" 2>/dev/null || fusermount3 -uz "$m"; }; done

@@ -8,7 +8,8 @@
 # Unix sockets are 0600 (or --socket-mode), bad certificate files stop
 # `tarn serve` with exit 2; then `--tls on` serves plaintext and TLS.
 . "$(dirname "$0")/lib.sh"
-need openssl qemu-img qemu-io nbdinfo nbdcopy jq cmp stat
+need openssl qemu-img qemu-io nbdinfo nbdcopy nbdsh jq cmp stat
+need_pynbd
 e2e_init tls
 
 M=$((1 << 20))

@@ -95,24 +95,6 @@ pub fn replace(pool: &PoolArg, old: &str, new: &Path, size: Option<u64>) -> Resu
     v
 }
 
-/// After an unclean shutdown (or an unfinished resilver) a mirror leg is
-/// RESILVERING: bring it in sync in the background while the server serves.
-pub fn spawn_resync(pool: Arc<Pool>) {
-    if !pool.needs_resync() {
-        return;
-    }
-    let spawned = std::thread::Builder::new().name("resync".into()).spawn(move || {
-        eprintln!("tarn: resyncing mirror legs in the background");
-        match pool.resync_legs(&mut |_, _| {}) {
-            Ok(bytes) => eprintln!("tarn: mirror resync done ({} MiB copied)", bytes >> 20),
-            Err(e) => log::error!("mirror resync failed (legs stay RESILVERING until the next start): {e}"),
-        }
-    });
-    if let Err(e) = spawned {
-        log::error!("cannot start the resync thread: {e}");
-    }
-}
-
 /// Run on the pool (server side or local): open `new` and resilver onto it.
 pub fn execute_replace(
     pool: &Pool,

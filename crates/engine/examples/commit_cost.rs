@@ -55,9 +55,10 @@ fn main() {
     drop(pool);
     let _ = std::fs::remove_file(&path);
 
-    let mut map = ExtentMap::default();
+    let store = Arc::new(tarn_store::Store::memory());
+    let mut map = ExtentMap::new(store, tarn_engine::extent_map::tree_id::head(1));
     for i in 0..1_000_000u64 {
-        map.insert(i * 2, 1, Pba::new(0, 100 + i * 3), 1);
+        map.insert(i * 2, 1, Pba::new(0, 100 + i * 3), 1).expect("insert");
     }
     let t = Instant::now();
     let mut hits = 0;
@@ -65,7 +66,7 @@ fn main() {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        hits += map.lookup((x ^ i) % 2_000_000, 1, 4).len();
+        hits += map.lookup((x ^ i) % 2_000_000, 1, 4).expect("lookup").len();
     }
     let secs = t.elapsed().as_secs_f64();
     println!("map lookups with 1M extents: {:.2} M/s ({hits} segments)", 2.0 / secs);

@@ -2,6 +2,7 @@
 //! callers map them to their own vocabulary (NBD errno, CLI messages).
 
 use tarn_format::FormatError;
+use tarn_store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -43,9 +44,46 @@ pub enum EngineError {
     Checksum { device: String, block: u64, expected: u32, found: u32 },
     #[error("operation not supported: {0}")]
     NotSupported(&'static str),
+    /// Pool metadata could not be read or broke an invariant (see `StateError`).
+    #[error("pool metadata: {0}")]
+    State(#[from] StateError),
+}
+
+impl From<StoreError> for EngineError {
+    fn from(e: StoreError) -> Self {
+        EngineError::State(StateError::Store(e))
+    }
 }
 
 pub type Result<T> = std::result::Result<T, EngineError>;
+
+/// Why an op was not applied.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// The op does not fit the state (a bug, or a damaged journal at
+    /// replay); it changed nothing.
+    #[error("{0}")]
+    Refused(String),
+    /// The state breaks an invariant: damaged metadata got past decoding.
+    /// The change may be half done: the pool must not commit it.
+    #[error("metadata invariant broken: {0}")]
+    Invariant(String),
+    /// A map node could not be read.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<String> for StateError {
+    fn from(s: String) -> Self {
+        StateError::Refused(s)
+    }
+}
+
+impl From<&str> for StateError {
+    fn from(s: &str) -> Self {
+        StateError::Refused(s.to_string())
+    }
+}
 
 impl EngineError {
     pub fn io(op: &'static str, device: String, source: std::io::Error) -> Self {

@@ -1,48 +1,46 @@
-//! tarn's engine: the device seam, free space, volume maps, the commit
-//! protocol, the pool API and the checker. See docs/ARCHITECTURE.md.
+//! tarn's engine: the device seam, members, the in-memory state, free
+//! space, on-disk metadata, the pool and its locks, integrity, the commit,
+//! data I/O, volume administration and the service that runs a pool. See
+//! docs/ARCHITECTURE.md (*Layers*): folders import only folders below them.
 
-mod assemble;
-pub mod check;
-mod checkpoint;
+// Layers, lowest first: error, device, members, map, space, meta, pool,
+// integrity, commit, io, volumes, service. `scripts/engine_deps.py` checks
+// that every folder imports only folders below it.
 pub mod commit;
 pub mod device;
 pub mod error;
-pub mod extent_map;
-pub mod file_device;
-mod flatten;
+pub mod integrity;
 pub mod io;
-mod journal;
-mod label;
-pub mod mirror;
-pub mod open;
-pub mod placement;
+pub mod map;
+pub mod members;
+pub(crate) mod meta;
 pub mod pool;
-pub mod resilver;
-pub mod resync;
-pub mod scrub;
-pub mod snapshot;
+pub mod service;
 pub mod space;
-pub mod state;
-pub mod sums;
-pub mod verify;
-pub mod view;
+pub mod volumes;
 
-pub use check::CheckReport;
+// Module paths of the flat layout that the CLI, sim and fuzz targets use.
+pub use integrity::scrub;
+pub use map::{extent_map, state, sums};
+
+pub use device::file_device::FileDevice;
 pub use device::Device;
 pub use error::{EngineError, Result};
-pub use file_device::FileDevice;
+pub use integrity::check::CheckReport;
 pub use io::{ChangeRun, StatusRun};
-pub use mirror::{LegStatus, MirrorDevice};
-pub use open::{create_mirrored_pool, create_pool, CreateOptions};
+pub use map::view::View;
+pub use members::mirror::{LegStatus, MirrorDevice};
 pub use pool::{DeviceStatus, OpenOptions, Pool, PoolStatus, VolumeInfo};
-pub use resilver::ReplaceReport;
-pub use snapshot::SnapshotInfo;
-pub use view::View;
+pub use service::open::{create_mirrored_pool, create_pool, CreateOptions};
+pub use service::resilver::ReplaceReport;
+pub use service::{Service, ServiceOptions};
+pub use volumes::snapshot::SnapshotInfo;
 
 /// Decode a checkpoint payload into the pool state and its commit sequence,
 /// with every check [`Pool::open`] makes after reading and checksumming the
 /// segments. Public only for the fuzz targets in `fuzz/`.
 #[doc(hidden)]
 pub fn decode_checkpoint_state(payload: &[u8]) -> std::result::Result<(state::State, u64), String> {
-    checkpoint::decode_state(payload)
+    let store = std::sync::Arc::new(tarn_store::Store::memory());
+    meta::checkpoint::decode_state(payload, store).map_err(|e| e.to_string())
 }

@@ -47,6 +47,30 @@ impl Writer {
     }
 }
 
+/// A varint from bytes this process encoded itself (a leaf kept in memory,
+/// validated when it was read from a device): no error path; past the end
+/// it reads zeros rather than panic.
+#[inline]
+pub fn trusted_varint(buf: &[u8], pos: &mut usize) -> u64 {
+    let mut v = 0u64;
+    for i in 0..10 {
+        let b = buf.get(*pos).copied().unwrap_or(0);
+        *pos += 1;
+        v |= u64::from(b & 0x7f) << (7 * i);
+        if b < 0x80 {
+            break;
+        }
+    }
+    v
+}
+
+/// Zig-zag form of [`trusted_varint`].
+#[inline]
+pub fn trusted_varint_signed(buf: &[u8], pos: &mut usize) -> i64 {
+    let z = trusted_varint(buf, pos);
+    ((z >> 1) as i64) ^ -((z & 1) as i64)
+}
+
 /// Reads little-endian fields; every read is bounds-checked.
 pub struct Reader<'a> {
     buf: &'a [u8],
@@ -94,6 +118,13 @@ impl<'a> Reader<'a> {
     }
     /// LEB128 unsigned varint of at most 10 bytes.
     pub fn varint(&mut self) -> Result<u64> {
+        // Fast path: one byte (most deltas in a leaf).
+        if let Some(&b) = self.buf.get(self.pos) {
+            if b < 0x80 {
+                self.pos += 1;
+                return Ok(u64::from(b));
+            }
+        }
         let mut v: u64 = 0;
         for i in 0..10 {
             let b = self.u8()?;

@@ -110,4 +110,58 @@ mod tests {
         bad[20] ^= 1;
         assert!(RecordHeader::decode(&bad, 40).is_err());
     }
+
+    fn hex(b: &[u8]) -> String {
+        b.iter().map(|x| format!("{x:02x}")).collect::<Vec<_>>().join(" ")
+    }
+
+    /// Pins the encoding of a journal record: the header and a payload of
+    /// ops of six kinds, every byte. A change here is a format change
+    /// (docs/FORMAT.md, version log). The hex was not copied from the
+    /// encoders: scripts/golden_format.py builds it from the tables of
+    /// docs/FORMAT.md §Journal and §Journal payload (and its own CRC-32C).
+    #[test]
+    fn golden_record_bytes() {
+        use crate::ops::{encode_ops, Op};
+        let pba = (1 << 48) | 0x1234; // device 1, block 0x1234
+        let ops = [
+            Op::VolCreate { vol: 1, size: 1 << 20, name: "vol".into() },
+            Op::Map { vol: 1, lba: 300, len: 2, pba, birth: 5 },
+            Op::Sums { pba, sums: vec![0x98f9_4189, 0x1234_5678] },
+            Op::Unmap { vol: 1, lba: 7, len: 200 },
+            Op::SnapCreate { vol: 1, name: "s1".into(), created: 1_700_000_000 },
+            Op::Regions { open: true, ids: vec![0, 70_000] },
+        ];
+        let payload = encode_ops(&ops);
+        let rec = RecordHeader::encode_record(3, 42, 37, 5, &payload);
+        let header = [
+            "54 41 52 4e 4a 52 4e 4c", // 0 magic "TARNJRNL"
+            "03 00 00 00 00 00 00 00", // 8 generation 3
+            "2a 00 00 00 00 00 00 00", // 16 seq 42
+            "25 00 00 00 00 00 00 00", // 24 self_block 37
+            "5b 00 00 00",             // 32 payload_len 91
+            "01 00 00 00",             // 36 blocks 1
+            "05 00 00 00 00 00 00 00", // 40 epoch 5
+            "ee a3 7c 21",             // 48 payload_crc (JPLD)
+            "00 00 00 00 00 00 00 00", // 52 reserved
+            "67 e3 9b ef",             // 60 header crc (JHDR, bytes 0..60)
+        ]
+        .join(" ");
+        assert_eq!(hex(&rec[..HEADER_LEN]), header);
+        let ops = [
+            "06",                                                                // op count 6 (varint)
+            "03 01 00 00 00 00 00 10 00 00 00 00 00 03 76 6f 6c", // VolCreate vol 1, size 1 MiB u64, name "vol"
+            "01 01 00 00 00 ac 02 02 34 12 00 00 00 00 01 00 05", // Map vol 1, lba 300 (ac 02), len 2, pba u64, birth 5
+            "0c 00 00 00 00 34 12 00 00 00 00 01 00 02 89 41 f9 98 78 56 34 12", // Sums vol 0, pba, n 2, 2 x crc u32
+            "02 01 00 00 00 07 c8 01",                            // Unmap vol 1, lba 7, len 200 (c8 01)
+            "06 01 00 00 00 00 f1 53 65 00 00 00 00 02 73 31",    // SnapCreate vol 1, created u64, name "s1"
+            "0d 00 00 00 00 02 00 f0 a2 04",                      // RegionsOpen vol 0, n 2, regions 0 and 70000
+        ]
+        .join(" ");
+        assert_eq!(hex(&rec[HEADER_LEN..HEADER_LEN + payload.len()]), ops);
+        assert_eq!(rec.len(), 4096);
+        assert!(rec[HEADER_LEN + payload.len()..].iter().all(|&b| b == 0), "zero to the block's end");
+        let h = RecordHeader::decode(&rec, 37).unwrap();
+        h.verify_payload(&payload).unwrap();
+    }
 }

@@ -3,12 +3,14 @@
 //! description; the offsets and constants in this crate mirror it.
 
 pub mod address;
+pub mod catalog;
 pub mod checkpoint;
 pub mod checksum;
 pub mod codec;
 pub mod error;
 pub mod journal;
 pub mod leg;
+pub mod node;
 pub mod ops;
 pub mod superblock;
 

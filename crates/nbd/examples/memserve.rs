@@ -49,98 +49,109 @@ fn usage() -> ExitCode {
     ExitCode::from(2)
 }
 
-fn main() -> ExitCode {
+/// The command line.
+struct Opts {
+    size: u64,
+    listen: Option<String>,
+    socket: Option<PathBuf>,
+    read_only: bool,
+    dirty_bitmap: Option<String>,
+    config: ServerConfig,
+    level: log::LevelFilter,
+    /// Certificate and key, or empty.
+    tls_files: Vec<PathBuf>,
+}
+
+/// The options, or None on a usage error.
+fn parse_args(mut args: impl Iterator<Item = String>) -> Option<Opts> {
+    let mut o = Opts {
+        size: 0,
+        listen: None,
+        socket: None,
+        read_only: false,
+        dirty_bitmap: None,
+        config: ServerConfig::default(),
+        level: log::LevelFilter::Warn,
+        tls_files: Vec::new(),
+    };
     let mut size = None;
-    let mut listen = None;
-    let mut socket: Option<PathBuf> = None;
-    let mut read_only = false;
-    let mut dirty_bitmap: Option<String> = None;
-    let mut config = ServerConfig::default();
-    let mut level = log::LevelFilter::Warn;
-    let mut tls_files: Vec<PathBuf> = Vec::new();
-    let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
-            "--size" => match args.next().as_deref().and_then(parse_size) {
-                Some(s) => size = Some(s),
-                None => return usage(),
-            },
-            "--listen" => listen = args.next(),
-            "--socket" => socket = args.next().map(PathBuf::from),
-            "--read-only" => read_only = true,
-            "--dirty-bitmap" => match args.next() {
-                Some(n) if !n.is_empty() => dirty_bitmap = Some(n),
-                _ => return usage(),
-            },
-            "--workers" => match args.next().and_then(|v| v.parse().ok()) {
-                Some(n) => config.workers_per_conn = n,
-                None => return usage(),
-            },
-            "--max-in-flight" => match args.next().and_then(|v| v.parse().ok()) {
-                Some(n) => config.max_in_flight_per_conn = n,
-                None => return usage(),
-            },
-            "--tls" => match (args.next(), args.next()) {
-                (Some(cert), Some(key)) => tls_files = vec![cert.into(), key.into()],
-                _ => return usage(),
-            },
-            "-v" => level = log::LevelFilter::Info,
-            "-vv" => level = log::LevelFilter::Debug,
-            _ => return usage(),
+            "--size" => size = Some(args.next().as_deref().and_then(parse_size)?),
+            "--listen" => o.listen = args.next(),
+            "--socket" => o.socket = args.next().map(PathBuf::from),
+            "--read-only" => o.read_only = true,
+            "--dirty-bitmap" => o.dirty_bitmap = Some(args.next().filter(|n| !n.is_empty())?),
+            "--workers" => o.config.workers_per_conn = args.next()?.parse().ok()?,
+            "--max-in-flight" => o.config.max_in_flight_per_conn = args.next()?.parse().ok()?,
+            "--tls" => o.tls_files = vec![args.next()?.into(), args.next()?.into()],
+            "-v" => o.level = log::LevelFilter::Info,
+            "-vv" => o.level = log::LevelFilter::Debug,
+            _ => return None,
         }
     }
-    let Some(size) = size else { return usage() };
-    if listen.is_none() && socket.is_none() {
-        return usage();
+    o.size = size?;
+    if o.listen.is_none() && o.socket.is_none() {
+        return None;
     }
-    if log::set_logger(&StderrLogger).is_ok() {
-        log::set_max_level(level);
-    }
-    if let [cert, key] = tls_files.as_slice() {
-        match tarn_nbd::TlsConfig::from_pem_files(cert, key, None, tarn_nbd::TlsMode::Optional) {
-            Ok(t) => config.tls = Some(t),
-            Err(e) => {
-                eprintln!("memserve: {e}");
-                return ExitCode::FAILURE;
-            }
-        }
-    }
+    Some(o)
+}
 
-    // Block SIGTERM/SIGINT in every thread (inherited by those spawned
-    // later) and wait for them synchronously below.
+/// Block SIGTERM/SIGINT in every thread (inherited by those spawned later)
+/// so that main can wait for them synchronously.
+fn block_stop_signals() -> libc::sigset_t {
     // SAFETY: plain libc signal-mask calls on a local, initialised set.
-    let set = unsafe {
+    unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         set
-    };
+    }
+}
 
-    let mut export = if read_only { MemoryExport::new_read_only(size) } else { MemoryExport::new(size) };
-    if let Some(name) = &dirty_bitmap {
+/// The server with its "mem" export, listening where the options say.
+fn start_server(o: Opts) -> Result<Server, String> {
+    let mut export = if o.read_only { MemoryExport::new_read_only(o.size) } else { MemoryExport::new(o.size) };
+    if let Some(name) = &o.dirty_bitmap {
         export = export.with_dirty_bitmap(name);
     }
     let backend = MemoryBackend::new().with_export("mem", "tarn in-memory test export", Arc::new(export));
-    let server = Server::new(Arc::new(backend), config);
-    if let Some(addr) = &listen {
-        match server.listen_tcp(addr) {
-            Ok(a) => eprintln!("memserve: listening on {a}"),
+    let server = Server::new(Arc::new(backend), o.config);
+    if let Some(addr) = &o.listen {
+        let a = server.listen_tcp(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        eprintln!("memserve: listening on {a}");
+    }
+    if let Some(path) = &o.socket {
+        server.listen_unix(path).map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+        eprintln!("memserve: listening on {}", path.display());
+    }
+    Ok(server)
+}
+
+fn main() -> ExitCode {
+    let Some(mut opts) = parse_args(std::env::args().skip(1)) else { return usage() };
+    if log::set_logger(&StderrLogger).is_ok() {
+        log::set_max_level(opts.level);
+    }
+    if let [cert, key] = opts.tls_files.as_slice() {
+        match tarn_nbd::TlsConfig::from_pem_files(cert, key, None, tarn_nbd::TlsMode::Optional) {
+            Ok(t) => opts.config.tls = Some(t),
             Err(e) => {
-                eprintln!("memserve: cannot listen on {addr}: {e}");
+                eprintln!("memserve: {e}");
                 return ExitCode::FAILURE;
             }
         }
     }
-    if let Some(path) = &socket {
-        if let Err(e) = server.listen_unix(path) {
-            eprintln!("memserve: cannot listen on {}: {e}", path.display());
+    let set = block_stop_signals();
+    let server = match start_server(opts) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("memserve: {e}");
             return ExitCode::FAILURE;
         }
-        eprintln!("memserve: listening on {}", path.display());
-    }
-
+    };
     let mut sig: libc::c_int = 0;
     // SAFETY: `set` is initialised; `sig` is a valid out-pointer.
     unsafe { libc::sigwait(&set, &mut sig) };

@@ -1,7 +1,8 @@
 //! Transmission phase of one connection.
 //!
 //! The connection thread reads and validates requests (including WRITE
-//! payloads, through a 256 KiB read buffer). Each valid request is either
+//! payloads: small ones through a 256 KiB read buffer, large ones straight
+//! from the stream into their own buffer). Each valid request is either
 //! run right there ("inline": no hand-off, WRITE data taken straight from
 //! the read buffer) or pushed into a bounded queue served by up to
 //! `workers_per_conn` worker threads spawned on demand; [`CostModel`]
@@ -396,138 +397,237 @@ fn read_loop<R: Read>(
     workers: &mut Vec<JoinHandle<()>>,
     shutting_down: &AtomicBool,
 ) -> End {
-    let p = shared.params;
-    let mut hb = [0u8; REQUEST_HEADER_LEN];
+    // The last request was a large WRITE whose payload came straight from
+    // the stream: read the next header alone too (large sequential writes
+    // then cost two reads and no copy through the read buffer each).
+    let mut after_direct = false;
     loop {
+        let limits = (max_in_flight, max_workers);
+        if let Err(end) = serve_request(shared, reader, limits, workers, shutting_down, &mut after_direct) {
+            return end;
+        }
+    }
+}
+
+/// Read one request and answer it: refused, run on this thread, or queued
+/// for the workers. `Err` ends the connection, saying how.
+fn serve_request<R: Read>(
+    shared: &Arc<Shared>,
+    reader: &mut BufReader<R>,
+    (max_in_flight, max_workers): (usize, usize),
+    workers: &mut Vec<JoinHandle<()>>,
+    shutting_down: &AtomicBool,
+    after_direct: &mut bool,
+) -> Result<(), End> {
+    check_running(shared, reader, shutting_down)?;
+    let h = read_header(shared, reader, shutting_down, std::mem::take(after_direct))?;
+    let validated = validate_request(&h, &shared.params);
+    // A WRITE carries `length` payload bytes whether or not it is valid.
+    let payload = if h.command == NBD_CMD_WRITE { h.length as u64 } else { 0 };
+    if payload > reader.buffer().len() as u64 {
+        // About to block on the payload: send the replies produced so far.
+        shared.writer.flush(&shared.pool);
+    }
+    let req = match validated {
+        Ok(Request::Disc) => {
+            log::debug!("nbd: client sent NBD_CMD_DISC");
+            return Err(End::Disconnect);
+        }
+        Ok(r) => r,
+        Err(rej) => return reject_request(shared, reader, &h, rej, payload),
+    };
+    let inline = max_workers == 0 || shared.costs.run_inline(&req);
+    if inline && write_from_buffer(shared, reader, h.handle, req) {
+        return Ok(());
+    }
+    let job = Job { handle: h.handle, req, data: read_payload(shared, reader, req, after_direct)? };
+    if inline {
+        let reply = run_job(shared, job);
+        shared.writer.defer(reply, &shared.pool);
+        return Ok(());
+    }
+    if enqueue(shared, job, max_in_flight, workers.len() < max_workers) {
+        spawn_worker(shared, workers)?;
+    }
+    Ok(())
+}
+
+/// `Err` when the connection must end before the next request: the server
+/// is shutting down (requests already buffered get ESHUTDOWN), or replies
+/// can no longer be written.
+fn check_running<R: Read>(shared: &Shared, reader: &mut BufReader<R>, shutting_down: &AtomicBool) -> Result<(), End> {
+    if shutting_down.load(Ordering::Relaxed) {
+        refuse_buffered(shared, reader);
+        return Err(End::Shutdown);
+    }
+    if shared.writer.is_broken() {
+        return Err(End::WriteError);
+    }
+    Ok(())
+}
+
+/// The next request header; `Err` at the end of the stream or on a header
+/// that is not a (negotiated) request.
+fn read_header<R: Read>(
+    shared: &Shared,
+    reader: &mut BufReader<R>,
+    shutting_down: &AtomicBool,
+    after_direct: bool,
+) -> Result<RequestHeader, End> {
+    // About to block on the socket: send the replies produced so far.
+    if reader.buffer().len() < REQUEST_HEADER_LEN {
+        shared.writer.flush(&shared.pool);
+    }
+    let mut hb = [0u8; REQUEST_HEADER_LEN];
+    let got = if after_direct && reader.buffer().is_empty() {
+        reader.get_mut().read_exact(&mut hb)
+    } else {
+        reader.read_exact(&mut hb)
+    };
+    if let Err(e) = got {
         if shutting_down.load(Ordering::Relaxed) {
-            refuse_buffered(shared, reader);
-            return End::Shutdown;
+            return Err(End::Shutdown);
         }
-        if shared.writer.is_broken() {
-            return End::WriteError;
+        if e.kind() != io::ErrorKind::UnexpectedEof {
+            log::debug!("nbd: read error: {e}");
         }
-        // About to block on the socket: send the replies produced so far.
-        if reader.buffer().len() < REQUEST_HEADER_LEN {
-            shared.writer.flush(&shared.pool);
-        }
-        if let Err(e) = reader.read_exact(&mut hb) {
-            if shutting_down.load(Ordering::Relaxed) {
-                return End::Shutdown;
-            }
-            if e.kind() != io::ErrorKind::UnexpectedEof {
-                log::debug!("nbd: read error: {e}");
-            }
-            return End::Eof;
-        }
-        let h = match parse_request_header(&hb) {
-            Ok(h) => h,
-            Err(e) => {
-                if u32::from_be_bytes([hb[0], hb[1], hb[2], hb[3]]) == EXTENDED_REQUEST_MAGIC {
-                    log::warn!("nbd: extended request header without negotiation; disconnecting");
-                } else {
-                    log::warn!("nbd: {e}; disconnecting");
-                }
-                return End::Violation;
-            }
-        };
-        let validated = validate_request(&h, &p);
-        // A WRITE carries `length` payload bytes whether or not it is valid.
-        let payload = if h.command == NBD_CMD_WRITE { h.length as u64 } else { 0 };
-        if payload > reader.buffer().len() as u64 {
-            shared.writer.flush(&shared.pool);
-        }
-        let req = match validated {
-            Ok(Request::Disc) => {
-                log::debug!("nbd: client sent NBD_CMD_DISC");
-                return End::Disconnect;
-            }
-            Ok(r) => r,
-            Err(rej) => {
-                log::info!(
-                    "nbd: rejecting command {} flags {:#x} offset {} length {}: {} (errno {})",
-                    h.command,
-                    h.flags,
-                    h.offset,
-                    h.length,
-                    rej.msg,
-                    rej.errno
-                );
-                if payload > 0 {
-                    if payload > MAX_DISCARD_BYTES.max(p.max_payload as u64) {
-                        log::warn!("nbd: refusing to discard a {payload}-byte write payload; disconnecting");
-                        return End::Violation;
-                    }
-                    match io::copy(&mut reader.by_ref().take(payload), &mut io::sink()) {
-                        Ok(n) if n == payload => {}
-                        _ => return End::Eof,
-                    }
-                }
-                shared.writer.defer(shared.error_reply(h.handle, rej.errno, rej.msg), &shared.pool);
-                continue;
-            }
-        };
-        let inline = max_workers == 0 || shared.costs.run_inline(&req);
-        if let Request::Write { length, .. } = req {
-            let len = length as usize;
-            if inline && reader.buffer().len() >= len {
-                // Zero copy: write straight from the read buffer.
-                let reply = run(shared, h.handle, req, &reader.buffer()[..len]);
-                reader.consume(len);
-                shared.writer.defer(reply, &shared.pool);
-                continue;
-            }
-        }
-        let data = if let Request::Write { length, .. } = req {
-            let mut buf = shared.pool.get(length as usize);
-            if reader.read_exact(&mut buf).is_err() {
-                return End::Eof;
-            }
-            buf
+        return Err(End::Eof);
+    }
+    parse_request_header(&hb).map_err(|e| {
+        if u32::from_be_bytes([hb[0], hb[1], hb[2], hb[3]]) == EXTENDED_REQUEST_MAGIC {
+            log::warn!("nbd: extended request header without negotiation; disconnecting");
         } else {
-            Vec::new()
-        };
-        let job = Job { handle: h.handle, req, data };
-
-        if inline {
-            let reply = run_job(shared, job);
-            shared.writer.defer(reply, &shared.pool);
-            continue;
+            log::warn!("nbd: {e}; disconnecting");
         }
+        End::Violation
+    })
+}
 
-        let cost = job.cost();
-        let mut q = lock(&shared.queue);
-        if q.in_flight >= max_in_flight || (q.in_flight > 0 && q.in_flight_bytes + cost > MAX_IN_FLIGHT_BYTES) {
-            drop(q);
-            shared.writer.flush(&shared.pool);
-            q = lock(&shared.queue);
-            while q.in_flight >= max_in_flight || (q.in_flight > 0 && q.in_flight_bytes + cost > MAX_IN_FLIGHT_BYTES) {
-                q.reader_waiting = true;
-                q = wait(&shared.space_cv, q);
-            }
+/// Answer a refused request with its error. A WRITE's `payload` is read and
+/// dropped first so that the next header is found; `Err` if it is too big
+/// to drop or the stream ends within it.
+fn reject_request<R: Read>(
+    shared: &Shared,
+    reader: &mut BufReader<R>,
+    h: &RequestHeader,
+    rej: Rejection,
+    payload: u64,
+) -> Result<(), End> {
+    log::info!(
+        "nbd: rejecting command {} flags {:#x} offset {} length {}: {} (errno {})",
+        h.command,
+        h.flags,
+        h.offset,
+        h.length,
+        rej.msg,
+        rej.errno
+    );
+    if payload > 0 {
+        if payload > MAX_DISCARD_BYTES.max(shared.params.max_payload as u64) {
+            log::warn!("nbd: refusing to discard a {payload}-byte write payload; disconnecting");
+            return Err(End::Violation);
         }
-        q.in_flight += 1;
-        q.in_flight_bytes += cost;
-        q.jobs.push_back(job);
-        let notify = q.idle > 0;
-        let spawn = q.jobs.len() > q.idle && workers.len() < max_workers;
+        match io::copy(&mut reader.by_ref().take(payload), &mut io::sink()) {
+            Ok(n) if n == payload => {}
+            _ => return Err(End::Eof),
+        }
+    }
+    shared.writer.defer(shared.error_reply(h.handle, rej.errno, rej.msg), &shared.pool);
+    Ok(())
+}
+
+/// Zero copy: run a WRITE straight from the read buffer when its whole
+/// payload is there already. False (nothing consumed) otherwise.
+fn write_from_buffer<R: Read>(shared: &Shared, reader: &mut BufReader<R>, handle: u64, req: Request) -> bool {
+    let Request::Write { length, .. } = req else { return false };
+    let len = length as usize;
+    if reader.buffer().len() < len {
+        return false;
+    }
+    let reply = run(shared, handle, req, &reader.buffer()[..len]);
+    reader.consume(len);
+    shared.writer.defer(reply, &shared.pool);
+    true
+}
+
+/// A WRITE's payload in a pooled buffer; empty for the other requests.
+fn read_payload<R: Read>(
+    shared: &Shared,
+    reader: &mut BufReader<R>,
+    req: Request,
+    direct: &mut bool,
+) -> Result<Vec<u8>, End> {
+    let Request::Write { length, .. } = req else { return Ok(Vec::new()) };
+    let mut buf = shared.pool.get(length as usize);
+    *direct = read_payload_into(reader, &mut buf).map_err(|_| End::Eof)?;
+    Ok(buf)
+}
+
+/// Payloads at least this large are read from the stream straight into
+/// their buffer, past the read buffer.
+const DIRECT_PAYLOAD: usize = 64 * 1024;
+
+/// Read a WRITE payload into `buf`. A large one takes what the read buffer
+/// already holds, then the rest straight from the stream into `buf`: its
+/// bytes are copied once (socket to `buf`), and its tail never drags the
+/// next request's header and payload through the read buffer. A small one
+/// goes through the read buffer, which batches the requests behind it.
+/// Returns whether the payload was read straight from the stream.
+fn read_payload_into<R: Read>(reader: &mut BufReader<R>, buf: &mut [u8]) -> io::Result<bool> {
+    let have = reader.buffer().len().min(buf.len());
+    if buf.len() - have < DIRECT_PAYLOAD {
+        return reader.read_exact(buf).map(|()| false);
+    }
+    buf[..have].copy_from_slice(&reader.buffer()[..have]);
+    reader.consume(have);
+    reader.get_mut().read_exact(&mut buf[have..]).map(|()| true)
+}
+
+/// Queue a job for the workers, first waiting while the connection is at
+/// its in-flight limit (after sending the replies produced so far, which
+/// the workers may be waiting on). True if a worker should be spawned:
+/// more jobs than idle workers, and `can_spawn`.
+fn enqueue(shared: &Shared, job: Job, max_in_flight: usize, can_spawn: bool) -> bool {
+    let cost = job.cost();
+    let full = |q: &QueueState| {
+        q.in_flight >= max_in_flight || (q.in_flight > 0 && q.in_flight_bytes + cost > MAX_IN_FLIGHT_BYTES)
+    };
+    let mut q = lock(&shared.queue);
+    if full(&q) {
         drop(q);
-        if notify {
-            shared.work_cv.notify_one();
+        shared.writer.flush(&shared.pool);
+        q = lock(&shared.queue);
+        while full(&q) {
+            q.reader_waiting = true;
+            q = wait(&shared.space_cv, q);
         }
-        if spawn {
-            let s = Arc::clone(shared);
-            match std::thread::Builder::new().name("nbd-worker".into()).spawn(move || worker(s)) {
-                Ok(h) => workers.push(h),
-                Err(e) => {
-                    log::error!("nbd: cannot spawn worker thread: {e}");
-                    if workers.is_empty() {
-                        // Nobody would ever answer: give up on this connection.
-                        return End::Violation;
-                    }
-                }
+    }
+    q.in_flight += 1;
+    q.in_flight_bytes += cost;
+    q.jobs.push_back(job);
+    let notify = q.idle > 0;
+    let spawn = q.jobs.len() > q.idle && can_spawn;
+    drop(q);
+    if notify {
+        shared.work_cv.notify_one();
+    }
+    spawn
+}
+
+/// One more worker for the connection. `Err` if none can be started and
+/// there is no other: nobody would ever answer the queued requests.
+fn spawn_worker(shared: &Arc<Shared>, workers: &mut Vec<JoinHandle<()>>) -> Result<(), End> {
+    let s = Arc::clone(shared);
+    match std::thread::Builder::new().name("nbd-worker".into()).spawn(move || worker(s)) {
+        Ok(h) => workers.push(h),
+        Err(e) => {
+            log::error!("nbd: cannot spawn worker thread: {e}");
+            if workers.is_empty() {
+                return Err(End::Violation);
             }
         }
     }
+    Ok(())
 }
 
 /// On shutdown: answer requests already received in full (still in the
@@ -788,6 +888,35 @@ mod tests {
         assert_eq!(err(hdr(NBD_CMD_READ, 0, 1, 512), &aligned), NBD_EINVAL);
         assert_eq!(err(hdr(NBD_CMD_WRITE, 0, 0, 100), &aligned), NBD_EINVAL);
         assert!(validate_request(&hdr(NBD_CMD_READ, 0, 512, 1024), &aligned).is_ok());
+    }
+
+    #[test]
+    fn payloads_read_whole_and_in_order() {
+        // Payloads below and above DIRECT_PAYLOAD, each followed by a
+        // marker, through a read buffer that holds part of each.
+        let sizes = [100usize, DIRECT_PAYLOAD - 1, DIRECT_PAYLOAD, 3 * DIRECT_PAYLOAD + 7, 1 << 20];
+        let mut stream = Vec::new();
+        for (i, &n) in sizes.iter().enumerate() {
+            stream.extend((0..n).map(|j| (j * 7 + i) as u8));
+            stream.extend_from_slice(b"MARK");
+        }
+        for cap in [16usize, 4096, READ_BUF] {
+            let mut r = BufReader::with_capacity(cap, io::Cursor::new(stream.clone()));
+            for (i, &n) in sizes.iter().enumerate() {
+                let mut buf = vec![0u8; n];
+                let direct = read_payload_into(&mut r, &mut buf).unwrap();
+                assert!(!direct || n >= DIRECT_PAYLOAD, "small payloads go through the read buffer");
+                if n >= DIRECT_PAYLOAD + cap {
+                    assert!(direct, "payload {i} cap {cap}: the read buffer holds less than cap");
+                }
+                assert!(buf.iter().enumerate().all(|(j, &b)| b == (j * 7 + i) as u8), "payload {i} cap {cap}");
+                let mut m = [0u8; 4];
+                r.read_exact(&mut m).unwrap();
+                assert_eq!(&m, b"MARK");
+            }
+            let mut b = [0u8; 1];
+            assert!(read_payload_into(&mut r, &mut b).is_err(), "end of stream");
+        }
     }
 
     #[test]

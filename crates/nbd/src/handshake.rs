@@ -97,14 +97,7 @@ pub(crate) fn negotiate(
     shutting_down: &AtomicBool,
 ) -> Result<(Negotiated, Channel), NbdError> {
     let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
-    chan.sock().set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
-    chan.sock().set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
-    chan.write_all(&encode_greeting(SERVER_HANDSHAKE_FLAGS))?;
-
-    let mut raw = [0u8; 4];
-    read_exact(&mut chan, &mut raw)?;
-    let cflags = parse_client_flags(u32::from_be_bytes(raw), SERVER_HANDSHAKE_FLAGS)?;
-
+    let cflags = greet(&mut chan)?;
     let mut st = State {
         backend,
         config,
@@ -120,32 +113,10 @@ pub(crate) fn negotiate(
         if n > MAX_OPTIONS {
             return Err(NbdError::TooManyOptions(n));
         }
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        if remaining.is_zero() {
-            return Err(NbdError::HandshakeTimeout);
-        }
-        chan.sock().set_read_timeout(Some(remaining))?;
-        let mut hb = [0u8; OPTION_HEADER_LEN];
-        read_exact(&mut chan, &mut hb)?;
-        let hdr = parse_option_header(&hb)?;
-        if !cflags.fixed_newstyle && hdr.option != NBD_OPT_EXPORT_NAME {
-            // A non-fixed client cannot parse option replies.
-            return Err(NbdError::NotFixedNewstyle(hdr.option));
-        }
-        if hdr.length > MAX_OPTION_LEN {
-            return Err(NbdError::OptionTooLong { option: hdr.option, length: hdr.length });
-        }
-        let mut data = vec![0u8; hdr.length as usize];
-        read_exact(&mut chan, &mut data)?;
-        log::debug!("nbd: option {} ({} bytes)", hdr.option, hdr.length);
-
+        let (hdr, data) = read_option(&mut chan, deadline, &cflags)?;
         st.out.clear();
         if shutting_down.load(Ordering::Relaxed) && hdr.option != NBD_OPT_ABORT {
-            if hdr.option != NBD_OPT_EXPORT_NAME {
-                push_option_reply(&mut st.out, hdr.option, NBD_REP_ERR_SHUTDOWN, b"server is shutting down");
-                let _ = chan.write_all(&st.out);
-            }
-            return Err(NbdError::ShuttingDown);
+            return Err(refuse_shutting_down(&mut chan, &mut st.out, hdr.option));
         }
         let next = st.option(hdr.option, &data, cflags.no_zeroes);
         if !st.out.is_empty() {
@@ -164,6 +135,56 @@ pub(crate) fn negotiate(
             }
         }
     }
+}
+
+/// Send the greeting and read the client's flags, under the handshake
+/// timeout (which stays set for the rest of the handshake).
+fn greet(chan: &mut Channel) -> Result<ClientFlags, NbdError> {
+    chan.sock().set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    chan.sock().set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    chan.write_all(&encode_greeting(SERVER_HANDSHAKE_FLAGS))?;
+    let mut raw = [0u8; 4];
+    read_exact(chan, &mut raw)?;
+    Ok(parse_client_flags(u32::from_be_bytes(raw), SERVER_HANDSHAKE_FLAGS)?)
+}
+
+/// The next option and its data, read before `deadline` (the whole
+/// handshake's); refuses what this client may not send and oversized data.
+fn read_option(
+    chan: &mut Channel,
+    deadline: Instant,
+    cflags: &ClientFlags,
+) -> Result<(OptionHeader, Vec<u8>), NbdError> {
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    if remaining.is_zero() {
+        return Err(NbdError::HandshakeTimeout);
+    }
+    chan.sock().set_read_timeout(Some(remaining))?;
+    let mut hb = [0u8; OPTION_HEADER_LEN];
+    read_exact(chan, &mut hb)?;
+    let hdr = parse_option_header(&hb)?;
+    if !cflags.fixed_newstyle && hdr.option != NBD_OPT_EXPORT_NAME {
+        // A non-fixed client cannot parse option replies.
+        return Err(NbdError::NotFixedNewstyle(hdr.option));
+    }
+    if hdr.length > MAX_OPTION_LEN {
+        return Err(NbdError::OptionTooLong { option: hdr.option, length: hdr.length });
+    }
+    let mut data = vec![0u8; hdr.length as usize];
+    read_exact(chan, &mut data)?;
+    log::debug!("nbd: option {} ({} bytes)", hdr.option, hdr.length);
+    Ok((hdr, data))
+}
+
+/// The server is shutting down: tell the client (best effort) and end the
+/// handshake. NBD_OPT_EXPORT_NAME has no error reply, so it only gets the
+/// close.
+fn refuse_shutting_down(chan: &mut Channel, out: &mut Vec<u8>, option: u32) -> NbdError {
+    if option != NBD_OPT_EXPORT_NAME {
+        push_option_reply(out, option, NBD_REP_ERR_SHUTDOWN, b"server is shutting down");
+        let _ = chan.write_all(out);
+    }
+    NbdError::ShuttingDown
 }
 
 fn read_exact(r: &mut Channel, buf: &mut [u8]) -> Result<(), NbdError> {

@@ -267,10 +267,30 @@ fn unix_socket() {
 fn connection_limit() {
     let cfg = ServerConfig { max_connections: 2, ..Default::default() };
     let t = start_with(MemoryExport::new(1 << 20), cfg);
-    let (_a, _, _) = Client::open(t.addr, false);
+    let (a, _, _) = Client::open(t.addr, false);
     let (_b, _, _) = Client::open(t.addr, false);
-    let mut s = std::net::TcpStream::connect(t.addr).unwrap();
+    // Refused means closed before the greeting; a read timeout would mean
+    // neither served nor refused, and fails (read_shows_close).
+    assert!(!greeted(t.addr), "third connection was served");
+    // The limit counts live connections: once one ends, a new one is served
+    // (after the server has noticed the end).
+    drop(a);
+    assert!(wait_for(|| greeted(t.addr)), "no connection served after one of the two ended");
+}
+
+/// Connect; true if the server sends the greeting, false if it closes.
+fn greeted(addr: std::net::SocketAddr) -> bool {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut b = [0u8; 1];
-    assert!(matches!(s.read(&mut b), Ok(0) | Err(_)), "third connection was served");
+    let mut magic = [0u8; 8];
+    let mut got = 0;
+    while got < magic.len() {
+        let r = s.read(&mut magic[got..]);
+        if read_shows_close(&r, "greeting") {
+            return false;
+        }
+        got += r.unwrap();
+    }
+    assert_eq!(&magic, b"NBDMAGIC");
+    true
 }

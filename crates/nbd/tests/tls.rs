@@ -198,16 +198,15 @@ fn refused(mut c: TlsClient) -> bool {
     // In TLS 1.3 the client finishes first; the server's verdict arrives
     // with the first read.
     let _ = c.s.write_all(&[0u8; 16]);
-    matches!(c.s.read(&mut b), Ok(0) | Err(_))
+    read_shows_close(&c.s.read(&mut b), "refused")
 }
 
 /// The server may send a TLS alert, then must close (bounded read).
 fn closes_after_alert(s: &mut TcpStream) -> bool {
     let mut b = [0u8; 4096];
     for _ in 0..16 {
-        match s.read(&mut b) {
-            Ok(0) | Err(_) => return true,
-            Ok(_) => {}
+        if read_shows_close(&s.read(&mut b), "closes_after_alert") {
+            return true;
         }
     }
     false

@@ -14,6 +14,7 @@ macro_rules! trace {
 pub mod accounting;
 mod admin;
 pub mod device;
+pub mod faultsim;
 pub mod fixture;
 pub mod model;
 pub mod run;

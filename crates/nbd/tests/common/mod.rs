@@ -281,10 +281,25 @@ impl<S: Read + Write> Client<S> {
         self.request(0, NBD_CMD_DISC, 0, 0, 0, &[]);
     }
 
-    /// True if the server closed the connection (EOF) within the timeout.
+    /// True if the server closed the connection (EOF or an error) within
+    /// the read timeout; false if it sent something. Panics on a timeout.
     pub fn closed_by_server(&mut self) -> bool {
         let mut b = [0u8; 1];
-        matches!(self.s.read(&mut b), Ok(0) | Err(_))
+        read_shows_close(&self.s.read(&mut b), "closed_by_server")
+    }
+}
+
+/// Whether the result of a read shows the peer closed the connection: EOF,
+/// or an error such as a reset or a TLS alert. A read timeout panics: a
+/// server that neither answers nor closes must not pass for one that closed.
+pub fn read_shows_close(r: &std::io::Result<usize>, what: &str) -> bool {
+    use std::io::ErrorKind::{TimedOut, WouldBlock};
+    match r {
+        Ok(n) => *n == 0,
+        Err(e) if matches!(e.kind(), WouldBlock | TimedOut) => {
+            panic!("{what}: the server neither closed nor answered within the read timeout ({e})")
+        }
+        Err(_) => true,
     }
 }
 

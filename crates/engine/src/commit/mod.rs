@@ -1,0 +1,381 @@
+//! Group commit. Every map and space change since the last commit reaches
+//! stable storage in one atomic step: a journal record, or a checkpoint when
+//! the journal is full. The order is what makes it crash-safe:
+//!
+//! 1. under the pool lock, take the pending ops (and, for a checkpoint,
+//!    serialize the whole state) — all their data is already written;
+//! 2. flush the data devices;
+//! 3. write the journal record (or checkpoint segments, flush, superblock);
+//! 4. flush the primary: the commit is durable;
+//! 5. wait until no I/O planned against the old map is in flight, then
+//!    return the freed space to the allocator.
+
+mod superblock;
+
+use crate::error::{EngineError, Result};
+use crate::map::extent_map::Freed;
+use crate::meta::checkpoint;
+use crate::meta::journal;
+use crate::pool::{CommitCtl, Inner, Pool};
+use crate::space::{reserve_for, Space};
+use std::sync::atomic::Ordering;
+use tarn_format::journal::RecordHeader;
+use tarn_format::ops::{encode_ops, Op, MAX_REGIONS_PER_OP};
+use tarn_format::{Pba, BLOCK_SIZE};
+
+enum Plan {
+    /// Only data changed: flushing the devices is the whole commit.
+    DataOnly,
+    Journal {
+        payload: Vec<u8>,
+        /// The epoch after the ops (replay checks it).
+        epoch: u64,
+        /// Overwrite regions the record opens.
+        opened: Vec<u64>,
+    },
+    Checkpoint {
+        payload: Vec<u8>,
+        pieces: Vec<(Pba, u64)>,
+    },
+}
+
+impl Pool {
+    /// Make every write answered before this call durable (NBD FLUSH).
+    /// Concurrent callers share one commit.
+    pub fn flush(&self) -> Result<()> {
+        self.check_writable()?;
+        let target = self.write_gen.load(Ordering::SeqCst);
+        let mut ctl = self.lock_commit();
+        if self.committed_gen.load(Ordering::SeqCst) >= target {
+            return Ok(());
+        }
+        // A commit that failed while we waited fenced the pool: do not retry.
+        self.check_writable()?;
+        self.commit_locked(&mut ctl, false)
+    }
+
+    /// Back-pressure on the queue of pending ops: a writer that finds it over
+    /// its bound commits it, or waits for the commit already taking it,
+    /// instead of growing it. Takes the commit lock, first in the lock
+    /// order: call it holding no other pool lock (nor a stripe lock).
+    pub(crate) fn make_room(&self) -> Result<()> {
+        if !self.pending_over_limit() {
+            return Ok(());
+        }
+        let mut ctl = self.lock_commit();
+        // The commit we may have waited for took the queue.
+        if !self.pending_over_limit() {
+            return Ok(());
+        }
+        self.check_writable()?;
+        self.commit_locked(&mut ctl, false)
+    }
+
+    /// Write a checkpoint now (clean shutdown), so the journal starts empty.
+    pub fn checkpoint(&self) -> Result<()> {
+        self.check_writable()?;
+        let mut ctl = self.lock_commit();
+        self.commit_locked(&mut ctl, true)
+    }
+
+    /// Resync every region a crash left open and commit; returns the
+    /// checksums renewed.
+    pub fn resync(&self) -> Result<u64> {
+        Ok(self.resync_until(&|| false)?.unwrap_or(0))
+    }
+
+    /// [`Pool::resync`], checking `stop` between 1 MiB chunks: None if it
+    /// stopped early (what is left waits for the next start or checkpoint).
+    pub fn resync_until(&self, stop: &dyn Fn() -> bool) -> Result<Option<u64>> {
+        self.check_writable()?;
+        let mut ctl = self.lock_commit();
+        let Some(renewed) = self.resync_suspects_until(stop)? else {
+            return Ok(None);
+        };
+        self.commit_locked(&mut ctl, false)?;
+        Ok(Some(renewed))
+    }
+
+    /// Checkpoint and stop accepting changes: what a clean shutdown does.
+    pub fn close(&self) -> Result<()> {
+        if self.options.read_only {
+            return Ok(());
+        }
+        self.checkpoint()?;
+        self.mark_closed()?;
+        self.fenced.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    pub(crate) fn commit_locked(&self, ctl: &mut CommitCtl, force_checkpoint: bool) -> Result<()> {
+        let result = self.commit_steps(ctl, force_checkpoint);
+        if let Err(e) = &result {
+            log::error!("commit failed, fencing the pool: {e}");
+            self.fenced.store(true, Ordering::SeqCst);
+        }
+        result
+    }
+
+    fn commit_steps(&self, ctl: &mut CommitCtl, force_checkpoint: bool) -> Result<()> {
+        if force_checkpoint || journal_low(ctl) {
+            // A checkpoint closes every region: resync what a crash left open.
+            self.resync_suspects()?;
+        }
+        let mut drained = self.needs_drain(ctl, force_checkpoint);
+        let mut tries = 0;
+        let taken = loop {
+            // Closing an overwrite region needs every in-place write to it
+            // recorded: hold the I/O gate while the commit takes its ops.
+            let quiet = drained.then(|| self.io_gate.write().unwrap_or_else(|p| p.into_inner()));
+            if let Some(taken) = self.take_pending(ctl, force_checkpoint, drained)? {
+                break taken;
+            }
+            // A checkpoint it must be: drain, and resync what a crash left open.
+            drop(quiet);
+            tries += 1;
+            assert!(tries < 3, "a drained commit with every region resynced takes its ops");
+            self.resync_suspects()?;
+            drained = true;
+        };
+        let (plan, mut frees, gen) = taken;
+        self.flush_dirty_devices()?;
+        // A mirror leg that dropped out is recorded before anything this
+        // commit makes durable, and again if it dropped out during it.
+        self.record_leg_states(ctl)?;
+        match plan {
+            Plan::DataOnly => {}
+            Plan::Journal { payload, epoch, opened } => {
+                self.write_journal(ctl, &payload, epoch)?;
+                // Only now may writes go in place there: the record is durable.
+                let mut inner = self.write_inner();
+                let now = self.counters.commits.load(Ordering::Relaxed);
+                for r in &opened {
+                    inner.regions.last_write.entry(*r).or_insert(now);
+                }
+                inner.state.open_regions.extend(opened);
+            }
+            Plan::Checkpoint { payload, pieces } => {
+                let old = self.write_checkpoint(ctl, &payload, pieces)?;
+                frees.extend(old);
+            }
+        }
+        self.record_leg_states(ctl)?;
+        self.committed_gen.fetch_max(gen, Ordering::SeqCst);
+        self.counters.commits.fetch_add(1, Ordering::Relaxed);
+        self.release(frees);
+        Ok(())
+    }
+
+    /// Whether this commit should drain in-flight I/O: it closes idle
+    /// overwrite regions, or it may well be a checkpoint (which closes all).
+    fn needs_drain(&self, ctl: &CommitCtl, force_checkpoint: bool) -> bool {
+        let inner = self.read_inner();
+        if inner.state.open_regions.is_empty() {
+            return false;
+        }
+        let now = self.counters.commits.load(Ordering::Relaxed);
+        force_checkpoint || journal_low(ctl) || !inner.regions.idle(&inner.state.open_regions, now).is_empty()
+    }
+
+    /// Step 1: snapshot what this commit covers. None: it must be a
+    /// checkpoint, and overwrite regions are open with I/O not drained, or
+    /// await their resync after a crash.
+    fn take_pending(&self, ctl: &CommitCtl, force_checkpoint: bool, drained: bool) -> Result<Option<Taken>> {
+        let mut inner = self.write_inner();
+        let inner = &mut *inner;
+        if !drained && self.fresh_writes.load(Ordering::SeqCst) > 0 {
+            // A write is overwriting new data in place in a closed region: a
+            // commit must not make that data's map durable before the write
+            // recorded its new sums. Drain it first.
+            return Ok(None);
+        }
+        let gen = self.write_gen.load(Ordering::SeqCst);
+        let (mut ops, frees) = inner.take_queue();
+        if drained {
+            let now = self.counters.commits.load(Ordering::Relaxed);
+            let idle = inner.regions.idle(&inner.state.open_regions, now);
+            close_regions(inner, &idle, &mut ops);
+        }
+        inner.regions.urgent = 0;
+        // From here a commit may make their maps durable: no longer fresh.
+        inner.regions.fresh.clear();
+        let opened: Vec<u64> = std::mem::take(&mut inner.regions.wanted)
+            .into_iter()
+            .filter(|r| !inner.state.open_regions.contains(r))
+            .collect();
+        for chunk in opened.chunks(MAX_REGIONS_PER_OP) {
+            ops.push(Op::Regions { open: true, ids: chunk.to_vec() });
+        }
+        if ops.is_empty() && !force_checkpoint {
+            return Ok(Some((Plan::DataOnly, frees, gen)));
+        }
+        let payload = encode_ops(&ops);
+        if !force_checkpoint && ctl.journal.fits(RecordHeader::blocks_for(payload.len())) {
+            return Ok(Some((Plan::Journal { payload, epoch: inner.state.epoch, opened }, frees, gen)));
+        }
+        if (!drained && !inner.state.open_regions.is_empty()) || !inner.regions.suspect.is_empty() {
+            // Put everything back; the caller drains and asks again.
+            ops.retain(|op| !matches!(op, Op::Regions { .. }));
+            inner.requeue(ops, frees);
+            inner.regions.wanted.extend(opened);
+            return Ok(None);
+        }
+        // A checkpoint records no open region: all close (their sums are all
+        // recorded, I/O is drained); the wanted ones open with a later record.
+        let all: Vec<u64> = inner.state.open_regions.iter().copied().collect();
+        close_regions(inner, &all, &mut Vec::new());
+        inner.regions.wanted.extend(opened);
+        let payload = checkpoint::encode_state(&inner.state, ctl.journal.seq + 1, self.checksums)?;
+        inner.space.reserve_blocks = reserve_for(inner.state.extent_count(), inner.space.data_blocks());
+        let pieces = allocate_checkpoint(&mut inner.space, payload.len())?;
+        Ok(Some((Plan::Checkpoint { payload, pieces }, frees, gen)))
+    }
+
+    /// Step 2: data the new metadata points at must be durable first.
+    fn flush_dirty_devices(&self) -> Result<()> {
+        for (i, dev) in self.devices.iter().enumerate() {
+            if self.dirty[i].swap(false, Ordering::SeqCst) {
+                dev.flush().map_err(|e| EngineError::io("flush", dev.name(), e))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write_journal(&self, ctl: &mut CommitCtl, payload: &[u8], epoch: u64) -> Result<()> {
+        let primary = &self.devices[0];
+        let blocks = journal::append(primary.as_ref(), &ctl.journal, epoch, payload)?;
+        primary.flush().map_err(|e| EngineError::io("flush journal", primary.name(), e))?;
+        ctl.journal.used += blocks;
+        ctl.journal.seq += 1;
+        self.counters.journal_bytes.fetch_add(blocks * BLOCK_SIZE, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Step 3 for a checkpoint; returns the previous checkpoint's extents,
+    /// free once the new superblock is durable.
+    fn write_checkpoint(
+        &self,
+        ctl: &mut CommitCtl,
+        payload: &[u8],
+        pieces: Vec<(Pba, u64)>,
+    ) -> Result<Vec<(Pba, u64)>> {
+        let seq = ctl.journal.seq + 1;
+        let cref = checkpoint::write(&self.devices, &pieces, seq, payload)?;
+        for dev in &self.devices {
+            dev.flush().map_err(|e| EngineError::io("flush checkpoint", dev.name(), e))?;
+        }
+        let mut sb = ctl.sb.clone();
+        sb.txid += 1;
+        sb.checkpoint = cref;
+        sb.journal_generation += 1;
+        sb.devices = self.device_table(&sb.devices);
+        self.write_superblock(&sb)?;
+        ctl.sb = sb;
+        ctl.journal.generation = ctl.sb.journal_generation;
+        ctl.journal.used = 0;
+        ctl.journal.seq = seq;
+        self.counters.checkpoints.fetch_add(1, Ordering::Relaxed);
+        Ok(std::mem::replace(&mut ctl.checkpoint_pieces, pieces))
+    }
+
+    /// Step 5: reuse freed space only after in-flight I/O drained. The
+    /// discard hint goes out before the space is handed back, so it can
+    /// never punch a hole in data a new owner just wrote.
+    fn release(&self, frees: Freed) {
+        if frees.is_empty() {
+            return;
+        }
+        // Freed pieces come in logical order; after redirected random writes
+        // they are physically scattered piece by piece but adjacent as a set.
+        // Coalesced, a snapshot delete of 1 GiB of 4K pieces is a handful of
+        // discards instead of 262,144.
+        let frees = coalesce(frees);
+        drop(self.io_gate.write().unwrap_or_else(|p| p.into_inner()));
+        if !self.options.no_discard {
+            // Like a device's discard granularity: pieces under 64 KiB are
+            // not punched (each punch costs ~0.1 ms under the commit lock and
+            // a snapshot delete can free 100,000s of scattered 4 KiB pieces);
+            // they are free in the pool all the same and get reused.
+            for &(pba, len) in frees.iter().filter(|f| f.1 >= MIN_DISCARD_BLOCKS) {
+                let dev = &self.devices[usize::from(pba.device())];
+                if let Err(e) = dev.discard(pba.byte_offset(), len * BLOCK_SIZE) {
+                    log::debug!("discard on {} failed (ignored, a hint): {e}", dev.name());
+                }
+            }
+        }
+        let mut inner = self.write_inner();
+        frees.iter().for_each(|&(pba, len)| inner.space.give_back(pba, len));
+    }
+}
+
+/// Space for a checkpoint payload of `len` bytes, in at most 64 pieces
+/// from the devices with the most free space (metadata may use the reserve).
+fn allocate_checkpoint(space: &mut Space, len: usize) -> Result<Vec<(Pba, u64)>> {
+    let need = checkpoint::blocks_needed(len);
+    let mut pieces: Vec<(Pba, u64)> = Vec::new();
+    for _ in 0..64 {
+        if checkpoint::capacity(&pieces) >= len as u64 {
+            break;
+        }
+        let want = need.min(space.free_blocks()).max(1);
+        let dev = (0..space.devices.len()).max_by_key(|&d| space.devices[d].free_blocks()).unwrap_or(0);
+        let Some(more) = space.allocate_on(dev, want.min(space.devices[dev].free_blocks()), true) else {
+            break;
+        };
+        pieces.extend(more);
+    }
+    if checkpoint::capacity(&pieces) < len as u64 {
+        pieces.iter().for_each(|p| space.give_back(p.0, p.1));
+        return Err(EngineError::NoSpace);
+    }
+    Ok(pieces)
+}
+
+/// The journal is three quarters full: a checkpoint is near.
+fn journal_low(ctl: &CommitCtl) -> bool {
+    ctl.journal.used * 4 > ctl.journal.blocks * 3
+}
+
+/// What a commit takes: its plan, the space it frees, the write generation it covers.
+type Taken = (Plan, Freed, u64);
+
+/// Close overwrite regions now (writes there redirect from here on) and
+/// record it in `ops`. Only with I/O drained: every in-place write to them
+/// has its checksums among the pending ops.
+fn close_regions(inner: &mut Inner, ids: &[u64], ops: &mut Vec<Op>) {
+    for id in ids {
+        inner.state.open_regions.remove(id);
+        inner.regions.last_write.remove(id);
+    }
+    for chunk in ids.chunks(MAX_REGIONS_PER_OP) {
+        ops.push(Op::Regions { open: false, ids: chunk.to_vec() });
+    }
+}
+
+/// Freed ranges shorter than this are not discarded on the device.
+const MIN_DISCARD_BLOCKS: u64 = 16;
+
+/// Sort physical ranges and merge the adjacent ones (they never overlap).
+fn coalesce(mut frees: Freed) -> Freed {
+    frees.sort_unstable_by_key(|f| f.0);
+    let mut out: Freed = Vec::with_capacity(frees.len());
+    for (pba, len) in frees {
+        match out.last_mut() {
+            Some(last) if last.0.device() == pba.device() && last.0.offset_by(last.1) == pba => last.1 += len,
+            _ => out.push((pba, len)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coalesce_merges_adjacent_ranges_per_device() {
+        let p = |d, b| Pba::new(d, b);
+        let frees = vec![(p(0, 20), 2), (p(0, 10), 5), (p(1, 15), 1), (p(0, 15), 5), (p(0, 30), 1), (p(1, 16), 4)];
+        assert_eq!(coalesce(frees), vec![(p(0, 10), 12), (p(0, 30), 1), (p(1, 15), 5)]);
+    }
+}

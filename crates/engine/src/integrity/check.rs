@@ -1,0 +1,235 @@
+//! The pool checker: every metadata invariant, verified against the live
+//! state (with I/O quiesced) or a read-only open. Checksums of every
+//! structure were verified when the pool was opened; this walks the rest.
+
+use crate::map::extent_map::ExtentMap;
+use crate::map::state::{State, Volume, MAX_CLONE_DEPTH};
+use crate::pool::Pool;
+use crate::space::DeviceSpace;
+use tarn_format::{Pba, BLOCK_SIZE};
+
+#[derive(Debug, Clone, Default)]
+pub struct CheckReport {
+    /// Violated invariants: a clean pool has none.
+    pub problems: Vec<String>,
+    /// Things worth knowing that are not damage (an old superblock copy
+    /// torn by a crash, say).
+    pub notes: Vec<String>,
+    pub volumes: usize,
+    pub extents: usize,
+    pub mapped_blocks: u64,
+    pub free_blocks: u64,
+    pub metadata_blocks: u64,
+}
+
+impl CheckReport {
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Who holds a physical range (for overlap messages).
+#[derive(Debug, Clone)]
+struct Owner {
+    start: u64,
+    len: u64,
+    what: String,
+}
+
+/// At most this many problems are listed (the count is still exact).
+const MAX_LISTED: usize = 100;
+
+impl Pool {
+    pub fn check(&self) -> CheckReport {
+        // Lock order everywhere: commit, then I/O gate, then pool state (the
+        // committer holds the commit lock while it drains the gate).
+        let ctl = self.lock_commit();
+        let _quiet = self.io_gate.write().unwrap_or_else(|p| p.into_inner());
+        let inner = self.read_inner();
+        let mut r = CheckReport { notes: ctl.notes.clone(), volumes: inner.state.volumes.len(), ..Default::default() };
+        let mut owners: Vec<Vec<Owner>> = vec![Vec::new(); self.devices.len()];
+        for v in inner.state.volumes.values() {
+            check_volume_links(&inner.state, v, &mut r);
+            let lists = std::iter::once(("head".to_string(), &v.map, v.blocks(), inner.state.epoch)).chain(
+                v.snapshots.iter().map(|s| (format!("snapshot {}", s.name), &s.dead, s.size / BLOCK_SIZE, s.epoch)),
+            );
+            for (list, map, blocks, max_birth) in lists {
+                let what = format!("volume {} {list}", v.name);
+                r.mapped_blocks += check_map(&what, map, blocks, max_birth, v.origin.is_some(), &mut owners, &mut r);
+            }
+        }
+        for &(pba, len) in &ctl.checkpoint_pieces {
+            r.metadata_blocks += len;
+            push_owner(&mut owners, pba, len, "checkpoint".into(), &mut r.problems);
+        }
+        for &(pba, len) in &inner.pending_frees {
+            push_owner(&mut owners, pba, len, "space awaiting commit".into(), &mut r.problems);
+        }
+        for (i, ds) in inner.space.devices.iter().enumerate() {
+            r.free_blocks += ds.free_blocks();
+            for msg in compare_space(i, ds, &mut owners[i]) {
+                problem(&mut r, msg);
+            }
+        }
+        if self.checksums {
+            check_sums(&inner.state, &mut r);
+        }
+        if ctl.journal.used > ctl.journal.blocks {
+            problem(&mut r, format!("journal uses {} of {} blocks", ctl.journal.used, ctl.journal.blocks));
+        }
+        let data = inner.space.data_blocks();
+        let pending: u64 = inner.pending_frees.iter().map(|f| f.1).sum();
+        if r.mapped_blocks + r.metadata_blocks + pending + r.free_blocks != data {
+            let msg = format!(
+                "space accounting: mapped {} + checkpoint {} + pending {} + free {} != {} data blocks",
+                r.mapped_blocks, r.metadata_blocks, pending, r.free_blocks, data
+            );
+            problem(&mut r, msg);
+        }
+        r
+    }
+}
+
+/// With data checksums, every block a map references has one.
+fn check_sums(state: &State, r: &mut CheckReport) {
+    let mut missing = 0u64;
+    let mut first = None;
+    let extents = match state.physical_extents() {
+        Ok(extents) => extents,
+        Err(e) => return problem(r, format!("reading the maps: {e}")),
+    };
+    for (pba, len) in extents {
+        for i in 0..len {
+            if state.sums.get(pba.offset_by(i)).is_none() {
+                missing += 1;
+                first = first.or(Some(pba.offset_by(i)));
+            }
+        }
+    }
+    if let Some(at) = first {
+        problem(r, format!("{missing} mapped blocks have no data checksum (first at {at})"));
+    }
+}
+
+/// Snapshots in epoch order before the current epoch; a clone's origin
+/// exists and its chain is not too deep.
+fn check_volume_links(state: &State, v: &Volume, r: &mut CheckReport) {
+    let epochs: Vec<u64> = v.snapshots.iter().map(|s| s.epoch).collect();
+    if epochs.windows(2).any(|w| w[0] >= w[1]) || epochs.last().is_some_and(|&e| e >= state.epoch) {
+        problem(r, format!("volume {}: snapshot epochs {epochs:?} not ascending below {}", v.name, state.epoch));
+    }
+    if let Some(o) = v.origin {
+        let found = state.volume(o.vol).is_some_and(|ov| ov.snapshot_index(o.epoch).is_some());
+        if !found || state.clone_depth(v.id) > MAX_CLONE_DEPTH {
+            problem(r, format!("volume {}: origin {}@{} missing or chain too deep", v.name, o.vol, o.epoch));
+        }
+    }
+}
+
+/// One extent list (a head or a dead list): ordered, inside its size, born
+/// in range, origin markers only in clones; returns its real blocks and
+/// records their owners.
+fn check_map(
+    what: &str,
+    map: &ExtentMap,
+    blocks: u64,
+    max_birth: u64,
+    clone: bool,
+    owners: &mut [Vec<Owner>],
+    r: &mut CheckReport,
+) -> u64 {
+    let (mut physical, mut sum, mut prev_end) = (0, 0, 0);
+    let entries = match map.entries() {
+        Ok(entries) => entries,
+        Err(e) => {
+            problem(r, format!("{what}: {e}"));
+            return 0;
+        }
+    };
+    for (lba, e) in entries {
+        r.extents += 1;
+        sum += e.len;
+        if e.len == 0 || lba < prev_end || lba + e.len > blocks {
+            problem(r, format!("{what}: extent {lba}+{} overlaps or exceeds {blocks} blocks", e.len));
+        }
+        // Birth 0 marks origin markers and their copies (flattened clones).
+        if e.birth > max_birth {
+            problem(r, format!("{what}: extent at {lba} born in epoch {} (at most {max_birth})", e.birth));
+        }
+        prev_end = lba + e.len;
+        if e.pba.is_origin() {
+            if !clone || e.pba.block() != lba || e.birth != 0 {
+                problem(r, format!("{what}: misplaced origin marker at {lba}"));
+            }
+            continue;
+        }
+        physical += e.len;
+        push_owner(owners, e.pba, e.len, format!("{what} block {lba}"), &mut r.problems);
+    }
+    if sum != map.mapped_blocks() || physical != map.physical_blocks() {
+        let msg = format!(
+            "{what}: counters {}/{} != {sum}/{physical} blocks mapped",
+            map.mapped_blocks(),
+            map.physical_blocks()
+        );
+        problem(r, msg);
+    }
+    physical
+}
+
+fn problem(r: &mut CheckReport, msg: String) {
+    if r.problems.len() < MAX_LISTED {
+        r.problems.push(msg);
+    }
+}
+
+fn push_owner(owners: &mut [Vec<Owner>], pba: Pba, len: u64, what: String, problems: &mut Vec<String>) {
+    match owners.get_mut(usize::from(pba.device())) {
+        Some(list) => list.push(Owner { start: pba.block(), len, what }),
+        None => problems.push(format!("{what}: physical {pba} on a device the pool does not have")),
+    }
+}
+
+/// Used ranges must not overlap each other, must lie in the data area, and
+/// the free ranges must be exactly what is left.
+fn compare_space(device: usize, ds: &DeviceSpace, owners: &mut [Owner]) -> Vec<String> {
+    let mut out = Vec::new();
+    owners.sort_by_key(|o| o.start);
+    let mut expected_free = Vec::new();
+    let mut pos = ds.data_start;
+    let mut last: Option<&Owner> = None;
+    for o in owners.iter() {
+        if o.start < ds.data_start || o.start + o.len > ds.data_end {
+            out.push(format!("device {device}: {} at block {}+{} lies outside the data area", o.what, o.start, o.len));
+        }
+        if o.start < pos {
+            let other = last.map(|l| l.what.as_str()).unwrap_or("the label area");
+            out.push(format!("device {device}: {} at block {} shares space with {other}", o.what, o.start));
+        } else if o.start > pos {
+            expected_free.push((pos, o.start - pos));
+        }
+        if o.start + o.len > pos {
+            pos = o.start + o.len;
+            last = Some(o);
+        }
+    }
+    if pos < ds.data_end {
+        expected_free.push((pos, ds.data_end - pos));
+    }
+    let actual: Vec<(u64, u64)> = ds.free_ranges().collect();
+    if out.is_empty() && actual != expected_free {
+        let first = actual.iter().zip(&expected_free).find(|(a, b)| a != b);
+        out.push(format!(
+            "device {device}: free space disagrees with the map ({} free ranges, {} expected; first difference {:?}; {} bytes per block)",
+            actual.len(),
+            expected_free.len(),
+            first,
+            BLOCK_SIZE
+        ));
+    }
+    let counted: u64 = actual.iter().map(|r| r.1).sum();
+    if counted != ds.free_blocks() {
+        out.push(format!("device {device}: free counter {} != {} blocks in free ranges", ds.free_blocks(), counted));
+    }
+    out
+}

@@ -1,0 +1,177 @@
+//! Verified reads: every block of data checked against the checksum its
+//! map entry holds (see `map/sums.rs`), and self-heal from other copies.
+
+use crate::error::{EngineError, Result};
+use crate::map::extent_map::Segment;
+use crate::map::sums::{block_sum, regions_of};
+use crate::map::view::View;
+use crate::pool::{resolve_in, Pool};
+use std::sync::atomic::Ordering;
+use tarn_format::{Pba, BLOCK_SIZE};
+
+const BS: usize = BLOCK_SIZE as usize;
+
+/// A piece of a read: a segment and, if mapped with checksums, its sums.
+type Summed = (Segment, Vec<Option<u32>>);
+
+impl Pool {
+    /// Segments of a view and the sums of their blocks, under one lock so a
+    /// completed write's data and sums are seen together.
+    fn resolve_summed(&self, vol: u32, view: View, lba: u64, len: u64) -> Result<Vec<Summed>> {
+        let inner = self.read_inner();
+        let segs = resolve_in(&inner, vol, view, lba, len)?;
+        Ok(segs
+            .into_iter()
+            .map(|seg| match seg {
+                // Read-only after a crash, regions left open are not resynced:
+                // their blocks may legitimately disagree with their sums.
+                Segment::Mapped { pba, len, .. }
+                    if self.checksums
+                        && !(self.options.read_only
+                            && regions_of(pba, len).any(|r| inner.state.open_regions.contains(&r))) =>
+                {
+                    (seg, inner.state.sums.get_run(pba, len))
+                }
+                _ => (seg, Vec::new()),
+            })
+            .collect())
+    }
+
+    /// Read `buf` at `offset` of a view, verifying every block. Without
+    /// `heal` a mismatch returns false at once; with it (writes drained) a
+    /// bad block is taken from a good copy or the read fails.
+    pub(crate) fn read_verified(&self, vol: u32, view: View, offset: u64, buf: &mut [u8], heal: bool) -> Result<bool> {
+        let first = offset / BLOCK_SIZE;
+        let end = offset + buf.len() as u64;
+        for (seg, sums) in self.resolve_summed(vol, view, first, end.div_ceil(BLOCK_SIZE) - first)? {
+            let s = (seg.lba() * BLOCK_SIZE).max(offset);
+            let e = ((seg.lba() + seg.len()) * BLOCK_SIZE).min(end);
+            let out = &mut buf[(s - offset) as usize..(e - offset) as usize];
+            match seg {
+                Segment::Hole { .. } => out.fill(0),
+                Segment::Mapped { lba, pba, .. } if sums.is_empty() => {
+                    self.read_data(pba.offset_by(0), out, pba.byte_offset() + (s - lba * BLOCK_SIZE))?;
+                }
+                Segment::Mapped { lba, pba, .. } => {
+                    let (b0, b1) = (s / BLOCK_SIZE, e.div_ceil(BLOCK_SIZE));
+                    let skip = (b0 - lba) as usize;
+                    let at = pba.offset_by(b0 - lba);
+                    let ok = if s.is_multiple_of(BLOCK_SIZE) && e.is_multiple_of(BLOCK_SIZE) {
+                        self.read_blocks_checked(at, out, &sums[skip..], heal)?
+                    } else {
+                        let mut whole = vec![0u8; ((b1 - b0) as usize) * BS];
+                        let ok = self.read_blocks_checked(at, &mut whole, &sums[skip..], heal)?;
+                        let from = (s - b0 * BLOCK_SIZE) as usize;
+                        out.copy_from_slice(&whole[from..from + out.len()]);
+                        ok
+                    };
+                    if !ok {
+                        return Ok(false);
+                    }
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Plain read of data at a byte address on `pba`'s device.
+    fn read_data(&self, pba: Pba, out: &mut [u8], at: u64) -> Result<()> {
+        let dev = &self.devices[usize::from(pba.device())];
+        dev.read_at(out, at).map_err(|e| {
+            self.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+            log::error!("read error on {} at byte {at}: {e}", dev.name());
+            EngineError::io("read data", dev.name(), e)
+        })
+    }
+
+    /// Read whole blocks at `pba` into `out` and check them against `sums`.
+    fn read_blocks_checked(&self, pba: Pba, out: &mut [u8], sums: &[Option<u32>], heal: bool) -> Result<bool> {
+        self.read_data(pba, out, pba.byte_offset())?;
+        for (i, block) in out.chunks_exact_mut(BS).enumerate() {
+            let Some(want) = sums[i] else { continue };
+            if block_sum(block) == want {
+                continue;
+            }
+            if !heal {
+                return Ok(false);
+            }
+            let at = pba.offset_by(i as u64);
+            let good = if self.is_suspect(at) { self.resync_block(at)?.0 } else { self.heal_block(at, want)? };
+            block.copy_from_slice(&good);
+        }
+        Ok(true)
+    }
+
+    /// Read block `pba` on every copy and sort them by `want`.
+    pub(crate) fn examine_copies(&self, pba: Pba, want: u32) -> Copies {
+        let dev = &self.devices[usize::from(pba.device())];
+        let mut c = Copies { good: None, bad: Vec::new(), found: 0 };
+        for copy in 0..dev.copies() {
+            let mut block = vec![0u8; BS];
+            match dev.read_copy(copy, &mut block, pba.byte_offset()) {
+                Ok(()) if block_sum(&block) == want => c.good = c.good.or(Some(block)),
+                Ok(()) => {
+                    c.found = block_sum(&block);
+                    c.bad.push(copy);
+                }
+                Err(e) => {
+                    log::warn!("block {} copy {copy} on {}: read error {e}", pba.block(), dev.name());
+                    c.bad.push(copy);
+                }
+            }
+        }
+        c
+    }
+
+    /// Rewrite copies `bad` of block `pba` with `data` (durable at the next flush).
+    pub(crate) fn rewrite_copies(&self, pba: Pba, data: &[u8], bad: &[usize]) -> u64 {
+        let i = usize::from(pba.device());
+        let dev = &self.devices[i];
+        let mut done = 0;
+        for &copy in bad {
+            match dev.write_copy(copy, data, pba.byte_offset()) {
+                Ok(()) => {
+                    done += 1;
+                    self.dirty[i].store(true, Ordering::SeqCst);
+                    log::warn!("rewrote block {} copy {copy} on {} from a good copy", pba.block(), dev.name());
+                }
+                Err(e) => log::error!("could not rewrite block {} copy {copy} on {}: {e}", pba.block(), dev.name()),
+            }
+        }
+        self.counters.healed_blocks.fetch_add(done, Ordering::Relaxed);
+        done
+    }
+
+    /// The data of block `pba` from a copy that matches `want`; the other
+    /// copies are rewritten with it. Err (counted, logged) if none matches.
+    pub(crate) fn heal_block(&self, pba: Pba, want: u32) -> Result<Vec<u8>> {
+        let c = self.examine_copies(pba, want);
+        let dev = &self.devices[usize::from(pba.device())];
+        let Some(good) = c.good else {
+            self.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+            log::error!(
+                "checksum mismatch: block {} of {} on all {} copies (stored {want:#010x}, read {:#010x})",
+                pba.block(),
+                dev.name(),
+                dev.copies(),
+                c.found
+            );
+            return Err(EngineError::Checksum {
+                device: dev.name(),
+                block: pba.block(),
+                expected: want,
+                found: c.found,
+            });
+        };
+        self.rewrite_copies(pba, &good, &c.bad);
+        Ok(good)
+    }
+}
+
+/// Block contents by copy: a good one if any, the bad copies' indexes and
+/// the checksum a bad copy had.
+pub(crate) struct Copies {
+    pub good: Option<Vec<u8>>,
+    pub bad: Vec<usize>,
+    pub found: u32,
+}

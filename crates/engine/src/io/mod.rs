@@ -1,0 +1,537 @@
+//! Data I/O on volumes: read, write, trim, write-zeroes, block status.
+//!
+//! A write plans against the map under a short lock, allocates holes
+//! through the placement policy, writes the data outside every lock, then
+//! records the new mappings. Data is always on the device before the map
+//! points at it, so a commit never references unwritten blocks.
+
+use crate::error::{EngineError, Result, StateError};
+use crate::map::extent_map::{Freed, Segment};
+use crate::map::sums::{regions_of, sums_of};
+use crate::map::view::View;
+use crate::pool::{Inner, Pool, STRIPES};
+use std::sync::atomic::Ordering;
+use tarn_format::ops::Op;
+use tarn_format::{Pba, BLOCK_SIZE};
+
+const BS: usize = BLOCK_SIZE as usize;
+/// Largest single request the engine accepts (matches the NBD maximum).
+pub const MAX_IO_BYTES: u64 = 32 << 20;
+/// Segments one block-status answer may carry.
+const MAX_STATUS_SEGMENTS: usize = 1024;
+
+/// One run of a block-status answer, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatusRun {
+    pub length: u64,
+    pub allocated: bool,
+}
+
+/// One run of a changed-block answer, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChangeRun {
+    pub length: u64,
+    pub changed: bool,
+}
+
+/// Tries a write makes at most (each retry follows a commit opening regions).
+const MAX_WRITE_ATTEMPTS: usize = 3;
+
+/// How a write goes: in place (Mapped) or to new space (Hole); `closed`:
+/// overwrite regions that redirected it and should open.
+struct WritePlan<'a> {
+    segs: Vec<Segment>,
+    closed: Vec<u64>,
+    /// Held while the write overwrites uncommitted new data in a closed
+    /// region: a commit then waits for it (see `take_pending`).
+    _fresh: Option<FreshWrite<'a>>,
+}
+
+/// Counts a write in flight over fresh blocks of a closed region, from its
+/// plan (under the state lock) until it recorded its sums.
+struct FreshWrite<'a>(&'a Pool);
+
+impl<'a> FreshWrite<'a> {
+    fn start(pool: &'a Pool) -> Self {
+        pool.fresh_writes.fetch_add(1, Ordering::SeqCst);
+        FreshWrite(pool)
+    }
+}
+
+impl Drop for FreshWrite<'_> {
+    fn drop(&mut self) {
+        self.0.fresh_writes.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Apply a pool op that cannot fail (sums) and queue it for the commit.
+fn push_op(inner: &mut Inner, op: Op) {
+    let mut freed = Freed::new();
+    if let Err(e) = inner.state.apply(&op, &mut freed) {
+        unreachable!("pool op refused: {e}");
+    }
+    debug_assert!(freed.is_empty());
+    inner.queue(op, freed);
+}
+
+/// Where new data for a logical run goes.
+pub(crate) struct NewPiece {
+    pub lba: u64,
+    pub len: u64,
+    pub pba: Pba,
+}
+
+impl Pool {
+    /// Validate a request against the volume's size; the name is only
+    /// copied for the error (this runs on every I/O).
+    fn check_range(&self, op: &'static str, vol: u32, offset: u64, len: u64, max: u64) -> Result<()> {
+        self.check_view_range(op, vol, View::Head, offset, len, max)
+    }
+
+    pub(crate) fn check_view_range(
+        &self,
+        op: &'static str,
+        vol: u32,
+        view: View,
+        offset: u64,
+        len: u64,
+        max: u64,
+    ) -> Result<()> {
+        let inner = self.read_inner();
+        let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
+        let size = v.view_size(view).ok_or_else(|| gone_snapshot(v, view))?;
+        let end = offset.checked_add(len);
+        if len == 0 || len > max || end.is_none_or(|e| e > size) {
+            return Err(EngineError::OutOfRange { op, volume: v.name.clone(), offset, len, size });
+        }
+        Ok(())
+    }
+
+    /// Read `buf.len()` bytes at byte `offset`; holes read as zeros.
+    pub fn read(&self, vol: u32, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.read_view(vol, View::Head, offset, buf)
+    }
+
+    /// Read from the head or a snapshot of a volume. With checksums every
+    /// block is verified; a mismatch is first re-read with writes drained
+    /// (a racing in-place overwrite is not corruption), then served from a
+    /// good copy (which heals the bad ones) or answered with an error.
+    pub fn read_view(&self, vol: u32, view: View, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check_view_range("read", vol, view, offset, buf.len() as u64, MAX_IO_BYTES)?;
+        {
+            let _gate = self.io_gate.read().unwrap_or_else(|p| p.into_inner());
+            if self.read_verified(vol, view, offset, buf, false)? {
+                return Ok(());
+            }
+        }
+        let _quiet = self.io_gate.write().unwrap_or_else(|p| p.into_inner());
+        let healed = self.read_verified(vol, view, offset, buf, true)?;
+        debug_assert!(healed);
+        Ok(())
+    }
+
+    /// Write `data` at byte `offset`. Returns once the data is in the
+    /// devices' caches (durable after the next flush), or durable if `fua`.
+    pub fn write(&self, vol: u32, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.check_writable()?;
+        self.check_range("write", vol, offset, data.len() as u64, MAX_IO_BYTES)?;
+        self.make_room()?;
+        let result = self.write_pieces(vol, offset, data);
+        // Counted even on failure: earlier pieces may have changed the map,
+        // and the next flush must not skip them.
+        self.write_gen.fetch_add(1, Ordering::SeqCst);
+        let allocated = result?;
+        if fua || (self.options.strict && allocated) {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Split a write into a partial head block, whole blocks, a partial
+    /// tail block; returns whether any of them allocated.
+    fn write_pieces(&self, vol: u32, offset: u64, data: &[u8]) -> Result<bool> {
+        let mut allocated = false;
+        let mut pos = 0usize;
+        while pos < data.len() {
+            let at = offset + pos as u64;
+            let in_block = (at % BLOCK_SIZE) as usize;
+            let lba = at / BLOCK_SIZE;
+            if in_block != 0 || data.len() - pos < BS {
+                let n = (BS - in_block).min(data.len() - pos);
+                allocated |= self.write_partial(vol, lba, in_block, &data[pos..pos + n])?;
+                pos += n;
+            } else {
+                let n = (data.len() - pos) / BS * BS;
+                allocated |= self.write_blocks(vol, lba, &data[pos..pos + n])?;
+                pos += n;
+            }
+        }
+        Ok(allocated)
+    }
+
+    /// Read-modify-write one block under its stripe lock, so two sub-block
+    /// writes to different sectors of one block cannot lose each other.
+    fn write_partial(&self, vol: u32, lba: u64, in_block: usize, bytes: &[u8]) -> Result<bool> {
+        let stripe = (lba as usize ^ (vol as usize).wrapping_mul(0x9e37)) % STRIPES;
+        let _s = self.stripes[stripe].lock().unwrap_or_else(|p| p.into_inner());
+        let mut block = vec![0u8; BS];
+        self.read(vol, lba * BLOCK_SIZE, &mut block)?;
+        block[in_block..in_block + bytes.len()].copy_from_slice(bytes);
+        self.write_blocks(vol, lba, &block)
+    }
+
+    /// Segments of a view with clones' origin markers resolved.
+    pub(crate) fn resolve(&self, vol: u32, view: View, lba: u64, len: u64) -> Result<Vec<Segment>> {
+        crate::pool::resolve_in(&self.read_inner(), vol, view, lba, len)
+    }
+
+    /// Write whole blocks; returns whether any block needed new space.
+    /// Blocks the head owns alone are overwritten in place (with checksums:
+    /// only inside open overwrite regions); blocks a snapshot (or the
+    /// origin) still shows are redirected to new space, exactly the blocks
+    /// written. A full pool never fails a write to owned blocks: their
+    /// regions are opened at once and the write goes in place.
+    fn write_blocks(&self, vol: u32, lba: u64, data: &[u8]) -> Result<bool> {
+        debug_assert!(data.len().is_multiple_of(BS) && !data.is_empty());
+        let n = (data.len() / BS) as u64;
+        let sums = if self.checksums { sums_of(data) } else { Vec::new() };
+        for _ in 0..MAX_WRITE_ATTEMPTS {
+            let gate = self.io_gate.read().unwrap_or_else(|p| p.into_inner());
+            let plan = self.plan_write(vol, lba, n)?;
+            let fresh = match self.allocate_holes(vol, &plan.segs) {
+                Err(EngineError::NoSpace) if !plan.closed.is_empty() => {
+                    drop(gate);
+                    self.open_regions_now(plan.closed)?;
+                    continue;
+                }
+                other => other?,
+            };
+            if let Err(e) = self.write_planned(&plan.segs, &fresh, lba, data) {
+                self.give_back_unmapped(&fresh);
+                return Err(e);
+            }
+            let allocated = !fresh.is_empty();
+            self.record_write(vol, lba, &plan, fresh, &sums)?;
+            return Ok(allocated);
+        }
+        Err(EngineError::NoSpace)
+    }
+
+    /// Segments of [lba, lba+n): Mapped = overwrite in place, Hole = needs
+    /// new space.
+    fn plan_write(&self, vol: u32, lba: u64, n: u64) -> Result<WritePlan<'_>> {
+        let inner = self.read_inner();
+        let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
+        let mut segs = v.map.lookup(lba, n, usize::MAX)?;
+        let mut closed = Vec::new();
+        let mut fresh_guard = None;
+        for seg in segs.iter_mut() {
+            if let Segment::Mapped { lba, len, pba, birth } = *seg {
+                if !v.owns_alone(pba, birth) {
+                    *seg = Segment::Hole { lba, len };
+                } else if self.checksums {
+                    let shut: Vec<u64> =
+                        regions_of(pba, len).filter(|r| !inner.state.open_regions.contains(r)).collect();
+                    if !shut.is_empty() && inner.regions.is_fresh(pba, len) {
+                        // Unmapped by any durable entry: in place is safe
+                        // as long as no commit takes ops meanwhile (below).
+                        fresh_guard.get_or_insert_with(|| FreshWrite::start(self));
+                    } else if !shut.is_empty() {
+                        closed.extend(shut);
+                        *seg = Segment::Hole { lba, len };
+                    }
+                }
+            }
+        }
+        Ok(WritePlan { segs, closed, _fresh: fresh_guard })
+    }
+
+    /// Open overwrite regions with a commit of its own (a full pool).
+    fn open_regions_now(&self, ids: Vec<u64>) -> Result<()> {
+        let mut ctl = self.lock_commit();
+        self.write_inner().regions.wanted.extend(ids);
+        self.commit_locked(&mut ctl, false)
+    }
+
+    /// The Sums op for freshly written blocks (None without checksums).
+    pub(crate) fn sums_op(&self, pba: Pba, data: &[u8]) -> Option<Op> {
+        self.checksums.then(|| Op::Sums { pba: pba.0, sums: sums_of(data) })
+    }
+
+    /// After the data is written: record checksums of blocks overwritten in
+    /// place, point the map at new pieces (with their sums), and ask for
+    /// the regions that were closed to open. If the volume vanished or
+    /// shrank meanwhile, new pieces go straight back: no commit saw them.
+    fn record_write(&self, vol: u32, lba: u64, plan: &WritePlan<'_>, fresh: Vec<NewPiece>, sums: &[u32]) -> Result<()> {
+        let mut inner = self.write_inner();
+        let inner = &mut *inner;
+        let part = |at: u64, len: u64| sums[(at - lba) as usize..(at - lba + len) as usize].to_vec();
+        inner.regions.wanted.extend(plan.closed.iter().copied());
+        inner.regions.urgent += plan.closed.len();
+        if self.checksums {
+            let now = self.counters.commits.load(Ordering::Relaxed);
+            for seg in &plan.segs {
+                if let Segment::Mapped { lba: at, len, pba, .. } = *seg {
+                    regions_of(pba, len).for_each(|r| {
+                        inner.regions.last_write.insert(r, now);
+                    });
+                    push_op(inner, Op::Sums { pba: pba.0, sums: part(at, len) });
+                }
+            }
+        }
+        let birth = inner.state.epoch;
+        let mut orphans = Vec::new();
+        for p in fresh {
+            if self.checksums {
+                // New data is what gets overwritten next: its regions open
+                // with the commit that maps it, so the next pass goes in place.
+                let open = &inner.state.open_regions;
+                let shut: Vec<u64> = regions_of(p.pba, p.len).filter(|r| !open.contains(r)).collect();
+                inner.regions.wanted.extend(shut);
+                inner.regions.add_fresh(p.pba, p.len);
+            }
+            let op = Op::Map { vol, lba: p.lba, len: p.len, pba: p.pba.0, birth };
+            let mut freed = Freed::new();
+            match inner.state.apply(&op, &mut freed) {
+                Ok(()) => {
+                    inner.queue(op, freed);
+                    if self.checksums {
+                        push_op(inner, Op::Sums { pba: p.pba.0, sums: part(p.lba, p.len) });
+                    }
+                }
+                // The volume went away meanwhile: nothing changed.
+                Err(StateError::Refused(_)) => orphans.push(p),
+                // Damaged metadata, the map possibly half changed: nothing
+                // more may be committed.
+                Err(broken) => {
+                    self.fenced.store(true, Ordering::SeqCst);
+                    return Err(broken.into());
+                }
+            }
+        }
+        orphans.iter().for_each(|p| inner.space.give_back(p.pba, p.len));
+        if orphans.is_empty() {
+            Ok(())
+        } else {
+            Err(EngineError::VolumeGone(vol))
+        }
+    }
+
+    /// Allocate new space for every hole among `segs`, all or nothing.
+    pub(crate) fn allocate_holes(&self, vol: u32, segs: &[Segment]) -> Result<Vec<NewPiece>> {
+        if !segs.iter().any(|s| matches!(s, Segment::Hole { .. })) {
+            return Ok(Vec::new());
+        }
+        let mut inner = self.write_inner();
+        let inner = &mut *inner;
+        inner.space.reserve_blocks = crate::space::reserve_for(inner.state.extent_count(), inner.space.data_blocks());
+        let mut fresh = Vec::new();
+        for seg in segs {
+            let Segment::Hole { lba, len } = *seg else {
+                continue;
+            };
+            let Some(pieces) = inner.placement.place(&mut inner.space, vol, lba, len) else {
+                fresh.iter().for_each(|p: &NewPiece| inner.space.give_back(p.pba, p.len));
+                return Err(EngineError::NoSpace);
+            };
+            let mut at = lba;
+            for (pba, plen) in pieces {
+                fresh.push(NewPiece { lba: at, len: plen, pba });
+                at += plen;
+            }
+            assert_eq!(at, lba + len, "placement returned the wrong amount of space");
+        }
+        Ok(fresh)
+    }
+
+    fn write_planned(&self, segs: &[Segment], fresh: &[NewPiece], lba: u64, data: &[u8]) -> Result<()> {
+        for seg in segs {
+            if let Segment::Mapped { lba: s, len, pba, .. } = *seg {
+                self.write_device(pba, &data[((s - lba) as usize) * BS..((s - lba + len) as usize) * BS])?;
+            }
+        }
+        for p in fresh {
+            self.write_device(p.pba, &data[((p.lba - lba) as usize) * BS..((p.lba - lba + p.len) as usize) * BS])?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn write_device(&self, pba: Pba, data: &[u8]) -> Result<()> {
+        let i = usize::from(pba.device());
+        let dev = &self.devices[i];
+        dev.write_at(data, pba.byte_offset()).map_err(|e| EngineError::io("write data", dev.name(), e))?;
+        self.dirty[i].store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    pub(crate) fn give_back_unmapped(&self, fresh: &[NewPiece]) {
+        let mut inner = self.write_inner();
+        fresh.iter().for_each(|p| inner.space.give_back(p.pba, p.len));
+    }
+
+    /// Release whole blocks inside [offset, offset+len); partial blocks at
+    /// the edges keep their data (TRIM is advisory there).
+    pub fn trim(&self, vol: u32, offset: u64, len: u64) -> Result<()> {
+        self.check_writable()?;
+        self.check_range("trim", vol, offset, len, u64::MAX)?;
+        let first = offset.div_ceil(BLOCK_SIZE);
+        let end = (offset + len) / BLOCK_SIZE;
+        if end > first {
+            self.unmap_blocks(vol, first, end - first)?;
+        }
+        self.write_gen.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn unmap_blocks(&self, vol: u32, lba: u64, n: u64) -> Result<()> {
+        self.make_room()?;
+        let mut inner = self.write_inner();
+        let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
+        if v.map.any_mapped(lba, n)? {
+            self.apply_ops(&mut inner, vec![Op::Unmap { vol, lba, len: n }])?;
+        }
+        Ok(())
+    }
+
+    /// Make [offset, offset+len) read as zeros. Without `no_hole` whole
+    /// blocks are unmapped (fast, frees space); with it they are written.
+    pub fn write_zeroes(&self, vol: u32, offset: u64, len: u64, no_hole: bool, fast: bool) -> Result<()> {
+        self.check_writable()?;
+        self.check_range("write_zeroes", vol, offset, len, u64::MAX)?;
+        if no_hole && fast {
+            return Err(EngineError::NotSupported("fast zeroing that keeps the range allocated"));
+        }
+        let end = offset + len;
+        let first = offset.div_ceil(BLOCK_SIZE);
+        let last = end / BLOCK_SIZE;
+        if first >= last {
+            return self.write_zero_bytes(vol, offset, len);
+        }
+        if offset < first * BLOCK_SIZE {
+            self.write_zero_bytes(vol, offset, first * BLOCK_SIZE - offset)?;
+        }
+        if no_hole {
+            self.write_zero_bytes(vol, first * BLOCK_SIZE, (last - first) * BLOCK_SIZE)?;
+        } else {
+            self.unmap_blocks(vol, first, last - first)?;
+            self.write_gen.fetch_add(1, Ordering::SeqCst);
+        }
+        if end > last * BLOCK_SIZE {
+            self.write_zero_bytes(vol, last * BLOCK_SIZE, end - last * BLOCK_SIZE)?;
+        }
+        Ok(())
+    }
+
+    fn write_zero_bytes(&self, vol: u32, offset: u64, len: u64) -> Result<()> {
+        const CHUNK: u64 = 1 << 20;
+        let zeros = vec![0u8; CHUNK.min(len) as usize];
+        let mut pos = 0;
+        while pos < len {
+            let n = CHUNK.min(len - pos);
+            self.write(vol, offset + pos, &zeros[..n as usize], false)?;
+            pos += n;
+        }
+        Ok(())
+    }
+
+    /// Allocation status from `offset`, in runs covering at most `len` bytes
+    /// (fewer if the answer would be long). Never empty for a valid range.
+    pub fn block_status(&self, vol: u32, offset: u64, len: u64) -> Result<Vec<StatusRun>> {
+        self.block_status_view(vol, View::Head, offset, len)
+    }
+
+    /// Block status of the head or a snapshot. Views that resolve through
+    /// snapshots or origins look at most [`MAX_VIEW_SPAN`] bytes per call.
+    pub fn block_status_view(&self, vol: u32, view: View, offset: u64, len: u64) -> Result<Vec<StatusRun>> {
+        self.check_view_range("block_status", vol, view, offset, len, u64::MAX)?;
+        let first = offset / BLOCK_SIZE;
+        let end = offset + len;
+        let segs = {
+            let inner = self.read_inner();
+            let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
+            if view == View::Head && v.origin.is_none() {
+                v.map.lookup(first, end.div_ceil(BLOCK_SIZE) - first, MAX_STATUS_SEGMENTS)?
+            } else {
+                let end = end.min(offset.saturating_add(MAX_VIEW_SPAN));
+                let n = end.div_ceil(BLOCK_SIZE) - first;
+                inner.state.resolve(vol, view, first, n)?
+            }
+        };
+        let pieces = segs.iter().map(|s| (s.lba(), s.len(), matches!(s, Segment::Mapped { .. })));
+        Ok(byte_runs(pieces, offset, end)
+            .into_iter()
+            .map(|(length, allocated)| StatusRun { length, allocated })
+            .collect())
+    }
+
+    /// Changed-block tracking: runs from `offset` marking where `view` may
+    /// differ from the volume's snapshot taken at `since` (older than the
+    /// view). At most [`MAX_VIEW_SPAN`] bytes per call.
+    pub fn changed_runs(&self, vol: u32, view: View, since: u64, offset: u64, len: u64) -> Result<Vec<ChangeRun>> {
+        self.check_view_range("changed_blocks", vol, view, offset, len, u64::MAX)?;
+        let end = (offset + len).min(offset.saturating_add(MAX_VIEW_SPAN));
+        let first = offset / BLOCK_SIZE;
+        let n = end.div_ceil(BLOCK_SIZE) - first;
+        let changed = {
+            let inner = self.read_inner();
+            let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
+            if v.snapshot_index(since).is_none() {
+                return Err(gone_snapshot(v, View::Snapshot(since)));
+            }
+            v.changed_since(view, since, first, n)?.ok_or_else(|| {
+                EngineError::InvalidArgument(format!(
+                    "epoch {since} is not a snapshot of {} older than the view",
+                    v.name
+                ))
+            })?
+        };
+        let mut pieces = Vec::with_capacity(changed.len() * 2 + 1);
+        let mut pos = first;
+        for (lba, len) in changed {
+            if lba > pos {
+                pieces.push((pos, lba - pos, false));
+            }
+            pieces.push((lba, len, true));
+            pos = lba + len;
+        }
+        if pos < first + n {
+            pieces.push((pos, first + n - pos, false));
+        }
+        let runs = byte_runs(pieces.into_iter(), offset, end);
+        Ok(runs.into_iter().map(|(length, changed)| ChangeRun { length, changed }).collect())
+    }
+}
+
+/// The error for a view whose snapshot was deleted (say, under a client).
+fn gone_snapshot(v: &crate::map::state::Volume, view: View) -> EngineError {
+    match view {
+        View::Head => EngineError::VolumeGone(v.id),
+        View::Snapshot(epoch) => {
+            EngineError::NoSuchSnapshot { volume: v.name.clone(), name: format!("(epoch {epoch})") }
+        }
+    }
+}
+
+/// Bytes a block-status answer on a snapshot, clone or change list covers
+/// at most (clients ask again for the rest): bounds the work per request.
+pub const MAX_VIEW_SPAN: u64 = 1 << 30;
+
+/// Byte runs (length, flag) of (lba, blocks, flag) pieces clipped to
+/// [offset, end), equal neighbours merged, at most [`MAX_STATUS_SEGMENTS`].
+fn byte_runs(pieces: impl Iterator<Item = (u64, u64, bool)>, offset: u64, end: u64) -> Vec<(u64, bool)> {
+    let mut runs: Vec<(u64, bool)> = Vec::new();
+    for (lba, len, flag) in pieces {
+        let s = (lba * BLOCK_SIZE).max(offset);
+        let e = ((lba + len) * BLOCK_SIZE).min(end);
+        if e <= s {
+            continue;
+        }
+        let full = runs.len() == MAX_STATUS_SEGMENTS;
+        match runs.last_mut() {
+            Some(r) if r.1 == flag => r.0 += e - s,
+            _ if full => break,
+            _ => runs.push((e - s, flag)),
+        }
+    }
+    runs
+}

@@ -1,0 +1,586 @@
+//! The pool's logical state: volumes, their maps and snapshots. Changed only
+//! through [`State::apply`], by the live pool and by journal replay alike.
+//!
+//! Snapshots follow the dead-list rule (Loris epochs, ZFS dead lists): a
+//! snapshot is the epoch it was taken in; every map entry carries the epoch
+//! its data was born in. An entry killed (overwritten, trimmed) while born at
+//! or before the newest snapshot is still visible there, so it moves to that
+//! snapshot's dead list instead of being freed. See `view.rs` for reads.
+
+pub use crate::error::StateError;
+use crate::map::extent_map::{tree_id, Extent, ExtentMap, Freed, Killed};
+use crate::map::sums::BlockSums;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use tarn_format::address::BLOCK_MASK;
+use tarn_format::checkpoint::MAX_SNAPSHOTS;
+use tarn_format::ops::{Op, MAX_NAME_LEN};
+use tarn_format::{Pba, BLOCK_SIZE};
+use tarn_store::Store;
+
+/// A clone reads through to at most this many generations of origins, so a
+/// read costs at most this many map lookups per level (`flatten` cuts it).
+pub const MAX_CLONE_DEPTH: usize = 16;
+
+#[derive(Debug)]
+pub struct Snapshot {
+    pub name: String,
+    /// Data born in this epoch or before is in the snapshot (if alive then).
+    pub epoch: u64,
+    pub size: u64,
+    pub created: u64,
+    /// Blocks of the volume's own space the snapshot shows.
+    pub referenced: u64,
+    /// Entries visible in this snapshot killed while it was the newest:
+    /// born at or before `epoch`, dead before the next snapshot.
+    pub dead: ExtentMap,
+}
+
+/// Where a clone's unwritten blocks come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Origin {
+    pub vol: u32,
+    pub epoch: u64,
+}
+
+#[derive(Debug)]
+pub struct Volume {
+    pub id: u32,
+    pub name: String,
+    /// Visible size in bytes (a multiple of the block size).
+    pub size: u64,
+    /// The head: what the volume reads now.
+    pub map: ExtentMap,
+    /// Oldest first; epochs strictly ascending.
+    pub snapshots: Vec<Snapshot>,
+    pub origin: Option<Origin>,
+}
+
+impl Volume {
+    fn new(store: &Arc<Store>, id: u32, name: String, size: u64) -> Volume {
+        let map = ExtentMap::new(store.clone(), tree_id::head(id));
+        Volume { id, name, size, map, snapshots: Vec::new(), origin: None }
+    }
+
+    pub fn blocks(&self) -> u64 {
+        self.size / BLOCK_SIZE
+    }
+
+    /// Epoch of the newest snapshot: head entries born after it are the
+    /// head's alone and may be overwritten in place.
+    pub fn shared_epoch(&self) -> Option<u64> {
+        self.snapshots.last().map(|s| s.epoch)
+    }
+
+    /// Whether a head entry born in `birth` at `pba` may be overwritten in place.
+    pub fn owns_alone(&self, pba: Pba, birth: u64) -> bool {
+        !pba.is_origin() && self.shared_epoch().is_none_or(|e| birth > e)
+    }
+
+    pub fn snapshot_index(&self, epoch: u64) -> Option<usize> {
+        self.snapshots.binary_search_by_key(&epoch, |s| s.epoch).ok()
+    }
+
+    pub fn snapshot_named(&self, name: &str) -> Option<&Snapshot> {
+        self.snapshots.iter().find(|s| s.name == name)
+    }
+
+    /// Blocks of own space held only by snapshots (dead lists).
+    pub fn snapshot_blocks(&self) -> u64 {
+        self.snapshots.iter().map(|s| s.dead.physical_blocks()).sum()
+    }
+
+    /// Blocks still reading through to the origin, head and dead lists.
+    pub fn origin_blocks(&self) -> u64 {
+        self.map.origin_blocks() + self.snapshots.iter().map(|s| s.dead.origin_blocks()).sum::<u64>()
+    }
+
+    /// Blocks deleting snapshot `i` would free: its dead list's entries born
+    /// after the previous snapshot (no other view can see them).
+    pub fn exclusive_blocks(&self, i: usize) -> Result<u64, StateError> {
+        let after = if i == 0 { None } else { Some(self.snapshots[i - 1].epoch) };
+        let mut sum = 0;
+        self.snapshots[i].dead.for_each_from(0, &mut |_, e| {
+            if !e.pba.is_origin() && after.is_none_or(|a| e.birth > a) {
+                sum += e.len;
+            }
+            true
+        })?;
+        Ok(sum)
+    }
+
+    /// Send entries the head no longer shows to the newest snapshot's dead
+    /// list if that snapshot still shows them; free the rest.
+    fn retire(&mut self, killed: Killed, freed: &mut Freed) -> Result<(), StateError> {
+        for (lba, e) in killed {
+            match self.snapshots.last_mut() {
+                Some(s) if e.birth <= s.epoch => {
+                    // Only damaged metadata (a head overlapping its dead
+                    // list) gets here twice for one block.
+                    let twice = s.dead.insert(lba, e.len, e.pba, e.birth)?;
+                    if !twice.is_empty() {
+                        let what = format!("volume {}: two versions of block {lba} died in one interval", self.id);
+                        return Err(StateError::Invariant(what));
+                    }
+                }
+                _ => free(lba, e, freed),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn free(_lba: u64, e: Extent, freed: &mut Freed) {
+    if !e.pba.is_origin() {
+        freed.push((e.pba, e.len));
+    }
+}
+
+#[derive(Debug)]
+pub struct State {
+    /// Where every map's nodes live.
+    pub store: Arc<Store>,
+    pub volumes: BTreeMap<u32, Volume>,
+    pub by_name: HashMap<String, u32>,
+    pub next_volume_id: u32,
+    /// The current epoch: new data is born in it.
+    pub epoch: u64,
+    /// Data checksums by physical block (pools with DATA_CHECKSUMS).
+    pub sums: BlockSums,
+    /// Overwrite regions durably open (see `sums.rs`).
+    pub open_regions: BTreeSet<u64>,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State::new(Arc::new(Store::memory()))
+    }
+}
+
+impl State {
+    pub fn new(store: Arc<Store>) -> State {
+        State {
+            store,
+            volumes: BTreeMap::new(),
+            by_name: HashMap::new(),
+            next_volume_id: 1,
+            epoch: 1,
+            sums: BlockSums::default(),
+            open_regions: BTreeSet::new(),
+        }
+    }
+}
+
+/// Checks a volume or snapshot name: what the CLI accepts and replay expects.
+pub fn validate_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_NAME_LEN {
+        return Err(format!("name must be 1 to {MAX_NAME_LEN} bytes"));
+    }
+    if name.contains(['@', '/']) || name.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(format!("name {name:?} may not contain '@', '/', spaces or control characters"));
+    }
+    Ok(())
+}
+
+impl State {
+    pub fn volume(&self, id: u32) -> Option<&Volume> {
+        self.volumes.get(&id)
+    }
+
+    fn volume_mut(&mut self, id: u32, what: &str) -> Result<&mut Volume, String> {
+        self.volumes.get_mut(&id).ok_or(format!("{what} on unknown volume {id}"))
+    }
+
+    /// Blocks of real space referenced by every volume, head and snapshots.
+    pub fn mapped_blocks(&self) -> u64 {
+        self.volumes.values().map(|v| v.map.physical_blocks() + v.snapshot_blocks()).sum()
+    }
+
+    /// Every piece of real space the volumes reference: heads and dead lists.
+    pub fn physical_extents(&self) -> Result<Vec<(Pba, u64)>, StateError> {
+        let mut out = Vec::new();
+        for m in self.volumes.values().flat_map(|v| std::iter::once(&v.map).chain(v.snapshots.iter().map(|s| &s.dead)))
+        {
+            m.for_each_from(0, &mut |_, e| {
+                if !e.pba.is_origin() {
+                    out.push((e.pba, e.len));
+                }
+                true
+            })?;
+        }
+        Ok(out)
+    }
+
+    pub fn extent_count(&self) -> usize {
+        self.volumes
+            .values()
+            .map(|v| v.map.extent_count() + v.snapshots.iter().map(|s| s.dead.extent_count()).sum::<usize>())
+            .sum()
+    }
+
+    /// Volumes cloned from `vol`'s snapshot at `epoch` (any epoch if None).
+    pub fn clones_of(&self, vol: u32, epoch: Option<u64>) -> Vec<&Volume> {
+        self.volumes
+            .values()
+            .filter(|c| c.origin.is_some_and(|o| o.vol == vol && epoch.is_none_or(|e| o.epoch == e)))
+            .collect()
+    }
+
+    /// Generations of origins above `vol` (0 for a plain volume).
+    pub fn clone_depth(&self, vol: u32) -> usize {
+        let mut depth = 0;
+        let mut at = self.volume(vol).and_then(|v| v.origin);
+        while let Some(o) = at {
+            depth += 1;
+            if depth > MAX_CLONE_DEPTH {
+                break;
+            }
+            at = self.volume(o.vol).and_then(|v| v.origin);
+        }
+        depth
+    }
+
+    /// Apply one op; physical blocks it releases are appended to `freed`.
+    /// An op that does not fit the state (replay of a damaged journal, or a
+    /// bug) is refused with a reason and changes nothing.
+    pub fn apply(&mut self, op: &Op, freed: &mut Freed) -> Result<(), StateError> {
+        match op {
+            Op::Map { vol, lba, len, pba, birth } => {
+                let epoch = self.epoch;
+                let v = self.volume_mut(*vol, "map")?;
+                check_range(v, *lba, *len)?;
+                // New data is born now: an older birth would let a head entry
+                // hide behind a snapshot it was never in (found by fuzzing:
+                // a rollback then met the block twice and panicked).
+                if *birth != epoch || Pba(*pba).is_origin() {
+                    return Err(format!("map to {} born in epoch {birth} (current {epoch})", Pba(*pba)).into());
+                }
+                check_physical(*pba, *len)?;
+                let killed = v.map.insert(*lba, *len, Pba(*pba), *birth)?;
+                v.retire(killed, freed)?;
+            }
+            Op::Unmap { vol, lba, len } => {
+                let v = self.volume_mut(*vol, "unmap")?;
+                check_range(v, *lba, *len)?;
+                let killed = v.map.remove(*lba, *len)?;
+                v.retire(killed, freed)?;
+            }
+            Op::VolCreate { vol, size, name } => {
+                self.check_new_volume(*vol, name, *size)?;
+                self.volumes.insert(*vol, Volume::new(&self.store, *vol, name.clone(), *size));
+                self.by_name.insert(name.clone(), *vol);
+                self.next_volume_id = self.next_volume_id.max(vol + 1);
+            }
+            Op::VolResize { vol, size } => {
+                let v = self.volume_mut(*vol, "resize")?;
+                if !size.is_multiple_of(BLOCK_SIZE) {
+                    return Err(format!("volume size {size} not a multiple of {BLOCK_SIZE}").into());
+                }
+                let new_blocks = size / BLOCK_SIZE;
+                if new_blocks < v.blocks() {
+                    let killed = v.map.remove(new_blocks, v.blocks() - new_blocks)?;
+                    v.retire(killed, freed)?;
+                }
+                v.size = *size;
+            }
+            Op::VolDelete { vol } => {
+                if let Some(c) = self.clones_of(*vol, None).first() {
+                    return Err(format!("volume {vol} has clone {}", c.name).into());
+                }
+                let mut v = self.volumes.remove(vol).ok_or(format!("delete of unknown volume {vol}"))?;
+                self.by_name.remove(&v.name);
+                v.map.clear()?.into_iter().for_each(|(l, e)| free(l, e, freed));
+                for mut s in v.snapshots {
+                    s.dead.clear()?.into_iter().for_each(|(l, e)| free(l, e, freed));
+                }
+            }
+            Op::Sums { pba, sums } => {
+                if Pba(*pba).is_origin() || sums.is_empty() {
+                    return Err(format!("checksums for {} blocks at {}", sums.len(), Pba(*pba)).into());
+                }
+                self.sums.set(Pba(*pba), sums);
+            }
+            Op::Regions { open: true, ids } => self.open_regions.extend(ids.iter().copied()),
+            Op::Regions { open: false, ids } => ids.iter().for_each(|id| {
+                self.open_regions.remove(id);
+            }),
+            _ => return self.apply_snapshot_op(op, freed),
+        }
+        Ok(())
+    }
+
+    fn check_new_volume(&self, vol: u32, name: &str, size: u64) -> Result<(), StateError> {
+        validate_name(name)?;
+        if self.volumes.contains_key(&vol) || self.by_name.contains_key(name) || vol == 0 {
+            return Err(format!("volume {vol} ({name}) already exists").into());
+        }
+        if vol == u32::MAX {
+            // next_volume_id (vol + 1) would overflow.
+            return Err(format!("volume id {vol} out of range").into());
+        }
+        if !size.is_multiple_of(BLOCK_SIZE) {
+            return Err(format!("volume size {size} not a multiple of {BLOCK_SIZE}").into());
+        }
+        Ok(())
+    }
+
+    fn apply_snapshot_op(&mut self, op: &Op, freed: &mut Freed) -> Result<(), StateError> {
+        match op {
+            Op::SnapCreate { vol, name, created } => self.snap_create(*vol, name, *created),
+            Op::SnapDelete { vol, epoch } => self.snap_delete(*vol, *epoch, freed),
+            Op::Rollback { vol, epoch } => self.rollback(*vol, *epoch, freed),
+            Op::CloneCreate { vol, origin_vol, origin_epoch, name } => {
+                self.clone_create(*vol, Origin { vol: *origin_vol, epoch: *origin_epoch }, name)
+            }
+            Op::Materialize { vol, snap, lba, len, pba } => self.materialize(*vol, *snap, *lba, *len, *pba),
+            Op::CloneDetach { vol } => {
+                let v = self.volume_mut(*vol, "detach")?;
+                if v.origin.is_none() || v.origin_blocks() != 0 {
+                    return Err(format!("volume {vol} is not a fully materialized clone").into());
+                }
+                v.origin = None;
+                Ok(())
+            }
+            Op::Map { .. }
+            | Op::Unmap { .. }
+            | Op::VolCreate { .. }
+            | Op::VolResize { .. }
+            | Op::VolDelete { .. }
+            | Op::Sums { .. }
+            | Op::Regions { .. } => {
+                unreachable!("volume and pool ops are applied by State::apply")
+            }
+        }
+    }
+
+    fn snap_create(&mut self, vol: u32, name: &str, created: u64) -> Result<(), StateError> {
+        validate_name(name)?;
+        let epoch = self.epoch;
+        let v = self.volume_mut(vol, "snapshot")?;
+        if v.snapshot_named(name).is_some() {
+            return Err(format!("volume {} already has a snapshot {name}", v.name).into());
+        }
+        if v.snapshots.len() >= MAX_SNAPSHOTS as usize {
+            return Err(format!("volume {} has {MAX_SNAPSHOTS} snapshots already", v.name).into());
+        }
+        let referenced = v.map.physical_blocks();
+        let dead = ExtentMap::new(self.store.clone(), tree_id::dead_list(epoch));
+        let v = self.volumes.get_mut(&vol).ok_or(format!("snapshot on unknown volume {vol}"))?;
+        let snap = Snapshot { name: name.to_string(), epoch, size: v.size, created, referenced, dead };
+        v.snapshots.push(snap);
+        self.epoch += 1;
+        Ok(())
+    }
+
+    /// Delete snapshot `epoch` of `vol`: its dead list's entries born after
+    /// the previous snapshot are seen by no one and freed; the others are
+    /// still seen by the previous snapshot and join its dead list. Cost: the
+    /// size of that dead list, not of the volume.
+    fn snap_delete(&mut self, vol: u32, epoch: u64, freed: &mut Freed) -> Result<(), StateError> {
+        if let Some(c) = self.clones_of(vol, Some(epoch)).first() {
+            return Err(format!("snapshot {epoch} of volume {vol} has clone {}", c.name).into());
+        }
+        let v = self.volume_mut(vol, "snapshot delete")?;
+        let i = v.snapshot_index(epoch).ok_or(format!("volume {vol} has no snapshot at epoch {epoch}"))?;
+        let mut gone = v.snapshots.remove(i);
+        let mut prev = i.checked_sub(1).map(|p| &mut v.snapshots[p]);
+        for (lba, e) in gone.dead.clear()? {
+            match prev {
+                Some(ref mut p) if e.birth <= p.epoch => {
+                    let twice = p.dead.insert(lba, e.len, e.pba, e.birth)?;
+                    if !twice.is_empty() {
+                        return Err(StateError::Invariant(format!("block {lba} alive twice at epoch {}", p.epoch)));
+                    }
+                }
+                _ => free(lba, e, freed),
+            }
+        }
+        Ok(())
+    }
+
+    /// Roll the head back to the newest snapshot: what was born since is
+    /// freed, what died since comes back. Cost: a scan of the head.
+    fn rollback(&mut self, vol: u32, epoch: u64, freed: &mut Freed) -> Result<(), StateError> {
+        let v = self.volume_mut(vol, "rollback")?;
+        if v.shared_epoch() != Some(epoch) {
+            let what = format!("rollback of volume {vol} to epoch {epoch}, which is not its newest snapshot");
+            return Err(what.into());
+        }
+        let mut newer: Vec<(u64, u64)> = Vec::new();
+        v.map.for_each_from(0, &mut |lba, e| {
+            if e.birth > epoch {
+                newer.push((lba, e.len));
+            }
+            true
+        })?;
+        for (lba, len) in newer {
+            v.map.remove(lba, len)?.into_iter().for_each(|(l, e)| free(l, e, freed));
+        }
+        let snap = v.snapshots.last_mut().ok_or("no snapshot")?;
+        let back = snap.dead.clear()?;
+        v.size = snap.size;
+        let tail = v.map.remove(v.blocks(), u64::MAX - v.blocks())?;
+        if !tail.is_empty() {
+            return Err(StateError::Invariant(format!("volume {vol}: head mapped past its snapshot's size")));
+        }
+        for (lba, e) in back {
+            let twice = v.map.insert(lba, e.len, e.pba, e.birth)?;
+            if !twice.is_empty() {
+                return Err(StateError::Invariant(format!("volume {vol}: rollback found block {lba} mapped twice")));
+            }
+        }
+        Ok(())
+    }
+
+    fn clone_create(&mut self, vol: u32, origin: Origin, name: &str) -> Result<(), StateError> {
+        let o = self.volume(origin.vol).ok_or(format!("clone of unknown volume {}", origin.vol))?;
+        let snap = o.snapshots.iter().find(|s| s.epoch == origin.epoch);
+        let size = snap.ok_or(format!("clone of unknown snapshot {} of volume {}", origin.epoch, o.name))?.size;
+        if self.clone_depth(origin.vol) + 1 > MAX_CLONE_DEPTH {
+            return Err(format!(
+                "clone of {} would be {} generations deep (at most {MAX_CLONE_DEPTH})",
+                o.name,
+                MAX_CLONE_DEPTH + 1
+            )
+            .into());
+        }
+        self.check_new_volume(vol, name, size)?;
+        let mut v = Volume::new(&self.store, vol, name.to_string(), size);
+        v.origin = Some(origin);
+        if size > 0 {
+            v.map.insert(0, size / BLOCK_SIZE, Pba::origin(0), 0)?;
+        }
+        self.volumes.insert(vol, v);
+        self.by_name.insert(name.to_string(), vol);
+        self.next_volume_id = self.next_volume_id.max(vol + 1);
+        Ok(())
+    }
+
+    /// Replace an origin marker (in the head, or in snapshot `snap`'s dead
+    /// list) by a private copy of the origin's data, same birth.
+    fn materialize(&mut self, vol: u32, snap: u64, lba: u64, len: u64, pba: u64) -> Result<(), StateError> {
+        let v = self.volume_mut(vol, "materialize")?;
+        // Origin markers and copies are block ranges of 48-bit block numbers.
+        if lba > BLOCK_MASK {
+            return Err(format!("volume {vol}: origin marker at block {lba} exceeds 48-bit block numbers").into());
+        }
+        check_physical(lba, len)?;
+        if pba != 0 {
+            check_physical(pba, len)?;
+        }
+        let upto = if snap == 0 { v.snapshots.len() } else { v.snapshot_index(snap).ok_or("unknown snapshot")? + 1 };
+        let map = if snap == 0 { &mut v.map } else { &mut v.snapshots[upto - 1].dead };
+        let here = map.lookup(lba, len, 2)?;
+        let birth = match here.as_slice() {
+            [crate::map::extent_map::Segment::Mapped { pba: p, birth, len: l, .. }]
+                if *l == len && *p == Pba::origin(lba) =>
+            {
+                *birth
+            }
+            _ => return Err(format!("volume {vol}: blocks {lba}+{len} are not an origin marker").into()),
+        };
+        map.remove(lba, len)?;
+        if pba != 0 {
+            map.insert(lba, len, Pba(pba), birth)?;
+            // The copy is now own space every snapshot up to there shows.
+            v.snapshots[..upto].iter_mut().for_each(|s| s.referenced += len);
+        }
+        Ok(())
+    }
+}
+
+/// A physical range `[pba, pba+len)` stays within its device's 48-bit
+/// block numbers (`Pba` arithmetic relies on it); only damaged metadata
+/// names one that does not.
+pub(crate) fn check_physical(pba: u64, len: u64) -> Result<(), String> {
+    let p = Pba(pba & !BLOCK_MASK);
+    match (pba & BLOCK_MASK).checked_add(len) {
+        // The end itself must be a valid block number: merging computes it.
+        Some(end) if end <= BLOCK_MASK => Ok(()),
+        _ => Err(format!("physical range {}:{}+{len} exceeds 48-bit block numbers", p.device(), pba & BLOCK_MASK)),
+    }
+}
+
+fn check_range(v: &Volume, lba: u64, len: u64) -> Result<(), String> {
+    match lba.checked_add(len) {
+        Some(end) if len > 0 && end <= v.blocks() => Ok(()),
+        _ => Err(format!("blocks {lba}+{len} outside volume {} of {} blocks", v.id, v.blocks())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn apply_all(ops: &[Op]) -> Result<State, String> {
+        let mut state = State::default();
+        let mut freed = Freed::new();
+        for op in ops {
+            state.apply(op, &mut freed).map_err(|e| e.to_string())?;
+        }
+        Ok(state)
+    }
+
+    /// Found by fuzz/format_ops: a Map born before the current epoch (no
+    /// live pool writes one) moved the block it replaced to a snapshot's
+    /// dead list while the new entry stayed in the head as if the snapshot
+    /// had seen it; a rollback then met the block twice and panicked.
+    /// Replay now refuses the Map.
+    /// Found by fuzz/format_ops: a Map or Materialize whose physical range
+    /// runs past 48-bit block numbers panicked in `Pba::offset_by` when the
+    /// extent map tried to merge it with a neighbour.
+    #[test]
+    fn physical_range_past_48_bits_is_refused() {
+        let mut ops = vec![
+            Op::VolCreate { vol: 1, size: 1 << 20, name: "v".into() },
+            Op::Map { vol: 1, lba: 0, len: 2, pba: BLOCK_MASK - 2, birth: 1 },
+        ];
+        assert!(apply_all(&ops).is_ok());
+        ops[1] = Op::Map { vol: 1, lba: 0, len: 2, pba: BLOCK_MASK - 1, birth: 1 };
+        let err = apply_all(&ops).unwrap_err();
+        assert!(err.contains("48-bit"), "{err}");
+        let ops = [
+            Op::VolCreate { vol: 1, size: 1 << 20, name: "v".into() },
+            Op::SnapCreate { vol: 1, name: "s".into(), created: 0 },
+            Op::CloneCreate { vol: 2, origin_vol: 1, origin_epoch: 1, name: "c".into() },
+            Op::Materialize { vol: 2, snap: 0, lba: 0, len: 1, pba: BLOCK_MASK },
+        ];
+        let err = apply_all(&ops).unwrap_err();
+        assert!(err.contains("48-bit"), "{err}");
+        assert!(apply_all(&ops[..3]).is_ok());
+    }
+
+    /// Found by fuzz/format_ops: VolCreate (or CloneCreate) of id u32::MAX
+    /// overflowed `next_volume_id = vol + 1`.
+    #[test]
+    fn volume_id_u32_max_is_refused() {
+        let err = apply_all(&[Op::VolCreate { vol: u32::MAX, size: 0, name: "v".into() }]).unwrap_err();
+        assert!(err.contains("out of range"), "{err}");
+        let ops = [
+            Op::VolCreate { vol: 1, size: 1 << 20, name: "v".into() },
+            Op::SnapCreate { vol: 1, name: "s".into(), created: 0 },
+            Op::CloneCreate { vol: u32::MAX, origin_vol: 1, origin_epoch: 1, name: "c".into() },
+        ];
+        assert!(apply_all(&ops).unwrap_err().contains("out of range"));
+    }
+
+    #[test]
+    fn map_born_in_an_older_epoch_is_refused() {
+        let mut ops = vec![
+            Op::VolCreate { vol: 1, size: 1 << 20, name: "v".into() },
+            Op::Map { vol: 1, lba: 10, len: 16, pba: 300, birth: 1 },
+            Op::SnapCreate { vol: 1, name: "s".into(), created: 0 },
+        ];
+        let state = apply_all(&ops).unwrap();
+        assert_eq!(state.epoch, 2);
+        ops.push(Op::Map { vol: 1, lba: 10, len: 1, pba: 500, birth: 0 });
+        let err = apply_all(&ops).unwrap_err();
+        assert!(err.contains("born in epoch 0"), "{err}");
+        // The same write born now is fine, and so is rolling it back.
+        ops.pop();
+        ops.push(Op::Map { vol: 1, lba: 10, len: 1, pba: 500, birth: 2 });
+        ops.push(Op::Rollback { vol: 1, epoch: 1 });
+        let state = apply_all(&ops).unwrap();
+        assert_eq!(state.volume(1).unwrap().map.extent_count(), 1);
+    }
+}

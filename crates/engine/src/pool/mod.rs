@@ -1,0 +1,393 @@
+//! The pool core: devices, the state and space behind the main lock, the
+//! queue of pending ops and its bound, the commit control block, the lock
+//! helpers, status and listings. The operations live in the folders above
+//! (`integrity/`, `commit/`, `io/`, `volumes/`, `service/`), each in its
+//! own `impl Pool`; docs/ARCHITECTURE.md (*Locks*) has the lock order.
+
+use crate::device::Device;
+use crate::error::{EngineError, Result, StateError};
+use crate::map::extent_map::Freed;
+use crate::map::extent_map::Segment;
+use crate::map::state::{State, Volume};
+use crate::map::sums::RegionTracker;
+use crate::map::view::View;
+use crate::meta::journal::{op_bytes_bound, JournalCursor};
+use crate::space::placement::Placement;
+use crate::space::Space;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use tarn_format::ops::Op;
+use tarn_format::superblock::Superblock;
+use tarn_format::{Pba, BLOCK_SIZE};
+
+/// How a pool is opened.
+#[derive(Debug, Clone, Default)]
+pub struct OpenOptions {
+    /// Refuse every change and write nothing to the devices (the checker).
+    pub read_only: bool,
+    /// Commit before acknowledging any write that allocated (VA's
+    /// extent-based hardening) for clients that never flush.
+    pub strict: bool,
+    /// Skip punching holes in devices for freed space.
+    pub no_discard: bool,
+}
+
+/// Mutable state behind the pool's main lock.
+pub(crate) struct Inner {
+    pub state: State,
+    pub space: Space,
+    pub placement: Box<dyn Placement>,
+    /// Ops applied since the last commit took its snapshot (change only
+    /// through `queue`, `take_queue`, `requeue`).
+    pub pending_ops: Vec<Op>,
+    /// Space released by those ops: reusable only once they are durable.
+    pub pending_frees: Freed,
+    /// Weight of the two queues: a bound on the ops' encoded size plus 16
+    /// bytes per freed range (see `PendingStatus`).
+    pub pending_bytes: usize,
+    /// Overwrite regions wanted open and their last in-place writes.
+    pub regions: RegionTracker,
+}
+
+/// Bytes a freed range weighs in the pending queue (its size in memory).
+const FREED_RANGE_BYTES: usize = 16;
+
+impl Inner {
+    /// Queue an applied op and the space it released for the next commit.
+    pub fn queue(&mut self, op: Op, freed: Freed) {
+        self.pending_bytes += op_bytes_bound(&op) + freed.len() * FREED_RANGE_BYTES;
+        self.pending_frees.extend(freed);
+        self.pending_ops.push(op);
+    }
+
+    /// Everything queued, for a commit; the queue is empty after.
+    pub fn take_queue(&mut self) -> (Vec<Op>, Freed) {
+        self.pending_bytes = 0;
+        (std::mem::take(&mut self.pending_ops), std::mem::take(&mut self.pending_frees))
+    }
+
+    /// Put back what a commit took and did not write (the queue was empty
+    /// since: the commit held the lock).
+    pub fn requeue(&mut self, ops: Vec<Op>, frees: Freed) {
+        debug_assert!(self.pending_ops.is_empty() && self.pending_frees.is_empty());
+        self.pending_bytes = ops.iter().map(op_bytes_bound).sum::<usize>() + frees.len() * FREED_RANGE_BYTES;
+        self.pending_ops = ops;
+        self.pending_frees = frees;
+    }
+}
+
+/// The queue of changes waiting for a commit, and its bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PendingStatus {
+    pub ops: usize,
+    pub freed_ranges: usize,
+    /// Upper bound of the ops' encoded size plus 16 bytes per freed range.
+    pub bytes: usize,
+    /// A writer that finds `bytes` over this commits before it adds more,
+    /// so the queue holds at most this plus the ops of the requests in flight.
+    pub limit: usize,
+}
+
+/// What only the committer touches.
+pub(crate) struct CommitCtl {
+    pub sb: Superblock,
+    pub journal: JournalCursor,
+    pub checkpoint_pieces: Vec<(Pba, u64)>,
+    /// Notes from open (an invalid superblock copy, say) for status/check.
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub commits: AtomicU64,
+    pub checkpoints: AtomicU64,
+    pub journal_bytes: AtomicU64,
+    /// Blocks read whose data matched no copy's checksum (returned as EIO).
+    pub checksum_errors: AtomicU64,
+    /// Reads that failed with an I/O error on every copy.
+    pub read_errors: AtomicU64,
+    /// Bad copies rewritten from a good one (self-heal, scrub, resync).
+    pub healed_blocks: AtomicU64,
+    /// Blocks in regions open at a crash whose checksums were recomputed.
+    pub resynced_blocks: AtomicU64,
+}
+
+/// Lock order: a stripe, then `commit`, then `io_gate`, then `inner`; the
+/// committer never takes a stripe (docs/ARCHITECTURE.md, *Locks*).
+pub struct Pool {
+    pub(crate) devices: Vec<Arc<dyn Device>>,
+    /// Per slot, its mirror when mirrored (the same object as in `devices`).
+    pub(crate) mirrors: Vec<Option<Arc<crate::members::mirror::MirrorDevice>>>,
+    pub(crate) inner: RwLock<Inner>,
+    pub(crate) commit: Mutex<CommitCtl>,
+    /// Held shared by every data I/O from planning to completion; the
+    /// committer takes it exclusively once before freed space is reused, so
+    /// no I/O planned against the old map can touch reused space.
+    pub(crate) io_gate: RwLock<()>,
+    /// Serialize read-modify-write of partial blocks.
+    pub(crate) stripes: Vec<Mutex<()>>,
+    /// Bumped after every completed change (data or map).
+    pub(crate) write_gen: AtomicU64,
+    /// The highest write_gen a durable commit covers.
+    pub(crate) committed_gen: AtomicU64,
+    /// Bound of the pending queue's weight (`Inner::pending_bytes`).
+    pub(crate) pending_limit: usize,
+    /// Devices written since their last flush.
+    pub(crate) dirty: Vec<AtomicBool>,
+    pub(crate) fenced: AtomicBool,
+    pub(crate) options: OpenOptions,
+    /// The pool keeps data checksums (DATA_CHECKSUMS feature).
+    pub(crate) checksums: bool,
+    /// Writes in flight over uncommitted new data in closed regions.
+    pub(crate) fresh_writes: AtomicU64,
+    pub counters: Counters,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeInfo {
+    pub id: u32,
+    pub name: String,
+    pub size: u64,
+    /// Bytes of own space the head maps.
+    pub allocated: u64,
+    pub extents: u64,
+    pub snapshots: usize,
+    /// Bytes of own space only snapshots hold (freed by deleting them all).
+    pub snapshot_bytes: u64,
+    /// `VOL@SNAP` a clone reads its unwritten blocks from.
+    pub origin: Option<String>,
+    /// Bytes a clone still reads from its origin (0 once flattened).
+    pub origin_bytes: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct DeviceStatus {
+    pub index: usize,
+    pub path: String,
+    /// ONLINE, or for a mirror DEGRADED / RESILVERING.
+    pub state: &'static str,
+    /// A mirror's legs (empty for a plain device).
+    pub legs: Vec<crate::members::mirror::LegStatus>,
+    pub size: u64,
+    pub data_bytes: u64,
+    pub free_bytes: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct PoolStatus {
+    pub uuid: String,
+    /// ONLINE, or DEGRADED when a mirror runs without a leg.
+    pub state: &'static str,
+    pub devices: Vec<DeviceStatus>,
+    /// Bytes volumes can use in all (devices' data areas).
+    pub size: u64,
+    /// Bytes mapped by volumes.
+    pub used: u64,
+    /// Bytes free for new writes (reserve excluded).
+    pub free: u64,
+    /// Bytes held back for metadata so deletes and TRIM work when full.
+    pub reserved: u64,
+    /// Bytes released but not yet reusable (awaiting commit).
+    pub freeing: u64,
+    /// Bytes of metadata on the devices: labels, live journal, checkpoint.
+    pub metadata: u64,
+    pub journal_size: u64,
+    pub volumes: usize,
+    pub virtual_size: u64,
+    pub overcommit_ratio: f64,
+    pub epoch: u64,
+    pub commit_seq: u64,
+    pub placement: &'static str,
+    pub strict: bool,
+    pub notes: Vec<String>,
+    /// A commit failed: changes are refused until a restart.
+    pub fenced: bool,
+    /// Whether data blocks carry checksums.
+    pub checksums: bool,
+    pub checksum_errors: u64,
+    pub read_errors: u64,
+    pub healed_blocks: u64,
+    pub resynced_blocks: u64,
+}
+
+pub(crate) const STRIPES: usize = 64;
+
+impl Pool {
+    pub(crate) fn read_inner(&self) -> RwLockReadGuard<'_, Inner> {
+        self.inner.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn write_inner(&self) -> RwLockWriteGuard<'_, Inner> {
+        self.inner.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn lock_commit(&self) -> MutexGuard<'_, CommitCtl> {
+        self.commit.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn check_writable(&self) -> Result<()> {
+        if self.options.read_only {
+            return Err(EngineError::ReadOnly);
+        }
+        if self.fenced.load(Ordering::SeqCst) {
+            return Err(EngineError::Fenced);
+        }
+        Ok(())
+    }
+
+    pub fn devices(&self) -> &[Arc<dyn Device>] {
+        &self.devices
+    }
+
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.load(Ordering::SeqCst)
+    }
+
+    /// Whether a commit is wanted soon: writes asked overwrite regions open
+    /// (until a commit opens them, writes there are redirected).
+    pub fn wants_commit(&self) -> bool {
+        self.read_inner().regions.urgent > 0
+    }
+
+    /// The queue of changes waiting for the next commit.
+    pub fn pending(&self) -> PendingStatus {
+        let inner = self.read_inner();
+        PendingStatus {
+            ops: inner.pending_ops.len(),
+            freed_ranges: inner.pending_frees.len(),
+            bytes: inner.pending_bytes,
+            limit: self.pending_limit,
+        }
+    }
+
+    /// Whether the pending queue is over its bound (writers then commit first).
+    pub(crate) fn pending_over_limit(&self) -> bool {
+        self.read_inner().pending_bytes > self.pending_limit
+    }
+
+    /// Whether anything changed since the last durable commit.
+    pub fn is_dirty(&self) -> bool {
+        self.write_gen.load(Ordering::SeqCst) > self.committed_gen.load(Ordering::SeqCst)
+    }
+
+    /// Apply ops as one change: either all apply or none is recorded (they
+    /// are validated against a scratch copy first only when several).
+    pub(crate) fn apply_ops(&self, inner: &mut Inner, ops: Vec<Op>) -> Result<()> {
+        for op in ops {
+            let mut freed = Freed::new();
+            inner.state.apply(&op, &mut freed).map_err(|e| match e {
+                StateError::Refused(why) => EngineError::InvalidArgument(why),
+                broken => {
+                    // Damaged metadata, possibly half applied: commit nothing more.
+                    self.fenced.store(true, Ordering::SeqCst);
+                    EngineError::State(broken)
+                }
+            })?;
+            inner.queue(op, freed);
+        }
+        self.write_gen.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    pub fn volume_id(&self, name: &str) -> Option<u32> {
+        self.read_inner().state.by_name.get(name).copied()
+    }
+
+    pub fn volume_info(&self, id: u32) -> Option<VolumeInfo> {
+        let inner = self.read_inner();
+        inner.state.volume(id).map(|v| info(&inner.state, v))
+    }
+
+    pub fn list_volumes(&self) -> Vec<VolumeInfo> {
+        let inner = self.read_inner();
+        inner.state.volumes.values().map(|v| info(&inner.state, v)).collect()
+    }
+
+    pub fn status(&self) -> PoolStatus {
+        let ctl = self.lock_commit();
+        // A read lock: status never holds what writers wait for longer than
+        // a read; the reserve the next commit will set is computed here.
+        let inner = self.read_inner();
+        let reserve = crate::space::reserve_for(inner.state.extent_count(), inner.space.data_blocks());
+        let used = inner.state.mapped_blocks() * BLOCK_SIZE;
+        let size = inner.space.data_blocks() * BLOCK_SIZE;
+        let virtual_size: u64 = inner.state.volumes.values().map(|v| v.size).sum();
+        let labels = self.devices.len() as u64 * 2 * BLOCK_SIZE;
+        let checkpoint: u64 = ctl.checkpoint_pieces.iter().map(|p| p.1).sum::<u64>() * BLOCK_SIZE;
+        let devices: Vec<DeviceStatus> = self
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| DeviceStatus {
+                index: i,
+                path: d.name(),
+                state: self.mirrors[i].as_ref().map_or("ONLINE", |m| m.status().0),
+                legs: self.mirrors[i].as_ref().map(|m| m.status().1).unwrap_or_default(),
+                size: d.size(),
+                data_bytes: inner.space.devices[i].data_blocks() * BLOCK_SIZE,
+                free_bytes: inner.space.devices[i].free_blocks() * BLOCK_SIZE,
+            })
+            .collect();
+        let state = if devices.iter().all(|d| d.state == "ONLINE") { "ONLINE" } else { "DEGRADED" };
+        PoolStatus {
+            uuid: crate::device::label::uuid_string(&ctl.sb.pool_uuid),
+            state,
+            devices,
+            size,
+            used,
+            free: inner.space.free_blocks().saturating_sub(reserve) * BLOCK_SIZE,
+            reserved: reserve.min(inner.space.free_blocks()) * BLOCK_SIZE,
+            freeing: inner.pending_frees.iter().map(|f| f.1).sum::<u64>() * BLOCK_SIZE,
+            metadata: labels + checkpoint + ctl.journal.used * BLOCK_SIZE,
+            journal_size: ctl.journal.blocks * BLOCK_SIZE,
+            volumes: inner.state.volumes.len(),
+            virtual_size,
+            overcommit_ratio: if size == 0 { 0.0 } else { virtual_size as f64 / size as f64 },
+            epoch: inner.state.epoch,
+            commit_seq: ctl.journal.seq,
+            placement: inner.placement.name(),
+            strict: self.options.strict,
+            notes: ctl.notes.clone(),
+            fenced: self.is_fenced(),
+            checksums: self.checksums,
+            checksum_errors: self.counters.checksum_errors.load(Ordering::Relaxed),
+            read_errors: self.counters.read_errors.load(Ordering::Relaxed),
+            healed_blocks: self.counters.healed_blocks.load(Ordering::Relaxed),
+            resynced_blocks: self.counters.resynced_blocks.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The volume called `name`.
+pub(crate) fn volume_named<'a>(state: &'a State, name: &str) -> Result<&'a Volume> {
+    state.by_name.get(name).and_then(|id| state.volume(*id)).ok_or_else(|| EngineError::NoSuchVolume(name.to_string()))
+}
+
+/// Segments of a view with clones' origin markers resolved, under a lock
+/// the caller holds.
+pub(crate) fn resolve_in(inner: &Inner, vol: u32, view: View, lba: u64, len: u64) -> Result<Vec<Segment>> {
+    let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
+    if view == View::Head && v.origin.is_none() {
+        return Ok(v.map.lookup(lba, len, usize::MAX)?);
+    }
+    Ok(inner.state.resolve(vol, view, lba, len)?)
+}
+
+fn info(state: &crate::map::state::State, v: &crate::map::state::Volume) -> VolumeInfo {
+    let origin = v.origin.and_then(|o| {
+        let ov = state.volume(o.vol)?;
+        let snap = ov.snapshots.iter().find(|s| s.epoch == o.epoch)?;
+        Some(format!("{}@{}", ov.name, snap.name))
+    });
+    VolumeInfo {
+        id: v.id,
+        name: v.name.clone(),
+        size: v.size,
+        allocated: v.map.physical_blocks() * BLOCK_SIZE,
+        extents: v.map.extent_count() as u64,
+        snapshots: v.snapshots.len(),
+        snapshot_bytes: v.snapshot_blocks() * BLOCK_SIZE,
+        origin,
+        origin_bytes: v.origin_blocks() * BLOCK_SIZE,
+    }
+}

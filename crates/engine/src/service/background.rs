@@ -1,0 +1,179 @@
+//! The threads a served pool runs beside its clients: the background
+//! committer (so clients that never flush lose at most `commit_interval`),
+//! the resync of overwrite regions a crash left open, and the resync of
+//! mirror legs after an unclean shutdown. `Service::start` starts what the
+//! pool needs; `stop` (or dropping the service) wakes every thread and
+//! joins it. Each loop does a bounded step (a tick, or 1 MiB of resync)
+//! between looks at the stop flag, so stopping takes at most one step.
+
+use crate::pool::Pool;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Receives the service's operator notices.
+pub type Notice = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// How the service runs.
+#[derive(Clone)]
+pub struct ServiceOptions {
+    /// Commit whatever changed at least this often.
+    pub commit_interval: Duration,
+    /// How often the committer looks for work: a write redirected until an
+    /// overwrite region opens waits at most this long for the commit.
+    pub tick: Duration,
+    /// Told of what an operator wants to see whatever the log level (the
+    /// CLI prints it): a mirror resync starting and finishing.
+    pub notice: Option<Notice>,
+}
+
+impl Default for ServiceOptions {
+    fn default() -> Self {
+        ServiceOptions { commit_interval: Duration::from_secs(5), tick: Duration::from_millis(100), notice: None }
+    }
+}
+
+impl std::fmt::Debug for ServiceOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceOptions")
+            .field("commit_interval", &self.commit_interval)
+            .field("tick", &self.tick)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The stop flag, with a condition variable so a sleeping thread wakes at once.
+#[derive(Default)]
+struct Stop {
+    stopped: Mutex<bool>,
+    wake: Condvar,
+}
+
+impl Stop {
+    fn set(&self) {
+        *self.stopped.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.wake.notify_all();
+    }
+
+    fn is_set(&self) -> bool {
+        *self.stopped.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sleep up to `timeout`; true if stopping.
+    fn wait(&self, timeout: Duration) -> bool {
+        let guard = self.stopped.lock().unwrap_or_else(|p| p.into_inner());
+        let (guard, _) = self.wake.wait_timeout_while(guard, timeout, |s| !*s).unwrap_or_else(|p| p.into_inner());
+        *guard
+    }
+}
+
+/// A pool's background threads; stopped and joined by `stop` or on drop.
+pub struct Service {
+    pool: Arc<Pool>,
+    stop: Arc<Stop>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Service {
+    /// Start the committer, and the resyncs the pool needs (regions left
+    /// open by a crash, mirror legs after an unclean shutdown). A resync
+    /// thread that cannot start is logged; its work waits for the next
+    /// checkpoint (regions) or start (legs).
+    pub fn start(pool: Arc<Pool>, opts: ServiceOptions) -> Service {
+        let mut service = Service { pool, stop: Arc::new(Stop::default()), threads: Vec::new() };
+        let committer_opts = opts.clone();
+        service.spawn("committer", move |pool, stop| run_committer(pool, &committer_opts, stop));
+        if service.pool.needs_resync() {
+            let notice = opts.notice.clone();
+            service.spawn("mirror-resync", move |pool, stop| run_leg_resync(pool, notice.as_deref(), stop));
+        }
+        let pending = service.pool.resync_pending();
+        if pending > 0 {
+            service.spawn("resync", move |pool, stop| run_region_resync(pool, pending, stop));
+        }
+        service
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    /// Wake every thread and wait for it to finish its current step.
+    pub fn stop(mut self) {
+        self.stop_and_join();
+    }
+
+    fn spawn(&mut self, name: &str, body: impl FnOnce(&Pool, &Stop) + Send + 'static) {
+        let (pool, stop) = (self.pool.clone(), self.stop.clone());
+        match std::thread::Builder::new().name(name.into()).spawn(move || body(&pool, &stop)) {
+            Ok(handle) => self.threads.push(handle),
+            Err(e) => log::error!("cannot start the {name} thread: {e}"),
+        }
+    }
+
+    fn stop_and_join(&mut self) {
+        self.stop.set();
+        for t in self.threads.drain(..) {
+            let name = t.thread().name().unwrap_or("service").to_string();
+            if t.join().is_err() {
+                log::error!("the {name} thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.stop_and_join();
+    }
+}
+
+/// Commit whatever changed every `commit_interval`, and within a tick when
+/// writes wait for an overwrite region to open.
+fn run_committer(pool: &Pool, opts: &ServiceOptions, stop: &Stop) {
+    let tick = opts.tick.max(Duration::from_millis(1));
+    let mut waited = Duration::ZERO;
+    while !stop.wait(tick) {
+        waited += tick;
+        // Writes waiting for an overwrite region to open are redirected
+        // meanwhile: open it within a tick.
+        if waited < opts.commit_interval && !pool.wants_commit() {
+            continue;
+        }
+        waited = Duration::ZERO;
+        if pool.is_dirty() && !pool.is_fenced() {
+            if let Err(e) = pool.flush() {
+                log::error!("background commit failed: {e}");
+            }
+        }
+    }
+}
+
+/// Bring RESILVERING mirror legs in sync while clients work.
+fn run_leg_resync(pool: &Pool, notice: Option<&(dyn Fn(&str) + Send + Sync)>, stop: &Stop) {
+    let say = |msg: &str| match notice {
+        Some(f) => f(msg),
+        None => log::info!("{msg}"),
+    };
+    say("resyncing mirror legs in the background");
+    match pool.resync_legs_until(&mut |_, _| {}, &|| stop.is_set()) {
+        Ok(_) if stop.is_set() => {
+            log::warn!("mirror resync stopped; legs not done stay RESILVERING until the next start")
+        }
+        Ok(bytes) => say(&format!("mirror resync done ({} MiB copied)", bytes >> 20)),
+        Err(e) => log::error!("mirror resync failed (legs stay RESILVERING until the next start): {e}"),
+    }
+}
+
+/// Resync the overwrite regions a crash left open, while clients work
+/// (reads there resync what they touch first).
+fn run_region_resync(pool: &Pool, pending: usize, stop: &Stop) {
+    let started = Instant::now();
+    match pool.resync_until(&|| stop.is_set()) {
+        Ok(Some(n)) => {
+            log::info!("resync of {pending} regions done in {:.1?}: {n} checksums renewed", started.elapsed())
+        }
+        Ok(None) => log::info!("resync of overwrite regions stopped; the closing checkpoint finishes it"),
+        Err(e) => log::error!("resync failed: {e}"),
+    }
+}

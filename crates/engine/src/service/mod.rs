@@ -1,0 +1,9 @@
+//! The top of the engine: creating and opening pools (`open.rs`),
+//! replacing and resyncing mirror legs (`resilver.rs`), and the service
+//! that runs a pool's background threads.
+
+mod background;
+pub mod open;
+pub mod resilver;
+
+pub use background::{Notice, Service, ServiceOptions};

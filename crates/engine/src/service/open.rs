@@ -1,0 +1,440 @@
+//! Creating a pool on devices, and opening one: pick the current superblock,
+//! load the checkpoint, replay the journal, rebuild free space from the map.
+
+use crate::device::label::{read_label, write_both_labels};
+use crate::device::Device;
+use crate::error::{EngineError, Result};
+use crate::map::extent_map::{Freed, Ranges};
+use crate::map::state::State;
+use crate::members::mirror::{Leg, LegHealth, MirrorDevice};
+use crate::meta::checkpoint;
+use crate::meta::journal::{self, JournalCursor};
+use crate::pool::{CommitCtl, Counters, Inner, OpenOptions, Pool, STRIPES};
+use crate::space::placement::Linear;
+use crate::space::{reserve_for, DeviceSpace, Space};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, RwLock};
+use tarn_format::leg::LegLabel;
+use tarn_format::superblock::{
+    incompat, DeviceEntry, LegEntry, LegState, Superblock, FORMAT_VERSION, LABEL_BLOCKS, MAX_DEVICE_ENTRIES, MAX_LEGS,
+};
+use tarn_format::{Pba, BLOCK_SIZE};
+
+/// Journal records a replay reads at most (bounds the loop).
+const MAX_REPLAY_RECORDS: usize = 1 << 24;
+/// Smallest data area worth a pool.
+const MIN_DATA_BLOCKS: u64 = 256;
+
+#[derive(Debug, Clone, Default)]
+pub struct CreateOptions {
+    /// Journal size in bytes (default: 1/64 of the primary, 1 to 64 MiB).
+    pub journal_bytes: Option<u64>,
+    /// Overwrite devices that already hold a tarn label.
+    pub force: bool,
+    /// Keep no data checksums (like btrfs nodatasum): data errors go
+    /// undetected; for comparisons and for data checksummed above.
+    pub no_checksums: bool,
+}
+
+fn random_bytes<const N: usize>() -> Result<[u8; N]> {
+    let mut b = [0u8; N];
+    getrandom::fill(&mut b).map_err(|e| EngineError::InvalidArgument(format!("no randomness for uuids: {e}")))?;
+    Ok(b)
+}
+
+fn default_journal_blocks(primary_blocks: u64) -> u64 {
+    (primary_blocks / 64).clamp(256, 16384)
+}
+
+/// Write a new, empty pool on `devices` (the first is the primary).
+pub fn create_pool(devices: &[Arc<dyn Device>], paths: &[String], opts: &CreateOptions) -> Result<()> {
+    if paths.len() != devices.len() {
+        return Err(EngineError::InvalidArgument("one path per device".into()));
+    }
+    let slots: Vec<Vec<(Arc<dyn Device>, String)>> =
+        devices.iter().zip(paths).map(|(d, p)| vec![(d.clone(), p.clone())]).collect();
+    create_mirrored_pool(&slots, opts)
+}
+
+/// Write a new, empty pool on `slots` (the first is the primary); a slot of
+/// two or more (device, path) legs is a mirror (docs/FORMAT.md §Mirrors).
+pub fn create_mirrored_pool(slots: &[Vec<(Arc<dyn Device>, String)>], opts: &CreateOptions) -> Result<()> {
+    if slots.is_empty() || slots.len() > MAX_DEVICE_ENTRIES {
+        return Err(EngineError::InvalidArgument(format!("a pool takes 1 to {MAX_DEVICE_ENTRIES} devices")));
+    }
+    if let Some(s) = slots.iter().find(|s| s.is_empty() || s.len() > MAX_LEGS) {
+        return Err(EngineError::InvalidArgument(format!("a mirror takes 2 to {MAX_LEGS} devices, not {}", s.len())));
+    }
+    let mirrored = slots.iter().any(|s| s.len() > 1);
+    let devices: Vec<Arc<dyn Device>> = slots.iter().map(|s| slot_device(s)).collect::<Result<_>>()?;
+    let primary_blocks = devices[0].size() / BLOCK_SIZE;
+    let journal_blocks = match opts.journal_bytes {
+        Some(b) => b.div_ceil(BLOCK_SIZE).max(16),
+        None => default_journal_blocks(primary_blocks),
+    };
+    let mut features = incompat::SNAPSHOTS;
+    if !opts.no_checksums {
+        features |= incompat::DATA_CHECKSUMS;
+    }
+    if mirrored {
+        features |= incompat::MIRRORS;
+    }
+    let new = NewPool {
+        pool_uuid: random_bytes::<16>()?,
+        generation: u64::from_le_bytes(random_bytes::<8>()?) >> 1 | 1,
+        features,
+        journal_blocks,
+    };
+    let mut entries = Vec::new();
+    let mut labels = Vec::new();
+    for (i, (dev, slot)) in devices.iter().zip(slots).enumerate() {
+        refuse_labelled(slot, opts.force)?;
+        let (entry, label) = new.member(i, dev.as_ref(), slot)?;
+        entries.push(entry);
+        labels.push(label);
+    }
+    labels[0].devices = entries;
+    if !labels[0].fits() {
+        return Err(EngineError::InvalidArgument("too many devices or paths too long for the device table".into()));
+    }
+    write_new_labels(&devices, slots, &labels, new.pool_uuid)
+}
+
+/// What every member of a new pool shares.
+struct NewPool {
+    pool_uuid: [u8; 16],
+    generation: u64,
+    features: u64,
+    journal_blocks: u64,
+}
+
+impl NewPool {
+    /// Member `i`'s device table entry and superblock (without the table).
+    fn member(
+        &self,
+        i: usize,
+        dev: &dyn Device,
+        slot: &[(Arc<dyn Device>, String)],
+    ) -> Result<(DeviceEntry, Superblock)> {
+        let blocks = dev.size() / BLOCK_SIZE;
+        let data_start = LABEL_BLOCKS + if i == 0 { self.journal_blocks } else { 0 };
+        if blocks < data_start + MIN_DATA_BLOCKS {
+            return Err(EngineError::InvalidArgument(format!(
+                "device {} is too small: {} bytes, need at least {}",
+                dev.name(),
+                dev.size(),
+                (data_start + MIN_DATA_BLOCKS) * BLOCK_SIZE
+            )));
+        }
+        let device_uuid = random_bytes::<16>()?;
+        let legs = if slot.len() > 1 {
+            slot.iter()
+                .map(|(_, p)| Ok(LegEntry { uuid: random_bytes::<16>()?, state: LegState::InSync, path: p.clone() }))
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            Vec::new()
+        };
+        let entry = DeviceEntry { uuid: device_uuid, blocks, path: slot[0].1.clone(), legs };
+        let label = Superblock {
+            version: FORMAT_VERSION,
+            incompat: self.features,
+            ro_compat: 0,
+            compat: 0,
+            pool_uuid: self.pool_uuid,
+            device_uuid,
+            device_index: i as u16,
+            flags: 0,
+            txid: 1,
+            device_blocks: blocks,
+            data_start,
+            journal_start: if i == 0 { LABEL_BLOCKS } else { 0 },
+            journal_blocks: if i == 0 { self.journal_blocks } else { 0 },
+            journal_generation: self.generation,
+            checkpoint: Default::default(),
+            created_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            devices: Vec::new(),
+        };
+        Ok((entry, label))
+    }
+}
+
+/// Refuse devices that already hold a tarn label, unless forced.
+fn refuse_labelled(slot: &[(Arc<dyn Device>, String)], force: bool) -> Result<()> {
+    for (leg, _) in slot {
+        if !force && read_label(leg.as_ref()).is_ok() {
+            return Err(EngineError::InvalidArgument(format!(
+                "device {} already holds a tarn pool (use --force to overwrite)",
+                leg.name()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Write leg labels and superblocks: secondaries first, primary last, so a
+/// crash midway leaves no valid pool.
+fn write_new_labels(
+    devices: &[Arc<dyn Device>],
+    slots: &[Vec<(Arc<dyn Device>, String)>],
+    labels: &[Superblock],
+    pool_uuid: [u8; 16],
+) -> Result<()> {
+    for (i, dev) in devices.iter().enumerate().rev() {
+        for (leg_index, leg) in labels[0].devices[i].legs.iter().enumerate() {
+            let label =
+                LegLabel { pool_uuid, slot_uuid: labels[i].device_uuid, slot_index: i as u16, leg_uuid: leg.uuid };
+            crate::members::assemble::write_leg_label(slots[i][leg_index].0.as_ref(), &label)?;
+        }
+        if i == 0 {
+            let zero = vec![0u8; BLOCK_SIZE as usize];
+            dev.write_at(&zero, LABEL_BLOCKS * BLOCK_SIZE)
+                .map_err(|e| EngineError::io("clear journal", dev.name(), e))?;
+        }
+        write_both_labels(dev.as_ref(), &labels[i])?;
+        dev.flush().map_err(|e| EngineError::io("flush", dev.name(), e))?;
+    }
+    Ok(())
+}
+
+/// One device for a slot: itself, or a mirror of its legs (as small as the smallest).
+fn slot_device(slot: &[(Arc<dyn Device>, String)]) -> Result<Arc<dyn Device>> {
+    if slot.len() == 1 {
+        return Ok(slot[0].0.clone());
+    }
+    let size = slot.iter().map(|l| l.0.size()).min().unwrap_or(0) / BLOCK_SIZE * BLOCK_SIZE;
+    let legs = slot.iter().map(|(d, p)| Leg::new(Some(d.clone()), [0; 16], p.clone(), LegHealth::Online)).collect();
+    Ok(Arc::new(MirrorDevice::new(legs, size, true)))
+}
+
+/// Check that `dev` is member `index` of the pool the primary describes.
+fn verify_member(primary: &Superblock, index: usize, dev: &dyn Device) -> Result<()> {
+    let label = read_label(dev)?.current;
+    let entry = &primary.devices[index];
+    let foreign = |detail: String| EngineError::ForeignDevice { device: dev.name(), detail };
+    if label.pool_uuid != primary.pool_uuid {
+        return Err(foreign("it carries another pool's uuid".into()));
+    }
+    if label.device_uuid != entry.uuid || usize::from(label.device_index) != index {
+        return Err(foreign(format!("expected member {index}, found member {}", label.device_index)));
+    }
+    if dev.size() / BLOCK_SIZE < entry.blocks {
+        return Err(foreign(format!(
+            "device shrank: {} blocks, pool expects {}",
+            dev.size() / BLOCK_SIZE,
+            entry.blocks
+        )));
+    }
+    Ok(())
+}
+
+impl Pool {
+    /// Open the pool whose primary is `devices[0]`; the others must be its
+    /// members in order (see [`Pool::member_paths`]).
+    pub fn open(devices: Vec<Arc<dyn Device>>, options: OpenOptions) -> Result<Pool> {
+        Self::open_slots(devices.into_iter().map(|d| vec![d]).collect(), options)
+    }
+
+    /// Open from the devices found per member: `slots[i]` is one device for
+    /// a plain member, or the legs found (any order, some may be missing)
+    /// for a mirrored one. A mirror missing legs opens DEGRADED.
+    pub fn open_slots(slots: Vec<Vec<Arc<dyn Device>>>, options: OpenOptions) -> Result<Pool> {
+        let asm = crate::members::assemble::assemble(slots, !options.read_only)?;
+        let (devices, mirrors, label) = (asm.devices, asm.mirrors, asm.label);
+        let primary = &devices[0];
+        let sb = label.current.clone();
+        for (i, dev) in devices.iter().enumerate().skip(1) {
+            if mirrors[i].is_none() {
+                verify_member(&sb, i, dev.as_ref())?;
+            }
+        }
+        let (mut state, pieces, seq) = load_checkpoint(&devices, &sb)?;
+        let (cursor, replayed) = replay_journal(primary.as_ref(), &sb, seq, &mut state)?;
+        let space = build_space(&devices, &sb, &state, &pieces)?;
+        let mut notes = asm.notes;
+        if let Some(why) = label.other_invalid {
+            log::warn!(
+                "device {}: superblock copy {} invalid ({why}); using copy {}",
+                primary.name(),
+                1 - label.copy,
+                label.copy
+            );
+            notes.push(format!(
+                "superblock copy {} of {} is invalid ({why}); copy {} is in use",
+                1 - label.copy,
+                primary.name(),
+                label.copy
+            ));
+        }
+        if let Some(older) = label.other_older {
+            let note = format!(
+                "superblock copy {} of {} is older (txid {older}, copy {} has {}): a checkpoint was cut short \
+                 or a write of that copy was lost; the next checkpoint rewrites both",
+                1 - label.copy,
+                primary.name(),
+                label.copy,
+                sb.txid
+            );
+            log::warn!("{note}");
+            notes.push(note);
+        }
+        log::info!(
+            "opened pool on {}: {} volumes, commit {}, {replayed} journal records replayed",
+            primary.name(),
+            state.volumes.len(),
+            cursor.seq,
+        );
+        let crashed_regions = state.open_regions.clone();
+        let read_only = options.read_only;
+        let ctl = CommitCtl { sb, journal: cursor, checkpoint_pieces: pieces, notes };
+        let pool = Pool::new(devices, mirrors, state, space, ctl, options);
+        let notes = pool.mark_open()?;
+        pool.lock_commit().notes.extend(notes);
+        if !read_only && !crashed_regions.is_empty() {
+            log::warn!("{} overwrite regions were open at a crash: resync pending", crashed_regions.len());
+            pool.write_inner().regions.suspect = crashed_regions;
+        }
+        Ok(pool)
+    }
+
+    /// The pool object over opened devices and loaded state; nothing pending.
+    fn new(
+        devices: Vec<Arc<dyn Device>>,
+        mirrors: Vec<Option<Arc<MirrorDevice>>>,
+        state: State,
+        space: Space,
+        ctl: CommitCtl,
+        options: OpenOptions,
+    ) -> Pool {
+        let n = devices.len();
+        let checksums = ctl.sb.incompat & incompat::DATA_CHECKSUMS != 0;
+        let pending_limit = journal::pending_limit(ctl.sb.journal_blocks);
+        Pool {
+            inner: RwLock::new(Inner {
+                state,
+                space,
+                placement: Box::new(Linear),
+                pending_ops: Vec::new(),
+                pending_frees: Vec::new(),
+                pending_bytes: 0,
+                regions: Default::default(),
+            }),
+            commit: Mutex::new(ctl),
+            devices,
+            mirrors,
+            io_gate: RwLock::new(()),
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            write_gen: AtomicU64::new(0),
+            committed_gen: AtomicU64::new(0),
+            dirty: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            fenced: AtomicBool::new(false),
+            checksums,
+            pending_limit,
+            fresh_writes: AtomicU64::new(0),
+            options,
+            counters: Counters::default(),
+        }
+    }
+
+    /// The pool uuid a device carries (primary or member), without opening.
+    pub fn pool_uuid(dev: &dyn Device) -> Result<String> {
+        Ok(crate::device::label::uuid_string(&read_label(dev)?.current.pool_uuid))
+    }
+
+    /// The member paths recorded in a primary's superblock (index order).
+    pub fn member_paths(primary: &dyn Device) -> Result<Vec<String>> {
+        Ok(read_label(primary)?.current.devices.into_iter().map(|d| d.path).collect())
+    }
+
+    /// Per member, the paths of its devices as recorded: one for a plain
+    /// member, every leg's for a mirrored one.
+    pub fn member_legs(primary: &dyn Device) -> Result<Vec<Vec<String>>> {
+        let devices = read_label(primary)?.current.devices;
+        Ok(devices
+            .into_iter()
+            .map(|d| if d.legs.is_empty() { vec![d.path] } else { d.legs.into_iter().map(|l| l.path).collect() })
+            .collect())
+    }
+}
+
+/// Apply the journal's records after the checkpoint (`seq`) to `state`;
+/// returns the cursor after the last valid record and how many there were.
+fn replay_journal(
+    primary: &dyn Device,
+    sb: &Superblock,
+    seq: u64,
+    state: &mut State,
+) -> Result<(JournalCursor, usize)> {
+    let mut cursor = JournalCursor {
+        start: sb.journal_start,
+        blocks: sb.journal_blocks,
+        generation: sb.journal_generation,
+        used: 0,
+        seq,
+    };
+    let records = journal::replay(primary, &mut cursor, MAX_REPLAY_RECORDS)?;
+    let mut sink = Freed::new();
+    for rec in &records {
+        let bad = |detail: String| EngineError::NotAPool {
+            device: primary.name(),
+            detail: format!("journal record {} does not apply: {detail}", rec.seq),
+        };
+        for op in &rec.ops {
+            state.apply(op, &mut sink).map_err(|e| bad(e.to_string()))?;
+        }
+        // Only snapshot ops move the epoch; the record states where it ended.
+        if state.epoch != rec.epoch {
+            return Err(bad(format!("epoch {} after replay, record says {}", state.epoch, rec.epoch)));
+        }
+    }
+    Ok((cursor, records.len()))
+}
+
+fn load_checkpoint(devices: &[Arc<dyn Device>], sb: &Superblock) -> Result<(State, Ranges, u64)> {
+    if sb.first_segment().is_none() {
+        return Ok((State::default(), Vec::new(), sb.checkpoint.seq));
+    }
+    let (payload, pieces) = checkpoint::read(devices, &sb.checkpoint)?;
+    let store = Arc::new(tarn_store::Store::memory());
+    let (state, seq) = checkpoint::decode_state(&payload, store).map_err(|detail| EngineError::NotAPool {
+        device: devices[0].name(),
+        detail: format!("checkpoint: {detail}"),
+    })?;
+    if seq != sb.checkpoint.seq {
+        return Err(EngineError::NotAPool {
+            device: devices[0].name(),
+            detail: format!("checkpoint seq {seq} != superblock's {}", sb.checkpoint.seq),
+        });
+    }
+    Ok((state, pieces, seq))
+}
+
+/// Everything not referenced by the map or the checkpoint is free.
+fn build_space(devices: &[Arc<dyn Device>], sb: &Superblock, state: &State, pieces: &[(Pba, u64)]) -> Result<Space> {
+    let mut used: Vec<Vec<(u64, u64)>> = vec![Vec::new(); devices.len()];
+    let mut add = |pba: Pba, len: u64| -> Result<()> {
+        let list = used
+            .get_mut(usize::from(pba.device()))
+            .ok_or_else(|| EngineError::Inconsistent(format!("extent {pba} on unknown device")))?;
+        list.push((pba.block(), len));
+        Ok(())
+    };
+    for (pba, len) in state.physical_extents()? {
+        add(pba, len)?;
+    }
+    for &(pba, len) in pieces {
+        add(pba, len)?;
+    }
+    let mut space = Space { devices: Vec::new(), reserve_blocks: 0 };
+    for (i, list) in used.iter_mut().enumerate() {
+        let start = if i == 0 { sb.data_start } else { LABEL_BLOCKS };
+        let end = sb.devices[i].blocks;
+        let ds = DeviceSpace::from_used(start, end, list)
+            .map_err(|e| EngineError::Inconsistent(format!("device {}: {e}", devices[i].name())))?;
+        space.devices.push(ds);
+    }
+    space.reserve_blocks = reserve_for(state.extent_count(), space.data_blocks());
+    Ok(space)
+}

@@ -1,0 +1,92 @@
+//! Creating, resizing and deleting volumes: the administrative side of
+//! plain volumes (snapshots and clones are in `snapshot.rs`). Each change
+//! is one op, durable when the call returns.
+
+mod flatten;
+pub mod snapshot;
+
+use crate::error::{EngineError, Result};
+use crate::map::state::validate_name;
+use crate::pool::{volume_named, Pool, VolumeInfo};
+use tarn_format::ops::Op;
+use tarn_format::BLOCK_SIZE;
+
+impl Pool {
+    /// Create a thin volume of `size` bytes (rounded up to 4 KiB); durable
+    /// when it returns. The size may exceed the pool (overcommit).
+    pub fn create_volume(&self, name: &str, size: u64) -> Result<VolumeInfo> {
+        self.check_writable()?;
+        validate_name(name).map_err(EngineError::InvalidArgument)?;
+        let size = round_size(size)?;
+        let id = {
+            let mut inner = self.write_inner();
+            if inner.state.by_name.contains_key(name) {
+                return Err(EngineError::VolumeExists(name.to_string()));
+            }
+            let id = inner.state.next_volume_id;
+            self.apply_ops(&mut inner, vec![Op::VolCreate { vol: id, size, name: name.to_string() }])?;
+            id
+        };
+        self.flush()?;
+        self.volume_info(id).ok_or(EngineError::VolumeGone(id))
+    }
+
+    /// Grow or shrink; shrinking discards the tail and needs `allow_shrink`.
+    pub fn resize_volume(&self, name: &str, size: u64, allow_shrink: bool) -> Result<VolumeInfo> {
+        self.check_writable()?;
+        let size = round_size(size)?;
+        let id = {
+            let mut inner = self.write_inner();
+            let id = *inner.state.by_name.get(name).ok_or_else(|| EngineError::NoSuchVolume(name.to_string()))?;
+            let old = inner.state.volume(id).map(|v| v.size).unwrap_or(0);
+            if size < old && !allow_shrink {
+                return Err(EngineError::InvalidArgument(format!(
+                    "shrinking {name} from {old} to {size} bytes discards its tail; pass --allow-shrink"
+                )));
+            }
+            self.apply_ops(&mut inner, vec![Op::VolResize { vol: id, size }])?;
+            id
+        };
+        self.flush()?;
+        self.volume_info(id).ok_or(EngineError::VolumeGone(id))
+    }
+
+    /// Delete a volume; its space is free when this returns. A volume with
+    /// snapshots goes only with `with_snapshots` (they go too); one whose
+    /// snapshots have clones never.
+    pub fn delete_volume(&self, name: &str, with_snapshots: bool) -> Result<()> {
+        self.check_writable()?;
+        {
+            let mut inner = self.write_inner();
+            let v = volume_named(&inner.state, name)?;
+            let clones: Vec<String> = inner.state.clones_of(v.id, None).iter().map(|c| c.name.clone()).collect();
+            if !clones.is_empty() {
+                return Err(EngineError::InUse {
+                    what: format!("volume {name}"),
+                    detail: format!(
+                        "clones {} depend on its snapshots; flatten or delete them first",
+                        clones.join(", ")
+                    ),
+                });
+            }
+            if !v.snapshots.is_empty() && !with_snapshots {
+                return Err(EngineError::InUse {
+                    what: format!("volume {name}"),
+                    detail: format!("it has {} snapshots; pass --recursive to delete them too", v.snapshots.len()),
+                });
+            }
+            let id = v.id;
+            self.apply_ops(&mut inner, vec![Op::VolDelete { vol: id }])?;
+        }
+        self.flush()
+    }
+}
+
+/// Volume sizes are whole blocks: round up, refuse zero and absurd sizes.
+fn round_size(size: u64) -> Result<u64> {
+    const MAX: u64 = 1 << 60;
+    if size == 0 || size > MAX {
+        return Err(EngineError::InvalidArgument(format!("volume size must be between 1 byte and {MAX} bytes")));
+    }
+    Ok(size.div_ceil(BLOCK_SIZE) * BLOCK_SIZE)
+}

@@ -1,0 +1,230 @@
+//! Snapshots, rollback and clones of volumes: the administrative side. The
+//! rules live in `map/state.rs` (what each op does to the maps) and `map/view.rs`
+//! (what a snapshot shows); here are the locking and the commits.
+//!
+//! Taking a snapshot waits for in-flight writes (the I/O gate), records the
+//! op, and commits: it copies nothing, so it costs one commit whatever the
+//! volume holds.
+
+use crate::error::{EngineError, Result};
+use crate::map::state::{validate_name, State, Volume};
+use crate::map::view::View;
+use crate::pool::{volume_named, CommitCtl, Pool, VolumeInfo};
+use tarn_format::ops::Op;
+use tarn_format::superblock::incompat;
+use tarn_format::BLOCK_SIZE;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    pub volume: String,
+    pub name: String,
+    pub epoch: u64,
+    pub size: u64,
+    /// Seconds since the Unix epoch.
+    pub created: u64,
+    /// Bytes only this snapshot holds: what deleting it frees.
+    pub exclusive: u64,
+    /// Bytes of the volume's own space the snapshot shows.
+    pub referenced: u64,
+    /// `referenced - exclusive`: held with the head or other snapshots.
+    pub shared: u64,
+    /// Volumes cloned from it.
+    pub clones: Vec<String>,
+}
+
+impl Pool {
+    /// Snapshot `vol` as `name`. The snapshot holds every write answered
+    /// before the call, and is durable when it returns.
+    pub fn create_snapshot(&self, vol: &str, name: &str) -> Result<SnapshotInfo> {
+        self.check_writable()?;
+        validate_name(name).map_err(EngineError::InvalidArgument)?;
+        let mut ctl = self.lock_commit();
+        self.enable_snapshots(&mut ctl)?;
+        {
+            // Drain writes planned against the old epoch: one of them could
+            // otherwise overwrite in place a block the snapshot now shows.
+            let _quiet = self.io_gate.write().unwrap_or_else(|p| p.into_inner());
+            let mut inner = self.write_inner();
+            let v = volume_named(&inner.state, vol)?;
+            if v.snapshot_named(name).is_some() {
+                return Err(EngineError::SnapshotExists { volume: vol.into(), name: name.into() });
+            }
+            let op = Op::SnapCreate { vol: v.id, name: name.to_string(), created: unix_now() };
+            self.apply_ops(&mut inner, vec![op])?;
+        }
+        self.commit_locked(&mut ctl, false)?;
+        drop(ctl);
+        self.snapshot_info(vol, name)
+    }
+
+    /// The snapshot feature bit must be durable before the first record
+    /// that uses it (older builds then refuse the pool instead of failing
+    /// on an unknown op).
+    fn enable_snapshots(&self, ctl: &mut CommitCtl) -> Result<()> {
+        if ctl.sb.incompat & incompat::SNAPSHOTS != 0 {
+            return Ok(());
+        }
+        ctl.sb.incompat |= incompat::SNAPSHOTS;
+        self.commit_locked(ctl, true)
+    }
+
+    pub fn snapshot_info(&self, vol: &str, name: &str) -> Result<SnapshotInfo> {
+        let inner = self.read_inner();
+        let v = volume_named(&inner.state, vol)?;
+        let i = snapshot_index(v, name)?;
+        snapshot_info(&inner.state, v, i)
+    }
+
+    /// Snapshots of one volume, or of all, oldest first.
+    pub fn list_snapshots(&self, vol: Option<&str>) -> Result<Vec<SnapshotInfo>> {
+        let inner = self.read_inner();
+        let state = &inner.state;
+        let vols: Vec<&Volume> = match vol {
+            Some(name) => vec![volume_named(state, name)?],
+            None => state.volumes.values().collect(),
+        };
+        vols.into_iter().flat_map(|v| (0..v.snapshots.len()).map(move |i| snapshot_info(state, v, i))).collect()
+    }
+
+    /// Delete a snapshot; returns the bytes freed, back in the pool when
+    /// this returns. Refused while clones depend on it.
+    pub fn delete_snapshot(&self, vol: &str, name: &str) -> Result<u64> {
+        self.check_writable()?;
+        let mut ctl = self.lock_commit();
+        let freed = {
+            let mut inner = self.write_inner();
+            let v = volume_named(&inner.state, vol)?;
+            let i = snapshot_index(v, name)?;
+            refuse_if_cloned(&inner.state, v, i)?;
+            let (id, epoch, exclusive) = (v.id, v.snapshots[i].epoch, v.exclusive_blocks(i)?);
+            self.apply_ops(&mut inner, vec![Op::SnapDelete { vol: id, epoch }])?;
+            exclusive * BLOCK_SIZE
+        };
+        self.commit_locked(&mut ctl, false)?;
+        Ok(freed)
+    }
+
+    /// Make the volume's contents those of snapshot `name`. Newer snapshots
+    /// are in the way (the head would jump back past them): they are
+    /// deleted only with `destroy_newer`, and never if cloned.
+    pub fn rollback(&self, vol: &str, name: &str, destroy_newer: bool) -> Result<()> {
+        self.check_writable()?;
+        let mut ctl = self.lock_commit();
+        {
+            let _quiet = self.io_gate.write().unwrap_or_else(|p| p.into_inner());
+            let mut inner = self.write_inner();
+            let v = volume_named(&inner.state, vol)?;
+            let i = snapshot_index(v, name)?;
+            let newer: Vec<String> = v.snapshots[i + 1..].iter().map(|s| s.name.clone()).collect();
+            if !newer.is_empty() && !destroy_newer {
+                return Err(EngineError::InUse {
+                    what: format!("snapshot {vol}@{name}"),
+                    detail: format!("newer snapshots {} would be destroyed; pass --destroy-newer", newer.join(", ")),
+                });
+            }
+            for j in i + 1..v.snapshots.len() {
+                refuse_if_cloned(&inner.state, v, j)?;
+            }
+            let mut ops: Vec<Op> =
+                v.snapshots[i + 1..].iter().rev().map(|s| Op::SnapDelete { vol: v.id, epoch: s.epoch }).collect();
+            ops.push(Op::Rollback { vol: v.id, epoch: v.snapshots[i].epoch });
+            self.apply_ops(&mut inner, ops)?;
+        }
+        self.commit_locked(&mut ctl, false)
+    }
+
+    /// A writable volume `clone` showing `vol@snap`; nothing is copied.
+    pub fn create_clone(&self, vol: &str, snap: &str, clone: &str) -> Result<VolumeInfo> {
+        self.check_writable()?;
+        validate_name(clone).map_err(EngineError::InvalidArgument)?;
+        let mut ctl = self.lock_commit();
+        self.enable_snapshots(&mut ctl)?;
+        let id = {
+            let mut inner = self.write_inner();
+            if inner.state.by_name.contains_key(clone) {
+                return Err(EngineError::VolumeExists(clone.to_string()));
+            }
+            let v = volume_named(&inner.state, vol)?;
+            let i = snapshot_index(v, snap)?;
+            let id = inner.state.next_volume_id;
+            let op =
+                Op::CloneCreate { vol: id, origin_vol: v.id, origin_epoch: v.snapshots[i].epoch, name: clone.into() };
+            self.apply_ops(&mut inner, vec![op])?;
+            id
+        };
+        self.commit_locked(&mut ctl, false)?;
+        drop(ctl);
+        self.volume_info(id).ok_or(EngineError::VolumeGone(id))
+    }
+
+    /// Resolve an export name `VOL` or `VOL@SNAP` to a volume and view.
+    pub fn lookup_view(&self, name: &str) -> Option<(u32, View)> {
+        let inner = self.read_inner();
+        match name.split_once('@') {
+            None => inner.state.by_name.get(name).map(|&id| (id, View::Head)),
+            Some((vol, snap)) => {
+                let v = volume_named(&inner.state, vol).ok()?;
+                v.snapshot_named(snap).map(|s| (v.id, View::Snapshot(s.epoch)))
+            }
+        }
+    }
+
+    /// Size of a view in bytes, None once it is gone.
+    pub fn view_size(&self, vol: u32, view: View) -> Option<u64> {
+        self.read_inner().state.volume(vol).and_then(|v| v.view_size(view))
+    }
+
+    /// Older snapshots of the view, as (name, epoch): what changed-block
+    /// tracking can compare it with.
+    pub fn older_snapshots(&self, vol: u32, view: View) -> Vec<(String, u64)> {
+        let inner = self.read_inner();
+        let Some(v) = inner.state.volume(vol) else {
+            return Vec::new();
+        };
+        let limit = match view {
+            View::Head => u64::MAX,
+            View::Snapshot(e) => e,
+        };
+        v.snapshots.iter().filter(|s| s.epoch < limit).map(|s| (s.name.clone(), s.epoch)).collect()
+    }
+}
+
+fn snapshot_index(v: &Volume, name: &str) -> Result<usize> {
+    v.snapshots
+        .iter()
+        .position(|s| s.name == name)
+        .ok_or_else(|| EngineError::NoSuchSnapshot { volume: v.name.clone(), name: name.to_string() })
+}
+
+fn refuse_if_cloned(state: &State, v: &Volume, i: usize) -> Result<()> {
+    let clones: Vec<String> =
+        state.clones_of(v.id, Some(v.snapshots[i].epoch)).iter().map(|c| c.name.clone()).collect();
+    if clones.is_empty() {
+        return Ok(());
+    }
+    Err(EngineError::InUse {
+        what: format!("snapshot {}@{}", v.name, v.snapshots[i].name),
+        detail: format!("clones {} depend on it; flatten or delete them first", clones.join(", ")),
+    })
+}
+
+fn snapshot_info(state: &State, v: &Volume, i: usize) -> Result<SnapshotInfo> {
+    let s = &v.snapshots[i];
+    let exclusive = v.exclusive_blocks(i)? * BLOCK_SIZE;
+    let referenced = s.referenced * BLOCK_SIZE;
+    Ok(SnapshotInfo {
+        volume: v.name.clone(),
+        name: s.name.clone(),
+        epoch: s.epoch,
+        size: s.size,
+        created: s.created,
+        exclusive,
+        referenced,
+        shared: referenced.saturating_sub(exclusive),
+        clones: state.clones_of(v.id, Some(s.epoch)).iter().map(|c| c.name.clone()).collect(),
+    })
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}

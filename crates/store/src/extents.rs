@@ -1,0 +1,228 @@
+//! A volume map on a tree: logical block ranges to physical extents, with
+//! the rules of the engine's in-memory map. Entries never overlap; a range
+//! that continues its left or right neighbour logically and physically, in
+//! the same epoch, merges with it, so a sequential fill is a few entries.
+
+use crate::error::Result;
+use crate::tree::{RootRef, Tree};
+use crate::Store;
+use tarn_format::node::ExtentValue;
+use tarn_format::Pba;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub len: u64,
+    pub pba: Pba,
+    pub birth: u64,
+}
+
+/// A piece of a looked-up range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Segment {
+    Mapped { lba: u64, len: u64, pba: Pba, birth: u64 },
+    Hole { lba: u64, len: u64 },
+}
+
+impl Segment {
+    pub fn lba(&self) -> u64 {
+        match *self {
+            Segment::Mapped { lba, .. } | Segment::Hole { lba, .. } => lba,
+        }
+    }
+    pub fn len(&self) -> u64 {
+        match *self {
+            Segment::Mapped { len, .. } | Segment::Hole { len, .. } => len,
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Entries (or pieces) a change removed: (lba, extent).
+pub type Killed = Vec<(u64, Extent)>;
+
+fn value(e: Extent) -> ExtentValue {
+    ExtentValue { len: e.len, pba: e.pba.0, birth: e.birth }
+}
+
+fn extent(v: &ExtentValue) -> Extent {
+    Extent { len: v.len, pba: Pba(v.pba), birth: v.birth }
+}
+
+/// Counts a checkpoint records beside the root, so opening reads no map.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MapCounts {
+    pub mapped_blocks: u64,
+    pub origin_blocks: u64,
+    pub extents: u64,
+}
+
+pub struct ExtentTree {
+    pub tree: Tree<ExtentValue>,
+    pub counts: MapCounts,
+}
+
+impl ExtentTree {
+    pub fn new(id: u64) -> ExtentTree {
+        ExtentTree { tree: Tree::new(id), counts: MapCounts::default() }
+    }
+
+    pub fn open(id: u64, root: RootRef, counts: MapCounts) -> Result<ExtentTree> {
+        Ok(ExtentTree { tree: Tree::open(id, root)?, counts })
+    }
+
+    fn count(&mut self, e: Extent, add: bool) {
+        let origin = if e.pba.is_origin() { e.len } else { 0 };
+        let c = &mut self.counts;
+        if add {
+            c.mapped_blocks += e.len;
+            c.origin_blocks += origin;
+        } else {
+            c.mapped_blocks -= e.len;
+            c.origin_blocks -= origin;
+        }
+    }
+
+    fn put(&mut self, store: &Store, lba: u64, e: Extent, sup: &mut Vec<Pba>) -> Result<()> {
+        if self.tree.insert(store, lba, value(e), sup)?.is_none() {
+            self.counts.extents += 1;
+        }
+        Ok(())
+    }
+
+    /// Remove the entry at `lba`, which the caller just found.
+    fn take(&mut self, store: &Store, lba: u64, sup: &mut Vec<Pba>) -> Result<()> {
+        if self.tree.remove_present(store, lba, sup)?.is_some() {
+            self.counts.extents -= 1;
+        }
+        Ok(())
+    }
+
+    /// Entries overlapping `[lba, lba+len)`, unclipped, in order.
+    pub fn overlapping(&self, store: &Store, lba: u64, len: u64) -> Result<Vec<(u64, Extent)>> {
+        let end = lba.saturating_add(len);
+        let mut out = Vec::new();
+        if let Some((k, v)) = self.tree.get_le(store, lba)? {
+            if k < lba && k + v.len > lba {
+                out.push((k, extent(&v)));
+            }
+        }
+        self.tree.range(store, lba, end, &mut |k, v| {
+            out.push((k, extent(v)));
+            true
+        })?;
+        Ok(out)
+    }
+
+    /// Call `f` on every entry from the one covering `lba` on, in order,
+    /// until it returns false.
+    pub fn for_each_from(&self, store: &Store, lba: u64, f: &mut dyn FnMut(u64, Extent) -> bool) -> Result<()> {
+        let mut from = lba;
+        if let Some((k, v)) = self.tree.get_le(store, lba)? {
+            if k < lba && k + v.len > lba {
+                if !f(k, extent(&v)) {
+                    return Ok(());
+                }
+                from = k + v.len;
+            }
+        }
+        self.tree.range(store, from, u64::MAX, &mut |k, v| f(k, extent(v)))
+    }
+
+    /// Segments covering exactly `[lba, lba+len)`, at most `max_segments`
+    /// (the answer then ends early, never with a made-up hole).
+    pub fn lookup(&self, store: &Store, lba: u64, len: u64, max_segments: usize) -> Result<Vec<Segment>> {
+        let end = lba + len;
+        let mut out = Vec::new();
+        let mut pos = lba;
+        for (k, e) in self.overlapping(store, lba, len)? {
+            if out.len() + 2 > max_segments {
+                return Ok(out);
+            }
+            if k > pos {
+                out.push(Segment::Hole { lba: pos, len: k - pos });
+            }
+            let s = k.max(pos);
+            let e_end = (k + e.len).min(end);
+            out.push(Segment::Mapped { lba: s, len: e_end - s, pba: e.pba.offset_by(s - k), birth: e.birth });
+            pos = e_end;
+        }
+        if pos < end && out.len() < max_segments {
+            out.push(Segment::Hole { lba: pos, len: end - pos });
+        }
+        Ok(out)
+    }
+
+    /// Make `[lba, lba+len)` a hole; returns the pieces removed.
+    pub fn remove(&mut self, store: &Store, lba: u64, len: u64, sup: &mut Vec<Pba>) -> Result<Killed> {
+        let end = lba + len;
+        let mut killed = Vec::new();
+        for (k, e) in self.overlapping(store, lba, len)? {
+            let (s, t) = (k.max(lba), (k + e.len).min(end));
+            self.take(store, k, sup)?;
+            if k < s {
+                self.put(store, k, Extent { len: s - k, ..e }, sup)?;
+            }
+            if t < k + e.len {
+                self.put(store, t, Extent { len: k + e.len - t, pba: e.pba.offset_by(t - k), birth: e.birth }, sup)?;
+            }
+            let piece = Extent { len: t - s, pba: e.pba.offset_by(s - k), birth: e.birth };
+            self.count(piece, false);
+            killed.push((s, piece));
+        }
+        Ok(killed)
+    }
+
+    /// Map `[lba, lba+len)` to `pba..`; returns what the range mapped before.
+    /// Reads the neighbourhood once (the left neighbour, what the range
+    /// overlaps, the right neighbour), then changes only what it must.
+    pub fn insert(&mut self, store: &Store, lba: u64, new: Extent, sup: &mut Vec<Pba>) -> Result<Killed> {
+        assert!(new.len > 0, "empty extent");
+        let end = lba + new.len;
+        let mut near: Vec<(u64, Extent)> = Vec::new();
+        let from = match self.tree.get_le(store, lba.saturating_sub(1))? {
+            Some((k, _)) => k,
+            None => lba,
+        };
+        self.tree.range(store, from, end.saturating_add(1), &mut |k, v| {
+            near.push((k, extent(v)));
+            true
+        })?;
+        let mut killed = Vec::new();
+        let (mut start, mut ext) = (lba, new);
+        for (k, e) in near {
+            let e_end = k + e.len;
+            if e_end < lba || (e_end == lba && !joins(e, new)) || (k == end && !joins(new, e)) {
+                continue;
+            }
+            self.take(store, k, sup)?;
+            if e_end == lba {
+                (start, ext) = (k, Extent { len: e.len + ext.len, ..e });
+                continue;
+            }
+            if k == end {
+                ext.len += e.len;
+                continue;
+            }
+            let (s, t) = (k.max(lba), e_end.min(end));
+            if k < s {
+                self.put(store, k, Extent { len: s - k, ..e }, sup)?;
+            }
+            if t < e_end {
+                self.put(store, t, Extent { len: e_end - t, pba: e.pba.offset_by(t - k), birth: e.birth }, sup)?;
+            }
+            let piece = Extent { len: t - s, pba: e.pba.offset_by(s - k), birth: e.birth };
+            self.count(piece, false);
+            killed.push((s, piece));
+        }
+        self.put(store, start, ext, sup)?;
+        self.count(new, true);
+        Ok(killed)
+    }
+}
+
+/// Whether `b` continues `a` physically on the same device, same epoch.
+fn joins(a: Extent, b: Extent) -> bool {
+    a.pba.device() == b.pba.device() && a.pba.block() + a.len == b.pba.block() && a.birth == b.birth
+}

@@ -1,0 +1,181 @@
+//! A device's free space as a tree of free ranges (key: first block,
+//! value: length), persisted copy-on-write like every other tree, with a
+//! next-fit cursor (Virtual Allocation's linear allocation: writes that
+//! arrive together land together).
+//!
+//! A checkpoint's own node blocks are allocated from the live map after
+//! the freeze, so the frozen map does not show them used; the checkpoint
+//! records them beside its roots, and opening claims them again (see
+//! ARCHITECTURE.md *Metadata store*). Running out is a value (`Ok(0)`
+//! taken), damage or a double free an error, never a panic.
+
+use crate::error::{Result, StoreError};
+use crate::tree::{RootRef, Tree};
+use crate::Store;
+use tarn_format::node::RangeValue;
+use tarn_format::Pba;
+
+pub struct SpaceMap {
+    pub tree: Tree<RangeValue>,
+    /// The device index its blocks are on (for `Pba`s).
+    pub device: u16,
+    pub free_blocks: u64,
+    /// First block that may hold pool data, one past the last.
+    pub data_start: u64,
+    pub data_end: u64,
+    pub cursor: u64,
+}
+
+fn invalid(tree: u64, what: String) -> StoreError {
+    StoreError::Invalid { pba: Pba(0), tree, what }
+}
+
+impl SpaceMap {
+    /// A device whose data area is all free.
+    pub fn new(store: &Store, id: u64, device: u16, data_start: u64, data_end: u64) -> Result<SpaceMap> {
+        let mut s = SpaceMap { tree: Tree::new(id), device, free_blocks: 0, data_start, data_end, cursor: data_start };
+        if data_end > data_start {
+            s.tree.insert(store, data_start, RangeValue { len: data_end - data_start }, &mut Vec::new())?;
+            s.free_blocks = data_end - data_start;
+        }
+        Ok(s)
+    }
+
+    /// As a checkpoint recorded it (its figures are checked by `verify`).
+    pub fn open(
+        id: u64,
+        device: u16,
+        root: RootRef,
+        free_blocks: u64,
+        area: (u64, u64),
+        cursor: u64,
+    ) -> Result<SpaceMap> {
+        if area.1 < area.0 || free_blocks > area.1 - area.0 {
+            return Err(invalid(id, format!("space map of {free_blocks} free blocks in area {}..{}", area.0, area.1)));
+        }
+        let tree = Tree::open(id, root)?;
+        Ok(SpaceMap {
+            tree,
+            device,
+            free_blocks,
+            data_start: area.0,
+            data_end: area.1,
+            cursor: cursor.clamp(area.0, area.1),
+        })
+    }
+
+    fn pba(&self, block: u64) -> Pba {
+        Pba::new(self.device, block)
+    }
+
+    /// Take up to `want` blocks next-fit from the cursor in at most
+    /// `max_pieces` ranges; returns how many it took (less when full).
+    pub fn take(
+        &mut self,
+        store: &Store,
+        want: u64,
+        max_pieces: usize,
+        out: &mut Vec<(Pba, u64)>,
+        sup: &mut Vec<Pba>,
+    ) -> Result<u64> {
+        let mut got = 0;
+        for _pass in 0..2 {
+            while got < want && out.len() < max_pieces {
+                let Some((start, v)) = self.tree.get_ge(store, self.cursor)? else { break };
+                let n = v.len.min(want - got);
+                self.tree.remove(store, start, sup)?;
+                if n < v.len {
+                    self.tree.insert(store, start + n, RangeValue { len: v.len - n }, sup)?;
+                }
+                self.free_blocks -= n;
+                out.push((self.pba(start), n));
+                got += n;
+                self.cursor = start + n;
+            }
+            if got == want {
+                break;
+            }
+            self.cursor = self.data_start;
+        }
+        Ok(got)
+    }
+
+    /// Return `[start, start+len)`, coalescing with free neighbours. A
+    /// range outside the data area or already (partly) free is an error.
+    pub fn give_back(&mut self, store: &Store, start: u64, len: u64, sup: &mut Vec<Pba>) -> Result<()> {
+        let id = self.tree.id;
+        if len == 0 || start < self.data_start || start.checked_add(len).is_none_or(|e| e > self.data_end) {
+            return Err(invalid(id, format!("free of {start}+{len} outside data area")));
+        }
+        let (mut s, mut l) = (start, len);
+        if let Some((ps, p)) = self.tree.get_le(store, start)? {
+            if ps + p.len > start {
+                return Err(invalid(id, format!("double free: {start}+{len} overlaps free {ps}+{}", p.len)));
+            }
+            if ps + p.len == start {
+                self.tree.remove(store, ps, sup)?;
+                (s, l) = (ps, l + p.len);
+            }
+        }
+        if let Some((ns, n)) = self.tree.get_ge(store, start)? {
+            if ns < start + len {
+                return Err(invalid(id, format!("double free: {start}+{len} overlaps free {ns}+{}", n.len)));
+            }
+            if ns == start + len {
+                self.tree.remove(store, ns, sup)?;
+                l += n.len;
+            }
+        }
+        self.tree.insert(store, s, RangeValue { len: l }, sup)?;
+        self.free_blocks += len;
+        Ok(())
+    }
+
+    /// Mark `[start, start+len)` used; it must be entirely free (replaying a
+    /// map, or claiming a checkpoint's own node blocks at open).
+    pub fn claim(&mut self, store: &Store, start: u64, len: u64, sup: &mut Vec<Pba>) -> Result<()> {
+        let found = self.tree.get_le(store, start)?;
+        let Some((fs, f)) = found.filter(|(fs, f)| len > 0 && fs + f.len >= start.saturating_add(len)) else {
+            return Err(invalid(self.tree.id, format!("claim of {start}+{len}: not free")));
+        };
+        self.tree.remove(store, fs, sup)?;
+        if fs < start {
+            self.tree.insert(store, fs, RangeValue { len: start - fs }, sup)?;
+        }
+        if start + len < fs + f.len {
+            self.tree.insert(store, start + len, RangeValue { len: fs + f.len - start - len }, sup)?;
+        }
+        self.free_blocks -= len;
+        Ok(())
+    }
+
+    /// Walk the tree: ranges inside the data area, not touching, and adding
+    /// up to `free_blocks`. Returns the free ranges.
+    pub fn verify(&self, store: &Store) -> Result<Vec<(u64, u64)>> {
+        let mut ranges = Vec::new();
+        self.tree.walk(store, &mut |k, v| ranges.push((k, v.len)))?;
+        let mut end = self.data_start;
+        let mut total = 0u64;
+        for (i, &(k, l)) in ranges.iter().enumerate() {
+            if k < end || (i > 0 && k == end) || k + l > self.data_end {
+                return Err(invalid(self.tree.id, format!("free range {k}+{l} overlaps, touches or leaves the area")));
+            }
+            end = k + l;
+            total += l;
+        }
+        if total != self.free_blocks {
+            return Err(invalid(self.tree.id, format!("free ranges add up to {total}, recorded {}", self.free_blocks)));
+        }
+        Ok(ranges)
+    }
+}
+
+impl crate::checkpoint::NodeAlloc for (&mut SpaceMap, &Store, &mut Vec<Pba>) {
+    fn alloc_node(&mut self) -> Option<Pba> {
+        let mut out = Vec::with_capacity(1);
+        match self.0.take(self.1, 1, 1, &mut out, self.2) {
+            Ok(1) => out.first().map(|p| p.0),
+            _ => None,
+        }
+    }
+}

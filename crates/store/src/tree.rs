@@ -1,0 +1,236 @@
+//! One B-tree: an ordered map from u64 keys to leaf values, paged through
+//! the store's cache. Reads take `&self`; changes take `&mut self` and make
+//! the path they touch dirty (copy-on-write: a clean node is copied and its
+//! block recorded as superseded, freed once the next checkpoint is durable).
+
+use crate::error::{Result, StoreError};
+use crate::node::{Node, Ptr};
+use crate::Store;
+use std::sync::Arc;
+use tarn_format::node::{decode_node, Expect, LeafValue, MAX_LEVEL, NODE_SIZE};
+use tarn_format::Pba;
+
+/// Where a tree's root is, as a checkpoint records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RootRef {
+    /// `Pba(0)` (a superblock, never a node): the tree is empty.
+    pub pba: Pba,
+    pub crc: u32,
+    pub level: u8,
+}
+
+impl RootRef {
+    pub const EMPTY: RootRef = RootRef { pba: Pba(0), crc: 0, level: 0 };
+    pub fn is_empty(&self) -> bool {
+        self.pba == Pba(0)
+    }
+}
+
+/// Key bounds a node's keys must keep: `[lo, hi)`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    pub lo: u64,
+    pub hi: u64,
+}
+
+impl Bounds {
+    pub const ALL: Bounds = Bounds { lo: 0, hi: u64::MAX };
+
+    /// The bounds of child `i` of a branch with `keys`, inside `self`.
+    pub fn child(&self, keys: &[u64], i: usize) -> Bounds {
+        let lo = if i == 0 { self.lo } else { keys[i] };
+        let hi = keys.get(i + 1).copied().unwrap_or(self.hi);
+        Bounds { lo, hi }
+    }
+}
+
+pub struct Tree<V: LeafValue> {
+    /// Written in every node header: a node of another tree is damage.
+    pub id: u64,
+    pub(crate) root: Ptr<V>,
+    /// Levels above the leaves at the root (a clean root's `Ptr` has none).
+    pub(crate) height: u8,
+}
+
+/// Which child of a branch routes `key`: the last whose bound is <= key.
+pub(crate) fn route(keys: &[u64], key: u64) -> usize {
+    keys.partition_point(|k| *k <= key).saturating_sub(1)
+}
+
+impl<V: LeafValue> Tree<V> {
+    pub fn new(id: u64) -> Tree<V> {
+        Tree { id, root: Ptr::Dirty(Arc::new(Node::empty_leaf())), height: 0 }
+    }
+
+    /// A tree whose root a checkpoint recorded.
+    pub fn open(id: u64, root: RootRef) -> Result<Tree<V>> {
+        if root.is_empty() {
+            return Ok(Tree::new(id));
+        }
+        if root.level > MAX_LEVEL {
+            let what = format!("root level {} exceeds {MAX_LEVEL}", root.level);
+            return Err(StoreError::Invalid { pba: root.pba, tree: id, what });
+        }
+        Ok(Tree { id, root: Ptr::Clean { pba: root.pba, crc: root.crc }, height: root.level })
+    }
+
+    /// The node behind `ptr`, read and validated on a cache miss.
+    pub(crate) fn load(&self, store: &Store, ptr: &Ptr<V>, level: u8, b: Bounds) -> Result<Arc<Node<V>>> {
+        match ptr {
+            Ptr::Dirty(n) => Ok(n.clone()),
+            Ptr::Clean { pba, crc } => self.load_clean(store, *pba, *crc, level, b),
+        }
+    }
+
+    pub(crate) fn load_clean(&self, store: &Store, pba: Pba, crc: u32, level: u8, b: Bounds) -> Result<Arc<Node<V>>> {
+        if let Some(n) = store.cache.get::<Node<V>>(pba) {
+            return Ok(n);
+        }
+        let tree = self.id;
+        if crate::io_forbidden() {
+            return Err(StoreError::Miss(crate::Miss { pba, crc, tree, level, lo: b.lo, hi: b.hi }));
+        }
+        let device = || store.io.device_name(pba);
+        let mut buf = vec![0u8; NODE_SIZE];
+        store.io.read_node(pba, &mut buf).map_err(|source| StoreError::Read { pba, tree, device: device(), source })?;
+        let expect = Expect { pba, crc, tree, level };
+        let (h, body) = decode_node::<V>(&buf, &expect).map_err(|source| StoreError::Corrupt {
+            pba,
+            tree,
+            level,
+            device: device(),
+            source,
+        })?;
+        if h.codec != V::CODEC {
+            return Err(StoreError::Invalid {
+                pba,
+                tree,
+                what: format!("value codec {} in a tree of {}", h.codec, V::CODEC),
+            });
+        }
+        let corrupt = |source| StoreError::Corrupt { pba, tree, level, device: device(), source };
+        let node = Node::from_body(level, body).map_err(corrupt)?;
+        check_bounds(&node, b).map_err(|what| StoreError::Invalid { pba, tree, what })?;
+        let node = Arc::new(node);
+        store.cache.insert(pba, node.clone(), node.mem_bytes());
+        Ok(node)
+    }
+
+    /// Where the root is, if it is clean (nothing changed since a checkpoint).
+    pub fn clean_root(&self) -> Option<RootRef> {
+        match self.root {
+            Ptr::Clean { pba, crc } => Some(RootRef { pba, crc, level: self.height }),
+            Ptr::Dirty(_) => None,
+        }
+    }
+
+    /// The entry with the greatest key <= `key`.
+    pub fn get_le(&self, store: &Store, key: u64) -> Result<Option<(u64, V)>> {
+        self.le_in(store, &self.root, self.height, Bounds::ALL, key)
+    }
+
+    fn le_in(&self, store: &Store, ptr: &Ptr<V>, level: u8, b: Bounds, key: u64) -> Result<Option<(u64, V)>> {
+        let node = self.load(store, ptr, level, b)?;
+        match &*node {
+            Node::Leaf(l) => Ok(l.get_le(key)),
+            Node::Branch(br) => {
+                let i = route(&br.keys, key);
+                if let Some(found) = self.le_in(store, &br.children[i], level - 1, b.child(&br.keys, i), key)? {
+                    return Ok(Some(found));
+                }
+                // Bounds are only bounds: the previous child holds the answer.
+                match i.checked_sub(1) {
+                    Some(p) => self.edge(store, &br.children[p], level - 1, b.child(&br.keys, p), true),
+                    None => Ok(None),
+                }
+            }
+        }
+    }
+
+    /// The entry with the smallest key >= `key`.
+    pub fn get_ge(&self, store: &Store, key: u64) -> Result<Option<(u64, V)>> {
+        self.ge_in(store, &self.root, self.height, Bounds::ALL, key)
+    }
+
+    fn ge_in(&self, store: &Store, ptr: &Ptr<V>, level: u8, b: Bounds, key: u64) -> Result<Option<(u64, V)>> {
+        let node = self.load(store, ptr, level, b)?;
+        match &*node {
+            Node::Leaf(l) => Ok(l.get_ge(key)),
+            Node::Branch(br) => {
+                let i = route(&br.keys, key);
+                if let Some(found) = self.ge_in(store, &br.children[i], level - 1, b.child(&br.keys, i), key)? {
+                    return Ok(Some(found));
+                }
+                match br.children.get(i + 1) {
+                    Some(next) => self.edge(store, next, level - 1, b.child(&br.keys, i + 1), false),
+                    None => Ok(None),
+                }
+            }
+        }
+    }
+
+    /// The last (or first) entry under `ptr`.
+    fn edge(&self, store: &Store, ptr: &Ptr<V>, level: u8, b: Bounds, last: bool) -> Result<Option<(u64, V)>> {
+        let node = self.load(store, ptr, level, b)?;
+        match &*node {
+            Node::Leaf(l) => Ok(if last { l.last() } else { l.first() }),
+            Node::Branch(br) => {
+                let i = if last { br.children.len() - 1 } else { 0 };
+                self.edge(store, &br.children[i], level - 1, b.child(&br.keys, i), last)
+            }
+        }
+    }
+
+    /// Call `f` on every entry with `from <= key < to`, in order, until it
+    /// returns false.
+    pub fn range(&self, store: &Store, from: u64, to: u64, f: &mut dyn FnMut(u64, &V) -> bool) -> Result<()> {
+        self.range_in(store, &self.root, self.height, Bounds::ALL, from, to, f).map(|_| ())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn range_in(
+        &self,
+        store: &Store,
+        ptr: &Ptr<V>,
+        level: u8,
+        b: Bounds,
+        from: u64,
+        to: u64,
+        f: &mut dyn FnMut(u64, &V) -> bool,
+    ) -> Result<bool> {
+        let node = self.load(store, ptr, level, b)?;
+        match &*node {
+            Node::Leaf(l) => Ok(l.for_each_in(from, to, f)),
+            Node::Branch(br) => {
+                let first = route(&br.keys, from);
+                for i in first..br.children.len() {
+                    if i > first && br.keys[i] >= to {
+                        break;
+                    }
+                    if !self.range_in(store, &br.children[i], level - 1, b.child(&br.keys, i), from, to, f)? {
+                        return Ok(false);
+                    }
+                }
+                Ok(true)
+            }
+        }
+    }
+}
+
+/// A node read from a device must keep the keys its parent promised.
+fn check_bounds<V: LeafValue>(node: &Node<V>, b: Bounds) -> std::result::Result<(), String> {
+    let (first, last) = match node {
+        Node::Leaf(l) => (l.first().map(|e| e.0), l.last().map(|e| e.0)),
+        Node::Branch(br) => (br.keys.get(1).copied(), br.keys.last().copied().filter(|_| br.keys.len() > 1)),
+    };
+    let (Some(first), Some(last)) = (first, last) else { return Ok(()) };
+    if first < b.lo || last >= b.hi {
+        return Err(format!("keys {first}..={last} outside the parent's bounds {}..{}", b.lo, b.hi));
+    }
+    if let Node::Branch(br) = node {
+        if br.children.is_empty() {
+            return Err("branch without children".into());
+        }
+    }
+    Ok(())
+}
