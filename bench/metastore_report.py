@@ -49,7 +49,7 @@ COLS = [
     ("device B/extent", lambda r: r["device_bytes"] / max(r["extents"], 1), lambda x: f"{x:.1f}"),
     ("reopen ms", lambda r: (r["open"] or {}).get("open_ms"), lambda x: f"{x:.1f}"),
     ("1st lookup ms", lambda r: (r["open"] or {}).get("first_lookup_ms"), lambda x: f"{x:.2f}"),
-    ("lookup hits after reopen", lambda r: (r["open"] or {}).get("hits_after_open"), lambda x: f"{x:.0f}"),
+    ("lookup hits after reopen", lambda r: (r["open"] or {}).get("hits_after_open"), lambda x: f"{x / 1e6:.3f}M"),
     ("RSS after reopen+lookups MiB", lambda r: ((r["open"] or {}).get("rss_after_lookups") or 0) / 2**20,
      lambda x: f"{x:.0f}"),
 ]
@@ -61,7 +61,7 @@ def main():
     ns = sorted({n for n, _ in runs}, key=nkey)
     backends = sorted({b for _, b in runs})
     print("== per backend: median of the rounds [range]; commit = a batch of 256 inserts + the durable commit;")
-    print("   lookups: written blocks in random order, warm; reopen: fresh process, page cache dropped, open + first lookup")
+    print("   lookups: written blocks in random order, warm; reopen: fresh process (page cache dropped unless --no-drop-caches), open + first lookup")
     for n in ns:
         rows = []
         for b in backends:
