@@ -62,7 +62,7 @@ done
 {
   echo "tarn metadata-store comparison $STAMP  ($(uname -r), $(nproc) cpus, $(free -g | awk '/^Mem:/ {print $2}') GiB RAM, fs of $DIR: $(df --output=fstype "$DIR" | tail -1))"
   echo "workload: N extent inserts (random lba over 64 GiB of 4K blocks, pba sequential), durable commit every 256, then lookups of written blocks; $ROUNDS round(s), backends alternating; extra args: [${ARGS}]"
-  echo "redb $(grep -A1 'name = "redb"' "$BENCH/metastore/Cargo.lock" | sed -n 's/version = "\(.*\)"/\1/p') over a StorageBackend on a plain file (pread/pwrite/fdatasync); btreemap: std BTreeMap + a log record per commit + whole-map checkpoint when the log passes 64 MiB (today's engine's shape); tarn: crates/store ExtentTree (cache = --cache-mib) + a log record per commit + incremental checkpoint (dirty nodes written, root record) when dirty nodes pass --dirty-nodes (16384) or the log passes 64 MiB (the engine's planned shape)"
+  echo "redb $(grep -A1 'name = "redb"' "$BENCH/metastore/Cargo.lock" | sed -n 's/version = "\(.*\)"/\1/p') over a StorageBackend on a plain file (pread/pwrite/fdatasync); btreemap: std BTreeMap + a log record per commit + whole-map checkpoint when the log passes 64 MiB (today's engine's shape); tarn: crates/store ExtentTree (cache = --cache-mib) + a log record per commit + incremental checkpoint (dirty nodes written, root record) when dirty nodes pass --dirty-nodes (default 16384) or the log passes --checkpoint-mib (default 64) (the engine's planned shape)"
   echo "git: $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo none)  load at start: $LOAD_START, at end: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo
   /usr/bin/python3 "$BENCH/metastore_report.py" "$RAW"
