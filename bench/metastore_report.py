@@ -49,6 +49,7 @@ COLS = [
     ("device B/extent", lambda r: r["device_bytes"] / max(r["extents"], 1), lambda x: f"{x:.1f}"),
     ("reopen ms", lambda r: (r["open"] or {}).get("open_ms"), lambda x: f"{x:.1f}"),
     ("1st lookup ms", lambda r: (r["open"] or {}).get("first_lookup_ms"), lambda x: f"{x:.2f}"),
+    ("lookup hits after reopen", lambda r: (r["open"] or {}).get("hits_after_open"), lambda x: f"{x / 1e6:.3f}M"),
     ("RSS after reopen+lookups MiB", lambda r: ((r["open"] or {}).get("rss_after_lookups") or 0) / 2**20,
      lambda x: f"{x:.0f}"),
 ]
@@ -60,7 +61,7 @@ def main():
     ns = sorted({n for n, _ in runs}, key=nkey)
     backends = sorted({b for _, b in runs})
     print("== per backend: median of the rounds [range]; commit = a batch of 256 inserts + the durable commit;")
-    print("   lookups: written blocks in random order, warm; reopen: fresh process, page cache dropped, open + first lookup")
+    print("   lookups: written blocks in random order, warm; reopen: fresh process (page cache dropped unless --no-drop-caches), open + first lookup")
     for n in ns:
         rows = []
         for b in backends:
@@ -85,13 +86,20 @@ def main():
         for b, rs, loads in rows:
             print(f"load1 at start/end of each {b} run: " + ", ".join(f"{a}/{c}" for a, c in loads))
         d = {b: rs for b, rs, _ in rows if rs}
-        if "redb" in d and "btreemap" in d:
-            med = lambda b, k: statistics.median([k(x[1]) for x in d[b]])
-            print(f"redb / btreemap: inserts/s {med('redb', COLS[0][1]) / med('btreemap', COLS[0][1]):.2f}x, "
-                  f"commit p99 {med('redb', COLS[2][1]) / med('btreemap', COLS[2][1]):.2f}x, "
-                  f"commit max {med('redb', COLS[3][1]) / med('btreemap', COLS[3][1]):.2f}x, "
-                  f"lookups/s {med('redb', COLS[4][1]) / med('btreemap', COLS[4][1]):.2f}x, "
-                  f"reopen {med('redb', COLS[7][1]) / med('btreemap', COLS[7][1]):.2g}x")
+        med = lambda b, k: statistics.median([k(x[1]) for x in d[b]])
+        for b in sorted(d):
+            if b == "btreemap" or "btreemap" not in d:
+                continue
+            print(f"{b} / btreemap: inserts/s {med(b, COLS[0][1]) / med('btreemap', COLS[0][1]):.2f}x, "
+                  f"commit p99 {med(b, COLS[2][1]) / med('btreemap', COLS[2][1]):.2f}x, "
+                  f"commit max {med(b, COLS[3][1]) / med('btreemap', COLS[3][1]):.2f}x, "
+                  f"lookups/s {med(b, COLS[4][1]) / med('btreemap', COLS[4][1]):.2f}x, "
+                  f"reopen {med(b, COLS[7][1]) / med('btreemap', COLS[7][1]):.2g}x")
+        for b, rs, _ in rows:
+            for r, res, ld, txt in rs or []:
+                for l in txt.splitlines():
+                    if l.startswith(b + ": "):  # a backend's own summary (tarn: checkpoints)
+                        print(f"   r{r} {l}")
     big = ns[-1] if ns else None
     if big:
         print(f"\n== as the map grows (N = {big}, round 1): the progress lines of each backend")

@@ -7,8 +7,9 @@
 //!
 //!   metastore-bench BACKEND DIR [--n N] [--vol-blocks V] [--commit-every C]
 //!       [--lookups L] [--cache-mib M] [--checkpoint-mib K] [--seed S]
-//!       [--progress P] [--no-drop-caches]
-//!   BACKEND: redb | btreemap   (tarn: tarn's own B-tree, not written yet)
+//!       [--progress P] [--no-drop-caches] [--dirty-nodes D]
+//!   BACKEND: redb | btreemap | tarn   (tarn: tarn's own B-tree, crates/store;
+//!   build with --features tarn-store; D: dirty nodes that trigger its checkpoint)
 //!
 //! Prints a progress line per P inserts and, last, `RESULT {json}` for
 //! bench/metastore.sh. DIR/BACKEND is wiped first.
@@ -18,11 +19,7 @@ mod redb_store;
 mod store;
 
 #[cfg(feature = "tarn-store")]
-compile_error!(
-    "backend `tarn` (tarn's paged copy-on-write B-tree): not written yet. Add crates/store, \
-     the optional dependency in Cargo.toml, and src/tarn_store.rs implementing store::MetaStore \
-     over the same device stand-in as src/redb_store.rs"
-);
+mod tarn_store;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -38,6 +35,7 @@ struct Opts {
     lookups: u64,
     cache_mib: u64,
     checkpoint_mib: u64,
+    dirty_nodes: u64,
     seed: u64,
     progress: u64,
     drop_caches: bool,
@@ -46,8 +44,8 @@ struct Opts {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: metastore-bench redb|btreemap DIR [--n N] [--vol-blocks V] [--commit-every C] [--lookups L] \
-         [--cache-mib M] [--checkpoint-mib K] [--seed S] [--progress P] [--no-drop-caches]"
+        "usage: metastore-bench redb|btreemap|tarn DIR [--n N] [--vol-blocks V] [--commit-every C] [--lookups L] \
+         [--cache-mib M] [--checkpoint-mib K] [--seed S] [--progress P] [--no-drop-caches] [--dirty-nodes D]"
     );
     std::process::exit(2)
 }
@@ -66,6 +64,7 @@ fn parse() -> Opts {
         lookups: 1_000_000,
         cache_mib: 256,
         checkpoint_mib: 64,
+        dirty_nodes: 16384,
         seed: 32,
         progress: 0,
         drop_caches: true,
@@ -90,6 +89,7 @@ fn parse() -> Opts {
             "--cache-mib" => o.cache_mib = num(i),
             "--checkpoint-mib" => o.checkpoint_mib = num(i),
             "--seed" => o.seed = num(i),
+            "--dirty-nodes" => o.dirty_nodes = num(i),
             "--progress" => o.progress = num(i),
             "--no-drop-caches" => {
                 o.drop_caches = false;
@@ -138,8 +138,11 @@ fn open(o: &Opts, dir: &Path) -> Box<dyn MetaStore> {
     match o.backend.as_str() {
         "redb" => Box::new(redb_store::RedbStore::open(dir, (o.cache_mib << 20) as usize)),
         "btreemap" => Box::new(map_store::MapStore::open(dir, o.checkpoint_mib << 20)),
+        #[cfg(feature = "tarn-store")]
+        "tarn" => Box::new(tarn_store::TarnStore::open(dir, o.checkpoint_mib << 20, o.dirty_nodes, (o.cache_mib << 20) as usize)),
+        #[cfg(not(feature = "tarn-store"))]
         "tarn" => {
-            eprintln!("backend tarn: tarn's own B-tree is not written yet (feature tarn-store, see Cargo.toml)");
+            eprintln!("backend tarn: built without it; build with --features tarn-store (see Cargo.toml)");
             std::process::exit(2)
         }
         b => {
@@ -194,11 +197,12 @@ fn open_only(o: &Opts) {
     let first = s.lookup(1, written_lba(o, o.n / 2));
     let first_ms = ms(t.elapsed());
     let rss_open = vmrss();
-    let (lps, _) = lookups(s.as_ref(), o, o.seed ^ 0x5555);
+    let (lps, hits) = lookups(s.as_ref(), o, o.seed ^ 0x5555);
     println!(
         "OPEN {{\"open_ms\": {open_ms:.3}, \"first_lookup_ms\": {first_ms:.3}, \"first_hit\": {}, \"rss_after_open\": {rss_open}, \
-         \"lookups_per_s_after_open\": {lps:.0}, \"rss_after_lookups\": {}}}",
+         \"lookups_per_s_after_open\": {lps:.0}, \"hits_after_open\": {hits}, \"entries_after_open\": {}, \"rss_after_lookups\": {}}}",
         first.is_some(),
+        s.entries(),
         vmrss()
     );
 }
@@ -213,7 +217,7 @@ fn main() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create DIR/BACKEND");
     println!(
-        "backend {} dir {} n {} vol_blocks {} ({} GiB) commit_every {} cache_mib {} checkpoint_mib {} seed {}",
+        "backend {} dir {} n {} vol_blocks {} ({} GiB) commit_every {} cache_mib {} checkpoint_mib {} dirty_nodes {} seed {}",
         o.backend,
         dir.display(),
         o.n,
@@ -222,6 +226,7 @@ fn main() {
         o.commit_every,
         o.cache_mib,
         o.checkpoint_mib,
+        o.dirty_nodes,
         o.seed
     );
     let rss0 = vmrss();
@@ -284,6 +289,7 @@ fn main() {
         ("--lookups", o.lookups),
         ("--cache-mib", o.cache_mib),
         ("--checkpoint-mib", o.checkpoint_mib),
+        ("--dirty-nodes", o.dirty_nodes),
         ("--seed", o.seed),
     ] {
         cmd.arg(k).arg(v.to_string());
