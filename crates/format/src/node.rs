@@ -141,7 +141,7 @@ pub fn encode_group<V: LeafValue>(group: &[(u64, V)], w: &mut Writer) {
 /// A leaf value type and its compact encoding. Keys ascend; entries are
 /// delta-encoded against the previous one (its key and value), so a leaf
 /// of neighbouring ranges costs a few bytes an entry.
-pub trait LeafValue: Copy + std::fmt::Debug + PartialEq + Send + Sync + 'static {
+pub trait LeafValue: Copy + Default + std::fmt::Debug + PartialEq + Send + Sync + 'static {
     /// Written in the header; a tree's nodes all carry the same codec.
     const CODEC: u8;
     fn encode(prev: Option<&(u64, Self)>, key: u64, value: &Self, w: &mut Writer);
@@ -162,7 +162,7 @@ pub trait LeafValue: Copy + std::fmt::Debug + PartialEq + Send + Sync + 'static 
 
 /// A volume map entry: logical blocks `[key, key+len)` at `pba`, born in
 /// epoch `birth`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ExtentValue {
     pub len: u64,
     pub pba: u64,
@@ -227,7 +227,7 @@ impl LeafValue for ExtentValue {
 }
 
 /// A free (or otherwise plain) range: blocks `[key, key+len)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RangeValue {
     pub len: u64,
 }
@@ -258,7 +258,7 @@ pub const SUMS_GROUP: u64 = 16;
 
 /// Data checksums of a group of 16 physical blocks (key: first block's
 /// address / 16): which blocks have one, and the crc32c of each.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SumsValue {
     pub known: u16,
     pub crcs: [u32; SUMS_GROUP as usize],

@@ -21,7 +21,46 @@ pub struct Leaf<V> {
     _v: PhantomData<V>,
 }
 
-type Group<V> = Vec<(u64, V)>;
+/// One group decoded on the stack: its entries plus room for the one an
+/// insert adds before the group is split (no allocation per read).
+struct Group<V> {
+    items: [(u64, V); GROUP_MAX + 1],
+    n: usize,
+}
+
+impl<V: LeafValue> Group<V> {
+    fn new() -> Group<V> {
+        Group { items: [(0, V::default()); GROUP_MAX + 1], n: 0 }
+    }
+    fn push(&mut self, e: (u64, V)) {
+        self.items[self.n] = e;
+        self.n += 1;
+    }
+    fn insert(&mut self, i: usize, e: (u64, V)) {
+        self.items.copy_within(i..self.n, i + 1);
+        self.items[i] = e;
+        self.n += 1;
+    }
+    fn remove(&mut self, i: usize) -> (u64, V) {
+        let e = self.items[i];
+        self.items.copy_within(i + 1..self.n, i);
+        self.n -= 1;
+        e
+    }
+}
+
+impl<V> std::ops::Deref for Group<V> {
+    type Target = [(u64, V)];
+    fn deref(&self) -> &[(u64, V)] {
+        &self.items[..self.n]
+    }
+}
+
+impl<V> std::ops::DerefMut for Group<V> {
+    fn deref_mut(&mut self) -> &mut [(u64, V)] {
+        &mut self.items[..self.n]
+    }
+}
 
 impl<V: LeafValue> Leaf<V> {
     pub fn empty() -> Leaf<V> {
@@ -69,7 +108,7 @@ impl<V: LeafValue> Leaf<V> {
     fn decode_group(&self, g: usize) -> Group<V> {
         let bytes = &self.data[self.group_range(g)];
         let mut pos = 0;
-        let mut out: Group<V> = Vec::with_capacity(usize::from(self.sizes[g]) + 1);
+        let mut out: Group<V> = Group::new();
         for _ in 0..self.sizes[g] {
             // Validated when read from a device, written by us otherwise.
             let e = V::decode_trusted(out.last(), bytes, &mut pos);
@@ -86,7 +125,7 @@ impl<V: LeafValue> Leaf<V> {
 
     pub fn get_le(&self, key: u64) -> Option<(u64, V)> {
         let g = self.group_for(key)?;
-        self.decode_group(g).into_iter().rev().find(|e| e.0 <= key)
+        self.decode_group(g).iter().rev().find(|e| e.0 <= key).copied()
     }
 
     pub fn get_ge(&self, key: u64) -> Option<(u64, V)> {
@@ -94,7 +133,7 @@ impl<V: LeafValue> Leaf<V> {
         if g >= self.sizes.len() {
             return None;
         }
-        let found = self.decode_group(g).into_iter().find(|e| e.0 >= key);
+        let found = self.decode_group(g).iter().find(|e| e.0 >= key).copied();
         found.or_else(|| (g + 1 < self.sizes.len()).then(|| self.decode_group(g + 1)[0]))
     }
 
@@ -110,7 +149,7 @@ impl<V: LeafValue> Leaf<V> {
     /// returns false if it stopped early.
     pub fn for_each_in(&self, from: u64, to: u64, f: &mut dyn FnMut(u64, &V) -> bool) -> bool {
         for g in self.group_for(from).unwrap_or(0)..self.sizes.len() {
-            for (k, v) in self.decode_group(g) {
+            for &(k, v) in self.decode_group(g).iter() {
                 if k >= to {
                     return true;
                 }
@@ -213,7 +252,7 @@ impl<V: LeafValue> Leaf<V> {
 
     /// Every entry, in order.
     pub fn entries(&self) -> Vec<(u64, V)> {
-        (0..self.sizes.len()).flat_map(|g| self.decode_group(g)).collect()
+        (0..self.sizes.len()).flat_map(|g| self.decode_group(g).to_vec()).collect()
     }
 }
 
