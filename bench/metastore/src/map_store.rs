@@ -164,14 +164,7 @@ impl MapStore {
 impl MetaStore for MapStore {
     fn insert_extent(&mut self, vol: u32, lba: u64, len: u32, pba: u64, birth: u64) {
         apply(&mut M(&mut self.map), vol, lba, len, pba, birth);
-        if self.pending.is_empty() {
-            self.pending.extend_from_slice(&[0u8; 4]);
-        }
-        self.pending.extend_from_slice(&vol.to_le_bytes());
-        self.pending.extend_from_slice(&lba.to_le_bytes());
-        self.pending.extend_from_slice(&len.to_le_bytes());
-        self.pending.extend_from_slice(&pba.to_le_bytes());
-        self.pending.extend_from_slice(&birth.to_le_bytes());
+        crate::store::push_record(&mut self.pending, 4, vol, lba, len, pba, birth);
     }
 
     fn lookup(&self, vol: u32, lba: u64) -> Option<Extent> {

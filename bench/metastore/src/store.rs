@@ -50,6 +50,19 @@ fn proc_status_kb(key: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Append one 32-byte log record (vol, lba, len, pba, birth) to a commit's
+/// pending bytes, which start with a header of `header` zero bytes.
+pub fn push_record(pending: &mut Vec<u8>, header: usize, vol: u32, lba: u64, len: u32, pba: u64, birth: u64) {
+    if pending.is_empty() {
+        pending.resize(header, 0);
+    }
+    pending.extend_from_slice(&vol.to_le_bytes());
+    pending.extend_from_slice(&lba.to_le_bytes());
+    pending.extend_from_slice(&len.to_le_bytes());
+    pending.extend_from_slice(&pba.to_le_bytes());
+    pending.extend_from_slice(&birth.to_le_bytes());
+}
+
 /// Key order: volume, then lba (a big-endian (u32, u64) tuple as one integer).
 pub fn key(vol: u32, lba: u64) -> u128 {
     ((vol as u128) << 64) | lba as u128

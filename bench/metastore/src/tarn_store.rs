@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use tarn_format::Pba;
 use tarn_store::extents::{Extent as TExtent, MapCounts};
-use tarn_store::{ExtentTree, NodeAlloc, NodeIo, RootRef, Store, Written};
+use tarn_store::{ExtentTree, FileIo, NodeAlloc, RootRef, Store, Written};
 
 use crate::store::{Extent, MetaStore};
 
@@ -49,22 +49,6 @@ fn fnv(b: &[u8]) -> u64 {
         h = (h ^ *x as u64).wrapping_mul(0x100000001b3);
     }
     h
-}
-
-struct FileIo {
-    file: File,
-}
-
-impl NodeIo for FileIo {
-    fn read_node(&self, pba: Pba, buf: &mut [u8]) -> std::io::Result<()> {
-        self.file.read_exact_at(buf, pba.byte_offset())
-    }
-    fn write_node(&self, pba: Pba, data: &[u8]) -> std::io::Result<()> {
-        self.file.write_all_at(data, pba.byte_offset())
-    }
-    fn device_name(&self, _: Pba) -> String {
-        "metastore node file".into()
-    }
 }
 
 /// Node blocks: a free list (reused) then a bump pointer (store_aging's).
@@ -187,7 +171,7 @@ impl TarnStore {
             }
         }
         let rec = rec.unwrap_or(RootRecord { alloc_next: FIRST_NODE, ..Default::default() });
-        let io = Arc::new(FileIo { file });
+        let io = Arc::new(FileIo::new(file));
         let store = io_err(Store::new(io.clone(), cache_bytes), "store");
         let root = if rec.root_pba == 0 {
             RootRef::EMPTY
@@ -338,14 +322,7 @@ impl Drop for TarnStore {
 impl MetaStore for TarnStore {
     fn insert_extent(&mut self, vol: u32, lba: u64, len: u32, pba: u64, birth: u64) {
         self.apply(vol, lba, len, pba, birth);
-        if self.pending.is_empty() {
-            self.pending.extend_from_slice(&[0u8; 8]);
-        }
-        self.pending.extend_from_slice(&vol.to_le_bytes());
-        self.pending.extend_from_slice(&lba.to_le_bytes());
-        self.pending.extend_from_slice(&len.to_le_bytes());
-        self.pending.extend_from_slice(&pba.to_le_bytes());
-        self.pending.extend_from_slice(&birth.to_le_bytes());
+        crate::store::push_record(&mut self.pending, 8, vol, lba, len, pba, birth);
     }
 
     fn lookup(&self, vol: u32, lba: u64) -> Option<Extent> {

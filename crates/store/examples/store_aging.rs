@@ -7,32 +7,13 @@
 //!
 //! cargo run --release -p tarn-store --example store_aging -- FILE [N] [V] [CACHE_MIB] [DIRTY_NODES]
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::fs::OpenOptions;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 use tarn_format::Pba;
 use tarn_store::extents::Extent;
-use tarn_store::{ExtentTree, NodeAlloc, NodeIo, RootRef, Store, Written};
-
-struct FileIo {
-    file: File,
-    written: AtomicU64,
-}
-
-impl NodeIo for FileIo {
-    fn read_node(&self, pba: Pba, buf: &mut [u8]) -> std::io::Result<()> {
-        self.file.read_exact_at(buf, pba.byte_offset())
-    }
-    fn write_node(&self, pba: Pba, data: &[u8]) -> std::io::Result<()> {
-        self.written.fetch_add(1, Ordering::Relaxed);
-        self.file.write_all_at(data, pba.byte_offset())
-    }
-    fn device_name(&self, _: Pba) -> String {
-        "bench file".into()
-    }
-}
+use tarn_store::{ExtentTree, FileIo, NodeAlloc, RootRef, Store, Written};
 
 /// Node blocks: a free list (reused) then a bump pointer.
 struct Alloc {
@@ -69,7 +50,7 @@ fn main() {
     let (n, vol_blocks) = (arg(2, 2_000_000), arg(3, 16 << 20));
     let (cache_mib, dirty_max) = (arg(4, 256), arg(5, 4096));
     let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).expect("open");
-    let io = Arc::new(FileIo { file, written: AtomicU64::new(0) });
+    let io = Arc::new(FileIo::new(file));
     let store = Store::new(io.clone(), (cache_mib << 20) as usize).expect("store");
     let mut map = ExtentTree::new(1);
     let mut alloc = Alloc { next: 16, free: Vec::new() };
@@ -113,7 +94,7 @@ fn main() {
     }
     let secs = t0.elapsed().as_secs_f64();
     let s = store.cache.stats();
-    let nodes_written = io.written.load(Ordering::Relaxed);
+    let nodes_written = io.writes.load(Ordering::Relaxed);
     let used_blocks = alloc.next - 16 - alloc.free.len() as u64;
     println!("inserts {n} over {vol_blocks} blocks in {secs:.1} s: {:.0} inserts/s", n as f64 / secs);
     println!(

@@ -17,6 +17,32 @@ pub trait NodeIo: Send + Sync {
     fn device_name(&self, pba: Pba) -> String;
 }
 
+/// Node blocks in a plain file at their block addresses (device bits
+/// ignored): for benchmarks and tools; the engine goes through its devices.
+pub struct FileIo {
+    pub file: std::fs::File,
+    pub writes: AtomicU64,
+}
+
+impl FileIo {
+    pub fn new(file: std::fs::File) -> FileIo {
+        FileIo { file, writes: AtomicU64::new(0) }
+    }
+}
+
+impl NodeIo for FileIo {
+    fn read_node(&self, pba: Pba, buf: &mut [u8]) -> io::Result<()> {
+        std::os::unix::fs::FileExt::read_exact_at(&self.file, buf, pba.byte_offset())
+    }
+    fn write_node(&self, pba: Pba, data: &[u8]) -> io::Result<()> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        std::os::unix::fs::FileExt::write_all_at(&self.file, data, pba.byte_offset())
+    }
+    fn device_name(&self, _pba: Pba) -> String {
+        "node file".into()
+    }
+}
+
 /// Node blocks in memory, for tests and tools.
 #[derive(Default)]
 pub struct MemIo {

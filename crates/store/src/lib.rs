@@ -27,7 +27,7 @@ pub use cache::{Cache, CacheStats};
 pub use checkpoint::{Frozen, NodeAlloc, Written};
 pub use error::{Result, StoreError};
 pub use extents::ExtentTree;
-pub use io::{MemIo, NodeIo};
+pub use io::{FileIo, MemIo, NodeIo};
 pub use space::SpaceMap;
 pub use sums::SumsTree;
 pub use tree::{RootRef, Tree};
