@@ -14,6 +14,11 @@ pub enum EngineError {
     Corrupt { what: &'static str, device: String, source: FormatError },
     #[error("inconsistent pool metadata: {0}")]
     Inconsistent(String),
+    #[error(
+        "device {device} holds a pool in format {version}, written by an older tarn; \
+         convert it with `tarn pool upgrade` (nothing was changed)"
+    )]
+    NeedsUpgrade { device: String, version: u32 },
     #[error("device {device} does not belong to this pool: {detail}")]
     ForeignDevice { device: String, detail: String },
     #[error("member {member} of the pool is unavailable: {detail}")]

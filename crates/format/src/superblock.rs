@@ -10,7 +10,11 @@ use crate::codec::Writer;
 use crate::error::{FormatError, Result};
 
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"TARNPOOL";
-pub const FORMAT_VERSION: u32 = 1;
+/// 2: store checkpoints (trees + catalog); 1: whole-state checkpoints,
+/// still read so `tarn pool upgrade` can convert a pool.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest format a superblock may carry.
+pub const OLDEST_READ_VERSION: u32 = 1;
 /// Block addresses of the two superblock copies on every device.
 pub const SUPERBLOCK_COPIES: [u64; 2] = [0, 16];
 /// First block after the reserved label area on every device.
@@ -173,7 +177,7 @@ impl Superblock {
         const WHAT: &str = "superblock";
         let mut r = unseal(buf, &SUPERBLOCK_MAGIC, SALT_SUPERBLOCK, CRC_OFFSET, WHAT)?;
         let version = r.u32()?;
-        if version != FORMAT_VERSION {
+        if !(OLDEST_READ_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(FormatError::UnsupportedVersion(version));
         }
         let block_size = r.u32()?;
@@ -419,7 +423,7 @@ mod tests {
         let bytes = sb.encode(16);
         let fields = [
             "54 41 52 4e 50 4f 4f 4c",                         // 0 magic "TARNPOOL"
-            "01 00 00 00",                                     // 8 version 1
+            "02 00 00 00",                                     // 8 version 2
             "00 10 00 00",                                     // 12 block_size 4096
             "03 00 00 00 00 00 00 00",                         // 16 incompat: DATA_CHECKSUMS | SNAPSHOTS
             "00 00 00 00 00 00 00 00",                         // 24 ro_compat

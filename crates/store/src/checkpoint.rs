@@ -44,6 +44,14 @@ pub struct Written {
     pub count: u64,
 }
 
+impl Written {
+    /// Every block written, for a tree that is gone by adopt time: its
+    /// nodes are in the checkpoint but in no live tree.
+    pub fn into_blocks(self) -> Vec<Pba> {
+        self.nodes.into_values().map(|(pba, _)| pba).collect()
+    }
+}
+
 fn identity<V: LeafValue>(n: &Arc<Node<V>>) -> usize {
     Arc::as_ptr(n) as usize
 }

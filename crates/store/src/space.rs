@@ -81,13 +81,9 @@ impl SpaceMap {
         let mut got = 0;
         for _pass in 0..2 {
             while got < want && out.len() < max_pieces {
-                let Some((start, v)) = self.tree.get_ge(store, self.cursor)? else { break };
-                let n = v.len.min(want - got);
-                self.tree.remove(store, start, sup)?;
-                if n < v.len {
-                    self.tree.insert(store, start + n, RangeValue { len: v.len - n }, sup)?;
-                }
-                self.free_blocks -= n;
+                let Some((start, len)) = self.next_free(store)? else { break };
+                let n = len.min(want - got);
+                self.claim(store, start, n, sup)?;
                 out.push((self.pba(start), n));
                 got += n;
                 self.cursor = start + n;
@@ -98,6 +94,17 @@ impl SpaceMap {
             self.cursor = self.data_start;
         }
         Ok(got)
+    }
+
+    /// The free run at or after the cursor: the rest of a free range the
+    /// cursor sits inside, else the next free range.
+    fn next_free(&self, store: &Store) -> Result<Option<(u64, u64)>> {
+        if let Some((s, v)) = self.tree.get_le(store, self.cursor)? {
+            if s + v.len > self.cursor {
+                return Ok(Some((self.cursor, s + v.len - self.cursor)));
+            }
+        }
+        Ok(self.tree.get_ge(store, self.cursor)?.map(|(s, v)| (s, v.len)))
     }
 
     /// Return `[start, start+len)`, coalescing with free neighbours. A

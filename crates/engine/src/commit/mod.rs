@@ -1,27 +1,31 @@
 //! Group commit. Every map and space change since the last commit reaches
 //! stable storage in one atomic step: a journal record, or a checkpoint when
-//! the journal is full. The order is what makes it crash-safe:
+//! the journal fills or the store holds many dirty nodes. The order is what
+//! makes it crash-safe:
 //!
 //! 1. under the pool lock, take the pending ops (and, for a checkpoint,
-//!    serialize the whole state) — all their data is already written;
+//!    freeze every tree: O(trees)) — all their data is already written;
 //! 2. flush the data devices;
-//! 3. write the journal record (or checkpoint segments, flush, superblock);
+//! 3. write the journal record (or the trees' dirty nodes and the catalog,
+//!    flush, superblock: `store_checkpoint.rs`);
 //! 4. flush the primary: the commit is durable;
 //! 5. wait until no I/O planned against the old map is in flight, then
 //!    return the freed space to the allocator.
 
+mod store_checkpoint;
 mod superblock;
 
 use crate::error::{EngineError, Result};
 use crate::map::extent_map::Freed;
-use crate::meta::checkpoint;
+use crate::meta::catalog::{self, FrozenPool};
 use crate::meta::journal;
 use crate::pool::{CommitCtl, Inner, Pool};
-use crate::space::{reserve_for, Space};
+use crate::space::reserve_for;
 use std::sync::atomic::Ordering;
 use tarn_format::journal::RecordHeader;
 use tarn_format::ops::{encode_ops, Op, MAX_REGIONS_PER_OP};
-use tarn_format::{Pba, BLOCK_SIZE};
+use tarn_format::node::NODE_SIZE;
+use tarn_format::BLOCK_SIZE;
 
 enum Plan {
     /// Only data changed: flushing the devices is the whole commit.
@@ -33,10 +37,7 @@ enum Plan {
         /// Overwrite regions the record opens.
         opened: Vec<u64>,
     },
-    Checkpoint {
-        payload: Vec<u8>,
-        pieces: Vec<(Pba, u64)>,
-    },
+    Checkpoint(Box<FrozenPool>),
 }
 
 impl Pool {
@@ -117,7 +118,7 @@ impl Pool {
     }
 
     fn commit_steps(&self, ctl: &mut CommitCtl, force_checkpoint: bool) -> Result<()> {
-        if force_checkpoint || journal_low(ctl) {
+        if force_checkpoint || self.checkpoint_due(ctl) {
             // A checkpoint closes every region: resync what a crash left open.
             self.resync_suspects()?;
         }
@@ -154,16 +155,15 @@ impl Pool {
                 }
                 inner.state.open_regions.extend(opened);
             }
-            Plan::Checkpoint { payload, pieces } => {
-                let old = self.write_checkpoint(ctl, &payload, pieces)?;
-                frees.extend(old);
+            Plan::Checkpoint(frozen) => {
+                let more = self.write_store_checkpoint(ctl, *frozen, &frees)?;
+                frees.extend(more);
             }
         }
         self.record_leg_states(ctl)?;
         self.committed_gen.fetch_max(gen, Ordering::SeqCst);
         self.counters.commits.fetch_add(1, Ordering::Relaxed);
-        self.release(frees);
-        Ok(())
+        self.release(frees)
     }
 
     /// Whether this commit should drain in-flight I/O: it closes idle
@@ -174,7 +174,8 @@ impl Pool {
             return false;
         }
         let now = self.counters.commits.load(Ordering::Relaxed);
-        force_checkpoint || journal_low(ctl) || !inner.regions.idle(&inner.state.open_regions, now).is_empty()
+        let due = journal_low(ctl) || self.store_over_dirty_bound(&inner.state.store);
+        force_checkpoint || due || !inner.regions.idle(&inner.state.open_regions, now).is_empty()
     }
 
     /// Step 1: snapshot what this commit covers. None: it must be a
@@ -210,7 +211,8 @@ impl Pool {
             return Ok(Some((Plan::DataOnly, frees, gen)));
         }
         let payload = encode_ops(&ops);
-        if !force_checkpoint && ctl.journal.fits(RecordHeader::blocks_for(payload.len())) {
+        let due = force_checkpoint || self.store_over_dirty_bound(&inner.state.store);
+        if !due && ctl.journal.fits(RecordHeader::blocks_for(payload.len())) {
             return Ok(Some((Plan::Journal { payload, epoch: inner.state.epoch, opened }, frees, gen)));
         }
         if (!drained && !inner.state.open_regions.is_empty()) || !inner.regions.suspect.is_empty() {
@@ -225,10 +227,9 @@ impl Pool {
         let all: Vec<u64> = inner.state.open_regions.iter().copied().collect();
         close_regions(inner, &all, &mut Vec::new());
         inner.regions.wanted.extend(opened);
-        let payload = checkpoint::encode_state(&inner.state, ctl.journal.seq + 1, self.checksums)?;
         inner.space.reserve_blocks = reserve_for(inner.state.extent_count(), inner.space.data_blocks());
-        let pieces = allocate_checkpoint(&mut inner.space, payload.len())?;
-        Ok(Some((Plan::Checkpoint { payload, pieces }, frees, gen)))
+        let frozen = catalog::freeze(&mut inner.state, &mut inner.space, ctl.journal.seq + 1);
+        Ok(Some((Plan::Checkpoint(Box::new(frozen)), frees, gen)))
     }
 
     /// Step 2: data the new metadata points at must be durable first.
@@ -251,39 +252,12 @@ impl Pool {
         Ok(())
     }
 
-    /// Step 3 for a checkpoint; returns the previous checkpoint's extents,
-    /// free once the new superblock is durable.
-    fn write_checkpoint(
-        &self,
-        ctl: &mut CommitCtl,
-        payload: &[u8],
-        pieces: Vec<(Pba, u64)>,
-    ) -> Result<Vec<(Pba, u64)>> {
-        let seq = ctl.journal.seq + 1;
-        let cref = checkpoint::write(&self.devices, &pieces, seq, payload)?;
-        for dev in &self.devices {
-            dev.flush().map_err(|e| EngineError::io("flush checkpoint", dev.name(), e))?;
-        }
-        let mut sb = ctl.sb.clone();
-        sb.txid += 1;
-        sb.checkpoint = cref;
-        sb.journal_generation += 1;
-        sb.devices = self.device_table(&sb.devices);
-        self.write_superblock(&sb)?;
-        ctl.sb = sb;
-        ctl.journal.generation = ctl.sb.journal_generation;
-        ctl.journal.used = 0;
-        ctl.journal.seq = seq;
-        self.counters.checkpoints.fetch_add(1, Ordering::Relaxed);
-        Ok(std::mem::replace(&mut ctl.checkpoint_pieces, pieces))
-    }
-
     /// Step 5: reuse freed space only after in-flight I/O drained. The
     /// discard hint goes out before the space is handed back, so it can
     /// never punch a hole in data a new owner just wrote.
-    fn release(&self, frees: Freed) {
+    fn release(&self, frees: Freed) -> Result<()> {
         if frees.is_empty() {
-            return;
+            return Ok(());
         }
         // Freed pieces come in logical order; after redirected random writes
         // they are physically scattered piece by piece but adjacent as a set.
@@ -304,31 +278,23 @@ impl Pool {
             }
         }
         let mut inner = self.write_inner();
-        frees.iter().for_each(|&(pba, len)| inner.space.give_back(pba, len));
-    }
-}
-
-/// Space for a checkpoint payload of `len` bytes, in at most 64 pieces
-/// from the devices with the most free space (metadata may use the reserve).
-fn allocate_checkpoint(space: &mut Space, len: usize) -> Result<Vec<(Pba, u64)>> {
-    let need = checkpoint::blocks_needed(len);
-    let mut pieces: Vec<(Pba, u64)> = Vec::new();
-    for _ in 0..64 {
-        if checkpoint::capacity(&pieces) >= len as u64 {
-            break;
+        for &(pba, len) in &frees {
+            inner.space.give_back(pba, len)?;
         }
-        let want = need.min(space.free_blocks()).max(1);
-        let dev = (0..space.devices.len()).max_by_key(|&d| space.devices[d].free_blocks()).unwrap_or(0);
-        let Some(more) = space.allocate_on(dev, want.min(space.devices[dev].free_blocks()), true) else {
-            break;
-        };
-        pieces.extend(more);
+        Ok(())
     }
-    if checkpoint::capacity(&pieces) < len as u64 {
-        pieces.iter().for_each(|p| space.give_back(p.0, p.1));
-        return Err(EngineError::NoSpace);
+
+    /// A checkpoint is due: the journal is three quarters full, or the
+    /// store's dirty nodes passed their bound.
+    fn checkpoint_due(&self, ctl: &CommitCtl) -> bool {
+        journal_low(ctl) || self.store_over_dirty_bound(&self.read_inner().state.store)
     }
-    Ok(pieces)
+
+    /// Dirty nodes stay in memory until a checkpoint writes them: bound
+    /// them to a quarter of the cache, so resident memory stays near it.
+    fn store_over_dirty_bound(&self, store: &tarn_store::Store) -> bool {
+        store.dirty_nodes() * NODE_SIZE as u64 > store.cache.stats().capacity / 4
+    }
 }
 
 /// The journal is three quarters full: a checkpoint is near.

@@ -5,8 +5,9 @@
 use crate::map::extent_map::ExtentMap;
 use crate::map::state::{State, Volume, MAX_CLONE_DEPTH};
 use crate::pool::Pool;
-use crate::space::DeviceSpace;
+use crate::pool::{CommitCtl, Inner};
 use tarn_format::{Pba, BLOCK_SIZE};
+use tarn_store::{SpaceMap, Store};
 
 #[derive(Debug, Clone, Default)]
 pub struct CheckReport {
@@ -58,16 +59,13 @@ impl Pool {
                 r.mapped_blocks += check_map(&what, map, blocks, max_birth, v.origin.is_some(), &mut owners, &mut r);
             }
         }
-        for &(pba, len) in &ctl.checkpoint_pieces {
-            r.metadata_blocks += len;
-            push_owner(&mut owners, pba, len, "checkpoint".into(), &mut r.problems);
-        }
+        metadata_owners(&inner, &ctl, &mut owners, &mut r);
         for &(pba, len) in &inner.pending_frees {
             push_owner(&mut owners, pba, len, "space awaiting commit".into(), &mut r.problems);
         }
         for (i, ds) in inner.space.devices.iter().enumerate() {
-            r.free_blocks += ds.free_blocks();
-            for msg in compare_space(i, ds, &mut owners[i]) {
+            r.free_blocks += ds.free_blocks;
+            for msg in compare_space(i, ds, &inner.space.store, &mut owners[i]) {
                 problem(&mut r, msg);
             }
         }
@@ -81,13 +79,53 @@ impl Pool {
         let pending: u64 = inner.pending_frees.iter().map(|f| f.1).sum();
         if r.mapped_blocks + r.metadata_blocks + pending + r.free_blocks != data {
             let msg = format!(
-                "space accounting: mapped {} + checkpoint {} + pending {} + free {} != {} data blocks",
+                "space accounting: mapped {} + metadata {} + pending {} + free {} != {} data blocks",
                 r.mapped_blocks, r.metadata_blocks, pending, r.free_blocks, data
             );
             problem(&mut r, msg);
         }
         r
     }
+}
+
+/// Blocks metadata holds: every tree's nodes, nodes replaced but not yet
+/// free, the catalog; each owned once like data.
+fn metadata_owners(inner: &Inner, ctl: &CommitCtl, owners: &mut [Vec<Owner>], r: &mut CheckReport) {
+    let mut own = |blocks: &[(Pba, u64)], what: &str, r: &mut CheckReport| {
+        for &(pba, len) in blocks {
+            r.metadata_blocks += len;
+            push_owner(owners, pba, len, what.to_string(), &mut r.problems);
+        }
+    };
+    let single = |v: &[Pba]| v.iter().map(|&p| (p, 1)).collect::<Vec<_>>();
+    own(&ctl.checkpoint_pieces, "catalog", r);
+    own(&ctl.next_release, "node awaiting release", r);
+    own(&single(&inner.state.retired_nodes), "node of a deleted map", r);
+    own(&single(&inner.space.superseded), "replaced space-map node", r);
+    own(&single(inner.state.sums.superseded()), "replaced checksum node", r);
+    for v in inner.state.volumes.values() {
+        let maps = std::iter::once((format!("volume {} head", v.name), &v.map))
+            .chain(v.snapshots.iter().map(|s| (format!("volume {} snapshot {}", v.name, s.name), &s.dead)));
+        for (what, map) in maps {
+            own(&single(map.superseded()), &format!("replaced {what} node"), r);
+            match map.node_blocks() {
+                Ok(blocks) => own(&single(&blocks), &format!("{what} node"), r),
+                Err(e) => problem(r, format!("{what}: {e}")),
+            }
+        }
+    }
+    match inner.state.sums.node_blocks() {
+        Ok(blocks) => own(&single(&blocks), "checksum node", r),
+        Err(e) => problem(r, format!("checksums: {e}")),
+    }
+    for (i, d) in inner.space.devices.iter().enumerate() {
+        match d.tree.walk(&inner.space.store, &mut |_, _| {}) {
+            Ok(stats) => own(&single(&stats.blocks), &format!("device {i} space-map node"), r),
+            Err(e) => problem(r, format!("device {i} space map: {e}")),
+        }
+    }
+    let inflight: Vec<(Pba, u64)> = inner.space.inflight.iter().map(|(&p, &l)| (Pba(p), l)).collect();
+    own(&inflight, "data being written", r);
 }
 
 /// With data checksums, every block a map references has one.
@@ -192,7 +230,7 @@ fn push_owner(owners: &mut [Vec<Owner>], pba: Pba, len: u64, what: String, probl
 
 /// Used ranges must not overlap each other, must lie in the data area, and
 /// the free ranges must be exactly what is left.
-fn compare_space(device: usize, ds: &DeviceSpace, owners: &mut [Owner]) -> Vec<String> {
+fn compare_space(device: usize, ds: &SpaceMap, store: &Store, owners: &mut [Owner]) -> Vec<String> {
     let mut out = Vec::new();
     owners.sort_by_key(|o| o.start);
     let mut expected_free = Vec::new();
@@ -216,7 +254,13 @@ fn compare_space(device: usize, ds: &DeviceSpace, owners: &mut [Owner]) -> Vec<S
     if pos < ds.data_end {
         expected_free.push((pos, ds.data_end - pos));
     }
-    let actual: Vec<(u64, u64)> = ds.free_ranges().collect();
+    let actual = match ds.verify(store) {
+        Ok(ranges) => ranges,
+        Err(e) => {
+            out.push(format!("device {device}: space map: {e}"));
+            return out;
+        }
+    };
     if out.is_empty() && actual != expected_free {
         let first = actual.iter().zip(&expected_free).find(|(a, b)| a != b);
         out.push(format!(
@@ -226,10 +270,6 @@ fn compare_space(device: usize, ds: &DeviceSpace, owners: &mut [Owner]) -> Vec<S
             first,
             BLOCK_SIZE
         ));
-    }
-    let counted: u64 = actual.iter().map(|r| r.1).sum();
-    if counted != ds.free_blocks() {
-        out.push(format!("device {device}: free counter {} != {} blocks in free ranges", ds.free_blocks(), counted));
     }
     out
 }

@@ -291,6 +291,7 @@ impl Pool {
                 inner.regions.add_fresh(p.pba, p.len);
             }
             let op = Op::Map { vol, lba: p.lba, len: p.len, pba: p.pba.0, birth };
+            inner.space.settle(p.pba);
             let mut freed = Freed::new();
             match inner.state.apply(&op, &mut freed) {
                 Ok(()) => {
@@ -309,7 +310,7 @@ impl Pool {
                 }
             }
         }
-        orphans.iter().for_each(|p| inner.space.give_back(p.pba, p.len));
+        release_unmapped(&mut inner.space, &orphans)?;
         if orphans.is_empty() {
             Ok(())
         } else {
@@ -318,6 +319,7 @@ impl Pool {
     }
 
     /// Allocate new space for every hole among `segs`, all or nothing.
+    /// The pieces are in flight until mapped or given back ([`settle`]).
     pub(crate) fn allocate_holes(&self, vol: u32, segs: &[Segment]) -> Result<Vec<NewPiece>> {
         if !segs.iter().any(|s| matches!(s, Segment::Hole { .. })) {
             return Ok(Vec::new());
@@ -330,9 +332,10 @@ impl Pool {
             let Segment::Hole { lba, len } = *seg else {
                 continue;
             };
-            let Some(pieces) = inner.placement.place(&mut inner.space, vol, lba, len) else {
-                fresh.iter().for_each(|p: &NewPiece| inner.space.give_back(p.pba, p.len));
-                return Err(EngineError::NoSpace);
+            let placed = inner.placement.place(&mut inner.space, vol, lba, len);
+            let Ok(Some(pieces)) = placed else {
+                release_unmapped(&mut inner.space, &fresh)?;
+                return Err(placed.err().map_or(EngineError::NoSpace, EngineError::from));
             };
             let mut at = lba;
             for (pba, plen) in pieces {
@@ -364,9 +367,14 @@ impl Pool {
         Ok(())
     }
 
+    /// New pieces no map took go back (an error here is damaged space
+    /// metadata: the pool fences).
     pub(crate) fn give_back_unmapped(&self, fresh: &[NewPiece]) {
         let mut inner = self.write_inner();
-        fresh.iter().for_each(|p| inner.space.give_back(p.pba, p.len));
+        if let Err(e) = release_unmapped(&mut inner.space, fresh) {
+            log::error!("giving back unwritten space failed, fencing the pool: {e}");
+            self.fenced.store(true, Ordering::SeqCst);
+        }
     }
 
     /// Release whole blocks inside [offset, offset+len); partial blocks at
@@ -534,4 +542,13 @@ fn byte_runs(pieces: impl Iterator<Item = (u64, u64, bool)>, offset: u64, end: u
         }
     }
     runs
+}
+
+/// Give back pieces allocated for data that no map took.
+pub(crate) fn release_unmapped(space: &mut crate::space::Space, fresh: &[NewPiece]) -> Result<()> {
+    for p in fresh {
+        space.settle(p.pba);
+        space.give_back(p.pba, p.len)?;
+    }
+    Ok(())
 }

@@ -9,8 +9,9 @@
 
 use std::sync::Arc;
 use tarn_format::Pba;
-pub use tarn_store::extents::{Extent, Killed, Segment};
-use tarn_store::{ExtentTree, Store, StoreError};
+pub use tarn_store::extents::{Extent, Killed, MapCounts, Segment};
+use tarn_format::node::ExtentValue;
+use tarn_store::{ExtentTree, Frozen, RootRef, Store, StoreError, Written};
 
 /// Physical ranges: (first block, count).
 pub type Ranges = Vec<(Pba, u64)>;
@@ -23,11 +24,17 @@ type Result<T> = std::result::Result<T, StoreError>;
 pub mod tree_id {
     pub const HEAD: u64 = 1 << 56;
     pub const DEAD_LIST: u64 = 2 << 56;
+    pub const SUMS: u64 = 3 << 56;
+    pub const SPACE: u64 = 4 << 56;
     pub fn head(vol: u32) -> u64 {
         HEAD | u64::from(vol)
     }
     pub fn dead_list(epoch: u64) -> u64 {
         DEAD_LIST | (epoch & ((1 << 56) - 1))
+    }
+    /// Device `device`'s free space.
+    pub fn space(device: u16) -> u64 {
+        SPACE | u64::from(device)
     }
 }
 
@@ -50,6 +57,30 @@ impl std::fmt::Debug for ExtentMap {
 impl ExtentMap {
     pub fn new(store: Arc<Store>, id: u64) -> ExtentMap {
         ExtentMap { map: ExtentTree::new(id), store, superseded: Vec::new() }
+    }
+
+    /// A map a checkpoint recorded (its nodes are read on demand).
+    pub fn open(store: Arc<Store>, id: u64, root: RootRef, counts: MapCounts) -> Result<ExtentMap> {
+        Ok(ExtentMap { map: ExtentTree::open(id, root, counts)?, store, superseded: Vec::new() })
+    }
+
+    pub fn tree_id(&self) -> u64 {
+        self.map.tree.id
+    }
+
+    pub fn counts(&self) -> MapCounts {
+        self.map.counts
+    }
+
+    /// The map as it is now, for a checkpoint (O(1); see `tarn_store::checkpoint`).
+    pub fn freeze(&self) -> Frozen<ExtentValue> {
+        self.map.tree.freeze()
+    }
+
+    /// After the checkpoint of `frozen` is durable: its nodes still in the
+    /// map become clean; returns the written ones the map replaced meanwhile.
+    pub fn adopt(&mut self, frozen: Frozen<ExtentValue>, written: &mut Written) -> Vec<Pba> {
+        self.map.tree.adopt(&self.store, frozen, written)
     }
 
     /// Blocks that are not holes (real data or origin markers).
@@ -129,6 +160,16 @@ impl ExtentMap {
         self.superseded.extend(stats.blocks);
         self.map = ExtentTree::new(self.map.tree.id);
         Ok(all)
+    }
+
+    /// Blocks of the map's nodes on devices (walks the tree).
+    pub fn node_blocks(&self) -> Result<Vec<Pba>> {
+        Ok(self.map.tree.walk(&self.store, &mut |_, _| {})?.blocks)
+    }
+
+    /// Node blocks replaced and not yet taken by a checkpoint.
+    pub fn superseded(&self) -> &[Pba] {
+        &self.superseded
     }
 
     /// Node blocks changes replaced since the last call.

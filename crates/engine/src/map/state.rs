@@ -149,6 +149,9 @@ pub struct State {
     pub sums: BlockSums,
     /// Overwrite regions durably open (see `sums.rs`).
     pub open_regions: BTreeSet<u64>,
+    /// Node blocks of maps deleted since the last checkpoint (free once
+    /// the next checkpoint, which no longer reaches them, is durable).
+    pub retired_nodes: Vec<Pba>,
 }
 
 impl Default for State {
@@ -167,6 +170,7 @@ impl State {
             epoch: 1,
             sums: BlockSums::default(),
             open_regions: BTreeSet::new(),
+            retired_nodes: Vec::new(),
         }
     }
 }
@@ -290,8 +294,10 @@ impl State {
                 let mut v = self.volumes.remove(vol).ok_or(format!("delete of unknown volume {vol}"))?;
                 self.by_name.remove(&v.name);
                 v.map.clear()?.into_iter().for_each(|(l, e)| free(l, e, freed));
+                self.retired_nodes.extend(v.map.take_superseded());
                 for mut s in v.snapshots {
                     s.dead.clear()?.into_iter().for_each(|(l, e)| free(l, e, freed));
+                    self.retired_nodes.extend(s.dead.take_superseded());
                 }
             }
             Op::Sums { pba, sums } => {
@@ -395,6 +401,8 @@ impl State {
                 _ => free(lba, e, freed),
             }
         }
+        let nodes = gone.dead.take_superseded();
+        self.retired_nodes.extend(nodes);
         Ok(())
     }
 

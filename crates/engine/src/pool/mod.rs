@@ -30,7 +30,14 @@ pub struct OpenOptions {
     pub strict: bool,
     /// Skip punching holes in devices for freed space.
     pub no_discard: bool,
+    /// Bytes of metadata nodes kept in memory (0: [`DEFAULT_METADATA_CACHE`]).
+    pub metadata_cache: usize,
+    /// Open a pool of an older format to convert it (`tarn pool upgrade`).
+    pub upgrade: bool,
 }
+
+/// The metadata cache when none is asked for: 256 MiB.
+pub const DEFAULT_METADATA_CACHE: usize = 256 << 20;
 
 /// Mutable state behind the pool's main lock.
 pub(crate) struct Inner {
@@ -92,7 +99,11 @@ pub struct PendingStatus {
 pub(crate) struct CommitCtl {
     pub sb: Superblock,
     pub journal: JournalCursor,
+    /// Where the last checkpoint's catalog is (freed by the next one).
     pub checkpoint_pieces: Vec<(Pba, u64)>,
+    /// Node blocks the last checkpoint wrote that the trees replaced
+    /// before it was adopted: free once the next checkpoint is durable.
+    pub next_release: Freed,
     /// Notes from open (an invalid superblock copy, say) for status/check.
     pub notes: Vec<String>,
 }

@@ -1,24 +1,30 @@
 //! Creating a pool on devices, and opening one: pick the current superblock,
-//! load the checkpoint, replay the journal, rebuild free space from the map.
+//! open the trees the catalog names (no map is read), put the space maps
+//! right, replay the journal. A pool of format 1 (whole-state checkpoints)
+//! opens only to be upgraded: read whole, free space rebuilt from its map.
 
 use crate::device::label::{read_label, write_both_labels};
 use crate::device::Device;
 use crate::error::{EngineError, Result};
+use crate::device::node_io::DeviceNodeIo;
 use crate::map::extent_map::{Freed, Ranges};
 use crate::map::state::State;
 use crate::members::mirror::{Leg, LegHealth, MirrorDevice};
-use crate::meta::checkpoint;
 use crate::meta::journal::{self, JournalCursor};
-use crate::pool::{CommitCtl, Counters, Inner, OpenOptions, Pool, STRIPES};
+use crate::meta::{catalog, checkpoint};
+use crate::pool::{CommitCtl, Counters, Inner, OpenOptions, Pool, DEFAULT_METADATA_CACHE, STRIPES};
 use crate::space::placement::Linear;
-use crate::space::{reserve_for, DeviceSpace, Space};
+use crate::space::{reserve_for, Space};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
 use tarn_format::leg::LegLabel;
 use tarn_format::superblock::{
     incompat, DeviceEntry, LegEntry, LegState, Superblock, FORMAT_VERSION, LABEL_BLOCKS, MAX_DEVICE_ENTRIES, MAX_LEGS,
 };
+use tarn_format::catalog::Catalog;
+use tarn_format::ops::Op;
 use tarn_format::{Pba, BLOCK_SIZE};
+use tarn_store::Store;
 
 /// Journal records a replay reads at most (bounds the loop).
 const MAX_REPLAY_RECORDS: usize = 1 << 24;
@@ -250,9 +256,9 @@ impl Pool {
                 verify_member(&sb, i, dev.as_ref())?;
             }
         }
-        let (mut state, pieces, seq) = load_checkpoint(&devices, &sb)?;
-        let (cursor, replayed) = replay_journal(primary.as_ref(), &sb, seq, &mut state)?;
-        let space = build_space(&devices, &sb, &state, &pieces)?;
+        let loaded = load(&devices, &sb, &options)?;
+        let (state, mut space, pieces, cursor, replayed) = loaded;
+        space.reserve_blocks = reserve_for(state.extent_count(), space.data_blocks());
         let mut notes = asm.notes;
         if let Some(why) = label.other_invalid {
             log::warn!(
@@ -288,7 +294,7 @@ impl Pool {
         );
         let crashed_regions = state.open_regions.clone();
         let read_only = options.read_only;
-        let ctl = CommitCtl { sb, journal: cursor, checkpoint_pieces: pieces, notes };
+        let ctl = CommitCtl { sb, journal: cursor, checkpoint_pieces: pieces, next_release: Vec::new(), notes };
         let pool = Pool::new(devices, mirrors, state, space, ctl, options);
         let notes = pool.mark_open()?;
         pool.lock_commit().notes.extend(notes);
@@ -359,13 +365,88 @@ impl Pool {
     }
 }
 
+/// What opening loads: state, space, the catalog's (or format 1
+/// checkpoint's) blocks, the journal cursor, records replayed.
+type Loaded = (State, Space, Ranges, JournalCursor, usize);
+
+/// Read the pool's metadata as its format says.
+fn load(devices: &[Arc<dyn Device>], sb: &Superblock, options: &OpenOptions) -> Result<Loaded> {
+    let cache = if options.metadata_cache == 0 { DEFAULT_METADATA_CACHE } else { options.metadata_cache };
+    let io = Arc::new(DeviceNodeIo::new(devices.to_vec()));
+    let store = Arc::new(Store::new(io, cache).map_err(|e| EngineError::InvalidArgument(format!("metadata cache: {e}")))?);
+    let areas = data_areas(devices, sb)?;
+    match sb.version {
+        FORMAT_VERSION => load_catalog(devices, sb, store, &areas),
+        1 if options.upgrade && !options.read_only => load_format1(devices, sb, store, &areas),
+        version => Err(EngineError::NeedsUpgrade { device: devices[0].name(), version }),
+    }
+}
+
+/// Per device, its data area: first block, one past the last.
+fn data_areas(devices: &[Arc<dyn Device>], sb: &Superblock) -> Result<Vec<(u64, u64)>> {
+    let mut areas = Vec::with_capacity(devices.len());
+    for (i, dev) in devices.iter().enumerate() {
+        let start = if i == 0 { sb.data_start } else { LABEL_BLOCKS };
+        let end = sb.devices.get(i).map_or(0, |d| d.blocks);
+        if end < start {
+            // Only a damaged superblock (device table) says so.
+            let detail = format!("data area {start}..{end} ends before it starts");
+            return Err(EngineError::NotAPool { device: dev.name(), detail });
+        }
+        areas.push((start, end));
+    }
+    Ok(areas)
+}
+
+/// Format 2: the catalog, the trees opened at their roots, the space maps
+/// put right, the journal replayed on top.
+fn load_catalog(devices: &[Arc<dyn Device>], sb: &Superblock, store: Arc<Store>, areas: &[(u64, u64)]) -> Result<Loaded> {
+    let primary = devices[0].name();
+    let not_a_pool = |detail: String| EngineError::NotAPool { device: primary.clone(), detail };
+    let (mut state, mut space, pieces) = if sb.first_segment().is_none() {
+        (State::new(store.clone()), Space::new(store, areas)?, Vec::new())
+    } else {
+        let (payload, pieces) = checkpoint::read(devices, &sb.checkpoint)?;
+        let c = Catalog::decode(&payload).map_err(|source| EngineError::Corrupt {
+            what: "catalog",
+            device: primary.clone(),
+            source,
+        })?;
+        if c.seq != sb.checkpoint.seq {
+            return Err(not_a_pool(format!("catalog seq {} != superblock's {}", c.seq, sb.checkpoint.seq)));
+        }
+        let state = catalog::open_state(&c, store.clone()).map_err(|e| not_a_pool(e.to_string()))?;
+        let space = catalog::open_space(&c, store, areas, &pieces).map_err(|e| not_a_pool(e.to_string()))?;
+        (state, space, pieces)
+    };
+    let (cursor, replayed) = replay_journal(devices[0].as_ref(), sb, sb.checkpoint.seq, &mut state, Some(&mut space))?;
+    Ok((state, space, pieces, cursor, replayed))
+}
+
+/// Format 1, for an upgrade: the whole state, free space rebuilt from it.
+fn load_format1(devices: &[Arc<dyn Device>], sb: &Superblock, store: Arc<Store>, areas: &[(u64, u64)]) -> Result<Loaded> {
+    let (mut state, pieces, seq) = load_checkpoint(devices, sb, store.clone())?;
+    let (cursor, replayed) = replay_journal(devices[0].as_ref(), sb, seq, &mut state, None)?;
+    let mut used = state.physical_extents()?;
+    used.extend(pieces.iter().copied());
+    used.sort_unstable();
+    let mut space = Space::new(store, areas)?;
+    for (pba, len) in used {
+        space.claim(pba, len).map_err(|e| EngineError::Inconsistent(format!("format 1 pool: {e}")))?;
+    }
+    Ok((state, space, pieces, cursor, replayed))
+}
+
 /// Apply the journal's records after the checkpoint (`seq`) to `state`;
 /// returns the cursor after the last valid record and how many there were.
+/// With `space` (format 2), new space the records map is claimed and what
+/// they release is given back, record by record as the live pool did.
 fn replay_journal(
     primary: &dyn Device,
     sb: &Superblock,
     seq: u64,
     state: &mut State,
+    mut space: Option<&mut Space>,
 ) -> Result<(JournalCursor, usize)> {
     let mut cursor = JournalCursor {
         start: sb.journal_start,
@@ -375,29 +456,46 @@ fn replay_journal(
         seq,
     };
     let records = journal::replay(primary, &mut cursor, MAX_REPLAY_RECORDS)?;
-    let mut sink = Freed::new();
     for rec in &records {
         let bad = |detail: String| EngineError::NotAPool {
             device: primary.name(),
             detail: format!("journal record {} does not apply: {detail}", rec.seq),
         };
+        let mut freed = Freed::new();
         for op in &rec.ops {
-            state.apply(op, &mut sink).map_err(|e| bad(e.to_string()))?;
+            if let Some(space) = space.as_deref_mut() {
+                claim_new_space(space, op).map_err(|e| bad(e.to_string()))?;
+            }
+            state.apply(op, &mut freed).map_err(|e| bad(e.to_string()))?;
         }
         // Only snapshot ops move the epoch; the record states where it ended.
         if state.epoch != rec.epoch {
             return Err(bad(format!("epoch {} after replay, record says {}", state.epoch, rec.epoch)));
         }
+        if let Some(space) = space.as_deref_mut() {
+            for (pba, len) in freed {
+                space.give_back(pba, len).map_err(|e| bad(e.to_string()))?;
+            }
+        }
     }
     Ok((cursor, records.len()))
 }
 
-fn load_checkpoint(devices: &[Arc<dyn Device>], sb: &Superblock) -> Result<(State, Ranges, u64)> {
+/// The new space an op maps, marked used.
+fn claim_new_space(space: &mut Space, op: &Op) -> std::result::Result<(), tarn_store::StoreError> {
+    match *op {
+        Op::Map { pba, len, .. } if !Pba(pba).is_origin() => space.claim(Pba(pba), len),
+        Op::Materialize { pba, len, .. } if pba != 0 => space.claim(Pba(pba), len),
+        _ => Ok(()),
+    }
+}
+
+/// A format 1 checkpoint: the whole state in its payload.
+fn load_checkpoint(devices: &[Arc<dyn Device>], sb: &Superblock, store: Arc<Store>) -> Result<(State, Ranges, u64)> {
     if sb.first_segment().is_none() {
-        return Ok((State::default(), Vec::new(), sb.checkpoint.seq));
+        return Ok((State::new(store), Vec::new(), sb.checkpoint.seq));
     }
     let (payload, pieces) = checkpoint::read(devices, &sb.checkpoint)?;
-    let store = Arc::new(tarn_store::Store::memory());
     let (state, seq) = checkpoint::decode_state(&payload, store).map_err(|detail| EngineError::NotAPool {
         device: devices[0].name(),
         detail: format!("checkpoint: {detail}"),
@@ -409,32 +507,4 @@ fn load_checkpoint(devices: &[Arc<dyn Device>], sb: &Superblock) -> Result<(Stat
         });
     }
     Ok((state, pieces, seq))
-}
-
-/// Everything not referenced by the map or the checkpoint is free.
-fn build_space(devices: &[Arc<dyn Device>], sb: &Superblock, state: &State, pieces: &[(Pba, u64)]) -> Result<Space> {
-    let mut used: Vec<Vec<(u64, u64)>> = vec![Vec::new(); devices.len()];
-    let mut add = |pba: Pba, len: u64| -> Result<()> {
-        let list = used
-            .get_mut(usize::from(pba.device()))
-            .ok_or_else(|| EngineError::Inconsistent(format!("extent {pba} on unknown device")))?;
-        list.push((pba.block(), len));
-        Ok(())
-    };
-    for (pba, len) in state.physical_extents()? {
-        add(pba, len)?;
-    }
-    for &(pba, len) in pieces {
-        add(pba, len)?;
-    }
-    let mut space = Space { devices: Vec::new(), reserve_blocks: 0 };
-    for (i, list) in used.iter_mut().enumerate() {
-        let start = if i == 0 { sb.data_start } else { LABEL_BLOCKS };
-        let end = sb.devices[i].blocks;
-        let ds = DeviceSpace::from_used(start, end, list)
-            .map_err(|e| EngineError::Inconsistent(format!("device {}: {e}", devices[i].name())))?;
-        space.devices.push(ds);
-    }
-    space.reserve_blocks = reserve_for(state.extent_count(), space.data_blocks());
-    Ok(space)
 }

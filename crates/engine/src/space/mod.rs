@@ -1,146 +1,70 @@
-//! Free space: per device, the free block ranges, and a next-fit cursor.
+//! Free space: per device, a [`SpaceMap`] (free ranges on a tree of the
+//! metadata store, persisted by every checkpoint) with a next-fit cursor.
 //!
-//! The space map is not persisted: at open it is rebuilt from the map and the
-//! checkpoint's own segments (everything not referenced is free), so it can
-//! never disagree with the map it serves. Running out is a value (`None`).
+//! Opening a pool reads the space maps as the last checkpoint froze them
+//! and puts them right with the catalog's block lists (see
+//! `meta/catalog.rs`); it never walks the volume maps. Running out is a
+//! value (`None`); a double free or a free outside the data area is a
+//! typed error (damaged metadata), never a panic.
 
 pub mod placement;
 
+use crate::map::extent_map::tree_id;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use tarn_format::{Pba, BLOCK_SIZE};
+use tarn_store::{SpaceMap, Store, StoreError};
 
-#[derive(Debug, Clone, Default)]
-pub struct DeviceSpace {
-    /// start block -> length, non-overlapping, never adjacent (coalesced).
-    free: BTreeMap<u64, u64>,
-    free_blocks: u64,
-    /// First block that holds pool data (after labels and journal).
-    pub data_start: u64,
-    /// One past the last usable block.
-    pub data_end: u64,
-    cursor: u64,
-}
-
-impl DeviceSpace {
-    /// A device whose data area is entirely free.
-    pub fn new(data_start: u64, data_end: u64) -> DeviceSpace {
-        let mut s = DeviceSpace { data_start, data_end, cursor: data_start, ..Default::default() };
-        if data_end > data_start {
-            s.free.insert(data_start, data_end - data_start);
-            s.free_blocks = data_end - data_start;
-        }
-        s
-    }
-
-    /// Build from the sorted-or-not list of used ranges.
-    pub fn from_used(data_start: u64, data_end: u64, used: &mut [(u64, u64)]) -> Result<DeviceSpace, String> {
-        if data_end < data_start {
-            // Only a damaged superblock (device table) says so.
-            return Err(format!("data area {data_start}..{data_end} ends before it starts"));
-        }
-        used.sort_unstable();
-        let mut s = DeviceSpace { data_start, data_end, cursor: data_start, ..Default::default() };
-        let mut pos = data_start;
-        for &(start, len) in used.iter() {
-            if start < pos || start + len > data_end {
-                return Err(format!("blocks {start}+{len} overlap other data or lie outside {data_start}..{data_end}"));
-            }
-            if start > pos {
-                s.free.insert(pos, start - pos);
-                s.free_blocks += start - pos;
-            }
-            pos = start + len;
-        }
-        if pos < data_end {
-            s.free.insert(pos, data_end - pos);
-            s.free_blocks += data_end - pos;
-        }
-        Ok(s)
-    }
-
-    pub fn free_blocks(&self) -> u64 {
-        self.free_blocks
-    }
-
-    pub fn data_blocks(&self) -> u64 {
-        self.data_end - self.data_start
-    }
-
-    pub fn free_ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.free.iter().map(|(s, l)| (*s, *l))
-    }
-
-    /// Take up to `want` blocks, next-fit from the cursor, in at most
-    /// `max_pieces` ranges. Returns what it took (possibly less than asked).
-    pub fn take(&mut self, want: u64, max_pieces: usize, out: &mut Vec<(u64, u64)>) -> u64 {
-        let mut got = 0;
-        for _pass in 0..2 {
-            while got < want && out.len() < max_pieces {
-                let Some((&start, &len)) = self.free.range(self.cursor..).next() else {
-                    break;
-                };
-                let n = len.min(want - got);
-                self.free.remove(&start);
-                if n < len {
-                    self.free.insert(start + n, len - n);
-                }
-                self.free_blocks -= n;
-                out.push((start, n));
-                got += n;
-                self.cursor = start + n;
-            }
-            if got == want {
-                break;
-            }
-            self.cursor = self.data_start;
-        }
-        got
-    }
-
-    /// Return [start, start+len) to the free set, coalescing with neighbours.
-    pub fn give_back(&mut self, start: u64, len: u64) {
-        assert!(
-            len > 0 && start >= self.data_start && start + len <= self.data_end,
-            "free of {start}+{len} outside data area"
-        );
-        let mut s = start;
-        let mut l = len;
-        if let Some((&ps, &pl)) = self.free.range(..start).next_back() {
-            assert!(ps + pl <= start, "double free: {start}+{len} overlaps free {ps}+{pl}");
-            if ps + pl == start {
-                self.free.remove(&ps);
-                s = ps;
-                l += pl;
-            }
-        }
-        if let Some((&ns, &nl)) = self.free.range(start..).next() {
-            assert!(ns >= start + len, "double free: {start}+{len} overlaps free {ns}+{nl}");
-            if ns == start + len {
-                self.free.remove(&ns);
-                l += nl;
-            }
-        }
-        self.free.insert(s, l);
-        self.free_blocks += len;
-    }
-}
+type Result<T> = std::result::Result<T, StoreError>;
 
 /// The pool's free space over all its devices.
-#[derive(Debug, Clone, Default)]
 pub struct Space {
-    pub devices: Vec<DeviceSpace>,
+    pub store: Arc<Store>,
+    pub devices: Vec<SpaceMap>,
     /// Blocks user writes may not take: kept for metadata (checkpoints) so
     /// that TRIM, deletes and commits still work when the pool is full.
     pub reserve_blocks: u64,
+    /// Data blocks allocated to writes whose map entry is not applied yet
+    /// (first block -> length): a checkpoint records them, since its frozen
+    /// space maps show them used while its maps do not reference them.
+    pub inflight: BTreeMap<u64, u64>,
+    /// Space-map node blocks changes replaced (free after the next checkpoint).
+    pub superseded: Vec<Pba>,
+    /// Per device, where metadata allocation goes on (next-fit, apart
+    /// from the data cursor: nodes written at a checkpoint do not cut
+    /// into a sequential stream of data).
+    meta_cursor: Vec<u64>,
+}
+
+impl std::fmt::Debug for Space {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Space({} devices, {} free)", self.devices.len(), self.free_blocks())
+    }
 }
 
 impl Space {
+    /// Devices whose data areas (first block, one past the last) are all free.
+    pub fn new(store: Arc<Store>, areas: &[(u64, u64)]) -> Result<Space> {
+        let mut devices = Vec::with_capacity(areas.len());
+        for (i, &(start, end)) in areas.iter().enumerate() {
+            devices.push(SpaceMap::new(&store, tree_id::space(i as u16), i as u16, start, end)?);
+        }
+        Ok(Space::with_maps(store, devices))
+    }
+
+    /// Over space maps opened from a checkpoint.
+    pub fn with_maps(store: Arc<Store>, devices: Vec<SpaceMap>) -> Space {
+        // Metadata starts at seven eighths of each data area.
+        let meta_cursor = devices.iter().map(|d| d.data_end - (d.data_end - d.data_start) / 8).collect();
+        Space { store, devices, reserve_blocks: 0, inflight: BTreeMap::new(), superseded: Vec::new(), meta_cursor }
+    }
+
     pub fn free_blocks(&self) -> u64 {
-        self.devices.iter().map(|d| d.free_blocks()).sum()
+        self.devices.iter().map(|d| d.free_blocks).sum()
     }
 
     pub fn data_blocks(&self) -> u64 {
-        self.devices.iter().map(|d| d.data_blocks()).sum()
+        self.devices.iter().map(|d| d.data_end - d.data_start).sum()
     }
 
     /// Free blocks user data may still take.
@@ -148,29 +72,84 @@ impl Space {
         self.free_blocks().saturating_sub(self.reserve_blocks)
     }
 
-    /// Take exactly `want` blocks from one device (user data respects the
-    /// reserve, metadata may use it), or nothing.
-    pub fn allocate_on(&mut self, device: usize, want: u64, for_metadata: bool) -> Option<Vec<(Pba, u64)>> {
-        let limit = if for_metadata { self.free_blocks() } else { self.available_blocks() };
-        if want > limit || self.devices.get(device)?.free_blocks() < want {
-            return None;
-        }
-        let mut out = Vec::new();
-        let got = self.devices[device].take(want, usize::MAX, &mut out);
-        assert_eq!(got, want, "device free count disagrees with its ranges");
-        Some(out.into_iter().map(|(b, l)| (Pba::new(device as u16, b), l)).collect())
+    /// The device with the most free space.
+    pub fn roomiest(&self) -> Option<usize> {
+        (0..self.devices.len()).max_by_key(|&d| self.devices[d].free_blocks)
     }
 
-    pub fn give_back(&mut self, pba: Pba, len: u64) {
-        let dev = usize::from(pba.device());
-        assert!(dev < self.devices.len(), "free on unknown device {dev}");
-        self.devices[dev].give_back(pba.block(), len);
+    /// Take exactly `want` blocks from one device (user data respects the
+    /// reserve, metadata may use it), or nothing (`Ok(None)`).
+    pub fn allocate_on(&mut self, device: usize, want: u64, for_metadata: bool) -> Result<Option<Vec<(Pba, u64)>>> {
+        let limit = if for_metadata { self.free_blocks() } else { self.available_blocks() };
+        let Some(dev) = self.devices.get_mut(device) else { return Ok(None) };
+        if want > limit || dev.free_blocks < want {
+            return Ok(None);
+        }
+        let mut out = Vec::new();
+        let got = dev.take(&self.store, want, usize::MAX, &mut out, &mut self.superseded)?;
+        if got != want {
+            let what = format!("space map took {got} of {want} blocks it counted free");
+            return Err(StoreError::Invalid { pba: Pba(0), tree: dev.tree.id, what });
+        }
+        Ok(Some(out))
+    }
+
+    /// Space for metadata (node blocks, catalog segments): may use the
+    /// reserve, taken next-fit from the metadata cursor.
+    pub fn allocate_metadata(&mut self, device: usize, want: u64) -> Result<Option<Vec<(Pba, u64)>>> {
+        let Some(&at) = self.meta_cursor.get(device) else { return Ok(None) };
+        let data_cursor = std::mem::replace(&mut self.devices[device].cursor, at);
+        let got = self.allocate_on(device, want, true);
+        self.meta_cursor[device] = std::mem::replace(&mut self.devices[device].cursor, data_cursor);
+        got
+    }
+
+    /// Space for new data: recorded as in flight until [`Space::settle`].
+    pub fn allocate_data(&mut self, device: usize, want: u64) -> Result<Option<Vec<(Pba, u64)>>> {
+        let got = self.allocate_on(device, want, false)?;
+        for &(pba, len) in got.iter().flatten() {
+            self.inflight.insert(pba.0, len);
+        }
+        Ok(got)
+    }
+
+    /// A piece from [`Space::allocate_data`] is mapped or given back.
+    pub fn settle(&mut self, pba: Pba) {
+        self.inflight.remove(&pba.0);
+    }
+
+    pub fn give_back(&mut self, pba: Pba, len: u64) -> Result<()> {
+        self.device_mut(pba)?;
+        let dev = &mut self.devices[usize::from(pba.device())];
+        dev.give_back(&self.store, pba.block(), len, &mut self.superseded)
+    }
+
+    /// Mark a range used that the space map shows free (opening: a
+    /// checkpoint's own blocks, blocks replayed maps use).
+    pub fn claim(&mut self, pba: Pba, len: u64) -> Result<()> {
+        self.device_mut(pba)?;
+        let dev = &mut self.devices[usize::from(pba.device())];
+        dev.claim(&self.store, pba.block(), len, &mut self.superseded)
+    }
+
+    fn device_mut(&mut self, pba: Pba) -> Result<&mut SpaceMap> {
+        let n = self.devices.len();
+        self.devices.get_mut(usize::from(pba.device())).ok_or_else(|| StoreError::Invalid {
+            pba,
+            tree: tree_id::space(pba.device()),
+            what: format!("block on device {} of a pool of {n}", pba.device()),
+        })
+    }
+
+    /// Every device's free ranges (walks the space maps).
+    pub fn free_ranges(&self, device: usize) -> Result<Vec<(u64, u64)>> {
+        self.devices[device].verify(&self.store)
     }
 }
 
-/// Blocks kept free for metadata: room for two checkpoints of the current
-/// map (the new one is written before the old one is freed) plus slack of
-/// 1/32 of the pool, at most 4 MiB.
+/// Blocks kept free for metadata: room for three checkpoints of the
+/// current map (the new one is written before the old one is freed) plus
+/// slack of 1/32 of the pool, at most 4 MiB.
 pub(crate) fn reserve_for(extents: usize, data_blocks: u64) -> u64 {
     let checkpoint_blocks = (extents as u64 * 24).div_ceil(BLOCK_SIZE) + 4;
     (data_blocks / 32).clamp(16, 1024) + 3 * checkpoint_blocks
@@ -180,64 +159,39 @@ pub(crate) fn reserve_for(extents: usize, data_blocks: u64) -> u64 {
 mod tests {
     use super::*;
 
-    /// Found by fuzz/engine_open: a device table entry smaller than the
-    /// data start gave a reversed data area, and `data_blocks` underflowed.
-    #[test]
-    fn reversed_data_area_is_an_error() {
-        let err = DeviceSpace::from_used(48, 40, &mut []).err().unwrap();
-        assert!(err.contains("ends before it starts"), "{err}");
-        let empty = DeviceSpace::from_used(48, 48, &mut []).unwrap();
-        assert_eq!(empty.data_blocks(), 0);
-    }
-
-    #[test]
-    fn take_and_give_back_keep_counts_and_coalesce() {
-        let mut d = DeviceSpace::new(10, 110);
-        let mut out = vec![];
-        assert_eq!(d.take(30, 10, &mut out), 30);
-        assert_eq!(out, vec![(10, 30)]);
-        d.give_back(15, 5);
-        out.clear();
-        assert_eq!(d.take(10, 10, &mut out), 10);
-        assert_eq!(out, vec![(40, 10)], "next-fit continues after the cursor");
-        d.give_back(10, 5);
-        d.give_back(20, 20);
-        d.give_back(40, 10);
-        assert_eq!(d.free_blocks(), 100);
-        assert_eq!(d.free_ranges().collect::<Vec<_>>(), vec![(10, 100)]);
-    }
-
-    #[test]
-    fn take_wraps_around_and_reports_shortage() {
-        let mut d = DeviceSpace::new(0, 10);
-        let mut out = vec![];
-        d.take(8, 10, &mut out);
-        d.give_back(2, 2);
-        out.clear();
-        assert_eq!(d.take(5, 10, &mut out), 4);
-        assert_eq!(out, vec![(8, 2), (2, 2)]);
-    }
-
-    #[test]
-    #[should_panic(expected = "double free")]
-    fn double_free_is_caught() {
-        let mut d = DeviceSpace::new(0, 10);
-        d.give_back(3, 1);
-    }
-
-    #[test]
-    fn from_used_rejects_overlap() {
-        assert!(DeviceSpace::from_used(0, 100, &mut [(5, 10), (10, 2)]).is_err());
-        let s = DeviceSpace::from_used(0, 100, &mut [(50, 10), (5, 10)]).unwrap();
-        assert_eq!(s.free_blocks(), 80);
+    fn space(areas: &[(u64, u64)]) -> Space {
+        Space::new(Arc::new(Store::memory()), areas).unwrap()
     }
 
     #[test]
     fn reserve_holds_back_user_writes_not_metadata() {
-        let mut s = Space { devices: vec![DeviceSpace::new(0, 100)], reserve_blocks: 20 };
-        assert!(s.allocate_on(0, 81, false).is_none());
-        assert!(s.allocate_on(0, 80, false).is_some());
-        assert!(s.allocate_on(0, 1, false).is_none());
-        assert!(s.allocate_on(0, 20, true).is_some());
+        let mut s = space(&[(0, 100)]);
+        s.reserve_blocks = 20;
+        assert!(s.allocate_on(0, 81, false).unwrap().is_none());
+        assert!(s.allocate_on(0, 80, false).unwrap().is_some());
+        assert!(s.allocate_on(0, 1, false).unwrap().is_none());
+        assert!(s.allocate_on(0, 20, true).unwrap().is_some());
+    }
+
+    #[test]
+    fn data_in_flight_is_tracked_until_settled() {
+        let mut s = space(&[(10, 110), (10, 50)]);
+        assert_eq!(s.roomiest(), Some(0));
+        let got = s.allocate_data(0, 30).unwrap().unwrap();
+        assert_eq!(got, vec![(Pba::new(0, 10), 30)]);
+        assert_eq!(s.inflight.len(), 1);
+        s.settle(got[0].0);
+        assert!(s.inflight.is_empty());
+        s.give_back(Pba::new(0, 15), 5).unwrap();
+        assert_eq!(s.free_blocks(), 70 + 40);
+    }
+
+    #[test]
+    fn double_free_and_unknown_device_are_errors_not_panics() {
+        let mut s = space(&[(0, 10)]);
+        assert!(s.give_back(Pba::new(0, 3), 1).is_err(), "double free");
+        assert!(s.give_back(Pba::new(5, 3), 1).is_err(), "unknown device");
+        assert!(s.claim(Pba::new(0, 3), 2).is_ok());
+        assert!(s.claim(Pba::new(0, 3), 2).is_err(), "claimed twice");
     }
 }

@@ -4,12 +4,14 @@
 
 use crate::space::Space;
 use tarn_format::Pba;
+use tarn_store::StoreError;
 
 pub trait Placement: Send + Sync {
     fn name(&self) -> &'static str;
     /// Choose `len` new physical blocks for logical blocks [lba, lba+len) of
-    /// `volume`. `None` means the pool cannot hold them.
-    fn place(&mut self, space: &mut Space, volume: u32, lba: u64, len: u64) -> Option<Vec<(Pba, u64)>>;
+    /// `volume`. `Ok(None)` means the pool cannot hold them.
+    fn place(&mut self, space: &mut Space, volume: u32, lba: u64, len: u64)
+        -> Result<Option<Vec<(Pba, u64)>>, StoreError>;
 }
 
 /// Next-fit from a moving cursor on the device with the most free space
@@ -24,8 +26,14 @@ impl Placement for Linear {
         "linear"
     }
 
-    fn place(&mut self, space: &mut Space, _volume: u32, _lba: u64, len: u64) -> Option<Vec<(Pba, u64)>> {
-        let device = (0..space.devices.len()).max_by_key(|&d| space.devices[d].free_blocks())?;
-        space.allocate_on(device, len, false)
+    fn place(
+        &mut self,
+        space: &mut Space,
+        _volume: u32,
+        _lba: u64,
+        len: u64,
+    ) -> Result<Option<Vec<(Pba, u64)>>, StoreError> {
+        let Some(device) = space.roomiest() else { return Ok(None) };
+        space.allocate_data(device, len)
     }
 }

@@ -127,6 +127,7 @@ impl Pool {
         }
         let mut ops = Vec::new();
         for p in &fresh {
+            inner.space.settle(p.pba);
             ops.push(Op::Materialize { vol: id, snap: m.snap, lba: p.lba, len: p.len, pba: p.pba.0 });
             let at = ((p.lba - m.lba) as usize) * bs;
             ops.extend(self.sums_op(p.pba, &data[at..at + p.len as usize * bs]));

@@ -1,0 +1,311 @@
+//! Store checkpoints (format 2): every tree of the pool (volume heads,
+//! snapshot dead lists, data checksums, each device's free space) is
+//! written copy-on-write, only the nodes changed since the last
+//! checkpoint, and a catalog (docs/FORMAT.md *Catalog*) records their
+//! roots beside the volume and snapshot lists. Three steps, so writers
+//! wait only for the first and the last, each O(trees):
+//!
+//! 1. [`freeze`] under the pool lock: a second reference to every root,
+//!    and the node blocks changes replaced since the last freeze;
+//! 2. [`FrozenPool::write`] with no pool lock: the dirty nodes, children
+//!    first, to blocks the commit allocates from the live space maps;
+//! 3. [`adopt`] under the pool lock once the superblock is durable: the
+//!    nodes written become clean in the live trees.
+//!
+//! Opening reads the catalog, opens each tree at its root (nodes are read
+//! on demand), and puts the space maps right ([`open_space`]).
+
+use crate::error::StateError;
+use crate::map::extent_map::{tree_id, ExtentMap, MapCounts};
+use crate::map::state::{validate_name, Origin, Snapshot, State, Volume, MAX_CLONE_DEPTH};
+use crate::map::sums::BlockSums;
+use crate::space::Space;
+use std::collections::HashMap;
+use std::sync::Arc;
+use tarn_format::catalog::{Catalog, MapRecord, Root, SnapshotEntry, SpaceEntry, VolumeEntry};
+use tarn_format::node::{ExtentValue, LeafValue, RangeValue, SumsValue};
+use tarn_format::{Pba, BLOCK_SIZE};
+use tarn_store::{Frozen, NodeAlloc, RootRef, SpaceMap, Store, StoreError, Written};
+
+type Result<T> = std::result::Result<T, StateError>;
+
+/// A volume map as frozen, with the counts the catalog records.
+pub(crate) struct FrozenMap {
+    tree: u64,
+    frozen: Frozen<ExtentValue>,
+    counts: MapCounts,
+}
+
+struct FrozenSnapshot {
+    epoch: u64,
+    size: u64,
+    created: u64,
+    referenced: u64,
+    name: String,
+    dead: FrozenMap,
+}
+
+struct FrozenVolume {
+    id: u32,
+    size: u64,
+    name: String,
+    origin: Option<(u32, u64)>,
+    head: FrozenMap,
+    snapshots: Vec<FrozenSnapshot>,
+}
+
+struct FrozenSpace {
+    frozen: Frozen<RangeValue>,
+    free_blocks: u64,
+    cursor: u64,
+}
+
+/// The pool's trees as they were at one instant (step 1).
+pub(crate) struct FrozenPool {
+    pub seq: u64,
+    epoch: u64,
+    next_volume_id: u32,
+    volumes: Vec<FrozenVolume>,
+    sums: Frozen<SumsValue>,
+    spaces: Vec<FrozenSpace>,
+    /// Node blocks replaced before the freeze: free once this checkpoint is durable.
+    pub superseded: Vec<Pba>,
+    /// Data blocks allocated to writes not mapped at the freeze.
+    pub inflight: Vec<(Pba, u64)>,
+}
+
+fn freeze_map(map: &ExtentMap, superseded: &mut Vec<Pba>, taken: Vec<Pba>) -> FrozenMap {
+    superseded.extend(taken);
+    FrozenMap { tree: map.tree_id(), frozen: map.freeze(), counts: map.counts() }
+}
+
+/// Step 1, under the pool lock (O(trees)).
+pub(crate) fn freeze(state: &mut State, space: &mut Space, seq: u64) -> FrozenPool {
+    let mut superseded = Vec::new();
+    let mut volumes = Vec::with_capacity(state.volumes.len());
+    for v in state.volumes.values_mut() {
+        let taken = v.map.take_superseded();
+        let head = freeze_map(&v.map, &mut superseded, taken);
+        let mut snapshots = Vec::with_capacity(v.snapshots.len());
+        for s in v.snapshots.iter_mut() {
+            let taken = s.dead.take_superseded();
+            let dead = freeze_map(&s.dead, &mut superseded, taken);
+            let (epoch, size, created, referenced, name) = (s.epoch, s.size, s.created, s.referenced, s.name.clone());
+            snapshots.push(FrozenSnapshot { epoch, size, created, referenced, name, dead });
+        }
+        let origin = v.origin.map(|o| (o.vol, o.epoch));
+        volumes.push(FrozenVolume { id: v.id, size: v.size, name: v.name.clone(), origin, head, snapshots });
+    }
+    superseded.append(&mut state.retired_nodes);
+    superseded.extend(state.sums.take_superseded());
+    superseded.append(&mut space.superseded);
+    let spaces = space
+        .devices
+        .iter()
+        .map(|d| FrozenSpace { frozen: d.tree.freeze(), free_blocks: d.free_blocks, cursor: d.cursor })
+        .collect();
+    FrozenPool {
+        seq,
+        epoch: state.epoch,
+        next_volume_id: state.next_volume_id,
+        volumes,
+        sums: state.sums.tree().freeze(),
+        spaces,
+        superseded,
+        inflight: space.inflight.iter().map(|(&pba, &len)| (Pba(pba), len)).collect(),
+    }
+}
+
+/// What step 2 wrote, per tree id.
+pub(crate) type WrittenTrees = HashMap<u64, Written>;
+
+fn root(r: RootRef) -> Root {
+    Root { pba: r.pba.0, crc: r.crc, level: r.level }
+}
+
+fn write_tree<V: LeafValue>(
+    store: &Store,
+    alloc: &mut dyn NodeAlloc,
+    frozen: &Frozen<V>,
+    tree: u64,
+    generation: u64,
+    out: &mut WrittenTrees,
+) -> std::result::Result<Root, StoreError> {
+    let written = out.entry(tree).or_default();
+    Ok(root(frozen.write(store, alloc, generation, written)?))
+}
+
+impl FrozenPool {
+    /// Step 2, with no pool lock: write every dirty node; returns the
+    /// catalog (block lists left for the caller) and what was written.
+    pub fn write(&self, store: &Store, alloc: &mut dyn NodeAlloc) -> Result<(Catalog, WrittenTrees)> {
+        let generation = self.seq;
+        let mut out = WrittenTrees::new();
+        let mut map = |m: &FrozenMap, out: &mut WrittenTrees| -> std::result::Result<MapRecord, StoreError> {
+            let root = write_tree(store, alloc, &m.frozen, m.tree, generation, out)?;
+            let c = m.counts;
+            Ok(MapRecord { root, mapped_blocks: c.mapped_blocks, origin_blocks: c.origin_blocks, extents: c.extents })
+        };
+        let mut volumes = Vec::with_capacity(self.volumes.len());
+        for v in &self.volumes {
+            let head = map(&v.head, &mut out)?;
+            let mut snapshots = Vec::with_capacity(v.snapshots.len());
+            for s in &v.snapshots {
+                let dead = map(&s.dead, &mut out)?;
+                let (epoch, size, created, referenced) = (s.epoch, s.size, s.created, s.referenced);
+                snapshots.push(SnapshotEntry { epoch, size, created, referenced, name: s.name.clone(), dead });
+            }
+            volumes.push(VolumeEntry { id: v.id, size: v.size, name: v.name.clone(), origin: v.origin, head, snapshots });
+        }
+        let sums = write_tree(store, alloc, &self.sums, tree_id::SUMS, generation, &mut out)?;
+        let mut spaces = Vec::with_capacity(self.spaces.len());
+        for (i, s) in self.spaces.iter().enumerate() {
+            let root = write_tree(store, alloc, &s.frozen, tree_id::space(i as u16), generation, &mut out)?;
+            spaces.push(SpaceEntry { root, free_blocks: s.free_blocks, cursor: s.cursor });
+        }
+        let catalog = Catalog {
+            seq: self.seq,
+            epoch: self.epoch,
+            next_volume_id: self.next_volume_id,
+            generation,
+            spaces,
+            sums,
+            volumes,
+            ..Default::default()
+        };
+        Ok((catalog, out))
+    }
+}
+
+/// Step 3, under the pool lock, once the checkpoint is durable. Returns
+/// the blocks written that no live tree uses (replaced meanwhile, or
+/// their tree is gone): free once the *next* checkpoint is durable.
+pub(crate) fn adopt(state: &mut State, space: &mut Space, frozen: FrozenPool, mut written: WrittenTrees) -> Vec<Pba> {
+    let mut left = Vec::new();
+    let mut take = |tree: u64| written.remove(&tree).unwrap_or_default();
+    for v in frozen.volumes {
+        let live = state.volumes.get_mut(&v.id);
+        let (mut w, live) = (take(v.head.tree), live);
+        match live {
+            Some(lv) if lv.map.tree_id() == v.head.tree => left.extend(lv.map.adopt(v.head.frozen, &mut w)),
+            _ => left.extend(w.into_blocks()),
+        }
+        for s in v.snapshots {
+            let mut w = take(s.dead.tree);
+            let snap = state.volumes.get_mut(&v.id).and_then(|lv| lv.snapshots.iter_mut().find(|x| x.epoch == s.epoch));
+            match snap {
+                Some(ls) => left.extend(ls.dead.adopt(s.dead.frozen, &mut w)),
+                None => left.extend(w.into_blocks()),
+            }
+        }
+    }
+    let mut w = take(tree_id::SUMS);
+    let store = state.store.clone();
+    left.extend(state.sums.tree_mut().adopt(&store, frozen.sums, &mut w));
+    for (i, s) in frozen.spaces.into_iter().enumerate() {
+        let mut w = take(tree_id::space(i as u16));
+        left.extend(space.devices[i].tree.adopt(&store, s.frozen, &mut w));
+    }
+    // Trees that vanished between freeze and adopt (none expected beyond the above).
+    written.into_values().for_each(|w| left.extend(w.into_blocks()));
+    left
+}
+
+fn bad(detail: impl std::fmt::Display) -> StateError {
+    StateError::Invariant(format!("catalog: {detail}"))
+}
+
+fn open_map(store: &Arc<Store>, id: u64, m: &MapRecord) -> Result<ExtentMap> {
+    let counts = MapCounts { mapped_blocks: m.mapped_blocks, origin_blocks: m.origin_blocks, extents: m.extents };
+    Ok(ExtentMap::open(store.clone(), id, root_ref(m.root), counts)?)
+}
+
+pub(crate) fn root_ref(r: Root) -> RootRef {
+    RootRef { pba: Pba(r.pba), crc: r.crc, level: r.level }
+}
+
+/// The pool state a catalog records: every tree opened at its root (no
+/// map is read), each record checked against what replay would check.
+pub(crate) fn open_state(c: &Catalog, store: Arc<Store>) -> Result<State> {
+    let sums = BlockSums::open(store.clone(), root_ref(c.sums))?;
+    let mut state = State { epoch: c.epoch, next_volume_id: c.next_volume_id, sums, ..State::new(store.clone()) };
+    for v in &c.volumes {
+        validate_name(&v.name).map_err(bad)?;
+        if v.size % BLOCK_SIZE != 0 || state.by_name.contains_key(&v.name) {
+            return Err(bad(format!("volume {} ({}): size {} or name repeated", v.id, v.name, v.size)));
+        }
+        let mut vol = Volume {
+            id: v.id,
+            name: v.name.clone(),
+            size: v.size,
+            map: open_map(&store, tree_id::head(v.id), &v.head)?,
+            snapshots: Vec::with_capacity(v.snapshots.len()),
+            origin: v.origin.map(|(vol, epoch)| Origin { vol, epoch }),
+        };
+        for s in &v.snapshots {
+            validate_name(&s.name).map_err(bad)?;
+            vol.snapshots.push(Snapshot {
+                name: s.name.clone(),
+                epoch: s.epoch,
+                size: s.size,
+                created: s.created,
+                referenced: s.referenced,
+                dead: open_map(&store, tree_id::dead_list(s.epoch), &s.dead)?,
+            });
+        }
+        state.by_name.insert(v.name.clone(), v.id);
+        state.volumes.insert(v.id, vol);
+    }
+    for v in state.volumes.values() {
+        if let Some(o) = v.origin {
+            let ok = state.volume(o.vol).is_some_and(|ov| ov.snapshot_index(o.epoch).is_some());
+            if !ok || state.clone_depth(v.id) > MAX_CLONE_DEPTH {
+                return Err(bad(format!("volume {}: origin {}@{} missing or too deep", v.name, o.vol, o.epoch)));
+            }
+        }
+    }
+    Ok(state)
+}
+
+/// The space maps as the checkpoint froze them, put right: its own node
+/// blocks and catalog segments (allocated after the freeze) claimed, the
+/// blocks it released and those in flight at the freeze given back.
+pub(crate) fn open_space(
+    c: &Catalog,
+    store: Arc<Store>,
+    areas: &[(u64, u64)],
+    catalog_pieces: &[(Pba, u64)],
+) -> Result<Space> {
+    if c.spaces.len() != areas.len() {
+        return Err(bad(format!("{} space maps for {} devices", c.spaces.len(), areas.len())));
+    }
+    let mut maps = Vec::with_capacity(areas.len());
+    for (i, (s, &area)) in c.spaces.iter().zip(areas).enumerate() {
+        let id = tree_id::space(i as u16);
+        maps.push(SpaceMap::open(id, i as u16, root_ref(s.root), s.free_blocks, area, s.cursor)?);
+    }
+    let mut space = Space::with_maps(store, maps);
+    for &(start, len) in c.own_nodes.iter() {
+        space.claim(Pba(start), len)?;
+    }
+    for &(pba, len) in catalog_pieces {
+        space.claim(pba, len)?;
+    }
+    for &(start, len) in c.deferred.iter().chain(&c.inflight) {
+        space.give_back(Pba(start), len)?;
+    }
+    Ok(space)
+}
+
+/// Blocks as sorted, coalesced ranges (catalog lists).
+pub(crate) fn ranges(mut blocks: Vec<(Pba, u64)>) -> Vec<(u64, u64)> {
+    blocks.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(blocks.len());
+    for (pba, len) in blocks {
+        match out.last_mut() {
+            Some(last) if last.0 + last.1 == pba.0 && Pba(last.0).device() == pba.device() => last.1 += len,
+            _ => out.push((pba.0, len)),
+        }
+    }
+    out
+}
