@@ -109,7 +109,11 @@ impl MemIo {
 
     /// Flip one bit of every copy of a stored block (a fault a test injects).
     pub fn flip(&self, pba: Pba, byte: usize, bit: u8) -> bool {
-        (0..self.copies).fold(false, |any, c| self.flip_copy(pba, c, byte, bit) || any)
+        let mut any = false;
+        for copy in 0..self.copies {
+            any |= self.flip_copy(pba, copy, byte, bit);
+        }
+        any
     }
 
     /// Flip one bit of copy `copy` of a stored block only.

@@ -32,7 +32,7 @@ impl DeviceNodeIo {
             io::Error::new(io::ErrorKind::NotFound, format!("store node {pba} on unknown device {}", pba.device()))
         })?;
         let offset = pba.byte_offset();
-        if offset.checked_add(NODE_SIZE as u64).map_or(true, |end| end > dev.size()) {
+        if offset.checked_add(NODE_SIZE as u64).is_none_or(|end| end > dev.size()) {
             let msg = format!("store node {pba} beyond the end of {} ({} bytes)", dev.name(), dev.size());
             return Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
         }
