@@ -4,17 +4,47 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use tarn_format::node::NODE_SIZE;
 use tarn_format::Pba;
 
 /// Node-sized block I/O at physical addresses.
+///
+/// A block may be kept in several copies (a mirrored device): `write_node`
+/// writes all of them, `read_node` reads copy 0, and the `_copy` methods
+/// let the store fall back to another copy when one is damaged and rewrite
+/// the damaged one (self-heal). Implementations with one copy need only the
+/// first three methods.
 pub trait NodeIo: Send + Sync {
+    /// Read copy 0 of the block at `pba`.
     fn read_node(&self, pba: Pba, buf: &mut [u8]) -> io::Result<()>;
+    /// Write every copy of the block at `pba`.
     fn write_node(&self, pba: Pba, data: &[u8]) -> io::Result<()>;
     /// A name for errors (the device path).
     fn device_name(&self, pba: Pba) -> String;
+    /// Independent copies of the block at `pba` (1 unless mirrored).
+    fn copies(&self, _pba: Pba) -> usize {
+        1
+    }
+    /// Read copy `copy` (0..copies) only; Err if that copy is unavailable.
+    fn read_node_copy(&self, pba: Pba, copy: usize, buf: &mut [u8]) -> io::Result<()> {
+        match copy {
+            0 => self.read_node(pba, buf),
+            _ => Err(no_such_copy(pba, copy)),
+        }
+    }
+    /// Rewrite copy `copy` only (self-heal).
+    fn write_node_copy(&self, pba: Pba, copy: usize, data: &[u8]) -> io::Result<()> {
+        match copy {
+            0 => self.write_node(pba, data),
+            _ => Err(no_such_copy(pba, copy)),
+        }
+    }
+}
+
+fn no_such_copy(pba: Pba, copy: usize) -> io::Error {
+    io::Error::new(io::ErrorKind::NotFound, format!("block {pba} has no copy {copy}"))
 }
 
 /// Node blocks in a plain file at their block addresses (device bits
@@ -43,36 +73,76 @@ impl NodeIo for FileIo {
     }
 }
 
-/// Node blocks in memory, for tests and tools.
-#[derive(Default)]
+/// Node blocks in memory, for tests and tools: one or more copies of each
+/// block (a mirror), any of which a test can damage or lose.
 pub struct MemIo {
-    blocks: Mutex<HashMap<u64, Vec<u8>>>,
+    /// Per address, one entry per copy (None: that copy is lost).
+    blocks: Mutex<HashMap<u64, Vec<Option<Vec<u8>>>>>,
+    copies: usize,
     pub reads: AtomicU64,
     pub writes: AtomicU64,
+    /// Make `write_node_copy` fail (a copy that cannot be healed).
+    pub refuse_copy_writes: AtomicBool,
+}
+
+impl Default for MemIo {
+    fn default() -> MemIo {
+        MemIo::with_copies(1)
+    }
 }
 
 impl MemIo {
-    /// Flip one bit of a stored block (a fault a test injects).
-    pub fn flip(&self, pba: Pba, byte: usize, bit: u8) -> bool {
-        let mut blocks = self.blocks.lock().unwrap_or_else(|p| p.into_inner());
-        blocks.get_mut(&pba.0).map(|b| b[byte % NODE_SIZE] ^= 1 << (bit % 8)).is_some()
+    /// Every block kept `copies` times (at least once).
+    pub fn with_copies(copies: usize) -> MemIo {
+        MemIo {
+            blocks: Mutex::default(),
+            copies: copies.max(1),
+            reads: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            refuse_copy_writes: AtomicBool::new(false),
+        }
     }
 
-    /// Copy block `from` over block `to` (a misdirected write).
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Vec<Option<Vec<u8>>>>> {
+        self.blocks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Flip one bit of every copy of a stored block (a fault a test injects).
+    pub fn flip(&self, pba: Pba, byte: usize, bit: u8) -> bool {
+        let mut any = false;
+        for copy in 0..self.copies {
+            any |= self.flip_copy(pba, copy, byte, bit);
+        }
+        any
+    }
+
+    /// Flip one bit of copy `copy` of a stored block only.
+    pub fn flip_copy(&self, pba: Pba, copy: usize, byte: usize, bit: u8) -> bool {
+        let mut blocks = self.lock();
+        let b = blocks.get_mut(&pba.0).and_then(|c| c.get_mut(copy)).and_then(|b| b.as_mut());
+        b.map(|b| b[byte % NODE_SIZE] ^= 1 << (bit % 8)).is_some()
+    }
+
+    /// Lose copy `copy` of a block: reading it fails until it is rewritten.
+    pub fn lose_copy(&self, pba: Pba, copy: usize) -> bool {
+        let mut blocks = self.lock();
+        blocks.get_mut(&pba.0).and_then(|c| c.get_mut(copy)).and_then(Option::take).is_some()
+    }
+
+    /// Copy block `from` over block `to`, every copy (a misdirected write).
     pub fn copy_block(&self, from: Pba, to: Pba) {
-        let mut blocks = self.blocks.lock().unwrap_or_else(|p| p.into_inner());
+        let mut blocks = self.lock();
         if let Some(b) = blocks.get(&from.0).cloned() {
             blocks.insert(to.0, b);
         }
     }
 
     pub fn block_count(&self) -> usize {
-        self.blocks.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.lock().len()
     }
 
     pub fn addresses(&self) -> Vec<Pba> {
-        let blocks = self.blocks.lock().unwrap_or_else(|p| p.into_inner());
-        let mut v: Vec<Pba> = blocks.keys().map(|k| Pba(*k)).collect();
+        let mut v: Vec<Pba> = self.lock().keys().map(|k| Pba(*k)).collect();
         v.sort();
         v
     }
@@ -80,24 +150,46 @@ impl MemIo {
 
 impl NodeIo for MemIo {
     fn read_node(&self, pba: Pba, buf: &mut [u8]) -> io::Result<()> {
-        self.reads.fetch_add(1, Ordering::Relaxed);
-        let blocks = self.blocks.lock().unwrap_or_else(|p| p.into_inner());
-        match blocks.get(&pba.0) {
-            Some(b) => {
-                buf.copy_from_slice(b);
-                Ok(())
-            }
-            None => Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("block {pba} never written"))),
-        }
+        self.read_node_copy(pba, 0, buf)
     }
 
     fn write_node(&self, pba: Pba, data: &[u8]) -> io::Result<()> {
         self.writes.fetch_add(1, Ordering::Relaxed);
-        self.blocks.lock().unwrap_or_else(|p| p.into_inner()).insert(pba.0, data.to_vec());
+        self.lock().insert(pba.0, vec![Some(data.to_vec()); self.copies]);
         Ok(())
     }
 
     fn device_name(&self, _pba: Pba) -> String {
         "memory".into()
+    }
+
+    fn copies(&self, _pba: Pba) -> usize {
+        self.copies
+    }
+
+    fn read_node_copy(&self, pba: Pba, copy: usize, buf: &mut [u8]) -> io::Result<()> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        if copy >= self.copies {
+            return Err(no_such_copy(pba, copy));
+        }
+        let blocks = self.lock();
+        match blocks.get(&pba.0).and_then(|c| c.get(copy)).and_then(Option::as_ref) {
+            Some(b) => {
+                buf.copy_from_slice(b);
+                Ok(())
+            }
+            None => Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("block {pba} copy {copy} never written"))),
+        }
+    }
+
+    fn write_node_copy(&self, pba: Pba, copy: usize, data: &[u8]) -> io::Result<()> {
+        if copy >= self.copies || self.refuse_copy_writes.load(Ordering::Relaxed) {
+            return Err(io::Error::other(format!("copy {copy} of block {pba} refused the write")));
+        }
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        let mut blocks = self.lock();
+        let copies = blocks.entry(pba.0).or_insert_with(|| vec![None; self.copies]);
+        copies[copy] = Some(data.to_vec());
+        Ok(())
     }
 }

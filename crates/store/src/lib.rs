@@ -44,6 +44,8 @@ pub struct Store {
     /// Nodes changed since their last checkpoint (about: a checkpoint is
     /// due when they grow large).
     pub(crate) dirty_nodes: AtomicU64,
+    /// Node copies rewritten from a good copy after they read damaged.
+    healed_nodes: AtomicU64,
 }
 
 impl std::fmt::Debug for Store {
@@ -54,7 +56,8 @@ impl std::fmt::Debug for Store {
 
 impl Store {
     pub fn new(io: Arc<dyn NodeIo>, cache_bytes: usize) -> Result<Store> {
-        Ok(Store { io, cache: Cache::new(cache_bytes)?, dirty_nodes: AtomicU64::new(0) })
+        let cache = Cache::new(cache_bytes)?;
+        Ok(Store { io, cache, dirty_nodes: AtomicU64::new(0), healed_nodes: AtomicU64::new(0) })
     }
 
     /// A store whose trees live in memory only (nothing is written until
@@ -65,6 +68,31 @@ impl Store {
 
     pub fn dirty_nodes(&self) -> u64 {
         self.dirty_nodes.load(Ordering::Relaxed)
+    }
+
+    /// Node copies rewritten from a good copy since this store was opened.
+    pub fn healed_nodes(&self) -> u64 {
+        self.healed_nodes.load(Ordering::Relaxed)
+    }
+
+    /// Rewrite copies `bad` of the node at `pba` with `good`, a copy that
+    /// validated. Best effort: the read already has its node, and a copy
+    /// that cannot be rewritten now (a faulted leg) is the resilver's job.
+    pub(crate) fn heal(&self, pba: Pba, bad: &[usize], good: &[u8]) {
+        for &copy in bad {
+            match self.io.write_node_copy(pba, copy, good) {
+                Ok(()) => {
+                    self.healed_nodes.fetch_add(1, Ordering::Relaxed);
+                    log::warn!("store node {pba} copy {copy} on {} was damaged; rewritten", self.io.device_name(pba));
+                }
+                Err(e) => {
+                    log::warn!(
+                        "store node {pba} copy {copy} on {} is damaged, not rewritten: {e}",
+                        self.io.device_name(pba)
+                    )
+                }
+            }
+        }
     }
 
     /// A node block is being freed: it may be reused, so forget it.

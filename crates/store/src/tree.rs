@@ -26,6 +26,10 @@ impl RootRef {
     }
 }
 
+/// At most this many copies of a node are tried (a bound on the work one
+/// damaged node can cost, whatever an I/O layer reports).
+const MAX_COPIES: usize = 8;
+
 /// Key bounds a node's keys must keep: `[lo, hi)`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Bounds {
@@ -90,29 +94,50 @@ impl<V: LeafValue> Tree<V> {
         if crate::io_forbidden() {
             return Err(StoreError::Miss(crate::Miss { pba, crc, tree, level, lo: b.lo, hi: b.hi }));
         }
-        let device = || store.io.device_name(pba);
+        let node = Arc::new(self.read_valid(store, &Expect { pba, crc, tree, level }, b)?);
+        store.cache.insert(pba, node.clone(), node.mem_bytes());
+        Ok(node)
+    }
+
+    /// Copy 0 of the node, or on a mirror the first copy that validates;
+    /// the copies before it are rewritten from it. If none validates, the
+    /// error is copy 0's (the one a single-copy device would give).
+    fn read_valid(&self, store: &Store, at: &Expect, b: Bounds) -> Result<Node<V>> {
         let mut buf = vec![0u8; NODE_SIZE];
-        store.io.read_node(pba, &mut buf).map_err(|source| StoreError::Read { pba, tree, device: device(), source })?;
-        let expect = Expect { pba, crc, tree, level };
-        let (h, body) = decode_node::<V>(&buf, &expect).map_err(|source| StoreError::Corrupt {
-            pba,
-            tree,
-            level,
-            device: device(),
-            source,
-        })?;
-        if h.codec != V::CODEC {
-            return Err(StoreError::Invalid {
-                pba,
-                tree,
-                what: format!("value codec {} in a tree of {}", h.codec, V::CODEC),
-            });
+        let read = store.io.read_node(at.pba, &mut buf);
+        let first = match self.parse(store, at, b, read, &buf) {
+            Ok(node) => return Ok(node),
+            Err(e) => e,
+        };
+        let copies = store.io.copies(at.pba).min(MAX_COPIES);
+        let mut bad = vec![0];
+        for copy in 1..copies {
+            let read = store.io.read_node_copy(at.pba, copy, &mut buf);
+            match self.parse(store, at, b, read, &buf) {
+                Ok(node) => {
+                    store.heal(at.pba, &bad, &buf);
+                    return Ok(node);
+                }
+                Err(_) => bad.push(copy),
+            }
         }
+        Err(first)
+    }
+
+    /// Validate one copy as read: checksum (against the parent's), address,
+    /// tree, level, codec, encoding, key bounds.
+    fn parse(&self, store: &Store, at: &Expect, b: Bounds, read: std::io::Result<()>, buf: &[u8]) -> Result<Node<V>> {
+        let Expect { pba, tree, level, .. } = *at;
+        let device = || store.io.device_name(pba);
+        read.map_err(|source| StoreError::Read { pba, tree, device: device(), source })?;
         let corrupt = |source| StoreError::Corrupt { pba, tree, level, device: device(), source };
+        let (h, body) = decode_node::<V>(buf, at).map_err(corrupt)?;
+        if h.codec != V::CODEC {
+            let what = format!("value codec {} in a tree of {}", h.codec, V::CODEC);
+            return Err(StoreError::Invalid { pba, tree, what });
+        }
         let node = Node::from_body(level, body).map_err(corrupt)?;
         check_bounds(&node, b).map_err(|what| StoreError::Invalid { pba, tree, what })?;
-        let node = Arc::new(node);
-        store.cache.insert(pba, node.clone(), node.mem_bytes());
         Ok(node)
     }
 
