@@ -264,6 +264,12 @@ pub fn status_json(s: &PoolStatus) -> Value {
         "notes": s.notes,
         "fenced": s.fenced, "checksums": s.checksums, "checksum_errors": s.checksum_errors, "read_errors": s.read_errors,
         "healed_blocks": s.healed_blocks, "resynced_blocks": s.resynced_blocks,
+        "format": s.format,
+        "metadata_cache": {
+            "capacity": s.metadata_cache.capacity, "bytes": s.metadata_cache.bytes, "nodes": s.metadata_cache.nodes,
+            "hits": s.metadata_cache.hits, "misses": s.metadata_cache.misses, "evictions": s.metadata_cache.evictions,
+            "hit_rate": s.metadata_cache_hit_rate(), "dirty_nodes": s.dirty_nodes, "healed_nodes": s.healed_nodes,
+        },
         "devices": s.devices.iter().map(|d| json!({
             "index": d.index, "path": d.path, "size": d.size, "data": d.data_bytes, "free": d.free_bytes,
             "state": d.state, "legs": d.legs.iter().map(|l| json!({

@@ -110,6 +110,12 @@ enum PoolCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Convert a pool written by an older tarn (format 1) to the current
+    /// format. Crash-safe: until the last step the old pool is untouched.
+    Upgrade {
+        #[command(flatten)]
+        pool: PoolArg,
+    },
     /// Verify every metadata invariant. Exit 0 clean, 1 problems, 2 could not check.
     Check {
         #[command(flatten)]
@@ -268,6 +274,10 @@ struct ServeCmd {
     /// Seconds between background commits.
     #[arg(long, default_value_t = 5)]
     commit_interval: u64,
+    /// Memory for metadata nodes (e.g. 256M, the default); maps of any
+    /// size work, the rest is read from the devices on demand.
+    #[arg(long, value_parser = size::parse_size)]
+    metadata_cache: Option<u64>,
     #[command(flatten)]
     tls: tls::TlsArgs,
 }
@@ -290,6 +300,9 @@ struct RunCmd {
     listen: String,
     #[arg(long)]
     strict: bool,
+    /// Memory for metadata nodes (default 256M).
+    #[arg(long, value_parser = size::parse_size)]
+    metadata_cache: Option<u64>,
 }
 
 fn main() {
@@ -327,6 +340,7 @@ fn dispatch(cmd: Command) -> Result<i32> {
             print(json, &v, text::status);
             Ok(0)
         }
+        Command::Pool(PoolCmd::Upgrade { pool }) => pool_upgrade(&pool),
         Command::Pool(PoolCmd::Check { pool, json }) => {
             let v = admin(&pool, &Request::Check)?;
             print(json, &v, text::check);
@@ -435,6 +449,34 @@ fn pool_create(slots: &[Vec<PathBuf>], size: Option<u64>, opts: &CreateOptions) 
     Ok(())
 }
 
+/// `--metadata-cache` in bytes (0: the engine's default).
+fn cache_bytes(size: Option<u64>) -> Result<usize> {
+    let Some(bytes) = size else { return Ok(0) };
+    let min = tarn_engine::MIN_METADATA_CACHE as u64;
+    if bytes < min {
+        bail!("--metadata-cache {bytes} is too small: one path from root to leaf needs {min} bytes");
+    }
+    usize::try_from(bytes).context("--metadata-cache does not fit in memory")
+}
+
+/// `tarn pool upgrade`: open a format 1 pool for conversion, write it in
+/// the current format (the superblock flips last), close it.
+fn pool_upgrade(p: &PoolArg) -> Result<i32> {
+    if poolfile::running_server(&p.pool).is_some() {
+        bail!("pool {} is being served: stop the server before upgrading", p.pool.display());
+    }
+    let options = OpenOptions { upgrade: true, ..Default::default() };
+    let opened = poolfile::open_pool(&p.pool, &p.devices, options)?;
+    let from = opened.pool.format_version();
+    if from == tarn_engine::FORMAT_VERSION {
+        println!("pool {} is already in format {from}", p.pool.display());
+        return Ok(0);
+    }
+    opened.pool.close().context("write the pool in the new format")?;
+    println!("upgraded pool {} from format {from} to {}", p.pool.display(), tarn_engine::FORMAT_VERSION);
+    Ok(0)
+}
+
 fn absolute(p: &Path) -> String {
     std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()).display().to_string()
 }
@@ -446,6 +488,7 @@ fn serve_cmd(s: ServeCmd) -> Result<i32> {
         listen: (!s.no_tcp).then_some(s.listen),
         socket: s.socket,
         strict: s.strict,
+        metadata_cache: cache_bytes(s.metadata_cache)?,
         commit_interval: Duration::from_secs(s.commit_interval.max(1)),
         tls: s.tls.config()?,
         socket_mode: s.tls.socket_mode,
@@ -481,6 +524,7 @@ fn run_cmd(r: RunCmd) -> Result<i32> {
         listen: Some(r.listen),
         socket: Some(socket.clone()),
         strict: r.strict,
+        metadata_cache: cache_bytes(r.metadata_cache)?,
         commit_interval: Duration::from_secs(5),
         tls: None,
         socket_mode: 0o600,

@@ -22,6 +22,8 @@ pub struct ServeArgs {
     pub listen: Option<String>,
     pub socket: Option<PathBuf>,
     pub strict: bool,
+    /// Bytes of metadata cache (0: the engine's default).
+    pub metadata_cache: usize,
     pub commit_interval: Duration,
     /// NBD over TLS; None: STARTTLS is refused.
     pub tls: Option<TlsConfig>,
@@ -30,7 +32,8 @@ pub struct ServeArgs {
 }
 
 pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>)) -> Result<()> {
-    let opened = open_pool(&args.pool, &args.members, OpenOptions { strict: args.strict, ..Default::default() })?;
+    let options = OpenOptions { strict: args.strict, metadata_cache: args.metadata_cache, ..Default::default() };
+    let opened = open_pool(&args.pool, &args.members, options)?;
     let status = opened.pool.status();
     let pool = Arc::new(opened.pool);
     let service = Service::start(

@@ -24,7 +24,19 @@ pub fn status(v: &Value) -> String {
     let _ = writeln!(s, "  used       {} ({} bytes)", b(&v["used"]), v["used"]);
     let _ = writeln!(s, "  free       {} ({} bytes)", b(&v["free"]), v["free"]);
     let _ = writeln!(s, "  reserved   {} (kept for metadata)", b(&v["reserved"]));
-    let _ = writeln!(s, "  metadata   {} ({} bytes)", b(&v["metadata"]), v["metadata"]);
+    let _ = writeln!(s, "  metadata   {} ({} bytes), format {}", b(&v["metadata"]), v["metadata"], v["format"]);
+    let c = &v["metadata_cache"];
+    let _ = writeln!(
+        s,
+        "  md cache   {} of {} ({} nodes, {} dirty), hit rate {:.1}%, {} misses, {} evictions",
+        b(&c["bytes"]),
+        b(&c["capacity"]),
+        c["nodes"],
+        c["dirty_nodes"],
+        c["hit_rate"].as_f64().unwrap_or(0.0) * 100.0,
+        c["misses"],
+        c["evictions"]
+    );
     let _ = writeln!(
         s,
         "  volumes    {} ({} virtual, overcommit {:.2}x)",

@@ -219,6 +219,26 @@ pub struct PoolStatus {
     pub read_errors: u64,
     pub healed_blocks: u64,
     pub resynced_blocks: u64,
+    /// The on-disk format version of the pool.
+    pub format: u32,
+    pub metadata_cache: tarn_store::CacheStats,
+    /// Metadata nodes changed since the last checkpoint (in memory).
+    pub dirty_nodes: u64,
+    /// Metadata node copies rewritten from a good copy.
+    pub healed_nodes: u64,
+}
+
+impl PoolStatus {
+    /// Share of node reads the cache answered (0 before any read).
+    pub fn metadata_cache_hit_rate(&self) -> f64 {
+        let c = &self.metadata_cache;
+        let total = c.hits + c.misses;
+        if total == 0 {
+            0.0
+        } else {
+            c.hits as f64 / total as f64
+        }
+    }
 }
 
 pub(crate) const STRIPES: usize = 64;
@@ -244,6 +264,12 @@ impl Pool {
             return Err(EngineError::Fenced);
         }
         Ok(())
+    }
+
+    /// The format version the pool's superblock carries (an older one
+    /// only while a `tarn pool upgrade` runs).
+    pub fn format_version(&self) -> u32 {
+        self.lock_commit().sb.version
     }
 
     pub fn devices(&self) -> &[Arc<dyn Device>] {
@@ -324,7 +350,13 @@ impl Pool {
         let size = inner.space.data_blocks() * BLOCK_SIZE;
         let virtual_size: u64 = inner.state.volumes.values().map(|v| v.size).sum();
         let labels = self.devices.len() as u64 * 2 * BLOCK_SIZE;
-        let checkpoint: u64 = ctl.checkpoint_pieces.iter().map(|p| p.1).sum::<u64>() * BLOCK_SIZE;
+        // Blocks neither free nor mapped nor on their way back are metadata
+        // (nodes, the catalog): what the checker counts by walking.
+        let freeing: u64 = inner.pending_frees.iter().map(|f| f.1).sum();
+        let inflight: u64 = inner.space.inflight.values().sum();
+        let used_blocks = inner.space.data_blocks() - inner.space.free_blocks();
+        let nodes = used_blocks.saturating_sub(inner.state.mapped_blocks() + freeing + inflight) * BLOCK_SIZE;
+        let store = &inner.state.store;
         let devices: Vec<DeviceStatus> = self
             .devices
             .iter()
@@ -335,8 +367,8 @@ impl Pool {
                 state: self.mirrors[i].as_ref().map_or("ONLINE", |m| m.status().0),
                 legs: self.mirrors[i].as_ref().map(|m| m.status().1).unwrap_or_default(),
                 size: d.size(),
-                data_bytes: inner.space.devices[i].data_blocks() * BLOCK_SIZE,
-                free_bytes: inner.space.devices[i].free_blocks() * BLOCK_SIZE,
+                data_bytes: (inner.space.devices[i].data_end - inner.space.devices[i].data_start) * BLOCK_SIZE,
+                free_bytes: inner.space.devices[i].free_blocks * BLOCK_SIZE,
             })
             .collect();
         let state = if devices.iter().all(|d| d.state == "ONLINE") { "ONLINE" } else { "DEGRADED" };
@@ -348,8 +380,8 @@ impl Pool {
             used,
             free: inner.space.free_blocks().saturating_sub(reserve) * BLOCK_SIZE,
             reserved: reserve.min(inner.space.free_blocks()) * BLOCK_SIZE,
-            freeing: inner.pending_frees.iter().map(|f| f.1).sum::<u64>() * BLOCK_SIZE,
-            metadata: labels + checkpoint + ctl.journal.used * BLOCK_SIZE,
+            freeing: freeing * BLOCK_SIZE,
+            metadata: labels + nodes + ctl.journal.used * BLOCK_SIZE,
             journal_size: ctl.journal.blocks * BLOCK_SIZE,
             volumes: inner.state.volumes.len(),
             virtual_size,
@@ -365,6 +397,10 @@ impl Pool {
             read_errors: self.counters.read_errors.load(Ordering::Relaxed),
             healed_blocks: self.counters.healed_blocks.load(Ordering::Relaxed),
             resynced_blocks: self.counters.resynced_blocks.load(Ordering::Relaxed),
+            format: ctl.sb.version,
+            metadata_cache: store.cache.stats(),
+            dirty_nodes: store.dirty_nodes(),
+            healed_nodes: store.healed_nodes(),
         }
     }
 }

@@ -142,7 +142,12 @@ impl Pool {
         let mut out = vec![(0, LEG_LABEL_BLOCK), (LEG_LABEL_BLOCK + 1, ds.data_start - LEG_LABEL_BLOCK - 1)];
         debug_assert!(ds.data_start >= LABEL_BLOCKS);
         let mut pos = ds.data_start;
-        for (start, len) in ds.free_ranges() {
+        // Unreadable free space: copy everything (slower, never wrong).
+        let free = inner.space.free_ranges(member).unwrap_or_else(|e| {
+            log::warn!("reading member {member}'s free space failed ({e}): copying all of it");
+            Vec::new()
+        });
+        for (start, len) in free {
             if start > pos {
                 out.push((pos, start - pos));
             }
