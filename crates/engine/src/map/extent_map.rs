@@ -23,6 +23,7 @@ type Result<T> = std::result::Result<T, StoreError>;
 pub mod tree_id {
     pub const HEAD: u64 = 1 << 56;
     pub const DEAD_LIST: u64 = 2 << 56;
+    pub const SUMS: u64 = 3 << 56;
     pub fn head(vol: u32) -> u64 {
         HEAD | u64::from(vol)
     }
