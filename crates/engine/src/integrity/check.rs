@@ -100,9 +100,13 @@ fn check_sums(state: &State, r: &mut CheckReport) {
     };
     for (pba, len) in extents {
         for i in 0..len {
-            if state.sums.get(pba.offset_by(i)).is_none() {
-                missing += 1;
-                first = first.or(Some(pba.offset_by(i)));
+            match state.sums.get(pba.offset_by(i)) {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    missing += 1;
+                    first = first.or(Some(pba.offset_by(i)));
+                }
+                Err(e) => return problem(r, format!("reading the checksums at {}: {e}", pba.offset_by(i))),
             }
         }
     }
