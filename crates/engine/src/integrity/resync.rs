@@ -108,7 +108,7 @@ impl Pool {
     /// the stored sum, else copy 0's), every copy made equal; true if its
     /// sum was renewed (the Sums op is queued).
     pub(crate) fn resync_block(&self, pba: Pba) -> Result<(Vec<u8>, bool)> {
-        let want = self.read_inner().state.sums.get(pba).unwrap_or(0);
+        let want = self.read_inner().state.sums.get(pba)?.unwrap_or(0);
         let c = self.examine_copies(pba, want);
         if let Some(good) = c.good {
             self.rewrite_copies(pba, &good, &c.bad);

@@ -123,7 +123,7 @@ impl Pool {
         let mut suspects: BTreeSet<u64> = BTreeSet::new();
         {
             let _gate = self.io_gate.read().unwrap_or_else(|p| p.into_inner());
-            let sums = self.read_inner().state.sums.get_run(pba, n);
+            let sums = self.read_inner().state.sums.get_run(pba, n)?;
             let mut buf = vec![0u8; n as usize * BS];
             for copy in 0..copies {
                 if dev.read_copy(copy, &mut buf, pba.byte_offset()).is_err() {
@@ -145,7 +145,7 @@ impl Pool {
         for i in suspects {
             // Writes drained: a racing overwrite is not corruption.
             let _quiet = self.io_gate.write().unwrap_or_else(|p| p.into_inner());
-            let Some(want) = self.read_inner().state.sums.get(pba.offset_by(i)) else { continue };
+            let Some(want) = self.read_inner().state.sums.get(pba.offset_by(i))? else { continue };
             match self.check_block_copies(pba.offset_by(i), want) {
                 BlockVerdict::Good => {}
                 BlockVerdict::Repaired(k) => {

@@ -20,8 +20,7 @@ impl Pool {
     fn resolve_summed(&self, vol: u32, view: View, lba: u64, len: u64) -> Result<Vec<Summed>> {
         let inner = self.read_inner();
         let segs = resolve_in(&inner, vol, view, lba, len)?;
-        Ok(segs
-            .into_iter()
+        segs.into_iter()
             .map(|seg| match seg {
                 // Read-only after a crash, regions left open are not resynced:
                 // their blocks may legitimately disagree with their sums.
@@ -30,11 +29,11 @@ impl Pool {
                         && !(self.options.read_only
                             && regions_of(pba, len).any(|r| inner.state.open_regions.contains(&r))) =>
                 {
-                    (seg, inner.state.sums.get_run(pba, len))
+                    Ok((seg, inner.state.sums.get_run(pba, len)?))
                 }
-                _ => (seg, Vec::new()),
+                _ => Ok((seg, Vec::new())),
             })
-            .collect())
+            .collect()
     }
 
     /// Read `buf` at `offset` of a view, verifying every block. Without

@@ -163,12 +163,12 @@ impl Default for State {
 impl State {
     pub fn new(store: Arc<Store>) -> State {
         State {
+            sums: BlockSums::new(store.clone()),
             store,
             volumes: BTreeMap::new(),
             by_name: HashMap::new(),
             next_volume_id: 1,
             epoch: 1,
-            sums: BlockSums::default(),
             open_regions: BTreeSet::new(),
             retired_nodes: Vec::new(),
         }
@@ -304,7 +304,7 @@ impl State {
                 if Pba(*pba).is_origin() || sums.is_empty() {
                     return Err(format!("checksums for {} blocks at {}", sums.len(), Pba(*pba)).into());
                 }
-                self.sums.set(Pba(*pba), sums);
+                self.sums.set(Pba(*pba), sums)?;
             }
             Op::Regions { open: true, ids } => self.open_regions.extend(ids.iter().copied()),
             Op::Regions { open: false, ids } => ids.iter().for_each(|id| {

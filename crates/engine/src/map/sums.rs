@@ -5,10 +5,11 @@
 //! write cannot carry a matching checksum with it (Loris's parental
 //! checksums; ZFS block pointers).
 //!
-//! In memory the sums sit in a table indexed by physical block: every
-//! physical block is referenced by exactly one map entry (a head or one dead
-//! list), and a clone's origin markers resolve to the origin's blocks, so a
-//! block's sum is the same whatever view reads it.
+//! The sums sit in a tree of the metadata store (`tarn_store::SumsTree`:
+//! groups of 16 blocks keyed by physical block / 16) indexed by physical
+//! block: every physical block is referenced by exactly one map entry (a
+//! head or one dead list), and a clone's origin markers resolve to the
+//! origin's blocks, so a block's sum is the same whatever view reads it.
 //!
 //! Overwriting a block in place cannot update data and checksum atomically.
 //! Blocks are therefore overwritten in place only inside *open regions*
@@ -19,13 +20,15 @@
 //! recomputed from whatever the blocks hold, copies made equal — like md's
 //! write-intent bitmap. Everywhere else a mismatch is corruption.
 
+use crate::map::extent_map::tree_id;
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use tarn_format::node::{SumsValue, SUMS_GROUP};
 use tarn_format::ops::region_of;
 use tarn_format::{Pba, BLOCK_SIZE};
+use tarn_store::{RootRef, Store, StoreError, SumsTree, Tree};
 
-/// Blocks per table page (4 MiB of physical space).
-const PAGE_SHIFT: u32 = 10;
-const PAGE_BLOCKS: usize = 1 << PAGE_SHIFT;
+type Result<T> = std::result::Result<T, StoreError>;
 
 /// The crc32c of one block of data (hardware-accelerated by the crc32c crate).
 pub fn block_sum(block: &[u8]) -> u32 {
@@ -36,11 +39,6 @@ pub fn block_sum(block: &[u8]) -> u32 {
 /// The sums of consecutive blocks.
 pub fn sums_of(data: &[u8]) -> Vec<u32> {
     data.chunks_exact(BLOCK_SIZE as usize).map(block_sum).collect()
-}
-
-struct Page {
-    sums: [u32; PAGE_BLOCKS],
-    known: [u64; PAGE_BLOCKS / 64],
 }
 
 /// A hasher for integer keys: one multiply (the std SipHash showed up at
@@ -66,59 +64,80 @@ impl std::hash::Hasher for IntHasher {
 pub type IntMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<IntHasher>>;
 
 /// Checksums by physical block. Entries of freed blocks linger (harmless:
-/// a block is summed again whenever it is written).
-#[derive(Default)]
+/// a block is summed again whenever it is written). Every read can fail (a
+/// node read from a device may be damaged), so every method returns a
+/// `Result`.
 pub struct BlockSums {
-    pages: IntMap<Box<Page>>,
+    sums: SumsTree,
+    store: Arc<Store>,
+    /// Node blocks changes replaced: free once a checkpoint that no longer
+    /// reaches them is durable.
+    superseded: Vec<Pba>,
 }
 
 impl std::fmt::Debug for BlockSums {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "BlockSums({} pages)", self.pages.len())
-    }
-}
-
-impl Clone for BlockSums {
-    fn clone(&self) -> Self {
-        let pages = self.pages.iter().map(|(k, p)| (*k, Box::new(Page { sums: p.sums, known: p.known }))).collect();
-        BlockSums { pages }
+        write!(f, "BlockSums({:#x})", self.sums.tree.id)
     }
 }
 
 impl BlockSums {
-    /// Record the sums of blocks [pba, pba + sums.len()).
-    pub fn set(&mut self, pba: Pba, sums: &[u32]) {
-        for (i, &s) in sums.iter().enumerate() {
-            let at = pba.0 + i as u64;
-            let page = self
-                .pages
-                .entry(at >> PAGE_SHIFT)
-                .or_insert_with(|| Box::new(Page { sums: [0; PAGE_BLOCKS], known: [0; PAGE_BLOCKS / 64] }));
-            let slot = (at as usize) & (PAGE_BLOCKS - 1);
-            page.sums[slot] = s;
-            page.known[slot / 64] |= 1 << (slot % 64);
-        }
+    /// An empty table on `store`.
+    pub fn new(store: Arc<Store>) -> BlockSums {
+        BlockSums { sums: SumsTree::new(tree_id::SUMS), store, superseded: Vec::new() }
     }
 
-    pub fn get(&self, pba: Pba) -> Option<u32> {
-        let page = self.pages.get(&(pba.0 >> PAGE_SHIFT))?;
-        let slot = (pba.0 as usize) & (PAGE_BLOCKS - 1);
-        (page.known[slot / 64] & (1 << (slot % 64)) != 0).then_some(page.sums[slot])
+    /// The table a checkpoint left at `root`.
+    pub fn open(store: Arc<Store>, root: RootRef) -> Result<BlockSums> {
+        Ok(BlockSums { sums: SumsTree::open(tree_id::SUMS, root)?, store, superseded: Vec::new() })
+    }
+
+    /// Record the sums of blocks [pba, pba + sums.len()).
+    pub fn set(&mut self, pba: Pba, sums: &[u32]) -> Result<()> {
+        self.sums.set(&self.store, pba, sums, &mut self.superseded)
+    }
+
+    /// The sum of block `pba`, None if it has none.
+    pub fn get(&self, pba: Pba) -> Result<Option<u32>> {
+        let key = pba.0 / SUMS_GROUP;
+        let bit = (pba.0 % SUMS_GROUP) as usize;
+        let group = self.sums.tree.get_le(&self.store, key)?.filter(|(k, _)| *k == key);
+        Ok(group.filter(|(_, v)| v.known & (1 << bit) != 0).map(|(_, v)| v.crcs[bit]))
     }
 
     /// The sums of [pba, pba + len), None for blocks without one.
-    pub fn get_run(&self, pba: Pba, len: u64) -> Vec<Option<u32>> {
-        (0..len).map(|i| self.get(pba.offset_by(i))).collect()
+    pub fn get_run(&self, pba: Pba, len: u64) -> Result<Vec<Option<u32>>> {
+        self.sums.get_run(&self.store, pba, len)
     }
 
     /// All sums of [pba, pba + len), or None if any block lacks one.
-    pub fn all(&self, pba: Pba, len: u64) -> Option<Vec<u32>> {
-        (0..len).map(|i| self.get(pba.offset_by(i))).collect()
+    pub fn all(&self, pba: Pba, len: u64) -> Result<Option<Vec<u32>>> {
+        Ok(self.get_run(pba, len)?.into_iter().collect())
     }
 
-    /// Memory the table holds, in bytes.
-    pub fn bytes(&self) -> usize {
-        self.pages.len() * std::mem::size_of::<Page>()
+    /// Node blocks replaced and not yet taken by a checkpoint.
+    pub fn superseded(&self) -> &[Pba] {
+        &self.superseded
+    }
+
+    /// Blocks of the tree's nodes on devices (walks it).
+    pub fn node_blocks(&self) -> Result<Vec<Pba>> {
+        Ok(self.sums.tree.walk(&self.store, &mut |_, _| {})?.blocks)
+    }
+
+    /// Node blocks changes replaced since the last call.
+    pub fn take_superseded(&mut self) -> Vec<Pba> {
+        std::mem::take(&mut self.superseded)
+    }
+
+    /// The tree (a checkpoint freezes it).
+    pub fn tree(&self) -> &Tree<SumsValue> {
+        &self.sums.tree
+    }
+
+    /// The tree, to change (a checkpoint adopts what it wrote).
+    pub fn tree_mut(&mut self) -> &mut Tree<SumsValue> {
+        &mut self.sums.tree
     }
 }
 
@@ -182,18 +201,64 @@ impl RegionTracker {
 mod tests {
     use super::*;
 
+    fn table() -> BlockSums {
+        BlockSums::new(Arc::new(Store::memory()))
+    }
+
     #[test]
-    fn table_keeps_sums_per_block_across_pages_and_devices() {
-        let mut t = BlockSums::default();
-        let a = Pba::new(0, PAGE_BLOCKS as u64 - 2);
-        t.set(a, &[1, 2, 3, 4]);
-        t.set(Pba::new(1, 5), &[9]);
-        assert_eq!(t.get_run(a, 4), vec![Some(1), Some(2), Some(3), Some(4)]);
-        assert_eq!(t.get(Pba::new(0, 5)), None);
-        assert_eq!(t.get(Pba::new(1, 5)), Some(9));
-        assert_eq!(t.all(a, 5), None);
-        t.set(a.offset_by(1), &[0]);
-        assert_eq!(t.all(a, 3), Some(vec![1, 0, 3]));
+    fn table_keeps_sums_per_block_across_groups_and_devices() {
+        let mut t = table();
+        let group = SUMS_GROUP;
+        let a = Pba::new(0, group - 2);
+        t.set(a, &[1, 2, 3, 4]).unwrap();
+        t.set(Pba::new(1, 5), &[9]).unwrap();
+        assert_eq!(t.get_run(a, 4).unwrap(), vec![Some(1), Some(2), Some(3), Some(4)]);
+        assert_eq!(t.get(Pba::new(0, 5)).unwrap(), None);
+        assert_eq!(t.get(Pba::new(1, 5)).unwrap(), Some(9));
+        assert_eq!(t.all(a, 5).unwrap(), None);
+        t.set(a.offset_by(1), &[0]).unwrap();
+        assert_eq!(t.all(a, 3).unwrap(), Some(vec![1, 0, 3]));
+        assert!(t.take_superseded().is_empty(), "nothing was checkpointed, so no node block was replaced");
+    }
+
+    #[test]
+    fn random_sets_match_a_model() {
+        let mut t = table();
+        let mut model: HashMap<u64, u32> = HashMap::new();
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        // A few thousand blocks on two devices, runs crossing groups.
+        let span = 4000;
+        for round in 0..3000 {
+            let dev = (next() % 2) as u16;
+            let at = next() % span;
+            let n = 1 + next() % 40;
+            let sums: Vec<u32> = (0..n).map(|_| next() as u32).collect();
+            let pba = Pba::new(dev, at);
+            t.set(pba, &sums).unwrap();
+            for (i, &s) in sums.iter().enumerate() {
+                model.insert(pba.0 + i as u64, s);
+            }
+            if round % 100 == 0 {
+                let from = Pba::new(dev, next() % span);
+                let len = 1 + next() % 100;
+                let want: Vec<Option<u32>> = (0..len).map(|i| model.get(&(from.0 + i)).copied()).collect();
+                assert_eq!(t.get_run(from, len).unwrap(), want, "run of {len} at {from}");
+                let all: Option<Vec<u32>> = want.iter().copied().collect();
+                assert_eq!(t.all(from, len).unwrap(), all);
+            }
+        }
+        for dev in 0..2u16 {
+            for b in 0..span + 50 {
+                let pba = Pba::new(dev, b);
+                assert_eq!(t.get(pba).unwrap(), model.get(&pba.0).copied(), "block {pba}");
+            }
+        }
     }
 
     #[test]

@@ -64,7 +64,7 @@ fn encode_extents(enc: &mut CheckpointEncoder, map: &ExtentMap, state: &State) -
             continue;
         }
         // Invariant (the checker verifies it): every mapped block is summed.
-        let Some(sums) = state.sums.all(e.pba, e.len) else {
+        let Some(sums) = state.sums.all(e.pba, e.len)? else {
             return Err(StateError::Invariant(format!("extent at {} lacks checksums", e.pba)));
         };
         enc.extent_summed(&rec, &sums);
@@ -175,7 +175,7 @@ fn decode_extents(
             return Err(bad("checkpoint extents overlap"));
         }
         if !dec.sums().is_empty() {
-            sums.set(pba, dec.sums());
+            sums.set(pba, dec.sums())?;
         }
     }
     Ok(map)
