@@ -254,8 +254,17 @@ pub fn snapshot_json(s: &SnapshotInfo) -> Value {
     })
 }
 
-pub fn status_json(s: &PoolStatus) -> Value {
+fn cache_json(s: &PoolStatus) -> Value {
+    let c = &s.metadata_cache;
     json!({
+        "capacity": c.capacity, "bytes": c.bytes, "nodes": c.nodes,
+        "hits": c.hits, "misses": c.misses, "evictions": c.evictions,
+        "hit_rate": s.metadata_cache_hit_rate(), "dirty_nodes": s.dirty_nodes, "healed_nodes": s.healed_nodes,
+    })
+}
+
+pub fn status_json(s: &PoolStatus) -> Value {
+    let mut v = json!({
         "uuid": s.uuid, "state": s.state,
         "size": s.size, "used": s.used, "free": s.free, "reserved": s.reserved, "freeing": s.freeing,
         "metadata": s.metadata, "journal_size": s.journal_size,
@@ -264,12 +273,6 @@ pub fn status_json(s: &PoolStatus) -> Value {
         "notes": s.notes,
         "fenced": s.fenced, "checksums": s.checksums, "checksum_errors": s.checksum_errors, "read_errors": s.read_errors,
         "healed_blocks": s.healed_blocks, "resynced_blocks": s.resynced_blocks,
-        "format": s.format,
-        "metadata_cache": {
-            "capacity": s.metadata_cache.capacity, "bytes": s.metadata_cache.bytes, "nodes": s.metadata_cache.nodes,
-            "hits": s.metadata_cache.hits, "misses": s.metadata_cache.misses, "evictions": s.metadata_cache.evictions,
-            "hit_rate": s.metadata_cache_hit_rate(), "dirty_nodes": s.dirty_nodes, "healed_nodes": s.healed_nodes,
-        },
         "devices": s.devices.iter().map(|d| json!({
             "index": d.index, "path": d.path, "size": d.size, "data": d.data_bytes, "free": d.free_bytes,
             "state": d.state, "legs": d.legs.iter().map(|l| json!({
@@ -277,7 +280,10 @@ pub fn status_json(s: &PoolStatus) -> Value {
                 "read_errors": l.read_errors, "write_errors": l.write_errors, "healed_blocks": l.healed_blocks,
             })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
-    })
+    });
+    v["format"] = json!(s.format);
+    v["metadata_cache"] = cache_json(s);
+    v
 }
 
 #[cfg(test)]

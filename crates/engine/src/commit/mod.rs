@@ -337,6 +337,7 @@ fn coalesce(mut frees: Freed) -> Freed {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tarn_format::Pba;
 
     #[test]
     fn coalesce_merges_adjacent_ranges_per_device() {

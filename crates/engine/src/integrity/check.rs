@@ -51,6 +51,9 @@ impl Pool {
         let mut owners: Vec<Vec<Owner>> = vec![Vec::new(); self.devices.len()];
         for v in inner.state.volumes.values() {
             check_volume_links(&inner.state, v, &mut r);
+            if let Err(e) = crate::meta::checkpoint::check_versions(v) {
+                problem(&mut r, e.to_string());
+            }
             let lists = std::iter::once(("head".to_string(), &v.map, v.blocks(), inner.state.epoch)).chain(
                 v.snapshots.iter().map(|s| (format!("snapshot {}", s.name), &s.dead, s.size / BLOCK_SIZE, s.epoch)),
             );

@@ -9,7 +9,7 @@ use crate::map::state::{Origin, Snapshot, State, StateError, Volume};
 use crate::map::sums::BlockSums;
 use std::sync::Arc;
 use tarn_format::checkpoint::{
-    CheckpointDecoder, CheckpointEncoder, CheckpointHeader, ExtentRecord, SegmentHeader, SnapshotRecord, VolumeRecord,
+    CheckpointDecoder, SegmentHeader,
     SEGMENT_HEADER_LEN,
 };
 use tarn_format::checksum::{checksum, SALT_CHECKPOINT};
@@ -20,6 +20,10 @@ use tarn_store::Store;
 /// Serialize the state as of commit `seq`; `with_sums`: the pool keeps data
 /// checksums, and every extent on real space carries its blocks' sums.
 /// Overwrite regions are all closed first (a checkpoint records none).
+#[cfg(test)]
+use tarn_format::checkpoint::{CheckpointEncoder, CheckpointHeader, ExtentRecord, SnapshotRecord, VolumeRecord};
+
+#[cfg(test)]
 pub fn encode_state(state: &State, seq: u64, with_sums: bool) -> std::result::Result<Vec<u8>, StateError> {
     assert!(state.open_regions.is_empty(), "checkpoint with open overwrite regions");
     let header = CheckpointHeader {
@@ -56,6 +60,7 @@ pub fn encode_state(state: &State, seq: u64, with_sums: bool) -> std::result::Re
     Ok(enc.finish())
 }
 
+#[cfg(test)]
 fn encode_extents(enc: &mut CheckpointEncoder, map: &ExtentMap, state: &State) -> std::result::Result<(), StateError> {
     for (lba, e) in map.entries()? {
         let rec = ExtentRecord { lba, len: e.len, pba: e.pba.0, birth: e.birth };
@@ -135,7 +140,7 @@ pub fn decode_state(payload: &[u8], store: Arc<Store>) -> std::result::Result<(S
 /// and no dead-list entry an older snapshot shows overlaps the older
 /// list. Otherwise a later overwrite (or snapshot delete) would meet a
 /// block twice: damaged metadata, refused here rather than met mid-op.
-fn check_versions(vol: &Volume) -> std::result::Result<(), StateError> {
+pub(crate) fn check_versions(vol: &Volume) -> std::result::Result<(), StateError> {
     let mut newer: (&ExtentMap, Option<u64>) = (&vol.map, None);
     for s in vol.snapshots.iter().rev() {
         for (lba, e) in s.dead.entries()? {

@@ -183,7 +183,7 @@ mod tests {
         s.settle(got[0].0);
         assert!(s.inflight.is_empty());
         s.give_back(Pba::new(0, 15), 5).unwrap();
-        assert_eq!(s.free_blocks(), 70 + 40);
+        assert_eq!(s.free_blocks(), 75 + 40);
     }
 
     #[test]
