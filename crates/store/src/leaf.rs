@@ -221,11 +221,17 @@ impl<V: LeafValue> Leaf<V> {
         }
     }
 
-    /// Move the upper half (by bytes, at a group boundary) to a new leaf.
-    pub fn split(&mut self) -> Leaf<V> {
+    /// Move the upper half (by bytes, at a group boundary) to a new leaf;
+    /// with `appending` (the entry just added is the last), only the last
+    /// group, so a tree filled in key order keeps full leaves.
+    pub fn split(&mut self, appending: bool) -> Leaf<V> {
         assert!(self.sizes.len() >= 2, "a leaf too big for a node has several groups");
         let half = self.data.len() / 2;
-        let at = self.offs.partition_point(|o| usize::from(*o) <= half).clamp(1, self.sizes.len() - 1);
+        let at = if appending {
+            self.sizes.len() - 1
+        } else {
+            self.offs.partition_point(|o| usize::from(*o) <= half).clamp(1, self.sizes.len() - 1)
+        };
         let base = usize::from(self.offs[at]);
         let right = Leaf {
             sizes: self.sizes.split_off(at),
@@ -288,7 +294,7 @@ mod tests {
             assert_eq!(leaf.get_ge(probe).map(|(k, v)| (k, v.len)), ge, "step {step}");
             assert_eq!(leaf.len(), model.len());
             if step % 1000 == 999 && leaf.sizes.len() >= 2 {
-                let right = leaf.split();
+                let right = leaf.split(false);
                 assert!(leaf.last().unwrap().0 < right.first().unwrap().0);
                 leaf.append(right);
                 let again = Leaf::<RangeValue>::from_packed(leaf.to_packed()).unwrap();

@@ -199,14 +199,20 @@ impl<V: LeafValue> Tree<V> {
 
 fn leaf_insert<V: LeafValue>(store: &Store, l: &mut Leaf<V>, key: u64, value: V) -> (Option<V>, Split<V>) {
     let old = l.insert(key, value);
-    (old, leaf_split(store, l))
+    (old, leaf_split(store, l, key))
 }
 
-fn leaf_split<V: LeafValue>(store: &Store, l: &mut Leaf<V>) -> Split<V> {
+fn leaf_split<V: LeafValue>(store: &Store, l: &mut Leaf<V>, key: u64) -> Split<V> {
     if l.payload_len() <= NODE_PAYLOAD_MAX {
         return None;
     }
-    let right = l.split();
+    let appending = l.last().is_some_and(|(last, _)| last == key);
+    let mut right = l.split(appending);
+    if l.payload_len() > NODE_PAYLOAD_MAX || right.payload_len() > NODE_PAYLOAD_MAX {
+        // An append that re-encoded more than its last group: halve instead.
+        l.append(right);
+        right = l.split(false);
+    }
     assert!(l.payload_len() <= NODE_PAYLOAD_MAX && right.payload_len() <= NODE_PAYLOAD_MAX, "a split leaf fits");
     store.dirty_nodes.fetch_add(1, Ordering::Relaxed);
     let first = right.first().expect("the upper half has entries").0;

@@ -1,0 +1,152 @@
+//! `tarn pool upgrade` on a pool written by format 1 (whole-state
+//! checkpoints; the image in tests/data/format1 was made by that release,
+//! with journal records after its checkpoint and an overwrite region open
+//! at a crash): a format 2 open refuses it with a clear error and changes
+//! nothing; the upgrade keeps every volume, snapshot and clone exactly; a
+//! crash at any write of the upgrade leaves a pool that is either still
+//! format 1 (and upgrades again) or format 2, never anything else.
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use std::sync::Arc;
+use tarn_engine::{Device, EngineError, OpenOptions, Pool, FORMAT_VERSION};
+use tarn_sim::SimDevice;
+
+const MIB: usize = 1 << 20;
+const BS: usize = 4096;
+
+/// The format 1 image, decompressed with the system's gzip.
+fn image() -> Vec<u8> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/format1/pool.img.gz");
+    let out = std::process::Command::new("gzip").arg("-dc").arg(path).output().expect("run gzip -dc");
+    assert!(out.status.success(), "gzip -dc {path}: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.stdout.len(), 64 * MIB, "the format 1 image is a 64 MiB device");
+    out.stdout
+}
+
+/// A simulated device holding `image` durably (zero blocks are skipped).
+fn device(image: &[u8]) -> Arc<SimDevice> {
+    let sim = Arc::new(SimDevice::new("sim0", image.len() as u64));
+    for (i, block) in image.chunks(BS).enumerate() {
+        if block.iter().any(|&b| b != 0) {
+            sim.write_at(block, (i * BS) as u64).unwrap();
+        }
+    }
+    sim.flush().unwrap();
+    sim
+}
+
+fn open(sim: &Arc<SimDevice>, upgrade: bool) -> Result<Pool, EngineError> {
+    Pool::open(vec![sim.clone() as Arc<dyn Device>], OpenOptions { upgrade, ..Default::default() })
+}
+
+/// What each view holds, from the writes that made the image (see
+/// tests/data/format1/README.md).
+fn expected() -> Vec<(&'static str, Vec<u8>)> {
+    fn fill(v: &mut [u8], at: usize, len: usize, byte: u8) {
+        v[at..at + len].fill(byte);
+    }
+    let mut s1 = vec![0u8; 16 * MIB];
+    fill(&mut s1, 0, 4 * MIB, 0x11);
+    fill(&mut s1, 8 * MIB, 64 << 10, 0x22);
+    let mut a = s1.clone();
+    fill(&mut a, 2 * MIB, MIB, 0x44);
+    fill(&mut a, 12 * MIB, BS, 0x55);
+    let mut c = s1.clone();
+    fill(&mut c, 0, 64 << 10, 0x66);
+    let mut b = vec![0u8; 8 * MIB];
+    fill(&mut b, MIB, MIB, 0x33);
+    fill(&mut b, 3 * MIB, BS, 0x88);
+    fill(&mut b, 5 * MIB, 128 << 10, 0x78);
+    fill(&mut b, 7 * MIB, BS, 0x98);
+    vec![("a", a.clone()), ("a@s1", s1), ("a@s2", a), ("b", b), ("c", c)]
+}
+
+/// Every view reads exactly as expected and the checker finds nothing.
+fn verify(pool: &Pool) -> Result<(), String> {
+    for (name, want) in expected() {
+        let (vol, view) = pool.lookup_view(name).ok_or(format!("{name} missing"))?;
+        let mut got = vec![0u8; want.len()];
+        pool.read_view(vol, view, 0, &mut got).map_err(|e| format!("read {name}: {e}"))?;
+        if got != want {
+            let at = got.iter().zip(&want).position(|(g, w)| g != w).unwrap_or(0);
+            return Err(format!("{name} differs at byte {at}"));
+        }
+    }
+    let report = pool.check();
+    if !report.is_clean() {
+        return Err(format!("checker: {:?}", report.problems));
+    }
+    Ok(())
+}
+
+fn upgrade(sim: &Arc<SimDevice>) -> Result<(), EngineError> {
+    let pool = open(sim, true)?;
+    pool.close()
+}
+
+#[test]
+fn a_format_1_pool_is_refused_with_a_clear_error_and_left_alone() {
+    let image = image();
+    let sim = device(&image);
+    let err = open(&sim, false).err().expect("format 1 is not opened as is");
+    assert!(matches!(err, EngineError::NeedsUpgrade { version: 1, .. }), "{err}");
+    assert!(err.to_string().contains("tarn pool upgrade"), "{err}");
+    let ro = Pool::open(vec![sim.clone() as Arc<dyn Device>], OpenOptions { read_only: true, ..Default::default() });
+    assert!(matches!(ro, Err(EngineError::NeedsUpgrade { .. })), "read-only too");
+    let mut now = vec![0u8; image.len()];
+    sim.read_at(&mut now, 0).unwrap();
+    assert!(now == image, "a refused open wrote to the device");
+}
+
+#[test]
+fn upgrade_keeps_every_view_and_is_idempotent() {
+    let sim = device(&image());
+    upgrade(&sim).unwrap();
+    let pool = open(&sim, false).expect("format 2 opens");
+    assert_eq!(pool.format_version(), FORMAT_VERSION);
+    verify(&pool).unwrap();
+    // Writable and consistent after the upgrade: write, close, reopen.
+    let (b, _) = pool.lookup_view("b").unwrap();
+    pool.write(b, 0, &vec![0x5a; 2 * BS], false).unwrap();
+    pool.close().unwrap();
+    let pool = open(&sim, true).expect("an upgrade open of format 2 is a plain open");
+    let mut buf = vec![0u8; 2 * BS];
+    pool.read(b, 0, &mut buf).unwrap();
+    assert!(buf.iter().all(|&x| x == 0x5a));
+    assert!(pool.check().is_clean());
+}
+
+/// A crash after every possible number of writes and flushes of the
+/// upgrade: the pool opens as format 1 (and then upgrades) or as format 2,
+/// with every view intact.
+#[test]
+fn a_crash_at_any_point_of_the_upgrade_loses_nothing() {
+    let image = image();
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let (mut as_v1, mut as_v2) = (0, 0);
+    for calls in 0..400 {
+        let sim = device(&image);
+        sim.crash_after(calls);
+        let finished = upgrade(&sim).is_ok() && !sim.is_dead();
+        sim.crash(&mut rng);
+        let pool = match open(&sim, false) {
+            Ok(pool) => {
+                as_v2 += 1;
+                pool
+            }
+            Err(EngineError::NeedsUpgrade { .. }) => {
+                as_v1 += 1;
+                upgrade(&sim).unwrap_or_else(|e| panic!("crash after {calls} calls: upgrade again: {e}"));
+                open(&sim, false).unwrap_or_else(|e| panic!("crash after {calls} calls: open: {e}"))
+            }
+            Err(e) => panic!("crash after {calls} calls: neither format opens: {e}"),
+        };
+        verify(&pool).unwrap_or_else(|e| panic!("crash after {calls} calls: {e}"));
+        if finished {
+            assert!(as_v1 > 0 && as_v2 > 0, "crashes left format 1 {as_v1} and format 2 {as_v2} times");
+            return;
+        }
+    }
+    panic!("the upgrade did not finish within 400 writes and flushes");
+}
