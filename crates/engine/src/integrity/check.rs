@@ -91,6 +91,29 @@ impl Pool {
     }
 }
 
+impl Pool {
+    /// The blocks of live metadata in the data area: every tree's nodes on
+    /// the devices and the catalog's segments (for fault-injection tests
+    /// and tools; walks every tree).
+    pub fn metadata_blocks(&self) -> crate::error::Result<Vec<(Pba, u64)>> {
+        let ctl = self.lock_commit();
+        let inner = self.read_inner();
+        let mut out: Vec<(Pba, u64)> = ctl.checkpoint_pieces.clone();
+        let mut add = |blocks: Vec<Pba>| out.extend(blocks.into_iter().map(|p| (p, 1)));
+        for v in inner.state.volumes.values() {
+            add(v.map.node_blocks()?);
+            for s in &v.snapshots {
+                add(s.dead.node_blocks()?);
+            }
+        }
+        add(inner.state.sums.node_blocks()?);
+        for d in &inner.space.devices {
+            add(d.tree.walk(&inner.space.store, &mut |_, _| {})?.blocks);
+        }
+        Ok(out)
+    }
+}
+
 /// Blocks metadata holds: every tree's nodes, nodes replaced but not yet
 /// free, the catalog; each owned once like data.
 fn metadata_owners(inner: &Inner, ctl: &CommitCtl, owners: &mut [Vec<Owner>], r: &mut CheckReport) {
