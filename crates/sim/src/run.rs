@@ -88,6 +88,9 @@ pub struct RunStats {
     pub enospc: usize,
     /// Accounting checks skipped (too many ambiguous entries).
     pub space_skipped: usize,
+    /// Metadata nodes evicted from the (minimal) cache and read again.
+    pub node_evictions: u64,
+    pub node_misses: u64,
 }
 
 impl RunStats {
@@ -100,6 +103,8 @@ impl RunStats {
         self.cut_undone += o.cut_undone;
         self.enospc += o.enospc;
         self.space_skipped += o.space_skipped;
+        self.node_evictions += o.node_evictions;
+        self.node_misses += o.node_misses;
     }
 }
 
@@ -180,8 +185,18 @@ impl Run {
 
     fn reopen(&mut self) -> Result<(), String> {
         let slots = slots_of(&self.devs, self.mirrored);
-        let pool = Pool::open_slots(slots, OpenOptions { strict: self.strict, ..Default::default() })
-            .map_err(|e| format!("reopen: {e}"))?;
+        // A metadata cache of 8 to 64 KiB: the simulated pools are small,
+        // so only a cache this small evicts nodes and reads them again
+        // from the devices all through the run. (Its dirty bound, a
+        // quarter, also makes checkpoints frequent.)
+        let cache = self.rng.random_range(2..=16) * 4096;
+        let options = OpenOptions {
+            strict: self.strict,
+            metadata_cache: cache,
+            tiny_metadata_cache: true,
+            ..Default::default()
+        };
+        let pool = Pool::open_slots(slots, options).map_err(|e| format!("reopen: {e}"))?;
         if pool.needs_resync() {
             // After a crash the mirror legs may differ where writes were cut.
             let bytes = pool.resync_legs(&mut |_, _| {}).map_err(|e| format!("resync after reopen: {e}"))?;
@@ -363,8 +378,18 @@ impl Run {
         Ok(())
     }
 
+    /// Count the cache's evictions and misses before a pool goes away.
+    fn note_cache(&mut self) {
+        if let Some(pool) = &self.pool {
+            let c = pool.status().metadata_cache;
+            self.stats.node_evictions += c.evictions;
+            self.stats.node_misses += c.misses;
+        }
+    }
+
     pub(crate) fn clean_reopen(&mut self) -> Result<(), String> {
         trace!("clean reopen");
+        self.note_cache();
         let pool = self.pool.take().expect("pool open");
         if let Err(e) = pool.close() {
             if self.any_dead() {
@@ -415,6 +440,7 @@ impl Run {
     pub(crate) fn crash_and_verify(&mut self) -> Result<(), String> {
         trace!("CRASH");
         self.stats.crashes += 1;
+        self.note_cache();
         drop(self.pool.take());
         for d in &self.devs {
             d.crash(&mut self.rng);

@@ -29,6 +29,9 @@ fn crash_simulation_500_seeds() {
     let (seeds, stats) = run_all(&SimConfig::default());
     println!("{seeds} seeds: {stats:?}");
     assert!(stats.crashes >= seeds, "every run ends in at least one crash");
+    // The pools run with the smallest metadata cache: nodes are evicted and
+    // read back from the devices mid-run (a replayed single seed may not).
+    assert!(seeds < 100 || (stats.node_evictions > 0 && stats.node_misses > 0), "{stats:?}");
 }
 
 #[test]

@@ -56,13 +56,20 @@ impl Cache {
         if capacity < MIN_CACHE_BYTES {
             return Err(StoreError::CacheTooSmall { bytes: capacity, needed: MIN_CACHE_BYTES });
         }
-        Ok(Cache {
+        Ok(Cache::tiny(capacity))
+    }
+
+    /// A cache of any size, even below a root-to-leaf path (a reader holds
+    /// the nodes of its path itself, so this is slow, never wrong): for
+    /// simulations that want evictions on small pools.
+    pub fn tiny(capacity: usize) -> Cache {
+        Cache {
             slots: Mutex::default(),
             capacity,
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
-        })
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Slots> {

@@ -56,8 +56,11 @@ impl std::fmt::Debug for Store {
 
 impl Store {
     pub fn new(io: Arc<dyn NodeIo>, cache_bytes: usize) -> Result<Store> {
-        let cache = Cache::new(cache_bytes)?;
-        Ok(Store { io, cache, dirty_nodes: AtomicU64::new(0), healed_nodes: AtomicU64::new(0) })
+        Ok(Store::with_cache(io, Cache::new(cache_bytes)?))
+    }
+
+    pub fn with_cache(io: Arc<dyn NodeIo>, cache: Cache) -> Store {
+        Store { io, cache, dirty_nodes: AtomicU64::new(0), healed_nodes: AtomicU64::new(0) }
     }
 
     /// A store whose trees live in memory only (nothing is written until

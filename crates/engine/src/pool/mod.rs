@@ -34,6 +34,10 @@ pub struct OpenOptions {
     pub metadata_cache: usize,
     /// Open a pool of an older format to convert it (`tarn pool upgrade`).
     pub upgrade: bool,
+    /// Simulations only: take `metadata_cache` even below a root-to-leaf
+    /// path (slow, never wrong), so that small pools evict nodes.
+    #[doc(hidden)]
+    pub tiny_metadata_cache: bool,
 }
 
 /// The metadata cache when none is asked for: 256 MiB.

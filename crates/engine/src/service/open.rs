@@ -373,7 +373,12 @@ type Loaded = (State, Space, Ranges, JournalCursor, usize);
 fn load(devices: &[Arc<dyn Device>], sb: &Superblock, options: &OpenOptions) -> Result<Loaded> {
     let cache = if options.metadata_cache == 0 { DEFAULT_METADATA_CACHE } else { options.metadata_cache };
     let io = Arc::new(DeviceNodeIo::new(devices.to_vec()));
-    let store = Arc::new(Store::new(io, cache).map_err(|e| EngineError::InvalidArgument(format!("metadata cache: {e}")))?);
+    let store = if options.tiny_metadata_cache {
+        Store::with_cache(io, tarn_store::Cache::tiny(cache))
+    } else {
+        Store::new(io, cache).map_err(|e| EngineError::InvalidArgument(format!("metadata cache: {e}")))?
+    };
+    let store = Arc::new(store);
     let areas = data_areas(devices, sb)?;
     match sb.version {
         FORMAT_VERSION => load_catalog(devices, sb, store, &areas),
