@@ -236,8 +236,9 @@ def main():
         print(f"== targets (tarn, round 1; at {ext / 1e6:.1f} M extents; the targets are set at >= 10 M)")
         check("last-minute IOPS >= 0.9x first minute", last_first(r), lambda x: x >= 0.9, "{:.2f}x")
         check("worst write latency <= 100 ms", r["max_ms"], lambda x: x <= 100, "{:.1f} ms")
-        check("resident memory <= cache + 100 MiB (this engine: no cache, the whole map in RAM; cache = 0)",
-              summary["tarn"]["hwm"] / 1024, lambda x: x <= 100, "VmHWM {:.0f} MiB")
+        cache_mib = (fnum(f.get("metadata cache bytes", ("",))[0]) or 0) / 2**20
+        check(f"resident memory <= cache + 100 MiB (metadata cache {cache_mib:.0f} MiB)",
+              summary["tarn"]["hwm"] / 1024, lambda x: x <= cache_mib + 100, "VmHWM {:.0f} MiB")
         for key, label in (("open (start to first NBD answer, cold cache) ms", "open <= 1 s"),
                            ("vol list (server) ms", "vol list <= 1 s (through the server)"),
                            ("vol list (offline, cold cache) ms", "vol list <= 1 s (offline: pool open included)")):
