@@ -239,7 +239,7 @@ try:
     print(f"journal bytes\t{st.get('journal_size', '?')}\t-")
     print(f"pool used bytes\t{st['used']}\t-")
     c = st.get("metadata_cache", {})
-    print(f"metadata cache bytes\t{c.get('capacity', 0)}\t-")
+    print(f"metadata cache bytes\t{c.get('budget', c.get('capacity', 0))}\t-")
     print(f"metadata cache hit rate\t{c.get('hit_rate', 0):.4f}\t-")
 except Exception as e:
     print(f"metadata bytes\t? ({e})\t-")

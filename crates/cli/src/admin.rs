@@ -257,7 +257,7 @@ pub fn snapshot_json(s: &SnapshotInfo) -> Value {
 fn cache_json(s: &PoolStatus) -> Value {
     let c = &s.metadata_cache;
     json!({
-        "capacity": c.capacity, "bytes": c.bytes, "nodes": c.nodes,
+        "budget": s.metadata_budget, "capacity": c.capacity, "bytes": c.bytes, "nodes": c.nodes,
         "hits": c.hits, "misses": c.misses, "evictions": c.evictions,
         "hit_rate": s.metadata_cache_hit_rate(), "dirty_nodes": s.dirty_nodes, "healed_nodes": s.healed_nodes,
     })

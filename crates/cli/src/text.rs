@@ -28,9 +28,10 @@ pub fn status(v: &Value) -> String {
     let c = &v["metadata_cache"];
     let _ = writeln!(
         s,
-        "  md cache   {} of {} ({} nodes, {} dirty), hit rate {:.1}%, {} misses, {} evictions",
+        "  md cache   {} of {} (budget {}; {} nodes, {} dirty), hit rate {:.1}%, {} misses, {} evictions",
         b(&c["bytes"]),
         b(&c["capacity"]),
+        b(&c["budget"]),
         c["nodes"],
         c["dirty_nodes"],
         c["hit_rate"].as_f64().unwrap_or(0.0) * 100.0,

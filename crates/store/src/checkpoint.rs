@@ -149,7 +149,10 @@ fn adopt_ptr<V: LeafValue>(store: &Store, ptr: &mut Ptr<V>, written: &mut Writte
 fn adopt_written<V: LeafValue>(store: &Store, node: &Arc<Node<V>>, written: &mut Written) -> (Pba, u32) {
     let (pba, crc) = written.nodes.remove(&identity(node)).expect("adopt only written nodes");
     let clean = match &**node {
-        Node::Leaf(_) => node.clone(),
+        // A leaf edited in memory has spare capacity in its vectors (up to
+        // twice its bytes); the clean copy is cloned to exact size, so the
+        // cache holds about what the disk holds.
+        Node::Leaf(l) => Arc::new(Node::Leaf(l.clone())),
         Node::Branch(b) => {
             let children = b
                 .children

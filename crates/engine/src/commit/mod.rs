@@ -291,9 +291,12 @@ impl Pool {
     }
 
     /// Dirty nodes stay in memory until a checkpoint writes them: bound
-    /// them to a quarter of the cache, so resident memory stays near it.
+    /// them to a sixth of the clean cache (an eighth of the metadata
+    /// budget, which gives the clean cache three quarters: see
+    /// `service/open.rs`), so resident memory stays near the budget and a
+    /// checkpoint writes at most that much.
     fn store_over_dirty_bound(&self, store: &tarn_store::Store) -> bool {
-        store.dirty_nodes() * NODE_SIZE as u64 > store.cache.stats().capacity / 4
+        store.dirty_nodes() * NODE_SIZE as u64 > store.cache.stats().capacity / 6
     }
 }
 

@@ -371,12 +371,17 @@ type Loaded = (State, Space, Ranges, JournalCursor, usize);
 
 /// Read the pool's metadata as its format says.
 fn load(devices: &[Arc<dyn Device>], sb: &Superblock, options: &OpenOptions) -> Result<Loaded> {
-    let cache = if options.metadata_cache == 0 { DEFAULT_METADATA_CACHE } else { options.metadata_cache };
+    let total = if options.metadata_cache == 0 { DEFAULT_METADATA_CACHE } else { options.metadata_cache };
+    // Dirty nodes (at most an eighth of the budget: `commit/`'s dirty
+    // bound, plus their frozen copies while a checkpoint writes) live
+    // beside the clean-node cache; the budget covers both.
+    let cache = total - total / 4;
     let io = Arc::new(DeviceNodeIo::new(devices.to_vec()));
     let store = if options.tiny_metadata_cache {
         Store::with_cache(io, tarn_store::Cache::tiny(cache))
     } else {
-        Store::new(io, cache).map_err(|e| EngineError::InvalidArgument(format!("metadata cache: {e}")))?
+        Store::new(io, cache.max(tarn_store::cache::MIN_CACHE_BYTES))
+            .map_err(|e| EngineError::InvalidArgument(format!("metadata cache: {e}")))?
     };
     let store = Arc::new(store);
     let areas = data_areas(devices, sb)?;
