@@ -109,6 +109,12 @@ impl<V: LeafValue> Tree<V> {
             Ok(node) => return Ok(node),
             Err(e) => e,
         };
+        // Read copy 0 once more, as data reads do: a flip on the way (not
+        // on the medium) is read past.
+        let again = store.io.read_node(at.pba, &mut buf);
+        if let Ok(node) = self.parse(store, at, b, again, &buf) {
+            return Ok(node);
+        }
         let copies = store.io.copies(at.pba).min(MAX_COPIES);
         let mut bad = vec![0];
         for copy in 1..copies {

@@ -64,14 +64,20 @@ impl Drop for FreshWrite<'_> {
     }
 }
 
-/// Apply a pool op that cannot fail (sums) and queue it for the commit.
-fn push_op(inner: &mut Inner, op: Op) {
-    let mut freed = Freed::new();
-    if let Err(e) = inner.state.apply(&op, &mut freed) {
-        unreachable!("pool op refused: {e}");
+impl Pool {
+    /// Apply a sums op and queue it for the commit. It is never refused,
+    /// but applying it reads the checksum tree, whose nodes a device may
+    /// have damaged: then the state may be half changed and the pool fences.
+    fn push_sums(&self, inner: &mut Inner, op: Op) -> Result<()> {
+        let mut freed = Freed::new();
+        if let Err(broken) = inner.state.apply(&op, &mut freed) {
+            self.fenced.store(true, Ordering::SeqCst);
+            return Err(broken.into());
+        }
+        debug_assert!(freed.is_empty());
+        inner.queue(op, freed);
+        Ok(())
     }
-    debug_assert!(freed.is_empty());
-    inner.queue(op, freed);
 }
 
 /// Where new data for a logical run goes.
@@ -275,7 +281,7 @@ impl Pool {
                     regions_of(pba, len).for_each(|r| {
                         inner.regions.last_write.insert(r, now);
                     });
-                    push_op(inner, Op::Sums { pba: pba.0, sums: part(at, len) });
+                    self.push_sums(inner, Op::Sums { pba: pba.0, sums: part(at, len) })?;
                 }
             }
         }
@@ -297,7 +303,7 @@ impl Pool {
                 Ok(()) => {
                     inner.queue(op, freed);
                     if self.checksums {
-                        push_op(inner, Op::Sums { pba: p.pba.0, sums: part(p.lba, p.len) });
+                        self.push_sums(inner, Op::Sums { pba: p.pba.0, sums: part(p.lba, p.len) })?;
                     }
                 }
                 // The volume went away meanwhile: nothing changed.
