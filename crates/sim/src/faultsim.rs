@@ -25,11 +25,16 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use tarn_engine::extent_map::tree_id;
 use tarn_engine::scrub::ScrubOptions;
 use tarn_engine::{create_mirrored_pool, CreateOptions, Device, EngineError, OpenOptions, Pool, View};
+use tarn_format::catalog::{Catalog, Root};
 use tarn_format::checkpoint::{SegmentHeader, SEGMENT_HEADER_LEN};
+use tarn_format::checksum::{checksum, SALT_CHECKPOINT};
 use tarn_format::journal::{RecordHeader, HEADER_LEN};
+use tarn_format::node::{decode_node, Expect, ExtentValue, LeafValue, NodeBody, RangeValue, SumsValue, MAX_LEVEL};
 use tarn_format::superblock::{Superblock, LABEL_BLOCKS, SUPERBLOCK_COPIES};
+use tarn_format::Pba;
 
 /// The device faults a run injects (one kind per run).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -882,6 +887,13 @@ fn read_block(dev: &SimDevice, b: u64, intended: bool) -> Vec<u8> {
     r.map(|()| buf).unwrap_or_default()
 }
 
+/// `count` blocks from block `b` (empty if they cannot be read).
+fn read_blocks(dev: &SimDevice, b: u64, count: usize, intended: bool) -> Vec<u8> {
+    let mut buf = vec![0u8; count * BLOCK];
+    let r = if intended { dev.read_intended(&mut buf, b * BS) } else { dev.read_at(&mut buf, b * BS) };
+    r.map(|()| buf).unwrap_or_default()
+}
+
 /// The newest valid superblock of a device image.
 fn superblock(dev: &SimDevice, intended: bool) -> Option<Superblock> {
     SUPERBLOCK_COPIES
@@ -949,11 +961,86 @@ fn metadata_of(dev: &SimDevice, intended: bool) -> Vec<Meta> {
         seq = h.seq;
     }
     let mut pba = sb.checkpoint.first_segment;
+    // The catalog: the segments' payloads in chain order (only if the
+    // whole chain is on this device and reads back as the superblock says).
+    let mut payload = Some(Vec::new());
     for _ in 0..sb.checkpoint.segments {
-        let b = pba & ((1 << 48) - 1);
-        let Ok(h) = SegmentHeader::decode(&read_block(dev, b, intended), pba) else { break };
-        out.extend(covered(b, SEGMENT_HEADER_LEN + h.payload_len as usize, "checkpoint segment"));
+        let b = Pba(pba).block();
+        let Ok(h) = SegmentHeader::decode(&read_block(dev, b, intended), pba) else {
+            payload = None;
+            break;
+        };
+        let len = SEGMENT_HEADER_LEN + h.payload_len as usize;
+        out.extend(covered(b, len, "checkpoint segment"));
+        if Pba(pba).device() != sb.device_index {
+            payload = None;
+        }
+        if let Some(p) = payload.as_mut() {
+            let bytes = read_blocks(dev, b, len.div_ceil(BLOCK), intended);
+            match bytes.get(SEGMENT_HEADER_LEN..len) {
+                Some(part) => p.extend_from_slice(part),
+                None => payload = None,
+            }
+        }
         pba = h.next_pba;
     }
+    let catalog = payload
+        .filter(|p| {
+            p.len() as u64 == sb.checkpoint.payload_len && checksum(SALT_CHECKPOINT, p) == sb.checkpoint.payload_crc
+        })
+        .and_then(|p| Catalog::decode(&p).ok());
+    if let Some(c) = catalog {
+        let mut walk =
+            NodeWalk { dev, intended, device: sb.device_index, data_start: sb.data_start, seen: HashSet::new() };
+        for v in &c.volumes {
+            walk.tree::<ExtentValue>(tree_id::head(v.id), &v.head.root, &mut out);
+            for s in &v.snapshots {
+                walk.tree::<ExtentValue>(tree_id::dead_list(s.epoch), &s.dead.root, &mut out);
+            }
+        }
+        walk.tree::<SumsValue>(tree_id::SUMS, &c.sums, &mut out);
+        for (i, s) in c.spaces.iter().enumerate() {
+            walk.tree::<RangeValue>(tree_id::space(i as u16), &s.root, &mut out);
+        }
+    }
     out
+}
+
+/// Walks the trees a catalog names over one device image: every node
+/// block a parent (or the catalog) points at on this device is live
+/// metadata, whole (the crc covers the block); descends only through
+/// nodes that decode, bounded by the level each parent gives and a set of
+/// blocks seen.
+struct NodeWalk<'a> {
+    dev: &'a SimDevice,
+    intended: bool,
+    /// This device's index in the pool (a node's address names its device).
+    device: u16,
+    data_start: u64,
+    seen: HashSet<u64>,
+}
+
+impl NodeWalk<'_> {
+    fn tree<V: LeafValue>(&mut self, tree: u64, root: &Root, out: &mut Vec<Meta>) {
+        if root.pba == 0 || root.level > MAX_LEVEL {
+            return;
+        }
+        let mut stack = vec![Expect { pba: Pba(root.pba), crc: root.crc, tree, level: root.level }];
+        while let Some(at) = stack.pop() {
+            // Nodes on other devices are not on this image.
+            let b = at.pba.block();
+            if at.pba.device() != self.device || b < self.data_start || b >= self.dev.size() / BS {
+                continue;
+            }
+            if !self.seen.insert(b) {
+                continue;
+            }
+            out.push(Meta { block: b, lo: 0, hi: BLOCK, what: "store node" });
+            let Ok((h, body)) = decode_node::<V>(&read_block(self.dev, b, self.intended), &at) else { continue };
+            if let (NodeBody::Branch(children), 1..) = (body, h.level) {
+                let level = h.level - 1;
+                stack.extend(children.iter().map(|c| Expect { pba: c.pba, crc: c.crc, tree, level }));
+            }
+        }
+    }
 }
