@@ -25,6 +25,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use tarn_engine::error::StateError;
 use tarn_engine::extent_map::tree_id;
 use tarn_engine::scrub::ScrubOptions;
 use tarn_engine::{create_mirrored_pool, CreateOptions, Device, EngineError, OpenOptions, Pool, View};
@@ -35,6 +36,7 @@ use tarn_format::journal::{RecordHeader, HEADER_LEN};
 use tarn_format::node::{decode_node, Expect, ExtentValue, LeafValue, NodeBody, RangeValue, SumsValue, MAX_LEVEL};
 use tarn_format::superblock::{Superblock, LABEL_BLOCKS, SUPERBLOCK_COPIES};
 use tarn_format::Pba;
+use tarn_store::StoreError;
 
 /// The device faults a run injects (one kind per run).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,6 +135,9 @@ pub struct FaultStats {
     pub open_refused: usize,
     /// Reopens from the other superblock copy (a note says so).
     pub other_copy: usize,
+    /// Runs ended by a damaged or unreadable store node, detected with a
+    /// typed store error (or by the checker) where a fault hit the node.
+    pub node_errors: usize,
     /// Undetectable damage, by [`Gap`].
     pub journal_gaps: usize,
     pub region_gaps: usize,
@@ -153,6 +158,7 @@ impl FaultStats {
         self.damaged_meta += o.damaged_meta;
         self.open_refused += o.open_refused;
         self.other_copy += o.other_copy;
+        self.node_errors += o.node_errors;
         self.journal_gaps += o.journal_gaps;
         self.region_gaps += o.region_gaps;
         self.stale_superblocks += o.stale_superblocks;
@@ -187,8 +193,12 @@ struct FaultRun {
     maybe_snap: Option<(String, String)>,
     /// The fault is armed (errors may happen from now on).
     armed: bool,
-    /// The run ended early (a refused reopen, checked).
+    /// The run ended early (a refused reopen, or damaged metadata met by
+    /// an operation; checked).
     ended: bool,
+    /// The first store error a read of the final checks met (detected
+    /// metadata damage; see [`FaultRun::node_damage`]).
+    node_error: Option<(String, Pba)>,
     place: Place,
     stats: FaultStats,
 }
@@ -216,6 +226,7 @@ pub fn run_fault_seed(seed: u64, cfg: &FaultConfig) -> Result<FaultStats, String
         maybe_snap: None,
         armed: false,
         ended: false,
+        node_error: None,
         place,
         stats: FaultStats { runs: 1, ..Default::default() },
     };
@@ -226,6 +237,19 @@ pub fn run_fault_seed(seed: u64, cfg: &FaultConfig) -> Result<FaultStats, String
 
 fn is_typed_read_error(e: &EngineError) -> bool {
     matches!(e, EngineError::Checksum { .. } | EngineError::Io { .. })
+}
+
+/// The node a store error names, for the errors a device fault can cause:
+/// a node that could not be read or written, or that failed validation.
+fn store_error_node(e: &EngineError) -> Option<Pba> {
+    let EngineError::State(StateError::Store(s)) = e else { return None };
+    match s {
+        StoreError::Read { pba, .. }
+        | StoreError::Write { pba, .. }
+        | StoreError::Corrupt { pba, .. }
+        | StoreError::Invalid { pba, .. } => Some(*pba),
+        _ => None,
+    }
 }
 
 impl FaultRun {
@@ -267,10 +291,18 @@ impl FaultRun {
             }
         }
         let (bad, failed) = self.verify_views("after the faults")?;
+        if let Some((msg, pba)) = self.node_error.take() {
+            return self.node_damage(&msg, pba);
+        }
         self.verify_scrub(&bad, &failed)?;
-        let report = self.pool().check();
-        if !report.is_clean() {
-            return Err(format!("checker: {:?}", report.problems));
+        if self.ended {
+            return Ok(());
+        }
+        // The cache may hold a node whose block a fault damaged since: the
+        // checker need not see it yet (the reopen must).
+        self.checked("checker", false)?;
+        if self.ended {
+            return Ok(());
         }
         self.final_reopen()
     }
@@ -283,7 +315,7 @@ impl FaultRun {
             0..=49 => self.write(),
             50..=54 => self.trim(),
             55..=69 => self.flush(),
-            70..=84 => self.read_compare().map(|()| true),
+            70..=84 => self.read_compare(),
             85..=91 => self.snapshot(),
             _ => self.clean_reopen(),
         }
@@ -357,6 +389,16 @@ impl FaultRun {
     /// A failed write, trim or commit: only with an injected error that
     /// fired; the run goes on only if the pool is not fenced.
     fn failed_update(&mut self, what: &str, e: EngineError) -> Result<bool, String> {
+        if let Some(pba) = self.fault_explains_store_error(&e) {
+            if let EngineError::State(StateError::Store(StoreError::Write { .. })) = e {
+                // A node write of a checkpoint failed: the commit failed
+                // and fenced, like any failed write.
+                self.stats.write_errors += 1;
+                return Ok(false);
+            }
+            self.node_damage(&format!("{what}: {e}"), pba)?;
+            return Ok(false);
+        }
         let injected = self.devs.iter().flat_map(|d| d.events()).any(|ev| {
             matches!(ev, FaultEvent::WriteError { .. } | FaultEvent::ReadError { .. } | FaultEvent::ReadFlip { .. })
         });
@@ -412,8 +454,9 @@ impl FaultRun {
         }
     }
 
-    /// A random range of a random view (head or snapshot), compared.
-    fn read_compare(&mut self) -> Result<(), String> {
+    /// A random range of a random view (head or snapshot), compared; false
+    /// when it met damaged metadata (the run ends).
+    fn read_compare(&mut self) -> Result<bool, String> {
         let (name, id, blocks) = self.any_volume();
         let v = self.model.vol(&name);
         let pick = self.rng.random_range(0..=v.snaps.len());
@@ -427,11 +470,16 @@ impl FaultRun {
                 if buf != want {
                     return Err(format!("read of {name} view {pick} at block {lba}+{n} differs from the model"));
                 }
-                Ok(())
+                Ok(true)
             }
             Err(e) if self.armed && self.fired() && is_typed_read_error(&e) => {
                 self.stats.read_errors += 1;
-                Ok(())
+                Ok(true)
+            }
+            Err(e) if self.fault_explains_store_error(&e).is_some() => {
+                let pba = self.fault_explains_store_error(&e).expect("just checked");
+                self.node_damage(&format!("read of {name} view {pick} at block {lba}+{n}: {e}"), pba)?;
+                Ok(false)
             }
             Err(e) => Err(format!("read of {name} view {pick} at block {lba}+{n}: {e}")),
         }
@@ -623,6 +671,12 @@ impl FaultRun {
                         // An error must be explained: the block is damaged, a
                         // read fault fired (its view block is not known), or a
                         // write failed midway.
+                        // A map or checksum node a fault hit: detected
+                        // metadata damage; the other blocks are read on.
+                        Err(e) if self.fault_explains_store_error(&e).is_some() => {
+                            let pba = self.fault_explains_store_error(&e).expect("just checked");
+                            self.node_error.get_or_insert((format!("{what}: {label} block {b}: {e}"), pba));
+                        }
                         Err(e) if is_typed_read_error(&e) && self.explains(&bad, &key) => {
                             if self.cfg.mirror && bad.is_empty() {
                                 return Err(format!("{what}: {label} block {b} failed with a good copy: {e}"));
@@ -655,7 +709,13 @@ impl FaultRun {
     /// Scrub finds what the reads found: every head block that failed (one
     /// copy) is listed lost; nothing without a fault.
     fn verify_scrub(&mut self, bad: &Blocks, failed: &Blocks) -> Result<(), String> {
-        let r = self.pool().scrub(&ScrubOptions::default(), &mut |_, _| {}).map_err(|e| format!("scrub: {e}"))?;
+        let r = match self.pool().scrub(&ScrubOptions::default(), &mut |_, _| {}) {
+            Ok(r) => r,
+            Err(e) => {
+                let pba = self.fault_explains_store_error(&e).ok_or(format!("scrub: {e}"))?;
+                return self.node_damage(&format!("scrub: {e}"), pba);
+            }
+        };
         self.stats.scrub_lost += r.lost_blocks;
         self.stats.healed += r.repaired + self.pool().status().healed_blocks;
         if !self.fired() && (r.bad_copies, r.lost_blocks) != (0, 0) {
@@ -687,7 +747,7 @@ impl FaultRun {
     fn final_reopen(&mut self) -> Result<(), String> {
         if let Err(e) = self.pool().flush() {
             self.failed_update("final flush", e)?;
-            return self.after_fence();
+            return if self.ended { Ok(()) } else { self.after_fence() };
         }
         self.model.flushed();
         let crash = matches!(self.cfg.kind, FaultKind::Rot | FaultKind::Misdirect | FaultKind::Lost)
@@ -702,7 +762,7 @@ impl FaultRun {
         } else if let Err(e) = pool.close() {
             self.pool = Some(pool);
             self.failed_update("close", e)?;
-            return self.after_fence();
+            return if self.ended { Ok(()) } else { self.after_fence() };
         }
         // Data faults end here; faults on metadata meet the open.
         if self.place == Place::Data {
@@ -773,11 +833,12 @@ impl FaultRun {
                         Gap::StaleSuperblockCopy => unreachable!("classified at open"),
                     }
                 }
-                let report = self.pool().check();
-                if !report.is_clean() {
-                    return Err(format!("checker after the reopen: {:?}", report.problems));
+                if let Some((msg, pba)) = self.node_error.take() {
+                    return self.node_damage(&msg, pba);
                 }
-                Ok(())
+                // Nodes are read lazily: the pool opens over a damaged
+                // one, and every view read back; the checker reads them all.
+                self.checked("checker after the reopen", true)
             }
         }
     }
@@ -794,7 +855,13 @@ impl FaultRun {
     /// Which live metadata structure (as the fault-free image has it) is
     /// damaged on every leg or meets a read fault, if any.
     fn meta_damage(&self) -> Option<&'static str> {
-        let mut found = None;
+        self.meta_hits().first().copied()
+    }
+
+    /// Every live metadata structure damaged or met by a read fault, by
+    /// leg (on a mirror: none unless every leg has one).
+    fn meta_hits(&self) -> Vec<&'static str> {
+        let mut found = Vec::new();
         for d in &self.devs {
             let live = live_metadata_intended(d);
             let covered = |b: u64| live.iter().find(|m| m.block == b);
@@ -813,11 +880,11 @@ impl FaultRun {
                 }
                 _ => None,
             });
-            let hit = damaged.chain(read_faults).next();
-            if self.cfg.mirror && hit.is_none() {
-                return None;
+            let hits: Vec<&'static str> = damaged.chain(read_faults).collect();
+            if self.cfg.mirror && hits.is_empty() {
+                return Vec::new();
             }
-            found = found.or(hit);
+            found.extend(hits);
         }
         found
     }
@@ -870,13 +937,74 @@ impl FaultRun {
         for name in names {
             let id = self.pool().volume_id(&name).ok_or(format!("volume {name} missing"))?;
             let mut image = vec![0u8; self.model.vol(&name).current.len()];
-            self.pool().read(id, 0, &mut image).map_err(|e| format!("read {name} after the fence: {e}"))?;
+            if let Err(e) = self.pool().read(id, 0, &mut image) {
+                let pba = self.fault_explains_store_error(&e).ok_or(format!("read {name} after the fence: {e}"))?;
+                return self.node_damage(&format!("read {name} after the fence: {e}"), pba);
+            }
             self.model.vol(&name).check_after_crash(&image).map_err(|e| format!("{name} after the fence: {e}"))?;
         }
-        let report = self.pool().check();
-        if !report.is_clean() {
-            return Err(format!("checker after the fence: {:?}", report.problems));
+        self.checked("checker after the fence", true)
+    }
+
+    /// Which node a store error names, if a fault explains it: armed and
+    /// fired, on one copy (a mirror heals from the other), and the node's
+    /// block is damaged or a fault touched it. Any other store error is
+    /// not explained (a failure).
+    fn fault_explains_store_error(&self, e: &EngineError) -> Option<Pba> {
+        let pba = store_error_node(e)?;
+        if !self.armed || !self.fired() || self.cfg.mirror || pba.device() != 0 {
+            return None;
         }
+        let (lo, hi) = (pba.block() * BS, (pba.block() + 1) * BS);
+        let hits = |off: u64, len: usize| off < hi && lo < off + len as u64;
+        let touched = |d: &Arc<SimDevice>| {
+            d.damage().iter().any(|(off, _)| *off == lo)
+                || d.events().iter().any(|ev| match *ev {
+                    FaultEvent::Rot { offset, .. } | FaultEvent::ReadFlip { offset, .. } => hits(offset, 1),
+                    FaultEvent::ReadError { offset, len }
+                    | FaultEvent::WriteError { offset, len }
+                    | FaultEvent::Lost { offset, len } => hits(offset, len),
+                    FaultEvent::Misdirected { offset, len, to } => hits(offset, len) || hits(to, len),
+                })
+        };
+        self.devs.iter().any(touched).then_some(pba)
+    }
+
+    /// A store error a fault explains ends the run: the damage was
+    /// detected with a typed error naming the node. While the node's block
+    /// stays damaged the checker (which walks every tree) must find it too.
+    fn node_damage(&mut self, msg: &str, pba: Pba) -> Result<(), String> {
+        trace!("detected store node damage: {msg}");
+        self.stats.damaged_meta = 1;
+        self.stats.node_errors = 1;
+        self.ended = true;
+        let damaged = self.devs.iter().all(|d| d.damage().iter().any(|(off, _)| *off == pba.block() * BS));
+        if damaged && self.pool.is_some() && self.pool().check().is_clean() {
+            return Err(format!("{msg}; yet the checker finds nothing wrong"));
+        }
+        Ok(())
+    }
+
+    /// The checker: problems only where a fault hit a live store node (the
+    /// damage was detected: the run ends), none otherwise. With a cold
+    /// cache (just opened), a damaged live node must be found.
+    fn checked(&mut self, what: &str, cold: bool) -> Result<(), String> {
+        let report = self.pool().check();
+        // After the check: a read fault on a node fires when it is read.
+        let hit = !self.cfg.mirror && self.meta_hits().contains(&"store node");
+        if report.is_clean() {
+            if cold && hit {
+                return Err(format!("{what}: opened over a damaged store node, yet the checker finds it clean"));
+            }
+            return Ok(());
+        }
+        if !hit || !self.armed {
+            return Err(format!("{what}: {:?}", report.problems));
+        }
+        trace!("{what}: store node damage found: {:?}", report.problems);
+        self.stats.damaged_meta = 1;
+        self.stats.node_errors = 1;
+        self.ended = true;
         Ok(())
     }
 }

@@ -167,9 +167,11 @@ fn damaged_journal_record_with_records_after_it_refuses_the_open() {
 /// Known gap: the damaged record is the last one written (no record after
 /// it), then a crash: nothing tells it from a commit cut by the crash, so
 /// replay stops there and the answered flushes it held are lost silently.
+/// (Seed 235: rot of a journal record. Seed 0 pinned this until store nodes
+/// joined the metadata a fault may be aimed at; it now rots a node.)
 #[test]
 fn known_gap_damaged_last_journal_record_ends_replay_silently_after_a_crash() {
-    assert_eq!(gap_of(FaultKind::Rot, 0), Some(Gap::JournalRecordAfterCrash));
+    assert_eq!(gap_of(FaultKind::Rot, 235), Some(Gap::JournalRecordAfterCrash));
 }
 
 /// Was a known gap found by this simulation: a lost (or misdirected)
