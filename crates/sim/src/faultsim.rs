@@ -1060,6 +1060,13 @@ fn live_metadata_intended(dev: &SimDevice) -> Vec<Meta> {
     metadata_of(dev, true)
 }
 
+/// The blocks of the store nodes the current checkpoint's catalog reaches
+/// on `dev` (as it would hold them without faults): live metadata, though
+/// in the data area and read only when a tree is used.
+pub fn live_store_nodes(dev: &SimDevice) -> Vec<u64> {
+    metadata_of(dev, true).into_iter().filter(|m| m.what == "store node").map(|m| m.block).collect()
+}
+
 /// Blocks of a structure of `bytes` covered bytes starting at `start`.
 fn covered(start: u64, bytes: usize, what: &'static str) -> impl Iterator<Item = Meta> {
     (0..bytes.div_ceil(BLOCK)).map(move |i| Meta {

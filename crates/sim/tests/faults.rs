@@ -1,7 +1,9 @@
 //! Fault injection between runs: random bit flips in the metadata a closed
-//! pool carries (superblock copies, checkpoint segments) are detected every
-//! time: the pool refuses to open with a clear error, or opens from the
-//! other superblock copy and says so; it never serves wrong data. Devices
+//! pool carries (superblock copies, checkpoint segments, store nodes) are
+//! detected every time: the pool refuses to open with a clear error, or
+//! opens from the other superblock copy and says so, or (a store node,
+//! read only when its tree is used) opens and the reads and the checker
+//! meet the damage; it never serves wrong data. Devices
 //! that fail I/O: errors reach the caller, the pool stays up, and a failed
 //! commit fences it.
 
@@ -10,6 +12,7 @@ use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
 use tarn_engine::scrub::ScrubOptions;
 use tarn_engine::{create_mirrored_pool, CreateOptions, Device, EngineError, OpenOptions, Pool};
+use tarn_sim::faultsim::live_store_nodes;
 use tarn_sim::{fixture, SimDevice};
 
 const MIB: u64 = 1 << 20;
@@ -79,22 +82,58 @@ fn data_intact(pool: &Pool) -> bool {
         && (0..16).all(|i| pool.read(b, i * BS as u64, &mut buf).is_ok() && buf == block(200 + i))
 }
 
+/// Every volume block reads back as written or the read fails with a
+/// typed error (pool metadata that cannot be read, or a data checksum).
+fn data_never_wrong(pool: &Pool) -> bool {
+    let mut buf = vec![0u8; BS];
+    let a = pool.volume_id("a").unwrap();
+    let b = pool.volume_id("b").unwrap();
+    let want_a = |i: u64| if i < 8 { block(100 + i) } else { block(i) };
+    let ok = |r: Result<(), EngineError>, want: Vec<u8>, buf: &[u8]| match r {
+        Ok(()) => buf == want,
+        Err(e) => matches!(e, EngineError::State(_) | EngineError::Checksum { .. }),
+    };
+    (0..24).all(|i| ok(pool.read(a, i * BS as u64, &mut buf), want_a(i), &buf))
+        && (0..16).all(|i| ok(pool.read(b, i * BS as u64, &mut buf), block(200 + i), &buf))
+}
+
 #[test]
 fn every_metadata_bit_flip_is_detected() {
     let sim = closed_pool();
     let places = metadata_bytes(&sim);
     assert!(places.len() > 200, "only {} metadata bytes found", places.len());
     let mut rng = ChaCha8Rng::seed_from_u64(11);
-    let (mut refused, mut other_copy) = (0, 0);
+    let (mut refused, mut other_copy, mut live_node, mut dead_node) = (0, 0, 0, 0);
     for _ in 0..300 {
         let at = places[rng.random_range(0..places.len())];
         let bit = rng.random_range(0..8u8);
+        // A node the catalog reaches is live; one it no longer reaches (an
+        // older copy, replaced copy-on-write) is free space.
+        let b = at / BS as u64;
+        let live = live_store_nodes(&sim).contains(&b);
+        let mut head = [0u8; 8];
+        sim.read_at(&mut head, b * BS as u64).unwrap();
+        let dead = !live && &head == b"TARNNODE";
         sim.flip_bit(at, bit);
         match open(&sim) {
             Err(e) => {
                 refused += 1;
                 let msg = e.to_string();
                 assert!(msg.contains("sim0"), "error does not name the device: {msg}");
+            }
+            // Store nodes are read when their tree is used: the pool opens,
+            // reads give the data or fail, and the checker, which walks
+            // every tree, finds the damage.
+            Ok(pool) if live => {
+                assert!(data_never_wrong(&pool), "flip at byte {at} (store node) changed data");
+                let report = pool.check();
+                assert!(!report.is_clean(), "flip at byte {at} bit {bit} in a live store node went unnoticed");
+                live_node += 1;
+            }
+            Ok(pool) if dead => {
+                assert!(data_intact(&pool), "flip at byte {at} (a node no tree reaches) changed data");
+                assert!(pool.check().is_clean(), "flip at byte {at} (a node no tree reaches): {:?}", pool.check());
+                dead_node += 1;
             }
             Ok(pool) => {
                 // Only a damaged superblock copy may be survived, and said.
@@ -110,7 +149,11 @@ fn every_metadata_bit_flip_is_detected() {
         }
         sim.flip_bit(at, bit);
     }
-    assert!(refused > 0 && other_copy > 0, "refused {refused}, other copy {other_copy}");
+    println!("refused {refused}, other copy {other_copy}, live store node {live_node}, dead store node {dead_node}");
+    assert!(
+        refused > 0 && other_copy > 0 && live_node > 0,
+        "refused {refused}, other copy {other_copy}, live node {live_node}"
+    );
     let pool = open(&sim).unwrap();
     assert!(data_intact(&pool));
 }
