@@ -855,12 +855,12 @@ impl FaultRun {
     /// Which live metadata structure (as the fault-free image has it) is
     /// damaged on every leg or meets a read fault, if any.
     fn meta_damage(&self) -> Option<&'static str> {
-        self.meta_hits().first().copied()
+        self.meta_hits().first().map(|m| m.what)
     }
 
     /// Every live metadata structure damaged or met by a read fault, by
     /// leg (on a mirror: none unless every leg has one).
-    fn meta_hits(&self) -> Vec<&'static str> {
+    fn meta_hits(&self) -> Vec<Meta> {
         let mut found = Vec::new();
         for d in &self.devs {
             let live = live_metadata_intended(d);
@@ -869,18 +869,18 @@ impl FaultRun {
             let damaged = d.damage().into_iter().filter_map(|(off, want)| {
                 let m = covered(off / BS)?;
                 d.read_stored(&mut stored, off).ok()?;
-                (stored[m.lo..m.hi] != want[m.lo..m.hi]).then_some(m.what)
+                (stored[m.lo..m.hi] != want[m.lo..m.hi]).then_some(*m)
             });
             let read_faults = d.events().into_iter().filter_map(|e| match e {
                 FaultEvent::ReadFlip { offset, .. } => {
-                    covered(offset / BS).filter(|m| (m.lo..m.hi).contains(&((offset % BS) as usize))).map(|m| m.what)
+                    covered(offset / BS).filter(|m| (m.lo..m.hi).contains(&((offset % BS) as usize))).copied()
                 }
                 FaultEvent::ReadError { offset, len } => {
-                    (offset / BS..(offset + len as u64).div_ceil(BS)).find_map(|b| covered(b).map(|m| m.what))
+                    (offset / BS..(offset + len as u64).div_ceil(BS)).find_map(|b| covered(b).copied())
                 }
                 _ => None,
             });
-            let hits: Vec<&'static str> = damaged.chain(read_faults).collect();
+            let hits: Vec<Meta> = damaged.chain(read_faults).collect();
             if self.cfg.mirror && hits.is_empty() {
                 return Vec::new();
             }
@@ -890,7 +890,8 @@ impl FaultRun {
     }
 
     /// The open failed: only over damaged or unreadable live metadata (or
-    /// a read fault armed on it), with a typed error naming the device.
+    /// a read fault armed on it), with a typed error naming the device (a
+    /// store error too, should replaying the journal read a node a fault hit).
     fn refused(&mut self, e: EngineError) -> Result<(), String> {
         let typed = matches!(
             e,
@@ -899,7 +900,7 @@ impl FaultRun {
                 | EngineError::Io { .. }
                 | EngineError::Inconsistent(_)
                 | EngineError::MemberUnavailable { .. }
-        );
+        ) || self.fault_explains_store_error(&e).is_some();
         let named = self.devs.iter().any(|d| e.to_string().contains(&d.name()));
         if !typed || !named {
             return Err(format!("open refused with an untyped or unnamed error: {e}"));
@@ -991,14 +992,23 @@ impl FaultRun {
     fn checked(&mut self, what: &str, cold: bool) -> Result<(), String> {
         let report = self.pool().check();
         // After the check: a read fault on a node fires when it is read.
-        let hit = !self.cfg.mirror && self.meta_hits().contains(&"store node");
+        let hits = self.meta_hits();
+        let nodes: Vec<String> = hits
+            .iter()
+            .filter(|m| m.what == "store node" && !self.cfg.mirror)
+            .map(|m| format!("store node {} of", Pba::new(0, m.block)))
+            .collect();
         if report.is_clean() {
-            if cold && hit {
-                return Err(format!("{what}: opened over a damaged store node, yet the checker finds it clean"));
+            if cold && !nodes.is_empty() {
+                return Err(format!(
+                    "{what}: opened over a damaged store node, yet the checker finds it clean: {nodes:?}"
+                ));
             }
             return Ok(());
         }
-        if !hit || !self.armed {
+        // Every problem may follow from the damage, but one names a node hit.
+        let named = report.problems.iter().any(|p| nodes.iter().any(|n| p.contains(n.as_str())));
+        if !named || !self.armed {
             return Err(format!("{what}: {:?}", report.problems));
         }
         trace!("{what}: store node damage found: {:?}", report.problems);
