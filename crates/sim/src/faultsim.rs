@@ -1,8 +1,9 @@
 //! Seeded device-fault runs: a workload of writes, trims, flushes,
 //! snapshots and clean reopens against the reference model, then one kind
 //! of device fault aimed at data or at live metadata (superblock copies,
-//! journal records, checkpoint segments) while the workload goes on, then a
-//! full comparison, a scrub and a reopen. The device records which blocks a
+//! journal records, checkpoint segments, the store nodes the checkpoint's
+//! catalog reaches) while the workload goes on, then a full comparison, a
+//! scrub and a reopen. The device records which blocks a
 //! fault left wrong and what they should hold ([`SimDevice::damage`]), so
 //! every damaged live block is known and must be detected:
 //!
@@ -14,7 +15,10 @@
 //!   read succeeds and scrub finds nothing;
 //! - damaged live metadata makes the reopen fail with a typed error naming
 //!   the device, or the pool opens from the other superblock copy and says
-//!   so, or (a mirror) from the other copy of the structure.
+//!   so, or (a mirror) from the other copy of the structure;
+//! - store nodes are read lazily: a damaged one fails the operation that
+//!   first reads it with a typed store error naming a node a fault hit (the
+//!   run ends there), and after a reopen the checker must find it.
 //!
 //! What the design cannot see is classified, not excused silently: see
 //! [`Gap`]. `TARN_SEED=N` replays one run.
@@ -668,15 +672,15 @@ impl FaultRun {
                         Ok(()) => {
                             wrong.insert(key);
                         }
-                        // An error must be explained: the block is damaged, a
-                        // read fault fired (its view block is not known), or a
-                        // write failed midway.
                         // A map or checksum node a fault hit: detected
                         // metadata damage; the other blocks are read on.
                         Err(e) if self.fault_explains_store_error(&e).is_some() => {
                             let pba = self.fault_explains_store_error(&e).expect("just checked");
                             self.node_error.get_or_insert((format!("{what}: {label} block {b}: {e}"), pba));
                         }
+                        // An error must be explained: the block is damaged, a
+                        // read fault fired (its view block is not known), or a
+                        // write failed midway.
                         Err(e) if is_typed_read_error(&e) && self.explains(&bad, &key) => {
                             if self.cfg.mirror && bad.is_empty() {
                                 return Err(format!("{what}: {label} block {b} failed with a good copy: {e}"));

@@ -1,8 +1,9 @@
 //! Device faults the crash simulation does not inject: bit rot, bit flips
 //! on the read path (once or every time), read and write errors, misdirected
 //! and lost writes, each aimed at data or at live metadata (superblock
-//! copies, journal records, checkpoint segments) over a seeded workload of
-//! writes, trims, flushes, snapshots and reopens (`tarn_sim::faultsim`).
+//! copies, journal records, checkpoint segments, store nodes) over a seeded
+//! workload of writes, trims, flushes, snapshots and reopens
+//! (`tarn_sim::faultsim`).
 //! Every damaged live block must be detected: reads fail (or a mirror
 //! heals), scrub lists it, damaged metadata refuses the open with a typed
 //! error naming the device or the other superblock copy is used and noted;
