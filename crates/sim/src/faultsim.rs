@@ -1,8 +1,9 @@
 //! Seeded device-fault runs: a workload of writes, trims, flushes,
 //! snapshots and clean reopens against the reference model, then one kind
 //! of device fault aimed at data or at live metadata (superblock copies,
-//! journal records, checkpoint segments) while the workload goes on, then a
-//! full comparison, a scrub and a reopen. The device records which blocks a
+//! journal records, checkpoint segments, the store nodes the checkpoint's
+//! catalog reaches) while the workload goes on, then a full comparison, a
+//! scrub and a reopen. The device records which blocks a
 //! fault left wrong and what they should hold ([`SimDevice::damage`]), so
 //! every damaged live block is known and must be detected:
 //!
@@ -14,7 +15,10 @@
 //!   read succeeds and scrub finds nothing;
 //! - damaged live metadata makes the reopen fail with a typed error naming
 //!   the device, or the pool opens from the other superblock copy and says
-//!   so, or (a mirror) from the other copy of the structure.
+//!   so, or (a mirror) from the other copy of the structure;
+//! - store nodes are read lazily: a damaged one fails the operation that
+//!   first reads it with a typed store error naming a node a fault hit (the
+//!   run ends there), and after a reopen the checker must find it.
 //!
 //! What the design cannot see is classified, not excused silently: see
 //! [`Gap`]. `TARN_SEED=N` replays one run.
@@ -25,11 +29,18 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use tarn_engine::error::StateError;
+use tarn_engine::extent_map::tree_id;
 use tarn_engine::scrub::ScrubOptions;
 use tarn_engine::{create_mirrored_pool, CreateOptions, Device, EngineError, OpenOptions, Pool, View};
+use tarn_format::catalog::{Catalog, Root};
 use tarn_format::checkpoint::{SegmentHeader, SEGMENT_HEADER_LEN};
+use tarn_format::checksum::{checksum, SALT_CHECKPOINT};
 use tarn_format::journal::{RecordHeader, HEADER_LEN};
+use tarn_format::node::{decode_node, Expect, ExtentValue, LeafValue, NodeBody, RangeValue, SumsValue, MAX_LEVEL};
 use tarn_format::superblock::{Superblock, LABEL_BLOCKS, SUPERBLOCK_COPIES};
+use tarn_format::Pba;
+use tarn_store::StoreError;
 
 /// The device faults a run injects (one kind per run).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,6 +139,9 @@ pub struct FaultStats {
     pub open_refused: usize,
     /// Reopens from the other superblock copy (a note says so).
     pub other_copy: usize,
+    /// Runs ended by a damaged or unreadable store node, detected with a
+    /// typed store error (or by the checker) where a fault hit the node.
+    pub node_errors: usize,
     /// Undetectable damage, by [`Gap`].
     pub journal_gaps: usize,
     pub region_gaps: usize,
@@ -148,6 +162,7 @@ impl FaultStats {
         self.damaged_meta += o.damaged_meta;
         self.open_refused += o.open_refused;
         self.other_copy += o.other_copy;
+        self.node_errors += o.node_errors;
         self.journal_gaps += o.journal_gaps;
         self.region_gaps += o.region_gaps;
         self.stale_superblocks += o.stale_superblocks;
@@ -182,8 +197,12 @@ struct FaultRun {
     maybe_snap: Option<(String, String)>,
     /// The fault is armed (errors may happen from now on).
     armed: bool,
-    /// The run ended early (a refused reopen, checked).
+    /// The run ended early (a refused reopen, or damaged metadata met by
+    /// an operation; checked).
     ended: bool,
+    /// The first store error a read of the final checks met (detected
+    /// metadata damage; see [`FaultRun::node_damage`]).
+    node_error: Option<(String, Pba)>,
     place: Place,
     stats: FaultStats,
 }
@@ -211,6 +230,7 @@ pub fn run_fault_seed(seed: u64, cfg: &FaultConfig) -> Result<FaultStats, String
         maybe_snap: None,
         armed: false,
         ended: false,
+        node_error: None,
         place,
         stats: FaultStats { runs: 1, ..Default::default() },
     };
@@ -221,6 +241,19 @@ pub fn run_fault_seed(seed: u64, cfg: &FaultConfig) -> Result<FaultStats, String
 
 fn is_typed_read_error(e: &EngineError) -> bool {
     matches!(e, EngineError::Checksum { .. } | EngineError::Io { .. })
+}
+
+/// The node a store error names, for the errors a device fault can cause:
+/// a node that could not be read or written, or that failed validation.
+fn store_error_node(e: &EngineError) -> Option<Pba> {
+    let EngineError::State(StateError::Store(s)) = e else { return None };
+    match s {
+        StoreError::Read { pba, .. }
+        | StoreError::Write { pba, .. }
+        | StoreError::Corrupt { pba, .. }
+        | StoreError::Invalid { pba, .. } => Some(*pba),
+        _ => None,
+    }
 }
 
 impl FaultRun {
@@ -262,10 +295,18 @@ impl FaultRun {
             }
         }
         let (bad, failed) = self.verify_views("after the faults")?;
+        if let Some((msg, pba)) = self.node_error.take() {
+            return self.node_damage(&msg, pba);
+        }
         self.verify_scrub(&bad, &failed)?;
-        let report = self.pool().check();
-        if !report.is_clean() {
-            return Err(format!("checker: {:?}", report.problems));
+        if self.ended {
+            return Ok(());
+        }
+        // The cache may hold a node whose block a fault damaged since: the
+        // checker need not see it yet (the reopen must).
+        self.checked("checker", false)?;
+        if self.ended {
+            return Ok(());
         }
         self.final_reopen()
     }
@@ -278,7 +319,7 @@ impl FaultRun {
             0..=49 => self.write(),
             50..=54 => self.trim(),
             55..=69 => self.flush(),
-            70..=84 => self.read_compare().map(|()| true),
+            70..=84 => self.read_compare(),
             85..=91 => self.snapshot(),
             _ => self.clean_reopen(),
         }
@@ -352,6 +393,16 @@ impl FaultRun {
     /// A failed write, trim or commit: only with an injected error that
     /// fired; the run goes on only if the pool is not fenced.
     fn failed_update(&mut self, what: &str, e: EngineError) -> Result<bool, String> {
+        if let Some(pba) = self.fault_explains_store_error(&e) {
+            if let EngineError::State(StateError::Store(StoreError::Write { .. })) = e {
+                // A node write of a checkpoint failed: the commit failed
+                // and fenced, like any failed write.
+                self.stats.write_errors += 1;
+                return Ok(false);
+            }
+            self.node_damage(&format!("{what}: {e}"), pba)?;
+            return Ok(false);
+        }
         let injected = self.devs.iter().flat_map(|d| d.events()).any(|ev| {
             matches!(ev, FaultEvent::WriteError { .. } | FaultEvent::ReadError { .. } | FaultEvent::ReadFlip { .. })
         });
@@ -407,8 +458,9 @@ impl FaultRun {
         }
     }
 
-    /// A random range of a random view (head or snapshot), compared.
-    fn read_compare(&mut self) -> Result<(), String> {
+    /// A random range of a random view (head or snapshot), compared; false
+    /// when it met damaged metadata (the run ends).
+    fn read_compare(&mut self) -> Result<bool, String> {
         let (name, id, blocks) = self.any_volume();
         let v = self.model.vol(&name);
         let pick = self.rng.random_range(0..=v.snaps.len());
@@ -422,11 +474,16 @@ impl FaultRun {
                 if buf != want {
                     return Err(format!("read of {name} view {pick} at block {lba}+{n} differs from the model"));
                 }
-                Ok(())
+                Ok(true)
             }
             Err(e) if self.armed && self.fired() && is_typed_read_error(&e) => {
                 self.stats.read_errors += 1;
-                Ok(())
+                Ok(true)
+            }
+            Err(e) if self.fault_explains_store_error(&e).is_some() => {
+                let pba = self.fault_explains_store_error(&e).expect("just checked");
+                self.node_damage(&format!("read of {name} view {pick} at block {lba}+{n}: {e}"), pba)?;
+                Ok(false)
             }
             Err(e) => Err(format!("read of {name} view {pick} at block {lba}+{n}: {e}")),
         }
@@ -615,6 +672,12 @@ impl FaultRun {
                         Ok(()) => {
                             wrong.insert(key);
                         }
+                        // A map or checksum node a fault hit: detected
+                        // metadata damage; the other blocks are read on.
+                        Err(e) if self.fault_explains_store_error(&e).is_some() => {
+                            let pba = self.fault_explains_store_error(&e).expect("just checked");
+                            self.node_error.get_or_insert((format!("{what}: {label} block {b}: {e}"), pba));
+                        }
                         // An error must be explained: the block is damaged, a
                         // read fault fired (its view block is not known), or a
                         // write failed midway.
@@ -650,7 +713,13 @@ impl FaultRun {
     /// Scrub finds what the reads found: every head block that failed (one
     /// copy) is listed lost; nothing without a fault.
     fn verify_scrub(&mut self, bad: &Blocks, failed: &Blocks) -> Result<(), String> {
-        let r = self.pool().scrub(&ScrubOptions::default(), &mut |_, _| {}).map_err(|e| format!("scrub: {e}"))?;
+        let r = match self.pool().scrub(&ScrubOptions::default(), &mut |_, _| {}) {
+            Ok(r) => r,
+            Err(e) => {
+                let pba = self.fault_explains_store_error(&e).ok_or(format!("scrub: {e}"))?;
+                return self.node_damage(&format!("scrub: {e}"), pba);
+            }
+        };
         self.stats.scrub_lost += r.lost_blocks;
         self.stats.healed += r.repaired + self.pool().status().healed_blocks;
         if !self.fired() && (r.bad_copies, r.lost_blocks) != (0, 0) {
@@ -682,7 +751,7 @@ impl FaultRun {
     fn final_reopen(&mut self) -> Result<(), String> {
         if let Err(e) = self.pool().flush() {
             self.failed_update("final flush", e)?;
-            return self.after_fence();
+            return if self.ended { Ok(()) } else { self.after_fence() };
         }
         self.model.flushed();
         let crash = matches!(self.cfg.kind, FaultKind::Rot | FaultKind::Misdirect | FaultKind::Lost)
@@ -697,7 +766,7 @@ impl FaultRun {
         } else if let Err(e) = pool.close() {
             self.pool = Some(pool);
             self.failed_update("close", e)?;
-            return self.after_fence();
+            return if self.ended { Ok(()) } else { self.after_fence() };
         }
         // Data faults end here; faults on metadata meet the open.
         if self.place == Place::Data {
@@ -768,11 +837,12 @@ impl FaultRun {
                         Gap::StaleSuperblockCopy => unreachable!("classified at open"),
                     }
                 }
-                let report = self.pool().check();
-                if !report.is_clean() {
-                    return Err(format!("checker after the reopen: {:?}", report.problems));
+                if let Some((msg, pba)) = self.node_error.take() {
+                    return self.node_damage(&msg, pba);
                 }
-                Ok(())
+                // Nodes are read lazily: the pool opens over a damaged
+                // one, and every view read back; the checker reads them all.
+                self.checked("checker after the reopen", true)
             }
         }
     }
@@ -789,7 +859,13 @@ impl FaultRun {
     /// Which live metadata structure (as the fault-free image has it) is
     /// damaged on every leg or meets a read fault, if any.
     fn meta_damage(&self) -> Option<&'static str> {
-        let mut found = None;
+        self.meta_hits().first().map(|m| m.what)
+    }
+
+    /// Every live metadata structure damaged or met by a read fault, by
+    /// leg (on a mirror: none unless every leg has one).
+    fn meta_hits(&self) -> Vec<Meta> {
+        let mut found = Vec::new();
         for d in &self.devs {
             let live = live_metadata_intended(d);
             let covered = |b: u64| live.iter().find(|m| m.block == b);
@@ -797,28 +873,29 @@ impl FaultRun {
             let damaged = d.damage().into_iter().filter_map(|(off, want)| {
                 let m = covered(off / BS)?;
                 d.read_stored(&mut stored, off).ok()?;
-                (stored[m.lo..m.hi] != want[m.lo..m.hi]).then_some(m.what)
+                (stored[m.lo..m.hi] != want[m.lo..m.hi]).then_some(*m)
             });
             let read_faults = d.events().into_iter().filter_map(|e| match e {
                 FaultEvent::ReadFlip { offset, .. } => {
-                    covered(offset / BS).filter(|m| (m.lo..m.hi).contains(&((offset % BS) as usize))).map(|m| m.what)
+                    covered(offset / BS).filter(|m| (m.lo..m.hi).contains(&((offset % BS) as usize))).copied()
                 }
                 FaultEvent::ReadError { offset, len } => {
-                    (offset / BS..(offset + len as u64).div_ceil(BS)).find_map(|b| covered(b).map(|m| m.what))
+                    (offset / BS..(offset + len as u64).div_ceil(BS)).find_map(|b| covered(b).copied())
                 }
                 _ => None,
             });
-            let hit = damaged.chain(read_faults).next();
-            if self.cfg.mirror && hit.is_none() {
-                return None;
+            let hits: Vec<Meta> = damaged.chain(read_faults).collect();
+            if self.cfg.mirror && hits.is_empty() {
+                return Vec::new();
             }
-            found = found.or(hit);
+            found.extend(hits);
         }
         found
     }
 
     /// The open failed: only over damaged or unreadable live metadata (or
-    /// a read fault armed on it), with a typed error naming the device.
+    /// a read fault armed on it), with a typed error naming the device (a
+    /// store error too, should replaying the journal read a node a fault hit).
     fn refused(&mut self, e: EngineError) -> Result<(), String> {
         let typed = matches!(
             e,
@@ -827,7 +904,7 @@ impl FaultRun {
                 | EngineError::Io { .. }
                 | EngineError::Inconsistent(_)
                 | EngineError::MemberUnavailable { .. }
-        );
+        ) || self.fault_explains_store_error(&e).is_some();
         let named = self.devs.iter().any(|d| e.to_string().contains(&d.name()));
         if !typed || !named {
             return Err(format!("open refused with an untyped or unnamed error: {e}"));
@@ -865,19 +942,96 @@ impl FaultRun {
         for name in names {
             let id = self.pool().volume_id(&name).ok_or(format!("volume {name} missing"))?;
             let mut image = vec![0u8; self.model.vol(&name).current.len()];
-            self.pool().read(id, 0, &mut image).map_err(|e| format!("read {name} after the fence: {e}"))?;
+            if let Err(e) = self.pool().read(id, 0, &mut image) {
+                let pba = self.fault_explains_store_error(&e).ok_or(format!("read {name} after the fence: {e}"))?;
+                return self.node_damage(&format!("read {name} after the fence: {e}"), pba);
+            }
             self.model.vol(&name).check_after_crash(&image).map_err(|e| format!("{name} after the fence: {e}"))?;
         }
-        let report = self.pool().check();
-        if !report.is_clean() {
-            return Err(format!("checker after the fence: {:?}", report.problems));
+        self.checked("checker after the fence", true)
+    }
+
+    /// Which node a store error names, if a fault explains it: armed and
+    /// fired, on one copy (a mirror heals from the other), and the node's
+    /// block is damaged or a fault touched it. Any other store error is
+    /// not explained (a failure).
+    fn fault_explains_store_error(&self, e: &EngineError) -> Option<Pba> {
+        let pba = store_error_node(e)?;
+        if !self.armed || !self.fired() || self.cfg.mirror || pba.device() != 0 {
+            return None;
         }
+        let (lo, hi) = (pba.block() * BS, (pba.block() + 1) * BS);
+        let hits = |off: u64, len: usize| off < hi && lo < off + len as u64;
+        let touched = |d: &Arc<SimDevice>| {
+            d.damage().iter().any(|(off, _)| *off == lo)
+                || d.events().iter().any(|ev| match *ev {
+                    FaultEvent::Rot { offset, .. } | FaultEvent::ReadFlip { offset, .. } => hits(offset, 1),
+                    FaultEvent::ReadError { offset, len }
+                    | FaultEvent::WriteError { offset, len }
+                    | FaultEvent::Lost { offset, len } => hits(offset, len),
+                    FaultEvent::Misdirected { offset, len, to } => hits(offset, len) || hits(to, len),
+                })
+        };
+        self.devs.iter().any(touched).then_some(pba)
+    }
+
+    /// A store error a fault explains ends the run: the damage was
+    /// detected with a typed error naming the node. While the node's block
+    /// stays damaged the checker (which walks every tree) must find it too.
+    fn node_damage(&mut self, msg: &str, pba: Pba) -> Result<(), String> {
+        trace!("detected store node damage: {msg}");
+        self.stats.damaged_meta = 1;
+        self.stats.node_errors = 1;
+        self.ended = true;
+        let damaged = self.devs.iter().all(|d| d.damage().iter().any(|(off, _)| *off == pba.block() * BS));
+        if damaged && self.pool.is_some() && self.pool().check().is_clean() {
+            return Err(format!("{msg}; yet the checker finds nothing wrong"));
+        }
+        Ok(())
+    }
+
+    /// The checker: problems only where a fault hit a live store node (the
+    /// damage was detected: the run ends), none otherwise. With a cold
+    /// cache (just opened), a damaged live node must be found.
+    fn checked(&mut self, what: &str, cold: bool) -> Result<(), String> {
+        let report = self.pool().check();
+        // After the check: a read fault on a node fires when it is read.
+        let hits = self.meta_hits();
+        let nodes: Vec<String> = hits
+            .iter()
+            .filter(|m| m.what == "store node" && !self.cfg.mirror)
+            .map(|m| format!("store node {} of", Pba::new(0, m.block)))
+            .collect();
+        if report.is_clean() {
+            if cold && !nodes.is_empty() {
+                return Err(format!(
+                    "{what}: opened over a damaged store node, yet the checker finds it clean: {nodes:?}"
+                ));
+            }
+            return Ok(());
+        }
+        // Every problem may follow from the damage, but one names a node hit.
+        let named = report.problems.iter().any(|p| nodes.iter().any(|n| p.contains(n.as_str())));
+        if !named || !self.armed {
+            return Err(format!("{what}: {:?}", report.problems));
+        }
+        trace!("{what}: store node damage found: {:?}", report.problems);
+        self.stats.damaged_meta = 1;
+        self.stats.node_errors = 1;
+        self.ended = true;
         Ok(())
     }
 }
 
 fn read_block(dev: &SimDevice, b: u64, intended: bool) -> Vec<u8> {
     let mut buf = vec![0u8; BLOCK];
+    let r = if intended { dev.read_intended(&mut buf, b * BS) } else { dev.read_at(&mut buf, b * BS) };
+    r.map(|()| buf).unwrap_or_default()
+}
+
+/// `count` blocks from block `b` (empty if they cannot be read).
+fn read_blocks(dev: &SimDevice, b: u64, count: usize, intended: bool) -> Vec<u8> {
+    let mut buf = vec![0u8; count * BLOCK];
     let r = if intended { dev.read_intended(&mut buf, b * BS) } else { dev.read_at(&mut buf, b * BS) };
     r.map(|()| buf).unwrap_or_default()
 }
@@ -920,6 +1074,13 @@ fn live_metadata_intended(dev: &SimDevice) -> Vec<Meta> {
     metadata_of(dev, true)
 }
 
+/// The blocks of the store nodes the current checkpoint's catalog reaches
+/// on `dev` (as it would hold them without faults): live metadata, though
+/// in the data area and read only when a tree is used.
+pub fn live_store_nodes(dev: &SimDevice) -> Vec<u64> {
+    metadata_of(dev, true).into_iter().filter(|m| m.what == "store node").map(|m| m.block).collect()
+}
+
 /// Blocks of a structure of `bytes` covered bytes starting at `start`.
 fn covered(start: u64, bytes: usize, what: &'static str) -> impl Iterator<Item = Meta> {
     (0..bytes.div_ceil(BLOCK)).map(move |i| Meta {
@@ -949,11 +1110,86 @@ fn metadata_of(dev: &SimDevice, intended: bool) -> Vec<Meta> {
         seq = h.seq;
     }
     let mut pba = sb.checkpoint.first_segment;
+    // The catalog: the segments' payloads in chain order (only if the
+    // whole chain is on this device and reads back as the superblock says).
+    let mut payload = Some(Vec::new());
     for _ in 0..sb.checkpoint.segments {
-        let b = pba & ((1 << 48) - 1);
-        let Ok(h) = SegmentHeader::decode(&read_block(dev, b, intended), pba) else { break };
-        out.extend(covered(b, SEGMENT_HEADER_LEN + h.payload_len as usize, "checkpoint segment"));
+        let b = Pba(pba).block();
+        let Ok(h) = SegmentHeader::decode(&read_block(dev, b, intended), pba) else {
+            payload = None;
+            break;
+        };
+        let len = SEGMENT_HEADER_LEN + h.payload_len as usize;
+        out.extend(covered(b, len, "checkpoint segment"));
+        if Pba(pba).device() != sb.device_index {
+            payload = None;
+        }
+        if let Some(p) = payload.as_mut() {
+            let bytes = read_blocks(dev, b, len.div_ceil(BLOCK), intended);
+            match bytes.get(SEGMENT_HEADER_LEN..len) {
+                Some(part) => p.extend_from_slice(part),
+                None => payload = None,
+            }
+        }
         pba = h.next_pba;
     }
+    let catalog = payload
+        .filter(|p| {
+            p.len() as u64 == sb.checkpoint.payload_len && checksum(SALT_CHECKPOINT, p) == sb.checkpoint.payload_crc
+        })
+        .and_then(|p| Catalog::decode(&p).ok());
+    if let Some(c) = catalog {
+        let mut walk =
+            NodeWalk { dev, intended, device: sb.device_index, data_start: sb.data_start, seen: HashSet::new() };
+        for v in &c.volumes {
+            walk.tree::<ExtentValue>(tree_id::head(v.id), &v.head.root, &mut out);
+            for s in &v.snapshots {
+                walk.tree::<ExtentValue>(tree_id::dead_list(s.epoch), &s.dead.root, &mut out);
+            }
+        }
+        walk.tree::<SumsValue>(tree_id::SUMS, &c.sums, &mut out);
+        for (i, s) in c.spaces.iter().enumerate() {
+            walk.tree::<RangeValue>(tree_id::space(i as u16), &s.root, &mut out);
+        }
+    }
     out
+}
+
+/// Walks the trees a catalog names over one device image: every node
+/// block a parent (or the catalog) points at on this device is live
+/// metadata, whole (the crc covers the block); descends only through
+/// nodes that decode, bounded by the level each parent gives and a set of
+/// blocks seen.
+struct NodeWalk<'a> {
+    dev: &'a SimDevice,
+    intended: bool,
+    /// This device's index in the pool (a node's address names its device).
+    device: u16,
+    data_start: u64,
+    seen: HashSet<u64>,
+}
+
+impl NodeWalk<'_> {
+    fn tree<V: LeafValue>(&mut self, tree: u64, root: &Root, out: &mut Vec<Meta>) {
+        if root.pba == 0 || root.level > MAX_LEVEL {
+            return;
+        }
+        let mut stack = vec![Expect { pba: Pba(root.pba), crc: root.crc, tree, level: root.level }];
+        while let Some(at) = stack.pop() {
+            // Nodes on other devices are not on this image.
+            let b = at.pba.block();
+            if at.pba.device() != self.device || b < self.data_start || b >= self.dev.size() / BS {
+                continue;
+            }
+            if !self.seen.insert(b) {
+                continue;
+            }
+            out.push(Meta { block: b, lo: 0, hi: BLOCK, what: "store node" });
+            let Ok((h, body)) = decode_node::<V>(&read_block(self.dev, b, self.intended), &at) else { continue };
+            if let (NodeBody::Branch(children), 1..) = (body, h.level) {
+                let level = h.level - 1;
+                stack.extend(children.iter().map(|c| Expect { pba: c.pba, crc: c.crc, tree, level }));
+            }
+        }
+    }
 }

@@ -1,8 +1,9 @@
 //! Device faults the crash simulation does not inject: bit rot, bit flips
 //! on the read path (once or every time), read and write errors, misdirected
 //! and lost writes, each aimed at data or at live metadata (superblock
-//! copies, journal records, checkpoint segments) over a seeded workload of
-//! writes, trims, flushes, snapshots and reopens (`tarn_sim::faultsim`).
+//! copies, journal records, checkpoint segments, store nodes) over a seeded
+//! workload of writes, trims, flushes, snapshots and reopens
+//! (`tarn_sim::faultsim`).
 //! Every damaged live block must be detected: reads fail (or a mirror
 //! heals), scrub lists it, damaged metadata refuses the open with a typed
 //! error naming the device or the other superblock copy is used and noted;
@@ -167,9 +168,11 @@ fn damaged_journal_record_with_records_after_it_refuses_the_open() {
 /// Known gap: the damaged record is the last one written (no record after
 /// it), then a crash: nothing tells it from a commit cut by the crash, so
 /// replay stops there and the answered flushes it held are lost silently.
+/// (Seed 235: rot of a journal record. Seed 0 pinned this until store nodes
+/// joined the metadata a fault may be aimed at; it now rots a node.)
 #[test]
 fn known_gap_damaged_last_journal_record_ends_replay_silently_after_a_crash() {
-    assert_eq!(gap_of(FaultKind::Rot, 0), Some(Gap::JournalRecordAfterCrash));
+    assert_eq!(gap_of(FaultKind::Rot, 235), Some(Gap::JournalRecordAfterCrash));
 }
 
 /// Was a known gap found by this simulation: a lost (or misdirected)
