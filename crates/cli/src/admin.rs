@@ -97,7 +97,7 @@ pub struct Ctx<'a> {
 pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, String> {
     let r = match req {
         Request::Status => Ok(status_json(&pool.status())),
-        Request::Check => Ok(check_json(pool)),
+        Request::Check => Ok(check_json(pool, ctx)),
         Request::Flush => pool.flush().map(|_| json!({})),
         Request::VolList => Ok(Value::Array(pool.list_volumes().iter().map(volume_json).collect())),
         Request::VolCreate { name, size } => pool.create_volume(name, *size).map(|v| volume_json(&v)),
@@ -124,8 +124,8 @@ pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, Strin
     r.map_err(|e| e.to_string())
 }
 
-fn check_json(pool: &Pool) -> Value {
-    let r = pool.check();
+fn check_json(pool: &Pool, ctx: &mut Ctx) -> Value {
+    let r = pool.check_with_progress(ctx.progress);
     json!({
         "clean": r.is_clean(), "problems": r.problems, "notes": r.notes,
         "volumes": r.volumes, "extents": r.extents,

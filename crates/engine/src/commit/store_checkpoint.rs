@@ -71,6 +71,7 @@ impl Pool {
         frozen: FrozenPool,
         frees: &Freed,
     ) -> Result<Freed> {
+        let started = std::time::Instant::now();
         let store = self.read_inner().state.store.clone();
         let mut alloc = PoolNodeAlloc { pool: self, batch: Vec::new(), used: Vec::new(), error: None };
         let wrote = frozen.write(&store, &mut alloc);
@@ -92,7 +93,9 @@ impl Pool {
         catalog.inflight = catalog::ranges(frozen.inflight.clone());
         let payload = catalog.encode();
         let pieces = allocate_catalog(&mut self.write_inner().space, payload.len())?;
+        let written_at = started.elapsed();
         self.flip_to(ctl, frozen.seq, &payload, &pieces)?;
+        let durable_at = started.elapsed();
         let leftovers = {
             let mut inner = self.write_inner();
             let inner = &mut *inner;
@@ -105,6 +108,15 @@ impl Pool {
         ctl.next_release = leftovers.into_iter().map(|p| (p, 1)).collect();
         ctl.checkpoint_pieces = pieces;
         self.counters.checkpoints.fetch_add(1, Ordering::Relaxed);
+        log::info!(
+            "checkpoint {}: {} nodes and a {} B catalog written in {:?}, durable at {:?}, adopted at {:?}",
+            ctl.journal.seq,
+            catalog.own_nodes.iter().map(|r| r.1).sum::<u64>(),
+            payload.len(),
+            written_at,
+            durable_at,
+            started.elapsed()
+        );
         Ok(coalesce(release))
     }
 

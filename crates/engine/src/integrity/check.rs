@@ -42,6 +42,13 @@ const MAX_LISTED: usize = 100;
 
 impl Pool {
     pub fn check(&self) -> CheckReport {
+        self.check_with_progress(&mut |_, _| {})
+    }
+
+    /// [`Pool::check`], calling `progress(done, total)` in map entries as
+    /// it walks the maps (most of its time; the space maps, checksum and
+    /// node walks follow). Time and memory are proportional to metadata.
+    pub fn check_with_progress(&self, progress: &mut dyn FnMut(u64, u64)) -> CheckReport {
         // Lock order everywhere: commit, then I/O gate, then pool state (the
         // committer holds the commit lock while it drains the gate).
         let ctl = self.lock_commit();
@@ -49,6 +56,8 @@ impl Pool {
         let inner = self.read_inner();
         let mut r = CheckReport { notes: ctl.notes.clone(), volumes: inner.state.volumes.len(), ..Default::default() };
         let mut owners: Vec<Vec<Owner>> = vec![Vec::new(); self.devices.len()];
+        let total = inner.state.extent_count() as u64;
+        progress(0, total);
         for v in inner.state.volumes.values() {
             check_volume_links(&inner.state, v, &mut r);
             if let Err(e) = crate::meta::checkpoint::check_versions(v) {
@@ -60,6 +69,7 @@ impl Pool {
             for (list, map, blocks, max_birth) in lists {
                 let what = format!("volume {} {list}", v.name);
                 r.mapped_blocks += check_map(&what, map, blocks, max_birth, v.origin.is_some(), &mut owners, &mut r);
+                progress((r.extents as u64).min(total), total);
             }
         }
         metadata_owners(&inner, &ctl, &mut owners, &mut r);
