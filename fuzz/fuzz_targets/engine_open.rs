@@ -9,10 +9,10 @@
 //! typed error, and the checker must not panic, whatever the bytes.
 #![no_main]
 
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
-use tarn_fuzz::image::{apply_input, build_flavour, flavour_of, open, Flavour, Image};
+use tarn_fuzz::image::{apply_input_into, build_flavour, flavour_of, open, open_device, Flavour, Image, MemDevice};
 
 fn checked(flavour: Flavour) -> Image {
     let img = build_flavour(flavour);
@@ -32,9 +32,17 @@ fn image(flavour: Flavour) -> &'static Image {
     cell.get_or_init(|| checked(flavour))
 }
 
+/// The device bytes of the previous run, reused: a fresh copy of the
+/// image each run costs more (mapping, page faults) than opening it.
+static SCRATCH: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+
 fuzz_target!(|data: &[u8]| {
     let img = image(flavour_of(data));
-    if let Ok(pool) = open(apply_input(img, data)) {
+    let mut bytes = std::mem::take(&mut *SCRATCH.lock().unwrap_or_else(|p| p.into_inner()));
+    apply_input_into(img, data, &mut bytes);
+    let dev = Arc::new(MemDevice::new(bytes));
+    if let Ok(pool) = open_device(dev.clone()) {
         let _ = pool.check();
     }
+    *SCRATCH.lock().unwrap_or_else(|p| p.into_inner()) = std::mem::take(&mut *dev.lock());
 });

@@ -32,7 +32,9 @@ const MIB: u64 = 1 << 20;
 
 /// The two images: [`Flavour::Small`] has one-leaf trees and opens fast;
 /// [`Flavour::Branches`] adds a volume of 1,100 one-block extents, so its
-/// map and the data-checksum tree have branch nodes (and it is slower).
+/// map has branch nodes, and keeps no data checksums (no DATA_CHECKSUMS
+/// feature, no sums tree: checking 1,100 extents' sums would make every run
+/// eight times slower).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flavour {
     Small,
@@ -104,7 +106,8 @@ fn engine<T>(what: &str, r: tarn_engine::Result<T>) -> T {
 pub fn generate(flavour: Flavour) -> Vec<u8> {
     let mem = Arc::new(MemDevice::new(vec![0u8; flavour.device_bytes()]));
     let dev: Arc<dyn Device> = mem.clone();
-    let opts = CreateOptions { journal_bytes: Some(JOURNAL_BYTES), force: true, no_checksums: false };
+    let no_checksums = flavour == Flavour::Branches;
+    let opts = CreateOptions { journal_bytes: Some(JOURNAL_BYTES), force: true, no_checksums };
     engine("create", create_pool(std::slice::from_ref(&dev), &["fuzz0".into()], &opts));
     // Fixed uuids, journal generation and creation time in both copies.
     {
@@ -132,7 +135,7 @@ pub fn generate(flavour: Flavour) -> Vec<u8> {
     engine("write b", pool.write(b, 3 * bs, &block(0x43), false));
     engine("flush", pool.flush());
     if flavour.sparse_extents() > 0 {
-        // "e": enough separate extents (and data checksums) for branch nodes.
+        // "e": enough separate extents for branch nodes.
         let e = engine("create e", pool.create_volume("e", 16 * MIB)).id;
         for lba in 0..flavour.sparse_extents() {
             engine("write e", pool.write(e, 2 * lba * bs, &block(lba as u8), false));
@@ -303,8 +306,12 @@ impl Device for MemDevice {
 
 /// Open `bytes` read-only as a one-device pool.
 pub fn open(bytes: Vec<u8>) -> tarn_engine::Result<Pool> {
-    let dev: Arc<dyn Device> = Arc::new(MemDevice::new(bytes));
-    Pool::open(vec![dev], OpenOptions { read_only: true, ..OpenOptions::default() })
+    open_device(Arc::new(MemDevice::new(bytes)))
+}
+
+/// Open `dev` read-only as a one-device pool.
+pub fn open_device(dev: Arc<MemDevice>) -> tarn_engine::Result<Pool> {
+    Pool::open(vec![dev as Arc<dyn Device>], OpenOptions { read_only: true, ..OpenOptions::default() })
 }
 
 /// Where an edit of `engine_open`'s input lands.
@@ -366,7 +373,17 @@ pub fn flavour_of(data: &[u8]) -> Flavour {
 /// Apply an `engine_open` input to a copy of the image: edits first, then
 /// the appended record, then the reseals the flags ask for.
 pub fn apply_input(img: &Image, data: &[u8]) -> Vec<u8> {
-    let mut bytes = img.bytes.clone();
+    let mut bytes = Vec::new();
+    apply_input_into(img, data, &mut bytes);
+    bytes
+}
+
+/// [`apply_input`] into `bytes` (resized to the image): a buffer reused
+/// across runs saves the fuzz target mapping and faulting in a fresh copy
+/// of the image every time.
+pub fn apply_input_into(img: &Image, data: &[u8], bytes: &mut Vec<u8>) {
+    bytes.resize(img.bytes.len(), 0);
+    bytes.copy_from_slice(&img.bytes);
     let (flags, count, mut r) = match data {
         [f, n, rest @ ..] => (*f, *n, rest),
         [f] => (*f, 0, &[][..]),
@@ -402,17 +419,16 @@ pub fn apply_input(img: &Image, data: &[u8]) -> Vec<u8> {
         }
     }
     if flags & flags::RESEAL_JOURNAL != 0 {
-        reseal_journal(&mut bytes, img.journal_start, img.journal_blocks);
+        reseal_journal(bytes, img.journal_start, img.journal_blocks);
     }
     if flags & flags::RESEAL_CHECKPOINT != 0 {
-        reseal_checkpoint(&mut bytes, SUPERBLOCK_COPIES[0], &SUPERBLOCK_COPIES);
+        reseal_checkpoint(bytes, SUPERBLOCK_COPIES[0], &SUPERBLOCK_COPIES);
     }
     if flags & (flags::RESEAL_SUPERBLOCKS | flags::RESEAL_CHECKPOINT) != 0 {
         for &copy in &SUPERBLOCK_COPIES {
             crate::reseal::superblock(&mut bytes[copy as usize * BS..]);
         }
     }
-    bytes
 }
 
 /// Reseal the records found in the journal region `start..start+blocks`,
