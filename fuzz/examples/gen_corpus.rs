@@ -171,21 +171,25 @@ fn engine_open_seeds(dir: &Path, flavour: Flavour, f: u8, tag: &str) {
     let new = pool.list_volumes().iter().map(|v| v.id).max().expect("volumes") + 1;
     let s2 = pool.snapshot_info("a", "s2").expect("s2").epoch;
     let e = img.epoch;
-    let ops = |pba| {
-        encode_ops(&[
+    let checksums = sb.incompat & tarn_format::superblock::incompat::DATA_CHECKSUMS != 0;
+    let ops = |pba: u64| {
+        let block = &img.bytes[pba as usize * BS..(pba as usize + 1) * BS];
+        let mut ops = vec![
             Op::VolCreate { vol: new, size: 128 << 10, name: "f".into() },
             Op::Map { vol: new, lba: 1, len: 1, pba, birth: e },
-            Op::Sums {
-                pba,
-                sums: vec![tarn_engine::sums::block_sum(&img.bytes[pba as usize * BS..(pba as usize + 1) * BS])],
-            },
+        ];
+        if checksums {
+            ops.push(Op::Sums { pba, sums: vec![tarn_engine::sums::block_sum(block)] });
+        }
+        ops.extend([
             Op::Unmap { vol: a, lba: 0, len: 1 },
             Op::VolResize { vol: b, size: 512 << 10 },
             Op::Materialize { vol: c, snap: 0, lba: 7, len: 1, pba: 0 },
             Op::SnapCreate { vol: a, name: "s9".into(), created: image::SNAPSHOT_CREATED },
             Op::SnapDelete { vol: a, epoch: s2 },
             Op::Rollback { vol: a, epoch: e },
-        ])
+        ]);
+        encode_ops(&ops)
     };
     drop(pool);
     let blocks = img.bytes.len() as u64 / BS as u64;
