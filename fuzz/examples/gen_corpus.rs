@@ -148,6 +148,7 @@ fn assert_clean(img: &image::Image, input: &[u8], what: &str) {
 
 fn engine_open_seeds(dir: &Path, flavour: Flavour, f: u8, tag: &str) {
     let img = image::build_flavour(flavour);
+    assert!(image::generate(flavour) == img.bytes, "the {flavour:?} pool image differs from one build to the next");
     let sb = image::current_superblock(&img.bytes).expect("image superblock");
     let seed = |name: &str, input: &[u8]| write(dir, "engine_open", &format!("{name}{tag}"), input);
     let as_is = image::encode_input(f, &[], None);
