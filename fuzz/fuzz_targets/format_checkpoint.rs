@@ -3,10 +3,13 @@
 //! reseals its checksum); the rest is a checkpoint payload, walked whole
 //! with `CheckpointDecoder` (volumes, extents, snapshots, dead lists) and
 //! round-tripped through `CheckpointEncoder`, then rebuilt into an engine
-//! state by `tarn_engine::decode_checkpoint_state` (what `Pool::open` does).
+//! state by `tarn_engine::decode_checkpoint_state` (what `Pool::open` does
+//! with a format 1 checkpoint, to upgrade it). The same payload is also
+//! decoded as a format 2 catalog (`Catalog::decode`) and round-tripped.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use tarn_format::catalog::Catalog;
 use tarn_format::checkpoint::{SegmentHeader, SEGMENT_HEADER_LEN};
 use tarn_fuzz::{reseal, samples};
 
@@ -33,4 +36,7 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(samples::decode_checkpoint(&again), Ok(ckpt));
     }
     let _ = tarn_engine::decode_checkpoint_state(payload);
+    if let Ok(c) = Catalog::decode(payload) {
+        assert_eq!(Catalog::decode(&c.encode()), Ok(c));
+    }
 });

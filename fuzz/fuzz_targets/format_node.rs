@@ -1,4 +1,4 @@
-//! `decode_node` on arbitrary blocks. The input is padded to a block and
+//! `decode_node` on arbitrary blocks (extent, range and sums codecs). The input is padded to a block and
 //! its checksum fixed up, and the expected address, tree and level are
 //! taken from its own header, so the fuzzer reaches the field and entry
 //! decoding behind them. A decoded node must re-encode to a block that
@@ -6,6 +6,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use tarn_format::node::SumsValue;
 use tarn_format::node::{
     decode_node, encode_node, node_crc, Expect, ExtentValue, LeafValue, NodeBody, RangeValue, NODE_CRC_OFFSET,
     NODE_SIZE,
@@ -32,4 +33,5 @@ fuzz_target!(|data: &[u8]| {
     block[NODE_CRC_OFFSET..].copy_from_slice(&crc.to_le_bytes());
     check::<ExtentValue>(&block);
     check::<RangeValue>(&block);
+    check::<SumsValue>(&block);
 });

@@ -1,27 +1,70 @@
-//! A small, deterministic pool image (one 2 MiB device) built from the
-//! format's own encoders: two superblock copies, a checkpoint in two
-//! segments, two journal records after it. `engine_open` damages copies of
-//! it and opens them.
+//! A small, deterministic pool image of the current format (one 2 MiB
+//! device; a 6 MiB flavour has branch nodes) written by the engine itself:
+//! `create_pool`, then volumes, writes, snapshots, a clone, a checkpoint (a
+//! catalog and copy-on-write tree nodes), then more writes, a snapshot and
+//! flushes without a close, so the journal holds records after the
+//! checkpoint. `engine_open` damages copies of it and opens them.
+//!
+//! The engine draws uuids and the journal generation at random and stamps
+//! snapshots with the clock: [`generate`] replaces them with fixed values
+//! (and reseals what it changed), so the image is the same in every process
+//! and a crash input replays anywhere. Whatever the fuzz target needs to
+//! know about the image (journal region, checkpoint chain, the next record's
+//! sequence and epoch) is read back from the image by [`Image::from_bytes`].
 
 use std::io;
 use std::sync::{Arc, Mutex};
 
-use tarn_engine::{Device, OpenOptions, Pool};
-use tarn_format::checkpoint::{SegmentHeader, SEGMENT_HEADER_LEN};
+use tarn_engine::{create_pool, CreateOptions, Device, OpenOptions, Pool, View};
+use tarn_format::catalog::Catalog;
+use tarn_format::checkpoint::SEGMENT_HEADER_LEN;
 use tarn_format::checksum::{checksum, SALT_CHECKPOINT};
 use tarn_format::journal::RecordHeader;
-use tarn_format::ops::encode_ops;
-use tarn_format::superblock::SUPERBLOCK_COPIES;
+use tarn_format::superblock::{Superblock, SUPERBLOCK_COPIES};
 use tarn_format::BLOCK_SIZE;
 
-use crate::samples;
-
+/// Device size of the small flavour.
 pub const DEVICE_BYTES: usize = 2 << 20;
+/// Journal region of the image: 32 blocks.
+pub const JOURNAL_BYTES: u64 = 128 << 10;
 const BS: usize = BLOCK_SIZE as usize;
-/// Blocks of the two checkpoint segments (device 0, so pba = block).
-pub const SEGMENTS: [u64; 2] = [100, 110];
+const MIB: u64 = 1 << 20;
 
-/// What the fuzz target needs to know about the image.
+/// The two images: [`Flavour::Small`] has one-leaf trees and opens fast;
+/// [`Flavour::Branches`] adds a volume of 1,100 one-block extents, so its
+/// map has branch nodes, and keeps no data checksums (no DATA_CHECKSUMS
+/// feature, no sums tree: checking 1,100 extents' sums would make every run
+/// eight times slower).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavour {
+    Small,
+    Branches,
+}
+
+impl Flavour {
+    fn device_bytes(self) -> usize {
+        match self {
+            Flavour::Small => DEVICE_BYTES,
+            Flavour::Branches => 6 << 20,
+        }
+    }
+    /// One-block extents of volume "e" (0: no such volume).
+    fn sparse_extents(self) -> u64 {
+        match self {
+            Flavour::Small => 0,
+            Flavour::Branches => 1100,
+        }
+    }
+}
+
+/// The fixed values [`generate`] puts in place of random and clock ones.
+pub const POOL_UUID: [u8; 16] = [0x11; 16];
+pub const DEVICE_UUID: [u8; 16] = [0x22; 16];
+pub const JOURNAL_GENERATION: u64 = 0x1234_5678;
+pub const CREATED_UNIX: u64 = 1_700_000_000;
+pub const SNAPSHOT_CREATED: u64 = 1_700_000_100;
+
+/// What the fuzz target needs to know about the image, read from it.
 #[derive(Debug, Clone)]
 pub struct Image {
     pub bytes: Vec<u8>,
@@ -34,61 +77,183 @@ pub struct Image {
     pub next_seq: u64,
     /// The pool's epoch after the journal.
     pub epoch: u64,
+    /// Block of the current checkpoint's first segment (device 0).
+    pub first_segment: u64,
+    /// Records in the journal after the checkpoint.
+    pub records: usize,
 }
 
-/// Build the image.
+/// Build the small image.
 pub fn build() -> Image {
-    let mut bytes = vec![0u8; DEVICE_BYTES];
-    let payload = samples::encode_checkpoint(&samples::checkpoint());
-    let seq = samples::checkpoint().0.seq;
-    // Two segments of one block each: half the payload in each.
-    let half = payload.len() / 2;
-    let parts = [&payload[..half], &payload[half..]];
-    for (i, (&block, part)) in SEGMENTS.iter().zip(parts).enumerate() {
-        let h = SegmentHeader {
-            seq,
-            index: i as u32,
-            blocks: 1,
-            self_pba: block,
-            next_pba: SEGMENTS.get(i + 1).copied().unwrap_or(0),
-            payload_len: part.len() as u32,
-        };
-        let at = block as usize * BS;
-        bytes[at..at + SEGMENT_HEADER_LEN].copy_from_slice(&h.encode());
-        bytes[at + SEGMENT_HEADER_LEN..at + SEGMENT_HEADER_LEN + part.len()].copy_from_slice(part);
-    }
-    let mut sb = samples::superblock();
-    sb.checkpoint.first_segment = SEGMENTS[0];
-    sb.checkpoint.segments = SEGMENTS.len() as u32;
-    sb.checkpoint.payload_len = payload.len() as u64;
-    sb.checkpoint.payload_crc = checksum(SALT_CHECKPOINT, &payload);
-    sb.checkpoint.seq = seq;
-    for &copy in &SUPERBLOCK_COPIES {
-        let at = copy as usize * BS;
-        bytes[at..at + BS].copy_from_slice(&sb.encode(copy));
-    }
-    let mut block = sb.journal_start;
-    let mut next_seq = seq + 1;
-    let mut epoch = 0;
-    for (e, ops) in samples::journal() {
-        let rec = RecordHeader::encode_record(sb.journal_generation, next_seq, block, e, &encode_ops(&ops));
-        let at = block as usize * BS;
-        bytes[at..at + rec.len()].copy_from_slice(&rec);
-        block += (rec.len() / BS) as u64;
-        next_seq += 1;
-        epoch = e;
-    }
-    Image {
-        bytes,
-        journal_start: sb.journal_start,
-        journal_blocks: sb.journal_blocks,
-        journal_end: block,
-        generation: sb.journal_generation,
-        next_seq,
-        epoch,
-    }
+    build_flavour(Flavour::Small)
 }
 
+/// Build an image of `flavour`.
+pub fn build_flavour(flavour: Flavour) -> Image {
+    Image::from_bytes(generate(flavour))
+}
+
+fn block(tag: u8) -> Vec<u8> {
+    (0..BS).map(|i| tag.wrapping_add((i / 512) as u8)).collect()
+}
+
+fn engine<T>(what: &str, r: tarn_engine::Result<T>) -> T {
+    r.unwrap_or_else(|e| panic!("pool image: {what}: {e}"))
+}
+
+/// Let the engine write a pool on a memory device; return its bytes.
+/// Panics if the engine fails (a bug to fix before fuzzing).
+pub fn generate(flavour: Flavour) -> Vec<u8> {
+    let mem = Arc::new(MemDevice::new(vec![0u8; flavour.device_bytes()]));
+    let dev: Arc<dyn Device> = mem.clone();
+    let no_checksums = flavour == Flavour::Branches;
+    let opts = CreateOptions { journal_bytes: Some(JOURNAL_BYTES), force: true, no_checksums };
+    engine("create", create_pool(std::slice::from_ref(&dev), &["fuzz0".into()], &opts));
+    // Fixed uuids, journal generation and creation time in both copies.
+    {
+        let mut bytes = mem.lock();
+        for &copy in &SUPERBLOCK_COPIES {
+            let at = copy as usize * BS;
+            let mut sb = Superblock::decode(&bytes[at..at + BS], copy).expect("new superblock decodes");
+            sb.pool_uuid = POOL_UUID;
+            sb.device_uuid = DEVICE_UUID;
+            sb.devices[0].uuid = DEVICE_UUID;
+            sb.journal_generation = JOURNAL_GENERATION;
+            sb.created_unix = CREATED_UNIX;
+            bytes[at..at + BS].copy_from_slice(&sb.encode(copy));
+        }
+    }
+    let clock = now();
+    let pool = engine("open", Pool::open(vec![dev.clone()], OpenOptions::default()));
+    let bs = BS as u64;
+    let a = engine("create a", pool.create_volume("a", MIB)).id;
+    let b = engine("create b", pool.create_volume("b", 256 << 10)).id;
+    for lba in 0..8 {
+        engine("write a", pool.write(a, lba * bs, &block(lba as u8 + 1), false));
+    }
+    engine("write b", pool.write(b, 0, &block(0x40), false));
+    engine("write b", pool.write(b, 3 * bs, &block(0x43), false));
+    engine("flush", pool.flush());
+    if flavour.sparse_extents() > 0 {
+        // "e": enough separate extents for branch nodes.
+        let e = engine("create e", pool.create_volume("e", 16 * MIB)).id;
+        for lba in 0..flavour.sparse_extents() {
+            engine("write e", pool.write(e, 2 * lba * bs, &block(lba as u8), false));
+        }
+    }
+    engine("snapshot s1", pool.create_snapshot("a", "s1"));
+    engine("overwrite a", pool.write(a, 2 * bs, &[0x21; 2 * BS], false));
+    engine("trim a", pool.trim(a, 6 * bs, bs));
+    engine("clone c", pool.create_clone("a", "s1", "c"));
+    let c = engine("clone id", pool.volume_id("c").ok_or(tarn_engine::EngineError::InvalidArgument("no c".into())));
+    engine("write c", pool.write(c, bs, &block(0x61), false));
+    engine("snapshot s2", pool.create_snapshot("a", "s2"));
+    engine("overwrite a", pool.write(a, 0, &block(0x30), false));
+    // The checkpoint: a catalog, the trees' nodes.
+    engine("checkpoint", pool.checkpoint());
+    // After it, journal records only.
+    engine("write a", pool.write(a, 10 * bs, &block(0x50), false));
+    engine("write c", pool.write(c, 3 * bs, &block(0x63), false));
+    engine("flush", pool.flush());
+    engine("snapshot s3", pool.create_snapshot("a", "s3"));
+    engine("overwrite a", pool.write(a, 2 * bs, &block(0x22), false));
+    engine("trim b", pool.trim(b, 0, bs));
+    engine("create d", pool.create_volume("d", 128 << 10));
+    let d = engine("d id", pool.volume_id("d").ok_or(tarn_engine::EngineError::InvalidArgument("no d".into())));
+    engine("write d", pool.write(d, 0, &block(0x70), false));
+    engine("flush", pool.flush());
+    let mut seen = [0u8; BS];
+    engine(
+        "read s1",
+        pool.read_view(a, View::Snapshot(pool.snapshot_info("a", "s1").unwrap().epoch), 2 * bs, &mut seen),
+    );
+    assert_eq!(seen, block(3)[..], "pool image: s1 keeps the old block");
+    let clock = clock..=now();
+    // No close: the superblock stays marked open and the journal holds
+    // the last flushes.
+    drop(pool);
+    let mut bytes = mem.lock().clone();
+    // Snapshot creation times (catalog and SnapCreate ops): fixed.
+    let mut changed = false;
+    for at in 0..bytes.len() - 8 {
+        let v = u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+        if clock.contains(&v) {
+            bytes[at..at + 8].copy_from_slice(&SNAPSHOT_CREATED.to_le_bytes());
+            changed = true;
+        }
+    }
+    assert!(changed, "pool image: no snapshot time found");
+    let sb = current_superblock(&bytes).expect("pool image has a valid superblock");
+    reseal_journal(&mut bytes, sb.journal_start, sb.journal_blocks);
+    for &copy in &SUPERBLOCK_COPIES {
+        reseal_checkpoint(&mut bytes, copy, &[copy]);
+        crate::reseal::superblock(&mut bytes[copy as usize * BS..]);
+    }
+    bytes
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// The valid superblock copy with the highest txid, as the engine picks it.
+pub fn current_superblock(bytes: &[u8]) -> Option<Superblock> {
+    SUPERBLOCK_COPIES
+        .iter()
+        .filter_map(|&copy| Superblock::decode(bytes.get(copy as usize * BS..(copy as usize + 1) * BS)?, copy).ok())
+        .max_by_key(|sb| sb.txid)
+}
+
+/// The checkpoint payload along `sb`'s chain (device 0), if whole.
+pub fn checkpoint_payload(bytes: &[u8], sb: &Superblock) -> Option<Vec<u8>> {
+    let mut next = sb.checkpoint.first_segment;
+    let mut payload = Vec::new();
+    for _ in 0..sb.checkpoint.segments {
+        let at = usize::try_from(next).ok()?.checked_mul(BS)?;
+        let seg = bytes.get(at..at + BS)?;
+        let h = tarn_format::checkpoint::SegmentHeader::decode(seg, next).ok()?;
+        let end = at + SEGMENT_HEADER_LEN + h.payload_len as usize;
+        payload.extend_from_slice(bytes.get(at + SEGMENT_HEADER_LEN..end)?);
+        next = h.next_pba;
+    }
+    (payload.len() as u64 == sb.checkpoint.payload_len).then_some(payload)
+}
+
+impl Image {
+    /// Read what the fuzz target needs from a valid image: the current
+    /// superblock's journal region and checkpoint, and the records after it.
+    pub fn from_bytes(bytes: Vec<u8>) -> Image {
+        let sb = current_superblock(&bytes).expect("pool image has a valid superblock");
+        let payload = checkpoint_payload(&bytes, &sb).expect("pool image has a whole checkpoint");
+        let catalog = Catalog::decode(&payload).expect("pool image's catalog decodes");
+        let (mut block, mut seq, mut epoch, mut records) = (sb.journal_start, sb.checkpoint.seq, catalog.epoch, 0);
+        let end = sb.journal_start + sb.journal_blocks;
+        while block < end {
+            let at = block as usize * BS;
+            let Ok(h) = RecordHeader::decode(&bytes[at..at + BS], block) else {
+                break;
+            };
+            if h.generation != sb.journal_generation || h.seq != seq + 1 || block + u64::from(h.blocks) > end {
+                break;
+            }
+            block += u64::from(h.blocks);
+            seq = h.seq;
+            epoch = h.epoch;
+            records += 1;
+        }
+        Image {
+            journal_start: sb.journal_start,
+            journal_blocks: sb.journal_blocks,
+            journal_end: block,
+            generation: sb.journal_generation,
+            next_seq: seq + 1,
+            epoch,
+            first_segment: sb.checkpoint.first_segment,
+            records,
+            bytes,
+        }
+    }
+}
 /// A device over a byte vector.
 pub struct MemDevice {
     data: Mutex<Vec<u8>>,
@@ -99,6 +264,11 @@ impl MemDevice {
     pub fn new(data: Vec<u8>) -> MemDevice {
         let size = data.len() as u64;
         MemDevice { data: Mutex::new(data), size }
+    }
+
+    /// The bytes, locked.
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
+        self.data.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn range(&self, offset: u64, len: usize) -> io::Result<std::ops::Range<usize>> {
@@ -136,8 +306,12 @@ impl Device for MemDevice {
 
 /// Open `bytes` read-only as a one-device pool.
 pub fn open(bytes: Vec<u8>) -> tarn_engine::Result<Pool> {
-    let dev: Arc<dyn Device> = Arc::new(MemDevice::new(bytes));
-    Pool::open(vec![dev], OpenOptions { read_only: true, ..OpenOptions::default() })
+    open_device(Arc::new(MemDevice::new(bytes)))
+}
+
+/// Open `dev` read-only as a one-device pool.
+pub fn open_device(dev: Arc<MemDevice>) -> tarn_engine::Result<Pool> {
+    Pool::open(vec![dev as Arc<dyn Device>], OpenOptions { read_only: true, ..OpenOptions::default() })
 }
 
 /// Where an edit of `engine_open`'s input lands.
@@ -147,9 +321,12 @@ pub enum Area {
     SuperblockCopy1 = 1,
     Journal = 2,
     FirstSegment = 3,
-    /// Anywhere: the offset is in units of 64 bytes.
+    /// Anywhere: the offset is in units of [`DEVICE_UNIT`] bytes.
     Device = 4,
 }
+
+/// Unit of an [`Area::Device`] edit's offset: 128 bytes reach 8 MiB.
+pub const DEVICE_UNIT: usize = 128;
 
 /// Input flags of `engine_open` (first byte).
 pub mod flags {
@@ -164,6 +341,8 @@ pub mod flags {
     /// Append a journal record after the last one: epoch offset byte, then
     /// the rest of the input as its ops payload.
     pub const APPEND_RECORD: u8 = 8;
+    /// Damage the [`Flavour::Branches`] image instead of the small one.
+    pub const BRANCHES: u8 = 16;
 }
 
 /// Encode an `engine_open` input: flags, edits `(area, offset, bytes)`,
@@ -183,10 +362,28 @@ pub fn encode_input(flags: u8, edits: &[(Area, u16, &[u8])], append: Option<(u8,
     out
 }
 
+/// The image an `engine_open` input damages (flag [`flags::BRANCHES`]).
+pub fn flavour_of(data: &[u8]) -> Flavour {
+    match data.first() {
+        Some(f) if f & flags::BRANCHES != 0 => Flavour::Branches,
+        _ => Flavour::Small,
+    }
+}
+
 /// Apply an `engine_open` input to a copy of the image: edits first, then
 /// the appended record, then the reseals the flags ask for.
 pub fn apply_input(img: &Image, data: &[u8]) -> Vec<u8> {
-    let mut bytes = img.bytes.clone();
+    let mut bytes = Vec::new();
+    apply_input_into(img, data, &mut bytes);
+    bytes
+}
+
+/// [`apply_input`] into `bytes` (resized to the image): a buffer reused
+/// across runs saves the fuzz target mapping and faulting in a fresh copy
+/// of the image every time.
+pub fn apply_input_into(img: &Image, data: &[u8], bytes: &mut Vec<u8>) {
+    bytes.resize(img.bytes.len(), 0);
+    bytes.copy_from_slice(&img.bytes);
     let (flags, count, mut r) = match data {
         [f, n, rest @ ..] => (*f, *n, rest),
         [f] => (*f, 0, &[][..]),
@@ -200,12 +397,12 @@ pub fn apply_input(img: &Image, data: &[u8]) -> Vec<u8> {
         let off = usize::from(u16::from_le_bytes([*lo, *hi]));
         let at = match area % 5 {
             0 => off,
-            1 => 16 * BS + off,
+            1 => SUPERBLOCK_COPIES[1] as usize * BS + off,
             2 => img.journal_start as usize * BS + off,
-            3 => SEGMENTS[0] as usize * BS + off,
-            _ => off * 64,
+            3 => (img.first_segment as usize).saturating_mul(BS).saturating_add(off),
+            _ => off * DEVICE_UNIT,
         };
-        if let Some(dst) = bytes.get_mut(at..at + len) {
+        if let Some(dst) = bytes.get_mut(at..at.saturating_add(len)) {
             dst.copy_from_slice(&rest[..len]);
         }
         r = &rest[len..];
@@ -222,25 +419,24 @@ pub fn apply_input(img: &Image, data: &[u8]) -> Vec<u8> {
         }
     }
     if flags & flags::RESEAL_JOURNAL != 0 {
-        reseal_journal(img, &mut bytes);
+        reseal_journal(bytes, img.journal_start, img.journal_blocks);
     }
     if flags & flags::RESEAL_CHECKPOINT != 0 {
-        reseal_checkpoint(&mut bytes);
+        reseal_checkpoint(bytes, SUPERBLOCK_COPIES[0], &SUPERBLOCK_COPIES);
     }
     if flags & (flags::RESEAL_SUPERBLOCKS | flags::RESEAL_CHECKPOINT) != 0 {
         for &copy in &SUPERBLOCK_COPIES {
             crate::reseal::superblock(&mut bytes[copy as usize * BS..]);
         }
     }
-    bytes
 }
 
-/// Reseal the records found in the journal region, walking by their
-/// `blocks` fields.
-fn reseal_journal(img: &Image, bytes: &mut [u8]) {
-    let end = (img.journal_start + img.journal_blocks) as usize * BS;
-    let mut at = img.journal_start as usize * BS;
-    while at < end {
+/// Reseal the records found in the journal region `start..start+blocks`,
+/// walking by their `blocks` fields.
+fn reseal_journal(bytes: &mut [u8], start: u64, blocks: u64) {
+    let end = ((start + blocks) as usize * BS).min(bytes.len());
+    let mut at = start as usize * BS;
+    while at + BS <= end {
         if bytes[at..at + 8] != tarn_format::journal::JOURNAL_MAGIC {
             break;
         }
@@ -250,30 +446,36 @@ fn reseal_journal(img: &Image, bytes: &mut [u8]) {
     }
 }
 
-/// Follow the chain copy 0 of the superblock names (device 0 only, at most
-/// 8 segments), reseal each segment header, and store the payload's length
-/// and checksum in both superblock copies.
-fn reseal_checkpoint(bytes: &mut [u8]) {
-    let mut next = crate::reseal::get_u64(bytes, 136);
-    let count = crate::reseal::get_u32(bytes, 156).min(8);
+/// Follow the chain the superblock copy at block `from` names (device 0,
+/// at most 8 segments), reseal each segment header, and store the
+/// payload's length and checksum in the copies at blocks `to` (not
+/// resealed: the caller does).
+fn reseal_checkpoint(bytes: &mut [u8], from: u64, to: &[u64]) {
+    let sb = from as usize * BS;
+    let mut next = crate::reseal::get_u64(bytes, sb + 136);
+    let count = crate::reseal::get_u32(bytes, sb + 156).min(8);
     let mut payload = Vec::new();
     for _ in 0..count {
         let Some(at) = usize::try_from(next).ok().and_then(|b| b.checked_mul(BS)) else {
             break;
         };
-        let Some(seg) = bytes.get_mut(at..at + BS) else {
+        let Some(head) = bytes.get_mut(at..at.saturating_add(BS)) else {
             break;
         };
-        crate::reseal::segment_header(seg);
-        let len = (crate::reseal::get_u32(seg, 40) as usize).min(BS - SEGMENT_HEADER_LEN);
-        payload.extend_from_slice(&seg[SEGMENT_HEADER_LEN..SEGMENT_HEADER_LEN + len]);
-        next = crate::reseal::get_u64(seg, 32);
+        crate::reseal::segment_header(head);
+        let seg_blocks = (crate::reseal::get_u32(head, 20) as usize).clamp(1, 64);
+        let len = (crate::reseal::get_u32(head, 40) as usize).min(seg_blocks * BS - SEGMENT_HEADER_LEN);
+        next = crate::reseal::get_u64(head, 32);
+        let Some(part) = bytes.get(at + SEGMENT_HEADER_LEN..at + SEGMENT_HEADER_LEN + len) else {
+            break;
+        };
+        payload.extend_from_slice(part);
         if next == 0 {
             break;
         }
     }
     let crc = checksum(SALT_CHECKPOINT, &payload);
-    for &copy in &SUPERBLOCK_COPIES {
+    for &copy in to {
         let at = copy as usize * BS;
         bytes[at + 144..at + 152].copy_from_slice(&(payload.len() as u64).to_le_bytes());
         bytes[at + 152..at + 156].copy_from_slice(&crc.to_le_bytes());
