@@ -273,7 +273,11 @@ impl LeafValue for SumsValue {
     }
     fn decode(prev: Option<&(u64, Self)>, r: &mut Reader) -> Result<(u64, Self)> {
         let gap = r.varint()?;
-        let key = prev.map_or(0, |p| p.0 + 1).checked_add(gap).ok_or_else(|| r.bad("key", gap))?;
+        let base = match prev {
+            Some(p) => p.0.checked_add(1).ok_or_else(|| r.bad("key after the last one", p.0))?,
+            None => 0,
+        };
+        let key = base.checked_add(gap).ok_or_else(|| r.bad("key", gap))?;
         let known = r.u16()?;
         if known == 0 {
             return Err(r.bad("known", 0));
@@ -290,7 +294,7 @@ impl LeafValue for SumsValue {
         varint_len(key - prev.map_or(0, |p| p.0 + 1)) + 2 + 4 * v.known.count_ones() as usize
     }
     fn key_end(key: u64, _: &Self) -> u64 {
-        key + 1
+        key.saturating_add(1)
     }
 }
 
@@ -458,6 +462,20 @@ fn decode_branch(r: &mut Reader, count: usize) -> Result<NodeBody> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by fuzz/format_node: a sums entry after one keyed u64::MAX
+    /// overflowed computing its base key (a panic in debug builds).
+    #[test]
+    fn a_sums_key_past_the_largest_is_an_error() {
+        let v = SumsValue { known: 1, crcs: [7; SUMS_GROUP as usize] };
+        let mut w = Writer::default();
+        w.varint(0);
+        w.u16(1);
+        w.u32(9);
+        let mut r = Reader::new(&w.buf, "node");
+        assert!(SumsValue::decode(Some(&(u64::MAX, v)), &mut r).is_err());
+        assert_eq!(SumsValue::key_end(u64::MAX, &v), u64::MAX);
+    }
 
     fn header(level: u8) -> NodeHeader {
         NodeHeader { self_pba: Pba::new(0, 77), generation: 5, tree: 0x1_0000_0002, level, codec: ExtentValue::CODEC }

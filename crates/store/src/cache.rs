@@ -21,8 +21,20 @@ type AnyNode = Arc<dyn Any + Send + Sync>;
 
 struct Slot {
     node: AnyNode,
+    /// What the node was validated as (tree, checksum, level): a lookup
+    /// expecting anything else is a miss, so a damaged pointer to a cached
+    /// block is validated from the device like any other read.
+    tag: Tag,
     bytes: usize,
     referenced: bool,
+}
+
+/// A node's identity as its parent states it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Tag {
+    pub tree: u64,
+    pub crc: u32,
+    pub level: u8,
 }
 
 #[derive(Default)]
@@ -76,11 +88,11 @@ impl Cache {
         self.slots.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The node cached at `pba`, if any and of type `T`.
-    pub fn get<T: Any + Send + Sync>(&self, pba: Pba) -> Option<Arc<T>> {
+    /// The node cached at `pba`, if any, of type `T` and validated as `tag`.
+    pub fn get<T: Any + Send + Sync>(&self, pba: Pba, tag: Tag) -> Option<Arc<T>> {
         let found = {
             let mut slots = self.lock();
-            slots.map.get_mut(&pba.0).map(|s| {
+            slots.map.get_mut(&pba.0).filter(|s| s.tag == tag).map(|s| {
                 s.referenced = true;
                 s.node.clone()
             })
@@ -98,9 +110,9 @@ impl Cache {
     }
 
     /// Cache a clean node, evicting others until it fits.
-    pub fn insert<T: Any + Send + Sync>(&self, pba: Pba, node: Arc<T>, bytes: usize) {
+    pub fn insert<T: Any + Send + Sync>(&self, pba: Pba, tag: Tag, node: Arc<T>, bytes: usize) {
         let mut slots = self.lock();
-        if let Some(old) = slots.map.insert(pba.0, Slot { node, bytes, referenced: false }) {
+        if let Some(old) = slots.map.insert(pba.0, Slot { node, tag, bytes, referenced: false }) {
             slots.bytes -= old.bytes;
         } else {
             slots.clock.push_back(pba.0);
@@ -163,14 +175,16 @@ mod tests {
     fn evicts_to_capacity_and_counts() {
         let cache = Cache::new(MIN_CACHE_BYTES).unwrap();
         for i in 0..100u64 {
-            cache.insert(Pba(i + 1), Arc::new(i), MAX_NODE_BYTES);
+            cache.insert(Pba(i + 1), Tag::default(), Arc::new(i), MAX_NODE_BYTES);
         }
         let s = cache.stats();
         assert!(s.bytes <= MIN_CACHE_BYTES as u64, "{s:?}");
         assert!(s.evictions >= 100 - (MAX_LEVEL as u64 + 1), "{s:?}");
-        assert_eq!(cache.get::<u64>(Pba(100)).as_deref(), Some(&99));
-        assert!(cache.get::<u64>(Pba(1)).is_none());
-        assert!(cache.get::<String>(Pba(100)).is_none(), "wrong type is a miss");
+        assert_eq!(cache.get::<u64>(Pba(100), Tag::default()).as_deref(), Some(&99));
+        assert!(cache.get::<u64>(Pba(1), Tag::default()).is_none());
+        assert!(cache.get::<String>(Pba(100), Tag::default()).is_none(), "wrong type is a miss");
+        let other = Tag { tree: 7, crc: 1, level: 0 };
+        assert!(cache.get::<u64>(Pba(100), other).is_none(), "another tree, checksum or level is a miss");
     }
 
     #[test]

@@ -64,7 +64,7 @@ impl<V: LeafValue> Tree<V> {
     /// Step 3. Returns the blocks written that the live tree no longer
     /// uses: free once the *next* checkpoint is durable.
     pub fn adopt(&mut self, store: &Store, frozen: Frozen<V>, written: &mut Written) -> Vec<Pba> {
-        adopt_ptr(store, &mut self.root, written);
+        adopt_ptr(store, self.id, &mut self.root, written);
         store.dirty_nodes.fetch_sub(written.count.min(store.dirty_nodes.load(Ordering::Relaxed)), Ordering::Relaxed);
         drop(frozen);
         let left: Vec<Pba> = written.nodes.drain().map(|(_, (pba, _))| pba).collect();
@@ -131,22 +131,22 @@ impl<V: LeafValue> Frozen<V> {
 }
 
 /// Make the live tree's written-and-unchanged nodes clean.
-fn adopt_ptr<V: LeafValue>(store: &Store, ptr: &mut Ptr<V>, written: &mut Written) {
+fn adopt_ptr<V: LeafValue>(store: &Store, tree: u64, ptr: &mut Ptr<V>, written: &mut Written) {
     let Ptr::Dirty(node) = ptr else { return };
     if written.nodes.contains_key(&identity(node)) {
-        let (pba, crc) = adopt_written(store, node, written);
+        let (pba, crc) = adopt_written(store, tree, node, written);
         *ptr = Ptr::Clean { pba, crc };
         return;
     }
     // Made or changed after the freeze: only its children may be written.
     if let Node::Branch(b) = Arc::make_mut(node) {
-        b.children.iter_mut().for_each(|c| adopt_ptr(store, c, written));
+        b.children.iter_mut().for_each(|c| adopt_ptr(store, tree, c, written));
     }
 }
 
 /// A node the checkpoint wrote, as a clean node (children by address) in
 /// the cache; its written descendants too.
-fn adopt_written<V: LeafValue>(store: &Store, node: &Arc<Node<V>>, written: &mut Written) -> (Pba, u32) {
+fn adopt_written<V: LeafValue>(store: &Store, tree: u64, node: &Arc<Node<V>>, written: &mut Written) -> (Pba, u32) {
     let (pba, crc) = written.nodes.remove(&identity(node)).expect("adopt only written nodes");
     let clean = match &**node {
         // A leaf edited in memory has spare capacity in its vectors (up to
@@ -160,7 +160,7 @@ fn adopt_written<V: LeafValue>(store: &Store, node: &Arc<Node<V>>, written: &mut
                 .map(|c| match c {
                     Ptr::Clean { .. } => c.clone(),
                     Ptr::Dirty(n) => {
-                        let (pba, crc) = adopt_written(store, n, written);
+                        let (pba, crc) = adopt_written(store, tree, n, written);
                         Ptr::Clean { pba, crc }
                     }
                 })
@@ -168,6 +168,7 @@ fn adopt_written<V: LeafValue>(store: &Store, node: &Arc<Node<V>>, written: &mut
             Arc::new(Node::Branch(Branch { level: b.level, keys: b.keys.clone(), children }))
         }
     };
-    store.cache.insert(pba, clean.clone(), clean.mem_bytes());
+    let tag = crate::cache::Tag { tree, crc, level: clean.level() };
+    store.cache.insert(pba, tag, clean.clone(), clean.mem_bytes());
     (pba, crc)
 }

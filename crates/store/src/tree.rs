@@ -87,7 +87,11 @@ impl<V: LeafValue> Tree<V> {
     }
 
     pub(crate) fn load_clean(&self, store: &Store, pba: Pba, crc: u32, level: u8, b: Bounds) -> Result<Arc<Node<V>>> {
-        if let Some(n) = store.cache.get::<Node<V>>(pba) {
+        let tag = crate::cache::Tag { tree: self.id, crc, level };
+        // A cached node was validated when read (or written) as exactly
+        // this tree, checksum and level: the pointer's parent, itself
+        // validated, names that checksum, so it is the node meant.
+        if let Some(n) = store.cache.get::<Node<V>>(pba, tag) {
             return Ok(n);
         }
         let tree = self.id;
@@ -95,7 +99,7 @@ impl<V: LeafValue> Tree<V> {
             return Err(StoreError::Miss(crate::Miss { pba, crc, tree, level, lo: b.lo, hi: b.hi }));
         }
         let node = Arc::new(self.read_valid(store, &Expect { pba, crc, tree, level }, b)?);
-        store.cache.insert(pba, node.clone(), node.mem_bytes());
+        store.cache.insert(pba, tag, node.clone(), node.mem_bytes());
         Ok(node)
     }
 

@@ -140,3 +140,21 @@ fn copies_tried_are_bounded() {
     assert!(matches!(tree.get_le(&store, 0), Err(StoreError::Corrupt { pba, .. }) if pba == root.pba));
     assert_eq!(io.reads.load(Ordering::Relaxed) - before, 9);
 }
+
+/// Found by fuzz/engine_open: a pointer of another tree (or with another
+/// level or checksum) to a block the cache holds took the cached node
+/// without any check, and a walk expecting a leaf met a branch (a level
+/// underflow). The cache now answers only for the tree, checksum and level
+/// the node was validated as; anything else is read and refused.
+#[test]
+fn a_cached_node_is_not_served_to_another_tree_or_level() {
+    let (io, root) = written_tree(Arc::new(MemIo::default()));
+    let (store, tree) = reopen(&io, root);
+    assert!(tree.walk(&store, &mut |_, _| {}).is_ok(), "now cached");
+    for (id, level, crc) in [(8, root.level, root.crc), (7, 0, root.crc), (7, root.level, root.crc ^ 1)] {
+        let other: Tree<RangeValue> = Tree::open(id, RootRef { pba: root.pba, crc, level }).unwrap();
+        let got = other.walk(&store, &mut |_, _| {});
+        assert!(got.is_err(), "tree {id} level {level} crc {crc:#x}: {got:?}");
+    }
+    assert!(tree.walk(&store, &mut |_, _| {}).is_ok(), "the right pointer still reads");
+}
