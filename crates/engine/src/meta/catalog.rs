@@ -99,6 +99,7 @@ pub(crate) fn freeze(state: &mut State, space: &mut Space, seq: u64) -> FrozenPo
     superseded.append(&mut state.retired_nodes);
     superseded.extend(state.sums.take_superseded());
     superseded.append(&mut space.superseded);
+    space.restart_metadata_cursor();
     let spaces = space
         .devices
         .iter()

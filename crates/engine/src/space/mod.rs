@@ -54,9 +54,19 @@ impl Space {
 
     /// Over space maps opened from a checkpoint.
     pub fn with_maps(store: Arc<Store>, devices: Vec<SpaceMap>) -> Space {
-        // Metadata starts at seven eighths of each data area.
-        let meta_cursor = devices.iter().map(|d| d.data_end - (d.data_end - d.data_start) / 8).collect();
+        let meta_cursor = devices.iter().map(metadata_start).collect();
         Space { store, devices, reserve_blocks: 0, inflight: BTreeMap::new(), superseded: Vec::new(), meta_cursor }
+    }
+
+    /// Each checkpoint takes its node blocks first-fit from the start of
+    /// the metadata region, so the blocks the last checkpoints freed are
+    /// taken again and metadata stays a compact, bounded area (next-fit
+    /// would march across the device, and on a thin backing file leave
+    /// every block it ever used allocated).
+    pub fn restart_metadata_cursor(&mut self) {
+        for (c, d) in self.meta_cursor.iter_mut().zip(&self.devices) {
+            *c = metadata_start(d);
+        }
     }
 
     pub fn free_blocks(&self) -> u64 {
@@ -145,6 +155,12 @@ impl Space {
     pub fn free_ranges(&self, device: usize) -> Result<Vec<(u64, u64)>> {
         self.devices[device].verify(&self.store)
     }
+}
+
+/// Where metadata allocation starts: seven eighths into the data area
+/// (data fills from the front).
+fn metadata_start(d: &SpaceMap) -> u64 {
+    d.data_end - (d.data_end - d.data_start) / 8
 }
 
 /// Blocks kept free for metadata: room for three checkpoints of the
