@@ -260,6 +260,7 @@ fn cache_json(s: &PoolStatus) -> Value {
         "budget": s.metadata_budget, "capacity": c.capacity, "bytes": c.bytes, "nodes": c.nodes,
         "hits": c.hits, "misses": c.misses, "evictions": c.evictions,
         "hit_rate": s.metadata_cache_hit_rate(), "dirty_nodes": s.dirty_nodes, "healed_nodes": s.healed_nodes,
+        "fetched_unlocked": s.node_fetches,
     })
 }
 

@@ -91,6 +91,8 @@ pub struct RunStats {
     /// Metadata nodes evicted from the (minimal) cache and read again.
     pub node_evictions: u64,
     pub node_misses: u64,
+    /// Of those, read by lookups with the pool lock released.
+    pub node_fetches: u64,
 }
 
 impl RunStats {
@@ -105,6 +107,7 @@ impl RunStats {
         self.space_skipped += o.space_skipped;
         self.node_evictions += o.node_evictions;
         self.node_misses += o.node_misses;
+        self.node_fetches += o.node_fetches;
     }
 }
 
@@ -381,9 +384,10 @@ impl Run {
     /// Count the cache's evictions and misses before a pool goes away.
     fn note_cache(&mut self) {
         if let Some(pool) = &self.pool {
-            let c = pool.status().metadata_cache;
-            self.stats.node_evictions += c.evictions;
-            self.stats.node_misses += c.misses;
+            let st = pool.status();
+            self.stats.node_evictions += st.metadata_cache.evictions;
+            self.stats.node_misses += st.metadata_cache.misses;
+            self.stats.node_fetches += st.node_fetches;
         }
     }
 

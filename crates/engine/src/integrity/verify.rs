@@ -5,7 +5,7 @@ use crate::error::{EngineError, Result};
 use crate::map::extent_map::Segment;
 use crate::map::sums::{block_sum, regions_of};
 use crate::map::view::View;
-use crate::pool::{resolve_in, Pool};
+use crate::pool::{resolve_in, Inner, Pool};
 use std::sync::atomic::Ordering;
 use tarn_format::{Pba, BLOCK_SIZE};
 
@@ -18,8 +18,11 @@ impl Pool {
     /// Segments of a view and the sums of their blocks, under one lock so a
     /// completed write's data and sums are seen together.
     fn resolve_summed(&self, vol: u32, view: View, lba: u64, len: u64) -> Result<Vec<Summed>> {
-        let inner = self.read_inner();
-        let segs = resolve_in(&inner, vol, view, lba, len)?;
+        self.with_cached_nodes(|inner| self.resolve_summed_in(inner, vol, view, lba, len))
+    }
+
+    fn resolve_summed_in(&self, inner: &Inner, vol: u32, view: View, lba: u64, len: u64) -> Result<Vec<Summed>> {
+        let segs = resolve_in(inner, vol, view, lba, len)?;
         segs.into_iter()
             .map(|seg| match seg {
                 // Read-only after a crash, regions left open are not resynced:

@@ -188,7 +188,7 @@ impl Pool {
 
     /// Segments of a view with clones' origin markers resolved.
     pub(crate) fn resolve(&self, vol: u32, view: View, lba: u64, len: u64) -> Result<Vec<Segment>> {
-        crate::pool::resolve_in(&self.read_inner(), vol, view, lba, len)
+        self.with_cached_nodes(|inner| crate::pool::resolve_in(inner, vol, view, lba, len))
     }
 
     /// Write whole blocks; returns whether any block needed new space.
@@ -212,7 +212,8 @@ impl Pool {
                 }
                 other => other?,
             };
-            if let Err(e) = self.write_planned(&plan.segs, &fresh, lba, data) {
+            let written = self.write_planned(&plan.segs, &fresh, lba, data);
+            if let Err(e) = written.and_then(|()| self.prefetch_sums(&fresh)) {
                 self.give_back_unmapped(&fresh);
                 return Err(e);
             }
@@ -226,7 +227,10 @@ impl Pool {
     /// Segments of [lba, lba+n): Mapped = overwrite in place, Hole = needs
     /// new space.
     fn plan_write(&self, vol: u32, lba: u64, n: u64) -> Result<WritePlan<'_>> {
-        let inner = self.read_inner();
+        self.with_cached_nodes(|inner| self.plan_write_in(inner, vol, lba, n))
+    }
+
+    fn plan_write_in(&self, inner: &Inner, vol: u32, lba: u64, n: u64) -> Result<WritePlan<'_>> {
         let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
         let mut segs = v.map.lookup(lba, n, usize::MAX)?;
         let mut closed = Vec::new();
@@ -250,6 +254,16 @@ impl Pool {
             }
         }
         Ok(WritePlan { segs, closed, _fresh: fresh_guard })
+    }
+
+    /// Bring the checksum-tree nodes the new pieces' sums go to into the
+    /// cache with the pool lock released, so recording the write (under
+    /// the lock, exclusive) reads no node from a device.
+    fn prefetch_sums(&self, fresh: &[NewPiece]) -> Result<()> {
+        if !self.checksums || fresh.is_empty() {
+            return Ok(());
+        }
+        self.with_cached_nodes(|inner| fresh.iter().try_for_each(|p| inner.state.sums.get(p.pba).map(drop)).map_err(Into::into))
     }
 
     /// Open overwrite regions with a commit of its own (a full pool).

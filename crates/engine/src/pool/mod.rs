@@ -125,6 +125,8 @@ pub struct Counters {
     pub healed_blocks: AtomicU64,
     /// Blocks in regions open at a crash whose checksums were recomputed.
     pub resynced_blocks: AtomicU64,
+    /// Metadata nodes a lookup read with the pool lock released.
+    pub node_fetches: AtomicU64,
 }
 
 /// Lock order: a stripe, then `commit`, then `io_gate`, then `inner`; the
@@ -233,6 +235,9 @@ pub struct PoolStatus {
     pub dirty_nodes: u64,
     /// Metadata node copies rewritten from a good copy.
     pub healed_nodes: u64,
+    /// Nodes lookups read with the pool lock released (cache misses on
+    /// the I/O path).
+    pub node_fetches: u64,
 }
 
 impl PoolStatus {
@@ -250,6 +255,11 @@ impl PoolStatus {
 
 pub(crate) const STRIPES: usize = 64;
 
+/// Nodes a lookup may fetch with the pool lock released before it reads
+/// the rest under the lock (a path is at most 17 nodes; more means nodes
+/// are evicted as fast as they are fetched).
+const MAX_FETCHES: usize = 64;
+
 impl Pool {
     pub(crate) fn read_inner(&self) -> RwLockReadGuard<'_, Inner> {
         self.inner.read().unwrap_or_else(|p| p.into_inner())
@@ -261,6 +271,27 @@ impl Pool {
 
     pub(crate) fn lock_commit(&self) -> MutexGuard<'_, CommitCtl> {
         self.commit.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Run `f` under the pool lock (shared) without any device I/O: a
+    /// metadata node the cache lacks fails it with a miss, the node is read
+    /// with the lock released, and `f` runs again. So writers never wait
+    /// on the lock for a node read (docs/ARCHITECTURE.md, *Locks*).
+    pub(crate) fn with_cached_nodes<T>(&self, f: impl Fn(&Inner) -> Result<T>) -> Result<T> {
+        for _ in 0..MAX_FETCHES {
+            let (miss, store) = {
+                let inner = self.read_inner();
+                match tarn_store::without_io(|| f(&inner)) {
+                    Err(EngineError::State(StateError::Store(tarn_store::StoreError::Miss(m)))) => {
+                        (m, inner.state.store.clone())
+                    }
+                    done => return done,
+                }
+            };
+            fetch_node(&store, &miss)?;
+            self.counters.node_fetches.fetch_add(1, Ordering::Relaxed);
+        }
+        f(&self.read_inner())
     }
 
     pub(crate) fn check_writable(&self) -> Result<()> {
@@ -418,8 +449,23 @@ impl Pool {
             metadata_budget: self.metadata_budget() as u64,
             dirty_nodes: store.dirty_nodes(),
             healed_nodes: store.healed_nodes(),
+            node_fetches: self.counters.node_fetches.load(Ordering::Relaxed),
         }
     }
+}
+
+/// Read and cache the node a miss named, by the kind of its tree.
+fn fetch_node(store: &tarn_store::Store, miss: &tarn_store::Miss) -> Result<()> {
+    use crate::map::extent_map::tree_id;
+    use tarn_format::node::{ExtentValue, RangeValue, SumsValue};
+    let kind = miss.tree & (0xff << 56);
+    match kind {
+        tree_id::HEAD | tree_id::DEAD_LIST => tarn_store::fetch::<ExtentValue>(store, miss)?,
+        tree_id::SUMS => tarn_store::fetch::<SumsValue>(store, miss)?,
+        tree_id::SPACE => tarn_store::fetch::<RangeValue>(store, miss)?,
+        _ => return Err(EngineError::Inconsistent(format!("a node of unknown tree {:#x} missed", miss.tree))),
+    }
+    Ok(())
 }
 
 /// The volume called `name`.
