@@ -50,13 +50,15 @@ pub fn every_op() -> Vec<Op> {
     ]
 }
 
-type Extents = Vec<ExtentRecord>;
+/// Extents with their blocks' checksums (empty for volumes without sums
+/// and for origin markers).
+type Extents = Vec<(ExtentRecord, Vec<u32>)>;
 /// A checkpoint as records: header, then per volume its record, head
 /// extents and snapshots with their dead lists.
 pub type Checkpoint = (CheckpointHeader, Vec<(VolumeRecord, Extents, Vec<(SnapshotRecord, Extents)>)>);
 
-fn e(lba: u64, len: u64, pba: u64, birth: u64) -> ExtentRecord {
-    ExtentRecord { lba, len, pba, birth }
+fn e(lba: u64, len: u64, pba: u64, birth: u64) -> (ExtentRecord, Vec<u32>) {
+    (ExtentRecord { lba, len, pba, birth }, Vec::new())
 }
 
 /// The pool image's checkpoint (seq 5, epoch 3): volume "a" with two
@@ -94,14 +96,22 @@ pub fn checkpoint() -> Checkpoint {
     )
 }
 
+fn put_extent(enc: &mut CheckpointEncoder, (x, sums): &(ExtentRecord, Vec<u32>)) {
+    if sums.is_empty() {
+        enc.extent(x);
+    } else {
+        enc.extent_summed(x, sums);
+    }
+}
+
 pub fn encode_checkpoint((h, vols): &Checkpoint) -> Vec<u8> {
     let mut enc = CheckpointEncoder::new(h);
     for (v, exts, snaps) in vols {
         enc.volume(v);
-        exts.iter().for_each(|x| enc.extent(x));
+        exts.iter().for_each(|x| put_extent(&mut enc, x));
         for (s, dead) in snaps {
             enc.snapshot(s);
-            dead.iter().for_each(|x| enc.extent(x));
+            dead.iter().for_each(|x| put_extent(&mut enc, x));
         }
     }
     enc.finish()
@@ -137,7 +147,7 @@ pub fn decode_checkpoint(payload: &[u8]) -> tarn_format::error::Result<Checkpoin
     fn extents(d: &mut CheckpointDecoder<'_>) -> tarn_format::error::Result<Extents> {
         let mut out = Vec::new();
         while let Some(x) = d.extent()? {
-            out.push(x);
+            out.push((x, d.sums().to_vec()));
         }
         Ok(out)
     }
