@@ -31,11 +31,11 @@ pub use io::{ChangeRun, StatusRun};
 pub use map::view::View;
 pub use members::mirror::{LegStatus, MirrorDevice};
 pub use pool::{DeviceStatus, OpenOptions, Pool, PoolStatus, VolumeInfo, DEFAULT_METADATA_CACHE};
-pub use tarn_format::superblock::FORMAT_VERSION;
-pub use tarn_store::cache::MIN_CACHE_BYTES as MIN_METADATA_CACHE;
 pub use service::open::{create_mirrored_pool, create_pool, CreateOptions};
 pub use service::resilver::ReplaceReport;
 pub use service::{Service, ServiceOptions};
+pub use tarn_format::superblock::FORMAT_VERSION;
+pub use tarn_store::cache::MIN_CACHE_BYTES as MIN_METADATA_CACHE;
 pub use volumes::snapshot::SnapshotInfo;
 
 /// Decode a checkpoint payload into the pool state and its commit sequence,

@@ -193,12 +193,8 @@ impl Run {
         // from the devices all through the run. (Its dirty bound, a
         // quarter, also makes checkpoints frequent.)
         let cache = self.rng.random_range(2..=16) * 4096;
-        let options = OpenOptions {
-            strict: self.strict,
-            metadata_cache: cache,
-            tiny_metadata_cache: true,
-            ..Default::default()
-        };
+        let options =
+            OpenOptions { strict: self.strict, metadata_cache: cache, tiny_metadata_cache: true, ..Default::default() };
         let pool = Pool::open_slots(slots, options).map_err(|e| format!("reopen: {e}"))?;
         if pool.needs_resync() {
             // After a crash the mirror legs may differ where writes were cut.

@@ -23,8 +23,8 @@ use crate::pool::{CommitCtl, Inner, Pool};
 use crate::space::reserve_for;
 use std::sync::atomic::Ordering;
 use tarn_format::journal::RecordHeader;
-use tarn_format::ops::{encode_ops, Op, MAX_REGIONS_PER_OP};
 use tarn_format::node::NODE_SIZE;
+use tarn_format::ops::{encode_ops, Op, MAX_REGIONS_PER_OP};
 use tarn_format::BLOCK_SIZE;
 
 enum Plan {

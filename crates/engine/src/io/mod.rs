@@ -263,7 +263,9 @@ impl Pool {
         if !self.checksums || fresh.is_empty() {
             return Ok(());
         }
-        self.with_cached_nodes(|inner| fresh.iter().try_for_each(|p| inner.state.sums.get(p.pba).map(drop)).map_err(Into::into))
+        self.with_cached_nodes(|inner| {
+            fresh.iter().try_for_each(|p| inner.state.sums.get(p.pba).map(drop)).map_err(Into::into)
+        })
     }
 
     /// Open overwrite regions with a commit of its own (a full pool).

@@ -8,9 +8,9 @@
 //! read from a device may be damaged), so every method returns a `Result`.
 
 use std::sync::Arc;
+use tarn_format::node::ExtentValue;
 use tarn_format::Pba;
 pub use tarn_store::extents::{Extent, Killed, MapCounts, Segment};
-use tarn_format::node::ExtentValue;
 use tarn_store::{ExtentTree, Frozen, RootRef, Store, StoreError, Written};
 
 /// Physical ranges: (first block, count).

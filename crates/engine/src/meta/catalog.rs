@@ -156,7 +156,14 @@ impl FrozenPool {
                 let (epoch, size, created, referenced) = (s.epoch, s.size, s.created, s.referenced);
                 snapshots.push(SnapshotEntry { epoch, size, created, referenced, name: s.name.clone(), dead });
             }
-            volumes.push(VolumeEntry { id: v.id, size: v.size, name: v.name.clone(), origin: v.origin, head, snapshots });
+            volumes.push(VolumeEntry {
+                id: v.id,
+                size: v.size,
+                name: v.name.clone(),
+                origin: v.origin,
+                head,
+                snapshots,
+            });
         }
         let sums = write_tree(store, alloc, &self.sums, tree_id::SUMS, generation, &mut out)?;
         let mut spaces = Vec::with_capacity(self.spaces.len());

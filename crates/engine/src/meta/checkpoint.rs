@@ -8,10 +8,7 @@ use crate::map::extent_map::{ExtentMap, Ranges};
 use crate::map::state::{Origin, Snapshot, State, StateError, Volume};
 use crate::map::sums::BlockSums;
 use std::sync::Arc;
-use tarn_format::checkpoint::{
-    CheckpointDecoder, SegmentHeader,
-    SEGMENT_HEADER_LEN,
-};
+use tarn_format::checkpoint::{CheckpointDecoder, SegmentHeader, SEGMENT_HEADER_LEN};
 use tarn_format::checksum::{checksum, SALT_CHECKPOINT};
 use tarn_format::superblock::CheckpointRef;
 use tarn_format::{Pba, BLOCK_SIZE};

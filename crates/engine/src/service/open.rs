@@ -4,9 +4,9 @@
 //! opens only to be upgraded: read whole, free space rebuilt from its map.
 
 use crate::device::label::{read_label, write_both_labels};
+use crate::device::node_io::DeviceNodeIo;
 use crate::device::Device;
 use crate::error::{EngineError, Result};
-use crate::device::node_io::DeviceNodeIo;
 use crate::map::extent_map::{Freed, Ranges};
 use crate::map::state::State;
 use crate::members::mirror::{Leg, LegHealth, MirrorDevice};
@@ -17,12 +17,12 @@ use crate::space::placement::Linear;
 use crate::space::{reserve_for, Space};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
+use tarn_format::catalog::Catalog;
 use tarn_format::leg::LegLabel;
+use tarn_format::ops::Op;
 use tarn_format::superblock::{
     incompat, DeviceEntry, LegEntry, LegState, Superblock, FORMAT_VERSION, LABEL_BLOCKS, MAX_DEVICE_ENTRIES, MAX_LEGS,
 };
-use tarn_format::catalog::Catalog;
-use tarn_format::ops::Op;
 use tarn_format::{Pba, BLOCK_SIZE};
 use tarn_store::Store;
 
@@ -410,7 +410,12 @@ fn data_areas(devices: &[Arc<dyn Device>], sb: &Superblock) -> Result<Vec<(u64, 
 
 /// Format 2: the catalog, the trees opened at their roots, the space maps
 /// put right, the journal replayed on top.
-fn load_catalog(devices: &[Arc<dyn Device>], sb: &Superblock, store: Arc<Store>, areas: &[(u64, u64)]) -> Result<Loaded> {
+fn load_catalog(
+    devices: &[Arc<dyn Device>],
+    sb: &Superblock,
+    store: Arc<Store>,
+    areas: &[(u64, u64)],
+) -> Result<Loaded> {
     let primary = devices[0].name();
     let not_a_pool = |detail: String| EngineError::NotAPool { device: primary.clone(), detail };
     let (mut state, mut space, pieces) = if sb.first_segment().is_none() {
@@ -434,7 +439,12 @@ fn load_catalog(devices: &[Arc<dyn Device>], sb: &Superblock, store: Arc<Store>,
 }
 
 /// Format 1, for an upgrade: the whole state, free space rebuilt from it.
-fn load_format1(devices: &[Arc<dyn Device>], sb: &Superblock, store: Arc<Store>, areas: &[(u64, u64)]) -> Result<Loaded> {
+fn load_format1(
+    devices: &[Arc<dyn Device>],
+    sb: &Superblock,
+    store: Arc<Store>,
+    areas: &[(u64, u64)],
+) -> Result<Loaded> {
     let (mut state, pieces, seq) = load_checkpoint(devices, sb, store.clone())?;
     let (cursor, replayed) = replay_journal(devices[0].as_ref(), sb, seq, &mut state, None)?;
     let mut used = state.physical_extents()?;

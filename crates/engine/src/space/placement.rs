@@ -10,8 +10,13 @@ pub trait Placement: Send + Sync {
     fn name(&self) -> &'static str;
     /// Choose `len` new physical blocks for logical blocks [lba, lba+len) of
     /// `volume`. `Ok(None)` means the pool cannot hold them.
-    fn place(&mut self, space: &mut Space, volume: u32, lba: u64, len: u64)
-        -> Result<Option<Vec<(Pba, u64)>>, StoreError>;
+    fn place(
+        &mut self,
+        space: &mut Space,
+        volume: u32,
+        lba: u64,
+        len: u64,
+    ) -> Result<Option<Vec<(Pba, u64)>>, StoreError>;
 }
 
 /// Next-fit from a moving cursor on the device with the most free space
