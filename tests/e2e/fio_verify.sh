@@ -18,7 +18,8 @@ run_fio() {
   # jobs name their target as @URI@ / @UNIX@: filled in for the current server
   sed -e "s|@URI@|$(uri fio)|" -e "s|@UNIX@|$(uri_unix fio)|" "$job" >"$T/$name.run.fio"
   job=$T/$name.run.fio
-  timeout 600 fio --output-format=json --output="$T/$name.json" "$job" >"$T/$name.out" 2>&1 || rc=$?
+  # in $T: fio writes its verify state files (local-*-verify.state) to the cwd
+  (cd "$T" && timeout 600 fio --output-format=json --output="$T/$name.json" "$job") >"$T/$name.out" 2>&1 || rc=$?
   if [ $rc -ne 0 ]; then
     bad "fio $name exit $rc"
     sed 's/^/       | /' "$T/$name.out" | grep -v '^\s*|\s*$' | tail -n 15
