@@ -12,7 +12,9 @@
 use std::sync::{Arc, Mutex, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
-use tarn_fuzz::image::{apply_input_into, build_flavour, flavour_of, open, open_device, Flavour, Image, MemDevice};
+use tarn_fuzz::image::{
+    apply_input_into, build_flavour, device, flavour_of, locked, open, open_device, Flavour, Image,
+};
 
 fn checked(flavour: Flavour) -> Image {
     let img = build_flavour(flavour);
@@ -40,9 +42,9 @@ fuzz_target!(|data: &[u8]| {
     let img = image(flavour_of(data));
     let mut bytes = std::mem::take(&mut *SCRATCH.lock().unwrap_or_else(|p| p.into_inner()));
     apply_input_into(img, data, &mut bytes);
-    let dev = Arc::new(MemDevice::new(bytes));
+    let dev = Arc::new(device(bytes));
     if let Ok(pool) = open_device(dev.clone()) {
         let _ = pool.check();
     }
-    *SCRATCH.lock().unwrap_or_else(|p| p.into_inner()) = std::mem::take(&mut *dev.lock());
+    *SCRATCH.lock().unwrap_or_else(|p| p.into_inner()) = std::mem::take(&mut *locked(&dev));
 });

@@ -12,8 +12,7 @@
 //! know about the image (journal region, checkpoint chain, the next record's
 //! sequence and epoch) is read back from the image by [`Image::from_bytes`].
 
-use std::io;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tarn_engine::{create_pool, CreateOptions, Device, OpenOptions, Pool, View};
 use tarn_format::catalog::Catalog;
@@ -104,14 +103,14 @@ fn engine<T>(what: &str, r: tarn_engine::Result<T>) -> T {
 /// Let the engine write a pool on a memory device; return its bytes.
 /// Panics if the engine fails (a bug to fix before fuzzing).
 pub fn generate(flavour: Flavour) -> Vec<u8> {
-    let mem = Arc::new(MemDevice::new(vec![0u8; flavour.device_bytes()]));
+    let mem = Arc::new(device(vec![0u8; flavour.device_bytes()]));
     let dev: Arc<dyn Device> = mem.clone();
     let no_checksums = flavour == Flavour::Branches;
     let opts = CreateOptions { journal_bytes: Some(JOURNAL_BYTES), force: true, no_checksums };
     engine("create", create_pool(std::slice::from_ref(&dev), &["fuzz0".into()], &opts));
     // Fixed uuids, journal generation and creation time in both copies.
     {
-        let mut bytes = mem.lock();
+        let mut bytes = locked(&mem);
         for &copy in &SUPERBLOCK_COPIES {
             let at = copy as usize * BS;
             let mut sb = Superblock::decode(&bytes[at..at + BS], copy).expect("new superblock decodes");
@@ -172,7 +171,7 @@ pub fn generate(flavour: Flavour) -> Vec<u8> {
     // No close: the superblock stays marked open and the journal holds
     // the last flushes.
     drop(pool);
-    let mut bytes = mem.lock().clone();
+    let mut bytes = locked(&mem).clone();
     // Snapshot creation times (catalog and SnapCreate ops): fixed.
     let mut changed = false;
     for at in 0..bytes.len() - 8 {
@@ -254,59 +253,21 @@ impl Image {
         }
     }
 }
-/// A device over a byte vector.
-pub struct MemDevice {
-    data: Mutex<Vec<u8>>,
-    size: u64,
+pub use tarn_engine::device::mem_device::MemDevice;
+
+/// The image's device over `bytes` (named as the pool's errors show it).
+pub fn device(bytes: Vec<u8>) -> MemDevice {
+    MemDevice::from_bytes("fuzz0", bytes)
 }
 
-impl MemDevice {
-    pub fn new(data: Vec<u8>) -> MemDevice {
-        let size = data.len() as u64;
-        MemDevice { data: Mutex::new(data), size }
-    }
-
-    /// The bytes, locked.
-    pub fn lock(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
-        self.data.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn range(&self, offset: u64, len: usize) -> io::Result<std::ops::Range<usize>> {
-        match offset.checked_add(len as u64) {
-            Some(end) if end <= self.size => Ok(offset as usize..end as usize),
-            _ => Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("I/O at {offset}+{len} past the end"))),
-        }
-    }
-}
-
-impl Device for MemDevice {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        let r = self.range(offset, buf.len())?;
-        buf.copy_from_slice(&self.data.lock().unwrap_or_else(|p| p.into_inner())[r]);
-        Ok(())
-    }
-    fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
-        let r = self.range(offset, data.len())?;
-        self.data.lock().unwrap_or_else(|p| p.into_inner())[r].copy_from_slice(data);
-        Ok(())
-    }
-    fn flush(&self) -> io::Result<()> {
-        Ok(())
-    }
-    fn discard(&self, _offset: u64, _len: u64) -> io::Result<()> {
-        Ok(())
-    }
-    fn size(&self) -> u64 {
-        self.size
-    }
-    fn name(&self) -> String {
-        "fuzz0".into()
-    }
+/// The device's bytes, locked.
+pub fn locked(dev: &MemDevice) -> std::sync::MutexGuard<'_, Vec<u8>> {
+    dev.bytes(0).expect("a memory device has copy 0")
 }
 
 /// Open `bytes` read-only as a one-device pool.
 pub fn open(bytes: Vec<u8>) -> tarn_engine::Result<Pool> {
-    open_device(Arc::new(MemDevice::new(bytes)))
+    open_device(Arc::new(device(bytes)))
 }
 
 /// Open `dev` read-only as a one-device pool.

@@ -3,9 +3,9 @@
 //! store and leg 0 rewritten (the store and the leg both count it); damaged
 //! on both legs, the read is a typed error and no leg is faulted.
 
-use std::io;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use tarn_engine::device::mem_device::MemDevice;
 use tarn_engine::device::node_io::DeviceNodeIo;
 use tarn_engine::members::mirror::{Leg, LegHealth};
 use tarn_engine::{Device, MirrorDevice};
@@ -16,45 +16,9 @@ use tarn_store::{NodeAlloc, NodeIo, RootRef, Store, StoreError, Tree, Written};
 
 const SIZE: usize = 256 * NODE_SIZE;
 
-/// One leg in memory.
-struct Mem(Mutex<Vec<u8>>);
-
-impl Mem {
-    fn bytes(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-    fn block(&self, pba: Pba) -> Vec<u8> {
-        let at = pba.byte_offset() as usize;
-        self.bytes()[at..at + NODE_SIZE].to_vec()
-    }
-    fn flip(&self, pba: Pba, byte: usize) {
-        self.bytes()[pba.byte_offset() as usize + byte] ^= 0x10;
-    }
-}
-
-impl Device for Mem {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        let at = offset as usize;
-        buf.copy_from_slice(&self.bytes()[at..at + buf.len()]);
-        Ok(())
-    }
-    fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
-        let at = offset as usize;
-        self.bytes()[at..at + data.len()].copy_from_slice(data);
-        Ok(())
-    }
-    fn flush(&self) -> io::Result<()> {
-        Ok(())
-    }
-    fn discard(&self, _: u64, _: u64) -> io::Result<()> {
-        Ok(())
-    }
-    fn size(&self) -> u64 {
-        SIZE as u64
-    }
-    fn name(&self) -> String {
-        "mem".into()
-    }
+/// One leg in memory, damaged at byte `byte` of block `pba`.
+fn flip(leg: &MemDevice, pba: Pba, byte: usize) {
+    leg.bytes(0).unwrap()[pba.byte_offset() as usize + byte] ^= 0x10;
 }
 
 struct Blocks(u64);
@@ -67,8 +31,8 @@ impl NodeAlloc for Blocks {
 }
 
 /// A mirror of two memory legs holding a written tree.
-fn mirrored_tree() -> ([Arc<Mem>; 2], Arc<MirrorDevice>, Arc<dyn NodeIo>, RootRef) {
-    let legs = [Arc::new(Mem(Mutex::new(vec![0; SIZE]))), Arc::new(Mem(Mutex::new(vec![0; SIZE])))];
+fn mirrored_tree() -> ([Arc<MemDevice>; 2], Arc<MirrorDevice>, Arc<dyn NodeIo>, RootRef) {
+    let legs = [0, 1].map(|i| Arc::new(MemDevice::new(&format!("leg{i}"), SIZE as u64, 1)));
     let leg = |i: usize| Leg::new(Some(legs[i].clone()), [i as u8 + 1; 16], format!("leg{i}"), LegHealth::Online);
     let mirror = Arc::new(MirrorDevice::new(vec![leg(0), leg(1)], SIZE as u64, true));
     let io: Arc<dyn NodeIo> = Arc::new(DeviceNodeIo::new(vec![mirror.clone() as Arc<dyn Device>]));
@@ -93,11 +57,11 @@ fn walk_cold(io: &Arc<dyn NodeIo>, root: RootRef) -> (Store, Result<u64, StoreEr
 fn a_node_damaged_on_one_leg_is_read_from_the_other_and_healed() {
     let (legs, mirror, io, root) = mirrored_tree();
     let victim = Pba::new(0, 2);
-    legs[0].flip(victim, 777);
+    flip(&legs[0], victim, 777);
     let (store, entries) = walk_cold(&io, root);
     assert_eq!(entries.unwrap(), 20_000);
     assert_eq!(store.healed_nodes(), 1);
-    assert_eq!(legs[0].block(victim), legs[1].block(victim), "leg 0 rewritten");
+    assert_eq!(legs[0].block(0, victim.block()), legs[1].block(0, victim.block()), "leg 0 rewritten");
     assert_eq!(mirror.legs()[0].healed.load(Ordering::Relaxed), 1, "the mirror counts it too");
     assert_eq!(mirror.status().0, "ONLINE", "damage is not an I/O error: no leg faulted");
 }
@@ -106,8 +70,8 @@ fn a_node_damaged_on_one_leg_is_read_from_the_other_and_healed() {
 fn a_node_damaged_on_both_legs_is_an_error() {
     let (legs, mirror, io, root) = mirrored_tree();
     let victim = Pba::new(0, 2);
-    legs[0].flip(victim, 777);
-    legs[1].flip(victim, 1777);
+    flip(&legs[0], victim, 777);
+    flip(&legs[1], victim, 1777);
     let (store, entries) = walk_cold(&io, root);
     assert!(matches!(entries, Err(StoreError::Corrupt { pba, .. }) if pba == victim), "{entries:?}");
     assert_eq!(store.healed_nodes(), 0);

@@ -7,6 +7,7 @@
 
 pub mod file_device;
 pub mod label;
+pub mod mem_device;
 pub mod node_io;
 
 use std::io;

@@ -80,74 +80,25 @@ impl NodeIo for DeviceNodeIo {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Mutex;
+    use crate::device::mem_device::MemDevice;
     use tarn_format::node::RangeValue;
     use tarn_store::cache::MIN_CACHE_BYTES;
     use tarn_store::{NodeAlloc, Store, Tree, Written};
 
     const SIZE: usize = 64 * NODE_SIZE;
 
-    /// Memory legs: `copies` byte arrays, written together by `write_at`
-    /// and one at a time by `write_copy` (what a mirror does).
-    struct Mem {
-        legs: Vec<Mutex<Vec<u8>>>,
+    /// `copies` legs of memory (a mirror's copies).
+    fn mem(copies: usize) -> Arc<MemDevice> {
+        Arc::new(MemDevice::new(&format!("mem x{copies}"), SIZE as u64, copies))
     }
 
-    impl Mem {
-        fn new(copies: usize) -> Arc<Mem> {
-            Arc::new(Mem { legs: (0..copies).map(|_| Mutex::new(vec![0; SIZE])).collect() })
-        }
-        fn leg(&self, copy: usize) -> io::Result<std::sync::MutexGuard<'_, Vec<u8>>> {
-            let leg = self.legs.get(copy).ok_or_else(|| io::Error::other("no such copy"))?;
-            Ok(leg.lock().unwrap_or_else(|p| p.into_inner()))
-        }
-        fn block(&self, copy: usize, block: u64) -> Vec<u8> {
-            let at = block as usize * NODE_SIZE;
-            self.leg(copy).unwrap()[at..at + NODE_SIZE].to_vec()
-        }
-    }
-
-    impl Device for Mem {
-        fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-            self.read_copy(0, buf, offset)
-        }
-        fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
-            (0..self.legs.len()).try_for_each(|c| self.write_copy(c, data, offset))
-        }
-        fn flush(&self) -> io::Result<()> {
-            Ok(())
-        }
-        fn discard(&self, _: u64, _: u64) -> io::Result<()> {
-            Ok(())
-        }
-        fn size(&self) -> u64 {
-            SIZE as u64
-        }
-        fn name(&self) -> String {
-            format!("mem x{}", self.legs.len())
-        }
-        fn copies(&self) -> usize {
-            self.legs.len()
-        }
-        fn read_copy(&self, copy: usize, buf: &mut [u8], offset: u64) -> io::Result<()> {
-            let at = offset as usize;
-            buf.copy_from_slice(&self.leg(copy)?[at..at + buf.len()]);
-            Ok(())
-        }
-        fn write_copy(&self, copy: usize, data: &[u8], offset: u64) -> io::Result<()> {
-            let at = offset as usize;
-            self.leg(copy)?[at..at + data.len()].copy_from_slice(data);
-            Ok(())
-        }
-    }
-
-    fn node_io(a: &Arc<Mem>, b: &Arc<Mem>) -> DeviceNodeIo {
+    fn node_io(a: &Arc<MemDevice>, b: &Arc<MemDevice>) -> DeviceNodeIo {
         DeviceNodeIo::new(vec![a.clone() as Arc<dyn Device>, b.clone() as Arc<dyn Device>])
     }
 
     #[test]
     fn a_node_is_the_block_its_address_names() {
-        let (a, b) = (Mem::new(1), Mem::new(2));
+        let (a, b) = (mem(1), mem(2));
         let io = node_io(&a, &b);
         let pba = Pba::new(1, 5);
         io.write_node(pba, &[7; NODE_SIZE]).unwrap();
@@ -163,7 +114,7 @@ mod tests {
 
     #[test]
     fn copies_are_the_device_copies() {
-        let (a, b) = (Mem::new(1), Mem::new(2));
+        let (a, b) = (mem(1), mem(2));
         let io = node_io(&a, &b);
         let pba = Pba::new(1, 3);
         io.write_node(pba, &[1; NODE_SIZE]).unwrap();
@@ -179,7 +130,7 @@ mod tests {
 
     #[test]
     fn bad_addresses_are_errors() {
-        let (a, b) = (Mem::new(1), Mem::new(2));
+        let (a, b) = (mem(1), mem(2));
         let io = node_io(&a, &b);
         let mut buf = vec![0; NODE_SIZE];
         let unknown = Pba::new(2, 0);
@@ -207,7 +158,7 @@ mod tests {
     /// and rewritten on the device.
     #[test]
     fn the_store_heals_a_damaged_copy_on_the_device() {
-        let (a, b) = (Mem::new(1), Mem::new(2));
+        let (a, b) = (mem(1), mem(2));
         let io: Arc<dyn NodeIo> = Arc::new(node_io(&a, &b));
         let store = Store::new(io.clone(), MIN_CACHE_BYTES).unwrap();
         let mut tree: Tree<RangeValue> = Tree::new(3);
@@ -215,7 +166,7 @@ mod tests {
             tree.insert(&store, k * 2, RangeValue { len: 1 }, &mut Vec::new()).unwrap();
         }
         let root = tree.freeze().write(&store, &mut Blocks(0), 1, &mut Written::default()).unwrap();
-        b.leg(0).unwrap()[root.pba.byte_offset() as usize + 100] ^= 1;
+        b.bytes(0).unwrap()[root.pba.byte_offset() as usize + 100] ^= 1;
         let cold = Store::new(io, MIN_CACHE_BYTES).unwrap();
         let tree: Tree<RangeValue> = Tree::open(3, root).unwrap();
         assert_eq!(tree.get_le(&cold, 1001).unwrap(), Some((1000, RangeValue { len: 1 })));
