@@ -54,7 +54,7 @@ def hexs(b): return " ".join(f"{x:02x}" for x in b)
 
 def superblock():
     """FORMAT.md §Superblock, copy 16, pool with SNAPSHOTS | DATA_CHECKSUMS."""
-    b = b"TARNPOOL" + u32(1) + u32(4096)
+    b = b"TARNPOOL" + u32(3) + u32(4096)
     b += u64(0b11) + u64(0) + u64(0)                  # incompat, ro_compat, compat
     b += bytes([0x11] * 16) + bytes([0x22] * 16)      # pool_uuid, device_uuid
     b += u16(0) + u16(1) + u32(0)                     # device_index, device_count, flags

@@ -12,7 +12,7 @@ use crate::error::{FormatError, Result};
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"TARNPOOL";
 /// 2: store checkpoints (trees + catalog); 1: whole-state checkpoints,
 /// still read so `tarn pool upgrade` can convert a pool.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 /// The oldest format a superblock may carry.
 pub const OLDEST_READ_VERSION: u32 = 1;
 /// Block addresses of the two superblock copies on every device.
@@ -423,7 +423,7 @@ mod tests {
         let bytes = sb.encode(16);
         let fields = [
             "54 41 52 4e 50 4f 4f 4c",                         // 0 magic "TARNPOOL"
-            "02 00 00 00",                                     // 8 version 2
+            "03 00 00 00",                                     // 8 version 3
             "00 10 00 00",                                     // 12 block_size 4096
             "03 00 00 00 00 00 00 00",                         // 16 incompat: DATA_CHECKSUMS | SNAPSHOTS
             "00 00 00 00 00 00 00 00",                         // 24 ro_compat
@@ -454,7 +454,7 @@ mod tests {
         .join(" ");
         assert_eq!(hex(&bytes[..211]), fields);
         assert!(bytes[211..4092].iter().all(|&b| b == 0), "zero up to the crc");
-        assert_eq!(hex(&bytes[4092..]), "1f 71 77 7d", "SUPB crc32c of bytes 0..4092");
+        assert_eq!(hex(&bytes[4092..]), "bc 95 be f2", "SUPB crc32c of bytes 0..4092");
         assert_eq!(Superblock::decode(&bytes, 16).unwrap(), sb);
     }
 

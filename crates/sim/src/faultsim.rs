@@ -382,11 +382,16 @@ impl FaultRun {
 
     fn flush(&mut self) -> Result<bool, String> {
         match self.pool().flush() {
-            Ok(()) => {
-                self.model.flushed();
-                Ok(true)
-            }
-            Err(e) => self.failed_update("flush", e),
+            Ok(()) => self.model.flushed(),
+            Err(e) => return self.failed_update("flush", e),
+        }
+        // The checkpointer thread's work, half the time here (see run.rs).
+        if !self.pool().checkpoint_waiting() || self.rng.random_bool(0.5) {
+            return Ok(true);
+        }
+        match self.pool().checkpoint_work() {
+            Ok(()) => Ok(true),
+            Err(e) => self.failed_update("checkpoint", e),
         }
     }
 
@@ -1101,16 +1106,23 @@ fn metadata_of(dev: &SimDevice, intended: bool) -> Vec<Meta> {
     let Some(sb) = superblock(dev, intended) else {
         return out;
     };
-    let (mut at, mut seq) = (sb.journal_start, sb.checkpoint.seq);
-    while at < sb.journal_start + sb.journal_blocks {
-        let head = read_block(dev, at, intended);
-        let Ok(h) = RecordHeader::decode(&head, at) else { break };
-        if h.generation != sb.journal_generation || h.seq != seq + 1 {
-            break;
+    // The side of the superblock's generation, then the other side if
+    // the records go on there (docs/FORMAT.md *Journal*).
+    let side = sb.journal_blocks / 2;
+    let mut seq = sb.checkpoint.seq;
+    for generation in [sb.journal_generation, sb.journal_generation + 1] {
+        let start = sb.journal_start + (generation % 2) * side;
+        let mut at = start;
+        while at < start + side {
+            let head = read_block(dev, at, intended);
+            let Ok(h) = RecordHeader::decode(&head, at) else { break };
+            if h.generation != generation || h.seq != seq + 1 {
+                break;
+            }
+            out.extend(covered(at, HEADER_LEN + h.payload_len as usize, "journal record"));
+            at += u64::from(h.blocks);
+            seq = h.seq;
         }
-        out.extend(covered(at, HEADER_LEN + h.payload_len as usize, "journal record"));
-        at += u64::from(h.blocks);
-        seq = h.seq;
     }
     let mut pba = sb.checkpoint.first_segment;
     // The catalog: the segments' payloads in chain order (only if the

@@ -93,11 +93,18 @@ pub struct RunStats {
     pub node_misses: u64,
     /// Of those, read by lookups with the pool lock released.
     pub node_fetches: u64,
+    /// Checkpoints a commit froze and the checkpointer wrote later.
+    pub background_checkpoints: usize,
+    /// Crashes while a checkpoint was frozen and not yet durable (commits
+    /// after it went to the journal's other side).
+    pub crashes_mid_checkpoint: usize,
 }
 
 impl RunStats {
     pub fn add(&mut self, o: &RunStats) {
         self.crashes += o.crashes;
+        self.background_checkpoints += o.background_checkpoints;
+        self.crashes_mid_checkpoint += o.crashes_mid_checkpoint;
         self.admin += o.admin;
         self.done.iter_mut().zip(o.done).for_each(|(a, b)| *a += b);
         self.refused += o.refused;
@@ -345,10 +352,28 @@ impl Run {
         match r {
             Ok(()) => {
                 self.model.flushed();
-                Ok(())
+                self.checkpointer()
             }
             Err(_) if self.any_dead() => self.crash_and_verify(),
             Err(e) => Err(format!("flush failed without a crash: {e}")),
+        }
+    }
+
+    /// What the service's checkpointer thread does, at chosen points: a
+    /// checkpoint a commit froze is written half the time here, else the
+    /// commits go on in the journal's other side until one finishes it
+    /// (a full side, a forced checkpoint) or the next look here.
+    fn checkpointer(&mut self) -> Result<(), String> {
+        if !self.pool().checkpoint_waiting() || self.rng.random_bool(0.5) {
+            return Ok(());
+        }
+        let r = self.pool().checkpoint_work();
+        trace!("checkpoint work: {r:?}");
+        self.stats.background_checkpoints += 1;
+        match r {
+            Ok(()) => Ok(()),
+            Err(_) if self.any_dead() => self.crash_and_verify(),
+            Err(e) => Err(format!("checkpoint failed without a crash: {e}")),
         }
     }
 
@@ -440,6 +465,9 @@ impl Run {
     pub(crate) fn crash_and_verify(&mut self) -> Result<(), String> {
         trace!("CRASH");
         self.stats.crashes += 1;
+        if self.pool.as_ref().is_some_and(|p| p.checkpoint_in_progress()) {
+            self.stats.crashes_mid_checkpoint += 1;
+        }
         self.note_cache();
         drop(self.pool.take());
         for d in &self.devs {

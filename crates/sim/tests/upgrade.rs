@@ -1,10 +1,12 @@
-//! `tarn pool upgrade` on a pool written by format 1 (whole-state
-//! checkpoints; the image in tests/data/format1 was made by that release,
-//! with journal records after its checkpoint and an overwrite region open
-//! at a crash): a format 2 open refuses it with a clear error and changes
-//! nothing; the upgrade keeps every volume, snapshot and clone exactly; a
-//! crash at any write of the upgrade leaves a pool that is either still
-//! format 1 (and upgrades again) or format 2, never anything else.
+//! `tarn pool upgrade` on pools written by older formats: format 1
+//! (whole-state checkpoints) and format 2 (a one-sided journal); the images
+//! in tests/data/format1 and format2 were made by those releases with the
+//! same writes, with journal records after the checkpoint and an overwrite
+//! region open at a crash. An open in the current format refuses them with
+//! a clear error and changes nothing; the upgrade keeps every volume,
+//! snapshot and clone exactly; a crash at any write of the upgrade leaves a
+//! pool that is either still in the old format (and upgrades again) or in
+//! the current one, never anything else.
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -15,12 +17,12 @@ use tarn_sim::SimDevice;
 const MIB: usize = 1 << 20;
 const BS: usize = 4096;
 
-/// The format 1 image, decompressed with the system's gzip.
-fn image() -> Vec<u8> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/format1/pool.img.gz");
-    let out = std::process::Command::new("gzip").arg("-dc").arg(path).output().expect("run gzip -dc");
+/// The image an older format wrote, decompressed with the system's gzip.
+fn image(format: u32) -> Vec<u8> {
+    let path = format!("{}/../../tests/data/format{format}/pool.img.gz", env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new("gzip").arg("-dc").arg(&path).output().expect("run gzip -dc");
     assert!(out.status.success(), "gzip -dc {path}: {}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(out.stdout.len(), 64 * MIB, "the format 1 image is a 64 MiB device");
+    assert_eq!(out.stdout.len(), 64 * MIB, "the format {format} image is a 64 MiB device");
     out.stdout
 }
 
@@ -40,8 +42,8 @@ fn open(sim: &Arc<SimDevice>, upgrade: bool) -> Result<Pool, EngineError> {
     Pool::open(vec![sim.clone() as Arc<dyn Device>], OpenOptions { upgrade, ..Default::default() })
 }
 
-/// What each view holds, from the writes that made the image (see
-/// tests/data/format1/README.md).
+/// What each view holds, from the writes that made the images (see
+/// tests/data/format1/README.md; format 2's are the same).
 fn expected() -> Vec<(&'static str, Vec<u8>)> {
     fn fill(v: &mut [u8], at: usize, len: usize, byte: u8) {
         v[at..at + len].fill(byte);
@@ -86,45 +88,49 @@ fn upgrade(sim: &Arc<SimDevice>) -> Result<(), EngineError> {
 }
 
 #[test]
-fn a_format_1_pool_is_refused_with_a_clear_error_and_left_alone() {
-    let image = image();
-    let sim = device(&image);
-    let err = open(&sim, false).err().expect("format 1 is not opened as is");
-    assert!(matches!(err, EngineError::NeedsUpgrade { version: 1, .. }), "{err}");
-    assert!(err.to_string().contains("tarn pool upgrade"), "{err}");
-    let ro = Pool::open(vec![sim.clone() as Arc<dyn Device>], OpenOptions { read_only: true, ..Default::default() });
-    assert!(matches!(ro, Err(EngineError::NeedsUpgrade { .. })), "read-only too");
-    let mut now = vec![0u8; image.len()];
-    sim.read_at(&mut now, 0).unwrap();
-    assert!(now == image, "a refused open wrote to the device");
+fn older_formats_are_refused_with_a_clear_error_and_left_alone() {
+    for format in [1, 2] {
+        let image = image(format);
+        let sim = device(&image);
+        let err = open(&sim, false).err().expect("an older format is not opened as is");
+        assert!(matches!(err, EngineError::NeedsUpgrade { version, .. } if version == format), "{err}");
+        assert!(err.to_string().contains("tarn pool upgrade"), "{err}");
+        let ro =
+            Pool::open(vec![sim.clone() as Arc<dyn Device>], OpenOptions { read_only: true, ..Default::default() });
+        assert!(matches!(ro, Err(EngineError::NeedsUpgrade { .. })), "read-only too");
+        let mut now = vec![0u8; image.len()];
+        sim.read_at(&mut now, 0).unwrap();
+        assert!(now == image, "a refused open of format {format} wrote to the device");
+    }
 }
 
 #[test]
 fn upgrade_keeps_every_view_and_is_idempotent() {
-    let sim = device(&image());
-    upgrade(&sim).unwrap();
-    let pool = open(&sim, false).expect("format 2 opens");
-    assert_eq!(pool.format_version(), FORMAT_VERSION);
-    verify(&pool).unwrap();
-    // Writable and consistent after the upgrade: write, close, reopen.
-    let (b, _) = pool.lookup_view("b").unwrap();
-    pool.write(b, 0, &vec![0x5a; 2 * BS], false).unwrap();
-    pool.close().unwrap();
-    let pool = open(&sim, true).expect("an upgrade open of format 2 is a plain open");
-    let mut buf = vec![0u8; 2 * BS];
-    pool.read(b, 0, &mut buf).unwrap();
-    assert!(buf.iter().all(|&x| x == 0x5a));
-    assert!(pool.check().is_clean());
+    for format in [1, 2] {
+        let sim = device(&image(format));
+        upgrade(&sim).unwrap();
+        let pool = open(&sim, false).expect("the upgraded pool opens");
+        assert_eq!(pool.format_version(), FORMAT_VERSION);
+        verify(&pool).unwrap_or_else(|e| panic!("from format {format}: {e}"));
+        // Writable and consistent after the upgrade: write, close, reopen.
+        let (b, _) = pool.lookup_view("b").unwrap();
+        pool.write(b, 0, &vec![0x5a; 2 * BS], false).unwrap();
+        pool.close().unwrap();
+        let pool = open(&sim, true).expect("an upgrade open of the current format is a plain open");
+        let mut buf = vec![0u8; 2 * BS];
+        pool.read(b, 0, &mut buf).unwrap();
+        assert!(buf.iter().all(|&x| x == 0x5a));
+        assert!(pool.check().is_clean());
+    }
 }
 
 /// A crash after every possible number of writes and flushes of the
-/// upgrade: the pool opens as format 1 (and then upgrades) or as format 2,
-/// with every view intact.
-#[test]
-fn a_crash_at_any_point_of_the_upgrade_loses_nothing() {
-    let image = image();
+/// upgrade: the pool opens in the old format (and then upgrades) or in the
+/// current one, with every view intact.
+fn crash_at_any_point_of_the_upgrade(format: u32) {
+    let image = image(format);
     let mut rng = ChaCha8Rng::seed_from_u64(7);
-    let (mut as_v1, mut as_v2) = (0, 0);
+    let (mut as_old, mut as_new) = (0, 0);
     for calls in 0..400 {
         let sim = device(&image);
         sim.crash_after(calls);
@@ -132,21 +138,31 @@ fn a_crash_at_any_point_of_the_upgrade_loses_nothing() {
         sim.crash(&mut rng);
         let pool = match open(&sim, false) {
             Ok(pool) => {
-                as_v2 += 1;
+                as_new += 1;
                 pool
             }
             Err(EngineError::NeedsUpgrade { .. }) => {
-                as_v1 += 1;
+                as_old += 1;
                 upgrade(&sim).unwrap_or_else(|e| panic!("crash after {calls} calls: upgrade again: {e}"));
                 open(&sim, false).unwrap_or_else(|e| panic!("crash after {calls} calls: open: {e}"))
             }
-            Err(e) => panic!("crash after {calls} calls: neither format opens: {e}"),
+            Err(e) => panic!("format {format}, crash after {calls} calls: neither format opens: {e}"),
         };
-        verify(&pool).unwrap_or_else(|e| panic!("crash after {calls} calls: {e}"));
+        verify(&pool).unwrap_or_else(|e| panic!("format {format}, crash after {calls} calls: {e}"));
         if finished {
-            assert!(as_v1 > 0 && as_v2 > 0, "crashes left format 1 {as_v1} and format 2 {as_v2} times");
+            assert!(as_old > 0 && as_new > 0, "crashes left format {format} {as_old} and the new {as_new} times");
             return;
         }
     }
-    panic!("the upgrade did not finish within 400 writes and flushes");
+    panic!("the upgrade of format {format} did not finish within 400 writes and flushes");
+}
+
+#[test]
+fn a_crash_at_any_point_of_the_upgrade_from_format_1_loses_nothing() {
+    crash_at_any_point_of_the_upgrade(1);
+}
+
+#[test]
+fn a_crash_at_any_point_of_the_upgrade_from_format_2_loses_nothing() {
+    crash_at_any_point_of_the_upgrade(2);
 }

@@ -1,16 +1,22 @@
 //! Group commit. Every map and space change since the last commit reaches
-//! stable storage in one atomic step: a journal record, or a checkpoint when
-//! the journal fills or the store holds many dirty nodes. The order is what
+//! stable storage in one atomic step: a journal record. The order is what
 //! makes it crash-safe:
 //!
-//! 1. under the pool lock, take the pending ops (and, for a checkpoint,
-//!    freeze every tree: O(trees)) — all their data is already written;
+//! 1. under the pool lock, take the pending ops — all their data is
+//!    already written;
 //! 2. flush the data devices;
-//! 3. write the journal record (or the trees' dirty nodes and the catalog,
-//!    flush, superblock: `store_checkpoint.rs`);
+//! 3. write the journal record;
 //! 4. flush the primary: the commit is durable;
 //! 5. wait until no I/O planned against the old map is in flight, then
 //!    return the freed space to the allocator.
+//!
+//! When the journal side fills or the store holds many dirty nodes, the
+//! commit also *freezes* every tree in step 1 (O(trees)) and, after its
+//! record is durable, moves the journal to its other side: the checkpoint
+//! is written by `Pool::checkpoint_work` while later commits go on in that
+//! side (`store_checkpoint.rs`). Only a forced checkpoint (clean close), a
+//! full side or a pile of dirty nodes makes a commit write (or wait for)
+//! a checkpoint itself.
 
 mod store_checkpoint;
 mod superblock;
@@ -19,7 +25,7 @@ use crate::error::{EngineError, Result};
 use crate::map::extent_map::Freed;
 use crate::meta::catalog::{self, FrozenPool};
 use crate::meta::journal;
-use crate::pool::{CommitCtl, Inner, Pool};
+use crate::pool::{CommitCtl, FrozenCheckpoint, Inner, Pool};
 use crate::space::reserve_for;
 use std::sync::atomic::Ordering;
 use tarn_format::journal::RecordHeader;
@@ -37,7 +43,21 @@ enum Plan {
         /// Overwrite regions the record opens.
         opened: Vec<u64>,
     },
+    /// A journal record, and the trees frozen after its ops: the
+    /// checkpoint is written after it, while later commits go on.
+    JournalThenCheckpoint { payload: Vec<u8>, epoch: u64, frozen: Box<FrozenPool> },
+    /// A checkpoint written by this commit; no record.
     Checkpoint(Box<FrozenPool>),
+}
+
+/// What step 1 found.
+enum Step {
+    Take(Taken),
+    /// Overwrite regions are open with I/O not drained (or await their
+    /// resync after a crash): drain and ask again.
+    Drain,
+    /// The checkpoint in progress must be durable first.
+    FinishCheckpoint,
 }
 
 impl Pool {
@@ -122,23 +142,7 @@ impl Pool {
             // A checkpoint closes every region: resync what a crash left open.
             self.resync_suspects()?;
         }
-        let mut drained = self.needs_drain(ctl, force_checkpoint);
-        let mut tries = 0;
-        let taken = loop {
-            // Closing an overwrite region needs every in-place write to it
-            // recorded: hold the I/O gate while the commit takes its ops.
-            let quiet = drained.then(|| self.io_gate.write().unwrap_or_else(|p| p.into_inner()));
-            if let Some(taken) = self.take_pending(ctl, force_checkpoint, drained)? {
-                break taken;
-            }
-            // A checkpoint it must be: drain, and resync what a crash left open.
-            drop(quiet);
-            tries += 1;
-            assert!(tries < 3, "a drained commit with every region resynced takes its ops");
-            self.resync_suspects()?;
-            drained = true;
-        };
-        let (plan, mut frees, gen) = taken;
+        let (plan, mut frees, gen) = self.take_step(ctl, force_checkpoint)?;
         self.flush_dirty_devices()?;
         // A mirror leg that dropped out is recorded before anything this
         // commit makes durable, and again if it dropped out during it.
@@ -155,15 +159,63 @@ impl Pool {
                 }
                 inner.state.open_regions.extend(opened);
             }
+            Plan::JournalThenCheckpoint { payload, epoch, frozen } => {
+                self.write_journal(ctl, &payload, epoch)?;
+                ctl.journal.switch_side(frozen.seq);
+                ctl.checkpoint_busy = true;
+                let generation = ctl.journal.generation;
+                let ck = FrozenCheckpoint { frozen: *frozen, record_frees: frees.clone(), generation };
+                self.lock_checkpoint().frozen = Some(Box::new(ck));
+                self.checkpoint_waiting.store(true, Ordering::SeqCst);
+            }
             Plan::Checkpoint(frozen) => {
-                let more = self.write_store_checkpoint(ctl, *frozen, &frees)?;
-                frees.extend(more);
+                ctl.journal.switch_side(frozen.seq);
+                ctl.checkpoint_busy = true;
+                let generation = ctl.journal.generation;
+                let ck = FrozenCheckpoint { frozen: *frozen, record_frees: frees.clone(), generation };
+                let mut slot = self.lock_checkpoint();
+                let written = self.write_checkpoint(&mut slot, ck)?;
+                frees.extend(self.flip_checkpoint(ctl, &mut slot, written)?);
             }
         }
         self.record_leg_states(ctl)?;
         self.committed_gen.fetch_max(gen, Ordering::SeqCst);
         self.counters.commits.fetch_add(1, Ordering::Relaxed);
+        if ctl.checkpoint_busy {
+            ctl.held_frees.append(&mut frees);
+        }
         self.release(frees)
+    }
+
+    /// Step 1, draining in-flight I/O or finishing the checkpoint in
+    /// progress first when it must.
+    fn take_step(&self, ctl: &mut CommitCtl, force_checkpoint: bool) -> Result<Taken> {
+        let mut drained = self.needs_drain(ctl, force_checkpoint);
+        let (mut drains, mut finishes) = (0, 0);
+        loop {
+            // Closing an overwrite region needs every in-place write to it
+            // recorded: hold the I/O gate while the commit takes its ops.
+            let quiet = drained.then(|| self.io_gate.write().unwrap_or_else(|p| p.into_inner()));
+            match self.take_pending(ctl, force_checkpoint, drained)? {
+                Step::Take(taken) => return Ok(taken),
+                Step::Drain => {
+                    // A checkpoint it must be: drain, and resync what a crash left open.
+                    drop(quiet);
+                    drains += 1;
+                    assert!(drains < 3, "a drained commit with every region resynced takes its ops");
+                    self.resync_suspects()?;
+                    drained = true;
+                }
+                Step::FinishCheckpoint => {
+                    // The gate comes after the checkpoint lock.
+                    drop(quiet);
+                    finishes += 1;
+                    assert!(finishes < 2, "a finished checkpoint leaves none in progress");
+                    let frees = self.finish_checkpoint(ctl)?;
+                    self.release(frees)?;
+                }
+            }
+        }
     }
 
     /// Whether this commit should drain in-flight I/O: it closes idle
@@ -174,21 +226,19 @@ impl Pool {
             return false;
         }
         let now = self.counters.commits.load(Ordering::Relaxed);
-        let due = journal_low(ctl) || self.store_over_dirty_bound(&inner.state.store);
+        let due = !ctl.checkpoint_busy && (ctl.journal.low() || self.store_over_dirty_bound(&inner.state.store, 1));
         force_checkpoint || due || !inner.regions.idle(&inner.state.open_regions, now).is_empty()
     }
 
-    /// Step 1: snapshot what this commit covers. None: it must be a
-    /// checkpoint, and overwrite regions are open with I/O not drained, or
-    /// await their resync after a crash.
-    fn take_pending(&self, ctl: &CommitCtl, force_checkpoint: bool, drained: bool) -> Result<Option<Taken>> {
+    /// Step 1: snapshot what this commit covers.
+    fn take_pending(&self, ctl: &CommitCtl, force_checkpoint: bool, drained: bool) -> Result<Step> {
         let mut inner = self.write_inner();
         let inner = &mut *inner;
         if !drained && self.fresh_writes.load(Ordering::SeqCst) > 0 {
             // A write is overwriting new data in place in a closed region: a
             // commit must not make that data's map durable before the write
             // recorded its new sums. Drain it first.
-            return Ok(None);
+            return Ok(Step::Drain);
         }
         let gen = self.write_gen.load(Ordering::SeqCst);
         let (mut ops, frees) = inner.take_queue();
@@ -208,28 +258,47 @@ impl Pool {
             ops.push(Op::Regions { open: true, ids: chunk.to_vec() });
         }
         if ops.is_empty() && !force_checkpoint {
-            return Ok(Some((Plan::DataOnly, frees, gen)));
+            return Ok(Step::Take((Plan::DataOnly, frees, gen)));
         }
         let payload = encode_ops(&ops);
-        let due = force_checkpoint || self.store_over_dirty_bound(&inner.state.store);
-        if !due && ctl.journal.fits(RecordHeader::blocks_for(payload.len())) {
-            return Ok(Some((Plan::Journal { payload, epoch: inner.state.epoch, opened }, frees, gen)));
+        let fits = ctl.journal.fits(RecordHeader::blocks_for(payload.len()));
+        let store = &inner.state.store;
+        let wanted = force_checkpoint || !fits || ctl.journal.low() || self.store_over_dirty_bound(store, 1);
+        if !wanted {
+            return Ok(Step::Take((Plan::Journal { payload, epoch: inner.state.epoch, opened }, frees, gen)));
+        }
+        if ctl.checkpoint_busy {
+            // One checkpoint at a time: commits go on meanwhile unless the
+            // journal side is full, the checkpoint is forced, or dirty
+            // nodes piled up to twice their bound (memory).
+            if fits && !force_checkpoint && !self.store_over_dirty_bound(store, 2) {
+                return Ok(Step::Take((Plan::Journal { payload, epoch: inner.state.epoch, opened }, frees, gen)));
+            }
+            put_back(inner, ops, frees, opened);
+            return Ok(Step::FinishCheckpoint);
         }
         if (!drained && !inner.state.open_regions.is_empty()) || !inner.regions.suspect.is_empty() {
-            // Put everything back; the caller drains and asks again.
-            ops.retain(|op| !matches!(op, Op::Regions { .. }));
-            inner.requeue(ops, frees);
-            inner.regions.wanted.extend(opened);
-            return Ok(None);
+            // The caller drains and asks again.
+            put_back(inner, ops, frees, opened);
+            return Ok(Step::Drain);
         }
         // A checkpoint records no open region: all close (their sums are all
         // recorded, I/O is drained); the wanted ones open with a later record.
-        let all: Vec<u64> = inner.state.open_regions.iter().copied().collect();
-        close_regions(inner, &all, &mut Vec::new());
+        ops.retain(|op| !matches!(op, Op::Regions { open: true, .. }));
         inner.regions.wanted.extend(opened);
+        let all: Vec<u64> = inner.state.open_regions.iter().copied().collect();
+        close_regions(inner, &all, &mut ops);
         inner.space.reserve_blocks = reserve_for(inner.state.extent_count(), inner.space.data_blocks());
-        let frozen = catalog::freeze(&mut inner.state, &mut inner.space, ctl.journal.seq + 1);
-        Ok(Some((Plan::Checkpoint(Box::new(frozen)), frees, gen)))
+        let frozen = Box::new(catalog::freeze(&mut inner.state, &mut inner.space, ctl.journal.seq + 1));
+        let payload = encode_ops(&ops);
+        // The journal's other side must be free: it is unless a crash cut
+        // the last checkpoint short after commits went on there.
+        let other_side_free = ctl.journal.generation == ctl.sb.journal_generation;
+        if !force_checkpoint && other_side_free && ctl.journal.fits(RecordHeader::blocks_for(payload.len())) {
+            let epoch = inner.state.epoch;
+            return Ok(Step::Take((Plan::JournalThenCheckpoint { payload, epoch, frozen }, frees, gen)));
+        }
+        Ok(Step::Take((Plan::Checkpoint(frozen), frees, gen)))
     }
 
     /// Step 2: data the new metadata points at must be durable first.
@@ -284,25 +353,28 @@ impl Pool {
         Ok(())
     }
 
-    /// A checkpoint is due: the journal is three quarters full, or the
-    /// store's dirty nodes passed their bound.
+    /// A checkpoint is due and none is in progress: the journal side is
+    /// three quarters full, or the store's dirty nodes passed their bound.
     fn checkpoint_due(&self, ctl: &CommitCtl) -> bool {
-        journal_low(ctl) || self.store_over_dirty_bound(&self.read_inner().state.store)
+        !ctl.checkpoint_busy && (ctl.journal.low() || self.store_over_dirty_bound(&self.read_inner().state.store, 1))
     }
 
     /// Dirty nodes stay in memory until a checkpoint writes them: bound
     /// them to a sixth of the clean cache (an eighth of the metadata
     /// budget, which gives the clean cache three quarters: see
     /// `service/open.rs`), so resident memory stays near the budget and a
-    /// checkpoint writes at most that much.
-    fn store_over_dirty_bound(&self, store: &tarn_store::Store) -> bool {
-        store.dirty_nodes() * NODE_SIZE as u64 > store.cache.stats().capacity / 6
+    /// checkpoint writes at most that much. `times` the bound: while a
+    /// checkpoint is written, nodes dirtied meanwhile wait up to twice it.
+    fn store_over_dirty_bound(&self, store: &tarn_store::Store, times: u64) -> bool {
+        store.dirty_nodes() * NODE_SIZE as u64 > store.cache.stats().capacity / 6 * times
     }
 }
 
-/// The journal is three quarters full: a checkpoint is near.
-fn journal_low(ctl: &CommitCtl) -> bool {
-    ctl.journal.used * 4 > ctl.journal.blocks * 3
+/// Put back what a commit took and will not write now.
+fn put_back(inner: &mut Inner, mut ops: Vec<Op>, frees: Freed, opened: Vec<u64>) {
+    ops.retain(|op| !matches!(op, Op::Regions { open: true, .. }));
+    inner.requeue(ops, frees);
+    inner.regions.wanted.extend(opened);
 }
 
 /// What a commit takes: its plan, the space it frees, the write generation it covers.

@@ -1,14 +1,15 @@
-//! The checkpoint step of a commit (format 2, see `meta/catalog.rs`):
-//! with the commit lock held but not the pool lock, write the frozen
-//! trees' dirty nodes and the catalog, flush, point the superblock at the
-//! catalog, then adopt the written nodes under the pool lock.
+//! Writing a checkpoint (see `meta/catalog.rs`) once a commit froze the
+//! trees: with no pool lock and, usually, no commit lock (commits go on in
+//! the next journal side), write the frozen trees' dirty nodes and the
+//! catalog and flush; then, under the commit lock, point the superblock at
+//! the catalog, and adopt the written nodes under the pool lock.
 
 use super::coalesce;
 use crate::error::{EngineError, Result};
 use crate::map::extent_map::Freed;
-use crate::meta::catalog::{self, FrozenPool};
+use crate::meta::catalog;
 use crate::meta::checkpoint;
-use crate::pool::{CommitCtl, Pool};
+use crate::pool::{CheckpointSlot, CommitCtl, FrozenCheckpoint, Pool, WrittenCheckpoint};
 use crate::space::Space;
 use std::sync::atomic::Ordering;
 use tarn_format::superblock::FORMAT_VERSION;
@@ -63,15 +64,16 @@ impl PoolNodeAlloc<'_> {
 }
 
 impl Pool {
-    /// Step 3 for a checkpoint; returns the blocks to release once it is
-    /// durable (and the caller released them after the superblock).
-    pub(super) fn write_store_checkpoint(
+    /// Write a frozen checkpoint's nodes and catalog and flush every
+    /// device (no commit lock needed: commits go on in the next journal
+    /// side). The superblock is `flip_checkpoint`'s.
+    pub(super) fn write_checkpoint(
         &self,
-        ctl: &mut CommitCtl,
-        frozen: FrozenPool,
-        frees: &Freed,
-    ) -> Result<Freed> {
+        slot: &mut CheckpointSlot,
+        ck: FrozenCheckpoint,
+    ) -> Result<WrittenCheckpoint> {
         let started = std::time::Instant::now();
+        let FrozenCheckpoint { frozen, record_frees, generation } = ck;
         let store = self.read_inner().state.store.clone();
         let mut alloc = PoolNodeAlloc { pool: self, batch: Vec::new(), used: Vec::new(), error: None };
         let wrote = frozen.write(&store, &mut alloc);
@@ -82,63 +84,137 @@ impl Pool {
         let own = alloc.finish()?;
         // Everything this checkpoint makes free: nodes replaced before the
         // freeze, nodes the last checkpoint wrote and replaced, the last
-        // catalog, the space the commit's ops released.
+        // catalog; and (already free in the live pool, used in the frozen
+        // space maps) the space its commit's ops released.
         let mut release: Freed = frozen.superseded.iter().map(|&p| (p, 1)).collect();
-        release.extend(std::mem::take(&mut ctl.next_release));
-        release.extend(ctl.checkpoint_pieces.iter().copied());
+        release.extend(std::mem::take(&mut slot.next_release));
+        release.extend(slot.pieces.iter().copied());
         let mut deferred = release.clone();
-        deferred.extend(frees.iter().copied());
-        catalog.own_nodes = catalog::ranges(own);
+        deferred.extend(record_frees.iter().copied());
+        catalog.own_nodes = catalog::ranges(own.clone());
         catalog.deferred = catalog::ranges(deferred);
         catalog.inflight = catalog::ranges(frozen.inflight.clone());
         let payload = catalog.encode();
         let pieces = allocate_catalog(&mut self.write_inner().space, payload.len())?;
-        let written_at = started.elapsed();
-        self.flip_to(ctl, frozen.seq, &payload, &pieces)?;
-        let durable_at = started.elapsed();
+        let cref = checkpoint::write(&self.devices, &pieces, frozen.seq, &payload)?;
+        for dev in &self.devices {
+            dev.flush().map_err(|e| EngineError::io("flush checkpoint", dev.name(), e))?;
+        }
+        let catalog_bytes = payload.len();
+        Ok(WrittenCheckpoint {
+            frozen,
+            generation,
+            written,
+            catalog: cref,
+            pieces,
+            own,
+            release,
+            started,
+            catalog_bytes,
+        })
+    }
+
+    /// Point the superblock at a written checkpoint (durable when this
+    /// returns), then adopt its nodes. Returns what it made free, to be
+    /// released by the caller.
+    pub(super) fn flip_checkpoint(
+        &self,
+        ctl: &mut CommitCtl,
+        slot: &mut CheckpointSlot,
+        w: WrittenCheckpoint,
+    ) -> Result<Freed> {
+        // One checkpoint at a time: the journal is still in its side.
+        assert_eq!(ctl.journal.generation, w.generation, "the journal moved sides during a checkpoint");
+        let written_at = w.started.elapsed();
+        let mut sb = ctl.sb.clone();
+        sb.version = FORMAT_VERSION;
+        sb.txid += 1;
+        sb.checkpoint = w.catalog;
+        sb.journal_generation = w.generation;
+        sb.devices = self.device_table(&sb.devices);
+        self.write_superblock(&sb)?;
+        ctl.sb = sb;
+        ctl.checkpoint_busy = false;
+        let durable_at = w.started.elapsed();
+        let store = self.read_inner().state.store.clone();
         let leftovers = {
             let mut inner = self.write_inner();
             let inner = &mut *inner;
-            catalog::adopt(&mut inner.state, &mut inner.space, frozen, written)
+            catalog::adopt(&mut inner.state, &mut inner.space, w.frozen, w.written)
         };
         // Released node blocks may be reused by data: no stale cache entry.
-        for &(pba, len) in &release {
+        for &(pba, len) in &w.release {
             (0..len).for_each(|i| store.forget(pba.offset_by(i)));
         }
-        ctl.next_release = leftovers.into_iter().map(|p| (p, 1)).collect();
-        ctl.checkpoint_pieces = pieces;
+        slot.next_release = leftovers.into_iter().map(|p| (p, 1)).collect();
+        slot.pieces = w.pieces;
+        let mut release = w.release;
+        release.append(&mut ctl.held_frees);
         self.counters.checkpoints.fetch_add(1, Ordering::Relaxed);
         log::info!(
             "checkpoint {}: {} nodes and a {} B catalog written in {:?}, durable at {:?}, adopted at {:?}",
-            ctl.journal.seq,
-            catalog.own_nodes.iter().map(|r| r.1).sum::<u64>(),
-            payload.len(),
+            w.catalog.seq,
+            w.own.iter().map(|r| r.1).sum::<u64>(),
+            w.catalog_bytes,
             written_at,
             durable_at,
-            started.elapsed()
+            w.started.elapsed()
         );
         Ok(coalesce(release))
     }
 
-    /// Write the catalog, flush every device, then the superblock that
-    /// points at it: the checkpoint is durable when this returns.
-    fn flip_to(&self, ctl: &mut CommitCtl, seq: u64, payload: &[u8], pieces: &[(Pba, u64)]) -> Result<()> {
-        let cref = checkpoint::write(&self.devices, pieces, seq, payload)?;
-        for dev in &self.devices {
-            dev.flush().map_err(|e| EngineError::io("flush checkpoint", dev.name(), e))?;
+    /// Bring the checkpoint in progress, if any, to durable: write it if
+    /// nobody did, flip its superblock. Returns the space to release.
+    pub(super) fn finish_checkpoint(&self, ctl: &mut CommitCtl) -> Result<Freed> {
+        let mut slot = self.lock_checkpoint();
+        if let Some(ck) = slot.frozen.take() {
+            self.checkpoint_waiting.store(false, Ordering::SeqCst);
+            let w = self.write_checkpoint(&mut slot, *ck)?;
+            slot.written = Some(Box::new(w));
         }
-        let mut sb = ctl.sb.clone();
-        sb.version = FORMAT_VERSION;
-        sb.txid += 1;
-        sb.checkpoint = cref;
-        sb.journal_generation += 1;
-        sb.devices = self.device_table(&sb.devices);
-        self.write_superblock(&sb)?;
-        ctl.sb = sb;
-        ctl.journal.generation = ctl.sb.journal_generation;
-        ctl.journal.used = 0;
-        ctl.journal.seq = seq;
-        Ok(())
+        match slot.written.take() {
+            Some(w) => self.flip_checkpoint(ctl, &mut slot, *w),
+            None => Ok(Freed::new()),
+        }
+    }
+
+    /// Write the checkpoint a commit froze, with commits going on meanwhile
+    /// (the service's checkpointer thread calls this; a commit that needs
+    /// the journal side or memory it holds finishes it itself). The commit
+    /// lock is taken only for the superblock.
+    pub fn checkpoint_work(&self) -> Result<()> {
+        if self.is_fenced() {
+            return Ok(());
+        }
+        let result = self.checkpoint_steps();
+        if let Err(e) = &result {
+            log::error!("checkpoint failed, fencing the pool: {e}");
+            self.fenced.store(true, Ordering::SeqCst);
+        }
+        result
+    }
+
+    fn checkpoint_steps(&self) -> Result<()> {
+        {
+            let mut slot = self.lock_checkpoint();
+            let Some(ck) = slot.frozen.take() else { return Ok(()) };
+            self.checkpoint_waiting.store(false, Ordering::SeqCst);
+            let w = self.write_checkpoint(&mut slot, *ck)?;
+            slot.written = Some(Box::new(w));
+        }
+        let mut ctl = self.lock_commit();
+        let frees = self.finish_checkpoint(&mut ctl)?;
+        self.release(frees)
+    }
+
+    /// A checkpoint is frozen and not yet durable.
+    pub fn checkpoint_in_progress(&self) -> bool {
+        self.lock_commit().checkpoint_busy
+    }
+
+    /// A frozen checkpoint waits to be written.
+    pub fn checkpoint_waiting(&self) -> bool {
+        self.checkpoint_waiting.load(Ordering::SeqCst)
     }
 }
 

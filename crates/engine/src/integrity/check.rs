@@ -5,7 +5,7 @@
 use crate::map::extent_map::ExtentMap;
 use crate::map::state::{State, Volume, MAX_CLONE_DEPTH};
 use crate::pool::Pool;
-use crate::pool::{CommitCtl, Inner};
+use crate::pool::{CheckpointSlot, Inner};
 use tarn_format::{Pba, BLOCK_SIZE};
 use tarn_store::{SpaceMap, Store};
 
@@ -52,6 +52,7 @@ impl Pool {
         // Lock order everywhere: commit, then I/O gate, then pool state (the
         // committer holds the commit lock while it drains the gate).
         let ctl = self.lock_commit();
+        let slot = self.lock_checkpoint();
         let _quiet = self.io_gate.write().unwrap_or_else(|p| p.into_inner());
         let inner = self.read_inner();
         let mut r = CheckReport { notes: ctl.notes.clone(), volumes: inner.state.volumes.len(), ..Default::default() };
@@ -72,7 +73,10 @@ impl Pool {
                 progress((r.extents as u64).min(total), total);
             }
         }
-        metadata_owners(&inner, &ctl, &mut owners, &mut r);
+        metadata_owners(&inner, &slot, &mut owners, &mut r);
+        for &(pba, len) in &ctl.held_frees {
+            push_owner(&mut owners, pba, len, "space awaiting a checkpoint".into(), &mut r.problems);
+        }
         for &(pba, len) in &inner.pending_frees {
             push_owner(&mut owners, pba, len, "space awaiting commit".into(), &mut r.problems);
         }
@@ -85,11 +89,11 @@ impl Pool {
         if self.checksums {
             check_sums(&inner.state, &mut r);
         }
-        if ctl.journal.used > ctl.journal.blocks {
-            problem(&mut r, format!("journal uses {} of {} blocks", ctl.journal.used, ctl.journal.blocks));
+        if ctl.journal.used > ctl.journal.side_blocks() {
+            problem(&mut r, format!("journal uses {} of {} blocks", ctl.journal.used, ctl.journal.side_blocks()));
         }
         let data = inner.space.data_blocks();
-        let pending: u64 = inner.pending_frees.iter().map(|f| f.1).sum();
+        let pending: u64 = inner.pending_frees.iter().chain(&ctl.held_frees).map(|f| f.1).sum();
         if r.mapped_blocks + r.metadata_blocks + pending + r.free_blocks != data {
             let msg = format!(
                 "space accounting: mapped {} + metadata {} + pending {} + free {} != {} data blocks",
@@ -106,9 +110,9 @@ impl Pool {
     /// the devices and the catalog's segments (for fault-injection tests
     /// and tools; walks every tree).
     pub fn metadata_blocks(&self) -> crate::error::Result<Vec<(Pba, u64)>> {
-        let ctl = self.lock_commit();
+        let pieces = self.lock_checkpoint().pieces.clone();
         let inner = self.read_inner();
-        let mut out: Vec<(Pba, u64)> = ctl.checkpoint_pieces.clone();
+        let mut out: Vec<(Pba, u64)> = pieces;
         let mut add = |blocks: Vec<Pba>| out.extend(blocks.into_iter().map(|p| (p, 1)));
         for v in inner.state.volumes.values() {
             add(v.map.node_blocks()?);
@@ -126,7 +130,7 @@ impl Pool {
 
 /// Blocks metadata holds: every tree's nodes, nodes replaced but not yet
 /// free, the catalog; each owned once like data.
-fn metadata_owners(inner: &Inner, ctl: &CommitCtl, owners: &mut [Vec<Owner>], r: &mut CheckReport) {
+fn metadata_owners(inner: &Inner, slot: &CheckpointSlot, owners: &mut [Vec<Owner>], r: &mut CheckReport) {
     let mut own = |blocks: &[(Pba, u64)], what: &str, r: &mut CheckReport| {
         for &(pba, len) in blocks {
             r.metadata_blocks += len;
@@ -134,8 +138,9 @@ fn metadata_owners(inner: &Inner, ctl: &CommitCtl, owners: &mut [Vec<Owner>], r:
         }
     };
     let single = |v: &[Pba]| v.iter().map(|&p| (p, 1)).collect::<Vec<_>>();
-    own(&ctl.checkpoint_pieces, "catalog", r);
-    own(&ctl.next_release, "node awaiting release", r);
+    for (what, blocks) in slot.owned() {
+        own(&blocks, what, r);
+    }
     own(&single(&inner.state.retired_nodes), "node of a deleted map", r);
     own(&single(&inner.space.superseded), "replaced space-map node", r);
     own(&single(inner.state.sums.superseded()), "replaced checksum node", r);

@@ -1,6 +1,10 @@
-//! The journal region on the primary device: one record per commit, appended
-//! until the region is full, then a checkpoint restarts it (with a new
-//! generation, so records of an older generation are never replayed).
+//! The journal region on the primary device, in two halves (*sides*): one
+//! record per commit, appended to the side of the current generation
+//! (`generation % 2`). Every checkpoint moves the writer to the other side
+//! with the next generation, at the freeze; the records written there while
+//! the checkpoint is still being written are replayed after the side the
+//! durable superblock names (docs/FORMAT.md *Journal*). A format 2 pool
+//! (opened for its upgrade) used the whole region as one side.
 
 use crate::device::Device;
 use crate::error::{EngineError, Result};
@@ -9,21 +13,56 @@ use tarn_format::journal::{RecordHeader, HEADER_LEN};
 use tarn_format::ops::{decode_ops, Op};
 use tarn_format::BLOCK_SIZE;
 
-/// Where the journal lives and how far it is filled.
+/// Where the journal lives and how far the current side is filled.
 #[derive(Debug, Clone)]
 pub struct JournalCursor {
+    /// The whole region.
     pub start: u64,
     pub blocks: u64,
     pub generation: u64,
-    /// Blocks used since the last checkpoint.
+    /// Blocks used in the current side.
     pub used: u64,
     /// Sequence number of the last durable commit.
     pub seq: u64,
+    /// Format 2: one side, the whole region (replay for an upgrade only).
+    pub whole_region: bool,
 }
 
 impl JournalCursor {
+    /// The cursor at the start of the side of `generation`.
+    pub fn at_side(start: u64, blocks: u64, generation: u64, seq: u64) -> JournalCursor {
+        JournalCursor { start, blocks, generation, used: 0, seq, whole_region: false }
+    }
+
+    pub fn side_blocks(&self) -> u64 {
+        if self.whole_region {
+            self.blocks
+        } else {
+            self.blocks / 2
+        }
+    }
+
+    /// First block of the current side.
+    pub fn side_start(&self) -> u64 {
+        if self.whole_region {
+            self.start
+        } else {
+            self.start + (self.generation % 2) * self.side_blocks()
+        }
+    }
+
     pub fn fits(&self, record_blocks: u64) -> bool {
-        self.used + record_blocks <= self.blocks
+        self.used + record_blocks <= self.side_blocks()
+    }
+
+    /// Three quarters of the side are used: time for a checkpoint.
+    pub fn low(&self) -> bool {
+        self.used * 4 > self.side_blocks() * 3
+    }
+
+    /// Move to the other side with the next generation, after commit `seq`.
+    pub fn switch_side(&mut self, seq: u64) {
+        *self = JournalCursor::at_side(self.start, self.blocks, self.generation + 1, seq);
     }
 }
 
@@ -36,7 +75,8 @@ pub struct Replayed {
 
 /// Append one record; the caller flushes. Returns the blocks it took.
 pub fn append(dev: &dyn Device, cur: &JournalCursor, epoch: u64, payload: &[u8]) -> Result<u64> {
-    let block = cur.start + cur.used;
+    assert!(!cur.whole_region, "format 2 journals are only replayed");
+    let block = cur.side_start() + cur.used;
     let rec = RecordHeader::encode_record(cur.generation, cur.seq + 1, block, epoch, payload);
     let blocks = rec.len() as u64 / BLOCK_SIZE;
     assert!(cur.fits(blocks), "journal record written past the region");
@@ -44,14 +84,40 @@ pub fn append(dev: &dyn Device, cur: &JournalCursor, epoch: u64, payload: &[u8])
     Ok(blocks)
 }
 
-/// Read records in order from the region start while they are valid, of the
-/// right generation and consecutive. The first that is not ends the journal:
+/// Replay the side of `cur.generation` from its start, then the other
+/// side if it goes on there (records written while a checkpoint that
+/// never became durable was being written: the next generation, the next
+/// sequence number). Records are read while they are valid, of the
+/// side's generation and consecutive; the first that is not ends a side:
 /// it is a commit that never completed (torn, or never written).
 pub fn replay(dev: &dyn Device, cur: &mut JournalCursor, max_records: usize) -> Result<Vec<Replayed>> {
     let mut out = Vec::new();
+    replay_side(dev, cur, max_records, &mut out)?;
+    let mut next = cur.clone();
+    if !cur.whole_region && out.len() < max_records {
+        next.switch_side(cur.seq);
+        let before = out.len();
+        replay_side(dev, &mut next, max_records, &mut out)?;
+        if out.len() > before {
+            *cur = next.clone();
+        }
+    }
+    if out.len() < max_records {
+        refuse_if_a_record_follows(dev, cur, cur.side_start() + cur.used + 1)?;
+        if next.generation != cur.generation {
+            // Replay did not go on in the next side: it must not hold a
+            // later record either.
+            let next = JournalCursor { seq: cur.seq, ..next };
+            refuse_if_a_record_follows(dev, &next, next.side_start())?;
+        }
+    }
+    Ok(out)
+}
+
+fn replay_side(dev: &dyn Device, cur: &mut JournalCursor, max_records: usize, out: &mut Vec<Replayed>) -> Result<()> {
     let mut head = vec![0u8; BLOCK_SIZE as usize];
-    while cur.used < cur.blocks && out.len() < max_records {
-        let block = cur.start + cur.used;
+    while cur.used < cur.side_blocks() && out.len() < max_records {
+        let block = cur.side_start() + cur.used;
         // On a mirror, a copy failing these checks where another passes is
         // rewritten from the good one (read_validated).
         let header_ok = |b: &[u8]| {
@@ -81,10 +147,7 @@ pub fn replay(dev: &dyn Device, cur: &mut JournalCursor, max_records: usize) -> 
         cur.seq = h.seq;
         out.push(Replayed { seq: h.seq, epoch: h.epoch, ops });
     }
-    if out.len() < max_records {
-        refuse_if_a_record_follows(dev, cur)?;
-    }
-    Ok(out)
+    Ok(())
 }
 
 /// Blocks after the end of replay searched for a later record: more than
@@ -92,15 +155,14 @@ pub fn replay(dev: &dyn Device, cur: &mut JournalCursor, max_records: usize) -> 
 const FOLLOWING_SCAN_BLOCKS: u64 = 2048;
 
 /// Replay ended at `cur`: the record there is torn, damaged or was never
-/// written. Records of one generation are written one after another, each
+/// written. Records of one side are written one after another, each
 /// only once the one before is durable, so a valid record of this
 /// generation with a later sequence number beyond it means the record
 /// here was complete and is now damaged (rot, a lost or misdirected
 /// write): replaying past it is impossible and stopping would silently
 /// drop committed changes. Found by the device-fault simulation.
-fn refuse_if_a_record_follows(dev: &dyn Device, cur: &JournalCursor) -> Result<()> {
-    let first = cur.start + cur.used + 1;
-    let end = (cur.start + cur.blocks).min(first + FOLLOWING_SCAN_BLOCKS);
+fn refuse_if_a_record_follows(dev: &dyn Device, cur: &JournalCursor, first: u64) -> Result<()> {
+    let end = (cur.side_start() + cur.side_blocks()).min(first + FOLLOWING_SCAN_BLOCKS);
     let mut buf = vec![0u8; BLOCK_SIZE as usize];
     for block in first..end {
         // A block that cannot be read proves nothing either way.
@@ -113,7 +175,7 @@ fn refuse_if_a_record_follows(dev: &dyn Device, cur: &JournalCursor) -> Result<(
                 "journal record {} at block {} is damaged, but record {} follows at block {block}: \
                  committed changes would be lost; refusing to open",
                 cur.seq + 1,
-                cur.start + cur.used,
+                cur.side_start() + cur.used,
                 h.seq
             );
             return Err(EngineError::NotAPool { device: dev.name(), detail });
@@ -142,10 +204,11 @@ pub fn op_bytes_bound(op: &Op) -> usize {
 }
 
 /// The bound of the queue of pending ops (`Pool::pending`): a quarter of
-/// the journal, between 16 KiB and 4 MiB. A commit of a full queue is then
-/// a record well inside the journal (a checkpoint comes at three quarters
-/// full, see `commit/`), and its encoding, write and replay stay short.
+/// a journal side, between 16 KiB and 4 MiB. A commit of a full queue is
+/// then a record well inside the side (a checkpoint comes at three
+/// quarters full, see `commit/`), and its encoding, write and replay stay
+/// short.
 pub fn pending_limit(journal_blocks: u64) -> usize {
-    let quarter = journal_blocks.saturating_mul(BLOCK_SIZE) / 4;
+    let quarter = journal_blocks.saturating_mul(BLOCK_SIZE) / 8;
     quarter.clamp(16 << 10, 4 << 20) as usize
 }

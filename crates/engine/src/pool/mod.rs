@@ -11,13 +11,14 @@ use crate::map::extent_map::Segment;
 use crate::map::state::{State, Volume};
 use crate::map::sums::RegionTracker;
 use crate::map::view::View;
+use crate::meta::catalog::{FrozenPool, WrittenTrees};
 use crate::meta::journal::{op_bytes_bound, JournalCursor};
 use crate::space::placement::Placement;
 use crate::space::Space;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use tarn_format::ops::Op;
-use tarn_format::superblock::Superblock;
+use tarn_format::superblock::{CheckpointRef, Superblock};
 use tarn_format::{Pba, BLOCK_SIZE};
 
 /// How a pool is opened.
@@ -103,13 +104,76 @@ pub struct PendingStatus {
 pub(crate) struct CommitCtl {
     pub sb: Superblock,
     pub journal: JournalCursor,
-    /// Where the last checkpoint's catalog is (freed by the next one).
-    pub checkpoint_pieces: Vec<(Pba, u64)>,
+    /// A checkpoint is frozen and its superblock not yet written: the
+    /// journal is in the side after the superblock's, and no other
+    /// checkpoint may freeze (`commit/`).
+    pub checkpoint_busy: bool,
+    /// Space commits released while a checkpoint was in progress: given
+    /// back only once it is durable, so its nodes never take space its
+    /// frozen space maps show used (a reopen could not put them right).
+    pub held_frees: Freed,
+    /// Notes from open (an invalid superblock copy, say) for status/check.
+    pub notes: Vec<String>,
+}
+
+/// The checkpoint in progress and what the last one left (behind
+/// `Pool::checkpoint`, after `commit` in the lock order).
+#[derive(Default)]
+pub(crate) struct CheckpointSlot {
+    /// Frozen at a commit whose record is durable; nobody writes it yet.
+    pub frozen: Option<Box<FrozenCheckpoint>>,
+    /// Nodes and catalog written and flushed; the superblock is next.
+    pub written: Option<Box<WrittenCheckpoint>>,
+    /// Where the last durable checkpoint's catalog is (freed by the next one).
+    pub pieces: Vec<(Pba, u64)>,
     /// Node blocks the last checkpoint wrote that the trees replaced
     /// before it was adopted: free once the next checkpoint is durable.
     pub next_release: Freed,
-    /// Notes from open (an invalid superblock copy, say) for status/check.
-    pub notes: Vec<String>,
+}
+
+/// A checkpoint's trees frozen at commit `frozen.seq`, with the space the
+/// ops of that commit released (the frozen space maps show it used).
+pub(crate) struct FrozenCheckpoint {
+    pub frozen: FrozenPool,
+    pub record_frees: Freed,
+    /// The journal generation (side) the commits after it go to.
+    pub generation: u64,
+}
+
+/// A checkpoint whose nodes and catalog are durable; its superblock is not.
+pub(crate) struct WrittenCheckpoint {
+    pub frozen: FrozenPool,
+    pub generation: u64,
+    pub written: WrittenTrees,
+    pub catalog: CheckpointRef,
+    /// Where its catalog is.
+    pub pieces: Vec<(Pba, u64)>,
+    /// Node blocks it wrote.
+    pub own: Vec<(Pba, u64)>,
+    /// What becomes free once it is durable.
+    pub release: Freed,
+    pub started: std::time::Instant,
+    pub catalog_bytes: usize,
+}
+
+impl CheckpointSlot {
+    /// Blocks the slot holds for metadata, by what they are (the checker
+    /// counts them as owned).
+    pub fn owned(&self) -> Vec<(&'static str, Vec<(Pba, u64)>)> {
+        let mut out = vec![("catalog", self.pieces.clone()), ("node awaiting release", self.next_release.clone())];
+        let superseded = |f: &FrozenPool| f.superseded.iter().map(|&p| (p, 1)).collect::<Vec<_>>();
+        if let Some(f) = &self.frozen {
+            out.push(("node replaced before a checkpoint", superseded(&f.frozen)));
+        }
+        if let Some(w) = &self.written {
+            // Its release list holds the superseded nodes, the last
+            // catalog and next_release, all already listed above or here.
+            out.push(("node replaced before a checkpoint", superseded(&w.frozen)));
+            out.push(("node of a checkpoint awaiting its superblock", w.own.clone()));
+            out.push(("catalog awaiting its superblock", w.pieces.clone()));
+        }
+        out
+    }
 }
 
 #[derive(Debug, Default)]
@@ -129,14 +193,18 @@ pub struct Counters {
     pub node_fetches: AtomicU64,
 }
 
-/// Lock order: a stripe, then `commit`, then `io_gate`, then `inner`; the
-/// committer never takes a stripe (docs/ARCHITECTURE.md, *Locks*).
+/// Lock order: a stripe, then `commit`, then `checkpoint`, then `io_gate`, then
+/// `inner`; the committer never takes a stripe (docs/ARCHITECTURE.md, *Locks*).
 pub struct Pool {
     pub(crate) devices: Vec<Arc<dyn Device>>,
     /// Per slot, its mirror when mirrored (the same object as in `devices`).
     pub(crate) mirrors: Vec<Option<Arc<crate::members::mirror::MirrorDevice>>>,
     pub(crate) inner: RwLock<Inner>,
     pub(crate) commit: Mutex<CommitCtl>,
+    /// The checkpoint being written while commits go on (`commit/`).
+    pub(crate) checkpoint: Mutex<CheckpointSlot>,
+    /// A frozen checkpoint waits for `Pool::checkpoint_work`.
+    pub(crate) checkpoint_waiting: AtomicBool,
     /// Held shared by every data I/O from planning to completion; the
     /// committer takes it exclusively once before freed space is reused, so
     /// no I/O planned against the old map can touch reused space.
@@ -273,6 +341,11 @@ impl Pool {
         self.commit.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// After `commit` (if held) and before `io_gate` and `inner`.
+    pub(crate) fn lock_checkpoint(&self) -> MutexGuard<'_, CheckpointSlot> {
+        self.checkpoint.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Run `f` under the pool lock (shared) without any device I/O: a
     /// metadata node the cache lacks fails it with a miss, the node is read
     /// with the lock released, and `f` runs again. So writers never wait
@@ -399,7 +472,7 @@ impl Pool {
         let labels = self.devices.len() as u64 * 2 * BLOCK_SIZE;
         // Blocks neither free nor mapped nor on their way back are metadata
         // (nodes, the catalog): what the checker counts by walking.
-        let freeing: u64 = inner.pending_frees.iter().map(|f| f.1).sum();
+        let freeing: u64 = inner.pending_frees.iter().chain(&ctl.held_frees).map(|f| f.1).sum();
         let inflight: u64 = inner.space.inflight.values().sum();
         let used_blocks = inner.space.data_blocks() - inner.space.free_blocks();
         let nodes = used_blocks.saturating_sub(inner.state.mapped_blocks() + freeing + inflight) * BLOCK_SIZE;

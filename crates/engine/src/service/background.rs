@@ -1,6 +1,7 @@
 //! The threads a served pool runs beside its clients: the background
 //! committer (so clients that never flush lose at most `commit_interval`),
-//! the resync of overwrite regions a crash left open, and the resync of
+//! the checkpointer (writes the checkpoints commits freeze, while later
+//! commits go on), the resync of overwrite regions a crash left open, and the resync of
 //! mirror legs after an unclean shutdown. `Service::start` starts what the
 //! pool needs; `stop` (or dropping the service) wakes every thread and
 //! joins it. Each loop does a bounded step (a tick, or 1 MiB of resync)
@@ -83,6 +84,7 @@ impl Service {
         let mut service = Service { pool, stop: Arc::new(Stop::default()), threads: Vec::new() };
         let committer_opts = opts.clone();
         service.spawn("committer", move |pool, stop| run_committer(pool, &committer_opts, stop));
+        service.spawn("checkpointer", run_checkpointer);
         if service.pool.needs_resync() {
             let notice = opts.notice.clone();
             service.spawn("mirror-resync", move |pool, stop| run_leg_resync(pool, notice.as_deref(), stop));
@@ -144,6 +146,22 @@ fn run_committer(pool: &Pool, opts: &ServiceOptions, stop: &Stop) {
         if pool.is_dirty() && !pool.is_fenced() {
             if let Err(e) = pool.flush() {
                 log::error!("background commit failed: {e}");
+            }
+        }
+    }
+}
+
+/// How often the checkpointer looks for a frozen checkpoint: a commit that
+/// froze one is answered at once, and the checkpoint is written from here
+/// (on a quiet pool a commit finishes it itself when it needs to).
+const CHECKPOINT_POLL: Duration = Duration::from_millis(2);
+
+/// Write each checkpoint a commit froze, so that FLUSH never waits for one.
+fn run_checkpointer(pool: &Pool, stop: &Stop) {
+    while !stop.wait(CHECKPOINT_POLL) {
+        if pool.checkpoint_waiting() && !pool.is_fenced() {
+            if let Err(e) = pool.checkpoint_work() {
+                log::error!("background checkpoint failed: {e}");
             }
         }
     }

@@ -12,7 +12,7 @@ use crate::map::state::State;
 use crate::members::mirror::{Leg, LegHealth, MirrorDevice};
 use crate::meta::journal::{self, JournalCursor};
 use crate::meta::{catalog, checkpoint};
-use crate::pool::{CommitCtl, Counters, Inner, OpenOptions, Pool, DEFAULT_METADATA_CACHE, STRIPES};
+use crate::pool::{CheckpointSlot, CommitCtl, Counters, Inner, OpenOptions, Pool, DEFAULT_METADATA_CACHE, STRIPES};
 use crate::space::placement::Linear;
 use crate::space::{reserve_for, Space};
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -294,8 +294,9 @@ impl Pool {
         );
         let crashed_regions = state.open_regions.clone();
         let read_only = options.read_only;
-        let ctl = CommitCtl { sb, journal: cursor, checkpoint_pieces: pieces, next_release: Vec::new(), notes };
-        let pool = Pool::new(devices, mirrors, state, space, ctl, options);
+        let ctl = CommitCtl { sb, journal: cursor, checkpoint_busy: false, held_frees: Vec::new(), notes };
+        let slot = CheckpointSlot { pieces, ..Default::default() };
+        let pool = Pool::new(devices, mirrors, state, space, (ctl, slot), options);
         let notes = pool.mark_open()?;
         pool.lock_commit().notes.extend(notes);
         if !read_only && !crashed_regions.is_empty() {
@@ -311,7 +312,7 @@ impl Pool {
         mirrors: Vec<Option<Arc<MirrorDevice>>>,
         state: State,
         space: Space,
-        ctl: CommitCtl,
+        (ctl, slot): (CommitCtl, CheckpointSlot),
         options: OpenOptions,
     ) -> Pool {
         let n = devices.len();
@@ -328,6 +329,8 @@ impl Pool {
                 regions: Default::default(),
             }),
             commit: Mutex::new(ctl),
+            checkpoint: Mutex::new(slot),
+            checkpoint_waiting: AtomicBool::new(false),
             devices,
             mirrors,
             io_gate: RwLock::new(()),
@@ -386,7 +389,9 @@ fn load(devices: &[Arc<dyn Device>], sb: &Superblock, options: &OpenOptions) -> 
     let store = Arc::new(store);
     let areas = data_areas(devices, sb)?;
     match sb.version {
-        FORMAT_VERSION => load_catalog(devices, sb, store, &areas),
+        FORMAT_VERSION => load_catalog(devices, sb, store, &areas, false),
+        // Format 2 differs only in its journal: one side, the whole region.
+        2 if options.upgrade && !options.read_only => load_catalog(devices, sb, store, &areas, true),
         1 if options.upgrade && !options.read_only => load_format1(devices, sb, store, &areas),
         version => Err(EngineError::NeedsUpgrade { device: devices[0].name(), version }),
     }
@@ -408,13 +413,14 @@ fn data_areas(devices: &[Arc<dyn Device>], sb: &Superblock) -> Result<Vec<(u64, 
     Ok(areas)
 }
 
-/// Format 2: the catalog, the trees opened at their roots, the space maps
-/// put right, the journal replayed on top.
+/// Format 3 (and 2): the catalog, the trees opened at their roots, the
+/// space maps put right, the journal replayed on top.
 fn load_catalog(
     devices: &[Arc<dyn Device>],
     sb: &Superblock,
     store: Arc<Store>,
     areas: &[(u64, u64)],
+    whole_region: bool,
 ) -> Result<Loaded> {
     let primary = devices[0].name();
     let not_a_pool = |detail: String| EngineError::NotAPool { device: primary.clone(), detail };
@@ -434,7 +440,8 @@ fn load_catalog(
         let space = catalog::open_space(&c, store, areas, &pieces).map_err(|e| not_a_pool(e.to_string()))?;
         (state, space, pieces)
     };
-    let (cursor, replayed) = replay_journal(devices[0].as_ref(), sb, sb.checkpoint.seq, &mut state, Some(&mut space))?;
+    let seq = sb.checkpoint.seq;
+    let (cursor, replayed) = replay_journal(devices[0].as_ref(), sb, seq, whole_region, &mut state, Some(&mut space))?;
     Ok((state, space, pieces, cursor, replayed))
 }
 
@@ -446,7 +453,7 @@ fn load_format1(
     areas: &[(u64, u64)],
 ) -> Result<Loaded> {
     let (mut state, pieces, seq) = load_checkpoint(devices, sb, store.clone())?;
-    let (cursor, replayed) = replay_journal(devices[0].as_ref(), sb, seq, &mut state, None)?;
+    let (cursor, replayed) = replay_journal(devices[0].as_ref(), sb, seq, true, &mut state, None)?;
     let mut used = state.physical_extents()?;
     used.extend(pieces.iter().copied());
     used.sort_unstable();
@@ -459,23 +466,25 @@ fn load_format1(
 
 /// Apply the journal's records after the checkpoint (`seq`) to `state`;
 /// returns the cursor after the last valid record and how many there were.
-/// With `space` (format 2), new space the records map is claimed and what
-/// they release is given back, record by record as the live pool did.
+/// With `space` (formats 2, 3), new space the records map is claimed and
+/// what they release is given back, record by record as the live pool did.
+/// `whole_region`: formats 1 and 2, for an upgrade; their journal is then
+/// full for the writer, so the first commit is a checkpoint that starts
+/// the two-sided journal.
 fn replay_journal(
     primary: &dyn Device,
     sb: &Superblock,
     seq: u64,
+    whole_region: bool,
     state: &mut State,
     mut space: Option<&mut Space>,
 ) -> Result<(JournalCursor, usize)> {
-    let mut cursor = JournalCursor {
-        start: sb.journal_start,
-        blocks: sb.journal_blocks,
-        generation: sb.journal_generation,
-        used: 0,
-        seq,
-    };
+    let mut cursor = JournalCursor::at_side(sb.journal_start, sb.journal_blocks, sb.journal_generation, seq);
+    cursor.whole_region = whole_region;
     let records = journal::replay(primary, &mut cursor, MAX_REPLAY_RECORDS)?;
+    if whole_region {
+        cursor.used = cursor.side_blocks();
+    }
     for rec in &records {
         let bad = |detail: String| EngineError::NotAPool {
             device: primary.name(),
