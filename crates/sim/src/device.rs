@@ -101,6 +101,9 @@ struct State {
     /// Reads return the intended content of damaged blocks (a device that
     /// hides damage: negative controls only).
     repair_reads: bool,
+    /// A flush answers but makes nothing durable (a device that lies about
+    /// its cache: negative controls only).
+    ignore_flushes: bool,
     /// Blocks (by index) whose cached content a fault made wrong, with what
     /// they should hold; a block leaves when its content is right again.
     damage: BTreeMap<u64, Vec<u8>>,
@@ -207,12 +210,18 @@ impl SimDevice {
                 events: Vec::new(),
                 damage: BTreeMap::new(),
                 repair_reads: false,
+                ignore_flushes: false,
             }),
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Negative controls: flushes answer without making anything durable.
+    pub fn ignore_flushes(&self) {
+        self.lock().ignore_flushes = true;
     }
 
     /// Cut the power after `calls` more writes or flushes.
@@ -467,6 +476,9 @@ impl Device for SimDevice {
     fn flush(&self) -> io::Result<()> {
         let mut s = self.lock();
         Self::tick(&mut s)?;
+        if s.ignore_flushes {
+            return Ok(());
+        }
         let pending = std::mem::take(&mut s.pending);
         for (off, data) in pending {
             s.durable[off as usize..off as usize + data.len()].copy_from_slice(&data);

@@ -23,7 +23,7 @@ mod verify;
 mod workload;
 
 pub use device::SimDevice;
-pub use run::{run_seed, RunStats, SimConfig, Workload, OP_NAMES};
+pub use run::{run_seed, Control, RunStats, SimConfig, Workload, OP_NAMES};
 
 /// Seeds to run: `TARN_SEED=N` replays one; otherwise `count` from `TARN_SEED_BASE` (default 0).
 pub fn seeds(count: u64) -> Vec<u64> {

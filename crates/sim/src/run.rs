@@ -39,6 +39,18 @@ pub struct SimConfig {
     /// The primary is a mirror of two devices (a power cut on one leg then
     /// faults it and the pool goes on, until the crash of all devices).
     pub mirror: bool,
+    /// Negative controls: break what the simulation must catch.
+    pub control: Option<Control>,
+}
+
+/// A deliberate defect for a negative control: the simulation must fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    /// The devices answer flushes without making anything durable.
+    IgnoreFlushes,
+    /// Replay stops at the end of the superblock's journal side: commits
+    /// answered while a checkpoint was written are lost at a crash.
+    ReplayOneSide,
 }
 
 impl Default for SimConfig {
@@ -51,6 +63,7 @@ impl Default for SimConfig {
             workload: Workload::Basic,
             tight_bytes: None,
             mirror: false,
+            control: None,
         }
     }
 }
@@ -132,6 +145,7 @@ pub(crate) struct Run {
     serial: u64,
     /// The last of `devs` is the primary's second mirror leg.
     mirrored: bool,
+    control: Option<Control>,
 }
 
 /// Devices per member; with `mirrored`, the last device is a second leg of
@@ -156,6 +170,9 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<RunStats, String> {
     };
     let total = ndev + usize::from(cfg.mirror);
     let devs: Vec<Arc<SimDevice>> = (0..total).map(|i| Arc::new(SimDevice::new(&format!("sim{i}"), bytes))).collect();
+    if cfg.control == Some(Control::IgnoreFlushes) {
+        devs.iter().for_each(|d| d.ignore_flushes());
+    }
     let opts = CreateOptions { journal_bytes: Some(cfg.journal_bytes), ..Default::default() };
     let slots: Vec<Vec<(Arc<dyn Device>, String)>> = slots_of(&devs, cfg.mirror)
         .into_iter()
@@ -174,6 +191,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<RunStats, String> {
         workload: cfg.workload,
         serial: 0,
         mirrored: cfg.mirror,
+        control: cfg.control,
     };
     run.reopen()?;
     for step in 0..cfg.steps {
@@ -200,8 +218,13 @@ impl Run {
         // from the devices all through the run. (Its dirty bound, a
         // quarter, also makes checkpoints frequent.)
         let cache = self.rng.random_range(2..=16) * 4096;
-        let options =
-            OpenOptions { strict: self.strict, metadata_cache: cache, tiny_metadata_cache: true, ..Default::default() };
+        let options = OpenOptions {
+            strict: self.strict,
+            metadata_cache: cache,
+            tiny_metadata_cache: true,
+            control_replay_one_side: self.control == Some(Control::ReplayOneSide),
+            ..Default::default()
+        };
         let pool = Pool::open_slots(slots, options).map_err(|e| format!("reopen: {e}"))?;
         if pool.needs_resync() {
             // After a crash the mirror legs may differ where writes were cut.

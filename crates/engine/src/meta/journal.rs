@@ -90,11 +90,12 @@ pub fn append(dev: &dyn Device, cur: &JournalCursor, epoch: u64, payload: &[u8])
 /// sequence number). Records are read while they are valid, of the
 /// side's generation and consecutive; the first that is not ends a side:
 /// it is a commit that never completed (torn, or never written).
-pub fn replay(dev: &dyn Device, cur: &mut JournalCursor, max_records: usize) -> Result<Vec<Replayed>> {
+/// (`one_side`: a negative control's defect, see `OpenOptions`.)
+pub fn replay(dev: &dyn Device, cur: &mut JournalCursor, max_records: usize, one_side: bool) -> Result<Vec<Replayed>> {
     let mut out = Vec::new();
     replay_side(dev, cur, max_records, &mut out)?;
     let mut next = cur.clone();
-    if !cur.whole_region && out.len() < max_records {
+    if !cur.whole_region && !one_side && out.len() < max_records {
         next.switch_side(cur.seq);
         let before = out.len();
         replay_side(dev, &mut next, max_records, &mut out)?;
@@ -104,7 +105,7 @@ pub fn replay(dev: &dyn Device, cur: &mut JournalCursor, max_records: usize) -> 
     }
     if out.len() < max_records {
         refuse_if_a_record_follows(dev, cur, cur.side_start() + cur.used + 1)?;
-        if next.generation != cur.generation {
+        if next.generation != cur.generation && !one_side {
             // Replay did not go on in the next side: it must not hold a
             // later record either.
             let next = JournalCursor { seq: cur.seq, ..next };

@@ -39,6 +39,11 @@ pub struct OpenOptions {
     /// path (slow, never wrong), so that small pools evict nodes.
     #[doc(hidden)]
     pub tiny_metadata_cache: bool,
+    /// Negative control of the crash simulation only: replay stops at the
+    /// end of the superblock's journal side (a defect the simulation must
+    /// catch).
+    #[doc(hidden)]
+    pub control_replay_one_side: bool,
 }
 
 /// The metadata cache when none is asked for: 256 MiB.

@@ -372,6 +372,19 @@ impl Pool {
 /// checkpoint's) blocks, the journal cursor, records replayed.
 type Loaded = (State, Space, Ranges, JournalCursor, usize);
 
+/// How the journal is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Replay {
+    /// Format 3: the superblock's side, then the next if records go on there.
+    Sides,
+    /// Formats 1 and 2, for an upgrade: one side, the whole region; the
+    /// journal is then full for the writer, so the first commit is a
+    /// checkpoint that starts the two-sided journal.
+    WholeRegion,
+    /// A negative control's defect (`OpenOptions::control_replay_one_side`).
+    OneSide,
+}
+
 /// Read the pool's metadata as its format says.
 fn load(devices: &[Arc<dyn Device>], sb: &Superblock, options: &OpenOptions) -> Result<Loaded> {
     let total = if options.metadata_cache == 0 { DEFAULT_METADATA_CACHE } else { options.metadata_cache };
@@ -389,9 +402,10 @@ fn load(devices: &[Arc<dyn Device>], sb: &Superblock, options: &OpenOptions) -> 
     let store = Arc::new(store);
     let areas = data_areas(devices, sb)?;
     match sb.version {
-        FORMAT_VERSION => load_catalog(devices, sb, store, &areas, false),
+        FORMAT_VERSION if options.control_replay_one_side => load_catalog(devices, sb, store, &areas, Replay::OneSide),
+        FORMAT_VERSION => load_catalog(devices, sb, store, &areas, Replay::Sides),
         // Format 2 differs only in its journal: one side, the whole region.
-        2 if options.upgrade && !options.read_only => load_catalog(devices, sb, store, &areas, true),
+        2 if options.upgrade && !options.read_only => load_catalog(devices, sb, store, &areas, Replay::WholeRegion),
         1 if options.upgrade && !options.read_only => load_format1(devices, sb, store, &areas),
         version => Err(EngineError::NeedsUpgrade { device: devices[0].name(), version }),
     }
@@ -420,7 +434,7 @@ fn load_catalog(
     sb: &Superblock,
     store: Arc<Store>,
     areas: &[(u64, u64)],
-    whole_region: bool,
+    replay: Replay,
 ) -> Result<Loaded> {
     let primary = devices[0].name();
     let not_a_pool = |detail: String| EngineError::NotAPool { device: primary.clone(), detail };
@@ -441,7 +455,7 @@ fn load_catalog(
         (state, space, pieces)
     };
     let seq = sb.checkpoint.seq;
-    let (cursor, replayed) = replay_journal(devices[0].as_ref(), sb, seq, whole_region, &mut state, Some(&mut space))?;
+    let (cursor, replayed) = replay_journal(devices[0].as_ref(), sb, (seq, replay), &mut state, Some(&mut space))?;
     Ok((state, space, pieces, cursor, replayed))
 }
 
@@ -453,7 +467,7 @@ fn load_format1(
     areas: &[(u64, u64)],
 ) -> Result<Loaded> {
     let (mut state, pieces, seq) = load_checkpoint(devices, sb, store.clone())?;
-    let (cursor, replayed) = replay_journal(devices[0].as_ref(), sb, seq, true, &mut state, None)?;
+    let (cursor, replayed) = replay_journal(devices[0].as_ref(), sb, (seq, Replay::WholeRegion), &mut state, None)?;
     let mut used = state.physical_extents()?;
     used.extend(pieces.iter().copied());
     used.sort_unstable();
@@ -468,21 +482,17 @@ fn load_format1(
 /// returns the cursor after the last valid record and how many there were.
 /// With `space` (formats 2, 3), new space the records map is claimed and
 /// what they release is given back, record by record as the live pool did.
-/// `whole_region`: formats 1 and 2, for an upgrade; their journal is then
-/// full for the writer, so the first commit is a checkpoint that starts
-/// the two-sided journal.
 fn replay_journal(
     primary: &dyn Device,
     sb: &Superblock,
-    seq: u64,
-    whole_region: bool,
+    (seq, replay): (u64, Replay),
     state: &mut State,
     mut space: Option<&mut Space>,
 ) -> Result<(JournalCursor, usize)> {
     let mut cursor = JournalCursor::at_side(sb.journal_start, sb.journal_blocks, sb.journal_generation, seq);
-    cursor.whole_region = whole_region;
-    let records = journal::replay(primary, &mut cursor, MAX_REPLAY_RECORDS)?;
-    if whole_region {
+    cursor.whole_region = replay == Replay::WholeRegion;
+    let records = journal::replay(primary, &mut cursor, MAX_REPLAY_RECORDS, replay == Replay::OneSide)?;
+    if cursor.whole_region {
         cursor.used = cursor.side_blocks();
     }
     for rec in &records {
