@@ -278,8 +278,18 @@ struct ServeCmd {
     /// size work, the rest is read from the devices on demand.
     #[arg(long, value_parser = size::parse_size)]
     metadata_cache: Option<u64>,
+    /// Where new data goes: contiguous (default: each 1 MiB of a volume
+    /// has a 1 MiB home, sequential data stays sequential whatever the
+    /// order it is first written in) or linear (in arrival order).
+    #[arg(long, default_value = "contiguous", value_parser = parse_placement)]
+    placement: tarn_engine::PlacementKind,
     #[command(flatten)]
     tls: tls::TlsArgs,
+}
+
+fn parse_placement(name: &str) -> std::result::Result<tarn_engine::PlacementKind, String> {
+    tarn_engine::PlacementKind::parse(name)
+        .ok_or_else(|| format!("unknown placement {name:?}: {}", tarn_engine::PlacementKind::NAMES.join(", ")))
 }
 
 #[derive(Args)]
@@ -507,6 +517,7 @@ fn serve_cmd(s: ServeCmd) -> Result<i32> {
         socket: s.socket,
         strict: s.strict,
         metadata_cache: cache_bytes(s.metadata_cache)?,
+        placement: s.placement,
         commit_interval: Duration::from_secs(s.commit_interval.max(1)),
         tls: s.tls.config()?,
         socket_mode: s.tls.socket_mode,
@@ -543,6 +554,7 @@ fn run_cmd(r: RunCmd) -> Result<i32> {
         socket: Some(socket.clone()),
         strict: r.strict,
         metadata_cache: cache_bytes(r.metadata_cache)?,
+        placement: Default::default(),
         commit_interval: Duration::from_secs(5),
         tls: None,
         socket_mode: 0o600,

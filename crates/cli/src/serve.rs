@@ -24,6 +24,7 @@ pub struct ServeArgs {
     pub strict: bool,
     /// Bytes of metadata cache (0: the engine's default).
     pub metadata_cache: usize,
+    pub placement: tarn_engine::PlacementKind,
     pub commit_interval: Duration,
     /// NBD over TLS; None: STARTTLS is refused.
     pub tls: Option<TlsConfig>,
@@ -32,7 +33,12 @@ pub struct ServeArgs {
 }
 
 pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>)) -> Result<()> {
-    let options = OpenOptions { strict: args.strict, metadata_cache: args.metadata_cache, ..Default::default() };
+    let options = OpenOptions {
+        strict: args.strict,
+        metadata_cache: args.metadata_cache,
+        placement: args.placement,
+        ..Default::default()
+    };
     let opened = open_pool(&args.pool, &args.members, options)?;
     let status = opened.pool.status();
     let pool = Arc::new(opened.pool);

@@ -133,22 +133,25 @@ fn control_hidden_damage_fails_the_detection_checks() {
     assert!(meta > 0, "no hidden metadata damage caught");
 }
 
-/// The gap of one seed of one kind (fixed seeds: these pin behaviour).
-fn gap_of(kind: FaultKind, seed: u64) -> Option<Gap> {
-    run_fault_seed(seed, &FaultConfig::new(kind)).unwrap_or_else(|e| panic!("{e}")).gap
+/// The first seed of `kind` below `limit` that ends in `gap`.
+fn first_seed_with(kind: FaultKind, gap: Gap, limit: u64) -> Option<u64> {
+    (0..limit)
+        .find(|&seed| run_fault_seed(seed, &FaultConfig::new(kind)).unwrap_or_else(|e| panic!("{e}")).gap == Some(gap))
 }
 
 /// Known gap: a data block of an overwrite region open at a crash that a
 /// fault damaged is taken for an in-place write cut by the crash; the
 /// resync gives it a new checksum and reads return the damaged bytes as
-/// good. Seed 20 (misdirected write) hits a block a snapshot shares, which
-/// is never written in place and so never needs the resync. This test
-/// fails once the engine detects it: then move the seeds to the checks.
+/// good (misdirected writes also hit blocks a snapshot shares, which are
+/// never written in place and so never need the resync). This test fails
+/// once the engine detects it: then move the seeds to the checks.
 #[test]
 fn known_gap_damage_in_an_open_region_is_adopted_after_a_crash() {
-    assert_eq!(gap_of(FaultKind::Rot, 6), Some(Gap::OpenRegionAfterCrash));
-    assert_eq!(gap_of(FaultKind::Lost, 19), Some(Gap::OpenRegionAfterCrash));
-    assert_eq!(gap_of(FaultKind::Misdirect, 20), Some(Gap::OpenRegionAfterCrash));
+    for kind in [FaultKind::Rot, FaultKind::Lost, FaultKind::Misdirect] {
+        let seed = first_seed_with(kind, Gap::OpenRegionAfterCrash, 200);
+        println!("{kind:?}: first seed adopting damage in an open region: {seed:?}");
+        assert!(seed.is_some(), "{kind:?}: no seed of 200 shows the gap: is it closed?");
+    }
 }
 
 /// Was a known gap found by this simulation: a live journal record whose
@@ -168,11 +171,13 @@ fn damaged_journal_record_with_records_after_it_refuses_the_open() {
 /// Known gap: the damaged record is the last one written (no record after
 /// it), then a crash: nothing tells it from a commit cut by the crash, so
 /// replay stops there and the answered flushes it held are lost silently.
-/// (Seed 235: rot of a journal record. Seed 0 pinned this until store nodes
-/// joined the metadata a fault may be aimed at; it now rots a node.)
+/// (A rot of a journal record: rare among the seeds, most rot data or
+/// nodes.)
 #[test]
 fn known_gap_damaged_last_journal_record_ends_replay_silently_after_a_crash() {
-    assert_eq!(gap_of(FaultKind::Rot, 235), Some(Gap::JournalRecordAfterCrash));
+    let seed = first_seed_with(FaultKind::Rot, Gap::JournalRecordAfterCrash, 1000);
+    println!("first seed losing a rotten last journal record: {seed:?}");
+    assert!(seed.is_some(), "no seed of 1000 shows the gap: is it closed?");
 }
 
 /// Was a known gap found by this simulation: a lost (or misdirected)

@@ -107,6 +107,46 @@ impl SpaceMap {
         Ok(self.tree.get_ge(store, self.cursor)?.map(|(s, v)| (s, v.len)))
     }
 
+    /// Whether `[start, start+len)` is inside the data area and all free.
+    pub fn is_free(&self, store: &Store, start: u64, len: u64) -> Result<bool> {
+        let Some(end) = start.checked_add(len) else { return Ok(false) };
+        if len == 0 || start < self.data_start || end > self.data_end {
+            return Ok(false);
+        }
+        Ok(self.tree.get_le(store, start)?.is_some_and(|(s, v)| s + v.len >= end))
+    }
+
+    /// The first free run of `len` blocks aligned to `len` (counted from
+    /// the data area's start) next-fit from the cursor, looking at no
+    /// more than `max_ranges` free ranges; the cursor moves past it.
+    /// `Ok(None)`: no such run within the bound (the space is fragmented
+    /// or full).
+    pub fn find_aligned(&mut self, store: &Store, len: u64, max_ranges: usize) -> Result<Option<u64>> {
+        assert!(len > 0, "empty aligned run");
+        let mut at = self.cursor.clamp(self.data_start, self.data_end);
+        let mut wrapped = false;
+        for _ in 0..max_ranges {
+            let run = match self.tree.get_le(store, at)? {
+                Some((s, v)) if s + v.len > at => Some((at, s + v.len)),
+                _ => self.tree.get_ge(store, at)?.map(|(s, v)| (s, s + v.len)),
+            };
+            let Some((from, end)) = run else {
+                if wrapped {
+                    return Ok(None);
+                }
+                (at, wrapped) = (self.data_start, true);
+                continue;
+            };
+            let aligned = self.data_start + (from - self.data_start).div_ceil(len) * len;
+            if aligned.checked_add(len).is_some_and(|e| e <= end) {
+                self.cursor = aligned + len;
+                return Ok(Some(aligned));
+            }
+            at = end;
+        }
+        Ok(None)
+    }
+
     /// Return `[start, start+len)`, coalescing with free neighbours. A
     /// range outside the data area or already (partly) free is an error.
     pub fn give_back(&mut self, store: &Store, start: u64, len: u64, sup: &mut Vec<Pba>) -> Result<()> {

@@ -118,3 +118,19 @@ fn bad_frees_and_claims_are_errors() {
     assert_eq!(space.free_blocks, 0);
     assert_eq!(space.verify(&store).unwrap(), vec![]);
 }
+
+#[test]
+fn aligned_runs_are_found_next_fit_and_skip_fragments() {
+    let store = Store::memory();
+    let mut m = SpaceMap::new(&store, 4 << 56, 0, 10, 10 + 64).unwrap();
+    let mut sup = Vec::new();
+    // Taken: block 12 (first region of 16 is partly used), and 42.
+    m.claim(&store, 12, 1, &mut sup).unwrap();
+    m.claim(&store, 42, 1, &mut sup).unwrap();
+    assert_eq!(m.find_aligned(&store, 16, 100).unwrap(), Some(26), "10+16: the first whole aligned run");
+    assert_eq!(m.find_aligned(&store, 16, 100).unwrap(), Some(58), "next fit: 42 breaks 42..58");
+    assert_eq!(m.find_aligned(&store, 16, 100).unwrap(), Some(26), "wraps around");
+    assert!(m.is_free(&store, 26, 16).unwrap() && !m.is_free(&store, 11, 2).unwrap());
+    assert!(!m.is_free(&store, 70, 10).unwrap(), "outside the data area");
+    assert_eq!(m.find_aligned(&store, 64, 100).unwrap(), None);
+}

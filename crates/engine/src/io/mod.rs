@@ -6,13 +6,15 @@
 //! points at it, so a commit never references unwritten blocks.
 
 use crate::error::{EngineError, Result, StateError};
-use crate::map::extent_map::{Freed, Segment};
+use crate::map::extent_map::{ExtentMap, Freed, Segment};
 use crate::map::sums::{regions_of, sums_of};
 use crate::map::view::View;
 use crate::pool::{Inner, Pool, STRIPES};
+use crate::space::placement::{Near, REGION_BLOCKS};
 use std::sync::atomic::Ordering;
 use tarn_format::ops::Op;
 use tarn_format::{Pba, BLOCK_SIZE};
+use tarn_store::StoreError;
 
 const BS: usize = BLOCK_SIZE as usize;
 /// Largest single request the engine accepts (matches the NBD maximum).
@@ -42,6 +44,8 @@ const MAX_WRITE_ATTEMPTS: usize = 3;
 struct WritePlan<'a> {
     segs: Vec<Segment>,
     closed: Vec<u64>,
+    /// Per logical region a hole touches, where its data lies.
+    near: NearRegions,
     /// Held while the write overwrites uncommitted new data in a closed
     /// region: a commit then waits for it (see `take_pending`).
     _fresh: Option<FreshWrite<'a>>,
@@ -204,7 +208,7 @@ impl Pool {
         for _ in 0..MAX_WRITE_ATTEMPTS {
             let gate = self.io_gate.read().unwrap_or_else(|p| p.into_inner());
             let plan = self.plan_write(vol, lba, n)?;
-            let fresh = match self.allocate_holes(vol, &plan.segs) {
+            let fresh = match self.allocate_holes(vol, &plan.segs, &plan.near) {
                 Err(EngineError::NoSpace) if !plan.closed.is_empty() => {
                     drop(gate);
                     self.open_regions_now(plan.closed)?;
@@ -253,7 +257,8 @@ impl Pool {
                 }
             }
         }
-        Ok(WritePlan { segs, closed, _fresh: fresh_guard })
+        let near = near_holes(&v.map, &segs)?;
+        Ok(WritePlan { segs, closed, near, _fresh: fresh_guard })
     }
 
     /// Bring the checksum-tree nodes the new pieces' sums go to into the
@@ -340,9 +345,11 @@ impl Pool {
         }
     }
 
-    /// Allocate new space for every hole among `segs`, all or nothing.
-    /// The pieces are in flight until mapped or given back ([`settle`]).
-    pub(crate) fn allocate_holes(&self, vol: u32, segs: &[Segment]) -> Result<Vec<NewPiece>> {
+    /// Allocate new space for every hole among `segs`, all or nothing,
+    /// region by region near where each region's data lies (`near`, from
+    /// the plan; empty: wherever the placement puts new data). The pieces
+    /// are in flight until mapped or given back ([`settle`]).
+    pub(crate) fn allocate_holes(&self, vol: u32, segs: &[Segment], near: &NearRegions) -> Result<Vec<NewPiece>> {
         if !segs.iter().any(|s| matches!(s, Segment::Hole { .. })) {
             return Ok(Vec::new());
         }
@@ -350,11 +357,11 @@ impl Pool {
         let inner = &mut *inner;
         inner.space.reserve_blocks = crate::space::reserve_for(inner.state.extent_count(), inner.space.data_blocks());
         let mut fresh = Vec::new();
-        for seg in segs {
-            let Segment::Hole { lba, len } = *seg else {
-                continue;
-            };
-            let placed = inner.placement.place(&mut inner.space, vol, lba, len);
+        let none = Near::default();
+        for (lba, len) in holes_by_region(segs) {
+            let region = lba / REGION_BLOCKS;
+            let here = near.iter().find(|n| n.0 == region).map_or(&none, |n| &n.1);
+            let placed = inner.placement.place(&mut inner.space, vol, lba, len, here);
             let Ok(Some(pieces)) = placed else {
                 release_unmapped(&mut inner.space, &fresh)?;
                 return Err(placed.err().map_or(EngineError::NoSpace, EngineError::from));
@@ -573,4 +580,70 @@ pub(crate) fn release_unmapped(space: &mut crate::space::Space, fresh: &[NewPiec
         space.give_back(p.pba, p.len)?;
     }
     Ok(())
+}
+
+/// Per logical region (index), where its data lies.
+pub(crate) type NearRegions = Vec<(u64, Near)>;
+
+/// The holes of `segs`, cut at region boundaries.
+fn holes_by_region(segs: &[Segment]) -> impl Iterator<Item = (u64, u64)> + '_ {
+    segs.iter().flat_map(|seg| {
+        let (mut at, end) = match *seg {
+            Segment::Hole { lba, len } => (lba, lba + len),
+            _ => (0, 0),
+        };
+        std::iter::from_fn(move || {
+            (at < end).then(|| {
+                let next = ((at / REGION_BLOCKS + 1) * REGION_BLOCKS).min(end);
+                let piece = (at, next - at);
+                at = next;
+                piece
+            })
+        })
+    })
+}
+
+/// For each logical region a hole of `segs` touches, where the volume's
+/// data of that region lies (see [`Near`]).
+fn near_holes(map: &ExtentMap, segs: &[Segment]) -> std::result::Result<NearRegions, StoreError> {
+    let mut out: NearRegions = Vec::new();
+    for (lba, _) in holes_by_region(segs) {
+        let region = lba / REGION_BLOCKS;
+        if !out.iter().any(|n| n.0 == region) {
+            out.push((region, near_region(map, region)?));
+        }
+    }
+    Ok(out)
+}
+
+/// Homes of one region kept as candidates: a region has one until
+/// snapshots make copies, each copy-on-write pass one more.
+const MAX_HOMES: usize = 4;
+
+/// Where region `region` of a map has its data: the block its first
+/// block maps to (or would, at the same offset) in each place, most
+/// blocks first; then the block after the previous region's last block.
+fn near_region(map: &ExtentMap, region: u64) -> std::result::Result<Near, StoreError> {
+    let start = region * REGION_BLOCKS;
+    let mut homes: Vec<(Pba, u64)> = Vec::new();
+    for seg in map.lookup(start, REGION_BLOCKS, usize::MAX)? {
+        let Segment::Mapped { lba, len, pba, .. } = seg else { continue };
+        let Some(block) = pba.block().checked_sub(lba - start).filter(|_| !pba.is_origin()) else { continue };
+        let home = Pba::new(pba.device(), block);
+        match homes.iter_mut().find(|h| h.0 == home) {
+            Some(h) => h.1 += len,
+            None => homes.push((home, len)),
+        }
+    }
+    homes.sort_by_key(|h| std::cmp::Reverse(h.1));
+    let mut bases: Vec<Pba> = homes.into_iter().take(MAX_HOMES).map(|h| h.0).collect();
+    if let Some(before) = start.checked_sub(1) {
+        if let Some(Segment::Mapped { pba, .. }) = map.lookup(before, 1, 1)?.first().copied() {
+            let after = pba.offset_by(1);
+            if !pba.is_origin() && !bases.contains(&after) {
+                bases.push(after);
+            }
+        }
+    }
+    Ok(Near { bases })
 }

@@ -35,6 +35,9 @@ pub struct OpenOptions {
     pub metadata_cache: usize,
     /// Open a pool of an older format to convert it (`tarn pool upgrade`).
     pub upgrade: bool,
+    /// Where new data goes, for every volume (per-volume policies come
+    /// with the placement work).
+    pub placement: crate::space::placement::PlacementKind,
     /// Simulations only: take `metadata_cache` even below a root-to-leaf
     /// path (slow, never wrong), so that small pools evict nodes.
     #[doc(hidden)]

@@ -13,7 +13,6 @@ use crate::members::mirror::{Leg, LegHealth, MirrorDevice};
 use crate::meta::journal::{self, JournalCursor};
 use crate::meta::{catalog, checkpoint};
 use crate::pool::{CheckpointSlot, CommitCtl, Counters, Inner, OpenOptions, Pool, DEFAULT_METADATA_CACHE, STRIPES};
-use crate::space::placement::Linear;
 use crate::space::{reserve_for, Space};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
@@ -322,7 +321,7 @@ impl Pool {
             inner: RwLock::new(Inner {
                 state,
                 space,
-                placement: Box::new(Linear),
+                placement: options.placement.policy(),
                 pending_ops: Vec::new(),
                 pending_frees: Vec::new(),
                 pending_bytes: 0,

@@ -123,6 +123,43 @@ impl Space {
         Ok(got)
     }
 
+    /// Take exactly `[pba, pba+len)` for new data if it is all free and
+    /// user data may still take that much: in flight until settled.
+    pub fn allocate_exact(&mut self, pba: Pba, len: u64) -> Result<bool> {
+        if len > self.available_blocks() {
+            return Ok(false);
+        }
+        let Some(dev) = self.devices.get_mut(usize::from(pba.device())) else { return Ok(false) };
+        if !dev.is_free(&self.store, pba.block(), len)? {
+            return Ok(false);
+        }
+        dev.claim(&self.store, pba.block(), len, &mut self.superseded)?;
+        self.inflight.insert(pba.0, len);
+        Ok(true)
+    }
+
+    /// A free region of `len` blocks aligned to `len` on `device`, for a
+    /// new home of data (nothing is taken: see `placement`). None when the
+    /// search, bounded, finds none.
+    pub fn find_region(&mut self, device: usize, len: u64) -> Result<Option<Pba>> {
+        let Some(dev) = self.devices.get_mut(device) else { return Ok(None) };
+        Ok(dev.find_aligned(&self.store, len, REGION_SEARCH_RANGES)?.map(|b| Pba::new(device as u16, b)))
+    }
+
+    /// Free blocks outside every whole free region of `len` aligned blocks:
+    /// the space partly written regions hold (walks the space maps).
+    pub fn free_in_partial_regions(&self, len: u64) -> Result<u64> {
+        let mut partial = 0;
+        for d in &self.devices {
+            for (start, n) in d.verify(&self.store)? {
+                let first = d.data_start + (start - d.data_start).div_ceil(len) * len;
+                let whole = (start + n).saturating_sub(first) / len * len;
+                partial += n - whole.min(n);
+            }
+        }
+        Ok(partial)
+    }
+
     /// A piece from [`Space::allocate_data`] is mapped or given back.
     pub fn settle(&mut self, pba: Pba) {
         self.inflight.remove(&pba.0);
@@ -156,6 +193,10 @@ impl Space {
         self.devices[device].verify(&self.store)
     }
 }
+
+/// Free ranges a search for a whole free region looks at before it gives
+/// up (the placement then takes any free space).
+const REGION_SEARCH_RANGES: usize = 4096;
 
 /// Where metadata allocation starts: seven eighths into the data area
 /// (data fills from the front).

@@ -1,28 +1,68 @@
 //! Placement policies decide where new extents go. The engine asks the
-//! policy; the policy asks the space map. Only `linear` exists today; the
-//! append, in-place and virtual-contiguity policies plug in here.
+//! policy; the policy asks the space map. Two exist: `contiguous` (the
+//! default) and `linear`; the append, in-place and virtual-contiguity
+//! policies of the placement issue plug in here.
 
 use crate::space::Space;
 use tarn_format::Pba;
 use tarn_store::StoreError;
 
+type Placed = Result<Option<Vec<(Pba, u64)>>, StoreError>;
+
+/// The placement policies there are, by name (`tarn serve --placement`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PlacementKind {
+    /// [`Contiguous`]: dense regions, sequential data stays sequential.
+    #[default]
+    Contiguous,
+    /// [`Linear`]: next-fit, new data in arrival order.
+    Linear,
+}
+
+impl PlacementKind {
+    pub const NAMES: [&'static str; 2] = ["contiguous", "linear"];
+
+    pub fn parse(name: &str) -> Option<PlacementKind> {
+        match name {
+            "contiguous" => Some(PlacementKind::Contiguous),
+            "linear" => Some(PlacementKind::Linear),
+            _ => None,
+        }
+    }
+
+    pub fn policy(self) -> Box<dyn Placement> {
+        match self {
+            PlacementKind::Contiguous => Box::new(Contiguous),
+            PlacementKind::Linear => Box::new(Linear),
+        }
+    }
+}
+
+/// Logical blocks per region of `contiguous` placement: 1 MiB.
+pub const REGION_BLOCKS: u64 = 256;
+
+/// Where a logical region of a volume already has data: the physical
+/// blocks its first block maps to, or would map to, in each place its
+/// data lies (best first), then the block after the previous region's
+/// last one. Built from the volume's map by the write path.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Near {
+    pub bases: Vec<Pba>,
+}
+
 pub trait Placement: Send + Sync {
     fn name(&self) -> &'static str;
     /// Choose `len` new physical blocks for logical blocks [lba, lba+len) of
-    /// `volume`. `Ok(None)` means the pool cannot hold them.
-    fn place(
-        &mut self,
-        space: &mut Space,
-        volume: u32,
-        lba: u64,
-        len: u64,
-    ) -> Result<Option<Vec<(Pba, u64)>>, StoreError>;
+    /// `volume`, all in one region of [`REGION_BLOCKS`]. `Ok(None)` means
+    /// the pool cannot hold them.
+    fn place(&mut self, space: &mut Space, volume: u32, lba: u64, len: u64, near: &Near) -> Placed;
 }
 
 /// Next-fit from a moving cursor on the device with the most free space
 /// (Virtual Allocation's linear allocation): writes that arrive together land
 /// together, so random writes become mostly sequential on the device and a
-/// sequential stream stays contiguous.
+/// sequential stream stays contiguous. A volume first written at random
+/// keeps that scattered layout for life.
 #[derive(Debug, Default)]
 pub struct Linear;
 
@@ -31,14 +71,108 @@ impl Placement for Linear {
         "linear"
     }
 
-    fn place(
-        &mut self,
-        space: &mut Space,
-        _volume: u32,
-        _lba: u64,
-        len: u64,
-    ) -> Result<Option<Vec<(Pba, u64)>>, StoreError> {
+    fn place(&mut self, space: &mut Space, _volume: u32, _lba: u64, len: u64, _near: &Near) -> Placed {
         let Some(device) = space.roomiest() else { return Ok(None) };
         space.allocate_data(device, len)
+    }
+}
+
+/// Dense regions (Virtual Contiguity's, without its random start): each
+/// 1 MiB logical region of a volume has a physical home of 1 MiB, and a
+/// block goes at its own offset there, whatever order the blocks are
+/// written in. A region's first write takes a whole free region as home,
+/// preferably the one right after the previous logical region's data, so
+/// a sequential stream stays one run; a block whose place at home is taken
+/// (a snapshot holds the old version) goes at its offset in the region's
+/// next home. When no whole region is free the space partly written
+/// regions hold is used like `linear`'s: ENOSPC only when no block is left.
+#[derive(Debug, Default)]
+pub struct Contiguous;
+
+impl Placement for Contiguous {
+    fn name(&self) -> &'static str {
+        "contiguous"
+    }
+
+    fn place(&mut self, space: &mut Space, volume: u32, lba: u64, len: u64, near: &Near) -> Placed {
+        let off = lba % REGION_BLOCKS;
+        assert!(off + len <= REGION_BLOCKS, "a placement request crosses a region");
+        for &base in &near.bases {
+            if let Some(at) = base.block().checked_add(off).map(|b| Pba::new(base.device(), b)) {
+                if space.allocate_exact(at, len)? {
+                    return Ok(Some(vec![(at, len)]));
+                }
+            }
+        }
+        if let Some(device) = space.roomiest() {
+            if let Some(home) = space.find_region(device, REGION_BLOCKS)? {
+                let at = home.offset_by(off);
+                if space.allocate_exact(at, len)? {
+                    return Ok(Some(vec![(at, len)]));
+                }
+            }
+        }
+        Linear.place(space, volume, lba, len, near)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use tarn_store::Store;
+
+    const R: u64 = REGION_BLOCKS;
+
+    fn space(blocks: u64) -> Space {
+        Space::new(Arc::new(Store::memory()), &[(0, blocks)]).unwrap()
+    }
+
+    fn place(s: &mut Space, lba: u64, len: u64, bases: &[Pba]) -> Vec<(Pba, u64)> {
+        Contiguous.place(s, 1, lba, len, &Near { bases: bases.to_vec() }).unwrap().expect("room")
+    }
+
+    #[test]
+    fn blocks_of_a_region_go_at_their_offsets_in_its_home() {
+        let mut s = space(16 * R);
+        let first = place(&mut s, 3 * R + 200, 1, &[]);
+        let home = Pba::new(0, first[0].0.block() - 200);
+        assert_eq!(home.block() % R, 0, "a new home is a whole aligned region");
+        for off in [7, 199, 0, 201, 255] {
+            assert_eq!(place(&mut s, 3 * R + off, 1, &[home]), vec![(home.offset_by(off), 1)]);
+        }
+    }
+
+    #[test]
+    fn a_new_region_follows_the_previous_one() {
+        let mut s = space(16 * R);
+        let a = place(&mut s, 0, R, &[]);
+        let after = a[0].0.offset_by(R);
+        assert_eq!(place(&mut s, R, 16, &[after]), vec![(after, 16)]);
+    }
+
+    #[test]
+    fn a_taken_place_moves_to_the_next_home_at_the_same_offset() {
+        let mut s = space(16 * R);
+        let home = place(&mut s, 10, 1, &[])[0].0.offset_by(0);
+        let home = Pba::new(0, home.block() - 10);
+        // The block at offset 10 is still taken (a snapshot holds it).
+        let copy = place(&mut s, 10, 1, &[home]);
+        assert_ne!(copy[0].0, home.offset_by(10));
+        assert_eq!((copy[0].0.block() - 10) % R, 0, "same offset in another whole region");
+    }
+
+    #[test]
+    fn without_a_whole_free_region_any_free_block_is_used_until_none_is_left() {
+        let mut s = space(2 * R);
+        // One block taken in each region: no whole region is free.
+        place(&mut s, 5, 1, &[]);
+        place(&mut s, R + 5, 1, &[]);
+        let mut got = 0;
+        while let Some(p) = Contiguous.place(&mut s, 1, 7 * R, 1, &Near::default()).unwrap() {
+            got += p.iter().map(|x| x.1).sum::<u64>();
+        }
+        assert_eq!(got, 2 * R - 2, "every block left was handed out");
+        assert_eq!(s.free_blocks(), 0);
     }
 }

@@ -106,7 +106,7 @@ impl Pool {
             .filter(|s| matches!(s, Segment::Mapped { .. }))
             .map(|s| Segment::Hole { lba: s.lba(), len: s.len() })
             .collect();
-        let fresh = self.allocate_holes(id, &wanted)?;
+        let fresh = self.allocate_holes(id, &wanted, &Vec::new())?;
         let bs = BLOCK_SIZE as usize;
         for p in &fresh {
             let at = ((p.lba - m.lba) as usize) * bs;
