@@ -279,6 +279,7 @@ impl TarnStore {
         io_err(self.io.file.sync_data(), "fdatasync root record");
         self.rec = rec;
         let left = self.map.tree.adopt(&self.store, frozen, &mut written);
+        written.take_fills().apply(&self.store);
         for pba in pending.into_iter().chain(std::mem::replace(&mut self.pending_left, left)) {
             self.store.forget(pba);
             self.alloc.free.push(pba);

@@ -268,6 +268,7 @@ pub fn status_json(s: &PoolStatus) -> Value {
     let mut v = json!({
         "uuid": s.uuid, "state": s.state,
         "size": s.size, "used": s.used, "free": s.free, "reserved": s.reserved, "freeing": s.freeing,
+        "free_outside_regions": s.free_outside_regions,
         "metadata": s.metadata, "journal_size": s.journal_size,
         "volumes": s.volumes, "virtual_size": s.virtual_size, "overcommit_ratio": s.overcommit_ratio,
         "epoch": s.epoch, "commit_seq": s.commit_seq, "placement": s.placement, "strict": s.strict,

@@ -22,7 +22,13 @@ pub fn status(v: &Value) -> String {
     }
     let _ = writeln!(s, "  size       {} ({} bytes)", b(&v["size"]), v["size"]);
     let _ = writeln!(s, "  used       {} ({} bytes)", b(&v["used"]), v["used"]);
-    let _ = writeln!(s, "  free       {} ({} bytes)", b(&v["free"]), v["free"]);
+    let _ = writeln!(
+        s,
+        "  free       {} ({} bytes; {} outside whole 1 MiB regions)",
+        b(&v["free"]),
+        v["free"],
+        b(&v["free_outside_regions"])
+    );
     let _ = writeln!(s, "  reserved   {} (kept for metadata)", b(&v["reserved"]));
     let _ = writeln!(s, "  metadata   {} ({} bytes), format {}", b(&v["metadata"]), v["metadata"], v["format"]);
     let c = &v["metadata_cache"];

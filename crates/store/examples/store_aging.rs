@@ -75,6 +75,7 @@ fn main() {
             root = frozen.write(&store, &mut alloc, i, &mut written).expect("write");
             io.file.sync_data().expect("fdatasync");
             let left = map.tree.adopt(&store, frozen, &mut written);
+            written.take_fills().apply(&store);
             for pba in pending.into_iter().chain(std::mem::replace(&mut pending_left, left)) {
                 store.forget(pba);
                 alloc.free.push(pba);

@@ -17,7 +17,7 @@ pub const MAX_NODE_BYTES: usize = 8 << 10;
 /// A cache must hold a whole root-to-leaf path while an operation runs.
 pub const MIN_CACHE_BYTES: usize = (MAX_LEVEL as usize + 1) * MAX_NODE_BYTES;
 
-type AnyNode = Arc<dyn Any + Send + Sync>;
+pub type AnyNode = Arc<dyn Any + Send + Sync>;
 
 struct Slot {
     node: AnyNode,
@@ -111,6 +111,11 @@ impl Cache {
 
     /// Cache a clean node, evicting others until it fits.
     pub fn insert<T: Any + Send + Sync>(&self, pba: Pba, tag: Tag, node: Arc<T>, bytes: usize) {
+        self.insert_any(pba, tag, node, bytes);
+    }
+
+    /// [`Cache::insert`] of a node of any kind.
+    pub fn insert_any(&self, pba: Pba, tag: Tag, node: AnyNode, bytes: usize) {
         let mut slots = self.lock();
         if let Some(old) = slots.map.insert(pba.0, Slot { node, tag, bytes, referenced: false }) {
             slots.bytes -= old.bytes;

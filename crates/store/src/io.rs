@@ -21,6 +21,14 @@ pub trait NodeIo: Send + Sync {
     fn read_node(&self, pba: Pba, buf: &mut [u8]) -> io::Result<()>;
     /// Write every copy of the block at `pba`.
     fn write_node(&self, pba: Pba, data: &[u8]) -> io::Result<()>;
+    /// Write consecutive nodes from `first` (`data` is whole blocks): a
+    /// checkpoint's nodes in one device write where the backend can.
+    fn write_nodes(&self, first: Pba, data: &[u8]) -> io::Result<()> {
+        for (i, block) in data.chunks(tarn_format::BLOCK_SIZE as usize).enumerate() {
+            self.write_node(first.offset_by(i as u64), block)?;
+        }
+        Ok(())
+    }
     /// A name for errors (the device path).
     fn device_name(&self, pba: Pba) -> String;
     /// Independent copies of the block at `pba` (1 unless mirrored).

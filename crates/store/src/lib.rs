@@ -24,7 +24,7 @@ pub mod sums;
 pub mod tree;
 
 pub use cache::{Cache, CacheStats};
-pub use checkpoint::{Frozen, NodeAlloc, Written};
+pub use checkpoint::{Fills, Frozen, NodeAlloc, Written};
 pub use error::{Result, StoreError};
 pub use extents::ExtentTree;
 pub use io::{FileIo, MemIo, NodeIo};

@@ -181,9 +181,18 @@ impl SpaceMap {
     /// Mark `[start, start+len)` used; it must be entirely free (replaying a
     /// map, or claiming a checkpoint's own node blocks at open).
     pub fn claim(&mut self, store: &Store, start: u64, len: u64, sup: &mut Vec<Pba>) -> Result<()> {
+        if self.try_claim(store, start, len, sup)? {
+            return Ok(());
+        }
+        Err(invalid(self.tree.id, format!("claim of {start}+{len}: not free")))
+    }
+
+    /// [`SpaceMap::claim`] if `[start, start+len)` is entirely free (one
+    /// lookup decides); false, changing nothing, if it is not.
+    pub fn try_claim(&mut self, store: &Store, start: u64, len: u64, sup: &mut Vec<Pba>) -> Result<bool> {
         let found = self.tree.get_le(store, start)?;
         let Some((fs, f)) = found.filter(|(fs, f)| len > 0 && fs + f.len >= start.saturating_add(len)) else {
-            return Err(invalid(self.tree.id, format!("claim of {start}+{len}: not free")));
+            return Ok(false);
         };
         self.tree.remove(store, fs, sup)?;
         if fs < start {
@@ -193,7 +202,7 @@ impl SpaceMap {
             self.tree.insert(store, start + len, RangeValue { len: fs + f.len - start - len }, sup)?;
         }
         self.free_blocks -= len;
-        Ok(())
+        Ok(true)
     }
 
     /// Walk the tree: ranges inside the data area, not touching, and adding

@@ -78,6 +78,7 @@ fn checkpointed_space_map_reopens_equal_to_the_live_one() {
         }
         sup.extend(sup_during);
         left_prev = space.tree.adopt(&store, frozen, &mut written);
+        written.take_fills().apply(&store);
         // Durable: what G freed goes back.
         for &(p, n) in &deferred {
             store.forget(p);

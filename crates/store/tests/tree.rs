@@ -90,6 +90,7 @@ fn churn(seed: u64, reuse_too_early: bool) -> Result<(), String> {
             change(&mut rng, &mut tree, &store, &mut model, &mut sup);
         }
         let left = tree.adopt(&store, frozen, &mut written);
+        written.take_fills().apply(&store);
         // Until G is durable a crash falls back to G-1: it must be intact
         // although G's nodes went into freed blocks.
         if let Some((prev, prev_model)) = durable.take() {

@@ -56,8 +56,8 @@ enum Step {
     /// Overwrite regions are open with I/O not drained (or await their
     /// resync after a crash): drain and ask again.
     Drain,
-    /// The checkpoint in progress must be durable first.
-    FinishCheckpoint,
+    /// The checkpoint in progress must be durable first (why).
+    FinishCheckpoint(&'static str),
 }
 
 impl Pool {
@@ -206,9 +206,11 @@ impl Pool {
                     self.resync_suspects()?;
                     drained = true;
                 }
-                Step::FinishCheckpoint => {
+                Step::FinishCheckpoint(why) => {
                     // The gate comes after the checkpoint lock.
                     drop(quiet);
+                    log::info!("a commit finishes the checkpoint in progress first: {why}");
+                    self.counters.checkpoint_waits.fetch_add(1, Ordering::Relaxed);
                     finishes += 1;
                     assert!(finishes < 2, "a finished checkpoint leaves none in progress");
                     let frees = self.finish_checkpoint(ctl)?;
@@ -271,11 +273,14 @@ impl Pool {
             // One checkpoint at a time: commits go on meanwhile unless the
             // journal side is full, the checkpoint is forced, or dirty
             // nodes piled up to twice their bound (memory).
-            if fits && !force_checkpoint && !self.store_over_dirty_bound(store, 2) {
-                return Ok(Step::Take((Plan::Journal { payload, epoch: inner.state.epoch, opened }, frees, gen)));
-            }
+            let why = match () {
+                _ if force_checkpoint => "a checkpoint is forced",
+                _ if !fits => "the journal side is full",
+                _ if self.store_over_dirty_bound(store, 2) => "dirty nodes reached twice their bound",
+                _ => return Ok(Step::Take((Plan::Journal { payload, epoch: inner.state.epoch, opened }, frees, gen))),
+            };
             put_back(inner, ops, frees, opened);
-            return Ok(Step::FinishCheckpoint);
+            return Ok(Step::FinishCheckpoint(why));
         }
         if (!drained && !inner.state.open_regions.is_empty()) || !inner.regions.suspect.is_empty() {
             // The caller drains and asks again.

@@ -53,6 +53,11 @@ impl NodeIo for DeviceNodeIo {
         dev.write_at(data, offset)
     }
 
+    /// One device write for the whole run (`locate` checks it all).
+    fn write_nodes(&self, first: Pba, data: &[u8]) -> io::Result<()> {
+        self.write_node(first, data)
+    }
+
     fn device_name(&self, pba: Pba) -> String {
         match self.devices.get(usize::from(pba.device())) {
             Some(dev) => dev.name(),

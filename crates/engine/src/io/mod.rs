@@ -257,7 +257,7 @@ impl Pool {
                 }
             }
         }
-        let near = near_holes(&v.map, &segs)?;
+        let near = if inner.placement.wants_near() { near_holes(&v.map, &segs)? } else { Vec::new() };
         Ok(WritePlan { segs, closed, near, _fresh: fresh_guard })
     }
 

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use tarn_format::catalog::{Catalog, MapRecord, Root, SnapshotEntry, SpaceEntry, VolumeEntry};
 use tarn_format::node::{ExtentValue, LeafValue, RangeValue, SumsValue};
 use tarn_format::{Pba, BLOCK_SIZE};
-use tarn_store::{Frozen, NodeAlloc, RootRef, SpaceMap, Store, StoreError, Written};
+use tarn_store::{Fills, Frozen, NodeAlloc, RootRef, SpaceMap, Store, StoreError, Written};
 
 type Result<T> = std::result::Result<T, StateError>;
 
@@ -187,36 +187,46 @@ impl FrozenPool {
 
 /// Step 3, under the pool lock, once the checkpoint is durable. Returns
 /// the blocks written that no live tree uses (replaced meanwhile, or
-/// their tree is gone): free once the *next* checkpoint is durable.
-pub(crate) fn adopt(state: &mut State, space: &mut Space, frozen: FrozenPool, mut written: WrittenTrees) -> Vec<Pba> {
+/// their tree is gone): free once the *next* checkpoint is durable; and
+/// the clean nodes for the cache, to insert once the lock is released.
+pub(crate) fn adopt(
+    state: &mut State,
+    space: &mut Space,
+    frozen: FrozenPool,
+    mut written: WrittenTrees,
+) -> (Vec<Pba>, Fills) {
     let mut left = Vec::new();
+    let mut fills = Fills::default();
     let mut take = |tree: u64| written.remove(&tree).unwrap_or_default();
     for v in frozen.volumes {
-        let live = state.volumes.get_mut(&v.id);
-        let (mut w, live) = (take(v.head.tree), live);
-        match live {
+        let mut w = take(v.head.tree);
+        match state.volumes.get_mut(&v.id) {
             Some(lv) if lv.map.tree_id() == v.head.tree => left.extend(lv.map.adopt(v.head.frozen, &mut w)),
-            _ => left.extend(w.into_blocks()),
+            _ => left.extend(std::mem::take(&mut w).into_blocks()),
         }
+        fills.extend(w.take_fills());
         for s in v.snapshots {
             let mut w = take(s.dead.tree);
             let snap = state.volumes.get_mut(&v.id).and_then(|lv| lv.snapshots.iter_mut().find(|x| x.epoch == s.epoch));
             match snap {
                 Some(ls) => left.extend(ls.dead.adopt(s.dead.frozen, &mut w)),
-                None => left.extend(w.into_blocks()),
+                None => left.extend(std::mem::take(&mut w).into_blocks()),
             }
+            fills.extend(w.take_fills());
         }
     }
     let mut w = take(tree_id::SUMS);
     let store = state.store.clone();
     left.extend(state.sums.tree_mut().adopt(&store, frozen.sums, &mut w));
+    fills.extend(w.take_fills());
     for (i, s) in frozen.spaces.into_iter().enumerate() {
         let mut w = take(tree_id::space(i as u16));
         left.extend(space.devices[i].tree.adopt(&store, s.frozen, &mut w));
+        fills.extend(w.take_fills());
     }
     // Trees that vanished between freeze and adopt (none expected beyond the above).
     written.into_values().for_each(|w| left.extend(w.into_blocks()));
-    left
+    (left, fills)
 }
 
 fn bad(detail: impl std::fmt::Display) -> StateError {

@@ -188,6 +188,9 @@ impl CheckpointSlot {
 pub struct Counters {
     pub commits: AtomicU64,
     pub checkpoints: AtomicU64,
+    /// Commits that had to finish the checkpoint in progress themselves
+    /// (a full journal side, a forced checkpoint, dirty nodes piling up).
+    pub checkpoint_waits: AtomicU64,
     pub journal_bytes: AtomicU64,
     /// Blocks read whose data matched no copy's checksum (returned as EIO).
     pub checksum_errors: AtomicU64,
@@ -282,6 +285,11 @@ pub struct PoolStatus {
     pub reserved: u64,
     /// Bytes released but not yet reusable (awaiting commit).
     pub freeing: u64,
+    /// Of `free`, bytes outside every whole free region of the
+    /// `contiguous` placement (1 MiB): what partly written regions hold
+    /// (and other fragments). New regions do not take it; writes into holes
+    /// do once no whole region is left, so a full pool still fills up.
+    pub free_outside_regions: u64,
     /// Bytes of metadata on the devices: labels, live journal, checkpoint.
     pub metadata: u64,
     pub journal_size: u64,
@@ -500,6 +508,8 @@ impl Pool {
             })
             .collect();
         let state = if devices.iter().all(|d| d.state == "ONLINE") { "ONLINE" } else { "DEGRADED" };
+        // Walks the free ranges under the read lock: O(fragments).
+        let outside = inner.space.free_in_partial_regions(crate::space::placement::REGION_BLOCKS).unwrap_or(0);
         PoolStatus {
             uuid: crate::device::label::uuid_string(&ctl.sb.pool_uuid),
             state,
@@ -509,6 +519,7 @@ impl Pool {
             free: inner.space.free_blocks().saturating_sub(reserve) * BLOCK_SIZE,
             reserved: reserve.min(inner.space.free_blocks()) * BLOCK_SIZE,
             freeing: freeing * BLOCK_SIZE,
+            free_outside_regions: outside * BLOCK_SIZE,
             metadata: labels + nodes + ctl.journal.used * BLOCK_SIZE,
             journal_size: ctl.journal.blocks * BLOCK_SIZE,
             volumes: inner.state.volumes.len(),

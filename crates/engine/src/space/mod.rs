@@ -130,10 +130,9 @@ impl Space {
             return Ok(false);
         }
         let Some(dev) = self.devices.get_mut(usize::from(pba.device())) else { return Ok(false) };
-        if !dev.is_free(&self.store, pba.block(), len)? {
+        if pba.block() < dev.data_start || !dev.try_claim(&self.store, pba.block(), len, &mut self.superseded)? {
             return Ok(false);
         }
-        dev.claim(&self.store, pba.block(), len, &mut self.superseded)?;
         self.inflight.insert(pba.0, len);
         Ok(true)
     }

@@ -52,6 +52,11 @@ pub struct Near {
 
 pub trait Placement: Send + Sync {
     fn name(&self) -> &'static str;
+    /// Whether `place` looks at [`Near`] (the write path reads the map
+    /// around each hole for it only then).
+    fn wants_near(&self) -> bool {
+        false
+    }
     /// Choose `len` new physical blocks for logical blocks [lba, lba+len) of
     /// `volume`, all in one region of [`REGION_BLOCKS`]. `Ok(None)` means
     /// the pool cannot hold them.
@@ -92,6 +97,10 @@ pub struct Contiguous;
 impl Placement for Contiguous {
     fn name(&self) -> &'static str {
         "contiguous"
+    }
+
+    fn wants_near(&self) -> bool {
+        true
     }
 
     fn place(&mut self, space: &mut Space, volume: u32, lba: u64, len: u64, near: &Near) -> Placed {

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Layout benchmark (issue "sequential data stays sequential"): what a volume
+# first written at random reads like afterwards. Per target, on a fresh
+# volume, through fio's nbd engine (one connection):
+#   1. 4 KiB random first writes, QD32, for RAND_SECS seconds (IOPS);
+#   2. one 1M sequential overwrite of the whole volume, QD8;
+#   3. the target's backing file evicted from the page cache (fdatasync +
+#      POSIX_FADV_DONTNEED on that file only, never the whole cache);
+#   4. a 1M sequential read of the whole volume, QD8 (cold), and again (warm);
+#   5. tarn: extents per GiB and free space outside whole 1 MiB regions.
+# Targets: tarn (default placement, contiguous), tarn_linear (--placement
+# linear), nbdkit (file plugin, raw sparse file), qemu (qemu-nbd, qcow2,
+# cache=none). ROUNDS rounds, the order rotating per round; the report
+# gives medians, the range, and ratios to nbdkit.
+#
+#   bash bench/layout.sh
+# Env: SIZE=4G RAND_SECS=10 ROUNDS=3 TARGETS="tarn tarn_linear nbdkit qemu"
+#      BENCH_DIR=/var/tmp/tarn-layout TRANSPORT=tcp TARN=target/release/tarn
+# Output: bench/results/<date>-layout.txt; raw fio JSON in bench/results/raw/<date>-layout/.
+set -euo pipefail
+BENCH=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$BENCH/.." && pwd)
+TARN=${TARN:-$REPO/target/release/tarn}
+SIZE=${SIZE:-4G}
+RAND_SECS=${RAND_SECS:-10}
+ROUNDS=${ROUNDS:-3}
+TARGETS=${TARGETS:-tarn tarn_linear nbdkit qemu}
+TRANSPORT=${TRANSPORT:-tcp}
+DIR=${BENCH_DIR:-/var/tmp/tarn-layout}
+STAMP=$(date +%Y-%m-%d-%H%M)
+RAW=$BENCH/results/raw/$STAMP-layout
+OUT=$BENCH/results/$STAMP-layout.txt
+SYSPY=/usr/bin/python3
+export LC_ALL=C
+SIZE_B=$("$SYSPY" -c 'import sys;s=sys.argv[1];m={"K":1<<10,"M":1<<20,"G":1<<30};print(int(s[:-1])*m[s[-1].upper()] if s[-1].upper() in m else int(s))' "$SIZE")
+POOL_B=$((SIZE_B * 2))
+for c in fio qemu-img qemu-nbd nbdkit nbdinfo; do
+  command -v $c >/dev/null || { echo "layout: $c missing, run: bash scripts/deps.sh" >&2; exit 1; }
+done
+[ -x "$TARN" ] || { echo "layout: $TARN not built (cargo build --release -p tarn-cli)" >&2; exit 1; }
+mkdir -p "$DIR" "$RAW"
+PIDS=()
+SRV_PID=
+TGT_DIR=
+cleanup() {
+  set +e
+  for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && kill -TERM "$p"; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+  rm -rf "$DIR"/t.*
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+. "$BENCH/targets.sh"
+setup_tarn_linear() { TARN_SERVE_ARGS="--placement linear" setup_tarn; }
+
+# The file under the target's volume: evict it, and only it.
+backing_file() {
+  case $1 in
+    tarn*) echo "$TGT_DIR/pool.img" ;;
+    nbdkit) echo "$TGT_DIR/disk.raw" ;;
+    qemu) echo "$TGT_DIR/disk.qcow2" ;;
+  esac
+}
+evict() { # FILE
+  "$SYSPY" -c 'import os,sys
+fd=os.open(sys.argv[1],os.O_RDONLY); os.fdatasync(fd); os.posix_fadvise(fd,0,0,os.POSIX_FADV_DONTNEED); os.close(fd)' "$1"
+}
+stop_server() {
+  [ -n "$SRV_PID" ] || return 0
+  kill -TERM "$SRV_PID" 2>/dev/null || true
+  local i; for i in $(seq 1 600); do kill -0 "$SRV_PID" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$SRV_PID" 2>/dev/null && kill -KILL "$SRV_PID"
+  wait "$SRV_PID" 2>/dev/null || true
+  SRV_PID=
+}
+RESULTS=$RAW/results.tsv
+: >"$RESULTS"
+record() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$RESULTS"; } # ROUND TARGET METRIC VALUE
+fio_job() { # ROUND TARGET STEP fio-args...
+  local r=$1 t=$2 step=$3; shift 3
+  local js=$RAW/$t.r$r.$step.json
+  timeout 900 fio --name="$step" "${FIO_TARGET[@]}" --numjobs=1 --output-format=json --output="$js" "$@" \
+    >"$RAW/$t.r$r.$step.out" 2>&1 || { log "fio $step on $t failed: $(tail -2 "$RAW/$t.r$r.$step.out" | tr '\n' ' ')"; return 1; }
+  "$SYSPY" - "$js" "$step" <<'EOF'
+import json, sys
+j = json.load(open(sys.argv[1]))["jobs"][0]
+d = j["write"] if sys.argv[2] in ("randwrite", "seqwrite") else j["read"]
+print(d["iops"] if sys.argv[2] == "randwrite" else d["bw_bytes"] / (1 << 20))
+EOF
+}
+
+sequence() { # ROUND TARGET
+  local r=$1 t=$2 v
+  TGT_DIR=$(mktemp -d "$DIR/t.$t.XXXX")
+  "setup_$t" || { log "setup of $t failed"; rm -rf "$TGT_DIR"; return 0; }
+  v=$(fio_job "$r" "$t" randwrite --rw=randwrite --bs=4k --iodepth=32 --time_based "--runtime=$RAND_SECS" \
+      "--size=$SIZE_B" --norandommap --randrepeat=0) && record "$r" "$t" rand_write_iops "$v"
+  v=$(fio_job "$r" "$t" seqwrite --rw=write --bs=1M --iodepth=8 "--size=$SIZE_B") && record "$r" "$t" seq_write_mibs "$v"
+  evict "$(backing_file "$t")"
+  v=$(fio_job "$r" "$t" coldread --rw=read --bs=1M --iodepth=8 "--size=$SIZE_B") && record "$r" "$t" cold_read_mibs "$v"
+  v=$(fio_job "$r" "$t" warmread --rw=read --bs=1M --iodepth=8 "--size=$SIZE_B") && record "$r" "$t" warm_read_mibs "$v"
+  if [[ $t == tarn* ]]; then
+    local pool=$TGT_DIR/pool.img
+    v=$("$TARN" vol list -p "$pool" --json | "$SYSPY" -c 'import json,sys;print(json.load(sys.stdin)[0]["extents"])') &&
+      record "$r" "$t" extents_per_gib "$("$SYSPY" -c "print($v / ($SIZE_B / (1 << 30)))")"
+    v=$("$TARN" pool status -p "$pool" --json | "$SYSPY" -c 'import json,sys;print(json.load(sys.stdin).get("free_outside_regions", -1) / (1 << 20))') &&
+      record "$r" "$t" free_outside_regions_mib "$v"
+  fi
+  stop_server
+  rm -rf "$TGT_DIR"
+}
+
+log "layout: targets [$TARGETS], $SIZE, random first writes ${RAND_SECS}s, $ROUNDS rounds"
+read -r -a T_ARR <<<"$TARGETS"
+n=${#T_ARR[@]}
+for r in $(seq 1 "$ROUNDS"); do
+  for k in $(seq 0 $((n - 1))); do
+    t=${T_ARR[$(((r - 1 + k) % n))]}
+    log "round $r: $t"
+    sequence "$r" "$t"
+  done
+done
+{
+  echo "tarn layout benchmark $STAMP  ($(uname -r), $(nproc) cpus, fs of $DIR: $(df --output=fstype "$DIR" | tail -1))"
+  echo "volume $SIZE; 4K random first writes QD32 for ${RAND_SECS}s, 1M sequential overwrite QD8, backing file evicted, 1M sequential read QD8 cold then warm; $ROUNDS rounds, order rotating"
+  echo "git: $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo none)  fio: $(fio --version)"
+  echo
+  "$SYSPY" "$BENCH/layout_report.py" "$RESULTS"
+} | tee "$OUT"
+log "results: $OUT (raw in $RAW)"

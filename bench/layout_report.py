@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""Tables for bench/layout.sh: per metric and target, the median of the
+rounds with their range, and the ratio to nbdkit (per round, then the
+median and range of those ratios).
+
+    python3 bench/layout_report.py results.tsv
+results.tsv: ROUND TARGET METRIC VALUE per line."""
+import statistics
+import sys
+from collections import defaultdict
+
+METRICS = [
+    ("rand_write_iops", "4K random first writes, IOPS"),
+    ("seq_write_mibs", "1M sequential overwrite, MiB/s"),
+    ("cold_read_mibs", "1M sequential read, cold, MiB/s"),
+    ("warm_read_mibs", "1M sequential read, warm, MiB/s"),
+    ("extents_per_gib", "extents per GiB after the sequence"),
+    ("free_outside_regions_mib", "free space outside whole 1 MiB regions, MiB"),
+]
+
+
+def main(path):
+    vals = defaultdict(dict)  # (metric, target) -> {round: value}
+    targets = []
+    for line in open(path):
+        parts = line.split("\t")
+        if len(parts) != 4:
+            continue
+        rnd, tgt, metric, value = parts
+        vals[(metric, tgt)][rnd] = float(value)
+        if tgt not in targets:
+            targets.append(tgt)
+    for metric, title in METRICS:
+        rows = [t for t in targets if (metric, t) in vals]
+        if not rows:
+            continue
+        print(f"== {title}")
+        print(f"{'target':<14}{'median':>12}{'range':>24}{'vs nbdkit':>12}{'ratio range':>18}")
+        base = vals.get((metric, "nbdkit"), {})
+        for t in rows:
+            v = vals[(metric, t)]
+            xs = list(v.values())
+            med = statistics.median(xs)
+            rng = f"{min(xs):.1f} .. {max(xs):.1f}"
+            ratios = [v[r] / base[r] for r in v if r in base and base[r] > 0]
+            if ratios and t != "nbdkit":
+                ratio = f"{statistics.median(ratios):.2f}x"
+                rr = f"{min(ratios):.2f} .. {max(ratios):.2f}"
+            else:
+                ratio, rr = "", ""
+            print(f"{t:<14}{med:>12.1f}{rng:>24}{ratio:>12}{rr:>18}")
+        print()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
