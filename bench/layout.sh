@@ -8,13 +8,13 @@
 #      POSIX_FADV_DONTNEED on that file only, never the whole cache);
 #   4. a 1M sequential read of the whole volume, QD8 (cold), and again (warm);
 #   5. tarn: extents per GiB and free space outside whole 1 MiB regions.
-# Targets: tarn (default placement, contiguous), tarn_linear (--placement
-# linear), nbdkit (file plugin, raw sparse file), qemu (qemu-nbd, qcow2,
+# Targets: tarn (default placement, linear), tarn_contiguous (--placement
+# contiguous), nbdkit (file plugin, raw sparse file), qemu (qemu-nbd, qcow2,
 # cache=none). ROUNDS rounds, the order rotating per round; the report
 # gives medians, the range, and ratios to nbdkit.
 #
 #   bash bench/layout.sh
-# Env: SIZE=4G RAND_SECS=10 ROUNDS=3 TARGETS="tarn tarn_linear nbdkit qemu"
+# Env: SIZE=4G RAND_SECS=10 ROUNDS=3 TARGETS="tarn tarn_contiguous nbdkit qemu"
 #      BENCH_DIR=/var/tmp/tarn-layout TRANSPORT=tcp TARN=target/release/tarn
 # Output: bench/results/<date>-layout.txt; raw fio JSON in bench/results/raw/<date>-layout/.
 set -euo pipefail
@@ -24,7 +24,7 @@ TARN=${TARN:-$REPO/target/release/tarn}
 SIZE=${SIZE:-4G}
 RAND_SECS=${RAND_SECS:-10}
 ROUNDS=${ROUNDS:-3}
-TARGETS=${TARGETS:-tarn tarn_linear nbdkit qemu}
+TARGETS=${TARGETS:-tarn tarn_contiguous nbdkit qemu}
 TRANSPORT=${TRANSPORT:-tcp}
 DIR=${BENCH_DIR:-/var/tmp/tarn-layout}
 STAMP=$(date +%Y-%m-%d-%H%M)
@@ -51,7 +51,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 . "$BENCH/targets.sh"
-setup_tarn_linear() { TARN_SERVE_ARGS="--placement linear" setup_tarn; }
+setup_tarn_contiguous() { TARN_SERVE_ARGS="--placement contiguous" setup_tarn; }
 
 # The file under the target's volume: evict it, and only it.
 backing_file() {

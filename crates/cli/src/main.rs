@@ -278,10 +278,11 @@ struct ServeCmd {
     /// size work, the rest is read from the devices on demand.
     #[arg(long, value_parser = size::parse_size)]
     metadata_cache: Option<u64>,
-    /// Where new data goes: contiguous (default: each 1 MiB of a volume
-    /// has a 1 MiB home, sequential data stays sequential whatever the
-    /// order it is first written in) or linear (in arrival order).
-    #[arg(long, default_value = "contiguous", value_parser = parse_placement)]
+    /// Where new data goes: linear (default: in arrival order, so random
+    /// first writes are appended) or contiguous (each 1 MiB of a volume
+    /// has a 1 MiB home: sequential data stays sequential whatever the
+    /// order it is first written in; random first writes cost more).
+    #[arg(long, default_value = "linear", value_parser = parse_placement)]
     placement: tarn_engine::PlacementKind,
     #[command(flatten)]
     tls: tls::TlsArgs,

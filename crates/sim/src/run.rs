@@ -13,7 +13,7 @@ use crate::settle::Seen;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
-use tarn_engine::{create_mirrored_pool, CreateOptions, Device, EngineError, OpenOptions, Pool, View};
+use tarn_engine::{create_mirrored_pool, CreateOptions, Device, EngineError, OpenOptions, PlacementKind, Pool, View};
 
 /// Which operations a run mixes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,6 +146,7 @@ pub(crate) struct Run {
     /// The last of `devs` is the primary's second mirror leg.
     mirrored: bool,
     control: Option<Control>,
+    placement: PlacementKind,
 }
 
 /// Devices per member; with `mirrored`, the last device is a second leg of
@@ -180,6 +181,8 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<RunStats, String> {
         .collect();
     create_mirrored_pool(&slots, &opts).map_err(|e| e.to_string())?;
     let strict = rng.random_bool(0.2);
+    // Both placements, so the crash simulation covers the write path of each.
+    let placement = if rng.random_bool(0.5) { PlacementKind::Contiguous } else { PlacementKind::Linear };
     let mut run = Run {
         rng,
         devs,
@@ -192,6 +195,7 @@ pub fn run_seed(seed: u64, cfg: &SimConfig) -> Result<RunStats, String> {
         serial: 0,
         mirrored: cfg.mirror,
         control: cfg.control,
+        placement,
     };
     run.reopen()?;
     for step in 0..cfg.steps {
@@ -223,6 +227,7 @@ impl Run {
             metadata_cache: cache,
             tiny_metadata_cache: true,
             control_replay_one_side: self.control == Some(Control::ReplayOneSide),
+            placement: self.placement,
             ..Default::default()
         };
         let pool = Pool::open_slots(slots, options).map_err(|e| format!("reopen: {e}"))?;

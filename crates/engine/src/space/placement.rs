@@ -1,6 +1,6 @@
 //! Placement policies decide where new extents go. The engine asks the
-//! policy; the policy asks the space map. Two exist: `contiguous` (the
-//! default) and `linear`; the append, in-place and virtual-contiguity
+//! policy; the policy asks the space map. Two exist: `linear` (the
+//! default) and `contiguous`; the append, in-place and virtual-contiguity
 //! policies of the placement issue plug in here.
 
 use crate::space::Space;
@@ -10,17 +10,19 @@ use tarn_store::StoreError;
 type Placed = Result<Option<Vec<(Pba, u64)>>, StoreError>;
 
 /// The placement policies there are, by name (`tarn serve --placement`).
+/// `linear` stays the default until `contiguous` no longer costs random
+/// first writes half their rate (docs/ARCHITECTURE.md *Placement*).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum PlacementKind {
-    /// [`Contiguous`]: dense regions, sequential data stays sequential.
-    #[default]
-    Contiguous,
     /// [`Linear`]: next-fit, new data in arrival order.
+    #[default]
     Linear,
+    /// [`Contiguous`]: dense regions, sequential data stays sequential.
+    Contiguous,
 }
 
 impl PlacementKind {
-    pub const NAMES: [&'static str; 2] = ["contiguous", "linear"];
+    pub const NAMES: [&'static str; 2] = ["linear", "contiguous"];
 
     pub fn parse(name: &str) -> Option<PlacementKind> {
         match name {
