@@ -71,6 +71,9 @@ pub struct Image {
     pub journal_blocks: u64,
     /// First journal block after the last record.
     pub journal_end: u64,
+    /// End of the journal side that record is in.
+    pub side_end: u64,
+    /// Generation of that side.
     pub generation: u64,
     /// Sequence number the next record must carry.
     pub next_seq: u64,
@@ -225,26 +228,37 @@ impl Image {
         let sb = current_superblock(&bytes).expect("pool image has a valid superblock");
         let payload = checkpoint_payload(&bytes, &sb).expect("pool image has a whole checkpoint");
         let catalog = Catalog::decode(&payload).expect("pool image's catalog decodes");
-        let (mut block, mut seq, mut epoch, mut records) = (sb.journal_start, sb.checkpoint.seq, catalog.epoch, 0);
-        let end = sb.journal_start + sb.journal_blocks;
-        while block < end {
-            let at = block as usize * BS;
-            let Ok(h) = RecordHeader::decode(&bytes[at..at + BS], block) else {
-                break;
-            };
-            if h.generation != sb.journal_generation || h.seq != seq + 1 || block + u64::from(h.blocks) > end {
-                break;
+        // The superblock's side, then the next one if the records go on
+        // there (FORMAT.md *Journal*).
+        let side = sb.journal_blocks / 2;
+        let (mut seq, mut epoch, mut records) = (sb.checkpoint.seq, catalog.epoch, 0);
+        let (mut block, mut generation, mut side_end) = (0, sb.journal_generation, 0);
+        for g in [sb.journal_generation, sb.journal_generation + 1] {
+            let start = sb.journal_start + (g % 2) * side;
+            let (mut at_block, end, before) = (start, start + side, records);
+            while at_block < end {
+                let at = at_block as usize * BS;
+                let Ok(h) = RecordHeader::decode(&bytes[at..at + BS], at_block) else {
+                    break;
+                };
+                if h.generation != g || h.seq != seq + 1 || at_block + u64::from(h.blocks) > end {
+                    break;
+                }
+                at_block += u64::from(h.blocks);
+                seq = h.seq;
+                epoch = h.epoch;
+                records += 1;
             }
-            block += u64::from(h.blocks);
-            seq = h.seq;
-            epoch = h.epoch;
-            records += 1;
+            if g == sb.journal_generation || records > before {
+                (block, generation, side_end) = (at_block, g, end);
+            }
         }
         Image {
             journal_start: sb.journal_start,
             journal_blocks: sb.journal_blocks,
             journal_end: block,
-            generation: sb.journal_generation,
+            side_end,
+            generation,
             next_seq: seq + 1,
             epoch,
             first_segment: sb.checkpoint.first_segment,
@@ -373,7 +387,7 @@ pub fn apply_input_into(img: &Image, data: &[u8], bytes: &mut Vec<u8>) {
             let epoch = img.epoch + u64::from(e);
             let rec = RecordHeader::encode_record(img.generation, img.next_seq, img.journal_end, epoch, payload);
             let at = img.journal_end as usize * BS;
-            let end = (img.journal_start + img.journal_blocks) as usize * BS;
+            let end = img.side_end as usize * BS;
             if at + rec.len() <= end {
                 bytes[at..at + rec.len()].copy_from_slice(&rec);
             }
@@ -395,6 +409,14 @@ pub fn apply_input_into(img: &Image, data: &[u8], bytes: &mut Vec<u8>) {
 /// Reseal the records found in the journal region `start..start+blocks`,
 /// walking by their `blocks` fields.
 fn reseal_journal(bytes: &mut [u8], start: u64, blocks: u64) {
+    // Two sides, each a chain of records from its start (FORMAT.md *Journal*).
+    let side = blocks / 2;
+    for first in [start, start + side] {
+        reseal_journal_side(bytes, first, side);
+    }
+}
+
+fn reseal_journal_side(bytes: &mut [u8], start: u64, blocks: u64) {
     let end = ((start + blocks) as usize * BS).min(bytes.len());
     let mut at = start as usize * BS;
     while at + BS <= end {
