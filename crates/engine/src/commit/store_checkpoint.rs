@@ -87,7 +87,9 @@ impl Pool {
         // catalog; and (already free in the live pool, used in the frozen
         // space maps) the space its commit's ops released.
         let mut release: Freed = frozen.superseded.iter().map(|&p| (p, 1)).collect();
-        release.extend(std::mem::take(&mut slot.next_release));
+        // Cloned: until the superblock flips, the slot still lists them (the
+        // checker counts them owned); the flip replaces the list.
+        release.extend(slot.next_release.iter().copied());
         release.extend(slot.pieces.iter().copied());
         let mut deferred = release.clone();
         deferred.extend(record_frees.iter().copied());
