@@ -107,15 +107,6 @@ impl SpaceMap {
         Ok(self.tree.get_ge(store, self.cursor)?.map(|(s, v)| (s, v.len)))
     }
 
-    /// Whether `[start, start+len)` is inside the data area and all free.
-    pub fn is_free(&self, store: &Store, start: u64, len: u64) -> Result<bool> {
-        let Some(end) = start.checked_add(len) else { return Ok(false) };
-        if len == 0 || start < self.data_start || end > self.data_end {
-            return Ok(false);
-        }
-        Ok(self.tree.get_le(store, start)?.is_some_and(|(s, v)| s + v.len >= end))
-    }
-
     /// The first free run of `len` blocks aligned to `len` (counted from
     /// the data area's start) next-fit from the cursor, looking at no
     /// more than `max_ranges` free ranges; the cursor moves past it.

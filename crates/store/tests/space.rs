@@ -121,7 +121,7 @@ fn bad_frees_and_claims_are_errors() {
 }
 
 #[test]
-fn aligned_runs_are_found_next_fit_and_skip_fragments() {
+fn aligned_runs_are_found_next_fit_and_claims_take_only_free_runs() {
     let store = Store::memory();
     let mut m = SpaceMap::new(&store, 4 << 56, 0, 10, 10 + 64).unwrap();
     let mut sup = Vec::new();
@@ -131,7 +131,9 @@ fn aligned_runs_are_found_next_fit_and_skip_fragments() {
     assert_eq!(m.find_aligned(&store, 16, 100).unwrap(), Some(26), "10+16: the first whole aligned run");
     assert_eq!(m.find_aligned(&store, 16, 100).unwrap(), Some(58), "next fit: 42 breaks 42..58");
     assert_eq!(m.find_aligned(&store, 16, 100).unwrap(), Some(26), "wraps around");
-    assert!(m.is_free(&store, 26, 16).unwrap() && !m.is_free(&store, 11, 2).unwrap());
-    assert!(!m.is_free(&store, 70, 10).unwrap(), "outside the data area");
+    assert!(!m.try_claim(&store, 11, 2, &mut sup).unwrap(), "12 is taken: nothing claimed");
+    assert!(!m.try_claim(&store, 70, 10, &mut sup).unwrap(), "outside the data area");
+    assert!(m.try_claim(&store, 26, 16, &mut sup).unwrap());
+    assert_eq!(m.find_aligned(&store, 16, 100).unwrap(), Some(58), "26.. is taken now");
     assert_eq!(m.find_aligned(&store, 64, 100).unwrap(), None);
 }

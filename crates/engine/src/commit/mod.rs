@@ -161,18 +161,12 @@ impl Pool {
             }
             Plan::JournalThenCheckpoint { payload, epoch, frozen } => {
                 self.write_journal(ctl, &payload, epoch)?;
-                ctl.journal.switch_side(frozen.seq);
-                ctl.checkpoint_busy = true;
-                let generation = ctl.journal.generation;
-                let ck = FrozenCheckpoint { frozen: *frozen, record_frees: frees.clone(), generation };
+                let ck = start_checkpoint(ctl, *frozen, &frees);
                 self.lock_checkpoint().frozen = Some(Box::new(ck));
                 self.checkpoint_waiting.store(true, Ordering::SeqCst);
             }
             Plan::Checkpoint(frozen) => {
-                ctl.journal.switch_side(frozen.seq);
-                ctl.checkpoint_busy = true;
-                let generation = ctl.journal.generation;
-                let ck = FrozenCheckpoint { frozen: *frozen, record_frees: frees.clone(), generation };
+                let ck = start_checkpoint(ctl, *frozen, &frees);
                 let mut slot = self.lock_checkpoint();
                 let written = self.write_checkpoint(&mut slot, ck)?;
                 frees.extend(self.flip_checkpoint(ctl, &mut slot, written)?);
@@ -373,6 +367,14 @@ impl Pool {
     fn store_over_dirty_bound(&self, store: &tarn_store::Store, times: u64) -> bool {
         store.dirty_nodes() * NODE_SIZE as u64 > store.cache.stats().capacity / 6 * times
     }
+}
+
+/// A frozen checkpoint is under way: the commits after it go to the
+/// journal's other side (a new generation) until its superblock names it.
+fn start_checkpoint(ctl: &mut CommitCtl, frozen: FrozenPool, frees: &Freed) -> FrozenCheckpoint {
+    ctl.journal.switch_side(frozen.seq);
+    ctl.checkpoint_busy = true;
+    FrozenCheckpoint { frozen, record_frees: frees.clone(), generation: ctl.journal.generation }
 }
 
 /// Put back what a commit took and will not write now.

@@ -171,11 +171,7 @@ impl Pool {
     /// nobody did, flip its superblock. Returns the space to release.
     pub(super) fn finish_checkpoint(&self, ctl: &mut CommitCtl) -> Result<Freed> {
         let mut slot = self.lock_checkpoint();
-        if let Some(ck) = slot.frozen.take() {
-            self.checkpoint_waiting.store(false, Ordering::SeqCst);
-            let w = self.write_checkpoint(&mut slot, *ck)?;
-            slot.written = Some(Box::new(w));
-        }
+        self.write_frozen(&mut slot)?;
         match slot.written.take() {
             Some(w) => self.flip_checkpoint(ctl, &mut slot, *w),
             None => Ok(Freed::new()),
@@ -199,16 +195,22 @@ impl Pool {
     }
 
     fn checkpoint_steps(&self) -> Result<()> {
-        {
-            let mut slot = self.lock_checkpoint();
-            let Some(ck) = slot.frozen.take() else { return Ok(()) };
-            self.checkpoint_waiting.store(false, Ordering::SeqCst);
-            let w = self.write_checkpoint(&mut slot, *ck)?;
-            slot.written = Some(Box::new(w));
+        if !self.write_frozen(&mut self.lock_checkpoint())? {
+            return Ok(());
         }
         let mut ctl = self.lock_commit();
         let frees = self.finish_checkpoint(&mut ctl)?;
         self.release(frees)
+    }
+
+    /// Write the frozen checkpoint, if the slot holds one (false if not),
+    /// leaving it written for its superblock.
+    fn write_frozen(&self, slot: &mut CheckpointSlot) -> Result<bool> {
+        let Some(ck) = slot.frozen.take() else { return Ok(false) };
+        self.checkpoint_waiting.store(false, Ordering::SeqCst);
+        let w = self.write_checkpoint(slot, *ck)?;
+        slot.written = Some(Box::new(w));
+        Ok(true)
     }
 
     /// A checkpoint is frozen and not yet durable.

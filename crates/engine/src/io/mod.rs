@@ -625,10 +625,25 @@ const MAX_HOMES: usize = 4;
 /// blocks first; then the block after the previous region's last block.
 fn near_region(map: &ExtentMap, region: u64) -> std::result::Result<Near, StoreError> {
     let start = region * REGION_BLOCKS;
+    // One lookup: the region and the block before it.
+    let from = start.saturating_sub(1);
     let mut homes: Vec<(Pba, u64)> = Vec::new();
-    for seg in map.lookup(start, REGION_BLOCKS, usize::MAX)? {
+    let mut after_previous = None;
+    for seg in map.lookup(from, start + REGION_BLOCKS - from, usize::MAX)? {
         let Segment::Mapped { lba, len, pba, .. } = seg else { continue };
-        let Some(block) = pba.block().checked_sub(lba - start).filter(|_| !pba.is_origin()) else { continue };
+        if pba.is_origin() {
+            continue;
+        }
+        // The previous region's last block: this region's data would follow it.
+        if lba < start {
+            after_previous = Some(pba.offset_by(start - lba));
+        }
+        let skip = start.saturating_sub(lba);
+        if skip == len {
+            continue;
+        }
+        let (lba, pba, len) = (lba + skip, pba.offset_by(skip), len - skip);
+        let Some(block) = pba.block().checked_sub(lba - start) else { continue };
         let home = Pba::new(pba.device(), block);
         match homes.iter_mut().find(|h| h.0 == home) {
             Some(h) => h.1 += len,
@@ -637,13 +652,34 @@ fn near_region(map: &ExtentMap, region: u64) -> std::result::Result<Near, StoreE
     }
     homes.sort_by_key(|h| std::cmp::Reverse(h.1));
     let mut bases: Vec<Pba> = homes.into_iter().take(MAX_HOMES).map(|h| h.0).collect();
-    if let Some(before) = start.checked_sub(1) {
-        if let Some(Segment::Mapped { pba, .. }) = map.lookup(before, 1, 1)?.first().copied() {
-            let after = pba.offset_by(1);
-            if !pba.is_origin() && !bases.contains(&after) {
-                bases.push(after);
-            }
-        }
+    if let Some(after) = after_previous.filter(|a| !bases.contains(a)) {
+        bases.push(after);
     }
     Ok(Near { bases })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::map::extent_map::tree_id;
+    use std::sync::Arc;
+    use tarn_store::Store;
+
+    #[test]
+    fn a_region_s_homes_come_from_its_extents_then_the_previous_region() {
+        let p = |b| Pba::new(0, b);
+        let mut map = ExtentMap::new(Arc::new(Store::memory()), tree_id::head(1));
+        let r = REGION_BLOCKS;
+        // Spans the end of region 0 and the start of region 1.
+        map.insert(r - 1, 3, p(1000), 1).unwrap();
+        // Elsewhere in region 1 (a copy-on-write home), and its last block.
+        map.insert(r + 44, 1, p(5044), 1).unwrap();
+        map.insert(2 * r - 1, 1, p(9000), 1).unwrap();
+        let near = near_region(&map, 1).unwrap();
+        assert_eq!(near.bases, vec![p(1001), p(5000), p(9000 - (r - 1))], "most blocks first");
+        // Region 2 is empty: only the block after region 1's last one.
+        assert_eq!(near_region(&map, 2).unwrap().bases, vec![p(9001)]);
+        // Region 0: its own home; nothing before it.
+        assert_eq!(near_region(&map, 0).unwrap().bases, vec![p(1000 - (r - 1))]);
+    }
 }

@@ -130,7 +130,8 @@ impl Space {
             return Ok(false);
         }
         let Some(dev) = self.devices.get_mut(usize::from(pba.device())) else { return Ok(false) };
-        if pba.block() < dev.data_start || !dev.try_claim(&self.store, pba.block(), len, &mut self.superseded)? {
+        // Free ranges lie inside the data area: a claim outside it fails.
+        if !dev.try_claim(&self.store, pba.block(), len, &mut self.superseded)? {
             return Ok(false);
         }
         self.inflight.insert(pba.0, len);
