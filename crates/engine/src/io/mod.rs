@@ -36,8 +36,15 @@ pub struct ChangeRun {
     pub changed: bool,
 }
 
-/// Tries a write makes at most (each retry follows a commit opening regions).
+/// Tries a write makes at most (each retry follows a commit opening
+/// regions, or gives up re-laying out on a full pool).
 const MAX_WRITE_ATTEMPTS: usize = 3;
+/// A write of at least this many blocks (64 KiB) is part of a sequential
+/// stream: what it overwrites may be re-laid out ([`scattered`]).
+const RELAYOUT_MIN_BLOCKS: u64 = 16;
+/// Data whose physical runs average fewer blocks than this (256 KiB) reads
+/// as random I/O: a sequential overwrite moves it to one new run.
+const RELAYOUT_RUN_BLOCKS: u64 = 64;
 
 /// How a write goes: in place (Mapped) or to new space (Hole); `closed`:
 /// overwrite regions that redirected it and should open.
@@ -46,6 +53,8 @@ struct WritePlan<'a> {
     closed: Vec<u64>,
     /// Per logical region a hole touches, where its data lies.
     near: NearRegions,
+    /// Whether mapped blocks were turned into holes to re-lay them out.
+    relaid: bool,
     /// Held while the write overwrites uncommitted new data in a closed
     /// region: a commit then waits for it (see `take_pending`).
     _fresh: Option<FreshWrite<'a>>,
@@ -205,10 +214,16 @@ impl Pool {
         debug_assert!(data.len().is_multiple_of(BS) && !data.is_empty());
         let n = (data.len() / BS) as u64;
         let sums = if self.checksums { sums_of(data) } else { Vec::new() };
+        let mut relayout = true;
         for _ in 0..MAX_WRITE_ATTEMPTS {
             let gate = self.io_gate.read().unwrap_or_else(|p| p.into_inner());
-            let plan = self.plan_write(vol, lba, n)?;
+            let plan = self.plan_write(vol, lba, n, relayout)?;
             let fresh = match self.allocate_holes(vol, &plan.segs, &plan.near) {
+                // No room for a second copy: overwrite in place after all.
+                Err(EngineError::NoSpace) if plan.relaid => {
+                    relayout = false;
+                    continue;
+                }
                 Err(EngineError::NoSpace) if !plan.closed.is_empty() => {
                     drop(gate);
                     self.open_regions_now(plan.closed)?;
@@ -229,14 +244,19 @@ impl Pool {
     }
 
     /// Segments of [lba, lba+n): Mapped = overwrite in place, Hole = needs
-    /// new space.
-    fn plan_write(&self, vol: u32, lba: u64, n: u64) -> Result<WritePlan<'_>> {
-        self.with_cached_nodes(|inner| self.plan_write_in(inner, vol, lba, n))
+    /// new space. With `relayout`, a sequential write over scattered data
+    /// goes to new space whole, so the range reads sequentially after it.
+    fn plan_write(&self, vol: u32, lba: u64, n: u64, relayout: bool) -> Result<WritePlan<'_>> {
+        self.with_cached_nodes(|inner| self.plan_write_in(inner, vol, lba, n, relayout))
     }
 
-    fn plan_write_in(&self, inner: &Inner, vol: u32, lba: u64, n: u64) -> Result<WritePlan<'_>> {
+    fn plan_write_in(&self, inner: &Inner, vol: u32, lba: u64, n: u64, relayout: bool) -> Result<WritePlan<'_>> {
         let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
         let mut segs = v.map.lookup(lba, n, usize::MAX)?;
+        let relaid = relayout && scattered(&segs, n);
+        if relaid {
+            segs = vec![Segment::Hole { lba, len: n }];
+        }
         let mut closed = Vec::new();
         let mut fresh_guard = None;
         for seg in segs.iter_mut() {
@@ -258,7 +278,7 @@ impl Pool {
             }
         }
         let near = if inner.placement.wants_near() { near_holes(&v.map, &segs)? } else { Vec::new() };
-        Ok(WritePlan { segs, closed, near, _fresh: fresh_guard })
+        Ok(WritePlan { segs, closed, near, relaid, _fresh: fresh_guard })
     }
 
     /// Bring the checksum-tree nodes the new pieces' sums go to into the
@@ -586,6 +606,35 @@ pub(crate) fn release_unmapped(space: &mut crate::space::Space, fresh: &[NewPiec
 pub(crate) type NearRegions = Vec<(u64, Near)>;
 
 /// The holes of `segs`, cut at region boundaries.
+/// Whether a write of `n` blocks over `segs` should re-lay them out: it is
+/// long enough to be sequential, and the data it replaces lies in short
+/// physical runs (or beside holes its new blocks would go apart from), so
+/// reading the range back would seek between them. Checked before
+/// ownership: blocks a snapshot shares are redirected anyway.
+fn scattered(segs: &[Segment], n: u64) -> bool {
+    if n < RELAYOUT_MIN_BLOCKS {
+        return false;
+    }
+    let (mut runs, mut mapped, mut holes) = (0u64, 0u64, false);
+    let mut run_end: Option<Pba> = None;
+    for seg in segs {
+        match *seg {
+            Segment::Hole { .. } => {
+                holes = true;
+                run_end = None;
+            }
+            Segment::Mapped { len, pba, .. } => {
+                if run_end != Some(pba) {
+                    runs += 1;
+                }
+                mapped += len;
+                run_end = pba.block().checked_add(len).map(|b| Pba::new(pba.device(), b));
+            }
+        }
+    }
+    runs > 0 && runs + u64::from(holes) >= 2 && mapped / runs < RELAYOUT_RUN_BLOCKS
+}
+
 fn holes_by_region(segs: &[Segment]) -> impl Iterator<Item = (u64, u64)> + '_ {
     segs.iter().flat_map(|seg| {
         let (mut at, end) = match *seg {
