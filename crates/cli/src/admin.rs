@@ -68,6 +68,11 @@ pub enum Request {
         old: String,
         new: String,
     },
+    /// Re-lay out one volume (or every one) so it reads sequentially;
+    /// streams `{"progress":[done,total]}` lines (blocks) per volume.
+    Compact {
+        volume: Option<String>,
+    },
     /// Changed ranges from snapshot `from` to snapshot `to` (None: the head).
     Diff {
         volume: String,
@@ -118,6 +123,7 @@ pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, Strin
             .map(|freed| json!({ "deleted": format!("{volume}@{name}"), "freed": freed })),
         Request::SnapRollback { volume, name, destroy_newer } => rollback(pool, volume, name, *destroy_newer, ctx),
         Request::Diff { volume, from, to } => diff(pool, volume, from, to.as_deref()),
+        Request::Compact { volume } => compact(pool, volume.as_deref(), ctx),
         Request::Scrub { rate, repair } => scrub(pool, *rate, *repair, ctx),
         Request::PoolReplace { old, new } => return crate::mirror::execute_replace(pool, old, new, ctx.progress),
     };
@@ -157,6 +163,23 @@ fn vol_delete(pool: &Pool, name: &str, recursive: bool) -> Result<Value, EngineE
         if recursive { pool.list_snapshots(Some(name))?.into_iter().map(|s| s.name).collect() } else { Vec::new() };
     pool.delete_volume(name, recursive)?;
     Ok(json!({ "deleted": name, "snapshots_deleted": snapshots }))
+}
+
+fn compact(pool: &Pool, volume: Option<&str>, ctx: &mut Ctx) -> Result<Value, EngineError> {
+    let names: Vec<String> = match volume {
+        Some(v) => vec![v.to_string()],
+        None => pool.list_volumes().into_iter().map(|v| v.name).collect(),
+    };
+    let mut done = Vec::new();
+    for name in names {
+        let r = pool.relayout(&name, ctx.progress)?;
+        done.push(json!({
+            "volume": name, "extents_before": r.extents_before, "extents_after": r.extents_after,
+            "windows_moved": r.windows_moved, "moved_bytes": r.blocks_moved * 4096,
+            "windows_skipped": r.windows_skipped,
+        }));
+    }
+    Ok(json!({ "volumes": done }))
 }
 
 fn vol_flatten(pool: &Pool, name: &str, ctx: &mut Ctx) -> Result<Value, EngineError> {

@@ -129,6 +129,18 @@ enum PoolCmd {
     /// Scrub, and also rewrite damaged superblock copies from the good one.
     /// Exit 0 when nothing is lost, 1 when ranges are lost (listed).
     Repair(ScrubArgs),
+    /// Re-lay out volumes online so scattered data reads sequentially again:
+    /// every 1 MiB whose data lies in short runs moves to one new run.
+    /// Blocks shared with snapshots or clones stay where they are.
+    Compact {
+        /// Only this volume (default: every volume).
+        #[arg(long)]
+        volume: Option<String>,
+        #[command(flatten)]
+        pool: PoolArg,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Args)]
@@ -377,6 +389,13 @@ fn dispatch(cmd: Command) -> Result<i32> {
         }
         Command::Pool(PoolCmd::Scrub(a)) => scrub_cmd(&a, false),
         Command::Pool(PoolCmd::Repair(a)) => scrub_cmd(&a, true),
+        Command::Pool(PoolCmd::Compact { volume, pool, json }) => {
+            let mut bar = progress::Progress::new("compact");
+            let result = admin_progress(&pool, &Request::Compact { volume }, &mut |d, t| bar.update(d, t));
+            bar.finish();
+            print(json, &result?, text::compacted);
+            Ok(0)
+        }
         Command::Vol(VolCmd::Create { name, size, pool }) => {
             let v = admin(&pool, &Request::VolCreate { name, size })?;
             let (name, size) = text::name_and_size(&v);

@@ -139,6 +139,22 @@ pub fn replaced(v: &Value) -> String {
     )
 }
 
+pub fn compacted(v: &Value) -> String {
+    let mut s = String::new();
+    for c in v["volumes"].as_array().into_iter().flatten() {
+        s += &format!(
+            "{}: {} -> {} extents, moved {} in {} windows, {} skipped (written meanwhile or no room)\n",
+            c["volume"].as_str().unwrap_or("?"),
+            c["extents_before"],
+            c["extents_after"],
+            b(&c["moved_bytes"]),
+            c["windows_moved"],
+            c["windows_skipped"]
+        );
+    }
+    s
+}
+
 pub fn check(v: &Value) -> String {
     let mut s = String::new();
     for n in v["notes"].as_array().into_iter().flatten() {

@@ -82,8 +82,8 @@ impl SimConfig {
 }
 
 /// Admin operations, as counted in [`RunStats::done`].
-pub const OP_NAMES: [&str; 8] =
-    ["vol create", "vol resize", "vol delete", "snapshot", "snap delete", "rollback", "clone", "flatten"];
+pub const OP_NAMES: [&str; 9] =
+    ["vol create", "vol resize", "vol delete", "snapshot", "snap delete", "rollback", "clone", "flatten", "compact"];
 
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RunStats {
@@ -91,7 +91,7 @@ pub struct RunStats {
     /// Admin operations (volume and snapshot) that happened.
     pub admin: usize,
     /// The same by operation, in the order of [`OP_NAMES`].
-    pub done: [usize; 8],
+    pub done: [usize; 9],
     /// Admin operations refused as the model predicted.
     pub refused: usize,
     /// Admin operations cut by a crash, settled after reopen: done, not done.
@@ -111,6 +111,8 @@ pub struct RunStats {
     /// Crashes while a checkpoint was frozen and not yet durable (commits
     /// after it went to the journal's other side).
     pub crashes_mid_checkpoint: usize,
+    /// Blocks compactions moved (`Pool::relayout`).
+    pub blocks_relaid: usize,
 }
 
 impl RunStats {
@@ -118,6 +120,7 @@ impl RunStats {
         self.crashes += o.crashes;
         self.background_checkpoints += o.background_checkpoints;
         self.crashes_mid_checkpoint += o.crashes_mid_checkpoint;
+        self.blocks_relaid += o.blocks_relaid;
         self.admin += o.admin;
         self.done.iter_mut().zip(o.done).for_each(|(a, b)| *a += b);
         self.refused += o.refused;

@@ -49,6 +49,7 @@ impl Run {
             82..=85 => self.clone_create(),
             86..=88 => self.flatten(),
             89..=92 => self.snap_volume_op(),
+            93..=94 => self.compact(),
             _ => self.verify_all("periodic check"),
         }
     }
@@ -220,6 +221,20 @@ impl Run {
             return self.after_flatten_enospc(&vol);
         }
         self.admin_outcome(Pending::Flatten { vol }, expect, r).map(drop)
+    }
+
+    /// Re-lay out a volume: its contents, its snapshots' and its clones'
+    /// stay the same (checked by the next verification).
+    fn compact(&mut self) -> Result<(), String> {
+        let (vol, _, _) = self.any_volume();
+        let mut progress: Vec<(u64, u64)> = Vec::new();
+        let r = self.pool().relayout(&vol, &mut |done, total| progress.push((done, total)));
+        trace!("compact {vol}: {r:?}");
+        check_progress(&progress, r.is_ok()).map_err(|e| format!("compact {vol}: {e}"))?;
+        if let Ok(report) = &r {
+            self.stats.blocks_relaid += report.blocks_moved as usize;
+        }
+        self.admin_outcome(Pending::Compact { vol }, Ok(()), r).map(drop)
     }
 
     /// A flatten that ran out of space copied some markers. Commit them, so

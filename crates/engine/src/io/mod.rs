@@ -44,7 +44,7 @@ const MAX_WRITE_ATTEMPTS: usize = 3;
 const RELAYOUT_MIN_BLOCKS: u64 = 16;
 /// Data whose physical runs average fewer blocks than this (256 KiB) reads
 /// as random I/O: a sequential overwrite moves it to one new run.
-const RELAYOUT_RUN_BLOCKS: u64 = 64;
+pub(crate) const RELAYOUT_RUN_BLOCKS: u64 = 64;
 
 /// How a write goes: in place (Mapped) or to new space (Hole); `closed`:
 /// overwrite regions that redirected it and should open.
@@ -253,6 +253,7 @@ impl Pool {
     fn plan_write_in(&self, inner: &Inner, vol: u32, lba: u64, n: u64, relayout: bool) -> Result<WritePlan<'_>> {
         let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
         let mut segs = v.map.lookup(lba, n, usize::MAX)?;
+        inner.moving.iter().for_each(|w| w.note_write(vol, lba, n));
         let relaid = relayout && scattered(&segs, n);
         if relaid {
             segs = vec![Segment::Hole { lba, len: n }];
@@ -615,14 +616,19 @@ fn scattered(segs: &[Segment], n: u64) -> bool {
     if n < RELAYOUT_MIN_BLOCKS {
         return false;
     }
-    let (mut runs, mut mapped, mut holes) = (0u64, 0u64, false);
+    let (runs, mapped) = physical_runs(segs);
+    let holes = segs.iter().any(|s| matches!(s, Segment::Hole { .. }));
+    runs > 0 && runs + u64::from(holes) >= 2 && mapped / runs < RELAYOUT_RUN_BLOCKS
+}
+
+/// The physically contiguous runs the mapped segments form (a hole ends a
+/// run), and the blocks they map.
+pub(crate) fn physical_runs(segs: &[Segment]) -> (u64, u64) {
+    let (mut runs, mut mapped) = (0u64, 0u64);
     let mut run_end: Option<Pba> = None;
     for seg in segs {
         match *seg {
-            Segment::Hole { .. } => {
-                holes = true;
-                run_end = None;
-            }
+            Segment::Hole { .. } => run_end = None,
             Segment::Mapped { len, pba, .. } => {
                 if run_end != Some(pba) {
                     runs += 1;
@@ -632,7 +638,7 @@ fn scattered(segs: &[Segment], n: u64) -> bool {
             }
         }
     }
-    runs > 0 && runs + u64::from(holes) >= 2 && mapped / runs < RELAYOUT_RUN_BLOCKS
+    (runs, mapped)
 }
 
 fn holes_by_region(segs: &[Segment]) -> impl Iterator<Item = (u64, u64)> + '_ {

@@ -67,6 +67,8 @@ pub(crate) struct Inner {
     pub pending_bytes: usize,
     /// Overwrite regions wanted open and their last in-place writes.
     pub regions: RegionTracker,
+    /// Windows a compaction is moving (`volumes/relayout.rs`).
+    pub moving: Vec<std::sync::Arc<crate::volumes::relayout::MovingWindow>>,
 }
 
 /// Bytes a freed range weighs in the pending queue (its size in memory).

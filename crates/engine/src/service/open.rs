@@ -326,6 +326,7 @@ impl Pool {
                 pending_frees: Vec::new(),
                 pending_bytes: 0,
                 regions: Default::default(),
+                moving: Vec::new(),
             }),
             commit: Mutex::new(ctl),
             checkpoint: Mutex::new(slot),

@@ -1,0 +1,192 @@
+//! Re-laying out a volume online (`tarn pool compact`): each 1 MiB window
+//! of the head whose data lies in short physical runs is copied, in
+//! logical order, to one new run, and the map swapped, so a volume first
+//! written at random (or made before sequential overwrites re-laid data
+//! out) reads sequentially again. Clients keep writing meanwhile: a window
+//! they touch while it moves is left as it is (the next pass takes it).
+//!
+//! Only windows the head owns alone move. Blocks a snapshot or a clone
+//! shares stay where they are, so no snapshot grows and sharing is kept;
+//! moving shared blocks for every sharer at once is the placement issue's
+//! compactor.
+
+use crate::error::{EngineError, Result};
+use crate::io::{physical_runs, RELAYOUT_RUN_BLOCKS};
+use crate::map::extent_map::Segment;
+use crate::map::state::Volume;
+use crate::pool::{Inner, Pool};
+use crate::space::placement::REGION_BLOCKS;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use tarn_format::ops::Op;
+use tarn_format::BLOCK_SIZE;
+
+/// Blocks moved per step: a placement region (1 MiB), one read, one write.
+const WINDOW_BLOCKS: u64 = REGION_BLOCKS;
+
+/// A window being moved: writes planned over it mark it touched (see
+/// `Pool::plan_write_in`), and the move is then dropped.
+#[derive(Debug)]
+pub(crate) struct MovingWindow {
+    pub vol: u32,
+    pub lba: u64,
+    pub len: u64,
+    pub touched: AtomicBool,
+}
+
+impl MovingWindow {
+    /// Note a write of [lba, lba+len) of `vol` planned while this window moves.
+    pub fn note_write(&self, vol: u32, lba: u64, len: u64) {
+        if vol == self.vol && lba < self.lba + self.len && self.lba < lba + len {
+            self.touched.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// What a compaction of one volume did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RelayoutReport {
+    /// Map entries of the head before and after.
+    pub extents_before: u64,
+    pub extents_after: u64,
+    pub windows_moved: u64,
+    pub blocks_moved: u64,
+    /// Windows clients wrote to while they moved, or that found no room.
+    pub windows_skipped: u64,
+}
+
+/// How one window went.
+enum Window {
+    /// Already in long runs, shared, or empty: nothing to do.
+    Fine,
+    Moved(u64),
+    /// Written meanwhile, or no room for the copy.
+    Skipped,
+}
+
+impl Pool {
+    /// Re-lay out volume `name`'s head; `progress(done, total)` in blocks.
+    /// Durable when it returns.
+    pub fn relayout(&self, name: &str, progress: &mut dyn FnMut(u64, u64)) -> Result<RelayoutReport> {
+        self.check_writable()?;
+        let (id, blocks) = {
+            let inner = self.read_inner();
+            let v = crate::pool::volume_named(&inner.state, name)?;
+            (v.id, v.size / BLOCK_SIZE)
+        };
+        let extents = |pool: &Pool| pool.volume_info(id).map(|v| v.extents).ok_or(EngineError::VolumeGone(id));
+        let mut report = RelayoutReport { extents_before: extents(self)?, ..Default::default() };
+        for lba in (0..blocks).step_by(WINDOW_BLOCKS as usize) {
+            self.make_room()?;
+            match self.relayout_window(id, lba, WINDOW_BLOCKS.min(blocks - lba))? {
+                Window::Fine => {}
+                Window::Moved(n) => {
+                    report.windows_moved += 1;
+                    report.blocks_moved += n;
+                }
+                Window::Skipped => report.windows_skipped += 1,
+            }
+            progress(lba + WINDOW_BLOCKS.min(blocks - lba), blocks);
+        }
+        self.flush()?;
+        report.extents_after = extents(self)?;
+        Ok(report)
+    }
+
+    /// Move one window if it is scattered: announce it, let writes planned
+    /// before drain, copy its data to new space, and swap the map only if
+    /// nothing changed it meanwhile.
+    fn relayout_window(&self, id: u32, lba: u64, len: u64) -> Result<Window> {
+        if self.window_to_move(id, lba, len)?.is_none() {
+            return Ok(Window::Fine);
+        }
+        let moving = Arc::new(MovingWindow { vol: id, lba, len, touched: AtomicBool::new(false) });
+        let _announced = Announced::new(self, moving.clone());
+        // Writes planned before the announcement may still write in place:
+        // wait for them (they hold the gate shared until they recorded).
+        drop(self.io_gate.write().unwrap_or_else(|p| p.into_inner()));
+        let Some(segs) = self.window_to_move(id, lba, len)? else { return Ok(Window::Fine) };
+        let mut data = vec![0u8; (len * BLOCK_SIZE) as usize];
+        self.read(id, lba * BLOCK_SIZE, &mut data)?;
+        let wanted: Vec<Segment> = segs
+            .iter()
+            .filter(|s| matches!(s, Segment::Mapped { .. }))
+            .map(|s| Segment::Hole { lba: s.lba(), len: s.len() })
+            .collect();
+        let fresh = match self.allocate_holes(id, &wanted, &Vec::new()) {
+            Err(EngineError::NoSpace) => return Ok(Window::Skipped),
+            other => other?,
+        };
+        let bs = BLOCK_SIZE as usize;
+        let piece = |at: u64, n: u64| &data[(at - lba) as usize * bs..(at - lba + n) as usize * bs];
+        for p in &fresh {
+            if let Err(e) = self.write_device(p.pba, piece(p.lba, p.len)) {
+                self.give_back_unmapped(&fresh);
+                return Err(e);
+            }
+        }
+        let mut inner = self.write_inner();
+        let unchanged = !moving.touched.load(Ordering::Relaxed)
+            && window_segments(&inner, id, lba, len)?.is_some_and(|now| now == segs);
+        if !unchanged {
+            drop(inner);
+            self.give_back_unmapped(&fresh);
+            return Ok(Window::Skipped);
+        }
+        let birth = inner.state.epoch;
+        let mut ops = Vec::new();
+        for p in &fresh {
+            inner.space.settle(p.pba);
+            ops.push(Op::Map { vol: id, lba: p.lba, len: p.len, pba: p.pba.0, birth });
+            ops.extend(self.sums_op(p.pba, piece(p.lba, p.len)));
+        }
+        self.apply_ops(&mut inner, ops)?;
+        Ok(Window::Moved(wanted.iter().map(Segment::len).sum()))
+    }
+
+    /// The window's segments if it should move: its mapped blocks lie in
+    /// several short physical runs, all owned by the head alone.
+    fn window_to_move(&self, id: u32, lba: u64, len: u64) -> Result<Option<Vec<Segment>>> {
+        self.with_cached_nodes(|inner| {
+            let Some(segs) = window_segments(inner, id, lba, len)? else { return Ok(None) };
+            let v = inner.state.volume(id).ok_or(EngineError::VolumeGone(id))?;
+            Ok(scattered_and_owned(v, &segs).then_some(segs))
+        })
+    }
+}
+
+/// The head's segments over the window (None if the volume went away).
+fn window_segments(inner: &Inner, id: u32, lba: u64, len: u64) -> Result<Option<Vec<Segment>>> {
+    match inner.state.volume(id) {
+        Some(v) => Ok(Some(v.map.lookup(lba, len, usize::MAX)?)),
+        None => Ok(None),
+    }
+}
+
+fn scattered_and_owned(v: &Volume, segs: &[Segment]) -> bool {
+    let (runs, mapped) = physical_runs(segs);
+    let owned = segs.iter().all(|s| match *s {
+        Segment::Mapped { pba, birth, .. } => v.owns_alone(pba, birth),
+        Segment::Hole { .. } => true,
+    });
+    runs >= 2 && mapped / runs < RELAYOUT_RUN_BLOCKS && owned
+}
+
+/// A window listed in `Inner::moving` for as long as this lives.
+struct Announced<'a> {
+    pool: &'a Pool,
+    window: Arc<MovingWindow>,
+}
+
+impl<'a> Announced<'a> {
+    fn new(pool: &'a Pool, window: Arc<MovingWindow>) -> Self {
+        pool.write_inner().moving.push(window.clone());
+        Announced { pool, window }
+    }
+}
+
+impl Drop for Announced<'_> {
+    fn drop(&mut self) {
+        self.pool.write_inner().moving.retain(|w| !Arc::ptr_eq(w, &self.window));
+    }
+}
