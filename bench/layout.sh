@@ -7,15 +7,20 @@
 #   3. the target's backing file evicted from the page cache (fdatasync +
 #      POSIX_FADV_DONTNEED on that file only, never the whole cache);
 #   4. a 1M sequential read of the whole volume, QD8 (cold), and again (warm);
-#   5. tarn: extents per GiB and free space outside whole 1 MiB regions.
+#   5. tarn: extents per GiB and free space outside whole 1 MiB regions;
+#   6. tarn: SNAPS rounds of (snapshot, 4 KiB random overwrites of SNAP_PCT
+#      percent of the volume, QD32), then the cold and warm reads again,
+#      as a ratio to the same target's reads with no snapshots (step 4).
 # Targets: tarn (default placement, linear), tarn_contiguous (--placement
-# contiguous), nbdkit (file plugin, raw sparse file), qemu (qemu-nbd, qcow2,
+# contiguous), tarn_compact (default placement; step 2 is `tarn pool
+# compact` online instead of the overwrite: an existing volume re-laid
+# out), nbdkit (file plugin, raw sparse file), qemu (qemu-nbd, qcow2,
 # cache=none). ROUNDS rounds, the order rotating per round; the report
 # gives medians, the range, and ratios to nbdkit.
 #
 #   bash bench/layout.sh
-# Env: SIZE=4G RAND_SECS=10 ROUNDS=3 TARGETS="tarn tarn_contiguous nbdkit qemu"
-#      BENCH_DIR=/var/tmp/tarn-layout TRANSPORT=tcp TARN=target/release/tarn
+# Env: SIZE=4G RAND_SECS=10 ROUNDS=3 TARGETS="tarn tarn_contiguous tarn_compact nbdkit qemu"
+#      SNAPS=10 SNAP_PCT=1 BENCH_DIR=/var/tmp/tarn-layout TRANSPORT=tcp TARN=target/release/tarn
 # Output: bench/results/<date>-layout.txt; raw fio JSON in bench/results/raw/<date>-layout/.
 set -euo pipefail
 BENCH=$(cd "$(dirname "$0")" && pwd)
@@ -24,7 +29,9 @@ TARN=${TARN:-$REPO/target/release/tarn}
 SIZE=${SIZE:-4G}
 RAND_SECS=${RAND_SECS:-10}
 ROUNDS=${ROUNDS:-3}
-TARGETS=${TARGETS:-tarn tarn_contiguous nbdkit qemu}
+TARGETS=${TARGETS:-tarn tarn_contiguous tarn_compact nbdkit qemu}
+SNAPS=${SNAPS:-10}
+SNAP_PCT=${SNAP_PCT:-1}
 TRANSPORT=${TRANSPORT:-tcp}
 DIR=${BENCH_DIR:-/var/tmp/tarn-layout}
 STAMP=$(date +%Y-%m-%d-%H%M)
@@ -52,6 +59,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 . "$BENCH/targets.sh"
 setup_tarn_contiguous() { TARN_SERVE_ARGS="--placement contiguous" setup_tarn; }
+setup_tarn_compact() { setup_tarn; }
 
 # The file under the target's volume: evict it, and only it.
 backing_file() {
@@ -84,9 +92,34 @@ fio_job() { # ROUND TARGET STEP fio-args...
   "$SYSPY" - "$js" "$step" <<'EOF'
 import json, sys
 j = json.load(open(sys.argv[1]))["jobs"][0]
-d = j["write"] if sys.argv[2] in ("randwrite", "seqwrite") else j["read"]
-print(d["iops"] if sys.argv[2] == "randwrite" else d["bw_bytes"] / (1 << 20))
+wrote = j["write"]["io_bytes"] > 0
+d = j["write"] if wrote else j["read"]
+print(d["iops"] if wrote and sys.argv[2] != "seqwrite" else d["bw_bytes"] / (1 << 20))
 EOF
+}
+
+reads() { # ROUND TARGET METRIC-PREFIX: evict, then cold and warm 1M sequential reads
+  local r=$1 t=$2 pre=$3 v
+  evict "$(backing_file "$t")"
+  v=$(fio_job "$r" "$t" "${pre}coldread" --rw=read --bs=1M --iodepth=8 "--size=$SIZE_B") && record "$r" "$t" "${pre}cold_read_mibs" "$v"
+  v=$(fio_job "$r" "$t" "${pre}warmread" --rw=read --bs=1M --iodepth=8 "--size=$SIZE_B") && record "$r" "$t" "${pre}warm_read_mibs" "$v"
+}
+compact() { # ROUND TARGET: re-lay out the volume online, in MiB of volume per second
+  local r=$1 t=$2 t0 t1
+  t0=$(date +%s.%N)
+  "$TARN" pool compact -p "$TGT_DIR/pool.img" --json >"$RAW/$t.r$r.compact.json" 2>"$RAW/$t.r$r.compact.err" ||
+    { log "compact on $t failed: $(tail -2 "$RAW/$t.r$r.compact.err" | tr '\n' ' ')"; return 0; }
+  t1=$(date +%s.%N)
+  record "$r" "$t" compact_mibs "$("$SYSPY" -c "print($SIZE_B / (1 << 20) / ($t1 - $t0))")"
+}
+snapshots() { # ROUND TARGET: SNAPS x (snapshot + random overwrites), then the reads again
+  local r=$1 t=$2 s
+  for s in $(seq 1 "$SNAPS"); do
+    "$TARN" snap create "bench@s$s" -p "$TGT_DIR/pool.img" >/dev/null || { log "snap create on $t failed"; return 0; }
+    fio_job "$r" "$t" "snapwrite$s" --rw=randwrite --bs=4k --iodepth=32 "--size=$SIZE_B" \
+      "--io_size=$((SIZE_B * SNAP_PCT / 100))" --norandommap --randrepeat=0 >/dev/null || return 0
+  done
+  reads "$r" "$t" snap_
 }
 
 sequence() { # ROUND TARGET
@@ -95,16 +128,19 @@ sequence() { # ROUND TARGET
   "setup_$t" || { log "setup of $t failed"; rm -rf "$TGT_DIR"; return 0; }
   v=$(fio_job "$r" "$t" randwrite --rw=randwrite --bs=4k --iodepth=32 --time_based "--runtime=$RAND_SECS" \
       "--size=$SIZE_B" --norandommap --randrepeat=0) && record "$r" "$t" rand_write_iops "$v"
-  v=$(fio_job "$r" "$t" seqwrite --rw=write --bs=1M --iodepth=8 "--size=$SIZE_B") && record "$r" "$t" seq_write_mibs "$v"
-  evict "$(backing_file "$t")"
-  v=$(fio_job "$r" "$t" coldread --rw=read --bs=1M --iodepth=8 "--size=$SIZE_B") && record "$r" "$t" cold_read_mibs "$v"
-  v=$(fio_job "$r" "$t" warmread --rw=read --bs=1M --iodepth=8 "--size=$SIZE_B") && record "$r" "$t" warm_read_mibs "$v"
+  if [ "$t" = tarn_compact ]; then
+    compact "$r" "$t"
+  else
+    v=$(fio_job "$r" "$t" seqwrite --rw=write --bs=1M --iodepth=8 "--size=$SIZE_B") && record "$r" "$t" seq_write_mibs "$v"
+  fi
+  reads "$r" "$t" ""
   if [[ $t == tarn* ]]; then
     local pool=$TGT_DIR/pool.img
     v=$("$TARN" vol list -p "$pool" --json | "$SYSPY" -c 'import json,sys;print(json.load(sys.stdin)[0]["extents"])') &&
       record "$r" "$t" extents_per_gib "$("$SYSPY" -c "print($v / ($SIZE_B / (1 << 30)))")"
     v=$("$TARN" pool status -p "$pool" --json | "$SYSPY" -c 'import json,sys;print(json.load(sys.stdin).get("free_outside_regions", -1) / (1 << 20))') &&
       record "$r" "$t" free_outside_regions_mib "$v"
+    [ "$SNAPS" -gt 0 ] && snapshots "$r" "$t"
   fi
   stop_server
   rm -rf "$TGT_DIR"
@@ -122,7 +158,7 @@ for r in $(seq 1 "$ROUNDS"); do
 done
 {
   echo "tarn layout benchmark $STAMP  ($(uname -r), $(nproc) cpus, fs of $DIR: $(df --output=fstype "$DIR" | tail -1))"
-  echo "volume $SIZE; 4K random first writes QD32 for ${RAND_SECS}s, 1M sequential overwrite QD8, backing file evicted, 1M sequential read QD8 cold then warm; $ROUNDS rounds, order rotating"
+  echo "volume $SIZE; 4K random first writes QD32 for ${RAND_SECS}s, 1M sequential overwrite QD8 (tarn_compact: tarn pool compact), backing file evicted, 1M sequential read QD8 cold then warm; tarn: then $SNAPS x (snapshot, 4K random overwrites of $SNAP_PCT% of the volume) and the reads again; $ROUNDS rounds, order rotating"
   echo "git: $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo none)  fio: $(fio --version)"
   echo
   "$SYSPY" "$BENCH/layout_report.py" "$RESULTS"

@@ -12,10 +12,18 @@ from collections import defaultdict
 METRICS = [
     ("rand_write_iops", "4K random first writes, IOPS"),
     ("seq_write_mibs", "1M sequential overwrite, MiB/s"),
+    ("compact_mibs", "tarn pool compact instead, MiB of volume/s"),
     ("cold_read_mibs", "1M sequential read, cold, MiB/s"),
     ("warm_read_mibs", "1M sequential read, warm, MiB/s"),
     ("extents_per_gib", "extents per GiB after the sequence"),
     ("free_outside_regions_mib", "free space outside whole 1 MiB regions, MiB"),
+    ("snap_cold_read_mibs", "after the snapshots and overwrites: 1M sequential read, cold, MiB/s"),
+    ("snap_warm_read_mibs", "after the snapshots and overwrites: 1M sequential read, warm, MiB/s"),
+]
+# Ratios of a target to itself: (metric, its baseline with no snapshots).
+SELF = [
+    ("snap_cold_read_mibs", "cold_read_mibs", "cold read, 10 snapshots / none"),
+    ("snap_warm_read_mibs", "warm_read_mibs", "warm read, 10 snapshots / none"),
 ]
 
 
@@ -49,6 +57,17 @@ def main(path):
             else:
                 ratio, rr = "", ""
             print(f"{t:<14}{med:>12.1f}{rng:>24}{ratio:>12}{rr:>18}")
+        print()
+    for metric, base_metric, title in SELF:
+        rows = [t for t in targets if (metric, t) in vals and (base_metric, t) in vals]
+        if not rows:
+            continue
+        print(f"== {title} (same target, same round)")
+        for t in rows:
+            v, base = vals[(metric, t)], vals[(base_metric, t)]
+            ratios = [v[r] / base[r] for r in v if r in base and base[r] > 0]
+            if ratios:
+                print(f"{t:<14}{statistics.median(ratios):>11.2f}x{min(ratios):>14.2f} .. {max(ratios):.2f}")
         print()
 
 
