@@ -13,12 +13,13 @@ make_vol "$POOL" qc 256M
 make_vol "$POOL" qio 64M
 make_vol "$POOL" sp 256M
 make_vol "$POOL" frag 64M
+make_vol "$POOL" scat 16M
 start_serve "$POOL"
 
 step "export discovery"
 list=$(timeout 20 nbdinfo --list --json "nbd://127.0.0.1:$SERVE_PORT" 2>&1) || list=
 names=$(printf '%s' "$list" | jq -r '.exports[]."export-name"' 2>/dev/null | sort | tr '\n' ' ')
-expect_eq "nbdinfo --list shows every volume" "$names" "frag qc qio sp "
+expect_eq "nbdinfo --list shows every volume" "$names" "frag qc qio scat sp "
 size=$(timeout 20 nbdinfo --size "$(uri qc)" 2>&1) || size="error: $size"
 expect_eq "nbdinfo --size qc" "$size" $((256 * M))
 size=$(timeout 20 nbdinfo --size "$(uri_unix qio)" 2>&1) || size="error: $size"
@@ -161,12 +162,34 @@ check "qemu-img convert (uses block status) frag == expected" bash -c "qemu-img 
 check "qemu-img compare frag-exp.img nbd" timeout 120 qemu-img compare -f raw -F raw "$T/frag-exp.img" "$(uri frag)"
 rm -f "$T"/frag-*.img
 
+step "pool compact while served: a volume written in scattered order"
+args=()
+for i in $(seq 0 4095); do b=$((i * 97 % 4096)); args+=(-c "write -q -P $((b % 251 + 1)) $((b * 4096)) 4k"); done
+check "4096 4k writes into scat in scattered order" timeout 300 qemu-io -f raw "$(uri scat)" "${args[@]}" -c flush
+"$SYSPY" - "$T/scat-exp.img" <<'PY'
+import sys
+with open(sys.argv[1], "wb") as f:
+    for b in range(4096):
+        f.write(bytes([b % 251 + 1]) * 4096)
+PY
+if out=$(tarn pool compact -p "$POOL" --volume scat --json 2>"$T/compact.err"); then
+  before=$(printf '%s' "$out" | jq '.volumes[0].extents_before')
+  after=$(printf '%s' "$out" | jq '.volumes[0].extents_after')
+  moved=$(printf '%s' "$out" | jq '.volumes[0].windows_moved')
+  expect_eq "compact moved all 16 windows of scat" "$moved" 16
+  if [ "$after" -le 16 ] && [ "$before" -ge 1000 ]; then ok "compact: $before -> $after extents"; else bad "compact: $before -> $after extents"; fi
+else
+  bad "tarn pool compact failed: $(tail -2 "$T/compact.err")"
+fi
+check "qemu-img compare scat-exp.img nbd after compact" timeout 120 qemu-img compare -f raw -F raw "$T/scat-exp.img" "$(uri scat)"
+
 step "clean shutdown, restart, data still there"
 stop_serve
 pool_check "$POOL" "after clean shutdown"
 start_serve "$POOL"
 check "nbdcopy after restart == sparse.img" timeout 120 nbdcopy "$(uri sp)" "$T/back2.img"
 check "back2.img == sparse.img" cmp "$T/sparse.img" "$T/back2.img"
+check "compacted scat survives restart" timeout 120 qemu-img compare -f raw -F raw "$T/scat-exp.img" "$(uri scat)"
 check "qio patterns survive restart" timeout 120 qemu-io -f raw "$(uri qio)" -c "read -P 0x11 0 64k" \
   -c "read -P 0x44 $((3 * M + 1000)) 3000" -c "read -P 0x99 $((8 * M + 100)) 50" -c "read -P 0 $((16 * M)) 1M" \
   -c "read -P 0x88 $((48 * M - 4096)) 4k"

@@ -296,6 +296,11 @@ struct ServeCmd {
     /// order it is first written in; random first writes cost more).
     #[arg(long, default_value = "linear", value_parser = parse_placement)]
     placement: tarn_engine::PlacementKind,
+    /// Seconds without client writes after which scattered data is
+    /// re-laid out in the background (like `pool compact`, 8 MiB per
+    /// 100 ms at most, paused by the next write); 0: never.
+    #[arg(long, default_value_t = 10)]
+    compact_idle: u64,
     #[command(flatten)]
     tls: tls::TlsArgs,
 }
@@ -539,6 +544,7 @@ fn serve_cmd(s: ServeCmd) -> Result<i32> {
         metadata_cache: cache_bytes(s.metadata_cache)?,
         placement: s.placement,
         commit_interval: Duration::from_secs(s.commit_interval.max(1)),
+        compact_idle: (s.compact_idle > 0).then(|| Duration::from_secs(s.compact_idle)),
         tls: s.tls.config()?,
         socket_mode: s.tls.socket_mode,
     };
@@ -576,6 +582,7 @@ fn run_cmd(r: RunCmd) -> Result<i32> {
         metadata_cache: cache_bytes(r.metadata_cache)?,
         placement: Default::default(),
         commit_interval: Duration::from_secs(5),
+        compact_idle: tarn_engine::ServiceOptions::default().compact_idle,
         tls: None,
         socket_mode: 0o600,
     };

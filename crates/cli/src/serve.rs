@@ -26,6 +26,8 @@ pub struct ServeArgs {
     pub metadata_cache: usize,
     pub placement: tarn_engine::PlacementKind,
     pub commit_interval: Duration,
+    /// Idle time before background compaction; None: never.
+    pub compact_idle: Option<Duration>,
     /// NBD over TLS; None: STARTTLS is refused.
     pub tls: Option<TlsConfig>,
     /// Permissions of the Unix socket.
@@ -46,6 +48,7 @@ pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>
         pool.clone(),
         ServiceOptions {
             commit_interval: args.commit_interval,
+            compact_idle: args.compact_idle,
             notice: Some(Arc::new(|msg: &str| eprintln!("tarn: {msg}"))),
             ..ServiceOptions::default()
         },

@@ -68,7 +68,27 @@ pub(crate) struct Inner {
     /// Overwrite regions wanted open and their last in-place writes.
     pub regions: RegionTracker,
     /// Windows a compaction is moving (`volumes/relayout.rs`).
-    pub moving: Vec<std::sync::Arc<crate::volumes::relayout::MovingWindow>>,
+    pub moving: Vec<Arc<MovingWindow>>,
+}
+
+/// A window being moved: writes planned over it mark it touched (see
+/// `Pool::plan_write_in`), and the move is then dropped
+/// (`volumes/relayout.rs`).
+#[derive(Debug)]
+pub(crate) struct MovingWindow {
+    pub vol: u32,
+    pub lba: u64,
+    pub len: u64,
+    pub touched: AtomicBool,
+}
+
+impl MovingWindow {
+    /// Note a write of [lba, lba+len) of `vol` planned while this window moves.
+    pub fn note_write(&self, vol: u32, lba: u64, len: u64) {
+        if vol == self.vol && lba < self.lba + self.len && self.lba < lba + len {
+            self.touched.store(true, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Bytes a freed range weighs in the pending queue (its size in memory).
@@ -412,6 +432,10 @@ impl Pool {
 
     pub fn devices(&self) -> &[Arc<dyn Device>] {
         &self.devices
+    }
+
+    pub fn is_read_only(&self) -> bool {
+        self.options.read_only
     }
 
     pub fn is_fenced(&self) -> bool {

@@ -2,12 +2,15 @@
 //! committer (so clients that never flush lose at most `commit_interval`),
 //! the checkpointer (writes the checkpoints commits freeze, while later
 //! commits go on), the resync of overwrite regions a crash left open, and the resync of
-//! mirror legs after an unclean shutdown. `Service::start` starts what the
+//! mirror legs after an unclean shutdown, and the idle-time compactor
+//! (re-lays out scattered data while no client writes). `Service::start` starts what the
 //! pool needs; `stop` (or dropping the service) wakes every thread and
 //! joins it. Each loop does a bounded step (a tick, or 1 MiB of resync)
 //! between looks at the stop flag, so stopping takes at most one step.
 
 use crate::pool::Pool;
+use crate::volumes::relayout::RelayoutCursor;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -26,11 +29,19 @@ pub struct ServiceOptions {
     /// Told of what an operator wants to see whatever the log level (the
     /// CLI prints it): a mirror resync starting and finishing.
     pub notice: Option<Notice>,
+    /// Re-lay out scattered data (`Pool::relayout_step`) once no client
+    /// wrote for this long; None: never in the background.
+    pub compact_idle: Option<Duration>,
 }
 
 impl Default for ServiceOptions {
     fn default() -> Self {
-        ServiceOptions { commit_interval: Duration::from_secs(5), tick: Duration::from_millis(100), notice: None }
+        ServiceOptions {
+            commit_interval: Duration::from_secs(5),
+            tick: Duration::from_millis(100),
+            notice: None,
+            compact_idle: Some(Duration::from_secs(10)),
+        }
     }
 }
 
@@ -39,6 +50,7 @@ impl std::fmt::Debug for ServiceOptions {
         f.debug_struct("ServiceOptions")
             .field("commit_interval", &self.commit_interval)
             .field("tick", &self.tick)
+            .field("compact_idle", &self.compact_idle)
             .finish_non_exhaustive()
     }
 }
@@ -85,6 +97,9 @@ impl Service {
         let committer_opts = opts.clone();
         service.spawn("committer", move |pool, stop| run_committer(pool, &committer_opts, stop));
         service.spawn("checkpointer", run_checkpointer);
+        if let Some(idle) = opts.compact_idle.filter(|_| !service.pool.is_read_only()) {
+            service.spawn("compactor", move |pool, stop| run_compactor(pool, idle, stop));
+        }
         if service.pool.needs_resync() {
             let notice = opts.notice.clone();
             service.spawn("mirror-resync", move |pool, stop| run_leg_resync(pool, notice.as_deref(), stop));
@@ -162,6 +177,48 @@ fn run_checkpointer(pool: &Pool, stop: &Stop) {
         if pool.checkpoint_waiting() && !pool.is_fenced() {
             if let Err(e) = pool.checkpoint_work() {
                 log::error!("background checkpoint failed: {e}");
+            }
+        }
+    }
+}
+
+/// How often the compactor looks, and how many 1 MiB windows it examines
+/// per look: at most 8 MiB moved per 100 ms, and a client write waits at
+/// most one step for it to yield.
+const COMPACT_TICK: Duration = Duration::from_millis(100);
+const COMPACT_WINDOWS: usize = 8;
+
+/// Idle-time compaction: once no client wrote for `idle`, walk every
+/// volume a few windows per tick, moving scattered ones (`relayout_step`);
+/// the first client write pauses it, and a pass that moved nothing makes
+/// it rest until the next write.
+fn run_compactor(pool: &Pool, idle: Duration, stop: &Stop) {
+    let mut cursor = RelayoutCursor::default();
+    let writes = || pool.write_gen.load(Ordering::SeqCst);
+    let (mut seen, mut quiet_since) = (writes(), Instant::now());
+    let (mut moved_in_pass, mut rest_at) = (0u64, None);
+    while !stop.wait(COMPACT_TICK) {
+        let now = writes();
+        if now != seen {
+            (seen, quiet_since) = (now, Instant::now());
+            continue;
+        }
+        if quiet_since.elapsed() < idle || rest_at == Some(now) || pool.is_fenced() {
+            continue;
+        }
+        match pool.relayout_step(&mut cursor, COMPACT_WINDOWS) {
+            Ok(step) => {
+                // Its own moves count as writes: not a client's.
+                seen = writes();
+                moved_in_pass += step.windows_moved;
+                if step.wrapped {
+                    rest_at = (moved_in_pass == 0).then_some(seen);
+                    moved_in_pass = 0;
+                }
+            }
+            Err(e) => {
+                log::warn!("background compaction: {e}");
+                quiet_since = Instant::now();
             }
         }
     }

@@ -14,7 +14,7 @@ use crate::error::{EngineError, Result};
 use crate::io::{physical_runs, RELAYOUT_RUN_BLOCKS};
 use crate::map::extent_map::Segment;
 use crate::map::state::Volume;
-use crate::pool::{Inner, Pool};
+use crate::pool::{Inner, MovingWindow, Pool};
 use crate::space::placement::REGION_BLOCKS;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -23,25 +23,6 @@ use tarn_format::BLOCK_SIZE;
 
 /// Blocks moved per step: a placement region (1 MiB), one read, one write.
 const WINDOW_BLOCKS: u64 = REGION_BLOCKS;
-
-/// A window being moved: writes planned over it mark it touched (see
-/// `Pool::plan_write_in`), and the move is then dropped.
-#[derive(Debug)]
-pub(crate) struct MovingWindow {
-    pub vol: u32,
-    pub lba: u64,
-    pub len: u64,
-    pub touched: AtomicBool,
-}
-
-impl MovingWindow {
-    /// Note a write of [lba, lba+len) of `vol` planned while this window moves.
-    pub fn note_write(&self, vol: u32, lba: u64, len: u64) {
-        if vol == self.vol && lba < self.lba + self.len && self.lba < lba + len {
-            self.touched.store(true, Ordering::Relaxed);
-        }
-    }
-}
 
 /// What a compaction of one volume did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -53,6 +34,21 @@ pub struct RelayoutReport {
     pub blocks_moved: u64,
     /// Windows clients wrote to while they moved, or that found no room.
     pub windows_skipped: u64,
+}
+
+/// Where idle-time compaction goes on: the volume and block it looks at next.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RelayoutCursor {
+    pub vol: u32,
+    pub lba: u64,
+}
+
+/// What one bounded step of idle-time compaction did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RelayoutStep {
+    pub windows_moved: u64,
+    /// The cursor went past the last volume: a whole pass is done.
+    pub wrapped: bool,
 }
 
 /// How one window went.
@@ -91,6 +87,35 @@ impl Pool {
         self.flush()?;
         report.extents_after = extents(self)?;
         Ok(report)
+    }
+
+    /// Look at up to `windows` windows from `cursor` on (volumes by id),
+    /// moving the scattered ones, and advance the cursor: the background
+    /// compactor's step while clients are idle. Not flushed: the
+    /// committer commits the moves like writes.
+    pub fn relayout_step(&self, cursor: &mut RelayoutCursor, windows: usize) -> Result<RelayoutStep> {
+        self.check_writable()?;
+        let mut step = RelayoutStep::default();
+        for _ in 0..windows {
+            let next = {
+                let inner = self.read_inner();
+                let mut after = inner.state.volumes.range(cursor.vol..);
+                after.find(|(_, v)| v.id > cursor.vol || cursor.lba < v.size / BLOCK_SIZE).map(|(&id, v)| (id, v.size))
+            };
+            let Some((id, size)) = next else {
+                *cursor = RelayoutCursor::default();
+                step.wrapped = true;
+                break;
+            };
+            let lba = if id == cursor.vol { cursor.lba } else { 0 };
+            let len = WINDOW_BLOCKS.min(size / BLOCK_SIZE - lba);
+            self.make_room()?;
+            if len > 0 && matches!(self.relayout_window(id, lba, len)?, Window::Moved(_)) {
+                step.windows_moved += 1;
+            }
+            *cursor = RelayoutCursor { vol: id, lba: lba + len };
+        }
+        Ok(step)
     }
 
     /// Move one window if it is scattered: announce it, let writes planned
