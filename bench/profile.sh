@@ -5,7 +5,7 @@
 # bytes), so syscalls can be given per request. Not part of the tests.
 #
 #   bash bench/profile.sh TARGET WORKLOAD [OUTDIR]
-#   TARGET: tarn | tarn_nosum | nbdkit     WORKLOAD: sw1m | sr1m | rw4k (random
+#   TARGET: tarn | tarn_nosum | nbdkit     WORKLOAD: sw1m | sr1m (cold) | sr1mw (warm) | rw4k (random
 #   first writes, QD32; request counts below are then in 4 KiB units)
 # Env: TARN=target/release/tarn  PROF_SERVE_ARGS="--placement linear"  PROF_WARMUP=2  PROF_PERF_SECS=10  PROF_STRACE_SECS=4
 #      PROF_SIZE=2G  PROF_DIR=/var/tmp/tarn-prof
@@ -52,10 +52,10 @@ for _ in $(seq 1 100); do nbdinfo --size "$URI" >/dev/null 2>&1 && break; sleep 
 case $WL in
   sw1m) args=(--rw=write --bs=1M --iodepth=8) ;;
   rw4k) args=(--rw=randwrite --bs=4k --iodepth=32 --norandommap --randrepeat=0) ;;
-  sr1m) args=(--rw=read --bs=1M --iodepth=8)
+  sr1m|sr1mw) args=(--rw=read --bs=1M --iodepth=8)
         fio --name=prefill --ioengine=nbd --uri="$URI" --rw=write --bs=1M --iodepth=8 --size="$SIZE" \
           --output=/dev/null >/dev/null 2>&1
-        sync; echo 3 >/proc/sys/vm/drop_caches ;;
+        [ "$WL" = sr1m ] && { sync; echo 3 >/proc/sys/vm/drop_caches; } ;;
   *) echo "unknown workload $WL" >&2; exit 2 ;;
 esac
 RUN=$((${PROF_WARMUP:-2} + PERF_SECS + STRACE_SECS + 6))
@@ -72,7 +72,7 @@ read -r pr0 pw0 <<<"$(io)"; c0=$(cpu); x0=$(csw)
 perf record -g -o "$OUT/perf.data" -p "$SRV" -- sleep "$PERF_SECS" >/dev/null 2>&1
 read -r pr1 pw1 <<<"$(io)"; c1=$(cpu); x1=$(csw)
 UNIT=1048576; [ "$WL" = rw4k ] && UNIT=4096
-if [ "$WL" != sr1m ]; then preq=$(( (pw1 - pw0) / UNIT )); else preq=$(( (pr1 - pr0) / UNIT )); fi
+if [[ $WL != sr1m* ]]; then preq=$(( (pw1 - pw0) / UNIT )); else preq=$(( (pr1 - pr0) / UNIT )); fi
 tck=$(getconf CLK_TCK)
 { echo "perf window ${PERF_SECS}s: ~$preq 1 MiB requests ($((preq / PERF_SECS)) /s), server CPU $(( (c1 - c0) * 1000 / tck )) ms" \
     "= $(( preq > 0 ? (c1 - c0) * 1000000 / tck / preq : 0 )) us CPU per request, $(( preq > 0 ? (x1 - x0) / preq : 0 )) context switches per request"; } >>"$OUT/io.txt"
@@ -81,7 +81,7 @@ timeout -s INT "$STRACE_SECS" strace -c -f -p "$SRV" -o "$OUT/strace.txt" >/dev/
 read -r r1 w1 <<<"$(io)"
 # rchar/wchar count read/pread and write/pwrite bytes, not recv/sendmsg:
 # the payload's file I/O gives the number of 1 MiB requests
-if [ "$WL" != sr1m ]; then req=$(( (w1 - w0) / UNIT )); else req=$(( (r1 - r0) / UNIT )); fi
+if [[ $WL != sr1m* ]]; then req=$(( (w1 - w0) / UNIT )); else req=$(( (r1 - r0) / UNIT )); fi
 { echo "strace window ${STRACE_SECS}s: rchar +$((r1 - r0)) wchar +$((w1 - w0)) => ~$req 1 MiB requests"
   echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"; } >>"$OUT/io.txt"
 wait "$FIO" || true; FIO=
