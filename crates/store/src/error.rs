@@ -13,6 +13,11 @@ pub enum StoreError {
     Corrupt { pba: Pba, tree: u64, level: u8, device: String, source: FormatError },
     #[error("store node {pba} of tree {tree:#x}: {what}")]
     Invalid { pba: Pba, tree: u64, what: String },
+    /// The counts a checkpoint recorded beside a map's root disagree with
+    /// its entries (a damaged or forged catalog): found when a change
+    /// would take them below zero or past `u64`.
+    #[error("the counts of map tree {tree:#x} disagree with its entries ({what})")]
+    Counts { tree: u64, what: &'static str },
     #[error("no space left for store nodes")]
     NoSpace,
     /// Only inside [`crate::without_io`]: the node is not cached; load it

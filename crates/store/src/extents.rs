@@ -3,7 +3,7 @@
 //! that continues its left or right neighbour logically and physically, in
 //! the same epoch, merges with it, so a sequential fill is a few entries.
 
-use crate::error::Result;
+use crate::error::{Result, StoreError};
 use crate::tree::{RootRef, Tree};
 use crate::Store;
 use tarn_format::node::ExtentValue;
@@ -72,21 +72,25 @@ impl ExtentTree {
         Ok(ExtentTree { tree: Tree::open(id, root)?, counts })
     }
 
-    fn count(&mut self, e: Extent, add: bool) {
+    /// Follow an extent added or removed in the counts; counts from disk
+    /// that a change would take out of range are an error, never a panic.
+    fn count(&mut self, e: Extent, add: bool) -> Result<()> {
         let origin = if e.pba.is_origin() { e.len } else { 0 };
         let c = &mut self.counts;
-        if add {
-            c.mapped_blocks += e.len;
-            c.origin_blocks += origin;
-        } else {
-            c.mapped_blocks -= e.len;
-            c.origin_blocks -= origin;
+        let step = |n: u64, by: u64| if add { n.checked_add(by) } else { n.checked_sub(by) };
+        let bad = |what| StoreError::Counts { tree: self.tree.id, what };
+        c.mapped_blocks = step(c.mapped_blocks, e.len).ok_or_else(|| bad("mapped blocks"))?;
+        c.origin_blocks = step(c.origin_blocks, origin).ok_or_else(|| bad("origin blocks"))?;
+        if c.origin_blocks > c.mapped_blocks {
+            return Err(bad("more origin blocks than mapped ones"));
         }
+        Ok(())
     }
 
     fn put(&mut self, store: &Store, lba: u64, e: Extent, sup: &mut Vec<Pba>) -> Result<()> {
         if self.tree.insert(store, lba, value(e), sup)?.is_none() {
-            self.counts.extents += 1;
+            let more = self.counts.extents.checked_add(1);
+            self.counts.extents = more.ok_or(StoreError::Counts { tree: self.tree.id, what: "extents" })?;
         }
         Ok(())
     }
@@ -94,7 +98,8 @@ impl ExtentTree {
     /// Remove the entry at `lba`, which the caller just found.
     fn take(&mut self, store: &Store, lba: u64, sup: &mut Vec<Pba>) -> Result<()> {
         if self.tree.remove_present(store, lba, sup)?.is_some() {
-            self.counts.extents -= 1;
+            let fewer = self.counts.extents.checked_sub(1);
+            self.counts.extents = fewer.ok_or(StoreError::Counts { tree: self.tree.id, what: "extents" })?;
         }
         Ok(())
     }
@@ -168,7 +173,7 @@ impl ExtentTree {
                 self.put(store, t, Extent { len: k + e.len - t, pba: e.pba.offset_by(t - k), birth: e.birth }, sup)?;
             }
             let piece = Extent { len: t - s, pba: e.pba.offset_by(s - k), birth: e.birth };
-            self.count(piece, false);
+            self.count(piece, false)?;
             killed.push((s, piece));
         }
         Ok(killed)
@@ -213,11 +218,11 @@ impl ExtentTree {
                 self.put(store, t, Extent { len: e_end - t, pba: e.pba.offset_by(t - k), birth: e.birth }, sup)?;
             }
             let piece = Extent { len: t - s, pba: e.pba.offset_by(s - k), birth: e.birth };
-            self.count(piece, false);
+            self.count(piece, false)?;
             killed.push((s, piece));
         }
         self.put(store, start, ext, sup)?;
-        self.count(new, true);
+        self.count(new, true)?;
         Ok(killed)
     }
 }

@@ -72,3 +72,19 @@ fn sequential_fill_is_one_entry() {
     assert_eq!(map.counts.extents, 1);
     assert_eq!(map.counts.mapped_blocks, 8000);
 }
+
+/// Bug guarded (found by fuzzing engine_open): counts read from a damaged
+/// catalog that disagree with the map's entries made the next removal
+/// underflow them (a panic in debug builds, garbage in release); it must be
+/// a typed error.
+#[test]
+fn counts_that_disagree_with_the_entries_are_an_error() {
+    let store = Store::new(Arc::new(MemIo::default()), MIN_CACHE_BYTES).unwrap();
+    let mut map = ExtentTree::new(3);
+    let mut sup = Vec::new();
+    map.insert(&store, 10, Extent { len: 8, pba: Pba::new(0, 500), birth: 1 }, &mut sup).unwrap();
+    assert_eq!((map.counts.mapped_blocks, map.counts.extents), (8, 1));
+    map.counts.mapped_blocks = 2;
+    let err = map.remove(&store, 10, 8, &mut sup).unwrap_err();
+    assert!(matches!(err, tarn_store::StoreError::Counts { tree: 3, .. }), "{err}");
+}

@@ -25,14 +25,19 @@ impl DeviceNodeIo {
     /// error, never a panic, a write past the end, or a mirror leg faulted
     /// for a read it should not have been asked.
     fn locate(&self, pba: Pba, len: usize) -> io::Result<(&dyn Device, u64)> {
-        if len != NODE_SIZE {
+        self.locate_run(pba, len, 1)
+    }
+
+    /// `locate` for a run of up to `max_nodes` consecutive nodes.
+    fn locate_run(&self, pba: Pba, len: usize, max_nodes: usize) -> io::Result<(&dyn Device, u64)> {
+        if len == 0 || !len.is_multiple_of(NODE_SIZE) || len / NODE_SIZE > max_nodes {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{len}-byte buffer for store node {pba}")));
         }
         let dev = self.devices.get(usize::from(pba.device())).ok_or_else(|| {
             io::Error::new(io::ErrorKind::NotFound, format!("store node {pba} on unknown device {}", pba.device()))
         })?;
         let offset = pba.byte_offset();
-        if offset.checked_add(NODE_SIZE as u64).is_none_or(|end| end > dev.size()) {
+        if offset.checked_add(len as u64).is_none_or(|end| end > dev.size()) {
             let msg = format!("store node {pba} beyond the end of {} ({} bytes)", dev.name(), dev.size());
             return Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
         }
@@ -47,15 +52,16 @@ impl NodeIo for DeviceNodeIo {
         self.read_node_copy(pba, 0, buf)
     }
 
-    /// Every leg (the device's own fan-out).
+    /// Every leg (the device's own fan-out), past the host's cache.
     fn write_node(&self, pba: Pba, data: &[u8]) -> io::Result<()> {
         let (dev, offset) = self.locate(pba, data.len())?;
-        dev.write_at(data, offset)
+        dev.write_uncached(data, offset)
     }
 
-    /// One device write for the whole run (`locate` checks it all).
+    /// One device write for the whole run (`locate_run` checks it all).
     fn write_nodes(&self, first: Pba, data: &[u8]) -> io::Result<()> {
-        self.write_node(first, data)
+        let (dev, offset) = self.locate_run(first, data.len(), usize::MAX)?;
+        dev.write_uncached(data, offset)
     }
 
     fn device_name(&self, pba: Pba) -> String {
@@ -131,6 +137,23 @@ mod tests {
         assert_eq!(buf, vec![2; NODE_SIZE]);
         assert!(io.read_node_copy(pba, 2, &mut buf).is_err());
         assert!(io.write_node_copy(Pba::new(0, 3), 1, &buf).is_err(), "an unmirrored device has one copy");
+    }
+
+    /// Bug guarded: a run of nodes was refused as "not a node-sized
+    /// buffer" and every checkpoint silently fell back to one write per node.
+    #[test]
+    fn a_run_of_nodes_is_one_write_checked_whole() {
+        let (a, b) = (mem(1), mem(2));
+        let io = node_io(&a, &b);
+        let run: Vec<u8> = (0..3u8).flat_map(|i| [i + 1; NODE_SIZE]).collect();
+        io.write_nodes(Pba::new(1, 10), &run).unwrap();
+        for i in 0..3u8 {
+            assert_eq!(b.block(1, 10 + u64::from(i)), vec![i + 1; NODE_SIZE], "node {i} of the run, every copy");
+        }
+        let last = SIZE as u64 / NODE_SIZE as u64;
+        assert!(io.write_nodes(Pba::new(0, last - 2), &run).is_err(), "a run past the end");
+        assert!(io.write_nodes(Pba::new(0, 0), &run[..NODE_SIZE + 1]).is_err(), "not whole nodes");
+        assert!(io.write_node(Pba::new(0, 0), &run).is_err(), "write_node takes one node");
     }
 
     #[test]

@@ -151,8 +151,11 @@ impl Pool {
             }
         }
         let mut inner = self.write_inner();
+        // Unchanged by writes, trims and resizes, and still the head's
+        // alone (a snapshot taken meanwhile shares it now).
         let unchanged = !moving.touched.load(Ordering::Relaxed)
-            && window_segments(&inner, id, lba, len)?.is_some_and(|now| now == segs);
+            && window_segments(&inner, id, lba, len)?.is_some_and(|now| now == segs)
+            && inner.state.volume(id).is_some_and(|v| scattered_and_owned(v, &segs));
         if !unchanged {
             drop(inner);
             self.give_back_unmapped(&fresh);
