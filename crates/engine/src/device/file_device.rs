@@ -9,17 +9,10 @@ use std::path::{Path, PathBuf};
 
 pub struct FileDevice {
     file: File,
-    /// The same file opened O_DIRECT, for `write_uncached` (None: the file
-    /// system refused O_DIRECT, e.g. tmpfs; writes then go through the cache).
-    direct: Option<File>,
     path: PathBuf,
     size: u64,
     is_block: bool,
 }
-
-/// Alignment of O_DIRECT buffers, offsets and lengths (a 4 KiB-sector
-/// device's, which also serves 512-byte ones).
-const DIRECT_ALIGN: usize = 4096;
 
 const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
 const BLKDISCARD: libc::c_ulong = 0x1277;
@@ -31,45 +24,19 @@ impl FileDevice {
         let meta = file.metadata()?;
         let is_block = meta.file_type().is_block_device();
         let size = if is_block { block_device_size(&file)? } else { meta.len() };
-        let direct = if writable { open_direct(path) } else { None };
-        Ok(FileDevice { file, direct, path: path.to_path_buf(), size, is_block })
+        Ok(FileDevice { file, path: path.to_path_buf(), size, is_block })
     }
 
     /// Create a sparse regular file of `size` bytes (it must not exist).
     pub fn create_file(path: &Path, size: u64) -> io::Result<FileDevice> {
         let file = OpenOptions::new().read(true).write(true).create_new(true).open(path)?;
         file.set_len(size)?;
-        Ok(FileDevice { file, direct: open_direct(path), path: path.to_path_buf(), size, is_block: false })
+        Ok(FileDevice { file, path: path.to_path_buf(), size, is_block: false })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
     }
-}
-
-fn open_direct(path: &Path) -> Option<File> {
-    let opened = OpenOptions::new().write(true).custom_flags(libc::O_CLOEXEC | libc::O_DIRECT).open(path);
-    match opened {
-        Ok(f) => Some(f),
-        Err(e) => {
-            log::info!("{}: no O_DIRECT ({e}): metadata nodes go through the page cache", path.display());
-            None
-        }
-    }
-}
-
-/// Write `data` at `offset` with O_DIRECT from an aligned copy; Ok(false)
-/// if the request is not aligned (the caller writes it buffered).
-fn write_direct(file: &File, data: &[u8], offset: u64) -> io::Result<bool> {
-    if !data.len().is_multiple_of(DIRECT_ALIGN) || !offset.is_multiple_of(DIRECT_ALIGN as u64) {
-        return Ok(false);
-    }
-    let mut room = vec![0u8; data.len() + DIRECT_ALIGN];
-    let skip = room.as_ptr().align_offset(DIRECT_ALIGN);
-    let aligned = &mut room[skip..skip + data.len()];
-    aligned.copy_from_slice(data);
-    file.write_all_at(aligned, offset)?;
-    Ok(true)
 }
 
 fn block_device_size(file: &File) -> io::Result<u64> {
@@ -89,16 +56,6 @@ impl Device for FileDevice {
 
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
         self.file.write_all_at(data, offset)
-    }
-
-    /// O_DIRECT when the file system takes it: the pages never become
-    /// dirty in the page cache, so `flush` (a FLUSH's fdatasync) does not
-    /// write them back; the device's own cache is still flushed by it.
-    fn write_uncached(&self, data: &[u8], offset: u64) -> io::Result<()> {
-        match &self.direct {
-            Some(direct) if write_direct(direct, data, offset)? => Ok(()),
-            _ => self.write_at(data, offset),
-        }
     }
 
     fn flush(&self) -> io::Result<()> {
@@ -129,32 +86,5 @@ impl Device for FileDevice {
 
     fn name(&self) -> String {
         self.path.display().to_string()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A node run written past the page cache reads back through it
-    /// (the kernel keeps the two coherent), over stale cached pages too;
-    /// an unaligned request still lands (buffered).
-    #[test]
-    fn uncached_writes_read_back_through_the_cache() {
-        let dir = std::env::temp_dir().join(format!("tarn-filedev-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("dev.img");
-        let _ = std::fs::remove_file(&path);
-        let dev = FileDevice::create_file(&path, 1 << 20).unwrap();
-        let mut back = vec![0u8; 3 * DIRECT_ALIGN];
-        dev.write_at(&vec![1u8; back.len()], 8192).unwrap();
-        dev.read_at(&mut back, 8192).unwrap();
-        dev.write_uncached(&vec![2u8; back.len()], 8192).unwrap();
-        dev.read_at(&mut back, 8192).unwrap();
-        assert!(back.iter().all(|&b| b == 2), "a stale cached page was read");
-        dev.write_uncached(&[3u8; 100], 8193).unwrap();
-        dev.read_at(&mut back[..102], 8192).unwrap();
-        assert_eq!((back[0], back[1], back[100], back[101]), (2, 3, 3, 2));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

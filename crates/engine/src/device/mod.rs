@@ -23,13 +23,6 @@ pub trait Device: Send + Sync {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     /// Write all of `data` at `offset`.
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()>;
-    /// Write all of `data` at `offset`, past any cache of the host's that a
-    /// later `flush` would have to write back (the metadata store's node
-    /// runs, written by the checkpointer: a FLUSH's `flush` then does not
-    /// write them). Same durability contract as `write_at`.
-    fn write_uncached(&self, data: &[u8], offset: u64) -> io::Result<()> {
-        self.write_at(data, offset)
-    }
     /// Make every write that returned before this call durable.
     fn flush(&self) -> io::Result<()>;
     /// Tell the device a range no longer holds data (a hint; may do nothing).

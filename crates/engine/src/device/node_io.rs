@@ -52,16 +52,16 @@ impl NodeIo for DeviceNodeIo {
         self.read_node_copy(pba, 0, buf)
     }
 
-    /// Every leg (the device's own fan-out), past the host's cache.
+    /// Every leg (the device's own fan-out).
     fn write_node(&self, pba: Pba, data: &[u8]) -> io::Result<()> {
         let (dev, offset) = self.locate(pba, data.len())?;
-        dev.write_uncached(data, offset)
+        dev.write_at(data, offset)
     }
 
     /// One device write for the whole run (`locate_run` checks it all).
     fn write_nodes(&self, first: Pba, data: &[u8]) -> io::Result<()> {
         let (dev, offset) = self.locate_run(first, data.len(), usize::MAX)?;
-        dev.write_uncached(data, offset)
+        dev.write_at(data, offset)
     }
 
     fn device_name(&self, pba: Pba) -> String {

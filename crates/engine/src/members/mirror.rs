@@ -277,10 +277,6 @@ impl Device for MirrorDevice {
         self.fan_out("write", |d| d.write_at(data, offset))
     }
 
-    fn write_uncached(&self, data: &[u8], offset: u64) -> io::Result<()> {
-        self.fan_out("write", |d| d.write_uncached(data, offset))
-    }
-
     fn flush(&self) -> io::Result<()> {
         self.fan_out("flush", |d| d.flush())
     }
