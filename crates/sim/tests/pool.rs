@@ -26,22 +26,29 @@ fn reopen(sims: &[Arc<SimDevice>]) -> Result<Pool, EngineError> {
     Pool::open(sims.iter().map(|d| d.clone() as Arc<dyn Device>).collect(), OpenOptions::default())
 }
 
+/// Write `chunk`-byte pieces of a 64 MiB volume `v` from its start until
+/// the (smaller) pool is full; returns the bytes written, ENOSPC checked.
+fn fill_until_full(pool: &Pool, v: u32, chunk: usize) -> u64 {
+    let data = vec![0x5au8; chunk];
+    let mut written = 0u64;
+    let err = loop {
+        match pool.write(v, written, &data, false) {
+            Ok(()) => written += chunk as u64,
+            Err(e) => break e,
+        }
+        assert!(written < 64 * MIB, "the pool accepted 64 MiB");
+    };
+    assert!(matches!(err, EngineError::NoSpace), "got {err}");
+    written
+}
+
 /// Bug guarded: a full pool must fail only writes to holes, keep
 /// allocated ranges writable, and let TRIM give space back.
 #[test]
 fn full_pool_fails_only_holes_and_trim_recovers() {
     let (_sims, pool) = new_pool(1, 8 * MIB);
     let v = pool.create_volume("big", 64 * MIB).unwrap().id;
-    let chunk = vec![0x5au8; 256 << 10];
-    let mut written = 0u64;
-    let err = loop {
-        match pool.write(v, written, &chunk, false) {
-            Ok(()) => written += chunk.len() as u64,
-            Err(e) => break e,
-        }
-        assert!(written < 64 * MIB, "8 MiB pool accepted 64 MiB");
-    };
-    assert!(matches!(err, EngineError::NoSpace), "got {err}");
+    let written = fill_until_full(&pool, v, 256 << 10);
     // Allocated space stays writable at 100% full.
     pool.write(v, 0, &vec![0x77u8; 4096], false).unwrap();
     pool.flush().unwrap();
@@ -198,16 +205,7 @@ fn sequential_overwrite_on_a_full_pool_goes_in_place() {
     write_scattered(&pool, scat, 512).unwrap();
     // Another volume takes every block left.
     let fill = pool.create_volume("fill", 64 * MIB).unwrap().id;
-    let chunk = vec![0x5au8; 64 << 10];
-    let mut at = 0;
-    let err = loop {
-        match pool.write(fill, at, &chunk, false) {
-            Ok(()) => at += chunk.len() as u64,
-            Err(e) => break e,
-        }
-        assert!(at < 64 * MIB, "8 MiB pool accepted 64 MiB");
-    };
-    assert!(matches!(err, EngineError::NoSpace), "got {err}");
+    fill_until_full(&pool, fill, 64 << 10);
     pool.flush().unwrap();
     pool.write(scat, 0, &vec![0xee; MIB as usize], false).unwrap();
     pool.flush().unwrap();

@@ -606,7 +606,6 @@ pub(crate) fn release_unmapped(space: &mut crate::space::Space, fresh: &[NewPiec
 /// Per logical region (index), where its data lies.
 pub(crate) type NearRegions = Vec<(u64, Near)>;
 
-/// The holes of `segs`, cut at region boundaries.
 /// Whether a write of `n` blocks over `segs` should re-lay them out: it is
 /// long enough to be sequential, and the data it replaces lies in short
 /// physical runs (or beside holes its new blocks would go apart from), so
@@ -641,6 +640,7 @@ pub(crate) fn physical_runs(segs: &[Segment]) -> (u64, u64) {
     (runs, mapped)
 }
 
+/// The holes of `segs`, cut at region boundaries.
 fn holes_by_region(segs: &[Segment]) -> impl Iterator<Item = (u64, u64)> + '_ {
     segs.iter().flat_map(|seg| {
         let (mut at, end) = match *seg {

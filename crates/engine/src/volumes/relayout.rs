@@ -191,6 +191,8 @@ fn window_segments(inner: &Inner, id: u32, lba: u64, len: u64) -> Result<Option<
     }
 }
 
+/// Whether the window's mapped blocks lie in two or more physical runs
+/// averaging under [`RELAYOUT_RUN_BLOCKS`], and the head owns every one.
 fn scattered_and_owned(v: &Volume, segs: &[Segment]) -> bool {
     let (runs, mapped) = physical_runs(segs);
     let owned = segs.iter().all(|s| match *s {
