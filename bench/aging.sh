@@ -54,6 +54,7 @@
 #   TARN=target/release/tarn  (copied into BENCH_DIR at start)
 set -euo pipefail
 BENCH=$(cd "$(dirname "$0")" && pwd)
+. "$BENCH/common.sh"
 REPO=$(cd "$BENCH/.." && pwd)
 TARN_SRC=${TARN:-$REPO/target/release/tarn}
 DURATION=${DURATION:-600}
@@ -102,12 +103,7 @@ MON_PID=
 cleanup() {
   set +e
   [ -n "$MON_PID" ] && kill "$MON_PID" 2>/dev/null
-  for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && kill -TERM "$p"; done
-  for p in "${PIDS[@]}"; do
-    for _ in $(seq 1 1200); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$p" 2>/dev/null && kill -KILL "$p"
-    wait "$p" 2>/dev/null
-  done
+  stop_pids 120 "${PIDS[@]}"
   rm -rf "$DIR"
 }
 trap cleanup EXIT

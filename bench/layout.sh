@@ -24,6 +24,7 @@
 # Output: bench/results/<date>-layout.txt; raw fio JSON in bench/results/raw/<date>-layout/.
 set -euo pipefail
 BENCH=$(cd "$(dirname "$0")" && pwd)
+. "$BENCH/common.sh"
 REPO=$(cd "$BENCH/.." && pwd)
 TARN=${TARN:-$REPO/target/release/tarn}
 SIZE=${SIZE:-4G}
@@ -51,8 +52,7 @@ SRV_PID=
 TGT_DIR=
 cleanup() {
   set +e
-  for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && kill -TERM "$p"; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+  stop_pids 60 "${PIDS[@]}"
   rm -rf "$DIR"/t.*
 }
 trap cleanup EXIT

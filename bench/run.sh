@@ -19,6 +19,7 @@
 # fio JSON goes to bench/results/raw/<date>/ (gitignored).
 set -euo pipefail
 BENCH=$(cd "$(dirname "$0")" && pwd)
+. "$BENCH/common.sh"
 REPO=$(cd "$BENCH/.." && pwd)
 TARN=${TARN:-$REPO/target/release/tarn}
 RUNTIME=${BENCH_RUNTIME:-20}
@@ -52,12 +53,7 @@ PIDS=()
 SRV_PID=
 cleanup() {
   set +e
-  for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && kill -TERM "$p"; done
-  for p in "${PIDS[@]}"; do
-    for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$p" 2>/dev/null && kill -KILL "$p"
-    wait "$p" 2>/dev/null
-  done
+  stop_pids 10 "${PIDS[@]}"
   rm -rf "$DIR"/t.*
 }
 trap cleanup EXIT

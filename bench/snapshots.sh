@@ -55,6 +55,7 @@
 # fio JSON and logs in bench/results/raw/<date>-snapshots/ (gitignored).
 set -euo pipefail
 BENCH=$(cd "$(dirname "$0")" && pwd)
+. "$BENCH/common.sh"
 REPO=$(cd "$BENCH/.." && pwd)
 TARN_SRC=${TARN:-$REPO/target/release/tarn}
 RUNTIME=${BENCH_RUNTIME:-20}
@@ -105,12 +106,7 @@ SRV_PID=
 BG_PID=
 cleanup() {
   set +e
-  for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && kill -TERM "$p"; done
-  for p in "${PIDS[@]}"; do
-    for _ in $(seq 1 300); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$p" 2>/dev/null && kill -KILL "$p"
-    wait "$p" 2>/dev/null
-  done
+  stop_pids 30 "${PIDS[@]}"
   rm -rf "$DIR"/t.* "$DIR"/tarn-snapshot-cost-*.img
 }
 trap cleanup EXIT

@@ -26,6 +26,12 @@ fn reopen(sims: &[Arc<SimDevice>]) -> Result<Pool, EngineError> {
     Pool::open(sims.iter().map(|d| d.clone() as Arc<dyn Device>).collect(), OpenOptions::default())
 }
 
+/// `pool check` finds nothing wrong.
+fn assert_clean(pool: &Pool) {
+    let report = pool.check();
+    assert!(report.is_clean(), "{:?}", report.problems);
+}
+
 /// Write `chunk`-byte pieces of a 64 MiB volume `v` from its start until
 /// the (smaller) pool is full; returns the bytes written, ENOSPC checked.
 fn fill_until_full(pool: &Pool, v: u32, chunk: usize) -> u64 {
@@ -57,8 +63,7 @@ fn full_pool_fails_only_holes_and_trim_recovers() {
     pool.trim(v, 0, MIB).unwrap();
     pool.flush().unwrap();
     pool.write(v, written, &vec![1u8; 4096], false).unwrap();
-    let report = pool.check();
-    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_clean(&pool);
     let mut back = vec![0u8; 4096];
     pool.read(v, 0, &mut back).unwrap();
     assert!(back.iter().all(|b| *b == 0), "trimmed range must read zeros");
@@ -170,6 +175,14 @@ fn write_scattered(pool: &Pool, v: u32, blocks: u64) -> Result<(), EngineError> 
     Ok(())
 }
 
+/// Blocks `from..` of `back` (read from the volume's start) still hold
+/// what `write_scattered` wrote.
+fn assert_scattered_fill(back: &[u8], from: usize) {
+    for (b, block) in back.chunks(4096).enumerate().skip(from) {
+        assert!(block.iter().all(|&x| x == b as u8), "block {b} lost its data");
+    }
+}
+
 /// Bug guarded: a volume first written at random kept that layout for life,
 /// a sequential overwrite included; it must leave the range in a few long
 /// physical runs, with the right data, and nothing leaked.
@@ -192,8 +205,7 @@ fn sequential_overwrite_re_lays_out_scattered_data() {
         pool.read(v, i * MIB, &mut back).unwrap();
         assert!(back.iter().all(|&b| b == 0xc0 | i as u8), "MiB {i} reads wrong data");
     }
-    let report = pool.check();
-    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_clean(&pool);
 }
 
 /// Bug guarded: re-laying out needs a second copy's room; on a full pool a
@@ -212,11 +224,8 @@ fn sequential_overwrite_on_a_full_pool_goes_in_place() {
     let mut back = vec![0u8; 2 * MIB as usize];
     pool.read(scat, 0, &mut back).unwrap();
     assert!(back[..MIB as usize].iter().all(|&b| b == 0xee), "the overwrite did not land");
-    for (b, block) in back.chunks(4096).enumerate().skip(256) {
-        assert!(block.iter().all(|&x| x == b as u8), "block {b} lost its data");
-    }
-    let report = pool.check();
-    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_scattered_fill(&back, 256);
+    assert_clean(&pool);
 }
 
 /// Bug guarded: a volume first written at random stayed scattered until
@@ -235,17 +244,14 @@ fn compaction_re_lays_out_owned_data_and_keeps_shared_data() {
     assert_eq!(pool.status().used, used, "compaction changed the space in use");
     let mut back = vec![0u8; 8 * MIB as usize];
     pool.read(v, 0, &mut back).unwrap();
-    for (b, block) in back.chunks(4096).enumerate() {
-        assert!(block.iter().all(|&x| x == b as u8), "block {b} changed");
-    }
+    assert_scattered_fill(&back, 0);
     // Scattered again, then shared with a snapshot: nothing may move.
     let w = pool.create_volume("shared", 4 * MIB).unwrap().id;
     write_scattered(&pool, w, 1024).unwrap();
     pool.create_snapshot("shared", "s").unwrap();
     let r = pool.relayout("shared", &mut |_, _| {}).unwrap();
     assert_eq!((r.windows_moved, r.extents_after), (0, r.extents_before), "{r:?}");
-    let report = pool.check();
-    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_clean(&pool);
 }
 
 /// Bug guarded: a client write landing in place between compaction's copy
@@ -289,8 +295,7 @@ fn compaction_never_loses_a_racing_write() {
     for (b, block) in back.chunks(4096).enumerate() {
         assert!(block.iter().all(|&x| x == last[b]), "block {b} lost its last write ({skipped} windows skipped)");
     }
-    let report = pool.check();
-    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_clean(&pool);
 }
 
 /// Out-of-range and oversized requests are errors, not panics.
