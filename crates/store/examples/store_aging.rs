@@ -5,7 +5,7 @@
 //! pwrite + fdatasync. Prints inserts/s, checkpoint times, node bytes
 //! written, resident memory, tree size, cold reopen + lookup rates.
 //!
-//! cargo run --release -p tarn-store --example store_aging -- FILE [N] [V] [CACHE_MIB] [DIRTY_NODES]
+//! cargo run --release -p tarn-store --example store_aging -- FILE [N] [V] [CACHE_MIB] [BUFFERED_CHANGES]
 
 use std::fs::OpenOptions;
 use std::sync::atomic::Ordering;
@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tarn_format::Pba;
 use tarn_store::extents::Extent;
-use tarn_store::{ExtentTree, FileIo, NodeAlloc, RootRef, Store, Written};
+use tarn_store::{ExtentTree, FileIo, NodeAlloc, RootRef, Store};
 
 /// Node blocks: a free list (reused) then a bump pointer.
 struct Alloc {
@@ -46,15 +46,14 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 }
 
 fn main() {
-    let path = std::env::args().nth(1).expect("usage: store_aging FILE [N] [V] [CACHE_MIB] [DIRTY_NODES]");
+    let path = std::env::args().nth(1).expect("usage: store_aging FILE [N] [V] [CACHE_MIB] [BUFFERED_CHANGES]");
     let (n, vol_blocks) = (arg(2, 2_000_000), arg(3, 16 << 20));
     let (cache_mib, dirty_max) = (arg(4, 256), arg(5, 4096));
     let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).expect("open");
     let io = Arc::new(FileIo::new(file));
     let store = Store::new(io.clone(), (cache_mib << 20) as usize).expect("store");
-    let mut map = ExtentTree::new(1);
+    let mut map = ExtentTree::new(&store, 1);
     let mut alloc = Alloc { next: 16, free: Vec::new() };
-    let (mut sup, mut pending_left): (Vec<Pba>, Vec<Pba>) = (Vec::new(), Vec::new());
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut ckpt_ms = Vec::new();
     let mut root = RootRef::EMPTY;
@@ -66,17 +65,15 @@ fn main() {
         x ^= x << 17;
         let lba = x % vol_blocks;
         let e = Extent { len: 1, pba: Pba::new(1, 1 + i), birth: 1 };
-        map.insert(&store, lba, e, &mut sup).expect("insert");
-        if store.dirty_nodes() >= dirty_max || i + 1 == n {
+        map.insert(&store, lba, e).expect("insert");
+        if store.buffered_changes() >= dirty_max || i + 1 == n {
             let t = Instant::now();
-            let frozen = map.tree.freeze();
-            let pending = std::mem::take(&mut sup);
-            let mut written = Written::default();
-            root = frozen.write(&store, &mut alloc, i, &mut written).expect("write");
+            let frozen = map.freeze();
+            let merged = frozen.write(&store, &mut alloc, i).expect("write");
             io.file.sync_data().expect("fdatasync");
-            let left = map.tree.adopt(&store, frozen, &mut written);
-            written.take_fills().apply(&store);
-            for pba in pending.into_iter().chain(std::mem::replace(&mut pending_left, left)) {
+            assert!(map.tree.adopt(&frozen, &merged));
+            root = merged.root;
+            for pba in merged.superseded {
                 store.forget(pba);
                 alloc.free.push(pba);
             }
@@ -105,7 +102,7 @@ fn main() {
     );
     println!("metadata on disk vs data written (4 KiB each): {:.3}%", used_blocks as f64 * 100.0 / n as f64);
     println!(
-        "checkpoints {} (dirty bound {dirty_max}): median {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        "checkpoints {} (buffered changes bound {dirty_max}): median {:.1} ms, p99 {:.1} ms, max {:.1} ms",
         ckpt_ms.len(),
         pct(&mut ckpt_ms, 0.5),
         pct(&mut ckpt_ms, 0.99),
@@ -123,7 +120,7 @@ fn main() {
     drop(store);
     let t = Instant::now();
     let cold = Store::new(io.clone(), (cache_mib << 20) as usize).expect("store");
-    let reopened = ExtentTree::open(1, root, Default::default()).expect("open");
+    let reopened = ExtentTree::open(&cold, 1, root, Default::default()).expect("open");
     reopened.lookup(&cold, 12345, 1, 4).expect("lookup");
     println!("cold open + first lookup {:.2} ms", t.elapsed().as_secs_f64() * 1e3);
     let t = Instant::now();

@@ -3,8 +3,9 @@
 //! that continues its left or right neighbour logically and physically, in
 //! the same epoch, merges with it, so a sequential fill is a few entries.
 
+use crate::buffer::{Buffered, FrozenChanges};
 use crate::error::{Result, StoreError};
-use crate::tree::{RootRef, Tree};
+use crate::tree::RootRef;
 use crate::Store;
 use tarn_format::node::ExtentValue;
 use tarn_format::Pba;
@@ -58,18 +59,30 @@ pub struct MapCounts {
     pub extents: u64,
 }
 
+/// The map's changes wait in a buffer until a checkpoint merges them
+/// (`buffer.rs`): a random 4 KiB write costs a buffered change, not a
+/// dirty leaf.
 pub struct ExtentTree {
-    pub tree: Tree<ExtentValue>,
+    pub tree: Buffered<ExtentValue>,
     pub counts: MapCounts,
 }
 
 impl ExtentTree {
-    pub fn new(id: u64) -> ExtentTree {
-        ExtentTree { tree: Tree::new(id), counts: MapCounts::default() }
+    pub fn new(store: &Store, id: u64) -> ExtentTree {
+        ExtentTree { tree: Buffered::new(store, id), counts: MapCounts::default() }
     }
 
-    pub fn open(id: u64, root: RootRef, counts: MapCounts) -> Result<ExtentTree> {
-        Ok(ExtentTree { tree: Tree::open(id, root)?, counts })
+    pub fn open(store: &Store, id: u64, root: RootRef, counts: MapCounts) -> Result<ExtentTree> {
+        Ok(ExtentTree { tree: Buffered::open(store, id, root)?, counts })
+    }
+
+    pub fn id(&self) -> u64 {
+        self.tree.id()
+    }
+
+    /// The map as it is now, for a checkpoint (O(1)).
+    pub fn freeze(&mut self) -> FrozenChanges<ExtentValue> {
+        self.tree.freeze()
     }
 
     /// Follow an extent added or removed in the counts; counts from disk
@@ -78,7 +91,7 @@ impl ExtentTree {
         let origin = if e.pba.is_origin() { e.len } else { 0 };
         let c = &mut self.counts;
         let step = |n: u64, by: u64| if add { n.checked_add(by) } else { n.checked_sub(by) };
-        let bad = |what| StoreError::Counts { tree: self.tree.id, what };
+        let bad = |what| StoreError::Counts { tree: self.tree.id(), what };
         c.mapped_blocks = step(c.mapped_blocks, e.len).ok_or_else(|| bad("mapped blocks"))?;
         c.origin_blocks = step(c.origin_blocks, origin).ok_or_else(|| bad("origin blocks"))?;
         if c.origin_blocks > c.mapped_blocks {
@@ -87,19 +100,19 @@ impl ExtentTree {
         Ok(())
     }
 
-    fn put(&mut self, store: &Store, lba: u64, e: Extent, sup: &mut Vec<Pba>) -> Result<()> {
-        if self.tree.insert(store, lba, value(e), sup)?.is_none() {
+    fn put(&mut self, store: &Store, lba: u64, e: Extent) -> Result<()> {
+        if self.tree.insert(store, lba, value(e))?.is_none() {
             let more = self.counts.extents.checked_add(1);
-            self.counts.extents = more.ok_or(StoreError::Counts { tree: self.tree.id, what: "extents" })?;
+            self.counts.extents = more.ok_or(StoreError::Counts { tree: self.tree.id(), what: "extents" })?;
         }
         Ok(())
     }
 
     /// Remove the entry at `lba`, which the caller just found.
-    fn take(&mut self, store: &Store, lba: u64, sup: &mut Vec<Pba>) -> Result<()> {
-        if self.tree.remove_present(store, lba, sup)?.is_some() {
+    fn take(&mut self, store: &Store, lba: u64) -> Result<()> {
+        if self.tree.remove_present(store, lba)?.is_some() {
             let fewer = self.counts.extents.checked_sub(1);
-            self.counts.extents = fewer.ok_or(StoreError::Counts { tree: self.tree.id, what: "extents" })?;
+            self.counts.extents = fewer.ok_or(StoreError::Counts { tree: self.tree.id(), what: "extents" })?;
         }
         Ok(())
     }
@@ -160,17 +173,17 @@ impl ExtentTree {
     }
 
     /// Make `[lba, lba+len)` a hole; returns the pieces removed.
-    pub fn remove(&mut self, store: &Store, lba: u64, len: u64, sup: &mut Vec<Pba>) -> Result<Killed> {
+    pub fn remove(&mut self, store: &Store, lba: u64, len: u64) -> Result<Killed> {
         let end = lba + len;
         let mut killed = Vec::new();
         for (k, e) in self.overlapping(store, lba, len)? {
             let (s, t) = (k.max(lba), (k + e.len).min(end));
-            self.take(store, k, sup)?;
+            self.take(store, k)?;
             if k < s {
-                self.put(store, k, Extent { len: s - k, ..e }, sup)?;
+                self.put(store, k, Extent { len: s - k, ..e })?;
             }
             if t < k + e.len {
-                self.put(store, t, Extent { len: k + e.len - t, pba: e.pba.offset_by(t - k), birth: e.birth }, sup)?;
+                self.put(store, t, Extent { len: k + e.len - t, pba: e.pba.offset_by(t - k), birth: e.birth })?;
             }
             let piece = Extent { len: t - s, pba: e.pba.offset_by(s - k), birth: e.birth };
             self.count(piece, false)?;
@@ -182,7 +195,7 @@ impl ExtentTree {
     /// Map `[lba, lba+len)` to `pba..`; returns what the range mapped before.
     /// Reads the neighbourhood once (the left neighbour, what the range
     /// overlaps, the right neighbour), then changes only what it must.
-    pub fn insert(&mut self, store: &Store, lba: u64, new: Extent, sup: &mut Vec<Pba>) -> Result<Killed> {
+    pub fn insert(&mut self, store: &Store, lba: u64, new: Extent) -> Result<Killed> {
         assert!(new.len > 0, "empty extent");
         let end = lba + new.len;
         let mut near: Vec<(u64, Extent)> = Vec::new();
@@ -201,7 +214,7 @@ impl ExtentTree {
             if e_end < lba || (e_end == lba && !joins(e, new)) || (k == end && !joins(new, e)) {
                 continue;
             }
-            self.take(store, k, sup)?;
+            self.take(store, k)?;
             if e_end == lba {
                 (start, ext) = (k, Extent { len: e.len + ext.len, ..e });
                 continue;
@@ -212,16 +225,16 @@ impl ExtentTree {
             }
             let (s, t) = (k.max(lba), e_end.min(end));
             if k < s {
-                self.put(store, k, Extent { len: s - k, ..e }, sup)?;
+                self.put(store, k, Extent { len: s - k, ..e })?;
             }
             if t < e_end {
-                self.put(store, t, Extent { len: e_end - t, pba: e.pba.offset_by(t - k), birth: e.birth }, sup)?;
+                self.put(store, t, Extent { len: e_end - t, pba: e.pba.offset_by(t - k), birth: e.birth })?;
             }
             let piece = Extent { len: t - s, pba: e.pba.offset_by(s - k), birth: e.birth };
             self.count(piece, false)?;
             killed.push((s, piece));
         }
-        self.put(store, start, ext, sup)?;
+        self.put(store, start, ext)?;
         self.count(new, true)?;
         Ok(killed)
     }

@@ -6,10 +6,13 @@
 //!   demand through a bounded [`Cache`]; changes copy the path they touch.
 //! - [`Frozen`] / [`Written`]: incremental checkpoints that write only the
 //!   nodes changed since the last one, while writers go on.
+//! - [`Buffered`]: a tree whose changes wait in a sorted buffer in memory
+//!   until a checkpoint merges them (many changes per leaf written).
 //! - [`ExtentTree`]: a volume map (logical ranges to physical extents) on
 //!   a tree, with the merge and split rules of the engine's maps.
 //! - [`check`]: walk a tree from its root, validating every node.
 
+pub mod buffer;
 pub mod cache;
 pub mod check;
 pub mod checkpoint;
@@ -23,6 +26,7 @@ pub mod space;
 pub mod sums;
 pub mod tree;
 
+pub use buffer::{Buffered, FrozenChanges, Merged, CHANGE_BYTES};
 pub use cache::{Cache, CacheStats};
 pub use checkpoint::{Fills, Frozen, NodeAlloc, Written};
 pub use error::{Result, StoreError};
@@ -44,6 +48,9 @@ pub struct Store {
     /// Nodes changed since their last checkpoint (about: a checkpoint is
     /// due when they grow large).
     pub(crate) dirty_nodes: AtomicU64,
+    /// Changes buffered in memory by every [`Buffered`] tree (pending and
+    /// frozen): a checkpoint is due when they grow large.
+    pub(crate) buffered: Arc<AtomicU64>,
     /// Node copies rewritten from a good copy after they read damaged.
     healed_nodes: AtomicU64,
 }
@@ -60,7 +67,7 @@ impl Store {
     }
 
     pub fn with_cache(io: Arc<dyn NodeIo>, cache: Cache) -> Store {
-        Store { io, cache, dirty_nodes: AtomicU64::new(0), healed_nodes: AtomicU64::new(0) }
+        Store { io, cache, dirty_nodes: AtomicU64::new(0), buffered: Arc::default(), healed_nodes: AtomicU64::new(0) }
     }
 
     /// A store whose trees live in memory only (nothing is written until
@@ -71,6 +78,11 @@ impl Store {
 
     pub fn dirty_nodes(&self) -> u64 {
         self.dirty_nodes.load(Ordering::Relaxed)
+    }
+
+    /// Changes waiting in buffered trees' memory for a checkpoint.
+    pub fn buffered_changes(&self) -> u64 {
+        self.buffered.load(Ordering::Relaxed)
     }
 
     /// Node copies rewritten from a good copy since this store was opened.

@@ -78,6 +78,14 @@ impl<V: LeafValue> Tree<V> {
         Ok(Tree { id, root: Ptr::Clean { pba: root.pba, crc: root.crc }, height: root.level })
     }
 
+    /// A tree this process just wrote, at `root` (no check: not from a device).
+    pub(crate) fn written(id: u64, root: RootRef) -> Tree<V> {
+        if root.is_empty() {
+            return Tree::new(id);
+        }
+        Tree { id, root: Ptr::Clean { pba: root.pba, crc: root.crc }, height: root.level }
+    }
+
     /// The node behind `ptr`, read and validated on a cache miss.
     pub(crate) fn load(&self, store: &Store, ptr: &Ptr<V>, level: u8, b: Bounds) -> Result<Arc<Node<V>>> {
         match ptr {
@@ -178,6 +186,55 @@ impl<V: LeafValue> Tree<V> {
                     Some(p) => self.edge(store, &br.children[p], level - 1, b.child(&br.keys, p), true),
                     None => Ok(None),
                 }
+            }
+        }
+    }
+
+    /// The entry with the greatest key <= `key` that `skip` does not
+    /// reject (keys a buffered view changed): the skipped entries are
+    /// visited in leaves already read, so a long run of them costs leaf
+    /// scans, not a descent each.
+    pub fn get_le_except(&self, store: &Store, key: u64, skip: &dyn Fn(u64) -> bool) -> Result<Option<(u64, V)>> {
+        self.le_except_in(store, &self.root, self.height, Bounds::ALL, key, skip)
+    }
+
+    fn le_except_in(
+        &self,
+        store: &Store,
+        ptr: &Ptr<V>,
+        level: u8,
+        b: Bounds,
+        key: u64,
+        skip: &dyn Fn(u64) -> bool,
+    ) -> Result<Option<(u64, V)>> {
+        let node = self.load(store, ptr, level, b)?;
+        match &*node {
+            Node::Leaf(l) => {
+                let Some((k, v)) = l.get_le(key) else { return Ok(None) };
+                if !skip(k) {
+                    return Ok(Some((k, v)));
+                }
+                let mut best = None;
+                l.for_each_in(0, k, &mut |k, v| {
+                    if !skip(k) {
+                        best = Some((k, *v));
+                    }
+                    true
+                });
+                Ok(best)
+            }
+            Node::Branch(br) => {
+                let i = route(&br.keys, key);
+                for c in (0..=i).rev() {
+                    let below = if c == i { key } else { u64::MAX };
+                    let child = &br.children[c];
+                    if let Some(found) =
+                        self.le_except_in(store, child, level - 1, b.child(&br.keys, c), below, skip)?
+                    {
+                        return Ok(Some(found));
+                    }
+                }
+                Ok(None)
             }
         }
     }

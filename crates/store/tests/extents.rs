@@ -1,7 +1,7 @@
 //! The extent map on a tree against a flat model (one optional physical
 //! block per logical block), as the engine's in-memory map is tested:
-//! random inserts and removes with splits and merges, checkpointed and
-//! reopened cold; counts kept exact.
+//! random inserts and removes with splits and merges, buffered, merged by
+//! checkpoints while changes go on, and reopened cold; counts kept exact.
 
 mod common;
 
@@ -10,7 +10,7 @@ use std::sync::Arc;
 use tarn_format::Pba;
 use tarn_store::cache::MIN_CACHE_BYTES;
 use tarn_store::extents::{Extent, Segment};
-use tarn_store::{ExtentTree, MemIo, Store, Written};
+use tarn_store::{ExtentTree, MemIo, Store};
 
 const BLOCKS: u64 = 4096;
 
@@ -28,45 +28,61 @@ fn flatten(map: &ExtentTree, store: &Store) -> Vec<Option<u64>> {
 fn random_ranges_match_a_flat_model_across_checkpoints() {
     let io = Arc::new(MemIo::default());
     let store = Store::new(io.clone(), MIN_CACHE_BYTES).unwrap();
-    let mut map = ExtentTree::new(3);
+    let mut map = ExtentTree::new(&store, 3);
     let mut model: Vec<Option<u64>> = vec![None; BLOCKS as usize];
-    let (mut rng, mut alloc, mut sup) = (Rng(0xabcdef), TestAlloc::default(), Vec::new());
+    let (mut rng, mut alloc) = (Rng(0xabcdef), TestAlloc::default());
+    let mut frozen = None;
     let mut phys = 10_000;
     for step in 0..20_000u64 {
         let lba = rng.below(BLOCKS - 1);
         let len = 1 + rng.below((BLOCKS - lba).min(16));
         if rng.below(3) == 0 {
-            let killed = map.remove(&store, lba, len, &mut sup).unwrap();
+            let killed = map.remove(&store, lba, len).unwrap();
             let expect = (lba..lba + len).filter(|b| model[*b as usize].is_some()).count() as u64;
             assert_eq!(killed.iter().map(|k| k.1.len).sum::<u64>(), expect);
             (lba..lba + len).for_each(|b| model[b as usize] = None);
         } else {
-            map.insert(&store, lba, Extent { len, pba: Pba::new(0, phys), birth: 1 }, &mut sup).unwrap();
+            map.insert(&store, lba, Extent { len, pba: Pba::new(0, phys), birth: 1 }).unwrap();
             (0..len).for_each(|i| model[(lba + i) as usize] = Some(phys + i));
             // Often physically next: neighbours merge.
             phys += len + rng.below(2);
         }
+        // Freeze, go on changing the map (reads see base, frozen and
+        // pending changes), then merge and adopt.
+        if step % 2_000 == 999 {
+            frozen = Some((map.freeze(), model.clone(), map.counts));
+        }
         if step % 2_000 == 1_999 {
-            let root = map.tree.freeze().write(&store, &mut alloc, step, &mut Written::default()).unwrap();
+            let (f, then, counts) = frozen.take().unwrap();
+            let merged = f.write(&store, &mut alloc, step).unwrap();
             let cold = Store::new(io.clone(), MIN_CACHE_BYTES).unwrap();
-            let reopened = ExtentTree::open(3, root, map.counts).unwrap();
-            assert_eq!(flatten(&reopened, &cold), model, "reopened at step {step}");
+            let reopened = ExtentTree::open(&cold, 3, merged.root, counts).unwrap();
+            assert_eq!(flatten(&reopened, &cold), then, "reopened at step {step}");
+            assert_eq!(flatten(&map, &store), model, "live before adopt at step {step}");
+            assert!(map.tree.adopt(&f, &merged));
+            assert_eq!(flatten(&map, &store), model, "live after adopt at step {step}");
+        }
+        if step % 97 == 0 {
+            assert_eq!(flatten(&map, &store), model, "live at step {step}");
         }
     }
     assert_eq!(flatten(&map, &store), model);
     assert_eq!(map.counts.mapped_blocks, model.iter().filter(|b| b.is_some()).count() as u64);
+    let f = map.freeze();
+    let merged = f.write(&store, &mut alloc, 1 << 20).unwrap();
+    assert!(map.tree.adopt(&f, &merged));
+    assert_eq!(store.buffered_changes(), 0);
     let mut entries = 0;
-    map.tree.walk(&store, &mut |_, _| entries += 1).unwrap();
+    map.tree.base.walk(&store, &mut |_, _| entries += 1).unwrap();
     assert_eq!(map.counts.extents, entries);
 }
 
 #[test]
 fn sequential_fill_is_one_entry() {
     let store = Store::new(Arc::new(MemIo::default()), MIN_CACHE_BYTES).unwrap();
-    let mut map = ExtentTree::new(1);
+    let mut map = ExtentTree::new(&store, 1);
     for i in 0..1000 {
-        let killed =
-            map.insert(&store, i * 8, Extent { len: 8, pba: Pba::new(0, 500 + i * 8), birth: 2 }, &mut Vec::new());
+        let killed = map.insert(&store, i * 8, Extent { len: 8, pba: Pba::new(0, 500 + i * 8), birth: 2 });
         assert!(killed.unwrap().is_empty());
     }
     assert_eq!(map.counts.extents, 1);
@@ -80,11 +96,10 @@ fn sequential_fill_is_one_entry() {
 #[test]
 fn counts_that_disagree_with_the_entries_are_an_error() {
     let store = Store::new(Arc::new(MemIo::default()), MIN_CACHE_BYTES).unwrap();
-    let mut map = ExtentTree::new(3);
-    let mut sup = Vec::new();
-    map.insert(&store, 10, Extent { len: 8, pba: Pba::new(0, 500), birth: 1 }, &mut sup).unwrap();
+    let mut map = ExtentTree::new(&store, 3);
+    map.insert(&store, 10, Extent { len: 8, pba: Pba::new(0, 500), birth: 1 }).unwrap();
     assert_eq!((map.counts.mapped_blocks, map.counts.extents), (8, 1));
     map.counts.mapped_blocks = 2;
-    let err = map.remove(&store, 10, 8, &mut sup).unwrap_err();
+    let err = map.remove(&store, 10, 8).unwrap_err();
     assert!(matches!(err, tarn_store::StoreError::Counts { tree: 3, .. }), "{err}");
 }

@@ -32,6 +32,7 @@ use tarn_format::journal::RecordHeader;
 use tarn_format::node::NODE_SIZE;
 use tarn_format::ops::{encode_ops, Op, MAX_REGIONS_PER_OP};
 use tarn_format::BLOCK_SIZE;
+use tarn_store::CHANGE_BYTES;
 
 enum Plan {
     /// Only data changed: flushing the devices is the whole commit.
@@ -90,6 +91,18 @@ impl Pool {
         }
         self.check_writable()?;
         self.commit_locked(&mut ctl, false)
+    }
+
+    /// Finish the checkpoint in progress, if any: an op that clears a map
+    /// (volume or snapshot delete, rollback) waits for its merge, because a
+    /// map being merged cannot be cleared. Call it holding the commit lock
+    /// (no checkpoint starts meanwhile) and no other pool lock.
+    pub(crate) fn settle_checkpoint(&self, ctl: &mut CommitCtl) -> Result<()> {
+        if !ctl.checkpoint_busy {
+            return Ok(());
+        }
+        let frees = self.finish_checkpoint(ctl)?;
+        self.release(frees)
     }
 
     /// Write a checkpoint now (clean shutdown), so the journal starts empty.
@@ -358,14 +371,15 @@ impl Pool {
         !ctl.checkpoint_busy && (ctl.journal.low() || self.store_over_dirty_bound(&self.read_inner().state.store, 1))
     }
 
-    /// Dirty nodes stay in memory until a checkpoint writes them: bound
-    /// them to a sixth of the clean cache (an eighth of the metadata
-    /// budget, which gives the clean cache three quarters: see
-    /// `service/open.rs`), so resident memory stays near the budget and a
-    /// checkpoint writes at most that much. `times` the bound: while a
-    /// checkpoint is written, nodes dirtied meanwhile wait up to twice it.
+    /// Dirty nodes and buffered map changes stay in memory until a
+    /// checkpoint writes them: bound them to a sixth of the clean cache (an
+    /// eighth of the metadata budget, which gives the clean cache three
+    /// quarters: see `service/open.rs`), so resident memory stays near the
+    /// budget. `times` the bound: while a checkpoint is written, changes
+    /// made meanwhile wait up to twice it.
     fn store_over_dirty_bound(&self, store: &tarn_store::Store, times: u64) -> bool {
-        store.dirty_nodes() * NODE_SIZE as u64 > store.cache.stats().capacity / 6 * times
+        let held = store.dirty_nodes() * NODE_SIZE as u64 + store.buffered_changes() * CHANGE_BYTES;
+        held > store.cache.stats().capacity / 6 * times
     }
 }
 

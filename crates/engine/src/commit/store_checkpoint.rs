@@ -87,6 +87,7 @@ impl Pool {
         // catalog; and (already free in the live pool, used in the frozen
         // space maps) the space its commit's ops released.
         let mut release: Freed = frozen.superseded.iter().map(|&p| (p, 1)).collect();
+        release.extend(written.merge_superseded().map(|p| (p, 1)));
         // Cloned: until the superblock flips, the slot still lists them (the
         // checker counts them owned); the flip replaces the list.
         release.extend(slot.next_release.iter().copied());

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use tarn_format::node::ExtentValue;
 use tarn_format::Pba;
 pub use tarn_store::extents::{Extent, Killed, MapCounts, Segment};
-use tarn_store::{ExtentTree, Frozen, RootRef, Store, StoreError, Written};
+use tarn_store::{ExtentTree, FrozenChanges, Merged, RootRef, Store, StoreError};
 
 /// Physical ranges: (first block, count).
 pub type Ranges = Vec<(Pba, u64)>;
@@ -50,37 +50,43 @@ pub struct ExtentMap {
 
 impl std::fmt::Debug for ExtentMap {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ExtentMap({:#x}, {:?})", self.map.tree.id, self.map.counts)
+        write!(f, "ExtentMap({:#x}, {:?})", self.map.id(), self.map.counts)
     }
 }
 
 impl ExtentMap {
     pub fn new(store: Arc<Store>, id: u64) -> ExtentMap {
-        ExtentMap { map: ExtentTree::new(id), store, superseded: Vec::new() }
+        ExtentMap { map: ExtentTree::new(&store, id), store, superseded: Vec::new() }
     }
 
     /// A map a checkpoint recorded (its nodes are read on demand).
     pub fn open(store: Arc<Store>, id: u64, root: RootRef, counts: MapCounts) -> Result<ExtentMap> {
-        Ok(ExtentMap { map: ExtentTree::open(id, root, counts)?, store, superseded: Vec::new() })
+        Ok(ExtentMap { map: ExtentTree::open(&store, id, root, counts)?, store, superseded: Vec::new() })
     }
 
     pub fn tree_id(&self) -> u64 {
-        self.map.tree.id
+        self.map.id()
     }
 
     pub fn counts(&self) -> MapCounts {
         self.map.counts
     }
 
-    /// The map as it is now, for a checkpoint (O(1); see `tarn_store::checkpoint`).
-    pub fn freeze(&self) -> Frozen<ExtentValue> {
-        self.map.tree.freeze()
+    /// The map's buffered changes, for a checkpoint to merge (O(1); see
+    /// `tarn_store::buffer`).
+    pub fn freeze(&mut self) -> FrozenChanges<ExtentValue> {
+        self.map.freeze()
     }
 
-    /// After the checkpoint of `frozen` is durable: its nodes still in the
-    /// map become clean; returns the written ones the map replaced meanwhile.
-    pub fn adopt(&mut self, frozen: Frozen<ExtentValue>, written: &mut Written) -> Vec<Pba> {
-        self.map.tree.adopt(&self.store, frozen, written)
+    /// After the checkpoint that merged `frozen` is durable: its merged tree
+    /// is the map's base. False if `frozen` is not this map's.
+    pub fn adopt(&mut self, frozen: &FrozenChanges<ExtentValue>, merged: &Merged) -> bool {
+        self.map.tree.adopt(frozen, merged)
+    }
+
+    /// A checkpoint is merging this map's changes.
+    pub fn is_merging(&self) -> bool {
+        self.map.tree.is_merging()
     }
 
     /// Blocks that are not holes (real data or origin markers).
@@ -145,26 +151,29 @@ impl ExtentMap {
 
     /// Make [lba, lba+len) a hole; returns the pieces it removed.
     pub fn remove(&mut self, lba: u64, len: u64) -> Result<Killed> {
-        self.map.remove(&self.store, lba, len, &mut self.superseded)
+        self.map.remove(&self.store, lba, len)
     }
 
     /// Map [lba, lba+len) to `pba`..; returns what the range used to map.
     pub fn insert(&mut self, lba: u64, len: u64, pba: Pba, birth: u64) -> Result<Killed> {
-        self.map.insert(&self.store, lba, Extent { len, pba, birth }, &mut self.superseded)
+        self.map.insert(&self.store, lba, Extent { len, pba, birth })
     }
 
-    /// Drop every entry; returns them all.
+    /// Drop every entry; returns them all. Refused while a checkpoint
+    /// merges the map (callers that clear hold the commit lock and finish
+    /// the checkpoint first).
     pub fn clear(&mut self) -> Result<Killed> {
         let all = self.entries()?;
-        let stats = self.map.tree.walk(&self.store, &mut |_, _| {})?;
-        self.superseded.extend(stats.blocks);
-        self.map = ExtentTree::new(self.map.tree.id);
+        let blocks = self.map.tree.clear(&self.store)?;
+        self.superseded.extend(blocks);
+        self.map.counts = MapCounts::default();
         Ok(all)
     }
 
-    /// Blocks of the map's nodes on devices (walks the tree).
+    /// Blocks of the map's nodes on devices (walks the tree the last
+    /// checkpoint wrote; changes since wait in memory).
     pub fn node_blocks(&self) -> Result<Vec<Pba>> {
-        Ok(self.map.tree.walk(&self.store, &mut |_, _| {})?.blocks)
+        Ok(self.map.tree.base.walk(&self.store, &mut |_, _| {})?.blocks)
     }
 
     /// Node blocks replaced and not yet taken by a checkpoint.

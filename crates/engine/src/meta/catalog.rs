@@ -25,14 +25,14 @@ use std::sync::Arc;
 use tarn_format::catalog::{Catalog, MapRecord, Root, SnapshotEntry, SpaceEntry, VolumeEntry};
 use tarn_format::node::{ExtentValue, LeafValue, RangeValue, SumsValue};
 use tarn_format::{Pba, BLOCK_SIZE};
-use tarn_store::{Fills, Frozen, NodeAlloc, RootRef, SpaceMap, Store, StoreError, Written};
+use tarn_store::{Fills, Frozen, FrozenChanges, Merged, NodeAlloc, RootRef, SpaceMap, Store, StoreError, Written};
 
 type Result<T> = std::result::Result<T, StateError>;
 
 /// A volume map as frozen, with the counts the catalog records.
 pub(crate) struct FrozenMap {
     tree: u64,
-    frozen: Frozen<ExtentValue>,
+    frozen: FrozenChanges<ExtentValue>,
     counts: MapCounts,
 }
 
@@ -74,7 +74,7 @@ pub(crate) struct FrozenPool {
     pub inflight: Vec<(Pba, u64)>,
 }
 
-fn freeze_map(map: &ExtentMap, superseded: &mut Vec<Pba>, taken: Vec<Pba>) -> FrozenMap {
+fn freeze_map(map: &mut ExtentMap, superseded: &mut Vec<Pba>, taken: Vec<Pba>) -> FrozenMap {
     superseded.extend(taken);
     FrozenMap { tree: map.tree_id(), frozen: map.freeze(), counts: map.counts() }
 }
@@ -85,11 +85,11 @@ pub(crate) fn freeze(state: &mut State, space: &mut Space, seq: u64) -> FrozenPo
     let mut volumes = Vec::with_capacity(state.volumes.len());
     for v in state.volumes.values_mut() {
         let taken = v.map.take_superseded();
-        let head = freeze_map(&v.map, &mut superseded, taken);
+        let head = freeze_map(&mut v.map, &mut superseded, taken);
         let mut snapshots = Vec::with_capacity(v.snapshots.len());
         for s in v.snapshots.iter_mut() {
             let taken = s.dead.take_superseded();
-            let dead = freeze_map(&s.dead, &mut superseded, taken);
+            let dead = freeze_map(&mut s.dead, &mut superseded, taken);
             let (epoch, size, created, referenced, name) = (s.epoch, s.size, s.created, s.referenced, s.name.clone());
             snapshots.push(FrozenSnapshot { epoch, size, created, referenced, name, dead });
         }
@@ -117,8 +117,21 @@ pub(crate) fn freeze(state: &mut State, space: &mut Space, seq: u64) -> FrozenPo
     }
 }
 
-/// What step 2 wrote, per tree id.
-pub(crate) type WrittenTrees = HashMap<u64, Written>;
+/// What step 2 wrote.
+#[derive(Default)]
+pub(crate) struct WrittenTrees {
+    /// Trees written as frozen (checksums, space maps), by tree id.
+    trees: HashMap<u64, Written>,
+    /// Volume maps merged with their buffered changes, by tree id.
+    merged: HashMap<u64, Merged>,
+}
+
+impl WrittenTrees {
+    /// Node blocks the merges replaced: free once this checkpoint is durable.
+    pub fn merge_superseded(&self) -> impl Iterator<Item = Pba> + '_ {
+        self.merged.values().flat_map(|m| m.superseded.iter().copied())
+    }
+}
 
 fn root(r: RootRef) -> Root {
     Root { pba: r.pba.0, crc: r.crc, level: r.level }
@@ -132,7 +145,7 @@ fn write_tree<V: LeafValue>(
     generation: u64,
     out: &mut WrittenTrees,
 ) -> std::result::Result<Root, StoreError> {
-    let written = out.entry(tree).or_default();
+    let written = out.trees.entry(tree).or_default();
     Ok(root(frozen.write(store, alloc, generation, written)?))
 }
 
@@ -141,9 +154,11 @@ impl FrozenPool {
     /// catalog (block lists left for the caller) and what was written.
     pub fn write(&self, store: &Store, alloc: &mut dyn NodeAlloc) -> Result<(Catalog, WrittenTrees)> {
         let generation = self.seq;
-        let mut out = WrittenTrees::new();
+        let mut out = WrittenTrees::default();
         let mut map = |m: &FrozenMap, out: &mut WrittenTrees| -> std::result::Result<MapRecord, StoreError> {
-            let root = write_tree(store, alloc, &m.frozen, m.tree, generation, out)?;
+            let merged = m.frozen.write(store, alloc, generation)?;
+            let root = root(merged.root);
+            out.merged.insert(m.tree, merged);
             let c = m.counts;
             Ok(MapRecord { root, mapped_blocks: c.mapped_blocks, origin_blocks: c.origin_blocks, extents: c.extents })
         };
@@ -197,24 +212,15 @@ pub(crate) fn adopt(
 ) -> (Vec<Pba>, Fills) {
     let mut left = Vec::new();
     let mut fills = Fills::default();
-    let mut take = |tree: u64| written.remove(&tree).unwrap_or_default();
     for v in frozen.volumes {
-        let mut w = take(v.head.tree);
-        match state.volumes.get_mut(&v.id) {
-            Some(lv) if lv.map.tree_id() == v.head.tree => left.extend(lv.map.adopt(v.head.frozen, &mut w)),
-            _ => left.extend(std::mem::take(&mut w).into_blocks()),
-        }
-        fills.extend(w.take_fills());
+        let live = state.volumes.get_mut(&v.id).filter(|lv| lv.map.tree_id() == v.head.tree);
+        adopt_map(live.map(|lv| &mut lv.map), v.head, &mut written);
         for s in v.snapshots {
-            let mut w = take(s.dead.tree);
             let snap = state.volumes.get_mut(&v.id).and_then(|lv| lv.snapshots.iter_mut().find(|x| x.epoch == s.epoch));
-            match snap {
-                Some(ls) => left.extend(ls.dead.adopt(s.dead.frozen, &mut w)),
-                None => left.extend(std::mem::take(&mut w).into_blocks()),
-            }
-            fills.extend(w.take_fills());
+            adopt_map(snap.map(|ls| &mut ls.dead), s.dead, &mut written);
         }
     }
+    let mut take = |tree: u64| written.trees.remove(&tree).unwrap_or_default();
     let mut w = take(tree_id::SUMS);
     let store = state.store.clone();
     left.extend(state.sums.tree_mut().adopt(&store, frozen.sums, &mut w));
@@ -225,8 +231,19 @@ pub(crate) fn adopt(
         fills.extend(w.take_fills());
     }
     // Trees that vanished between freeze and adopt (none expected beyond the above).
-    written.into_values().for_each(|w| left.extend(w.into_blocks()));
+    written.trees.into_values().for_each(|w| left.extend(w.into_blocks()));
     (left, fills)
+}
+
+/// The merged tree becomes the live map's base. A map cannot vanish or be
+/// cleared while its merge is under way (`ExtentMap::clear` refuses, the
+/// callers finish the checkpoint first); if one did, its merged nodes are
+/// leaked (`pool check` reports them), never freed twice.
+fn adopt_map(live: Option<&mut ExtentMap>, frozen: FrozenMap, written: &mut WrittenTrees) {
+    let Some(merged) = written.merged.remove(&frozen.tree) else { return };
+    if !live.is_some_and(|m| m.adopt(&frozen.frozen, &merged)) {
+        log::error!("map tree {:#x} changed during its checkpoint: {} node blocks leaked", frozen.tree, merged.nodes);
+    }
 }
 
 fn bad(detail: impl std::fmt::Display) -> StateError {

@@ -7,7 +7,7 @@ pub mod relayout;
 pub mod snapshot;
 
 use crate::error::{EngineError, Result};
-use crate::map::state::validate_name;
+use crate::map::state::{validate_name, State};
 use crate::pool::{volume_named, Pool, VolumeInfo};
 use tarn_format::ops::Op;
 use tarn_format::BLOCK_SIZE;
@@ -58,29 +58,35 @@ impl Pool {
     pub fn delete_volume(&self, name: &str, with_snapshots: bool) -> Result<()> {
         self.check_writable()?;
         {
+            let mut ctl = self.lock_commit();
+            // Refused before any I/O; then the maps it clears must not be merging.
+            delete_op(&self.read_inner().state, name, with_snapshots)?;
+            self.settle_checkpoint(&mut ctl)?;
             let mut inner = self.write_inner();
-            let v = volume_named(&inner.state, name)?;
-            let clones: Vec<String> = inner.state.clones_of(v.id, None).iter().map(|c| c.name.clone()).collect();
-            if !clones.is_empty() {
-                return Err(EngineError::InUse {
-                    what: format!("volume {name}"),
-                    detail: format!(
-                        "clones {} depend on its snapshots; flatten or delete them first",
-                        clones.join(", ")
-                    ),
-                });
-            }
-            if !v.snapshots.is_empty() && !with_snapshots {
-                return Err(EngineError::InUse {
-                    what: format!("volume {name}"),
-                    detail: format!("it has {} snapshots; pass --recursive to delete them too", v.snapshots.len()),
-                });
-            }
-            let id = v.id;
-            self.apply_ops(&mut inner, vec![Op::VolDelete { vol: id }])?;
+            let op = delete_op(&inner.state, name, with_snapshots)?;
+            self.apply_ops(&mut inner, vec![op])?;
         }
         self.flush()
     }
+}
+
+/// The op that deletes volume `name`, or why it is refused.
+fn delete_op(state: &State, name: &str, with_snapshots: bool) -> Result<Op> {
+    let v = volume_named(state, name)?;
+    let clones: Vec<String> = state.clones_of(v.id, None).iter().map(|c| c.name.clone()).collect();
+    if !clones.is_empty() {
+        return Err(EngineError::InUse {
+            what: format!("volume {name}"),
+            detail: format!("clones {} depend on its snapshots; flatten or delete them first", clones.join(", ")),
+        });
+    }
+    if !v.snapshots.is_empty() && !with_snapshots {
+        return Err(EngineError::InUse {
+            what: format!("volume {name}"),
+            detail: format!("it has {} snapshots; pass --recursive to delete them too", v.snapshots.len()),
+        });
+    }
+    Ok(Op::VolDelete { vol: v.id })
 }
 
 /// Volume sizes are whole blocks: round up, refuse zero and absurd sizes.

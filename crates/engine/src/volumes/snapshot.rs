@@ -91,13 +91,19 @@ impl Pool {
     pub fn delete_snapshot(&self, vol: &str, name: &str) -> Result<u64> {
         self.check_writable()?;
         let mut ctl = self.lock_commit();
+        let plan = |state: &State| -> Result<(Op, u64)> {
+            let v = volume_named(state, vol)?;
+            let i = snapshot_index(v, name)?;
+            refuse_if_cloned(state, v, i)?;
+            Ok((Op::SnapDelete { vol: v.id, epoch: v.snapshots[i].epoch }, v.exclusive_blocks(i)?))
+        };
+        // Refused before any I/O; then the map it clears must not be merging.
+        plan(&self.read_inner().state)?;
+        self.settle_checkpoint(&mut ctl)?;
         let freed = {
             let mut inner = self.write_inner();
-            let v = volume_named(&inner.state, vol)?;
-            let i = snapshot_index(v, name)?;
-            refuse_if_cloned(&inner.state, v, i)?;
-            let (id, epoch, exclusive) = (v.id, v.snapshots[i].epoch, v.exclusive_blocks(i)?);
-            self.apply_ops(&mut inner, vec![Op::SnapDelete { vol: id, epoch }])?;
+            let (op, exclusive) = plan(&inner.state)?;
+            self.apply_ops(&mut inner, vec![op])?;
             exclusive * BLOCK_SIZE
         };
         self.commit_locked(&mut ctl, false)?;
@@ -110,24 +116,12 @@ impl Pool {
     pub fn rollback(&self, vol: &str, name: &str, destroy_newer: bool) -> Result<()> {
         self.check_writable()?;
         let mut ctl = self.lock_commit();
+        rollback_ops(&self.read_inner().state, vol, name, destroy_newer)?;
+        self.settle_checkpoint(&mut ctl)?;
         {
             let _quiet = self.io_gate.write().unwrap_or_else(|p| p.into_inner());
             let mut inner = self.write_inner();
-            let v = volume_named(&inner.state, vol)?;
-            let i = snapshot_index(v, name)?;
-            let newer: Vec<String> = v.snapshots[i + 1..].iter().map(|s| s.name.clone()).collect();
-            if !newer.is_empty() && !destroy_newer {
-                return Err(EngineError::InUse {
-                    what: format!("snapshot {vol}@{name}"),
-                    detail: format!("newer snapshots {} would be destroyed; pass --destroy-newer", newer.join(", ")),
-                });
-            }
-            for j in i + 1..v.snapshots.len() {
-                refuse_if_cloned(&inner.state, v, j)?;
-            }
-            let mut ops: Vec<Op> =
-                v.snapshots[i + 1..].iter().rev().map(|s| Op::SnapDelete { vol: v.id, epoch: s.epoch }).collect();
-            ops.push(Op::Rollback { vol: v.id, epoch: v.snapshots[i].epoch });
+            let ops = rollback_ops(&inner.state, vol, name, destroy_newer)?;
             self.apply_ops(&mut inner, ops)?;
         }
         self.commit_locked(&mut ctl, false)
@@ -227,4 +221,24 @@ fn snapshot_info(state: &State, v: &Volume, i: usize) -> Result<SnapshotInfo> {
 
 fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// The ops of a rollback of `vol` to `name`, or why it is refused.
+fn rollback_ops(state: &State, vol: &str, name: &str, destroy_newer: bool) -> Result<Vec<Op>> {
+    let v = volume_named(state, vol)?;
+    let i = snapshot_index(v, name)?;
+    let newer: Vec<String> = v.snapshots[i + 1..].iter().map(|s| s.name.clone()).collect();
+    if !newer.is_empty() && !destroy_newer {
+        return Err(EngineError::InUse {
+            what: format!("snapshot {vol}@{name}"),
+            detail: format!("newer snapshots {} would be destroyed; pass --destroy-newer", newer.join(", ")),
+        });
+    }
+    for j in i + 1..v.snapshots.len() {
+        refuse_if_cloned(state, v, j)?;
+    }
+    let mut ops: Vec<Op> =
+        v.snapshots[i + 1..].iter().rev().map(|s| Op::SnapDelete { vol: v.id, epoch: s.epoch }).collect();
+    ops.push(Op::Rollback { vol: v.id, epoch: v.snapshots[i].epoch });
+    Ok(ops)
 }

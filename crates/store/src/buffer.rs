@@ -1,0 +1,348 @@
+//! A tree whose changes wait in memory (a Bε-tree's root buffer): a change
+//! is a key set or removed in a sorted buffer, ~64 bytes, instead of a
+//! leaf made dirty, 4 KiB. Under random writes nearly every change lands
+//! in a leaf of its own, so a checkpoint that wrote dirty leaves wrote
+//! about one node per 4 KiB written once a map outgrew the dirty bound;
+//! buffered, a checkpoint merges many changes per leaf (docs/ARCHITECTURE.md
+//! *Metadata store*).
+//!
+//! Three layers, newest first: `pending` (changes since the last freeze),
+//! `frozen` (the changes the checkpoint in progress merges) and `base`
+//! (the tree the last durable checkpoint wrote, never changed in place).
+//! Reads look through the layers; a checkpoint merges `base` + `frozen`
+//! into a new tree on its own copy, with no lock (`FrozenChanges::write`),
+//! and `adopt` makes that tree the base once it is durable.
+
+use crate::checkpoint::{NodeAlloc, Written};
+use crate::error::{Result, StoreError};
+use crate::node::Ptr;
+use crate::tree::{RootRef, Tree};
+use crate::Store;
+use std::collections::btree_map::Range;
+use std::collections::BTreeMap;
+use std::iter::Peekable;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tarn_format::node::LeafValue;
+use tarn_format::Pba;
+
+/// Keys set (`Some`) or removed (`None`), in key order.
+pub type Changes<V> = BTreeMap<u64, Option<V>>;
+
+/// What one buffered change costs in memory (key, value, the B-tree's
+/// share), for the store's bound on memory held by buffers.
+pub const CHANGE_BYTES: u64 = 64;
+
+/// Changes a checkpoint merges before it writes the nodes they made dirty:
+/// bounds the dirty nodes of a merge (each change dirties at most a path).
+const CHUNK_CHANGES: usize = 2048;
+
+pub struct Buffered<V: LeafValue> {
+    pub base: Tree<V>,
+    pending: Changes<V>,
+    frozen: Option<Arc<Changes<V>>>,
+    /// The store's count of buffered changes (all trees).
+    counter: Arc<AtomicU64>,
+}
+
+/// The changes a checkpoint merges, and the base they go into.
+pub struct FrozenChanges<V: LeafValue> {
+    id: u64,
+    root: Ptr<V>,
+    height: u8,
+    changes: Arc<Changes<V>>,
+}
+
+/// What a merge wrote.
+#[derive(Debug, Default)]
+pub struct Merged {
+    pub root: RootRef,
+    /// Blocks the new tree no longer uses (the base's nodes it replaced,
+    /// nodes an earlier chunk wrote and a later one replaced): free once
+    /// the checkpoint that records `root` is durable.
+    pub superseded: Vec<Pba>,
+    pub nodes: u64,
+}
+
+impl Default for RootRef {
+    fn default() -> RootRef {
+        RootRef::EMPTY
+    }
+}
+
+impl<V: LeafValue> Drop for Buffered<V> {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(self.len() as u64, Ordering::Relaxed);
+    }
+}
+
+impl<V: LeafValue> Buffered<V> {
+    pub fn new(store: &Store, id: u64) -> Buffered<V> {
+        Buffered::over(store, Tree::new(id))
+    }
+
+    pub fn open(store: &Store, id: u64, root: RootRef) -> Result<Buffered<V>> {
+        Ok(Buffered::over(store, Tree::open(id, root)?))
+    }
+
+    fn over(store: &Store, base: Tree<V>) -> Buffered<V> {
+        Buffered { base, pending: Changes::new(), frozen: None, counter: store.buffered.clone() }
+    }
+
+    pub fn id(&self) -> u64 {
+        self.base.id
+    }
+
+    /// Changes held (pending and frozen).
+    pub fn len(&self) -> usize {
+        self.pending.len() + self.frozen.as_ref().map_or(0, |f| f.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A checkpoint is merging this tree's frozen changes.
+    pub fn is_merging(&self) -> bool {
+        self.frozen.is_some()
+    }
+
+    /// The newest change to `key`: Some(None) if it was removed.
+    fn changed(&self, key: u64) -> Option<Option<V>> {
+        if let Some(c) = self.pending.get(&key) {
+            return Some(*c);
+        }
+        self.frozen.as_ref().and_then(|f| f.get(&key).copied())
+    }
+
+    fn is_changed(&self, key: u64) -> bool {
+        self.pending.contains_key(&key) || self.frozen.as_ref().is_some_and(|f| f.contains_key(&key))
+    }
+
+    pub fn get(&self, store: &Store, key: u64) -> Result<Option<V>> {
+        if let Some(c) = self.changed(key) {
+            return Ok(c);
+        }
+        Ok(self.base.get_le(store, key)?.filter(|(k, _)| *k == key).map(|(_, v)| v))
+    }
+
+    /// The entry with the greatest key <= `key`.
+    pub fn get_le(&self, store: &Store, key: u64) -> Result<Option<(u64, V)>> {
+        let layered = self.layers_le(key);
+        let skip = |k: u64| self.is_changed(k);
+        let based = self.base.get_le_except(store, key, &skip)?;
+        Ok(match (layered, based) {
+            (Some(l), Some(b)) => Some(if b.0 > l.0 { b } else { l }),
+            (l, b) => l.or(b),
+        })
+    }
+
+    /// The greatest key <= `key` the buffers set (not removed).
+    fn layers_le(&self, key: u64) -> Option<(u64, V)> {
+        let mut p = self.pending.range(..=key).rev().peekable();
+        let empty = Changes::new();
+        let frozen = self.frozen.as_deref().unwrap_or(&empty);
+        let mut f = frozen.range(..=key).rev().peekable();
+        loop {
+            let (k, c) = match (p.peek(), f.peek()) {
+                (None, None) => return None,
+                (Some(&(pk, _)), Some(&(fk, _))) if fk > pk => f.next()?,
+                (Some(&(pk, _)), Some(&(fk, _))) => {
+                    if fk == pk {
+                        f.next();
+                    }
+                    p.next()?
+                }
+                (Some(_), None) => p.next()?,
+                (None, Some(_)) => f.next()?,
+            };
+            if let Some(v) = c {
+                return Some((*k, *v));
+            }
+        }
+    }
+
+    /// Call `f` on every entry with `from <= key < to`, in order, until it
+    /// returns false.
+    pub fn range(&self, store: &Store, from: u64, to: u64, f: &mut dyn FnMut(u64, &V) -> bool) -> Result<()> {
+        let empty = Changes::new();
+        let frozen = self.frozen.as_deref().unwrap_or(&empty);
+        let mut layers = Layers { p: self.pending.range(from..to).peekable(), f: frozen.range(from..to).peekable() };
+        let mut next = layers.next();
+        let mut stopped = false;
+        self.base.range(store, from, to, &mut |k, v| {
+            while let Some((lk, c)) = next.filter(|(lk, _)| *lk <= k) {
+                next = layers.next();
+                if c.is_some_and(|lv| !f(lk, &lv)) {
+                    stopped = true;
+                    return false;
+                }
+                if lk == k {
+                    return true;
+                }
+            }
+            stopped = !f(k, v);
+            !stopped
+        })?;
+        while let Some((lk, c)) = next.filter(|_| !stopped) {
+            next = layers.next();
+            stopped = c.is_some_and(|lv| !f(lk, &lv));
+        }
+        Ok(())
+    }
+
+    /// Set `key`; returns the value it replaced.
+    pub fn insert(&mut self, store: &Store, key: u64, value: V) -> Result<Option<V>> {
+        let old = self.get(store, key)?;
+        if self.pending.insert(key, Some(value)).is_none() {
+            self.counter.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(old)
+    }
+
+    /// Remove `key` (the caller just found it); returns its value.
+    pub fn remove_present(&mut self, store: &Store, key: u64) -> Result<Option<V>> {
+        let old = self.get(store, key)?;
+        let below = match self.frozen.as_ref().and_then(|f| f.get(&key)) {
+            Some(c) => c.is_some(),
+            None => self.base.get_le(store, key)?.is_some_and(|(k, _)| k == key),
+        };
+        let before = self.pending.len();
+        if below {
+            self.pending.insert(key, None);
+        } else {
+            self.pending.remove(&key);
+        }
+        let after = self.pending.len();
+        self.counter.fetch_add(after as u64, Ordering::Relaxed);
+        self.counter.fetch_sub(before as u64, Ordering::Relaxed);
+        Ok(old)
+    }
+
+    /// Hand the pending changes to a checkpoint (O(1)). Changes a failed
+    /// checkpoint never adopted are handed again, under the newer ones.
+    pub fn freeze(&mut self) -> FrozenChanges<V> {
+        let mut changes = std::mem::take(&mut self.pending);
+        if let Some(old) = self.frozen.take() {
+            let before = old.len() + changes.len();
+            let mut all = Arc::unwrap_or_clone(old);
+            all.append(&mut changes);
+            changes = all;
+            self.counter.fetch_sub((before - changes.len()) as u64, Ordering::Relaxed);
+        }
+        let changes = Arc::new(changes);
+        self.frozen = Some(changes.clone());
+        FrozenChanges { id: self.base.id, root: self.base.root.clone(), height: self.base.height, changes }
+    }
+
+    /// Once the checkpoint that merged `frozen` into `root` is durable, that
+    /// tree is the base. False (nothing changed) if these are not this
+    /// tree's frozen changes.
+    pub fn adopt(&mut self, frozen: &FrozenChanges<V>, merged: &Merged) -> bool {
+        let ours = self.frozen.as_ref().is_some_and(|f| Arc::ptr_eq(f, &frozen.changes));
+        if !ours {
+            return false;
+        }
+        self.base = Tree::written(self.base.id, merged.root);
+        let done = self.frozen.take().map_or(0, |f| f.len());
+        self.counter.fetch_sub(done as u64, Ordering::Relaxed);
+        true
+    }
+
+    /// Drop every entry; returns the base's node blocks (free once the next
+    /// checkpoint is durable). Refused while a checkpoint merges the tree:
+    /// the blocks to free are then the merged tree's.
+    pub fn clear(&mut self, store: &Store) -> Result<Vec<Pba>> {
+        if self.is_merging() {
+            let what = "cleared while a checkpoint merges it".to_string();
+            return Err(StoreError::Invalid { pba: Pba(0), tree: self.base.id, what });
+        }
+        let blocks = self.base.walk(store, &mut |_, _| {})?.blocks;
+        self.counter.fetch_sub(self.pending.len() as u64, Ordering::Relaxed);
+        self.pending.clear();
+        self.base = Tree::new(self.base.id);
+        Ok(blocks)
+    }
+}
+
+/// `pending` over `frozen`, ascending; a key in both is `pending`'s.
+struct Layers<'a, V> {
+    p: Peekable<Range<'a, u64, Option<V>>>,
+    f: Peekable<Range<'a, u64, Option<V>>>,
+}
+
+impl<V: Copy> Layers<'_, V> {
+    fn next(&mut self) -> Option<(u64, Option<V>)> {
+        let (k, c) = match (self.p.peek(), self.f.peek()) {
+            (None, None) => return None,
+            (Some(&(pk, _)), Some(&(fk, _))) if fk < pk => self.f.next()?,
+            (Some(&(pk, _)), Some(&(fk, _))) => {
+                if fk == pk {
+                    self.f.next();
+                }
+                self.p.next()?
+            }
+            (Some(_), None) => self.p.next()?,
+            (None, Some(_)) => self.f.next()?,
+        };
+        Some((*k, *c))
+    }
+}
+
+impl<V: LeafValue> FrozenChanges<V> {
+    pub fn len(&self) -> usize {
+        self.changes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.changes.is_empty()
+    }
+
+    /// Merge the changes into a copy of the base and write it, a chunk of
+    /// changes at a time (each chunk's nodes written, then clean and
+    /// cached, so a merge holds at most a chunk's dirty nodes). No lock:
+    /// the live tree reads the old base and the buffers meanwhile.
+    pub fn write(&self, store: &Store, alloc: &mut dyn NodeAlloc, generation: u64) -> Result<Merged> {
+        let mut work = Tree { id: self.id, root: self.root.clone(), height: self.height };
+        let mut merged = Merged::default();
+        // Removals first: a set entry may reach over a key removed after
+        // it (a merge of neighbours), and leaves hold entries that never
+        // overlap. Then every set, in key order, meets only keys below it
+        // already final and keys above it that start past its end.
+        let removals = self.changes.iter().filter(|(_, c)| c.is_none());
+        let sets = self.changes.iter().filter(|(_, c)| c.is_some());
+        let mut since = 0;
+        for (&key, change) in removals.chain(sets) {
+            match change {
+                Some(v) => work.insert(store, key, *v, &mut merged.superseded)?,
+                None => work.remove(store, key, &mut merged.superseded)?,
+            };
+            since += 1;
+            if since == CHUNK_CHANGES {
+                write_chunk(store, &mut work, alloc, generation, &mut merged.nodes)?;
+                since = 0;
+            }
+        }
+        merged.root = write_chunk(store, &mut work, alloc, generation, &mut merged.nodes)?;
+        Ok(merged)
+    }
+}
+
+/// Write the work tree's dirty nodes and make them clean (cached).
+fn write_chunk<V: LeafValue>(
+    store: &Store,
+    work: &mut Tree<V>,
+    alloc: &mut dyn NodeAlloc,
+    generation: u64,
+    nodes: &mut u64,
+) -> Result<RootRef> {
+    let frozen = work.freeze();
+    let mut written = Written::default();
+    let root = frozen.write(store, alloc, generation, &mut written)?;
+    *nodes += written.count;
+    let replaced = work.adopt(store, frozen, &mut written);
+    // Nothing changes the work tree between its freeze and its adopt.
+    assert!(replaced.is_empty(), "a merge's nodes replaced while written");
+    written.take_fills().apply(store);
+    Ok(root)
+}
