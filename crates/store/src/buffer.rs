@@ -320,6 +320,8 @@ impl<V: LeafValue> FrozenChanges<V> {
             since += 1;
             if since == CHUNK_CHANGES {
                 write_chunk(store, &mut work, alloc, generation, &mut merged.nodes)?;
+                let device = || "the pool's devices".to_string();
+                store.io.sync().map_err(|source| StoreError::Write { pba: Pba(0), device: device(), source })?;
                 since = 0;
             }
         }

@@ -29,6 +29,13 @@ pub trait NodeIo: Send + Sync {
         }
         Ok(())
     }
+    /// Make the nodes written so far durable. A long checkpoint calls it
+    /// between chunks, so the nodes leave the host's page cache a chunk at
+    /// a time instead of all in the next FLUSH's sync (which a client
+    /// waits for). Nothing to do where writes are not cached.
+    fn sync(&self) -> io::Result<()> {
+        Ok(())
+    }
     /// A name for errors (the device path).
     fn device_name(&self, pba: Pba) -> String;
     /// Independent copies of the block at `pba` (1 unless mirrored).

@@ -77,6 +77,33 @@ fn random_ranges_match_a_flat_model_across_checkpoints() {
     assert_eq!(map.counts.extents, entries);
 }
 
+/// A merge larger than one chunk (its nodes written and made clean between
+/// chunks) reopens as the model, and so does the live map after adopt.
+#[test]
+fn a_merge_of_many_chunks_matches_the_model() {
+    let io = Arc::new(MemIo::default());
+    let store = Store::new(io.clone(), MIN_CACHE_BYTES).unwrap();
+    let mut map = ExtentTree::new(&store, 5);
+    let (mut rng, mut alloc) = (Rng(0x5eed), TestAlloc::default());
+    let mut model: Vec<Option<u64>> = vec![None; BLOCKS as usize];
+    for round in 0..3u64 {
+        for i in 0..3 * BLOCKS {
+            let lba = rng.below(BLOCKS);
+            let phys = 100_000 * (round + 1) + i;
+            map.insert(&store, lba, Extent { len: 1, pba: Pba::new(0, phys), birth: 1 }).unwrap();
+            model[lba as usize] = Some(phys);
+        }
+        let f = map.freeze();
+        assert!(f.len() > 2048, "{} changes: more than one chunk", f.len());
+        let merged = f.write(&store, &mut alloc, round).unwrap();
+        let cold = Store::new(io.clone(), MIN_CACHE_BYTES).unwrap();
+        let reopened = ExtentTree::open(&cold, 5, merged.root, map.counts).unwrap();
+        assert_eq!(flatten(&reopened, &cold), model, "round {round}");
+        assert!(map.tree.adopt(&f, &merged));
+        assert_eq!(flatten(&map, &store), model, "round {round}, live");
+    }
+}
+
 #[test]
 fn sequential_fill_is_one_entry() {
     let store = Store::new(Arc::new(MemIo::default()), MIN_CACHE_BYTES).unwrap();
