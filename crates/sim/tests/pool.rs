@@ -352,3 +352,49 @@ fn online_check_during_commits_does_not_deadlock() {
     writer.join().unwrap();
     checker.join().unwrap();
 }
+
+/// Write scattered blocks of `v` and flush until a commit froze a
+/// checkpoint that nobody writes yet (no service runs here): the volume
+/// maps are then being merged.
+fn freeze_a_checkpoint(pool: &Pool, v: u32) {
+    for i in 0..20_000u64 {
+        let b = (i * 97) % 2048;
+        pool.write(v, b * 4096, &vec![7u8; 4096], false).unwrap();
+        pool.flush().unwrap();
+        if pool.checkpoint_waiting() {
+            return;
+        }
+    }
+    panic!("no checkpoint froze in 20,000 flushes");
+}
+
+/// Bug guarded: a map being merged by a checkpoint cannot be cleared (the
+/// blocks to free are the merged tree's). Deleting a volume or snapshot
+/// and rolling back while a checkpoint is frozen must finish it first, and
+/// leave the pool clean and the data right.
+#[test]
+fn clearing_ops_wait_for_the_checkpoint_that_merges_their_maps() {
+    let (sims, pool) = new_pool(1, 64 * MIB);
+    let a = pool.create_volume("a", 16 * MIB).unwrap().id;
+    let scratch = pool.create_volume("scratch", 16 * MIB).unwrap().id;
+    write_scattered(&pool, a, 1024).unwrap();
+    pool.create_snapshot("a", "s1").unwrap();
+    pool.create_snapshot("a", "s2").unwrap();
+    write_scattered(&pool, a, 512).unwrap();
+    freeze_a_checkpoint(&pool, scratch);
+    pool.delete_volume("scratch", false).unwrap();
+    assert_clean(&pool);
+    freeze_a_checkpoint(&pool, a);
+    pool.delete_snapshot("a", "s2").unwrap();
+    assert_clean(&pool);
+    freeze_a_checkpoint(&pool, a);
+    pool.rollback("a", "s1", false).unwrap();
+    assert_clean(&pool);
+    pool.close().unwrap();
+    drop(pool);
+    let pool = reopen(&sims).unwrap();
+    assert_clean(&pool);
+    let mut back = vec![0u8; 1024 * 4096];
+    pool.read(a, 0, &mut back).unwrap();
+    assert_scattered_fill(&back, 0);
+}
