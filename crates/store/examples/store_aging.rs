@@ -5,7 +5,7 @@
 //! pwrite + fdatasync. Prints inserts/s, checkpoint times, node bytes
 //! written, resident memory, tree size, cold reopen + lookup rates.
 //!
-//! cargo run --release -p tarn-store --example store_aging -- FILE [N] [V] [CACHE_MIB] [BUFFERED_CHANGES]
+//! cargo run --release -p tarn-store --example store_aging -- FILE [N] [V] [CACHE_MIB] [BUFFERED_BYTES]
 
 use std::fs::OpenOptions;
 use std::sync::atomic::Ordering;
@@ -46,9 +46,9 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 }
 
 fn main() {
-    let path = std::env::args().nth(1).expect("usage: store_aging FILE [N] [V] [CACHE_MIB] [BUFFERED_CHANGES]");
+    let path = std::env::args().nth(1).expect("usage: store_aging FILE [N] [V] [CACHE_MIB] [BUFFERED_BYTES]");
     let (n, vol_blocks) = (arg(2, 2_000_000), arg(3, 16 << 20));
-    let (cache_mib, dirty_max) = (arg(4, 256), arg(5, 4096));
+    let (cache_mib, dirty_max) = (arg(4, 256), arg(5, 32 << 20));
     let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).expect("open");
     let io = Arc::new(FileIo::new(file));
     let store = Store::new(io.clone(), (cache_mib << 20) as usize).expect("store");
@@ -66,7 +66,7 @@ fn main() {
         let lba = x % vol_blocks;
         let e = Extent { len: 1, pba: Pba::new(1, 1 + i), birth: 1 };
         map.insert(&store, lba, e).expect("insert");
-        if store.buffered_changes() >= dirty_max || i + 1 == n {
+        if store.buffered_bytes() >= dirty_max || i + 1 == n {
             let t = Instant::now();
             let frozen = map.freeze();
             let merged = frozen.write(&store, &mut alloc, i).expect("write");
@@ -102,7 +102,7 @@ fn main() {
     );
     println!("metadata on disk vs data written (4 KiB each): {:.3}%", used_blocks as f64 * 100.0 / n as f64);
     println!(
-        "checkpoints {} (buffered changes bound {dirty_max}): median {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        "checkpoints {} (buffered bytes bound {dirty_max}): median {:.1} ms, p99 {:.1} ms, max {:.1} ms",
         ckpt_ms.len(),
         pct(&mut ckpt_ms, 0.5),
         pct(&mut ckpt_ms, 0.99),

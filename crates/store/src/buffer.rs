@@ -29,9 +29,9 @@ use tarn_format::Pba;
 /// Keys set (`Some`) or removed (`None`), in key order.
 pub type Changes<V> = BTreeMap<u64, Option<V>>;
 
-/// What one buffered change costs in memory (key, value, the B-tree's
-/// share), for the store's bound on memory held by buffers.
-pub const CHANGE_BYTES: u64 = 64;
+/// What one buffered change costs in memory beyond its key and value (the
+/// B-tree's share), for the store's bound on memory held by buffers.
+const CHANGE_OVERHEAD: usize = 24;
 
 /// Changes a checkpoint merges before it writes the nodes they made dirty:
 /// bounds the dirty nodes of a merge (each change dirties at most a path).
@@ -41,7 +41,7 @@ pub struct Buffered<V: LeafValue> {
     pub base: Tree<V>,
     pending: Changes<V>,
     frozen: Option<Arc<Changes<V>>>,
-    /// The store's count of buffered changes (all trees).
+    /// The store's bytes of buffered changes (all trees).
     counter: Arc<AtomicU64>,
 }
 
@@ -70,9 +70,14 @@ impl Default for RootRef {
     }
 }
 
+/// Memory `n` buffered changes of `V` take (about).
+fn bytes<V>(n: usize) -> u64 {
+    (n * (CHANGE_OVERHEAD + std::mem::size_of::<(u64, Option<V>)>())) as u64
+}
+
 impl<V: LeafValue> Drop for Buffered<V> {
     fn drop(&mut self) {
-        self.counter.fetch_sub(self.len() as u64, Ordering::Relaxed);
+        self.counter.fetch_sub(bytes::<V>(self.len()), Ordering::Relaxed);
     }
 }
 
@@ -195,7 +200,7 @@ impl<V: LeafValue> Buffered<V> {
     pub fn insert(&mut self, store: &Store, key: u64, value: V) -> Result<Option<V>> {
         let old = self.get(store, key)?;
         if self.pending.insert(key, Some(value)).is_none() {
-            self.counter.fetch_add(1, Ordering::Relaxed);
+            self.counter.fetch_add(bytes::<V>(1), Ordering::Relaxed);
         }
         Ok(old)
     }
@@ -214,8 +219,8 @@ impl<V: LeafValue> Buffered<V> {
             self.pending.remove(&key);
         }
         let after = self.pending.len();
-        self.counter.fetch_add(after as u64, Ordering::Relaxed);
-        self.counter.fetch_sub(before as u64, Ordering::Relaxed);
+        self.counter.fetch_add(bytes::<V>(after), Ordering::Relaxed);
+        self.counter.fetch_sub(bytes::<V>(before), Ordering::Relaxed);
         Ok(old)
     }
 
@@ -228,7 +233,7 @@ impl<V: LeafValue> Buffered<V> {
             let mut all = Arc::unwrap_or_clone(old);
             all.append(&mut changes);
             changes = all;
-            self.counter.fetch_sub((before - changes.len()) as u64, Ordering::Relaxed);
+            self.counter.fetch_sub(bytes::<V>(before - changes.len()), Ordering::Relaxed);
         }
         let changes = Arc::new(changes);
         self.frozen = Some(changes.clone());
@@ -245,7 +250,7 @@ impl<V: LeafValue> Buffered<V> {
         }
         self.base = Tree::written(self.base.id, merged.root);
         let done = self.frozen.take().map_or(0, |f| f.len());
-        self.counter.fetch_sub(done as u64, Ordering::Relaxed);
+        self.counter.fetch_sub(bytes::<V>(done), Ordering::Relaxed);
         true
     }
 
@@ -258,7 +263,7 @@ impl<V: LeafValue> Buffered<V> {
             return Err(StoreError::Invalid { pba: Pba(0), tree: self.base.id, what });
         }
         let blocks = self.base.walk(store, &mut |_, _| {})?.blocks;
-        self.counter.fetch_sub(self.pending.len() as u64, Ordering::Relaxed);
+        self.counter.fetch_sub(bytes::<V>(self.pending.len()), Ordering::Relaxed);
         self.pending.clear();
         self.base = Tree::new(self.base.id);
         Ok(blocks)

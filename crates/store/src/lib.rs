@@ -26,7 +26,7 @@ pub mod space;
 pub mod sums;
 pub mod tree;
 
-pub use buffer::{Buffered, FrozenChanges, Merged, CHANGE_BYTES};
+pub use buffer::{Buffered, FrozenChanges, Merged};
 pub use cache::{Cache, CacheStats};
 pub use checkpoint::{Fills, Frozen, NodeAlloc, Written};
 pub use error::{Result, StoreError};
@@ -48,8 +48,8 @@ pub struct Store {
     /// Nodes changed since their last checkpoint (about: a checkpoint is
     /// due when they grow large).
     pub(crate) dirty_nodes: AtomicU64,
-    /// Changes buffered in memory by every [`Buffered`] tree (pending and
-    /// frozen): a checkpoint is due when they grow large.
+    /// Bytes of changes buffered in memory by every [`Buffered`] tree
+    /// (pending and frozen): a checkpoint is due when they grow large.
     pub(crate) buffered: Arc<AtomicU64>,
     /// Node copies rewritten from a good copy after they read damaged.
     healed_nodes: AtomicU64,
@@ -80,8 +80,8 @@ impl Store {
         self.dirty_nodes.load(Ordering::Relaxed)
     }
 
-    /// Changes waiting in buffered trees' memory for a checkpoint.
-    pub fn buffered_changes(&self) -> u64 {
+    /// Bytes of changes waiting in buffered trees' memory for a checkpoint.
+    pub fn buffered_bytes(&self) -> u64 {
         self.buffered.load(Ordering::Relaxed)
     }
 

@@ -2,39 +2,50 @@
 //! 16 blocks keyed by `pba / 16` (device bits included), so a run of
 //! blocks written together is one or two entries.
 
+use crate::buffer::{Buffered, FrozenChanges, Merged};
 use crate::error::Result;
-use crate::tree::{RootRef, Tree};
+use crate::tree::RootRef;
 use crate::Store;
 use tarn_format::node::{SumsValue, SUMS_GROUP};
 use tarn_format::Pba;
 
+/// Buffered (`buffer.rs`) like the volume maps: an overwrite in place
+/// renews the sums of a block anywhere on the device, so under random
+/// overwrites nearly every write would otherwise dirty a leaf of its own.
 pub struct SumsTree {
-    pub tree: Tree<SumsValue>,
+    pub tree: Buffered<SumsValue>,
 }
 
 impl SumsTree {
-    pub fn new(id: u64) -> SumsTree {
-        SumsTree { tree: Tree::new(id) }
+    pub fn new(store: &Store, id: u64) -> SumsTree {
+        SumsTree { tree: Buffered::new(store, id) }
     }
 
-    pub fn open(id: u64, root: RootRef) -> Result<SumsTree> {
-        Ok(SumsTree { tree: Tree::open(id, root)? })
+    pub fn open(store: &Store, id: u64, root: RootRef) -> Result<SumsTree> {
+        Ok(SumsTree { tree: Buffered::open(store, id, root)? })
+    }
+
+    /// The changes since the last freeze, for a checkpoint to merge (O(1)).
+    pub fn freeze(&mut self) -> FrozenChanges<SumsValue> {
+        self.tree.freeze()
+    }
+
+    /// The merged tree of a durable checkpoint becomes the base.
+    pub fn adopt(&mut self, frozen: &FrozenChanges<SumsValue>, merged: &Merged) -> bool {
+        self.tree.adopt(frozen, merged)
     }
 
     /// Record the sums of blocks `pba..pba+sums.len()`.
-    pub fn set(&mut self, store: &Store, pba: Pba, sums: &[u32], sup: &mut Vec<Pba>) -> Result<()> {
+    pub fn set(&mut self, store: &Store, pba: Pba, sums: &[u32]) -> Result<()> {
         let mut i = 0;
         while i < sums.len() {
             let block = pba.0 + i as u64;
             let (key, first) = (block / SUMS_GROUP, (block % SUMS_GROUP) as usize);
             let n = (SUMS_GROUP as usize - first).min(sums.len() - i);
-            let mut v = match self.tree.get_le(store, key)? {
-                Some((k, v)) if k == key => v,
-                _ => SumsValue { known: 0, crcs: [0; SUMS_GROUP as usize] },
-            };
+            let mut v = self.tree.get(store, key)?.unwrap_or(SumsValue { known: 0, crcs: [0; SUMS_GROUP as usize] });
             v.crcs[first..first + n].copy_from_slice(&sums[i..i + n]);
             v.known |= (((1u32 << n) - 1) << first) as u16;
-            self.tree.insert(store, key, v, sup)?;
+            self.tree.insert(store, key, v)?;
             i += n;
         }
         Ok(())
@@ -47,7 +58,7 @@ impl SumsTree {
         for b in pba.0..pba.0 + len {
             let key = b / SUMS_GROUP;
             if group.as_ref().is_none_or(|g| g.0 != key) {
-                let found = self.tree.get_le(store, key)?.filter(|(k, _)| *k == key).map(|(_, v)| v);
+                let found = self.tree.get(store, key)?;
                 group = Some((key, found));
             }
             let bit = (b % SUMS_GROUP) as usize;
@@ -67,12 +78,11 @@ mod tests {
     #[test]
     fn runs_across_groups_read_back() {
         let store = Store::new(Arc::new(MemIo::default()), MIN_CACHE_BYTES).unwrap();
-        let mut t = SumsTree::new(4);
-        let mut sup = Vec::new();
+        let mut t = SumsTree::new(&store, 4);
         let base = Pba::new(2, 1000);
         let sums: Vec<u32> = (0..100).map(|i| i * 31 + 1).collect();
-        t.set(&store, base, &sums, &mut sup).unwrap();
-        t.set(&store, base.offset_by(50), &[7, 8], &mut sup).unwrap();
+        t.set(&store, base, &sums).unwrap();
+        t.set(&store, base.offset_by(50), &[7, 8]).unwrap();
         let got = t.get_run(&store, base, 101).unwrap();
         for (i, g) in got.iter().enumerate() {
             let want = match i {

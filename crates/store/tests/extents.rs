@@ -71,7 +71,7 @@ fn random_ranges_match_a_flat_model_across_checkpoints() {
     let f = map.freeze();
     let merged = f.write(&store, &mut alloc, 1 << 20).unwrap();
     assert!(map.tree.adopt(&f, &merged));
-    assert_eq!(store.buffered_changes(), 0);
+    assert_eq!(store.buffered_bytes(), 0);
     let mut entries = 0;
     map.tree.base.walk(&store, &mut |_, _| entries += 1).unwrap();
     assert_eq!(map.counts.extents, entries);

@@ -32,7 +32,6 @@ use tarn_format::journal::RecordHeader;
 use tarn_format::node::NODE_SIZE;
 use tarn_format::ops::{encode_ops, Op, MAX_REGIONS_PER_OP};
 use tarn_format::BLOCK_SIZE;
-use tarn_store::CHANGE_BYTES;
 
 enum Plan {
     /// Only data changed: flushing the devices is the whole commit.
@@ -378,7 +377,7 @@ impl Pool {
     /// budget. `times` the bound: while a checkpoint is written, changes
     /// made meanwhile wait up to twice it.
     fn store_over_dirty_bound(&self, store: &tarn_store::Store, times: u64) -> bool {
-        let held = store.dirty_nodes() * NODE_SIZE as u64 + store.buffered_changes() * CHANGE_BYTES;
+        let held = store.dirty_nodes() * NODE_SIZE as u64 + store.buffered_bytes();
         held > store.cache.stats().capacity / 6 * times
     }
 }

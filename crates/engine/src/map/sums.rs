@@ -26,7 +26,7 @@ use std::sync::Arc;
 use tarn_format::node::{SumsValue, SUMS_GROUP};
 use tarn_format::ops::region_of;
 use tarn_format::{Pba, BLOCK_SIZE};
-use tarn_store::{RootRef, Store, StoreError, SumsTree, Tree};
+use tarn_store::{FrozenChanges, Merged, RootRef, Store, StoreError, SumsTree};
 
 type Result<T> = std::result::Result<T, StoreError>;
 
@@ -77,32 +77,32 @@ pub struct BlockSums {
 
 impl std::fmt::Debug for BlockSums {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "BlockSums({:#x})", self.sums.tree.id)
+        write!(f, "BlockSums({:#x})", self.sums.tree.id())
     }
 }
 
 impl BlockSums {
     /// An empty table on `store`.
     pub fn new(store: Arc<Store>) -> BlockSums {
-        BlockSums { sums: SumsTree::new(tree_id::SUMS), store, superseded: Vec::new() }
+        BlockSums { sums: SumsTree::new(&store, tree_id::SUMS), store, superseded: Vec::new() }
     }
 
     /// The table a checkpoint left at `root`.
     pub fn open(store: Arc<Store>, root: RootRef) -> Result<BlockSums> {
-        Ok(BlockSums { sums: SumsTree::open(tree_id::SUMS, root)?, store, superseded: Vec::new() })
+        Ok(BlockSums { sums: SumsTree::open(&store, tree_id::SUMS, root)?, store, superseded: Vec::new() })
     }
 
     /// Record the sums of blocks [pba, pba + sums.len()).
     pub fn set(&mut self, pba: Pba, sums: &[u32]) -> Result<()> {
-        self.sums.set(&self.store, pba, sums, &mut self.superseded)
+        self.sums.set(&self.store, pba, sums)
     }
 
     /// The sum of block `pba`, None if it has none.
     pub fn get(&self, pba: Pba) -> Result<Option<u32>> {
         let key = pba.0 / SUMS_GROUP;
         let bit = (pba.0 % SUMS_GROUP) as usize;
-        let group = self.sums.tree.get_le(&self.store, key)?.filter(|(k, _)| *k == key);
-        Ok(group.filter(|(_, v)| v.known & (1 << bit) != 0).map(|(_, v)| v.crcs[bit]))
+        let group = self.sums.tree.get(&self.store, key)?;
+        Ok(group.filter(|v| v.known & (1 << bit) != 0).map(|v| v.crcs[bit]))
     }
 
     /// The sums of [pba, pba + len), None for blocks without one.
@@ -120,9 +120,10 @@ impl BlockSums {
         &self.superseded
     }
 
-    /// Blocks of the tree's nodes on devices (walks it).
+    /// Blocks of the tree's nodes on devices (walks the tree the last
+    /// checkpoint wrote; changes since wait in memory).
     pub fn node_blocks(&self) -> Result<Vec<Pba>> {
-        Ok(self.sums.tree.walk(&self.store, &mut |_, _| {})?.blocks)
+        Ok(self.sums.tree.base.walk(&self.store, &mut |_, _| {})?.blocks)
     }
 
     /// Node blocks changes replaced since the last call.
@@ -130,14 +131,15 @@ impl BlockSums {
         std::mem::take(&mut self.superseded)
     }
 
-    /// The tree (a checkpoint freezes it).
-    pub fn tree(&self) -> &Tree<SumsValue> {
-        &self.sums.tree
+    /// The changes since the last freeze, for a checkpoint to merge.
+    pub fn freeze(&mut self) -> FrozenChanges<SumsValue> {
+        self.sums.freeze()
     }
 
-    /// The tree, to change (a checkpoint adopts what it wrote).
-    pub fn tree_mut(&mut self) -> &mut Tree<SumsValue> {
-        &mut self.sums.tree
+    /// The merged tree of a durable checkpoint becomes the base; false if
+    /// `frozen` is not this table's.
+    pub fn adopt(&mut self, frozen: &FrozenChanges<SumsValue>, merged: &Merged) -> bool {
+        self.sums.adopt(frozen, merged)
     }
 }
 

@@ -66,7 +66,7 @@ pub(crate) struct FrozenPool {
     epoch: u64,
     next_volume_id: u32,
     volumes: Vec<FrozenVolume>,
-    sums: Frozen<SumsValue>,
+    sums: FrozenChanges<SumsValue>,
     spaces: Vec<FrozenSpace>,
     /// Node blocks replaced before the freeze: free once this checkpoint is durable.
     pub superseded: Vec<Pba>,
@@ -110,7 +110,7 @@ pub(crate) fn freeze(state: &mut State, space: &mut Space, seq: u64) -> FrozenPo
         epoch: state.epoch,
         next_volume_id: state.next_volume_id,
         volumes,
-        sums: state.sums.tree().freeze(),
+        sums: state.sums.freeze(),
         spaces,
         superseded,
         inflight: space.inflight.iter().map(|(&pba, &len)| (Pba(pba), len)).collect(),
@@ -180,7 +180,9 @@ impl FrozenPool {
                 snapshots,
             });
         }
-        let sums = write_tree(store, alloc, &self.sums, tree_id::SUMS, generation, &mut out)?;
+        let merged = self.sums.write(store, alloc, generation)?;
+        let sums = root(merged.root);
+        out.merged.insert(tree_id::SUMS, merged);
         let mut spaces = Vec::with_capacity(self.spaces.len());
         for (i, s) in self.spaces.iter().enumerate() {
             let root = write_tree(store, alloc, &s.frozen, tree_id::space(i as u16), generation, &mut out)?;
@@ -221,10 +223,11 @@ pub(crate) fn adopt(
         }
     }
     let mut take = |tree: u64| written.trees.remove(&tree).unwrap_or_default();
-    let mut w = take(tree_id::SUMS);
+    let merged = written.merged.remove(&tree_id::SUMS).unwrap_or_default();
+    if !state.sums.adopt(&frozen.sums, &merged) {
+        log::error!("the checksum tree changed during its checkpoint: {} node blocks leaked", merged.nodes);
+    }
     let store = state.store.clone();
-    left.extend(state.sums.tree_mut().adopt(&store, frozen.sums, &mut w));
-    fills.extend(w.take_fills());
     for (i, s) in frozen.spaces.into_iter().enumerate() {
         let mut w = take(tree_id::space(i as u16));
         left.extend(space.devices[i].tree.adopt(&store, s.frozen, &mut w));
