@@ -170,6 +170,10 @@ impl<V: LeafValue> Buffered<V> {
     /// Call `f` on every entry with `from <= key < to`, in order, until it
     /// returns false.
     pub fn range(&self, store: &Store, from: u64, to: u64, f: &mut dyn FnMut(u64, &V) -> bool) -> Result<()> {
+        if from >= to {
+            // `BTreeMap::range` panics on a reversed range.
+            return Ok(());
+        }
         let empty = Changes::new();
         let frozen = self.frozen.as_deref().unwrap_or(&empty);
         let mut layers = Layers { p: self.pending.range(from..to).peekable(), f: frozen.range(from..to).peekable() };
