@@ -131,15 +131,17 @@ impl<V: LeafValue> Buffered<V> {
         Ok(self.base.get_le(store, key)?.filter(|(k, _)| *k == key).map(|(_, v)| v))
     }
 
-    /// The entry with the greatest key <= `key`.
+    /// The entry with the greatest key <= `key`: the buffers' newest set
+    /// key, unless the base has an unchanged key above it. Only base keys
+    /// above the buffers' answer are scanned, so a run of removed keys
+    /// below a set one (a compacted or overwritten range) costs nothing;
+    /// a long run of removals alone (a large trim) is scanned, in leaves,
+    /// until the next checkpoint merges it.
     pub fn get_le(&self, store: &Store, key: u64) -> Result<Option<(u64, V)>> {
         let layered = self.layers_le(key);
+        let lo = layered.map_or(0, |(k, _)| k.saturating_add(1));
         let skip = |k: u64| self.is_changed(k);
-        let based = self.base.get_le_except(store, key, &skip)?;
-        Ok(match (layered, based) {
-            (Some(l), Some(b)) => Some(if b.0 > l.0 { b } else { l }),
-            (l, b) => l.or(b),
-        })
+        Ok(self.base.get_le_except(store, lo, key, &skip)?.or(layered))
     }
 
     /// The greatest key <= `key` the buffers set (not removed).

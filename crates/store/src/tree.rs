@@ -190,12 +190,21 @@ impl<V: LeafValue> Tree<V> {
         }
     }
 
-    /// The entry with the greatest key <= `key` that `skip` does not
+    /// The entry with the greatest key in `[lo, key]` that `skip` does not
     /// reject (keys a buffered view changed): the skipped entries are
-    /// visited in leaves already read, so a long run of them costs leaf
-    /// scans, not a descent each.
-    pub fn get_le_except(&self, store: &Store, key: u64, skip: &dyn Fn(u64) -> bool) -> Result<Option<(u64, V)>> {
-        self.le_except_in(store, &self.root, self.height, Bounds::ALL, key, skip)
+    /// visited in leaves already read, so a run of them costs leaf scans,
+    /// not a descent each, and the scan stops at `lo`.
+    pub fn get_le_except(
+        &self,
+        store: &Store,
+        lo: u64,
+        key: u64,
+        skip: &dyn Fn(u64) -> bool,
+    ) -> Result<Option<(u64, V)>> {
+        if lo > key {
+            return Ok(None);
+        }
+        self.le_except_in(store, &self.root, self.height, Bounds::ALL, (lo, key), skip)
     }
 
     fn le_except_in(
@@ -204,18 +213,18 @@ impl<V: LeafValue> Tree<V> {
         ptr: &Ptr<V>,
         level: u8,
         b: Bounds,
-        key: u64,
+        (lo, key): (u64, u64),
         skip: &dyn Fn(u64) -> bool,
     ) -> Result<Option<(u64, V)>> {
         let node = self.load(store, ptr, level, b)?;
         match &*node {
             Node::Leaf(l) => {
-                let Some((k, v)) = l.get_le(key) else { return Ok(None) };
+                let Some((k, v)) = l.get_le(key).filter(|(k, _)| *k >= lo) else { return Ok(None) };
                 if !skip(k) {
                     return Ok(Some((k, v)));
                 }
                 let mut best = None;
-                l.for_each_in(0, k, &mut |k, v| {
+                l.for_each_in(lo, k, &mut |k, v| {
                     if !skip(k) {
                         best = Some((k, *v));
                     }
@@ -226,11 +235,12 @@ impl<V: LeafValue> Tree<V> {
             Node::Branch(br) => {
                 let i = route(&br.keys, key);
                 for c in (0..=i).rev() {
+                    let cb = b.child(&br.keys, c);
+                    if cb.hi <= lo {
+                        break;
+                    }
                     let below = if c == i { key } else { u64::MAX };
-                    let child = &br.children[c];
-                    if let Some(found) =
-                        self.le_except_in(store, child, level - 1, b.child(&br.keys, c), below, skip)?
-                    {
+                    if let Some(found) = self.le_except_in(store, &br.children[c], level - 1, cb, (lo, below), skip)? {
                         return Ok(Some(found));
                     }
                 }
