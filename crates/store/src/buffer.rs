@@ -213,13 +213,15 @@ impl<V: LeafValue> Buffered<V> {
 
     /// Remove `key` (the caller just found it); returns its value.
     pub fn remove_present(&mut self, store: &Store, key: u64) -> Result<Option<V>> {
-        let old = self.get(store, key)?;
+        // What the layers under `pending` hold at `key` (one lookup): a
+        // tombstone is needed only if they hold something.
         let below = match self.frozen.as_ref().and_then(|f| f.get(&key)) {
-            Some(c) => c.is_some(),
-            None => self.base.get_le(store, key)?.is_some_and(|(k, _)| k == key),
+            Some(c) => *c,
+            None => self.base.get_le(store, key)?.filter(|(k, _)| *k == key).map(|(_, v)| v),
         };
+        let old = self.pending.get(&key).copied().unwrap_or(below);
         let before = self.pending.len();
-        if below {
+        if below.is_some() {
             self.pending.insert(key, None);
         } else {
             self.pending.remove(&key);
