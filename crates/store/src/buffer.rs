@@ -18,7 +18,6 @@ use crate::error::{Result, StoreError};
 use crate::node::Ptr;
 use crate::tree::{RootRef, Tree};
 use crate::Store;
-use std::collections::btree_map::Range;
 use std::collections::BTreeMap;
 use std::iter::Peekable;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -146,27 +145,10 @@ impl<V: LeafValue> Buffered<V> {
 
     /// The greatest key <= `key` the buffers set (not removed).
     fn layers_le(&self, key: u64) -> Option<(u64, V)> {
-        let mut p = self.pending.range(..=key).rev().peekable();
         let empty = Changes::new();
         let frozen = self.frozen.as_deref().unwrap_or(&empty);
-        let mut f = frozen.range(..=key).rev().peekable();
-        loop {
-            let (k, c) = match (p.peek(), f.peek()) {
-                (None, None) => return None,
-                (Some(&(pk, _)), Some(&(fk, _))) if fk > pk => f.next()?,
-                (Some(&(pk, _)), Some(&(fk, _))) => {
-                    if fk == pk {
-                        f.next();
-                    }
-                    p.next()?
-                }
-                (Some(_), None) => p.next()?,
-                (None, Some(_)) => f.next()?,
-            };
-            if let Some(v) = c {
-                return Some((*k, *v));
-            }
-        }
+        let mut layers = Layers::new(self.pending.range(..=key).rev(), frozen.range(..=key).rev(), true);
+        std::iter::from_fn(|| layers.next()).find_map(|(k, c)| c.map(|v| (k, v)))
     }
 
     /// Call `f` on every entry with `from <= key < to`, in order, until it
@@ -178,7 +160,7 @@ impl<V: LeafValue> Buffered<V> {
         }
         let empty = Changes::new();
         let frozen = self.frozen.as_deref().unwrap_or(&empty);
-        let mut layers = Layers { p: self.pending.range(from..to).peekable(), f: frozen.range(from..to).peekable() };
+        let mut layers = Layers::new(self.pending.range(from..to), frozen.range(from..to), false);
         let mut next = layers.next();
         let mut stopped = false;
         self.base.range(store, from, to, &mut |k, v| {
@@ -278,17 +260,23 @@ impl<V: LeafValue> Buffered<V> {
     }
 }
 
-/// `pending` over `frozen`, ascending; a key in both is `pending`'s.
-struct Layers<'a, V> {
-    p: Peekable<Range<'a, u64, Option<V>>>,
-    f: Peekable<Range<'a, u64, Option<V>>>,
+/// `pending` over `frozen`, in key order (descending if `down`); a key in
+/// both is `pending`'s.
+struct Layers<'a, V: 'a, I: Iterator<Item = (&'a u64, &'a Option<V>)>> {
+    p: Peekable<I>,
+    f: Peekable<I>,
+    down: bool,
 }
 
-impl<V: Copy> Layers<'_, V> {
+impl<'a, V: Copy + 'a, I: Iterator<Item = (&'a u64, &'a Option<V>)>> Layers<'a, V, I> {
+    fn new(p: I, f: I, down: bool) -> Self {
+        Layers { p: p.peekable(), f: f.peekable(), down }
+    }
+
     fn next(&mut self) -> Option<(u64, Option<V>)> {
         let (k, c) = match (self.p.peek(), self.f.peek()) {
             (None, None) => return None,
-            (Some(&(pk, _)), Some(&(fk, _))) if fk < pk => self.f.next()?,
+            (Some(&(pk, _)), Some(&(fk, _))) if (fk > pk) == self.down && fk != pk => self.f.next()?,
             (Some(&(pk, _)), Some(&(fk, _))) => {
                 if fk == pk {
                     self.f.next();

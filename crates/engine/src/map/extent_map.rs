@@ -84,11 +84,6 @@ impl ExtentMap {
         self.map.tree.adopt(frozen, merged)
     }
 
-    /// A checkpoint is merging this map's changes.
-    pub fn is_merging(&self) -> bool {
-        self.map.tree.is_merging()
-    }
-
     /// Blocks that are not holes (real data or origin markers).
     pub fn mapped_blocks(&self) -> u64 {
         self.map.counts.mapped_blocks
