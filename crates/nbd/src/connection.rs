@@ -7,7 +7,9 @@
 //! the read buffer) or pushed into a bounded queue served by up to
 //! `workers_per_conn` worker threads spawned on demand; [`CostModel`]
 //! picks inline for request classes the export answers quickly and the
-//! workers for slow ones and for flushes. Replies go through the shared
+//! workers for slow ones. Flushes go to a flusher thread of their own,
+//! which answers all the flushes queued meanwhile with one export flush, so
+//! a slow commit never occupies the workers. Replies go through the shared
 //! combining [`ReplyWriter`]: inline replies are batched and written before
 //! the thread next blocks on the socket. Invalid requests are answered by
 //! the reading thread. Replies may be sent out of order.
@@ -16,7 +18,7 @@ use std::collections::VecDeque;
 use std::io::{self, BufRead, BufReader, Read};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -278,6 +280,10 @@ impl Job {
 
 struct QueueState {
     jobs: VecDeque<Job>,
+    /// FLUSH requests waiting for the connection's flusher thread.
+    flushes: Vec<Job>,
+    /// The flusher thread has been started.
+    flusher: bool,
     closed: bool,
     idle: usize,
     in_flight: usize,
@@ -297,6 +303,7 @@ struct Shared {
     queue: Mutex<QueueState>,
     work_cv: Condvar,
     space_cv: Condvar,
+    flush_cv: Condvar,
 }
 
 impl Shared {
@@ -355,6 +362,8 @@ pub(crate) fn serve<R: Read>(
         costs: CostModel::new(),
         queue: Mutex::new(QueueState {
             jobs: VecDeque::new(),
+            flushes: Vec::new(),
+            flusher: false,
             closed: false,
             idle: 0,
             in_flight: 0,
@@ -363,6 +372,7 @@ pub(crate) fn serve<R: Read>(
         }),
         work_cv: Condvar::new(),
         space_cv: Condvar::new(),
+        flush_cv: Condvar::new(),
     });
     serve_inner(&shared, &mut reader, config, shutting_down)
 }
@@ -381,6 +391,7 @@ fn serve_inner<R: Read>(
     // Let the workers drain the queue, then close.
     lock(&shared.queue).closed = true;
     shared.work_cv.notify_all();
+    shared.flush_cv.notify_all();
     for w in workers {
         let _ = w.join();
     }
@@ -441,6 +452,12 @@ fn serve_request<R: Read>(
         return Ok(());
     }
     let job = Job { handle: h.handle, req, data: read_payload(shared, reader, req, after_direct)? };
+    if req == Request::Flush {
+        if enqueue_flush(shared, job, max_in_flight) {
+            spawn_flusher(shared, workers)?;
+        }
+        return Ok(());
+    }
     if inline {
         let reply = run_job(shared, job);
         shared.writer.defer(reply, &shared.pool);
@@ -588,7 +605,22 @@ fn read_payload_into<R: Read>(reader: &mut BufReader<R>, buf: &mut [u8]) -> io::
 /// the workers may be waiting on). True if a worker should be spawned:
 /// more jobs than idle workers, and `can_spawn`.
 fn enqueue(shared: &Shared, job: Job, max_in_flight: usize, can_spawn: bool) -> bool {
-    let cost = job.cost();
+    let mut q = wait_for_room(shared, job.cost(), max_in_flight);
+    q.in_flight += 1;
+    q.in_flight_bytes += job.cost();
+    q.jobs.push_back(job);
+    let notify = q.idle > 0;
+    let spawn = q.jobs.len() > q.idle && can_spawn;
+    drop(q);
+    if notify {
+        shared.work_cv.notify_one();
+    }
+    spawn
+}
+
+/// The queue, once it has room for a request of `cost` payload bytes (the
+/// replies produced so far are sent before the reader waits).
+fn wait_for_room(shared: &Shared, cost: u64, max_in_flight: usize) -> MutexGuard<'_, QueueState> {
     let full = |q: &QueueState| {
         q.in_flight >= max_in_flight || (q.in_flight > 0 && q.in_flight_bytes + cost > MAX_IN_FLIGHT_BYTES)
     };
@@ -602,16 +634,78 @@ fn enqueue(shared: &Shared, job: Job, max_in_flight: usize, can_spawn: bool) -> 
             q = wait(&shared.space_cv, q);
         }
     }
+    q
+}
+
+/// Queue a FLUSH for the connection's flusher; true if the flusher must be
+/// started. Flushes have a lane of their own: a slow commit then holds up
+/// one thread, never the workers that answer the writes behind it.
+fn enqueue_flush(shared: &Shared, job: Job, max_in_flight: usize) -> bool {
+    let mut q = wait_for_room(shared, 0, max_in_flight);
     q.in_flight += 1;
-    q.in_flight_bytes += cost;
-    q.jobs.push_back(job);
-    let notify = q.idle > 0;
-    let spawn = q.jobs.len() > q.idle && can_spawn;
+    q.flushes.push(job);
+    let spawn = !std::mem::replace(&mut q.flusher, true);
     drop(q);
-    if notify {
-        shared.work_cv.notify_one();
-    }
+    shared.flush_cv.notify_one();
     spawn
+}
+
+/// Start the flusher (joined with the workers). `Err` if it cannot start:
+/// nobody would ever answer the queued flushes.
+fn spawn_flusher(shared: &Arc<Shared>, workers: &mut Vec<JoinHandle<()>>) -> Result<(), End> {
+    let s = Arc::clone(shared);
+    match std::thread::Builder::new().name("nbd-flusher".into()).spawn(move || flusher(s)) {
+        Ok(h) => {
+            workers.push(h);
+            Ok(())
+        }
+        Err(e) => {
+            log::error!("nbd: cannot spawn flusher thread: {e}");
+            Err(End::Violation)
+        }
+    }
+}
+
+/// Answer flushes in batches: every flush queued when a batch starts is
+/// answered by one export flush, which covers every write completed before
+/// any of them was received (a group commit per connection).
+fn flusher(sh: Arc<Shared>) {
+    let mut done = 0;
+    loop {
+        let batch = {
+            let mut q = lock(&sh.queue);
+            if done > 0 {
+                q.in_flight -= done;
+                if q.reader_waiting {
+                    q.reader_waiting = false;
+                    sh.space_cv.notify_one();
+                }
+            }
+            loop {
+                if !q.flushes.is_empty() {
+                    break std::mem::take(&mut q.flushes);
+                }
+                if q.closed {
+                    return;
+                }
+                q = wait(&sh.flush_cv, q);
+            }
+        };
+        done = batch.len();
+        if sh.writer.is_broken() {
+            continue;
+        }
+        let result = catch_unwind(AssertUnwindSafe(|| sh.export.flush())).unwrap_or_else(|_| {
+            log::error!("nbd: export panicked while flushing");
+            Err(ExportError::Io)
+        });
+        for job in batch {
+            sh.send(match &result {
+                Ok(()) => Reply::simple(job.handle, 0),
+                Err(err) => sh.error_reply(job.handle, err.errno(), "flush failed"),
+            });
+        }
+    }
 }
 
 /// One more worker for the connection. `Err` if none can be started and
@@ -661,7 +755,7 @@ fn refuse_buffered<R: Read>(shared: &Shared, reader: &mut BufReader<R>) {
 /// from reading further requests, so classes of requests whose recent
 /// average duration exceeds [`INLINE_MAX_NS`] go to the workers (who keep
 /// measuring, so a class returns inline when it gets fast again). Flushes
-/// always go to the workers.
+/// always go to the flusher.
 pub(crate) struct CostModel {
     /// Moving average of export call durations (ns) per class.
     avg_ns: [AtomicU64; 3],

@@ -83,8 +83,7 @@ fn disc_answers_in_flight_requests_first() {
 
 /// An export whose writes take 100 ms, to have requests in flight.
 fn slow_writes() -> Arc<SlowExport> {
-    let inner = MemoryExport::new(1 << 20);
-    Arc::new(SlowExport { inner, read_delay: Duration::ZERO, write_delay: Duration::from_millis(100) })
+    Arc::new(SlowExport::new(1 << 20, Duration::ZERO, Duration::from_millis(100), Duration::ZERO))
 }
 
 #[test]
@@ -179,6 +178,33 @@ fn slow_requests_run_concurrently() {
     }
     let t = start.elapsed();
     assert!(t < Duration::from_millis(500), "8 slow writes took {t:?}: not concurrent");
+}
+
+#[test]
+fn slow_flushes_do_not_hold_up_the_writes_behind_them() {
+    // More flushes than workers, each flush slow: the writes sent after
+    // them are answered first, and the queued flushes share a commit.
+    let flush_delay = Duration::from_millis(400);
+    let export = Arc::new(SlowExport::new(1 << 20, Duration::ZERO, Duration::from_millis(2), flush_delay));
+    let backend = MemoryBackend::new().with_export("mem", "", export.clone());
+    let server = Server::new(Arc::new(backend), ServerConfig::default());
+    let (mut c, _, _) = Client::open(server.listen_tcp("127.0.0.1:0").unwrap(), false);
+    // Slow enough to go to the workers from now on.
+    c.write(0, 0, &[1; 512]);
+    assert_eq!(c.simple(), (0, 0));
+    let flushes = 2 * ServerConfig::default().workers_per_conn as u64;
+    for h in 1..=flushes {
+        c.request(0, NBD_CMD_FLUSH, h, 0, 0, &[]);
+    }
+    for h in 100..108u64 {
+        c.write(h, h * 4096, &[2; 512]);
+    }
+    let order: Vec<(u32, u64)> = (0..flushes + 8).map(|_| c.simple()).collect();
+    assert!(order.iter().all(|&(e, _)| e == 0), "{order:?}");
+    let first_flush = order.iter().position(|&(_, h)| h < 100).unwrap();
+    assert_eq!(first_flush, 8, "every write answered before the first flush: {order:?}");
+    let ran = export.flushes.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(ran < flushes, "{flushes} queued flushes ran {ran} export flushes");
 }
 
 #[test]

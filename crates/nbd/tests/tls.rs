@@ -162,8 +162,7 @@ fn warned(parts: &[&str]) -> bool {
 /// Reads take 200 µs, so the server answers them on worker threads
 /// (encrypting concurrently with the reader).
 fn slow_reads() -> SlowExport {
-    let inner = MemoryExport::new(SIZE);
-    SlowExport { inner, read_delay: std::time::Duration::from_micros(200), write_delay: Default::default() }
+    SlowExport::new(1 << 20, std::time::Duration::from_micros(200), Default::default(), Default::default())
 }
 
 fn serve(tls: TlsConfig) -> (Server, SocketAddr) {

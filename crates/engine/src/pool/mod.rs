@@ -15,8 +15,11 @@ use crate::meta::catalog::{FrozenPool, WrittenTrees};
 use crate::meta::journal::{op_bytes_bound, JournalCursor};
 use crate::space::placement::Placement;
 use crate::space::Space;
+use std::ops::{Deref, DerefMut};
+use std::panic::Location;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
 use tarn_format::ops::Op;
 use tarn_format::superblock::{CheckpointRef, Superblock};
 use tarn_format::{Pba, BLOCK_SIZE};
@@ -361,6 +364,51 @@ impl PoolStatus {
 
 pub(crate) const STRIPES: usize = 64;
 
+/// A hold of the pool lock this long is logged: writers wait on it.
+const LONG_POOL_HOLD: Duration = Duration::from_millis(20);
+/// A hold of the commit lock this long is logged: FLUSH waits on it (and a
+/// commit's device flush alone often takes tens of milliseconds).
+const LONG_COMMIT_HOLD: Duration = Duration::from_millis(100);
+
+/// A lock guard timed from acquisition to release; a long hold is logged
+/// with the place that took it (the aging benchmark greps these lines).
+pub(crate) struct Held<G> {
+    guard: G,
+    since: Instant,
+    lock: &'static str,
+    long: Duration,
+    site: &'static Location<'static>,
+}
+
+impl<G> Held<G> {
+    #[track_caller]
+    fn new(guard: G, lock: &'static str, long: Duration) -> Self {
+        Held { guard, since: Instant::now(), lock, long, site: Location::caller() }
+    }
+}
+
+impl<G: Deref> Deref for Held<G> {
+    type Target = G::Target;
+    fn deref(&self) -> &G::Target {
+        &self.guard
+    }
+}
+
+impl<G: DerefMut> DerefMut for Held<G> {
+    fn deref_mut(&mut self) -> &mut G::Target {
+        &mut self.guard
+    }
+}
+
+impl<G> Drop for Held<G> {
+    fn drop(&mut self) {
+        let held = self.since.elapsed();
+        if held >= self.long {
+            log::info!("{} held {held:?} at {}", self.lock, self.site);
+        }
+    }
+}
+
 /// Nodes a lookup may fetch with the pool lock released before it reads
 /// the rest under the lock (a path is at most 17 nodes; more means nodes
 /// are evicted as fast as they are fetched).
@@ -371,12 +419,15 @@ impl Pool {
         self.inner.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn write_inner(&self) -> RwLockWriteGuard<'_, Inner> {
-        self.inner.write().unwrap_or_else(|p| p.into_inner())
+    /// The pool lock, exclusive (a long hold is logged: writers wait).
+    #[track_caller]
+    pub(crate) fn write_inner(&self) -> Held<RwLockWriteGuard<'_, Inner>> {
+        Held::new(self.inner.write().unwrap_or_else(|p| p.into_inner()), "pool lock", LONG_POOL_HOLD)
     }
 
-    pub(crate) fn lock_commit(&self) -> MutexGuard<'_, CommitCtl> {
-        self.commit.lock().unwrap_or_else(|p| p.into_inner())
+    #[track_caller]
+    pub(crate) fn lock_commit(&self) -> Held<MutexGuard<'_, CommitCtl>> {
+        Held::new(self.commit.lock().unwrap_or_else(|p| p.into_inner()), "commit lock", LONG_COMMIT_HOLD)
     }
 
     /// After `commit` (if held) and before `io_gate` and `inner`.

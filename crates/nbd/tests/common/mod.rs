@@ -351,6 +351,16 @@ pub struct SlowExport {
     pub inner: MemoryExport,
     pub read_delay: Duration,
     pub write_delay: Duration,
+    pub flush_delay: Duration,
+    /// Export flushes run so far.
+    pub flushes: std::sync::atomic::AtomicU64,
+}
+
+impl SlowExport {
+    pub fn new(size: u64, read_delay: Duration, write_delay: Duration, flush_delay: Duration) -> SlowExport {
+        let inner = MemoryExport::new(size);
+        SlowExport { inner, read_delay, write_delay, flush_delay, flushes: Default::default() }
+    }
 }
 
 impl Export for SlowExport {
@@ -369,6 +379,8 @@ impl Export for SlowExport {
         self.inner.write(o, d, f)
     }
     fn flush(&self) -> Result<(), ExportError> {
+        std::thread::sleep(self.flush_delay);
+        self.flushes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.inner.flush()
     }
     fn trim(&self, o: u64, l: u64, f: bool) -> Result<(), ExportError> {
