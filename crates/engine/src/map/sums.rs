@@ -30,10 +30,10 @@ use tarn_store::{FrozenChanges, Merged, RootRef, Store, StoreError, SumsTree};
 
 type Result<T> = std::result::Result<T, StoreError>;
 
-/// The crc32c of one block of data (hardware-accelerated by the crc32c crate).
+/// The crc32c of one block of data.
 pub fn block_sum(block: &[u8]) -> u32 {
     debug_assert_eq!(block.len(), BLOCK_SIZE as usize);
-    crc32c::crc32c(block)
+    tarn_format::checksum::crc32c(block)
 }
 
 /// The sums of consecutive blocks.
