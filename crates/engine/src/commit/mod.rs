@@ -300,6 +300,13 @@ impl Pool {
         let all: Vec<u64> = inner.state.open_regions.iter().copied().collect();
         close_regions(inner, &all, &mut ops);
         inner.space.reserve_blocks = reserve_for(inner.state.extent_count(), inner.space.data_blocks());
+        log::info!(
+            "checkpoint {} frozen: {}; {} B of buffered changes, {} dirty nodes",
+            ctl.journal.seq + 1,
+            checkpoint_cause(ctl, force_checkpoint, fits),
+            inner.state.store.buffered_bytes(),
+            inner.state.store.dirty_nodes()
+        );
         let frozen = Box::new(catalog::freeze(&mut inner.state, &mut inner.space, ctl.journal.seq + 1));
         let payload = encode_ops(&ops);
         // The journal's other side must be free: it is unless a crash cut
@@ -379,6 +386,16 @@ impl Pool {
     fn store_over_dirty_bound(&self, store: &tarn_store::Store, times: u64) -> bool {
         let held = store.dirty_nodes() * NODE_SIZE as u64 + store.buffered_bytes();
         held > store.cache.stats().capacity / 6 * times
+    }
+}
+
+/// Why a commit writes a checkpoint (for the log).
+fn checkpoint_cause(ctl: &CommitCtl, forced: bool, fits: bool) -> &'static str {
+    match () {
+        _ if forced => "forced",
+        _ if !fits => "the journal side is full",
+        _ if ctl.journal.low() => "the journal side is three quarters full",
+        _ => "buffered changes and dirty nodes reached their memory bound",
     }
 }
 
