@@ -343,6 +343,15 @@ impl Pool {
     /// discard hint goes out before the space is handed back, so it can
     /// never punch a hole in data a new owner just wrote.
     fn release(&self, frees: Freed) -> Result<()> {
+        self.release_with(frees, !self.options.no_discard)
+    }
+
+    /// `release` without discarding anything (metadata blocks, soon reused).
+    pub(super) fn release_unpunched(&self, frees: Freed) -> Result<()> {
+        self.release_with(frees, false)
+    }
+
+    fn release_with(&self, frees: Freed, discard: bool) -> Result<()> {
         if frees.is_empty() {
             return Ok(());
         }
@@ -352,7 +361,7 @@ impl Pool {
         // discards instead of 262,144.
         let frees = coalesce(frees);
         drop(self.io_gate.write().unwrap_or_else(|p| p.into_inner()));
-        if !self.options.no_discard {
+        if discard {
             // Like a device's discard granularity: pieces under 64 KiB are
             // not punched (each punch costs ~0.1 ms under the commit lock and
             // a snapshot delete can free 100,000s of scattered 4 KiB pieces);

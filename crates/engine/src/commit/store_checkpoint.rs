@@ -118,8 +118,9 @@ impl Pool {
     }
 
     /// Point the superblock at a written checkpoint (durable when this
-    /// returns), then adopt its nodes. Returns what it made free, to be
-    /// released by the caller.
+    /// returns), adopt its nodes and release the node blocks it made free.
+    /// Returns the data space freed while it was written, to be released
+    /// by the caller.
     pub(super) fn flip_checkpoint(
         &self,
         ctl: &mut CommitCtl,
@@ -153,8 +154,6 @@ impl Pool {
         }
         slot.next_release = leftovers.into_iter().map(|p| (p, 1)).collect();
         slot.pieces = w.pieces;
-        let mut release = w.release;
-        release.append(&mut ctl.held_frees);
         self.counters.checkpoints.fetch_add(1, Ordering::Relaxed);
         log::info!(
             "checkpoint {}: {} nodes and a {} B catalog written in {:?}, durable at {:?}, adopted at {:?}",
@@ -165,7 +164,11 @@ impl Pool {
             durable_at,
             w.started.elapsed()
         );
-        Ok(coalesce(release))
+        // Node blocks are not punched: the next checkpoints reuse them, and
+        // a punch takes the pool file's inode lock, which every data write
+        // waits for (tens of punches per checkpoint stalled writes 150 ms).
+        self.release_unpunched(coalesce(w.release))?;
+        Ok(coalesce(std::mem::take(&mut ctl.held_frees)))
     }
 
     /// Bring the checkpoint in progress, if any, to durable: write it if
