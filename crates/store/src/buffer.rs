@@ -30,7 +30,7 @@ pub type Changes<V> = BTreeMap<u64, Option<V>>;
 
 /// What one buffered change costs in memory beyond its key and value (the
 /// B-tree's share), for the store's bound on memory held by buffers.
-const CHANGE_OVERHEAD: usize = 24;
+pub(crate) const CHANGE_OVERHEAD: usize = 24;
 
 /// Changes a checkpoint merges before it writes the nodes they made dirty:
 /// bounds the dirty nodes of a merge (each change dirties at most a path).
@@ -304,31 +304,47 @@ impl<V: LeafValue> FrozenChanges<V> {
     /// cached, so a merge holds at most a chunk's dirty nodes). No lock:
     /// the live tree reads the old base and the buffers meanwhile.
     pub fn write(&self, store: &Store, alloc: &mut dyn NodeAlloc, generation: u64) -> Result<Merged> {
-        let mut work = Tree { id: self.id, root: self.root.clone(), height: self.height };
-        let mut merged = Merged::default();
+        let work = Tree { id: self.id, root: self.root.clone(), height: self.height };
         // Removals first: a set entry may reach over a key removed after
         // it (a merge of neighbours), and leaves hold entries that never
         // overlap. Then every set, in key order, meets only keys below it
         // already final and keys above it that start past its end.
         let removals = self.changes.iter().filter(|(_, c)| c.is_none());
         let sets = self.changes.iter().filter(|(_, c)| c.is_some());
-        let mut since = 0;
-        for (&key, change) in removals.chain(sets) {
-            match change {
-                Some(v) => work.insert(store, key, *v, &mut merged.superseded)?,
-                None => work.remove(store, key, &mut merged.superseded)?,
-            };
-            since += 1;
-            if since == CHUNK_CHANGES {
-                write_chunk(store, &mut work, alloc, generation, &mut merged.nodes)?;
-                let device = || "the pool's devices".to_string();
-                store.io.sync().map_err(|source| StoreError::Write { pba: Pba(0), device: device(), source })?;
-                since = 0;
-            }
-        }
-        merged.root = write_chunk(store, &mut work, alloc, generation, &mut merged.nodes)?;
-        Ok(merged)
+        let apply = |work: &mut Tree<V>, (&key, change): (&u64, &Option<V>), sup: &mut Vec<Pba>| match change {
+            Some(v) => work.insert(store, key, *v, sup).map(drop),
+            None => work.remove(store, key, sup).map(drop),
+        };
+        merge_in_chunks(store, alloc, generation, work, removals.chain(sets), apply)
     }
+}
+
+/// Apply `changes` to `work` (a copy of a base tree) and write it, a chunk
+/// of changes at a time: each chunk's nodes written, synced, then clean
+/// and cached, so a merge holds at most a chunk's dirty nodes and a
+/// client's FLUSH never waits for more than a chunk of node writeback.
+pub(crate) fn merge_in_chunks<V: LeafValue, C>(
+    store: &Store,
+    alloc: &mut dyn NodeAlloc,
+    generation: u64,
+    mut work: Tree<V>,
+    changes: impl Iterator<Item = C>,
+    mut apply: impl FnMut(&mut Tree<V>, C, &mut Vec<Pba>) -> Result<()>,
+) -> Result<Merged> {
+    let mut merged = Merged::default();
+    let mut since = 0;
+    for change in changes {
+        apply(&mut work, change, &mut merged.superseded)?;
+        since += 1;
+        if since == CHUNK_CHANGES {
+            write_chunk(store, &mut work, alloc, generation, &mut merged.nodes)?;
+            let device = || "the pool's devices".to_string();
+            store.io.sync().map_err(|source| StoreError::Write { pba: Pba(0), device: device(), source })?;
+            since = 0;
+        }
+    }
+    merged.root = write_chunk(store, &mut work, alloc, generation, &mut merged.nodes)?;
+    Ok(merged)
 }
 
 /// Write the work tree's dirty nodes and make them clean (cached).

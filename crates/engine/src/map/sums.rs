@@ -23,10 +23,10 @@
 use crate::map::extent_map::tree_id;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-use tarn_format::node::{SumsValue, SUMS_GROUP};
+use tarn_format::node::SUMS_GROUP;
 use tarn_format::ops::region_of;
 use tarn_format::{Pba, BLOCK_SIZE};
-use tarn_store::{FrozenChanges, Merged, RootRef, Store, StoreError, SumsTree};
+use tarn_store::{FrozenSums, Merged, RootRef, Store, StoreError, SumsTree};
 
 type Result<T> = std::result::Result<T, StoreError>;
 
@@ -77,7 +77,7 @@ pub struct BlockSums {
 
 impl std::fmt::Debug for BlockSums {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "BlockSums({:#x})", self.sums.tree.id())
+        write!(f, "BlockSums({:#x})", self.sums.id())
     }
 }
 
@@ -94,14 +94,15 @@ impl BlockSums {
 
     /// Record the sums of blocks [pba, pba + sums.len()).
     pub fn set(&mut self, pba: Pba, sums: &[u32]) -> Result<()> {
-        self.sums.set(&self.store, pba, sums)
+        self.sums.set(pba, sums);
+        Ok(())
     }
 
     /// The sum of block `pba`, None if it has none.
     pub fn get(&self, pba: Pba) -> Result<Option<u32>> {
         let key = pba.0 / SUMS_GROUP;
         let bit = (pba.0 % SUMS_GROUP) as usize;
-        let group = self.sums.tree.get(&self.store, key)?;
+        let group = self.sums.get_group(&self.store, key)?;
         Ok(group.filter(|v| v.known & (1 << bit) != 0).map(|v| v.crcs[bit]))
     }
 
@@ -123,7 +124,7 @@ impl BlockSums {
     /// Blocks of the tree's nodes on devices (walks the tree the last
     /// checkpoint wrote; changes since wait in memory).
     pub fn node_blocks(&self) -> Result<Vec<Pba>> {
-        Ok(self.sums.tree.base.walk(&self.store, &mut |_, _| {})?.blocks)
+        Ok(self.sums.base.walk(&self.store, &mut |_, _| {})?.blocks)
     }
 
     /// Node blocks changes replaced since the last call.
@@ -132,13 +133,13 @@ impl BlockSums {
     }
 
     /// The changes since the last freeze, for a checkpoint to merge.
-    pub fn freeze(&mut self) -> FrozenChanges<SumsValue> {
+    pub fn freeze(&mut self) -> FrozenSums {
         self.sums.freeze()
     }
 
     /// The merged tree of a durable checkpoint becomes the base; false if
     /// `frozen` is not this table's.
-    pub fn adopt(&mut self, frozen: &FrozenChanges<SumsValue>, merged: &Merged) -> bool {
+    pub fn adopt(&mut self, frozen: &FrozenSums, merged: &Merged) -> bool {
         self.sums.adopt(frozen, merged)
     }
 }

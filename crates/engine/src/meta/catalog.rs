@@ -23,9 +23,11 @@ use crate::space::Space;
 use std::collections::HashMap;
 use std::sync::Arc;
 use tarn_format::catalog::{Catalog, MapRecord, Root, SnapshotEntry, SpaceEntry, VolumeEntry};
-use tarn_format::node::{ExtentValue, LeafValue, RangeValue, SumsValue};
+use tarn_format::node::{ExtentValue, LeafValue, RangeValue};
 use tarn_format::{Pba, BLOCK_SIZE};
-use tarn_store::{Fills, Frozen, FrozenChanges, Merged, NodeAlloc, RootRef, SpaceMap, Store, StoreError, Written};
+use tarn_store::{
+    Fills, Frozen, FrozenChanges, FrozenSums, Merged, NodeAlloc, RootRef, SpaceMap, Store, StoreError, Written,
+};
 
 type Result<T> = std::result::Result<T, StateError>;
 
@@ -66,7 +68,7 @@ pub(crate) struct FrozenPool {
     epoch: u64,
     next_volume_id: u32,
     volumes: Vec<FrozenVolume>,
-    sums: FrozenChanges<SumsValue>,
+    sums: FrozenSums,
     spaces: Vec<FrozenSpace>,
     /// Node blocks replaced before the freeze: free once this checkpoint is durable.
     pub superseded: Vec<Pba>,
