@@ -2,13 +2,13 @@
 //! 16 blocks keyed by `pba / 16` (device bits included), so a run of
 //! blocks written together is one or two entries.
 //!
-//! Changes wait in memory like the volume maps' (`buffer.rs`), but per
-//! block, not per group: an overwrite in place renews the sum of one block
-//! anywhere on the device, and buffered as a whole group (the group looked
-//! up first) it cost a tree descent and ~104 bytes; as one block's sum it
-//! costs neither descent nor more than ~40 bytes. A read lays the buffered
-//! sums of its group over the tree's group; a checkpoint does the same
-//! for every group it merges.
+//! Changes wait in memory like the volume maps' (`buffer.rs`), without a
+//! tree read per change: a sum set is laid over the group when read or
+//! merged. An overwrite in place renews the sum of one block anywhere on
+//! the device: kept per block, it costs ~40 bytes (as a whole group ~104,
+//! and a tree descent to fill in the rest); a run of new data fills whole
+//! groups, kept per group (16 blocks at ~104 bytes, not 640). A group
+//! with three blocks set in a layer moves from the one to the other.
 
 use crate::buffer::{merge_in_chunks, Merged, CHANGE_OVERHEAD};
 use crate::error::Result;
@@ -21,29 +21,96 @@ use std::sync::Arc;
 use tarn_format::node::{SumsValue, SUMS_GROUP};
 use tarn_format::Pba;
 
-/// Sums set since a checkpoint: physical block number → crc32c.
-type SumChanges = BTreeMap<u64, u32>;
-
-/// Memory `n` buffered sums take (about).
-fn bytes(n: usize) -> u64 {
-    (n * (CHANGE_OVERHEAD + std::mem::size_of::<(u64, u32)>())) as u64
-}
+/// Blocks of one group set in a layer that make it a group entry.
+const PROMOTE: usize = 3;
 
 /// The blocks of group `key`.
 fn group_blocks(key: u64) -> std::ops::Range<u64> {
     key * SUMS_GROUP..(key + 1) * SUMS_GROUP
 }
 
-/// `group` with the sums of `changes` laid over it (None if no block of
-/// the group has a sum).
-fn overlay<'a>(group: Option<SumsValue>, changes: impl Iterator<Item = (&'a u64, &'a u32)>) -> Option<SumsValue> {
-    let mut v = group.unwrap_or(SumsValue { known: 0, crcs: [0; SUMS_GROUP as usize] });
-    for (&block, &crc) in changes {
-        let bit = (block % SUMS_GROUP) as usize;
-        v.crcs[bit] = crc;
-        v.known |= 1 << bit;
+fn set_bit(v: &mut SumsValue, block: u64, crc: u32) {
+    let bit = (block % SUMS_GROUP) as usize;
+    v.crcs[bit] = crc;
+    v.known |= 1 << bit;
+}
+
+const NO_SUMS: SumsValue = SumsValue { known: 0, crcs: [0; SUMS_GROUP as usize] };
+
+/// Sums set in one layer (since a freeze): whole groups and single blocks;
+/// a block is in at most one of the two.
+#[derive(Debug, Default, Clone)]
+struct SumChanges {
+    groups: BTreeMap<u64, SumsValue>,
+    blocks: BTreeMap<u64, u32>,
+}
+
+impl SumChanges {
+    /// Memory held (about), for the store's bound on buffered changes.
+    fn bytes(&self) -> u64 {
+        let group = CHANGE_OVERHEAD + std::mem::size_of::<(u64, SumsValue)>();
+        let block = CHANGE_OVERHEAD + std::mem::size_of::<(u64, u32)>();
+        (self.groups.len() * group + self.blocks.len() * block) as u64
     }
-    (v.known != 0).then_some(v)
+
+    fn len(&self) -> usize {
+        self.groups.len() + self.blocks.len()
+    }
+
+    fn set(&mut self, block: u64, crc: u32) {
+        let key = block / SUMS_GROUP;
+        if let Some(v) = self.groups.get_mut(&key) {
+            set_bit(v, block, crc);
+            return;
+        }
+        self.blocks.insert(block, crc);
+        if self.blocks.range(group_blocks(key)).nth(PROMOTE - 1).is_some() {
+            let mut v = NO_SUMS;
+            let moved: Vec<(u64, u32)> = self.blocks.range(group_blocks(key)).map(|(&b, &c)| (b, c)).collect();
+            for (b, c) in moved {
+                set_bit(&mut v, b, c);
+                self.blocks.remove(&b);
+            }
+            self.groups.insert(key, v);
+        }
+    }
+
+    /// Lay this layer's sums of group `key` over `v`.
+    fn overlay(&self, key: u64, v: &mut SumsValue) {
+        if let Some(g) = self.groups.get(&key) {
+            newer_over(v, g);
+        }
+        self.blocks.range(group_blocks(key)).for_each(|(&b, &c)| set_bit(v, b, c));
+    }
+
+    /// Take `newer`'s sums over these (a freeze that was never adopted
+    /// under the sums set since).
+    fn absorb(&mut self, newer: SumChanges) {
+        for (key, g) in newer.groups {
+            for b in group_blocks(key).filter(|b| g.known & (1 << (b % SUMS_GROUP)) != 0) {
+                self.blocks.remove(&b);
+            }
+            let mut v = self.groups.get(&key).copied().unwrap_or(NO_SUMS);
+            newer_over(&mut v, &g);
+            self.groups.insert(key, v);
+        }
+        newer.blocks.into_iter().for_each(|(b, c)| self.set(b, c));
+    }
+
+    /// The groups with a sum set, in key order.
+    fn group_keys(&self) -> Vec<u64> {
+        let mut keys: Vec<u64> = self.groups.keys().copied().collect();
+        keys.extend(self.blocks.keys().map(|b| b / SUMS_GROUP));
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+}
+
+/// `newer`'s known sums over `v`.
+fn newer_over(v: &mut SumsValue, newer: &SumsValue) {
+    (0..SUMS_GROUP as usize).filter(|i| newer.known & (1 << i) != 0).for_each(|i| v.crcs[i] = newer.crcs[i]);
+    v.known |= newer.known;
 }
 
 pub struct SumsTree {
@@ -66,7 +133,7 @@ pub struct FrozenSums {
 
 impl Drop for SumsTree {
     fn drop(&mut self) {
-        self.counter.fetch_sub(bytes(self.len()), Ordering::Relaxed);
+        self.counter.fetch_sub(self.bytes(), Ordering::Relaxed);
     }
 }
 
@@ -80,16 +147,20 @@ impl SumsTree {
     }
 
     fn over(store: &Store, base: Tree<SumsValue>) -> SumsTree {
-        SumsTree { base, pending: SumChanges::new(), frozen: None, counter: store.buffered.clone() }
+        SumsTree { base, pending: SumChanges::default(), frozen: None, counter: store.buffered.clone() }
     }
 
     pub fn id(&self) -> u64 {
         self.base.id
     }
 
-    /// Sums held in memory (pending and frozen).
+    /// Changes held in memory (pending and frozen: groups and blocks).
     pub fn len(&self) -> usize {
         self.pending.len() + self.frozen.as_ref().map_or(0, |f| f.len())
+    }
+
+    fn bytes(&self) -> u64 {
+        self.pending.bytes() + self.frozen.as_ref().map_or(0, |f| f.bytes())
     }
 
     pub fn is_empty(&self) -> bool {
@@ -98,15 +169,19 @@ impl SumsTree {
 
     /// Record the sums of blocks `pba..pba+sums.len()` (no tree read).
     pub fn set(&mut self, pba: Pba, sums: &[u32]) {
-        let added = (pba.0..).zip(sums).filter(|(block, &crc)| self.pending.insert(*block, crc).is_none()).count();
-        self.counter.fetch_add(bytes(added), Ordering::Relaxed);
+        let before = self.pending.bytes();
+        (pba.0..).zip(sums).for_each(|(block, &crc)| self.pending.set(block, crc));
+        self.counter.fetch_add(self.pending.bytes(), Ordering::Relaxed);
+        self.counter.fetch_sub(before, Ordering::Relaxed);
     }
 
     /// Group `key`: the tree's, with the frozen then the pending sums over it.
     pub fn get_group(&self, store: &Store, key: u64) -> Result<Option<SumsValue>> {
         let base = self.base.get_le(store, key)?.filter(|(k, _)| *k == key).map(|(_, v)| v);
-        let frozen = self.frozen.iter().flat_map(|f| f.range(group_blocks(key)));
-        Ok(overlay(base, frozen.chain(self.pending.range(group_blocks(key)))))
+        let mut v = base.unwrap_or(NO_SUMS);
+        self.frozen.iter().for_each(|f| f.overlay(key, &mut v));
+        self.pending.overlay(key, &mut v);
+        Ok((v.known != 0).then_some(v))
     }
 
     /// The sums of `len` blocks from `pba` (None where a block has none).
@@ -129,11 +204,12 @@ impl SumsTree {
     pub fn freeze(&mut self) -> FrozenSums {
         let mut changes = std::mem::take(&mut self.pending);
         if let Some(old) = self.frozen.take() {
-            let before = old.len() + changes.len();
+            let before = old.bytes() + changes.bytes();
             let mut all = Arc::unwrap_or_clone(old);
-            all.append(&mut changes);
+            all.absorb(changes);
             changes = all;
-            self.counter.fetch_sub(bytes(before - changes.len()), Ordering::Relaxed);
+            self.counter.fetch_add(changes.bytes(), Ordering::Relaxed);
+            self.counter.fetch_sub(before, Ordering::Relaxed);
         }
         let changes = Arc::new(changes);
         self.frozen = Some(changes.clone());
@@ -148,8 +224,8 @@ impl SumsTree {
             return false;
         }
         self.base = Tree::written(self.base.id, merged.root);
-        let done = self.frozen.take().map_or(0, |f| f.len());
-        self.counter.fetch_sub(bytes(done), Ordering::Relaxed);
+        let done = self.frozen.take().map_or(0, |f| f.bytes());
+        self.counter.fetch_sub(done, Ordering::Relaxed);
         true
     }
 }
@@ -161,7 +237,7 @@ impl FrozenSums {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.changes.is_empty()
+        self.changes.len() == 0
     }
 
     /// Lay the sums over a copy of the base, group by group in key order,
@@ -169,16 +245,13 @@ impl FrozenSums {
     /// old base and the buffers meanwhile.
     pub fn write(&self, store: &Store, alloc: &mut dyn NodeAlloc, generation: u64) -> Result<Merged> {
         let work = Tree { id: self.id, root: self.root.clone(), height: self.height };
-        let mut keys: Vec<u64> = self.changes.keys().map(|b| b / SUMS_GROUP).collect();
-        keys.dedup();
         let apply = |work: &mut Tree<SumsValue>, key: u64, sup: &mut Vec<Pba>| {
             let old = work.get_le(store, key)?.filter(|(k, _)| *k == key).map(|(_, v)| v);
-            match overlay(old, self.changes.range(group_blocks(key))) {
-                Some(v) => work.insert(store, key, v, sup).map(drop),
-                None => Ok(()),
-            }
+            let mut v = old.unwrap_or(NO_SUMS);
+            self.changes.overlay(key, &mut v);
+            work.insert(store, key, v, sup).map(drop)
         };
-        merge_in_chunks(store, alloc, generation, work, keys.into_iter(), apply)
+        merge_in_chunks(store, alloc, generation, work, self.changes.group_keys().into_iter(), apply)
     }
 }
 

@@ -11,7 +11,7 @@ use tarn_store::cache::MIN_CACHE_BYTES;
 use tarn_store::{MemIo, Store, SumsTree};
 
 /// Blocks 0..BLOCKS of device 1 (device bits in the key: not block 0 of the tree).
-const BLOCKS: u64 = 20_000;
+const BLOCKS: u64 = 200_000;
 
 fn sums(tree: &SumsTree, store: &Store) -> Vec<Option<u32>> {
     tree.get_run(store, Pba::new(1, 0), BLOCKS).unwrap()
@@ -37,7 +37,7 @@ fn per_block_sums_match_a_flat_model_across_checkpoints() {
         }
         if step % 10_000 == 9_999 {
             let (f, then) = frozen.take().unwrap();
-            assert!(f.len() > 4_096, "{} sums: a merge of several chunks", f.len());
+            assert!(f.len() > 2 * 2_048, "{} groups and blocks: a merge of several chunks", f.len());
             let merged = f.write(&store, &mut alloc, step).unwrap();
             let cold = Store::new(io.clone(), MIN_CACHE_BYTES).unwrap();
             assert_eq!(sums(&SumsTree::open(&cold, 4, merged.root).unwrap(), &cold), then, "reopened at {step}");
@@ -63,13 +63,43 @@ fn per_block_sums_match_a_flat_model_across_checkpoints() {
 fn an_unadopted_freeze_is_handed_again_under_newer_sums() {
     let store = Store::new(Arc::new(MemIo::default()), MIN_CACHE_BYTES).unwrap();
     let mut tree = SumsTree::new(&store, 4);
+    // Blocks 30..33 single; group 3 (blocks 48..64) whole.
     tree.set(Pba::new(1, 30), &[1, 2, 3]);
+    tree.set(Pba::new(1, 48), &[5; 16]);
     let lost = tree.freeze();
+    // Newer: a single block in the old group, a group over an old block.
     tree.set(Pba::new(1, 31), &[9]);
+    tree.set(Pba::new(1, 50), &[7]);
+    tree.set(Pba::new(1, 32), &[6; 16]);
     let again = tree.freeze();
-    assert_eq!(again.len(), 3);
     assert!(!tree.adopt(&lost, &Default::default()), "a superseded freeze is not adopted");
+    let mut want: Vec<Option<u32>> = vec![Some(1), Some(9)];
+    want.extend([Some(6); 16]);
+    want.extend([Some(5); 16]);
+    want[50 - 30] = Some(7);
+    assert_eq!(tree.get_run(&store, Pba::new(1, 30), 34).unwrap(), want, "live, before the merge");
     let merged = again.write(&store, &mut TestAlloc::default(), 1).unwrap();
     assert!(tree.adopt(&again, &merged));
-    assert_eq!(tree.get_run(&store, Pba::new(1, 30), 3).unwrap(), vec![Some(1), Some(9), Some(3)]);
+    assert_eq!(tree.get_run(&store, Pba::new(1, 30), 34).unwrap(), want, "merged");
+    assert_eq!(store.buffered_bytes(), 0);
+}
+
+/// A run of new data fills whole groups: buffered per group, not per
+/// block (a sixth of the memory); single blocks stay single.
+#[test]
+fn runs_are_buffered_per_group_and_single_blocks_per_block() {
+    let store = Store::new(Arc::new(MemIo::default()), MIN_CACHE_BYTES).unwrap();
+    let mut tree = SumsTree::new(&store, 4);
+    let run: Vec<u32> = (0..160).collect();
+    tree.set(Pba::new(1, 320), &run);
+    assert_eq!(tree.len(), 10, "160 blocks from a group boundary: 10 groups");
+    let per_group = store.buffered_bytes();
+    tree.set(Pba::new(1, 5_000), &[1]);
+    tree.set(Pba::new(1, 6_000), &[2]);
+    assert_eq!(tree.len(), 12);
+    assert!(store.buffered_bytes() - per_group < per_group / 10 * 2, "two single blocks cost less than two groups");
+    // Three blocks of one group become a group entry.
+    tree.set(Pba::new(1, 6_001), &[3, 4]);
+    assert_eq!(tree.len(), 12);
+    assert_eq!(tree.get_run(&store, Pba::new(1, 5_999), 4).unwrap(), vec![None, Some(2), Some(3), Some(4)]);
 }
