@@ -1,6 +1,7 @@
 //! Pool behaviour at the edges, on simulated devices: a full pool, damaged
 //! labels, foreign members, volume administration and space accounting.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tarn_engine::{create_pool, CreateOptions, Device, EngineError, OpenOptions, Pool};
 use tarn_sim::SimDevice;
@@ -264,15 +265,26 @@ fn compaction_never_loses_a_racing_write() {
     let v = pool.create_volume("race", 4 * MIB).unwrap().id;
     write_scattered(&pool, v, 1024).unwrap();
     pool.flush().unwrap();
+    // Windows moved so far: the writer goes on (bounded) until some moved
+    // while it ran, and pauses now and then so that a window can move
+    // between two writes (a faster writer touched every window in the
+    // middle of its move, and nothing raced at all).
+    let moved = Arc::new(AtomicU64::new(0));
     let writer = {
-        let pool = pool.clone();
+        let (pool, moved) = (pool.clone(), moved.clone());
         std::thread::spawn(move || {
             let mut last = vec![0u8; 1024];
             for (b, l) in last.iter_mut().enumerate() {
                 *l = b as u8;
             }
             let mut x = 12345u64;
-            for i in 0..20_000u64 {
+            for i in 0..400_000u64 {
+                if i >= 20_000 && moved.load(Ordering::SeqCst) >= 2 {
+                    break;
+                }
+                if i % 64 == 63 {
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
                 x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                 let b = (x >> 33) % 1024;
                 let fill = (i % 251) as u8;
@@ -282,12 +294,13 @@ fn compaction_never_loses_a_racing_write() {
             last
         })
     };
-    let (mut moved, mut skipped) = (0, 0);
+    let mut skipped = 0;
     while !writer.is_finished() {
         let r = pool.relayout("race", &mut |_, _| {}).unwrap();
-        moved += r.windows_moved;
+        moved.fetch_add(r.windows_moved, Ordering::SeqCst);
         skipped += r.windows_skipped;
     }
+    let moved = moved.load(Ordering::SeqCst);
     assert!(moved > 0, "no window moved while the writer ran ({skipped} skipped)");
     let last = writer.join().unwrap();
     let mut back = vec![0u8; 4 * MIB as usize];
