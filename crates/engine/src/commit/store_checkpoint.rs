@@ -141,12 +141,14 @@ impl Pool {
         ctl.checkpoint_busy = false;
         let durable_at = w.started.elapsed();
         let store = self.read_inner().state.store.clone();
-        let (leftovers, fills) = {
+        let (leftovers, fills, retired) = {
             let mut inner = self.write_inner();
             let inner = &mut *inner;
             catalog::adopt(&mut inner.state, &mut inner.space, w.frozen, w.written)
         };
-        // Writers wait on the pool lock: the cache inserts come after it.
+        // Writers wait on the pool lock: the cache inserts and the freeing of
+        // the merged buffers come after it.
+        drop(retired);
         fills.apply(&store);
         // Released node blocks may be reused by data: no stale cache entry.
         for &(pba, len) in &w.release {

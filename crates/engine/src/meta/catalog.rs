@@ -213,38 +213,47 @@ pub(crate) fn adopt(
     space: &mut Space,
     frozen: FrozenPool,
     mut written: WrittenTrees,
-) -> (Vec<Pba>, Fills) {
+) -> (Vec<Pba>, Fills, Retired) {
     let mut left = Vec::new();
     let mut fills = Fills::default();
-    for v in frozen.volumes {
+    let FrozenPool { volumes, sums, spaces, .. } = frozen;
+    for v in &volumes {
         let live = state.volumes.get_mut(&v.id).filter(|lv| lv.map.tree_id() == v.head.tree);
-        adopt_map(live.map(|lv| &mut lv.map), v.head, &mut written);
-        for s in v.snapshots {
+        adopt_map(live.map(|lv| &mut lv.map), &v.head, &mut written);
+        for s in &v.snapshots {
             let snap = state.volumes.get_mut(&v.id).and_then(|lv| lv.snapshots.iter_mut().find(|x| x.epoch == s.epoch));
-            adopt_map(snap.map(|ls| &mut ls.dead), s.dead, &mut written);
+            adopt_map(snap.map(|ls| &mut ls.dead), &s.dead, &mut written);
         }
     }
     let mut take = |tree: u64| written.trees.remove(&tree).unwrap_or_default();
     let merged = written.merged.remove(&tree_id::SUMS).unwrap_or_default();
-    if !state.sums.adopt(&frozen.sums, &merged) {
+    if !state.sums.adopt(&sums, &merged) {
         log::error!("the checksum tree changed during its checkpoint: {} node blocks leaked", merged.nodes);
     }
     let store = state.store.clone();
-    for (i, s) in frozen.spaces.into_iter().enumerate() {
+    for (i, s) in spaces.into_iter().enumerate() {
         let mut w = take(tree_id::space(i as u16));
         left.extend(space.devices[i].tree.adopt(&store, s.frozen, &mut w));
         fills.extend(w.take_fills());
     }
     // Trees that vanished between freeze and adopt (none expected beyond the above).
     written.trees.into_values().for_each(|w| left.extend(w.into_blocks()));
-    (left, fills)
+    (left, fills, Retired { _volumes: volumes, _sums: sums })
+}
+
+/// The merged buffers, last references: dropped by the caller after the
+/// pool lock (freeing a few hundred thousand buffered changes took 20-27 ms,
+/// which every writer waited for).
+pub(crate) struct Retired {
+    _volumes: Vec<FrozenVolume>,
+    _sums: FrozenSums,
 }
 
 /// The merged tree becomes the live map's base. A map cannot vanish or be
 /// cleared while its merge is under way (`ExtentMap::clear` refuses, the
 /// callers finish the checkpoint first); if one did, its merged nodes are
 /// leaked (`pool check` reports them), never freed twice.
-fn adopt_map(live: Option<&mut ExtentMap>, frozen: FrozenMap, written: &mut WrittenTrees) {
+fn adopt_map(live: Option<&mut ExtentMap>, frozen: &FrozenMap, written: &mut WrittenTrees) {
     let Some(merged) = written.merged.remove(&frozen.tree) else { return };
     if !live.is_some_and(|m| m.adopt(&frozen.frozen, &merged)) {
         log::error!("map tree {:#x} changed during its checkpoint: {} node blocks leaked", frozen.tree, merged.nodes);
