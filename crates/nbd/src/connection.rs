@@ -318,6 +318,17 @@ impl Shared {
     fn send(&self, reply: Reply) {
         self.writer.send(reply, &self.pool);
     }
+
+    /// `jobs` requests of `bytes` payload answered: their room in the
+    /// queue is free again, and a reader waiting for room is woken.
+    fn finished(&self, q: &mut QueueState, jobs: usize, bytes: u64) {
+        q.in_flight -= jobs;
+        q.in_flight_bytes -= bytes;
+        if q.reader_waiting {
+            q.reader_waiting = false;
+            self.space_cv.notify_one();
+        }
+    }
 }
 
 /// How the transmission phase ended.
@@ -675,11 +686,7 @@ fn flusher(sh: Arc<Shared>) {
         let batch = {
             let mut q = lock(&sh.queue);
             if done > 0 {
-                q.in_flight -= done;
-                if q.reader_waiting {
-                    q.reader_waiting = false;
-                    sh.space_cv.notify_one();
-                }
+                sh.finished(&mut q, done, 0);
             }
             loop {
                 if !q.flushes.is_empty() {
@@ -826,12 +833,7 @@ fn worker(sh: Arc<Shared>) {
         let job = {
             let mut q = lock(&sh.queue);
             if let Some(cost) = done.take() {
-                q.in_flight -= 1;
-                q.in_flight_bytes -= cost;
-                if q.reader_waiting {
-                    q.reader_waiting = false;
-                    sh.space_cv.notify_one();
-                }
+                sh.finished(&mut q, 1, cost);
             }
             loop {
                 if let Some(j) = q.jobs.pop_front() {

@@ -304,7 +304,7 @@ impl State {
                 if Pba(*pba).is_origin() || sums.is_empty() {
                     return Err(format!("checksums for {} blocks at {}", sums.len(), Pba(*pba)).into());
                 }
-                self.sums.set(Pba(*pba), sums)?;
+                self.sums.set(Pba(*pba), sums);
             }
             Op::Regions { open: true, ids } => self.open_regions.extend(ids.iter().copied()),
             Op::Regions { open: false, ids } => ids.iter().for_each(|id| {

@@ -177,7 +177,7 @@ fn decode_extents(
             return Err(bad("checkpoint extents overlap"));
         }
         if !dec.sums().is_empty() {
-            sums.set(pba, dec.sums())?;
+            sums.set(pba, dec.sums());
         }
     }
     Ok(map)
