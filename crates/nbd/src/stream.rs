@@ -52,14 +52,16 @@ impl Stream {
     }
 
     /// Write all of `bufs` with `sendmsg(MSG_NOSIGNAL)`: one system call in
-    /// the common case, and no SIGPIPE if the peer has gone away.
-    pub(crate) fn write_all_vectored(&self, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+    /// the common case, and no SIGPIPE if the peer has gone away. `more`
+    /// adds `MSG_MORE`: more data follows at once, so the kernel holds a
+    /// short tail back for it.
+    pub(crate) fn write_all_vectored(&self, mut bufs: &mut [IoSlice<'_>], more: bool) -> io::Result<()> {
         // Skip leading empty slices.
         while bufs.first().is_some_and(|b| b.is_empty()) {
             bufs = &mut bufs[1..];
         }
         while !bufs.is_empty() {
-            let n = sendmsg_nosignal(self.as_raw_fd(), bufs)?;
+            let n = sendmsg_nosignal(self.as_raw_fd(), bufs, more)?;
             if n == 0 {
                 return Err(io::ErrorKind::WriteZero.into());
             }
@@ -71,7 +73,7 @@ impl Stream {
 
 const IOV_MAX: usize = 1024;
 
-fn sendmsg_nosignal(fd: RawFd, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+fn sendmsg_nosignal(fd: RawFd, bufs: &[IoSlice<'_>], more: bool) -> io::Result<usize> {
     let cnt = bufs.len().min(IOV_MAX);
     // SAFETY: IoSlice is ABI-compatible with `struct iovec` on Unix; the
     // msghdr only borrows `bufs`, which outlives the call.
@@ -79,7 +81,8 @@ fn sendmsg_nosignal(fd: RawFd, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
     msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
     msg.msg_iovlen = cnt as _;
     loop {
-        let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) };
+        let flags = if more { libc::MSG_NOSIGNAL | libc::MSG_MORE } else { libc::MSG_NOSIGNAL };
+        let r = unsafe { libc::sendmsg(fd, &msg, flags) };
         if r >= 0 {
             return Ok(r as usize);
         }
@@ -134,7 +137,7 @@ impl Read for Stream {
 impl Write for &Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let slice = [IoSlice::new(buf)];
-        sendmsg_nosignal(self.as_raw_fd(), &slice)
+        sendmsg_nosignal(self.as_raw_fd(), &slice, false)
     }
     fn flush(&mut self) -> io::Result<()> {
         Ok(())

@@ -149,12 +149,12 @@ impl TlsSession {
                     }
                 }
                 if out.len() >= SEND_AT {
-                    self.sock.write_all_vectored(&mut [IoSlice::new(&out)])?;
+                    self.sock.write_all_vectored(&mut [IoSlice::new(&out)], false)?;
                     out.clear();
                 }
             }
         }
-        self.sock.write_all_vectored(&mut [IoSlice::new(&out)])
+        self.sock.write_all_vectored(&mut [IoSlice::new(&out)], false)
     }
 
     /// Send close_notify (best effort) and close the socket both ways.
@@ -169,7 +169,7 @@ impl TlsSession {
                 }
             }
         }
-        let _ = self.sock.write_all_vectored(&mut [IoSlice::new(&out)]);
+        let _ = self.sock.write_all_vectored(&mut [IoSlice::new(&out)], false);
         self.sock.shutdown(Shutdown::Both);
     }
 
@@ -185,7 +185,7 @@ fn send_pending(conn: &mut ServerConnection, sock: &Stream) -> io::Result<()> {
     while conn.wants_write() {
         conn.write_tls(&mut out)?;
     }
-    sock.write_all_vectored(&mut [IoSlice::new(&out)])
+    sock.write_all_vectored(&mut [IoSlice::new(&out)], false)
 }
 
 /// The decrypting read side of a TLS session.
@@ -291,7 +291,7 @@ impl Channel {
 
     pub(crate) fn write_all(&self, bytes: &[u8]) -> io::Result<()> {
         match self {
-            Channel::Plain { writer, .. } => writer.write_all_vectored(&mut [IoSlice::new(bytes)]),
+            Channel::Plain { writer, .. } => writer.write_all_vectored(&mut [IoSlice::new(bytes)], false),
             Channel::Tls { session, .. } => session.write_all_vectored(&[IoSlice::new(bytes)]),
         }
     }
