@@ -5,7 +5,7 @@
 use crate::export::Clients;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use tarn_engine::{EngineError, Pool, PoolStatus, SnapshotInfo, View, VolumeInfo};
+use tarn_engine::{EngineError, PlacementKind, Pool, PoolStatus, SnapshotInfo, View, VolumeInfo};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -17,6 +17,14 @@ pub enum Request {
     VolCreate {
         name: String,
         size: u64,
+        /// The volume's own placement policy (absent: the pool's default).
+        #[serde(default)]
+        placement: Option<String>,
+    },
+    /// Change a volume's placement ("default": follow the pool's).
+    VolSet {
+        name: String,
+        placement: String,
     },
     VolResize {
         name: String,
@@ -105,7 +113,17 @@ pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, Strin
         Request::Check => Ok(check_json(pool, ctx)),
         Request::Flush => pool.flush().map(|_| json!({})),
         Request::VolList => Ok(Value::Array(pool.list_volumes().iter().map(volume_json).collect())),
-        Request::VolCreate { name, size } => pool.create_volume(name, *size).map(|v| volume_json(&v)),
+        Request::VolCreate { name, size, placement } => {
+            let placement = match placement {
+                Some(name) => placement_named(name)?,
+                None => None,
+            };
+            pool.create_volume_placed(name, *size, placement).map(|v| volume_json(&v))
+        }
+        Request::VolSet { name, placement } => {
+            let placement = placement_named(placement)?;
+            pool.set_placement(name, placement).map(|v| volume_json(&v))
+        }
         Request::VolResize { name, size, allow_shrink } => {
             pool.resize_volume(name, *size, *allow_shrink).map(|v| volume_json(&v))
         }
@@ -267,7 +285,18 @@ pub fn volume_json(v: &VolumeInfo) -> Value {
         "name": v.name, "id": v.id, "size": v.size, "allocated": v.allocated, "extents": v.extents,
         "snapshots": v.snapshots, "snapshot_bytes": v.snapshot_bytes,
         "origin": v.origin, "origin_bytes": v.origin_bytes,
+        "placement": v.placement, "placement_default": !v.placement_own,
     })
+}
+
+/// A placement policy by name; "default" is None (the pool's default).
+fn placement_named(name: &str) -> Result<Option<PlacementKind>, String> {
+    if name == "default" {
+        return Ok(None);
+    }
+    PlacementKind::parse(name)
+        .map(Some)
+        .ok_or_else(|| format!("unknown placement {name:?}: one of {}, or default", PlacementKind::NAMES.join(", ")))
 }
 
 pub fn snapshot_json(s: &SnapshotInfo) -> Value {

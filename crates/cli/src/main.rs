@@ -161,6 +161,20 @@ enum VolCmd {
         name: String,
         #[arg(long, value_parser = size::parse_size)]
         size: u64,
+        /// Where the volume's new data goes: linear, inplace, append or
+        /// contiguous (default: the pool's, `serve --placement`).
+        #[arg(long, value_parser = parse_placement)]
+        placement: Option<tarn_engine::PlacementKind>,
+        #[command(flatten)]
+        pool: PoolArg,
+    },
+    /// Change a volume's settings.
+    Set {
+        name: String,
+        /// linear, inplace, append, contiguous, or default (the pool's).
+        /// Applies to data written from now on.
+        #[arg(long, value_parser = parse_placement_or_default)]
+        placement: String,
         #[command(flatten)]
         pool: PoolArg,
     },
@@ -305,6 +319,14 @@ struct ServeCmd {
     tls: tls::TlsArgs,
 }
 
+/// A placement name or "default" (checked here, applied by the pool).
+fn parse_placement_or_default(name: &str) -> std::result::Result<String, String> {
+    if name == "default" {
+        return Ok(name.to_string());
+    }
+    parse_placement(name).map(|p| p.name().to_string())
+}
+
 fn parse_placement(name: &str) -> std::result::Result<tarn_engine::PlacementKind, String> {
     tarn_engine::PlacementKind::parse(name)
         .ok_or_else(|| format!("unknown placement {name:?}: {}", tarn_engine::PlacementKind::NAMES.join(", ")))
@@ -401,10 +423,16 @@ fn dispatch(cmd: Command) -> Result<i32> {
             print(json, &result?, text::compacted);
             Ok(0)
         }
-        Command::Vol(VolCmd::Create { name, size, pool }) => {
-            let v = admin(&pool, &Request::VolCreate { name, size })?;
+        Command::Vol(VolCmd::Create { name, size, placement, pool }) => {
+            let placement = placement.map(|p| p.name().to_string());
+            let v = admin(&pool, &Request::VolCreate { name, size, placement })?;
             let (name, size) = text::name_and_size(&v);
-            println!("created volume {name} ({size} thin)");
+            println!("created volume {name} ({size} thin, placement {})", text::placement(&v));
+            Ok(0)
+        }
+        Command::Vol(VolCmd::Set { name, placement, pool }) => {
+            let v = admin(&pool, &Request::VolSet { name, placement })?;
+            println!("volume {}: placement {}", v["name"].as_str().unwrap_or("?"), text::placement(&v));
             Ok(0)
         }
         Command::Vol(VolCmd::List { pool, json }) => {
@@ -569,7 +597,7 @@ fn run_cmd(r: RunCmd) -> Result<i32> {
     let vols = admin(&pa, &Request::VolList)?;
     let exists = vols.as_array().is_some_and(|a| a.iter().any(|v| v["name"] == r.volume.as_str()));
     if !exists {
-        admin(&pa, &Request::VolCreate { name: r.volume.clone(), size: r.volume_size })?;
+        admin(&pa, &Request::VolCreate { name: r.volume.clone(), size: r.volume_size, placement: None })?;
         println!("created volume {} ({} thin)", r.volume, size::human(r.volume_size));
     }
     let socket = std::path::absolute(r.data_dir.join("nbd.sock"))?;

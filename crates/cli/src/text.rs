@@ -177,23 +177,34 @@ pub fn check(v: &Value) -> String {
 
 pub fn volumes(v: &Value) -> String {
     let mut s = format!(
-        "{:<24} {:>12} {:>12} {:>8} {:>6} {:>12}  {}\n",
-        "NAME", "SIZE", "ALLOCATED", "EXTENTS", "SNAPS", "SNAP-BYTES", "ORIGIN"
+        "{:<24} {:>12} {:>12} {:>8} {:>6} {:>12}  {:<20} {}\n",
+        "NAME", "SIZE", "ALLOCATED", "EXTENTS", "SNAPS", "SNAP-BYTES", "PLACEMENT", "ORIGIN"
     );
     for vol in v.as_array().into_iter().flatten() {
         let _ = writeln!(
             s,
-            "{:<24} {:>12} {:>12} {:>8} {:>6} {:>12}  {}",
+            "{:<24} {:>12} {:>12} {:>8} {:>6} {:>12}  {:<20} {}",
             vol["name"].as_str().unwrap_or("?"),
             b(&vol["size"]),
             b(&vol["allocated"]),
             vol["extents"].as_u64().unwrap_or(0),
             vol["snapshots"].as_u64().unwrap_or(0),
             b(&vol["snapshot_bytes"]),
+            placement(vol),
             origin(vol)
         );
     }
     s
+}
+
+/// A volume's placement, marked when it is the pool's default.
+pub fn placement(vol: &Value) -> String {
+    let name = vol["placement"].as_str().unwrap_or("?");
+    if vol["placement_default"].as_bool().unwrap_or(false) {
+        format!("{name} (default)")
+    } else {
+        name.to_string()
+    }
 }
 
 /// A clone's origin and how much it still reads from it, or "-".

@@ -12,6 +12,7 @@ pub mod journal;
 pub mod leg;
 pub mod node;
 pub mod ops;
+pub mod placement;
 pub mod superblock;
 
 pub use address::{Pba, BLOCK_SIZE};

@@ -6,6 +6,7 @@
 
 use crate::codec::{Reader, Writer};
 use crate::error::Result;
+use crate::placement::PolicyCode;
 
 pub const MAX_NAME_LEN: usize = 128;
 
@@ -93,6 +94,12 @@ pub enum Op {
         open: bool,
         ids: Vec<u64>,
     },
+    /// `vol` places its new data by `policy` from now on (None: the pool's
+    /// default). Pools with the PLACEMENT feature.
+    VolPlacement {
+        vol: u32,
+        policy: Option<PolicyCode>,
+    },
 }
 
 /// Blocks one Sums op covers at most (the largest write: 32 MiB).
@@ -123,6 +130,7 @@ mod tag {
     pub const SUMS: u8 = 12;
     pub const REGIONS_OPEN: u8 = 13;
     pub const REGIONS_CLOSE: u8 = 14;
+    pub const VOL_PLACEMENT: u8 = 15;
 }
 
 fn encode_name(w: &mut Writer, name: &str) {
@@ -170,6 +178,11 @@ impl Op {
             Op::VolDelete { vol } => {
                 w.u8(tag::VOL_DELETE);
                 w.u32(*vol);
+            }
+            Op::VolPlacement { vol, policy } => {
+                w.u8(tag::VOL_PLACEMENT);
+                w.u32(*vol);
+                w.u8(policy.map_or(0, |p| p as u8));
             }
             Op::Sums { pba, sums } => {
                 assert!(!sums.is_empty() && sums.len() <= MAX_SUMS_PER_OP);
@@ -227,6 +240,7 @@ impl Op {
             | Op::VolCreate { .. }
             | Op::VolResize { .. }
             | Op::VolDelete { .. }
+            | Op::VolPlacement { .. }
             | Op::Sums { .. }
             | Op::Regions { .. } => {
                 unreachable!("volume and pool ops are encoded by Op::encode")
@@ -255,6 +269,14 @@ impl Op {
             }
             tag::VOL_RESIZE => Op::VolResize { vol, size: r.u64()? },
             tag::VOL_DELETE => Op::VolDelete { vol },
+            tag::VOL_PLACEMENT => {
+                let b = r.u8()?;
+                let policy = match b {
+                    0 => None,
+                    _ => Some(PolicyCode::from_byte(b).ok_or_else(|| r.bad("placement policy", u64::from(b)))?),
+                };
+                Op::VolPlacement { vol, policy }
+            }
             tag::SNAP_CREATE => {
                 let created = r.u64()?;
                 Op::SnapCreate { vol, created, name: decode_name(r)? }
@@ -344,7 +366,19 @@ mod tests {
             Op::Sums { pba: (2 << 48) | 5, sums: vec![0, u32::MAX, 0xdead_beef] },
             Op::Regions { open: true, ids: vec![0, 1 << 34, 7] },
             Op::Regions { open: false, ids: vec![3] },
+            Op::VolPlacement { vol: 4, policy: Some(PolicyCode::Append) },
+            Op::VolPlacement { vol: 4, policy: None },
         ]
+    }
+
+    #[test]
+    fn vol_placement_bytes_and_bad_policy() {
+        let bytes = encode_ops(&[Op::VolPlacement { vol: 2, policy: Some(PolicyCode::Contiguous) }]);
+        // count 1, tag 15, vol 2 (u32 LE), policy 4
+        assert_eq!(bytes, [1, 15, 2, 0, 0, 0, 4]);
+        let mut bad = bytes.clone();
+        bad[6] = 9;
+        assert!(decode_ops(&bad).is_err(), "an unknown policy byte must be refused");
     }
 
     #[test]

@@ -34,8 +34,11 @@ pub mod incompat {
     /// Pool members may be mirrors of 2+ legs: each device table entry
     /// carries a leg list (docs/FORMAT.md §Mirrors).
     pub const MIRRORS: u64 = 1 << 2;
+    /// Volumes may name a placement policy: op 15 (VolPlacement) in the
+    /// journal, the PLACEMENT flag of catalog volume entries.
+    pub const PLACEMENT: u64 = 1 << 3;
     /// Features this build understands.
-    pub const KNOWN: u64 = SNAPSHOTS | DATA_CHECKSUMS | MIRRORS;
+    pub const KNOWN: u64 = SNAPSHOTS | DATA_CHECKSUMS | MIRRORS | PLACEMENT;
 }
 
 /// Superblock flag: a pool with mirrors is open for writing (set before its

@@ -468,6 +468,15 @@ impl Run {
         self.verify_all("after clean reopen")
     }
 
+    /// A volume's own placement, or None (the pool's default): the crash
+    /// simulation covers the write path of every policy.
+    pub(crate) fn any_placement(&mut self) -> Option<PlacementKind> {
+        const KINDS: [PlacementKind; 4] =
+            [PlacementKind::Linear, PlacementKind::Inplace, PlacementKind::Append, PlacementKind::Contiguous];
+        let i = self.rng.random_range(0..=KINDS.len());
+        KINDS.get(i).copied()
+    }
+
     fn volume_op(&mut self) -> Result<(), String> {
         let roll = self.rng.random_range(0..10);
         if self.model.vols.len() < 3 && (roll < 6 || self.model.vols.is_empty()) {
@@ -476,7 +485,8 @@ impl Run {
                 return Ok(());
             }
             let size = self.rng.random_range(1..=(3 << 20) / BLOCK) * BLOCK;
-            let r = self.pool().create_volume(&name, size as u64);
+            let placement = self.any_placement();
+            let r = self.pool().create_volume_placed(&name, size as u64, placement);
             return self.admin_outcome(Pending::VolCreate { name, size }, Ok(()), r).map(drop);
         }
         let (name, _, size) = self.any_volume();

@@ -280,8 +280,9 @@ impl Run {
         let name = format!("v{}", self.rng.random_range(0..4));
         let size = self.rng.random_range(MIN_BLOCKS..=MAX_BLOCKS) * BLOCK;
         let expect = if self.model.vols.contains_key(&name) { Err("VolumeExists") } else { Ok(()) };
-        let r = self.pool().create_volume(&name, size as u64);
-        trace!("create volume {name} {size}: {:?}", r.as_ref().map(|i| i.id));
+        let placement = self.any_placement();
+        let r = self.pool().create_volume_placed(&name, size as u64, placement);
+        trace!("create volume {name} {size} {placement:?}: {:?}", r.as_ref().map(|i| i.id));
         self.admin_outcome(Pending::VolCreate { name, size }, expect, r).map(drop)
     }
 

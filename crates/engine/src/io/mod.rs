@@ -252,9 +252,10 @@ impl Pool {
 
     fn plan_write_in(&self, inner: &Inner, vol: u32, lba: u64, n: u64, relayout: bool) -> Result<WritePlan<'_>> {
         let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
+        let kind = inner.placement_of(v);
         let mut segs = v.map.lookup(lba, n, usize::MAX)?;
         inner.moving.iter().for_each(|w| w.note_write(vol, lba, n));
-        let relaid = relayout && scattered(&segs, n);
+        let relaid = relayout && kind.relays_out() && scattered(&segs, n);
         if relaid {
             segs = vec![Segment::Hole { lba, len: n }];
         }
@@ -262,7 +263,7 @@ impl Pool {
         let mut fresh_guard = None;
         for seg in segs.iter_mut() {
             if let Segment::Mapped { lba, len, pba, birth } = *seg {
-                if !v.owns_alone(pba, birth) {
+                if !kind.overwrites_in_place() || !v.owns_alone(pba, birth) {
                     *seg = Segment::Hole { lba, len };
                 } else if self.checksums {
                     let shut: Vec<u64> =
@@ -278,7 +279,7 @@ impl Pool {
                 }
             }
         }
-        let near = if inner.placement.wants_near() { near_holes(&v.map, &segs)? } else { Vec::new() };
+        let near = if kind.policy().wants_near() { near_holes(&v.map, &segs)? } else { Vec::new() };
         Ok(WritePlan { segs, closed, near, relaid, _fresh: fresh_guard })
     }
 
@@ -377,12 +378,13 @@ impl Pool {
         let mut inner = self.write_inner();
         let inner = &mut *inner;
         inner.space.reserve_blocks = crate::space::reserve_for(inner.state.extent_count(), inner.space.data_blocks());
+        let policy = inner.state.volume(vol).map_or(inner.placement, |v| inner.placement_of(v)).policy();
         let mut fresh = Vec::new();
         let none = Near::default();
         for (lba, len) in holes_by_region(segs) {
             let region = lba / REGION_BLOCKS;
             let here = near.iter().find(|n| n.0 == region).map_or(&none, |n| &n.1);
-            let placed = inner.placement.place(&mut inner.space, vol, lba, len, here);
+            let placed = policy.place(&mut inner.space, vol, lba, len, here);
             let Ok(Some(pieces)) = placed else {
                 release_unmapped(&mut inner.space, &fresh)?;
                 return Err(placed.err().map_or(EngineError::NoSpace, EngineError::from));

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use tarn_format::address::BLOCK_MASK;
 use tarn_format::checkpoint::MAX_SNAPSHOTS;
 use tarn_format::ops::{Op, MAX_NAME_LEN};
+use tarn_format::placement::PolicyCode;
 use tarn_format::{Pba, BLOCK_SIZE};
 use tarn_store::Store;
 
@@ -54,12 +55,14 @@ pub struct Volume {
     /// Oldest first; epochs strictly ascending.
     pub snapshots: Vec<Snapshot>,
     pub origin: Option<Origin>,
+    /// The volume's own placement policy (None: the pool's default).
+    pub placement: Option<PolicyCode>,
 }
 
 impl Volume {
     fn new(store: &Arc<Store>, id: u32, name: String, size: u64) -> Volume {
         let map = ExtentMap::new(store.clone(), tree_id::head(id));
-        Volume { id, name, size, map, snapshots: Vec::new(), origin: None }
+        Volume { id, name, size, map, snapshots: Vec::new(), origin: None, placement: None }
     }
 
     pub fn blocks(&self) -> u64 {
@@ -275,6 +278,9 @@ impl State {
                 self.by_name.insert(name.clone(), *vol);
                 self.next_volume_id = self.next_volume_id.max(vol + 1);
             }
+            Op::VolPlacement { vol, policy } => {
+                self.volume_mut(*vol, "placement")?.placement = *policy;
+            }
             Op::VolResize { vol, size } => {
                 let v = self.volume_mut(*vol, "resize")?;
                 if !size.is_multiple_of(BLOCK_SIZE) {
@@ -352,6 +358,7 @@ impl State {
             | Op::VolCreate { .. }
             | Op::VolResize { .. }
             | Op::VolDelete { .. }
+            | Op::VolPlacement { .. }
             | Op::Sums { .. }
             | Op::Regions { .. } => {
                 unreachable!("volume and pool ops are applied by State::apply")
@@ -453,8 +460,11 @@ impl State {
             .into());
         }
         self.check_new_volume(vol, name, size)?;
+        // A clone places its data as its origin volume does.
+        let placement = o.placement;
         let mut v = Volume::new(&self.store, vol, name.to_string(), size);
         v.origin = Some(origin);
+        v.placement = placement;
         if size > 0 {
             v.map.insert(0, size / BLOCK_SIZE, Pba::origin(0), 0)?;
         }

@@ -24,6 +24,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use tarn_format::catalog::{Catalog, MapRecord, Root, SnapshotEntry, SpaceEntry, VolumeEntry};
 use tarn_format::node::{ExtentValue, LeafValue, RangeValue};
+use tarn_format::placement::PolicyCode;
 use tarn_format::{Pba, BLOCK_SIZE};
 use tarn_store::{
     Fills, Frozen, FrozenChanges, FrozenSums, Merged, NodeAlloc, RootRef, SpaceMap, Store, StoreError, Written,
@@ -52,6 +53,7 @@ struct FrozenVolume {
     size: u64,
     name: String,
     origin: Option<(u32, u64)>,
+    placement: Option<PolicyCode>,
     head: FrozenMap,
     snapshots: Vec<FrozenSnapshot>,
 }
@@ -96,7 +98,8 @@ pub(crate) fn freeze(state: &mut State, space: &mut Space, seq: u64) -> FrozenPo
             snapshots.push(FrozenSnapshot { epoch, size, created, referenced, name, dead });
         }
         let origin = v.origin.map(|o| (o.vol, o.epoch));
-        volumes.push(FrozenVolume { id: v.id, size: v.size, name: v.name.clone(), origin, head, snapshots });
+        let (id, size, name, placement) = (v.id, v.size, v.name.clone(), v.placement);
+        volumes.push(FrozenVolume { id, size, name, origin, placement, head, snapshots });
     }
     superseded.append(&mut state.retired_nodes);
     superseded.extend(state.sums.take_superseded());
@@ -178,6 +181,7 @@ impl FrozenPool {
                 size: v.size,
                 name: v.name.clone(),
                 origin: v.origin,
+                placement: v.placement,
                 head,
                 snapshots,
             });
@@ -290,6 +294,7 @@ pub(crate) fn open_state(c: &Catalog, store: Arc<Store>) -> Result<State> {
             map: open_map(&store, tree_id::head(v.id), &v.head)?,
             snapshots: Vec::with_capacity(v.snapshots.len()),
             origin: v.origin.map(|(vol, epoch)| Origin { vol, epoch }),
+            placement: v.placement,
         };
         for s in &v.snapshots {
             validate_name(&s.name).map_err(bad)?;

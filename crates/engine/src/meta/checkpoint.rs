@@ -99,7 +99,15 @@ pub fn decode_state(payload: &[u8], store: Arc<Store>) -> std::result::Result<(S
         let origin = v.origin.map(|(vol, epoch)| Origin { vol, epoch });
         let map = ExtentMap::new(store.clone(), tree_id::head(v.id));
         let map = decode_extents(&mut dec, map, v.size, h.epoch, origin.is_some(), &mut state.sums)?;
-        let mut vol = Volume { id: v.id, name: v.name.clone(), size: v.size, map, snapshots: Vec::new(), origin };
+        let mut vol = Volume {
+            id: v.id,
+            name: v.name.clone(),
+            size: v.size,
+            map,
+            snapshots: Vec::new(),
+            origin,
+            placement: None,
+        };
         while let Some(s) = dec.snapshot().map_err(bad)? {
             crate::map::state::validate_name(&s.name).map_err(bad)?;
             let last = vol.snapshots.last().map(|p| p.epoch);

@@ -196,6 +196,7 @@ pub fn op_bytes_bound(op: &Op) -> usize {
         Op::VolCreate { name, .. } | Op::SnapCreate { name, .. } => HEAD + 8 + 1 + name.len(),
         Op::VolResize { .. } => HEAD + 8,
         Op::VolDelete { .. } | Op::CloneDetach { .. } => HEAD,
+        Op::VolPlacement { .. } => HEAD + 1,
         Op::Sums { sums, .. } => HEAD + 8 + V + 4 * sums.len(),
         Op::Regions { ids, .. } => HEAD + V + V * ids.len(),
         Op::SnapDelete { .. } | Op::Rollback { .. } => HEAD + V,

@@ -13,7 +13,7 @@ use crate::map::sums::RegionTracker;
 use crate::map::view::View;
 use crate::meta::catalog::{FrozenPool, WrittenTrees};
 use crate::meta::journal::{op_bytes_bound, JournalCursor};
-use crate::space::placement::Placement;
+use crate::space::placement::PlacementKind;
 use crate::space::Space;
 use std::ops::{Deref, DerefMut};
 use std::panic::Location;
@@ -38,9 +38,8 @@ pub struct OpenOptions {
     pub metadata_cache: usize,
     /// Open a pool of an older format to convert it (`tarn pool upgrade`).
     pub upgrade: bool,
-    /// Where new data goes, for every volume (per-volume policies come
-    /// with the placement work).
-    pub placement: crate::space::placement::PlacementKind,
+    /// Where new data goes for volumes that name no placement of their own.
+    pub placement: PlacementKind,
     /// Simulations only: take `metadata_cache` even below a root-to-leaf
     /// path (slow, never wrong), so that small pools evict nodes.
     #[doc(hidden)]
@@ -59,7 +58,8 @@ pub const DEFAULT_METADATA_CACHE: usize = 256 << 20;
 pub(crate) struct Inner {
     pub state: State,
     pub space: Space,
-    pub placement: Box<dyn Placement>,
+    /// The placement of volumes that name none (`OpenOptions::placement`).
+    pub placement: PlacementKind,
     /// Ops applied since the last commit took its snapshot (change only
     /// through `queue`, `take_queue`, `requeue`).
     pub pending_ops: Vec<Op>,
@@ -98,6 +98,11 @@ impl MovingWindow {
 const FREED_RANGE_BYTES: usize = 16;
 
 impl Inner {
+    /// The placement `v` follows: its own, or the pool's default.
+    pub fn placement_of(&self, v: &Volume) -> PlacementKind {
+        v.placement.map_or(self.placement, PlacementKind::from)
+    }
+
     /// Queue an applied op and the space it released for the next commit.
     pub fn queue(&mut self, op: Op, freed: Freed) {
         self.pending_bytes += op_bytes_bound(&op) + freed.len() * FREED_RANGE_BYTES;
@@ -279,6 +284,10 @@ pub struct VolumeInfo {
     pub origin: Option<String>,
     /// Bytes a clone still reads from its origin (0 once flattened).
     pub origin_bytes: u64,
+    /// The placement policy the volume's new data follows.
+    pub placement: &'static str,
+    /// Whether that is the volume's own (else the pool's default).
+    pub placement_own: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -545,12 +554,12 @@ impl Pool {
 
     pub fn volume_info(&self, id: u32) -> Option<VolumeInfo> {
         let inner = self.read_inner();
-        inner.state.volume(id).map(|v| info(&inner.state, v))
+        inner.state.volume(id).map(|v| info(&inner, v))
     }
 
     pub fn list_volumes(&self) -> Vec<VolumeInfo> {
         let inner = self.read_inner();
-        inner.state.volumes.values().map(|v| info(&inner.state, v)).collect()
+        inner.state.volumes.values().map(|v| info(&inner, v)).collect()
     }
 
     pub fn status(&self) -> PoolStatus {
@@ -652,7 +661,8 @@ pub(crate) fn resolve_in(inner: &Inner, vol: u32, view: View, lba: u64, len: u64
     Ok(inner.state.resolve(vol, view, lba, len)?)
 }
 
-fn info(state: &crate::map::state::State, v: &crate::map::state::Volume) -> VolumeInfo {
+fn info(inner: &Inner, v: &Volume) -> VolumeInfo {
+    let state = &inner.state;
     let origin = v.origin.and_then(|o| {
         let ov = state.volume(o.vol)?;
         let snap = ov.snapshots.iter().find(|s| s.epoch == o.epoch)?;
@@ -668,5 +678,7 @@ fn info(state: &crate::map::state::State, v: &crate::map::state::Volume) -> Volu
         snapshot_bytes: v.snapshot_blocks() * BLOCK_SIZE,
         origin,
         origin_bytes: v.origin_blocks() * BLOCK_SIZE,
+        placement: inner.placement_of(v).name(),
+        placement_own: v.placement.is_some(),
     }
 }

@@ -321,7 +321,7 @@ impl Pool {
             inner: RwLock::new(Inner {
                 state,
                 space,
-                placement: options.placement.policy(),
+                placement: options.placement,
                 pending_ops: Vec::new(),
                 pending_frees: Vec::new(),
                 pending_bytes: 0,

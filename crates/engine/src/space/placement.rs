@@ -1,41 +1,84 @@
-//! Placement policies decide where new extents go. The engine asks the
-//! policy; the policy asks the space map. Two exist: `linear` (the
-//! default) and `contiguous`; the append, in-place and virtual-contiguity
-//! policies of the placement issue plug in here.
+//! Placement policies decide where new extents go, and whether an
+//! overwrite goes in place. The engine asks the policy; the policy asks
+//! the space map. Each volume may name its own (`vol create --placement`,
+//! `vol set`, recorded by op 15); the others follow the pool's default
+//! (`tarn serve --placement`, `linear` unless given).
 
 use crate::space::Space;
+use tarn_format::placement::PolicyCode;
 use tarn_format::Pba;
 use tarn_store::StoreError;
 
 type Placed = Result<Option<Vec<(Pba, u64)>>, StoreError>;
 
-/// The placement policies there are, by name (`tarn serve --placement`).
-/// `linear` stays the default until `contiguous` no longer costs random
-/// first writes half their rate (docs/ARCHITECTURE.md *Placement*).
+/// The placement policies there are, by name. `linear` stays the default
+/// until `contiguous` no longer costs random first writes half their rate
+/// (docs/ARCHITECTURE.md *Placement*).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum PlacementKind {
-    /// [`Linear`]: next-fit, new data in arrival order.
+    /// [`Linear`]: next-fit, new data in arrival order; overwrites in
+    /// place, a sequential write over scattered data re-laid whole.
     #[default]
     Linear,
+    /// Next-fit like `linear`, every overwrite in place, never re-laid
+    /// (Virtual Allocation's allocate-once, update-in-place).
+    Inplace,
+    /// Every write, new data or overwrite, at the allocation cursor
+    /// (AoDI's append-only): random writes become sequential on the
+    /// device; what an overwrite replaces is freed at the next commit.
+    Append,
     /// [`Contiguous`]: dense regions, sequential data stays sequential.
     Contiguous,
 }
 
 impl PlacementKind {
-    pub const NAMES: [&'static str; 2] = ["linear", "contiguous"];
+    pub const NAMES: [&'static str; 4] = ["linear", "inplace", "append", "contiguous"];
 
     pub fn parse(name: &str) -> Option<PlacementKind> {
-        match name {
-            "contiguous" => Some(PlacementKind::Contiguous),
-            "linear" => Some(PlacementKind::Linear),
-            _ => None,
+        PolicyCode::parse(name).map(PlacementKind::from)
+    }
+
+    pub fn name(self) -> &'static str {
+        PolicyCode::from(self).name()
+    }
+
+    pub fn policy(self) -> &'static dyn Placement {
+        match self {
+            PlacementKind::Contiguous => &Contiguous,
+            PlacementKind::Linear | PlacementKind::Inplace | PlacementKind::Append => &Linear,
         }
     }
 
-    pub fn policy(self) -> Box<dyn Placement> {
-        match self {
-            PlacementKind::Contiguous => Box::new(Contiguous),
-            PlacementKind::Linear => Box::new(Linear),
+    /// Whether a block the head owns alone is overwritten where it is.
+    pub fn overwrites_in_place(self) -> bool {
+        self != PlacementKind::Append
+    }
+
+    /// Whether a sequential write over scattered data goes to new space
+    /// whole (re-layout, `volumes/relayout.rs`).
+    pub fn relays_out(self) -> bool {
+        matches!(self, PlacementKind::Linear | PlacementKind::Contiguous)
+    }
+}
+
+impl From<PolicyCode> for PlacementKind {
+    fn from(p: PolicyCode) -> PlacementKind {
+        match p {
+            PolicyCode::Linear => PlacementKind::Linear,
+            PolicyCode::Inplace => PlacementKind::Inplace,
+            PolicyCode::Append => PlacementKind::Append,
+            PolicyCode::Contiguous => PlacementKind::Contiguous,
+        }
+    }
+}
+
+impl From<PlacementKind> for PolicyCode {
+    fn from(k: PlacementKind) -> PolicyCode {
+        match k {
+            PlacementKind::Linear => PolicyCode::Linear,
+            PlacementKind::Inplace => PolicyCode::Inplace,
+            PlacementKind::Append => PolicyCode::Append,
+            PlacementKind::Contiguous => PolicyCode::Contiguous,
         }
     }
 }
@@ -62,7 +105,7 @@ pub trait Placement: Send + Sync {
     /// Choose `len` new physical blocks for logical blocks [lba, lba+len) of
     /// `volume`, all in one region of [`REGION_BLOCKS`]. `Ok(None)` means
     /// the pool cannot hold them.
-    fn place(&mut self, space: &mut Space, volume: u32, lba: u64, len: u64, near: &Near) -> Placed;
+    fn place(&self, space: &mut Space, volume: u32, lba: u64, len: u64, near: &Near) -> Placed;
 }
 
 /// Next-fit from a moving cursor on the device with the most free space
@@ -78,7 +121,7 @@ impl Placement for Linear {
         "linear"
     }
 
-    fn place(&mut self, space: &mut Space, _volume: u32, _lba: u64, len: u64, _near: &Near) -> Placed {
+    fn place(&self, space: &mut Space, _volume: u32, _lba: u64, len: u64, _near: &Near) -> Placed {
         let Some(device) = space.roomiest() else { return Ok(None) };
         space.allocate_data(device, len)
     }
@@ -105,7 +148,7 @@ impl Placement for Contiguous {
         true
     }
 
-    fn place(&mut self, space: &mut Space, volume: u32, lba: u64, len: u64, near: &Near) -> Placed {
+    fn place(&self, space: &mut Space, volume: u32, lba: u64, len: u64, near: &Near) -> Placed {
         let off = lba % REGION_BLOCKS;
         assert!(off + len <= REGION_BLOCKS, "a placement request crosses a region");
         for &base in &near.bases {

@@ -8,28 +8,76 @@ pub mod snapshot;
 
 use crate::error::{EngineError, Result};
 use crate::map::state::{validate_name, State};
-use crate::pool::{volume_named, Pool, VolumeInfo};
+use crate::pool::{volume_named, CommitCtl, Pool, VolumeInfo};
+use crate::space::placement::PlacementKind;
 use tarn_format::ops::Op;
+use tarn_format::superblock::incompat;
 use tarn_format::BLOCK_SIZE;
 
 impl Pool {
     /// Create a thin volume of `size` bytes (rounded up to 4 KiB); durable
     /// when it returns. The size may exceed the pool (overcommit).
     pub fn create_volume(&self, name: &str, size: u64) -> Result<VolumeInfo> {
+        self.create_volume_placed(name, size, None)
+    }
+
+    /// [`Pool::create_volume`] with a placement of the volume's own (None:
+    /// it follows the pool's default).
+    pub fn create_volume_placed(&self, name: &str, size: u64, placement: Option<PlacementKind>) -> Result<VolumeInfo> {
         self.check_writable()?;
         validate_name(name).map_err(EngineError::InvalidArgument)?;
         let size = round_size(size)?;
+        if placement.is_some() {
+            // A refused create does no I/O: check the name before the
+            // feature bit's commit (and again under the lock below).
+            if self.read_inner().state.by_name.contains_key(name) {
+                return Err(EngineError::VolumeExists(name.to_string()));
+            }
+            self.enable_feature(&mut self.lock_commit(), incompat::PLACEMENT)?;
+        }
         let id = {
             let mut inner = self.write_inner();
             if inner.state.by_name.contains_key(name) {
                 return Err(EngineError::VolumeExists(name.to_string()));
             }
             let id = inner.state.next_volume_id;
-            self.apply_ops(&mut inner, vec![Op::VolCreate { vol: id, size, name: name.to_string() }])?;
+            let mut ops = vec![Op::VolCreate { vol: id, size, name: name.to_string() }];
+            if let Some(p) = placement {
+                ops.push(Op::VolPlacement { vol: id, policy: Some(p.into()) });
+            }
+            self.apply_ops(&mut inner, ops)?;
             id
         };
         self.flush()?;
         self.volume_info(id).ok_or(EngineError::VolumeGone(id))
+    }
+
+    /// Change where a volume's new data goes from now on (None: the pool's
+    /// default). Data already written stays where it is; `pool compact`
+    /// or a sequential rewrite moves it.
+    pub fn set_placement(&self, name: &str, placement: Option<PlacementKind>) -> Result<VolumeInfo> {
+        self.check_writable()?;
+        volume_named(&self.read_inner().state, name)?;
+        self.enable_feature(&mut self.lock_commit(), incompat::PLACEMENT)?;
+        let id = {
+            let mut inner = self.write_inner();
+            let id = volume_named(&inner.state, name)?.id;
+            self.apply_ops(&mut inner, vec![Op::VolPlacement { vol: id, policy: placement.map(Into::into) }])?;
+            id
+        };
+        self.flush()?;
+        self.volume_info(id).ok_or(EngineError::VolumeGone(id))
+    }
+
+    /// A feature bit must be durable before the first record that uses it
+    /// (older builds then refuse the pool instead of failing on an
+    /// unknown op).
+    pub(crate) fn enable_feature(&self, ctl: &mut CommitCtl, bit: u64) -> Result<()> {
+        if ctl.sb.incompat & bit != 0 {
+            return Ok(());
+        }
+        ctl.sb.incompat |= bit;
+        self.commit_locked(ctl, true)
     }
 
     /// Grow or shrink; shrinking discards the tail and needs `allow_shrink`.

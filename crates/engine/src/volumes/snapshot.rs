@@ -9,7 +9,7 @@
 use crate::error::{EngineError, Result};
 use crate::map::state::{validate_name, State, Volume};
 use crate::map::view::View;
-use crate::pool::{volume_named, CommitCtl, Pool, VolumeInfo};
+use crate::pool::{volume_named, Pool, VolumeInfo};
 use tarn_format::ops::Op;
 use tarn_format::superblock::incompat;
 use tarn_format::BLOCK_SIZE;
@@ -39,7 +39,7 @@ impl Pool {
         self.check_writable()?;
         validate_name(name).map_err(EngineError::InvalidArgument)?;
         let mut ctl = self.lock_commit();
-        self.enable_snapshots(&mut ctl)?;
+        self.enable_feature(&mut ctl, incompat::SNAPSHOTS)?;
         {
             // Drain writes planned against the old epoch: one of them could
             // otherwise overwrite in place a block the snapshot now shows.
@@ -55,17 +55,6 @@ impl Pool {
         self.commit_locked(&mut ctl, false)?;
         drop(ctl);
         self.snapshot_info(vol, name)
-    }
-
-    /// The snapshot feature bit must be durable before the first record
-    /// that uses it (older builds then refuse the pool instead of failing
-    /// on an unknown op).
-    fn enable_snapshots(&self, ctl: &mut CommitCtl) -> Result<()> {
-        if ctl.sb.incompat & incompat::SNAPSHOTS != 0 {
-            return Ok(());
-        }
-        ctl.sb.incompat |= incompat::SNAPSHOTS;
-        self.commit_locked(ctl, true)
     }
 
     pub fn snapshot_info(&self, vol: &str, name: &str) -> Result<SnapshotInfo> {
@@ -132,7 +121,7 @@ impl Pool {
         self.check_writable()?;
         validate_name(clone).map_err(EngineError::InvalidArgument)?;
         let mut ctl = self.lock_commit();
-        self.enable_snapshots(&mut ctl)?;
+        self.enable_feature(&mut ctl, incompat::SNAPSHOTS)?;
         let id = {
             let mut inner = self.write_inner();
             if inner.state.by_name.contains_key(clone) {
