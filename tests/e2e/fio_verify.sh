@@ -111,5 +111,31 @@ sed 's/^do_verify=1$/verify_only=1/' "$T/randwrite.fio" >"$T/verifyonly.fio"
 run_fio verifyonly "$T/verifyonly.fio"
 r=$(jq '[.jobs[].read.io_bytes] | add' "$T/verifyonly.json" 2>/dev/null || echo 0)
 expect_eq "verify-only pass read back all 256M" "$r" $((256 << 20))
+
+step "a volume per placement policy (created through the running server): 4k random then 1M sequential overwrites, verified"
+for p in inplace append contiguous; do
+  out=$(tarn vol create "pl_$p" --size 64M --placement "$p" -p "$POOL" 2>&1) || bad "vol create --placement $p: $out"
+done
+# One job per policy, each on its own volume (its own connection).
+placement_job() { # NAME RW BS
+  printf '[global]\nioengine=nbd\nrw=%s\nbs=%s\niodepth=16\nsize=64M\nverify=crc32c\nverify_fatal=1\ndo_verify=1\nrandseed=99\n' "$2" "$3"
+  for p in inplace append contiguous; do printf '[%s]\nuri=%s\n' "$p" "$(uri "pl_$p")"; done
+}
+placement_job placerand randwrite 4k >"$T/placerand.fio"
+run_fio placerand "$T/placerand.fio"
+placement_job placeseq write 1M >"$T/placeseq.fio"
+run_fio placeseq "$T/placeseq.fio"
+shown=$(tarn vol list -p "$POOL" --json | jq -r '[.[] | select(.name | startswith("pl_")) | .placement] | sort | join(",")')
+expect_eq "vol list shows each volume's placement" "$shown" "append,contiguous,inplace"
+out=$(tarn vol set pl_inplace --placement append -p "$POOL" 2>&1) || bad "vol set --placement append: $out"
+shown=$(tarn vol list -p "$POOL" --json | jq -r '.[] | select(.name == "pl_inplace") | .placement')
+expect_eq "vol set changes the placement of a served volume" "$shown" append
+sed 's/^randseed=99$/randseed=98/' "$T/placerand.fio" >"$T/placerand2.fio"
+run_fio placerand2 "$T/placerand2.fio"
+out=$(tarn vol set pl_inplace --placement sideways -p "$POOL" 2>&1) && bad "vol set accepted an unknown placement"
+case $out in *"unknown placement"*) ok "an unknown placement is refused by name" ;; *) bad "unknown placement: $out" ;; esac
 stop_serve
+pool_check "$POOL" "after every placement policy"
+shown=$(tarn vol list -p "$POOL" --json | jq -r '.[] | select(.name == "pl_append") | .placement')
+expect_eq "a volume's placement survives a restart" "$shown" append
 e2e_finish
