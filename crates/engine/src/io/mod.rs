@@ -53,7 +53,8 @@ struct WritePlan<'a> {
     closed: Vec<u64>,
     /// Per logical region a hole touches, where its data lies.
     near: NearRegions,
-    /// Whether mapped blocks were turned into holes to re-lay them out.
+    /// Whether blocks the head owns were turned into holes by the policy
+    /// (re-layout, `append`): on a full pool the write retries in place.
     relaid: bool,
     /// Held while the write overwrites uncommitted new data in a closed
     /// region: a commit then waits for it (see `take_pending`).
@@ -214,6 +215,8 @@ impl Pool {
         debug_assert!(data.len().is_multiple_of(BS) && !data.is_empty());
         let n = (data.len() / BS) as u64;
         let sums = if self.checksums { sums_of(data) } else { Vec::new() };
+        // Whether the policy may send owned data to new space (re-layout,
+        // append); off after a full pool refused that space.
         let mut relayout = true;
         for _ in 0..MAX_WRITE_ATTEMPTS {
             let gate = self.io_gate.read().unwrap_or_else(|p| p.into_inner());
@@ -245,7 +248,8 @@ impl Pool {
 
     /// Segments of [lba, lba+n): Mapped = overwrite in place, Hole = needs
     /// new space. With `relayout`, a sequential write over scattered data
-    /// goes to new space whole, so the range reads sequentially after it.
+    /// goes to new space whole, so the range reads sequentially after it,
+    /// and an `append` volume's overwrites go to new space too.
     fn plan_write(&self, vol: u32, lba: u64, n: u64, relayout: bool) -> Result<WritePlan<'_>> {
         self.with_cached_nodes(|inner| self.plan_write_in(inner, vol, lba, n, relayout))
     }
@@ -255,7 +259,7 @@ impl Pool {
         let kind = inner.placement_of(v);
         let mut segs = v.map.lookup(lba, n, usize::MAX)?;
         inner.moving.iter().for_each(|w| w.note_write(vol, lba, n));
-        let relaid = relayout && kind.relays_out() && scattered(&segs, n);
+        let mut relaid = relayout && kind.relays_out() && scattered(&segs, n);
         if relaid {
             segs = vec![Segment::Hole { lba, len: n }];
         }
@@ -263,7 +267,11 @@ impl Pool {
         let mut fresh_guard = None;
         for seg in segs.iter_mut() {
             if let Segment::Mapped { lba, len, pba, birth } = *seg {
-                if !kind.overwrites_in_place() || !v.owns_alone(pba, birth) {
+                if !v.owns_alone(pba, birth) {
+                    *seg = Segment::Hole { lba, len };
+                } else if relayout && !kind.overwrites_in_place() {
+                    // Append: owned data moves to the cursor too.
+                    relaid = true;
                     *seg = Segment::Hole { lba, len };
                 } else if self.checksums {
                     let shut: Vec<u64> =
