@@ -14,6 +14,10 @@ pub enum Request {
     Check,
     Flush,
     VolList,
+    /// Where a volume's blocks lie: its mapped runs in logical order.
+    VolMap {
+        name: String,
+    },
     VolCreate {
         name: String,
         size: u64,
@@ -113,6 +117,7 @@ pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, Strin
         Request::Check => Ok(check_json(pool, ctx)),
         Request::Flush => pool.flush().map(|_| json!({})),
         Request::VolList => Ok(Value::Array(pool.list_volumes().iter().map(volume_json).collect())),
+        Request::VolMap { name } => vol_map(pool, name),
         Request::VolCreate { name, size, placement } => {
             let placement = match placement {
                 Some(name) => placement_named(name)?,
@@ -287,6 +292,15 @@ pub fn volume_json(v: &VolumeInfo) -> Value {
         "origin": v.origin, "origin_bytes": v.origin_bytes,
         "placement": v.placement, "placement_default": !v.placement_own,
     })
+}
+
+/// Every mapped run of a volume's head: `[lba, len, device, block]` in
+/// blocks, logical order.
+fn vol_map(pool: &Pool, name: &str) -> Result<Value, EngineError> {
+    let (id, view) = pool.lookup_view(name).ok_or_else(|| EngineError::NoSuchVolume(name.to_string()))?;
+    let blocks = pool.view_size(id, view).unwrap_or(0) / tarn_format::BLOCK_SIZE;
+    let runs = pool.physical_runs(id, view, 0, blocks)?;
+    Ok(Value::Array(runs.iter().map(|r| json!([r.lba, r.len, r.device, r.block])).collect()))
 }
 
 /// A placement policy by name; "default" is None (the pool's default).

@@ -2,9 +2,11 @@
 //! each snapshot a read-only export named `VOL@SNAP`. Engine errors become
 //! NBD errors here and only here.
 
+use crate::trace::recorder::Tracer;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tarn_engine::{EngineError, Pool, View};
+use tarn_format::trace::{trace_flags, TraceCmd};
 use tarn_nbd::{Backend, BlockStatusExtent, ContextExtent, Export, ExportDescription, ExportError};
 
 /// Prefix of the changed-block tracking contexts, one per older snapshot.
@@ -15,11 +17,12 @@ const DIRTY: u32 = 1;
 pub struct PoolBackend {
     pool: Arc<Pool>,
     clients: Arc<Clients>,
+    tracer: Option<Arc<Tracer>>,
 }
 
 impl PoolBackend {
-    pub fn new(pool: Arc<Pool>, clients: Arc<Clients>) -> Self {
-        PoolBackend { pool, clients }
+    pub fn new(pool: Arc<Pool>, clients: Arc<Clients>, tracer: Option<Arc<Tracer>>) -> Self {
+        PoolBackend { pool, clients, tracer }
     }
 }
 
@@ -71,7 +74,9 @@ impl Backend for PoolBackend {
         // if a namesake replaces it while the client is connected.
         let bitmaps = self.pool.older_snapshots(id, view);
         self.clients.add((id, view), 1);
-        Some(Arc::new(VolumeExport { pool: self.pool.clone(), id, view, bitmaps, clients: self.clients.clone() }))
+        let trace = self.tracer.as_ref().and_then(|t| Some((t.clone(), t.export_id(name)?)));
+        let clients = self.clients.clone();
+        Some(Arc::new(VolumeExport { pool: self.pool.clone(), id, view, bitmaps, clients, trace }))
     }
 
     fn default_export(&self) -> Option<String> {
@@ -91,6 +96,8 @@ struct VolumeExport {
     /// Older snapshots (name, epoch) offered as dirty bitmaps.
     bitmaps: Vec<(String, u64)>,
     clients: Arc<Clients>,
+    /// The server's recorder and this export's id in it.
+    trace: Option<(Arc<Tracer>, u32)>,
 }
 
 impl Drop for VolumeExport {
@@ -120,6 +127,14 @@ fn nbd_error(e: EngineError) -> ExportError {
 }
 
 impl VolumeExport {
+    /// Record an answered request when the server traces.
+    fn trace(&self, cmd: TraceCmd, flags: u8, offset: u64, length: u64, r: &Result<(), ExportError>) {
+        if let Some((tracer, id)) = &self.trace {
+            let flags = if r.is_err() { flags | trace_flags::FAILED } else { flags };
+            tracer.request(*id, cmd, flags, offset, length);
+        }
+    }
+
     fn writable(&self) -> Result<(), ExportError> {
         // The server refuses writes to read-only exports already; this keeps
         // a snapshot immutable whatever calls it.
@@ -141,34 +156,46 @@ impl Export for VolumeExport {
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
-        self.pool.read_view(self.id, self.view, offset, buf).map_err(nbd_error)
+        let r = self.pool.read_view(self.id, self.view, offset, buf).map_err(nbd_error);
+        self.trace(TraceCmd::Read, 0, offset, buf.len() as u64, &r);
+        r
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
-        self.writable()?;
-        self.pool.write(self.id, offset, data, fua).map_err(nbd_error)
+        let r = self.writable().and_then(|()| self.pool.write(self.id, offset, data, fua).map_err(nbd_error));
+        self.trace(TraceCmd::Write, if fua { trace_flags::FUA } else { 0 }, offset, data.len() as u64, &r);
+        r
     }
 
     fn flush(&self) -> Result<(), ExportError> {
-        self.pool.flush().map_err(nbd_error)
+        let r = self.pool.flush().map_err(nbd_error);
+        self.trace(TraceCmd::Flush, 0, 0, 0, &r);
+        r
     }
 
     fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), ExportError> {
-        self.writable()?;
-        self.pool.trim(self.id, offset, length).map_err(nbd_error)?;
-        if fua {
-            self.flush()?;
-        }
-        Ok(())
+        let r = self.writable().and_then(|()| {
+            self.pool.trim(self.id, offset, length).map_err(nbd_error)?;
+            if fua {
+                self.pool.flush().map_err(nbd_error)?;
+            }
+            Ok(())
+        });
+        self.trace(TraceCmd::Trim, if fua { trace_flags::FUA } else { 0 }, offset, length, &r);
+        r
     }
 
     fn write_zeroes(&self, offset: u64, length: u64, no_hole: bool, fast: bool, fua: bool) -> Result<(), ExportError> {
-        self.writable()?;
-        self.pool.write_zeroes(self.id, offset, length, no_hole, fast).map_err(nbd_error)?;
-        if fua {
-            self.flush()?;
-        }
-        Ok(())
+        let r = self.writable().and_then(|()| {
+            self.pool.write_zeroes(self.id, offset, length, no_hole, fast).map_err(nbd_error)?;
+            if fua {
+                self.pool.flush().map_err(nbd_error)?;
+            }
+            Ok(())
+        });
+        let flags = if fua { trace_flags::FUA } else { 0 } | if no_hole { trace_flags::NO_HOLE } else { 0 };
+        self.trace(TraceCmd::WriteZeroes, flags, offset, length, &r);
+        r
     }
 
     fn block_status(&self, offset: u64, length: u64) -> Result<Vec<BlockStatusExtent>, ExportError> {

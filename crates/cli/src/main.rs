@@ -12,6 +12,7 @@ mod snapshots;
 mod spec;
 mod text;
 mod tls;
+mod trace;
 
 use admin::{Ctx, Request};
 use anyhow::{bail, Context, Result};
@@ -62,6 +63,55 @@ enum Command {
     Serve(ServeCmd),
     /// The main job: create a pool with a default volume on first run, then serve it.
     Run(RunCmd),
+    /// Request traces (`serve --trace`): print, convert, replay against a placement.
+    #[command(subcommand)]
+    Trace(TraceSub),
+}
+
+#[derive(Subcommand)]
+enum TraceSub {
+    /// One line per request: seconds, export, command, offset, length, flags.
+    Print {
+        file: PathBuf,
+        /// At most this many requests.
+        #[arg(long)]
+        limit: Option<usize>,
+    },
+    /// A kernel block trace (blkparse's default text output, `Q` events)
+    /// to a tarn trace.
+    Convert {
+        /// The blkparse text.
+        input: PathBuf,
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Name the (single) device's export (default dev<MAJ>-<MIN>).
+        #[arg(long)]
+        export: Option<String>,
+    },
+    /// Play a trace against a scratch pool with a placement and measure
+    /// the layout it leaves: seeks and density per region, read time.
+    Replay {
+        file: PathBuf,
+        #[arg(long, default_value = "linear", value_parser = parse_placement)]
+        placement: tarn_engine::PlacementKind,
+        /// Scratch pool size (default: twice what the exports span).
+        #[arg(long, value_parser = size::parse_size)]
+        pool_size: Option<u64>,
+        /// Where the scratch pool goes.
+        #[arg(long, default_value = "/var/tmp")]
+        dir: PathBuf,
+        /// Keep the scratch pool (replay-pool.img in --dir).
+        #[arg(long)]
+        keep: bool,
+        /// Snapshot every volume each time this many seconds of trace pass.
+        #[arg(long)]
+        snapshot_every: Option<f64>,
+        /// Region size of the layout figures.
+        #[arg(long, default_value = "256K", value_parser = size::parse_size)]
+        region: u64,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -180,6 +230,15 @@ enum VolCmd {
     },
     /// List volumes with their allocated bytes.
     List {
+        #[command(flatten)]
+        pool: PoolArg,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Where a volume's (or a snapshot's, VOL@SNAP) blocks lie on the
+    /// devices: one line per run, `lba len device block` in 4 KiB blocks.
+    Map {
+        name: String,
         #[command(flatten)]
         pool: PoolArg,
         #[arg(long)]
@@ -315,6 +374,10 @@ struct ServeCmd {
     /// 100 ms at most, paused by the next write); 0: never.
     #[arg(long, default_value_t = 10)]
     compact_idle: u64,
+    /// Record every request answered (time, export, command, offset,
+    /// length, flags) to this file; read it with `tarn trace print`.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
     #[command(flatten)]
     tls: tls::TlsArgs,
 }
@@ -435,6 +498,11 @@ fn dispatch(cmd: Command) -> Result<i32> {
             println!("volume {}: placement {}", v["name"].as_str().unwrap_or("?"), text::placement(&v));
             Ok(0)
         }
+        Command::Vol(VolCmd::Map { name, pool, json }) => {
+            let v = admin(&pool, &Request::VolMap { name })?;
+            print(json, &v, text::runs);
+            Ok(0)
+        }
         Command::Vol(VolCmd::List { pool, json }) => {
             let v = admin(&pool, &Request::VolList)?;
             print(json, &v, text::volumes);
@@ -453,7 +521,35 @@ fn dispatch(cmd: Command) -> Result<i32> {
         Command::Diff(d) => snapshots::diff(d),
         Command::Serve(s) => serve_cmd(s),
         Command::Run(r) => run_cmd(r),
+        Command::Trace(t) => trace_cmd(t),
     }
+}
+
+fn trace_cmd(t: TraceSub) -> Result<i32> {
+    match t {
+        TraceSub::Print { file, limit } => print!("{}", trace::text(&trace::load(&file)?, limit)),
+        TraceSub::Convert { input, output, export } => {
+            let text = std::fs::read_to_string(&input).with_context(|| format!("read {}", input.display()))?;
+            let records = trace::blkparse::convert(&text, export.as_deref())?;
+            trace::save(&output, &records)?;
+            let n = records.iter().filter(|r| matches!(r, tarn_format::trace::TraceRecord::Request { .. })).count();
+            println!("{}: {n} requests", output.display());
+        }
+        TraceSub::Replay { file, placement, pool_size, dir, keep, snapshot_every, region, json } => {
+            let snapshot_every_ns = match snapshot_every {
+                Some(s) if !(s > 0.0 && s.is_finite()) => bail!("--snapshot-every {s}: a positive number of seconds"),
+                s => s.map(|s| (s * 1e9) as u64),
+            };
+            let dir = dir.join(format!("tarn-replay-{}", std::process::id()));
+            let opts = trace::replay::ReplayOptions { placement, pool_size, dir, keep, snapshot_every_ns, region };
+            let v = trace::replay::replay(&trace::load(&file)?, &opts)?;
+            if !keep {
+                let _ = std::fs::remove_dir(&opts.dir);
+            }
+            print(json, &v, text::replay);
+        }
+    }
+    Ok(0)
 }
 
 fn scrub_cmd(a: &ScrubArgs, repair: bool) -> Result<i32> {
@@ -575,6 +671,7 @@ fn serve_cmd(s: ServeCmd) -> Result<i32> {
         compact_idle: (s.compact_idle > 0).then(|| Duration::from_secs(s.compact_idle)),
         tls: s.tls.config()?,
         socket_mode: s.tls.socket_mode,
+        trace: s.trace,
     };
     if args.listen.is_none() && args.socket.is_none() {
         bail!("--no-tcp needs --socket");
@@ -613,6 +710,7 @@ fn run_cmd(r: RunCmd) -> Result<i32> {
         compact_idle: tarn_engine::ServiceOptions::default().compact_idle,
         tls: None,
         socket_mode: 0o600,
+        trace: None,
     };
     let volume = r.volume;
     serve::serve(args, move |addr| {

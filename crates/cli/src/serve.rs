@@ -6,6 +6,7 @@
 use crate::control;
 use crate::export::{Clients, PoolBackend};
 use crate::poolfile::{control_alias_path, control_socket_path, open_pool};
+use crate::trace::recorder::Tracer;
 use anyhow::{Context, Result};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -32,6 +33,8 @@ pub struct ServeArgs {
     pub tls: Option<TlsConfig>,
     /// Permissions of the Unix socket.
     pub socket_mode: u32,
+    /// Record every request answered to this file (`tarn trace`).
+    pub trace: Option<PathBuf>,
 }
 
 pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>)) -> Result<()> {
@@ -65,7 +68,11 @@ pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>
         log::info!("NBD over TLS: {:?}", t.mode());
     }
     let config = ServerConfig { tls: args.tls.clone(), ..ServerConfig::default() };
-    let server = Server::new(Arc::new(PoolBackend::new(pool.clone(), clients)), config);
+    let tracer = match &args.trace {
+        Some(path) => Some(Tracer::create(path).with_context(|| format!("create trace {}", path.display()))?),
+        None => None,
+    };
+    let server = Server::new(Arc::new(PoolBackend::new(pool.clone(), clients, tracer.clone())), config);
     let addr = match &args.listen {
         Some(a) => Some(server.listen_tcp(a).with_context(|| format!("listen on {a}"))?),
         None => None,
@@ -82,6 +89,10 @@ pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>
         log::info!("signal {sig}: draining connections");
     }
     server.shutdown();
+    if let (Some(t), Some(path)) = (&tracer, &args.trace) {
+        let (recorded, dropped) = t.finish().with_context(|| format!("write trace {}", path.display()))?;
+        eprintln!("tarn: trace {}: {recorded} records, {dropped} dropped (queue full)", path.display());
+    }
     service.stop();
     let _ = std::fs::remove_file(&control_path);
     let _ = std::fs::remove_file(&alias);

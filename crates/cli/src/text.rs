@@ -325,6 +325,55 @@ pub fn connect_hints(addr: &str, volume: &str, socket: &Path) -> String {
     )
 }
 
+/// `tarn trace replay`: one line per volume.
+pub fn replay(v: &Value) -> String {
+    let mut s = format!(
+        "placement {}, {} requests replayed ({} skipped), {} written, {} snapshots; regions of {}\n",
+        v["placement"].as_str().unwrap_or("?"),
+        v["requests"].as_u64().unwrap_or(0),
+        v["skipped"].as_u64().unwrap_or(0),
+        b(&v["written"]),
+        v["snapshots"].as_u64().unwrap_or(0),
+        b(&v["region"]),
+    );
+    if let Some(p) = v["pool"].as_str() {
+        let _ = writeln!(s, "scratch pool kept: {p}");
+    }
+    let _ = writeln!(
+        s,
+        "{:<20} {:>12} {:>10} {:>10} {:>8} {:>8} {:>10} {:>8} {:>8} {:>10}",
+        "VOLUME", "MAPPED", "RUNS/GiB", "REGIONS", "SEEKS", "DENSITY", "REWRITTEN", "SEEKS", "DENSITY", "READ (s)"
+    );
+    for vol in v["volumes"].as_array().into_iter().flatten() {
+        let (all, cow) = (&vol["all"], &vol["rewritten_after_snapshot"]);
+        let _ = writeln!(
+            s,
+            "{:<20} {:>12} {:>10.0} {:>10} {:>8.2} {:>7.1}% {:>10} {:>8.2} {:>7.1}% {:>10.2}",
+            vol["name"].as_str().unwrap_or("?"),
+            b(&vol["mapped"]),
+            vol["runs_per_gib"].as_f64().unwrap_or(0.0),
+            all["regions"].as_u64().unwrap_or(0),
+            all["seeks_per_region"].as_f64().unwrap_or(0.0),
+            all["density"].as_f64().unwrap_or(0.0) * 100.0,
+            cow["regions"].as_u64().unwrap_or(0),
+            cow["seeks_per_region"].as_f64().unwrap_or(0.0),
+            cow["density"].as_f64().unwrap_or(0.0) * 100.0,
+            vol["est_read_s"].as_f64().unwrap_or(0.0),
+        );
+    }
+    s
+}
+
+/// `tarn vol map`: `lba len device block` per run.
+pub fn runs(v: &Value) -> String {
+    let mut s = String::new();
+    for r in v.as_array().into_iter().flatten() {
+        let f: Vec<String> = r.as_array().into_iter().flatten().map(|x| x.as_u64().unwrap_or(0).to_string()).collect();
+        let _ = writeln!(s, "{}", f.join(" "));
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

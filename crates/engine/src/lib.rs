@@ -27,7 +27,7 @@ pub use device::file_device::FileDevice;
 pub use device::Device;
 pub use error::{EngineError, Result};
 pub use integrity::check::CheckReport;
-pub use io::{ChangeRun, StatusRun};
+pub use io::{ChangeRun, PhysicalRun, StatusRun};
 pub use map::view::View;
 pub use members::mirror::{LegStatus, MirrorDevice};
 pub use pool::{DeviceStatus, OpenOptions, Pool, PoolStatus, VolumeInfo, DEFAULT_METADATA_CACHE};

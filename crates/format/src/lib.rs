@@ -14,6 +14,7 @@ pub mod node;
 pub mod ops;
 pub mod placement;
 pub mod superblock;
+pub mod trace;
 
 pub use address::{Pba, BLOCK_SIZE};
 pub use error::FormatError;

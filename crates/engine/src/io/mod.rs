@@ -29,6 +29,16 @@ pub struct StatusRun {
     pub allocated: bool,
 }
 
+/// Where a run of a view's blocks lies: logical blocks [lba, lba+len)
+/// at physical blocks [block, block+len) of device `device`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PhysicalRun {
+    pub lba: u64,
+    pub len: u64,
+    pub device: u16,
+    pub block: u64,
+}
+
 /// One run of a changed-block answer, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChangeRun {
@@ -198,6 +208,22 @@ impl Pool {
         self.read(vol, lba * BLOCK_SIZE, &mut block)?;
         block[in_block..in_block + bytes.len()].copy_from_slice(bytes);
         self.write_blocks(vol, lba, &block)
+    }
+
+    /// The mapped runs of blocks [lba, lba+len) of a view, in logical
+    /// order, with where each lies (clones' origins resolved): what the
+    /// placement analysis of `tarn trace replay` reads.
+    pub fn physical_runs(&self, vol: u32, view: View, lba: u64, len: u64) -> Result<Vec<PhysicalRun>> {
+        let segs = self.resolve(vol, view, lba, len)?;
+        Ok(segs
+            .into_iter()
+            .filter_map(|s| match s {
+                Segment::Mapped { lba, len, pba, .. } if !pba.is_origin() => {
+                    Some(PhysicalRun { lba, len, device: pba.device(), block: pba.block() })
+                }
+                _ => None,
+            })
+            .collect())
     }
 
     /// Segments of a view with clones' origin markers resolved.

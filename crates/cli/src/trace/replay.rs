@@ -1,0 +1,300 @@
+//! `tarn trace replay`: a recorded request stream played against a
+//! scratch pool with a given placement, then the layout it left measured
+//! the way the Virtual Contiguity paper does (seed 001): per logical
+//! region, the seeks needed to read it in order and its density on disk,
+//! over all regions and over those rewritten after a snapshot, and the
+//! time to read each volume front to back with a simple disk model
+//! (the paper's equation 1: per run, a seek plus its bytes at the read
+//! rate). Reads are not replayed: they do not move data.
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tarn_engine::{
+    create_pool, CreateOptions, Device, FileDevice, OpenOptions, PhysicalRun, PlacementKind, Pool, View,
+};
+use tarn_format::trace::{trace_flags, TraceCmd, TraceRecord};
+use tarn_format::BLOCK_SIZE;
+
+pub struct ReplayOptions {
+    pub placement: PlacementKind,
+    /// Scratch pool size; None: twice what the exports span, at least 64 MiB.
+    pub pool_size: Option<u64>,
+    /// Where the scratch pool goes (removed afterwards unless `keep`).
+    pub dir: PathBuf,
+    pub keep: bool,
+    /// Snapshot every volume each time this much trace time passes.
+    pub snapshot_every_ns: Option<u64>,
+    /// Logical region size for the layout figures (bytes).
+    pub region: u64,
+}
+
+/// The disk model of the estimated read time.
+const SEEK_MIN_MS: f64 = 0.5;
+const SEEK_FULL_MS: f64 = 8.0;
+/// Half a rotation at 7,200 rpm.
+const ROTATION_MS: f64 = 4.17;
+const READ_RATE: f64 = 150e6;
+
+/// Milliseconds to move the head `distance` blocks on a device of `blocks`.
+fn seek_ms(distance: u64, blocks: u64) -> f64 {
+    if distance == 0 {
+        return 0.0;
+    }
+    SEEK_MIN_MS + (SEEK_FULL_MS - SEEK_MIN_MS) * (distance as f64 / blocks.max(1) as f64).sqrt() + ROTATION_MS
+}
+
+struct Export {
+    name: String,
+    /// End of the furthest request (bytes).
+    end: u64,
+    vol: Option<u32>,
+}
+
+pub fn replay(records: &[TraceRecord], opts: &ReplayOptions) -> Result<Value> {
+    if opts.region < BLOCK_SIZE || !opts.region.is_power_of_two() {
+        bail!("--region {} must be a power of two of at least 4 KiB", opts.region);
+    }
+    let mut exports = exports_of(records);
+    let span: u64 = exports.values().map(|e| e.end).sum();
+    let size = opts.pool_size.unwrap_or_else(|| (2 * span + (64 << 20)).div_ceil(1 << 20) << 20);
+    std::fs::create_dir_all(&opts.dir).with_context(|| format!("create {}", opts.dir.display()))?;
+    let path = opts.dir.join("replay-pool.img");
+    let result = replay_in(&path, size, records, &mut exports, opts);
+    if !opts.keep {
+        let _ = std::fs::remove_file(&path);
+    }
+    result
+}
+
+fn exports_of(records: &[TraceRecord]) -> BTreeMap<u32, Export> {
+    let mut exports = BTreeMap::new();
+    for r in records {
+        match r {
+            TraceRecord::Name { export, name } => {
+                exports.insert(*export, Export { name: name.clone(), end: 0, vol: None });
+            }
+            TraceRecord::Request { export, offset, length, .. } => {
+                if let Some(e) = exports.get_mut(export) {
+                    e.end = e.end.max(offset + length);
+                }
+            }
+        }
+    }
+    exports
+}
+
+fn replay_in(
+    path: &Path,
+    size: u64,
+    records: &[TraceRecord],
+    exports: &mut BTreeMap<u32, Export>,
+    opts: &ReplayOptions,
+) -> Result<Value> {
+    let file = std::fs::File::create(path).with_context(|| format!("create {}", path.display()))?;
+    file.set_len(size)?;
+    drop(file);
+    let dev: Arc<dyn Device> = Arc::new(FileDevice::open(path, true)?);
+    create_pool(std::slice::from_ref(&dev), &[path.display().to_string()], &CreateOptions::default())?;
+    let pool = Pool::open(vec![dev.clone()], OpenOptions { placement: opts.placement, ..Default::default() })?;
+    for e in exports.values_mut().filter(|e| !e.name.contains('@') && e.end > 0) {
+        let vol_size = e.end.div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
+        e.vol = Some(pool.create_volume(&e.name, vol_size).with_context(|| format!("volume {}", e.name))?.id);
+    }
+    let stats = play(&pool, records, exports, opts)?;
+    let blocks = dev.size() / BLOCK_SIZE;
+    let mut vols = Vec::new();
+    for e in exports.values() {
+        if let Some(id) = e.vol {
+            vols.push(layout(&pool, id, &e.name, opts.region, blocks)?);
+        }
+    }
+    pool.close()?;
+    Ok(json!({
+        "placement": opts.placement.name(), "pool_size": size, "region": opts.region,
+        "requests": stats.requests, "skipped": stats.skipped, "written": stats.written,
+        "snapshots": stats.snapshots, "volumes": vols,
+        "pool": if opts.keep { Some(path.display().to_string()) } else { None },
+    }))
+}
+
+#[derive(Default)]
+struct PlayStats {
+    requests: u64,
+    skipped: u64,
+    written: u64,
+    snapshots: u64,
+}
+
+fn play(
+    pool: &Pool,
+    records: &[TraceRecord],
+    exports: &BTreeMap<u32, Export>,
+    opts: &ReplayOptions,
+) -> Result<PlayStats> {
+    let mut st = PlayStats::default();
+    let mut next_snap = opts.snapshot_every_ns;
+    let mut data = Vec::new();
+    for r in records {
+        let TraceRecord::Request { t_ns, export, cmd, flags, offset, length } = *r else { continue };
+        if let Some(at) = next_snap.filter(|&at| t_ns >= at) {
+            st.snapshots += 1;
+            for vol in exports.values().filter(|e| e.vol.is_some()) {
+                pool.create_snapshot(&vol.name, &format!("t{}", st.snapshots))?;
+            }
+            next_snap = Some(at + opts.snapshot_every_ns.unwrap_or(u64::MAX));
+        }
+        let vol = exports.get(&export).and_then(|e| e.vol);
+        let Some(vol) = vol.filter(|_| flags & trace_flags::FAILED == 0) else {
+            st.skipped += 1;
+            continue;
+        };
+        st.requests += 1;
+        match cmd {
+            TraceCmd::Write => {
+                // Whole pieces of at most 32 MiB (the engine's largest write).
+                let mut done = 0;
+                while done < length {
+                    let n = (length - done).min(32 << 20) as usize;
+                    data.resize(n, 0x5a);
+                    pool.write(vol, offset + done, &data[..n], flags & trace_flags::FUA != 0)?;
+                    done += n as u64;
+                }
+                st.written += length;
+            }
+            TraceCmd::Trim => pool.trim(vol, offset, length)?,
+            TraceCmd::WriteZeroes => {
+                pool.write_zeroes(vol, offset, length, flags & trace_flags::NO_HOLE != 0, false)?
+            }
+            TraceCmd::Flush => pool.flush()?,
+            TraceCmd::Read | TraceCmd::Cache => {}
+        }
+    }
+    pool.flush()?;
+    Ok(st)
+}
+
+/// Whether the head reads on from `head` to `at` (a short skip forward
+/// on the same device: the gap is read through, as the paper's density
+/// term counts it) rather than seeking.
+fn reads_on(head: Option<(u16, u64)>, device: u16, at: u64, region_blocks: u64) -> bool {
+    head.is_some_and(|(d, b)| d == device && at >= b && at - b < region_blocks)
+}
+
+/// Seeks and density of one region's runs: a run the head reaches by
+/// reading on is no seek; density is the blocks mapped over the blocks
+/// the runs span per device.
+fn region_figures(runs: &[PhysicalRun], region_blocks: u64) -> (u64, f64) {
+    let mut seeks = 0;
+    let mut prev: Option<(u16, u64)> = None;
+    let mut spans: BTreeMap<u16, (u64, u64)> = BTreeMap::new();
+    for r in runs {
+        if !reads_on(prev, r.device, r.block, region_blocks) {
+            seeks += 1;
+        }
+        prev = Some((r.device, r.block + r.len));
+        let s = spans.entry(r.device).or_insert((r.block, r.block + r.len));
+        *s = (s.0.min(r.block), s.1.max(r.block + r.len));
+    }
+    let mapped: u64 = runs.iter().map(|r| r.len).sum();
+    let span: u64 = spans.values().map(|(a, b)| b - a).sum();
+    (seeks, if span == 0 { 1.0 } else { mapped as f64 / span as f64 })
+}
+
+#[derive(Default)]
+struct Tally {
+    regions: u64,
+    seeks: u64,
+    density: f64,
+}
+
+impl Tally {
+    fn add(&mut self, seeks: u64, density: f64) {
+        self.regions += 1;
+        self.seeks += seeks;
+        self.density += density;
+    }
+
+    fn json(&self) -> Value {
+        let n = self.regions.max(1) as f64;
+        json!({ "regions": self.regions, "seeks_per_region": self.seeks as f64 / n, "density": self.density / n })
+    }
+}
+
+fn layout(pool: &Pool, vol: u32, name: &str, region: u64, device_blocks: u64) -> Result<Value> {
+    let size = pool.view_size(vol, View::Head).unwrap_or(0);
+    let first_snap = pool.list_snapshots(Some(name))?.first().map(|s| s.epoch);
+    let rb = region / BLOCK_SIZE;
+    let (mut all, mut cow) = (Tally::default(), Tally::default());
+    let (mut read_ms, mut head, mut extents, mut mapped) = (0.0, None::<(u16, u64)>, 0u64, 0u64);
+    for lba in (0..size / BLOCK_SIZE).step_by(rb as usize) {
+        let runs = pool.physical_runs(vol, View::Head, lba, rb.min(size / BLOCK_SIZE - lba))?;
+        if runs.is_empty() {
+            continue;
+        }
+        let (seeks, density) = region_figures(&runs, rb);
+        all.add(seeks, density);
+        if let Some(epoch) = first_snap {
+            let changed = pool.changed_runs(vol, View::Head, epoch, lba * BLOCK_SIZE, rb * BLOCK_SIZE)?;
+            if changed.iter().any(|c| c.changed) {
+                cow.add(seeks, density);
+            }
+        }
+        for r in &runs {
+            let moved = match head {
+                Some((_, b)) if reads_on(head, r.device, r.block, rb) => (r.block - b) * BLOCK_SIZE,
+                Some((d, b)) if d == r.device => {
+                    read_ms += seek_ms(b.abs_diff(r.block), device_blocks);
+                    0
+                }
+                _ => {
+                    read_ms += seek_ms(device_blocks / 3, device_blocks);
+                    0
+                }
+            };
+            // The gap read through, then the run.
+            read_ms += (moved + r.len * BLOCK_SIZE) as f64 / READ_RATE * 1e3;
+            head = Some((r.device, r.block + r.len));
+            extents += 1;
+            mapped += r.len * BLOCK_SIZE;
+        }
+    }
+    let gib = mapped as f64 / f64::from(1u32 << 30);
+    Ok(json!({
+        "name": name, "size": size, "mapped": mapped, "runs": extents,
+        "runs_per_gib": if gib > 0.0 { extents as f64 / gib } else { 0.0 },
+        "all": all.json(), "rewritten_after_snapshot": cow.json(), "est_read_s": read_ms / 1e3,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(lba: u64, len: u64, block: u64) -> PhysicalRun {
+        PhysicalRun { lba, len, device: 0, block }
+    }
+
+    #[test]
+    fn adjacent_runs_are_one_seek_and_gaps_lower_density() {
+        assert_eq!(region_figures(&[run(0, 4, 100), run(4, 4, 104)], 64), (1, 1.0));
+        // A short gap forward is read through: one seek, lower density.
+        let (seeks, density) = region_figures(&[run(0, 4, 100), run(4, 4, 112)], 64);
+        assert_eq!(seeks, 1);
+        assert!((density - 8.0 / 16.0).abs() < 1e-9);
+        // A gap of a region or more is a seek.
+        let (seeks, density) = region_figures(&[run(0, 4, 100), run(4, 4, 200)], 64);
+        assert_eq!(seeks, 2);
+        assert!((density - 8.0 / 104.0).abs() < 1e-9);
+        assert_eq!(region_figures(&[run(0, 2, 10), run(2, 2, 8)], 64).0, 2, "backwards is a seek");
+    }
+
+    #[test]
+    fn seeks_cost_more_with_distance() {
+        assert_eq!(seek_ms(0, 1000), 0.0);
+        assert!(seek_ms(1, 1000) < seek_ms(500, 1000));
+        assert!((seek_ms(1000, 1000) - (SEEK_FULL_MS + ROTATION_MS)).abs() < 1e-9);
+    }
+}
