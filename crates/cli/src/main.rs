@@ -109,6 +109,10 @@ enum TraceSub {
         /// Region size of the layout figures.
         #[arg(long, default_value = "256K", value_parser = size::parse_size)]
         region: u64,
+        /// Files over the exports (JSON list of {export, extents: [[offset,
+        /// length]...], rewritten}): figures per file too.
+        #[arg(long)]
+        files: Option<PathBuf>,
         #[arg(long)]
         json: bool,
     },
@@ -535,13 +539,19 @@ fn trace_cmd(t: TraceSub) -> Result<i32> {
             let n = records.iter().filter(|r| matches!(r, tarn_format::trace::TraceRecord::Request { .. })).count();
             println!("{}: {n} requests", output.display());
         }
-        TraceSub::Replay { file, placement, pool_size, dir, keep, snapshot_every, region, json } => {
+        TraceSub::Replay { file, placement, pool_size, dir, keep, snapshot_every, region, files, json } => {
             let snapshot_every_ns = match snapshot_every {
                 Some(s) if !(s > 0.0 && s.is_finite()) => bail!("--snapshot-every {s}: a positive number of seconds"),
                 s => s.map(|s| (s * 1e9) as u64),
             };
             let dir = dir.join(format!("tarn-replay-{}", std::process::id()));
-            let opts = trace::replay::ReplayOptions { placement, pool_size, dir, keep, snapshot_every_ns, region };
+            let files = match files {
+                Some(p) => serde_json::from_slice(&std::fs::read(&p).with_context(|| format!("read {}", p.display()))?)
+                    .with_context(|| format!("file list {}", p.display()))?,
+                None => Vec::new(),
+            };
+            let opts =
+                trace::replay::ReplayOptions { placement, pool_size, dir, keep, snapshot_every_ns, region, files };
             let v = trace::replay::replay(&trace::load(&file)?, &opts)?;
             if !keep {
                 let _ = std::fs::remove_dir(&opts.dir);

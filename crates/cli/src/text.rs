@@ -361,6 +361,23 @@ pub fn replay(v: &Value) -> String {
             vol["est_read_s"].as_f64().unwrap_or(0.0),
         );
     }
+    let f = &v["files"];
+    if !f.is_null() {
+        let (all, cow) = (&f["all"], &f["rewritten_after_snapshot"]);
+        let _ = writeln!(
+            s,
+            "files: {} ({:.2} seeks, {:.1}% dense); rewritten after a snapshot: {} ({:.2} seeks, {:.1}% dense); \
+             internal fragmentation {:.2}% (4 KiB blocks), {:.2}% (region-sized blocks)",
+            all["files"].as_u64().unwrap_or(0),
+            all["seeks_per_file"].as_f64().unwrap_or(0.0),
+            all["density"].as_f64().unwrap_or(0.0) * 100.0,
+            cow["files"].as_u64().unwrap_or(0),
+            cow["seeks_per_file"].as_f64().unwrap_or(0.0),
+            cow["density"].as_f64().unwrap_or(0.0) * 100.0,
+            f["internal_fragmentation"].as_f64().unwrap_or(0.0) * 100.0,
+            f["internal_fragmentation_large_blocks"].as_f64().unwrap_or(0.0) * 100.0,
+        );
+    }
     s
 }
 
