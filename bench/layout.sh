@@ -7,7 +7,7 @@
 #   3. the target's backing file evicted from the page cache (fdatasync +
 #      POSIX_FADV_DONTNEED on that file only, never the whole cache);
 #   4. a 1M sequential read of the whole volume, QD8 (cold), and again (warm);
-#   5. tarn: extents per GiB and free space outside whole 1 MiB regions;
+#   5. tarn: extents per GiB and free space outside whole 256 KiB regions;
 #   6. tarn: SNAPS rounds of (snapshot, 4 KiB random overwrites of SNAP_PCT
 #      percent of the volume, QD32), then the cold and warm reads again,
 #      as a ratio to the same target's reads with no snapshots (step 4).

@@ -16,7 +16,7 @@ METRICS = [
     ("cold_read_mibs", "1M sequential read, cold, MiB/s"),
     ("warm_read_mibs", "1M sequential read, warm, MiB/s"),
     ("extents_per_gib", "extents per GiB after the sequence"),
-    ("free_outside_regions_mib", "free space outside whole 1 MiB regions, MiB"),
+    ("free_outside_regions_mib", "free space outside whole 256 KiB regions, MiB"),
     ("snap_cold_read_mibs", "after the snapshots and overwrites: 1M sequential read, cold, MiB/s"),
     ("snap_warm_read_mibs", "after the snapshots and overwrites: 1M sequential read, warm, MiB/s"),
 ]

@@ -368,8 +368,8 @@ struct ServeCmd {
     #[arg(long, value_parser = size::parse_size)]
     metadata_cache: Option<u64>,
     /// Where new data goes: linear (default: in arrival order, so random
-    /// first writes are appended) or contiguous (each 1 MiB of a volume
-    /// has a 1 MiB home: sequential data stays sequential whatever the
+    /// first writes are appended) or contiguous (each 256 KiB of a volume
+    /// has a 256 KiB home: sequential data stays sequential whatever the
     /// order it is first written in; random first writes cost more).
     #[arg(long, default_value = "linear", value_parser = parse_placement)]
     placement: tarn_engine::PlacementKind,

@@ -9,7 +9,7 @@
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tarn_engine::{
@@ -127,10 +127,12 @@ fn replay_in(
     }
     let stats = play(&pool, records, exports, opts)?;
     let blocks = dev.size() / BLOCK_SIZE;
+    let ids: Vec<(u32, String)> = exports.values().filter_map(|e| Some((e.vol?, e.name.clone()))).collect();
+    let used = occupancy(&pool, &ids, opts.region / BLOCK_SIZE)?;
     let mut vols = Vec::new();
     for e in exports.values() {
         if let Some(id) = e.vol {
-            vols.push(layout(&pool, id, &e.name, opts.region, blocks)?);
+            vols.push(layout(&pool, id, &e.name, opts.region, blocks, &used)?);
         }
     }
     let files = if opts.files.is_empty() { Value::Null } else { file_figures(&pool, exports, opts)? };
@@ -217,25 +219,63 @@ fn reads_on(head: Option<(u16, u64)>, device: u16, at: u64, region_blocks: u64) 
     head.is_some_and(|(d, b)| d == device && at >= b && at - b < region_blocks)
 }
 
+/// Blocks in use per physical region (device, aligned window of
+/// `region_blocks`): data any head or snapshot of the volumes holds.
+type Occupancy = HashMap<(u16, u64), u64>;
+
+fn occupancy(pool: &Pool, vols: &[(u32, String)], region_blocks: u64) -> Result<Occupancy> {
+    // Every view's runs, as (device, start, end); views share blocks, so
+    // the union is taken before counting.
+    let mut runs: Vec<(u16, u64, u64)> = Vec::new();
+    for (vol, name) in vols {
+        let snaps = pool.list_snapshots(Some(name))?;
+        let views = std::iter::once(View::Head).chain(snaps.iter().map(|s| View::Snapshot(s.epoch)));
+        for view in views {
+            let blocks = pool.view_size(*vol, view).unwrap_or(0) / BLOCK_SIZE;
+            runs.extend(
+                pool.physical_runs(*vol, view, 0, blocks)?.iter().map(|r| (r.device, r.block, r.block + r.len)),
+            );
+        }
+    }
+    runs.sort_unstable();
+    let mut used = Occupancy::new();
+    let mut covered: Option<(u16, u64)> = None; // device and end of what was counted
+    for (device, start, end) in runs {
+        let from = match covered {
+            Some((d, e)) if d == device => start.max(e),
+            _ => start,
+        };
+        let mut at = from;
+        while at < end {
+            let w = at / region_blocks;
+            let n = ((w + 1) * region_blocks).min(end) - at;
+            *used.entry((device, w)).or_insert(0) += n;
+            at += n;
+        }
+        covered = Some((device, covered.filter(|c| c.0 == device).map_or(end, |c| c.1.max(end))));
+    }
+    Ok(used)
+}
+
 /// Seeks and density of a file's or region's runs, in logical order:
 /// every physical discontiguity is a seek (the paper's count); density is
-/// the blocks mapped over the blocks the runs span per device. (The read
-/// time estimate reads short forward gaps through instead: `layout`.)
-fn region_figures(runs: &[PhysicalRun]) -> (u64, f64) {
+/// how full the physical regions a read visits are, with everyone's data
+/// (the paper's density of a region, `used`). (The read time estimate
+/// reads short forward gaps through instead: `layout`.)
+fn region_figures(runs: &[PhysicalRun], region_blocks: u64, used: &Occupancy) -> (u64, f64) {
     let mut seeks = 0;
     let mut prev: Option<(u16, u64)> = None;
-    let mut spans: BTreeMap<u16, (u64, u64)> = BTreeMap::new();
+    let mut visited: BTreeSet<(u16, u64)> = BTreeSet::new();
     for r in runs {
         if prev != Some((r.device, r.block)) {
             seeks += 1;
         }
         prev = Some((r.device, r.block + r.len));
-        let s = spans.entry(r.device).or_insert((r.block, r.block + r.len));
-        *s = (s.0.min(r.block), s.1.max(r.block + r.len));
+        visited.extend((r.block / region_blocks..=(r.block + r.len - 1) / region_blocks).map(|w| (r.device, w)));
     }
-    let mapped: u64 = runs.iter().map(|r| r.len).sum();
-    let span: u64 = spans.values().map(|(a, b)| b - a).sum();
-    (seeks, if span == 0 { 1.0 } else { mapped as f64 / span as f64 })
+    let full: u64 = visited.iter().map(|w| used.get(w).copied().unwrap_or(0)).sum();
+    let room = visited.len() as u64 * region_blocks;
+    (seeks, if room == 0 { 1.0 } else { full as f64 / room as f64 })
 }
 
 #[derive(Default)]
@@ -267,6 +307,9 @@ impl Tally {
 /// blocks of a whole region (the paper's large-block policy, whose seeks
 /// are by definition those of virtual contiguity).
 fn file_figures(pool: &Pool, exports: &BTreeMap<u32, Export>, opts: &ReplayOptions) -> Result<Value> {
+    let rb = opts.region / BLOCK_SIZE;
+    let vols: Vec<(u32, String)> = exports.values().filter_map(|e| Some((e.vol?, e.name.clone()))).collect();
+    let used = occupancy(pool, &vols, rb)?;
     let (mut all, mut cow) = (Tally::default(), Tally::default());
     let (mut bytes, mut small, mut large) = (0u64, 0u64, 0u64);
     for f in &opts.files {
@@ -282,7 +325,7 @@ fn file_figures(pool: &Pool, exports: &BTreeMap<u32, Export>, opts: &ReplayOptio
         if runs.is_empty() || size == 0 {
             continue;
         }
-        let (seeks, density) = region_figures(&runs);
+        let (seeks, density) = region_figures(&runs, rb, &used);
         all.add(seeks, density);
         if f.rewritten {
             cow.add(seeks, density);
@@ -299,7 +342,7 @@ fn file_figures(pool: &Pool, exports: &BTreeMap<u32, Export>, opts: &ReplayOptio
     }))
 }
 
-fn layout(pool: &Pool, vol: u32, name: &str, region: u64, device_blocks: u64) -> Result<Value> {
+fn layout(pool: &Pool, vol: u32, name: &str, region: u64, device_blocks: u64, used: &Occupancy) -> Result<Value> {
     let size = pool.view_size(vol, View::Head).unwrap_or(0);
     let first_snap = pool.list_snapshots(Some(name))?.first().map(|s| s.epoch);
     let rb = region / BLOCK_SIZE;
@@ -310,7 +353,7 @@ fn layout(pool: &Pool, vol: u32, name: &str, region: u64, device_blocks: u64) ->
         if runs.is_empty() {
             continue;
         }
-        let (seeks, density) = region_figures(&runs);
+        let (seeks, density) = region_figures(&runs, rb, used);
         all.add(seeks, density);
         if let Some(epoch) = first_snap {
             let len = rb.min(size / BLOCK_SIZE - lba) * BLOCK_SIZE;
@@ -356,11 +399,13 @@ mod tests {
 
     #[test]
     fn adjacent_runs_are_one_seek_and_gaps_lower_density() {
-        assert_eq!(region_figures(&[run(0, 4, 100), run(4, 4, 104)]), (1, 1.0));
-        let (seeks, density) = region_figures(&[run(0, 4, 100), run(4, 4, 112)]);
+        // Regions of 8 blocks: 13 is 104..112, 14 is 112..120.
+        let used: Occupancy = [((0, 13), 8), ((0, 14), 4)].into_iter().collect();
+        assert_eq!(region_figures(&[run(0, 4, 104), run(4, 4, 108)], 8, &used), (1, 1.0));
+        let (seeks, density) = region_figures(&[run(0, 4, 104), run(4, 4, 112)], 8, &used);
         assert_eq!(seeks, 2);
-        assert!((density - 8.0 / 16.0).abs() < 1e-9);
-        assert_eq!(region_figures(&[run(0, 2, 10), run(2, 2, 8)]).0, 2, "backwards is a seek");
+        assert!((density - 12.0 / 16.0).abs() < 1e-9, "two regions visited, 12 of 16 blocks in use");
+        assert_eq!(region_figures(&[run(0, 2, 10), run(2, 2, 8)], 8, &used).0, 2, "backwards is a seek");
         assert!(reads_on(Some((0, 104)), 0, 112, 64), "a short gap forward is read through");
         assert!(!reads_on(Some((0, 104)), 0, 200, 64) && !reads_on(Some((0, 104)), 0, 100, 64));
     }

@@ -320,7 +320,7 @@ pub struct PoolStatus {
     /// Bytes released but not yet reusable (awaiting commit).
     pub freeing: u64,
     /// Of `free`, bytes outside every whole free region of the
-    /// `contiguous` placement (1 MiB): what partly written regions hold
+    /// `contiguous` placement (256 KiB): what partly written regions hold
     /// (and other fragments). New regions do not take it; writes into holes
     /// do once no whole region is left, so a full pool still fills up.
     pub free_outside_regions: u64,

@@ -83,8 +83,9 @@ impl From<PlacementKind> for PolicyCode {
     }
 }
 
-/// Logical blocks per region of `contiguous` placement: 1 MiB.
-pub const REGION_BLOCKS: u64 = 256;
+/// Logical blocks per region of `contiguous` placement: 256 KiB, the
+/// Virtual Contiguity paper's segment.
+pub const REGION_BLOCKS: u64 = 64;
 
 /// Where a logical region of a volume already has data: the physical
 /// blocks its first block maps to, or would map to, in each place its
@@ -189,10 +190,10 @@ mod tests {
     #[test]
     fn blocks_of_a_region_go_at_their_offsets_in_its_home() {
         let mut s = space(16 * R);
-        let first = place(&mut s, 3 * R + 200, 1, &[]);
-        let home = Pba::new(0, first[0].0.block() - 200);
+        let first = place(&mut s, 3 * R + R - 8, 1, &[]);
+        let home = Pba::new(0, first[0].0.block() - (R - 8));
         assert_eq!(home.block() % R, 0, "a new home is a whole aligned region");
-        for off in [7, 199, 0, 201, 255] {
+        for off in [7, R - 9, 0, R - 7, R - 1] {
             assert_eq!(place(&mut s, 3 * R + off, 1, &[home]), vec![(home.offset_by(off), 1)]);
         }
     }

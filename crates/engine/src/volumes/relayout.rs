@@ -15,14 +15,13 @@ use crate::io::{physical_runs, RELAYOUT_RUN_BLOCKS};
 use crate::map::extent_map::Segment;
 use crate::map::state::Volume;
 use crate::pool::{Inner, MovingWindow, Pool};
-use crate::space::placement::REGION_BLOCKS;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tarn_format::ops::Op;
 use tarn_format::BLOCK_SIZE;
 
-/// Blocks moved per step: a placement region (1 MiB), one read, one write.
-const WINDOW_BLOCKS: u64 = REGION_BLOCKS;
+/// Blocks moved per step: 1 MiB, one read, one write.
+const WINDOW_BLOCKS: u64 = 256;
 
 /// What a compaction of one volume did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
