@@ -27,6 +27,7 @@ use crate::export::{BlockStatusExtent, Export};
 use crate::handshake::Negotiated;
 use crate::meta::MetaContext;
 use crate::protocol::*;
+use crate::read;
 use crate::server::ServerConfig;
 use crate::transport::Transport;
 use crate::util::{lock, wait};
@@ -62,14 +63,40 @@ pub(crate) struct TransmissionParams {
 /// A validated request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Request {
-    Read { offset: u64, length: u32 },
-    Write { offset: u64, length: u32, fua: bool },
+    /// `df`: NBD_CMD_FLAG_DF, at most one content chunk.
+    Read {
+        offset: u64,
+        length: u32,
+        df: bool,
+    },
+    Write {
+        offset: u64,
+        length: u32,
+        fua: bool,
+    },
     Disc,
     Flush,
-    Trim { offset: u64, length: u32, fua: bool },
-    Cache { offset: u64, length: u32 },
-    WriteZeroes { offset: u64, length: u32, no_hole: bool, fast: bool, fua: bool },
-    BlockStatus { offset: u64, length: u32, req_one: bool },
+    Trim {
+        offset: u64,
+        length: u32,
+        fua: bool,
+    },
+    Cache {
+        offset: u64,
+        length: u32,
+    },
+    WriteZeroes {
+        offset: u64,
+        length: u32,
+        no_hole: bool,
+        fast: bool,
+        fua: bool,
+    },
+    BlockStatus {
+        offset: u64,
+        length: u32,
+        req_one: bool,
+    },
 }
 
 /// Why a request is refused (error value and a message for structured replies).
@@ -132,7 +159,7 @@ pub(crate) fn validate_request(h: &RequestHeader, p: &TransmissionParams) -> Res
         }
     }
     Ok(match cmd {
-        Command::Read => Request::Read { offset, length },
+        Command::Read => Request::Read { offset, length, df: h.flags & NBD_CMD_FLAG_DF != 0 },
         Command::Write => Request::Write { offset, length, fua },
         Command::Trim => Request::Trim { offset, length, fua },
         Command::Cache => Request::Cache { offset, length },
@@ -241,30 +268,45 @@ fn context_descriptors(e: &dyn Export, c: &MetaContext, q: &StatusQuery) -> Resu
 /// order they were selected, only the last one flagged DONE. Any failure
 /// turns the whole reply into one error chunk (nothing is sent before the
 /// reply is complete).
-fn block_status_reply(sh: &Shared, h: u64, offset: u64, length: u32, req_one: bool) -> Reply {
+fn block_status_reply(sh: &Shared, t: Tag, offset: u64, length: u32, req_one: bool) -> Reply {
     let contexts = &sh.contexts;
     let max_descriptors = MAX_DESCRIPTORS / contexts.len().max(1);
     let q = StatusQuery { offset, length, size: sh.params.size, req_one, max_descriptors };
+    let framing = sh.framing(t);
     let mut out = Vec::new();
     for (i, c) in contexts.iter().enumerate() {
         match context_descriptors(&*sh.export, c, &q) {
-            Ok(d) => push_block_status_chunk(&mut out, h, c.id, &d, i + 1 == contexts.len()),
+            Ok(d) => framing.push_block_status(&mut out, c.id, &d, i + 1 == contexts.len()),
             Err(err) => {
                 log::debug!("nbd: block status of {:?} at {offset} length {length} failed: {err}", c.name);
-                return sh.error_reply(h, err.errno(), "block status failed");
+                return sh.error_reply(t, err.errno(), "block status failed");
             }
         }
     }
     if out.is_empty() {
         // Unreachable: validate_request refuses block status without contexts.
-        return sh.error_reply(h, NBD_EINVAL, "no metadata context was negotiated");
+        return sh.error_reply(t, NBD_EINVAL, "no metadata context was negotiated");
     }
     Reply::encoded(out)
 }
 
+/// What every reply to a request carries: the client's handle (cookie)
+/// and, in extended reply headers, the request's offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Tag {
+    pub handle: u64,
+    pub offset: u64,
+}
+
+impl Tag {
+    fn of(h: &RequestHeader) -> Tag {
+        Tag { handle: h.handle, offset: h.offset }
+    }
+}
+
 /// A validated request with its payload.
 struct Job {
-    handle: u64,
+    tag: Tag,
     req: Request,
     data: Vec<u8>,
 }
@@ -307,12 +349,24 @@ struct Shared {
 }
 
 impl Shared {
-    fn error_reply(&self, handle: u64, errno: u32, msg: &str) -> Reply {
+    /// How chunks of the reply to `t` are framed.
+    fn framing(&self, t: Tag) -> ChunkFraming {
+        ChunkFraming { extended: false, handle: t.handle, request_offset: t.offset }
+    }
+
+    fn error_reply(&self, t: Tag, errno: u32, msg: &str) -> Reply {
         if self.params.structured {
-            Reply::encoded(encode_error_chunk(handle, errno, msg))
+            let mut out = Vec::with_capacity(64);
+            self.framing(t).push_error(&mut out, errno, msg);
+            Reply::encoded(out)
         } else {
-            Reply::simple(handle, errno)
+            Reply::simple(t.handle, errno)
         }
+    }
+
+    /// Success without data.
+    fn ok_reply(&self, t: Tag) -> Reply {
+        Reply::simple(t.handle, 0)
     }
 
     fn send(&self, reply: Reply) {
@@ -459,10 +513,10 @@ fn serve_request<R: Read>(
         Err(rej) => return reject_request(shared, reader, &h, rej, payload),
     };
     let inline = max_workers == 0 || shared.costs.run_inline(&req);
-    if inline && write_from_buffer(shared, reader, h.handle, req) {
+    if inline && write_from_buffer(shared, reader, Tag::of(&h), req) {
         return Ok(());
     }
-    let job = Job { handle: h.handle, req, data: read_payload(shared, reader, req, after_direct)? };
+    let job = Job { tag: Tag::of(&h), req, data: read_payload(shared, reader, req, after_direct)? };
     if req == Request::Flush {
         if enqueue_flush(shared, job, max_in_flight) {
             spawn_flusher(shared, workers)?;
@@ -560,19 +614,19 @@ fn reject_request<R: Read>(
             _ => return Err(End::Eof),
         }
     }
-    shared.writer.defer(shared.error_reply(h.handle, rej.errno, rej.msg), &shared.pool);
+    shared.writer.defer(shared.error_reply(Tag::of(h), rej.errno, rej.msg), &shared.pool);
     Ok(())
 }
 
 /// Zero copy: run a WRITE straight from the read buffer when its whole
 /// payload is there already. False (nothing consumed) otherwise.
-fn write_from_buffer<R: Read>(shared: &Shared, reader: &mut BufReader<R>, handle: u64, req: Request) -> bool {
+fn write_from_buffer<R: Read>(shared: &Shared, reader: &mut BufReader<R>, tag: Tag, req: Request) -> bool {
     let Request::Write { length, .. } = req else { return false };
     let len = length as usize;
     if reader.buffer().len() < len {
         return false;
     }
-    let reply = run(shared, handle, req, &reader.buffer()[..len]);
+    let reply = run(shared, tag, req, &reader.buffer()[..len]);
     reader.consume(len);
     shared.writer.defer(reply, &shared.pool);
     true
@@ -708,8 +762,8 @@ fn flusher(sh: Arc<Shared>) {
         });
         for job in batch {
             sh.send(match &result {
-                Ok(()) => Reply::simple(job.handle, 0),
-                Err(err) => sh.error_reply(job.handle, err.errno(), "flush failed"),
+                Ok(()) => sh.ok_reply(job.tag),
+                Err(err) => sh.error_reply(job.tag, err.errno(), "flush failed"),
             });
         }
     }
@@ -748,7 +802,7 @@ fn refuse_buffered<R: Read>(shared: &Shared, reader: &mut BufReader<R>) {
             return;
         }
         reader.consume(REQUEST_HEADER_LEN + payload);
-        shared.writer.defer(shared.error_reply(h.handle, NBD_ESHUTDOWN, "server is shutting down"), &shared.pool);
+        shared.writer.defer(shared.error_reply(Tag::of(&h), NBD_ESHUTDOWN, "server is shutting down"), &shared.pool);
     }
 }
 
@@ -808,19 +862,19 @@ impl CostModel {
 
 /// Run a job (catching export panics) and record its duration.
 fn run_job(sh: &Shared, job: Job) -> Reply {
-    let Job { handle, req, data } = job;
-    run(sh, handle, req, &data).with_spare(data)
+    let Job { tag, req, data } = job;
+    run(sh, tag, req, &data).with_spare(data)
 }
 
 /// Execute a request against the export, catching panics and recording
 /// the duration; `data` is the WRITE payload.
-fn run(sh: &Shared, handle: u64, req: Request, data: &[u8]) -> Reply {
+fn run(sh: &Shared, tag: Tag, req: Request, data: &[u8]) -> Reply {
     let start = Instant::now();
-    let reply = match catch_unwind(AssertUnwindSafe(|| execute(sh, handle, req, data))) {
+    let reply = match catch_unwind(AssertUnwindSafe(|| execute(sh, tag, req, data))) {
         Ok(r) => r,
         Err(_) => {
             log::error!("nbd: export panicked while handling a request");
-            sh.error_reply(handle, NBD_EIO, "internal error")
+            sh.error_reply(tag, NBD_EIO, "internal error")
         }
     };
     sh.costs.record(&req, start.elapsed().as_nanos() as u64);
@@ -860,24 +914,27 @@ fn worker(sh: Arc<Shared>) {
     }
 }
 
-fn execute(sh: &Shared, h: u64, req: Request, data: &[u8]) -> Reply {
+/// Reply to a validated read (see [`crate::read`]).
+fn read_reply(sh: &Shared, t: Tag, offset: u64, length: u32, df: bool) -> Reply {
+    let style = if sh.params.structured {
+        read::Style::Chunks(sh.framing(t))
+    } else {
+        read::Style::Simple { handle: t.handle }
+    };
+    read::reply(&*sh.export, &sh.pool, style, offset, length, df).unwrap_or_else(|(err, buf)| {
+        log::debug!("nbd: read at {offset} length {length} failed: {err}");
+        sh.error_reply(t, err.errno(), "read failed").with_spare(buf)
+    })
+}
+
+fn execute(sh: &Shared, t: Tag, req: Request, data: &[u8]) -> Reply {
     let e = &*sh.export;
     let res = match req {
-        Request::Read { offset, length } => {
-            let mut buf = sh.pool.get(length as usize);
-            return match e.read(offset, &mut buf) {
-                Ok(()) if sh.params.structured => Reply::structured_read(h, offset, buf),
-                Ok(()) => Reply::simple_read(h, buf),
-                Err(err) => {
-                    log::debug!("nbd: read at {offset} length {length} failed: {err}");
-                    sh.error_reply(h, err.errno(), "read failed").with_spare(buf)
-                }
-            };
-        }
+        Request::Read { offset, length, df } => return read_reply(sh, t, offset, length, df),
         Request::Write { offset, .. } if data.is_empty() => {
             // Cannot happen (zero-length writes are rejected); no panic.
             log::error!("nbd: write at {offset} without payload");
-            return sh.error_reply(h, NBD_EIO, "internal error");
+            return sh.error_reply(t, NBD_EIO, "internal error");
         }
         Request::Write { offset, fua, .. } => e.write(offset, data, fua),
         Request::Flush => e.flush(),
@@ -886,14 +943,14 @@ fn execute(sh: &Shared, h: u64, req: Request, data: &[u8]) -> Reply {
         Request::WriteZeroes { offset, length, no_hole, fast, fua } => {
             e.write_zeroes(offset, length as u64, no_hole, fast, fua)
         }
-        Request::BlockStatus { offset, length, req_one } => return block_status_reply(sh, h, offset, length, req_one),
+        Request::BlockStatus { offset, length, req_one } => return block_status_reply(sh, t, offset, length, req_one),
         Request::Disc => Ok(()),
     };
     match res {
-        Ok(()) => Reply::simple(h, 0),
+        Ok(()) => sh.ok_reply(t),
         Err(err) => {
             log::debug!("nbd: request failed: {err}");
-            sh.error_reply(h, err.errno(), "request failed")
+            sh.error_reply(t, err.errno(), "request failed")
         }
     }
 }
@@ -922,7 +979,7 @@ mod tests {
         let p = params();
         assert_eq!(
             validate_request(&hdr(NBD_CMD_READ, NBD_CMD_FLAG_DF, 0, 4096), &p),
-            Ok(Request::Read { offset: 0, length: 4096 })
+            Ok(Request::Read { offset: 0, length: 4096, df: true })
         );
         assert_eq!(
             validate_request(&hdr(NBD_CMD_WRITE, NBD_CMD_FLAG_FUA, (1 << 20) - 512, 512), &p),
@@ -1019,7 +1076,7 @@ mod tests {
     fn cost_model_adapts() {
         let m = CostModel::new();
         let w = Request::Write { offset: 0, length: 1, fua: false };
-        let r = Request::Read { offset: 0, length: 1 };
+        let r = Request::Read { offset: 0, length: 1, df: false };
         assert!(m.run_inline(&w) && m.run_inline(&r));
         assert!(!m.run_inline(&Request::Flush));
         m.record(&w, 10_000_000);

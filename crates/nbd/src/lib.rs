@@ -40,6 +40,7 @@ pub mod tls;
 mod connection;
 mod handshake;
 mod meta;
+mod read;
 mod stream;
 mod transport;
 mod util;

@@ -204,9 +204,11 @@ fn block_status_after_trim() {
     c.request(0, NBD_CMD_BLOCK_STATUS, 5, 100, 200, &[]);
     let (_, d) = parse_block_status(&c.chunk().payload);
     assert_eq!(d, vec![(200, 0)]);
-    // Reads of the trimmed range are zero; beyond the end is EINVAL.
+    // Reads of the trimmed range are one hole; beyond the end is EINVAL.
     c.request(0, NBD_CMD_READ, 6, 16384, 16384, &[]);
-    assert_eq!(&c.chunk().payload[8..], &[0u8; 16384][..]);
+    let ch = c.chunk();
+    assert_eq!((ch.ctype, ch.flags), (NBD_REPLY_TYPE_OFFSET_HOLE, NBD_REPLY_FLAG_DONE));
+    assert_eq!(parse_hole(&ch.payload), (16384, 16384));
     c.request(0, NBD_CMD_BLOCK_STATUS, 7, SIZE - 512, 1024, &[]);
     assert_eq!(c.error_of_next(), (NBD_EINVAL, 7));
     // Write zeroes without NO_HOLE punches a hole.

@@ -341,6 +341,12 @@ pub fn parse_block_status(payload: &[u8]) -> (u32, Vec<(u32, u32)>) {
     (id, d)
 }
 
+/// Parse an OFFSET_HOLE chunk payload into (offset, size).
+pub fn parse_hole(payload: &[u8]) -> (u64, u32) {
+    assert_eq!(payload.len(), 12, "OFFSET_HOLE payload");
+    (u64::from_be_bytes(payload[0..8].try_into().unwrap()), u32::from_be_bytes(payload[8..12].try_into().unwrap()))
+}
+
 pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
