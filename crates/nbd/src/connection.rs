@@ -149,7 +149,21 @@ pub(crate) fn validate_request(h: &RequestHeader, p: &TransmissionParams) -> Res
         });
     }
     if matches!(cmd, Command::Read | Command::Write) && length > p.max_payload {
-        return Err(reject(NBD_EINVAL, "request exceeds the maximum payload size"));
+        // proto.md, "Size constraints": for WRITE, and READ with simple
+        // replies, "the client MUST NOT request a length larger than the
+        // maximum payload size" — a plain invalid request (EINVAL). With
+        // structured replies a READ's reply payload is the server's to
+        // split, and NBD_CMD_READ says "the server is also permitted to
+        // reject large read requests up front with NBD_EOVERFLOW, so a
+        // client should be prepared to retry with smaller requests"; the
+        // error section allows EOVERFLOW only where documented, so WRITE
+        // keeps EINVAL. Commands without payload (TRIM, WRITE_ZEROES,
+        // CACHE, BLOCK_STATUS) "MAY request an effect length larger than
+        // the maximum payload size" and are served whole.
+        return Err(match cmd {
+            Command::Read if p.structured => reject(NBD_EOVERFLOW, "read longer than the maximum payload size"),
+            _ => reject(NBD_EINVAL, "request exceeds the maximum payload size"),
+        });
     }
     if p.min_block > 1 && cmd != Command::BlockStatus {
         let m = p.min_block as u64;
@@ -1023,7 +1037,19 @@ mod tests {
         assert_eq!(err(hdr(NBD_CMD_FLUSH, 0, 1, 0), &p), NBD_EINVAL);
         let mut small = p;
         small.max_payload = 4096;
+        // Beyond the maximum payload: a structured READ may get EOVERFLOW,
+        // a simple READ and a WRITE are invalid, the others are served.
+        assert_eq!(err(hdr(NBD_CMD_READ, 0, 0, 8192), &small), NBD_EOVERFLOW);
+        assert_eq!(err(hdr(NBD_CMD_WRITE, 0, 0, 8192), &small), NBD_EINVAL);
+        small.structured = false;
         assert_eq!(err(hdr(NBD_CMD_READ, 0, 0, 8192), &small), NBD_EINVAL);
+        assert_eq!(err(hdr(NBD_CMD_WRITE, 0, 0, 8192), &small), NBD_EINVAL);
+        small.structured = true;
+        for cmd in [NBD_CMD_TRIM, NBD_CMD_WRITE_ZEROES, NBD_CMD_CACHE, NBD_CMD_BLOCK_STATUS] {
+            assert!(validate_request(&hdr(cmd, 0, 0, 1 << 20), &small).is_ok(), "command {cmd}");
+        }
+        // Out of range beats too long: EINVAL / ENOSPC as for any request.
+        assert_eq!(err(hdr(NBD_CMD_READ, 0, (1 << 20) - 4096, 8192), &small), NBD_EINVAL);
         let mut ro = p;
         ro.read_only = true;
         assert_eq!(err(hdr(NBD_CMD_WRITE, 0, 0, 1), &ro), NBD_EPERM);
