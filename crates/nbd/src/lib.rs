@@ -22,8 +22,11 @@
 //! server.shutdown();
 //! ```
 //!
-//! Modules: [`protocol`] (constants and pure encoders/decoders), `handshake`
+//! Modules: [`protocol`] (constants and pure encoders/decoders), `session`
+//! (config and negotiated state shared by the layers above), `handshake`
 //! (option haggling), `meta` (metadata context names, queries and IDs),
+//! `request` (request validation), `read` (read replies, holes as
+//! OFFSET_HOLE), `status` (block status descriptors),
 //! `connection` (transmission phase: reader, workers),
 //! `writer` (combining reply writer), `transport` (plain socket or TLS
 //! session), [`tls`] (certificates, modes, allow-list),
@@ -41,6 +44,9 @@ mod connection;
 mod handshake;
 mod meta;
 mod read;
+mod request;
+mod session;
+mod status;
 mod stream;
 mod transport;
 mod util;

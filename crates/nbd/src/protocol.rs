@@ -4,7 +4,24 @@
 //! NetworkBlockDevice/nbd). All integers on the wire are big-endian.
 //! Every decoder returns `Err` on malformed input and never panics.
 
-use crate::error::ProtocolError;
+/// A malformed message seen by one of the pure decoders.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("bad magic: expected {expected:#x}, found {found:#x}")]
+    BadMagic { expected: u64, found: u64 },
+    #[error("message truncated: needed {needed} bytes, got {got}")]
+    Truncated { needed: usize, got: usize },
+    #[error("{extra} unexpected trailing bytes")]
+    TrailingData { extra: usize },
+    #[error("unknown or unadvertised client flags {0:#x}")]
+    UnknownClientFlags(u32),
+    #[error("string is not valid UTF-8 or contains NUL")]
+    InvalidString,
+    #[error("string of {0} bytes exceeds the 4096-byte limit")]
+    StringTooLong(usize),
+    #[error("duplicate information request {0}")]
+    DuplicateInfo(u16),
+}
 
 // ---------------------------------------------------------------- magics
 
