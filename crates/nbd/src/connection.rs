@@ -45,7 +45,7 @@ const MAX_DISCARD_BYTES: u64 = 64 << 20;
 /// order they were selected, only the last one flagged DONE. Any failure
 /// turns the whole reply into one error chunk (nothing is sent before the
 /// reply is complete).
-fn block_status_reply(sh: &Shared, t: Tag, offset: u64, length: u32, req_one: bool) -> Reply {
+fn block_status_reply(sh: &Shared, t: Tag, offset: u64, length: u64, req_one: bool) -> Reply {
     let contexts = &sh.contexts;
     let max_descriptors = MAX_DESCRIPTORS / contexts.len().max(1);
     let q = StatusQuery { offset, length, size: sh.params.size, req_one, max_descriptors };
@@ -76,7 +76,7 @@ pub(crate) struct Tag {
 }
 
 impl Tag {
-    fn of(h: &RequestHeader) -> Tag {
+    fn of(h: &ExtendedRequestHeader) -> Tag {
         Tag { handle: h.handle, offset: h.offset }
     }
 }
@@ -128,7 +128,7 @@ struct Shared {
 impl Shared {
     /// How chunks of the reply to `t` are framed.
     fn framing(&self, t: Tag) -> ChunkFraming {
-        ChunkFraming { extended: false, handle: t.handle, request_offset: t.offset }
+        ChunkFraming { extended: self.params.extended, handle: t.handle, request_offset: t.offset }
     }
 
     fn error_reply(&self, t: Tag, errno: u32, msg: &str) -> Reply {
@@ -141,9 +141,16 @@ impl Shared {
         }
     }
 
-    /// Success without data.
+    /// Success without data: a simple reply, or with extended headers
+    /// (which forbid simple replies) a final NBD_REPLY_TYPE_NONE chunk.
     fn ok_reply(&self, t: Tag) -> Reply {
-        Reply::simple(t.handle, 0)
+        if self.params.extended {
+            let mut out = Vec::with_capacity(EXTENDED_HEADER_LEN);
+            self.framing(t).push_none(&mut out);
+            Reply::encoded(out)
+        } else {
+            Reply::simple(t.handle, 0)
+        }
     }
 
     fn send(&self, reply: Reply) {
@@ -191,6 +198,7 @@ pub(crate) fn serve<R: Read>(
         size: neg.size,
         read_only: neg.export.read_only(),
         structured: neg.structured,
+        extended: neg.extended,
         has_meta_context: !neg.meta_contexts.is_empty(),
         min_block: neg.min_block,
         max_payload: neg.max_payload,
@@ -275,8 +283,16 @@ fn serve_request<R: Read>(
     check_running(shared, reader, shutting_down)?;
     let h = read_header(shared, reader, shutting_down, std::mem::take(after_direct))?;
     let validated = validate_request(&h, &shared.params);
-    // A WRITE carries `length` payload bytes whether or not it is valid.
-    let payload = if h.command == NBD_CMD_WRITE { h.length as u64 } else { 0 };
+    // The payload follows whether or not the request is valid.
+    let payload = payload_len(&h, shared.params.extended);
+    if shared.params.extended && payload > shared.params.max_payload as u64 {
+        // proto.md, "Request message": "A server SHOULD initiate hard
+        // disconnect if a client sets the NBD_CMD_FLAG_PAYLOAD_LEN flag
+        // and uses a length larger than a server's advertised or default
+        // maximum payload length".
+        log::warn!("nbd: {payload}-byte request payload beyond the maximum; disconnecting");
+        return Err(End::Violation);
+    }
     if payload > reader.buffer().len() as u64 {
         // About to block on the payload: send the replies produced so far.
         shared.writer.flush(&shared.pool);
@@ -332,16 +348,19 @@ fn read_header<R: Read>(
     reader: &mut BufReader<R>,
     shutting_down: &AtomicBool,
     after_direct: bool,
-) -> Result<RequestHeader, End> {
+) -> Result<ExtendedRequestHeader, End> {
+    let extended = shared.params.extended;
+    let len = header_len(extended);
     // About to block on the socket: send the replies produced so far.
-    if reader.buffer().len() < REQUEST_HEADER_LEN {
+    if reader.buffer().len() < len {
         shared.writer.flush(&shared.pool);
     }
-    let mut hb = [0u8; REQUEST_HEADER_LEN];
+    let mut buf = [0u8; EXTENDED_REQUEST_HEADER_LEN];
+    let hb = &mut buf[..len];
     let got = if after_direct && reader.buffer().is_empty() {
-        reader.get_mut().read_exact(&mut hb)
+        reader.get_mut().read_exact(hb)
     } else {
-        reader.read_exact(&mut hb)
+        reader.read_exact(hb)
     };
     if let Err(e) = got {
         if shutting_down.load(Ordering::Relaxed) {
@@ -352,9 +371,12 @@ fn read_header<R: Read>(
         }
         return Err(End::Eof);
     }
-    parse_request_header(&hb).map_err(|e| {
-        if u32::from_be_bytes([hb[0], hb[1], hb[2], hb[3]]) == EXTENDED_REQUEST_MAGIC {
+    parse_header(hb, extended).map_err(|e| {
+        let magic = u32::from_be_bytes([hb[0], hb[1], hb[2], hb[3]]);
+        if magic == EXTENDED_REQUEST_MAGIC {
             log::warn!("nbd: extended request header without negotiation; disconnecting");
+        } else if magic == REQUEST_MAGIC {
+            log::warn!("nbd: compact request header after negotiating extended headers; disconnecting");
         } else {
             log::warn!("nbd: {e}; disconnecting");
         }
@@ -362,13 +384,13 @@ fn read_header<R: Read>(
     })
 }
 
-/// Answer a refused request with its error. A WRITE's `payload` is read and
+/// Answer a refused request with its error. A request's `payload` is read and
 /// dropped first so that the next header is found; `Err` if it is too big
 /// to drop or the stream ends within it.
 fn reject_request<R: Read>(
     shared: &Shared,
     reader: &mut BufReader<R>,
-    h: &RequestHeader,
+    h: &ExtendedRequestHeader,
     rej: Rejection,
     payload: u64,
 ) -> Result<(), End> {
@@ -565,20 +587,20 @@ fn spawn_worker(shared: &Arc<Shared>, workers: &mut Vec<JoinHandle<()>>) -> Resu
 /// On shutdown: answer requests already received in full (still in the
 /// read buffer) with `NBD_ESHUTDOWN` rather than dropping them silently.
 fn refuse_buffered<R: Read>(shared: &Shared, reader: &mut BufReader<R>) {
+    let extended = shared.params.extended;
+    let len = header_len(extended);
+    // Bounded: every round consumes a request from the buffer.
     loop {
         let buf = reader.buffer();
-        let Some(hb) = buf.get(..REQUEST_HEADER_LEN).and_then(|b| <[u8; REQUEST_HEADER_LEN]>::try_from(b).ok()) else {
-            return;
-        };
-        let Ok(h) = parse_request_header(&hb) else { return };
+        let Ok(h) = parse_header(buf, extended) else { return };
         if h.command == NBD_CMD_DISC {
             return;
         }
-        let payload = if h.command == NBD_CMD_WRITE { h.length as usize } else { 0 };
-        if buf.len() - REQUEST_HEADER_LEN < payload {
+        let payload = payload_len(&h, extended);
+        if ((buf.len() - len) as u64) < payload {
             return;
         }
-        reader.consume(REQUEST_HEADER_LEN + payload);
+        reader.consume(len + payload as usize);
         shared.writer.defer(shared.error_reply(Tag::of(&h), NBD_ESHUTDOWN, "server is shutting down"), &shared.pool);
     }
 }
@@ -715,10 +737,10 @@ fn execute(sh: &Shared, t: Tag, req: Request, data: &[u8]) -> Reply {
         }
         Request::Write { offset, fua, .. } => e.write(offset, data, fua),
         Request::Flush => e.flush(),
-        Request::Trim { offset, length, fua } => e.trim(offset, length as u64, fua),
-        Request::Cache { offset, length } => e.cache(offset, length as u64),
+        Request::Trim { offset, length, fua } => e.trim(offset, length, fua),
+        Request::Cache { offset, length } => e.cache(offset, length),
         Request::WriteZeroes { offset, length, no_hole, fast, fua } => {
-            e.write_zeroes(offset, length as u64, no_hole, fast, fua)
+            e.write_zeroes(offset, length, no_hole, fast, fua)
         }
         Request::BlockStatus { offset, length, req_one } => return block_status_reply(sh, t, offset, length, req_one),
         Request::Disc => Ok(()),

@@ -352,7 +352,11 @@ impl State<'_> {
             }
             NBD_OPT_LIST_META_CONTEXT | NBD_OPT_SET_META_CONTEXT => self.meta_context(option, data),
             NBD_OPT_EXTENDED_HEADERS => {
-                self.reply(option, NBD_REP_ERR_UNSUP, b"extended headers are not supported");
+                if !data.is_empty() {
+                    return self.invalid(option, "NBD_OPT_EXTENDED_HEADERS takes no data");
+                }
+                self.extended = true;
+                self.reply(option, NBD_REP_ACK, &[]);
                 Ok(Next::Continue)
             }
             _ => {

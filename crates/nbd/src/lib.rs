@@ -2,7 +2,8 @@
 //!
 //! The engine implements [`Export`] (one block device) and [`Backend`] (the
 //! set of exports); [`Server`] serves them over TCP and Unix sockets with the
-//! fixed-newstyle handshake, structured replies, block status, and many
+//! fixed-newstyle handshake, structured replies (holes sent as
+//! `OFFSET_HOLE`), extended headers (64-bit lengths), block status, and many
 //! requests in flight per connection.
 //!
 //! Block status covers `base:allocation` ([`Export::block_status`]) and any

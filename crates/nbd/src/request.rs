@@ -7,7 +7,10 @@ use crate::protocol::*;
 pub(crate) struct TransmissionParams {
     pub size: u64,
     pub read_only: bool,
+    /// Replies are chunks (structured replies or extended headers).
     pub structured: bool,
+    /// Extended headers: 32-byte requests, `NBD_CMD_FLAG_PAYLOAD_LEN`.
+    pub extended: bool,
     /// At least one metadata context was negotiated.
     pub has_meta_context: bool,
     pub min_block: u32,
@@ -32,23 +35,23 @@ pub(crate) enum Request {
     Flush,
     Trim {
         offset: u64,
-        length: u32,
+        length: u64,
         fua: bool,
     },
     Cache {
         offset: u64,
-        length: u32,
+        length: u64,
     },
     WriteZeroes {
         offset: u64,
-        length: u32,
+        length: u64,
         no_hole: bool,
         fast: bool,
         fua: bool,
     },
     BlockStatus {
         offset: u64,
-        length: u32,
+        length: u64,
         req_one: bool,
     },
 }
@@ -64,12 +67,57 @@ pub(crate) fn reject(errno: u32, msg: &'static str) -> Rejection {
     Rejection { errno, msg }
 }
 
+/// Bytes of a request header: 32 with extended headers, else 28.
+pub(crate) fn header_len(extended: bool) -> usize {
+    if extended {
+        EXTENDED_REQUEST_HEADER_LEN
+    } else {
+        REQUEST_HEADER_LEN
+    }
+}
+
+/// Decode a request header of the negotiated form; the other form's magic
+/// is an error like any other (proto.md: once extended headers are
+/// negotiated the client MUST use them, and only then).
+pub(crate) fn parse_header(b: &[u8], extended: bool) -> Result<ExtendedRequestHeader, ProtocolError> {
+    let truncated = || ProtocolError::Truncated { needed: header_len(extended), got: b.len() };
+    if extended {
+        let hb = b.get(..EXTENDED_REQUEST_HEADER_LEN).and_then(|x| x.try_into().ok()).ok_or_else(truncated)?;
+        parse_extended_request_header(hb)
+    } else {
+        let hb = b.get(..REQUEST_HEADER_LEN).and_then(|x| x.try_into().ok()).ok_or_else(truncated)?;
+        parse_request_header(hb).map(ExtendedRequestHeader::from)
+    }
+}
+
+/// Payload bytes that follow the header on the wire, whether or not the
+/// request is valid: a WRITE's length; with extended headers also the
+/// length of any request flagged `NBD_CMD_FLAG_PAYLOAD_LEN`.
+///
+/// proto.md says an extended WRITE MUST carry the flag, but qemu 10.0's
+/// client sends its writes without it (and qemu's server takes both), so
+/// a WRITE's length is its payload either way.
+pub(crate) fn payload_len(h: &ExtendedRequestHeader, extended: bool) -> u64 {
+    let has_payload = h.command == NBD_CMD_WRITE || (extended && h.flags & NBD_CMD_FLAG_PAYLOAD_LEN != 0);
+    if has_payload {
+        h.length
+    } else {
+        0
+    }
+}
+
 /// Validate a request header against the session (pure).
-pub(crate) fn validate_request(h: &RequestHeader, p: &TransmissionParams) -> Result<Request, Rejection> {
+pub(crate) fn validate_request(h: &ExtendedRequestHeader, p: &TransmissionParams) -> Result<Request, Rejection> {
     let Some(cmd) = Command::from_u16(h.command) else {
         return Err(reject(NBD_EINVAL, "unknown command"));
     };
-    if h.flags & !cmd.allowed_flags(p.structured) != 0 {
+    // With extended headers a WRITE may carry NBD_CMD_FLAG_PAYLOAD_LEN
+    // (see payload_len: it is accepted with or without); on other commands
+    // the flag announces a payload none of them takes here
+    // (NBD_FLAG_BLOCK_STATUS_PAYLOAD is not offered), so it is invalid and
+    // the payload is dropped.
+    let payload_flag = if p.extended && cmd == Command::Write { NBD_CMD_FLAG_PAYLOAD_LEN } else { 0 };
+    if h.flags & !(cmd.allowed_flags(p.structured) | payload_flag) != 0 {
         return Err(reject(NBD_EINVAL, "unknown or invalid command flags"));
     }
     let fua = h.flags & NBD_CMD_FLAG_FUA != 0;
@@ -93,7 +141,7 @@ pub(crate) fn validate_request(h: &RequestHeader, p: &TransmissionParams) -> Res
     if length == 0 {
         return Err(reject(NBD_EINVAL, "zero-length request"));
     }
-    let Some(end) = offset.checked_add(length as u64) else {
+    let Some(end) = offset.checked_add(length) else {
         return Err(reject(NBD_EINVAL, "offset + length overflows"));
     };
     if end > p.size {
@@ -102,7 +150,7 @@ pub(crate) fn validate_request(h: &RequestHeader, p: &TransmissionParams) -> Res
             _ => reject(NBD_EINVAL, "request beyond the end of the export"),
         });
     }
-    if matches!(cmd, Command::Read | Command::Write) && length > p.max_payload {
+    if matches!(cmd, Command::Read | Command::Write) && length > p.max_payload as u64 {
         // proto.md, "Size constraints": for WRITE, and READ with simple
         // replies, "the client MUST NOT request a length larger than the
         // maximum payload size" — a plain invalid request (EINVAL). With
@@ -122,13 +170,14 @@ pub(crate) fn validate_request(h: &RequestHeader, p: &TransmissionParams) -> Res
     if p.min_block > 1 && cmd != Command::BlockStatus {
         let m = p.min_block as u64;
         #[allow(clippy::manual_is_multiple_of)] // is_multiple_of needs Rust 1.87
-        if offset % m != 0 || (length as u64 % m != 0 && end != p.size) {
+        if offset % m != 0 || (length % m != 0 && end != p.size) {
             return Err(reject(NBD_EINVAL, "request not aligned to the minimum block size"));
         }
     }
     Ok(match cmd {
-        Command::Read => Request::Read { offset, length, df: h.flags & NBD_CMD_FLAG_DF != 0 },
-        Command::Write => Request::Write { offset, length, fua },
+        // Read and write lengths were bounded by max_payload (a u32) above.
+        Command::Read => Request::Read { offset, length: length as u32, df: h.flags & NBD_CMD_FLAG_DF != 0 },
+        Command::Write => Request::Write { offset, length: length as u32, fua },
         Command::Trim => Request::Trim { offset, length, fua },
         Command::Cache => Request::Cache { offset, length },
         Command::WriteZeroes => Request::WriteZeroes {
@@ -154,14 +203,19 @@ mod tests {
             size: 1 << 20,
             read_only: false,
             structured: true,
+            extended: false,
             has_meta_context: true,
             min_block: 1,
             max_payload: 32 << 20,
         }
     }
 
-    fn hdr(command: u16, flags: u16, offset: u64, length: u32) -> RequestHeader {
-        RequestHeader { flags, command, handle: 7, offset, length }
+    fn hdr(command: u16, flags: u16, offset: u64, length: u32) -> ExtendedRequestHeader {
+        RequestHeader { flags, command, handle: 7, offset, length }.into()
+    }
+
+    fn ext_hdr(command: u16, flags: u16, offset: u64, length: u64) -> ExtendedRequestHeader {
+        ExtendedRequestHeader { flags, command, handle: 7, offset, length }
     }
 
     #[test]
@@ -195,7 +249,7 @@ mod tests {
     #[test]
     fn validate_errors() {
         let p = params();
-        let err = |h: RequestHeader, p: &TransmissionParams| validate_request(&h, p).unwrap_err().errno;
+        let err = |h: ExtendedRequestHeader, p: &TransmissionParams| validate_request(&h, p).unwrap_err().errno;
         assert_eq!(err(hdr(99, 0, 0, 1), &p), NBD_EINVAL);
         assert_eq!(err(hdr(NBD_CMD_RESIZE, 0, 0, 1), &p), NBD_EINVAL);
         assert_eq!(err(hdr(NBD_CMD_READ, 1 << 9, 0, 1), &p), NBD_EINVAL);
@@ -243,5 +297,78 @@ mod tests {
         assert_eq!(err(hdr(NBD_CMD_READ, 0, 1, 512), &aligned), NBD_EINVAL);
         assert_eq!(err(hdr(NBD_CMD_WRITE, 0, 0, 100), &aligned), NBD_EINVAL);
         assert!(validate_request(&hdr(NBD_CMD_READ, 0, 512, 1024), &aligned).is_ok());
+    }
+
+    #[test]
+    fn extended_requests() {
+        let mut p = params();
+        p.extended = true;
+        p.size = 1 << 50;
+        p.max_payload = 1 << 20;
+        let err = |h: ExtendedRequestHeader, p: &TransmissionParams| validate_request(&h, p).unwrap_err().errno;
+        let pl = NBD_CMD_FLAG_PAYLOAD_LEN;
+        // A WRITE may carry PAYLOAD_LEN (qemu 10.0 does not); nothing else may.
+        for flags in [pl | NBD_CMD_FLAG_FUA, NBD_CMD_FLAG_FUA] {
+            assert_eq!(
+                validate_request(&ext_hdr(NBD_CMD_WRITE, flags, 4096, 512), &p),
+                Ok(Request::Write { offset: 4096, length: 512, fua: true })
+            );
+        }
+        assert_eq!(err(ext_hdr(NBD_CMD_READ, pl, 0, 512), &p), NBD_EINVAL);
+        assert_eq!(err(ext_hdr(NBD_CMD_BLOCK_STATUS, pl, 0, 16), &p), NBD_EINVAL);
+        // 64-bit effect lengths reach the export unchanged.
+        let big = 5u64 << 40;
+        assert_eq!(
+            validate_request(&ext_hdr(NBD_CMD_TRIM, 0, 4096, big), &p),
+            Ok(Request::Trim { offset: 4096, length: big, fua: false })
+        );
+        assert_eq!(
+            validate_request(&ext_hdr(NBD_CMD_WRITE_ZEROES, NBD_CMD_FLAG_NO_HOLE, 0, big), &p),
+            Ok(Request::WriteZeroes { offset: 0, length: big, no_hole: true, fast: false, fua: false })
+        );
+        assert_eq!(
+            validate_request(&ext_hdr(NBD_CMD_CACHE, 0, 0, big), &p),
+            Ok(Request::Cache { offset: 0, length: big })
+        );
+        assert_eq!(
+            validate_request(&ext_hdr(NBD_CMD_BLOCK_STATUS, 0, 0, big), &p),
+            Ok(Request::BlockStatus { offset: 0, length: big, req_one: false })
+        );
+        // Reads and writes stay bounded by the maximum payload, however
+        // large the 64-bit length (nothing that size is ever allocated).
+        assert_eq!(err(ext_hdr(NBD_CMD_READ, 0, 0, big), &p), NBD_EOVERFLOW);
+        assert_eq!(err(ext_hdr(NBD_CMD_READ, 0, 0, (1 << 32) + 512), &p), NBD_EOVERFLOW);
+        assert_eq!(err(ext_hdr(NBD_CMD_WRITE, pl, 0, (1 << 20) + 1), &p), NBD_EINVAL);
+        assert_eq!(err(ext_hdr(NBD_CMD_READ, 0, 1, u64::MAX), &p), NBD_EINVAL);
+        assert_eq!(err(ext_hdr(NBD_CMD_TRIM, 0, 0, (1 << 50) + 1), &p), NBD_EINVAL);
+        assert_eq!(err(ext_hdr(NBD_CMD_FLUSH, 0, 0, 1 << 40), &p), NBD_EINVAL);
+        // Compact requests may not use PAYLOAD_LEN at all.
+        p.extended = false;
+        assert_eq!(err(ext_hdr(NBD_CMD_WRITE, pl, 0, 512), &p), NBD_EINVAL);
+    }
+
+    #[test]
+    fn headers_and_payloads() {
+        let c = RequestHeader { flags: 0, command: NBD_CMD_WRITE, handle: 3, offset: 512, length: 4096 };
+        let cb = encode_request_header(&c);
+        assert_eq!(parse_header(&cb, false), Ok(c.into()));
+        assert!(parse_header(&cb, true).is_err(), "compact header when extended was negotiated");
+        let e =
+            ExtendedRequestHeader { flags: NBD_CMD_FLAG_PAYLOAD_LEN, command: 1, handle: 3, offset: 512, length: 4096 };
+        let eb = encode_extended_request_header(&e);
+        assert_eq!(eb.len(), 32);
+        assert_eq!(&eb[0..4], &[0x21, 0xe4, 0x1c, 0x71]);
+        assert_eq!(&eb[24..32], &4096u64.to_be_bytes());
+        assert_eq!(parse_header(&eb, true), Ok(e));
+        assert!(parse_header(&eb, false).is_err(), "extended header without negotiation");
+        assert!(parse_header(&eb[..31], true).is_err());
+        // Payload bytes on the wire.
+        assert_eq!(payload_len(&c.into(), false), 4096);
+        assert_eq!(payload_len(&e, true), 4096);
+        assert_eq!(payload_len(&ExtendedRequestHeader { flags: 0, ..e }, true), 4096);
+        let read = ExtendedRequestHeader { command: NBD_CMD_READ, flags: 0, ..e };
+        assert_eq!(payload_len(&read, false), 0);
+        assert_eq!(payload_len(&read, true), 0);
+        assert_eq!(payload_len(&ExtendedRequestHeader { flags: NBD_CMD_FLAG_PAYLOAD_LEN, ..read }, true), 4096);
     }
 }

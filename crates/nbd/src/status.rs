@@ -17,7 +17,8 @@ const MAX_DESCRIPTOR_LEN: u32 = 0xffff_fe00;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct StatusQuery {
     pub offset: u64,
-    pub length: u32,
+    /// Effect length (64 bits with extended headers).
+    pub length: u64,
     /// Export size.
     pub size: u64,
     pub req_one: bool,
@@ -28,7 +29,7 @@ pub(crate) struct StatusQuery {
 impl StatusQuery {
     /// Bytes the reply may cover: the request, clipped to the export end.
     pub(crate) fn span(&self) -> u64 {
-        (self.length as u64).min(self.size.saturating_sub(self.offset))
+        self.length.min(self.size.saturating_sub(self.offset))
     }
 }
 
@@ -87,12 +88,13 @@ pub(crate) fn context_descriptors(
     c: &MetaContext,
     q: &StatusQuery,
 ) -> Result<Vec<BlockDescriptor>, ExportError> {
-    let (offset, length) = (q.offset, q.length as u64);
+    let (offset, length) = (q.offset, q.length);
     if c.is_base_allocation() {
         let d = build_descriptors(e.block_status(offset, length)?.iter().map(base_extent), q);
         if d.is_empty() {
             // Status 0 ("allocated, data") is always a safe answer for base:allocation.
-            return Ok(vec![BlockDescriptor { length: q.span().max(1) as u32, status: 0 }]);
+            let length = q.span().clamp(1, MAX_DESCRIPTOR_LEN as u64) as u32;
+            return Ok(vec![BlockDescriptor { length, status: 0 }]);
         }
         return Ok(d);
     }
@@ -112,7 +114,7 @@ mod tests {
         base_extent(&BlockStatusExtent { length, hole, zero: hole })
     }
 
-    fn query(offset: u64, length: u32, size: u64, req_one: bool) -> StatusQuery {
+    fn query(offset: u64, length: u64, size: u64, req_one: bool) -> StatusQuery {
         StatusQuery { offset, length, size, req_one, max_descriptors: MAX_DESCRIPTORS }
     }
 
@@ -148,7 +150,7 @@ mod tests {
         assert!(build_descriptors([], &query(0, 4096, 1 << 20, false)).is_empty());
         assert!(build_descriptors([ext(0, true)], &query(0, 4096, 1 << 20, true)).is_empty());
         // Huge extents are clipped to a 512-aligned u32.
-        let r = build_descriptors([ext(1 << 40, true), ext(1, false)], &query(0, u32::MAX, 1 << 41, false));
+        let r = build_descriptors([ext(1 << 40, true), ext(1, false)], &query(0, u32::MAX as u64, 1 << 41, false));
         assert_eq!(r, vec![d(MAX_DESCRIPTOR_LEN, hz)]);
         // The descriptor budget.
         let mut q = query(0, 1 << 20, 1 << 20, false);
