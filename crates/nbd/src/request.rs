@@ -138,6 +138,29 @@ pub(crate) fn validate_request(h: &ExtendedRequestHeader, p: &TransmissionParams
         }
         _ => {}
     }
+    check_range(cmd, offset, length, p)?;
+    Ok(match cmd {
+        // Read and write lengths were bounded by max_payload (a u32) above.
+        Command::Read => Request::Read { offset, length: length as u32, df: h.flags & NBD_CMD_FLAG_DF != 0 },
+        Command::Write => Request::Write { offset, length: length as u32, fua },
+        Command::Trim => Request::Trim { offset, length, fua },
+        Command::Cache => Request::Cache { offset, length },
+        Command::WriteZeroes => Request::WriteZeroes {
+            offset,
+            length,
+            no_hole: h.flags & NBD_CMD_FLAG_NO_HOLE != 0,
+            fast: h.flags & NBD_CMD_FLAG_FAST_ZERO != 0,
+            fua,
+        },
+        Command::BlockStatus => Request::BlockStatus { offset, length, req_one: h.flags & NBD_CMD_FLAG_REQ_ONE != 0 },
+        // Returned early above.
+        Command::Disc => Request::Disc,
+        Command::Flush => Request::Flush,
+    })
+}
+
+/// Length, end, payload size and alignment of a request with a range.
+fn check_range(cmd: Command, offset: u64, length: u64, p: &TransmissionParams) -> Result<(), Rejection> {
     if length == 0 {
         return Err(reject(NBD_EINVAL, "zero-length request"));
     }
@@ -174,24 +197,7 @@ pub(crate) fn validate_request(h: &ExtendedRequestHeader, p: &TransmissionParams
             return Err(reject(NBD_EINVAL, "request not aligned to the minimum block size"));
         }
     }
-    Ok(match cmd {
-        // Read and write lengths were bounded by max_payload (a u32) above.
-        Command::Read => Request::Read { offset, length: length as u32, df: h.flags & NBD_CMD_FLAG_DF != 0 },
-        Command::Write => Request::Write { offset, length: length as u32, fua },
-        Command::Trim => Request::Trim { offset, length, fua },
-        Command::Cache => Request::Cache { offset, length },
-        Command::WriteZeroes => Request::WriteZeroes {
-            offset,
-            length,
-            no_hole: h.flags & NBD_CMD_FLAG_NO_HOLE != 0,
-            fast: h.flags & NBD_CMD_FLAG_FAST_ZERO != 0,
-            fua,
-        },
-        Command::BlockStatus => Request::BlockStatus { offset, length, req_one: h.flags & NBD_CMD_FLAG_REQ_ONE != 0 },
-        // Returned early above.
-        Command::Disc => Request::Disc,
-        Command::Flush => Request::Flush,
-    })
+    Ok(())
 }
 
 #[cfg(test)]
