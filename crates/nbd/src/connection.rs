@@ -23,11 +23,13 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::error::ExportError;
-use crate::export::{BlockStatusExtent, Export};
-use crate::handshake::Negotiated;
+use crate::export::Export;
 use crate::meta::MetaContext;
 use crate::protocol::*;
-use crate::server::ServerConfig;
+use crate::read;
+use crate::request::*;
+use crate::session::{Negotiated, ServerConfig};
+use crate::status::*;
 use crate::transport::Transport;
 use crate::util::{lock, wait};
 use crate::writer::{BufPool, Reply, ReplyWriter};
@@ -38,233 +40,50 @@ const MAX_IN_FLIGHT_BYTES: u64 = 256 << 20;
 /// Largest oversized WRITE payload read and discarded to keep the stream in
 /// sync; beyond this the client is disconnected.
 const MAX_DISCARD_BYTES: u64 = 64 << 20;
-/// Most descriptors in one block status reply, all contexts together (the
-/// protocol's recommendation for one chunk, so that several contexts do not
-/// multiply the reply size).
-const MAX_DESCRIPTORS: usize = 1 << 20;
-/// Longest descriptor: the largest 512-aligned `u32`.
-const MAX_DESCRIPTOR_LEN: u32 = 0xffff_fe00;
-/// Read buffer of the request reader (handshake and transmission).
-pub(crate) const READ_BUF: usize = 256 * 1024;
-
-/// What the validator needs to know about the negotiated session.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct TransmissionParams {
-    pub size: u64,
-    pub read_only: bool,
-    pub structured: bool,
-    /// At least one metadata context was negotiated.
-    pub has_meta_context: bool,
-    pub min_block: u32,
-    pub max_payload: u32,
-}
-
-/// A validated request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Request {
-    Read { offset: u64, length: u32 },
-    Write { offset: u64, length: u32, fua: bool },
-    Disc,
-    Flush,
-    Trim { offset: u64, length: u32, fua: bool },
-    Cache { offset: u64, length: u32 },
-    WriteZeroes { offset: u64, length: u32, no_hole: bool, fast: bool, fua: bool },
-    BlockStatus { offset: u64, length: u32, req_one: bool },
-}
-
-/// Why a request is refused (error value and a message for structured replies).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Rejection {
-    pub errno: u32,
-    pub msg: &'static str,
-}
-
-fn reject(errno: u32, msg: &'static str) -> Rejection {
-    Rejection { errno, msg }
-}
-
-/// Validate a request header against the session (pure).
-pub(crate) fn validate_request(h: &RequestHeader, p: &TransmissionParams) -> Result<Request, Rejection> {
-    let Some(cmd) = Command::from_u16(h.command) else {
-        return Err(reject(NBD_EINVAL, "unknown command"));
-    };
-    if h.flags & !cmd.allowed_flags(p.structured) != 0 {
-        return Err(reject(NBD_EINVAL, "unknown or invalid command flags"));
-    }
-    let fua = h.flags & NBD_CMD_FLAG_FUA != 0;
-    let (offset, length) = (h.offset, h.length);
-    match cmd {
-        Command::Disc => return Ok(Request::Disc),
-        Command::Flush => {
-            if offset != 0 || length != 0 {
-                return Err(reject(NBD_EINVAL, "flush offset and length must be zero"));
-            }
-            return Ok(Request::Flush);
-        }
-        Command::Write | Command::Trim | Command::WriteZeroes if p.read_only => {
-            return Err(reject(NBD_EPERM, "export is read-only"));
-        }
-        Command::BlockStatus if !p.has_meta_context => {
-            return Err(reject(NBD_EINVAL, "no metadata context was negotiated"));
-        }
-        _ => {}
-    }
-    if length == 0 {
-        return Err(reject(NBD_EINVAL, "zero-length request"));
-    }
-    let Some(end) = offset.checked_add(length as u64) else {
-        return Err(reject(NBD_EINVAL, "offset + length overflows"));
-    };
-    if end > p.size {
-        return Err(match cmd {
-            Command::Write | Command::WriteZeroes => reject(NBD_ENOSPC, "write beyond the end of the export"),
-            _ => reject(NBD_EINVAL, "request beyond the end of the export"),
-        });
-    }
-    if matches!(cmd, Command::Read | Command::Write) && length > p.max_payload {
-        return Err(reject(NBD_EINVAL, "request exceeds the maximum payload size"));
-    }
-    if p.min_block > 1 && cmd != Command::BlockStatus {
-        let m = p.min_block as u64;
-        #[allow(clippy::manual_is_multiple_of)] // is_multiple_of needs Rust 1.87
-        if offset % m != 0 || (length as u64 % m != 0 && end != p.size) {
-            return Err(reject(NBD_EINVAL, "request not aligned to the minimum block size"));
-        }
-    }
-    Ok(match cmd {
-        Command::Read => Request::Read { offset, length },
-        Command::Write => Request::Write { offset, length, fua },
-        Command::Trim => Request::Trim { offset, length, fua },
-        Command::Cache => Request::Cache { offset, length },
-        Command::WriteZeroes => Request::WriteZeroes {
-            offset,
-            length,
-            no_hole: h.flags & NBD_CMD_FLAG_NO_HOLE != 0,
-            fast: h.flags & NBD_CMD_FLAG_FAST_ZERO != 0,
-            fua,
-        },
-        Command::BlockStatus => Request::BlockStatus { offset, length, req_one: h.flags & NBD_CMD_FLAG_REQ_ONE != 0 },
-        // Returned early above.
-        Command::Disc => Request::Disc,
-        Command::Flush => Request::Flush,
-    })
-}
-
-/// What a block status request asks for, as far as descriptors go.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct StatusQuery {
-    pub offset: u64,
-    pub length: u32,
-    /// Export size.
-    pub size: u64,
-    pub req_one: bool,
-    /// Most descriptors to return (REQ_ONE: one; zero is taken as one).
-    pub max_descriptors: usize,
-}
-
-impl StatusQuery {
-    /// Bytes the reply may cover: the request, clipped to the export end.
-    fn span(&self) -> u64 {
-        (self.length as u64).min(self.size.saturating_sub(self.offset))
-    }
-}
-
-/// `base:allocation` flags of an export extent.
-fn base_extent(e: &BlockStatusExtent) -> (u64, u32) {
-    let status = if e.hole { NBD_STATE_HOLE } else { 0 } | if e.zero { NBD_STATE_ZERO } else { 0 };
-    (e.length, status)
-}
-
-/// Turn `(length, status)` extents into wire descriptors (pure).
-///
-/// Zero-length extents are skipped, adjacent equal statuses are merged,
-/// lengths are clipped to the requested range (and the export end) and to
-/// 512-aligned `u32`s, the list stops once the range is covered or at
-/// `max_descriptors`, and REQ_ONE yields at most one descriptor. Empty
-/// only if the extents cover nothing.
-pub(crate) fn build_descriptors(
-    extents: impl IntoIterator<Item = (u64, u32)>,
-    q: &StatusQuery,
-) -> Vec<BlockDescriptor> {
-    let span = q.span();
-    let max = if q.req_one { 1 } else { q.max_descriptors.max(1) };
-    let mut out: Vec<BlockDescriptor> = Vec::new();
-    let mut covered: u64 = 0;
-    for (length, status) in extents {
-        if covered >= span {
-            break;
-        }
-        if length == 0 {
-            continue;
-        }
-        let want = length.min(span - covered);
-        let len = want.min(MAX_DESCRIPTOR_LEN as u64);
-        let full = out.len() >= max;
-        match out.last_mut() {
-            Some(last) if last.status == status && last.length as u64 + len <= MAX_DESCRIPTOR_LEN as u64 => {
-                last.length += len as u32;
-            }
-            _ if full => break,
-            _ => out.push(BlockDescriptor { length: len as u32, status }),
-        }
-        covered += len;
-        if len < want {
-            // Cut by the descriptor limit: what follows would be misplaced.
-            break;
-        }
-    }
-    out
-}
-
-/// Descriptors of one context for a request; fails on an export error or,
-/// for an extra context, on an empty answer (a reply without a descriptor
-/// would be invalid and could stall the client).
-fn context_descriptors(e: &dyn Export, c: &MetaContext, q: &StatusQuery) -> Result<Vec<BlockDescriptor>, ExportError> {
-    let (offset, length) = (q.offset, q.length as u64);
-    if c.is_base_allocation() {
-        let d = build_descriptors(e.block_status(offset, length)?.iter().map(base_extent), q);
-        if d.is_empty() {
-            // Status 0 ("allocated, data") is always a safe answer for base:allocation.
-            return Ok(vec![BlockDescriptor { length: q.span().max(1) as u32, status: 0 }]);
-        }
-        return Ok(d);
-    }
-    let d = build_descriptors(e.context_status(&c.name, offset, length)?.iter().map(|x| (x.length, x.flags)), q);
-    if d.is_empty() {
-        log::warn!("nbd: export returned no extent for {:?} at {offset} length {length}", c.name);
-        return Err(ExportError::Io);
-    }
-    Ok(d)
-}
 
 /// Reply to NBD_CMD_BLOCK_STATUS: one chunk per negotiated context, in the
 /// order they were selected, only the last one flagged DONE. Any failure
 /// turns the whole reply into one error chunk (nothing is sent before the
 /// reply is complete).
-fn block_status_reply(sh: &Shared, h: u64, offset: u64, length: u32, req_one: bool) -> Reply {
+fn block_status_reply(sh: &Shared, t: Tag, offset: u64, length: u64, req_one: bool) -> Reply {
     let contexts = &sh.contexts;
     let max_descriptors = MAX_DESCRIPTORS / contexts.len().max(1);
     let q = StatusQuery { offset, length, size: sh.params.size, req_one, max_descriptors };
+    let framing = sh.framing(t);
     let mut out = Vec::new();
     for (i, c) in contexts.iter().enumerate() {
         match context_descriptors(&*sh.export, c, &q) {
-            Ok(d) => push_block_status_chunk(&mut out, h, c.id, &d, i + 1 == contexts.len()),
+            Ok(d) => framing.push_block_status(&mut out, c.id, &d, i + 1 == contexts.len()),
             Err(err) => {
                 log::debug!("nbd: block status of {:?} at {offset} length {length} failed: {err}", c.name);
-                return sh.error_reply(h, err.errno(), "block status failed");
+                return sh.error_reply(t, err.errno(), "block status failed");
             }
         }
     }
     if out.is_empty() {
         // Unreachable: validate_request refuses block status without contexts.
-        return sh.error_reply(h, NBD_EINVAL, "no metadata context was negotiated");
+        return sh.error_reply(t, NBD_EINVAL, "no metadata context was negotiated");
     }
     Reply::encoded(out)
 }
 
+/// What every reply to a request carries: the client's handle (cookie)
+/// and, in extended reply headers, the request's offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Tag {
+    pub handle: u64,
+    pub offset: u64,
+}
+
+impl Tag {
+    fn of(h: &ExtendedRequestHeader) -> Tag {
+        Tag { handle: h.handle, offset: h.offset }
+    }
+}
+
 /// A validated request with its payload.
 struct Job {
-    handle: u64,
+    tag: Tag,
     req: Request,
     data: Vec<u8>,
 }
@@ -307,11 +126,30 @@ struct Shared {
 }
 
 impl Shared {
-    fn error_reply(&self, handle: u64, errno: u32, msg: &str) -> Reply {
+    /// How chunks of the reply to `t` are framed.
+    fn framing(&self, t: Tag) -> ChunkFraming {
+        ChunkFraming { extended: self.params.extended, handle: t.handle, request_offset: t.offset }
+    }
+
+    fn error_reply(&self, t: Tag, errno: u32, msg: &str) -> Reply {
         if self.params.structured {
-            Reply::encoded(encode_error_chunk(handle, errno, msg))
+            let mut out = Vec::with_capacity(64);
+            self.framing(t).push_error(&mut out, errno, msg);
+            Reply::encoded(out)
         } else {
-            Reply::simple(handle, errno)
+            Reply::simple(t.handle, errno)
+        }
+    }
+
+    /// Success without data: a simple reply, or with extended headers
+    /// (which forbid simple replies) a final NBD_REPLY_TYPE_NONE chunk.
+    fn ok_reply(&self, t: Tag) -> Reply {
+        if self.params.extended {
+            let mut out = Vec::with_capacity(EXTENDED_HEADER_LEN);
+            self.framing(t).push_none(&mut out);
+            Reply::encoded(out)
+        } else {
+            Reply::simple(t.handle, 0)
         }
     }
 
@@ -360,6 +198,7 @@ pub(crate) fn serve<R: Read>(
         size: neg.size,
         read_only: neg.export.read_only(),
         structured: neg.structured,
+        extended: neg.extended,
         has_meta_context: !neg.meta_contexts.is_empty(),
         min_block: neg.min_block,
         max_payload: neg.max_payload,
@@ -444,8 +283,16 @@ fn serve_request<R: Read>(
     check_running(shared, reader, shutting_down)?;
     let h = read_header(shared, reader, shutting_down, std::mem::take(after_direct))?;
     let validated = validate_request(&h, &shared.params);
-    // A WRITE carries `length` payload bytes whether or not it is valid.
-    let payload = if h.command == NBD_CMD_WRITE { h.length as u64 } else { 0 };
+    // The payload follows whether or not the request is valid.
+    let payload = payload_len(&h, shared.params.extended);
+    if shared.params.extended && payload > shared.params.max_payload as u64 {
+        // proto.md, "Request message": "A server SHOULD initiate hard
+        // disconnect if a client sets the NBD_CMD_FLAG_PAYLOAD_LEN flag
+        // and uses a length larger than a server's advertised or default
+        // maximum payload length".
+        log::warn!("nbd: {payload}-byte request payload beyond the maximum; disconnecting");
+        return Err(End::Violation);
+    }
     if payload > reader.buffer().len() as u64 {
         // About to block on the payload: send the replies produced so far.
         shared.writer.flush(&shared.pool);
@@ -459,10 +306,10 @@ fn serve_request<R: Read>(
         Err(rej) => return reject_request(shared, reader, &h, rej, payload),
     };
     let inline = max_workers == 0 || shared.costs.run_inline(&req);
-    if inline && write_from_buffer(shared, reader, h.handle, req) {
+    if inline && write_from_buffer(shared, reader, Tag::of(&h), req) {
         return Ok(());
     }
-    let job = Job { handle: h.handle, req, data: read_payload(shared, reader, req, after_direct)? };
+    let job = Job { tag: Tag::of(&h), req, data: read_payload(shared, reader, req, after_direct)? };
     if req == Request::Flush {
         if enqueue_flush(shared, job, max_in_flight) {
             spawn_flusher(shared, workers)?;
@@ -501,16 +348,19 @@ fn read_header<R: Read>(
     reader: &mut BufReader<R>,
     shutting_down: &AtomicBool,
     after_direct: bool,
-) -> Result<RequestHeader, End> {
+) -> Result<ExtendedRequestHeader, End> {
+    let extended = shared.params.extended;
+    let len = header_len(extended);
     // About to block on the socket: send the replies produced so far.
-    if reader.buffer().len() < REQUEST_HEADER_LEN {
+    if reader.buffer().len() < len {
         shared.writer.flush(&shared.pool);
     }
-    let mut hb = [0u8; REQUEST_HEADER_LEN];
+    let mut buf = [0u8; EXTENDED_REQUEST_HEADER_LEN];
+    let hb = &mut buf[..len];
     let got = if after_direct && reader.buffer().is_empty() {
-        reader.get_mut().read_exact(&mut hb)
+        reader.get_mut().read_exact(hb)
     } else {
-        reader.read_exact(&mut hb)
+        reader.read_exact(hb)
     };
     if let Err(e) = got {
         if shutting_down.load(Ordering::Relaxed) {
@@ -521,9 +371,12 @@ fn read_header<R: Read>(
         }
         return Err(End::Eof);
     }
-    parse_request_header(&hb).map_err(|e| {
-        if u32::from_be_bytes([hb[0], hb[1], hb[2], hb[3]]) == EXTENDED_REQUEST_MAGIC {
+    parse_header(hb, extended).map_err(|e| {
+        let magic = u32::from_be_bytes([hb[0], hb[1], hb[2], hb[3]]);
+        if magic == EXTENDED_REQUEST_MAGIC {
             log::warn!("nbd: extended request header without negotiation; disconnecting");
+        } else if magic == REQUEST_MAGIC {
+            log::warn!("nbd: compact request header after negotiating extended headers; disconnecting");
         } else {
             log::warn!("nbd: {e}; disconnecting");
         }
@@ -531,13 +384,13 @@ fn read_header<R: Read>(
     })
 }
 
-/// Answer a refused request with its error. A WRITE's `payload` is read and
+/// Answer a refused request with its error. A request's `payload` is read and
 /// dropped first so that the next header is found; `Err` if it is too big
 /// to drop or the stream ends within it.
 fn reject_request<R: Read>(
     shared: &Shared,
     reader: &mut BufReader<R>,
-    h: &RequestHeader,
+    h: &ExtendedRequestHeader,
     rej: Rejection,
     payload: u64,
 ) -> Result<(), End> {
@@ -560,19 +413,19 @@ fn reject_request<R: Read>(
             _ => return Err(End::Eof),
         }
     }
-    shared.writer.defer(shared.error_reply(h.handle, rej.errno, rej.msg), &shared.pool);
+    shared.writer.defer(shared.error_reply(Tag::of(h), rej.errno, rej.msg), &shared.pool);
     Ok(())
 }
 
 /// Zero copy: run a WRITE straight from the read buffer when its whole
 /// payload is there already. False (nothing consumed) otherwise.
-fn write_from_buffer<R: Read>(shared: &Shared, reader: &mut BufReader<R>, handle: u64, req: Request) -> bool {
+fn write_from_buffer<R: Read>(shared: &Shared, reader: &mut BufReader<R>, tag: Tag, req: Request) -> bool {
     let Request::Write { length, .. } = req else { return false };
     let len = length as usize;
     if reader.buffer().len() < len {
         return false;
     }
-    let reply = run(shared, handle, req, &reader.buffer()[..len]);
+    let reply = run(shared, tag, req, &reader.buffer()[..len]);
     reader.consume(len);
     shared.writer.defer(reply, &shared.pool);
     true
@@ -708,8 +561,8 @@ fn flusher(sh: Arc<Shared>) {
         });
         for job in batch {
             sh.send(match &result {
-                Ok(()) => Reply::simple(job.handle, 0),
-                Err(err) => sh.error_reply(job.handle, err.errno(), "flush failed"),
+                Ok(()) => sh.ok_reply(job.tag),
+                Err(err) => sh.error_reply(job.tag, err.errno(), "flush failed"),
             });
         }
     }
@@ -734,21 +587,21 @@ fn spawn_worker(shared: &Arc<Shared>, workers: &mut Vec<JoinHandle<()>>) -> Resu
 /// On shutdown: answer requests already received in full (still in the
 /// read buffer) with `NBD_ESHUTDOWN` rather than dropping them silently.
 fn refuse_buffered<R: Read>(shared: &Shared, reader: &mut BufReader<R>) {
+    let extended = shared.params.extended;
+    let len = header_len(extended);
+    // Bounded: every round consumes a request from the buffer.
     loop {
         let buf = reader.buffer();
-        let Some(hb) = buf.get(..REQUEST_HEADER_LEN).and_then(|b| <[u8; REQUEST_HEADER_LEN]>::try_from(b).ok()) else {
-            return;
-        };
-        let Ok(h) = parse_request_header(&hb) else { return };
+        let Ok(h) = parse_header(buf, extended) else { return };
         if h.command == NBD_CMD_DISC {
             return;
         }
-        let payload = if h.command == NBD_CMD_WRITE { h.length as usize } else { 0 };
-        if buf.len() - REQUEST_HEADER_LEN < payload {
+        let payload = payload_len(&h, extended);
+        if ((buf.len() - len) as u64) < payload {
             return;
         }
-        reader.consume(REQUEST_HEADER_LEN + payload);
-        shared.writer.defer(shared.error_reply(h.handle, NBD_ESHUTDOWN, "server is shutting down"), &shared.pool);
+        reader.consume(len + payload as usize);
+        shared.writer.defer(shared.error_reply(Tag::of(&h), NBD_ESHUTDOWN, "server is shutting down"), &shared.pool);
     }
 }
 
@@ -808,19 +661,19 @@ impl CostModel {
 
 /// Run a job (catching export panics) and record its duration.
 fn run_job(sh: &Shared, job: Job) -> Reply {
-    let Job { handle, req, data } = job;
-    run(sh, handle, req, &data).with_spare(data)
+    let Job { tag, req, data } = job;
+    run(sh, tag, req, &data).with_spare(data)
 }
 
 /// Execute a request against the export, catching panics and recording
 /// the duration; `data` is the WRITE payload.
-fn run(sh: &Shared, handle: u64, req: Request, data: &[u8]) -> Reply {
+fn run(sh: &Shared, tag: Tag, req: Request, data: &[u8]) -> Reply {
     let start = Instant::now();
-    let reply = match catch_unwind(AssertUnwindSafe(|| execute(sh, handle, req, data))) {
+    let reply = match catch_unwind(AssertUnwindSafe(|| execute(sh, tag, req, data))) {
         Ok(r) => r,
         Err(_) => {
             log::error!("nbd: export panicked while handling a request");
-            sh.error_reply(handle, NBD_EIO, "internal error")
+            sh.error_reply(tag, NBD_EIO, "internal error")
         }
     };
     sh.costs.record(&req, start.elapsed().as_nanos() as u64);
@@ -860,40 +713,43 @@ fn worker(sh: Arc<Shared>) {
     }
 }
 
-fn execute(sh: &Shared, h: u64, req: Request, data: &[u8]) -> Reply {
+/// Reply to a validated read (see [`crate::read`]).
+fn read_reply(sh: &Shared, t: Tag, offset: u64, length: u32, df: bool) -> Reply {
+    let style = if sh.params.structured {
+        read::Style::Chunks(sh.framing(t))
+    } else {
+        read::Style::Simple { handle: t.handle }
+    };
+    read::reply(&*sh.export, &sh.pool, style, offset, length, df).unwrap_or_else(|(err, buf)| {
+        log::debug!("nbd: read at {offset} length {length} failed: {err}");
+        sh.error_reply(t, err.errno(), "read failed").with_spare(buf)
+    })
+}
+
+fn execute(sh: &Shared, t: Tag, req: Request, data: &[u8]) -> Reply {
     let e = &*sh.export;
     let res = match req {
-        Request::Read { offset, length } => {
-            let mut buf = sh.pool.get(length as usize);
-            return match e.read(offset, &mut buf) {
-                Ok(()) if sh.params.structured => Reply::structured_read(h, offset, buf),
-                Ok(()) => Reply::simple_read(h, buf),
-                Err(err) => {
-                    log::debug!("nbd: read at {offset} length {length} failed: {err}");
-                    sh.error_reply(h, err.errno(), "read failed").with_spare(buf)
-                }
-            };
-        }
+        Request::Read { offset, length, df } => return read_reply(sh, t, offset, length, df),
         Request::Write { offset, .. } if data.is_empty() => {
             // Cannot happen (zero-length writes are rejected); no panic.
             log::error!("nbd: write at {offset} without payload");
-            return sh.error_reply(h, NBD_EIO, "internal error");
+            return sh.error_reply(t, NBD_EIO, "internal error");
         }
         Request::Write { offset, fua, .. } => e.write(offset, data, fua),
         Request::Flush => e.flush(),
-        Request::Trim { offset, length, fua } => e.trim(offset, length as u64, fua),
-        Request::Cache { offset, length } => e.cache(offset, length as u64),
+        Request::Trim { offset, length, fua } => e.trim(offset, length, fua),
+        Request::Cache { offset, length } => e.cache(offset, length),
         Request::WriteZeroes { offset, length, no_hole, fast, fua } => {
-            e.write_zeroes(offset, length as u64, no_hole, fast, fua)
+            e.write_zeroes(offset, length, no_hole, fast, fua)
         }
-        Request::BlockStatus { offset, length, req_one } => return block_status_reply(sh, h, offset, length, req_one),
+        Request::BlockStatus { offset, length, req_one } => return block_status_reply(sh, t, offset, length, req_one),
         Request::Disc => Ok(()),
     };
     match res {
-        Ok(()) => Reply::simple(h, 0),
+        Ok(()) => sh.ok_reply(t),
         Err(err) => {
             log::debug!("nbd: request failed: {err}");
-            sh.error_reply(h, err.errno(), "request failed")
+            sh.error_reply(t, err.errno(), "request failed")
         }
     }
 }
@@ -901,90 +757,6 @@ fn execute(sh: &Shared, h: u64, req: Request, data: &[u8]) -> Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn params() -> TransmissionParams {
-        TransmissionParams {
-            size: 1 << 20,
-            read_only: false,
-            structured: true,
-            has_meta_context: true,
-            min_block: 1,
-            max_payload: 32 << 20,
-        }
-    }
-
-    fn hdr(command: u16, flags: u16, offset: u64, length: u32) -> RequestHeader {
-        RequestHeader { flags, command, handle: 7, offset, length }
-    }
-
-    #[test]
-    fn validate_ok() {
-        let p = params();
-        assert_eq!(
-            validate_request(&hdr(NBD_CMD_READ, NBD_CMD_FLAG_DF, 0, 4096), &p),
-            Ok(Request::Read { offset: 0, length: 4096 })
-        );
-        assert_eq!(
-            validate_request(&hdr(NBD_CMD_WRITE, NBD_CMD_FLAG_FUA, (1 << 20) - 512, 512), &p),
-            Ok(Request::Write { offset: (1 << 20) - 512, length: 512, fua: true })
-        );
-        assert_eq!(validate_request(&hdr(NBD_CMD_DISC, 0, 0, 0), &p), Ok(Request::Disc));
-        assert_eq!(validate_request(&hdr(NBD_CMD_FLUSH, 0, 0, 0), &p), Ok(Request::Flush));
-        assert_eq!(
-            validate_request(&hdr(NBD_CMD_WRITE_ZEROES, NBD_CMD_FLAG_NO_HOLE | NBD_CMD_FLAG_FAST_ZERO, 0, 8192), &p),
-            Ok(Request::WriteZeroes { offset: 0, length: 8192, no_hole: true, fast: true, fua: false })
-        );
-        assert_eq!(
-            validate_request(&hdr(NBD_CMD_BLOCK_STATUS, NBD_CMD_FLAG_REQ_ONE, 0, 1 << 20), &p),
-            Ok(Request::BlockStatus { offset: 0, length: 1 << 20, req_one: true })
-        );
-        assert_eq!(validate_request(&hdr(NBD_CMD_CACHE, 0, 0, 1), &p), Ok(Request::Cache { offset: 0, length: 1 }));
-        // Trim/zero lengths may exceed the payload maximum.
-        let mut small = p;
-        small.max_payload = 4096;
-        assert!(validate_request(&hdr(NBD_CMD_TRIM, 0, 0, 1 << 20), &small).is_ok());
-    }
-
-    #[test]
-    fn validate_errors() {
-        let p = params();
-        let err = |h: RequestHeader, p: &TransmissionParams| validate_request(&h, p).unwrap_err().errno;
-        assert_eq!(err(hdr(99, 0, 0, 1), &p), NBD_EINVAL);
-        assert_eq!(err(hdr(NBD_CMD_RESIZE, 0, 0, 1), &p), NBD_EINVAL);
-        assert_eq!(err(hdr(NBD_CMD_READ, 1 << 9, 0, 1), &p), NBD_EINVAL);
-        assert_eq!(err(hdr(NBD_CMD_WRITE, NBD_CMD_FLAG_DF, 0, 1), &p), NBD_EINVAL);
-        assert_eq!(err(hdr(NBD_CMD_READ, NBD_CMD_FLAG_PAYLOAD_LEN, 0, 1), &p), NBD_EINVAL);
-        assert_eq!(err(hdr(NBD_CMD_READ, 0, 0, 0), &p), NBD_EINVAL);
-        assert_eq!(err(hdr(NBD_CMD_WRITE, 0, 0, 0), &p), NBD_EINVAL);
-        assert_eq!(err(hdr(NBD_CMD_READ, 0, u64::MAX, 1), &p), NBD_EINVAL);
-        assert_eq!(err(hdr(NBD_CMD_WRITE, 0, u64::MAX - 10, 4096), &p), NBD_EINVAL);
-        assert_eq!(err(hdr(NBD_CMD_READ, 0, (1 << 20) - 1, 2), &p), NBD_EINVAL);
-        assert_eq!(err(hdr(NBD_CMD_WRITE, 0, 1 << 20, 1), &p), NBD_ENOSPC);
-        assert_eq!(err(hdr(NBD_CMD_WRITE_ZEROES, 0, 1 << 20, 1), &p), NBD_ENOSPC);
-        assert_eq!(err(hdr(NBD_CMD_TRIM, 0, 1 << 20, 1), &p), NBD_EINVAL);
-        assert_eq!(err(hdr(NBD_CMD_BLOCK_STATUS, 0, 1 << 20, 1), &p), NBD_EINVAL);
-        assert_eq!(err(hdr(NBD_CMD_FLUSH, 0, 1, 0), &p), NBD_EINVAL);
-        let mut small = p;
-        small.max_payload = 4096;
-        assert_eq!(err(hdr(NBD_CMD_READ, 0, 0, 8192), &small), NBD_EINVAL);
-        let mut ro = p;
-        ro.read_only = true;
-        assert_eq!(err(hdr(NBD_CMD_WRITE, 0, 0, 1), &ro), NBD_EPERM);
-        assert_eq!(err(hdr(NBD_CMD_TRIM, 0, 0, 1), &ro), NBD_EPERM);
-        assert_eq!(err(hdr(NBD_CMD_WRITE_ZEROES, 0, 0, 1), &ro), NBD_EPERM);
-        assert!(validate_request(&hdr(NBD_CMD_READ, 0, 0, 1), &ro).is_ok());
-        let mut nometa = p;
-        nometa.has_meta_context = false;
-        assert_eq!(err(hdr(NBD_CMD_BLOCK_STATUS, 0, 0, 1), &nometa), NBD_EINVAL);
-        let mut simple = p;
-        simple.structured = false;
-        assert_eq!(err(hdr(NBD_CMD_READ, NBD_CMD_FLAG_DF, 0, 1), &simple), NBD_EINVAL);
-        let mut aligned = p;
-        aligned.min_block = 512;
-        assert_eq!(err(hdr(NBD_CMD_READ, 0, 1, 512), &aligned), NBD_EINVAL);
-        assert_eq!(err(hdr(NBD_CMD_WRITE, 0, 0, 100), &aligned), NBD_EINVAL);
-        assert!(validate_request(&hdr(NBD_CMD_READ, 0, 512, 1024), &aligned).is_ok());
-    }
 
     #[test]
     fn payloads_read_whole_and_in_order() {
@@ -996,7 +768,7 @@ mod tests {
             stream.extend((0..n).map(|j| (j * 7 + i) as u8));
             stream.extend_from_slice(b"MARK");
         }
-        for cap in [16usize, 4096, READ_BUF] {
+        for cap in [16usize, 4096, crate::session::READ_BUF] {
             let mut r = BufReader::with_capacity(cap, io::Cursor::new(stream.clone()));
             for (i, &n) in sizes.iter().enumerate() {
                 let mut buf = vec![0u8; n];
@@ -1019,7 +791,7 @@ mod tests {
     fn cost_model_adapts() {
         let m = CostModel::new();
         let w = Request::Write { offset: 0, length: 1, fua: false };
-        let r = Request::Read { offset: 0, length: 1 };
+        let r = Request::Read { offset: 0, length: 1, df: false };
         assert!(m.run_inline(&w) && m.run_inline(&r));
         assert!(!m.run_inline(&Request::Flush));
         m.record(&w, 10_000_000);
@@ -1029,59 +801,5 @@ mod tests {
             m.record(&w, 1_000);
         }
         assert!(m.run_inline(&w), "fast again: back inline");
-    }
-
-    fn ext(length: u64, hole: bool) -> (u64, u32) {
-        base_extent(&BlockStatusExtent { length, hole, zero: hole })
-    }
-
-    fn query(offset: u64, length: u32, size: u64, req_one: bool) -> StatusQuery {
-        StatusQuery { offset, length, size, req_one, max_descriptors: MAX_DESCRIPTORS }
-    }
-
-    #[test]
-    fn descriptors() {
-        let d = |l, s| BlockDescriptor { length: l, status: s };
-        let hz = NBD_STATE_HOLE | NBD_STATE_ZERO;
-        // Merge equal neighbours, skip empty extents.
-        assert_eq!(
-            build_descriptors(
-                [ext(4096, false), ext(0, true), ext(4096, false), ext(8192, true)],
-                &query(0, 16384, 1 << 20, false)
-            ),
-            vec![d(8192, 0), d(8192, hz)]
-        );
-        // Stop once the request is covered; the last one is clipped to it.
-        assert_eq!(
-            build_descriptors([ext(4096, false), ext(8192, true), ext(4096, false)], &query(0, 5000, 1 << 20, false)),
-            vec![d(4096, 0), d(904, hz)]
-        );
-        // REQ_ONE: one descriptor, clipped to the request.
-        assert_eq!(
-            build_descriptors([ext(65536, true), ext(4096, false)], &query(0, 4096, 1 << 20, true)),
-            vec![d(4096, hz)]
-        );
-        assert_eq!(
-            build_descriptors([ext(100, true), ext(4096, false)], &query(0, 4096, 1 << 20, true)),
-            vec![d(100, hz)]
-        );
-        // Clipped to the export end.
-        assert_eq!(build_descriptors([ext(1 << 30, true)], &query(4096, 8192, 8192, false)), vec![d(4096, hz)]);
-        // Nothing usable: empty (callers decide).
-        assert!(build_descriptors([], &query(0, 4096, 1 << 20, false)).is_empty());
-        assert!(build_descriptors([ext(0, true)], &query(0, 4096, 1 << 20, true)).is_empty());
-        // Huge extents are clipped to a 512-aligned u32.
-        let r = build_descriptors([ext(1 << 40, true), ext(1, false)], &query(0, u32::MAX, 1 << 41, false));
-        assert_eq!(r, vec![d(MAX_DESCRIPTOR_LEN, hz)]);
-        // The descriptor budget.
-        let mut q = query(0, 1 << 20, 1 << 20, false);
-        q.max_descriptors = 2;
-        let alternating = (0..100).map(|i| (512u64, i % 2));
-        assert_eq!(build_descriptors(alternating, &q), vec![d(512, 0), d(512, 1)]);
-        // Arbitrary flags (extra contexts) pass through.
-        assert_eq!(
-            build_descriptors([(4096, 1), (4096, 1), (8192, 0)], &query(1, 10000, 1 << 20, false)),
-            vec![d(8192, 1), d(1808, 0)]
-        );
     }
 }

@@ -6,6 +6,9 @@
 //! * [`NbdError`] is the error of a connection or handshake as a whole.
 
 use crate::protocol;
+// Defined beside the decoders that return it, so that protocol.rs needs
+// nothing from this module (dependencies run error -> protocol).
+pub use crate::protocol::ProtocolError;
 
 /// Error an export returns; mapped to an NBD errno at this boundary only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -48,25 +51,6 @@ impl ExportError {
     }
 }
 
-/// A malformed message seen by one of the pure decoders.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ProtocolError {
-    #[error("bad magic: expected {expected:#x}, found {found:#x}")]
-    BadMagic { expected: u64, found: u64 },
-    #[error("message truncated: needed {needed} bytes, got {got}")]
-    Truncated { needed: usize, got: usize },
-    #[error("{extra} unexpected trailing bytes")]
-    TrailingData { extra: usize },
-    #[error("unknown or unadvertised client flags {0:#x}")]
-    UnknownClientFlags(u32),
-    #[error("string is not valid UTF-8 or contains NUL")]
-    InvalidString,
-    #[error("string of {0} bytes exceeds the 4096-byte limit")]
-    StringTooLong(usize),
-    #[error("duplicate information request {0}")]
-    DuplicateInfo(u16),
-}
-
 /// Error of a connection (handshake or transmission phase).
 #[derive(Debug, thiserror::Error)]
 pub enum NbdError {
@@ -92,6 +76,8 @@ pub enum NbdError {
     /// verify) or a TLS record was bad.
     #[error("TLS: {0}")]
     Tls(#[from] rustls::Error),
+    #[error("client sent NBD_OPT_EXPORT_NAME after negotiating extended headers")]
+    ExportNameAfterExtendedHeaders,
     #[error("client sent option {0} before STARTTLS to a server that requires TLS")]
     TlsRequired(u32),
 }

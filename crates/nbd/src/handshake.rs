@@ -8,7 +8,7 @@ use crate::error::NbdError;
 use crate::export::{Backend, Export};
 use crate::meta::{self, MetaContext, MAX_META_QUERIES};
 use crate::protocol::*;
-use crate::server::ServerConfig;
+use crate::session::{Negotiated, ServerConfig, READ_BUF};
 use crate::tls::{ClientIdentity, TlsMode};
 use crate::transport::Channel;
 
@@ -18,19 +18,6 @@ pub(crate) const MAX_OPTIONS: usize = 1000;
 pub(crate) const MAX_OPTION_LEN: u32 = 64 * 1024;
 /// The whole handshake must finish within this time.
 pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Result of a successful handshake.
-pub(crate) struct Negotiated {
-    pub export: Arc<dyn Export>,
-    pub name: String,
-    pub size: u64,
-    pub transmission_flags: u16,
-    pub structured: bool,
-    /// Metadata contexts selected for this export, in selection order.
-    pub meta_contexts: Vec<MetaContext>,
-    pub min_block: u32,
-    pub max_payload: u32,
-}
 
 /// Block sizes (minimum, preferred, maximum) to advertise and enforce.
 pub(crate) fn sanitize_block_sizes(sizes: (u32, u32, u32), config_max: u32) -> (u32, u32, u32) {
@@ -71,6 +58,8 @@ struct State<'a> {
     backend: &'a dyn Backend,
     config: &'a ServerConfig,
     structured: bool,
+    /// NBD_OPT_EXTENDED_HEADERS was acknowledged.
+    extended: bool,
     /// Export (resolved name) and contexts of the last successful
     /// NBD_OPT_SET_META_CONTEXT.
     meta: Option<(String, Vec<MetaContext>)>,
@@ -102,6 +91,7 @@ pub(crate) fn negotiate(
         backend,
         config,
         structured: false,
+        extended: false,
         meta: None,
         out: Vec::with_capacity(256),
         tls_active: false,
@@ -125,7 +115,7 @@ pub(crate) fn negotiate(
         match next? {
             Next::Continue => {}
             Next::StartTls(tls) => {
-                chan = chan.start_tls(tls, crate::connection::READ_BUF)?;
+                chan = chan.start_tls(tls, READ_BUF)?;
                 st.tls_started(chan.identity().cloned());
             }
             Next::Go(neg) => {
@@ -213,6 +203,7 @@ impl State<'_> {
     fn tls_started(&mut self, identity: Option<ClientIdentity>) {
         self.tls_active = true;
         self.structured = false;
+        self.extended = false;
         self.meta = None;
         if let Some(id) = &identity {
             log::info!("nbd: TLS client certificate names {:?}", id.names);
@@ -293,12 +284,16 @@ impl State<'_> {
             Some((m, contexts)) if *m == name => contexts.clone(),
             _ => Vec::new(),
         };
+        // Extended headers take precedence over structured replies and
+        // imply them (proto.md, NBD_OPT_EXTENDED_HEADERS).
+        let structured = self.structured || self.extended;
         Negotiated {
-            transmission_flags: transmission_flags(export.read_only(), self.structured),
+            transmission_flags: transmission_flags(export.read_only(), structured),
             export,
             name,
             size,
-            structured: self.structured,
+            structured,
+            extended: self.extended,
             meta_contexts,
             min_block,
             max_payload,
@@ -311,6 +306,11 @@ impl State<'_> {
         }
         match option {
             NBD_OPT_EXPORT_NAME => {
+                if self.extended {
+                    // proto.md: once extended headers are negotiated the
+                    // client MUST NOT use it, and it has no error reply.
+                    return Err(NbdError::ExportNameAfterExtendedHeaders);
+                }
                 let name = parse_export_name(data)?;
                 let Some((name, export)) = self.open(&name) else {
                     return Err(NbdError::UnknownExport(name));
@@ -342,13 +342,21 @@ impl State<'_> {
                 if !data.is_empty() {
                     return self.invalid(option, "NBD_OPT_STRUCTURED_REPLY takes no data");
                 }
+                if self.extended {
+                    self.reply(option, NBD_REP_ERR_EXT_HEADER_REQD, b"extended headers are already negotiated");
+                    return Ok(Next::Continue);
+                }
                 self.structured = true;
                 self.reply(option, NBD_REP_ACK, &[]);
                 Ok(Next::Continue)
             }
             NBD_OPT_LIST_META_CONTEXT | NBD_OPT_SET_META_CONTEXT => self.meta_context(option, data),
             NBD_OPT_EXTENDED_HEADERS => {
-                self.reply(option, NBD_REP_ERR_UNSUP, b"extended headers are not supported");
+                if !data.is_empty() {
+                    return self.invalid(option, "NBD_OPT_EXTENDED_HEADERS takes no data");
+                }
+                self.extended = true;
+                self.reply(option, NBD_REP_ACK, &[]);
                 Ok(Next::Continue)
             }
             _ => {
@@ -392,10 +400,11 @@ impl State<'_> {
         if option == NBD_OPT_GO {
             let contexts: Vec<&str> = neg.meta_contexts.iter().map(|c| c.name.as_str()).collect();
             log::info!(
-                "nbd: export {:?} selected (size {}, structured {}, metadata contexts {:?})",
+                "nbd: export {:?} selected (size {}, structured {}, extended headers {}, metadata contexts {:?})",
                 neg.name,
                 neg.size,
                 neg.structured,
+                neg.extended,
                 contexts
             );
             Ok(Next::Go(neg))
@@ -410,8 +419,8 @@ impl State<'_> {
             // SET replaces the previous selection even when it fails.
             self.meta = None;
         }
-        if !self.structured {
-            return self.invalid(option, "structured replies must be negotiated first");
+        if !self.structured && !self.extended {
+            return self.invalid(option, "structured replies or extended headers must be negotiated first");
         }
         let req = match parse_meta_context_request(data) {
             Ok(r) => r,

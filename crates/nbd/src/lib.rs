@@ -2,7 +2,8 @@
 //!
 //! The engine implements [`Export`] (one block device) and [`Backend`] (the
 //! set of exports); [`Server`] serves them over TCP and Unix sockets with the
-//! fixed-newstyle handshake, structured replies, block status, and many
+//! fixed-newstyle handshake, structured replies (holes sent as
+//! `OFFSET_HOLE`), extended headers (64-bit lengths), block status, and many
 //! requests in flight per connection.
 //!
 //! Block status covers `base:allocation` ([`Export::block_status`]) and any
@@ -22,8 +23,11 @@
 //! server.shutdown();
 //! ```
 //!
-//! Modules: [`protocol`] (constants and pure encoders/decoders), `handshake`
+//! Modules: [`protocol`] (constants and pure encoders/decoders), `session`
+//! (config and negotiated state shared by the layers above), `handshake`
 //! (option haggling), `meta` (metadata context names, queries and IDs),
+//! `request` (request validation), `read` (read replies, holes as
+//! OFFSET_HOLE), `status` (block status descriptors),
 //! `connection` (transmission phase: reader, workers),
 //! `writer` (combining reply writer), `transport` (plain socket or TLS
 //! session), [`tls`] (certificates, modes, allow-list),
@@ -40,6 +44,10 @@ pub mod tls;
 mod connection;
 mod handshake;
 mod meta;
+mod read;
+mod request;
+mod session;
+mod status;
 mod stream;
 mod transport;
 mod util;

@@ -4,7 +4,24 @@
 //! NetworkBlockDevice/nbd). All integers on the wire are big-endian.
 //! Every decoder returns `Err` on malformed input and never panics.
 
-use crate::error::ProtocolError;
+/// A malformed message seen by one of the pure decoders.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("bad magic: expected {expected:#x}, found {found:#x}")]
+    BadMagic { expected: u64, found: u64 },
+    #[error("message truncated: needed {needed} bytes, got {got}")]
+    Truncated { needed: usize, got: usize },
+    #[error("{extra} unexpected trailing bytes")]
+    TrailingData { extra: usize },
+    #[error("unknown or unadvertised client flags {0:#x}")]
+    UnknownClientFlags(u32),
+    #[error("string is not valid UTF-8 or contains NUL")]
+    InvalidString,
+    #[error("string of {0} bytes exceeds the 4096-byte limit")]
+    StringTooLong(usize),
+    #[error("duplicate information request {0}")]
+    DuplicateInfo(u16),
+}
 
 // ---------------------------------------------------------------- magics
 
@@ -18,8 +35,10 @@ pub const CLISERV_MAGIC: u64 = 0x0000_4202_8186_1253;
 pub const OPT_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
 /// `NBD_REQUEST_MAGIC`.
 pub const REQUEST_MAGIC: u32 = 0x2560_9513;
-/// `NBD_EXTENDED_REQUEST_MAGIC` (extended headers; not supported).
+/// `NBD_EXTENDED_REQUEST_MAGIC` (extended headers).
 pub const EXTENDED_REQUEST_MAGIC: u32 = 0x21e4_1c71;
+/// `NBD_EXTENDED_REPLY_MAGIC` (extended headers).
+pub const EXTENDED_REPLY_MAGIC: u32 = 0x6e8a_278c;
 /// `NBD_SIMPLE_REPLY_MAGIC`.
 pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
 /// `NBD_STRUCTURED_REPLY_MAGIC`.
@@ -154,6 +173,15 @@ pub const SIMPLE_REPLY_LEN: usize = 16;
 pub const STRUCTURED_HEADER_LEN: usize = 20;
 /// Structured OFFSET_DATA chunk header including the 8-byte offset.
 pub const READ_CHUNK_HEADER_LEN: usize = 28;
+/// Extended request header (`NBD_EXTENDED_REQUEST_MAGIC`, 64-bit length).
+pub const EXTENDED_REQUEST_HEADER_LEN: usize = 32;
+/// Extended reply chunk header (`NBD_EXTENDED_REPLY_MAGIC`).
+pub const EXTENDED_HEADER_LEN: usize = 32;
+/// Longest header in front of a reply's data: an extended OFFSET_DATA
+/// chunk header with its 8-byte offset.
+pub const MAX_READ_HEAD_LEN: usize = EXTENDED_HEADER_LEN + 8;
+/// Payload of an `NBD_REPLY_TYPE_OFFSET_HOLE` chunk: offset and size.
+pub const HOLE_PAYLOAD_LEN: usize = 12;
 
 // ---------------------------------------------------------------- helpers
 
@@ -434,6 +462,58 @@ pub fn parse_request_header(b: &[u8; REQUEST_HEADER_LEN]) -> Result<RequestHeade
     })
 }
 
+/// A request header of either form, its length widened to 64 bits (the
+/// extended form's *length*; the compact form's converts losslessly).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExtendedRequestHeader {
+    pub flags: u16,
+    pub command: u16,
+    pub handle: u64,
+    pub offset: u64,
+    pub length: u64,
+}
+
+impl From<RequestHeader> for ExtendedRequestHeader {
+    fn from(h: RequestHeader) -> Self {
+        ExtendedRequestHeader {
+            flags: h.flags,
+            command: h.command,
+            handle: h.handle,
+            offset: h.offset,
+            length: h.length as u64,
+        }
+    }
+}
+
+/// Decode a 32-byte extended request header; a wrong magic is an error.
+pub fn parse_extended_request_header(
+    b: &[u8; EXTENDED_REQUEST_HEADER_LEN],
+) -> Result<ExtendedRequestHeader, ProtocolError> {
+    let magic = be_u32(b, 0)?;
+    if magic != EXTENDED_REQUEST_MAGIC {
+        return Err(ProtocolError::BadMagic { expected: EXTENDED_REQUEST_MAGIC as u64, found: magic as u64 });
+    }
+    Ok(ExtendedRequestHeader {
+        flags: be_u16(b, 4)?,
+        command: be_u16(b, 6)?,
+        handle: be_u64(b, 8)?,
+        offset: be_u64(b, 16)?,
+        length: be_u64(b, 24)?,
+    })
+}
+
+/// Encode an extended request header (used by tests and clients).
+pub fn encode_extended_request_header(h: &ExtendedRequestHeader) -> [u8; EXTENDED_REQUEST_HEADER_LEN] {
+    let mut b = [0u8; EXTENDED_REQUEST_HEADER_LEN];
+    b[0..4].copy_from_slice(&EXTENDED_REQUEST_MAGIC.to_be_bytes());
+    b[4..6].copy_from_slice(&h.flags.to_be_bytes());
+    b[6..8].copy_from_slice(&h.command.to_be_bytes());
+    b[8..16].copy_from_slice(&h.handle.to_be_bytes());
+    b[16..24].copy_from_slice(&h.offset.to_be_bytes());
+    b[24..32].copy_from_slice(&h.length.to_be_bytes());
+    b
+}
+
 /// Encode a request header (used by tests and clients).
 pub fn encode_request_header(h: &RequestHeader) -> [u8; REQUEST_HEADER_LEN] {
     let mut b = [0u8; REQUEST_HEADER_LEN];
@@ -506,6 +586,109 @@ pub fn encode_structured_header(flags: u16, reply_type: u16, handle: u64, length
     b[8..16].copy_from_slice(&handle.to_be_bytes());
     b[16..20].copy_from_slice(&length.to_be_bytes());
     b
+}
+
+/// An extended reply chunk header; `request_offset` is the offset of the
+/// request it answers (proto.md: it MUST match, even for OFFSET_DATA).
+pub fn encode_extended_header(
+    flags: u16,
+    reply_type: u16,
+    handle: u64,
+    request_offset: u64,
+    length: u64,
+) -> [u8; EXTENDED_HEADER_LEN] {
+    let mut b = [0u8; EXTENDED_HEADER_LEN];
+    b[0..4].copy_from_slice(&EXTENDED_REPLY_MAGIC.to_be_bytes());
+    b[4..6].copy_from_slice(&flags.to_be_bytes());
+    b[6..8].copy_from_slice(&reply_type.to_be_bytes());
+    b[8..16].copy_from_slice(&handle.to_be_bytes());
+    b[16..24].copy_from_slice(&request_offset.to_be_bytes());
+    b[24..32].copy_from_slice(&length.to_be_bytes());
+    b
+}
+
+/// How reply chunks are framed: structured (20-byte header, 32-bit
+/// length) or, once `NBD_OPT_EXTENDED_HEADERS` was negotiated, extended
+/// (32-byte header with the request's offset and a 64-bit length).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkFraming {
+    pub extended: bool,
+    pub handle: u64,
+    /// Offset of the request (sent in extended headers only).
+    pub request_offset: u64,
+}
+
+impl ChunkFraming {
+    /// Append a chunk header announcing `length` payload bytes. Structured
+    /// lengths are 32 bits: callers bound payloads far below that (the
+    /// saturation is only a guard).
+    pub fn push_header(&self, out: &mut Vec<u8>, flags: u16, reply_type: u16, length: u64) {
+        if self.extended {
+            out.extend_from_slice(&encode_extended_header(flags, reply_type, self.handle, self.request_offset, length));
+        } else {
+            let len = u32::try_from(length).unwrap_or(u32::MAX);
+            out.extend_from_slice(&encode_structured_header(flags, reply_type, self.handle, len));
+        }
+    }
+
+    /// Header (and 8-byte offset) of an OFFSET_DATA chunk carrying
+    /// `data_len` bytes read at `offset`; the data follows.
+    pub fn read_data_head(&self, offset: u64, data_len: u64, done: bool) -> ([u8; MAX_READ_HEAD_LEN], usize) {
+        let mut v = Vec::with_capacity(MAX_READ_HEAD_LEN);
+        let flags = if done { NBD_REPLY_FLAG_DONE } else { 0 };
+        self.push_header(&mut v, flags, NBD_REPLY_TYPE_OFFSET_DATA, data_len.saturating_add(8));
+        v.extend_from_slice(&offset.to_be_bytes());
+        let mut b = [0u8; MAX_READ_HEAD_LEN];
+        b[..v.len()].copy_from_slice(&v);
+        (b, v.len())
+    }
+
+    /// Append an `NBD_REPLY_TYPE_OFFSET_HOLE` chunk: `size` (nonzero)
+    /// bytes at `offset` read as zeroes.
+    pub fn push_hole(&self, out: &mut Vec<u8>, offset: u64, size: u32, done: bool) {
+        let flags = if done { NBD_REPLY_FLAG_DONE } else { 0 };
+        self.push_header(out, flags, NBD_REPLY_TYPE_OFFSET_HOLE, HOLE_PAYLOAD_LEN as u64);
+        out.extend_from_slice(&offset.to_be_bytes());
+        out.extend_from_slice(&size.to_be_bytes());
+    }
+
+    /// Append a final `NBD_REPLY_TYPE_ERROR` chunk with an optional message.
+    pub fn push_error(&self, out: &mut Vec<u8>, error: u32, message: &str) {
+        let mut msg = clamp_str(message);
+        if msg.len() > u16::MAX as usize {
+            msg = "";
+        }
+        self.push_header(out, NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_ERROR, 6 + msg.len() as u64);
+        out.extend_from_slice(&error.to_be_bytes());
+        out.extend_from_slice(&(msg.len() as u16).to_be_bytes());
+        out.extend_from_slice(msg.as_bytes());
+    }
+
+    /// Append the final `NBD_REPLY_TYPE_NONE` chunk (success without data).
+    pub fn push_none(&self, out: &mut Vec<u8>) {
+        self.push_header(out, NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_NONE, 0);
+    }
+
+    /// Append one block status chunk of `context_id`: `BLOCK_STATUS` with
+    /// 32-bit descriptors, or with extended headers `BLOCK_STATUS_EXT`
+    /// (descriptor count, 64-bit lengths and statuses). `descriptors`
+    /// should not be empty; the caller guarantees it.
+    pub fn push_block_status(&self, out: &mut Vec<u8>, context_id: u32, descriptors: &[BlockDescriptor], done: bool) {
+        let flags = if done { NBD_REPLY_FLAG_DONE } else { 0 };
+        let n = descriptors.len() as u64;
+        if self.extended {
+            out.reserve(EXTENDED_HEADER_LEN + 8 + 16 * descriptors.len());
+            self.push_header(out, flags, NBD_REPLY_TYPE_BLOCK_STATUS_EXT, 8 + 16 * n);
+            out.extend_from_slice(&context_id.to_be_bytes());
+            out.extend_from_slice(&u32::try_from(n).unwrap_or(u32::MAX).to_be_bytes());
+            for d in descriptors {
+                out.extend_from_slice(&(d.length as u64).to_be_bytes());
+                out.extend_from_slice(&(d.status as u64).to_be_bytes());
+            }
+        } else {
+            push_block_status_chunk(out, self.handle, context_id, descriptors, done);
+        }
+    }
 }
 
 /// Header of an `NBD_REPLY_TYPE_OFFSET_DATA` chunk carrying `data_len`

@@ -17,41 +17,12 @@ use crate::connection;
 use crate::error::NbdError;
 use crate::export::Backend;
 use crate::handshake;
+use crate::session;
 use crate::stream::Stream;
-use crate::tls::TlsConfig;
 use crate::transport::{Channel, Transport};
 use crate::util::{lock, wait_timeout};
 
-/// Tunables of a [`Server`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServerConfig {
-    /// Requests queued or being processed per connection before the server
-    /// stops reading from that connection (default 64).
-    pub max_in_flight_per_conn: usize,
-    /// Worker threads per connection, spawned on demand (default 8).
-    /// Requests the export answers quickly run on the connection's reading
-    /// thread instead (see `CostModel` in `connection.rs`); 0 runs every
-    /// request there.
-    pub workers_per_conn: usize,
-    /// Largest READ/WRITE payload accepted and advertised (default 32 MiB).
-    pub max_request_bytes: u32,
-    /// Concurrent connections; further ones are closed at once (default 256).
-    pub max_connections: usize,
-    /// NBD_OPT_STARTTLS: None (default) answers it with ERR_POLICY.
-    pub tls: Option<TlsConfig>,
-}
-
-impl Default for ServerConfig {
-    fn default() -> Self {
-        ServerConfig {
-            max_in_flight_per_conn: 64,
-            workers_per_conn: 8,
-            max_request_bytes: 32 * 1024 * 1024,
-            max_connections: 256,
-            tls: None,
-        }
-    }
-}
+pub use crate::session::ServerConfig;
 
 /// Time connections get to answer in-flight requests after [`Server::shutdown`]
 /// stops their reading, before their sockets are closed outright.
@@ -385,8 +356,7 @@ fn start_connection(inner: &Arc<Inner>, stream: Stream) {
 fn run_connection(inner: &Inner, id: u64, stream: Stream) {
     let peer = stream.peer();
     log::info!("nbd: connection {id} from {peer}");
-    let (ctl, chan) = match stream.try_clone().and_then(|ctl| Ok((ctl, Channel::plain(stream, connection::READ_BUF)?)))
-    {
+    let (ctl, chan) = match stream.try_clone().and_then(|ctl| Ok((ctl, Channel::plain(stream, session::READ_BUF)?))) {
         Ok(x) => x,
         Err(e) => {
             log::warn!("nbd: connection {id}: cannot clone socket: {e}");

@@ -28,7 +28,7 @@ use crate::util::{lock, wait};
 
 /// One reply: a short inline header followed by an optional payload.
 pub(crate) struct Reply {
-    head: [u8; protocol::READ_CHUNK_HEADER_LEN],
+    head: [u8; protocol::MAX_READ_HEAD_LEN],
     head_len: u8,
     /// Payload sent after the header.
     data: Vec<u8>,
@@ -39,7 +39,7 @@ pub(crate) struct Reply {
 impl Reply {
     /// A simple reply without payload.
     pub(crate) fn simple(handle: u64, error: u32) -> Reply {
-        let mut head = [0u8; protocol::READ_CHUNK_HEADER_LEN];
+        let mut head = [0u8; protocol::MAX_READ_HEAD_LEN];
         head[..protocol::SIMPLE_REPLY_LEN].copy_from_slice(&protocol::encode_simple_reply(handle, error));
         Reply { head, head_len: protocol::SIMPLE_REPLY_LEN as u8, data: Vec::new(), spare: Vec::new() }
     }
@@ -51,16 +51,23 @@ impl Reply {
         r
     }
 
-    /// A single final `OFFSET_DATA` chunk carrying `data` read at `offset`.
+    /// A single final `OFFSET_DATA` chunk (structured or extended, as
+    /// `framing` says) carrying `data` read at `offset`.
+    pub(crate) fn read_chunk(framing: &protocol::ChunkFraming, offset: u64, data: Vec<u8>) -> Reply {
+        let (head, len) = framing.read_data_head(offset, data.len() as u64, true);
+        Reply { head, head_len: len as u8, data, spare: Vec::new() }
+    }
+
+    /// A single final structured `OFFSET_DATA` chunk carrying `data` read at `offset`.
+    #[cfg(test)]
     pub(crate) fn structured_read(handle: u64, offset: u64, data: Vec<u8>) -> Reply {
-        let len = u32::try_from(data.len()).unwrap_or(u32::MAX - 8);
-        let head = protocol::encode_read_chunk_header(handle, offset, len, true);
-        Reply { head, head_len: protocol::READ_CHUNK_HEADER_LEN as u8, data, spare: Vec::new() }
+        let framing = protocol::ChunkFraming { extended: false, handle, request_offset: offset };
+        Reply::read_chunk(&framing, offset, data)
     }
 
     /// A fully encoded message.
     pub(crate) fn encoded(bytes: Vec<u8>) -> Reply {
-        Reply { head: [0u8; protocol::READ_CHUNK_HEADER_LEN], head_len: 0, data: bytes, spare: Vec::new() }
+        Reply { head: [0u8; protocol::MAX_READ_HEAD_LEN], head_len: 0, data: bytes, spare: Vec::new() }
     }
 
     /// Attach a buffer to be recycled once the reply is sent.

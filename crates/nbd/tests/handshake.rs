@@ -70,7 +70,7 @@ fn option_errors_keep_the_session() {
         r[0].rtype
     };
     assert_eq!(one(&mut c, 12345, b"whatever"), NBD_REP_ERR_UNSUP);
-    assert_eq!(one(&mut c, NBD_OPT_EXTENDED_HEADERS, &[]), NBD_REP_ERR_UNSUP);
+    assert_eq!(one(&mut c, NBD_OPT_EXTENDED_HEADERS, b"x"), NBD_REP_ERR_INVALID);
     assert_eq!(one(&mut c, NBD_OPT_STARTTLS, &[]), NBD_REP_ERR_POLICY);
     assert_eq!(one(&mut c, NBD_OPT_STARTTLS, b"x"), NBD_REP_ERR_INVALID);
     assert_eq!(one(&mut c, NBD_OPT_LIST, b"x"), NBD_REP_ERR_INVALID);

@@ -3,7 +3,8 @@
 # nbdsh and nbdcopy, qemu-img, qemu-io, fio's nbd engine), including the
 # changed-block tracking context `qemu:dirty-bitmap:cbt` (memserve
 # --dirty-bitmap, 64 KiB granularity) as backup tools read it.
-# Exits non-zero on the first failure or mismatch.
+# qemu 10 negotiates extended headers (NBD_OPT_EXTENDED_HEADERS), libnbd
+# 1.14 structured replies. Exits non-zero on the first failure or mismatch.
 #
 #   crates/nbd/tests/real_clients.sh            # builds memserve (release)
 #   MEMSERVE=/path/to/memserve crates/nbd/tests/real_clients.sh
@@ -241,6 +242,27 @@ allocated=$(nbdinfo --map "$URI" | awk '$3 == 0 {s += $2} END {print s + 0}')
 # Over the Unix socket, with multiple connections.
 nbdcopy --connections=4 "nbd+unix:///mem?socket=$SOCK" "$OUT.2"
 cmp "$IN" "$OUT.2" || fail "nbdcopy over unix socket differs"
+
+step "qemu (extended headers) reads data and holes of the sparse copy"
+# qemu 10 negotiates NBD_OPT_EXTENDED_HEADERS; the range read starts in
+# data and ends in a hole, so the reply has OFFSET_DATA and OFFSET_HOLE
+# chunks. Its hex dump must match the file.
+OFF=$((3 * MiB + 256 * 1024)); LEN=$((64 * 1024))
+qemu-io -f raw "$URI" -c "read -v $OFF $LEN" | python3 -c '
+import sys
+off, length, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+got = bytearray()
+for line in sys.stdin:
+    if ":  " in line and not line.startswith("read"):
+        got += bytes(int(x, 16) for x in line.split(":  ")[1][:47].split())
+want = open(path, "rb").read()[off:off + length]
+assert len(got) == length, len(got)
+assert got == want, "qemu-io read differs from the file"
+assert any(want) and want[-4096:] == bytes(4096), "the range should hold data and a hole"
+' "$OFF" "$LEN" "$IN" || fail "qemu-io sparse read"
+grep -q 'extended headers true' "$WORK/memserve.log" || fail "qemu did not negotiate extended headers"
+qemu-img convert -f raw -O raw "$URI" "$WORK/q.img"
+cmp "$IN" "$WORK/q.img" || fail "qemu-img convert differs"
 
 step "fio randwrite QD32 with crc32c verification, 2 jobs"
 # (run in $WORK: fio drops verify state files in its working directory)

@@ -329,6 +329,23 @@ fn starttls_state_and_repeats() {
     assert_eq!(flags & NBD_FLAG_SEND_DF, 0, "no structured replies after STARTTLS");
 }
 
+/// Extended headers negotiated in plaintext do not survive STARTTLS
+/// (proto.md: the client MUST renegotiate them): compact requests and
+/// simple replies afterwards.
+#[test]
+fn starttls_resets_extended_headers() {
+    let pki = Pki::new();
+    let (_server, addr) = serve(pki.server_config(TlsMode::Optional, false));
+    let mut c = Client::connect(addr);
+    assert_eq!(c.option(NBD_OPT_EXTENDED_HEADERS, &[])[0].rtype, NBD_REP_ACK);
+    let mut c = starttls(c, pki.client_config(None));
+    let (_, flags, _) = c.go("mem", &[]).unwrap();
+    assert_eq!(flags & NBD_FLAG_SEND_DF, 0, "no structured replies after STARTTLS");
+    c.write(1, 0, &[7u8; 512]);
+    assert_eq!(c.simple(), (0, 1));
+    assert_eq!(c.read_simple(2, 0, 512), vec![7u8; 512]);
+}
+
 #[test]
 fn require_mode_refuses_plaintext() {
     let pki = Pki::new();

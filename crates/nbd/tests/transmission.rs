@@ -133,6 +133,37 @@ fn oversized_write_payload_is_discarded_or_disconnected() {
     assert!(c.closed_by_server());
 }
 
+/// Requests beyond the maximum payload (proto.md "Size constraints"): a
+/// structured READ gets NBD_EOVERFLOW, a WRITE NBD_EINVAL; commands without
+/// payload are served whole; the connection stays usable.
+#[test]
+fn oversized_structured_requests() {
+    let cfg = ServerConfig { max_request_bytes: 64 * 1024, ..Default::default() };
+    let t = start_with(MemoryExport::new(SIZE), cfg);
+    let (mut c, _, _) = Client::open(t.addr, true);
+    c.request(0, NBD_CMD_READ, 1, 0, 128 * 1024, &[]);
+    assert_eq!(c.error_of_next(), (NBD_EOVERFLOW, 1));
+    c.request(NBD_CMD_FLAG_DF, NBD_CMD_READ, 2, 0, 128 * 1024, &[]);
+    assert_eq!(c.error_of_next(), (NBD_EOVERFLOW, 2));
+    c.write(3, 0, &vec![0xab; 128 * 1024]);
+    assert_eq!(c.error_of_next(), (NBD_EINVAL, 3));
+    assert_eq!(t.export.allocated_blocks(), 0);
+    // Effect lengths beyond the maximum payload are fine.
+    c.write(4, 1 << 20, &pattern(4, 4096));
+    assert_eq!(c.simple(), (0, 4));
+    c.request(NBD_CMD_FLAG_NO_HOLE, NBD_CMD_WRITE_ZEROES, 5, 0, 4 << 20, &[]);
+    assert_eq!(c.simple(), (0, 5));
+    c.request(0, NBD_CMD_TRIM, 6, 0, 4 << 20, &[]);
+    assert_eq!(c.simple(), (0, 6));
+    c.request(0, NBD_CMD_CACHE, 7, 0, 4 << 20, &[]);
+    assert_eq!(c.simple(), (0, 7));
+    let (_, d) = parse_block_status(&c.block_status(0, 8, 0, 4 << 20)[0].payload);
+    assert_eq!(d, vec![(4 << 20, NBD_STATE_HOLE | NBD_STATE_ZERO)]);
+    // The largest read allowed still works.
+    c.request(0, NBD_CMD_READ, 9, 0, 64 * 1024, &[]);
+    assert_eq!(c.chunk().ctype, NBD_REPLY_TYPE_OFFSET_HOLE);
+}
+
 #[test]
 fn bad_magic_disconnects() {
     let t = start();
@@ -204,9 +235,11 @@ fn block_status_after_trim() {
     c.request(0, NBD_CMD_BLOCK_STATUS, 5, 100, 200, &[]);
     let (_, d) = parse_block_status(&c.chunk().payload);
     assert_eq!(d, vec![(200, 0)]);
-    // Reads of the trimmed range are zero; beyond the end is EINVAL.
+    // Reads of the trimmed range are one hole; beyond the end is EINVAL.
     c.request(0, NBD_CMD_READ, 6, 16384, 16384, &[]);
-    assert_eq!(&c.chunk().payload[8..], &[0u8; 16384][..]);
+    let ch = c.chunk();
+    assert_eq!((ch.ctype, ch.flags), (NBD_REPLY_TYPE_OFFSET_HOLE, NBD_REPLY_FLAG_DONE));
+    assert_eq!(parse_hole(&ch.payload), (16384, 16384));
     c.request(0, NBD_CMD_BLOCK_STATUS, 7, SIZE - 512, 1024, &[]);
     assert_eq!(c.error_of_next(), (NBD_EINVAL, 7));
     // Write zeroes without NO_HOLE punches a hole.

@@ -56,6 +56,25 @@ pub struct Chunk {
     pub payload: Vec<u8>,
 }
 
+/// An extended reply chunk (NBD_EXTENDED_REPLY_MAGIC).
+#[derive(Debug, PartialEq, Eq)]
+pub struct ExtChunk {
+    pub flags: u16,
+    pub ctype: u16,
+    pub handle: u64,
+    /// The request's offset, echoed.
+    pub offset: u64,
+    pub payload: Vec<u8>,
+}
+
+impl ExtChunk {
+    /// Error value of an error chunk.
+    pub fn error(&self) -> u32 {
+        assert_eq!(self.ctype, NBD_REPLY_TYPE_ERROR, "expected an error chunk: {self:?}");
+        u32::from_be_bytes(self.payload[0..4].try_into().unwrap())
+    }
+}
+
 /// Any reply in the transmission phase.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Reply {
@@ -277,6 +296,49 @@ impl<S: Read + Write> Client<S> {
         data
     }
 
+    /// Send an extended (32-byte) request header and its payload.
+    pub fn ext_request(&mut self, flags: u16, command: u16, handle: u64, offset: u64, length: u64, payload: &[u8]) {
+        let h = ExtendedRequestHeader { flags, command, handle, offset, length };
+        let mut b = encode_extended_request_header(&h).to_vec();
+        b.extend_from_slice(payload);
+        self.s.write_all(&b).unwrap();
+    }
+
+    /// Read one extended reply chunk (any other magic fails the test; a
+    /// payload above 64 MiB too).
+    pub fn ext_chunk(&mut self) -> ExtChunk {
+        let mut h = [0u8; 32];
+        self.s.read_exact(&mut h).expect("extended reply header");
+        let magic = u32::from_be_bytes(h[0..4].try_into().unwrap());
+        assert_eq!(magic, EXTENDED_REPLY_MAGIC, "expected an extended reply, got magic {magic:#x}");
+        let len = u64::from_be_bytes(h[24..32].try_into().unwrap());
+        assert!(len <= 64 << 20, "absurd reply length {len}");
+        let mut payload = vec![0u8; len as usize];
+        self.s.read_exact(&mut payload).unwrap();
+        ExtChunk {
+            flags: u16::from_be_bytes([h[4], h[5]]),
+            ctype: u16::from_be_bytes([h[6], h[7]]),
+            handle: u64::from_be_bytes(h[8..16].try_into().unwrap()),
+            offset: u64::from_be_bytes(h[16..24].try_into().unwrap()),
+            payload,
+        }
+    }
+
+    /// Extended chunks of `handle` up to the one flagged DONE (at most 1000).
+    pub fn ext_chunks(&mut self, handle: u64) -> Vec<ExtChunk> {
+        let mut v = Vec::new();
+        for _ in 0..1000 {
+            let c = self.ext_chunk();
+            assert_eq!(c.handle, handle);
+            let done = c.flags & NBD_REPLY_FLAG_DONE != 0;
+            v.push(c);
+            if done {
+                return v;
+            }
+        }
+        panic!("no chunk flagged DONE among 1000");
+    }
+
     pub fn disc(&mut self) {
         self.request(0, NBD_CMD_DISC, 0, 0, 0, &[]);
     }
@@ -339,6 +401,12 @@ pub fn parse_block_status(payload: &[u8]) -> (u32, Vec<(u32, u32)>) {
         .map(|c| (u32::from_be_bytes(c[0..4].try_into().unwrap()), u32::from_be_bytes(c[4..8].try_into().unwrap())))
         .collect();
     (id, d)
+}
+
+/// Parse an OFFSET_HOLE chunk payload into (offset, size).
+pub fn parse_hole(payload: &[u8]) -> (u64, u32) {
+    assert_eq!(payload.len(), 12, "OFFSET_HOLE payload");
+    (u64::from_be_bytes(payload[0..8].try_into().unwrap()), u32::from_be_bytes(payload[8..12].try_into().unwrap()))
 }
 
 pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
