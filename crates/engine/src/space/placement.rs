@@ -21,7 +21,8 @@ pub enum PlacementKind {
     #[default]
     Linear,
     /// Next-fit like `linear`, every overwrite in place, never re-laid
-    /// (Virtual Allocation's allocate-once, update-in-place).
+    /// (Virtual Allocation's allocate-once, update-in-place); the idle
+    /// compactor leaves it alone (`pool compact` asked for still runs).
     Inplace,
     /// Every write, new data or overwrite, at the allocation cursor
     /// (AoDI's append-only): random writes become sequential on the

@@ -15,6 +15,7 @@ use crate::io::{physical_runs, RELAYOUT_RUN_BLOCKS};
 use crate::map::extent_map::Segment;
 use crate::map::state::Volume;
 use crate::pool::{Inner, MovingWindow, Pool};
+use crate::space::placement::PlacementKind;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tarn_format::ops::Op;
@@ -99,7 +100,13 @@ impl Pool {
             let next = {
                 let inner = self.read_inner();
                 let mut after = inner.state.volumes.range(cursor.vol..);
-                after.find(|(_, v)| v.id > cursor.vol || cursor.lba < v.size / BLOCK_SIZE).map(|(&id, v)| (id, v.size))
+                // `inplace` volumes keep the layout of their first writes.
+                after
+                    .find(|(_, v)| {
+                        (v.id > cursor.vol || cursor.lba < v.size / BLOCK_SIZE)
+                            && inner.placement_of(v) != PlacementKind::Inplace
+                    })
+                    .map(|(&id, v)| (id, v.size))
             };
             let Some((id, size)) = next else {
                 *cursor = RelayoutCursor::default();
