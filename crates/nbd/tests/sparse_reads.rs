@@ -12,21 +12,6 @@ use tarn_nbd::{BlockStatusExtent, Export, ExportError, Server, ServerConfig};
 
 const K: u64 = 4096;
 
-/// Read chunks of `handle` up to the one flagged DONE (at most 1000).
-fn chunks(c: &mut Client, handle: u64) -> Vec<Chunk> {
-    let mut v = Vec::new();
-    for _ in 0..1000 {
-        let ch = c.chunk();
-        assert_eq!(ch.handle, handle);
-        let done = ch.flags & NBD_REPLY_FLAG_DONE != 0;
-        v.push(ch);
-        if done {
-            return v;
-        }
-    }
-    panic!("no chunk flagged DONE among 1000");
-}
-
 /// The content chunks as (type, offset, length); the data they carry put
 /// together (holes as zeroes), checking that they tile [offset, offset+len).
 fn assemble(chunks: &[Chunk], offset: u64, len: usize) -> (Vec<(u16, u64, u64)>, Vec<u8>) {
@@ -71,7 +56,7 @@ fn sparse_server() -> (TestServer, Client, Vec<u8>) {
 fn sparse_read_sends_holes_as_hole_chunks() {
     let (_t, mut c, want) = sparse_server();
     c.request(0, NBD_CMD_READ, 10, 0, 128 * K as u32, &[]);
-    let ch = chunks(&mut c, 10);
+    let ch = c.chunks(10);
     assert!(ch[..ch.len() - 1].iter().all(|c| c.flags & NBD_REPLY_FLAG_DONE == 0), "DONE only on the last chunk");
     let (kinds, data) = assemble(&ch, 0, 128 * K as usize);
     let (d, h) = (NBD_REPLY_TYPE_OFFSET_DATA, NBD_REPLY_TYPE_OFFSET_HOLE);
@@ -80,7 +65,7 @@ fn sparse_read_sends_holes_as_hole_chunks() {
 
     // An unaligned range that starts and ends inside data.
     c.request(0, NBD_CMD_READ, 11, 5 * K + 7, (12 * K) as u32, &[]);
-    let ch = chunks(&mut c, 11);
+    let ch = c.chunks(11);
     let (kinds, data) = assemble(&ch, 5 * K + 7, 12 * K as usize);
     assert_eq!(kinds.iter().map(|k| k.0).collect::<Vec<_>>(), vec![d, h, d]);
     assert_eq!(data, want[(5 * K + 7) as usize..(17 * K + 7) as usize]);

@@ -185,8 +185,13 @@ impl<S: Read + Write> Client<S> {
     /// (at most 100).
     pub fn block_status(&mut self, flags: u16, handle: u64, offset: u64, length: u32) -> Vec<Chunk> {
         self.request(flags, NBD_CMD_BLOCK_STATUS, handle, offset, length, &[]);
+        self.chunks(handle)
+    }
+
+    /// Structured chunks of `handle` up to the one flagged DONE (at most 1000).
+    pub fn chunks(&mut self, handle: u64) -> Vec<Chunk> {
         let mut v = Vec::new();
-        for _ in 0..100 {
+        for _ in 0..1000 {
             let c = self.chunk();
             assert_eq!(c.handle, handle);
             let done = c.flags & NBD_REPLY_FLAG_DONE != 0;
@@ -195,7 +200,7 @@ impl<S: Read + Write> Client<S> {
                 return v;
             }
         }
-        panic!("no chunk flagged DONE among 100");
+        panic!("no chunk flagged DONE among 1000");
     }
 
     /// NBD_OPT_GO; returns (size, transmission flags) or the error reply type.
