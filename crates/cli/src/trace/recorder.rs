@@ -55,8 +55,20 @@ impl Tracer {
         }
         let id = u32::try_from(ids.len()).ok().filter(|&i| i < MAX_TRACE_EXPORTS)?;
         ids.insert(name.to_string(), id);
-        // Queued under the lock: the name goes before any request of it.
-        self.push(TraceRecord::Name { export: id, name: name.to_string() });
+        // Queued under the lock, so the name goes before any request of
+        // it, and never dropped (a request of an unnamed export would make
+        // the trace unreadable): this waits for room, once per export.
+        let tx = self.tx.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = tx.as_ref() {
+            match tx.send(TraceRecord::Name { export: id, name: name.to_string() }) {
+                Ok(()) => self.recorded.fetch_add(1, Ordering::Relaxed),
+                Err(_) => {
+                    // The writer is gone (an I/O error): this export goes unrecorded.
+                    ids.remove(name);
+                    return None;
+                }
+            };
+        }
         Some(id)
     }
 

@@ -135,7 +135,7 @@ fn replay_in(
             vols.push(layout(&pool, id, &e.name, opts.region, blocks, &used)?);
         }
     }
-    let files = if opts.files.is_empty() { Value::Null } else { file_figures(&pool, exports, opts)? };
+    let files = if opts.files.is_empty() { Value::Null } else { file_figures(&pool, exports, opts, &used)? };
     pool.close()?;
     Ok(json!({
         "placement": opts.placement.name(), "pool_size": size, "region": opts.region,
@@ -306,10 +306,8 @@ impl Tally {
 /// snapshot), and internal fragmentation with 4 KiB blocks and with
 /// blocks of a whole region (the paper's large-block policy, whose seeks
 /// are by definition those of virtual contiguity).
-fn file_figures(pool: &Pool, exports: &BTreeMap<u32, Export>, opts: &ReplayOptions) -> Result<Value> {
+fn file_figures(pool: &Pool, exports: &BTreeMap<u32, Export>, opts: &ReplayOptions, used: &Occupancy) -> Result<Value> {
     let rb = opts.region / BLOCK_SIZE;
-    let vols: Vec<(u32, String)> = exports.values().filter_map(|e| Some((e.vol?, e.name.clone()))).collect();
-    let used = occupancy(pool, &vols, rb)?;
     let (mut all, mut cow) = (Tally::default(), Tally::default());
     let (mut bytes, mut small, mut large) = (0u64, 0u64, 0u64);
     for f in &opts.files {
@@ -325,7 +323,7 @@ fn file_figures(pool: &Pool, exports: &BTreeMap<u32, Export>, opts: &ReplayOptio
         if runs.is_empty() || size == 0 {
             continue;
         }
-        let (seeks, density) = region_figures(&runs, rb, &used);
+        let (seeks, density) = region_figures(&runs, rb, used);
         all.add(seeks, density);
         if f.rewritten {
             cow.add(seeks, density);
