@@ -442,12 +442,27 @@ fn main() {
         .format_timestamp_millis()
         .init();
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_) | Command::Run(_)) {
+        die_quietly_on_closed_stdout();
+    }
     match dispatch(cli.command) {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("tarn: error: {e:#}");
             std::process::exit(2);
         }
+    }
+}
+
+/// A command whose output goes to a pipe closed early (`tarn vol list |
+/// head`) ends like other Unix tools, by SIGPIPE, rather than panicking
+/// in `println!`. Not for the server, whose sockets use MSG_NOSIGNAL and
+/// which must never die of a peer going away.
+fn die_quietly_on_closed_stdout() {
+    // SAFETY: restoring the default disposition of one signal, before any
+    // thread is started.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 
