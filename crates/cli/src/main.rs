@@ -442,27 +442,12 @@ fn main() {
         .format_timestamp_millis()
         .init();
     let cli = Cli::parse();
-    if !matches!(cli.command, Command::Serve(_) | Command::Run(_)) {
-        die_quietly_on_closed_stdout();
-    }
     match dispatch(cli.command) {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("tarn: error: {e:#}");
             std::process::exit(2);
         }
-    }
-}
-
-/// A command whose output goes to a pipe closed early (`tarn vol list |
-/// head`) ends like other Unix tools, by SIGPIPE, rather than panicking
-/// in `println!`. Not for the server, whose sockets use MSG_NOSIGNAL and
-/// which must never die of a peer going away.
-fn die_quietly_on_closed_stdout() {
-    // SAFETY: restoring the default disposition of one signal, before any
-    // thread is started.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 
@@ -546,7 +531,7 @@ fn dispatch(cmd: Command) -> Result<i32> {
 
 fn trace_cmd(t: TraceSub) -> Result<i32> {
     match t {
-        TraceSub::Print { file, limit } => print!("{}", trace::text(&trace::load(&file)?, limit)),
+        TraceSub::Print { file, limit } => out(&trace::text(&trace::load(&file)?, limit)),
         TraceSub::Convert { input, output, export } => {
             let text = std::fs::read_to_string(&input).with_context(|| format!("read {}", input.display()))?;
             let records = trace::blkparse::convert(&text, export.as_deref())?;
@@ -591,12 +576,29 @@ fn print(json: bool, v: &Value, render: fn(&Value) -> String) {
     if json {
         print_json(v);
     } else {
-        print!("{}", render(v));
+        out(&render(v));
     }
 }
 
 fn print_json(v: &Value) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+    out(&format!("{}\n", serde_json::to_string_pretty(v).unwrap_or_default()));
+}
+
+/// Write a command's answer to stdout. A reader that went away
+/// (`tarn vol list | head`) ends the command quietly, as it ends other
+/// Unix tools, instead of the panic `print!` gives (the work is done by
+/// then; SIGPIPE stays ignored so a control socket's peer going away is
+/// an error, not a kill).
+fn out(s: &str) {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    if let Err(e) = o.write_all(s.as_bytes()).and_then(|()| o.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("tarn: error: writing the answer: {e}");
+        std::process::exit(2);
+    }
 }
 
 /// Run an admin request through a running server, or on the pool directly.
