@@ -44,6 +44,13 @@ start_serve "$POOL" --trace "$T/rand.trc"
 fio --name=r --ioengine=nbd --uri="$(uri disk0)" --rw=randwrite --bs=4k --iodepth=16 --size=64M \
   --io_size=16M --randseed=7 --output="$T/fio.out" >/dev/null 2>&1 || bad "fio random writes failed"
 stop_serve
+# A reader that stops early (the listing is far longer than a pipe holds).
+set +o pipefail
+"$TARN" trace print "$T/rand.trc" 2>"$T/pipe.err" | head -1 >/dev/null
+rc=${PIPESTATUS[0]}
+set -o pipefail
+if [ "$rc" = 0 ] && ! grep -q panicked "$T/pipe.err"; then ok "trace print | head ends quietly"
+else bad "trace print | head: exit $rc, $(head -2 "$T/pipe.err" | tr '\n' ' ')"; fi
 for p in linear contiguous; do
   tarn trace replay "$T/rand.trc" --placement "$p" --dir "$T" --json >"$T/$p.json" || bad "replay --placement $p failed"
 done
