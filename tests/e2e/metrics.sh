@@ -2,10 +2,11 @@
 # Prometheus metrics: `tarn serve --metrics ADDR` serves /metrics in the
 # text format; after a known qemu-io workload the export's counters equal
 # what was sent, promtool accepts the scrape, pool figures follow, a stalled
-# scraper holds up no I/O, and bad or busy addresses fail the start with
+# scraper holds up no I/O, a degraded mirror shows as such while fio
+# writes and scrapes answer promptly, and bad or busy addresses fail the start with
 # the address named.
 . "$(dirname "$0")/lib.sh"
-need qemu-io curl promtool nbdinfo
+need qemu-io curl promtool nbdinfo fio
 e2e_init metrics
 
 POOL=$T/pool.img
@@ -68,6 +69,36 @@ check "qemu-io writes while a scrape is stalled" timeout 10 qemu-io -f raw "$(ur
 exec 3>&-
 check "scrape after the stalled client" scrape
 expect_eq "the write while stalled counted" "$(metric 'tarn_export_requests_total{export="disk0",op="write"}')" 3
+stop_serve
+
+step "a degraded mirror, scraped while busy"
+A=$T/legA.img
+B=$T/legB.img
+check "tarn pool create A --mirror B" tarn pool create "$A" --mirror "$B" --size 128M
+make_vol "$A" v 32M
+truncate -s 0 "$B"
+MPORT=$(free_port)
+MURL=http://127.0.0.1:$MPORT/metrics
+start_serve "$A" --metrics "127.0.0.1:$MPORT"
+bg fio --name=busy --ioengine=nbd --uri="$(uri v)" --rw=randwrite --bs=4k --iodepth=8 --size=32M \
+  --rate_iops=2000 --time_based --runtime=4 --output="$T/fio.log"
+FIO_PID=$!
+slow=0
+for i in $(seq 1 8); do
+  # A scrape waits for no commit: each answers well under the timeout.
+  curl -sf -m 3 -o "$T/scrape.txt" "$MURL" || slow=$((slow + 1))
+  sleep 0.4
+done
+expect_eq "scrapes during random writes that failed or took over 3 s" "$slow" 0
+rc=0; wait "$FIO_PID" || rc=$?
+expect_eq "fio random writes during the scrapes (exit)" "$rc" 0
+wait_until 10 sh -c "curl -sf -m 5 -o '$T/scrape.txt' '$MURL' && grep -q '^tarn_pool_degraded 1$' '$T/scrape.txt'" \
+  && ok "the pool reported degraded" || bad "tarn_pool_degraded never 1: $(grep '^tarn_pool_degraded' "$T/scrape.txt")"
+expect_eq "leg 1 reported missing" "$(grep -c '^tarn_mirror_leg_state{device="0",leg="1",state="MISSING"} 1$' "$T/scrape.txt")" 1
+writes=$(metric 'tarn_export_requests_total{export="v",op="write"}')
+[ "${writes:-0}" -gt 0 ] && ok "writes to the degraded pool counted ($writes)" || bad "no writes counted on v: '$writes'"
+if promtool check metrics <"$T/scrape.txt" >"$T/promtool.log" 2>&1; then ok "promtool accepts the degraded pool's scrape"
+else bad "promtool check metrics: $(head -5 "$T/promtool.log" | tr '\n' ' ')"; fi
 stop_serve
 
 step "bad metrics addresses fail the start, naming the address"
