@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Prometheus metrics: `tarn serve --metrics ADDR` serves /metrics in the
 # text format; after a known qemu-io workload the export's counters equal
-# what was sent, promtool accepts the scrape, pool figures follow, a stalled
-# scraper holds up no I/O, a degraded mirror shows as such while fio
-# writes and scrapes answer promptly, and bad or busy addresses fail the start with
-# the address named.
+# what was sent, promtool accepts the scrape, pool figures and a scrub's
+# progress follow, a stalled scraper holds up no I/O, a degraded mirror
+# shows as such while fio writes and scrapes answer promptly, and bad or
+# busy addresses fail the start with the address named.
 . "$(dirname "$0")/lib.sh"
 need qemu-io curl promtool nbdinfo fio
 e2e_init metrics
@@ -60,6 +60,14 @@ for m in tarn_pool_free_bytes tarn_pool_reserved_bytes tarn_pool_overcommit_rati
   tarn_pool_checksum_errors_total tarn_pool_resync_pending_regions; do
   [ -n "$(metric "$m")" ] && ok "$m exported ($(metric "$m"))" || bad "$m missing"
 done
+
+step "scrub progress"
+check "tarn pool scrub through the server" tarn pool scrub -p "$POOL"
+check "scrape after the scrub" scrape
+expect_eq "no scrub running" "$(metric 'tarn_operations_running{op="scrub"}')" 0
+total=$(metric 'tarn_operation_total_blocks{op="scrub"}')
+[ "${total:-0}" -gt 0 ] && ok "scrub total reported ($total blocks)" || bad "no scrub total: '$total'"
+expect_eq "scrub done = total" "$(metric 'tarn_operation_done_blocks{op="scrub"}')" "$total"
 
 step "a stalled scraper holds up no I/O"
 # A client that connects and sends nothing occupies the (single) metrics

@@ -5,14 +5,15 @@
 //! read at scrape time, and the figures of `Pool::status()` from a copy a
 //! background thread refreshes, because `status()` waits for the commit
 //! lock, which a commit holds while it flushes the devices: a scrape never
-//! waits for a commit, and never holds anything I/O waits for.
+//! waits for a commit, and never holds anything I/O waits for. Long admin
+//! requests (scrub, resilver...) report their progress here too.
 
 use anyhow::{Context, Result};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
@@ -92,10 +93,43 @@ impl ExportMetrics {
     }
 }
 
+/// Progress of long admin requests (scrub, resilver...), by kind.
+type OpKind = [(&'static str, &'static str); 1];
+
+#[derive(Default)]
+struct Operations {
+    running: Family<OpKind, Gauge>,
+    done: Family<OpKind, Gauge>,
+    total: Family<OpKind, Gauge>,
+}
+
+/// One long admin request in progress; its end is counted on drop, so an
+/// error or a panic does not leave it running.
+pub struct Operation {
+    running: Gauge,
+    done: Gauge,
+    total: Gauge,
+}
+
+impl Operation {
+    /// (done, total) blocks, as the request reports them.
+    pub fn progress(&self, done: u64, total: u64) {
+        self.done.set(i64::try_from(done).unwrap_or(i64::MAX));
+        self.total.set(i64::try_from(total).unwrap_or(i64::MAX));
+    }
+}
+
+impl Drop for Operation {
+    fn drop(&mut self) {
+        self.running.dec();
+    }
+}
+
 /// The server's metrics: what exports count into and what `/metrics` encodes.
 pub struct Metrics {
     registry: Registry,
     exports: Arc<ExportFamilies>,
+    operations: Operations,
 }
 
 impl Metrics {
@@ -126,7 +160,25 @@ impl Metrics {
             prometheus_client::registry::Unit::Seconds,
             exports.latency.clone(),
         );
-        Metrics { registry, exports }
+        let operations = Operations::default();
+        registry.register("operations_running", "Long admin requests running, by kind", operations.running.clone());
+        registry.register("operation_done_blocks", "Blocks done by the last such request", operations.done.clone());
+        registry.register("operation_total_blocks", "Blocks the last such request had to do", operations.total.clone());
+        Metrics { registry, exports, operations }
+    }
+
+    /// Start tracking a long admin request of kind `op` (its progress
+    /// starts at 0 of 0).
+    pub fn operation(&self, op: &'static str) -> Operation {
+        let kind: OpKind = [("op", op)];
+        let o = Operation {
+            running: self.operations.running.get_or_create_owned(&kind),
+            done: self.operations.done.get_or_create_owned(&kind),
+            total: self.operations.total.get_or_create_owned(&kind),
+        };
+        o.running.inc();
+        o.progress(0, 0);
+        o
     }
 
     /// The series an export named `name` counts into.
@@ -406,6 +458,20 @@ mod tests {
         let bucket = r#"tarn_export_request_duration_seconds_bucket{export="disk0",op="write",le="0.0002"}"#;
         assert_eq!(value(&text, bucket), Some("1"), "100 us falls in the 200 us bucket, 2 ms does not");
         assert!(text.contains("# TYPE tarn_export_request_duration_seconds histogram\n"));
+    }
+
+    #[test]
+    fn an_operation_ends_when_dropped() {
+        let m = Metrics::exports_only();
+        let op = m.operation("scrub");
+        op.progress(3, 10);
+        let text = m.encode();
+        assert_eq!(value(&text, r#"tarn_operations_running{op="scrub"}"#), Some("1"));
+        assert_eq!(value(&text, r#"tarn_operation_done_blocks{op="scrub"}"#), Some("3"));
+        drop(op);
+        let text = m.encode();
+        assert_eq!(value(&text, r#"tarn_operations_running{op="scrub"}"#), Some("0"));
+        assert_eq!(value(&text, r#"tarn_operation_total_blocks{op="scrub"}"#), Some("10"), "the last figures stay");
     }
 
     #[test]

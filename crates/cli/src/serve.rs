@@ -63,7 +63,8 @@ pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>
     );
     let control_path = control_socket_path(&status.uuid);
     let clients = Arc::new(Clients::default());
-    control::listen(control_path.clone(), pool.clone(), clients.clone())?;
+    let metrics = start_metrics(metrics_listener, &pool)?;
+    control::listen(control_path.clone(), pool.clone(), clients.clone(), metrics.clone())?;
     let alias = control_alias_path(&args.pool);
     let _ = std::fs::remove_file(&alias);
     if let Err(e) = std::os::unix::fs::symlink(&control_path, &alias) {
@@ -77,7 +78,6 @@ pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>
         Some(path) => Some(Tracer::create(path).with_context(|| format!("create trace {}", path.display()))?),
         None => None,
     };
-    let metrics = start_metrics(metrics_listener, &pool)?;
     let server = Server::new(Arc::new(PoolBackend::new(pool.clone(), clients, tracer.clone(), metrics)), config);
     let addr = match &args.listen {
         Some(a) => Some(server.listen_tcp(a).with_context(|| format!("listen on {a}"))?),
