@@ -28,9 +28,9 @@ use tarn_format::trace::TraceCmd;
 /// How often the pool's status is refreshed for scrapes (Prometheus
 /// scrapes every 15 s by default: a few seconds old is fresh enough).
 const REFRESH_EVERY: Duration = Duration::from_secs(2);
-/// A scraper that sends nothing (or dribbles) is dropped after this long:
-/// requests are answered one at a time.
-const READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// A scraper that sends nothing (or dribbles) is dropped once its request
+/// head has taken this long: requests are answered one at a time.
+const READ_DEADLINE: Duration = if cfg!(test) { Duration::from_millis(300) } else { Duration::from_secs(5) };
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest request head read (the request line and headers).
 const MAX_REQUEST: u64 = 8192;
@@ -386,11 +386,29 @@ pub fn serve(listener: TcpListener, metrics: Arc<Metrics>) -> Result<SocketAddr>
     Ok(local)
 }
 
+/// Reads that all end by one deadline (a per-read timeout alone lets a
+/// client sending a byte at a time hold the thread for hours).
+struct DeadlineReader {
+    conn: TcpStream,
+    until: Instant,
+}
+
+impl Read for DeadlineReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "request head too slow"));
+        }
+        self.conn.set_read_timeout(Some(left))?;
+        self.conn.read(buf)
+    }
+}
+
 fn answer(conn: TcpStream, metrics: &Metrics) -> std::io::Result<()> {
-    conn.set_read_timeout(Some(READ_TIMEOUT))?;
     conn.set_write_timeout(Some(WRITE_TIMEOUT))?;
     let mut out = conn.try_clone()?;
-    let mut reader = BufReader::new(conn).take(MAX_REQUEST);
+    let deadline = DeadlineReader { conn, until: Instant::now() + READ_DEADLINE };
+    let mut reader = BufReader::new(deadline).take(MAX_REQUEST);
     let mut line = String::new();
     reader.read_line(&mut line)?;
     let target = request_target(&line);
@@ -491,6 +509,32 @@ mod tests {
         assert!(ok.contains("Content-Type: text/plain; version=0.0.4"), "{ok}");
         assert!(ok.contains(r#"tarn_export_requests_total{export="v",op="flush"} 1"#), "{ok}");
         assert!(get("/other").starts_with("HTTP/1.1 404"));
+    }
+
+    #[test]
+    fn a_dribbling_client_is_cut_at_the_deadline() {
+        let m = Arc::new(Metrics::exports_only());
+        let addr = serve(bind("127.0.0.1:0").expect("bind"), m).expect("serve");
+        let mut slow = TcpStream::connect(addr).expect("connect");
+        // A byte every 100 ms for 3 s: within any per-read timeout, never
+        // a whole line.
+        let dribbler = std::thread::spawn(move || {
+            for _ in 0..30 {
+                if slow.write_all(b"G").is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        let start = Instant::now();
+        let mut fast = TcpStream::connect(addr).expect("connect");
+        write!(fast, "GET /metrics HTTP/1.1\r\n\r\n").expect("send");
+        let mut reply = String::new();
+        fast.read_to_string(&mut reply).expect("reply");
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+        assert!(start.elapsed() < Duration::from_millis(1500), "waited {:?}", start.elapsed());
+        let _ = dribbler.join();
     }
 
     #[test]
