@@ -151,12 +151,16 @@ impl Metrics {
             latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
         });
         let mut registry = Registry::with_prefix("tarn");
-        registry.register("export_requests", "NBD requests answered, by export and command", exports.requests.clone());
+        registry.register(
+            "export_requests",
+            "Requests the export served, by command (NBD FLUSHes queued together are served by one flush)",
+            exports.requests.clone(),
+        );
         registry.register("export_bytes", "Bytes of successful requests, by export and command", exports.bytes.clone());
         registry.register("export_errors", "NBD requests answered with an error", exports.errors.clone());
         registry.register_with_unit(
             "export_request_duration",
-            "Time from a request's start in the engine to its answer",
+            "Time requests spent in the engine (waiting in the server's queues excluded)",
             prometheus_client::registry::Unit::Seconds,
             exports.latency.clone(),
         );
