@@ -14,7 +14,7 @@ declare -A NEED=(
   [nbdfuse]=nbdfuse [fusermount3]=fuse3 [fio]=fio
   [mkfs.ext4]=e2fsprogs [e2fsck]=e2fsprogs [nbdkit]=nbdkit
   [losetup]=util-linux [fstrim]=util-linux [pgrep]=procps
-  [jq]=jq [python3]=python3 [timeout]=coreutils [openssl]=openssl [stat]=coreutils
+  [jq]=jq [promtool]=prometheus [python3]=python3 [timeout]=coreutils [openssl]=openssl [stat]=coreutils
 )
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }

@@ -4,6 +4,7 @@
 
 use crate::admin::{execute, Ctx, Request};
 use crate::export::Clients;
+use crate::metrics::Metrics;
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -48,8 +49,9 @@ pub fn call(path: &Path, req: &Request, progress: &mut dyn FnMut(u64, u64)) -> R
     }
 }
 
-/// Serve admin requests on `path` until the process exits.
-pub fn listen(path: PathBuf, pool: Arc<Pool>, clients: Arc<Clients>) -> Result<()> {
+/// Serve admin requests on `path` until the process exits; long ones
+/// report their progress to `metrics` too.
+pub fn listen(path: PathBuf, pool: Arc<Pool>, clients: Arc<Clients>, metrics: Option<Arc<Metrics>>) -> Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     }
@@ -58,15 +60,28 @@ pub fn listen(path: PathBuf, pool: Arc<Pool>, clients: Arc<Clients>) -> Result<(
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
     std::thread::Builder::new().name("control".into()).spawn(move || {
         for conn in listener.incoming().flatten() {
-            let (pool, clients) = (pool.clone(), clients.clone());
-            let _ =
-                std::thread::Builder::new().name("control-conn".into()).spawn(move || answer(conn, &pool, &clients));
+            let (pool, clients, metrics) = (pool.clone(), clients.clone(), metrics.clone());
+            let _ = std::thread::Builder::new()
+                .name("control-conn".into())
+                .spawn(move || answer(conn, &pool, &clients, metrics.as_deref()));
         }
     })?;
     Ok(())
 }
 
-fn answer(conn: UnixStream, pool: &Pool, clients: &Clients) {
+/// The kind of a long request, as its progress is exported.
+fn long_request(req: &Request) -> Option<&'static str> {
+    Some(match req {
+        Request::Scrub { .. } => "scrub",
+        Request::PoolReplace { .. } => "resilver",
+        Request::VolFlatten { .. } => "flatten",
+        Request::Compact { .. } => "compact",
+        Request::Check => "check",
+        _ => return None,
+    })
+}
+
+fn answer(conn: UnixStream, pool: &Pool, clients: &Clients, metrics: Option<&Metrics>) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
     // A client that stops reading must not stall a flatten for long.
     let _ = conn.set_write_timeout(Some(Duration::from_secs(10)));
@@ -81,7 +96,13 @@ fn answer(conn: UnixStream, pool: &Pool, clients: &Clients) {
         Ok(req) => {
             log::info!("control request: {req:?}");
             let mut progress = ProgressLines { out: &mut out, last: None, broken: false };
-            let mut report = |done, total| progress.send(done, total);
+            let op = metrics.zip(long_request(&req)).map(|(m, kind)| m.operation(kind));
+            let mut report = |done, total| {
+                progress.send(done, total);
+                if let Some(op) = &op {
+                    op.progress(done, total);
+                }
+            };
             let mut ctx = Ctx { progress: &mut report, clients: Some(clients) };
             match execute(pool, &req, &mut ctx) {
                 Ok(data) => json!({ "ok": true, "data": data }),

@@ -2,9 +2,11 @@
 //! each snapshot a read-only export named `VOL@SNAP`. Engine errors become
 //! NBD errors here and only here.
 
+use crate::metrics::{ExportMetrics, Metrics};
 use crate::trace::recorder::Tracer;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 use tarn_engine::{EngineError, Pool, View};
 use tarn_format::trace::{trace_flags, TraceCmd};
 use tarn_nbd::{Backend, BlockStatusExtent, ContextExtent, Export, ExportDescription, ExportError};
@@ -18,11 +20,17 @@ pub struct PoolBackend {
     pool: Arc<Pool>,
     clients: Arc<Clients>,
     tracer: Option<Arc<Tracer>>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl PoolBackend {
-    pub fn new(pool: Arc<Pool>, clients: Arc<Clients>, tracer: Option<Arc<Tracer>>) -> Self {
-        PoolBackend { pool, clients, tracer }
+    pub fn new(
+        pool: Arc<Pool>,
+        clients: Arc<Clients>,
+        tracer: Option<Arc<Tracer>>,
+        metrics: Option<Arc<Metrics>>,
+    ) -> Self {
+        PoolBackend { pool, clients, tracer, metrics }
     }
 }
 
@@ -76,7 +84,8 @@ impl Backend for PoolBackend {
         self.clients.add((id, view), 1);
         let trace = self.tracer.as_ref().and_then(|t| Some((t.clone(), t.export_id(name)?)));
         let clients = self.clients.clone();
-        Some(Arc::new(VolumeExport { pool: self.pool.clone(), id, view, bitmaps, clients, trace }))
+        let metrics = self.metrics.as_ref().map(|m| m.export(name));
+        Some(Arc::new(VolumeExport { pool: self.pool.clone(), id, view, bitmaps, clients, trace, metrics }))
     }
 
     fn default_export(&self) -> Option<String> {
@@ -98,6 +107,8 @@ struct VolumeExport {
     clients: Arc<Clients>,
     /// The server's recorder and this export's id in it.
     trace: Option<(Arc<Tracer>, u32)>,
+    /// This export's series when the server serves metrics.
+    metrics: Option<ExportMetrics>,
 }
 
 impl Drop for VolumeExport {
@@ -127,11 +138,27 @@ fn nbd_error(e: EngineError) -> ExportError {
 }
 
 impl VolumeExport {
-    /// Record an answered request when the server traces.
-    fn trace(&self, cmd: TraceCmd, flags: u8, offset: u64, length: u64, r: &Result<(), ExportError>) {
+    /// When a request started, if metrics time it (no clock read otherwise).
+    fn started(&self) -> Option<Instant> {
+        self.metrics.as_ref().map(|_| Instant::now())
+    }
+
+    /// Record an answered request when the server traces or counts.
+    fn trace(
+        &self,
+        cmd: TraceCmd,
+        flags: u8,
+        offset: u64,
+        length: u64,
+        started: Option<Instant>,
+        r: &Result<(), ExportError>,
+    ) {
         if let Some((tracer, id)) = &self.trace {
             let flags = if r.is_err() { flags | trace_flags::FAILED } else { flags };
             tracer.request(*id, cmd, flags, offset, length);
+        }
+        if let (Some(m), Some(t)) = (&self.metrics, started) {
+            m.record(cmd, length, t.elapsed(), r.is_err());
         }
     }
 
@@ -156,24 +183,28 @@ impl Export for VolumeExport {
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
+        let t = self.started();
         let r = self.pool.read_view(self.id, self.view, offset, buf).map_err(nbd_error);
-        self.trace(TraceCmd::Read, 0, offset, buf.len() as u64, &r);
+        self.trace(TraceCmd::Read, 0, offset, buf.len() as u64, t, &r);
         r
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
+        let t = self.started();
         let r = self.writable().and_then(|()| self.pool.write(self.id, offset, data, fua).map_err(nbd_error));
-        self.trace(TraceCmd::Write, if fua { trace_flags::FUA } else { 0 }, offset, data.len() as u64, &r);
+        self.trace(TraceCmd::Write, if fua { trace_flags::FUA } else { 0 }, offset, data.len() as u64, t, &r);
         r
     }
 
     fn flush(&self) -> Result<(), ExportError> {
+        let t = self.started();
         let r = self.pool.flush().map_err(nbd_error);
-        self.trace(TraceCmd::Flush, 0, 0, 0, &r);
+        self.trace(TraceCmd::Flush, 0, 0, 0, t, &r);
         r
     }
 
     fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), ExportError> {
+        let t = self.started();
         let r = self.writable().and_then(|()| {
             self.pool.trim(self.id, offset, length).map_err(nbd_error)?;
             if fua {
@@ -181,11 +212,12 @@ impl Export for VolumeExport {
             }
             Ok(())
         });
-        self.trace(TraceCmd::Trim, if fua { trace_flags::FUA } else { 0 }, offset, length, &r);
+        self.trace(TraceCmd::Trim, if fua { trace_flags::FUA } else { 0 }, offset, length, t, &r);
         r
     }
 
     fn write_zeroes(&self, offset: u64, length: u64, no_hole: bool, fast: bool, fua: bool) -> Result<(), ExportError> {
+        let t = self.started();
         let r = self.writable().and_then(|()| {
             self.pool.write_zeroes(self.id, offset, length, no_hole, fast).map_err(nbd_error)?;
             if fua {
@@ -194,7 +226,7 @@ impl Export for VolumeExport {
             Ok(())
         });
         let flags = if fua { trace_flags::FUA } else { 0 } | if no_hole { trace_flags::NO_HOLE } else { 0 };
-        self.trace(TraceCmd::WriteZeroes, flags, offset, length, &r);
+        self.trace(TraceCmd::WriteZeroes, flags, offset, length, t, &r);
         r
     }
 

@@ -3,6 +3,7 @@
 mod admin;
 mod control;
 mod export;
+mod metrics;
 mod mirror;
 mod poolfile;
 mod progress;
@@ -382,6 +383,11 @@ struct ServeCmd {
     /// length, flags) to this file; read it with `tarn trace print`.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (per export
+    /// requests, bytes, errors, latency; pool space, commits, cache,
+    /// devices), e.g. 127.0.0.1:9310.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
     #[command(flatten)]
     tls: tls::TlsArgs,
 }
@@ -699,6 +705,7 @@ fn serve_cmd(s: ServeCmd) -> Result<i32> {
         tls: s.tls.config()?,
         socket_mode: s.tls.socket_mode,
         trace: s.trace,
+        metrics: s.metrics,
     };
     if args.listen.is_none() && args.socket.is_none() {
         bail!("--no-tcp needs --socket");
@@ -738,6 +745,7 @@ fn run_cmd(r: RunCmd) -> Result<i32> {
         tls: None,
         socket_mode: 0o600,
         trace: None,
+        metrics: None,
     };
     let volume = r.volume;
     serve::serve(args, move |addr| {

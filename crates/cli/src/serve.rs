@@ -5,11 +5,13 @@
 
 use crate::control;
 use crate::export::{Clients, PoolBackend};
+use crate::metrics::{self, Metrics};
 use crate::poolfile::{control_alias_path, control_socket_path, open_pool};
 use crate::trace::recorder::Tracer;
 use anyhow::{Context, Result};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
+use std::net::TcpListener;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +37,8 @@ pub struct ServeArgs {
     pub socket_mode: u32,
     /// Record every request answered to this file (`tarn trace`).
     pub trace: Option<PathBuf>,
+    /// Serve Prometheus metrics at `http://ADDR/metrics`.
+    pub metrics: Option<String>,
 }
 
 pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>)) -> Result<()> {
@@ -44,6 +48,7 @@ pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>
         placement: args.placement,
         ..Default::default()
     };
+    let metrics_listener = args.metrics.as_deref().map(metrics::bind).transpose()?;
     let opened = open_pool(&args.pool, &args.members, options)?;
     let status = opened.pool.status();
     let pool = Arc::new(opened.pool);
@@ -58,7 +63,8 @@ pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>
     );
     let control_path = control_socket_path(&status.uuid);
     let clients = Arc::new(Clients::default());
-    control::listen(control_path.clone(), pool.clone(), clients.clone())?;
+    let metrics = start_metrics(metrics_listener, &pool)?;
+    control::listen(control_path.clone(), pool.clone(), clients.clone(), metrics.clone())?;
     let alias = control_alias_path(&args.pool);
     let _ = std::fs::remove_file(&alias);
     if let Err(e) = std::os::unix::fs::symlink(&control_path, &alias) {
@@ -72,7 +78,7 @@ pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>
         Some(path) => Some(Tracer::create(path).with_context(|| format!("create trace {}", path.display()))?),
         None => None,
     };
-    let server = Server::new(Arc::new(PoolBackend::new(pool.clone(), clients, tracer.clone())), config);
+    let server = Server::new(Arc::new(PoolBackend::new(pool.clone(), clients, tracer.clone(), metrics)), config);
     let addr = match &args.listen {
         Some(a) => Some(server.listen_tcp(a).with_context(|| format!("listen on {a}"))?),
         None => None,
@@ -102,4 +108,13 @@ pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>
     pool.close().context("final commit")?;
     eprintln!("tarn: pool committed and closed");
     Ok(())
+}
+
+/// Metrics served on `listener` when `--metrics` asked for them.
+fn start_metrics(listener: Option<TcpListener>, pool: &Arc<tarn_engine::Pool>) -> Result<Option<Arc<Metrics>>> {
+    let Some(listener) = listener else { return Ok(None) };
+    let m = Arc::new(Metrics::new(pool.clone())?);
+    let local = metrics::serve(listener, m.clone())?;
+    eprintln!("tarn: metrics on http://{local}/metrics");
+    Ok(Some(m))
 }
