@@ -190,13 +190,19 @@ impl<S: Read + Write> Client<S> {
 
     /// Structured chunks of `handle` up to the one flagged DONE (at most 1000).
     pub fn chunks(&mut self, handle: u64) -> Vec<Chunk> {
+        self.until_done(handle, Self::chunk, |c| (c.handle, c.flags))
+    }
+
+    /// Chunks read by `next` until the one flagged DONE (at most 1000),
+    /// each checked to answer `handle` (`head` gives its handle and flags).
+    fn until_done<C>(&mut self, handle: u64, next: fn(&mut Self) -> C, head: fn(&C) -> (u64, u16)) -> Vec<C> {
         let mut v = Vec::new();
         for _ in 0..1000 {
-            let c = self.chunk();
-            assert_eq!(c.handle, handle);
-            let done = c.flags & NBD_REPLY_FLAG_DONE != 0;
+            let c = next(self);
+            let (h, flags) = head(&c);
+            assert_eq!(h, handle);
             v.push(c);
-            if done {
+            if flags & NBD_REPLY_FLAG_DONE != 0 {
                 return v;
             }
         }
@@ -331,17 +337,7 @@ impl<S: Read + Write> Client<S> {
 
     /// Extended chunks of `handle` up to the one flagged DONE (at most 1000).
     pub fn ext_chunks(&mut self, handle: u64) -> Vec<ExtChunk> {
-        let mut v = Vec::new();
-        for _ in 0..1000 {
-            let c = self.ext_chunk();
-            assert_eq!(c.handle, handle);
-            let done = c.flags & NBD_REPLY_FLAG_DONE != 0;
-            v.push(c);
-            if done {
-                return v;
-            }
-        }
-        panic!("no chunk flagged DONE among 1000");
+        self.until_done(handle, Self::ext_chunk, |c| (c.handle, c.flags))
     }
 
     pub fn disc(&mut self) {
