@@ -21,35 +21,9 @@ start_serve "$POOL"
 FUSE=$T/fuse
 MNT=$T/mnt
 mkdir -p "$FUSE" "$MNT"
-LOOP=
-FUSE_PID=
-
-attach() {
-  nbdfuse "$FUSE/disk" "$(uri $VOL)" >>"$T/nbdfuse.log" 2>&1 &
-  FUSE_PID=$!
-  E2E_PIDS+=("$FUSE_PID"); E2E_FUSE+=("$FUSE")
-  wait_until 20 test -s "$FUSE/disk" || die "nbdfuse did not expose $FUSE/disk within 20s"
-  local sz; sz=$(stat -c %s "$FUSE/disk")
-  expect_eq "nbdfuse file size" "$sz" $((1 << 30))
-  LOOP=$(losetup -f --show "$FUSE/disk") || die "losetup of the nbdfuse file failed"
-  E2E_LOOPS+=("$LOOP")
-  say "  attached: nbdfuse pid $FUSE_PID, $FUSE/disk -> $LOOP"
-}
-detach() {
-  sync
-  if mountpoint -q "$MNT"; then check "umount" umount "$MNT"; fi
-  [ -n "$LOOP" ] && { blockdev --flushbufs "$LOOP" 2>/dev/null || true; check "losetup -d $LOOP" losetup -d "$LOOP"; LOOP=; }
-  if mountpoint -q "$FUSE"; then check "fusermount3 -u" fusermount3 -u "$FUSE"; fi
-  if [ -n "$FUSE_PID" ]; then
-    local i; for i in $(seq 1 100); do kill -0 "$FUSE_PID" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$FUSE_PID" 2>/dev/null && { bad "nbdfuse still running 10s after unmount"; kill "$FUSE_PID"; }
-    wait "$FUSE_PID" 2>/dev/null || true
-    FUSE_PID=
-  fi
-}
 
 step "nbdfuse + loop + mkfs.ext4 + mount"
-attach
+fuse_attach $VOL $((1 << 30))
 vol_get "$POOL" $VOL allocated; A_FRESH=$VAL
 check "mkfs.ext4" mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 -L tarn "$LOOP"
 check "mount ext4" mount -t ext4 "$LOOP" "$MNT"
@@ -84,14 +58,14 @@ USED_FULL=$(du -s -B1 "$MNT" | cut -f1)
 vol_get "$POOL" $VOL allocated; A_FULL=$VAL
 
 step "unmount, e2fsck -fn, full teardown, restart tarn, remount, verify"
-detach
-attach
+fuse_detach
+fuse_attach $VOL $((1 << 30))
 check "e2fsck -fn clean" e2fsck -fn "$LOOP"
-detach
+fuse_detach
 stop_serve
 pool_check "$POOL" "after ext4 writes + SIGTERM"
 start_serve "$POOL"
-attach
+fuse_attach $VOL $((1 << 30))
 check "remount ext4" mount -t ext4 "$LOOP" "$MNT"
 check "sha256sum -c of all files after restart" bash -c "cd '$MNT' && sha256sum --quiet -c '$T/sums'"
 
@@ -103,7 +77,7 @@ trim_out=$(fstrim -v "$MNT" 2>&1) && ok "fstrim -v: $trim_out" || bad "fstrim -v
 sync
 (cd "$MNT" && find . -type f -print0 | sort -z | xargs -0 sha256sum) >"$T/sums2"
 check "remaining files intact after fstrim" bash -c "cd '$MNT' && sha256sum --quiet -c '$T/sums2'"
-detach
+fuse_detach
 vol_get "$POOL" $VOL allocated; A_TRIM=$VAL
 say "  allocated bytes:"
 say "    fresh volume            $(mib "$A_FRESH")"
@@ -119,9 +93,9 @@ expect_between "allocation after fstrim ~= fs metadata + remaining data" "$A_TRI
   $((A_EMPTY + REMAIN + (A_EMPTY + REMAIN) * 3 / 100 + 4 * M))
 
 step "e2fsck after trim, server shutdown"
-attach
+fuse_attach $VOL $((1 << 30))
 check "e2fsck -fn clean after fstrim" e2fsck -fn "$LOOP"
-detach
+fuse_detach
 stop_serve
 pool_check "$POOL" "after fstrim + SIGTERM"
 e2e_finish

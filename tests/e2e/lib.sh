@@ -320,3 +320,33 @@ pool_check() {
     printf '%s\n' "$out" | tail -n 20 | sed 's/^/       | /'
   fi
 }
+
+# The kernel as an NBD client without the nbd module: nbdfuse exposes
+# export VOL as the file $FUSE/disk, losetup makes it the block device
+# $LOOP. The caller sets FUSE and MNT (directories); fuse_detach unmounts
+# $MNT if mounted and tears everything down.
+LOOP=
+FUSE_PID=
+fuse_attach() { # VOL SIZE_BYTES
+  nbdfuse "$FUSE/disk" "$(uri "$1")" >>"$T/nbdfuse.log" 2>&1 &
+  FUSE_PID=$!
+  E2E_PIDS+=("$FUSE_PID"); E2E_FUSE+=("$FUSE")
+  wait_until 20 test -s "$FUSE/disk" || die "nbdfuse did not expose $FUSE/disk within 20s"
+  local sz; sz=$(stat -c %s "$FUSE/disk")
+  expect_eq "nbdfuse file size" "$sz" "$2"
+  LOOP=$(losetup -f --show "$FUSE/disk") || die "losetup of the nbdfuse file failed"
+  E2E_LOOPS+=("$LOOP")
+  say "  attached: nbdfuse pid $FUSE_PID, $FUSE/disk -> $LOOP"
+}
+fuse_detach() {
+  sync
+  if mountpoint -q "$MNT"; then check "umount" umount "$MNT"; fi
+  [ -n "$LOOP" ] && { blockdev --flushbufs "$LOOP" 2>/dev/null || true; check "losetup -d $LOOP" losetup -d "$LOOP"; LOOP=; }
+  if mountpoint -q "$FUSE"; then check "fusermount3 -u" fusermount3 -u "$FUSE"; fi
+  if [ -n "$FUSE_PID" ]; then
+    local i; for i in $(seq 1 100); do kill -0 "$FUSE_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$FUSE_PID" 2>/dev/null && { bad "nbdfuse still running 10s after unmount"; kill "$FUSE_PID"; }
+    wait "$FUSE_PID" 2>/dev/null || true
+    FUSE_PID=
+  fi
+}

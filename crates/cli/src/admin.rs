@@ -46,6 +46,13 @@ pub enum Request {
         snapshot: String,
         clone: String,
     },
+    /// Free what the volume's ext file system freed without discarding
+    /// it; streams progress lines (4 KiB blocks of the file system scanned).
+    VolReclaim {
+        name: String,
+        #[serde(default)]
+        dry_run: bool,
+    },
     /// Streams `{"progress":[done,total]}` lines before its answer.
     VolFlatten {
         name: String,
@@ -137,6 +144,7 @@ pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, Strin
             pool.create_clone(volume, snapshot, clone).map(|v| volume_json(&v))
         }
         Request::VolFlatten { name } => vol_flatten(pool, name, ctx),
+        Request::VolReclaim { name, dry_run } => return crate::reclaim::reclaim(pool, name, *dry_run, ctx.progress),
         Request::SnapCreate { volume, name } => pool.create_snapshot(volume, name).map(|s| snapshot_json(&s)),
         Request::SnapList { volume } => {
             pool.list_snapshots(volume.as_deref()).map(|l| Value::Array(l.iter().map(snapshot_json).collect()))

@@ -7,6 +7,7 @@ mod metrics;
 mod mirror;
 mod poolfile;
 mod progress;
+mod reclaim;
 mod serve;
 mod size;
 mod snapshots;
@@ -232,6 +233,19 @@ enum VolCmd {
         placement: String,
         #[command(flatten)]
         pool: PoolArg,
+    },
+    /// Give back the space of blocks the volume's ext2/3/4 file system
+    /// freed but never discarded (read from a snapshot; blocks written
+    /// since are kept). The file system must be unmounted or frozen.
+    Reclaim {
+        name: String,
+        /// Only count what would be reclaimed.
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        pool: PoolArg,
+        #[arg(long)]
+        json: bool,
     },
     /// List volumes with their allocated bytes.
     List {
@@ -511,6 +525,13 @@ fn dispatch(cmd: Command) -> Result<i32> {
         Command::Vol(VolCmd::Map { name, pool, json }) => {
             let v = admin(&pool, &Request::VolMap { name })?;
             print(json, &v, text::runs);
+            Ok(0)
+        }
+        Command::Vol(VolCmd::Reclaim { name, dry_run, pool, json }) => {
+            let mut bar = progress::Progress::new(&format!("reclaim {name}"));
+            let v = admin_progress(&pool, &Request::VolReclaim { name, dry_run }, &mut |d, t| bar.update(d, t));
+            bar.finish();
+            print(json, &v?, text::reclaim);
             Ok(0)
         }
         Command::Vol(VolCmd::List { pool, json }) => {

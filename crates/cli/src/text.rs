@@ -391,6 +391,28 @@ pub fn runs(v: &Value) -> String {
     s
 }
 
+/// `tarn vol reclaim`: what the file system uses and what came back.
+pub fn reclaim(v: &Value) -> String {
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    let verb = if v["dry_run"].as_bool() == Some(true) { "would reclaim" } else { "reclaimed" };
+    let mut s = format!(
+        "{}: {} of {} used by the file system ({}, {}-byte blocks)\n",
+        v["volume"].as_str().unwrap_or("?"),
+        human(n("fs_used_bytes")),
+        human(n("fs_bytes")),
+        v["file_system"].as_str().unwrap_or("?"),
+        n("block_size"),
+    );
+    let _ = writeln!(
+        s,
+        "{verb} {}; kept {} written since the scan began",
+        human(n("reclaimed_bytes")),
+        human(n("kept_changed_bytes"))
+    );
+    let _ = writeln!(s, "allocated: {} before, {} after", human(n("allocated_before")), human(n("allocated_after")));
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
