@@ -166,7 +166,10 @@ impl Superblock {
         if self.inode_size < 128 || !self.inode_size.is_power_of_two() || u32::from(self.inode_size) > self.block_size {
             return Err(corrupt(format!("inode size {}", self.inode_size)));
         }
-        if self.desc_size < 32 || !self.desc_size.is_power_of_two() || u32::from(self.desc_size) > self.block_size {
+        // With 64bit the descriptor's high halves live at 0x20..0x40.
+        let min_desc = if self.has(incompat::BIT64) { 64 } else { 32 };
+        if self.desc_size < min_desc || !self.desc_size.is_power_of_two() || u32::from(self.desc_size) > self.block_size
+        {
             return Err(corrupt(format!("group descriptor size {}", self.desc_size)));
         }
         if self.blocks_count <= self.first_data_block {
@@ -329,6 +332,11 @@ pub(crate) mod tests {
         assert!(matches!(Superblock::decode(&raw), Err(ExtError::Corrupt(_))));
         let mut raw = raw_superblock(100_000);
         raw[0x20..0x24].copy_from_slice(&0u32.to_le_bytes());
+        assert!(matches!(Superblock::decode(&raw), Err(ExtError::Corrupt(_))));
+        // Found by fuzzing: 64bit with 32-byte descriptors (high halves past the end).
+        let mut raw = raw_superblock(100_000);
+        raw[0x60..0x64].copy_from_slice(&incompat::BIT64.to_le_bytes());
+        raw[0xFE..0x100].copy_from_slice(&32u16.to_le_bytes());
         assert!(matches!(Superblock::decode(&raw), Err(ExtError::Corrupt(_))));
         let mut raw = raw_superblock(100_000);
         raw[0x60..0x64].copy_from_slice(&incompat::RECOVER.to_le_bytes());
