@@ -1,11 +1,11 @@
-//! The ext2/3/4 parsers and the free-space walk on an arbitrary image
+//! The ext2/3/4 parsers, the free-space walk and the metadata walk on an arbitrary image
 //! (the first byte is flags; bit 0 writes the ext magic at byte 1080 so the
 //! fields behind it are reached). What the walk reports must be sane:
 //! ranges in order, disjoint, block-aligned, inside the file system.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tarn_extfs::{free_byte_ranges, Groups, SliceSource, Superblock};
+use tarn_extfs::{classify, free_byte_ranges, Groups, SliceSource, Superblock};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&flags, rest)) = data.split_first() else {
@@ -34,5 +34,12 @@ fuzz_target!(|data: &[u8]| {
     });
     if let Ok(summary) = walked {
         assert!(summary.free_blocks <= summary.fs_blocks);
+    }
+    // The metadata walk: runs inside the file system, sorted.
+    if let Ok(map) = classify(&mut src, &groups) {
+        assert!(map.runs.windows(2).all(|w| w[0] <= w[1]), "runs not sorted");
+        for &(at, len, _) in &map.runs {
+            assert!(len > 0 && at + len <= sb.blocks_count, "run {at}+{len} outside {} blocks", sb.blocks_count);
+        }
     }
 });

@@ -102,6 +102,23 @@ impl Groups {
     }
 }
 
+impl Groups {
+    /// The runs of [`Groups::static_metadata_in`] that are backup copies
+    /// of the superblock and descriptors (never the primary, in group 0
+    /// or, with meta_bg, the first group of each meta group).
+    pub fn backup_copies_in(&self, g: u64) -> Vec<(u64, u64)> {
+        let sb = &self.sb;
+        let mut runs = Vec::new();
+        if g > 0 && sb.has_super(g) {
+            runs.push((sb.group_first_block(g), 1 + classic_gdt_blocks(sb, g)));
+        }
+        if let Some(block) = meta_bg_desc_copy(sb, g).filter(|_| g % sb.descs_per_block() != 0) {
+            runs.push((block, 1));
+        }
+        runs
+    }
+}
+
 /// Descriptor table blocks (plus reserved growth blocks) that follow the
 /// superblock copy of group `g`, outside meta_bg's part of the table.
 fn classic_gdt_blocks(sb: &Superblock, g: u64) -> u64 {

@@ -8,12 +8,15 @@
 //! answer must never cost data: callers use what this crate says only to
 //! free blocks the file system itself marks free in a consistent snapshot.
 
+pub mod classify;
 pub mod error;
 pub mod free;
 pub mod groups;
+pub mod inode;
 pub mod source;
 pub mod superblock;
 
+pub use classify::{classify, MetaKind, MetadataMap};
 pub use error::ExtError;
 pub use free::{free_byte_ranges, FreeSummary};
 pub use groups::{GroupDesc, Groups};

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use tarn_extfs::{free_byte_ranges, ExtError, Groups, SliceSource, Superblock};
+use tarn_extfs::{classify, free_byte_ranges, ExtError, Groups, MetaKind, SliceSource, Superblock};
 
 fn tool_missing(name: &str) -> bool {
     Command::new(name).arg("-V").output().is_err()
@@ -19,6 +19,23 @@ fn make_image(dir: &Path, name: &str, mib: u64, args: &[&str]) -> PathBuf {
         let body: Vec<u8> = (0..(i * 5000)).map(|b| (b % 251) as u8).collect();
         std::fs::write(tree.join("sub").join(format!("f{i}")), body).unwrap();
     }
+    // Many directories, one big enough for several blocks.
+    for d in 0..30 {
+        let sub = tree.join(format!("d{d}"));
+        std::fs::create_dir_all(&sub).unwrap();
+        std::fs::write(sub.join("x"), [d as u8; 100]).unwrap();
+    }
+    for i in 0..300 {
+        std::fs::write(tree.join("sub").join(format!("a-rather-long-file-name-{i:05}")), b"x").unwrap();
+    }
+    // A file of many small pieces: an extent tree deeper than the inode
+    // (ext4), double indirect blocks (ext2/3 with 1 KiB blocks).
+    let frag = std::fs::File::create(tree.join("frag")).unwrap();
+    for i in 0..600u64 {
+        std::os::unix::fs::FileExt::write_at(&frag, &[0xa5; 4096], i * 16384).unwrap();
+    }
+    std::os::unix::fs::symlink("t".repeat(100), tree.join("longlink")).unwrap();
+    std::os::unix::fs::symlink("short", tree.join("shortlink")).unwrap();
     let img = dir.join(format!("{name}.img"));
     let file = std::fs::File::create(&img).unwrap();
     file.set_len(mib << 20).unwrap();
@@ -144,4 +161,58 @@ fn a_bitmap_that_disagrees_with_its_descriptor_is_refused() {
     let err = free_byte_ranges(&mut src, &groups, &mut |_, _| Ok(())).unwrap_err();
     assert!(err.to_string().contains("run e2fsck"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Blocks (of `bs` bytes) of `img` that are not all zeros, among `blocks`.
+fn nonzero(bytes: &[u8], bs: usize, blocks: impl Iterator<Item = u64>) -> std::collections::BTreeSet<u64> {
+    blocks.filter(|&b| bytes[b as usize * bs..(b as usize + 1) * bs].iter().any(|&x| x != 0)).collect()
+}
+
+/// The classifier's metadata against e2image's (e2fsprogs' own idea of
+/// metadata: `e2image -r` copies exactly those blocks, zero ones as holes).
+fn check_classifier(name: &str, mib: u64, args: &[&str]) {
+    let dir = tempdir(name);
+    let img = make_image(&dir, name, mib, args);
+    let meta = dir.join("meta.img");
+    let out = Command::new("e2image").arg("-r").arg(&img).arg(&meta).output().unwrap();
+    assert!(out.status.success(), "e2image: {}", String::from_utf8_lossy(&out.stderr));
+    let bytes = std::fs::read(&img).unwrap();
+    let theirs_raw = std::fs::read(&meta).unwrap();
+    let mut src = SliceSource(&bytes);
+    let sb = Superblock::read(&mut src).unwrap();
+    let groups = Groups::read(&mut src, &sb).unwrap();
+    let map = classify(&mut src, &groups).unwrap();
+    let bs = sb.block_size as usize;
+    // e2image copies no backup superblock or descriptors: neither does fsck read them.
+    let primary = map.runs.iter().filter(|r| r.2 != MetaKind::Backup);
+    let ours = nonzero(&bytes, bs, primary.flat_map(|&(at, len, _)| at..at + len));
+    let theirs = nonzero(&theirs_raw, bs, 0..(theirs_raw.len() / bs) as u64);
+    let both = ours.intersection(&theirs).count() as f64;
+    let (precision, recall) = (both / ours.len() as f64, both / theirs.len() as f64);
+    let kinds: Vec<String> = MetaKind::ALL.iter().map(|k| format!("{} {}", k.name(), map.blocks_of(*k))).collect();
+    println!(
+        "{name}: {} inodes, metadata blocks: {}; nonzero: ours {}, e2image {}; precision {precision:.4}, recall {recall:.4}, skipped {}",
+        map.inodes,
+        kinds.join(", "),
+        ours.len(),
+        theirs.len(),
+        map.skipped
+    );
+    let missed: Vec<_> = theirs.difference(&ours).take(10).collect();
+    let extra: Vec<_> = ours.difference(&theirs).take(10).collect();
+    assert!(precision >= 0.99 && recall >= 0.99, "{name}: missed {missed:?}, extra {extra:?}");
+    assert_eq!(map.skipped, 0, "{name}: a clean file system has nothing to skip");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn classifier_matches_e2image_ext4() {
+    check_classifier("c-ext4", 256, &["-t", "ext4"]);
+    check_classifier("c-ext4-1k", 64, &["-t", "ext4", "-b", "1024"]);
+}
+
+#[test]
+fn classifier_matches_e2image_ext3_and_ext2() {
+    check_classifier("c-ext3", 128, &["-t", "ext3", "-b", "1024"]);
+    check_classifier("c-ext2", 64, &["-t", "ext2", "-b", "4096"]);
 }
