@@ -112,7 +112,7 @@ impl Groups {
         if g > 0 && sb.has_super(g) {
             runs.push((sb.group_first_block(g), 1 + classic_gdt_blocks(sb, g)));
         }
-        if let Some(block) = meta_bg_desc_copy(sb, g).filter(|_| g % sb.descs_per_block() != 0) {
+        if let Some(block) = meta_bg_desc_copy(sb, g).filter(|_| !g.is_multiple_of(sb.descs_per_block())) {
             runs.push((block, 1));
         }
         runs
