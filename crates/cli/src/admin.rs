@@ -53,6 +53,21 @@ pub enum Request {
         #[serde(default)]
         dry_run: bool,
     },
+    /// The metadata of the volume's ext file system, per kind.
+    VolClassify {
+        name: String,
+        /// Also list every run (offset, length, kind).
+        #[serde(default)]
+        runs: bool,
+    },
+    /// Move metadata (byte ranges, or inferred when empty) to `target`:
+    /// "cluster", "natural" (unhint) or a device (index or path).
+    VolHint {
+        name: String,
+        #[serde(default)]
+        ranges: Vec<(u64, u64)>,
+        target: String,
+    },
     /// Streams `{"progress":[done,total]}` lines before its answer.
     VolFlatten {
         name: String,
@@ -144,6 +159,10 @@ pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, Strin
             pool.create_clone(volume, snapshot, clone).map(|v| volume_json(&v))
         }
         Request::VolFlatten { name } => vol_flatten(pool, name, ctx),
+        Request::VolClassify { name, runs } => return crate::hint::classify_volume(pool, name, *runs),
+        Request::VolHint { name, ranges, target } => {
+            return crate::hint::move_metadata(pool, name, ranges, target, ctx.progress)
+        }
         Request::VolReclaim { name, dry_run } => return crate::reclaim::reclaim(pool, name, *dry_run, ctx.progress),
         Request::SnapCreate { volume, name } => pool.create_snapshot(volume, name).map(|s| snapshot_json(&s)),
         Request::SnapList { volume } => {

@@ -6,6 +6,8 @@ mod export;
 mod metrics;
 mod mirror;
 mod poolfile;
+mod guestfs;
+mod hint;
 mod progress;
 mod reclaim;
 mod serve;
@@ -247,6 +249,46 @@ enum VolCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Find the metadata of the volume's ext2/3/4 file system (from a
+    /// snapshot): bytes per kind.
+    Classify {
+        name: String,
+        /// List every run (with --json: offset, length, kind in bytes).
+        #[arg(long)]
+        runs: bool,
+        #[command(flatten)]
+        pool: PoolArg,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Move file-system metadata together: the given byte ranges, or what
+    /// `vol classify` finds. To one clustered run of the roomiest device,
+    /// or onto a device set aside for metadata (blocks a snapshot shares
+    /// stay where they are).
+    Hint {
+        name: String,
+        /// OFFSET:LENGTH in bytes (suffixes K, M, G); repeatable.
+        #[arg(long = "metadata", value_parser = parse_byte_range)]
+        ranges: Vec<(u64, u64)>,
+        /// A pool device (index or path) for metadata only: faster storage.
+        #[arg(long)]
+        metadata_device: Option<String>,
+        #[command(flatten)]
+        pool: PoolArg,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Move hinted metadata (the ranges given, or what `vol classify`
+    /// finds) back where the volume's placement puts data: no lock-in.
+    Unhint {
+        name: String,
+        #[arg(long = "metadata", value_parser = parse_byte_range)]
+        ranges: Vec<(u64, u64)>,
+        #[command(flatten)]
+        pool: PoolArg,
+        #[arg(long)]
+        json: bool,
+    },
     /// List volumes with their allocated bytes.
     List {
         #[command(flatten)]
@@ -397,6 +439,10 @@ struct ServeCmd {
     /// length, flags) to this file; read it with `tarn trace print`.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+    /// A pool device (index or path) kept for file-system metadata moved
+    /// there by `tarn vol hint --metadata-device`: new data avoids it.
+    #[arg(long, value_name = "DEVICE")]
+    metadata_device: Option<String>,
     /// Serve Prometheus metrics at http://ADDR/metrics (per export
     /// requests, bytes, errors, latency; pool space, commits, cache,
     /// devices), e.g. 127.0.0.1:9310.
@@ -534,6 +580,17 @@ fn dispatch(cmd: Command) -> Result<i32> {
             print(json, &v?, text::reclaim);
             Ok(0)
         }
+        Command::Vol(VolCmd::Classify { name, runs, pool, json }) => {
+            print(json, &admin(&pool, &Request::VolClassify { name, runs })?, text::classified);
+            Ok(0)
+        }
+        Command::Vol(VolCmd::Hint { name, ranges, metadata_device, pool, json }) => {
+            let target = metadata_device.unwrap_or_else(|| "cluster".into());
+            vol_hint(&pool, Request::VolHint { name, ranges, target }, json)
+        }
+        Command::Vol(VolCmd::Unhint { name, ranges, pool, json }) => {
+            vol_hint(&pool, Request::VolHint { name, ranges, target: "natural".into() }, json)
+        }
         Command::Vol(VolCmd::List { pool, json }) => {
             let v = admin(&pool, &Request::VolList)?;
             print(json, &v, text::volumes);
@@ -634,6 +691,24 @@ fn admin(p: &PoolArg, req: &Request) -> Result<Value> {
 }
 
 /// `admin` for a long request: `progress(done, total)` as it goes.
+fn vol_hint(pool: &PoolArg, req: Request, json: bool) -> Result<i32> {
+    let mut bar = progress::Progress::new("move metadata");
+    let v = admin_progress(pool, &req, &mut |d, t| bar.update(d, t));
+    bar.finish();
+    print(json, &v?, text::hinted);
+    Ok(0)
+}
+
+/// `OFFSET:LENGTH` in bytes, each with an optional K/M/G suffix.
+fn parse_byte_range(s: &str) -> Result<(u64, u64), String> {
+    let (off, len) = s.split_once(':').ok_or_else(|| format!("{s}: want OFFSET:LENGTH"))?;
+    let (off, len) = (size::parse_size(off)?, size::parse_size(len)?);
+    if len == 0 {
+        return Err(format!("{s}: empty range"));
+    }
+    Ok((off, len))
+}
+
 fn admin_progress(p: &PoolArg, req: &Request, progress: &mut dyn FnMut(u64, u64)) -> Result<Value> {
     if let Some(sock) = poolfile::running_server(&p.pool) {
         return control::call(&sock, req, progress);
@@ -727,6 +802,7 @@ fn serve_cmd(s: ServeCmd) -> Result<i32> {
         socket_mode: s.tls.socket_mode,
         trace: s.trace,
         metrics: s.metrics,
+        metadata_device: s.metadata_device,
     };
     if args.listen.is_none() && args.socket.is_none() {
         bail!("--no-tcp needs --socket");
@@ -767,6 +843,7 @@ fn run_cmd(r: RunCmd) -> Result<i32> {
         socket_mode: 0o600,
         trace: None,
         metrics: None,
+        metadata_device: None,
     };
     let volume = r.volume;
     serve::serve(args, move |addr| {

@@ -9,7 +9,8 @@
 
 use serde_json::{json, Value};
 use tarn_engine::{EngineError, Pool, ReclaimCount, View};
-use tarn_extfs::{free_byte_ranges, BlockSource, ExtError, FreeSummary, Groups, Superblock};
+use crate::guestfs::{fs_kind, open_ext, with_snapshot, Snapshot, ViewSource};
+use tarn_extfs::{free_byte_ranges, ExtError, FreeSummary};
 
 /// The snapshot reclaim reads; a leftover one (a crash mid-reclaim) is
 /// replaced.
@@ -17,40 +18,12 @@ const SNAPSHOT: &str = "tarn-reclaim";
 /// Free ranges handed to the engine per call.
 const BATCH: usize = 4096;
 
-/// A volume view as the ext parsers read it.
-struct ViewSource<'a> {
-    pool: &'a Pool,
-    vol: u32,
-    view: View,
-    size: u64,
-}
-
-impl BlockSource for ViewSource<'_> {
-    fn size(&self) -> u64 {
-        self.size
-    }
-
-    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), ExtError> {
-        self.pool
-            .read_view(self.vol, self.view, offset, buf)
-            .map_err(|e| ExtError::Read { offset, message: e.to_string() })
-    }
-}
-
 /// Reclaim the free blocks of the ext file system on volume `name`; with
 /// `dry_run`, only count them. `progress` sees (4 KiB blocks scanned, of).
 pub fn reclaim(pool: &Pool, name: &str, dry_run: bool, progress: &mut dyn FnMut(u64, u64)) -> Result<Value, String> {
     let vol = pool.volume_id(name).ok_or_else(|| EngineError::NoSuchVolume(name.to_string()).to_string())?;
     let before = pool.volume_info(vol).ok_or("volume vanished")?.allocated;
-    if pool.snapshot_info(name, SNAPSHOT).is_ok() {
-        pool.delete_snapshot(name, SNAPSHOT).map_err(|e| e.to_string())?;
-    }
-    let snap = pool.create_snapshot(name, SNAPSHOT).map_err(|e| e.to_string())?;
-    let result = reclaim_from(pool, vol, snap.epoch, snap.size, dry_run, progress);
-    // The snapshot goes whatever happened: it only ever served this call.
-    let dropped = pool.delete_snapshot(name, SNAPSHOT).map_err(|e| e.to_string());
-    let (fs, summary, count) = result?;
-    dropped?;
+    let (fs, summary, count) = with_snapshot(pool, name, SNAPSHOT, |snap| reclaim_from(pool, snap, dry_run, progress))?;
     pool.flush().map_err(|e| e.to_string())?;
     let after = pool.volume_info(vol).ok_or("volume vanished")?.allocated;
     let bs = u64::from(summary.block_size);
@@ -65,19 +38,10 @@ pub fn reclaim(pool: &Pool, name: &str, dry_run: bool, progress: &mut dyn FnMut(
 
 type Found = (&'static str, FreeSummary, ReclaimCount);
 
-fn reclaim_from(
-    pool: &Pool,
-    vol: u32,
-    epoch: u64,
-    size: u64,
-    dry_run: bool,
-    progress: &mut dyn FnMut(u64, u64),
-) -> Result<Found, String> {
-    let mut src = ViewSource { pool, vol, view: View::Snapshot(epoch), size };
-    let sb = Superblock::read(&mut src).map_err(|e| e.to_string())?;
-    sb.check_readable().map_err(|e| e.to_string())?;
-    sb.check_clean().map_err(|e| e.to_string())?;
-    let groups = Groups::read(&mut src, &sb).map_err(|e| e.to_string())?;
+fn reclaim_from(pool: &Pool, snap: &Snapshot, dry_run: bool, progress: &mut dyn FnMut(u64, u64)) -> Result<Found, String> {
+    let (vol, epoch) = (snap.vol, snap.epoch);
+    let mut src = ViewSource { pool, vol, view: View::Snapshot(epoch), size: snap.size };
+    let (sb, groups) = open_ext(&mut src, true)?;
     let fs_bytes = sb.blocks_count * u64::from(sb.block_size);
     let mut count = ReclaimCount::default();
     let mut batch: Vec<(u64, u64)> = Vec::with_capacity(BATCH);
@@ -108,16 +72,4 @@ fn reclaim_from(
     };
     progress(fs_bytes / 4096, fs_bytes / 4096);
     Ok((fs_kind(&sb), summary, count))
-}
-
-/// What mke2fs -t would have been given.
-fn fs_kind(sb: &Superblock) -> &'static str {
-    use tarn_extfs::superblock::{compat, incompat};
-    if sb.incompat & (incompat::EXTENTS | incompat::FLEX_BG | incompat::BIT64) != 0 {
-        "ext4"
-    } else if sb.compat & compat::HAS_JOURNAL != 0 {
-        "ext3"
-    } else {
-        "ext2"
-    }
 }

@@ -39,6 +39,8 @@ pub struct ServeArgs {
     pub trace: Option<PathBuf>,
     /// Serve Prometheus metrics at `http://ADDR/metrics`.
     pub metrics: Option<String>,
+    /// The device kept for hinted file-system metadata (index or path).
+    pub metadata_device: Option<String>,
 }
 
 pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>)) -> Result<()> {
@@ -50,6 +52,10 @@ pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>
     };
     let metrics_listener = args.metrics.as_deref().map(metrics::bind).transpose()?;
     let opened = open_pool(&args.pool, &args.members, options)?;
+    if let Some(spec) = &args.metadata_device {
+        let device = crate::hint::device_index(&opened.pool, spec).map_err(anyhow::Error::msg)?;
+        opened.pool.set_hint_device(Some(device))?;
+    }
     let status = opened.pool.status();
     let pool = Arc::new(opened.pool);
     let service = Service::start(

@@ -413,6 +413,39 @@ pub fn reclaim(v: &Value) -> String {
     s
 }
 
+/// `tarn vol classify`: bytes of metadata per kind.
+pub fn classified(v: &Value) -> String {
+    let mut s = format!(
+        "{}: {} with {}-byte blocks, {} inodes in use\n",
+        v["volume"].as_str().unwrap_or("?"),
+        v["file_system"].as_str().unwrap_or("?"),
+        v["block_size"].as_u64().unwrap_or(0),
+        v["inodes"].as_u64().unwrap_or(0)
+    );
+    for (kind, bytes) in v["bytes"].as_object().into_iter().flatten() {
+        let _ = writeln!(s, "  {kind:<10} {}", human(bytes.as_u64().unwrap_or(0)));
+    }
+    let _ = writeln!(s, "vol hint would move {}", human(v["moved_bytes"].as_u64().unwrap_or(0)));
+    if v["skipped"].as_u64().unwrap_or(0) > 0 {
+        let _ = writeln!(s, "{} pointers or tree nodes made no sense and were ignored", v["skipped"]);
+    }
+    s
+}
+
+/// `tarn vol hint` / `unhint`: what moved.
+pub fn hinted(v: &Value) -> String {
+    let n = |k: &str| human(v[k].as_u64().unwrap_or(0));
+    format!(
+        "{}: {} of metadata ({}): moved {}, {} already in place, {} kept where a snapshot shares it\n",
+        v["volume"].as_str().unwrap_or("?"),
+        n("hinted_bytes"),
+        v["metadata_from"].as_str().unwrap_or("?"),
+        n("moved_bytes"),
+        n("in_place_bytes"),
+        n("shared_bytes")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

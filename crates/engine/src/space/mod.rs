@@ -34,6 +34,10 @@ pub struct Space {
     /// from the data cursor: nodes written at a checkpoint do not cut
     /// into a sequential stream of data).
     meta_cursor: Vec<u64>,
+    /// A device set aside for guest metadata moved there by hints
+    /// (`tarn vol hint --metadata-device`): new data goes elsewhere while
+    /// another device has room.
+    pub hint_device: Option<usize>,
 }
 
 impl std::fmt::Debug for Space {
@@ -55,7 +59,15 @@ impl Space {
     /// Over space maps opened from a checkpoint.
     pub fn with_maps(store: Arc<Store>, devices: Vec<SpaceMap>) -> Space {
         let meta_cursor = devices.iter().map(metadata_start).collect();
-        Space { store, devices, reserve_blocks: 0, inflight: BTreeMap::new(), superseded: Vec::new(), meta_cursor }
+        Space {
+            store,
+            devices,
+            reserve_blocks: 0,
+            inflight: BTreeMap::new(),
+            superseded: Vec::new(),
+            meta_cursor,
+            hint_device: None,
+        }
     }
 
     /// Each checkpoint takes its node blocks first-fit from the start of
@@ -84,7 +96,11 @@ impl Space {
 
     /// The device with the most free space.
     pub fn roomiest(&self) -> Option<usize> {
-        (0..self.devices.len()).max_by_key(|&d| self.devices[d].free_blocks)
+        let data_devices = (0..self.devices.len()).filter(|&d| Some(d) != self.hint_device);
+        data_devices
+            .filter(|&d| self.devices[d].free_blocks > 0)
+            .max_by_key(|&d| self.devices[d].free_blocks)
+            .or_else(|| (0..self.devices.len()).max_by_key(|&d| self.devices[d].free_blocks))
     }
 
     /// Take exactly `want` blocks from one device (user data respects the
@@ -121,6 +137,17 @@ impl Space {
             self.inflight.insert(pba.0, len);
         }
         Ok(got)
+    }
+
+    /// Space for data a mover places itself: next-fit on `device` from
+    /// `cursor` (the mover's, advanced past what it took), in flight
+    /// until settled.
+    pub fn allocate_data_from(&mut self, device: usize, cursor: &mut u64, want: u64) -> Result<Option<Vec<(Pba, u64)>>> {
+        let Some(dev) = self.devices.get_mut(device) else { return Ok(None) };
+        let data_cursor = std::mem::replace(&mut dev.cursor, *cursor);
+        let got = self.allocate_data(device, want);
+        *cursor = std::mem::replace(&mut self.devices[device].cursor, data_cursor);
+        got
     }
 
     /// Take exactly `[pba, pba+len)` for new data if it is all free and

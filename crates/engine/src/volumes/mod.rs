@@ -3,6 +3,7 @@
 //! is one op, durable when the call returns.
 
 mod flatten;
+pub mod hints;
 pub mod reclaim;
 pub mod relayout;
 pub mod snapshot;

@@ -11,7 +11,7 @@
 //! compactor.
 
 use crate::error::{EngineError, Result};
-use crate::io::{physical_runs, RELAYOUT_RUN_BLOCKS};
+use crate::io::{physical_runs, NewPiece, RELAYOUT_RUN_BLOCKS};
 use crate::map::extent_map::Segment;
 use crate::map::state::Volume;
 use crate::pool::{Inner, MovingWindow, Pool};
@@ -22,7 +22,7 @@ use tarn_format::ops::Op;
 use tarn_format::BLOCK_SIZE;
 
 /// Blocks moved per step: 1 MiB, one read, one write.
-const WINDOW_BLOCKS: u64 = 256;
+pub(crate) const WINDOW_BLOCKS: u64 = 256;
 
 /// What a compaction of one volume did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -52,7 +52,7 @@ pub struct RelayoutStep {
 }
 
 /// How one window went.
-enum Window {
+pub(crate) enum Window {
     /// Already in long runs, shared, or empty: nothing to do.
     Fine,
     Moved(u64),
@@ -124,11 +124,30 @@ impl Pool {
         Ok(step)
     }
 
-    /// Move one window if it is scattered: announce it, let writes planned
-    /// before drain, copy its data to new space, and swap the map only if
-    /// nothing changed it meanwhile.
+    /// Move one window if it is scattered (see [`Pool::move_window`]).
     fn relayout_window(&self, id: u32, lba: u64, len: u64) -> Result<Window> {
-        if self.window_to_move(id, lba, len)?.is_none() {
+        let pick = |v: &Volume, segs: &[Segment]| -> Vec<Segment> {
+            if scattered_and_owned(v, segs) {
+                segs.iter().copied().filter(|s| matches!(s, Segment::Mapped { .. })).collect()
+            } else {
+                Vec::new()
+            }
+        };
+        self.move_window(id, (lba, len), &pick, &mut Destination::Placement)
+    }
+
+    /// Move the blocks `pick` chooses among a window's head segments to new
+    /// space from `dest`: announce the window, let writes planned before
+    /// drain, copy the data, and swap the map only if nothing changed it
+    /// meanwhile (and `pick` still chooses the same blocks).
+    pub(crate) fn move_window(
+        &self,
+        id: u32,
+        (lba, len): (u64, u64),
+        pick: &Pick,
+        dest: &mut Destination,
+    ) -> Result<Window> {
+        if self.blocks_to_move(id, lba, len, pick)?.is_none() {
             return Ok(Window::Fine);
         }
         let moving = Arc::new(MovingWindow { vol: id, lba, len, touched: AtomicBool::new(false) });
@@ -136,15 +155,11 @@ impl Pool {
         // Writes planned before the announcement may still write in place:
         // wait for them (they hold the gate shared until they recorded).
         drop(self.io_gate.write().unwrap_or_else(|p| p.into_inner()));
-        let Some(segs) = self.window_to_move(id, lba, len)? else { return Ok(Window::Fine) };
+        let Some((segs, chosen)) = self.blocks_to_move(id, lba, len, pick)? else { return Ok(Window::Fine) };
         let mut data = vec![0u8; (len * BLOCK_SIZE) as usize];
         self.read(id, lba * BLOCK_SIZE, &mut data)?;
-        let wanted: Vec<Segment> = segs
-            .iter()
-            .filter(|s| matches!(s, Segment::Mapped { .. }))
-            .map(|s| Segment::Hole { lba: s.lba(), len: s.len() })
-            .collect();
-        let fresh = match self.allocate_holes(id, &wanted, &Vec::new()) {
+        let wanted: Vec<Segment> = chosen.iter().map(|s| Segment::Hole { lba: s.lba(), len: s.len() }).collect();
+        let fresh = match dest.allocate(self, id, &wanted) {
             Err(EngineError::NoSpace) => return Ok(Window::Skipped),
             other => other?,
         };
@@ -157,11 +172,11 @@ impl Pool {
             }
         }
         let mut inner = self.write_inner();
-        // Unchanged by writes, trims and resizes, and still the head's
-        // alone (a snapshot taken meanwhile shares it now).
+        // Unchanged by writes, trims and resizes, and still chosen (a
+        // snapshot taken meanwhile shares the blocks now).
         let unchanged = !moving.touched.load(Ordering::Relaxed)
             && window_segments(&inner, id, lba, len)?.is_some_and(|now| now == segs)
-            && inner.state.volume(id).is_some_and(|v| scattered_and_owned(v, &segs));
+            && inner.state.volume(id).is_some_and(|v| pick(v, &segs) == chosen);
         if !unchanged {
             drop(inner);
             self.give_back_unmapped(&fresh);
@@ -178,14 +193,34 @@ impl Pool {
         Ok(Window::Moved(wanted.iter().map(Segment::len).sum()))
     }
 
-    /// The window's segments if it should move: its mapped blocks lie in
-    /// several short physical runs, all owned by the head alone.
-    fn window_to_move(&self, id: u32, lba: u64, len: u64) -> Result<Option<Vec<Segment>>> {
+    /// The window's segments and the mapped ones `pick` moves, if any.
+    fn blocks_to_move(&self, id: u32, lba: u64, len: u64, pick: &Pick) -> Result<Option<(Vec<Segment>, Vec<Segment>)>> {
         self.with_cached_nodes(|inner| {
             let Some(segs) = window_segments(inner, id, lba, len)? else { return Ok(None) };
             let v = inner.state.volume(id).ok_or(EngineError::VolumeGone(id))?;
-            Ok(scattered_and_owned(v, &segs).then_some(segs))
+            let chosen = pick(v, &segs);
+            Ok((!chosen.is_empty()).then_some((segs, chosen)))
         })
+    }
+}
+
+/// Chooses, among a window's head segments, the mapped ones to move.
+pub(crate) type Pick<'a> = dyn Fn(&Volume, &[Segment]) -> Vec<Segment> + 'a;
+
+/// Where moved blocks go.
+pub(crate) enum Destination<'a> {
+    /// Where the volume's placement policy puts new data.
+    Placement,
+    /// Next-fit on one device from a cursor the mover keeps.
+    Cursor { device: usize, cursor: &'a mut u64 },
+}
+
+impl Destination<'_> {
+    fn allocate(&mut self, pool: &Pool, id: u32, wanted: &[Segment]) -> Result<Vec<NewPiece>> {
+        match self {
+            Destination::Placement => pool.allocate_holes(id, wanted, &Vec::new()),
+            Destination::Cursor { device, cursor } => pool.allocate_at_cursor(wanted, *device, cursor),
+        }
     }
 }
 

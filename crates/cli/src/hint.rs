@@ -1,0 +1,109 @@
+//! `tarn vol classify`, `tarn vol hint` and `tarn vol unhint`: find the
+//! metadata of a volume's ext2/3/4 (from a snapshot) or take it from the
+//! user, and move it together, onto a clustered run or a device set aside
+//! for it, so fsck and metadata-heavy work seek less (seed 002); or move
+//! it back where the volume's placement puts data.
+
+use crate::guestfs::{fs_kind, open_ext, with_snapshot, ViewSource};
+use serde_json::{json, Map, Value};
+use tarn_engine::{blocks_covering, HintReport, HintTarget, Pool, View};
+use tarn_extfs::{classify, MetaKind, MetadataMap};
+
+const SNAPSHOT: &str = "tarn-hint";
+
+/// Kinds worth moving: what fsck and directory walks read. Backups are
+/// never read, the journal is one sequential run already.
+const MOVED: [MetaKind; 5] = [MetaKind::Static, MetaKind::Directory, MetaKind::Tree, MetaKind::Xattr, MetaKind::Symlink];
+
+/// The metadata of the file system on volume `name`, read from a snapshot.
+fn infer(pool: &Pool, name: &str) -> Result<(&'static str, MetadataMap), String> {
+    with_snapshot(pool, name, SNAPSHOT, |snap| {
+        let mut src = ViewSource { pool, vol: snap.vol, view: View::Snapshot(snap.epoch), size: snap.size };
+        let (sb, groups) = open_ext(&mut src, false)?;
+        let map = classify(&mut src, &groups).map_err(|e| e.to_string())?;
+        Ok((fs_kind(&sb), map))
+    })
+}
+
+/// `tarn vol classify`: what the walk found, per kind.
+/// With `runs`, also every run as [offset, length, kind] in bytes.
+pub fn classify_volume(pool: &Pool, name: &str, runs: bool) -> Result<Value, String> {
+    let (fs, map) = infer(pool, name)?;
+    let bs = u64::from(map.block_size);
+    let listed: Vec<Value> = if runs {
+        map.runs.iter().map(|&(at, len, kind)| json!([at * bs, len * bs, kind.name()])).collect()
+    } else {
+        Vec::new()
+    };
+    let kinds: Map<String, Value> =
+        MetaKind::ALL.iter().map(|k| (k.name().to_string(), json!(map.blocks_of(*k) * bs))).collect();
+    Ok(json!({
+        "volume": name, "file_system": fs, "block_size": bs, "inodes": map.inodes,
+        "skipped": map.skipped, "bytes": kinds,
+        "moved_bytes": MOVED.iter().map(|k| map.blocks_of(*k) * bs).sum::<u64>(),
+        "runs": listed,
+    }))
+}
+
+/// Byte ranges of the kinds `vol hint` moves.
+fn movable_bytes(map: &MetadataMap) -> Vec<(u64, u64)> {
+    let bs = u64::from(map.block_size);
+    let mut ranges: Vec<(u64, u64)> =
+        map.runs.iter().filter(|r| MOVED.contains(&r.2)).map(|&(at, len, _)| (at * bs, len * bs)).collect();
+    ranges.sort_unstable();
+    ranges
+}
+
+/// The device `spec` names: an index, or the path of a pool device.
+pub fn device_index(pool: &Pool, spec: &str) -> Result<usize, String> {
+    if let Ok(i) = spec.parse::<usize>() {
+        return Ok(i);
+    }
+    let want = std::fs::canonicalize(spec).map_err(|e| format!("metadata device {spec}: {e}"))?;
+    let devices = pool.status().devices;
+    devices
+        .iter()
+        .find(|d| std::fs::canonicalize(&d.path).is_ok_and(|p| p == want))
+        .map(|d| d.index)
+        .ok_or_else(|| format!("{spec} is not a device of this pool (see `tarn pool status`)"))
+}
+
+/// `tarn vol hint` (to a cluster or device) and `tarn vol unhint`
+/// (`natural`): move the given byte ranges, or the inferred metadata.
+pub fn move_metadata(
+    pool: &Pool,
+    name: &str,
+    ranges: &[(u64, u64)],
+    target: &str,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Value, String> {
+    let target = match target {
+        "cluster" => HintTarget::Cluster,
+        "natural" => HintTarget::Natural,
+        device => {
+            let d = device_index(pool, device)?;
+            pool.set_hint_device(Some(d)).map_err(|e| e.to_string())?;
+            HintTarget::Device(d)
+        }
+    };
+    let (source, byte_ranges) = if ranges.is_empty() {
+        let (fs, map) = infer(pool, name)?;
+        (fs, movable_bytes(&map))
+    } else {
+        let mut r = ranges.to_vec();
+        r.sort_unstable();
+        ("explicit", r)
+    };
+    let blocks = blocks_covering(&byte_ranges);
+    let r = pool.place_hinted(name, &blocks, target, progress).map_err(|e| e.to_string())?;
+    Ok(report_json(name, source, &blocks, &r))
+}
+
+fn report_json(name: &str, source: &str, blocks: &[(u64, u64)], r: &HintReport) -> Value {
+    json!({
+        "volume": name, "metadata_from": source,
+        "hinted_bytes": blocks.iter().map(|b| b.1).sum::<u64>() * 4096,
+        "moved_bytes": r.blocks_moved * 4096, "shared_bytes": r.blocks_shared * 4096,
+        "in_place_bytes": r.blocks_in_place * 4096, "windows_skipped": r.windows_skipped,
+    })
+}
