@@ -68,6 +68,10 @@ impl Pool {
     ) -> Result<HintReport> {
         self.check_writable()?;
         let id = self.volume_id(name).ok_or_else(|| EngineError::NoSuchVolume(name.to_string()))?;
+        for &(first, len) in ranges {
+            let bytes = |b: u64| b.saturating_mul(BLOCK_SIZE);
+            self.check_view_range("hint", id, crate::View::Head, bytes(first), bytes(len), u64::MAX)?;
+        }
         let total: u64 = ranges.iter().map(|r| r.1).sum();
         let (device, mut cursor) = self.hint_start(target, total)?;
         let mut report = HintReport::default();

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# File-system hints (seed 002) on a real kernel ext4: aged through
+# nbdfuse + loop on a pool with a small device kept for metadata; `tarn vol
+# classify` against e2image's idea of the metadata (precision and recall);
+# `tarn vol hint --metadata-device` moves the metadata there (checked on
+# the volume's map), `vol unhint` moves it back; e2fsck clean and every
+# file intact after each, the pool checker clean at the end.
+. "$(dirname "$0")/lib.sh"
+need nbdfuse fusermount3 losetup mkfs.ext4 e2fsck e2image sha256sum mountpoint
+need_root "losetup, mount"
+need_fuse
+need_loop
+e2e_init hints
+
+M=$((1 << 20))
+POOL=$T/pool.img
+META=$T/meta.img
+VOL=fs
+truncate -s 256M "$META"
+check "pool create with a metadata device" "$TARN" pool create "$POOL" --size 3G --device "$META"
+make_vol "$POOL" $VOL 1G
+start_serve "$POOL" --metadata-device "$META"
+FUSE=$T/fuse
+MNT=$T/mnt
+mkdir -p "$FUSE" "$MNT"
+CHECK="$SYSPY $(dirname "$0")/hints_check.py"
+
+step "ext4 aged: trees copied, files patched and deleted, round after round"
+fuse_attach $VOL $((1 << 30))
+check "mkfs.ext4" mkfs.ext4 -q -F "$LOOP"
+check "mount" mount -t ext4 "$LOOP" "$MNT"
+"$SYSPY" - "$MNT" <<'PY' || die "aging the file system failed"
+import os, random, shutil, sys
+root, r = sys.argv[1], random.Random(7)
+for round_ in range(4):
+    base = os.path.join(root, f"tree{round_}")
+    for d in range(60):
+        sub = os.path.join(base, f"dir{d % 12}", f"sub{d}")
+        os.makedirs(sub, exist_ok=True)
+        for f in range(r.randint(5, 40)):
+            with open(os.path.join(sub, f"file{f}.c"), "wb") as fh:
+                fh.write(r.randbytes(r.choice([200, 3000, 9000, 40000, 150000])))
+    # patch: append to some files of older trees, delete others
+    for old in range(round_):
+        for dirpath, _, files in os.walk(os.path.join(root, f"tree{old}")):
+            for name in files:
+                p = os.path.join(dirpath, name)
+                x = r.random()
+                if x < 0.2:
+                    os.remove(p)
+                elif x < 0.4:
+                    with open(p, "ab") as fh:
+                        fh.write(r.randbytes(5000))
+    if round_ == 2:
+        shutil.rmtree(os.path.join(root, "tree0", "dir3"), ignore_errors=True)
+PY
+sync
+(cd "$MNT" && find . -type f -print0 | sort -z | xargs -0 sha256sum) >"$T/sums"
+say "  $(wc -l <"$T/sums") files, $(df -m --output=used "$MNT" | tail -1 | tr -d ' ') MiB used"
+fuse_detach
+fuse_attach $VOL $((1 << 30))
+
+step "classify against e2image"
+out=$("$TARN" vol classify $VOL -p "$POOL" --runs --json) || die "vol classify failed: $out"
+printf '%s' "$out" >"$T/classify.json"
+say "  $("$TARN" vol classify $VOL -p "$POOL" | tr '\n' ';')"
+check "e2image -r" e2image -r "$LOOP" "$T/e2image.img"
+check "classifier precision and recall against e2image" $CHECK truth "$LOOP" "$T/classify.json" "$T/e2image.img"
+
+# placement DEVICE: percent of mapped metadata blocks on DEVICE
+placement() {
+  "$TARN" vol map $VOL -p "$POOL" --json >"$T/map.json" || die "vol map failed"
+  $CHECK placement "$T/classify.json" "$T/map.json" "$1"
+}
+read -r BEFORE NMETA <<<"$(placement 1)"
+say "  before hints: $BEFORE% of $NMETA mapped metadata blocks on the metadata device"
+expect_eq "no data on the metadata device before hints (serve --metadata-device)" "$BEFORE" "0.00"
+
+step "vol hint --metadata-device: metadata moves to the metadata device"
+out=$("$TARN" vol hint $VOL -p "$POOL" --metadata-device "$META" --json) || die "vol hint failed: $out"
+say "  $(jq -c . <<<"$out")"
+read -r AFTER _ <<<"$(placement 1)"
+expect_between "metadata on the metadata device after hints (percent x100)" "${AFTER/./}" 9900 10000
+out=$("$TARN" vol hint $VOL -p "$POOL" --metadata-device "$META" --json) || bad "second vol hint failed: $out"
+expect_eq "a second hint moves nothing" "$(jq -r .moved_bytes <<<"$out")" 0
+check "e2fsck -fn clean after hints" e2fsck -fn "$LOOP"
+check "mount after hints" mount -t ext4 "$LOOP" "$MNT"
+check "every file intact after hints" bash -c "cd '$MNT' && sha256sum --quiet -c '$T/sums'"
+umount "$MNT" || bad "umount"
+
+step "vol unhint: metadata moves back"
+out=$("$TARN" vol unhint $VOL -p "$POOL" --json) || die "vol unhint failed: $out"
+say "  $(jq -c . <<<"$out")"
+read -r BACK _ <<<"$(placement 1)"
+expect_eq "no metadata left on the metadata device after unhint" "$BACK" "0.00"
+check "e2fsck -fn clean after unhint" e2fsck -fn "$LOOP"
+check "mount after unhint" mount -t ext4 "$LOOP" "$MNT"
+check "every file intact after unhint" bash -c "cd '$MNT' && sha256sum --quiet -c '$T/sums'"
+fuse_detach
+
+step "bad input"
+check_fails "hint to a device that is not the pool's" "$TARN" vol hint $VOL -p "$POOL" --metadata-device /dev/null
+check_fails "a malformed range" "$TARN" vol hint $VOL -p "$POOL" --metadata 12
+check_fails "a range outside the volume" "$TARN" vol hint $VOL -p "$POOL" --metadata 2G:1M
+head -c $((1 * M)) /dev/zero | "$SYSPY" -c '
+import nbd, sys
+h = nbd.NBD(); h.connect_uri(sys.argv[1]); h.pwrite(sys.stdin.buffer.read(), 0); h.flush()' "$(uri $VOL)"
+out=$("$TARN" vol classify $VOL -p "$POOL" 2>&1) && bad "classify of a wiped file system succeeded: $out" || {
+  case "$out" in *"no ext2/3/4"*) ok "a volume without ext: $out";; *) bad "classify of a wiped volume: $out";; esac; }
+stop_serve
+pool_check "$POOL" "after hints and unhint"
+e2e_finish
