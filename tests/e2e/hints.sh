@@ -96,6 +96,28 @@ expect_eq "no metadata left on the metadata device after unhint" "$BACK" "0.00"
 check "e2fsck -fn clean after unhint" e2fsck -fn "$LOOP"
 check "mount after unhint" mount -t ext4 "$LOOP" "$MNT"
 check "every file intact after unhint" bash -c "cd '$MNT' && sha256sum --quiet -c '$T/sums'"
+umount "$MNT" || bad "umount"
+
+step "vol export / vol import: the volume leaves tarn as a raw image and comes back"
+check "vol export (served)" "$TARN" vol export $VOL "$T/export.raw" -p "$POOL"
+check "exported image byte-identical to the volume" cmp "$T/export.raw" "$LOOP"
+check "e2fsck -fn clean on the exported image" e2fsck -fn "$T/export.raw"
+expect_between "exported image is sparse (MiB on disk)" "$(du -m "$T/export.raw" | cut -f1)" 1 300
+check_fails "export over an existing file without --force" "$TARN" vol export $VOL "$T/export.raw" -p "$POOL"
+check "vol import of the raw image" "$TARN" vol import "$T/export.raw" fsraw -p "$POOL"
+check "qemu-img convert to qcow2" qemu-img convert -O qcow2 "$T/export.raw" "$T/export.qcow2"
+out=$("$TARN" vol import "$T/export.qcow2" fsqcow -p "$POOL" --json) || bad "vol import of a qcow2 image: $out"
+say "  $(jq -c . <<<"$out")"
+for v in fsraw fsqcow; do
+  check "$v reads back byte-identical" nbdcopy "$(uri $v)" "$T/$v.back"
+  check "$v equals the image" cmp "$T/$v.back" "$T/export.raw"
+  rm -f "$T/$v.back"
+done
+vol_get "$POOL" fsqcow allocated
+expect_between "an import allocates only the data (MiB)" "$((VAL / M))" 1 300
+check_fails "import into an existing volume" "$TARN" vol import "$T/export.raw" fsraw -p "$POOL"
+check_fails "import of a missing file" "$TARN" vol import "$T/nonesuch.raw" fsnone -p "$POOL"
+expect_eq "a failed import leaves no volume" "$("$TARN" vol list -p "$POOL" --json | jq '[.[] | select(.name == "fsnone")] | length')" 0
 fuse_detach
 
 step "bad input"
@@ -108,5 +130,8 @@ h = nbd.NBD(); h.connect_uri(sys.argv[1]); h.pwrite(sys.stdin.buffer.read(), 0);
 out=$("$TARN" vol classify $VOL -p "$POOL" 2>&1) && bad "classify of a wiped file system succeeded: $out" || {
   case "$out" in *"no ext2/3/4"*) ok "a volume without ext: $out";; *) bad "classify of a wiped volume: $out";; esac; }
 stop_serve
-pool_check "$POOL" "after hints and unhint"
+check "vol export offline (pool opened by the CLI)" "$TARN" vol export fsraw "$T/offline.raw" -p "$POOL"
+check "offline export equals the served one" cmp "$T/offline.raw" "$T/export.raw"
+rm -f "$T"/*.raw "$T"/*.qcow2
+pool_check "$POOL" "after hints, unhint, export and import"
 e2e_finish

@@ -68,6 +68,22 @@ pub enum Request {
         ranges: Vec<(u64, u64)>,
         target: String,
     },
+    /// Write `view` (VOL or VOL@SNAP) to `path` as a raw image; streams
+    /// progress (4 KiB blocks).
+    VolExport {
+        view: String,
+        path: String,
+        #[serde(default)]
+        force: bool,
+    },
+    /// A new volume `name` from the raw image at `path`; streams progress.
+    VolImport {
+        path: String,
+        name: String,
+        /// The image the user named, when `path` is a raw copy of it.
+        #[serde(default)]
+        source: Option<String>,
+    },
     /// Streams `{"progress":[done,total]}` lines before its answer.
     VolFlatten {
         name: String,
@@ -162,6 +178,10 @@ pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, Strin
         Request::VolClassify { name, runs } => return crate::hint::classify_volume(pool, name, *runs),
         Request::VolHint { name, ranges, target } => {
             return crate::hint::move_metadata(pool, name, ranges, target, ctx.progress)
+        }
+        Request::VolExport { view, path, force } => return crate::image::export(pool, view, path, *force, ctx.progress),
+        Request::VolImport { path, name, source } => {
+            return crate::image::import(pool, path, source.as_deref(), name, ctx.progress)
         }
         Request::VolReclaim { name, dry_run } => return crate::reclaim::reclaim(pool, name, *dry_run, ctx.progress),
         Request::SnapCreate { volume, name } => pool.create_snapshot(volume, name).map(|s| snapshot_json(&s)),

@@ -8,6 +8,7 @@ mod mirror;
 mod poolfile;
 mod guestfs;
 mod hint;
+mod image;
 mod progress;
 mod reclaim;
 mod serve;
@@ -284,6 +285,36 @@ enum VolCmd {
         name: String,
         #[arg(long = "metadata", value_parser = parse_byte_range)]
         ranges: Vec<(u64, u64)>,
+        #[command(flatten)]
+        pool: PoolArg,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a volume (or VOL@SNAP) to a file or block device as a plain
+    /// raw image (a file stays sparse), read from a snapshot so a volume
+    /// in use is copied as one point in time.
+    Export {
+        #[arg(value_name = "VOL[@SNAP]", value_parser = spec::parse_view)]
+        view: ViewSpec,
+        /// A new file, or a block device at least the volume's size.
+        dest: PathBuf,
+        /// Replace an existing regular file.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        pool: PoolArg,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Create a volume from an image file: raw, or any format qemu-img
+    /// reads (qcow2, vmdk, vdi, vhdx, qed; converted to a sparse raw file
+    /// first); blocks of zeros are not allocated.
+    Import {
+        src: PathBuf,
+        name: String,
+        /// raw, or auto (default: a qemu image format by its magic bytes, else raw).
+        #[arg(long, default_value = "auto", value_parser = ["auto", "raw"])]
+        format: String,
         #[command(flatten)]
         pool: PoolArg,
         #[arg(long)]
@@ -591,6 +622,12 @@ fn dispatch(cmd: Command) -> Result<i32> {
         Command::Vol(VolCmd::Unhint { name, ranges, pool, json }) => {
             vol_hint(&pool, Request::VolHint { name, ranges, target: "natural".into() }, json)
         }
+        Command::Vol(VolCmd::Export { view, dest, force, pool, json }) => {
+            let path = absolute(&dest);
+            let req = Request::VolExport { view: view.to_string(), path, force };
+            with_bar(&pool, &format!("export {view}"), &req, json, text::image)
+        }
+        Command::Vol(VolCmd::Import { src, name, format, pool, json }) => vol_import(&pool, &src, name, &format, json),
         Command::Vol(VolCmd::List { pool, json }) => {
             let v = admin(&pool, &Request::VolList)?;
             print(json, &v, text::volumes);
@@ -692,11 +729,33 @@ fn admin(p: &PoolArg, req: &Request) -> Result<Value> {
 
 /// `admin` for a long request: `progress(done, total)` as it goes.
 fn vol_hint(pool: &PoolArg, req: Request, json: bool) -> Result<i32> {
-    let mut bar = progress::Progress::new("move metadata");
-    let v = admin_progress(pool, &req, &mut |d, t| bar.update(d, t));
+    with_bar(pool, "move metadata", &req, json, text::hinted)
+}
+
+/// Run a long request with a progress bar, then print its answer.
+fn with_bar(pool: &PoolArg, what: &str, req: &Request, json: bool, show: fn(&Value) -> String) -> Result<i32> {
+    let mut bar = progress::Progress::new(what);
+    let v = admin_progress(pool, req, &mut |d, t| bar.update(d, t));
     bar.finish();
-    print(json, &v?, text::hinted);
+    print(json, &v?, show);
     Ok(0)
+}
+
+/// `tarn vol import`: images qemu reads in another format are converted
+/// to a sparse raw file beside the temporary directory's others first.
+fn vol_import(pool: &PoolArg, src: &std::path::Path, name: String, format: &str, json: bool) -> Result<i32> {
+    let names = admin(pool, &Request::VolList)?;
+    if names.as_array().is_some_and(|a| a.iter().any(|v| v["name"] == name.as_str())) {
+        bail!("volume {name} already exists");
+    }
+    let path = absolute(src);
+    let foreign = if format == "auto" { image::foreign_format(src).map_err(anyhow::Error::msg)? } else { None };
+    let Some(kind) = foreign else {
+        return with_bar(pool, &format!("import {name}"), &Request::VolImport { path, name, source: None }, json, text::image);
+    };
+    let raw = image::convert_to_raw(src, kind).map_err(anyhow::Error::msg)?;
+    let req = Request::VolImport { path: raw.path().to_string(), name: name.clone(), source: Some(path) };
+    with_bar(pool, &format!("import {name} ({kind})"), &req, json, text::image)
 }
 
 /// `OFFSET:LENGTH` in bytes, each with an optional K/M/G suffix.

@@ -24,6 +24,15 @@ pub enum ViewSpec {
     Snapshot(SnapSpec),
 }
 
+impl fmt::Display for ViewSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ViewSpec::Head(v) => write!(f, "{v}"),
+            ViewSpec::Snapshot(s) => write!(f, "{s}"),
+        }
+    }
+}
+
 impl ViewSpec {
     pub fn volume(&self) -> &str {
         match self {

@@ -446,6 +446,18 @@ pub fn hinted(v: &Value) -> String {
     )
 }
 
+/// `vol export` / `vol import`: what was copied.
+pub fn image(v: &Value) -> String {
+    let n = |k: &str| human(v[k].as_u64().unwrap_or(0));
+    format!(
+        "{} <-> {}: {} volume, {} of data copied\n",
+        v["volume"].as_str().unwrap_or("?"),
+        v["path"].as_str().unwrap_or("?"),
+        n("size"),
+        n("data_bytes")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
