@@ -45,13 +45,54 @@ pub fn classify_volume(pool: &Pool, name: &str, runs: bool) -> Result<Value, Str
     }))
 }
 
-/// Byte ranges of the kinds `vol hint` moves.
-fn movable_bytes(map: &MetadataMap) -> Vec<(u64, u64)> {
+/// The 4 KiB blocks `vol hint` moves, as (first, count) runs: directory
+/// blocks first, then the other kinds, each group in logical order. fsck
+/// reads directories in a pass of their own (pass 2), in block order: in
+/// a run of their own that pass is one sweep instead of a walk over the
+/// inode tables between them.
+fn movable_blocks(map: &MetadataMap) -> Vec<(u64, u64)> {
     let bs = u64::from(map.block_size);
-    let mut ranges: Vec<(u64, u64)> =
-        map.runs.iter().filter(|r| MOVED.contains(&r.2)).map(|&(at, len, _)| (at * bs, len * bs)).collect();
-    ranges.sort_unstable();
-    ranges
+    let group = |dirs: bool| {
+        let mut r: Vec<(u64, u64)> = map
+            .runs
+            .iter()
+            .filter(|r| MOVED.contains(&r.2) && (r.2 == MetaKind::Directory) == dirs)
+            .map(|&(at, len, _)| (at * bs, len * bs))
+            .collect();
+        r.sort_unstable();
+        blocks_covering(&r)
+    };
+    let dirs = group(true);
+    let mut blocks = dirs.clone();
+    blocks.extend(without(&group(false), &dirs));
+    blocks
+}
+
+/// The runs of `runs` minus the blocks of `taken` (both sorted, each
+/// disjoint): a block two kinds share (1 KiB file systems) moves once.
+fn without(runs: &[(u64, u64)], taken: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut t = 0;
+    for &(mut first, len) in runs {
+        let end = first + len;
+        while first < end {
+            while t < taken.len() && taken[t].0 + taken[t].1 <= first {
+                t += 1;
+            }
+            match taken.get(t) {
+                Some(&(tf, tl)) if tf <= first => first = (tf + tl).min(end),
+                Some(&(tf, _)) if tf < end => {
+                    out.push((first, tf - first));
+                    first = tf;
+                }
+                _ => {
+                    out.push((first, end - first));
+                    first = end;
+                }
+            }
+        }
+    }
+    out
 }
 
 /// The device `spec` names: an index, or the path of a pool device.
@@ -86,15 +127,14 @@ pub fn move_metadata(
             HintTarget::Device(d)
         }
     };
-    let (source, byte_ranges) = if ranges.is_empty() {
+    let (source, blocks) = if ranges.is_empty() {
         let (fs, map) = infer(pool, name)?;
-        (fs, movable_bytes(&map))
+        (fs, movable_blocks(&map))
     } else {
         let mut r = ranges.to_vec();
         r.sort_unstable();
-        ("explicit", r)
+        ("explicit", blocks_covering(&r))
     };
-    let blocks = blocks_covering(&byte_ranges);
     let r = pool.place_hinted(name, &blocks, target, progress).map_err(|e| e.to_string())?;
     Ok(report_json(name, source, &blocks, &r))
 }
@@ -106,4 +146,17 @@ fn report_json(name: &str, source: &str, blocks: &[(u64, u64)], r: &HintReport) 
         "moved_bytes": r.blocks_moved * 4096, "shared_bytes": r.blocks_shared * 4096,
         "in_place_bytes": r.blocks_in_place * 4096, "windows_skipped": r.windows_skipped,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without;
+
+    #[test]
+    fn blocks_taken_are_left_out() {
+        assert_eq!(without(&[(0, 10)], &[]), vec![(0, 10)]);
+        assert_eq!(without(&[(0, 10)], &[(0, 10)]), vec![]);
+        assert_eq!(without(&[(0, 10), (20, 5)], &[(3, 2), (8, 14)]), vec![(0, 3), (5, 3), (22, 3)]);
+        assert_eq!(without(&[(5, 5)], &[(0, 2), (12, 3)]), vec![(5, 5)]);
+    }
 }

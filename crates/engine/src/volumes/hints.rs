@@ -57,8 +57,8 @@ impl Pool {
     }
 
     /// Move the mapped blocks of `ranges` ((first block, count) in 4 KiB
-    /// blocks, sorted) of volume `name`'s head to `target`, in logical
-    /// order; `progress(done, total)` in blocks. Durable when it returns.
+    /// blocks, disjoint) of volume `name`'s head to `target`, in the order
+    /// given; `progress(done, total)` in blocks. Durable when it returns.
     pub fn place_hinted(
         &self,
         name: &str,
