@@ -145,6 +145,7 @@ fn report_json(name: &str, source: &str, blocks: &[(u64, u64)], r: &HintReport) 
         "hinted_bytes": blocks.iter().map(|b| b.1).sum::<u64>() * 4096,
         "moved_bytes": r.blocks_moved * 4096, "shared_bytes": r.blocks_shared * 4096,
         "in_place_bytes": r.blocks_in_place * 4096, "windows_skipped": r.windows_skipped,
+        "stopped_full": r.stopped_full,
     })
 }
 

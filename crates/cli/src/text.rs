@@ -443,7 +443,7 @@ pub fn hinted(v: &Value) -> String {
         n("moved_bytes"),
         n("in_place_bytes"),
         n("shared_bytes")
-    )
+    ) + if v["stopped_full"] == true { "stopped: no room left where the metadata goes; the rest stays where it was\n" } else { "" }
 }
 
 /// `vol export` / `vol import`: what was copied.

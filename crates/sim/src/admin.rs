@@ -47,6 +47,11 @@ pub(crate) enum Pending {
     Compact {
         vol: String,
     },
+    /// File-system hints moving blocks to a cluster or back: like a
+    /// compaction, data moves and no content changes.
+    Hint {
+        vol: String,
+    },
 }
 
 impl Pending {
@@ -62,6 +67,7 @@ impl Pending {
             Pending::CloneCreate { .. } => 6,
             Pending::Flatten { .. } => 7,
             Pending::Compact { .. } => 8,
+            Pending::Hint { .. } => 9,
         }
     }
 }
@@ -139,7 +145,7 @@ impl Run {
             Pending::Rollback { vol, snap } => m.rollback(vol, snap),
             Pending::CloneCreate { vol, snap, clone } => m.clone_volume(vol, snap, clone),
             Pending::Flatten { vol } => m.flatten(vol),
-            Pending::Compact { .. } => {}
+            Pending::Compact { .. } | Pending::Hint { .. } => {}
         }
         m.flushed();
     }
@@ -194,8 +200,8 @@ impl Run {
             }
             // Its last commit cannot be told apart: assume it did not land
             // (the model then keeps allowing the older contents too).
-            Pending::Compact { vol } => {
-                size_of(vol).ok_or(format!("volume {vol} missing after a compaction"))?;
+            Pending::Compact { vol } | Pending::Hint { vol } => {
+                size_of(vol).ok_or(format!("volume {vol} missing after a compaction or hint move"))?;
                 false
             }
         };

@@ -82,8 +82,8 @@ impl SimConfig {
 }
 
 /// Admin operations, as counted in [`RunStats::done`].
-pub const OP_NAMES: [&str; 9] =
-    ["vol create", "vol resize", "vol delete", "snapshot", "snap delete", "rollback", "clone", "flatten", "compact"];
+pub const OP_NAMES: [&str; 10] =
+    ["vol create", "vol resize", "vol delete", "snapshot", "snap delete", "rollback", "clone", "flatten", "compact", "hint"];
 
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RunStats {
@@ -91,7 +91,7 @@ pub struct RunStats {
     /// Admin operations (volume and snapshot) that happened.
     pub admin: usize,
     /// The same by operation, in the order of [`OP_NAMES`].
-    pub done: [usize; 9],
+    pub done: [usize; 10],
     /// Admin operations refused as the model predicted.
     pub refused: usize,
     /// Admin operations cut by a crash, settled after reopen: done, not done.
@@ -113,6 +113,8 @@ pub struct RunStats {
     pub crashes_mid_checkpoint: usize,
     /// Blocks compactions moved (`Pool::relayout`).
     pub blocks_relaid: usize,
+    /// Blocks file-system hints moved (`Pool::place_hinted`).
+    pub blocks_hinted: usize,
 }
 
 impl RunStats {
@@ -121,6 +123,7 @@ impl RunStats {
         self.background_checkpoints += o.background_checkpoints;
         self.crashes_mid_checkpoint += o.crashes_mid_checkpoint;
         self.blocks_relaid += o.blocks_relaid;
+        self.blocks_hinted += o.blocks_hinted;
         self.admin += o.admin;
         self.done.iter_mut().zip(o.done).for_each(|(a, b)| *a += b);
         self.refused += o.refused;

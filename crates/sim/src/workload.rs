@@ -8,7 +8,7 @@ use crate::admin::{Expect, Pending};
 use crate::model::BLOCK;
 use crate::run::Run;
 use rand::Rng;
-use tarn_engine::EngineError;
+use tarn_engine::{EngineError, HintTarget};
 
 /// Volumes (clones included) the snapshot workload keeps at most.
 const MAX_VOLUMES: usize = 7;
@@ -49,7 +49,8 @@ impl Run {
             82..=85 => self.clone_create(),
             86..=88 => self.flatten(),
             89..=92 => self.snap_volume_op(),
-            93..=94 => self.compact(),
+            93 => self.compact(),
+            94 => self.hint(),
             _ => self.verify_all("periodic check"),
         }
     }
@@ -235,6 +236,33 @@ impl Run {
             self.stats.blocks_relaid += report.blocks_moved as usize;
         }
         self.admin_outcome(Pending::Compact { vol }, Ok(()), r).map(drop)
+    }
+
+    /// File-system hints: a few random block ranges of a volume moved to
+    /// a cluster, to the device or back (`vol unhint`); contents of the
+    /// volume, its snapshots and clones stay (checked by the next
+    /// verification), a crash mid-move loses nothing.
+    fn hint(&mut self) -> Result<(), String> {
+        let (vol, _, size) = self.any_volume();
+        let blocks = (size / BLOCK) as u64;
+        let mut ranges = Vec::new();
+        let mut at = 0;
+        for _ in 0..self.rng.random_range(1..4) {
+            if at >= blocks {
+                break;
+            }
+            let first = self.rng.random_range(at..blocks);
+            let len = self.rng.random_range(1..=(blocks - first).min(64));
+            ranges.push((first, len));
+            at = first + len;
+        }
+        let target = [HintTarget::Cluster, HintTarget::Device(0), HintTarget::Natural][self.rng.random_range(0..3)];
+        let r = self.pool().place_hinted(&vol, &ranges, target, &mut |_, _| {});
+        trace!("hint {vol} {ranges:?} to {target:?}: {r:?}");
+        if let Ok(report) = &r {
+            self.stats.blocks_hinted += report.blocks_moved as usize;
+        }
+        self.admin_outcome(Pending::Hint { vol }, Ok(()), r).map(drop)
     }
 
     /// A flatten that ran out of space copied some markers. Commit them, so

@@ -40,6 +40,9 @@ pub struct HintReport {
     pub blocks_in_place: u64,
     /// Windows written by clients while they moved (left as they are).
     pub windows_skipped: u64,
+    /// The target ran out of room: the blocks moved so far stay there,
+    /// the rest where they were (a metadata device too small).
+    pub stopped_full: bool,
 }
 
 /// Largest cluster searched for as one aligned free run: 64 MiB.
@@ -78,7 +81,7 @@ impl Pool {
         let mut done = 0;
         for &(first, len) in ranges {
             let mut lba = first;
-            while lba < first + len {
+            while lba < first + len && !report.stopped_full {
                 let n = WINDOW_BLOCKS.min(first + len - lba);
                 self.make_room()?;
                 self.place_window(id, (lba, n), target, (device, &mut cursor), &mut report)?;
@@ -86,6 +89,13 @@ impl Pool {
                 done += n;
                 progress(done, total);
             }
+        }
+        if report.stopped_full {
+            log::warn!(
+                "hints for volume {name}: no room left on {} after {} blocks moved; the rest stays where it is",
+                self.devices()[device].name(),
+                report.blocks_moved
+            );
         }
         self.flush()?;
         Ok(report)
@@ -135,6 +145,7 @@ impl Pool {
         match self.move_window(id, (lba, len), &pick, &mut dest)? {
             Window::Moved(n) => report.blocks_moved += n,
             Window::Skipped => report.windows_skipped += 1,
+            Window::NoRoom => report.stopped_full = true,
             Window::Fine => {}
         }
         Ok(())

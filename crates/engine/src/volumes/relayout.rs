@@ -56,8 +56,10 @@ pub(crate) enum Window {
     /// Already in long runs, shared, or empty: nothing to do.
     Fine,
     Moved(u64),
-    /// Written meanwhile, or no room for the copy.
+    /// Written meanwhile.
     Skipped,
+    /// No room for the copy where it should go.
+    NoRoom,
 }
 
 impl Pool {
@@ -80,7 +82,7 @@ impl Pool {
                     report.windows_moved += 1;
                     report.blocks_moved += n;
                 }
-                Window::Skipped => report.windows_skipped += 1,
+                Window::Skipped | Window::NoRoom => report.windows_skipped += 1,
             }
             progress(lba + WINDOW_BLOCKS.min(blocks - lba), blocks);
         }
@@ -160,7 +162,7 @@ impl Pool {
         self.read(id, lba * BLOCK_SIZE, &mut data)?;
         let wanted: Vec<Segment> = chosen.iter().map(|s| Segment::Hole { lba: s.lba(), len: s.len() }).collect();
         let fresh = match dest.allocate(self, id, &wanted) {
-            Err(EngineError::NoSpace) => return Ok(Window::Skipped),
+            Err(EngineError::NoSpace) => return Ok(Window::NoRoom),
             other => other?,
         };
         let bs = BLOCK_SIZE as usize;
