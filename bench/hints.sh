@@ -8,7 +8,9 @@
 #    an ext4 on a volume through nbdfuse + loop, aged by bench/fs_age.py
 #    (source trees unpacked, patched, built, cleaned and deleted, round
 #    after round, to about AGE_GIB GiB written).
-# 2. Three configurations of the same volume, measured in this order:
+# 2. Three configurations of the same volume, measured in this order
+#    (each with two cold workloads: e2fsck -fn, and find | stat of every
+#    file on a read-only mount, the thesis's metadata-heavy online work):
 #      none     as aged;
 #      cluster  `tarn vol hint VOL`: metadata in one clustered run of the
 #               data device;
@@ -113,44 +115,57 @@ unserve
 
 read -r -a BLOCKS <<<"$("$TARN" pool status -p "$POOL" --json | jq -r '[.devices[].size / 4096 | floor] | join(" ")')"
 
-measure() { # NAME
-  local name=$1
+# One workload on the loop device, cold: fsck (e2fsck -fn -tt) or stat
+# (mounted read-only without journal replay: find | stat of every file).
+workload() { # fsck|stat
+  case $1 in
+    fsck) /usr/bin/time -f "e2fsck wall %e s" e2fsck -fn -tt "$LOOP" 2>&1 | grep -E "^Pass [1-5]:.*time|e2fsck wall" ;;
+    stat)
+      local opts=ro; [ "$FS_TYPE" = ext2 ] || opts=ro,noload
+      mount -t "$FS_TYPE" -o $opts "$LOOP" "$DIR/mnt"
+      /usr/bin/time -f "find | stat wall %e s" bash -c "find '$DIR/mnt' -print0 | xargs -0 stat >/dev/null" 2>&1
+      umount "$DIR/mnt" ;;
+  esac
+}
+
+measure() { # CONFIG WORKLOAD
+  local name=$1-$2
   evict
   serve --trace "$DIR/$name.trace"
   attach
   [ -n "$READAHEAD" ] && blockdev --setra "$READAHEAD" "$LOOP"
-  echo; echo "== $name (loop readahead $(blockdev --getra "$LOOP") sectors, direct I/O $(cat /sys/block/"${LOOP#/dev/}"/loop/dio))"
-  /usr/bin/time -f "e2fsck wall %e s" e2fsck -fn -tt "$LOOP" 2>&1 | grep -E "^Pass [1-5]|e2fsck wall" | sed 's/^/  /'
+  echo; echo "== $1, $2 (loop readahead $(blockdev --getra "$LOOP") sectors, direct I/O $(cat /sys/block/"${LOOP#/dev/}"/loop/dio))"
+  workload "$2" | sed 's/^/  /'
   detach
   unserve
   "$TARN" trace print "$DIR/$name.trace" >"$DIR/$name.trace.txt"
   "$TARN" vol map $VOL -p "$POOL" --json >"$DIR/$name.map.json"
-  local m; m=$("$TARN" vol map $VOL -p "$POOL" --json | jq '[.[] | select(.[2] == 1) | .[1]] | add // 0')
-  echo "  blocks on the metadata device: $m"
+  echo "  blocks on the metadata device: $(jq '[.[] | select(.[2] == 1) | .[1]] | add // 0' "$DIR/$name.map.json")"
+  local model=("$SYSPY" "$BENCH/fsck_model.py" "$DIR/$name.trace.txt" "$DIR/$name.map.json" "$DIR/classify.json")
   echo "  modeled, every device a 7,200 rpm disk:"
-  "$SYSPY" "$BENCH/fsck_model.py" "$DIR/$name.trace.txt" "$DIR/$name.map.json" "$DIR/classify.json" "${BLOCKS[@]}" \
-    | sed 's/^/    /'
-  "$SYSPY" "$BENCH/fsck_model.py" "$DIR/$name.trace.txt" "$DIR/$name.map.json" "$DIR/classify.json" "${BLOCKS[@]}" \
-    --json >"$DIR/$name.disk.json"
+  "${model[@]}" "${BLOCKS[@]}" | sed 's/^/    /'
+  "${model[@]}" "${BLOCKS[@]}" --json >"$DIR/$name.disk.json"
   echo "  modeled, the metadata device as flash:"
-  "$SYSPY" "$BENCH/fsck_model.py" "$DIR/$name.trace.txt" "$DIR/$name.map.json" "$DIR/classify.json" \
-    "${BLOCKS[0]}" "ssd:${BLOCKS[1]}" | sed 's/^/    /'
-  "$SYSPY" "$BENCH/fsck_model.py" "$DIR/$name.trace.txt" "$DIR/$name.map.json" "$DIR/classify.json" \
-    "${BLOCKS[0]}" "ssd:${BLOCKS[1]}" --json >"$DIR/$name.ssd.json"
+  "${model[@]}" "${BLOCKS[0]}" "ssd:${BLOCKS[1]}" | sed 's/^/    /'
+  "${model[@]}" "${BLOCKS[0]}" "ssd:${BLOCKS[1]}" --json >"$DIR/$name.ssd.json"
 }
 
-measure none
+measure none fsck
+measure none stat
 "$TARN" vol hint $VOL -p "$POOL" --json 2>/dev/null | jq -c . | sed 's/^/hint (cluster): /'
-measure cluster
+measure cluster fsck
+measure cluster stat
 "$TARN" vol unhint $VOL -p "$POOL" --json 2>/dev/null | jq -c . | sed 's/^/unhint: /'
 "$TARN" vol hint $VOL -p "$POOL" --metadata-device "$META" --json 2>/dev/null | jq -c . | sed 's/^/hint (device): /'
-measure device
+measure device fsck
+measure device stat
 
-echo; echo "== summary: modeled e2fsck time and seeks, as a ratio to no hints"
-"$SYSPY" - "$DIR" <<'PY'
+for w in fsck stat; do
+echo; echo "== summary, $w: modeled time and seeks, as a ratio to no hints"
+"$SYSPY" - "$DIR" "$w" <<'PY'
 import json, sys
-d = sys.argv[1]
-get = lambda n, m: json.load(open(f"{d}/{n}.{m}.json"))
+d, w = sys.argv[1], sys.argv[2]
+get = lambda n, m: json.load(open(f"{d}/{n}-{w}.{m}.json"))
 base = get("none", "disk")
 def row(label, r):
     t, s = r["total"], base["total"]
@@ -162,4 +177,5 @@ row("cluster on the data device (disk)", get("cluster", "disk"))
 row("metadata device (a second disk)", get("device", "disk"))
 row("metadata device (flash)", get("device", "ssd"))
 PY
+done
 echo "results: $OUT"
