@@ -6,7 +6,7 @@
 # the volume's map), `vol unhint` moves it back; e2fsck clean and every
 # file intact after each, the pool checker clean at the end.
 . "$(dirname "$0")/lib.sh"
-need nbdfuse fusermount3 losetup mkfs.ext4 e2fsck e2image sha256sum mountpoint
+need nbdfuse fusermount3 losetup mkfs.ext4 e2fsck e2image resize2fs sha256sum mountpoint qemu-img nbdcopy jq
 need_root "losetup, mount"
 need_fuse
 need_loop
@@ -24,6 +24,13 @@ FUSE=$T/fuse
 MNT=$T/mnt
 mkdir -p "$FUSE" "$MNT"
 CHECK="$SYSPY $(dirname "$0")/hints_check.py"
+# truth LABEL CLASSIFY_JSON E2IMAGE: precision and recall, printed
+truth() {
+  local out rc=0
+  out=$($CHECK truth "$LOOP" "$2" "$3" 2>&1) || rc=$?
+  printf '%s\n' "$out" | sed 's/^/    /'
+  if [ $rc = 0 ]; then ok "$1"; else bad "$1"; fi
+}
 
 step "ext4 aged: trees copied, files patched and deleted, round after round"
 fuse_attach $VOL $((1 << 30))
@@ -65,7 +72,7 @@ out=$("$TARN" vol classify $VOL -p "$POOL" --runs --json) || die "vol classify f
 printf '%s' "$out" >"$T/classify.json"
 say "  $("$TARN" vol classify $VOL -p "$POOL" | tr '\n' ';')"
 check "e2image -r" e2image -r "$LOOP" "$T/e2image.img"
-check "classifier precision and recall against e2image" $CHECK truth "$LOOP" "$T/classify.json" "$T/e2image.img"
+truth "ext4: classifier precision and recall against e2image" "$T/classify.json" "$T/e2image.img"
 
 # placement DEVICE: percent of mapped metadata blocks on DEVICE
 placement() {
@@ -118,6 +125,46 @@ expect_between "an import allocates only the data (MiB)" "$((VAL / M))" 1 300
 check_fails "import into an existing volume" "$TARN" vol import "$T/export.raw" fsraw -p "$POOL"
 check_fails "import of a missing file" "$TARN" vol import "$T/nonesuch.raw" fsnone -p "$POOL"
 expect_eq "a failed import leaves no volume" "$("$TARN" vol list -p "$POOL" --json | jq '[.[] | select(.name == "fsnone")] | length')" 0
+fuse_detach
+
+step "ext2 and ext3 through the kernel: the classifier against e2image"
+make_vol "$POOL" fsold $((256 * M))
+for fs in ext2 ext3; do
+  fuse_attach fsold $((256 * M))
+  check "mkfs.$fs" mkfs.ext4 -q -F -t $fs "$LOOP"
+  check "mount $fs" mount -t $fs "$LOOP" "$MNT"
+  "$SYSPY" - "$MNT" <<'PY' || bad "filling $fs failed"
+import os, random, sys
+r = random.Random(11)
+for d in range(30):
+    sub = os.path.join(sys.argv[1], f"d{d % 5}", f"s{d}")
+    os.makedirs(sub, exist_ok=True)
+    for f in range(r.randint(5, 30)):
+        with open(os.path.join(sub, f"f{f}"), "wb") as fh:
+            fh.write(r.randbytes(r.choice([100, 5000, 60000, 400000])))
+    if d % 7 == 3:
+        os.symlink("x" * 200, os.path.join(sub, "long-link"))
+PY
+  umount "$MNT" || bad "umount $fs"
+  fuse_detach
+  fuse_attach fsold $((256 * M))
+  out=$("$TARN" vol classify fsold -p "$POOL" --runs --json) || bad "vol classify on $fs failed: $out"
+  printf '%s' "$out" >"$T/classify-$fs.json"
+  expect_eq "classify names the file system" "$(jq -r .file_system "$T/classify-$fs.json")" $fs
+  check "e2image -r ($fs)" e2image -r "$LOOP" "$T/e2image-$fs.img"
+  truth "$fs: classifier precision and recall against e2image" "$T/classify-$fs.json" "$T/e2image-$fs.img"
+  rm -f "$T/e2image-$fs.img"
+  fuse_detach
+done
+# ext3 above was a reformat of the ext2; now resize2fs grows it.
+check "vol resize fsold to 384 MiB" "$TARN" vol resize fsold --size 384M -p "$POOL"
+fuse_attach fsold $((384 * M))
+check "resize2fs to 384 MiB" resize2fs "$LOOP"
+out=$("$TARN" vol classify fsold -p "$POOL" --runs --json) || bad "vol classify after resize2fs failed: $out"
+printf '%s' "$out" >"$T/classify-grown.json"
+check "e2image -r (grown)" e2image -r "$LOOP" "$T/e2image-grown.img"
+truth "after resize2fs: classifier precision and recall against e2image" "$T/classify-grown.json" "$T/e2image-grown.img"
+rm -f "$T/e2image-grown.img"
 fuse_detach
 
 step "bad input"
