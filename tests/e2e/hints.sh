@@ -90,6 +90,14 @@ read -r AFTER _ <<<"$(placement 1)"
 expect_between "metadata on the metadata device after hints (percent x100)" "${AFTER/./}" 9900 10000
 out=$("$TARN" vol hint $VOL -p "$POOL" --metadata-device "$META" --json) || bad "second vol hint failed: $out"
 expect_eq "a second hint moves nothing" "$(jq -r .moved_bytes <<<"$out")" 0
+"$TARN" vol map $VOL -p "$POOL" --json >"$T/map.json" || bad "vol map failed"
+DATA_AT=$($CHECK datablock "$T/classify.json" "$T/map.json") || die "no data block found"
+out=$("$TARN" vol hint $VOL -p "$POOL" --metadata-device "$META" --metadata "$DATA_AT:4K" --json) || bad "explicit hint: $out"
+expect_eq "an explicit hint of a data block moves it" "$(jq -r .moved_bytes <<<"$out")" 4096
+out=$("$TARN" vol hint $VOL -p "$POOL" --metadata-device "$META" --json) || bad "third vol hint failed: $out"
+expect_eq "an inferred hint sends the block that is no metadata back" "$(jq -r .returned_bytes <<<"$out")" 4096
+read -r AGAIN _ <<<"$(placement 1)"
+expect_eq "metadata still all on the metadata device" "$AGAIN" "100.00"
 check "e2fsck -fn clean after hints" e2fsck -fn "$LOOP"
 check "mount after hints" mount -t ext4 "$LOOP" "$MNT"
 check "every file intact after hints" bash -c "cd '$MNT' && sha256sum --quiet -c '$T/sums'"

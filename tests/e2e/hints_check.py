@@ -7,6 +7,9 @@ precision per kind and recall, exits 1 below 99% (static) or 95% (the rest).
 
 placement CLASSIFY_JSON MAP_JSON DEVICE: share of the mapped 4 KiB blocks
 of the moved kinds that lie on pool device DEVICE, in percent.
+
+datablock CLASSIFY_JSON MAP_JSON: byte offset of a mapped 4 KiB block that
+holds no metadata of any kind (file data).
 """
 import json
 import sys
@@ -75,8 +78,23 @@ def placement(classify_json, map_json, device):
     return 0
 
 
+def datablock(classify_json, map_json):
+    c = json.load(open(classify_json))
+    meta = set()
+    for off, length, _kind in c["runs"]:
+        meta.update(range(off // BS, (off + length + BS - 1) // BS))
+    for lba, length, _dev, _block in json.load(open(map_json)):
+        for b in range(lba, lba + length):
+            if b not in meta:
+                print(b * BS)
+                return 0
+    return 1
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
+    if cmd == "datablock":
+        sys.exit(datablock(sys.argv[2], sys.argv[3]))
     if cmd == "truth":
         sys.exit(truth(*sys.argv[2:5]))
     sys.exit(placement(sys.argv[2], sys.argv[3], int(sys.argv[4])))

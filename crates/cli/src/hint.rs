@@ -136,7 +136,59 @@ pub fn move_metadata(
         ("explicit", blocks_covering(&r))
     };
     let r = pool.place_hinted(name, &blocks, target, progress).map_err(|e| e.to_string())?;
-    Ok(report_json(name, source, &blocks, &r))
+    let mut answer = report_json(name, source, &blocks, &r);
+    // Inferred hints are the whole truth about the file system; explicit
+    // ones add to earlier ones, so only the former send blocks back.
+    if let (HintTarget::Device(d), true) = (target, ranges.is_empty()) {
+        let back = return_strays(pool, name, d, &blocks, progress)?;
+        answer["returned_bytes"] = json!(back * 4096);
+    }
+    Ok(answer)
+}
+
+/// Move the volume's blocks on metadata device `device` that are no
+/// longer metadata (files grew into freed directory blocks, a reformat)
+/// back where its placement puts data; returns how many moved.
+fn return_strays(
+    pool: &Pool,
+    name: &str,
+    device: usize,
+    hinted: &[(u64, u64)],
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<u64, String> {
+    let vol = pool.volume_id(name).ok_or_else(|| format!("no volume {name}"))?;
+    let blocks = pool.view_size(vol, View::Head).ok_or("the volume went away")? / 4096;
+    let mut on_device = Vec::new();
+    let mut lba = 0;
+    while lba < blocks {
+        let n = STRAY_SCAN_BLOCKS.min(blocks - lba);
+        let runs = pool.physical_runs(vol, View::Head, lba, n).map_err(|e| e.to_string())?;
+        on_device.extend(runs.iter().filter(|r| usize::from(r.device) == device).map(|r| (r.lba, r.len)));
+        lba += n;
+    }
+    let mut taken = hinted.to_vec();
+    taken.sort_unstable();
+    let strays = without(&on_device, &merged(&taken));
+    if strays.is_empty() {
+        return Ok(0);
+    }
+    let r = pool.place_hinted(name, &strays, HintTarget::Natural, progress).map_err(|e| e.to_string())?;
+    Ok(r.blocks_moved)
+}
+
+/// Logical blocks looked at per `physical_runs` call.
+const STRAY_SCAN_BLOCKS: u64 = 1 << 18;
+
+/// Sorted runs with overlapping or touching ones joined.
+fn merged(sorted: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &(first, len) in sorted {
+        match out.last_mut() {
+            Some(last) if last.0 + last.1 >= first => last.1 = last.1.max(first + len - last.0),
+            _ => out.push((first, len)),
+        }
+    }
+    out
 }
 
 fn report_json(name: &str, source: &str, blocks: &[(u64, u64)], r: &HintReport) -> Value {
@@ -152,6 +204,11 @@ fn report_json(name: &str, source: &str, blocks: &[(u64, u64)], r: &HintReport) 
 #[cfg(test)]
 mod tests {
     use super::without;
+
+    #[test]
+    fn runs_merge_when_they_touch() {
+        assert_eq!(super::merged(&[(0, 2), (2, 3), (4, 4), (10, 1)]), vec![(0, 8), (10, 1)]);
+    }
 
     #[test]
     fn blocks_taken_are_left_out() {
