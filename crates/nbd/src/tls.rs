@@ -3,8 +3,9 @@
 //! certificate verification (mutual TLS) and the per-client export
 //! allow-list.
 //!
-//! TLS itself is rustls (ring provider); this module only loads PEM files
-//! and decides who may see which export.
+//! TLS itself is rustls (aws-lc-rs provider); this module only loads PEM
+//! files, says why a key cannot be used, and decides who may see which
+//! export.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -39,6 +40,8 @@ pub enum TlsError {
     NoKey(PathBuf),
     #[error("{path}: unusable CA certificate: {detail}")]
     BadCa { path: PathBuf, detail: String },
+    #[error("{path}: unusable key ({key}): TLS takes {USABLE_KEYS} (rustls: {detail})")]
+    UnusableKey { path: PathBuf, key: String, detail: String },
     #[error("server certificate and key are not usable together: {0}")]
     CertKey(rustls::Error),
     #[error("client verifier: {0}")]
@@ -170,7 +173,8 @@ impl TlsConfig {
     ) -> Result<TlsConfig, TlsError> {
         let chain = load_certs(cert)?;
         let key_der = load_key(key)?;
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        check_key(&provider, key, &key_der, &chain[0])?;
         let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(TlsError::CertKey)?;
@@ -235,6 +239,53 @@ fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
         Ok(k) => Ok(k),
         Err(rustls::pki_types::pem::Error::NoItemsFound) => Err(TlsError::NoKey(path.to_owned())),
         Err(e) => Err(pem_error(path, e)),
+    }
+}
+
+/// What the aws-lc-rs provider signs with (rustls 0.23).
+const USABLE_KEYS: &str = "RSA of 2048 to 8192 bits, ECDSA P-256, P-384 or P-521, Ed25519";
+
+/// Fails with a message naming the key's kind and size when the crypto
+/// provider cannot load it: rustls alone only says it could not parse it.
+fn check_key(
+    provider: &rustls::crypto::CryptoProvider,
+    path: &Path,
+    key: &PrivateKeyDer<'static>,
+    cert: &CertificateDer<'_>,
+) -> Result<(), TlsError> {
+    match provider.key_provider.load_private_key(key.clone_key()) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(TlsError::UnusableKey { path: path.to_owned(), key: describe_key(cert), detail: e.to_string() }),
+    }
+}
+
+/// "RSA 1024 bits", "ECDSA secp256k1"...: the certificate's public key,
+/// which is the key's other half (when it is not, that is reported later).
+fn describe_key(cert: &CertificateDer<'_>) -> String {
+    use x509_parser::public_key::PublicKey;
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(cert) else {
+        return "its certificate cannot be parsed".to_owned();
+    };
+    let spki = cert.public_key();
+    let alg = spki.algorithm.algorithm.to_id_string();
+    let curve = || spki.algorithm.parameters.as_ref().and_then(|p| p.as_oid().ok()).map(|o| curve_name(&o.to_id_string()));
+    match (alg.as_str(), spki.parsed()) {
+        (_, Ok(PublicKey::RSA(rsa))) => format!("RSA {} bits", rsa.key_size()),
+        ("1.2.840.10045.2.1", _) => format!("ECDSA {}", curve().unwrap_or_else(|| "of an unnamed curve".into())),
+        ("1.3.101.112", _) => "Ed25519".to_owned(),
+        ("1.3.101.113", _) => "Ed448".to_owned(),
+        ("1.2.840.10040.4.1", _) => "DSA".to_owned(),
+        (oid, _) => format!("public key algorithm {oid}"),
+    }
+}
+
+fn curve_name(oid: &str) -> String {
+    match oid {
+        "1.2.840.10045.3.1.7" => "P-256".to_owned(),
+        "1.3.132.0.34" => "P-384".to_owned(),
+        "1.3.132.0.35" => "P-521".to_owned(),
+        "1.3.132.0.10" => "secp256k1".to_owned(),
+        other => format!("curve {other}"),
     }
 }
 

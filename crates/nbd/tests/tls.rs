@@ -97,7 +97,7 @@ impl Pki {
         for c in CertificateDer::pem_slice_iter(self.ca_pem.as_bytes()) {
             roots.add(c.unwrap()).unwrap();
         }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let b = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .unwrap()
