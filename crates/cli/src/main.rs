@@ -600,7 +600,9 @@ fn gen_cmd(g: GenCmd) -> Result<i32> {
         }
         GenCmd::Man { dir: None } => {
             let mut buf = Vec::new();
-            clap_mangen::Man::new(Cli::command()).render(&mut buf).context("render the manual page")?;
+            // As generate_to renders it: no `help` subcommand listed.
+            let cmd = Cli::command().disable_help_subcommand(true);
+            clap_mangen::Man::new(cmd).render(&mut buf).context("render the manual page")?;
             out(&String::from_utf8_lossy(&buf));
         }
         GenCmd::Man { dir: Some(dir) } => {
