@@ -7,7 +7,7 @@
 # old settings kept) and STOPPING=1 on SIGTERM; flags win over the file;
 # bad config files stop it with exit 2 naming file and key, nothing
 # started; log lines are one logfmt line per event, with syslog priorities
-# when stderr is the journal; shell completions and man pages generated
+# when stderr is the journal (also a failed start's error); shell completions and man pages generated
 # from the CLI definition parse and render.
 . "$(dirname "$0")/lib.sh"
 need systemd-analyze man openssl nbdinfo nbdsh stat
@@ -242,5 +242,10 @@ grep -q '^<5>level=NOTICE target=tarn msg="listening on' "$JLOG" && ok "notices 
 grep -q '^<6>level=INFO ' "$JLOG" && ok "info at priority <6>" || bad "no <6> info line"
 expect_eq "journal lines without a priority or with a time stamp" "$(grep -cvE '^<[0-7]>level=' "$JLOG" || true)" 0
 stop_serve
+JLOG2=$T/journal-fail.log
+: >"$JLOG2"
+rc=0; JOURNAL_STREAM=$(stat -c '%d:%i' "$JLOG2") timeout 30 "$TARN" serve --config "$T/etc/bad.toml" 2>>"$JLOG2" || rc=$?
+expect_eq "a failed start under the journal: exit" "$rc" 2
+grep -q '^<3>tarn: error: config file ' "$JLOG2" && ok "its error at priority <3>" || bad "no <3> error line: $(head -c 200 "$JLOG2")"
 pool_check "$POOL"
 e2e_finish

@@ -45,10 +45,12 @@ const NOTICE: &str = "notice";
 
 /// The level when none is given: RUST_LOG's, else warn.
 static DEFAULT: OnceLock<LevelFilter> = OnceLock::new();
+/// Whether stderr is the journal.
+static JOURNAL: OnceLock<bool> = OnceLock::new();
 
 /// Install the logger (once, before anything logs).
 pub fn init() {
-    let journal = stderr_is_journal();
+    let journal = *JOURNAL.get_or_init(stderr_is_journal);
     let mut b = env_logger::Builder::new();
     let from_env = match std::env::var("RUST_LOG") {
         Ok(spec) => {
@@ -89,6 +91,14 @@ pub fn set_level(level: Option<LogLevel>) {
 /// Error only so that a RUST_LOG filter lets it through.
 pub fn notice(msg: &str) {
     log::logger().log(&log::Record::builder().level(Level::Error).target(NOTICE).args(format_args!("{msg}")).build());
+}
+
+/// A command's final error for a person (`tarn: error: ...`), with the
+/// error priority when stderr is the journal, so that a service that
+/// failed to start shows as such in `journalctl -p err`.
+pub fn fatal(msg: &str) {
+    let prio = if JOURNAL.get().copied().unwrap_or(false) { "<3>" } else { "" };
+    eprintln!("{prio}tarn: error: {msg}");
 }
 
 fn priority(level: Level) -> u8 {

@@ -487,7 +487,7 @@ fn main() {
     match dispatch(cli.command) {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            eprintln!("tarn: error: {e:#}");
+            logging::fatal(&format!("{e:#}"));
             std::process::exit(2);
         }
     }
