@@ -428,6 +428,24 @@ fn allow_list_hides_and_refuses_exports() {
     assert_eq!(p.set_meta("mem", &["base:allocation"]).last().unwrap().rtype, NBD_REP_ERR_UNKNOWN);
 }
 
+/// A reload swaps the TLS settings: new connections get the new ones,
+/// an established TLS session carries on.
+#[test]
+fn set_tls_applies_to_new_connections() {
+    let pki = Pki::new();
+    let (server, addr) = serve(pki.server_config(TlsMode::Optional, false));
+    let mut held = session(addr, &pki, None, "mem");
+    assert_eq!(listed(&mut Client::connect(addr)), ["mem", "slow", "other"], "optional: plaintext lists");
+    server.set_tls(Some(pki.server_config(TlsMode::Require, false)));
+    let r = Client::connect(addr).option(NBD_OPT_LIST, &[]);
+    assert_eq!(r[0].rtype, NBD_REP_ERR_TLS_REQD, "require after the swap");
+    assert_eq!(held.read_simple(1, 0, 4096).len(), 4096);
+    server.set_tls(None);
+    let r = Client::connect(addr).option(NBD_OPT_STARTTLS, &[]);
+    assert_eq!(r[0].rtype, NBD_REP_ERR_POLICY, "no TLS after the second swap");
+    assert_eq!(held.read_simple(2, 4096, 4096).len(), 4096);
+}
+
 #[test]
 fn allow_list_needs_client_certificates() {
     let pki = Pki::new();
