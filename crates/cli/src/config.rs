@@ -194,7 +194,11 @@ impl ServeOpts {
     /// These options (the command line's) over `file`'s.
     pub fn over(&self, file: &ServeOpts) -> ServeOpts {
         fn vec<T: Clone>(a: &[T], b: &[T]) -> Vec<T> {
-            if a.is_empty() { b.to_vec() } else { a.to_vec() }
+            if a.is_empty() {
+                b.to_vec()
+            } else {
+                a.to_vec()
+            }
         }
         let f = file.clone();
         ServeOpts {

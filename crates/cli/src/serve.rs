@@ -8,8 +8,8 @@
 
 use crate::config::{Resolved, RELOADABLE};
 use crate::control;
-use crate::logging::{self, notice};
 use crate::export::{Clients, PoolBackend};
+use crate::logging::{self, notice};
 use crate::metrics::{self, Metrics};
 use crate::poolfile::{control_alias_path, control_socket_path, open_pool};
 use crate::trace::recorder::Tracer;
@@ -164,7 +164,11 @@ fn reload(config: &mut Option<Resolved>, server: &Server) {
                 for key in &stale {
                     log::warn!("reload: {key} changed; it takes effect at the next restart");
                 }
-                notice(&format!("reloaded ({} applied; {} restart-only keys changed)", RELOADABLE.join(", "), stale.len()));
+                notice(&format!(
+                    "reloaded ({} applied; {} restart-only keys changed)",
+                    RELOADABLE.join(", "),
+                    stale.len()
+                ));
                 *config = Some(new);
             }
         },
