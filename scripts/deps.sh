@@ -15,6 +15,7 @@ declare -A NEED=(
   [mkfs.ext4]=e2fsprogs [e2fsck]=e2fsprogs [nbdkit]=nbdkit
   [losetup]=util-linux [fstrim]=util-linux [pgrep]=procps
   [jq]=jq [promtool]=prometheus [python3]=python3 [timeout]=coreutils [openssl]=openssl [stat]=coreutils
+  [systemd-analyze]=systemd [man]=man-db
 )
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }

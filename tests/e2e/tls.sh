@@ -6,7 +6,10 @@
 # and foreign-CA clients are refused (and logged), the allow-list hides and
 # refuses exports, garbage after STARTTLS does not disturb other sessions,
 # Unix sockets are 0600 (or --socket-mode), bad certificate files stop
-# `tarn serve` with exit 2; then `--tls on` serves plaintext and TLS.
+# `tarn serve` with exit 2; then `--tls on` serves plaintext and TLS; server
+# keys of RSA 2048, 2432, 3072 and 4096 bits, ECDSA P-256 and Ed25519
+# serve libnbd clients, and keys TLS cannot use (RSA 1024, secp256k1,
+# Ed448) stop it with a message naming the key.
 . "$(dirname "$0")/lib.sh"
 need openssl qemu-img qemu-io nbdinfo nbdcopy nbdsh jq cmp stat
 need_pynbd
@@ -239,5 +242,37 @@ check "TLS copy == plaintext data (first 16M == src.img)" cmp -n $((16 * M)) "$T
 check "nbds+unix with TLS over the unix socket" timeout 20 \
   nbdinfo --size "nbds+unix:///disk0?socket=$SERVE_SOCK&tls-certificates=$T/anon&tls-hostname=localhost"
 stop_serve
+
+step "server keys of every size and kind a CA issues"
+# keyleaf NAME OPENSSL-NEWKEY-ARGS...: a server certificate from our CA
+# for a new key of that kind
+keyleaf() {
+  local name=$1; shift
+  printf '%s\n' basicConstraints=CA:FALSE subjectAltName=DNS:localhost,IP:127.0.0.1 extendedKeyUsage=serverAuth \
+    >"$PKI/$name.ext"
+  openssl req -new "$@" -nodes -subj "/CN=tarn server $name" -keyout "$PKI/$name-key.pem" -out "$PKI/$name.csr" \
+    2>>"$T/openssl.log" &&
+  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca-cert.pem" -CAkey "$PKI/ca-key.pem" -CAcreateserial -days 2 \
+    -extfile "$PKI/$name.ext" -out "$PKI/$name-cert.pem" 2>>"$T/openssl.log"
+}
+for spec in "rsa2048 -newkey rsa:2048" "rsa2432 -newkey rsa:2432" "rsa3072 -newkey rsa:3072" \
+  "rsa4096 -newkey rsa:4096" "p256 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1" "ed25519 -newkey ed25519"; do
+  read -ra a <<<"$spec"
+  keyleaf "${a[@]}" || { bad "openssl could not make the ${a[0]} certificate: $(tail -n 2 "$T/openssl.log")"; continue; }
+  start_tls_serve --tls require --tls-cert "$PKI/${a[0]}-cert.pem" --tls-key "$PKI/${a[0]}-key.pem"
+  expect_eq "${a[0]}: nbdinfo --size over nbds://" "$(timeout 20 nbdinfo --size "$(turi disk0 anon)" 2>&1)" $((64 * M))
+  check "${a[0]}: nbdsh reads the 0x5a pattern over TLS" timeout 60 env PATH="/usr/bin:$PATH" nbdsh \
+    -c "h.set_tls(nbd.TLS_REQUIRE)" -c "h.set_tls_certificates('$T/anon')" -c "h.set_export_name('disk0')" \
+    -c "h.connect_tcp('127.0.0.1', '$SERVE_PORT')" -c "assert h.pread(1 << 20, 32 << 20) == b'\\x5a' * (1 << 20)"
+  stop_serve
+done
+for spec in "rsa1024|RSA 1024 bits|-newkey rsa:1024" "k256|ECDSA secp256k1|-newkey ec -pkeyopt ec_paramgen_curve:secp256k1" \
+  "ed448|Ed448|-newkey ed448"; do
+  IFS='|' read -r name what args <<<"$spec"
+  read -ra a <<<"$args"
+  keyleaf "$name" "${a[@]}" || { bad "openssl could not make the $name certificate: $(tail -n 2 "$T/openssl.log")"; continue; }
+  serve_fails "$what key refused, named" "unusable key ($what)" \
+    --tls-cert "$PKI/$name-cert.pem" --tls-key "$PKI/$name-key.pem"
+done
 pool_check "$POOL"
 e2e_finish

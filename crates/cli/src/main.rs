@@ -1,6 +1,7 @@
 //! `tarn`: thin pools, volumes and an NBD server, with nouns like LVM and ZFS.
 
 mod admin;
+mod config;
 mod control;
 mod export;
 mod metrics;
@@ -9,6 +10,7 @@ mod poolfile;
 mod guestfs;
 mod hint;
 mod image;
+mod logging;
 mod progress;
 mod reclaim;
 mod serve;
@@ -21,7 +23,7 @@ mod trace;
 
 use admin::{Ctx, Request};
 use anyhow::{bail, Context, Result};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use serde_json::Value;
 use spec::{SnapSpec, ViewSpec};
 use std::path::{Path, PathBuf};
@@ -71,6 +73,8 @@ enum Command {
     /// Request traces (`serve --trace`): print, convert, replay against a placement.
     #[command(subcommand)]
     Trace(TraceSub),
+    #[command(flatten)]
+    Gen(GenCmd),
 }
 
 #[derive(Subcommand)]
@@ -434,53 +438,27 @@ struct DiffCmd {
 
 #[derive(Args)]
 struct ServeCmd {
+    /// Read options from this TOML file (keys: the flags' names without
+    /// the dashes, e.g. `commit-interval = 5`); flags given here win.
+    #[arg(long, value_name = "FILE", env = "TARN_CONFIG")]
+    config: Option<PathBuf>,
     #[command(flatten)]
-    pool: PoolArg,
-    /// TCP address to listen on.
-    #[arg(long, default_value = "127.0.0.1:10809")]
-    listen: String,
-    /// Do not listen on TCP (use --socket).
-    #[arg(long)]
-    no_tcp: bool,
-    /// Also listen on this Unix socket (created mode 0600).
-    #[arg(long)]
-    socket: Option<PathBuf>,
-    /// Commit before acknowledging any write that allocated.
-    #[arg(long)]
-    strict: bool,
-    /// Seconds between background commits.
-    #[arg(long, default_value_t = 5)]
-    commit_interval: u64,
-    /// Memory for metadata nodes (e.g. 256M, the default); maps of any
-    /// size work, the rest is read from the devices on demand.
-    #[arg(long, value_parser = size::parse_size)]
-    metadata_cache: Option<u64>,
-    /// Where new data goes: linear (default: in arrival order, so random
-    /// first writes are appended) or contiguous (each 256 KiB of a volume
-    /// has a 256 KiB home: sequential data stays sequential whatever the
-    /// order it is first written in; random first writes cost more).
-    #[arg(long, default_value = "linear", value_parser = parse_placement)]
-    placement: tarn_engine::PlacementKind,
-    /// Seconds without client writes after which scattered data is
-    /// re-laid out in the background (like `pool compact`, 8 MiB per
-    /// 100 ms at most, paused by the next write); 0: never.
-    #[arg(long, default_value_t = 10)]
-    compact_idle: u64,
-    /// Record every request answered (time, export, command, offset,
-    /// length, flags) to this file; read it with `tarn trace print`.
-    #[arg(long, value_name = "FILE")]
-    trace: Option<PathBuf>,
-    /// A pool device (index or path) kept for file-system metadata moved
-    /// there by `tarn vol hint --metadata-device`: new data avoids it.
-    #[arg(long, value_name = "DEVICE")]
-    metadata_device: Option<String>,
-    /// Serve Prometheus metrics at http://ADDR/metrics (per export
-    /// requests, bytes, errors, latency; pool space, commits, cache,
-    /// devices), e.g. 127.0.0.1:9310.
-    #[arg(long, value_name = "ADDR")]
-    metrics: Option<String>,
-    #[command(flatten)]
-    tls: tls::TlsArgs,
+    opts: config::ServeOpts,
+}
+
+#[derive(Subcommand)]
+enum GenCmd {
+    /// Shell completion script for bash, zsh, fish, elvish or powershell on stdout.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// The manual page (roff) on stdout, or with --dir one page per command
+    /// (tarn.1, tarn-serve.1, tarn-pool-create.1, ...) into DIR.
+    Man {
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
 }
 
 /// A placement name or "default" (checked here, applied by the pool).
@@ -535,14 +513,12 @@ fn limit_malloc_arenas() {
 
 fn main() {
     limit_malloc_arenas();
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
-        .format_timestamp_millis()
-        .init();
+    logging::init();
     let cli = Cli::parse();
     match dispatch(cli.command) {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            eprintln!("tarn: error: {e:#}");
+            logging::fatal(&format!("{e:#}"));
             std::process::exit(2);
         }
     }
@@ -647,7 +623,31 @@ fn dispatch(cmd: Command) -> Result<i32> {
         Command::Serve(s) => serve_cmd(s),
         Command::Run(r) => run_cmd(r),
         Command::Trace(t) => trace_cmd(t),
+        Command::Gen(g) => gen_cmd(g),
     }
+}
+
+/// Completions and manual pages, generated from the clap definition.
+fn gen_cmd(g: GenCmd) -> Result<i32> {
+    match g {
+        GenCmd::Completions { shell } => {
+            let mut buf = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "tarn", &mut buf);
+            out(&String::from_utf8_lossy(&buf));
+        }
+        GenCmd::Man { dir: None } => {
+            let mut buf = Vec::new();
+            // As generate_to renders it: no `help` subcommand listed.
+            let cmd = Cli::command().disable_help_subcommand(true);
+            clap_mangen::Man::new(cmd).render(&mut buf).context("render the manual page")?;
+            out(&String::from_utf8_lossy(&buf));
+        }
+        GenCmd::Man { dir: Some(dir) } => {
+            std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+            clap_mangen::generate_to(Cli::command(), &dir).with_context(|| format!("write pages to {}", dir.display()))?;
+        }
+    }
+    Ok(0)
 }
 
 fn trace_cmd(t: TraceSub) -> Result<i32> {
@@ -847,31 +847,39 @@ fn absolute(p: &Path) -> String {
 }
 
 fn serve_cmd(s: ServeCmd) -> Result<i32> {
-    let args = serve::ServeArgs {
-        pool: s.pool.pool,
-        members: s.pool.devices,
-        listen: (!s.no_tcp).then_some(s.listen),
-        socket: s.socket,
-        strict: s.strict,
-        metadata_cache: cache_bytes(s.metadata_cache)?,
-        placement: s.placement,
-        commit_interval: Duration::from_secs(s.commit_interval.max(1)),
-        compact_idle: (s.compact_idle > 0).then(|| Duration::from_secs(s.compact_idle)),
-        tls: s.tls.config()?,
-        socket_mode: s.tls.socket_mode,
-        trace: s.trace,
-        metrics: s.metrics,
-        metadata_device: s.metadata_device,
-    };
-    if args.listen.is_none() && args.socket.is_none() {
-        bail!("--no-tcp needs --socket");
-    }
-    serve::serve(args, |addr| {
+    // Everything is checked before anything starts: a bad file or flag
+    // is exit 2 with nothing opened.
+    let resolved = config::resolve(s.opts, s.config)?;
+    logging::set_level(resolved.opts.log_level);
+    let args = serve_args(&resolved.opts)?;
+    serve::serve(args, Some(resolved), |addr| {
         if let Some(a) = addr {
-            eprintln!("tarn: listening on nbd://{a}/");
+            logging::notice(&format!("listening on nbd://{a}/"));
         }
     })?;
     Ok(0)
+}
+
+/// The merged options, defaults filled in.
+fn serve_args(o: &config::ServeOpts) -> Result<serve::ServeArgs> {
+    let commit_interval = o.commit_interval.unwrap_or(config::DEFAULT_COMMIT_INTERVAL);
+    let compact_idle = o.compact_idle.unwrap_or(config::DEFAULT_COMPACT_IDLE);
+    Ok(serve::ServeArgs {
+        pool: o.pool.clone().context("no pool")?,
+        members: o.devices.clone(),
+        listen: (o.no_tcp != Some(true)).then(|| o.listen.clone().unwrap_or_else(|| config::DEFAULT_LISTEN.into())),
+        socket: o.socket.clone(),
+        strict: o.strict == Some(true),
+        metadata_cache: cache_bytes(o.metadata_cache.map(|s| s.0))?,
+        placement: o.placement.map(|p| p.0).unwrap_or_default(),
+        commit_interval: Duration::from_secs(commit_interval.max(1)),
+        compact_idle: (compact_idle > 0).then(|| Duration::from_secs(compact_idle)),
+        tls: tls::config(o)?,
+        socket_mode: o.socket_mode.map_or(0o600, |m| m.0),
+        trace: o.trace.clone(),
+        metrics: o.metrics.clone(),
+        metadata_device: o.metadata_device.clone(),
+    })
 }
 
 fn run_cmd(r: RunCmd) -> Result<i32> {
@@ -905,7 +913,7 @@ fn run_cmd(r: RunCmd) -> Result<i32> {
         metadata_device: None,
     };
     let volume = r.volume;
-    serve::serve(args, move |addr| {
+    serve::serve(args, None, move |addr| {
         if let Some(a) = addr {
             println!("{}", text::connect_hints(&a.to_string(), &volume, &socket));
         }

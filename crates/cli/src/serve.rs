@@ -1,15 +1,21 @@
 //! `tarn serve`: every volume and snapshot of the pool as an NBD export, a control
 //! socket for admin requests, the engine's background service (a commit
 //! every few seconds, resyncs after a crash), and a clean shutdown (drain,
-//! stop the service, commit, checkpoint) on SIGTERM or SIGINT.
+//! stop the service, commit, checkpoint) on SIGTERM or SIGINT. Under
+//! systemd (`Type=notify`) it reports READY=1 once it listens,
+//! RELOADING=1/READY=1 around a reload (SIGHUP: the config file and TLS
+//! files read again, see `reload`) and STOPPING=1 on shutdown.
 
+use crate::config::{Resolved, RELOADABLE};
 use crate::control;
 use crate::export::{Clients, PoolBackend};
+use crate::logging::{self, notice};
 use crate::metrics::{self, Metrics};
 use crate::poolfile::{control_alias_path, control_socket_path, open_pool};
 use crate::trace::recorder::Tracer;
 use anyhow::{Context, Result};
-use signal_hook::consts::{SIGINT, SIGTERM};
+use sd_notify::NotifyState;
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -43,7 +49,13 @@ pub struct ServeArgs {
     pub metadata_device: Option<String>,
 }
 
-pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>)) -> Result<()> {
+/// Serve until SIGTERM/SIGINT. `reloadable` is what a reload re-reads (None:
+/// SIGHUP only logs that there is nothing to reload).
+pub fn serve(
+    args: ServeArgs,
+    mut reloadable: Option<Resolved>,
+    on_ready: impl FnOnce(Option<std::net::SocketAddr>),
+) -> Result<()> {
     let options = OpenOptions {
         strict: args.strict,
         metadata_cache: args.metadata_cache,
@@ -63,7 +75,7 @@ pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>
         ServiceOptions {
             commit_interval: args.commit_interval,
             compact_idle: args.compact_idle,
-            notice: Some(Arc::new(|msg: &str| eprintln!("tarn: {msg}"))),
+            notice: Some(Arc::new(notice)),
             ..ServiceOptions::default()
         },
     );
@@ -95,15 +107,23 @@ pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>
             .with_context(|| format!("listen on {}", sock.display()))?;
     }
     log::info!("serving pool {} ({} volumes) on {:?} {:?}", status.uuid, status.volumes, addr, args.socket);
+    // Before READY=1: a SIGHUP sent once systemd thinks we are up must
+    // reload, not kill (its default action).
+    let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP]).context("install signal handlers")?;
     on_ready(addr);
-    let mut signals = Signals::new([SIGTERM, SIGINT]).context("install signal handlers")?;
-    if let Some(sig) = signals.forever().next() {
-        log::info!("signal {sig}: draining connections");
+    sd_notify_states(&[NotifyState::Ready, NotifyState::Status(&format!("serving pool {}", status.uuid))]);
+    for sig in signals.forever() {
+        if sig != SIGHUP {
+            log::info!("signal {sig}: draining connections");
+            break;
+        }
+        reload(&mut reloadable, &server);
     }
+    sd_notify_states(&[NotifyState::Stopping, NotifyState::Status("draining connections, committing")]);
     server.shutdown();
     if let (Some(t), Some(path)) = (&tracer, &args.trace) {
         let (recorded, dropped) = t.finish().with_context(|| format!("write trace {}", path.display()))?;
-        eprintln!("tarn: trace {}: {recorded} records, {dropped} dropped (queue full)", path.display());
+        notice(&format!("trace {}: {recorded} records, {dropped} dropped (queue full)", path.display()));
     }
     service.stop();
     let _ = std::fs::remove_file(&control_path);
@@ -112,7 +132,7 @@ pub fn serve(args: ServeArgs, on_ready: impl FnOnce(Option<std::net::SocketAddr>
         let _ = std::fs::remove_file(sock);
     }
     pool.close().context("final commit")?;
-    eprintln!("tarn: pool committed and closed");
+    notice("pool committed and closed");
     Ok(())
 }
 
@@ -121,6 +141,44 @@ fn start_metrics(listener: Option<TcpListener>, pool: &Arc<tarn_engine::Pool>) -
     let Some(listener) = listener else { return Ok(None) };
     let m = Arc::new(Metrics::new(pool.clone())?);
     let local = metrics::serve(listener, m.clone())?;
-    eprintln!("tarn: metrics on http://{local}/metrics");
+    notice(&format!("metrics on http://{local}/metrics"));
     Ok(Some(m))
+}
+
+/// SIGHUP: read the config file (and the TLS files it names) again and
+/// apply what can change while serving: the TLS settings (for connections
+/// accepted from now on) and the log level. Anything else changed in the
+/// file is logged as needing a restart. A file or TLS file that does not
+/// load changes nothing. systemd hears RELOADING=1, then READY=1.
+fn reload(config: &mut Option<Resolved>, server: &Server) {
+    let now = NotifyState::monotonic_usec_now().ok();
+    sd_notify_states(&[NotifyState::Reloading].into_iter().chain(now).collect::<Vec<_>>());
+    match config.as_ref().map(Resolved::reload) {
+        None => notice("SIGHUP: no configuration to reload (tarn run)"),
+        Some(Err(e)) => log::error!("reload refused, configuration unchanged: {e:#}"),
+        Some(Ok((new, stale))) => match crate::tls::config(&new.opts) {
+            Err(e) => log::error!("reload refused, configuration unchanged: {e:#}"),
+            Ok(tls) => {
+                server.set_tls(tls);
+                logging::set_level(new.opts.log_level);
+                for key in &stale {
+                    log::warn!("reload: {key} changed; it takes effect at the next restart");
+                }
+                notice(&format!(
+                    "reloaded ({} applied; {} restart-only keys changed)",
+                    RELOADABLE.join(", "),
+                    stale.len()
+                ));
+                *config = Some(new);
+            }
+        },
+    }
+    sd_notify_states(&[NotifyState::Ready]);
+}
+
+/// Tell the service manager (a no-op without NOTIFY_SOCKET).
+fn sd_notify_states(states: &[NotifyState]) {
+    if let Err(e) = sd_notify::notify(false, states) {
+        log::warn!("sd_notify to $NOTIFY_SOCKET: {e}");
+    }
 }

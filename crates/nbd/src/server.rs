@@ -19,6 +19,7 @@ use crate::export::Backend;
 use crate::handshake;
 use crate::session;
 use crate::stream::Stream;
+use crate::tls::TlsConfig;
 use crate::transport::{Channel, Transport};
 use crate::util::{lock, wait_timeout};
 
@@ -49,7 +50,9 @@ struct Conns {
 
 struct Inner {
     backend: Arc<dyn Backend>,
-    config: ServerConfig,
+    /// Copied by each connection when it starts, so that a reload
+    /// ([`Server::set_tls`]) applies to the connections that follow.
+    config: Mutex<ServerConfig>,
     shutting_down: AtomicBool,
     listeners: Mutex<Vec<Listener>>,
     conns: Mutex<Conns>,
@@ -69,7 +72,7 @@ impl Server {
         Server {
             inner: Arc::new(Inner {
                 backend,
-                config,
+                config: Mutex::new(config),
                 shutting_down: AtomicBool::new(false),
                 listeners: Mutex::new(Vec::new()),
                 conns: Mutex::new(Conns::default()),
@@ -77,6 +80,13 @@ impl Server {
                 next_id: AtomicU64::new(1),
             }),
         }
+    }
+
+    /// Replace the TLS settings (certificates reloaded, mode or allow-list
+    /// changed): connections accepted from now on use them; established
+    /// ones keep the session they negotiated.
+    pub fn set_tls(&self, tls: Option<TlsConfig>) {
+        lock(&self.inner.config).tls = tls;
     }
 
     /// Bind a TCP address (e.g. `127.0.0.1:10809`, port 0 for any) and
@@ -325,8 +335,9 @@ fn start_connection(inner: &Arc<Inner>, stream: Stream) {
     if inner.shutting_down.load(Ordering::SeqCst) {
         return;
     }
-    if c.live.len() >= inner.config.max_connections {
-        log::warn!("nbd: connection limit ({}) reached; refusing {}", inner.config.max_connections, stream.peer());
+    let max = lock(&inner.config).max_connections;
+    if c.live.len() >= max {
+        log::warn!("nbd: connection limit ({max}) reached; refusing {}", stream.peer());
         return;
     }
     let handle = match stream.try_clone() {
@@ -363,10 +374,11 @@ fn run_connection(inner: &Inner, id: u64, stream: Stream) {
             return;
         }
     };
-    match handshake::negotiate(chan, &*inner.backend, &inner.config, &inner.shutting_down) {
+    let config = lock(&inner.config).clone();
+    match handshake::negotiate(chan, &*inner.backend, &config, &inner.shutting_down) {
         Ok((neg, chan)) => {
             let name = neg.name.clone();
-            let (cfg, stop) = (&inner.config, &inner.shutting_down);
+            let (cfg, stop) = (&config, &inner.shutting_down);
             // Two monomorphic read loops: the plaintext one is unchanged.
             let end = match chan {
                 Channel::Plain { reader, writer } => {

@@ -3,8 +3,9 @@
 //! certificate verification (mutual TLS) and the per-client export
 //! allow-list.
 //!
-//! TLS itself is rustls (ring provider); this module only loads PEM files
-//! and decides who may see which export.
+//! TLS itself is rustls (aws-lc-rs provider); this module only loads PEM
+//! files, says why a key cannot be used, and decides who may see which
+//! export.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -39,6 +40,8 @@ pub enum TlsError {
     NoKey(PathBuf),
     #[error("{path}: unusable CA certificate: {detail}")]
     BadCa { path: PathBuf, detail: String },
+    #[error("{path}: unusable key ({key}): TLS takes {USABLE_KEYS} (rustls: {detail})")]
+    UnusableKey { path: PathBuf, key: String, detail: String },
     #[error("server certificate and key are not usable together: {0}")]
     CertKey(rustls::Error),
     #[error("client verifier: {0}")]
@@ -170,7 +173,8 @@ impl TlsConfig {
     ) -> Result<TlsConfig, TlsError> {
         let chain = load_certs(cert)?;
         let key_der = load_key(key)?;
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        check_key(&provider, key, &key_der)?;
         let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(TlsError::CertKey)?;
@@ -235,6 +239,84 @@ fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
         Ok(k) => Ok(k),
         Err(rustls::pki_types::pem::Error::NoItemsFound) => Err(TlsError::NoKey(path.to_owned())),
         Err(e) => Err(pem_error(path, e)),
+    }
+}
+
+/// What the aws-lc-rs provider signs with (rustls 0.23).
+const USABLE_KEYS: &str = "RSA of 2048 to 8192 bits, ECDSA P-256, P-384 or P-521, Ed25519";
+
+/// Fails with a message naming the key's kind and size when the crypto
+/// provider cannot load it: rustls alone only says it could not parse it.
+fn check_key(
+    provider: &rustls::crypto::CryptoProvider,
+    path: &Path,
+    key: &PrivateKeyDer<'static>,
+) -> Result<(), TlsError> {
+    match provider.key_provider.load_private_key(key.clone_key()) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(TlsError::UnusableKey { path: path.to_owned(), key: describe_key(key), detail: e.to_string() }),
+    }
+}
+
+/// "RSA 1024 bits", "ECDSA secp256k1", "Ed448"...: read from the key's
+/// DER (PKCS#1, SEC1 or PKCS#8), as far as it parses.
+fn describe_key(key: &PrivateKeyDer<'_>) -> String {
+    let described = match key {
+        PrivateKeyDer::Pkcs1(k) => rsa_bits(k.secret_pkcs1_der()).map(|b| format!("RSA {b} bits")),
+        PrivateKeyDer::Sec1(k) => Some(format!("ECDSA {}", sec1_curve(k.secret_sec1_der()))),
+        PrivateKeyDer::Pkcs8(k) => describe_pkcs8(k.secret_pkcs8_der()),
+        _ => None,
+    };
+    described.unwrap_or_else(|| "a key of a kind not recognised".to_owned())
+}
+
+/// PrivateKeyInfo ::= SEQUENCE { version, SEQUENCE { algorithm OID,
+/// parameters }, privateKey OCTET STRING, ... } (RFC 5208, 5958).
+fn describe_pkcs8(der: &[u8]) -> Option<String> {
+    let (_, info) = x509_parser::der_parser::parse_der(der).ok()?;
+    let info = info.as_sequence().ok()?;
+    let alg = info.get(1)?.as_sequence().ok()?;
+    let oid = alg.first()?.as_oid().ok()?.to_id_string();
+    let param = || alg.get(1).and_then(|p| p.as_oid().ok()).map(|o| curve_name(&o.to_id_string()));
+    Some(match oid.as_str() {
+        "1.2.840.113549.1.1.1" => format!("RSA {} bits", rsa_bits(info.get(2)?.as_slice().ok()?)?),
+        "1.2.840.113549.1.1.10" => "RSA-PSS".to_owned(),
+        "1.2.840.10045.2.1" => format!("ECDSA {}", param().unwrap_or_else(|| "of an unnamed curve".into())),
+        "1.3.101.112" => "Ed25519".to_owned(),
+        "1.3.101.113" => "Ed448".to_owned(),
+        "1.2.840.10040.4.1" => "DSA".to_owned(),
+        other => format!("algorithm {other}"),
+    })
+}
+
+/// RSAPrivateKey ::= SEQUENCE { version, modulus INTEGER, ... }: the
+/// modulus' length in bits.
+fn rsa_bits(der: &[u8]) -> Option<usize> {
+    let (_, key) = x509_parser::der_parser::parse_der(der).ok()?;
+    let n = key.as_sequence().ok()?.get(1)?.as_slice().ok()?;
+    let n = &n[n.iter().position(|&b| b != 0)?..];
+    Some(n.len() * 8 - n[0].leading_zeros() as usize)
+}
+
+/// ECPrivateKey ::= SEQUENCE { version, privateKey, [0] parameters (the
+/// curve OID) OPTIONAL, ... }.
+fn sec1_curve(der: &[u8]) -> String {
+    let curve = || -> Option<String> {
+        let (_, key) = x509_parser::der_parser::parse_der(der).ok()?;
+        let tagged = key.as_sequence().ok()?.get(2)?;
+        let (_, oid) = x509_parser::der_parser::parse_der(tagged.as_slice().ok()?).ok()?;
+        Some(curve_name(&oid.as_oid().ok()?.to_id_string()))
+    };
+    curve().unwrap_or_else(|| "of an unnamed curve".to_owned())
+}
+
+fn curve_name(oid: &str) -> String {
+    match oid {
+        "1.2.840.10045.3.1.7" => "P-256".to_owned(),
+        "1.3.132.0.34" => "P-384".to_owned(),
+        "1.3.132.0.35" => "P-521".to_owned(),
+        "1.3.132.0.10" => "secp256k1".to_owned(),
+        other => format!("curve {other}"),
     }
 }
 

@@ -97,7 +97,7 @@ impl Pki {
         for c in CertificateDer::pem_slice_iter(self.ca_pem.as_bytes()) {
             roots.add(c.unwrap()).unwrap();
         }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let b = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .unwrap()
@@ -426,6 +426,24 @@ fn allow_list_hides_and_refuses_exports() {
     assert_eq!(p.go("nosuch", &[]).unwrap_err(), NBD_REP_ERR_TLS_REQD);
     p.structured();
     assert_eq!(p.set_meta("mem", &["base:allocation"]).last().unwrap().rtype, NBD_REP_ERR_UNKNOWN);
+}
+
+/// A reload swaps the TLS settings: new connections get the new ones,
+/// an established TLS session carries on.
+#[test]
+fn set_tls_applies_to_new_connections() {
+    let pki = Pki::new();
+    let (server, addr) = serve(pki.server_config(TlsMode::Optional, false));
+    let mut held = session(addr, &pki, None, "mem");
+    assert_eq!(listed(&mut Client::connect(addr)), ["mem", "slow", "other"], "optional: plaintext lists");
+    server.set_tls(Some(pki.server_config(TlsMode::Require, false)));
+    let r = Client::connect(addr).option(NBD_OPT_LIST, &[]);
+    assert_eq!(r[0].rtype, NBD_REP_ERR_TLS_REQD, "require after the swap");
+    assert_eq!(held.read_simple(1, 0, 4096).len(), 4096);
+    server.set_tls(None);
+    let r = Client::connect(addr).option(NBD_OPT_STARTTLS, &[]);
+    assert_eq!(r[0].rtype, NBD_REP_ERR_POLICY, "no TLS after the second swap");
+    assert_eq!(held.read_simple(2, 4096, 4096).len(), 4096);
 }
 
 #[test]
