@@ -3,7 +3,8 @@
 "built" (object files beside the sources), cleaned and deleted, round
 after round, until about GIB GiB have been written. Deterministic (seed 7).
 
-usage: fs_age.py MOUNTPOINT GIB
+usage: fs_age.py MOUNTPOINT GIB [KEEP]
+KEEP: source trees kept at most (default 12); older ones are deleted.
 """
 import os
 import random
@@ -61,7 +62,7 @@ def clean(tree):
             os.remove(p)
 
 
-def main(root, gib):
+def main(root, gib, keep=12):
     r = random.Random(7)
     goal = int(float(gib) * (1 << 30))
     written, n, live = 0, 0, []
@@ -75,7 +76,7 @@ def main(root, gib):
         if r.random() < 0.5:
             clean(tree)
         # Keep the file system part full: delete old trees past a few.
-        while len(live) > 12:
+        while len(live) > keep:
             shutil.rmtree(live.pop(r.randrange(len(live) - 2)))
         for old in live[:-1]:
             if r.random() < 0.3:
@@ -85,4 +86,4 @@ def main(root, gib):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 12)

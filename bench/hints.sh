@@ -24,7 +24,7 @@
 #    of its own and once as flash), per kind of block read.
 #
 #   sudo bash bench/hints.sh
-# Env: FS_TYPE=ext4 (or ext3, ext2) AGE_GIB=2 VOL_SIZE=8G DATA_SIZE=16G META_SIZE=1G ROUNDS=1
+# Env: FS_TYPE=ext4 (or ext3, ext2) AGE_GIB=2 KEEP=12 (source trees kept) VOL_SIZE=8G DATA_SIZE=16G META_SIZE=1G ROUNDS=1
 #      READAHEAD= (the loop device's readahead in 512-byte sectors for the
 #      fsck runs; empty: the kernel's default, whose reads of neighbouring
 #      data blocks show as "data" in the model; when set, the loop device
@@ -37,6 +37,7 @@ BENCH=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$BENCH/.." && pwd)
 TARN=${TARN:-$REPO/target/release/tarn}
 AGE_GIB=${AGE_GIB:-2}
+KEEP=${KEEP:-12}
 VOL_SIZE=${VOL_SIZE:-8G}
 DATA_SIZE=${DATA_SIZE:-16G}
 META_SIZE=${META_SIZE:-1G}
@@ -46,7 +47,7 @@ DIR=${BENCH_DIR:-/var/tmp/tarn-hints}
 STAMP=$(date +%Y-%m-%d-%H%M)
 OUT=$BENCH/results/$STAMP-hints.txt
 SYSPY=/usr/bin/python3
-PORT=${PORT:-10899}
+PORT=${PORT:-$("$SYSPY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
 export LC_ALL=C
 for c in nbdfuse fusermount3 losetup mkfs.ext4 e2fsck jq; do
   command -v $c >/dev/null || { echo "hints: $c missing, run: bash scripts/deps.sh" >&2; exit 1; }
@@ -106,7 +107,7 @@ attach
 mkfs.ext4 -q -F -t "$FS_TYPE" "$LOOP"
 mount -t "$FS_TYPE" "$LOOP" "$DIR/mnt"
 t0=$(date +%s)
-"$SYSPY" "$BENCH/fs_age.py" "$DIR/mnt" "$AGE_GIB"
+"$SYSPY" "$BENCH/fs_age.py" "$DIR/mnt" "$AGE_GIB" "$KEEP"
 echo "aging took $(( $(date +%s) - t0 )) s; df: $(df -h --output=used,iused "$DIR/mnt" | tail -1)"
 detach
 "$TARN" vol classify $VOL -p "$POOL" --runs --json >"$DIR/classify.json"
@@ -142,9 +143,11 @@ measure() { # CONFIG WORKLOAD
   "$TARN" vol map $VOL -p "$POOL" --json >"$DIR/$name.map.json"
   echo "  blocks on the metadata device: $(jq '[.[] | select(.[2] == 1) | .[1]] | add // 0' "$DIR/$name.map.json")"
   local model=("$SYSPY" "$BENCH/fsck_model.py" "$DIR/$name.trace.txt" "$DIR/$name.map.json" "$DIR/classify.json")
-  echo "  modeled, every device a 7,200 rpm disk:"
-  "${model[@]}" "${BLOCKS[@]}" | sed 's/^/    /'
-  "${model[@]}" "${BLOCKS[@]}" --json >"$DIR/$name.disk.json"
+  # A second disk the data device's size (a real disk, not a 1G one:
+  # the model's seek time grows with the share of the disk crossed).
+  echo "  modeled, every device a 7,200 rpm disk of the data device's size:"
+  "${model[@]}" "${BLOCKS[0]}" "${BLOCKS[0]}" | sed 's/^/    /'
+  "${model[@]}" "${BLOCKS[0]}" "${BLOCKS[0]}" --json >"$DIR/$name.disk.json"
   echo "  modeled, the metadata device as flash:"
   "${model[@]}" "${BLOCKS[0]}" "ssd:${BLOCKS[1]}" | sed 's/^/    /'
   "${model[@]}" "${BLOCKS[0]}" "ssd:${BLOCKS[1]}" --json >"$DIR/$name.ssd.json"

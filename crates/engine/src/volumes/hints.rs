@@ -106,13 +106,16 @@ impl Pool {
         let mut inner = self.write_inner();
         let space = &mut inner.space;
         match target {
-            HintTarget::Device(d) if d < space.devices.len() => Ok((d, 0)),
-            HintTarget::Device(d) => Err(EngineError::InvalidArgument(format!("no device {d} in the pool"))),
+            HintTarget::Device(d) if d >= space.devices.len() => {
+                Err(EngineError::InvalidArgument(format!("no device {d} in the pool")))
+            }
             HintTarget::Natural => Ok((0, 0)),
+            // One free run if there is one, so the moved blocks lie in the
+            // order given (fsck's), not around what the device held.
+            HintTarget::Device(d) => Ok((d, cluster_start(space, d, total)?.unwrap_or(0))),
             HintTarget::Cluster => {
                 let device = space.roomiest().ok_or(EngineError::NoSpace)?;
-                let want = total.clamp(1, CLUSTER_SEARCH_BLOCKS).next_power_of_two();
-                let start = space.find_region(device, want)?.map_or(space.devices[device].cursor, Pba::block);
+                let start = cluster_start(space, device, total)?.unwrap_or(space.devices[device].cursor);
                 Ok((device, start))
             }
         }
@@ -169,6 +172,13 @@ impl Pool {
         }
         Ok(fresh)
     }
+}
+
+/// The first block of an aligned free run on `device` for `total` blocks
+/// (at most [`CLUSTER_SEARCH_BLOCKS`] searched for), if the device has one.
+fn cluster_start(space: &mut crate::space::Space, device: usize, total: u64) -> Result<Option<u64>> {
+    let want = total.clamp(1, CLUSTER_SEARCH_BLOCKS).next_power_of_two();
+    Ok(space.find_region(device, want)?.map(Pba::block))
 }
 
 /// The mapped segments owned by the head alone and not yet where
