@@ -25,7 +25,7 @@ pub fn volume_colour(i: usize) -> Rgb {
     }
     let hue = ((i - FIRST.len()) as f64 * 137.507_764 + 15.0) % 360.0;
     // Alternate the lightness so neighbours in hue still differ.
-    let l = if i % 2 == 0 { 0.42 } else { 0.55 };
+    let l = if i.is_multiple_of(2) { 0.42 } else { 0.55 };
     hsl(hue, 0.65, l)
 }
 
