@@ -18,6 +18,10 @@ pub enum Request {
     VolMap {
         name: String,
     },
+    /// Per device, blocks per kind of space in at most `cells` cells (`tarn map`).
+    PoolMap {
+        cells: u64,
+    },
     VolCreate {
         name: String,
         size: u64,
@@ -120,7 +124,7 @@ impl Request {
     pub fn writes(&self) -> bool {
         !matches!(
             self,
-            Request::Status | Request::Check | Request::VolList | Request::SnapList { .. } | Request::Diff { .. }
+            Request::Status | Request::PoolMap { .. } | Request::Check | Request::VolList | Request::SnapList { .. } | Request::Diff { .. }
         )
     }
 }
@@ -140,6 +144,7 @@ pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, Strin
         Request::Flush => pool.flush().map(|_| json!({})),
         Request::VolList => Ok(Value::Array(pool.list_volumes().iter().map(volume_json).collect())),
         Request::VolMap { name } => vol_map(pool, name),
+        Request::PoolMap { cells } => crate::layout::pool_map(pool, *cells),
         Request::VolCreate { name, size, placement } => {
             let placement = match placement {
                 Some(name) => placement_named(name)?,

@@ -5,9 +5,11 @@ mod control;
 mod export;
 mod metrics;
 mod mirror;
+mod picture;
 mod poolfile;
 mod guestfs;
 mod hint;
+mod layout;
 mod progress;
 mod reclaim;
 mod serve;
@@ -70,6 +72,17 @@ enum Command {
     /// Request traces (`serve --trace`): print, convert, replay against a placement.
     #[command(subcommand)]
     Trace(TraceSub),
+    /// Draw each device's layout: blocks by volume (snapshots' space
+    /// lighter or hatched), free, metadata, journal; fragmentation per device.
+    Map {
+        #[command(flatten)]
+        pool: PoolArg,
+        #[command(flatten)]
+        out: picture::Output,
+        /// Describe the picture (files, size, legend colours, device areas) as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -297,11 +310,15 @@ enum VolCmd {
         json: bool,
     },
     /// Where a volume's (or a snapshot's, VOL@SNAP) blocks lie on the
-    /// devices: one line per run, `lba len device block` in 4 KiB blocks.
+    /// devices: one line per run, `lba len device block` in 4 KiB blocks;
+    /// with --png/--svg a picture (offset in the volume against place on
+    /// the devices) and its description.
     Map {
         name: String,
         #[command(flatten)]
         pool: PoolArg,
+        #[command(flatten)]
+        out: picture::Output,
         #[arg(long)]
         json: bool,
     },
@@ -568,9 +585,12 @@ fn dispatch(cmd: Command) -> Result<i32> {
             println!("volume {}: placement {}", v["name"].as_str().unwrap_or("?"), text::placement(&v));
             Ok(0)
         }
-        Command::Vol(VolCmd::Map { name, pool, json }) => {
-            let v = admin(&pool, &Request::VolMap { name })?;
-            print(json, &v, text::runs);
+        Command::Vol(VolCmd::Map { name, pool, out, json }) => {
+            if out.wanted() {
+                print(json, &picture::vol_map(&pool, &name, &out)?, picture::text);
+            } else {
+                print(json, &admin(&pool, &Request::VolMap { name })?, text::runs);
+            }
             Ok(0)
         }
         Command::Vol(VolCmd::Reclaim { name, dry_run, pool, json }) => {
@@ -610,6 +630,10 @@ fn dispatch(cmd: Command) -> Result<i32> {
         Command::Serve(s) => serve_cmd(s),
         Command::Run(r) => run_cmd(r),
         Command::Trace(t) => trace_cmd(t),
+        Command::Map { pool, out, json } => {
+            print(json, &picture::pool_map(&pool, &out)?, picture::text);
+            Ok(0)
+        }
     }
 }
 
