@@ -29,9 +29,9 @@ pub enum VizError {
     Height(u64),
     #[error("nothing to draw: {0}")]
     Empty(&'static str),
-    #[error("write {path}: {source}")]
+    #[error("write {path}")]
     Io { path: PathBuf, source: std::io::Error },
-    #[error("encode {path} as PNG: {source}")]
+    #[error("encode {path} as PNG")]
     Png { path: PathBuf, source: png::EncodingError },
 }
 
