@@ -93,7 +93,7 @@ fn runs_per_gib(d: &Value) -> f64 {
 fn device_stats(d: &Value, v: &Value) -> String {
     let r = &d["regions"];
     format!(
-        "held {} in {} runs ({:.1} runs/GiB), free {}; 256 KiB regions: {} full, {} partly used, {} free",
+        "data {} in {} runs ({:.0} runs/GiB); free {}; 256 KiB regions: {} full, {} partly used, {} free",
         human(num(&d["held_blocks"]) * block(v)),
         num(&d["held_runs"]),
         runs_per_gib(d),

@@ -4,7 +4,7 @@
 //! proportion, so a volume's colour shows wherever it has a block.
 
 use crate::palette::{self, volume_colour};
-use crate::scene::{Group, Rgb, Scene, Shape, GLYPH};
+use crate::scene::{fits, wrap, Group, Rgb, Scene, Shape, GLYPH};
 use crate::{check_width, VizError, MAX_WIDTH};
 
 /// Which views of its volume hold a block (as the engine tells it).
@@ -94,15 +94,19 @@ pub fn draw(map: &PoolMap, width: u32) -> Result<(Scene, Placed), VizError> {
         return Err(VizError::Empty("the pool has no devices"));
     }
     let cols = columns(width);
-    let mut groups = vec![text_group("title", vec![(MARGIN, MARGIN, 2, map.title.clone())])];
-    let mut y = MARGIN + 2 * GLYPH + LINE;
+    let chars = fits(width - 2 * MARGIN, 1);
+    let title = wrap(&map.title, fits(width - 2 * MARGIN, 2));
+    let title_lines = (0..).zip(title).map(|(i, t)| (MARGIN, MARGIN + i * (2 * GLYPH + 4), 2, t)).collect::<Vec<_>>();
+    let mut y = MARGIN + title_lines.len() as u32 * (2 * GLYPH + 4) + LINE;
+    let mut groups = vec![text_group("title", title_lines)];
     let mut placed = Placed { areas: Vec::new(), columns: cols };
     let mut fills: Vec<Vec<Shape>> = vec![Vec::new(); map.volumes.len()];
     let mut other = Vec::new();
     for (i, d) in map.devices.iter().enumerate() {
-        let header = vec![(MARGIN, y, 1, d.label.clone()), (MARGIN, y + LINE, 1, d.stats.clone())];
+        let lines = wrap(&d.label, chars).into_iter().chain(wrap(&d.stats, chars));
+        let header: Vec<_> = (y..).step_by(LINE as usize).zip(lines).map(|(ly, t)| (MARGIN, ly, 1, t)).collect();
+        y += header.len() as u32 * LINE + 4;
         groups.push(Group { name: format!("device {i}"), ..text_group("device-label", header) });
-        y += 2 * LINE + 4;
         let rows = (d.cells.len() as u32).div_ceil(cols);
         let area = [MARGIN, y, cols * CELL, rows * CELL];
         other.push(Shape::Rect { x: area[0], y: area[1], w: area[2], h: area[3], fill: palette::GRID, hatch: None });
@@ -187,8 +191,8 @@ fn legend(map: &PoolMap, width: u32, top: u32) -> (Vec<Group>, u64) {
         x += w;
     }
     y += LINE + 10;
-    for note in &map.notes {
-        shapes.push(Shape::Text { x: MARGIN, y, scale: 1, text: note.clone(), color: palette::TEXT });
+    for note in map.notes.iter().flat_map(|n| wrap(n, fits(width - 2 * MARGIN, 1))) {
+        shapes.push(Shape::Text { x: MARGIN, y, scale: 1, text: note, color: palette::TEXT });
         y += LINE;
     }
     (vec![Group { class: "legend", name: "legend".into(), shapes }], u64::from(y + MARGIN))

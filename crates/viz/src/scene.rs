@@ -133,6 +133,27 @@ impl Scene {
     }
 }
 
+/// `text` cut at spaces into lines of at most `max` characters (a word
+/// longer than that stands alone on its line).
+pub fn wrap(text: &str, max: usize) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    for word in text.split(' ') {
+        match lines.last_mut() {
+            Some(l) if l.chars().count() + 1 + word.chars().count() <= max => {
+                l.push(' ');
+                l.push_str(word);
+            }
+            _ => lines.push(word.to_string()),
+        }
+    }
+    lines
+}
+
+/// How many glyphs at `scale` fit in `pixels`.
+pub fn fits(pixels: u32, scale: u32) -> usize {
+    (pixels / (GLYPH * scale)).max(1) as usize
+}
+
 fn hex(c: Rgb) -> String {
     c.to_string()[1..].to_string()
 }
@@ -255,6 +276,12 @@ mod tests {
         let svg = s.svg();
         assert!(svg.contains(r#"data-name="a&lt;b""#));
         assert!(svg.contains(r#"id="hatch-090909""#) && svg.contains("url(#hatch-090909)"));
+    }
+
+    #[test]
+    fn wrap_cuts_at_spaces() {
+        assert_eq!(wrap("aa bb cc", 5), vec!["aa bb", "cc"]);
+        assert_eq!(wrap("toolongword x", 4), vec!["toolongword", "x"]);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! straight diagonal, and scattering shows as short dashes all over.
 
 use crate::palette::{self, volume_colour};
-use crate::scene::{Group, Scene, Shape, GLYPH};
+use crate::scene::{fits, Group, Scene, Shape, GLYPH};
 use crate::{check_width, VizError};
 
 /// A mapped run, in blocks.
@@ -48,12 +48,17 @@ pub fn draw(map: &VolumeMap, width: u32) -> Result<Scene, VizError> {
     let x_of = |lba: u64| f64::from(LEFT) + lba as f64 * sx;
     let y_of = |p: u64| f64::from(TOP + ph) - p as f64 * sy;
     let bases: Vec<u64> = map.devices.iter().scan(0, |acc, d| Some(std::mem::replace(acc, *acc + d.1))).collect();
-    let mut frame = vec![Shape::Text { x: LEFT, y: 12, scale: 2, text: map.title.clone(), color: palette::TEXT }];
+    // The title large when it fits, else small.
+    let scale = if map.title.chars().count() <= fits(width - 2 * RIGHT, 2) { 2 } else { 1 };
+    let mut frame = vec![Shape::Text { x: RIGHT, y: 10, scale, text: map.title.clone(), color: palette::TEXT }];
     axes(&mut frame, map, (pw, ph), physical);
-    for (i, &base) in bases.iter().enumerate().skip(1) {
+    for (i, &base) in bases.iter().enumerate() {
         let y = y_of(base);
-        frame.push(line((f64::from(LEFT), y), (f64::from(LEFT + pw), y), palette::GRID));
-        frame.push(text(LEFT + 4, y as u32 + 2, format!("device {i}")));
+        if i > 0 {
+            frame.push(line((f64::from(LEFT), y), (f64::from(LEFT + pw), y), palette::GRID));
+        }
+        // Inside the band, just above its bottom line.
+        frame.push(text(LEFT + pw - 9 * GLYPH, (y as u32).saturating_sub(GLYPH + 3), format!("device {i}")));
     }
     let mut runs = Vec::with_capacity(map.runs.len());
     for r in &map.runs {
