@@ -48,6 +48,9 @@ pub struct DeviceLayout {
     pub metadata_start: u64,
 }
 
+/// Free ranges of a device, `(first block, length)`, in block order.
+pub type FreeRanges<'a> = &'a [(u64, u64)];
+
 /// Which of a volume's maps a chunk reads: the head, or a snapshot's dead
 /// list (by epoch, so a snapshot deleted between chunks is skipped).
 #[derive(Clone, Copy)]
@@ -105,7 +108,7 @@ impl Pool {
 
     /// Call `f` with chunks of device `device`'s free ranges `(block, len)`
     /// in block order.
-    pub fn free_runs(&self, device: usize, f: &mut dyn FnMut(&[(u64, u64)])) -> Result<()> {
+    pub fn free_runs(&self, device: usize, f: &mut dyn FnMut(FreeRanges<'_>)) -> Result<()> {
         let mut from = Some(0);
         while let Some(block) = from {
             let (ranges, next) = self.with_cached_nodes(|inner| {
