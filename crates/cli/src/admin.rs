@@ -124,7 +124,12 @@ impl Request {
     pub fn writes(&self) -> bool {
         !matches!(
             self,
-            Request::Status | Request::PoolMap { .. } | Request::Check | Request::VolList | Request::SnapList { .. } | Request::Diff { .. }
+            Request::Status
+                | Request::PoolMap { .. }
+                | Request::Check
+                | Request::VolList
+                | Request::SnapList { .. }
+                | Request::Diff { .. }
         )
     }
 }

@@ -84,8 +84,13 @@ pub fn pool_map(pool: &Pool, cells: u64) -> Result<Value, EngineError> {
         })?;
     }
     let paths: Vec<String> = pool.devices().iter().map(|d| d.name()).collect();
-    let devices: Vec<Value> =
-        layouts.iter().zip(grids).zip(stats).enumerate().map(|(i, ((d, g), s))| device_json(i, &paths[i], d, g, s)).collect();
+    let devices: Vec<Value> = layouts
+        .iter()
+        .zip(grids)
+        .zip(stats)
+        .enumerate()
+        .map(|(i, ((d, g), s))| device_json(i, &paths[i], d, g, s))
+        .collect();
     let volumes: Vec<Value> = names.iter().map(|(id, name)| json!({ "id": id, "name": name })).collect();
     Ok(json!({
         "block_size": tarn_format::BLOCK_SIZE, "reserve_blocks": pool.reserve_blocks(),

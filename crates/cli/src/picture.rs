@@ -68,7 +68,9 @@ pub fn pool_map(p: &PoolArg, out: &Output) -> Result<Value> {
                     "runs_per_gib": runs_per_gib(d), "regions": d["regions"], "summary": device_stats(d, &v) })
         })
         .collect();
-    Ok(json!({ "files": files, "width": scene.width, "height": scene.height, "legend": legend(&v), "devices": devices }))
+    Ok(
+        json!({ "files": files, "width": scene.width, "height": scene.height, "legend": legend(&v), "devices": devices }),
+    )
 }
 
 fn num(v: &Value) -> u64 {
@@ -110,7 +112,12 @@ fn pool_picture(v: &Value, pool_path: &str) -> Result<pool::PoolMap> {
         v["volumes"].as_array().into_iter().flatten().map(|x| x["name"].as_str().unwrap_or("?").to_string()).collect();
     let mut devices = Vec::new();
     for d in v["devices"].as_array().into_iter().flatten() {
-        let label = format!("device {}  {}  {}", d["index"], d["path"].as_str().unwrap_or("?"), human(num(&d["blocks"]) * block(v)));
+        let label = format!(
+            "device {}  {}  {}",
+            d["index"],
+            d["path"].as_str().unwrap_or("?"),
+            human(num(&d["blocks"]) * block(v))
+        );
         let cells: Result<Vec<pool::Cell>> = d["cells"].as_array().into_iter().flatten().map(cell).collect();
         devices.push(pool::DeviceMap { label, stats: device_stats(d, v), cells: cells? });
     }
@@ -182,7 +189,12 @@ pub fn vol_map(p: &PoolArg, name: &str, out: &Output) -> Result<Value> {
         .as_array()
         .into_iter()
         .flatten()
-        .map(|r| tarn_viz::VolumeRun { lba: num(&r[0]), len: num(&r[1]), device: num(&r[2]) as usize, block: num(&r[3]) })
+        .map(|r| tarn_viz::VolumeRun {
+            lba: num(&r[0]),
+            len: num(&r[1]),
+            device: num(&r[2]) as usize,
+            block: num(&r[3]),
+        })
         .collect();
     let devices: Vec<(String, u64)> = status["devices"]
         .as_array()

@@ -32,9 +32,7 @@ impl Fill {
     pub fn colour(self) -> (Rgb, Option<Rgb>) {
         match self {
             Fill::Volume(i, Holder::Head) => (volume_colour(i), None),
-            Fill::Volume(i, Holder::Shared) => {
-                (volume_colour(i), Some(volume_colour(i).lighten(palette::HATCH_SHADE)))
-            }
+            Fill::Volume(i, Holder::Shared) => (volume_colour(i), Some(volume_colour(i).lighten(palette::HATCH_SHADE))),
             Fill::Volume(i, Holder::Snapshots) => (volume_colour(i).lighten(palette::SNAPSHOT_SHADE), None),
             Fill::Labels => (palette::LABELS, None),
             Fill::Journal => (palette::JOURNAL, None),
@@ -155,18 +153,20 @@ fn cell_bands(cell: &Cell, x: u32, y: u32, fills: &mut [Vec<Shape>], other: &mut
 }
 
 fn text_group(class: &'static str, lines: Vec<(u32, u32, u32, String)>) -> Group {
-    let shapes = lines
-        .into_iter()
-        .map(|(x, y, scale, text)| Shape::Text { x, y, scale, text, color: palette::TEXT })
-        .collect();
+    let shapes =
+        lines.into_iter().map(|(x, y, scale, text)| Shape::Text { x, y, scale, text, color: palette::TEXT }).collect();
     Group { class, name: class.into(), shapes }
 }
 
 /// The legend under the grids: a swatch and text per entry, flowed into
 /// rows; then the notes. Returns its groups and the picture's height.
 fn legend(map: &PoolMap, width: u32, top: u32) -> (Vec<Group>, u64) {
-    let mut entries: Vec<((Rgb, Option<Rgb>), String)> =
-        map.volumes.iter().enumerate().map(|(i, name)| (Fill::Volume(i, Holder::Head).colour(), name.clone())).collect();
+    let mut entries: Vec<((Rgb, Option<Rgb>), String)> = map
+        .volumes
+        .iter()
+        .enumerate()
+        .map(|(i, name)| (Fill::Volume(i, Holder::Head).colour(), name.clone()))
+        .collect();
     let sample = Rgb(0x60, 0x60, 0x60);
     entries.push(((sample, Some(sample.lighten(palette::HATCH_SHADE))), "hatched: head + snapshots".into()));
     entries.push(((sample.lighten(palette::SNAPSHOT_SHADE), None), "light: snapshots only".into()));

@@ -96,7 +96,8 @@ impl Scene {
     pub fn svg(&self) -> String {
         let mut s = String::new();
         let (w, h) = (self.width, self.height);
-        let _ = writeln!(s, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}">"#);
+        let _ =
+            writeln!(s, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}">"#);
         s.push_str(&self.hatch_patterns());
         let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="{}"/>"#, self.background);
         for g in &self.groups {
@@ -163,7 +164,8 @@ fn svg_shape(s: &mut String, shape: &Shape) {
         Shape::Rect { x, y, w, h, fill, hatch } => {
             let _ = writeln!(s, r#"<rect x="{x}" y="{y}" width="{w}" height="{h}" fill="{fill}"/>"#);
             if let Some(c) = hatch {
-                let _ = writeln!(s, r#"<rect x="{x}" y="{y}" width="{w}" height="{h}" fill="url(#hatch-{})"/>"#, hex(*c));
+                let _ =
+                    writeln!(s, r#"<rect x="{x}" y="{y}" width="{w}" height="{h}" fill="url(#hatch-{})"/>"#, hex(*c));
             }
         }
         Shape::Line { from, to, color, width } => {
@@ -256,7 +258,12 @@ mod tests {
     use super::*;
 
     fn scene(shapes: Vec<Shape>) -> Scene {
-        Scene { width: 20, height: 10, background: Rgb(255, 255, 255), groups: vec![Group { class: "t", name: "a<b".into(), shapes }] }
+        Scene {
+            width: 20,
+            height: 10,
+            background: Rgb(255, 255, 255),
+            groups: vec![Group { class: "t", name: "a<b".into(), shapes }],
+        }
     }
 
     #[test]

@@ -133,7 +133,10 @@ fn chunk_of(v: &Volume, map: MapOf, lba: u64) -> Result<(Vec<HeldRun>, Option<u6
     let (entries, holder_of): (&ExtentMap, Box<dyn Fn(u64) -> Holder>) = match map {
         MapOf::Head => {
             let shared = v.shared_epoch();
-            (&v.map, Box::new(move |birth| if shared.is_some_and(|e| birth <= e) { Holder::Shared } else { Holder::Head }))
+            (
+                &v.map,
+                Box::new(move |birth| if shared.is_some_and(|e| birth <= e) { Holder::Shared } else { Holder::Head }),
+            )
         }
         MapOf::Dead(epoch) => match v.snapshots.iter().find(|s| s.epoch == epoch) {
             Some(s) => (&s.dead, Box::new(|_| Holder::Snapshots)),
