@@ -17,6 +17,7 @@ import os
 import sys
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")  # files only: no display on a benchmark machine
 import matplotlib.pyplot as plt  # noqa: E402
@@ -47,13 +48,15 @@ def save(fig, path):
 
 
 def cdf_axes(ax, title):
-    """Log x; y stretched toward the tail (the 99th-99.99th percentiles are
-    where servers differ), as 1 - fraction on a log scale, reversed."""
+    """Log x; a logit y, which spreads both ends: the median region and
+    the 99th-99.99th percentiles, where servers differ."""
     ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.invert_yaxis()
-    ax.set_yticks([0.5, 0.1, 0.01, 0.001, 0.0001])
-    ax.set_yticklabels(["50%", "90%", "99%", "99.9%", "99.99%"])
+    ax.set_yscale("logit")
+    ticks = [0.01, 0.1, 0.5, 0.9, 0.99, 0.999, 0.9999]
+    ax.set_yticks(ticks)
+    ax.set_yticklabels(["1%", "10%", "50%", "90%", "99%", "99.9%", "99.99%"])
+    ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set_ylim(0.005, 0.99995)
     ax.set_xlabel("completion latency (us)")
     ax.set_ylabel("requests done within")
     ax.set_title(title, fontsize=10)
@@ -62,7 +65,7 @@ def cdf_axes(ax, title):
 
 def plot_cdf(ax, points, label, col):
     xs = [x for x, _ in points]
-    ys = [max(1.0 - f, 1e-5) for _, f in points]
+    ys = [min(max(f, 1e-5), 1 - 1e-5) for _, f in points]
     ax.plot(xs, ys, marker=".", label=label, color=col)
 
 
@@ -152,6 +155,7 @@ def run(manifest, prefix):
         ax.legend(fontsize=8)
     for j in range(n, rows * cols):
         axes[j // cols][j % cols].axis("off")
+    fig.suptitle(f"completion latency per workload ({os.path.basename(os.path.dirname(manifest))})", fontsize=11)
     fig.tight_layout()
     save(fig, prefix + "-latency.png")
 
@@ -170,6 +174,10 @@ def ratios(jobs, order, peers, desc, prefix):
         ax.bar_label(bars, fmt="%.2fx", fontsize=7, padding=2)
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_yscale("log")
+    # Ratios read as "2x" and "0.5x", not as powers of ten.
+    ax.yaxis.set_major_locator(matplotlib.ticker.FixedLocator([0.125, 0.25, 0.5, 1, 2, 4, 8, 16]))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:g}x"))
+    ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xticks(range(len(order)))
     ax.set_xticklabels([desc.get(w, w) for w in order], rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("tarn IOPS / peer IOPS (above 1: tarn faster)")
