@@ -52,11 +52,11 @@ def cdf_axes(ax, title):
     the 99th-99.99th percentiles, where servers differ."""
     ax.set_xscale("log")
     ax.set_yscale("logit")
-    ticks = [0.01, 0.1, 0.5, 0.9, 0.99, 0.999, 0.9999]
+    ticks = [0.01, 0.1, 0.5, 0.9, 0.99, 0.999, 0.9999, 0.99999]
     ax.set_yticks(ticks)
-    ax.set_yticklabels(["1%", "10%", "50%", "90%", "99%", "99.9%", "99.99%"])
+    ax.set_yticklabels(["1%", "10%", "50%", "90%", "99%", "99.9%", "99.99%", "99.999%"])
     ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    ax.set_ylim(0.005, 0.99995)
+    ax.set_ylim(0.005, 0.999995)
     ax.set_xlabel("completion latency (us)")
     ax.set_ylabel("requests done within")
     ax.set_title(title, fontsize=10)
@@ -80,10 +80,15 @@ def aging(out, rounds, prefix, targets):
     fig, ax = plt.subplots(figsize=(10, 5))
     for t, r in runs.items():
         secs = [ms / 1000 for ms, _ in r["sec_iops"]]
-        ax.plot(secs, [v / 1000 for _, v in r["sec_iops"]], lw=0.6, alpha=0.5, color=colour(t))
-        mins = sorted(r["min_iops"].items())
-        ax.step([(m + 1) * 60 for m, _ in mins], [v / 1000 for _, (v, _) in mins], where="pre", lw=2.2,
-                color=colour(t), label=f"{NAMES.get(t, t)} (per-minute mean; thin: per second)")
+        ax.plot(secs, [v / 1000 for _, v in r["sec_iops"]], lw=0.8, alpha=0.6, color=colour(t))
+        # Each minute's mean as a bar across that minute (a step plot
+        # would draw nothing for a run of one minute).
+        end = secs[-1] if secs else 0
+        xs, ys = [], []
+        for m, (v, _) in sorted(r["min_iops"].items()):
+            xs += [m * 60, min((m + 1) * 60, end), float("nan")]
+            ys += [v / 1000, v / 1000, float("nan")]
+        ax.plot(xs, ys, lw=2.5, color=colour(t), label=f"{NAMES.get(t, t)} (per-minute mean; thin: per second)")
     ax.set_xlabel("seconds into the run")
     ax.set_ylabel("write IOPS (thousands)")
     ax.set_ylim(bottom=0)
