@@ -18,6 +18,10 @@ pub const OUTSIDE: u32 = 4;
 pub const VOLUME_BASE: u32 = 8;
 /// Blocks per placement region (256 KiB): the unit fragmentation is counted in.
 const REGION: u64 = 64;
+/// Most cells per device a request may ask for: bounds the server's memory
+/// and the answer whatever a client sends (a picture 8192 pixels wide has
+/// about 41,000 per device).
+const MAX_CELLS: u64 = 1 << 18;
 
 /// One device's cells: blocks per code.
 struct Grid {
@@ -71,7 +75,7 @@ struct Stats {
 pub fn pool_map(pool: &Pool, cells: u64) -> Result<Value, EngineError> {
     let layouts = pool.device_layouts();
     let names: Vec<(u32, String)> = pool.list_volumes().into_iter().map(|v| (v.id, v.name)).collect();
-    let mut grids: Vec<Grid> = layouts.iter().map(|d| base_grid(d, cells)).collect();
+    let mut grids: Vec<Grid> = layouts.iter().map(|d| base_grid(d, cells.min(MAX_CELLS))).collect();
     let mut stats: Vec<Stats> = layouts.iter().map(|_| Stats::default()).collect();
     for (i, d) in layouts.iter().enumerate() {
         free_space(pool, i, d, &mut grids[i], &mut stats[i])?;
@@ -116,7 +120,8 @@ fn free_space(pool: &Pool, i: usize, d: &DeviceLayout, g: &mut Grid, s: &mut Sta
         for &(start, len) in runs {
             g.add(FREE, start, len, Some(METADATA));
             s.free_blocks += len;
-            let (first, end) = (start - d.data_start, start - d.data_start + len);
+            let first = start.saturating_sub(d.data_start);
+            let end = first + len;
             let whole = (end / REGION).saturating_sub(first.div_ceil(REGION));
             s.free_regions += whole;
             for edge in [(first % REGION != 0).then_some(first / REGION), (end % REGION != 0).then_some(end / REGION)] {

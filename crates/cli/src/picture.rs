@@ -230,10 +230,12 @@ fn view_size(p: &PoolArg, name: &str) -> Result<u64> {
 
 /// Text form of a picture's description.
 pub fn text(v: &Value) -> String {
-    let mut s = format!("wrote {} ({}x{})\n", v["files"].as_array().map_or(0, Vec::len), v["width"], v["height"]);
-    for f in v["files"].as_array().into_iter().flatten() {
-        s += &format!("  {}\n", f.as_str().unwrap_or("?"));
-    }
+    let files: Vec<&str> = v["files"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    let mut s = if files.is_empty() {
+        "no picture written (give --png FILE and/or --svg FILE)\n".to_string()
+    } else {
+        format!("wrote {} ({}x{})\n", files.join(" and "), v["width"], v["height"])
+    };
     for x in v["legend"]["volumes"].as_array().into_iter().flatten() {
         s += &format!("  {}  {}\n", x["colour"].as_str().unwrap_or("?"), x["name"].as_str().unwrap_or("?"));
     }

@@ -25,7 +25,7 @@ pub const MAX_WIDTH: u32 = 8192;
 pub enum VizError {
     #[error("width {0}: pictures are {MIN_WIDTH} to {MAX_WIDTH} pixels wide")]
     Width(u32),
-    #[error("the picture would be {0} pixels tall (at most {MAX_WIDTH}): use a greater width")]
+    #[error("the picture would be {0} pixels tall (at most {MAX_WIDTH}): too many devices for one picture")]
     Height(u64),
     #[error("nothing to draw: {0}")]
     Empty(&'static str),

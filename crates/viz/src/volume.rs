@@ -60,13 +60,18 @@ pub fn draw(map: &VolumeMap, width: u32) -> Result<Scene, VizError> {
         // Inside the band, just above its bottom line.
         frame.push(text(LEFT + pw - 9 * GLYPH, (y as u32).saturating_sub(GLYPH + 3), format!("device {i}")));
     }
-    let mut runs = Vec::with_capacity(map.runs.len());
+    let mut runs = Vec::new();
+    // Runs that land on the same pixels are drawn once: a map of millions
+    // of runs makes a picture (and an SVG) of at most a few per pixel.
+    let mut drawn = std::collections::HashSet::new();
     for r in &map.runs {
         let Some(&base) = bases.get(r.device) else { continue };
         let p = base + r.block;
         let from = (x_of(r.lba), y_of(p));
         let to = (x_of(r.lba + r.len).max(from.0 + 1.0), y_of(p + r.len).min(from.1 - 1.0));
-        runs.push(Shape::Line { from, to, color: volume_colour(r.device), width: 2 });
+        if drawn.insert([from.0 as i64, from.1 as i64, to.0 as i64, to.1 as i64, r.device as i64]) {
+            runs.push(Shape::Line { from, to, color: volume_colour(r.device), width: 2 });
+        }
     }
     let mut legend = Vec::new();
     for (i, (label, _)) in map.devices.iter().enumerate() {
