@@ -223,7 +223,8 @@ impl Raster {
         let half = i64::from(width / 2);
         for i in 0..=steps {
             let t = i as f64 / steps as f64;
-            let (x, y) = ((from.0 + (to.0 - from.0) * t) as i64, (from.1 + (to.1 - from.1) * t) as i64);
+            // Rounded, not truncated: 228.9999 must not skip pixel 229.
+            let (x, y) = ((from.0 + (to.0 - from.0) * t).round() as i64, (from.1 + (to.1 - from.1) * t).round() as i64);
             for dy in -half..(i64::from(width) - half) {
                 for dx in -half..(i64::from(width) - half) {
                     self.set(x + dx, y + dy, c);
@@ -283,6 +284,23 @@ mod tests {
         let svg = s.svg();
         assert!(svg.contains(r#"data-name="a&lt;b""#));
         assert!(svg.contains(r#"id="hatch-090909""#) && svg.contains("url(#hatch-090909)"));
+    }
+
+    #[test]
+    fn a_line_has_no_gaps() {
+        let s = Scene {
+            width: 3,
+            height: 800,
+            background: Rgb(255, 255, 255),
+            groups: vec![Group {
+                class: "t",
+                name: "l".into(),
+                shapes: vec![Shape::Line { from: (1.0, 44.0), to: (1.0, 764.0), color: Rgb(0, 0, 0), width: 1 }],
+            }],
+        };
+        let px = s.raster();
+        let gaps: Vec<usize> = (44..=764).filter(|y| px[(y * 3 + 1) * 3] != 0).collect();
+        assert!(gaps.is_empty(), "unpainted rows {gaps:?}");
     }
 
     #[test]
