@@ -17,7 +17,7 @@ pub const FREE: u32 = 3;
 pub const OUTSIDE: u32 = 4;
 pub const VOLUME_BASE: u32 = 8;
 /// Blocks per placement region (256 KiB): the unit fragmentation is counted in.
-const REGION: u64 = 64;
+pub const REGION_BLOCKS: u64 = 64;
 /// Most cells per device a request may ask for: bounds the server's memory
 /// and the answer whatever a client sends (a picture 8192 pixels wide has
 /// about 41,000 per device).
@@ -122,9 +122,12 @@ fn free_space(pool: &Pool, i: usize, d: &DeviceLayout, g: &mut Grid, s: &mut Sta
             s.free_blocks += len;
             let first = start.saturating_sub(d.data_start);
             let end = first + len;
-            let whole = (end / REGION).saturating_sub(first.div_ceil(REGION));
+            let whole = (end / REGION_BLOCKS).saturating_sub(first.div_ceil(REGION_BLOCKS));
             s.free_regions += whole;
-            for edge in [(first % REGION != 0).then_some(first / REGION), (end % REGION != 0).then_some(end / REGION)] {
+            for edge in [
+                (first % REGION_BLOCKS != 0).then_some(first / REGION_BLOCKS),
+                (end % REGION_BLOCKS != 0).then_some(end / REGION_BLOCKS),
+            ] {
                 if edge.is_some() && edge != last_partial {
                     s.partial_regions += 1;
                     last_partial = edge;
@@ -148,7 +151,7 @@ fn held(r: &HeldRun, index: usize, grids: &mut [Grid], stats: &mut [Stats]) {
 }
 
 fn device_json(i: usize, path: &str, d: &DeviceLayout, g: Grid, s: Stats) -> Value {
-    let regions = (d.data_end - d.data_start) / REGION;
+    let regions = (d.data_end - d.data_start) / REGION_BLOCKS;
     json!({
         "index": i, "path": path, "blocks": d.blocks, "labels": d.labels, "data_start": d.data_start,
         "data_end": d.data_end, "metadata_start": d.metadata_start, "cell_blocks": g.cell_blocks,

@@ -4,7 +4,7 @@
 //! device's grid lies) so a reader or a test can check the pixels.
 
 use crate::admin::Request;
-use crate::layout::{FREE, JOURNAL, LABELS, METADATA, OUTSIDE, VOLUME_BASE};
+use crate::layout::{FREE, JOURNAL, LABELS, METADATA, OUTSIDE, REGION_BLOCKS, VOLUME_BASE};
 use crate::size::human;
 use crate::PoolArg;
 use anyhow::{bail, Context, Result};
@@ -119,7 +119,7 @@ fn pool_picture(v: &Value, pool_path: &str) -> Result<pool::PoolMap> {
             human(num(&d["blocks"]) * block(v))
         );
         let cells: Result<Vec<pool::Cell>> = d["cells"].as_array().into_iter().flatten().map(cell).collect();
-        devices.push(pool::DeviceMap { label, stats: device_stats(d, v), cells: cells? });
+        devices.push(pool::DeviceMap { label, stats: device_stats(d, v), cells: cells?, regions: regions(d) });
     }
     let cell_bytes = v["devices"][0]["cell_blocks"].as_u64().unwrap_or(1) * block(v);
     let notes = vec![
@@ -127,6 +127,17 @@ fn pool_picture(v: &Value, pool_path: &str) -> Result<pool::PoolMap> {
         format!("reserve kept free for metadata: {}", human(num(&v["reserve_blocks"]) * block(v))),
     ];
     Ok(pool::PoolMap { title: format!("tarn pool {pool_path}"), volumes, devices, notes })
+}
+
+/// Region starts to mark when a 256 KiB region spans several cells
+/// (regions count from the data area's start, as the engine places them).
+fn regions(d: &Value) -> Option<(usize, usize, usize)> {
+    let cell = num(&d["cell_blocks"]).max(1);
+    let per = REGION_BLOCKS / cell;
+    (per > 1).then(|| {
+        let first = num(&d["data_start"]) / cell;
+        (per as usize, first as usize, (num(&d["data_end"]) / cell) as usize)
+    })
 }
 
 fn cell(c: &Value) -> Result<pool::Cell> {

@@ -49,6 +49,8 @@ pub const BACKGROUND: Rgb = Rgb(0xff, 0xff, 0xff);
 pub const TEXT: Rgb = Rgb(0x20, 0x20, 0x20);
 /// The lines between cells of a device's grid.
 pub const GRID: Rgb = Rgb(0xd8, 0xd8, 0xd8);
+/// The grid line where a 256 KiB placement region starts.
+pub const REGION_EDGE: Rgb = Rgb(0x90, 0x90, 0x90);
 pub const FREE: Rgb = Rgb(0xf4, 0xf4, 0xf4);
 /// Used blocks no volume holds: checkpoint nodes, the catalog, space
 /// being freed or in flight.
@@ -75,7 +77,7 @@ mod tests {
                 assert!(seen.insert(shade), "volume {i}: {shade} twice");
             }
         }
-        for fixed in [BACKGROUND, TEXT, GRID, FREE, METADATA, LABELS, JOURNAL, OUTSIDE] {
+        for fixed in [BACKGROUND, TEXT, GRID, REGION_EDGE, FREE, METADATA, LABELS, JOURNAL, OUTSIDE] {
             assert!(!seen.contains(&fixed), "{fixed} is a volume's");
         }
     }

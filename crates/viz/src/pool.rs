@@ -53,6 +53,10 @@ pub struct DeviceMap {
     /// Second header line (use, fragmentation).
     pub stats: String,
     pub cells: Vec<Cell>,
+    /// Where placement regions start, when a region spans several cells:
+    /// (cells per region, the cell of the first region, the cell past the
+    /// last). A darker grid line marks each start.
+    pub regions: Option<(usize, usize, usize)>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -112,6 +116,19 @@ pub fn draw(map: &PoolMap, width: u32) -> Result<(Scene, Placed), VizError> {
             let (cx, cy) = (MARGIN + (n as u32 % cols) * CELL, y + (n as u32 / cols) * CELL);
             cell_bands(cell, cx, cy, &mut fills, &mut other);
         }
+        if let Some((per, first, end)) = d.regions.filter(|r| r.0 > 1) {
+            for n in (first..end.min(d.cells.len())).step_by(per).filter(|n| !(*n as u32).is_multiple_of(cols)) {
+                let (cx, cy) = (MARGIN + (n as u32 % cols) * CELL, y + (n as u32 / cols) * CELL);
+                other.push(Shape::Rect {
+                    x: cx - 1,
+                    y: cy,
+                    w: 1,
+                    h: CELL - 1,
+                    fill: palette::REGION_EDGE,
+                    hatch: None,
+                });
+            }
+        }
         placed.areas.push(area);
         y += rows * CELL + LINE;
     }
@@ -170,6 +187,9 @@ fn legend(map: &PoolMap, width: u32, top: u32) -> (Vec<Group>, u64) {
     let sample = Rgb(0x60, 0x60, 0x60);
     entries.push(((sample, Some(sample.lighten(palette::HATCH_SHADE))), "hatched: head + snapshots".into()));
     entries.push(((sample.lighten(palette::SNAPSHOT_SHADE), None), "light: snapshots only".into()));
+    if map.devices.iter().any(|d| d.regions.is_some_and(|r| r.0 > 1)) {
+        entries.push(((palette::REGION_EDGE, None), "256 KiB region edge".into()));
+    }
     for (fill, what) in [
         (Fill::Free, "free"),
         (Fill::Metadata, "metadata (nodes, in flight)"),
@@ -206,7 +226,7 @@ mod tests {
         PoolMap {
             title: "t".into(),
             volumes: vec!["a".into(), "b".into()],
-            devices: vec![DeviceMap { label: "d0".into(), stats: "s".into(), cells }],
+            devices: vec![DeviceMap { label: "d0".into(), stats: "s".into(), cells, regions: Some((4, 1, 100)) }],
             notes: vec!["n".into()],
         }
     }
