@@ -74,15 +74,22 @@ enum Command {
     Trace(TraceSub),
     /// Draw each device's layout: blocks by volume (snapshots' space
     /// lighter or hatched), free, metadata, journal; fragmentation per device.
-    Map {
-        #[command(flatten)]
-        pool: PoolArg,
-        #[command(flatten)]
-        out: picture::Output,
-        /// Describe the picture (files, size, legend colours, device areas) as JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Map(MapArgs),
+}
+
+/// The pool, the files to draw and the form of the answer, for `tarn map`
+/// and `tarn vol map`.
+#[derive(Args)]
+struct MapArgs {
+    #[command(flatten)]
+    pool: PoolArg,
+    #[command(flatten)]
+    out: picture::Output,
+    /// Answer in JSON: the picture's description (files, size, legend
+    /// colours, where each device's grid lies); `vol map` without
+    /// --png/--svg: its runs.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Subcommand)]
@@ -316,11 +323,7 @@ enum VolCmd {
     Map {
         name: String,
         #[command(flatten)]
-        pool: PoolArg,
-        #[command(flatten)]
-        out: picture::Output,
-        #[arg(long)]
-        json: bool,
+        args: MapArgs,
     },
     /// Grow or shrink a volume (shrinking discards the tail).
     Resize {
@@ -585,7 +588,7 @@ fn dispatch(cmd: Command) -> Result<i32> {
             println!("volume {}: placement {}", v["name"].as_str().unwrap_or("?"), text::placement(&v));
             Ok(0)
         }
-        Command::Vol(VolCmd::Map { name, pool, out, json }) => {
+        Command::Vol(VolCmd::Map { name, args: MapArgs { pool, out, json } }) => {
             if out.wanted() {
                 print(json, &picture::vol_map(&pool, &name, &out)?, picture::text);
             } else {
@@ -630,7 +633,7 @@ fn dispatch(cmd: Command) -> Result<i32> {
         Command::Serve(s) => serve_cmd(s),
         Command::Run(r) => run_cmd(r),
         Command::Trace(t) => trace_cmd(t),
-        Command::Map { pool, out, json } => {
+        Command::Map(MapArgs { pool, out, json }) => {
             print(json, &picture::pool_map(&pool, &out)?, picture::text);
             Ok(0)
         }
