@@ -176,13 +176,14 @@ fn svg_shape(s: &mut String, shape: &Shape) {
             );
         }
         Shape::Text { x, y, scale, text, color } => {
-            // The raster font is 8 px per glyph; a monospace face at this
-            // size takes about the same room.
-            let size = GLYPH * scale;
+            // The raster font is 8 px wide per glyph; a monospace face is
+            // about 0.6 em wide, so the text is stretched (spacing only)
+            // to the same width and the legend lines up as in the PNG.
+            let (size, width) = (10 * scale, GLYPH * scale * text.chars().count() as u32);
             let _ = writeln!(
                 s,
-                r#"<text x="{x}" y="{}" font-family="monospace" font-size="{size}" fill="{color}">{}</text>"#,
-                y + size - scale,
+                r#"<text x="{x}" y="{}" font-family="monospace" font-size="{size}" textLength="{width}" lengthAdjust="spacing" fill="{color}">{}</text>"#,
+                y + GLYPH * scale,
                 escape(text)
             );
         }
