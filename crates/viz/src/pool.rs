@@ -111,7 +111,27 @@ pub fn draw(map: &PoolMap, width: u32) -> Result<(Scene, Placed), VizError> {
         groups.push(Group { name: format!("device {i}"), ..text_group("device-label", header) });
         let rows = (d.cells.len() as u32).div_ceil(cols);
         let area = [MARGIN, y, cols * CELL, rows * CELL];
-        other.push(Shape::Rect { x: area[0], y: area[1], w: area[2], h: area[3], fill: palette::GRID, hatch: None });
+        // Grid lines under the cells only: the last row may be short.
+        let (full, rest) = (d.cells.len() as u32 / cols, d.cells.len() as u32 % cols);
+        other.push(Shape::Rect {
+            x: area[0],
+            y: area[1],
+            w: area[2],
+            h: full * CELL,
+            fill: palette::GRID,
+            hatch: None,
+        });
+        if rest > 0 {
+            let g = Shape::Rect {
+                x: area[0],
+                y: area[1] + full * CELL,
+                w: rest * CELL,
+                h: CELL,
+                fill: palette::GRID,
+                hatch: None,
+            };
+            other.push(g);
+        }
         for (n, cell) in d.cells.iter().enumerate() {
             let (cx, cy) = (MARGIN + (n as u32 % cols) * CELL, y + (n as u32 / cols) * CELL);
             cell_bands(cell, cx, cy, &mut fills, &mut other);
