@@ -49,7 +49,9 @@
 #   IOLOG_RATE=80000      writes per second the iolog holds (fio stops early if
 #                         a target is faster than this)
 #   OUT=bench/results/raw/<date>-aging   raw files (fio JSON and logs, samples)
-#   RESULT=bench/results/<date>-aging.txt
+#   RESULT=bench/results/<date>-aging.txt, beside it <date>-aging-iops.png
+#                         (IOPS per second and per minute over the run) and
+#                         -latency.png (write latency CDF), bench/plots.py
 #   BENCH_DIR=/var/tmp/tarn-aging        scratch (pool file / image, iolog)
 #   TARN=target/release/tarn  (copied into BENCH_DIR at start)
 set -euo pipefail
@@ -80,6 +82,7 @@ POOL_B=$(bytes "${POOL_SIZE:-$((VOL_B * 2))}")
 for c in fio qemu-img qemu-nbd nbdinfo; do
   command -v $c >/dev/null || { echo "aging: $c missing, run: bash scripts/deps.sh" >&2; exit 1; }
 done
+need_plots aging
 mkdir -p "$DIR" "$OUT"
 # a directory of our own: a concurrent run with the same BENCH_DIR must not
 # clean up our pool (it did once: the pool was unlinked under a running server)
@@ -267,7 +270,7 @@ run_target() { # TARGET ROUND
   timeout $((DURATION + 600)) fio --name=aging --ioengine=nbd "--uri=$URI" "--iodepth=$QD" \
     "--read_iolog=$DIR/aging.iolog" --read_iolog_chunked=1 "--runtime=$DURATION" \
     "--write_iops_log=$OUT/$tag" "--write_lat_log=$OUT/$tag" --log_avg_msec=1000 --iopsavgtime=1000 \
-    --log_max_value=1 --percentile_list=50:99:99.9:99.99 \
+    --log_max_value=1 --percentile_list=1:10:25:50:75:90:95:99:99.5:99.9:99.95:99.99:99.999 \
     --output-format=json "--output=$OUT/$tag.json" >"$OUT/$tag.fio.out" 2>&1 || rc=$?
   [ $rc -eq 0 ] || log "fio on $tgt exit $rc: $(tail -2 "$OUT/$tag.fio.out" | tr '\n' ' ')"
   fact "load1 at fio start" "$l0"
@@ -307,4 +310,5 @@ rm -f "$DIR/aging.iolog"
   echo
   "$SYSPY" "$BENCH/aging_report.py" "$OUT" "$ROUNDS" $TARGETS
 } | tee "$RESULT"
-log "results: $RESULT (raw files in $OUT)"
+plots aging "$OUT" "$ROUNDS" "${RESULT%.txt}" $TARGETS
+log "results: $RESULT and its plots ${RESULT%.txt}-*.png (raw files in $OUT)"

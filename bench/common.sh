@@ -11,3 +11,16 @@ stop_pids() {
     wait "$p" 2>/dev/null
   done
 }
+
+# need_plots NAME: the plots beside the tables (bench/plots.py) need
+# matplotlib in the system python; checked before a long run, not after.
+need_plots() {
+  /usr/bin/python3 -c 'import matplotlib' 2>/dev/null && return 0
+  echo "$1: python3-matplotlib missing (the plots), run: bash scripts/deps.sh --bench" >&2
+  exit 1
+}
+
+# plots KIND ARGS...: write the PNGs (a failed plot never loses the table).
+plots() {
+  /usr/bin/python3 "$BENCH/plots.py" "$@" || echo "plots: bench/plots.py $1 failed (the table above stands)" >&2
+}

@@ -41,6 +41,7 @@ POOL_B=$((SIZE_B * 2))
 for c in fio qemu-img qemu-nbd nbdkit nbdinfo; do
   command -v $c >/dev/null || { echo "bench: $c missing, run: bash scripts/deps.sh" >&2; exit 1; }
 done
+need_plots bench
 if [[ " $TARGETS " == *" tarn "* ]] && ! [ -x "$TARN" ]; then
   echo "bench: $TARN not built (cargo build --release -p tarn-cli): skipping the tarn target" >&2
   TARGETS=${TARGETS//tarn/}
@@ -160,4 +161,5 @@ fi
   echo
   "$SYSPY" "$BENCH/report.py" "$MANIFEST" "$META"
 } | tee "$OUT"
-log "results: $OUT (raw fio json in $RAW)"
+plots run "$MANIFEST" "${OUT%.txt}"
+log "results: $OUT and its plots ${OUT%.txt}-*.png (raw fio json in $RAW)"

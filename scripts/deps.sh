@@ -2,6 +2,7 @@
 # Idempotent install of everything the tarn tests and benchmark need on a
 # fresh Debian machine. Quiet; does nothing when all tools are present.
 #   bash scripts/deps.sh           # test + bench tools
+#   bash scripts/deps.sh --bench   # the same and matplotlib (the benchmarks' plots)
 #   bash scripts/deps.sh --serve   # only what `tarn run` needs (cargo)
 set -euo pipefail
 
@@ -29,6 +30,10 @@ if [ "$mode" != "--serve" ]; then
   # /usr/bin/python3 explicitly since a pyenv python3 may shadow it)
   if ! /usr/bin/python3 -c 'import nbd' >/dev/null 2>&1; then
     missing+=(python3-libnbd)
+  fi
+  # the benchmarks' plots (bench/plots.py); the tests need no plotting
+  if [ "$mode" = "--bench" ] && ! /usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1; then
+    missing+=(python3-matplotlib)
   fi
   # the nbdkit plugins used by the benchmark
   if command -v nbdkit >/dev/null 2>&1 && ! nbdkit file --version >/dev/null 2>&1; then

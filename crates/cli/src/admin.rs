@@ -18,6 +18,10 @@ pub enum Request {
     VolMap {
         name: String,
     },
+    /// Per device, blocks per kind of space in at most `cells` cells (`tarn map`).
+    PoolMap {
+        cells: u64,
+    },
     VolCreate {
         name: String,
         size: u64,
@@ -136,7 +140,12 @@ impl Request {
     pub fn writes(&self) -> bool {
         !matches!(
             self,
-            Request::Status | Request::Check | Request::VolList | Request::SnapList { .. } | Request::Diff { .. }
+            Request::Status
+                | Request::PoolMap { .. }
+                | Request::Check
+                | Request::VolList
+                | Request::SnapList { .. }
+                | Request::Diff { .. }
         )
     }
 }
@@ -156,6 +165,7 @@ pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, Strin
         Request::Flush => pool.flush().map(|_| json!({})),
         Request::VolList => Ok(Value::Array(pool.list_volumes().iter().map(volume_json).collect())),
         Request::VolMap { name } => vol_map(pool, name),
+        Request::PoolMap { cells } => crate::layout::pool_map(pool, *cells),
         Request::VolCreate { name, size, placement } => {
             let placement = match placement {
                 Some(name) => placement_named(name)?,
@@ -341,13 +351,41 @@ pub fn volume_json(v: &VolumeInfo) -> Value {
     })
 }
 
+/// Blocks of a volume `vol_map` resolves per call: each call reads the
+/// map under the pool lock (shared), so a writer waits for at most one
+/// window's runs (16,384 at most), not a whole fragmented volume's.
+const MAP_WINDOW: u64 = 16384;
+
 /// Every mapped run of a volume's head: `[lba, len, device, block]` in
 /// blocks, logical order.
 fn vol_map(pool: &Pool, name: &str) -> Result<Value, EngineError> {
     let (id, view) = pool.lookup_view(name).ok_or_else(|| EngineError::NoSuchVolume(name.to_string()))?;
     let blocks = pool.view_size(id, view).unwrap_or(0) / tarn_format::BLOCK_SIZE;
-    let runs = pool.physical_runs(id, view, 0, blocks)?;
-    Ok(Value::Array(runs.iter().map(|r| json!([r.lba, r.len, r.device, r.block])).collect()))
+    let mut out: Vec<Value> = Vec::new();
+    for lba in (0..blocks).step_by(MAP_WINDOW as usize) {
+        for r in pool.physical_runs(id, view, lba, MAP_WINDOW.min(blocks - lba))? {
+            // A run cut by a window edge is joined again, so the listing
+            // is the same as one call over the whole volume.
+            match out.last_mut().and_then(Value::as_array_mut) {
+                Some(last) if r.lba == lba && joins(last, r.lba, r.device, r.block) => {
+                    last[1] = json!(num(&last[1]) + r.len)
+                }
+                _ => out.push(json!([r.lba, r.len, r.device, r.block])),
+            }
+        }
+    }
+    Ok(Value::Array(out))
+}
+
+fn num(v: &Value) -> u64 {
+    v.as_u64().unwrap_or(0)
+}
+
+/// Whether the run `[lba, len, device, block]` goes on where `last` ends,
+/// logically and physically.
+fn joins(last: &[Value], lba: u64, device: u16, block: u64) -> bool {
+    let (l, n, d, b) = (num(&last[0]), num(&last[1]), num(&last[2]), num(&last[3]));
+    l + n == lba && d == u64::from(device) && b + n == block
 }
 
 /// A placement policy by name; "default" is None (the pool's default).

@@ -6,11 +6,13 @@ mod control;
 mod export;
 mod metrics;
 mod mirror;
+mod picture;
 mod poolfile;
 mod guestfs;
 mod hint;
 mod image;
 mod logging;
+mod layout;
 mod progress;
 mod reclaim;
 mod serve;
@@ -75,6 +77,24 @@ enum Command {
     Trace(TraceSub),
     #[command(flatten)]
     Gen(GenCmd),
+    /// Draw each device's layout: blocks by volume (snapshots' space
+    /// lighter or hatched), free, metadata, journal; fragmentation per device.
+    Map(MapArgs),
+}
+
+/// The pool, the files to draw and the form of the answer, for `tarn map`
+/// and `tarn vol map`.
+#[derive(Args)]
+struct MapArgs {
+    #[command(flatten)]
+    pool: PoolArg,
+    #[command(flatten)]
+    out: picture::Output,
+    /// Answer in JSON: the picture's description (files, size, legend
+    /// colours, where each device's grid lies); `vol map` without
+    /// --png/--svg: its runs.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Subcommand)]
@@ -332,13 +352,13 @@ enum VolCmd {
         json: bool,
     },
     /// Where a volume's (or a snapshot's, VOL@SNAP) blocks lie on the
-    /// devices: one line per run, `lba len device block` in 4 KiB blocks.
+    /// devices: one line per run, `lba len device block` in 4 KiB blocks;
+    /// with --png/--svg a picture (offset in the volume against place on
+    /// the devices) and its description.
     Map {
         name: String,
         #[command(flatten)]
-        pool: PoolArg,
-        #[arg(long)]
-        json: bool,
+        args: MapArgs,
     },
     /// Grow or shrink a volume (shrinking discards the tail).
     Resize {
@@ -575,9 +595,12 @@ fn dispatch(cmd: Command) -> Result<i32> {
             println!("volume {}: placement {}", v["name"].as_str().unwrap_or("?"), text::placement(&v));
             Ok(0)
         }
-        Command::Vol(VolCmd::Map { name, pool, json }) => {
-            let v = admin(&pool, &Request::VolMap { name })?;
-            print(json, &v, text::runs);
+        Command::Vol(VolCmd::Map { name, args: MapArgs { pool, out, json } }) => {
+            if out.wanted() {
+                print(json, &picture::vol_map(&pool, &name, &out)?, picture::text);
+            } else {
+                print(json, &admin(&pool, &Request::VolMap { name })?, text::runs);
+            }
             Ok(0)
         }
         Command::Vol(VolCmd::Reclaim { name, dry_run, pool, json }) => {
@@ -624,6 +647,10 @@ fn dispatch(cmd: Command) -> Result<i32> {
         Command::Run(r) => run_cmd(r),
         Command::Trace(t) => trace_cmd(t),
         Command::Gen(g) => gen_cmd(g),
+        Command::Map(MapArgs { pool, out, json }) => {
+            print(json, &picture::pool_map(&pool, &out)?, picture::text);
+            Ok(0)
+        }
     }
 }
 

@@ -144,6 +144,41 @@ fn volume_lifecycle_and_accounting() {
     assert!(pool.check().is_clean());
 }
 
+/// The layout accessors (`tarn map`): which blocks the head alone holds,
+/// which it shares with a snapshot, which only the snapshot holds; free
+/// runs add up to the free space; device areas as created.
+#[test]
+fn layout_tells_head_shared_and_snapshot_space() {
+    use tarn_engine::Holder;
+    let (_sims, pool) = new_pool(2, 16 * MIB);
+    let v = pool.create_volume("v", 4 * MIB).unwrap();
+    pool.write(v.id, 0, &vec![1u8; 16 * 4096], false).unwrap();
+    pool.create_snapshot("v", "s").unwrap();
+    pool.write(v.id, 0, &vec![2u8; 4 * 4096], false).unwrap();
+    let mut by_holder = std::collections::HashMap::new();
+    pool.held_runs(v.id, &mut |runs| {
+        for r in runs {
+            *by_holder.entry(r.holder).or_insert(0) += r.len;
+        }
+    })
+    .unwrap();
+    assert_eq!(by_holder.get(&Holder::Shared), Some(&12));
+    assert_eq!(by_holder.get(&Holder::Head), Some(&4));
+    assert_eq!(by_holder.get(&Holder::Snapshots), Some(&4));
+    let layouts = pool.device_layouts();
+    assert_eq!(layouts.len(), 2);
+    assert!(layouts[0].data_start > layouts[1].data_start, "the journal is on device 0");
+    let status = pool.status();
+    let mut free = 0;
+    for d in 0..2 {
+        pool.free_runs(d, &mut |runs| free += runs.iter().map(|r| r.1).sum::<u64>()).unwrap();
+    }
+    assert_eq!(free * 4096, status.free + status.reserved);
+    let mut none = 0;
+    pool.held_runs(999, &mut |runs| none += runs.len()).unwrap();
+    assert_eq!(none, 0, "a volume that is not there holds nothing");
+}
+
 /// Sequential writes must cost ranges, not per-block entries.
 #[test]
 fn sequential_fill_makes_few_extents() {

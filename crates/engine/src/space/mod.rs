@@ -227,7 +227,7 @@ const REGION_SEARCH_RANGES: usize = 4096;
 
 /// Where metadata allocation starts: seven eighths into the data area
 /// (data fills from the front).
-fn metadata_start(d: &SpaceMap) -> u64 {
+pub(crate) fn metadata_start(d: &SpaceMap) -> u64 {
     d.data_end - (d.data_end - d.data_start) / 8
 }
 

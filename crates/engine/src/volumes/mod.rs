@@ -4,6 +4,7 @@
 
 mod flatten;
 pub mod hints;
+pub mod layout;
 pub mod reclaim;
 pub mod relayout;
 pub mod snapshot;
