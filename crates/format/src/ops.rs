@@ -100,6 +100,19 @@ pub enum Op {
         vol: u32,
         policy: Option<PolicyCode>,
     },
+    /// Move the blocks [lba, lba+len) of one map of `vol`, its head (`snap`
+    /// = 0) or the dead list of its snapshot `snap`, from physical `from`
+    /// to `to`, keeping their birth: every view that shares them (the
+    /// head, its snapshots, clones reading through) sees them at `to`.
+    /// `from` is freed. Pools with the RELOCATE feature.
+    Relocate {
+        vol: u32,
+        snap: u64,
+        lba: u64,
+        len: u64,
+        from: u64,
+        to: u64,
+    },
 }
 
 /// Blocks one Sums op covers at most (the largest write: 32 MiB).
@@ -131,6 +144,8 @@ mod tag {
     pub const REGIONS_OPEN: u8 = 13;
     pub const REGIONS_CLOSE: u8 = 14;
     pub const VOL_PLACEMENT: u8 = 15;
+    // 16 is left for the file-volume work under way.
+    pub const RELOCATE: u8 = 17;
 }
 
 fn encode_name(w: &mut Writer, name: &str) {
@@ -235,6 +250,15 @@ impl Op {
                 w.u8(tag::CLONE_DETACH);
                 w.u32(*vol);
             }
+            Op::Relocate { vol, snap, lba, len, from, to } => {
+                w.u8(tag::RELOCATE);
+                w.u32(*vol);
+                w.varint(*snap);
+                w.varint(*lba);
+                w.varint(*len);
+                w.u64(*from);
+                w.u64(*to);
+            }
             Op::Map { .. }
             | Op::Unmap { .. }
             | Op::VolCreate { .. }
@@ -295,6 +319,16 @@ impl Op {
                 Op::Materialize { vol, snap, lba, len, pba }
             }
             tag::CLONE_DETACH => Op::CloneDetach { vol },
+            tag::RELOCATE => {
+                let (snap, lba, len, from, to) = (r.varint()?, r.varint()?, r.varint()?, r.u64()?, r.u64()?);
+                if len == 0 {
+                    return Err(r.bad("relocate_len", 0));
+                }
+                if from == to {
+                    return Err(r.bad("relocate_to_itself", from));
+                }
+                Op::Relocate { vol, snap, lba, len, from, to }
+            }
             tag::SUMS | tag::REGIONS_OPEN | tag::REGIONS_CLOSE if vol != 0 => {
                 return Err(r.bad("pool_op_vol", u64::from(vol)));
             }
@@ -368,7 +402,20 @@ mod tests {
             Op::Regions { open: false, ids: vec![3] },
             Op::VolPlacement { vol: 4, policy: Some(PolicyCode::Append) },
             Op::VolPlacement { vol: 4, policy: None },
+            Op::Relocate { vol: 5, snap: 0, lba: 3, len: 2, from: 100, to: (1 << 48) | 7 },
+            Op::Relocate { vol: 5, snap: 9, lba: 0, len: 1, from: 8, to: 9 },
         ]
+    }
+
+    #[test]
+    fn relocate_bytes_and_bad_lengths() {
+        let bytes = encode_ops(&[Op::Relocate { vol: 2, snap: 3, lba: 4, len: 5, from: 6, to: 7 }]);
+        // count 1, tag 17, vol 2 (u32 LE), snap 3, lba 4, len 5 (varints),
+        // from 6, to 7 (u64 LE)
+        let want = [[1, 17, 2, 0, 0, 0, 3, 4, 5].as_slice(), &6u64.to_le_bytes(), &7u64.to_le_bytes()].concat();
+        assert_eq!(bytes, want);
+        assert!(decode_ops(&encode_ops(&[Op::Relocate { vol: 2, snap: 0, lba: 0, len: 0, from: 1, to: 2 }])).is_err());
+        assert!(decode_ops(&encode_ops(&[Op::Relocate { vol: 2, snap: 0, lba: 0, len: 1, from: 1, to: 1 }])).is_err());
     }
 
     #[test]

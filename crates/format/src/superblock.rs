@@ -37,8 +37,12 @@ pub mod incompat {
     /// Volumes may name a placement policy: op 15 (VolPlacement) in the
     /// journal, the PLACEMENT flag of catalog volume entries.
     pub const PLACEMENT: u64 = 1 << 3;
+    /// Blocks may be moved keeping their birth: op 17 (Relocate) in the
+    /// journal (compaction that keeps snapshot sharing). Bit 4 is left for
+    /// the file-volume work under way.
+    pub const RELOCATE: u64 = 1 << 5;
     /// Features this build understands.
-    pub const KNOWN: u64 = SNAPSHOTS | DATA_CHECKSUMS | MIRRORS | PLACEMENT;
+    pub const KNOWN: u64 = SNAPSHOTS | DATA_CHECKSUMS | MIRRORS | PLACEMENT | RELOCATE;
 }
 
 /// Superblock flag: a pool with mirrors is open for writing (set before its

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use tarn_engine::{create_pool, CreateOptions, Device, EngineError, OpenOptions, Pool};
+use tarn_engine::{View, create_pool, CreateOptions, Device, EngineError, OpenOptions, Pool};
 use tarn_sim::SimDevice;
 
 const MIB: u64 = 1 << 20;
@@ -281,12 +281,30 @@ fn compaction_re_lays_out_owned_data_and_keeps_shared_data() {
     let mut back = vec![0u8; 8 * MIB as usize];
     pool.read(v, 0, &mut back).unwrap();
     assert_scattered_fill(&back, 0);
-    // Scattered again, then shared with a snapshot: nothing may move.
+    // Scattered again, then shared with a snapshot and a clone of it: the
+    // blocks move once for all of them (Relocate), nobody grows.
     let w = pool.create_volume("shared", 4 * MIB).unwrap().id;
     write_scattered(&pool, w, 1024).unwrap();
-    pool.create_snapshot("shared", "s").unwrap();
+    let snap = pool.create_snapshot("shared", "s").unwrap();
+    let c = pool.create_clone("shared", "s", "copy").unwrap().id;
+    let used = pool.status().used;
     let r = pool.relayout("shared", &mut |_, _| {}).unwrap();
-    assert_eq!((r.windows_moved, r.extents_after), (0, r.extents_before), "{r:?}");
+    assert_eq!(r.windows_moved, 4, "{r:?}");
+    assert!(r.extents_before >= 1000 && r.extents_after <= 4, "{r:?}");
+    assert_eq!(pool.status().used, used, "moving shared blocks copied them");
+    let info = pool.snapshot_info("shared", "s").unwrap();
+    assert_eq!((info.exclusive, info.referenced), (0, snap.referenced), "the snapshot grew: {info:?}");
+    let mut back = vec![0u8; 4 * MIB as usize];
+    for (vol, view) in [(w, View::Head), (w, View::Snapshot(snap.epoch)), (c, View::Head)] {
+        pool.read_view(vol, view, 0, &mut back).unwrap();
+        assert_scattered_fill(&back, 0);
+    }
+    let runs = pool.physical_runs(w, View::Snapshot(snap.epoch), 0, 1024).unwrap();
+    assert!(runs.len() <= 4, "the snapshot still reads {} runs", runs.len());
+    // Copy-on-write after the move: the snapshot keeps the moved block.
+    pool.write(w, 0, &vec![0xee; 4096], false).unwrap();
+    pool.read_view(w, View::Snapshot(snap.epoch), 0, &mut back).unwrap();
+    assert_scattered_fill(&back, 0);
     assert_clean(&pool);
 }
 

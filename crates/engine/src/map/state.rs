@@ -8,7 +8,7 @@
 //! snapshot's dead list instead of being freed. See `view.rs` for reads.
 
 pub use crate::error::StateError;
-use crate::map::extent_map::{tree_id, Extent, ExtentMap, Freed, Killed};
+use crate::map::extent_map::{tree_id, Extent, ExtentMap, Freed, Killed, Segment};
 use crate::map::sums::BlockSums;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -345,6 +345,9 @@ impl State {
                 self.clone_create(*vol, Origin { vol: *origin_vol, epoch: *origin_epoch }, name)
             }
             Op::Materialize { vol, snap, lba, len, pba } => self.materialize(*vol, *snap, *lba, *len, *pba),
+            Op::Relocate { vol, snap, lba, len, from, to } => {
+                self.relocate(*vol, *snap, (*lba, *len), (*from, *to), freed)
+            }
             Op::CloneDetach { vol } => {
                 let v = self.volume_mut(*vol, "detach")?;
                 if v.origin.is_none() || v.origin_blocks() != 0 {
@@ -474,6 +477,45 @@ impl State {
         Ok(())
     }
 
+    /// Move blocks [lba, lba+len) of the head (`snap` = 0) or of snapshot
+    /// `snap`'s dead list from physical `from` to `to`, same birth. They
+    /// must be exactly one run at `from`: a block is held by one entry of
+    /// one map (sharing is by epochs, clones read through markers), so
+    /// every view that shows it now finds it at `to`.
+    fn relocate(
+        &mut self,
+        vol: u32,
+        snap: u64,
+        (lba, len): (u64, u64),
+        (from, to): (u64, u64),
+        freed: &mut Freed,
+    ) -> Result<(), StateError> {
+        check_physical(from, len)?;
+        check_physical(to, len)?;
+        if Pba(from).is_origin() || Pba(to).is_origin() || from == to {
+            return Err(format!("relocate of {len} blocks from {} to {}", Pba(from), Pba(to)).into());
+        }
+        let v = self.volume_mut(vol, "relocate")?;
+        check_range(v, lba, len)?;
+        let map = if snap == 0 {
+            &mut v.map
+        } else {
+            let i = v.snapshot_index(snap).ok_or(format!("volume {vol} has no snapshot at epoch {snap}"))?;
+            &mut v.snapshots[i].dead
+        };
+        let birth = match map.lookup(lba, len, 2)?.as_slice() {
+            [Segment::Mapped { pba, birth, len: l, .. }] if *l == len && *pba == Pba(from) => *birth,
+            _ => return Err(format!("volume {vol}: blocks {lba}+{len} are not one run at {}", Pba(from)).into()),
+        };
+        map.remove(lba, len)?;
+        let twice = map.insert(lba, len, Pba(to), birth)?;
+        if !twice.is_empty() {
+            return Err(StateError::Invariant(format!("volume {vol}: block {lba} mapped twice after a relocate")));
+        }
+        freed.push((Pba(from), len));
+        Ok(())
+    }
+
     /// Replace an origin marker (in the head, or in snapshot `snap`'s dead
     /// list) by a private copy of the origin's data, same birth.
     fn materialize(&mut self, vol: u32, snap: u64, lba: u64, len: u64, pba: u64) -> Result<(), StateError> {
@@ -490,7 +532,7 @@ impl State {
         let map = if snap == 0 { &mut v.map } else { &mut v.snapshots[upto - 1].dead };
         let here = map.lookup(lba, len, 2)?;
         let birth = match here.as_slice() {
-            [crate::map::extent_map::Segment::Mapped { pba: p, birth, len: l, .. }]
+            [Segment::Mapped { pba: p, birth, len: l, .. }]
                 if *l == len && *p == Pba::origin(lba) =>
             {
                 *birth

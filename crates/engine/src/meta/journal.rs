@@ -202,6 +202,7 @@ pub fn op_bytes_bound(op: &Op) -> usize {
         Op::SnapDelete { .. } | Op::Rollback { .. } => HEAD + V,
         Op::CloneCreate { name, .. } => HEAD + 4 + V + 1 + name.len(),
         Op::Materialize { .. } => HEAD + V + V + V + 8,
+        Op::Relocate { .. } => HEAD + V + V + V + 8 + 8,
     }
 }
 

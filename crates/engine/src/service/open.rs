@@ -525,6 +525,7 @@ fn claim_new_space(space: &mut Space, op: &Op) -> std::result::Result<(), tarn_s
     match *op {
         Op::Map { pba, len, .. } if !Pba(pba).is_origin() => space.claim(Pba(pba), len),
         Op::Materialize { pba, len, .. } if pba != 0 => space.claim(Pba(pba), len),
+        Op::Relocate { to, len, .. } => space.claim(Pba(to), len),
         _ => Ok(()),
     }
 }

@@ -19,6 +19,7 @@ use crate::space::placement::PlacementKind;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tarn_format::ops::Op;
+use tarn_format::superblock::incompat;
 use tarn_format::BLOCK_SIZE;
 
 /// Blocks moved per step: 1 MiB, one read, one write.
@@ -128,8 +129,8 @@ impl Pool {
 
     /// Move one window if it is scattered (see [`Pool::move_window`]).
     fn relayout_window(&self, id: u32, lba: u64, len: u64) -> Result<Window> {
-        let pick = |v: &Volume, segs: &[Segment]| -> Vec<Segment> {
-            if scattered_and_owned(v, segs) {
+        let pick = |_: &Volume, segs: &[Segment]| -> Vec<Segment> {
+            if scattered(segs) {
                 segs.iter().copied().filter(|s| matches!(s, Segment::Mapped { .. })).collect()
             } else {
                 Vec::new()
@@ -158,6 +159,10 @@ impl Pool {
         // wait for them (they hold the gate shared until they recorded).
         drop(self.io_gate.write().unwrap_or_else(|p| p.into_inner()));
         let Some((segs, chosen)) = self.blocks_to_move(id, lba, len, pick)? else { return Ok(Window::Fine) };
+        if self.any_shared(id, &chosen) {
+            // Shared blocks move by Relocate: older tarns must not replay it.
+            self.enable_feature(&mut self.lock_commit(), incompat::RELOCATE)?;
+        }
         let mut data = vec![0u8; (len * BLOCK_SIZE) as usize];
         self.read(id, lba * BLOCK_SIZE, &mut data)?;
         let wanted: Vec<Segment> = chosen.iter().map(|s| Segment::Hole { lba: s.lba(), len: s.len() }).collect();
@@ -184,15 +189,21 @@ impl Pool {
             self.give_back_unmapped(&fresh);
             return Ok(Window::Skipped);
         }
-        let birth = inner.state.epoch;
-        let mut ops = Vec::new();
+        let v = inner.state.volume(id).ok_or(EngineError::VolumeGone(id))?;
+        let mut ops = move_ops(v, id, &chosen, &fresh, inner.state.epoch);
         for p in &fresh {
             inner.space.settle(p.pba);
-            ops.push(Op::Map { vol: id, lba: p.lba, len: p.len, pba: p.pba.0, birth });
             ops.extend(self.sums_op(p.pba, piece(p.lba, p.len)));
         }
         self.apply_ops(&mut inner, ops)?;
         Ok(Window::Moved(wanted.iter().map(Segment::len).sum()))
+    }
+
+    /// Whether any of `segs` is held by a snapshot too.
+    fn any_shared(&self, id: u32, segs: &[Segment]) -> bool {
+        let inner = self.read_inner();
+        let Some(v) = inner.state.volume(id) else { return false };
+        segs.iter().any(|s| matches!(*s, Segment::Mapped { pba, birth, .. } if !v.owns_alone(pba, birth)))
     }
 
     /// The window's segments and the mapped ones `pick` moves, if any.
@@ -235,14 +246,50 @@ fn window_segments(inner: &Inner, id: u32, lba: u64, len: u64) -> Result<Option<
 }
 
 /// Whether the window's mapped blocks lie in two or more physical runs
-/// averaging under [`RELAYOUT_RUN_BLOCKS`], and the head owns every one.
-fn scattered_and_owned(v: &Volume, segs: &[Segment]) -> bool {
+/// averaging under [`RELAYOUT_RUN_BLOCKS`], all of them real blocks (a
+/// clone's origin markers read through to its origin: nothing to move).
+/// Blocks snapshots share move too, by Relocate (see [`move_ops`]).
+fn scattered(segs: &[Segment]) -> bool {
     let (runs, mapped) = physical_runs(segs);
-    let owned = segs.iter().all(|s| match *s {
-        Segment::Mapped { pba, birth, .. } => v.owns_alone(pba, birth),
+    let real = segs.iter().all(|s| match *s {
+        Segment::Mapped { pba, .. } => !pba.is_origin(),
         Segment::Hole { .. } => true,
     });
-    runs >= 2 && mapped / runs < RELAYOUT_RUN_BLOCKS && owned
+    runs >= 2 && mapped / runs < RELAYOUT_RUN_BLOCKS && real
+}
+
+/// The map ops that swap moved blocks in: a block the head owns alone is
+/// mapped anew (born now, the old copy freed as an overwrite would); a
+/// block snapshots share is relocated with its birth kept, so every
+/// snapshot and clone that shows it follows it and none grows.
+fn move_ops(v: &Volume, id: u32, chosen: &[Segment], fresh: &[NewPiece], epoch: u64) -> Vec<Op> {
+    let mut ops = Vec::new();
+    for p in fresh {
+        let mut owned_run: Option<(u64, u64)> = None;
+        for s in chosen {
+            let Segment::Mapped { lba, len, pba, birth } = *s else { continue };
+            let (lo, hi) = (lba.max(p.lba), (lba + len).min(p.lba + p.len));
+            if lo >= hi {
+                continue;
+            }
+            let to = p.pba.0 + (lo - p.lba);
+            if v.owns_alone(pba, birth) {
+                owned_run = Some(owned_run.map_or((lo, hi - lo), |(at, n)| (at, n + hi - lo)));
+                continue;
+            }
+            flush_owned(&mut ops, id, p, owned_run.take(), epoch);
+            ops.push(Op::Relocate { vol: id, snap: 0, lba: lo, len: hi - lo, from: pba.0 + (lo - lba), to });
+        }
+        flush_owned(&mut ops, id, p, owned_run, epoch);
+    }
+    ops
+}
+
+/// A Map op for a run of owned blocks `(lba, len)` inside fresh piece `p`.
+fn flush_owned(ops: &mut Vec<Op>, id: u32, p: &NewPiece, run: Option<(u64, u64)>, epoch: u64) {
+    if let Some((lba, len)) = run {
+        ops.push(Op::Map { vol: id, lba, len, pba: p.pba.0 + (lba - p.lba), birth: epoch });
+    }
 }
 
 /// A window listed in `Inner::moving` for as long as this lives.
