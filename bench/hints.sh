@@ -9,8 +9,10 @@
 #    (source trees unpacked, patched, built, cleaned and deleted, round
 #    after round, to about AGE_GIB GiB written).
 # 2. Three configurations of the same volume, measured in this order
-#    (each with two cold workloads: e2fsck -fn, and find | stat of every
-#    file on a read-only mount, the thesis's metadata-heavy online work):
+#    (each with cold workloads: e2fsck -fn; find | stat of every file on a
+#    read-only mount; and the thesis's online work timed on the real
+#    device: untar of a source tree, rm -rf of it, a 1 GiB sequential
+#    write, each synced):
 #      none     as aged;
 #      cluster  `tarn vol hint VOL`: metadata in one clustered run of the
 #               data device;
@@ -126,6 +128,14 @@ workload() { # fsck|stat
       mount -t "$FS_TYPE" -o $opts "$LOOP" "$DIR/mnt"
       /usr/bin/time -f "find | stat wall %e s" bash -c "find '$DIR/mnt' -print0 | xargs -0 stat >/dev/null" 2>&1
       umount "$DIR/mnt" ;;
+    online) # the thesis's online work, timed on the real device
+      mount -t "$FS_TYPE" "$LOOP" "$DIR/mnt"
+      /usr/bin/time -f "untar wall %e s" bash -c "tar xf '$DIR/tree.tar' -C '$DIR/mnt' && sync" 2>&1
+      /usr/bin/time -f "rm -rf wall %e s" bash -c "rm -rf '$DIR/mnt/tree' && sync" 2>&1
+      /usr/bin/time -f "1 GiB sequential write wall %e s" \
+        dd if=/dev/zero of="$DIR/mnt/big" bs=1M count=1024 conv=fsync status=none 2>&1
+      rm -f "$DIR/mnt/big"
+      umount "$DIR/mnt" ;;
   esac
 }
 
@@ -153,15 +163,23 @@ measure() { # CONFIG WORKLOAD
   "${model[@]}" "${BLOCKS[0]}" "ssd:${BLOCKS[1]}" --json >"$DIR/$name.ssd.json"
 }
 
+# A source tree as a tarball for the online workload (untar, rm -rf).
+"$SYSPY" -c 'import random, sys; sys.path.insert(0, sys.argv[1]); import fs_age; fs_age.unpack(random.Random(3), sys.argv[2], "tree")' \
+  "$BENCH" "$DIR/src"
+tar cf "$DIR/tree.tar" -C "$DIR/src" tree && rm -rf "$DIR/src"
+
 measure none fsck
 measure none stat
+measure none online
 "$TARN" vol hint $VOL -p "$POOL" --json 2>/dev/null | jq -c . | sed 's/^/hint (cluster): /'
 measure cluster fsck
 measure cluster stat
+measure cluster online
 "$TARN" vol unhint $VOL -p "$POOL" --json 2>/dev/null | jq -c . | sed 's/^/unhint: /'
 "$TARN" vol hint $VOL -p "$POOL" --metadata-device "$META" --json 2>/dev/null | jq -c . | sed 's/^/hint (device): /'
 measure device fsck
 measure device stat
+measure device online
 
 for w in fsck stat; do
 echo; echo "== summary, $w: modeled time and seeks, as a ratio to no hints"
@@ -180,5 +198,9 @@ row("cluster on the data device (disk)", get("cluster", "disk"))
 row("metadata device (a second disk)", get("device", "disk"))
 row("metadata device (flash)", get("device", "ssd"))
 PY
+done
+echo; echo "== summary, online: wall seconds on the real device (none, cluster, device; hints change no write path)"
+for k in "untar" "rm -rf" "1 GiB sequential write"; do
+  printf '%-24s' "$k"; grep "^  $k wall" "$OUT" | awk '{printf " %8s", $(NF-1)}'; echo
 done
 echo "results: $OUT"

@@ -24,6 +24,13 @@ FUSE=$T/fuse
 MNT=$T/mnt
 mkdir -p "$FUSE" "$MNT"
 CHECK="$SYSPY $(dirname "$0")/hints_check.py"
+# fs_intact WHEN: e2fsck clean, and every file as it was aged
+fs_intact() {
+  check "e2fsck -fn clean $1" e2fsck -fn "$LOOP"
+  check "mount $1" mount -t ext4 "$LOOP" "$MNT"
+  check "every file intact $1" bash -c "cd '$MNT' && sha256sum --quiet -c '$T/sums'"
+  umount "$MNT" || bad "umount"
+}
 # truth LABEL CLASSIFY_JSON E2IMAGE: precision and recall, printed
 truth() {
   local out rc=0
@@ -98,20 +105,14 @@ out=$("$TARN" vol hint $VOL -p "$POOL" --metadata-device "$META" --json) || bad 
 expect_eq "an inferred hint sends the block that is no metadata back" "$(jq -r .returned_bytes <<<"$out")" 4096
 read -r AGAIN _ <<<"$(placement 1)"
 expect_eq "metadata still all on the metadata device" "$AGAIN" "100.00"
-check "e2fsck -fn clean after hints" e2fsck -fn "$LOOP"
-check "mount after hints" mount -t ext4 "$LOOP" "$MNT"
-check "every file intact after hints" bash -c "cd '$MNT' && sha256sum --quiet -c '$T/sums'"
-umount "$MNT" || bad "umount"
+fs_intact "after hints"
 
 step "vol unhint: metadata moves back"
 out=$("$TARN" vol unhint $VOL -p "$POOL" --json) || die "vol unhint failed: $out"
 say "  $(jq -c . <<<"$out")"
 read -r BACK _ <<<"$(placement 1)"
 expect_eq "no metadata left on the metadata device after unhint" "$BACK" "0.00"
-check "e2fsck -fn clean after unhint" e2fsck -fn "$LOOP"
-check "mount after unhint" mount -t ext4 "$LOOP" "$MNT"
-check "every file intact after unhint" bash -c "cd '$MNT' && sha256sum --quiet -c '$T/sums'"
-umount "$MNT" || bad "umount"
+fs_intact "after unhint"
 
 step "vol export / vol import: the volume leaves tarn as a raw image and comes back"
 check "vol export (served)" "$TARN" vol export $VOL "$T/export.raw" -p "$POOL"
