@@ -159,7 +159,8 @@ impl Pool {
         // wait for them (they hold the gate shared until they recorded).
         drop(self.io_gate.write().unwrap_or_else(|p| p.into_inner()));
         let Some((segs, chosen)) = self.blocks_to_move(id, lba, len, pick)? else { return Ok(Window::Fine) };
-        if self.any_shared(id, &chosen) {
+        let relocate_ready = self.any_shared(id, &chosen);
+        if relocate_ready {
             // Shared blocks move by Relocate: older tarns must not replay it.
             self.enable_feature(&mut self.lock_commit(), incompat::RELOCATE)?;
         }
@@ -191,6 +192,13 @@ impl Pool {
         }
         let v = inner.state.volume(id).ok_or(EngineError::VolumeGone(id))?;
         let mut ops = move_ops(v, id, &chosen, &fresh, inner.state.epoch);
+        if !relocate_ready && ops.iter().any(|op| matches!(op, Op::Relocate { .. })) {
+            // A snapshot came meanwhile and the feature bit may not be set
+            // yet: the next pass sets it first.
+            drop(inner);
+            self.give_back_unmapped(&fresh);
+            return Ok(Window::Skipped);
+        }
         for p in &fresh {
             inner.space.settle(p.pba);
             ops.extend(self.sums_op(p.pba, piece(p.lba, p.len)));
