@@ -436,7 +436,7 @@ pub fn classified(v: &Value) -> String {
 pub fn hinted(v: &Value) -> String {
     let n = |k: &str| human(v[k].as_u64().unwrap_or(0));
     format!(
-        "{}: {} of metadata ({}): moved {}, {} already in place, {} kept where a snapshot shares it\n",
+        "{}: {} of metadata ({}): moved {}, {} already in place, {} of the moved shared with snapshots (moved for them too)\n",
         v["volume"].as_str().unwrap_or("?"),
         n("hinted_bytes"),
         v["metadata_from"].as_str().unwrap_or("?"),

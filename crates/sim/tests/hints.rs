@@ -1,6 +1,7 @@
 //! File-system hints' engine half (`Pool::place_hinted`): hinted blocks
 //! move to a cluster or a metadata device and back without changing what
-//! the volume or its snapshots read; blocks a snapshot shares stay; a
+//! the volume or its snapshots read; blocks a snapshot shares move for it
+//! too (no snapshot grows); a
 //! metadata device too small stops the moves at its limit and writes go on.
 
 use std::sync::Arc;
@@ -80,7 +81,7 @@ fn hinted_blocks_move_to_the_metadata_device_and_back() {
 }
 
 #[test]
-fn blocks_a_snapshot_shares_stay_where_they_are() {
+fn blocks_a_snapshot_shares_move_for_the_snapshot_too() {
     let (_sims, pool) = two_device_pool(64 * MIB, 16 * MIB);
     let v = pool.create_volume("v", 4 * MIB).unwrap().id;
     let blocks = 4 * MIB / BS;
@@ -88,12 +89,20 @@ fn blocks_a_snapshot_shares_stay_where_they_are() {
     pool.write(v, 0, &data, false).unwrap();
     let snap = pool.create_snapshot("v", "s").unwrap();
     pool.write(v, 10 * BS, &vec![7u8; BS as usize], false).unwrap();
+    let used = pool.status().used;
     let r = pool.place_hinted("v", &[(0, 20)], HintTarget::Device(1), &mut |_, _| {}).unwrap();
-    assert_eq!((r.blocks_moved, r.blocks_shared), (1, 19), "only the block written since the snapshot");
+    assert_eq!((r.blocks_moved, r.blocks_shared), (20, 19), "{r:?}");
+    assert_eq!(placed(&pool, v, &[(0, 20)], 1), (20, 0));
+    assert_eq!(pool.status().used, used, "moving shared blocks copied them");
+    let info = pool.snapshot_info("v", "s").unwrap();
+    assert_eq!((info.exclusive, info.referenced), (BS, snap.referenced), "{info:?}");
+    let runs = pool.physical_runs(v, View::Snapshot(snap.epoch), 0, 20).unwrap();
+    assert!(runs.iter().filter(|r| r.lba != 10).all(|r| r.device == 1), "the snapshot follows: {runs:?}");
     assert_eq!(read_all(&pool, v, View::Snapshot(snap.epoch), blocks), data);
     let mut head = data.clone();
     head[(10 * BS) as usize..(11 * BS) as usize].fill(7);
     assert_eq!(read_all(&pool, v, View::Head, blocks), head);
+    assert!(pool.check().is_clean());
 }
 
 #[test]

@@ -7,8 +7,8 @@
 //! beyond the map (the thesis kept an inverted page table and a bitmap,
 //! ~0.5% of the remapped space). Moves copy data to new space and swap
 //! the map like compaction does (`relayout.rs`), so they are as crash-safe
-//! as a write; a block a snapshot shares stays where it is (moving it for
-//! the head alone would split the sharing).
+//! as a write; a block a snapshot shares moves for the snapshot too
+//! (Relocate keeps its birth), so sharing is kept.
 
 use crate::error::{EngineError, Result};
 use crate::io::NewPiece;
@@ -33,8 +33,8 @@ pub enum HintTarget {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HintReport {
     pub blocks_moved: u64,
-    /// Mapped blocks left where they were because a snapshot or clone
-    /// shares them.
+    /// Of the blocks moved, those snapshots share: they moved for every
+    /// snapshot and clone at once (no copy, no snapshot grows).
     pub blocks_shared: u64,
     /// Mapped blocks already where the target wants them.
     pub blocks_in_place: u64,
@@ -130,7 +130,7 @@ impl Pool {
         report: &mut HintReport,
     ) -> Result<()> {
         let at_cursor = *cursor;
-        let pick = |v: &Volume, segs: &[Segment]| pick_for(v, segs, target, device, at_cursor);
+        let pick = |_: &Volume, segs: &[Segment]| pick_for(segs, target, device, at_cursor);
         let (shared, in_place) = self.with_cached_nodes(|inner| {
             let v = inner.state.volume(id).ok_or(EngineError::VolumeGone(id))?;
             Ok(count_unmoved(v, &v.map.lookup(lba, len, usize::MAX)?, target, device, at_cursor))
@@ -181,27 +181,28 @@ fn cluster_start(space: &mut crate::space::Space, device: usize, total: u64) -> 
     Ok(space.find_region(device, want)?.map(Pba::block))
 }
 
-/// The mapped segments owned by the head alone and not yet where
-/// `target` wants them.
-fn pick_for(v: &Volume, segs: &[Segment], target: HintTarget, device: usize, cursor: u64) -> Vec<Segment> {
+/// The mapped segments not yet where `target` wants them. Blocks
+/// snapshots share move too, once for all of them (Relocate, see
+/// `relayout.rs`); a clone's origin markers are not blocks of its own.
+fn pick_for(segs: &[Segment], target: HintTarget, device: usize, cursor: u64) -> Vec<Segment> {
     segs.iter()
         .copied()
         .filter(|s| match *s {
-            Segment::Mapped { pba, birth, .. } => v.owns_alone(pba, birth) && !in_place(s, target, device, cursor),
+            Segment::Mapped { pba, .. } => !pba.is_origin() && !in_place(s, target, device, cursor),
             Segment::Hole { .. } => false,
         })
         .collect()
 }
 
-/// (blocks shared with a snapshot, blocks already in place) of a window.
+/// (blocks snapshots share, blocks already in place) of a window.
 fn count_unmoved(v: &Volume, segs: &[Segment], target: HintTarget, device: usize, cursor: u64) -> (u64, u64) {
     let mut counts = (0, 0);
     for s in segs {
         if let Segment::Mapped { pba, birth, len, .. } = *s {
-            if !v.owns_alone(pba, birth) {
-                counts.0 += len;
-            } else if in_place(s, target, device, cursor) {
+            if in_place(s, target, device, cursor) {
                 counts.1 += len;
+            } else if !pba.is_origin() && !v.owns_alone(pba, birth) {
+                counts.0 += len;
             }
         }
     }
