@@ -126,6 +126,9 @@ pub enum Request {
     /// streams `{"progress":[done,total]}` lines (blocks) per volume.
     Compact {
         volume: Option<String>,
+        /// Volume bytes looked at per second at most.
+        #[serde(default)]
+        rate: Option<u64>,
     },
     /// Changed ranges from snapshot `from` to snapshot `to` (None: the head).
     Diff {
@@ -154,6 +157,9 @@ impl Request {
 pub struct Ctx<'a> {
     /// Called with (done, total) blocks by long requests (flatten).
     pub progress: &'a mut dyn FnMut(u64, u64),
+    /// Whoever asked went away (a control socket client interrupted):
+    /// requests that can stop early (compaction) do.
+    pub abandoned: &'a dyn Fn() -> bool,
     /// NBD connections of a running server (None when run locally).
     pub clients: Option<&'a Clients>,
 }
@@ -203,7 +209,7 @@ pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, Strin
             .map(|freed| json!({ "deleted": format!("{volume}@{name}"), "freed": freed })),
         Request::SnapRollback { volume, name, destroy_newer } => rollback(pool, volume, name, *destroy_newer, ctx),
         Request::Diff { volume, from, to } => diff(pool, volume, from, to.as_deref()),
-        Request::Compact { volume } => compact(pool, volume.as_deref(), ctx),
+        Request::Compact { volume, rate } => compact(pool, volume.as_deref(), *rate, ctx),
         Request::Scrub { rate, repair } => scrub(pool, *rate, *repair, ctx),
         Request::PoolReplace { old, new } => return crate::mirror::execute_replace(pool, old, new, ctx.progress),
     };
@@ -245,19 +251,33 @@ fn vol_delete(pool: &Pool, name: &str, recursive: bool) -> Result<Value, EngineE
     Ok(json!({ "deleted": name, "snapshots_deleted": snapshots }))
 }
 
-fn compact(pool: &Pool, volume: Option<&str>, ctx: &mut Ctx) -> Result<Value, EngineError> {
+/// Compact one volume or all, at most `rate` volume bytes looked at per
+/// second; stops (durably, resumable by running it again) when the caller
+/// goes away.
+fn compact(pool: &Pool, volume: Option<&str>, rate: Option<u64>, ctx: &mut Ctx) -> Result<Value, EngineError> {
     let names: Vec<String> = match volume {
         Some(v) => vec![v.to_string()],
         None => pool.list_volumes().into_iter().map(|v| v.name).collect(),
     };
-    let mut done = Vec::new();
+    let started = std::time::Instant::now();
+    let (mut done, mut looked) = (Vec::new(), 0);
     for name in names {
-        let r = pool.relayout(&name, ctx.progress)?;
+        let mut go_on = |d: u64, t: u64| {
+            (ctx.progress)(d, t);
+            tarn_engine::scrub::throttle(rate, looked + d * 4096, started);
+            !(ctx.abandoned)()
+        };
+        let r = pool.relayout_until(&name, &mut go_on)?;
+        looked += pool.volume_id(&name).and_then(|id| pool.volume_info(id)).map_or(0, |v| v.size);
         done.push(json!({
             "volume": name, "extents_before": r.extents_before, "extents_after": r.extents_after,
             "windows_moved": r.windows_moved, "moved_bytes": r.blocks_moved * 4096,
-            "windows_skipped": r.windows_skipped,
+            "windows_skipped": r.windows_skipped, "stopped": r.stopped,
         }));
+        if r.stopped {
+            log::warn!("compaction stopped at volume {name}: the client went away; run it again to go on");
+            break;
+        }
     }
     Ok(json!({ "volumes": done }))
 }

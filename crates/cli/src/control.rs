@@ -7,6 +7,7 @@ use crate::export::Clients;
 use crate::metrics::Metrics;
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
+use std::cell::Cell;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -95,7 +96,8 @@ fn answer(conn: UnixStream, pool: &Pool, clients: &Clients, metrics: Option<&Met
     let reply = match serde_json::from_str::<Request>(&line) {
         Ok(req) => {
             log::info!("control request: {req:?}");
-            let mut progress = ProgressLines { out: &mut out, last: None, broken: false };
+            let gone = Cell::new(false);
+            let mut progress = ProgressLines { out: &mut out, last: None, broken: &gone };
             let op = metrics.zip(long_request(&req)).map(|(m, kind)| m.operation(kind));
             let mut report = |done, total| {
                 progress.send(done, total);
@@ -103,7 +105,8 @@ fn answer(conn: UnixStream, pool: &Pool, clients: &Clients, metrics: Option<&Met
                     op.progress(done, total);
                 }
             };
-            let mut ctx = Ctx { progress: &mut report, clients: Some(clients) };
+            let abandoned = || gone.get();
+            let mut ctx = Ctx { progress: &mut report, clients: Some(clients), abandoned: &abandoned };
             match execute(pool, &req, &mut ctx) {
                 Ok(data) => json!({ "ok": true, "data": data }),
                 Err(e) => json!({ "ok": false, "error": e }),
@@ -120,19 +123,20 @@ fn answer(conn: UnixStream, pool: &Pool, clients: &Clients, metrics: Option<&Met
 struct ProgressLines<'a> {
     out: &'a mut UnixStream,
     last: Option<Instant>,
-    /// The client went away: the request still completes, silently.
-    broken: bool,
+    /// The client went away: most requests still complete, silently;
+    /// compaction stops (`Ctx::abandoned`).
+    broken: &'a Cell<bool>,
 }
 
 impl ProgressLines<'_> {
     fn send(&mut self, done: u64, total: u64) {
         let due = self.last.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) || done >= total;
-        if self.broken || !due {
+        if self.broken.get() || !due {
             return;
         }
         self.last = Some(Instant::now());
         if writeln!(self.out, "{}", json!({ "progress": [done, total] })).is_err() {
-            self.broken = true;
+            self.broken.set(true);
         }
     }
 }

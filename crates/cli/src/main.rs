@@ -219,6 +219,9 @@ enum PoolCmd {
         /// Only this volume (default: every volume).
         #[arg(long)]
         volume: Option<String>,
+        /// At most this many bytes of volume looked at per second (K, M, G).
+        #[arg(long, value_parser = size::parse_size)]
+        rate: Option<u64>,
         #[command(flatten)]
         pool: PoolArg,
         #[arg(long)]
@@ -576,9 +579,9 @@ fn dispatch(cmd: Command) -> Result<i32> {
         }
         Command::Pool(PoolCmd::Scrub(a)) => scrub_cmd(&a, false),
         Command::Pool(PoolCmd::Repair(a)) => scrub_cmd(&a, true),
-        Command::Pool(PoolCmd::Compact { volume, pool, json }) => {
+        Command::Pool(PoolCmd::Compact { volume, rate, pool, json }) => {
             let mut bar = progress::Progress::new("compact");
-            let result = admin_progress(&pool, &Request::Compact { volume }, &mut |d, t| bar.update(d, t));
+            let result = admin_progress(&pool, &Request::Compact { volume, rate }, &mut |d, t| bar.update(d, t));
             bar.finish();
             print(json, &result?, text::compacted);
             Ok(0)
@@ -801,7 +804,7 @@ fn admin_progress(p: &PoolArg, req: &Request, progress: &mut dyn FnMut(u64, u64)
     }
     let opened =
         poolfile::open_pool(&p.pool, &p.devices, OpenOptions { read_only: !req.writes(), ..Default::default() })?;
-    let mut ctx = Ctx { progress, clients: None };
+    let mut ctx = Ctx { progress, clients: None, abandoned: &|| false };
     let result = admin::execute(&opened.pool, req, &mut ctx).map_err(anyhow::Error::msg);
     if req.writes() {
         opened.pool.close().context("commit")?;

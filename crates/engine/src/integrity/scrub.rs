@@ -247,7 +247,7 @@ fn collect_owned(
 }
 
 /// Sleep so that `done` bytes since `started` stay under `rate` per second.
-fn throttle(rate: Option<u64>, done: u64, started: Instant) {
+pub fn throttle(rate: Option<u64>, done: u64, started: Instant) {
     let Some(rate) = rate.filter(|&r| r > 0) else { return };
     let due = Duration::from_secs_f64(done as f64 / rate as f64);
     if let Some(wait) = due.checked_sub(started.elapsed()) {

@@ -35,6 +35,10 @@ pub struct RelayoutReport {
     pub blocks_moved: u64,
     /// Windows clients wrote to while they moved, or that found no room.
     pub windows_skipped: u64,
+    /// Stopped before the end because the caller asked (`relayout_until`);
+    /// what moved is durable, and a later run goes on from there (windows
+    /// already in long runs are left alone).
+    pub stopped: bool,
 }
 
 /// Where idle-time compaction goes on: the volume and block it looks at next.
@@ -67,6 +71,15 @@ impl Pool {
     /// Re-lay out volume `name`'s head; `progress(done, total)` in blocks.
     /// Durable when it returns.
     pub fn relayout(&self, name: &str, progress: &mut dyn FnMut(u64, u64)) -> Result<RelayoutReport> {
+        self.relayout_until(name, &mut |done, total| {
+            progress(done, total);
+            true
+        })
+    }
+
+    /// [`Pool::relayout`] that stops after the window at which `go_on(done,
+    /// total)` answers false (a cancel, or a throttle's caller going away).
+    pub fn relayout_until(&self, name: &str, go_on: &mut dyn FnMut(u64, u64) -> bool) -> Result<RelayoutReport> {
         self.check_writable()?;
         let (id, blocks) = {
             let inner = self.read_inner();
@@ -85,7 +98,10 @@ impl Pool {
                 }
                 Window::Skipped | Window::NoRoom => report.windows_skipped += 1,
             }
-            progress(lba + WINDOW_BLOCKS.min(blocks - lba), blocks);
+            if !go_on(lba + WINDOW_BLOCKS.min(blocks - lba), blocks) {
+                report.stopped = true;
+                break;
+            }
         }
         self.flush()?;
         report.extents_after = extents(self)?;
