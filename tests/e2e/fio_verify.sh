@@ -134,8 +134,31 @@ sed 's/^randseed=99$/randseed=98/' "$T/placerand.fio" >"$T/placerand2.fio"
 run_fio placerand2 "$T/placerand2.fio"
 out=$(tarn vol set pl_inplace --placement sideways -p "$POOL" 2>&1) && bad "vol set accepted an unknown placement"
 case $out in *"unknown placement"*) ok "an unknown placement is refused by name" ;; *) bad "unknown placement: $out" ;; esac
+step "pool compact after snapshots (sharing kept), and while fio writes and verifies"
+for p in inplace append contiguous; do
+  check "snapshot pl_$p@s1" "$TARN" snap create "pl_$p@s1" -p "$POOL"
+done
+snaps() { tarn snap list -p "$POOL" --json | jq -c '[.[] | select(.volume | startswith("pl_")) | [.volume, .exclusive, .referenced]] | sort'; }
+before=$(snaps)
+out=$(tarn pool compact -p "$POOL" --json 2>/dev/null) || bad "pool compact failed: $out"
+moved=$(jq '[.volumes[] | select(.volume | startswith("pl_")) | .windows_moved] | add' <<<"$out")
+expect_between "compaction moved windows the snapshots share" "$moved" 1 1000000
+expect_eq "no snapshot's exclusive or referenced bytes changed" "$(snaps)" "$before"
+sed 's/^do_verify=1$/verify_only=1/' "$T/placerand2.fio" >"$T/placeverify.fio"
+run_fio placeverify "$T/placeverify.fio"
+sed 's/^randseed=99$/randseed=97/' "$T/placerand.fio" >"$T/placerand3.fio"
+(cd "$T" && timeout 600 fio --output-format=json --output="$T/placerand3.json" "$T/placerand3.fio" >"$T/placerand3.out" 2>&1; echo $? >"$T/placerand3.rc") &
+fio_pid=$!
+rounds=0
+while kill -0 $fio_pid 2>/dev/null && [ $rounds -lt 50 ]; do
+  tarn pool compact -p "$POOL" >/dev/null 2>&1 || bad "pool compact during fio failed"
+  rounds=$((rounds + 1))
+done
+wait $fio_pid
+expect_eq "fio verify while compactions ran ($rounds compactions)" "$(cat "$T/placerand3.rc") $(jq '[.jobs[].error] | add' "$T/placerand3.json")" "0 0"
+
 stop_serve
-pool_check "$POOL" "after every placement policy"
+pool_check "$POOL" "after every placement policy and compactions"
 shown=$(tarn vol list -p "$POOL" --json | jq -r '.[] | select(.name == "pl_append") | .placement')
 expect_eq "a volume's placement survives a restart" "$shown" append
 e2e_finish
