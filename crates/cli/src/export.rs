@@ -234,7 +234,7 @@ impl Export for VolumeExport {
         let runs = self.pool.block_status_view(self.id, self.view, offset, length).map_err(nbd_error)?;
         Ok(runs
             .into_iter()
-            .map(|r| BlockStatusExtent { length: r.length, hole: !r.allocated, zero: !r.allocated })
+            .map(|r| BlockStatusExtent { length: r.length, hole: !r.allocated, zero: r.zero })
             .collect())
     }
 
