@@ -10,10 +10,12 @@
 #    from the running server, which drains, commits and exits; the third
 #    takeover is an upgrade, a copy of the binary at another path.
 # Then every region written reads back with its pattern, the pool checks
-# clean, and a second server on a held pool waits a bounded time and fails
-# with a clear error, not touching the running one.
+# clean, a second server on a held pool waits a bounded time and fails
+# with a clear error, not touching the running one, and a server started
+# while the lock is still held (as by a predecessor's final commit) waits
+# for it and serves.
 . "$(dirname "$0")/lib.sh"
-need qemu-io
+need qemu-io flock
 e2e_init restart
 
 POOL=$T/pool.img
@@ -115,5 +117,18 @@ expect_eq "regions verified ($((2 * ROUNDS)) written, 2 never written)" \
   "$rc $(grep -c '^read 262144/262144' "$T/verify.log") $(grep -ciE 'fail|error' "$T/verify.log" || true)" "0 $((2 * ROUNDS + 2)) 0"
 stop_serve
 pool_check "$POOL" "after the restarts"
+
+step "a new server while the old one still commits: it waits, then serves"
+# flock(1) holds the pool's lock for 3 s, as a predecessor's final commit would
+flock -x "$POOL" sleep 3 & HOLD=$!; E2E_PIDS+=("$HOLD")
+sleep 0.3
+t0=$(date +%s%N)
+start_serve "$POOL" --lock-wait 30
+waited=$((($(date +%s%N) - t0) / 1000000))
+wait "$HOLD" || true
+if [ $waited -ge 2000 ]; then ok "--lock-wait 30: waited ${waited} ms for the lock, then served"
+else bad "--lock-wait 30: served after ${waited} ms, before the lock was free"; fi
+check "data still there" timeout 60 qemu-io -f raw "$(uri $VOL)" -c "read -P $((ROUNDS % 250 + 1)) $((ROUNDS * REGION)) 256k"
+stop_serve
 
 e2e_finish
