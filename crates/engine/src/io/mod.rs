@@ -623,7 +623,8 @@ impl Pool {
                 let mut i = 0u64;
                 while i < s_len {
                     let is_zero = sums[i as usize] == Some(zero_sum);
-                    let run = sums[i as usize..].iter().take_while(|&&x| (x == Some(zero_sum)) == is_zero).count() as u64;
+                    let run =
+                        sums[i as usize..].iter().take_while(|&&x| (x == Some(zero_sum)) == is_zero).count() as u64;
                     if !is_zero {
                         out.push((s_lba + i, run, Kind::Data));
                         i += run;
