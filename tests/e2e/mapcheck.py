@@ -6,6 +6,7 @@ usage: mapcheck.py MAP.json SPEC...
     data  every byte of the range is reported allocated and not zero
     zero  every byte reads as zero per the map (NBD_STATE_ZERO set)
     hole  every byte is unallocated (NBD_STATE_HOLE set)
+    zeroalloc  every byte is allocated and reads as zero (ZERO set, HOLE clear)
 Prints one line per spec; exits 1 if any does not hold.
 """
 import json
@@ -35,6 +36,7 @@ def main():
                 "data": (t & (HOLE | ZERO)) == 0,
                 "zero": (t & ZERO) != 0,
                 "hole": (t & HOLE) != 0,
+                "zeroalloc": (t & (HOLE | ZERO)) == ZERO,
             }[kind]
             if not good:
                 wrong.append(f"{lo}..{hi} type={t}({e.get('description', '')})")

@@ -54,6 +54,16 @@ wait_until 10 sh -c "curl -sf -m 5 '$MURL' | awk '\$1 == \"tarn_pool_used_bytes\
 check "scrape /metrics again" scrape
 commits=$(metric tarn_pool_commits_total)
 [ "${commits:-0}" -ge 1 ] && ok "commits counted ($commits)" || bad "commits not counted: '$commits'"
+# the flush committed: its duration is observed; every commit counted is
+# one observation (a commit running while the scrape reads the two may
+# be counted in one and not yet in the other: +-1)
+timed=$(metric tarn_pool_commit_duration_seconds_count)
+inf=$(metric 'tarn_pool_commit_duration_seconds_bucket{le="+Inf"}')
+csum=$(metric tarn_pool_commit_duration_seconds_sum)
+if [ "${timed:-0}" -ge 1 ] && [ "$inf" = "$timed" ] && [ "$timed" -ge $((commits - 1)) ] && [ "$timed" -le $((commits + 1)) ] &&
+   awk -v s="$csum" 'BEGIN { exit !(s > 0 && s < 60) }'; then
+  ok "commit durations observed ($timed commits, $csum s in all)"
+else bad "commit duration histogram: count '$timed', +Inf '$inf', sum '$csum', commits $commits"; fi
 expect_eq "pool not degraded" "$(metric tarn_pool_degraded)" 0
 expect_eq "device 0 online" "$(grep -c '^tarn_device_state{device="0",.*state="ONLINE"} 1$' "$T/scrape.txt")" 1
 for m in tarn_pool_free_bytes tarn_pool_reserved_bytes tarn_pool_overcommit_ratio tarn_pool_metadata_cache_hit_ratio \

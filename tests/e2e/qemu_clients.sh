@@ -4,6 +4,7 @@
 # nbdinfo --map (block status), nbdcopy of a sparse image (thin allocation).
 . "$(dirname "$0")/lib.sh"
 need qemu-img qemu-io nbdinfo nbdcopy jq cmp
+need_pynbd
 e2e_init qemu_clients
 
 M=$((1 << 20))
@@ -14,12 +15,13 @@ make_vol "$POOL" qio 64M
 make_vol "$POOL" sp 256M
 make_vol "$POOL" frag 64M
 make_vol "$POOL" scat 16M
+make_vol "$POOL" zh 64M
 start_serve "$POOL"
 
 step "export discovery"
 list=$(timeout 20 nbdinfo --list --json "nbd://127.0.0.1:$SERVE_PORT" 2>&1) || list=
 names=$(printf '%s' "$list" | jq -r '.exports[]."export-name"' 2>/dev/null | sort | tr '\n' ' ')
-expect_eq "nbdinfo --list shows every volume" "$names" "frag qc qio scat sp "
+expect_eq "nbdinfo --list shows every volume" "$names" "frag qc qio scat sp zh "
 size=$(timeout 20 nbdinfo --size "$(uri qc)" 2>&1) || size="error: $size"
 expect_eq "nbdinfo --size qc" "$size" $((256 * M))
 size=$(timeout 20 nbdinfo --size "$(uri_unix qio)" 2>&1) || size="error: $size"
@@ -100,7 +102,9 @@ if timeout 30 nbdinfo --map --json "$(uri qio)" >"$T/map.json" 2>"$T/map.err"; t
   check "map: written ranges are data" "$SYSPY" "$E2E_DIR/mapcheck.py" "$T/map.json" \
     data:0:65536 data:$((1 * M)):4096 data:$((8 * M)):$((4 * M)) data:$((28 * M)):65536 \
     data:$((40 * M)):65536 data:$((44 * M)):139264 data:$((45 * M + 4096)):$M
-  # (write -z without -u sends NO_HOLE: allocated zeroes, STATE_ZERO optional)
+  # (write -z without -u sends NO_HOLE: allocated zeroes, reported as such)
+  check "map: write -z (NO_HOLE) range is allocated and zero" "$SYSPY" "$E2E_DIR/mapcheck.py" "$T/map.json" \
+    zeroalloc:$((20 * M)):$M
   check "map: discarded / zero-with-unmap ranges read as zero" "$SYSPY" "$E2E_DIR/mapcheck.py" "$T/map.json" \
     zero:$((16 * M)):$M zero:$((24 * M)):$M
   check "map: discarded range is a hole" "$SYSPY" "$E2E_DIR/mapcheck.py" "$T/map.json" hole:$((16 * M)):$M
@@ -109,6 +113,50 @@ if timeout 30 nbdinfo --map --json "$(uri qio)" >"$T/map.json" 2>"$T/map.err"; t
 else
   bad "nbdinfo --map failed: $(head -c 300 "$T/map.err")"
 fi
+
+step "block status after NO_HOLE zeroing (nbdsh)"
+# base:allocation per proto.md: a range zeroed with NO_HOLE stays allocated
+# and reads as zeros (STATE_ZERO without STATE_HOLE); one zeroed without it
+# may be a hole (tarn punches it: HOLE|ZERO); data stays 0. 40 MiB zeroed
+# with NO_HOLE takes several answers (each reads at most 8 MiB to be sure
+# of the zeros): asked again from where each stopped, all of it is ZERO.
+cat >"$T/zerostatus.py" <<'PY'
+import nbd, sys
+M = 1 << 20
+h = nbd.NBD()
+h.add_meta_context("base:allocation")
+h.connect_uri(sys.argv[1])
+h.pwrite(b"\xab" * (2 * M), 0)
+h.zero(M, M, flags=nbd.CMD_FLAG_NO_HOLE)      # 1M..2M over data
+h.zero(M, 3 * M)                               # 3M..4M, may be a hole
+h.pwrite(b"\0" * 4096 + b"\1" * 4096, 5 * M)   # zeros sent as data, then data
+h.zero(40 * M, 8 * M, flags=nbd.CMD_FLAG_NO_HOLE)
+h.flush()
+ext, pos, answers = [], 0, 0
+while pos < 64 * M and answers < 100:
+    got = []
+    h.block_status(64 * M - pos, pos, lambda meta, off, e, err: got.extend(zip(e[0::2], e[1::2])))
+    answers += 1
+    for length, flags in got:
+        ext.append((pos, length, flags))
+        pos += length
+def flags_of(off, length):
+    return {f for o, l, f in ext if o < off + length and off < o + l}
+want = [("data 0..1M", 0, M, {0}), ("NO_HOLE over data 1M..2M", M, M, {2}),
+        ("zeroed without NO_HOLE 3M..4M", 3 * M, M, {3}), ("zeros written as data 5M+4K", 5 * M, 4096, {2}),
+        ("data 5M+4K..8K", 5 * M + 4096, 4096, {0}), ("NO_HOLE 8M..48M", 8 * M, 40 * M, {2}),
+        ("never written 48M..", 48 * M, 16 * M, {3})]
+bad = 0
+for what, off, length, expect in want:
+    got = flags_of(off, length)
+    print(("ok  " if got == expect else "BAD ") + f"{what}: flags {sorted(got)} (want {sorted(expect)})")
+    bad += got != expect
+print(f"{answers} answers covered {pos} bytes")
+sys.exit(1 if bad or pos != 64 * M else 0)
+PY
+if out=$(timeout 60 "$SYSPY" "$T/zerostatus.py" "$(uri zh)" 2>&1); then
+  ok "NO_HOLE zeroing reported allocated and zero ($(printf '%s' "$out" | tail -1))"
+else bad "block status after NO_HOLE zeroing: $(printf '%s' "$out" | grep -v '^ok' | tr '\n' ' ' | cut -c1-400)"; fi
 
 step "nbdcopy of a sparse 256M image (17M of data) in and out"
 truncate -s $((256 * M)) "$T/sparse.img"

@@ -57,6 +57,10 @@ verify_clean() {
   out=$(MANPATH=$T/man systemd-analyze verify "$1" 2>&1) && [ -z "$out" ] || { printf '%s\n' "$out"; return 1; }
 }
 check "systemd-analyze verify: clean" verify_clean "$T/unit/tarn@.service"
+# the socket unit beside it (socket activation: restarts keep the socket)
+cp "$REPO/packaging/systemd/tarn@.socket" "$T/unit/tarn@.socket"
+check "systemd-analyze verify tarn@.socket (with its service): clean" verify_clean "$T/unit/tarn@.socket"
+grep -qxF 'FileDescriptorName=nbd' "$T/unit/tarn@.socket" && ok "socket unit names its socket nbd" || bad "socket unit lacks FileDescriptorName=nbd"
 bad_unit=$T/unit/bad/tarn@.service
 mkdir -p "${bad_unit%/*}"
 sed 's/^Type=notify/Type=notifyy/' "$T/unit/tarn@.service" >"$bad_unit"

@@ -195,7 +195,9 @@ pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, Strin
         Request::VolHint { name, ranges, target } => {
             return crate::hint::move_metadata(pool, name, ranges, target, ctx.progress)
         }
-        Request::VolExport { view, path, force } => return crate::image::export(pool, view, path, *force, ctx.progress),
+        Request::VolExport { view, path, force } => {
+            return crate::image::export(pool, view, path, *force, ctx.progress)
+        }
         Request::VolImport { path, name, source } => {
             return crate::image::import(pool, path, source.as_deref(), name, ctx.progress)
         }

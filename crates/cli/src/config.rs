@@ -98,6 +98,16 @@ pub struct ServeOpts {
     /// "660" or 0o660).
     #[arg(long, value_name = "OCTAL", value_parser = parse_mode_arg)]
     pub socket_mode: Option<Mode>,
+    /// Take the listening sockets over from the server running on this
+    /// pool (through its control socket), which then drains, commits and
+    /// exits; clients connecting meanwhile wait in the listen backlog.
+    /// Restarts and upgrades without systemd's socket unit.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    pub takeover: Option<bool>,
+    /// Seconds to wait for another process (a predecessor still
+    /// committing) to release the pool (default 120 with --takeover, else 0).
+    #[arg(long, value_name = "SECS")]
+    pub lock_wait: Option<u64>,
     /// error, warn (default), info, debug or trace; RUST_LOG, when set,
     /// also filters by module.
     #[arg(long, value_enum)]
@@ -221,6 +231,8 @@ impl ServeOpts {
             tls_ca: self.tls_ca.clone().or(f.tls_ca),
             tls_allow: vec(&self.tls_allow, &f.tls_allow),
             socket_mode: self.socket_mode.or(f.socket_mode),
+            takeover: self.takeover.or(f.takeover),
+            lock_wait: self.lock_wait.or(f.lock_wait),
             log_level: self.log_level.or(f.log_level),
         }
     }
@@ -311,6 +323,8 @@ impl ServeOpts {
             "metadata-device" => t.metadata_device = None,
             "metrics" => t.metrics = None,
             "socket-mode" => t.socket_mode = None,
+            "takeover" => t.takeover = None,
+            "lock-wait" => t.lock_wait = None,
             _ => {}
         }
         t

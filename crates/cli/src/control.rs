@@ -4,11 +4,13 @@
 
 use crate::admin::{execute, Ctx, Request};
 use crate::export::Clients;
+use crate::handover;
 use crate::metrics::Metrics;
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 use std::cell::Cell;
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -50,9 +52,20 @@ pub fn call(path: &Path, req: &Request, progress: &mut dyn FnMut(u64, u64)) -> R
     }
 }
 
+/// Hands the listening sockets over to a successor (`tarn serve --takeover`).
+pub type HandOver = Arc<dyn Fn() -> std::io::Result<Vec<OwnedFd>> + Send + Sync>;
+
 /// Serve admin requests on `path` until the process exits; long ones
-/// report their progress to `metrics` too.
-pub fn listen(path: PathBuf, pool: Arc<Pool>, clients: Arc<Clients>, metrics: Option<Arc<Metrics>>) -> Result<()> {
+/// report their progress to `metrics` too. With `hand_over`, a takeover
+/// request gets the listening sockets, and this process then stops as on
+/// SIGTERM.
+pub fn listen(
+    path: PathBuf,
+    pool: Arc<Pool>,
+    clients: Arc<Clients>,
+    metrics: Option<Arc<Metrics>>,
+    hand_over: Option<HandOver>,
+) -> Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     }
@@ -61,10 +74,10 @@ pub fn listen(path: PathBuf, pool: Arc<Pool>, clients: Arc<Clients>, metrics: Op
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
     std::thread::Builder::new().name("control".into()).spawn(move || {
         for conn in listener.incoming().flatten() {
-            let (pool, clients, metrics) = (pool.clone(), clients.clone(), metrics.clone());
+            let (pool, clients, metrics, hand) = (pool.clone(), clients.clone(), metrics.clone(), hand_over.clone());
             let _ = std::thread::Builder::new()
                 .name("control-conn".into())
-                .spawn(move || answer(conn, &pool, &clients, metrics.as_deref()));
+                .spawn(move || answer(conn, &pool, &clients, metrics.as_deref(), hand.as_ref()));
         }
     })?;
     Ok(())
@@ -82,7 +95,7 @@ fn long_request(req: &Request) -> Option<&'static str> {
     })
 }
 
-fn answer(conn: UnixStream, pool: &Pool, clients: &Clients, metrics: Option<&Metrics>) {
+fn answer(conn: UnixStream, pool: &Pool, clients: &Clients, metrics: Option<&Metrics>, hand_over: Option<&HandOver>) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
     // A client that stops reading must not stall a flatten for long.
     let _ = conn.set_write_timeout(Some(Duration::from_secs(10)));
@@ -92,6 +105,9 @@ fn answer(conn: UnixStream, pool: &Pool, clients: &Clients, metrics: Option<&Met
     let mut line = String::new();
     if BufReader::new(conn).take(MAX_LINE).read_line(&mut line).is_err() {
         return;
+    }
+    if line.trim() == handover::REQUEST {
+        return take_over(&out, hand_over);
     }
     let reply = match serde_json::from_str::<Request>(&line) {
         Ok(req) => {
@@ -117,6 +133,25 @@ fn answer(conn: UnixStream, pool: &Pool, clients: &Clients, metrics: Option<&Met
     // One write: formatting straight into the socket sent a 1,000-snapshot
     // listing in thousands of small writes (75 ms of a 77 ms `snap list`).
     let _ = out.write_all(format!("{reply}\n").as_bytes());
+}
+
+/// A successor asked for the listening sockets: send them, then stop as on
+/// SIGTERM (stop accepting, drain, commit, close, exit).
+fn take_over(out: &UnixStream, hand_over: Option<&HandOver>) {
+    let Some(hand_over) = hand_over else {
+        let _ = (&*out)
+            .write_all(format!("{}\n", json!({ "ok": false, "error": "this server cannot hand over" })).as_bytes());
+        return;
+    };
+    let sent = hand_over().and_then(|fds| handover::answer(out, &fds).map(|()| fds.len()));
+    match sent {
+        Ok(n) => {
+            crate::logging::notice(&format!("handed {n} listening socket(s) to a successor; stopping"));
+            // SAFETY: kill(2) to this process; the signal thread handles it.
+            unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
+        }
+        Err(e) => log::error!("takeover: could not send the listening sockets: {e}"),
+    }
 }
 
 /// Progress of a long request, as throttled lines to the client.

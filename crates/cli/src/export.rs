@@ -232,10 +232,7 @@ impl Export for VolumeExport {
 
     fn block_status(&self, offset: u64, length: u64) -> Result<Vec<BlockStatusExtent>, ExportError> {
         let runs = self.pool.block_status_view(self.id, self.view, offset, length).map_err(nbd_error)?;
-        Ok(runs
-            .into_iter()
-            .map(|r| BlockStatusExtent { length: r.length, hole: !r.allocated, zero: !r.allocated })
-            .collect())
+        Ok(runs.into_iter().map(|r| BlockStatusExtent { length: r.length, hole: !r.allocated, zero: r.zero }).collect())
     }
 
     fn meta_contexts(&self) -> Vec<String> {

@@ -9,6 +9,7 @@ mod mirror;
 mod picture;
 mod poolfile;
 mod guestfs;
+mod handover;
 mod hint;
 mod image;
 mod logging;
@@ -69,7 +70,7 @@ enum Command {
     /// Byte ranges changed since a snapshot (in a newer snapshot, or the head).
     Diff(DiffCmd),
     /// Serve every volume (writable) and snapshot (read-only, VOL@SNAP) of a pool over NBD.
-    Serve(ServeCmd),
+    Serve(Box<ServeCmd>),
     /// The main job: create a pool with a default volume on first run, then serve it.
     Run(RunCmd),
     /// Request traces (`serve --trace`): print, convert, replay against a placement.
@@ -646,7 +647,7 @@ fn dispatch(cmd: Command) -> Result<i32> {
         Command::Vol(VolCmd::Flatten { name, pool }) => snapshots::vol_flatten(&pool, name),
         Command::Snap(cmd) => snapshots::snap(cmd),
         Command::Diff(d) => snapshots::diff(d),
-        Command::Serve(s) => serve_cmd(s),
+        Command::Serve(s) => serve_cmd(*s),
         Command::Run(r) => run_cmd(r),
         Command::Trace(t) => trace_cmd(t),
         Command::Gen(g) => gen_cmd(g),
@@ -909,6 +910,8 @@ fn serve_args(o: &config::ServeOpts) -> Result<serve::ServeArgs> {
         trace: o.trace.clone(),
         metrics: o.metrics.clone(),
         metadata_device: o.metadata_device.clone(),
+        takeover: o.takeover == Some(true),
+        lock_wait: Duration::from_secs(o.lock_wait.unwrap_or(if o.takeover == Some(true) { 120 } else { 0 })),
     })
 }
 
@@ -941,6 +944,8 @@ fn run_cmd(r: RunCmd) -> Result<i32> {
         trace: None,
         metrics: None,
         metadata_device: None,
+        takeover: false,
+        lock_wait: Duration::ZERO,
     };
     let volume = r.volume;
     serve::serve(args, None, move |addr| {

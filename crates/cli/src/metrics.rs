@@ -22,6 +22,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tarn_engine::pool::DurationHistogram;
 use tarn_engine::{Pool, PoolStatus};
 use tarn_format::trace::TraceCmd;
 
@@ -264,6 +265,7 @@ impl Collector for PoolCollector {
         for (name, help, v) in live {
             counter(&mut enc, name, help, v.load(Ordering::Relaxed))?;
         }
+        duration_histogram(&mut enc, "pool_commit_duration", "How long commits took", &c.commit_times)?;
         // Held while encoding: the refresh thread waits at most that long
         // to swap its copy in; I/O never takes this lock.
         let snap = self.snapshot.lock().unwrap_or_else(|p| p.into_inner());
@@ -277,6 +279,18 @@ impl Collector for PoolCollector {
 fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::result::Result<(), std::fmt::Error> {
     let m = ConstCounter::new(v);
     m.encode(enc.encode_descriptor(name, help, None, MetricType::Counter)?)
+}
+
+/// A histogram the engine keeps in atomics, as `tarn_NAME_seconds`.
+fn duration_histogram(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    h: &DurationHistogram,
+) -> std::result::Result<(), std::fmt::Error> {
+    let (sum, count, buckets) = h.get();
+    enc.encode_descriptor(name, help, Some(&prometheus_client::registry::Unit::Seconds), MetricType::Histogram)?
+        .encode_histogram::<prometheus_client::encoding::NoLabelSet>(sum, count, &buckets, None)
 }
 
 fn gauge<N>(enc: &mut DescriptorEncoder, name: &str, help: &str, v: N) -> std::result::Result<(), std::fmt::Error>
@@ -480,6 +494,31 @@ mod tests {
         let bucket = r#"tarn_export_request_duration_seconds_bucket{export="disk0",op="write",le="0.0002"}"#;
         assert_eq!(value(&text, bucket), Some("1"), "100 us falls in the 200 us bucket, 2 ms does not");
         assert!(text.contains("# TYPE tarn_export_request_duration_seconds histogram\n"));
+    }
+
+    #[test]
+    fn commit_durations_as_a_histogram() {
+        #[derive(Debug, Default)]
+        struct Commits(DurationHistogram);
+        impl Collector for Commits {
+            fn encode(&self, mut enc: DescriptorEncoder) -> std::result::Result<(), std::fmt::Error> {
+                duration_histogram(&mut enc, "pool_commit_duration", "How long commits took", &self.0)
+            }
+        }
+        let c = Commits::default();
+        c.0.record(Duration::from_micros(50));
+        c.0.record(Duration::from_millis(3));
+        c.0.record(Duration::from_secs(10));
+        let mut registry = Registry::with_prefix("tarn");
+        registry.register_collector(Box::new(c));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        assert!(text.contains("# TYPE tarn_pool_commit_duration_seconds histogram\n"), "{text}");
+        assert_eq!(value(&text, "tarn_pool_commit_duration_seconds_count"), Some("3"));
+        assert_eq!(value(&text, r#"tarn_pool_commit_duration_seconds_bucket{le="0.0001"}"#), Some("1"));
+        assert_eq!(value(&text, r#"tarn_pool_commit_duration_seconds_bucket{le="0.0064"}"#), Some("2"), "cumulative");
+        assert_eq!(value(&text, r#"tarn_pool_commit_duration_seconds_bucket{le="+Inf"}"#), Some("3"));
+        assert_eq!(value(&text, "tarn_pool_commit_duration_seconds_sum"), Some("10.00305"));
     }
 
     #[test]

@@ -5,6 +5,7 @@ use anyhow::{bail, Context, Result};
 use std::fs::File;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 use tarn_engine::{FileDevice, OpenOptions, Pool};
 
 /// An open pool plus the lock that keeps a second writer out.
@@ -14,27 +15,64 @@ pub struct OpenPool {
 }
 
 /// Take an advisory lock on the primary so two processes never both write.
-fn lock(path: &Path, exclusive: bool) -> Result<File> {
+/// While another process holds it, try again for up to `wait` (a server
+/// restarting after its predecessor, which still drains and commits).
+fn lock(path: &Path, exclusive: bool, wait: Duration) -> Result<File> {
     let f = File::open(path).with_context(|| format!("open {}", path.display()))?;
     let mode = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH } | libc::LOCK_NB;
-    // SAFETY: flock on an fd we own.
-    if unsafe { libc::flock(f.as_raw_fd(), mode) } != 0 {
+    let deadline = Instant::now() + wait;
+    // Bounded by the deadline.
+    loop {
+        // SAFETY: flock on an fd we own.
+        if unsafe { libc::flock(f.as_raw_fd(), mode) } == 0 {
+            return Ok(f);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::WouldBlock {
+            return Err(e).with_context(|| format!("lock {}", path.display()));
+        }
+        if Instant::now() >= deadline {
+            break;
+        }
+        if wait.is_zero() {
+            break;
+        }
+        std::thread::sleep(LOCK_RETRY);
+    }
+    if wait.is_zero() {
         bail!(
             "pool {} is in use by another tarn process (is `tarn serve` running without its control socket?)",
             path.display()
         );
     }
-    Ok(f)
+    bail!(
+        "pool {} is still in use by another tarn process after {} s (a previous `tarn serve` still draining or committing? see its log; --lock-wait sets the wait)",
+        path.display(),
+        wait.as_secs()
+    )
 }
+
+/// Between two attempts to take a lock that is held.
+const LOCK_RETRY: Duration = Duration::from_millis(50);
 
 /// Open the pool whose primary device is `primary`. Member devices come
 /// from the primary's superblock unless `members` names them.
 pub fn open_pool(primary: &Path, members: &[PathBuf], options: OpenOptions) -> Result<OpenPool> {
+    open_pool_waiting(primary, members, options, Duration::ZERO)
+}
+
+/// [`open_pool`], waiting up to `wait` for another process to let go of it.
+pub fn open_pool_waiting(
+    primary: &Path,
+    members: &[PathBuf],
+    options: OpenOptions,
+    wait: Duration,
+) -> Result<OpenPool> {
     let writable = !options.read_only;
     if !primary.exists() {
         bail!("pool device {} does not exist", primary.display());
     }
-    let lock = lock(primary, writable)?;
+    let lock = lock(primary, writable, wait)?;
     let first =
         FileDevice::open(primary, writable).with_context(|| format!("open pool device {}", primary.display()))?;
     let slots = crate::mirror::open_members(primary, first, members, writable)?;

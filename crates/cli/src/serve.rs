@@ -9,16 +9,19 @@
 use crate::config::{Resolved, RELOADABLE};
 use crate::control;
 use crate::export::{Clients, PoolBackend};
+use crate::handover;
 use crate::logging::{self, notice};
 use crate::metrics::{self, Metrics};
-use crate::poolfile::{control_alias_path, control_socket_path, open_pool};
+use crate::poolfile::{control_alias_path, control_socket_path, open_pool_waiting, running_server};
 use crate::trace::recorder::Tracer;
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use sd_notify::NotifyState;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use std::net::TcpListener;
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tarn_engine::{OpenOptions, Service, ServiceOptions};
@@ -47,6 +50,10 @@ pub struct ServeArgs {
     pub metrics: Option<String>,
     /// The device kept for hinted file-system metadata (index or path).
     pub metadata_device: Option<String>,
+    /// Take the listening sockets over from the server running on the pool.
+    pub takeover: bool,
+    /// How long to wait for another process to release the pool.
+    pub lock_wait: Duration,
 }
 
 /// Serve until SIGTERM/SIGINT. `reloadable` is what a reload re-reads (None:
@@ -62,8 +69,27 @@ pub fn serve(
         placement: args.placement,
         ..Default::default()
     };
-    let metrics_listener = args.metrics.as_deref().map(metrics::bind).transpose()?;
-    let opened = open_pool(&args.pool, &args.members, options)?;
+    let Inherited { nbd: inherited, metrics: metrics_fd } = inherited_sockets(&args)?;
+    // After a takeover the predecessor holds the metrics address until it
+    // exits: bind it once the pool is ours (it is exiting then).
+    let early_metrics = match (&args.metrics, metrics_fd) {
+        (_, Some(fd)) => Some(TcpListener::from(fd)),
+        (Some(a), None) if !args.takeover => Some(metrics::bind(a)?),
+        _ => None,
+    };
+    if args.lock_wait > Duration::ZERO {
+        log::info!(
+            "opening pool {} (waiting up to {} s for it to be free)",
+            args.pool.display(),
+            args.lock_wait.as_secs()
+        );
+    }
+    let opened = open_pool_waiting(&args.pool, &args.members, options, args.lock_wait)?;
+    let metrics_listener = match (&args.metrics, early_metrics) {
+        (_, Some(l)) => Some(l),
+        (Some(a), None) => Some(bind_metrics_retrying(a)?),
+        (None, None) => None,
+    };
     if let Some(spec) = &args.metadata_device {
         let device = crate::hint::device_index(&opened.pool, spec).map_err(anyhow::Error::msg)?;
         opened.pool.set_hint_device(Some(device))?;
@@ -82,7 +108,6 @@ pub fn serve(
     let control_path = control_socket_path(&status.uuid);
     let clients = Arc::new(Clients::default());
     let metrics = start_metrics(metrics_listener, &pool)?;
-    control::listen(control_path.clone(), pool.clone(), clients.clone(), metrics.clone())?;
     let alias = control_alias_path(&args.pool);
     let _ = std::fs::remove_file(&alias);
     if let Err(e) = std::os::unix::fs::symlink(&control_path, &alias) {
@@ -96,16 +121,40 @@ pub fn serve(
         Some(path) => Some(Tracer::create(path).with_context(|| format!("create trace {}", path.display()))?),
         None => None,
     };
-    let server = Server::new(Arc::new(PoolBackend::new(pool.clone(), clients, tracer.clone(), metrics)), config);
-    let addr = match &args.listen {
-        Some(a) => Some(server.listen_tcp(a).with_context(|| format!("listen on {a}"))?),
-        None => None,
-    };
-    if let Some(sock) = &args.socket {
-        server
-            .listen_unix_with_mode(sock, args.socket_mode)
-            .with_context(|| format!("listen on {}", sock.display()))?;
+    let server = Arc::new(Server::new(
+        Arc::new(PoolBackend::new(pool.clone(), clients.clone(), tracer.clone(), metrics.clone())),
+        config,
+    ));
+    let mut addr = None;
+    let own_sockets = inherited.is_empty();
+    if own_sockets {
+        if let Some(a) = &args.listen {
+            addr = Some(server.listen_tcp(a).with_context(|| format!("listen on {a}"))?);
+        }
+        if let Some(sock) = &args.socket {
+            server
+                .listen_unix_with_mode(sock, args.socket_mode)
+                .with_context(|| format!("listen on {}", sock.display()))?;
+        }
+    } else {
+        for (fd, kept) in inherited {
+            let what = server.listen_fd(fd, kept).context("serve on an inherited socket")?;
+            addr = addr.or(what.parse().ok());
+        }
+        if args.listen.is_some() || args.socket.is_some() {
+            log::info!("listen/socket options ignored: serving on the inherited sockets");
+        }
     }
+    let handed_over = Arc::new(AtomicBool::new(false));
+    let hand_over: control::HandOver = {
+        let (server, handed_over) = (server.clone(), handed_over.clone());
+        Arc::new(move || {
+            let fds = server.hand_over()?;
+            handed_over.store(true, Ordering::SeqCst);
+            Ok(fds)
+        })
+    };
+    control::listen(control_path.clone(), pool.clone(), clients, metrics, Some(hand_over))?;
     log::info!("serving pool {} ({} volumes) on {:?} {:?}", status.uuid, status.volumes, addr, args.socket);
     // Before READY=1: a SIGHUP sent once systemd thinks we are up must
     // reload, not kill (its default action).
@@ -121,6 +170,7 @@ pub fn serve(
     }
     sd_notify_states(&[NotifyState::Stopping, NotifyState::Status("draining connections, committing")]);
     server.shutdown();
+    let handed_over = handed_over.load(Ordering::SeqCst);
     if let (Some(t), Some(path)) = (&tracer, &args.trace) {
         let (recorded, dropped) = t.finish().with_context(|| format!("write trace {}", path.display()))?;
         notice(&format!("trace {}: {recorded} records, {dropped} dropped (queue full)", path.display()));
@@ -128,13 +178,69 @@ pub fn serve(
     service.stop();
     let _ = std::fs::remove_file(&control_path);
     let _ = std::fs::remove_file(&alias);
-    if let Some(sock) = &args.socket {
+    if let (Some(sock), true, false) = (&args.socket, own_sockets, handed_over) {
         let _ = std::fs::remove_file(sock);
     }
+    let started = std::time::Instant::now();
     pool.close().context("final commit")?;
+    log::info!("final commit and close took {:.3} s", started.elapsed().as_secs_f64());
     notice("pool committed and closed");
     Ok(())
 }
+
+/// Listening sockets this process starts with.
+struct Inherited {
+    /// NBD sockets, each with whether it stays its giver's (systemd's).
+    nbd: Vec<(OwnedFd, bool)>,
+    /// A socket systemd named `metrics`, for the metrics endpoint.
+    metrics: Option<OwnedFd>,
+}
+
+/// Listening sockets this process starts with: systemd's (`LISTEN_FDS`;
+/// kept: they stay systemd's) or, with `--takeover`, the running server's.
+fn inherited_sockets(args: &ServeArgs) -> Result<Inherited> {
+    let mut nbd = Vec::new();
+    let mut metrics_fd = None;
+    for a in handover::activated()? {
+        if a.name == "metrics" {
+            metrics_fd = Some(a.fd);
+        } else {
+            nbd.push((a.fd, true));
+        }
+    }
+    if !nbd.is_empty() {
+        notice(&format!("socket activation: {} listening socket(s) from the service manager", nbd.len()));
+    }
+    if args.takeover {
+        if !nbd.is_empty() {
+            bail!("--takeover with sockets from the service manager: restart the service instead (systemctl restart)");
+        }
+        let control = running_server(&args.pool)
+            .with_context(|| format!("--takeover: no running server answers for pool {}", args.pool.display()))?;
+        let (fds, pid) = handover::take(&control)?;
+        notice(&format!("took over {} listening socket(s) from pid {pid}; it drains and commits", fds.len()));
+        nbd.extend(fds.into_iter().map(|fd| (fd, false)));
+    }
+    Ok(Inherited { nbd, metrics: metrics_fd })
+}
+
+/// Bind the metrics address, retrying for a few seconds while it is in
+/// use (the predecessor of a takeover has not quite exited yet).
+fn bind_metrics_retrying(addr: &str) -> Result<TcpListener> {
+    let deadline = std::time::Instant::now() + METRICS_BIND_WAIT;
+    // Bounded by the deadline.
+    loop {
+        match TcpListener::bind(addr) {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            r => return r.with_context(|| format!("listen for metrics on {addr}")),
+        }
+    }
+}
+
+/// How long a taken-over server retries binding the metrics address.
+const METRICS_BIND_WAIT: Duration = Duration::from_secs(10);
 
 /// Metrics served on `listener` when `--metrics` asked for them.
 fn start_metrics(listener: Option<TcpListener>, pool: &Arc<tarn_engine::Pool>) -> Result<Option<Arc<Metrics>>> {

@@ -328,11 +328,10 @@ fn serve_request<R: Read>(
 }
 
 /// `Err` when the connection must end before the next request: the server
-/// is shutting down (requests already buffered get ESHUTDOWN), or replies
-/// can no longer be written.
+/// is shutting down (requests already received in full are still served,
+/// see [`complete_request_buffered`]), or replies can no longer be written.
 fn check_running<R: Read>(shared: &Shared, reader: &mut BufReader<R>, shutting_down: &AtomicBool) -> Result<(), End> {
-    if shutting_down.load(Ordering::Relaxed) {
-        refuse_buffered(shared, reader);
+    if shutting_down.load(Ordering::Relaxed) && !complete_request_buffered(shared, reader) {
         return Err(End::Shutdown);
     }
     if shared.writer.is_broken() {
@@ -584,25 +583,18 @@ fn spawn_worker(shared: &Arc<Shared>, workers: &mut Vec<JoinHandle<()>>) -> Resu
     Ok(())
 }
 
-/// On shutdown: answer requests already received in full (still in the
-/// read buffer) with `NBD_ESHUTDOWN` rather than dropping them silently.
-fn refuse_buffered<R: Read>(shared: &Shared, reader: &mut BufReader<R>) {
+/// On shutdown: whether the read buffer holds a whole request (header and
+/// payload), which is then served as usual rather than refused: a client
+/// that reconnects (qemu `reconnect-delay`) resends requests left
+/// unanswered, but takes an error reply (`NBD_ESHUTDOWN`) as the request's
+/// failure. Bounded: every request served consumes the buffer, and the
+/// socket is no longer read (its read side is shut down).
+fn complete_request_buffered<R: Read>(shared: &Shared, reader: &BufReader<R>) -> bool {
     let extended = shared.params.extended;
-    let len = header_len(extended);
-    // Bounded: every round consumes a request from the buffer.
-    loop {
-        let buf = reader.buffer();
-        let Ok(h) = parse_header(buf, extended) else { return };
-        if h.command == NBD_CMD_DISC {
-            return;
-        }
-        let payload = payload_len(&h, extended);
-        if ((buf.len() - len) as u64) < payload {
-            return;
-        }
-        reader.consume(len + payload as usize);
-        shared.writer.defer(shared.error_reply(Tag::of(&h), NBD_ESHUTDOWN, "server is shutting down"), &shared.pool);
-    }
+    let buf = reader.buffer();
+    let Ok(h) = parse_header(buf, extended) else { return false };
+    let payload = payload_len(&h, extended);
+    ((buf.len() - header_len(extended)) as u64) >= payload
 }
 
 /// Adaptive choice between running a request on the reading thread and

@@ -55,5 +55,5 @@ mod writer;
 
 pub use error::{ExportError, NbdError, ProtocolError};
 pub use export::{Backend, BlockStatusExtent, ContextExtent, Export, ExportDescription};
-pub use server::{Server, ServerConfig};
+pub use server::{Server, ServerConfig, MAX_ADOPTED};
 pub use tls::{AllowList, ClientIdentity, TlsConfig, TlsError, TlsMode};

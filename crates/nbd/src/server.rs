@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -30,15 +30,35 @@ pub use crate::session::ServerConfig;
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
 /// Further wait after the sockets were closed outright.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long an accept thread waits in poll(2) before looking at the
+/// shutdown flag again. Listening sockets are never shut down to wake it,
+/// because one may be shared with the next process (systemd socket
+/// activation, a takeover): `shutdown(2)` would stop it listening there too.
+const ACCEPT_POLL: Duration = Duration::from_millis(100);
+/// Most listening sockets adopted from a predecessor or a service manager.
+pub const MAX_ADOPTED: usize = 16;
 
 enum ListenSock {
     Tcp(Arc<TcpListener>),
     Unix(Arc<UnixListener>, PathBuf),
 }
 
+impl ListenSock {
+    fn fd(&self) -> RawFd {
+        match self {
+            ListenSock::Tcp(t) => t.as_raw_fd(),
+            ListenSock::Unix(u, _) => u.as_raw_fd(),
+        }
+    }
+}
+
 struct Listener {
     sock: ListenSock,
     thread: Option<JoinHandle<()>>,
+    /// The socket belongs to someone else (a service manager, or the
+    /// process it was handed over to): at shutdown it keeps listening, with
+    /// its backlog, and a Unix socket file stays.
+    kept: bool,
 }
 
 #[derive(Default)]
@@ -93,14 +113,9 @@ impl Server {
     /// spawn its accept thread. Returns the bound address.
     pub fn listen_tcp(&self, addr: &str) -> io::Result<SocketAddr> {
         self.check_running()?;
-        let l = Arc::new(TcpListener::bind(addr)?);
+        let l = TcpListener::bind(addr)?;
         let local = l.local_addr()?;
-        let inner = Arc::clone(&self.inner);
-        let l2 = Arc::clone(&l);
-        let thread = std::thread::Builder::new()
-            .name("nbd-accept".into())
-            .spawn(move || accept_loop(&inner, || l2.accept().map(|(s, _)| s).and_then(tcp_stream)))?;
-        lock(&self.inner.listeners).push(Listener { sock: ListenSock::Tcp(l), thread: Some(thread) });
+        self.add_listener(ListenSock::Tcp(Arc::new(l)), false)?;
         log::info!("nbd: listening on {local}");
         Ok(local)
     }
@@ -116,14 +131,90 @@ impl Server {
     /// even briefly.
     pub fn listen_unix_with_mode(&self, path: &Path, mode: u32) -> io::Result<()> {
         self.check_running()?;
-        let l = Arc::new(bind_unix(path, mode & 0o777)?);
-        let inner = Arc::clone(&self.inner);
-        let l2 = Arc::clone(&l);
-        let thread = std::thread::Builder::new()
-            .name("nbd-accept".into())
-            .spawn(move || accept_loop(&inner, || l2.accept().map(|(s, _)| Stream::Unix(s))))?;
-        lock(&self.inner.listeners).push(Listener { sock: ListenSock::Unix(l, path.to_owned()), thread: Some(thread) });
+        let l = bind_unix(path, mode & 0o777)?;
+        self.add_listener(ListenSock::Unix(Arc::new(l), path.to_owned()), false)?;
         log::info!("nbd: listening on {}", path.display());
+        Ok(())
+    }
+
+    /// Serve on a socket that already listens (TCP or Unix stream), from a
+    /// service manager (`LISTEN_FDS`) or a predecessor (a takeover).
+    /// `kept`: the socket stays the manager's: [`Server::shutdown`] leaves
+    /// it listening and its file in place. Returns what it listens on.
+    /// Anything but a listening stream socket is an `InvalidInput` error.
+    pub fn listen_fd(&self, fd: OwnedFd, kept: bool) -> io::Result<String> {
+        self.check_running()?;
+        let (listening, family) = socket_kind(&fd)?;
+        if !listening {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a listening stream socket"));
+        }
+        let (sock, what) = match family {
+            libc::AF_INET | libc::AF_INET6 => {
+                let l = TcpListener::from(fd);
+                let what = l.local_addr()?.to_string();
+                (ListenSock::Tcp(Arc::new(l)), what)
+            }
+            libc::AF_UNIX => {
+                let l = UnixListener::from(fd);
+                let path = l.local_addr()?.as_pathname().map(Path::to_path_buf).unwrap_or_default();
+                let what = path.display().to_string();
+                (ListenSock::Unix(Arc::new(l), path), what)
+            }
+            f => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("socket family {f} is not TCP or Unix"),
+                ))
+            }
+        };
+        self.add_listener(sock, kept)?;
+        log::info!("nbd: listening on {what} (inherited)");
+        Ok(what)
+    }
+
+    /// Hand the listening sockets over to the next process: returns a
+    /// duplicate of each (to send with `SCM_RIGHTS`) and marks them kept,
+    /// so the [`Server::shutdown`] that follows stops accepting without
+    /// closing them for the receiver; connections that arrive meanwhile
+    /// wait in the kernel's backlog.
+    pub fn hand_over(&self) -> io::Result<Vec<OwnedFd>> {
+        let mut ls = lock(&self.inner.listeners);
+        let fds = ls
+            .iter()
+            .map(|l| match &l.sock {
+                ListenSock::Tcp(t) => t.as_fd().try_clone_to_owned(),
+                ListenSock::Unix(u, _) => u.as_fd().try_clone_to_owned(),
+            })
+            .collect::<io::Result<Vec<_>>>()?;
+        for l in ls.iter_mut() {
+            l.kept = true;
+        }
+        Ok(fds)
+    }
+
+    fn add_listener(&self, sock: ListenSock, kept: bool) -> io::Result<()> {
+        let inner = Arc::clone(&self.inner);
+        // Non-blocking: another process polling the same socket may take
+        // the connection first; accept then says EAGAIN instead of hanging.
+        let (accept, fd): (Box<dyn FnMut() -> io::Result<Stream> + Send>, RawFd) = match &sock {
+            ListenSock::Tcp(l) => {
+                l.set_nonblocking(true)?;
+                let l = Arc::clone(l);
+                (Box::new(move || l.accept().and_then(|(s, _)| tcp_stream(s))), sock.fd())
+            }
+            ListenSock::Unix(l, _) => {
+                l.set_nonblocking(true)?;
+                let l = Arc::clone(l);
+                (
+                    Box::new(move || l.accept().and_then(|(s, _)| s.set_nonblocking(false).map(|_| Stream::Unix(s)))),
+                    sock.fd(),
+                )
+            }
+        };
+        // The accept thread holds an Arc on the listener, so `fd` stays open while it runs.
+        let thread =
+            std::thread::Builder::new().name("nbd-accept".into()).spawn(move || accept_loop(&inner, fd, accept))?;
+        lock(&self.inner.listeners).push(Listener { sock, thread: Some(thread), kept });
         Ok(())
     }
 
@@ -140,28 +231,21 @@ impl Server {
             log::info!("nbd: shutting down");
         }
 
-        // Listeners: shutdown(2) on a listening socket wakes a blocked accept.
+        // Listeners: the accept threads see the flag within ACCEPT_POLL.
+        // Our own sockets are shut down too, so that clients waiting in
+        // their backlog are refused at once; kept ones go on listening.
         let listeners = std::mem::take(&mut *lock(&inner.listeners));
-        for l in &listeners {
-            let fd = match &l.sock {
-                ListenSock::Tcp(t) => t.as_raw_fd(),
-                ListenSock::Unix(u, _) => u.as_raw_fd(),
-            };
+        for l in listeners.iter().filter(|l| !l.kept) {
             // SAFETY: the fd stays open: we hold an Arc on the listener.
-            unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+            unsafe { libc::shutdown(l.sock.fd(), libc::SHUT_RDWR) };
         }
         for mut l in listeners {
             if let Some(t) = l.thread.take() {
-                if join_within(t, Duration::from_secs(1)).is_err() {
-                    // Nudge a TCP accept that did not wake up.
-                    if let ListenSock::Tcp(t) = &l.sock {
-                        if let Ok(a) = t.local_addr() {
-                            let _ = TcpStream::connect_timeout(&a, Duration::from_millis(200));
-                        }
-                    }
+                if join_within(t, ACCEPT_POLL * 10).is_err() {
+                    log::warn!("nbd: an accept thread did not stop; left detached");
                 }
             }
-            if let ListenSock::Unix(_, path) = &l.sock {
+            if let (ListenSock::Unix(_, path), false) = (&l.sock, l.kept) {
                 let _ = std::fs::remove_file(path);
             }
         }
@@ -237,6 +321,7 @@ impl Drop for Server {
 }
 
 fn tcp_stream(s: TcpStream) -> io::Result<Stream> {
+    s.set_nonblocking(false)?;
     s.set_nodelay(true)?;
     Ok(Stream::Tcp(s))
 }
@@ -310,15 +395,40 @@ fn bind_with_mode(path: &Path, mode: u32) -> io::Result<UnixListener> {
     }
 }
 
-fn accept_loop(inner: &Arc<Inner>, mut accept: impl FnMut() -> io::Result<Stream>) {
-    loop {
-        let res = accept();
-        if inner.shutting_down.load(Ordering::SeqCst) {
-            break;
+/// Whether `fd` is a listening stream socket, and its address family.
+fn socket_kind(fd: &OwnedFd) -> io::Result<(bool, libc::c_int)> {
+    let int_opt = |opt| {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt into a c_int of the size given, on a descriptor we own.
+        let r = unsafe {
+            libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, opt, &mut v as *mut _ as *mut libc::c_void, &mut len)
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
         }
-        match res {
+        Ok(v)
+    };
+    let listening = int_opt(libc::SO_ACCEPTCONN)? != 0 && int_opt(libc::SO_TYPE)? == libc::SOCK_STREAM;
+    Ok((listening, int_opt(libc::SO_DOMAIN)?))
+}
+
+/// Accept on `fd` until the server shuts down. Waits in poll(2), never
+/// in accept(2), so that it stops within [`ACCEPT_POLL`] without the
+/// socket being shut down, and takes no connection once the flag is set:
+/// those stay in the backlog for the next process.
+fn accept_loop(inner: &Arc<Inner>, fd: RawFd, mut accept: impl FnMut() -> io::Result<Stream>) {
+    let stopping = || inner.shutting_down.load(Ordering::SeqCst);
+    while !stopping() {
+        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one pollfd, valid for the call; the caller keeps `fd` open.
+        let ready = unsafe { libc::poll(&mut p, 1, ACCEPT_POLL.as_millis() as libc::c_int) };
+        if ready <= 0 || stopping() {
+            continue;
+        }
+        match accept() {
             Ok(s) => start_connection(inner, s),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock) => {}
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning.
                 log::warn!("nbd: accept failed: {e}");

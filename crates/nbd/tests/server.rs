@@ -123,7 +123,7 @@ fn shutdown_answers_in_flight_then_closes() {
 }
 
 #[test]
-fn shutdown_refuses_requests_not_yet_started() {
+fn shutdown_serves_requests_received_in_full() {
     let backend = MemoryBackend::new().with_export("mem", "", slow_writes());
     let server = Server::new(Arc::new(backend), ServerConfig::default());
     let addr = server.listen_tcp("127.0.0.1:0").unwrap();
@@ -149,11 +149,18 @@ fn shutdown_refuses_requests_not_yet_started() {
     let mut replies = std::collections::HashMap::new();
     for _ in 0..4 {
         let (e, h) = c.simple();
+        if h != 0 && e == 0 {
+            let mut data = [0u8; 512];
+            c.s.read_exact(&mut data).unwrap();
+            assert_eq!(data, [3; 512], "read {h} sees the write before it");
+        }
         replies.insert(h, e);
     }
     assert_eq!(replies[&0], 0, "the write in progress completes");
+    // Already in the read buffer: answered, not refused (a reconnecting
+    // client would take NBD_ESHUTDOWN as the request's failure).
     for i in 1..=3 {
-        assert_eq!(replies[&i], NBD_ESHUTDOWN, "request {i}");
+        assert_eq!(replies[&i], 0, "request {i}");
     }
     assert!(c.closed_by_server());
     stopper.join().unwrap();
@@ -319,4 +326,32 @@ fn greeted(addr: std::net::SocketAddr) -> bool {
     }
     assert_eq!(&magic, b"NBDMAGIC");
     true
+}
+
+#[test]
+fn handed_over_socket_keeps_its_backlog_for_the_next_server() {
+    use std::os::fd::OwnedFd;
+    let mem = || Arc::new(MemoryBackend::new().with_export("mem", "", Arc::new(MemoryExport::new(1 << 20))));
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let first = Server::new(mem(), ServerConfig::default());
+    first.listen_fd(OwnedFd::from(l), false).unwrap();
+    let (mut c, _, _) = Client::open(addr, false);
+    assert_eq!(c.read_simple(1, 0, 512), vec![0; 512]);
+    let mut fds = first.hand_over().unwrap();
+    first.shutdown();
+    assert!(c.closed_by_server());
+    drop(first);
+    // Between the two servers a client is queued by the kernel, not refused.
+    let waiting = std::thread::spawn(move || Client::open(addr, false));
+    std::thread::sleep(Duration::from_millis(300));
+    let second = Server::new(mem(), ServerConfig::default());
+    assert_eq!(second.listen_fd(fds.remove(0), false).unwrap(), addr.to_string());
+    let (mut c2, _, _) = waiting.join().unwrap();
+    c2.write(2, 0, &[5; 512]);
+    assert_eq!(c2.simple(), (0, 2));
+    // A socket that does not listen is refused with a reason.
+    let stream = std::net::TcpStream::connect(addr).unwrap();
+    let err = second.listen_fd(OwnedFd::from(stream), false).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
 }

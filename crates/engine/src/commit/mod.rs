@@ -141,10 +141,14 @@ impl Pool {
     }
 
     pub(crate) fn commit_locked(&self, ctl: &mut CommitCtl, force_checkpoint: bool) -> Result<()> {
+        let started = std::time::Instant::now();
         let result = self.commit_steps(ctl, force_checkpoint);
-        if let Err(e) = &result {
-            log::error!("commit failed, fencing the pool: {e}");
-            self.fenced.store(true, Ordering::SeqCst);
+        match &result {
+            Ok(()) => self.counters.commit_times.record(started.elapsed()),
+            Err(e) => {
+                log::error!("commit failed, fencing the pool: {e}");
+                self.fenced.store(true, Ordering::SeqCst);
+            }
         }
         result
     }

@@ -17,7 +17,7 @@ type Summed = (Segment, Vec<Option<u32>>);
 impl Pool {
     /// Segments of a view and the sums of their blocks, under one lock so a
     /// completed write's data and sums are seen together.
-    fn resolve_summed(&self, vol: u32, view: View, lba: u64, len: u64) -> Result<Vec<Summed>> {
+    pub(crate) fn resolve_summed(&self, vol: u32, view: View, lba: u64, len: u64) -> Result<Vec<Summed>> {
         self.with_cached_nodes(|inner| self.resolve_summed_in(inner, vol, view, lba, len))
     }
 

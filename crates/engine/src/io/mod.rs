@@ -22,11 +22,29 @@ pub const MAX_IO_BYTES: u64 = 32 << 20;
 /// Segments one block-status answer may carry.
 const MAX_STATUS_SEGMENTS: usize = 1024;
 
+/// Mapped blocks one block-status answer looks at for zero blocks; the
+/// answer stops there (a client asks again from where it stopped).
+const ZERO_SCAN_BLOCKS: u64 = 32 << 10;
+/// Blocks one block-status answer reads to confirm they are zero.
+const ZERO_READ_BLOCKS: u64 = 2 << 10;
+
 /// One run of a block-status answer, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StatusRun {
     pub length: u64,
     pub allocated: bool,
+    /// Reads as zeros: a hole, or allocated blocks known to hold zeros
+    /// (NBD's NBD_STATE_ZERO without NBD_STATE_HOLE).
+    pub zero: bool,
+}
+
+/// What block status says of a piece of a view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Hole,
+    Data,
+    /// Allocated, and reads as zeros.
+    Zero,
 }
 
 /// Where a run of a view's blocks lies: logical blocks [lba, lba+len)
@@ -551,13 +569,103 @@ impl Pool {
                 inner.state.resolve(vol, view, first, n)?
             }
         };
-        let pieces = segs.iter().map(|s| (s.lba(), s.len(), matches!(s, Segment::Mapped { .. })));
-        Ok(byte_runs(pieces, offset, end)
+        let pieces = if self.checksums {
+            self.zero_pieces(vol, view, &segs, first, end.div_ceil(BLOCK_SIZE))
+        } else {
+            let kind = |s: &Segment| if matches!(s, Segment::Mapped { .. }) { Kind::Data } else { Kind::Hole };
+            segs.iter().map(|s| (s.lba(), s.len(), kind(s))).collect()
+        };
+        Ok(byte_runs(pieces.into_iter(), offset, end)
             .into_iter()
-            .map(|(length, allocated)| StatusRun { length, allocated })
+            .map(|(length, kind)| StatusRun { length, allocated: kind != Kind::Hole, zero: kind != Kind::Data })
             .collect())
     }
 
+    /// Pieces of `segs` (clipped to blocks [first, end)) with the allocated
+    /// blocks that hold zeros told apart: a block whose checksum is that of
+    /// a zero block (so written by a WRITE_ZEROES with NO_HOLE, or by
+    /// zeros sent as data) is read to make sure, as a crc32c match alone
+    /// would call one block in 2^32 zero wrongly. Bounded: at most
+    /// [`ZERO_SCAN_BLOCKS`] mapped blocks looked at and [`ZERO_READ_BLOCKS`]
+    /// read; the pieces stop where a budget ran out (never before the
+    /// first piece). A block that cannot be read is not called zero.
+    fn zero_pieces(&self, vol: u32, view: View, segs: &[Segment], first: u64, end: u64) -> Vec<(u64, u64, Kind)> {
+        let zero_sum = sums_of(&[0u8; BLOCK_SIZE as usize])[0];
+        let (mut scanned, mut read) = (0u64, 0u64);
+        let mut out: Vec<(u64, u64, Kind)> = Vec::new();
+        for seg in segs {
+            let (lba, n) = (seg.lba().max(first), (seg.lba() + seg.len()).min(end));
+            if n <= lba {
+                continue;
+            }
+            let n = n - lba;
+            if !matches!(seg, Segment::Mapped { .. }) {
+                out.push((lba, n, Kind::Hole));
+                continue;
+            }
+            if scanned + n > ZERO_SCAN_BLOCKS && !out.is_empty() {
+                break;
+            }
+            scanned += n;
+            // Resolved again, with sums: if the map changed meanwhile, the
+            // answer is as of now, as a block status answer always is.
+            let Ok(summed) = self.resolve_summed(vol, view, lba, n) else {
+                out.push((lba, n, Kind::Data));
+                continue;
+            };
+            for (seg, sums) in summed {
+                let (s_lba, s_len) = (seg.lba(), seg.len());
+                if !matches!(seg, Segment::Mapped { .. }) || sums.len() as u64 != s_len {
+                    let kind = if matches!(seg, Segment::Mapped { .. }) { Kind::Data } else { Kind::Hole };
+                    out.push((s_lba, s_len, kind));
+                    continue;
+                }
+                let mut i = 0u64;
+                while i < s_len {
+                    let is_zero = sums[i as usize] == Some(zero_sum);
+                    let run =
+                        sums[i as usize..].iter().take_while(|&&x| (x == Some(zero_sum)) == is_zero).count() as u64;
+                    if !is_zero {
+                        out.push((s_lba + i, run, Kind::Data));
+                        i += run;
+                        continue;
+                    }
+                    let take = run.min(ZERO_READ_BLOCKS - read);
+                    if take == 0 {
+                        out.push((s_lba + i, run, Kind::Data));
+                        return out;
+                    }
+                    self.confirm_zero(vol, view, s_lba + i, take, &mut out);
+                    read += take;
+                    if take < run {
+                        return out;
+                    }
+                    i += run;
+                }
+            }
+        }
+        out
+    }
+
+    /// Read blocks [lba, lba+n) and push them as Zero or Data pieces.
+    fn confirm_zero(&self, vol: u32, view: View, lba: u64, n: u64, out: &mut Vec<(u64, u64, Kind)>) {
+        const CHUNK: u64 = 256;
+        let mut buf = vec![0u8; (CHUNK.min(n) * BLOCK_SIZE) as usize];
+        let mut at = 0;
+        while at < n {
+            let k = CHUNK.min(n - at);
+            let b = &mut buf[..(k * BLOCK_SIZE) as usize];
+            let ok = self.read_view(vol, view, (lba + at) * BLOCK_SIZE, b).is_ok();
+            for (j, block) in b.chunks(BLOCK_SIZE as usize).enumerate() {
+                let kind = if ok && block.iter().all(|&x| x == 0) { Kind::Zero } else { Kind::Data };
+                match out.last_mut() {
+                    Some(last) if last.2 == kind && last.0 + last.1 == lba + at + j as u64 => last.1 += 1,
+                    _ => out.push((lba + at + j as u64, 1, kind)),
+                }
+            }
+            at += k;
+        }
+    }
     /// Changed-block tracking: runs from `offset` marking where `view` may
     /// differ from the volume's snapshot taken at `since` (older than the
     /// view). At most [`MAX_VIEW_SPAN`] bytes per call.
@@ -612,8 +720,8 @@ pub const MAX_VIEW_SPAN: u64 = 1 << 30;
 
 /// Byte runs (length, flag) of (lba, blocks, flag) pieces clipped to
 /// [offset, end), equal neighbours merged, at most [`MAX_STATUS_SEGMENTS`].
-fn byte_runs(pieces: impl Iterator<Item = (u64, u64, bool)>, offset: u64, end: u64) -> Vec<(u64, bool)> {
-    let mut runs: Vec<(u64, bool)> = Vec::new();
+fn byte_runs<F: PartialEq>(pieces: impl Iterator<Item = (u64, u64, F)>, offset: u64, end: u64) -> Vec<(u64, F)> {
+    let mut runs: Vec<(u64, F)> = Vec::new();
     for (lba, len, flag) in pieces {
         let s = (lba * BLOCK_SIZE).max(offset);
         let e = ((lba + len) * BLOCK_SIZE).min(end);

@@ -232,6 +232,42 @@ pub struct Counters {
     pub resynced_blocks: AtomicU64,
     /// Metadata nodes a lookup read with the pool lock released.
     pub node_fetches: AtomicU64,
+    /// How long successful commits took (metrics).
+    pub commit_times: DurationHistogram,
+}
+
+/// Upper bounds (seconds) of [`DurationHistogram`]'s buckets but the last
+/// (+Inf): 100 us to 6.6 s, times 4.
+pub const COMMIT_BUCKETS: [f64; 9] = [1e-4, 4e-4, 1.6e-3, 6.4e-3, 0.0256, 0.1024, 0.4096, 1.6384, 6.5536];
+
+/// A histogram of durations in plain atomics: recording is a few relaxed
+/// adds, with no lock anything else waits on (a commit records its own
+/// time while holding the commit lock it already had).
+#[derive(Debug, Default)]
+pub struct DurationHistogram {
+    /// Per bucket of [`COMMIT_BUCKETS`], then +Inf: observations in it (not cumulative).
+    buckets: [AtomicU64; COMMIT_BUCKETS.len() + 1],
+    sum_ns: AtomicU64,
+    count: AtomicU64,
+}
+
+impl DurationHistogram {
+    pub fn record(&self, d: std::time::Duration) {
+        let secs = d.as_secs_f64();
+        let i = COMMIT_BUCKETS.iter().position(|&b| secs <= b).unwrap_or(COMMIT_BUCKETS.len());
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// (sum in seconds, count, per bucket (upper bound, observations)) with
+    /// +Inf last. Read without a lock: a scrape racing a commit may see its
+    /// count before its bucket, never a torn value.
+    pub fn get(&self) -> (f64, u64, Vec<(f64, u64)>) {
+        let bounds = COMMIT_BUCKETS.iter().copied().chain([f64::INFINITY]);
+        let buckets = bounds.zip(&self.buckets).map(|(b, n)| (b, n.load(Ordering::Relaxed))).collect();
+        (self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9, self.count.load(Ordering::Relaxed), buckets)
+    }
 }
 
 /// Lock order: a stripe, then `commit`, then `checkpoint`, then `io_gate`, then
