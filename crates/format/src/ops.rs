@@ -7,6 +7,7 @@
 use crate::codec::{Reader, Writer};
 use crate::error::Result;
 use crate::placement::PolicyCode;
+use crate::role::VolumeRole;
 
 pub const MAX_NAME_LEN: usize = 128;
 
@@ -100,6 +101,13 @@ pub enum Op {
         vol: u32,
         policy: Option<PolicyCode>,
     },
+    /// `vol` (created in the same record) becomes a file volume or a file
+    /// volume's object, hidden from block volume commands. Pools with the
+    /// FILES feature.
+    VolRole {
+        vol: u32,
+        role: VolumeRole,
+    },
 }
 
 /// Blocks one Sums op covers at most (the largest write: 32 MiB).
@@ -131,6 +139,7 @@ mod tag {
     pub const REGIONS_OPEN: u8 = 13;
     pub const REGIONS_CLOSE: u8 = 14;
     pub const VOL_PLACEMENT: u8 = 15;
+    pub const VOL_ROLE: u8 = 16;
 }
 
 fn encode_name(w: &mut Writer, name: &str) {
@@ -183,6 +192,13 @@ impl Op {
                 w.u8(tag::VOL_PLACEMENT);
                 w.u32(*vol);
                 w.u8(policy.map_or(0, |p| p as u8));
+            }
+            Op::VolRole { vol, role } => {
+                let (b, owner) = role.to_parts();
+                w.u8(tag::VOL_ROLE);
+                w.u32(*vol);
+                w.u8(b);
+                w.u32(owner);
             }
             Op::Sums { pba, sums } => {
                 assert!(!sums.is_empty() && sums.len() <= MAX_SUMS_PER_OP);
@@ -241,6 +257,7 @@ impl Op {
             | Op::VolResize { .. }
             | Op::VolDelete { .. }
             | Op::VolPlacement { .. }
+            | Op::VolRole { .. }
             | Op::Sums { .. }
             | Op::Regions { .. } => {
                 unreachable!("volume and pool ops are encoded by Op::encode")
@@ -276,6 +293,11 @@ impl Op {
                     _ => Some(PolicyCode::from_byte(b).ok_or_else(|| r.bad("placement policy", u64::from(b)))?),
                 };
                 Op::VolPlacement { vol, policy }
+            }
+            tag::VOL_ROLE => {
+                let (b, owner) = (r.u8()?, r.u32()?);
+                let role = VolumeRole::from_parts(b, owner).ok_or_else(|| r.bad("volume role", u64::from(b)))?;
+                Op::VolRole { vol, role }
             }
             tag::SNAP_CREATE => {
                 let created = r.u64()?;
@@ -368,7 +390,22 @@ mod tests {
             Op::Regions { open: false, ids: vec![3] },
             Op::VolPlacement { vol: 4, policy: Some(PolicyCode::Append) },
             Op::VolPlacement { vol: 4, policy: None },
+            Op::VolRole { vol: 5, role: VolumeRole::FileVolume },
+            Op::VolRole { vol: 6, role: VolumeRole::Object { owner: 5 } },
         ]
+    }
+
+    #[test]
+    fn vol_role_bytes_and_bad_roles() {
+        let bytes = encode_ops(&[Op::VolRole { vol: 6, role: VolumeRole::Object { owner: 5 } }]);
+        // count 1, tag 16, vol 6 (u32 LE), role 2 (object), owner 5 (u32 LE)
+        assert_eq!(bytes, [1, 16, 6, 0, 0, 0, 2, 5, 0, 0, 0]);
+        let fv = encode_ops(&[Op::VolRole { vol: 5, role: VolumeRole::FileVolume }]);
+        assert_eq!(fv, [1, 16, 5, 0, 0, 0, 1, 0, 0, 0, 0]);
+        // An object without an owner, a file volume with one, an unknown role.
+        for bad in [[1, 16, 6, 0, 0, 0, 2, 0, 0, 0, 0], [1, 16, 5, 0, 0, 0, 1, 9, 0, 0, 0], [1, 16, 5, 0, 0, 0, 3, 1, 0, 0, 0]] {
+            assert!(decode_ops(&bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

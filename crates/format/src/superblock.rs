@@ -37,8 +37,11 @@ pub mod incompat {
     /// Volumes may name a placement policy: op 15 (VolPlacement) in the
     /// journal, the PLACEMENT flag of catalog volume entries.
     pub const PLACEMENT: u64 = 1 << 3;
+    /// Volumes may have a role (file volume, file object): op 16 (VolRole)
+    /// in the journal, the ROLE flag of catalog volume entries.
+    pub const FILES: u64 = 1 << 4;
     /// Features this build understands.
-    pub const KNOWN: u64 = SNAPSHOTS | DATA_CHECKSUMS | MIRRORS | PLACEMENT;
+    pub const KNOWN: u64 = SNAPSHOTS | DATA_CHECKSUMS | MIRRORS | PLACEMENT | FILES;
 }
 
 /// Superblock flag: a pool with mirrors is open for writing (set before its

@@ -549,7 +549,7 @@ impl Pool {
     }
 
     pub fn volume_id(&self, name: &str) -> Option<u32> {
-        self.read_inner().state.by_name.get(name).copied()
+        volume_named(&self.read_inner().state, name).ok().map(|v| v.id)
     }
 
     pub fn volume_info(&self, id: u32) -> Option<VolumeInfo> {
@@ -559,7 +559,7 @@ impl Pool {
 
     pub fn list_volumes(&self) -> Vec<VolumeInfo> {
         let inner = self.read_inner();
-        inner.state.volumes.values().map(|v| info(&inner, v)).collect()
+        inner.state.volumes.values().filter(|v| v.role.is_none()).map(|v| info(&inner, v)).collect()
     }
 
     pub fn status(&self) -> PoolStatus {
@@ -648,7 +648,9 @@ fn fetch_node(store: &tarn_store::Store, miss: &tarn_store::Miss) -> Result<()> 
 
 /// The volume called `name`.
 pub(crate) fn volume_named<'a>(state: &'a State, name: &str) -> Result<&'a Volume> {
-    state.by_name.get(name).and_then(|id| state.volume(*id)).ok_or_else(|| EngineError::NoSuchVolume(name.to_string()))
+    // File volumes and their objects are not block volumes: hidden here.
+    let v = state.by_name.get(name).and_then(|id| state.volume(*id)).filter(|v| v.role.is_none());
+    v.ok_or_else(|| EngineError::NoSuchVolume(name.to_string()))
 }
 
 /// Segments of a view with clones' origin markers resolved, under a lock
