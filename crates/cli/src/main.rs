@@ -59,6 +59,16 @@ enum Command {
     /// Create, list, resize, clone and delete thin volumes.
     #[command(subcommand)]
     Vol(VolCmd),
+    /// Create, list and destroy file volumes (mounted with `tarn mount`).
+    #[command(subcommand)]
+    Fs(FsCmd),
+    /// Mount a file volume through FUSE, in the foreground, on an offline pool.
+    Mount {
+        name: String,
+        dir: PathBuf,
+        #[command(flatten)]
+        pool: PoolArg,
+    },
     /// Create, list, delete and roll back to snapshots of volumes.
     #[command(subcommand)]
     Snap(SnapCmd),
@@ -71,6 +81,32 @@ enum Command {
     /// Request traces (`serve --trace`): print, convert, replay against a placement.
     #[command(subcommand)]
     Trace(TraceSub),
+}
+
+#[derive(Subcommand)]
+enum FsCmd {
+    /// A new, empty file volume (thin: it takes space as files are written).
+    Create {
+        name: String,
+        /// Space its files may take (e.g. 10G; default: the pool's).
+        #[arg(long, value_parser = size::parse_size)]
+        quota: Option<u64>,
+        #[command(flatten)]
+        pool: PoolArg,
+    },
+    /// File volumes with their objects and the space they use.
+    List {
+        #[command(flatten)]
+        pool: PoolArg,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a file volume and every file in it.
+    Destroy {
+        name: String,
+        #[command(flatten)]
+        pool: PoolArg,
+    },
 }
 
 #[derive(Subcommand)]
@@ -642,12 +678,53 @@ fn dispatch(cmd: Command) -> Result<i32> {
         Command::Vol(VolCmd::Delete { name, recursive, pool }) => snapshots::vol_delete(&pool, name, recursive),
         Command::Vol(VolCmd::Clone { origin, name, pool, json }) => snapshots::vol_clone(&pool, origin, name, json),
         Command::Vol(VolCmd::Flatten { name, pool }) => snapshots::vol_flatten(&pool, name),
+        Command::Fs(cmd) => fs_cmd(cmd),
+        Command::Mount { name, dir, pool } => mount_cmd(&pool, &name, &dir),
         Command::Snap(cmd) => snapshots::snap(cmd),
         Command::Diff(d) => snapshots::diff(d),
         Command::Serve(s) => serve_cmd(s),
         Command::Run(r) => run_cmd(r),
         Command::Trace(t) => trace_cmd(t),
     }
+}
+
+fn fs_cmd(cmd: FsCmd) -> Result<i32> {
+    match cmd {
+        FsCmd::Create { name, quota, pool } => {
+            admin(&pool, &Request::FsCreate { name: name.clone(), quota: quota.unwrap_or(0) })?;
+            println!("created file volume {name}");
+        }
+        FsCmd::List { pool, json } => print(json, &admin(&pool, &Request::FsList)?, text::file_volumes),
+        FsCmd::Destroy { name, pool } => {
+            admin(&pool, &Request::FsDestroy { name: name.clone() })?;
+            println!("destroyed file volume {name}");
+        }
+    }
+    Ok(0)
+}
+
+/// `tarn mount`: the pool must be offline; this process holds it until
+/// the mount is gone (`fusermount3 -u DIR` or `umount DIR`), then
+/// commits and closes it.
+fn mount_cmd(p: &PoolArg, name: &str, dir: &Path) -> Result<i32> {
+    if poolfile::running_server(&p.pool).is_some() {
+        bail!(
+            "pool {} is held by a running `tarn serve`; stop it to mount a file volume \
+             (serving file volumes from `tarn serve` is not there yet)",
+            p.pool.display()
+        );
+    }
+    let opened = poolfile::open_pool(&p.pool, &p.devices, OpenOptions::default())?;
+    let (pool, lock) = opened.into_parts();
+    let pool = Arc::new(pool);
+    let fv = tarn_fs::FileVolume::open(pool.clone(), name).with_context(|| format!("open file volume {name}"))?;
+    eprintln!("mounted file volume {name} on {}; unmount with `fusermount3 -u {}`", dir.display(), dir.display());
+    let served = tarn_fuse::mount(fv, name, dir).with_context(|| format!("mount on {}", dir.display()));
+    let closed = pool.close().context("commit and close the pool");
+    drop(lock);
+    served?;
+    closed?;
+    Ok(0)
 }
 
 fn trace_cmd(t: TraceSub) -> Result<i32> {

@@ -13,6 +13,13 @@ pub struct OpenPool {
     _lock: File,
 }
 
+impl OpenPool {
+    /// The pool and the lock that must outlive every use of it.
+    pub fn into_parts(self) -> (Pool, File) {
+        (self.pool, self._lock)
+    }
+}
+
 /// Take an advisory lock on the primary so two processes never both write.
 fn lock(path: &Path, exclusive: bool) -> Result<File> {
     let f = File::open(path).with_context(|| format!("open {}", path.display()))?;

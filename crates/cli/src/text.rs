@@ -197,6 +197,15 @@ pub fn volumes(v: &Value) -> String {
     s
 }
 
+pub fn file_volumes(v: &Value) -> String {
+    let mut s = format!("{:<24} {:>10} {:>12}\n", "NAME", "OBJECTS", "USED");
+    for f in v.as_array().into_iter().flatten() {
+        let (name, objects) = (f["name"].as_str().unwrap_or("?"), f["objects"].as_u64().unwrap_or(0));
+        let _ = writeln!(s, "{name:<24} {objects:>10} {:>12}", b(&f["used"]));
+    }
+    s
+}
+
 /// A volume's placement, marked when it is the pool's default.
 pub fn placement(vol: &Value) -> String {
     let name = vol["placement"].as_str().unwrap_or("?");
