@@ -291,11 +291,11 @@ impl Filesystem for TarnFs {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        flags: i32,
+        _flags: i32,
         reply: ReplyCreate,
     ) {
         match self.fv.create(parent, name.as_bytes(), Kind::File, mode & !umask, req.uid(), req.gid()) {
-            Ok(a) => reply.created(&TTL, &attr(&a), 0, 0, flags as u32),
+            Ok(a) => reply.created(&TTL, &attr(&a), 0, 0, 0),
             Err(e) => reply.error(e.errno()),
         }
     }
