@@ -147,7 +147,12 @@ impl Request {
     pub fn writes(&self) -> bool {
         !matches!(
             self,
-            Request::Status | Request::Check | Request::VolList | Request::FsList | Request::SnapList { .. } | Request::Diff { .. }
+            Request::Status
+                | Request::Check
+                | Request::VolList
+                | Request::FsList
+                | Request::SnapList { .. }
+                | Request::Diff { .. }
         )
     }
 }
@@ -415,6 +420,19 @@ pub fn status_json(s: &PoolStatus) -> Value {
     v
 }
 
+fn fs_create(pool: &Pool, name: &str, quota: u64) -> Result<Value, String> {
+    // The root directory belongs to whoever ran the command.
+    // SAFETY: getuid/getgid cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    tarn_fs::FileVolume::format(pool, name, quota, uid, gid).map_err(|e| e.to_string())?;
+    let fv = pool.file_volume(name).ok_or_else(|| format!("file volume {name} vanished"))?;
+    Ok(json!({ "name": fv.name, "quota": quota, "objects": fv.objects, "used": fv.allocated }))
+}
+
+fn file_volume_json(f: &tarn_engine::FileVolumeInfo) -> Value {
+    json!({ "name": f.name, "id": f.id, "objects": f.objects, "used": f.allocated })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -433,17 +451,4 @@ mod tests {
         let r: Request = serde_json::from_str(r#"{"op":"vol_delete","name":"v"}"#).expect("parse");
         assert!(matches!(r, Request::VolDelete { recursive: false, .. }));
     }
-}
-
-fn fs_create(pool: &Pool, name: &str, quota: u64) -> Result<Value, String> {
-    // The root directory belongs to whoever ran the command.
-    // SAFETY: getuid/getgid cannot fail.
-    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    tarn_fs::FileVolume::format(pool, name, quota, uid, gid).map_err(|e| e.to_string())?;
-    let fv = pool.file_volume(name).ok_or_else(|| format!("file volume {name} vanished"))?;
-    Ok(json!({ "name": fv.name, "quota": quota, "objects": fv.objects, "used": fv.allocated }))
-}
-
-fn file_volume_json(f: &tarn_engine::FileVolumeInfo) -> Value {
-    json!({ "name": f.name, "id": f.id, "objects": f.objects, "used": f.allocated })
 }

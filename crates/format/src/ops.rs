@@ -403,7 +403,9 @@ mod tests {
         let fv = encode_ops(&[Op::VolRole { vol: 5, role: VolumeRole::FileVolume }]);
         assert_eq!(fv, [1, 16, 5, 0, 0, 0, 1, 0, 0, 0, 0]);
         // An object without an owner, a file volume with one, an unknown role.
-        for bad in [[1, 16, 6, 0, 0, 0, 2, 0, 0, 0, 0], [1, 16, 5, 0, 0, 0, 1, 9, 0, 0, 0], [1, 16, 5, 0, 0, 0, 3, 1, 0, 0, 0]] {
+        for bad in
+            [[1, 16, 6, 0, 0, 0, 2, 0, 0, 0, 0], [1, 16, 5, 0, 0, 0, 1, 9, 0, 0, 0], [1, 16, 5, 0, 0, 0, 3, 1, 0, 0, 0]]
+        {
             assert!(decode_ops(&bad).is_err(), "{bad:?}");
         }
     }

@@ -11,7 +11,7 @@ pub mod inode;
 mod ns;
 
 pub use error::{FsError, Result};
-pub use inode::Kind;
+pub use inode::{Inode, Kind};
 pub use ns::{Attr, DirEntry, FileVolume, SetAttr, StatFs};
 
 /// Largest file: each object is a thin volume of this size (16 TiB).

@@ -24,21 +24,12 @@ const READDIR_BATCH: usize = 4096;
 const MAX_DEPTH: usize = 4096;
 const MAX_LINKS: u32 = 65_000;
 
-/// What stat shows.
+/// What stat shows: the inode as stored and the space its data takes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attr {
-    pub ino: u64,
-    pub kind: Kind,
-    pub perm: u32,
-    pub uid: u32,
-    pub gid: u32,
-    pub nlink: u32,
-    pub size: u64,
+    pub inode: Inode,
     /// Own space the data object maps, in bytes.
     pub allocated: u64,
-    pub atime: i64,
-    pub mtime: i64,
-    pub ctime: i64,
 }
 
 /// A setattr: each field set only when Some.
@@ -146,19 +137,7 @@ impl FileVolume {
 
     fn attr(&self, i: &Inode) -> Attr {
         let allocated = if i.object == 0 { 0 } else { self.pool.object_allocated(i.object).unwrap_or(0) };
-        Attr {
-            ino: i.ino,
-            kind: i.kind,
-            perm: i.perm,
-            uid: i.uid,
-            gid: i.gid,
-            nlink: i.nlink,
-            size: i.size,
-            allocated,
-            atime: i.atime,
-            mtime: i.mtime,
-            ctime: i.ctime,
-        }
+        Attr { inode: i.clone(), allocated }
     }
 
     fn dir(&self, ns: &mut Ns, d: &Inode) -> Result<Dir> {

@@ -29,9 +29,9 @@ fn reopen(sim: &Arc<SimDevice>) -> (Arc<Pool>, FileVolume) {
 /// Byte offset of the first 4 KiB block on `sim` that contains `needle`.
 fn find_block_containing(sim: &SimDevice, needle: &[u8]) -> Option<u64> {
     let mut buf = vec![0u8; 4096];
-    (0..sim.size() / 4096).map(|b| b * 4096).find(|&at| {
-        sim.read_at(&mut buf, at).is_ok() && buf.windows(needle.len()).any(|w| w == needle)
-    })
+    (0..sim.size() / 4096)
+        .map(|b| b * 4096)
+        .find(|&at| sim.read_at(&mut buf, at).is_ok() && buf.windows(needle.len()).any(|w| w == needle))
 }
 
 fn names(fv: &FileVolume, dir: u64) -> Vec<String> {
@@ -42,7 +42,7 @@ fn names(fv: &FileVolume, dir: u64) -> Vec<String> {
 }
 
 fn file(fv: &FileVolume, dir: u64, name: &str) -> u64 {
-    fv.create(dir, name.as_bytes(), Kind::File, 0o644, 1, 2).unwrap().ino
+    fv.create(dir, name.as_bytes(), Kind::File, 0o644, 1, 2).unwrap().inode.ino
 }
 
 #[test]
@@ -53,16 +53,16 @@ fn namespace_operations() {
     assert_eq!(fv.read(a, 0, 100).unwrap(), b"hello");
     assert!(matches!(fv.create(ROOT, b"a", Kind::File, 0o644, 0, 0), Err(FsError::Exists)));
     assert!(matches!(fv.create(ROOT, &[b'x'; 256], Kind::File, 0o644, 0, 0), Err(FsError::NameTooLong)));
-    let d = fv.create(ROOT, b"d", Kind::Dir, 0o755, 0, 0).unwrap().ino;
-    assert_eq!(fv.getattr(ROOT).unwrap().nlink, 3);
-    let sub = fv.create(d, b"sub", Kind::Dir, 0o755, 0, 0).unwrap().ino;
+    let d = fv.create(ROOT, b"d", Kind::Dir, 0o755, 0, 0).unwrap().inode.ino;
+    assert_eq!(fv.getattr(ROOT).unwrap().inode.nlink, 3);
+    let sub = fv.create(d, b"sub", Kind::Dir, 0o755, 0, 0).unwrap().inode.ino;
     // Hard link, symlinks short and long.
     fv.link(a, d, b"a2").unwrap();
-    assert_eq!(fv.getattr(a).unwrap().nlink, 2);
-    let s = fv.symlink(ROOT, b"s", b"a", 0, 0).unwrap().ino;
+    assert_eq!(fv.getattr(a).unwrap().inode.nlink, 2);
+    let s = fv.symlink(ROOT, b"s", b"a", 0, 0).unwrap().inode.ino;
     assert_eq!(fv.readlink(s).unwrap(), b"a");
     let long = vec![b'y'; 1000];
-    let l = fv.symlink(ROOT, b"l", &long, 0, 0).unwrap().ino;
+    let l = fv.symlink(ROOT, b"l", &long, 0, 0).unwrap().inode.ino;
     assert_eq!(fv.readlink(l).unwrap(), long);
     // rmdir of a non-empty directory; a directory into its own subtree.
     assert!(matches!(fv.rmdir(ROOT, b"d"), Err(FsError::NotEmpty)));
@@ -71,18 +71,18 @@ fn namespace_operations() {
     let b = file(&fv, ROOT, "b");
     fv.write(b, 0, b"bee").unwrap();
     fv.rename(ROOT, b"b", ROOT, b"a").unwrap();
-    assert_eq!(fv.read(fv.lookup(ROOT, b"a").unwrap().ino, 0, 10).unwrap(), b"bee");
-    assert_eq!(fv.getattr(a).unwrap().nlink, 1, "the replaced inode lost one name");
+    assert_eq!(fv.read(fv.lookup(ROOT, b"a").unwrap().inode.ino, 0, 10).unwrap(), b"bee");
+    assert_eq!(fv.getattr(a).unwrap().inode.nlink, 1, "the replaced inode lost one name");
     fv.rename(ROOT, b"a", sub, b"moved").unwrap();
     assert!(matches!(fv.lookup(ROOT, b"a"), Err(FsError::NotFound)));
     fv.rename(d, b"sub", ROOT, b"sub").unwrap();
-    assert_eq!(fv.getattr(d).unwrap().nlink, 2);
-    assert_eq!(fv.getattr(ROOT).unwrap().nlink, 4);
+    assert_eq!(fv.getattr(d).unwrap().inode.nlink, 2);
+    assert_eq!(fv.getattr(ROOT).unwrap().inode.nlink, 4);
     assert_eq!(names(&fv, ROOT), [".", "..", "d", "l", "s", "sub"]);
     // chmod, chown, times, truncate.
     let set = SetAttr { perm: Some(0o600), uid: Some(7), gid: Some(8), mtime: Some(5), ..Default::default() };
     let at = fv.setattr(b, &set).unwrap();
-    assert_eq!((at.perm, at.uid, at.gid, at.mtime), (0o600, 7, 8, 5));
+    assert_eq!((at.inode.perm, at.inode.uid, at.inode.gid, at.inode.mtime), (0o600, 7, 8, 5));
     fv.setattr(b, &SetAttr { size: Some(1), ..Default::default() }).unwrap();
     fv.setattr(b, &SetAttr { size: Some(3), ..Default::default() }).unwrap();
     assert_eq!(fv.read(b, 0, 10).unwrap(), b"b\0\0", "truncate then extend reads zeros");
@@ -125,7 +125,7 @@ fn sparse_large_files_and_seek() {
 #[test]
 fn reopen_after_close_keeps_everything() {
     let (sim, pool, fv) = fresh();
-    let d = fv.create(ROOT, b"d", Kind::Dir, 0o700, 3, 4).unwrap().ino;
+    let d = fv.create(ROOT, b"d", Kind::Dir, 0o700, 3, 4).unwrap().inode.ino;
     let f = file(&fv, d, "f");
     fv.write(f, 100, b"data").unwrap();
     fv.symlink(d, b"s", b"f", 0, 0).unwrap();
@@ -134,17 +134,17 @@ fn reopen_after_close_keeps_everything() {
     pool.close().unwrap();
     drop(pool);
     let (_pool, fv) = reopen(&sim);
-    let f2 = fv.lookup(fv.lookup(ROOT, b"d").unwrap().ino, b"f").unwrap();
-    assert_eq!((f2.ino, f2.size), (f, 104));
+    let f2 = fv.lookup(fv.lookup(ROOT, b"d").unwrap().inode.ino, b"f").unwrap();
+    assert_eq!((f2.inode.ino, f2.inode.size), (f, 104));
     assert_eq!(fv.read(f, 100, 4).unwrap(), b"data");
     assert_eq!(names(&fv, d), [".", "..", "f", "s"]);
-    assert_eq!(fv.getattr(d).unwrap().perm, 0o700);
+    assert_eq!(fv.getattr(d).unwrap().inode.perm, 0o700);
 }
 
 #[test]
 fn damage_is_a_typed_error_not_a_panic() {
     let (sim, pool, fv) = fresh();
-    let d = fv.create(ROOT, b"dir", Kind::Dir, 0o755, 0, 0).unwrap().ino;
+    let d = fv.create(ROOT, b"dir", Kind::Dir, 0o755, 0, 0).unwrap().inode.ino;
     file(&fv, d, "unique-name-to-find");
     file(&fv, ROOT, "f");
     fv.sync().unwrap();
@@ -165,7 +165,7 @@ fn damage_is_a_typed_error_not_a_panic() {
 fn crash_returns_to_the_last_flush() {
     for seed in 0..4u64 {
         let (sim, pool, fv) = fresh();
-        let d = fv.create(ROOT, b"kept", Kind::Dir, 0o755, 0, 0).unwrap().ino;
+        let d = fv.create(ROOT, b"kept", Kind::Dir, 0o755, 0, 0).unwrap().inode.ino;
         let f = file(&fv, d, "f");
         fv.write(f, 0, b"durable").unwrap();
         fv.sync().unwrap();

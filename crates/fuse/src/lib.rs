@@ -62,11 +62,12 @@ fn file_type(k: Kind) -> FileType {
     }
 }
 
-fn attr(a: &Attr) -> FileAttr {
+fn attr(at: &Attr) -> FileAttr {
+    let a = &at.inode;
     FileAttr {
         ino: a.ino,
         size: a.size,
-        blocks: a.allocated.div_ceil(512),
+        blocks: at.allocated.div_ceil(512),
         atime: time(a.atime),
         mtime: time(a.mtime),
         ctime: time(a.ctime),
@@ -85,6 +86,13 @@ fn attr(a: &Attr) -> FileAttr {
 fn entry(reply: ReplyEntry, r: Result<Attr, FsError>) {
     match r {
         Ok(a) => reply.entry(&TTL, &attr(&a), 0),
+        Err(e) => reply.error(e.errno()),
+    }
+}
+
+fn data(reply: ReplyData, r: Result<Vec<u8>, FsError>) {
+    match r {
+        Ok(d) => reply.data(&d),
         Err(e) => reply.error(e.errno()),
     }
 }
@@ -150,10 +158,7 @@ impl Filesystem for TarnFs {
     }
 
     fn readlink(&mut self, _req: &Request<'_>, ino: u64, reply: ReplyData) {
-        match self.fv.readlink(ino) {
-            Ok(t) => reply.data(&t),
-            Err(e) => reply.error(e.errno()),
-        }
+        data(reply, self.fv.readlink(ino))
     }
 
     fn mknod(
@@ -225,10 +230,7 @@ impl Filesystem for TarnFs {
         _lock_owner: Option<u64>,
         reply: ReplyData,
     ) {
-        match self.fv.read(ino, offset.max(0) as u64, size) {
-            Ok(d) => reply.data(&d),
-            Err(e) => reply.error(e.errno()),
-        }
+        data(reply, self.fv.read(ino, offset.max(0) as u64, size))
     }
 
     fn write(

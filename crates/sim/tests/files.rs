@@ -1,8 +1,8 @@
 //! File volumes and objects (op 16, catalog flag ROLE): hidden from the
 //! block commands, durable through journal replay and checkpoints.
 
-use tarn_engine::{EngineError, Pool};
 use std::sync::Arc;
+use tarn_engine::{EngineError, Pool};
 use tarn_sim::device::SimDevice;
 use tarn_sim::fixture::{one_device_pool, reopen};
 

@@ -60,7 +60,13 @@ impl Pool {
 
     /// VolCreate + VolRole (+ VolPlacement) in one record; `name` None
     /// names an object by its id.
-    fn create_with_role(&self, name: Option<&str>, size: u64, place: Option<PlacementKind>, role: VolumeRole) -> Result<u32> {
+    fn create_with_role(
+        &self,
+        name: Option<&str>,
+        size: u64,
+        place: Option<PlacementKind>,
+        role: VolumeRole,
+    ) -> Result<u32> {
         self.check_writable()?;
         let size = super::round_size(size)?;
         let mut inner = self.write_inner();
