@@ -5,11 +5,13 @@
 //! its object. The inode table is the file volume's own map. No FUSE
 //! here: `tarn-fuse` adapts this API.
 
+pub mod check;
 pub mod dir;
 pub mod error;
 pub mod inode;
 mod ns;
 
+pub use check::CheckReport;
 pub use error::{FsError, Result};
 pub use inode::{Inode, Kind};
 pub use ns::{Attr, DirEntry, FileVolume, SetAttr, StatFs};

@@ -59,16 +59,16 @@ pub struct StatFs {
     pub files: u64,
 }
 
-struct Ns {
-    header: Header,
+pub(crate) struct Ns {
+    pub(crate) header: Header,
     dirs: HashMap<u64, Dir>,
     dirty: HashMap<u64, Inode>,
 }
 
 /// An open file volume.
 pub struct FileVolume {
-    pool: Arc<Pool>,
-    id: u32,
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) id: u32,
     ns: Mutex<Ns>,
 }
 
@@ -114,11 +114,11 @@ impl FileVolume {
         Ok(fv)
     }
 
-    fn lock(&self) -> MutexGuard<'_, Ns> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Ns> {
         self.ns.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn inode(&self, ns: &mut Ns, ino: u64) -> Result<Inode> {
+    pub(crate) fn inode(&self, ns: &mut Ns, ino: u64) -> Result<Inode> {
         if let Some(i) = ns.dirty.get(&ino) {
             return Ok(i.clone());
         }
@@ -140,7 +140,7 @@ impl FileVolume {
         Attr { inode: i.clone(), allocated }
     }
 
-    fn dir(&self, ns: &mut Ns, d: &Inode) -> Result<Dir> {
+    pub(crate) fn dir(&self, ns: &mut Ns, d: &Inode) -> Result<Dir> {
         if d.kind != Kind::Dir {
             return Err(FsError::NotDir);
         }
@@ -186,6 +186,21 @@ impl FileVolume {
         self.save(ns, d)
     }
 
+    /// Before a namespace change of `small` one-block writes and
+    /// directory rewrites of `dir_bytes` in all: commit the queue now if
+    /// the change could push it over its bound, so that no back-pressure
+    /// commit falls inside the change and a crash keeps all of it or none
+    /// (a change too large for the bound still keeps every prefix valid).
+    fn room(&self, small: usize, dir_bytes: u64) -> Result<()> {
+        // Per 4 KiB written at most: a Map and a Sums op and a freed range.
+        const PER_BLOCK: usize = 96;
+        const PER_WRITE: usize = 64 + 2 * PER_BLOCK;
+        let blocks = (dir_bytes / 4096) as usize + 2;
+        let object = 64;
+        self.pool.make_room_for((small + 1) * PER_WRITE + blocks * PER_BLOCK + object)?;
+        Ok(())
+    }
+
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
         let mut ns = self.lock();
         let i = self.inode(&mut ns, ino)?;
@@ -223,6 +238,7 @@ impl FileVolume {
         if dir.find(name).is_some() {
             return Err(FsError::Exists);
         }
+        self.room(5, p.size)?;
         let ino = self.new_ino(&mut ns)?;
         let t = now();
         let mut i = Inode {
@@ -296,6 +312,7 @@ impl FileVolume {
         if dir.find(name).is_some() {
             return Err(FsError::Exists);
         }
+        self.room(3, p.size)?;
         i.nlink += 1;
         i.ctime = now();
         self.save(&mut ns, &i)?;
@@ -327,6 +344,7 @@ impl FileVolume {
             (true, true) if !self.dir(&mut ns, &i)?.entries.is_empty() => return Err(FsError::NotEmpty),
             _ => {}
         }
+        self.room(3, p.size)?;
         dir.remove(name);
         if want_dir {
             p.nlink = p.nlink.saturating_sub(1);
@@ -375,6 +393,7 @@ impl FileVolume {
             Some(o) => Some(self.check_replace(&mut ns, &e, &o)?),
             None => None,
         };
+        self.room(6, p.size + if parent == newparent { 0 } else { np.size })?;
         to.remove(newname);
         to.insert(newname, e.ino, e.kind)?;
         let dir_moves = e.kind == Kind::Dir && parent != newparent;
