@@ -122,6 +122,7 @@ USED=$(tarn fs list --json -p "$POOL" | jq -r '.[0].used')
 expect_between "fs list usage covers the data (MiB)" $((USED >> 20)) 2 200
 expect_eq "vol list shows no object" "$(tarn vol list --json -p "$POOL" | jq length)" 0
 expect_eq "snap list shows nothing" "$(tarn snap list --json -p "$POOL" | jq length)" 0
+expect_eq "pool status: [block volumes, file volumes]" "$(tarn pool status --json -p "$POOL" | jq -c '[.volumes, .file_volumes]')" "[0,1]"
 pool_check "$POOL" "after the first session"
 start_serve "$POOL"
 expect_eq "NBD exports: none (objects are not exports)" "$(nbdinfo --list --json "nbd://127.0.0.1:$SERVE_PORT" | jq '.exports | length')" 0
@@ -139,4 +140,22 @@ step "destroy"
 check "tarn fs destroy home" tarn fs destroy home -p "$POOL"
 expect_eq "fs list empty" "$(tarn fs list --json -p "$POOL" | jq length)" 0
 pool_check "$POOL" "after destroy"
+
+step "a full pool is ENOSPC, a quota EDQUOT; deletes still work"
+POOL=$T/small.img
+make_pool "$POOL" 96M
+check "tarn fs create q --quota 8M" tarn fs create q --quota 8M -p "$POOL"
+check "tarn fs create full" tarn fs create full -p "$POOL"
+fs_mount q
+check_fails "writing 16 MiB under an 8 MiB quota" dd if=/dev/zero of="$MNT/f" bs=1M count=16 conv=fsync status=none
+expect_eq "the error is EDQUOT" "$(printf '%s' "$LAST_OUT" | grep -c 'Disk quota exceeded')" 1
+fs_umount
+fs_mount full
+check_fails "writing 200 MiB into a 96 MiB pool" dd if=/dev/urandom of="$MNT/f" bs=1M count=200 conv=fsync status=none
+expect_eq "the error is ENOSPC" "$(printf '%s' "$LAST_OUT" | grep -c 'No space left on device')" 1
+check "rm of the file that filled the pool" rm "$MNT/f"
+check "sync after rm" sync -f "$MNT"
+check "write after rm" dd if=/dev/urandom of="$MNT/g" bs=1M count=8 conv=fsync status=none
+fs_umount
+pool_check "$POOL" "after ENOSPC"
 e2e_finish

@@ -416,6 +416,7 @@ pub fn status_json(s: &PoolStatus) -> Value {
         })).collect::<Vec<_>>(),
     });
     v["format"] = json!(s.format);
+    v["file_volumes"] = json!(s.file_volumes);
     v["metadata_cache"] = cache_json(s);
     v
 }

@@ -46,10 +46,14 @@ pub fn status(v: &Value) -> String {
     );
     let _ = writeln!(
         s,
-        "  volumes    {} ({} virtual, overcommit {:.2}x)",
+        "  volumes    {} ({} virtual, overcommit {:.2}x){}",
         v["volumes"],
         b(&v["virtual_size"]),
-        v["overcommit_ratio"].as_f64().unwrap_or(0.0)
+        v["overcommit_ratio"].as_f64().unwrap_or(0.0),
+        match v["file_volumes"].as_u64() {
+            Some(n) if n > 0 => format!("; {n} file volumes (`tarn fs list`)"),
+            _ => String::new(),
+        }
     );
     let _ = writeln!(
         s,

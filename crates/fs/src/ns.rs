@@ -63,6 +63,9 @@ pub(crate) struct Ns {
     pub(crate) header: Header,
     dirs: HashMap<u64, Dir>,
     dirty: HashMap<u64, Inode>,
+    /// An upper bound of the space used, for the quota: the volume's
+    /// usage when last counted (O(objects)) plus every byte written since.
+    quota_used: Option<u64>,
 }
 
 /// An open file volume.
@@ -109,7 +112,11 @@ impl FileVolume {
         let mut b = [0u8; RECORD];
         pool.read(id, 0, &mut b)?;
         let header = Header::decode(&b)?;
-        let fv = FileVolume { pool, id, ns: Mutex::new(Ns { header, dirs: HashMap::new(), dirty: HashMap::new() }) };
+        let fv = FileVolume {
+            pool,
+            id,
+            ns: Mutex::new(Ns { header, dirs: HashMap::new(), dirty: HashMap::new(), quota_used: None }),
+        };
         fv.inode(&mut fv.lock(), ROOT)?;
         Ok(fv)
     }
@@ -510,7 +517,7 @@ impl FileVolume {
             return Err(FsError::IsDir);
         }
         let end = offset.checked_add(data.len() as u64).filter(|&e| e <= MAX_FILE_SIZE).ok_or(FsError::TooLarge)?;
-        self.check_quota(&ns, data.len() as u64)?;
+        self.check_quota(&mut ns, data.len() as u64)?;
         if i.object == 0 {
             i.object = self.pool.create_object(self.id, MAX_FILE_SIZE, None)?;
             self.save(&mut ns, &i)?;
@@ -526,13 +533,22 @@ impl FileVolume {
         Ok(data.len() as u32)
     }
 
-    fn check_quota(&self, ns: &Ns, more: u64) -> Result<()> {
-        if ns.header.quota == 0 {
+    /// Refuse a write of `more` bytes past the quota. The bound is only
+    /// recounted when it says the write would not fit.
+    fn check_quota(&self, ns: &mut Ns, more: u64) -> Result<()> {
+        let quota = ns.header.quota;
+        if quota == 0 {
             return Ok(());
         }
-        if self.used() + more > ns.header.quota {
-            return Err(FsError::Quota);
+        let mut used = ns.quota_used.unwrap_or(u64::MAX);
+        if used.saturating_add(more) > quota {
+            used = self.used();
+            if used.saturating_add(more) > quota {
+                ns.quota_used = Some(used);
+                return Err(FsError::Quota);
+            }
         }
+        ns.quota_used = Some(used + more);
         Ok(())
     }
 

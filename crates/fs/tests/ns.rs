@@ -240,3 +240,41 @@ fn workload(fv: &FileVolume, rng: &mut ChaCha8Rng) -> Result<(), FsError> {
     }
     Ok(())
 }
+
+/// A full pool is ENOSPC and deletes still work; a quota is EDQUOT.
+#[test]
+fn full_pool_and_quota() {
+    let (_sim, pool) = one_device_pool(48 * MIB);
+    let pool = Arc::new(pool);
+    FileVolume::format(&pool, "small", 2 * MIB, 0, 0).unwrap();
+    FileVolume::format(&pool, "big", 0, 0, 0).unwrap();
+    let q = FileVolume::open(pool.clone(), "small").unwrap();
+    let f = file(&q, ROOT, "f");
+    let chunk = vec![7u8; 256 << 10];
+    let mut err = None;
+    for i in 0..64u64 {
+        if let Err(e) = q.write(f, i * chunk.len() as u64, &chunk) {
+            err = Some(e);
+            break;
+        }
+    }
+    let err = err.expect("the quota stops the writes");
+    assert!(matches!(err, FsError::Quota) && err.errno() == libc::EDQUOT, "{err:?}");
+    let fv = FileVolume::open(pool.clone(), "big").unwrap();
+    let g = file(&fv, ROOT, "g");
+    let mut err = None;
+    for i in 0..1024u64 {
+        if let Err(e) = fv.write(g, i * chunk.len() as u64, &chunk) {
+            err = Some(e);
+            break;
+        }
+    }
+    let err = err.expect("a 48 MiB pool fills up");
+    assert_eq!(err.errno(), libc::ENOSPC, "{err:?}");
+    fv.sync().unwrap();
+    fv.unlink(ROOT, b"g").unwrap();
+    fv.sync().unwrap();
+    let h = file(&fv, ROOT, "h");
+    fv.write(h, 0, &chunk).unwrap();
+    assert_eq!(fv.check().unwrap().problems, Vec::<String>::new());
+}
