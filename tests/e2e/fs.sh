@@ -46,6 +46,8 @@ expect_eq "fs list names home" "$(tarn fs list --json -p "$POOL" | jq -r '.[].na
 step "real trees: cp -a, diff -r, tar round trip"
 fs_mount home
 check "cp -a crates/ into the mount" cp -a "$REPO/crates" "$MNT/crates"
+check "cp -a /usr/share/doc into the mount" cp -a /usr/share/doc "$MNT/doc"
+check "diff -r --no-dereference equal" diff -r --no-dereference /usr/share/doc "$MNT/doc"
 check "diff -r equal" diff -r "$REPO/crates" "$MNT/crates"
 check "tar c | tar x out of the mount" bash -c "mkdir -p '$T/untar' && (cd '$MNT' && tar cf - crates) | (cd '$T/untar' && tar xf -)"
 check "tar copy equal" diff -r "$REPO/crates" "$T/untar/crates"
@@ -85,6 +87,13 @@ N256=$(printf 'n%.0s' $(seq 1 256))
 check_fails "a 256-byte name" touch "$N256"
 expect_eq "error is ENAMETOOLONG" "$(printf '%s' "$LAST_OUT" | grep -c 'File name too long')" 1
 check "a 255-byte name" touch "${N256:1}"
+expect_eq "an open file unlinked is still read through its descriptor" "$("$SYSPY" -c "
+import os
+fd = os.open('tmpf', os.O_CREAT | os.O_RDWR, 0o600)
+os.write(fd, b'kept')
+os.unlink('tmpf')
+print(os.pread(fd, 10, 0).decode(), os.path.exists('tmpf'))
+os.close(fd)")" "kept False"
 check "unlink the hard link" rm d1/hard
 expect_eq "nlink after rm" "$(stat -c %h d2/a)" 1
 cd "$T"

@@ -55,7 +55,7 @@ impl FileVolume {
     }
 
     /// Every allocated record of the table, read in chunks.
-    fn table(&self) -> Result<BTreeMap<u64, Inode>> {
+    pub(crate) fn table(&self) -> Result<BTreeMap<u64, Inode>> {
         let next = self.lock().header.next_ino;
         let mut out = BTreeMap::new();
         let mut buf = vec![0u8; (TABLE_CHUNK as usize) * RECORD];

@@ -7,7 +7,7 @@ use crate::dir::{check_name, Dir, HEADER};
 use crate::error::{FsError, Result};
 use crate::inode::{Header, Inode, Kind, INLINE_TARGET, RECORD};
 use crate::{MAX_FILE_SIZE, MAX_INODES, ROOT};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tarn_engine::{PlacementKind, Pool};
@@ -66,6 +66,11 @@ pub(crate) struct Ns {
     /// An upper bound of the space used, for the quota: the volume's
     /// usage when last counted (O(objects)) plus every byte written since.
     quota_used: Option<u64>,
+    /// Open handles per inode (the kernel bounds them).
+    open: HashMap<u64, u32>,
+    /// Files whose last name went while they were open: freed at the last
+    /// release (or, after a crash, at the next open of the volume).
+    orphans: HashSet<u64>,
 }
 
 /// An open file volume.
@@ -115,9 +120,17 @@ impl FileVolume {
         let fv = FileVolume {
             pool,
             id,
-            ns: Mutex::new(Ns { header, dirs: HashMap::new(), dirty: HashMap::new(), quota_used: None }),
+            ns: Mutex::new(Ns {
+                header,
+                dirs: HashMap::new(),
+                dirty: HashMap::new(),
+                quota_used: None,
+                open: HashMap::new(),
+                orphans: HashSet::new(),
+            }),
         };
         fv.inode(&mut fv.lock(), ROOT)?;
+        fv.free_orphans()?;
         Ok(fv)
     }
 
@@ -205,6 +218,46 @@ impl FileVolume {
         let blocks = (dir_bytes / 4096) as usize + 2;
         let object = 64;
         self.pool.make_room_for((small + 1) * PER_WRITE + blocks * PER_BLOCK + object)?;
+        Ok(())
+    }
+
+    /// A handle on `ino` was opened (FUSE open or create).
+    pub fn opened(&self, ino: u64) {
+        *self.lock().open.entry(ino).or_insert(0) += 1;
+    }
+
+    /// A handle on `ino` was released: an unlinked file goes with its last.
+    pub fn released(&self, ino: u64) -> Result<()> {
+        let mut ns = self.lock();
+        let left = match ns.open.get_mut(&ino) {
+            Some(n) => {
+                *n = n.saturating_sub(1);
+                *n
+            }
+            None => return Ok(()),
+        };
+        if left > 0 {
+            return Ok(());
+        }
+        ns.open.remove(&ino);
+        if ns.orphans.remove(&ino) {
+            let i = self.inode(&mut ns, ino)?;
+            self.free_inode(&mut ns, &i)?;
+        }
+        Ok(())
+    }
+
+    /// Files left without a name by a crash or an unmount while open.
+    fn free_orphans(&self) -> Result<()> {
+        let orphans: Vec<Inode> = self.table()?.into_values().filter(|i| i.nlink == 0).collect();
+        let mut ns = self.lock();
+        for i in &orphans {
+            self.free_inode(&mut ns, i)?;
+        }
+        if !orphans.is_empty() {
+            drop(ns);
+            self.sync()?;
+        }
         Ok(())
     }
 
@@ -363,10 +416,21 @@ impl FileVolume {
     /// One name fewer: the inode and its object go with the last one.
     fn drop_link(&self, ns: &mut Ns, mut i: Inode) -> Result<()> {
         i.nlink = if i.kind == Kind::Dir { 0 } else { i.nlink.saturating_sub(1) };
-        if i.nlink > 0 {
+        let open = ns.open.get(&i.ino).is_some_and(|&n| n > 0);
+        if i.nlink > 0 || (open && i.kind == Kind::File) {
+            // An open file with no name left stays readable until released.
             i.ctime = now();
+            if i.nlink == 0 {
+                ns.orphans.insert(i.ino);
+            }
             return self.save(ns, &i);
         }
+        self.free_inode(ns, &i)
+    }
+
+    /// The record and the object go (the record first: a crash between
+    /// leaks the object, never leaves a record pointing at a freed one).
+    fn free_inode(&self, ns: &mut Ns, i: &Inode) -> Result<()> {
         ns.dirty.remove(&i.ino);
         ns.dirs.remove(&i.ino);
         self.pool.write(self.id, i.ino * RECORD as u64, &[0u8; RECORD], false)?;

@@ -215,8 +215,22 @@ impl Filesystem for TarnFs {
         entry(reply, self.fv.link(ino, newparent, newname.as_bytes()))
     }
 
-    fn open(&mut self, _req: &Request<'_>, _ino: u64, _flags: i32, reply: ReplyOpen) {
+    fn open(&mut self, _req: &Request<'_>, ino: u64, _flags: i32, reply: ReplyOpen) {
+        self.fv.opened(ino);
         reply.opened(0, 0);
+    }
+
+    fn release(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        _fh: u64,
+        _flags: i32,
+        _lock_owner: Option<u64>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.fv.released(ino))
     }
 
     fn read(
@@ -297,7 +311,10 @@ impl Filesystem for TarnFs {
         reply: ReplyCreate,
     ) {
         match self.fv.create(parent, name.as_bytes(), Kind::File, mode & !umask, req.uid(), req.gid()) {
-            Ok(a) => reply.created(&TTL, &attr(&a), 0, 0, 0),
+            Ok(a) => {
+                self.fv.opened(a.inode.ino);
+                reply.created(&TTL, &attr(&a), 0, 0, 0)
+            }
             Err(e) => reply.error(e.errno()),
         }
     }
