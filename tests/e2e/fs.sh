@@ -145,6 +145,28 @@ check "rm -rf of everything" bash -c "rm -rf '$MNT'/* && [ -z \"\$(ls -A '$MNT')
 fs_umount
 pool_check "$POOL" "after rm -rf"
 
+step "SIGTERM unmounts cleanly; kill -9 keeps every fsync'd byte"
+fs_mount home
+echo synced >"$MNT/s1"
+check "write + fsync" dd if=/dev/urandom of="$MNT/fsynced" bs=64k count=16 conv=fsync status=none
+cp "$MNT/fsynced" "$T/fsynced"
+kill -TERM "$MOUNT_PID"
+rc=0; wait "$MOUNT_PID" || rc=$?
+expect_eq "tarn mount exit status after SIGTERM" "$rc" 0
+expect_eq "mount gone after SIGTERM" "$(mountpoint -q "$MNT" && echo mounted || echo gone)" gone
+fs_mount home
+expect_eq "a file closed before SIGTERM" "$(cat "$MNT/s1")" synced
+check "write + fsync, then kill -9 of tarn mount" dd if=/dev/urandom of="$MNT/fsynced2" bs=64k count=16 conv=fsync status=none
+cp "$MNT/fsynced2" "$T/fsynced2"
+kill -KILL "$MOUNT_PID"; wait "$MOUNT_PID" 2>/dev/null || true
+check_fails "the dead mount reports an error" ls "$MNT"
+check "fusermount3 -u of the dead mount" fusermount3 -u "$MNT"
+fs_mount home
+check "fsync'd file after kill -9" cmp "$MNT/fsynced2" "$T/fsynced2"
+check "fsync'd file of the session before" cmp "$MNT/fsynced" "$T/fsynced"
+fs_umount
+pool_check "$POOL" "after kill -9 and remount"
+
 step "destroy"
 check "tarn fs destroy home" tarn fs destroy home -p "$POOL"
 expect_eq "fs list empty" "$(tarn fs list --json -p "$POOL" | jq length)" 0

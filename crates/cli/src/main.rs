@@ -719,12 +719,33 @@ fn mount_cmd(p: &PoolArg, name: &str, dir: &Path) -> Result<i32> {
     let pool = Arc::new(pool);
     let fv = tarn_fs::FileVolume::open(pool.clone(), name).with_context(|| format!("open file volume {name}"))?;
     eprintln!("mounted file volume {name} on {}; unmount with `fusermount3 -u {}`", dir.display(), dir.display());
+    unmount_on_signal(dir)?;
     let served = tarn_fuse::mount(fv, name, dir).with_context(|| format!("mount on {}", dir.display()));
     let closed = pool.close().context("commit and close the pool");
     drop(lock);
     served?;
     closed?;
     Ok(0)
+}
+
+/// SIGTERM or SIGINT unmounts, so the session ends as by `fusermount3 -u`
+/// (pending changes committed, the pool closed) instead of leaving a dead
+/// mount behind.
+fn unmount_on_signal(dir: &Path) -> Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT]).context("install signal handlers")?;
+    let dir = dir.to_path_buf();
+    std::thread::spawn(move || {
+        // Each signal tries once more (the first may come while busy).
+        for sig in signals.forever() {
+            log::info!("signal {sig}: unmounting {}", dir.display());
+            match std::process::Command::new("fusermount3").arg("-u").arg(&dir).status() {
+                Ok(s) if s.success() => {}
+                other => eprintln!("tarn: fusermount3 -u {}: {other:?}", dir.display()),
+            }
+        }
+    });
+    Ok(())
 }
 
 fn trace_cmd(t: TraceSub) -> Result<i32> {
