@@ -88,6 +88,9 @@ impl FileVolume {
     /// Create file volume `name` with an empty root directory; durable
     /// when it returns. `quota` 0: none.
     pub fn format(pool: &Pool, name: &str, quota: u64, uid: u32, gid: u32) -> Result<()> {
+        // The volume, its header and root in one commit (no back-pressure
+        // commit between them).
+        pool.make_room_for(1024)?;
         let info = pool.create_file_volume(name, TABLE_BYTES)?;
         let t = now();
         let root = Inode {

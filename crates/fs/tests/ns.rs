@@ -305,3 +305,26 @@ fn unlinked_while_open() {
     assert!(matches!(fv.getattr(g), Err(FsError::NotFound)));
     assert_eq!(fv.check().unwrap().problems, Vec::<String>::new());
 }
+
+/// A crash anywhere in `fs create` leaves no file volume or a whole one.
+#[test]
+fn crash_inside_format_leaves_none_or_a_whole_volume() {
+    let (mut none, mut whole) = (0, 0);
+    for calls in 0..40u64 {
+        let (sim, pool) = one_device_pool(64 * MIB);
+        let pool = Arc::new(pool);
+        sim.crash_after(calls);
+        let _ = FileVolume::format(&pool, "home", 0, 0, 0);
+        sim.crash(&mut ChaCha8Rng::seed_from_u64(calls));
+        drop(pool);
+        let pool = Arc::new(Pool::open(vec![sim.clone() as Arc<dyn Device>], OpenOptions::default()).unwrap());
+        if pool.file_volume("home").is_none() {
+            none += 1;
+            continue;
+        }
+        let fv = FileVolume::open(pool.clone(), "home").unwrap_or_else(|e| panic!("cut after {calls}: {e}"));
+        assert_eq!(fv.check().unwrap().problems, Vec::<String>::new());
+        whole += 1;
+    }
+    assert!(none > 0 && whole > 0, "cuts before and after the commit: {none} none, {whole} whole");
+}

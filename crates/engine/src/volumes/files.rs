@@ -31,7 +31,10 @@ pub struct FileVolumeInfo {
 
 impl Pool {
     /// A new file volume whose own map (`size` bytes, thin) holds its
-    /// inode table; durable when it returns. Sets FILES first.
+    /// inode table. Sets FILES (and PLACEMENT) first, each by a commit of
+    /// its own; the volume itself is durable at the next flush, so the
+    /// caller's first writes (tarn-fs: header and root) land in the same
+    /// commit and a crash never leaves a file volume without them.
     pub fn create_file_volume(&self, name: &str, size: u64) -> Result<FileVolumeInfo> {
         check_user_name(name)?;
         if self.read_inner().state.by_name.contains_key(name) {
@@ -45,7 +48,6 @@ impl Pool {
             self.enable_feature(&mut ctl, incompat::FILES)?;
         }
         let id = self.create_with_role(Some(name), size, Some(PlacementKind::Append), VolumeRole::FileVolume)?;
-        self.flush()?;
         self.file_volume_info(id).ok_or(EngineError::VolumeGone(id))
     }
 
