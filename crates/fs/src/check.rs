@@ -3,7 +3,7 @@
 //! allocated inode of its kind, link counts equal to the names found.
 //! The crash tests use it; `tarn fs check` can later.
 
-use crate::error::Result;
+use crate::error::{FsError, Result};
 use crate::inode::{Inode, Kind, RECORD};
 use crate::ns::FileVolume;
 use crate::ROOT;
@@ -36,7 +36,8 @@ impl FileVolume {
     /// Walk the tree from the root, then compare with the inode table.
     pub fn check(&self) -> Result<CheckReport> {
         let mut report = CheckReport::default();
-        let allocated = self.table()?;
+        let (allocated, damaged) = self.table()?;
+        damaged.into_iter().for_each(|d| report.problem(d));
         let names = self.walk(&allocated, &mut report)?;
         for (ino, i) in &allocated {
             let found = names.get(ino);
@@ -54,10 +55,13 @@ impl FileVolume {
         Ok(report)
     }
 
-    /// Every allocated record of the table, read in chunks.
-    pub(crate) fn table(&self) -> Result<BTreeMap<u64, Inode>> {
+    /// Every allocated record of the table, read in chunks, and what the
+    /// records that do not decode say (a damaged record is not allocated
+    /// here: the check reports it, the orphan scan leaves it alone).
+    pub(crate) fn table(&self) -> Result<(BTreeMap<u64, Inode>, Vec<String>)> {
         let next = self.lock().header.next_ino;
         let mut out = BTreeMap::new();
+        let mut damaged = Vec::new();
         let mut buf = vec![0u8; (TABLE_CHUNK as usize) * RECORD];
         for first in (0..next).step_by(TABLE_CHUNK as usize) {
             let n = TABLE_CHUNK.min(next - first) as usize;
@@ -66,14 +70,15 @@ impl FileVolume {
                 let ino = first + k as u64;
                 let mut b = [0u8; RECORD];
                 b.copy_from_slice(rec);
-                if ino > 0 {
-                    if let Some(i) = Inode::decode(&b, ino)? {
-                        out.insert(ino, i);
-                    }
+                match Inode::decode(&b, ino) {
+                    _ if ino == 0 => {}
+                    Ok(Some(i)) => drop(out.insert(ino, i)),
+                    Ok(None) => {}
+                    Err(e) => damaged.push(e.to_string()),
                 }
             }
         }
-        Ok(out)
+        Ok((out, damaged))
     }
 
     /// Names per inode found walking down from the root (each directory
@@ -88,7 +93,14 @@ impl FileVolume {
                 continue;
             };
             report.directories += 1;
-            let dir = self.dir(&mut self.lock(), dir_inode)?;
+            let dir = match self.dir(&mut self.lock(), dir_inode) {
+                Ok(dir) => dir,
+                Err(e @ FsError::Corrupt { .. }) => {
+                    report.problem(e.to_string());
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             for e in dir.entries {
                 let n = names.entry(e.ino).or_default();
                 n.names += 1;

@@ -252,7 +252,7 @@ impl FileVolume {
 
     /// Files left without a name by a crash or an unmount while open.
     fn free_orphans(&self) -> Result<()> {
-        let orphans: Vec<Inode> = self.table()?.into_values().filter(|i| i.nlink == 0).collect();
+        let orphans: Vec<Inode> = self.table()?.0.into_values().filter(|i| i.nlink == 0).collect();
         let mut ns = self.lock();
         for i in &orphans {
             self.free_inode(&mut ns, i)?;
