@@ -133,6 +133,8 @@ expect_eq "vol list shows no object" "$(tarn vol list --json -p "$POOL" | jq len
 expect_eq "snap list shows nothing" "$(tarn snap list --json -p "$POOL" | jq length)" 0
 expect_eq "pool status: [block volumes, file volumes]" "$(tarn pool status --json -p "$POOL" | jq -c '[.volumes, .file_volumes]')" "[0,1]"
 pool_check "$POOL" "after the first session"
+check "tarn fs check home clean" tarn fs check home -p "$POOL"
+expect_between "fs check counts the inodes" "$(tarn fs check home --json -p "$POOL" | jq .inodes)" 5000 100000
 start_serve "$POOL"
 expect_eq "NBD exports: none (objects are not exports)" "$(nbdinfo --list --json "nbd://127.0.0.1:$SERVE_PORT" | jq '.exports | length')" 0
 check_fails "mount while tarn serve holds the pool" tarn mount home "$MNT" -p "$POOL"
@@ -166,6 +168,7 @@ check "fsync'd file after kill -9" cmp "$MNT/fsynced2" "$T/fsynced2"
 check "fsync'd file of the session before" cmp "$MNT/fsynced" "$T/fsynced"
 fs_umount
 pool_check "$POOL" "after kill -9 and remount"
+check "tarn fs check home clean after kill -9" tarn fs check home -p "$POOL"
 
 step "destroy"
 check "tarn fs destroy home" tarn fs destroy home -p "$POOL"

@@ -107,6 +107,15 @@ enum FsCmd {
         #[command(flatten)]
         pool: PoolArg,
     },
+    /// Check a file volume's namespace (offline): every inode reachable,
+    /// every entry to an allocated inode, link counts; exit 0 clean, 1 not.
+    Check {
+        name: String,
+        #[command(flatten)]
+        pool: PoolArg,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -699,25 +708,53 @@ fn fs_cmd(cmd: FsCmd) -> Result<i32> {
             admin(&pool, &Request::FsDestroy { name: name.clone() })?;
             println!("destroyed file volume {name}");
         }
+        FsCmd::Check { name, pool, json } => return fs_check(&pool, &name, json),
     }
     Ok(0)
+}
+
+/// Open file volume `name` on an offline pool (refused while `tarn serve`
+/// holds it): the pool, its lock and the volume.
+fn open_file_volume(p: &PoolArg, name: &str) -> Result<(Arc<tarn_engine::Pool>, std::fs::File, tarn_fs::FileVolume)> {
+    if poolfile::running_server(&p.pool).is_some() {
+        bail!(
+            "pool {} is held by a running `tarn serve`; stop it first \
+             (serving file volumes from `tarn serve` is not there yet)",
+            p.pool.display()
+        );
+    }
+    let (pool, lock) = poolfile::open_pool(&p.pool, &p.devices, OpenOptions::default())?.into_parts();
+    let pool = Arc::new(pool);
+    let fv = tarn_fs::FileVolume::open(pool.clone(), name).with_context(|| format!("open file volume {name}"))?;
+    Ok((pool, lock, fv))
+}
+
+fn fs_check(p: &PoolArg, name: &str, json: bool) -> Result<i32> {
+    let (pool, lock, fv) = open_file_volume(p, name)?;
+    let r = fv.check().with_context(|| format!("check file volume {name}"))?;
+    drop(fv);
+    pool.close().context("close the pool")?;
+    drop(lock);
+    let v = serde_json::json!({
+        "name": name, "inodes": r.inodes, "directories": r.directories,
+        "problems": r.problems, "more_problems": r.more_problems,
+    });
+    print(json, &v, |v| {
+        let mut s = format!("{}: {} inodes, {} directories", v["name"], v["inodes"], v["directories"]);
+        match v["problems"].as_array() {
+            Some(list) if !list.is_empty() => list.iter().for_each(|p| s.push_str(&format!("\n  {p}"))),
+            _ => s.push_str(", clean"),
+        }
+        s + "\n"
+    });
+    Ok(if r.problems.is_empty() { 0 } else { 1 })
 }
 
 /// `tarn mount`: the pool must be offline; this process holds it until
 /// the mount is gone (`fusermount3 -u DIR` or `umount DIR`), then
 /// commits and closes it.
 fn mount_cmd(p: &PoolArg, name: &str, dir: &Path) -> Result<i32> {
-    if poolfile::running_server(&p.pool).is_some() {
-        bail!(
-            "pool {} is held by a running `tarn serve`; stop it to mount a file volume \
-             (serving file volumes from `tarn serve` is not there yet)",
-            p.pool.display()
-        );
-    }
-    let opened = poolfile::open_pool(&p.pool, &p.devices, OpenOptions::default())?;
-    let (pool, lock) = opened.into_parts();
-    let pool = Arc::new(pool);
-    let fv = tarn_fs::FileVolume::open(pool.clone(), name).with_context(|| format!("open file volume {name}"))?;
+    let (pool, lock, fv) = open_file_volume(p, name)?;
     eprintln!("mounted file volume {name} on {}; unmount with `fusermount3 -u {}`", dir.display(), dir.display());
     unmount_on_signal(dir)?;
     let served = tarn_fuse::mount(fv, name, dir).with_context(|| format!("mount on {}", dir.display()));
