@@ -251,25 +251,11 @@ fn full_pool_and_quota() {
     let q = FileVolume::open(pool.clone(), "small").unwrap();
     let f = file(&q, ROOT, "f");
     let chunk = vec![7u8; 256 << 10];
-    let mut err = None;
-    for i in 0..64u64 {
-        if let Err(e) = q.write(f, i * chunk.len() as u64, &chunk) {
-            err = Some(e);
-            break;
-        }
-    }
-    let err = err.expect("the quota stops the writes");
+    let err = fill(&q, f, &chunk, 64).expect("the quota stops the writes");
     assert!(matches!(err, FsError::Quota) && err.errno() == libc::EDQUOT, "{err:?}");
     let fv = FileVolume::open(pool.clone(), "big").unwrap();
     let g = file(&fv, ROOT, "g");
-    let mut err = None;
-    for i in 0..1024u64 {
-        if let Err(e) = fv.write(g, i * chunk.len() as u64, &chunk) {
-            err = Some(e);
-            break;
-        }
-    }
-    let err = err.expect("a 48 MiB pool fills up");
+    let err = fill(&fv, g, &chunk, 1024).expect("a 48 MiB pool fills up");
     assert_eq!(err.errno(), libc::ENOSPC, "{err:?}");
     fv.sync().unwrap();
     fv.unlink(ROOT, b"g").unwrap();
@@ -277,6 +263,11 @@ fn full_pool_and_quota() {
     let h = file(&fv, ROOT, "h");
     fv.write(h, 0, &chunk).unwrap();
     assert_eq!(fv.check().unwrap().problems, Vec::<String>::new());
+}
+
+/// Write `chunk` after `chunk` into `ino` (at most `max`): the first error.
+fn fill(fv: &FileVolume, ino: u64, chunk: &[u8], max: u64) -> Option<FsError> {
+    (0..max).find_map(|i| fv.write(ino, i * chunk.len() as u64, chunk).err())
 }
 
 /// An open file keeps its data after its last name goes, until released;
