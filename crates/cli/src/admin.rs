@@ -14,6 +14,17 @@ pub enum Request {
     Check,
     Flush,
     VolList,
+    /// `tarn fs create`: a file volume with an empty root directory.
+    FsCreate {
+        name: String,
+        /// Bytes it may allocate (0: no quota).
+        #[serde(default)]
+        quota: u64,
+    },
+    FsList,
+    FsDestroy {
+        name: String,
+    },
     /// Where a volume's blocks lie: its mapped runs in logical order.
     VolMap {
         name: String,
@@ -147,6 +158,7 @@ impl Request {
                 | Request::PoolMap { .. }
                 | Request::Check
                 | Request::VolList
+                | Request::FsList
                 | Request::SnapList { .. }
                 | Request::Diff { .. }
         )
@@ -172,6 +184,9 @@ pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, Strin
         Request::VolList => Ok(Value::Array(pool.list_volumes().iter().map(volume_json).collect())),
         Request::VolMap { name } => vol_map(pool, name),
         Request::PoolMap { cells } => crate::layout::pool_map(pool, *cells),
+        Request::FsCreate { name, quota } => return fs_create(pool, name, *quota),
+        Request::FsList => Ok(Value::Array(pool.file_volumes().iter().map(file_volume_json).collect())),
+        Request::FsDestroy { name } => pool.delete_file_volume(name).map(|()| json!({ "destroyed": name })),
         Request::VolCreate { name, size, placement } => {
             let placement = match placement {
                 Some(name) => placement_named(name)?,
@@ -457,8 +472,22 @@ pub fn status_json(s: &PoolStatus) -> Value {
         })).collect::<Vec<_>>(),
     });
     v["format"] = json!(s.format);
+    v["file_volumes"] = json!(s.file_volumes);
     v["metadata_cache"] = cache_json(s);
     v
+}
+
+fn fs_create(pool: &Pool, name: &str, quota: u64) -> Result<Value, String> {
+    // The root directory belongs to whoever ran the command.
+    // SAFETY: getuid/getgid cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    tarn_fs::FileVolume::format(pool, name, quota, uid, gid).map_err(|e| e.to_string())?;
+    let fv = pool.file_volume(name).ok_or_else(|| format!("file volume {name} vanished"))?;
+    Ok(json!({ "name": fv.name, "quota": quota, "objects": fv.objects, "used": fv.allocated }))
+}
+
+fn file_volume_json(f: &tarn_engine::FileVolumeInfo) -> Value {
+    json!({ "name": f.name, "id": f.id, "objects": f.objects, "used": f.allocated })
 }
 
 #[cfg(test)]

@@ -64,6 +64,16 @@ enum Command {
     /// Create, list, resize, clone and delete thin volumes.
     #[command(subcommand)]
     Vol(VolCmd),
+    /// Create, list and destroy file volumes (mounted with `tarn mount`).
+    #[command(subcommand)]
+    Fs(FsCmd),
+    /// Mount a file volume through FUSE, in the foreground, on an offline pool.
+    Mount {
+        name: String,
+        dir: PathBuf,
+        #[command(flatten)]
+        pool: PoolArg,
+    },
     /// Create, list, delete and roll back to snapshots of volumes.
     #[command(subcommand)]
     Snap(SnapCmd),
@@ -96,6 +106,41 @@ struct MapArgs {
     /// --png/--svg: its runs.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Subcommand)]
+enum FsCmd {
+    /// A new, empty file volume (thin: it takes space as files are written).
+    Create {
+        name: String,
+        /// Space its files may take (e.g. 10G; default: the pool's).
+        #[arg(long, value_parser = size::parse_size)]
+        quota: Option<u64>,
+        #[command(flatten)]
+        pool: PoolArg,
+    },
+    /// File volumes with their objects and the space they use.
+    List {
+        #[command(flatten)]
+        pool: PoolArg,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a file volume and every file in it.
+    Destroy {
+        name: String,
+        #[command(flatten)]
+        pool: PoolArg,
+    },
+    /// Check a file volume's namespace (offline): every inode reachable,
+    /// every entry to an allocated inode, link counts; exit 0 clean, 1 not.
+    Check {
+        name: String,
+        #[command(flatten)]
+        pool: PoolArg,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -645,6 +690,8 @@ fn dispatch(cmd: Command) -> Result<i32> {
         Command::Vol(VolCmd::Delete { name, recursive, pool }) => snapshots::vol_delete(&pool, name, recursive),
         Command::Vol(VolCmd::Clone { origin, name, pool, json }) => snapshots::vol_clone(&pool, origin, name, json),
         Command::Vol(VolCmd::Flatten { name, pool }) => snapshots::vol_flatten(&pool, name),
+        Command::Fs(cmd) => fs_cmd(cmd),
+        Command::Mount { name, dir, pool } => mount_cmd(&pool, &name, &dir),
         Command::Snap(cmd) => snapshots::snap(cmd),
         Command::Diff(d) => snapshots::diff(d),
         Command::Serve(s) => serve_cmd(*s),
@@ -679,6 +726,94 @@ fn gen_cmd(g: GenCmd) -> Result<i32> {
         }
     }
     Ok(0)
+}
+
+fn fs_cmd(cmd: FsCmd) -> Result<i32> {
+    match cmd {
+        FsCmd::Create { name, quota, pool } => {
+            admin(&pool, &Request::FsCreate { name: name.clone(), quota: quota.unwrap_or(0) })?;
+            println!("created file volume {name}");
+        }
+        FsCmd::List { pool, json } => print(json, &admin(&pool, &Request::FsList)?, text::file_volumes),
+        FsCmd::Destroy { name, pool } => {
+            admin(&pool, &Request::FsDestroy { name: name.clone() })?;
+            println!("destroyed file volume {name}");
+        }
+        FsCmd::Check { name, pool, json } => return fs_check(&pool, &name, json),
+    }
+    Ok(0)
+}
+
+/// Open file volume `name` on an offline pool (refused while `tarn serve`
+/// holds it): the pool, its lock and the volume.
+fn open_file_volume(p: &PoolArg, name: &str) -> Result<(Arc<tarn_engine::Pool>, std::fs::File, tarn_fs::FileVolume)> {
+    if poolfile::running_server(&p.pool).is_some() {
+        bail!(
+            "pool {} is held by a running `tarn serve`; stop it first \
+             (serving file volumes from `tarn serve` is not there yet)",
+            p.pool.display()
+        );
+    }
+    let (pool, lock) = poolfile::open_pool(&p.pool, &p.devices, OpenOptions::default())?.into_parts();
+    let pool = Arc::new(pool);
+    let fv = tarn_fs::FileVolume::open(pool.clone(), name).with_context(|| format!("open file volume {name}"))?;
+    Ok((pool, lock, fv))
+}
+
+fn fs_check(p: &PoolArg, name: &str, json: bool) -> Result<i32> {
+    let (pool, lock, fv) = open_file_volume(p, name)?;
+    let r = fv.check().with_context(|| format!("check file volume {name}"))?;
+    drop(fv);
+    pool.close().context("close the pool")?;
+    drop(lock);
+    let v = serde_json::json!({
+        "name": name, "inodes": r.inodes, "directories": r.directories,
+        "problems": r.problems, "more_problems": r.more_problems,
+    });
+    print(json, &v, |v| {
+        let mut s = format!("{}: {} inodes, {} directories", v["name"], v["inodes"], v["directories"]);
+        match v["problems"].as_array() {
+            Some(list) if !list.is_empty() => list.iter().for_each(|p| s.push_str(&format!("\n  {p}"))),
+            _ => s.push_str(", clean"),
+        }
+        s + "\n"
+    });
+    Ok(if r.problems.is_empty() { 0 } else { 1 })
+}
+
+/// `tarn mount`: the pool must be offline; this process holds it until
+/// the mount is gone (`fusermount3 -u DIR` or `umount DIR`), then
+/// commits and closes it.
+fn mount_cmd(p: &PoolArg, name: &str, dir: &Path) -> Result<i32> {
+    let (pool, lock, fv) = open_file_volume(p, name)?;
+    eprintln!("mounted file volume {name} on {}; unmount with `fusermount3 -u {}`", dir.display(), dir.display());
+    unmount_on_signal(dir)?;
+    let served = tarn_fuse::mount(fv, name, dir).with_context(|| format!("mount on {}", dir.display()));
+    let closed = pool.close().context("commit and close the pool");
+    drop(lock);
+    served?;
+    closed?;
+    Ok(0)
+}
+
+/// SIGTERM or SIGINT unmounts, so the session ends as by `fusermount3 -u`
+/// (pending changes committed, the pool closed) instead of leaving a dead
+/// mount behind.
+fn unmount_on_signal(dir: &Path) -> Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT]).context("install signal handlers")?;
+    let dir = dir.to_path_buf();
+    std::thread::spawn(move || {
+        // Each signal tries once more (the first may come while busy).
+        for sig in signals.forever() {
+            log::info!("signal {sig}: unmounting {}", dir.display());
+            match std::process::Command::new("fusermount3").arg("-u").arg(&dir).status() {
+                Ok(s) if s.success() => {}
+                other => eprintln!("tarn: fusermount3 -u {}: {other:?}", dir.display()),
+            }
+        }
+    });
+    Ok(())
 }
 
 fn trace_cmd(t: TraceSub) -> Result<i32> {

@@ -14,6 +14,13 @@ pub struct OpenPool {
     _lock: File,
 }
 
+impl OpenPool {
+    /// The pool and the lock that must outlive every use of it.
+    pub fn into_parts(self) -> (Pool, File) {
+        (self.pool, self._lock)
+    }
+}
+
 /// Take an advisory lock on the primary so two processes never both write.
 /// While another process holds it, try again for up to `wait` (a server
 /// restarting after its predecessor, which still drains and commits).

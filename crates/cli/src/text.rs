@@ -46,10 +46,14 @@ pub fn status(v: &Value) -> String {
     );
     let _ = writeln!(
         s,
-        "  volumes    {} ({} virtual, overcommit {:.2}x)",
+        "  volumes    {} ({} virtual, overcommit {:.2}x){}",
         v["volumes"],
         b(&v["virtual_size"]),
-        v["overcommit_ratio"].as_f64().unwrap_or(0.0)
+        v["overcommit_ratio"].as_f64().unwrap_or(0.0),
+        match v["file_volumes"].as_u64() {
+            Some(n) if n > 0 => format!("; {n} file volumes (`tarn fs list`)"),
+            _ => String::new(),
+        }
     );
     let _ = writeln!(
         s,
@@ -193,6 +197,15 @@ pub fn volumes(v: &Value) -> String {
             placement(vol),
             origin(vol)
         );
+    }
+    s
+}
+
+pub fn file_volumes(v: &Value) -> String {
+    let mut s = format!("{:<24} {:>10} {:>12}\n", "NAME", "OBJECTS", "USED");
+    for f in v.as_array().into_iter().flatten() {
+        let (name, objects) = (f["name"].as_str().unwrap_or("?"), f["objects"].as_u64().unwrap_or(0));
+        let _ = writeln!(s, "{name:<24} {objects:>10} {:>12}", b(&f["used"]));
     }
     s
 }

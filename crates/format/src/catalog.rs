@@ -12,6 +12,7 @@ use crate::error::{FormatError, Result};
 use crate::node::MAX_LEVEL;
 use crate::ops::MAX_NAME_LEN;
 use crate::placement::PolicyCode;
+use crate::role::VolumeRole;
 
 pub const CATALOG_MAGIC: [u8; 8] = *b"TARNCTLG";
 /// Bounds every decode loop (a damaged count is an error, not a hang).
@@ -24,6 +25,8 @@ pub const MAX_CATALOG_RANGES: u64 = 1 << 26;
 const VOLUME_ORIGIN: u8 = 1;
 /// Volume entry flags: a placement policy byte follows (PLACEMENT feature).
 const VOLUME_PLACEMENT: u8 = 2;
+/// Volume entry flags: `role u8`, `owner u32` follow (FILES feature).
+const VOLUME_ROLE: u8 = 4;
 
 /// A tree's root: block 0 means empty.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -61,6 +64,8 @@ pub struct VolumeEntry {
     pub origin: Option<(u32, u64)>,
     /// The volume's own placement policy (None: the pool's default).
     pub placement: Option<PolicyCode>,
+    /// File volume or file object (None: a block volume).
+    pub role: Option<VolumeRole>,
     pub head: MapRecord,
     /// Oldest first, epochs strictly ascending.
     pub snapshots: Vec<SnapshotEntry>,
@@ -190,8 +195,9 @@ fn volume(w: &mut Writer, v: &VolumeEntry) {
     w.u32(v.id);
     w.u64(v.size);
     name(w, &v.name);
-    let flags =
-        if v.origin.is_some() { VOLUME_ORIGIN } else { 0 } | if v.placement.is_some() { VOLUME_PLACEMENT } else { 0 };
+    let flags = if v.origin.is_some() { VOLUME_ORIGIN } else { 0 }
+        | if v.placement.is_some() { VOLUME_PLACEMENT } else { 0 }
+        | if v.role.is_some() { VOLUME_ROLE } else { 0 };
     w.u8(flags);
     if let Some((vol, epoch)) = v.origin {
         w.u32(vol);
@@ -199,6 +205,11 @@ fn volume(w: &mut Writer, v: &VolumeEntry) {
     }
     if let Some(p) = v.placement {
         w.u8(p as u8);
+    }
+    if let Some(role) = v.role {
+        let (b, owner) = role.to_parts();
+        w.u8(b);
+        w.u32(owner);
     }
     map(w, &v.head);
     w.varint(v.snapshots.len() as u64);
@@ -248,13 +259,19 @@ fn read_name(r: &mut Reader) -> Result<String> {
 fn read_volume(r: &mut Reader, epoch: u64) -> Result<VolumeEntry> {
     let (id, size, name) = (r.u32()?, r.u64()?, read_name(r)?);
     let flags = r.u8()?;
-    if flags & !(VOLUME_ORIGIN | VOLUME_PLACEMENT) != 0 {
+    if flags & !(VOLUME_ORIGIN | VOLUME_PLACEMENT | VOLUME_ROLE) != 0 {
         return Err(r.bad("volume flags", u64::from(flags)));
     }
     let origin = if flags & VOLUME_ORIGIN != 0 { Some((r.u32()?, r.varint()?)) } else { None };
     let placement = if flags & VOLUME_PLACEMENT != 0 {
         let b = r.u8()?;
         Some(PolicyCode::from_byte(b).ok_or_else(|| r.bad("placement policy", u64::from(b)))?)
+    } else {
+        None
+    };
+    let role = if flags & VOLUME_ROLE != 0 {
+        let (b, owner) = (r.u8()?, r.u32()?);
+        Some(VolumeRole::from_parts(b, owner).ok_or_else(|| r.bad("volume role", u64::from(b)))?)
     } else {
         None
     };
@@ -277,7 +294,7 @@ fn read_volume(r: &mut Reader, epoch: u64) -> Result<VolumeEntry> {
         }
         snapshots.push(s);
     }
-    Ok(VolumeEntry { id, size, name, origin, placement, head, snapshots })
+    Ok(VolumeEntry { id, size, name, origin, placement, role, head, snapshots })
 }
 
 fn read_ranges(r: &mut Reader) -> Result<Vec<(u64, u64)>> {
@@ -315,6 +332,7 @@ mod tests {
                     name: "a".into(),
                     origin: None,
                     placement: Some(PolicyCode::Contiguous),
+                    role: None,
                     head: m(50, 10),
                     snapshots: vec![SnapshotEntry {
                         epoch: 2,
@@ -331,6 +349,7 @@ mod tests {
                     name: "c".into(),
                     origin: Some((1, 2)),
                     placement: None,
+                    role: Some(VolumeRole::Object { owner: 1 }),
                     head: MapRecord::default(),
                     snapshots: vec![],
                 },
@@ -373,7 +392,23 @@ mod tests {
         let mut bytes = bad.encode();
         // An unknown flag bit is refused, not skipped.
         let at = bytes.windows(2).position(|x| x == [1, b'a']).unwrap() + 2;
-        bytes[at] = 4;
+        bytes[at] = 8;
+        assert!(Catalog::decode(&bytes).is_err());
+    }
+
+    /// A volume entry with the ROLE flag: id 2, size 4096, name "c", flags
+    /// ORIGIN|ROLE (5), origin vol 1 epoch 2, role 2 (object), owner 1.
+    #[test]
+    fn golden_bytes_of_a_volume_entry_with_a_role() {
+        let mut w = Writer::default();
+        volume(&mut w, &sample().volumes[1]);
+        let b = w.buf;
+        assert_eq!(&b[..14], &[2, 0, 0, 0, 0, 0x10, 0, 0, 0, 0, 0, 0, 1, b'c']);
+        assert_eq!(&b[14..25], &[5, 1, 0, 0, 0, 2, 2, 1, 0, 0, 0]);
+        let mut bytes = sample().encode();
+        // An object without an owner is refused.
+        let at = bytes.windows(3).position(|x| x == [2, 2, 1]).unwrap() + 2;
+        bytes[at] = 0;
         assert!(Catalog::decode(&bytes).is_err());
     }
 

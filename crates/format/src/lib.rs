@@ -13,6 +13,7 @@ pub mod leg;
 pub mod node;
 pub mod ops;
 pub mod placement;
+pub mod role;
 pub mod superblock;
 pub mod trace;
 

@@ -7,6 +7,7 @@
 use crate::codec::{Reader, Writer};
 use crate::error::Result;
 use crate::placement::PolicyCode;
+use crate::role::VolumeRole;
 
 pub const MAX_NAME_LEN: usize = 128;
 
@@ -113,6 +114,13 @@ pub enum Op {
         from: u64,
         to: u64,
     },
+    /// `vol` (created in the same record) becomes a file volume or a file
+    /// volume's object, hidden from block volume commands. Pools with the
+    /// FILES feature.
+    VolRole {
+        vol: u32,
+        role: VolumeRole,
+    },
 }
 
 /// Blocks one Sums op covers at most (the largest write: 32 MiB).
@@ -144,7 +152,7 @@ mod tag {
     pub const REGIONS_OPEN: u8 = 13;
     pub const REGIONS_CLOSE: u8 = 14;
     pub const VOL_PLACEMENT: u8 = 15;
-    // 16 is left for the file-volume work under way.
+    pub const VOL_ROLE: u8 = 16;
     pub const RELOCATE: u8 = 17;
 }
 
@@ -198,6 +206,13 @@ impl Op {
                 w.u8(tag::VOL_PLACEMENT);
                 w.u32(*vol);
                 w.u8(policy.map_or(0, |p| p as u8));
+            }
+            Op::VolRole { vol, role } => {
+                let (b, owner) = role.to_parts();
+                w.u8(tag::VOL_ROLE);
+                w.u32(*vol);
+                w.u8(b);
+                w.u32(owner);
             }
             Op::Sums { pba, sums } => {
                 assert!(!sums.is_empty() && sums.len() <= MAX_SUMS_PER_OP);
@@ -265,6 +280,7 @@ impl Op {
             | Op::VolResize { .. }
             | Op::VolDelete { .. }
             | Op::VolPlacement { .. }
+            | Op::VolRole { .. }
             | Op::Sums { .. }
             | Op::Regions { .. } => {
                 unreachable!("volume and pool ops are encoded by Op::encode")
@@ -300,6 +316,11 @@ impl Op {
                     _ => Some(PolicyCode::from_byte(b).ok_or_else(|| r.bad("placement policy", u64::from(b)))?),
                 };
                 Op::VolPlacement { vol, policy }
+            }
+            tag::VOL_ROLE => {
+                let (b, owner) = (r.u8()?, r.u32()?);
+                let role = VolumeRole::from_parts(b, owner).ok_or_else(|| r.bad("volume role", u64::from(b)))?;
+                Op::VolRole { vol, role }
             }
             tag::SNAP_CREATE => {
                 let created = r.u64()?;
@@ -404,6 +425,8 @@ mod tests {
             Op::VolPlacement { vol: 4, policy: None },
             Op::Relocate { vol: 5, snap: 0, lba: 3, len: 2, from: 100, to: (1 << 48) | 7 },
             Op::Relocate { vol: 5, snap: 9, lba: 0, len: 1, from: 8, to: 9 },
+            Op::VolRole { vol: 5, role: VolumeRole::FileVolume },
+            Op::VolRole { vol: 6, role: VolumeRole::Object { owner: 5 } },
         ]
     }
 
@@ -416,6 +439,21 @@ mod tests {
         assert_eq!(bytes, want);
         assert!(decode_ops(&encode_ops(&[Op::Relocate { vol: 2, snap: 0, lba: 0, len: 0, from: 1, to: 2 }])).is_err());
         assert!(decode_ops(&encode_ops(&[Op::Relocate { vol: 2, snap: 0, lba: 0, len: 1, from: 1, to: 1 }])).is_err());
+    }
+
+    #[test]
+    fn vol_role_bytes_and_bad_roles() {
+        let bytes = encode_ops(&[Op::VolRole { vol: 6, role: VolumeRole::Object { owner: 5 } }]);
+        // count 1, tag 16, vol 6 (u32 LE), role 2 (object), owner 5 (u32 LE)
+        assert_eq!(bytes, [1, 16, 6, 0, 0, 0, 2, 5, 0, 0, 0]);
+        let fv = encode_ops(&[Op::VolRole { vol: 5, role: VolumeRole::FileVolume }]);
+        assert_eq!(fv, [1, 16, 5, 0, 0, 0, 1, 0, 0, 0, 0]);
+        // An object without an owner, a file volume with one, an unknown role.
+        for bad in
+            [[1, 16, 6, 0, 0, 0, 2, 0, 0, 0, 0], [1, 16, 5, 0, 0, 0, 1, 9, 0, 0, 0], [1, 16, 5, 0, 0, 0, 3, 1, 0, 0, 0]]
+        {
+            assert!(decode_ops(&bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -37,12 +37,14 @@ pub mod incompat {
     /// Volumes may name a placement policy: op 15 (VolPlacement) in the
     /// journal, the PLACEMENT flag of catalog volume entries.
     pub const PLACEMENT: u64 = 1 << 3;
+    /// Volumes may have a role (file volume, file object): op 16 (VolRole)
+    /// in the journal, the ROLE flag of catalog volume entries.
+    pub const FILES: u64 = 1 << 4;
     /// Blocks may be moved keeping their birth: op 17 (Relocate) in the
-    /// journal (compaction that keeps snapshot sharing). Bit 4 is left for
-    /// the file-volume work under way.
+    /// journal (compaction that keeps snapshot sharing).
     pub const RELOCATE: u64 = 1 << 5;
     /// Features this build understands.
-    pub const KNOWN: u64 = SNAPSHOTS | DATA_CHECKSUMS | MIRRORS | PLACEMENT | RELOCATE;
+    pub const KNOWN: u64 = SNAPSHOTS | DATA_CHECKSUMS | MIRRORS | PLACEMENT | FILES | RELOCATE;
 }
 
 /// Superblock flag: a pool with mirrors is open for writing (set before its

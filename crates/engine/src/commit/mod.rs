@@ -92,6 +92,26 @@ impl Pool {
         self.commit_locked(&mut ctl, false)
     }
 
+    /// Make room for a batch of writes whose ops weigh at most `bytes`
+    /// (journal size bound plus 16 per freed range): commit the queue now
+    /// if the batch would push it over its bound. Returns whether the batch
+    /// fits under the bound at all; if it does and no other thread writes
+    /// meanwhile, no back-pressure commit falls inside the batch, so a
+    /// crash keeps all of it or none (tarn-fs makes namespace changes whole
+    /// this way; the `Service`'s timed commit is not held back).
+    pub fn make_room_for(&self, bytes: usize) -> Result<bool> {
+        let fits = bytes <= self.pending_limit;
+        if self.read_inner().pending_bytes.saturating_add(bytes) <= self.pending_limit {
+            return Ok(fits);
+        }
+        let mut ctl = self.lock_commit();
+        if self.read_inner().pending_bytes.saturating_add(bytes) > self.pending_limit {
+            self.check_writable()?;
+            self.commit_locked(&mut ctl, false)?;
+        }
+        Ok(fits)
+    }
+
     /// Finish the checkpoint in progress, if any: an op that clears a map
     /// (volume or snapshot delete, rollback) waits for its merge, because a
     /// map being merged cannot be cleared. Call it holding the commit lock

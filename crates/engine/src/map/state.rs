@@ -16,6 +16,7 @@ use tarn_format::address::BLOCK_MASK;
 use tarn_format::checkpoint::MAX_SNAPSHOTS;
 use tarn_format::ops::{Op, MAX_NAME_LEN};
 use tarn_format::placement::PolicyCode;
+use tarn_format::role::VolumeRole;
 use tarn_format::{Pba, BLOCK_SIZE};
 use tarn_store::Store;
 
@@ -57,12 +58,15 @@ pub struct Volume {
     pub origin: Option<Origin>,
     /// The volume's own placement policy (None: the pool's default).
     pub placement: Option<PolicyCode>,
+    /// File volume or file object, hidden from block commands (None: a
+    /// block volume).
+    pub role: Option<VolumeRole>,
 }
 
 impl Volume {
     fn new(store: &Arc<Store>, id: u32, name: String, size: u64) -> Volume {
         let map = ExtentMap::new(store.clone(), tree_id::head(id));
-        Volume { id, name, size, map, snapshots: Vec::new(), origin: None, placement: None }
+        Volume { id, name, size, map, snapshots: Vec::new(), origin: None, placement: None, role: None }
     }
 
     pub fn blocks(&self) -> u64 {
@@ -281,6 +285,7 @@ impl State {
             Op::VolPlacement { vol, policy } => {
                 self.volume_mut(*vol, "placement")?.placement = *policy;
             }
+            Op::VolRole { vol, role } => self.set_role(*vol, *role)?,
             Op::VolResize { vol, size } => {
                 let v = self.volume_mut(*vol, "resize")?;
                 if !size.is_multiple_of(BLOCK_SIZE) {
@@ -296,6 +301,9 @@ impl State {
             Op::VolDelete { vol } => {
                 if let Some(c) = self.clones_of(*vol, None).first() {
                     return Err(format!("volume {vol} has clone {}", c.name).into());
+                }
+                if let Some(o) = self.objects_of(*vol).first() {
+                    return Err(format!("file volume {vol} still owns object {o}").into());
                 }
                 let mut v = self.volumes.remove(vol).ok_or(format!("delete of unknown volume {vol}"))?;
                 self.by_name.remove(&v.name);
@@ -319,6 +327,28 @@ impl State {
             _ => return self.apply_snapshot_op(op, freed),
         }
         Ok(())
+    }
+
+    /// A role is given once, to a volume that has none; an object's owner
+    /// must be a file volume.
+    pub fn set_role(&mut self, vol: u32, role: VolumeRole) -> Result<(), StateError> {
+        if let VolumeRole::Object { owner } = role {
+            if self.volume(owner).and_then(|o| o.role) != Some(VolumeRole::FileVolume) {
+                return Err(format!("object {vol}: owner {owner} is not a file volume").into());
+            }
+        }
+        let v = self.volume_mut(vol, "role")?;
+        if v.role.is_some() {
+            return Err(format!("volume {vol} already has a role").into());
+        }
+        v.role = Some(role);
+        Ok(())
+    }
+
+    /// Ids of the objects file volume `owner` holds, ascending.
+    pub fn objects_of(&self, owner: u32) -> Vec<u32> {
+        let owned = |v: &&Volume| v.role == Some(VolumeRole::Object { owner });
+        self.volumes.values().filter(owned).map(|v| v.id).collect()
     }
 
     fn check_new_volume(&self, vol: u32, name: &str, size: u64) -> Result<(), StateError> {
@@ -362,6 +392,7 @@ impl State {
             | Op::VolResize { .. }
             | Op::VolDelete { .. }
             | Op::VolPlacement { .. }
+            | Op::VolRole { .. }
             | Op::Sums { .. }
             | Op::Regions { .. } => {
                 unreachable!("volume and pool ops are applied by State::apply")

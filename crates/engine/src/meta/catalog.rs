@@ -25,6 +25,7 @@ use std::sync::Arc;
 use tarn_format::catalog::{Catalog, MapRecord, Root, SnapshotEntry, SpaceEntry, VolumeEntry};
 use tarn_format::node::{ExtentValue, LeafValue, RangeValue};
 use tarn_format::placement::PolicyCode;
+use tarn_format::role::VolumeRole;
 use tarn_format::{Pba, BLOCK_SIZE};
 use tarn_store::{
     Fills, Frozen, FrozenChanges, FrozenSums, Merged, NodeAlloc, RootRef, SpaceMap, Store, StoreError, Written,
@@ -54,6 +55,7 @@ struct FrozenVolume {
     name: String,
     origin: Option<(u32, u64)>,
     placement: Option<PolicyCode>,
+    role: Option<VolumeRole>,
     head: FrozenMap,
     snapshots: Vec<FrozenSnapshot>,
 }
@@ -98,8 +100,8 @@ pub(crate) fn freeze(state: &mut State, space: &mut Space, seq: u64) -> FrozenPo
             snapshots.push(FrozenSnapshot { epoch, size, created, referenced, name, dead });
         }
         let origin = v.origin.map(|o| (o.vol, o.epoch));
-        let (id, size, name, placement) = (v.id, v.size, v.name.clone(), v.placement);
-        volumes.push(FrozenVolume { id, size, name, origin, placement, head, snapshots });
+        let (id, size, name, placement, role) = (v.id, v.size, v.name.clone(), v.placement, v.role);
+        volumes.push(FrozenVolume { id, size, name, origin, placement, role, head, snapshots });
     }
     superseded.append(&mut state.retired_nodes);
     superseded.extend(state.sums.take_superseded());
@@ -182,6 +184,7 @@ impl FrozenPool {
                 name: v.name.clone(),
                 origin: v.origin,
                 placement: v.placement,
+                role: v.role,
                 head,
                 snapshots,
             });
@@ -295,6 +298,7 @@ pub(crate) fn open_state(c: &Catalog, store: Arc<Store>) -> Result<State> {
             snapshots: Vec::with_capacity(v.snapshots.len()),
             origin: v.origin.map(|(vol, epoch)| Origin { vol, epoch }),
             placement: v.placement,
+            role: None,
         };
         for s in &v.snapshots {
             validate_name(&s.name).map_err(bad)?;
@@ -309,6 +313,11 @@ pub(crate) fn open_state(c: &Catalog, store: Arc<Store>) -> Result<State> {
         }
         state.by_name.insert(v.name.clone(), v.id);
         state.volumes.insert(v.id, vol);
+    }
+    // Roles after every volume is in: an object's owner may have any id.
+    for v in c.volumes.iter().filter(|v| v.role.is_some()) {
+        let role = v.role.ok_or_else(|| bad(format!("volume {}: role vanished", v.id)))?;
+        state.set_role(v.id, role).map_err(|e| bad(e.to_string()))?;
     }
     for v in state.volumes.values() {
         if let Some(o) = v.origin {

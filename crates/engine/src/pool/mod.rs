@@ -363,7 +363,9 @@ pub struct PoolStatus {
     /// Bytes of metadata on the devices: labels, live journal, checkpoint.
     pub metadata: u64,
     pub journal_size: u64,
+    /// Block volumes (file volumes and their objects are not counted).
     pub volumes: usize,
+    pub file_volumes: usize,
     pub virtual_size: u64,
     pub overcommit_ratio: f64,
     pub epoch: u64,
@@ -585,7 +587,7 @@ impl Pool {
     }
 
     pub fn volume_id(&self, name: &str) -> Option<u32> {
-        self.read_inner().state.by_name.get(name).copied()
+        volume_named(&self.read_inner().state, name).ok().map(|v| v.id)
     }
 
     pub fn volume_info(&self, id: u32) -> Option<VolumeInfo> {
@@ -595,7 +597,7 @@ impl Pool {
 
     pub fn list_volumes(&self) -> Vec<VolumeInfo> {
         let inner = self.read_inner();
-        inner.state.volumes.values().map(|v| info(&inner, v)).collect()
+        inner.state.volumes.values().filter(|v| v.role.is_none()).map(|v| info(&inner, v)).collect()
     }
 
     pub fn status(&self) -> PoolStatus {
@@ -606,7 +608,12 @@ impl Pool {
         let reserve = crate::space::reserve_for(inner.state.extent_count(), inner.space.data_blocks());
         let used = inner.state.mapped_blocks() * BLOCK_SIZE;
         let size = inner.space.data_blocks() * BLOCK_SIZE;
-        let virtual_size: u64 = inner.state.volumes.values().map(|v| v.size).sum();
+        // Block volumes only: a file object is 16 TiB thin, and its file's
+        // size is what counts (file volumes are counted apart).
+        let blocks = || inner.state.volumes.values().filter(|v| v.role.is_none());
+        let virtual_size: u64 = blocks().map(|v| v.size).sum();
+        let file_volumes =
+            inner.state.volumes.values().filter(|v| v.role == Some(tarn_format::role::VolumeRole::FileVolume)).count();
         let labels = self.devices.len() as u64 * 2 * BLOCK_SIZE;
         // Blocks neither free nor mapped nor on their way back are metadata
         // (nodes, the catalog): what the checker counts by walking.
@@ -644,7 +651,8 @@ impl Pool {
             free_outside_regions: outside * BLOCK_SIZE,
             metadata: labels + nodes + ctl.journal.used * BLOCK_SIZE,
             journal_size: ctl.journal.blocks * BLOCK_SIZE,
-            volumes: inner.state.volumes.len(),
+            volumes: blocks().count(),
+            file_volumes,
             virtual_size,
             overcommit_ratio: if size == 0 { 0.0 } else { virtual_size as f64 / size as f64 },
             epoch: inner.state.epoch,
@@ -684,7 +692,9 @@ fn fetch_node(store: &tarn_store::Store, miss: &tarn_store::Miss) -> Result<()> 
 
 /// The volume called `name`.
 pub(crate) fn volume_named<'a>(state: &'a State, name: &str) -> Result<&'a Volume> {
-    state.by_name.get(name).and_then(|id| state.volume(*id)).ok_or_else(|| EngineError::NoSuchVolume(name.to_string()))
+    // File volumes and their objects are not block volumes: hidden here.
+    let v = state.by_name.get(name).and_then(|id| state.volume(*id)).filter(|v| v.role.is_none());
+    v.ok_or_else(|| EngineError::NoSuchVolume(name.to_string()))
 }
 
 /// Segments of a view with clones' origin markers resolved, under a lock

@@ -2,6 +2,7 @@
 //! plain volumes (snapshots and clones are in `snapshot.rs`). Each change
 //! is one op, durable when the call returns.
 
+pub mod files;
 mod flatten;
 pub mod hints;
 pub mod layout;
@@ -10,7 +11,7 @@ pub mod relayout;
 pub mod snapshot;
 
 use crate::error::{EngineError, Result};
-use crate::map::state::{validate_name, State};
+use crate::map::state::State;
 use crate::pool::{volume_named, CommitCtl, Pool, VolumeInfo};
 use crate::space::placement::PlacementKind;
 use tarn_format::ops::Op;
@@ -28,7 +29,7 @@ impl Pool {
     /// it follows the pool's default).
     pub fn create_volume_placed(&self, name: &str, size: u64, placement: Option<PlacementKind>) -> Result<VolumeInfo> {
         self.check_writable()?;
-        validate_name(name).map_err(EngineError::InvalidArgument)?;
+        files::check_user_name(name)?;
         let size = round_size(size)?;
         if placement.is_some() {
             // A refused create does no I/O: check the name before the
@@ -89,7 +90,7 @@ impl Pool {
         let size = round_size(size)?;
         let id = {
             let mut inner = self.write_inner();
-            let id = *inner.state.by_name.get(name).ok_or_else(|| EngineError::NoSuchVolume(name.to_string()))?;
+            let id = volume_named(&inner.state, name)?.id;
             let old = inner.state.volume(id).map(|v| v.size).unwrap_or(0);
             if size < old && !allow_shrink {
                 return Err(EngineError::InvalidArgument(format!(

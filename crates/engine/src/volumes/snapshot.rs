@@ -70,7 +70,7 @@ impl Pool {
         let state = &inner.state;
         let vols: Vec<&Volume> = match vol {
             Some(name) => vec![volume_named(state, name)?],
-            None => state.volumes.values().collect(),
+            None => state.volumes.values().filter(|v| v.role.is_none()).collect(),
         };
         vols.into_iter().flat_map(|v| (0..v.snapshots.len()).map(move |i| snapshot_info(state, v, i))).collect()
     }
@@ -119,7 +119,7 @@ impl Pool {
     /// A writable volume `clone` showing `vol@snap`; nothing is copied.
     pub fn create_clone(&self, vol: &str, snap: &str, clone: &str) -> Result<VolumeInfo> {
         self.check_writable()?;
-        validate_name(clone).map_err(EngineError::InvalidArgument)?;
+        super::files::check_user_name(clone)?;
         let mut ctl = self.lock_commit();
         self.enable_feature(&mut ctl, incompat::SNAPSHOTS)?;
         let id = {
@@ -144,7 +144,7 @@ impl Pool {
     pub fn lookup_view(&self, name: &str) -> Option<(u32, View)> {
         let inner = self.read_inner();
         match name.split_once('@') {
-            None => inner.state.by_name.get(name).map(|&id| (id, View::Head)),
+            None => volume_named(&inner.state, name).ok().map(|v| (v.id, View::Head)),
             Some((vol, snap)) => {
                 let v = volume_named(&inner.state, vol).ok()?;
                 v.snapshot_named(snap).map(|s| (v.id, View::Snapshot(s.epoch)))

@@ -1,0 +1,173 @@
+//! File volumes and their objects (docs/ARCHITECTURE.md *File volumes*):
+//! engine volumes with a role (op 16), hidden from the block volume
+//! commands. tarn-fs builds files and directories on them; the engine
+//! only keeps the roles and lists usage.
+
+use crate::error::{EngineError, Result};
+use crate::map::state::{validate_name, State, Volume};
+use crate::pool::Pool;
+use crate::space::placement::PlacementKind;
+use tarn_format::ops::Op;
+use tarn_format::role::VolumeRole;
+use tarn_format::superblock::incompat;
+use tarn_format::BLOCK_SIZE;
+
+/// Names of objects start with this byte; user volume names may not, so
+/// an object's name never collides with one (docs/FORMAT.md *File volumes*).
+pub const OBJECT_NAME_PREFIX: char = '~';
+
+/// A file volume as `tarn fs list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileVolumeInfo {
+    pub id: u32,
+    pub name: String,
+    /// Bytes of the file volume's own map (its inode table).
+    pub size: u64,
+    /// Objects it owns (files, directories, long symlinks).
+    pub objects: u64,
+    /// Own space its inode table and objects map, in bytes.
+    pub allocated: u64,
+}
+
+impl Pool {
+    /// A new file volume whose own map (`size` bytes, thin) holds its
+    /// inode table. Sets FILES (and PLACEMENT) first, each by a commit of
+    /// its own; the volume itself is durable at the next flush, so the
+    /// caller's first writes (tarn-fs: header and root) land in the same
+    /// commit and a crash never leaves a file volume without them.
+    pub fn create_file_volume(&self, name: &str, size: u64) -> Result<FileVolumeInfo> {
+        check_user_name(name)?;
+        if self.read_inner().state.by_name.contains_key(name) {
+            return Err(EngineError::VolumeExists(name.to_string()));
+        }
+        {
+            // Both durable before the first record that uses them; objects
+            // created later may then name a policy without a commit.
+            let mut ctl = self.lock_commit();
+            self.enable_feature(&mut ctl, incompat::PLACEMENT)?;
+            self.enable_feature(&mut ctl, incompat::FILES)?;
+        }
+        let id = self.create_with_role(Some(name), size, Some(PlacementKind::Append), VolumeRole::FileVolume)?;
+        self.file_volume_info(id).ok_or(EngineError::VolumeGone(id))
+    }
+
+    /// A new object of file volume `owner`, `size` bytes thin. Not flushed:
+    /// the caller's next flush makes it durable with whatever points at it.
+    pub fn create_object(&self, owner: u32, size: u64, placement: Option<PlacementKind>) -> Result<u32> {
+        if self.file_volume_info(owner).is_none() {
+            return Err(EngineError::InvalidArgument(format!("volume {owner} is not a file volume")));
+        }
+        self.create_with_role(None, size, placement, VolumeRole::Object { owner })
+    }
+
+    /// VolCreate + VolRole (+ VolPlacement) in one record; `name` None
+    /// names an object by its id.
+    fn create_with_role(
+        &self,
+        name: Option<&str>,
+        size: u64,
+        place: Option<PlacementKind>,
+        role: VolumeRole,
+    ) -> Result<u32> {
+        self.check_writable()?;
+        let size = super::round_size(size)?;
+        let mut inner = self.write_inner();
+        let id = inner.state.next_volume_id;
+        let name = name.map_or_else(|| format!("{OBJECT_NAME_PREFIX}{id}"), str::to_string);
+        if inner.state.by_name.contains_key(&name) {
+            return Err(EngineError::VolumeExists(name));
+        }
+        let mut ops = vec![Op::VolCreate { vol: id, size, name }, Op::VolRole { vol: id, role }];
+        if let Some(p) = place {
+            ops.push(Op::VolPlacement { vol: id, policy: Some(p.into()) });
+        }
+        self.apply_ops(&mut inner, ops)?;
+        Ok(id)
+    }
+
+    /// Delete object `id` (which must be an object); its space is free
+    /// after the next commit. Not flushed.
+    pub fn delete_object(&self, id: u32) -> Result<()> {
+        self.check_writable()?;
+        let mut ctl = self.lock_commit();
+        object_of(&self.read_inner().state, id)?;
+        // The map it clears must not be merging into a checkpoint.
+        self.settle_checkpoint(&mut ctl)?;
+        let mut inner = self.write_inner();
+        object_of(&inner.state, id)?;
+        self.apply_ops(&mut inner, vec![Op::VolDelete { vol: id }])
+    }
+
+    /// Delete file volume `name` and every object it owns, in one record;
+    /// durable when it returns.
+    pub fn delete_file_volume(&self, name: &str) -> Result<()> {
+        self.check_writable()?;
+        {
+            let mut ctl = self.lock_commit();
+            file_volume_named(&self.read_inner().state, name)?;
+            self.settle_checkpoint(&mut ctl)?;
+            let mut inner = self.write_inner();
+            let id = file_volume_named(&inner.state, name)?.id;
+            let mut ops: Vec<Op> = inner.state.objects_of(id).into_iter().map(|vol| Op::VolDelete { vol }).collect();
+            ops.push(Op::VolDelete { vol: id });
+            self.apply_ops(&mut inner, ops)?;
+        }
+        self.flush()
+    }
+
+    /// Every file volume, by id.
+    pub fn file_volumes(&self) -> Vec<FileVolumeInfo> {
+        let inner = self.read_inner();
+        let state = &inner.state;
+        state.volumes.values().filter(|v| v.role == Some(VolumeRole::FileVolume)).map(|v| fv_info(state, v)).collect()
+    }
+
+    /// The file volume named `name`, if there is one.
+    pub fn file_volume(&self, name: &str) -> Option<FileVolumeInfo> {
+        let inner = self.read_inner();
+        file_volume_named(&inner.state, name).ok().map(|v| fv_info(&inner.state, v))
+    }
+
+    fn file_volume_info(&self, id: u32) -> Option<FileVolumeInfo> {
+        let inner = self.read_inner();
+        let v = inner.state.volume(id).filter(|v| v.role == Some(VolumeRole::FileVolume))?;
+        Some(fv_info(&inner.state, v))
+    }
+
+    /// Own space object `id` maps, in bytes (None: not an object).
+    pub fn object_allocated(&self, id: u32) -> Option<u64> {
+        let inner = self.read_inner();
+        object_of(&inner.state, id).ok().map(|v| v.map.physical_blocks() * BLOCK_SIZE)
+    }
+}
+
+/// Names a user gives a block or file volume: valid, and never an object's.
+pub(crate) fn check_user_name(name: &str) -> Result<()> {
+    validate_name(name).map_err(EngineError::InvalidArgument)?;
+    if name.starts_with(OBJECT_NAME_PREFIX) {
+        return Err(EngineError::InvalidArgument(format!("names starting with {OBJECT_NAME_PREFIX:?} are reserved")));
+    }
+    Ok(())
+}
+
+fn fv_info(state: &State, v: &Volume) -> FileVolumeInfo {
+    let objects = state.objects_of(v.id);
+    let blocks: u64 = objects.iter().filter_map(|&o| state.volume(o)).map(|o| o.map.physical_blocks()).sum();
+    FileVolumeInfo {
+        id: v.id,
+        name: v.name.clone(),
+        size: v.size,
+        objects: objects.len() as u64,
+        allocated: (blocks + v.map.physical_blocks()) * BLOCK_SIZE,
+    }
+}
+
+fn file_volume_named<'a>(state: &'a State, name: &str) -> Result<&'a Volume> {
+    let v = state.by_name.get(name).and_then(|id| state.volume(*id));
+    v.filter(|v| v.role == Some(VolumeRole::FileVolume)).ok_or_else(|| EngineError::NoSuchVolume(name.to_string()))
+}
+
+fn object_of(state: &State, id: u32) -> Result<&Volume> {
+    let v = state.volume(id).filter(|v| matches!(v.role, Some(VolumeRole::Object { .. })));
+    v.ok_or_else(|| EngineError::InvalidArgument(format!("volume {id} is not a file object")))
+}

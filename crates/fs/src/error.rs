@@ -1,0 +1,70 @@
+//! tarn-fs's typed error and its errno (the FUSE adapter answers with it).
+
+use tarn_engine::EngineError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FsError {
+    #[error("no such file or directory")]
+    NotFound,
+    #[error("file exists")]
+    Exists,
+    #[error("not a directory")]
+    NotDir,
+    #[error("is a directory")]
+    IsDir,
+    #[error("directory not empty")]
+    NotEmpty,
+    #[error("name longer than {max} bytes", max = crate::dir::MAX_NAME)]
+    NameTooLong,
+    #[error("invalid argument: {0}")]
+    Invalid(&'static str),
+    #[error("file too large (at most {max} bytes)", max = crate::MAX_FILE_SIZE)]
+    TooLarge,
+    #[error("the file volume's quota is reached")]
+    Quota,
+    #[error("too many links")]
+    TooManyLinks,
+    #[error("no file volume named {0:?}")]
+    NoSuchVolume(String),
+    /// What was read from an object does not decode: never trusted.
+    #[error("corrupt {what} (inode {ino}): {detail}")]
+    Corrupt { what: &'static str, ino: u64, detail: String },
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+pub type Result<T> = std::result::Result<T, FsError>;
+
+impl FsError {
+    pub(crate) fn corrupt(what: &'static str, ino: u64, detail: impl Into<String>) -> FsError {
+        FsError::Corrupt { what, ino, detail: detail.into() }
+    }
+
+    /// The errno a POSIX caller sees.
+    pub fn errno(&self) -> i32 {
+        match self {
+            FsError::NotFound | FsError::NoSuchVolume(_) => libc::ENOENT,
+            FsError::Exists => libc::EEXIST,
+            FsError::NotDir => libc::ENOTDIR,
+            FsError::IsDir => libc::EISDIR,
+            FsError::NotEmpty => libc::ENOTEMPTY,
+            FsError::NameTooLong => libc::ENAMETOOLONG,
+            FsError::Invalid(_) => libc::EINVAL,
+            FsError::TooLarge => libc::EFBIG,
+            FsError::Quota => libc::EDQUOT,
+            FsError::TooManyLinks => libc::EMLINK,
+            FsError::Corrupt { .. } => libc::EIO,
+            FsError::Engine(e) => engine_errno(e),
+        }
+    }
+}
+
+fn engine_errno(e: &EngineError) -> i32 {
+    match e {
+        EngineError::NoSpace => libc::ENOSPC,
+        EngineError::ReadOnly => libc::EROFS,
+        EngineError::OutOfRange { .. } => libc::EFBIG,
+        EngineError::InvalidArgument(_) => libc::EINVAL,
+        _ => libc::EIO,
+    }
+}

@@ -1,0 +1,240 @@
+//! The inode table: fixed 256-byte records at `ino * 256` of the file
+//! volume's own map (docs/FORMAT.md *File volumes*). Record 0 is the
+//! file volume's header; a record of zeros (a hole) is a free inode.
+//! Every record carries a crc32c: what is read is never trusted.
+
+use crate::error::{FsError, Result};
+use tarn_format::checksum::crc32c;
+
+pub const RECORD: usize = 256;
+const CRC_AT: usize = RECORD - 4;
+const INODE_MAGIC: &[u8; 4] = b"TFSI";
+const HEADER_MAGIC: &[u8; 4] = b"TFSH";
+pub const VERSION: u8 = 1;
+/// Longest symlink target kept in the record itself; longer ones get an object.
+pub const INLINE_TARGET: usize = 160;
+const TARGET_AT: usize = 82;
+
+/// What an inode is (the `kind` byte).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    File = 1,
+    Dir = 2,
+    Symlink = 3,
+}
+
+impl Kind {
+    fn from_byte(b: u8) -> Option<Kind> {
+        [Kind::File, Kind::Dir, Kind::Symlink].into_iter().find(|k| *k as u8 == b)
+    }
+
+    /// The S_IFMT bits of st_mode.
+    pub fn mode_bits(self) -> u32 {
+        match self {
+            Kind::File => libc::S_IFREG,
+            Kind::Dir => libc::S_IFDIR,
+            Kind::Symlink => libc::S_IFLNK,
+        }
+    }
+}
+
+/// One inode as stored. Times are nanoseconds since the Unix epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inode {
+    pub ino: u64,
+    pub kind: Kind,
+    /// Permission bits (07777); the type is `kind`.
+    pub perm: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub size: u64,
+    pub atime: i64,
+    pub mtime: i64,
+    pub ctime: i64,
+    /// The engine object holding the data (0: none yet, or an inline symlink).
+    pub object: u32,
+    /// The volume epoch the inode was last changed in (versioning, later
+    /// slices: the first change after epoch E snapshots the object).
+    pub epoch: u64,
+    /// A directory's parent (its `..`); 0 for other kinds.
+    pub parent: u64,
+    /// A symlink target of at most INLINE_TARGET bytes (else in `object`).
+    pub target: Vec<u8>,
+}
+
+/// The file volume's header, record 0.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    /// The next inode number to hand out (numbers are never reused).
+    pub next_ino: u64,
+    /// Bytes the volume may allocate (0: no quota).
+    pub quota: u64,
+    /// The volume's current epoch (no volume snapshots yet: 0).
+    pub epoch: u64,
+}
+
+fn seal(b: &mut [u8; RECORD]) {
+    let crc = crc32c(&b[..CRC_AT]);
+    b[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
+}
+
+fn check(b: &[u8; RECORD], ino: u64, magic: &[u8; 4]) -> Result<()> {
+    if &b[..4] != magic || b[4] != VERSION {
+        return Err(FsError::corrupt("inode record", ino, format!("magic {:02x?} version {}", &b[..4], b[4])));
+    }
+    let crc = u32::from_le_bytes(b[CRC_AT..].try_into().unwrap_or_default());
+    if crc != crc32c(&b[..CRC_AT]) {
+        return Err(FsError::corrupt("inode record", ino, "checksum mismatch"));
+    }
+    Ok(())
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut x = [0u8; 4];
+    x.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(x)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut x = [0u8; 8];
+    x.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(x)
+}
+
+impl Header {
+    pub fn encode(&self) -> [u8; RECORD] {
+        let mut b = [0u8; RECORD];
+        b[..4].copy_from_slice(HEADER_MAGIC);
+        b[4] = VERSION;
+        b[8..16].copy_from_slice(&self.next_ino.to_le_bytes());
+        b[16..24].copy_from_slice(&self.quota.to_le_bytes());
+        b[24..32].copy_from_slice(&self.epoch.to_le_bytes());
+        seal(&mut b);
+        b
+    }
+
+    pub fn decode(b: &[u8; RECORD]) -> Result<Header> {
+        check(b, 0, HEADER_MAGIC)?;
+        let h = Header { next_ino: u64_at(b, 8), quota: u64_at(b, 16), epoch: u64_at(b, 24) };
+        if h.next_ino < 2 || h.next_ino > crate::MAX_INODES {
+            return Err(FsError::corrupt("volume header", 0, format!("next inode {}", h.next_ino)));
+        }
+        Ok(h)
+    }
+}
+
+impl Inode {
+    pub fn encode(&self) -> [u8; RECORD] {
+        let mut b = [0u8; RECORD];
+        b[..4].copy_from_slice(INODE_MAGIC);
+        b[4] = VERSION;
+        b[5] = self.kind as u8;
+        b[8..12].copy_from_slice(&self.perm.to_le_bytes());
+        b[12..16].copy_from_slice(&self.uid.to_le_bytes());
+        b[16..20].copy_from_slice(&self.gid.to_le_bytes());
+        b[20..24].copy_from_slice(&self.nlink.to_le_bytes());
+        b[24..32].copy_from_slice(&self.size.to_le_bytes());
+        b[32..40].copy_from_slice(&self.atime.to_le_bytes());
+        b[40..48].copy_from_slice(&self.mtime.to_le_bytes());
+        b[48..56].copy_from_slice(&self.ctime.to_le_bytes());
+        b[56..60].copy_from_slice(&self.object.to_le_bytes());
+        b[60..68].copy_from_slice(&self.epoch.to_le_bytes());
+        b[68..76].copy_from_slice(&self.ino.to_le_bytes());
+        b[76..80].copy_from_slice(&[0; 4]);
+        let n = self.target.len().min(INLINE_TARGET);
+        b[80..82].copy_from_slice(&(n as u16).to_le_bytes());
+        b[TARGET_AT..TARGET_AT + n].copy_from_slice(&self.target[..n]);
+        b[TARGET_AT + INLINE_TARGET..TARGET_AT + INLINE_TARGET + 8].copy_from_slice(&self.parent.to_le_bytes());
+        seal(&mut b);
+        b
+    }
+
+    /// None for a free record (all zeros); an error for anything damaged.
+    pub fn decode(b: &[u8; RECORD], ino: u64) -> Result<Option<Inode>> {
+        if b.iter().all(|&x| x == 0) {
+            return Ok(None);
+        }
+        check(b, ino, INODE_MAGIC)?;
+        let bad = |d: String| FsError::corrupt("inode record", ino, d);
+        let kind = Kind::from_byte(b[5]).ok_or_else(|| bad(format!("kind {}", b[5])))?;
+        if u64_at(b, 68) != ino {
+            return Err(bad(format!("record names inode {}", u64_at(b, 68))));
+        }
+        let n = usize::from(u16::from_le_bytes([b[80], b[81]]));
+        let perm = u32_at(b, 8);
+        let size = u64_at(b, 24);
+        if n > INLINE_TARGET || perm & !0o7777 != 0 || size > crate::MAX_FILE_SIZE {
+            return Err(bad(format!("target length {n}, mode {perm:o} or size {size}")));
+        }
+        let at = TARGET_AT + INLINE_TARGET;
+        Ok(Some(Inode {
+            ino,
+            kind,
+            perm,
+            uid: u32_at(b, 12),
+            gid: u32_at(b, 16),
+            nlink: u32_at(b, 20),
+            size,
+            atime: u64_at(b, 32) as i64,
+            mtime: u64_at(b, 40) as i64,
+            ctime: u64_at(b, 48) as i64,
+            object: u32_at(b, 56),
+            epoch: u64_at(b, 60),
+            target: b[TARGET_AT..TARGET_AT + n].to_vec(),
+            parent: u64_at(b, at),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Inode {
+        Inode {
+            ino: 7,
+            kind: Kind::Symlink,
+            perm: 0o755,
+            uid: 1000,
+            gid: 100,
+            nlink: 1,
+            size: 3,
+            atime: 1,
+            mtime: -2,
+            ctime: 3,
+            object: 0,
+            epoch: 0,
+            parent: 0,
+            target: b"abc".to_vec(),
+        }
+    }
+
+    #[test]
+    fn round_trip_and_zeros_are_free() {
+        let i = sample();
+        assert_eq!(Inode::decode(&i.encode(), 7).unwrap(), Some(i));
+        assert_eq!(Inode::decode(&[0; RECORD], 9).unwrap(), None);
+        let h = Header { next_ino: 5, quota: 1 << 30, epoch: 0 };
+        assert_eq!(Header::decode(&h.encode()).unwrap(), h);
+    }
+
+    /// Pins the layout: magic, version, kind, perm, uid at their offsets.
+    #[test]
+    fn golden_bytes() {
+        let b = sample().encode();
+        assert_eq!(&b[..16], &[b'T', b'F', b'S', b'I', 1, 3, 0, 0, 0xed, 1, 0, 0, 0xe8, 3, 0, 0]);
+        assert_eq!(&b[80..85], &[3, 0, b'a', b'b', b'c']);
+    }
+
+    #[test]
+    fn every_flipped_byte_is_an_error_not_a_panic() {
+        let good = sample().encode();
+        for at in 0..RECORD {
+            let mut b = good;
+            b[at] ^= 0x40;
+            assert!(Inode::decode(&b, 7).is_err(), "byte {at}");
+        }
+        assert!(Inode::decode(&good, 8).is_err(), "a record at the wrong place");
+    }
+}

@@ -1,0 +1,24 @@
+//! tarn file volumes (docs/ARCHITECTURE.md *File volumes*): every regular
+//! file, directory and long symlink is an engine object (a hidden thin
+//! volume), so its data has the pool's allocator, placement, checksums
+//! and mirrors, and a per-file snapshot later is an engine snapshot of
+//! its object. The inode table is the file volume's own map. No FUSE
+//! here: `tarn-fuse` adapts this API.
+
+pub mod check;
+pub mod dir;
+pub mod error;
+pub mod inode;
+mod ns;
+
+pub use check::CheckReport;
+pub use error::{FsError, Result};
+pub use inode::{Inode, Kind};
+pub use ns::{Attr, DirEntry, FileVolume, SetAttr, StatFs};
+
+/// Largest file: each object is a thin volume of this size (16 TiB).
+pub const MAX_FILE_SIZE: u64 = 1 << 44;
+/// Inode numbers are below this: the inode table's size / 256.
+pub const MAX_INODES: u64 = 1 << 32;
+/// The root directory's inode.
+pub const ROOT: u64 = 1;

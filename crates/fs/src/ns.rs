@@ -1,0 +1,698 @@
+//! The namespace of one file volume: inodes in the volume's own map,
+//! directories and file data in objects. One mutex serializes namespace
+//! changes; writes are ordered so that any prefix of an operation is a
+//! valid namespace (docs/ARCHITECTURE.md *File volumes*, crash behaviour).
+
+use crate::dir::{check_name, Dir, HEADER};
+use crate::error::{FsError, Result};
+use crate::inode::{Header, Inode, Kind, INLINE_TARGET, RECORD};
+use crate::{MAX_FILE_SIZE, MAX_INODES, ROOT};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+use tarn_engine::{PlacementKind, Pool};
+
+/// Inode table size: MAX_INODES records.
+const TABLE_BYTES: u64 = MAX_INODES * RECORD as u64;
+/// Directories decoded and kept (cleared whole past this).
+const DIR_CACHE: usize = 512;
+/// Inodes with unsaved data-path changes (size, mtime) kept before saving.
+const DIRTY_MAX: usize = 1024;
+/// Entries one readdir call returns at most.
+const READDIR_BATCH: usize = 4096;
+/// Depth of the parent walk that refuses a directory moved into itself.
+const MAX_DEPTH: usize = 4096;
+const MAX_LINKS: u32 = 65_000;
+
+/// What stat shows: the inode as stored and the space its data takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attr {
+    pub inode: Inode,
+    /// Own space the data object maps, in bytes.
+    pub allocated: u64,
+}
+
+/// A setattr: each field set only when Some.
+#[derive(Debug, Clone, Default)]
+pub struct SetAttr {
+    pub perm: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<i64>,
+    pub mtime: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    pub ino: u64,
+    pub kind: Kind,
+    pub name: Vec<u8>,
+    /// The offset to continue a readdir after this entry.
+    pub cookie: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatFs {
+    pub total: u64,
+    pub free: u64,
+    pub files: u64,
+}
+
+pub(crate) struct Ns {
+    pub(crate) header: Header,
+    dirs: HashMap<u64, Dir>,
+    dirty: HashMap<u64, Inode>,
+    /// An upper bound of the space used, for the quota: the volume's
+    /// usage when last counted (O(objects)) plus every byte written since.
+    quota_used: Option<u64>,
+    /// Open handles per inode (the kernel bounds them).
+    open: HashMap<u64, u32>,
+    /// Files whose last name went while they were open: freed at the last
+    /// release (or, after a crash, at the next open of the volume).
+    orphans: HashSet<u64>,
+}
+
+/// An open file volume.
+pub struct FileVolume {
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) id: u32,
+    ns: Mutex<Ns>,
+}
+
+fn now() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
+}
+
+impl FileVolume {
+    /// Create file volume `name` with an empty root directory; durable
+    /// when it returns. `quota` 0: none.
+    pub fn format(pool: &Pool, name: &str, quota: u64, uid: u32, gid: u32) -> Result<()> {
+        // The volume, its header and root in one commit (no back-pressure
+        // commit between them).
+        pool.make_room_for(1024)?;
+        let info = pool.create_file_volume(name, TABLE_BYTES)?;
+        let t = now();
+        let root = Inode {
+            ino: ROOT,
+            kind: Kind::Dir,
+            perm: 0o755,
+            uid,
+            gid,
+            nlink: 2,
+            size: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            object: 0,
+            epoch: 0,
+            parent: ROOT,
+            target: Vec::new(),
+        };
+        pool.write(info.id, RECORD as u64, &root.encode(), false)?;
+        pool.write(info.id, 0, &Header { next_ino: 2, quota, epoch: 0 }.encode(), false)?;
+        Ok(pool.flush()?)
+    }
+
+    /// Open file volume `name`: its header is read and checked.
+    pub fn open(pool: Arc<Pool>, name: &str) -> Result<FileVolume> {
+        let id = pool.file_volume(name).ok_or_else(|| FsError::NoSuchVolume(name.to_string()))?.id;
+        let mut b = [0u8; RECORD];
+        pool.read(id, 0, &mut b)?;
+        let header = Header::decode(&b)?;
+        let fv = FileVolume {
+            pool,
+            id,
+            ns: Mutex::new(Ns {
+                header,
+                dirs: HashMap::new(),
+                dirty: HashMap::new(),
+                quota_used: None,
+                open: HashMap::new(),
+                orphans: HashSet::new(),
+            }),
+        };
+        fv.inode(&mut fv.lock(), ROOT)?;
+        fv.free_orphans()?;
+        Ok(fv)
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Ns> {
+        self.ns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn inode(&self, ns: &mut Ns, ino: u64) -> Result<Inode> {
+        if let Some(i) = ns.dirty.get(&ino) {
+            return Ok(i.clone());
+        }
+        if ino == 0 || ino >= ns.header.next_ino {
+            return Err(FsError::NotFound);
+        }
+        let mut b = [0u8; RECORD];
+        self.pool.read(self.id, ino * RECORD as u64, &mut b)?;
+        Inode::decode(&b, ino)?.ok_or(FsError::NotFound)
+    }
+
+    fn save(&self, ns: &mut Ns, i: &Inode) -> Result<()> {
+        ns.dirty.remove(&i.ino);
+        Ok(self.pool.write(self.id, i.ino * RECORD as u64, &i.encode(), false)?)
+    }
+
+    fn attr(&self, i: &Inode) -> Attr {
+        let allocated = if i.object == 0 { 0 } else { self.pool.object_allocated(i.object).unwrap_or(0) };
+        Attr { inode: i.clone(), allocated }
+    }
+
+    pub(crate) fn dir(&self, ns: &mut Ns, d: &Inode) -> Result<Dir> {
+        if d.kind != Kind::Dir {
+            return Err(FsError::NotDir);
+        }
+        if let Some(dir) = ns.dirs.get(&d.ino) {
+            return Ok(dir.clone());
+        }
+        let dir = self.read_dir(d)?;
+        if ns.dirs.len() >= DIR_CACHE {
+            ns.dirs.clear();
+        }
+        ns.dirs.insert(d.ino, dir.clone());
+        Ok(dir)
+    }
+
+    /// The directory's header says how long it is: the inode's size is
+    /// informational, so the two never have to change together.
+    fn read_dir(&self, d: &Inode) -> Result<Dir> {
+        if d.object == 0 {
+            return Ok(Dir::new());
+        }
+        let mut head = [0u8; HEADER];
+        self.pool.read(d.object, 0, &mut head)?;
+        let len = u32::from_le_bytes([head[20], head[21], head[22], head[23]]) as usize;
+        if len > crate::dir::MAX_BYTES {
+            return Err(FsError::corrupt("directory", d.ino, format!("body of {len} bytes")));
+        }
+        let mut b = vec![0u8; HEADER + len];
+        self.pool.read(d.object, 0, &mut b)?;
+        Dir::decode(&b, d.ino)
+    }
+
+    /// Rewrite directory `d` with `dir` (one engine write) and its inode's
+    /// size and times.
+    fn write_dir(&self, ns: &mut Ns, d: &mut Inode, dir: Dir) -> Result<()> {
+        if d.object == 0 {
+            d.object = self.pool.create_object(self.id, MAX_FILE_SIZE, Some(PlacementKind::Append))?;
+        }
+        let bytes = dir.encode();
+        self.pool.write(d.object, 0, &bytes, false)?;
+        ns.dirs.insert(d.ino, dir);
+        let t = now();
+        (d.size, d.mtime, d.ctime) = (bytes.len() as u64, t, t);
+        self.save(ns, d)
+    }
+
+    /// Before a namespace change of `small` one-block writes and
+    /// directory rewrites of `dir_bytes` in all: commit the queue now if
+    /// the change could push it over its bound, so that no back-pressure
+    /// commit falls inside the change and a crash keeps all of it or none
+    /// (a change too large for the bound still keeps every prefix valid).
+    fn room(&self, small: usize, dir_bytes: u64) -> Result<()> {
+        // Per 4 KiB written at most: a Map and a Sums op and a freed range.
+        const PER_BLOCK: usize = 96;
+        const PER_WRITE: usize = 64 + 2 * PER_BLOCK;
+        let blocks = (dir_bytes / 4096) as usize + 2;
+        let object = 64;
+        self.pool.make_room_for((small + 1) * PER_WRITE + blocks * PER_BLOCK + object)?;
+        Ok(())
+    }
+
+    /// A handle on `ino` was opened (FUSE open or create).
+    pub fn opened(&self, ino: u64) {
+        *self.lock().open.entry(ino).or_insert(0) += 1;
+    }
+
+    /// A handle on `ino` was released: an unlinked file goes with its last.
+    pub fn released(&self, ino: u64) -> Result<()> {
+        let mut ns = self.lock();
+        let left = match ns.open.get_mut(&ino) {
+            Some(n) => {
+                *n = n.saturating_sub(1);
+                *n
+            }
+            None => return Ok(()),
+        };
+        if left > 0 {
+            return Ok(());
+        }
+        ns.open.remove(&ino);
+        if ns.orphans.remove(&ino) {
+            let i = self.inode(&mut ns, ino)?;
+            self.free_inode(&mut ns, &i)?;
+        }
+        Ok(())
+    }
+
+    /// Files left without a name by a crash or an unmount while open.
+    fn free_orphans(&self) -> Result<()> {
+        let orphans: Vec<Inode> = self.table()?.0.into_values().filter(|i| i.nlink == 0).collect();
+        let mut ns = self.lock();
+        for i in &orphans {
+            self.free_inode(&mut ns, i)?;
+        }
+        if !orphans.is_empty() {
+            drop(ns);
+            self.sync()?;
+        }
+        Ok(())
+    }
+
+    pub fn getattr(&self, ino: u64) -> Result<Attr> {
+        let mut ns = self.lock();
+        let i = self.inode(&mut ns, ino)?;
+        Ok(self.attr(&i))
+    }
+
+    pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
+        check_name(name)?;
+        let mut ns = self.lock();
+        let p = self.inode(&mut ns, parent)?;
+        let e = self.dir(&mut ns, &p)?.find(name).cloned().ok_or(FsError::NotFound)?;
+        let i = self.inode(&mut ns, e.ino)?;
+        Ok(self.attr(&i))
+    }
+
+    /// Create a file, directory or symlink `name` in `parent`: the inode
+    /// first, then the entry (a crash between leaves an unreachable inode,
+    /// never an entry without one).
+    pub fn create(&self, parent: u64, name: &[u8], kind: Kind, perm: u32, uid: u32, gid: u32) -> Result<Attr> {
+        self.make(parent, name, kind, perm & 0o7777, (uid, gid), &[])
+    }
+
+    pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
+        if target.is_empty() || target.len() > 4095 {
+            return Err(FsError::Invalid("symlink target length"));
+        }
+        self.make(parent, name, Kind::Symlink, 0o777, (uid, gid), target)
+    }
+
+    fn make(&self, parent: u64, name: &[u8], kind: Kind, perm: u32, owner: (u32, u32), target: &[u8]) -> Result<Attr> {
+        check_name(name)?;
+        let mut ns = self.lock();
+        let mut p = self.inode(&mut ns, parent)?;
+        let mut dir = self.dir(&mut ns, &p)?;
+        if dir.find(name).is_some() {
+            return Err(FsError::Exists);
+        }
+        self.room(5, p.size)?;
+        let ino = self.new_ino(&mut ns)?;
+        let t = now();
+        let mut i = Inode {
+            ino,
+            kind,
+            perm,
+            uid: owner.0,
+            gid: owner.1,
+            nlink: if kind == Kind::Dir { 2 } else { 1 },
+            size: target.len() as u64,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            object: 0,
+            epoch: ns.header.epoch,
+            parent: if kind == Kind::Dir { parent } else { 0 },
+            target: Vec::new(),
+        };
+        if target.len() <= INLINE_TARGET {
+            i.target = target.to_vec();
+        } else {
+            i.object = self.pool.create_object(self.id, MAX_FILE_SIZE, Some(PlacementKind::Append))?;
+            self.pool.write(i.object, 0, target, false)?;
+        }
+        self.save(&mut ns, &i)?;
+        dir.insert(name, ino, kind)?;
+        if kind == Kind::Dir {
+            p.nlink += 1;
+        }
+        self.write_dir(&mut ns, &mut p, dir)?;
+        Ok(self.attr(&i))
+    }
+
+    fn new_ino(&self, ns: &mut Ns) -> Result<u64> {
+        let ino = ns.header.next_ino;
+        if ino >= MAX_INODES {
+            return Err(FsError::Engine(tarn_engine::EngineError::NoSpace));
+        }
+        ns.header.next_ino += 1;
+        self.pool.write(self.id, 0, &ns.header.encode(), false)?;
+        Ok(ino)
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        let mut ns = self.lock();
+        let i = self.inode(&mut ns, ino)?;
+        if i.kind != Kind::Symlink {
+            return Err(FsError::Invalid("not a symlink"));
+        }
+        if i.object == 0 {
+            return Ok(i.target);
+        }
+        let mut b = vec![0u8; i.size.min(4095) as usize];
+        self.pool.read(i.object, 0, &mut b)?;
+        Ok(b)
+    }
+
+    /// A hard link: the inode's count first, then the entry.
+    pub fn link(&self, ino: u64, parent: u64, name: &[u8]) -> Result<Attr> {
+        check_name(name)?;
+        let mut ns = self.lock();
+        let mut i = self.inode(&mut ns, ino)?;
+        if i.kind == Kind::Dir {
+            return Err(FsError::IsDir);
+        }
+        if i.nlink >= MAX_LINKS {
+            return Err(FsError::TooManyLinks);
+        }
+        let mut p = self.inode(&mut ns, parent)?;
+        let mut dir = self.dir(&mut ns, &p)?;
+        if dir.find(name).is_some() {
+            return Err(FsError::Exists);
+        }
+        self.room(3, p.size)?;
+        i.nlink += 1;
+        i.ctime = now();
+        self.save(&mut ns, &i)?;
+        dir.insert(name, ino, i.kind)?;
+        self.write_dir(&mut ns, &mut p, dir)?;
+        Ok(self.attr(&i))
+    }
+
+    pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
+        self.remove(parent, name, false)
+    }
+
+    pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
+        self.remove(parent, name, true)
+    }
+
+    /// The entry goes first, then the inode's count (a crash between
+    /// leaks an inode, never leaves an entry to a freed one).
+    fn remove(&self, parent: u64, name: &[u8], want_dir: bool) -> Result<()> {
+        check_name(name)?;
+        let mut ns = self.lock();
+        let mut p = self.inode(&mut ns, parent)?;
+        let mut dir = self.dir(&mut ns, &p)?;
+        let e = dir.find(name).cloned().ok_or(FsError::NotFound)?;
+        let i = self.inode(&mut ns, e.ino)?;
+        match (want_dir, i.kind == Kind::Dir) {
+            (true, false) => return Err(FsError::NotDir),
+            (false, true) => return Err(FsError::IsDir),
+            (true, true) if !self.dir(&mut ns, &i)?.entries.is_empty() => return Err(FsError::NotEmpty),
+            _ => {}
+        }
+        self.room(3, p.size)?;
+        dir.remove(name);
+        if want_dir {
+            p.nlink = p.nlink.saturating_sub(1);
+        }
+        self.write_dir(&mut ns, &mut p, dir)?;
+        self.drop_link(&mut ns, i)
+    }
+
+    /// One name fewer: the inode and its object go with the last one.
+    fn drop_link(&self, ns: &mut Ns, mut i: Inode) -> Result<()> {
+        i.nlink = if i.kind == Kind::Dir { 0 } else { i.nlink.saturating_sub(1) };
+        let open = ns.open.get(&i.ino).is_some_and(|&n| n > 0);
+        if i.nlink > 0 || (open && i.kind == Kind::File) {
+            // An open file with no name left stays readable until released.
+            i.ctime = now();
+            if i.nlink == 0 {
+                ns.orphans.insert(i.ino);
+            }
+            return self.save(ns, &i);
+        }
+        self.free_inode(ns, &i)
+    }
+
+    /// The record and the object go (the record first: a crash between
+    /// leaks the object, never leaves a record pointing at a freed one).
+    fn free_inode(&self, ns: &mut Ns, i: &Inode) -> Result<()> {
+        ns.dirty.remove(&i.ino);
+        ns.dirs.remove(&i.ino);
+        self.pool.write(self.id, i.ino * RECORD as u64, &[0u8; RECORD], false)?;
+        if i.object != 0 {
+            self.pool.delete_object(i.object)?;
+        }
+        Ok(())
+    }
+
+    /// Rename, over an existing name too. Same directory: one write.
+    /// Across directories the new entry is written before the old one
+    /// goes (a crash between shows the file under both names).
+    pub fn rename(&self, parent: u64, name: &[u8], newparent: u64, newname: &[u8]) -> Result<()> {
+        check_name(name)?;
+        check_name(newname)?;
+        let mut ns = self.lock();
+        let mut p = self.inode(&mut ns, parent)?;
+        let mut from = self.dir(&mut ns, &p)?;
+        let e = from.find(name).cloned().ok_or(FsError::NotFound)?;
+        if parent == newparent && name == newname {
+            return Ok(());
+        }
+        let mut np = self.inode(&mut ns, newparent)?;
+        let mut to = if parent == newparent { from.clone() } else { self.dir(&mut ns, &np)? };
+        if e.kind == Kind::Dir {
+            self.refuse_loop(&mut ns, e.ino, newparent)?;
+        }
+        let old = match to.find(newname).cloned() {
+            // Two names of one inode: POSIX says nothing happens.
+            Some(o) if o.ino == e.ino => return Ok(()),
+            Some(o) => Some(self.check_replace(&mut ns, &e, &o)?),
+            None => None,
+        };
+        self.room(6, p.size + if parent == newparent { 0 } else { np.size })?;
+        to.remove(newname);
+        to.insert(newname, e.ino, e.kind)?;
+        let dir_moves = e.kind == Kind::Dir && parent != newparent;
+        let replaced_dir = old.as_ref().is_some_and(|o| o.kind == Kind::Dir);
+        if parent == newparent {
+            to.remove(name);
+            if replaced_dir {
+                p.nlink = p.nlink.saturating_sub(1);
+            }
+            self.write_dir(&mut ns, &mut p, to)?;
+        } else {
+            np.nlink += u32::from(dir_moves && !replaced_dir);
+            self.write_dir(&mut ns, &mut np, to)?;
+            from.remove(name);
+            p.nlink -= u32::from(dir_moves);
+            self.write_dir(&mut ns, &mut p, from)?;
+        }
+        if dir_moves {
+            let mut moved = self.inode(&mut ns, e.ino)?;
+            (moved.parent, moved.ctime) = (newparent, now());
+            self.save(&mut ns, &moved)?;
+        }
+        match old {
+            Some(o) => self.drop_link(&mut ns, o),
+            None => Ok(()),
+        }
+    }
+
+    /// What an existing target of a rename may be: a file for a file, an
+    /// empty directory for a directory.
+    fn check_replace(&self, ns: &mut Ns, e: &crate::dir::Entry, o: &crate::dir::Entry) -> Result<Inode> {
+        let target = self.inode(ns, o.ino)?;
+        match (e.kind == Kind::Dir, target.kind == Kind::Dir) {
+            (true, false) => Err(FsError::NotDir),
+            (false, true) => Err(FsError::IsDir),
+            (true, true) if !self.dir(ns, &target)?.entries.is_empty() => Err(FsError::NotEmpty),
+            _ => Ok(target),
+        }
+    }
+
+    /// A directory may not move into its own subtree.
+    fn refuse_loop(&self, ns: &mut Ns, moving: u64, newparent: u64) -> Result<()> {
+        let mut at = newparent;
+        for _ in 0..MAX_DEPTH {
+            if at == moving {
+                return Err(FsError::Invalid("a directory cannot move into itself"));
+            }
+            if at == ROOT {
+                return Ok(());
+            }
+            at = self.inode(ns, at)?.parent;
+        }
+        Err(FsError::corrupt("directory tree", newparent, "deeper than the walk's bound"))
+    }
+
+    pub fn setattr(&self, ino: u64, s: &SetAttr) -> Result<Attr> {
+        let mut ns = self.lock();
+        let mut i = self.inode(&mut ns, ino)?;
+        let t = now();
+        if let Some(size) = s.size {
+            self.truncate(&mut i, size)?;
+            i.mtime = t;
+        }
+        i.perm = s.perm.map_or(i.perm, |m| m & 0o7777);
+        i.uid = s.uid.unwrap_or(i.uid);
+        i.gid = s.gid.unwrap_or(i.gid);
+        i.atime = s.atime.unwrap_or(i.atime);
+        i.mtime = s.mtime.unwrap_or(i.mtime);
+        i.ctime = t;
+        self.save(&mut ns, &i)?;
+        Ok(self.attr(&i))
+    }
+
+    /// Shrinking zeroes everything past the new end (whole blocks are
+    /// unmapped): an older, larger size can never show stale bytes.
+    fn truncate(&self, i: &mut Inode, size: u64) -> Result<()> {
+        if i.kind != Kind::File {
+            return Err(if i.kind == Kind::Dir { FsError::IsDir } else { FsError::Invalid("truncate of a symlink") });
+        }
+        if size > MAX_FILE_SIZE {
+            return Err(FsError::TooLarge);
+        }
+        if size < i.size && i.object != 0 {
+            self.pool.write_zeroes(i.object, size, MAX_FILE_SIZE - size, false, false)?;
+        }
+        i.size = size;
+        Ok(())
+    }
+
+    /// Read up to `len` bytes at `offset` (holes are zeros; short at EOF).
+    pub fn read(&self, ino: u64, offset: u64, len: u32) -> Result<Vec<u8>> {
+        let (object, size) = {
+            let mut ns = self.lock();
+            let i = self.inode(&mut ns, ino)?;
+            if i.kind == Kind::Dir {
+                return Err(FsError::IsDir);
+            }
+            (i.object, i.size)
+        };
+        let n = size.saturating_sub(offset).min(u64::from(len)) as usize;
+        let mut buf = vec![0u8; n];
+        if n > 0 && object != 0 {
+            self.pool.read(object, offset, &mut buf)?;
+        }
+        Ok(buf)
+    }
+
+    /// Write data at `offset`; the new size and mtime are saved at the
+    /// next fsync, close or setattr (or when many inodes wait).
+    pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        let mut ns = self.lock();
+        let mut i = self.inode(&mut ns, ino)?;
+        if i.kind != Kind::File {
+            return Err(FsError::IsDir);
+        }
+        let end = offset.checked_add(data.len() as u64).filter(|&e| e <= MAX_FILE_SIZE).ok_or(FsError::TooLarge)?;
+        self.check_quota(&mut ns, data.len() as u64)?;
+        if i.object == 0 {
+            i.object = self.pool.create_object(self.id, MAX_FILE_SIZE, None)?;
+            self.save(&mut ns, &i)?;
+        }
+        self.pool.write(i.object, offset, data, false)?;
+        i.size = i.size.max(end);
+        i.mtime = now();
+        i.ctime = i.mtime;
+        ns.dirty.insert(ino, i);
+        if ns.dirty.len() > DIRTY_MAX {
+            self.save_dirty(&mut ns)?;
+        }
+        Ok(data.len() as u32)
+    }
+
+    /// Refuse a write of `more` bytes past the quota. The bound is only
+    /// recounted when it says the write would not fit.
+    fn check_quota(&self, ns: &mut Ns, more: u64) -> Result<()> {
+        let quota = ns.header.quota;
+        if quota == 0 {
+            return Ok(());
+        }
+        let mut used = ns.quota_used.unwrap_or(u64::MAX);
+        if used.saturating_add(more) > quota {
+            used = self.used();
+            if used.saturating_add(more) > quota {
+                ns.quota_used = Some(used);
+                return Err(FsError::Quota);
+            }
+        }
+        ns.quota_used = Some(used + more);
+        Ok(())
+    }
+
+    /// Own space the volume's table and objects map (O(objects)).
+    fn used(&self) -> u64 {
+        self.pool.file_volumes().into_iter().find(|f| f.id == self.id).map_or(0, |f| f.allocated)
+    }
+
+    fn save_dirty(&self, ns: &mut Ns) -> Result<()> {
+        let dirty: Vec<Inode> = ns.dirty.drain().map(|(_, i)| i).collect();
+        for i in &dirty {
+            self.save(ns, i)?;
+        }
+        Ok(())
+    }
+
+    /// Save every pending inode change and commit: durable when it returns.
+    pub fn sync(&self) -> Result<()> {
+        self.save_dirty(&mut self.lock())?;
+        Ok(self.pool.flush()?)
+    }
+
+    /// Entries after readdir offset `offset` (0 starts with `.` and `..`).
+    pub fn readdir(&self, ino: u64, offset: u64) -> Result<Vec<DirEntry>> {
+        let mut ns = self.lock();
+        let d = self.inode(&mut ns, ino)?;
+        let dir = self.dir(&mut ns, &d)?;
+        let dots = [(1, ino, b".".to_vec()), (2, d.parent, b"..".to_vec())];
+        let mut out: Vec<DirEntry> = dots
+            .into_iter()
+            .filter(|(c, _, _)| *c > offset)
+            .map(|(cookie, ino, name)| DirEntry { ino, kind: Kind::Dir, name, cookie })
+            .collect();
+        let rest = dir.entries.into_iter().filter(|e| e.cookie > offset).take(READDIR_BATCH);
+        out.extend(rest.map(|e| DirEntry { ino: e.ino, kind: e.kind, name: e.name, cookie: e.cookie }));
+        Ok(out)
+    }
+
+    /// SEEK_DATA (`data`) or SEEK_HOLE from `offset`, from the engine's
+    /// block status; None: no such offset before the end (ENXIO).
+    pub fn seek(&self, ino: u64, offset: u64, data: bool) -> Result<Option<u64>> {
+        let (object, size) = {
+            let mut ns = self.lock();
+            let i = self.inode(&mut ns, ino)?;
+            (i.object, i.size)
+        };
+        if offset >= size {
+            return Ok(None);
+        }
+        if object == 0 {
+            return Ok(if data { None } else { Some(size) });
+        }
+        let mut at = offset;
+        // Each call answers a bounded number of runs; at most 4096 calls.
+        for _ in 0..4096 {
+            if at >= size {
+                break;
+            }
+            for run in self.pool.block_status(object, at, size - at)? {
+                if run.allocated == data {
+                    return Ok(Some(at));
+                }
+                at += run.length;
+            }
+        }
+        Ok(if data { None } else { Some(size) })
+    }
+
+    pub fn statfs(&self) -> StatFs {
+        let s = self.pool.status();
+        let quota = self.lock().header.quota;
+        let (mut total, mut free) = (s.size, s.free);
+        if quota > 0 {
+            let used = self.used();
+            total = quota.min(total);
+            free = free.min(quota.saturating_sub(used));
+        }
+        StatFs { total, free, files: self.lock().header.next_ino - 1 }
+    }
+}

@@ -1,0 +1,30 @@
+//! The fuzz seeds of `fs_records` (fuzz/seeds/fs_records) were written by
+//! a Python encoder from docs/FORMAT.md *File volumes*, not by these
+//! encoders: decoding them pins the documented layout.
+
+use tarn_fs::dir::Dir;
+use tarn_fs::inode::{Header, Inode, RECORD};
+use tarn_fs::Kind;
+
+fn seed(name: &str) -> Vec<u8> {
+    let path = format!("{}/../../fuzz/seeds/fs_records/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn record(name: &str) -> [u8; RECORD] {
+    seed(name).try_into().expect("a 256-byte record")
+}
+
+#[test]
+fn documented_bytes_decode_to_the_documented_values() {
+    let i = Inode::decode(&record("inode7"), 7).unwrap().expect("an inode");
+    assert_eq!((i.kind, i.perm, i.uid, i.gid, i.nlink, i.size), (Kind::File, 0o644, 1000, 100, 1, 5));
+    assert_eq!((i.atime, i.mtime, i.ctime, i.object, i.epoch), (1, 2, 3, 9, 0));
+    assert_eq!(i.encode(), record("inode7"), "the encoder writes the documented bytes");
+    let h = Header::decode(&record("header")).unwrap();
+    assert_eq!((h.next_ino, h.quota, h.epoch), (9, 0, 0));
+    let d = Dir::decode(&seed("dir3"), 1).unwrap();
+    let names: Vec<(u64, u64, &[u8])> = d.entries.iter().map(|e| (e.cookie, e.ino, &e.name[..])).collect();
+    assert_eq!(names, [(3, 5, &b"a"[..]), (4, 6, b"sub"), (6, 7, b"link")]);
+    assert_eq!((d.next_cookie, d.encode()), (7, seed("dir3")));
+}

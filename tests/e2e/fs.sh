@@ -1,0 +1,195 @@
+#!/usr/bin/env bash
+# File volumes through FUSE (issue 15, first slice): `tarn fs create`, a
+# real mount with `tarn mount`, real tools on it (cp -a, diff -r, tar,
+# git, sqlite3), POSIX checks with expected results, a >4 GiB sparse file,
+# statfs, usage in `tarn fs list`, unmount + pool close + remount keeps
+# everything, objects stay hidden from block commands, bad input.
+. "$(dirname "$0")/lib.sh"
+need fusermount3 mountpoint diff tar git sqlite3 sha256sum df du truncate
+need_root "mounts a FUSE file system for other users' tools"
+need_fuse
+e2e_init fs
+
+G=$((1 << 30))
+POOL=$T/pool.img
+MNT=$T/mnt
+mkdir -p "$MNT"
+MOUNT_PID=
+
+# fs_mount NAME: `tarn mount` in the background until the mount is up
+fs_mount() {
+  "$TARN" mount "$1" "$MNT" -p "$POOL" >>"$T/mount.log" 2>&1 &
+  MOUNT_PID=$!
+  E2E_PIDS+=("$MOUNT_PID")
+  E2E_FUSE+=("$MNT")
+  wait_until 30 mountpoint -q "$MNT" || die "tarn mount $1 did not come up: $(tail -n 3 "$T/mount.log" | tr '\n' ' ')"
+  ok "tarn mount $1"
+}
+
+# fs_umount: unmount; `tarn mount` then commits, closes the pool and exits 0
+fs_umount() {
+  local rc=0
+  check "fusermount3 -u" fusermount3 -u "$MNT"
+  wait "$MOUNT_PID" || rc=$?
+  expect_eq "tarn mount exit status after unmount" "$rc" 0
+  MOUNT_PID=
+}
+
+step "create: file volumes, hidden objects, bad input"
+make_pool "$POOL" 8G
+check "tarn fs create home" tarn fs create home -p "$POOL"
+check_fails "fs create of an existing name" tarn fs create home -p "$POOL"
+check_fails "vol create over a file volume's name" tarn vol create home --size 1G -p "$POOL"
+check_fails "mount of an unknown file volume" tarn mount nosuch "$MNT" -p "$POOL"
+expect_eq "fs list names home" "$(tarn fs list --json -p "$POOL" | jq -r '.[].name')" home
+
+step "real trees: cp -a, diff -r, tar round trip"
+fs_mount home
+check "cp -a crates/ into the mount" cp -a "$REPO/crates" "$MNT/crates"
+check "cp -a /usr/share/doc into the mount" cp -a /usr/share/doc "$MNT/doc"
+check "diff -r --no-dereference equal" diff -r --no-dereference /usr/share/doc "$MNT/doc"
+check "diff -r equal" diff -r "$REPO/crates" "$MNT/crates"
+check "tar c | tar x out of the mount" bash -c "mkdir -p '$T/untar' && (cd '$MNT' && tar cf - crates) | (cd '$T/untar' && tar xf -)"
+check "tar copy equal" diff -r "$REPO/crates" "$T/untar/crates"
+check "tar x into the mount" bash -c "mkdir -p '$MNT/t2' && (cd '$T/untar' && tar cf - crates) | (cd '$MNT/t2' && tar xf -)"
+check "second copy equal" diff -r "$REPO/crates" "$MNT/t2/crates"
+
+step "POSIX: rename, links, symlinks, chmod, truncate, rmdir, names"
+cd "$MNT"
+echo one >a; echo two >b; mkdir -p d1/sub d2
+check "rename over an existing name" mv -f b a
+expect_eq "content after rename over" "$(cat a)" two
+expect_eq "old name gone" "$(ls b 2>&1 >/dev/null | grep -c 'No such file')" 1
+check "rename across directories" mv a d2/a
+expect_eq "moved file" "$(cat d2/a)" two
+check_fails "directory into its own subtree" mv d1 d1/sub/
+check "hard link" ln d2/a d1/hard
+expect_eq "nlink after ln" "$(stat -c %h d2/a)" 2
+check "symlink" ln -s ../d2/a d1/sym
+expect_eq "readlink" "$(readlink d1/sym)" ../d2/a
+expect_eq "read through the symlink" "$(cat d1/sym)" two
+LONG=$(printf 'x%.0s' $(seq 1 300))
+check "long symlink target (300 bytes)" ln -s "$LONG" d1/longsym
+expect_eq "long symlink read back" "$(readlink d1/longsym | wc -c)" 301
+check "chmod 640" chmod 640 d2/a
+expect_eq "mode" "$(stat -c %a d2/a)" 640
+check "chown 1234:5678" chown 1234:5678 d2/a
+expect_eq "owner" "$(stat -c %u:%g d2/a)" 1234:5678
+check "touch -d (utimens)" touch -d '2001-02-03 04:05:06' d2/a
+expect_eq "mtime" "$(stat -c %Y d2/a)" "$(date -d '2001-02-03 04:05:06' +%s)"
+printf 'abcdefgh' >tr
+check "truncate -s 3" truncate -s 3 tr
+check "truncate -s 6" truncate -s 6 tr
+expect_eq "truncated then extended reads zeros" "$(od -An -c tr | tr -s ' ')" " a b c \\0 \\0 \\0"
+check_fails "rmdir of a non-empty directory" rmdir d1
+expect_eq "rmdir error is ENOTEMPTY" "$(printf '%s' "$LAST_OUT" | grep -c 'not empty')" 1
+N256=$(printf 'n%.0s' $(seq 1 256))
+check_fails "a 256-byte name" touch "$N256"
+expect_eq "error is ENAMETOOLONG" "$(printf '%s' "$LAST_OUT" | grep -c 'File name too long')" 1
+check "a 255-byte name" touch "${N256:1}"
+expect_eq "an open file unlinked is still read through its descriptor" "$("$SYSPY" -c "
+import os
+fd = os.open('tmpf', os.O_CREAT | os.O_RDWR, 0o600)
+os.write(fd, b'kept')
+os.unlink('tmpf')
+print(os.pread(fd, 10, 0).decode(), os.path.exists('tmpf'))
+os.close(fd)")" "kept False"
+check "unlink the hard link" rm d1/hard
+expect_eq "nlink after rm" "$(stat -c %h d2/a)" 1
+cd "$T"
+
+step "a 5 GiB sparse file: write at 4.5 GiB, read back, holes"
+check "truncate -s 5G" truncate -s 5G "$MNT/big"
+head -c $((1 << 20)) /dev/urandom >"$T/chunk"
+check "write 1 MiB at 4.5 GiB" dd if="$T/chunk" of="$MNT/big" bs=1M seek=4608 conv=notrunc status=none
+check "read back at 4.5 GiB" cmp <(dd if="$MNT/big" bs=1M skip=4608 count=1 status=none) "$T/chunk"
+expect_eq "size" "$(stat -c %s "$MNT/big")" $((5 * G))
+expect_between "du of the sparse file (KiB)" "$(du -k "$MNT/big" | cut -f1)" 1024 1100
+SEEK=$("$SYSPY" -c "
+import os
+f = os.open('$MNT/big', os.O_RDONLY)
+print(os.lseek(f, 0, os.SEEK_DATA), os.lseek(f, 4608 << 20, os.SEEK_HOLE))")
+expect_eq "SEEK_DATA from 0, SEEK_HOLE from the data" "$SEEK" "$((4608 << 20)) $((4609 << 20))"
+
+step "statfs and usage"
+DF_TOTAL=$(df -B1 --output=size "$MNT" | tail -1 | tr -d ' ')
+expect_between "df size vs the 8 GiB pool" "$DF_TOTAL" $((7 * G)) $((8 * G))
+
+step "git and sqlite3 on the mount"
+check "git init/add/commit/branch/checkout" bash -c "cd '$MNT' && git init -q g && cd g && cp -a ../crates/fs . &&
+  git add -A && git -c user.email=t@t -c user.name=t commit -qm one && git checkout -qb br &&
+  echo x >>fs/Cargo.toml && git -c user.email=t@t -c user.name=t commit -qam two && git checkout -q - &&
+  git fsck --strict && git gc -q"
+check "sqlite3 writes" sqlite3 "$MNT/t.db" "create table t(a, b); insert into t select value, randomblob(500) from generate_series(1, 2000);"
+expect_eq "sqlite3 integrity_check" "$(sqlite3 "$MNT/t.db" 'pragma integrity_check')" ok
+
+step "unmount, close, reopen: everything is there"
+(cd "$MNT" && find . -path ./g/.git -prune -o -type f -print0 | sort -z | xargs -0 sha256sum) >"$T/sums"
+(cd "$MNT" && find . | sort) >"$T/names"
+fs_umount
+USED=$(tarn fs list --json -p "$POOL" | jq -r '.[0].used')
+expect_between "fs list usage covers the data (MiB)" $((USED >> 20)) 2 200
+expect_eq "vol list shows no object" "$(tarn vol list --json -p "$POOL" | jq length)" 0
+expect_eq "snap list shows nothing" "$(tarn snap list --json -p "$POOL" | jq length)" 0
+expect_eq "pool status: [block volumes, file volumes]" "$(tarn pool status --json -p "$POOL" | jq -c '[.volumes, .file_volumes]')" "[0,1]"
+pool_check "$POOL" "after the first session"
+check "tarn fs check home clean" tarn fs check home -p "$POOL"
+expect_between "fs check counts the inodes" "$(tarn fs check home --json -p "$POOL" | jq .inodes)" 5000 100000
+start_serve "$POOL"
+expect_eq "NBD exports: none (objects are not exports)" "$(nbdinfo --list --json "nbd://127.0.0.1:$SERVE_PORT" | jq '.exports | length')" 0
+check_fails "mount while tarn serve holds the pool" tarn mount home "$MNT" -p "$POOL"
+stop_serve
+fs_mount home
+check "sha256sum -c after remount" bash -c "cd '$MNT' && sha256sum --quiet -c '$T/sums'"
+expect_eq "same names after remount" "$(cd "$MNT" && find . | sort | sha256sum)" "$(sha256sum <"$T/names")"
+expect_eq "sqlite3 integrity_check after remount" "$(sqlite3 "$MNT/t.db" 'pragma integrity_check')" ok
+check "rm -rf of everything" bash -c "rm -rf '$MNT'/* && [ -z \"\$(ls -A '$MNT')\" ]"
+fs_umount
+pool_check "$POOL" "after rm -rf"
+
+step "SIGTERM unmounts cleanly; kill -9 keeps every fsync'd byte"
+fs_mount home
+echo synced >"$MNT/s1"
+check "write + fsync" dd if=/dev/urandom of="$MNT/fsynced" bs=64k count=16 conv=fsync status=none
+cp "$MNT/fsynced" "$T/fsynced"
+kill -TERM "$MOUNT_PID"
+rc=0; wait "$MOUNT_PID" || rc=$?
+expect_eq "tarn mount exit status after SIGTERM" "$rc" 0
+expect_eq "mount gone after SIGTERM" "$(mountpoint -q "$MNT" && echo mounted || echo gone)" gone
+fs_mount home
+expect_eq "a file closed before SIGTERM" "$(cat "$MNT/s1")" synced
+check "write + fsync, then kill -9 of tarn mount" dd if=/dev/urandom of="$MNT/fsynced2" bs=64k count=16 conv=fsync status=none
+cp "$MNT/fsynced2" "$T/fsynced2"
+kill -KILL "$MOUNT_PID"; wait "$MOUNT_PID" 2>/dev/null || true
+check_fails "the dead mount reports an error" ls "$MNT"
+check "fusermount3 -u of the dead mount" fusermount3 -u "$MNT"
+fs_mount home
+check "fsync'd file after kill -9" cmp "$MNT/fsynced2" "$T/fsynced2"
+check "fsync'd file of the session before" cmp "$MNT/fsynced" "$T/fsynced"
+fs_umount
+pool_check "$POOL" "after kill -9 and remount"
+check "tarn fs check home clean after kill -9" tarn fs check home -p "$POOL"
+
+step "destroy"
+check "tarn fs destroy home" tarn fs destroy home -p "$POOL"
+expect_eq "fs list empty" "$(tarn fs list --json -p "$POOL" | jq length)" 0
+pool_check "$POOL" "after destroy"
+
+step "a full pool is ENOSPC, a quota EDQUOT; deletes still work"
+POOL=$T/small.img
+make_pool "$POOL" 96M
+check "tarn fs create q --quota 8M" tarn fs create q --quota 8M -p "$POOL"
+check "tarn fs create full" tarn fs create full -p "$POOL"
+fs_mount q
+check_fails "writing 16 MiB under an 8 MiB quota" dd if=/dev/zero of="$MNT/f" bs=1M count=16 conv=fsync status=none
+expect_eq "the error is EDQUOT" "$(printf '%s' "$LAST_OUT" | grep -c 'Disk quota exceeded')" 1
+fs_umount
+fs_mount full
+check_fails "writing 200 MiB into a 96 MiB pool" dd if=/dev/urandom of="$MNT/f" bs=1M count=200 conv=fsync status=none
+expect_eq "the error is ENOSPC" "$(printf '%s' "$LAST_OUT" | grep -c 'No space left on device')" 1
+check "rm of the file that filled the pool" rm "$MNT/f"
+check "sync after rm" sync -f "$MNT"
+check "write after rm" dd if=/dev/urandom of="$MNT/g" bs=1M count=8 conv=fsync status=none
+fs_umount
+pool_check "$POOL" "after ENOSPC"
+e2e_finish
