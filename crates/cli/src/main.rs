@@ -1,28 +1,21 @@
 //! `tarn`: thin pools, volumes and an NBD server, with nouns like LVM and ZFS.
 
 mod admin;
-mod config;
-mod control;
-mod export;
-mod metrics;
+mod daemon;
+mod guest;
 mod mirror;
 mod picture;
 mod poolfile;
-mod guestfs;
-mod handover;
-mod hint;
-mod image;
-mod logging;
-mod layout;
 mod progress;
-mod reclaim;
-mod serve;
 mod size;
 mod snapshots;
 mod spec;
 mod text;
-mod tls;
 mod trace;
+
+use daemon::{config, control, export, handover, logging, metrics, serve, tls};
+use guest::{guestfs, hint, image, reclaim};
+use picture::layout;
 
 use admin::{Ctx, Request};
 use anyhow::{bail, Context, Result};
@@ -722,7 +715,8 @@ fn gen_cmd(g: GenCmd) -> Result<i32> {
         }
         GenCmd::Man { dir: Some(dir) } => {
             std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-            clap_mangen::generate_to(Cli::command(), &dir).with_context(|| format!("write pages to {}", dir.display()))?;
+            clap_mangen::generate_to(Cli::command(), &dir)
+                .with_context(|| format!("write pages to {}", dir.display()))?;
         }
     }
     Ok(0)
@@ -917,7 +911,13 @@ fn vol_import(pool: &PoolArg, src: &std::path::Path, name: String, format: &str,
     let path = absolute(src);
     let foreign = if format == "auto" { image::foreign_format(src).map_err(anyhow::Error::msg)? } else { None };
     let Some(kind) = foreign else {
-        return with_bar(pool, &format!("import {name}"), &Request::VolImport { path, name, source: None }, json, text::image);
+        return with_bar(
+            pool,
+            &format!("import {name}"),
+            &Request::VolImport { path, name, source: None },
+            json,
+            text::image,
+        );
     };
     let raw = image::convert_to_raw(src, kind).map_err(anyhow::Error::msg)?;
     let req = Request::VolImport { path: raw.path().to_string(), name: name.clone(), source: Some(path) };

@@ -13,7 +13,8 @@ const SNAPSHOT: &str = "tarn-hint";
 
 /// Kinds worth moving: what fsck and directory walks read. Backups are
 /// never read, the journal is one sequential run already.
-const MOVED: [MetaKind; 5] = [MetaKind::Static, MetaKind::Directory, MetaKind::Tree, MetaKind::Xattr, MetaKind::Symlink];
+const MOVED: [MetaKind; 5] =
+    [MetaKind::Static, MetaKind::Directory, MetaKind::Tree, MetaKind::Xattr, MetaKind::Symlink];
 
 /// The metadata of the file system on volume `name`, read from a snapshot.
 fn infer(pool: &Pool, name: &str) -> Result<(&'static str, MetadataMap), String> {

@@ -27,7 +27,13 @@ const BLOCK: usize = 4096;
 /// Export `view` (`VOL` or `VOL@SNAP`) to `dest` (a path as the pool's
 /// process sees it). An existing regular file is replaced only with
 /// `force`; a block device must hold the whole volume.
-pub fn export(pool: &Pool, view: &str, dest: &str, force: bool, progress: &mut dyn FnMut(u64, u64)) -> Result<Value, String> {
+pub fn export(
+    pool: &Pool,
+    view: &str,
+    dest: &str,
+    force: bool,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Value, String> {
     match view.split_once('@') {
         Some(_) => {
             let (vol, view_of) = pool.lookup_view(view).ok_or_else(|| format!("no volume or snapshot {view}"))?;
@@ -121,7 +127,8 @@ fn open_target(dest: &str, size: u64, force: bool) -> Result<(File, bool), Strin
             return Err(format!("{dest} exists (--force replaces it)"));
         }
     }
-    let f = OpenOptions::new().write(true).create(true).truncate(true).open(dest).map_err(|e| format!("{dest}: {e}"))?;
+    let f =
+        OpenOptions::new().write(true).create(true).truncate(true).open(dest).map_err(|e| format!("{dest}: {e}"))?;
     f.set_len(size).map_err(|e| format!("{dest}: {e}"))?;
     Ok((f, false))
 }
@@ -140,7 +147,13 @@ fn device_size(f: &File) -> std::io::Result<u64> {
 
 /// Import the raw image `src` as a new volume `name` of its size; the
 /// volume is deleted again if the import fails half-way.
-pub fn import(pool: &Pool, src: &str, shown: Option<&str>, name: &str, progress: &mut dyn FnMut(u64, u64)) -> Result<Value, String> {
+pub fn import(
+    pool: &Pool,
+    src: &str,
+    shown: Option<&str>,
+    name: &str,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Value, String> {
     let file = File::open(src).map_err(|e| format!("{src}: {e}"))?;
     let size = file.metadata().map_err(|e| format!("{src}: {e}"))?.len();
     if size == 0 {
@@ -154,7 +167,8 @@ pub fn import(pool: &Pool, src: &str, shown: Option<&str>, name: &str, progress:
     match written {
         Ok(data) => Ok(json!({"volume": name, "path": shown.unwrap_or(src), "size": info.size, "data_bytes": data})),
         Err(e) => {
-            let undo = pool.delete_volume(name, true).map_err(|d| format!("; deleting the partial volume failed too: {d}"));
+            let undo =
+                pool.delete_volume(name, true).map_err(|d| format!("; deleting the partial volume failed too: {d}"));
             Err(format!("import into {name} failed: {e}{}", undo.err().unwrap_or_default()))
         }
     }

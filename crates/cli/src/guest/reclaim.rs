@@ -7,9 +7,9 @@
 //! snapshot holds (written since: maybe a new file's, kept). The snapshot
 //! goes at the end, and with it the space.
 
+use crate::guestfs::{fs_kind, open_ext, with_snapshot, Snapshot, ViewSource};
 use serde_json::{json, Value};
 use tarn_engine::{EngineError, Pool, ReclaimCount, View};
-use crate::guestfs::{fs_kind, open_ext, with_snapshot, Snapshot, ViewSource};
 use tarn_extfs::{free_byte_ranges, ExtError, FreeSummary};
 
 /// The snapshot reclaim reads; a leftover one (a crash mid-reclaim) is
@@ -38,7 +38,12 @@ pub fn reclaim(pool: &Pool, name: &str, dry_run: bool, progress: &mut dyn FnMut(
 
 type Found = (&'static str, FreeSummary, ReclaimCount);
 
-fn reclaim_from(pool: &Pool, snap: &Snapshot, dry_run: bool, progress: &mut dyn FnMut(u64, u64)) -> Result<Found, String> {
+fn reclaim_from(
+    pool: &Pool,
+    snap: &Snapshot,
+    dry_run: bool,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Found, String> {
     let (vol, epoch) = (snap.vol, snap.epoch);
     let mut src = ViewSource { pool, vol, view: View::Snapshot(epoch), size: snap.size };
     let (sb, groups) = open_ext(&mut src, true)?;

@@ -3,6 +3,8 @@
 //! files, and describe the picture (its legend colours, where each
 //! device's grid lies) so a reader or a test can check the pixels.
 
+pub mod layout;
+
 use crate::admin::Request;
 use crate::layout::{FREE, JOURNAL, LABELS, METADATA, OUTSIDE, REGION_BLOCKS, VOLUME_BASE};
 use crate::size::human;
