@@ -37,10 +37,10 @@ pub use service::{Service, ServiceOptions};
 pub use space::placement::PlacementKind;
 pub use tarn_format::superblock::FORMAT_VERSION;
 pub use tarn_store::cache::MIN_CACHE_BYTES as MIN_METADATA_CACHE;
+pub use volumes::files::FileVolumeInfo;
 pub use volumes::hints::{blocks_covering, HintReport, HintTarget};
 pub use volumes::layout::{DeviceLayout, HeldRun, Holder};
 pub use volumes::reclaim::ReclaimCount;
-pub use volumes::files::FileVolumeInfo;
 pub use volumes::snapshot::SnapshotInfo;
 
 /// Decode a checkpoint payload into the pool state and its commit sequence,

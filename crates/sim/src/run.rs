@@ -82,8 +82,18 @@ impl SimConfig {
 }
 
 /// Admin operations, as counted in [`RunStats::done`].
-pub const OP_NAMES: [&str; 10] =
-    ["vol create", "vol resize", "vol delete", "snapshot", "snap delete", "rollback", "clone", "flatten", "compact", "hint"];
+pub const OP_NAMES: [&str; 10] = [
+    "vol create",
+    "vol resize",
+    "vol delete",
+    "snapshot",
+    "snap delete",
+    "rollback",
+    "clone",
+    "flatten",
+    "compact",
+    "hint",
+];
 
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RunStats {

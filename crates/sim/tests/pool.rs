@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use tarn_engine::{View, create_pool, CreateOptions, Device, EngineError, OpenOptions, Pool};
+use tarn_engine::{create_pool, CreateOptions, Device, EngineError, OpenOptions, Pool, View};
 use tarn_sim::SimDevice;
 
 const MIB: u64 = 1 << 20;

@@ -563,11 +563,7 @@ impl State {
         let map = if snap == 0 { &mut v.map } else { &mut v.snapshots[upto - 1].dead };
         let here = map.lookup(lba, len, 2)?;
         let birth = match here.as_slice() {
-            [Segment::Mapped { pba: p, birth, len: l, .. }]
-                if *l == len && *p == Pba::origin(lba) =>
-            {
-                *birth
-            }
+            [Segment::Mapped { pba: p, birth, len: l, .. }] if *l == len && *p == Pba::origin(lba) => *birth,
             _ => return Err(format!("volume {vol}: blocks {lba}+{len} are not an origin marker").into()),
         };
         map.remove(lba, len)?;

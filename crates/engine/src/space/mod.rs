@@ -142,7 +142,12 @@ impl Space {
     /// Space for data a mover places itself: next-fit on `device` from
     /// `cursor` (the mover's, advanced past what it took), in flight
     /// until settled.
-    pub fn allocate_data_from(&mut self, device: usize, cursor: &mut u64, want: u64) -> Result<Option<Vec<(Pba, u64)>>> {
+    pub fn allocate_data_from(
+        &mut self,
+        device: usize,
+        cursor: &mut u64,
+        want: u64,
+    ) -> Result<Option<Vec<(Pba, u64)>>> {
         let Some(dev) = self.devices.get_mut(device) else { return Ok(None) };
         let data_cursor = std::mem::replace(&mut dev.cursor, *cursor);
         let got = self.allocate_data(device, want);

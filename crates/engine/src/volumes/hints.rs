@@ -155,7 +155,12 @@ impl Pool {
     }
 
     /// New space for `wanted` holes next-fit from `cursor` on `device`.
-    pub(crate) fn allocate_at_cursor(&self, wanted: &[Segment], device: usize, cursor: &mut u64) -> Result<Vec<NewPiece>> {
+    pub(crate) fn allocate_at_cursor(
+        &self,
+        wanted: &[Segment],
+        device: usize,
+        cursor: &mut u64,
+    ) -> Result<Vec<NewPiece>> {
         let mut inner = self.write_inner();
         let mut fresh = Vec::new();
         for seg in wanted {
