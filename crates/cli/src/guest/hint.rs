@@ -167,9 +167,10 @@ fn return_strays(
         on_device.extend(runs.iter().filter(|r| usize::from(r.device) == device).map(|r| (r.lba, r.len)));
         lba += n;
     }
-    let mut taken = hinted.to_vec();
+    // The hinted runs sorted and joined (as byte ranges, the one merge).
+    let mut taken: Vec<(u64, u64)> = hinted.iter().map(|&(b, n)| (b * 4096, n * 4096)).collect();
     taken.sort_unstable();
-    let strays = without(&on_device, &merged(&taken));
+    let strays = without(&on_device, &blocks_covering(&taken));
     if strays.is_empty() {
         return Ok(0);
     }
@@ -179,18 +180,6 @@ fn return_strays(
 
 /// Logical blocks looked at per `physical_runs` call.
 const STRAY_SCAN_BLOCKS: u64 = 1 << 18;
-
-/// Sorted runs with overlapping or touching ones joined.
-fn merged(sorted: &[(u64, u64)]) -> Vec<(u64, u64)> {
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for &(first, len) in sorted {
-        match out.last_mut() {
-            Some(last) if last.0 + last.1 >= first => last.1 = last.1.max(first + len - last.0),
-            _ => out.push((first, len)),
-        }
-    }
-    out
-}
 
 fn report_json(name: &str, source: &str, blocks: &[(u64, u64)], r: &HintReport) -> Value {
     json!({
@@ -205,11 +194,6 @@ fn report_json(name: &str, source: &str, blocks: &[(u64, u64)], r: &HintReport) 
 #[cfg(test)]
 mod tests {
     use super::without;
-
-    #[test]
-    fn runs_merge_when_they_touch() {
-        assert_eq!(super::merged(&[(0, 2), (2, 3), (4, 4), (10, 1)]), vec![(0, 8), (10, 1)]);
-    }
 
     #[test]
     fn blocks_taken_are_left_out() {
