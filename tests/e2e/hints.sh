@@ -168,6 +168,8 @@ done
 # ext3 above was a reformat of the ext2; now resize2fs grows it.
 check "vol resize fsold to 384 MiB" "$TARN" vol resize fsold --size 384M -p "$POOL"
 fuse_attach fsold $((384 * M))
+# resize2fs wants a check since the last mount (when its clock says so).
+check "e2fsck -f before resize2fs" e2fsck -fy "$LOOP"
 check "resize2fs to 384 MiB" resize2fs "$LOOP"
 out=$("$TARN" vol classify fsold -p "$POOL" --runs --json) || bad "vol classify after resize2fs failed: $out"
 printf '%s' "$out" >"$T/classify-grown.json"
