@@ -56,6 +56,22 @@ pub struct ServeArgs {
     pub lock_wait: Duration,
 }
 
+/// The modeled disk the placement benchmarks serve from
+/// (`TARN_BENCH_DISK_MODEL=hdd`, bench/slow_disk.sh; unset or empty: none):
+/// every device then delays its requests like one spinning disk. Never
+/// for real use.
+fn bench_disk_model() -> Result<Option<tarn_engine::device::disk_model::DiskModel>> {
+    let name = std::env::var_os("TARN_BENCH_DISK_MODEL").unwrap_or_default();
+    let name = name.to_string_lossy();
+    if name.is_empty() {
+        return Ok(None);
+    }
+    let model = tarn_engine::device::disk_model::DiskModel::parse(&name)
+        .with_context(|| format!("TARN_BENCH_DISK_MODEL={name}: the only model is \"hdd\""))?;
+    log::warn!("every device is behind a modeled spinning disk ({model:?}): benchmarks only");
+    Ok(Some(model))
+}
+
 /// Serve until SIGTERM/SIGINT. `reloadable` is what a reload re-reads (None:
 /// SIGHUP only logs that there is nothing to reload).
 pub fn serve(
@@ -67,6 +83,7 @@ pub fn serve(
         strict: args.strict,
         metadata_cache: args.metadata_cache,
         placement: args.placement,
+        disk_model: bench_disk_model()?,
         ..Default::default()
     };
     let Inherited { nbd: inherited, metrics: metrics_fd } = inherited_sockets(&args)?;

@@ -16,6 +16,7 @@ use tarn_engine::{
     create_pool, CreateOptions, Device, FileDevice, OpenOptions, PhysicalRun, PlacementKind, Pool, View,
 };
 use tarn_format::trace::{trace_flags, TraceCmd, TraceRecord};
+use tarn_engine::device::disk_model::DiskModel;
 use tarn_format::BLOCK_SIZE;
 
 pub struct ReplayOptions {
@@ -46,19 +47,13 @@ pub struct FileExtents {
     pub rewritten: bool,
 }
 
-/// The disk model of the estimated read time.
-const SEEK_MIN_MS: f64 = 0.5;
-const SEEK_FULL_MS: f64 = 8.0;
-/// Half a rotation at 7,200 rpm.
-const ROTATION_MS: f64 = 4.17;
-const READ_RATE: f64 = 150e6;
+/// The disk model of the estimated read time: the one `serve
+/// --bench-disk-model hdd` delays requests by.
+const DISK: DiskModel = DiskModel::HDD;
 
 /// Milliseconds to move the head `distance` blocks on a device of `blocks`.
 fn seek_ms(distance: u64, blocks: u64) -> f64 {
-    if distance == 0 {
-        return 0.0;
-    }
-    SEEK_MIN_MS + (SEEK_FULL_MS - SEEK_MIN_MS) * (distance as f64 / blocks.max(1) as f64).sqrt() + ROTATION_MS
+    DISK.seek_secs(distance * BLOCK_SIZE, blocks * BLOCK_SIZE) * 1e3
 }
 
 struct Export {
@@ -373,7 +368,7 @@ fn layout(pool: &Pool, vol: u32, name: &str, region: u64, device_blocks: u64, us
                 }
             };
             // The gap read through, then the run.
-            read_ms += (moved + r.len * BLOCK_SIZE) as f64 / READ_RATE * 1e3;
+            read_ms += (moved + r.len * BLOCK_SIZE) as f64 / DISK.bytes_per_sec as f64 * 1e3;
             head = Some((r.device, r.block + r.len));
             extents += 1;
             mapped += r.len * BLOCK_SIZE;
@@ -412,6 +407,6 @@ mod tests {
     fn seeks_cost_more_with_distance() {
         assert_eq!(seek_ms(0, 1000), 0.0);
         assert!(seek_ms(1, 1000) < seek_ms(500, 1000));
-        assert!((seek_ms(1000, 1000) - (SEEK_FULL_MS + ROTATION_MS)).abs() < 1e-9);
+        assert!((seek_ms(1000, 1000) - (8.0 + 4.17)).abs() < 1e-9);
     }
 }

@@ -5,6 +5,7 @@
 //! calls the file system, the clock or OS randomness directly, so the simulator
 //! can stand in for any of them.
 
+pub mod disk_model;
 pub mod file_device;
 pub mod label;
 pub mod mem_device;

@@ -40,6 +40,10 @@ pub struct OpenOptions {
     pub upgrade: bool,
     /// Where new data goes for volumes that name no placement of their own.
     pub placement: PlacementKind,
+    /// Benchmarks only: every device delays its requests like a modeled
+    /// spinning disk (`device/disk_model.rs`).
+    #[doc(hidden)]
+    pub disk_model: Option<crate::device::disk_model::DiskModel>,
     /// Simulations only: take `metadata_cache` even below a root-to-leaf
     /// path (slow, never wrong), so that small pools evict nodes.
     #[doc(hidden)]

@@ -3,6 +3,7 @@
 //! right, replay the journal. A pool of format 1 (whole-state checkpoints)
 //! opens only to be upgraded: read whole, free space rebuilt from its map.
 
+use crate::device::disk_model::{DiskModel, ModeledDisk};
 use crate::device::label::{read_label, write_both_labels};
 use crate::device::node_io::DeviceNodeIo;
 use crate::device::Device;
@@ -246,6 +247,10 @@ impl Pool {
     /// a plain member, or the legs found (any order, some may be missing)
     /// for a mirrored one. A mirror missing legs opens DEGRADED.
     pub fn open_slots(slots: Vec<Vec<Arc<dyn Device>>>, options: OpenOptions) -> Result<Pool> {
+        let slots = match options.disk_model {
+            Some(model) => modeled(slots, model),
+            None => slots,
+        };
         let asm = crate::members::assemble::assemble(slots, !options.read_only)?;
         let (devices, mirrors, label) = (asm.devices, asm.mirrors, asm.label);
         let primary = &devices[0];
@@ -547,4 +552,10 @@ fn load_checkpoint(devices: &[Arc<dyn Device>], sb: &Superblock, store: Arc<Stor
         });
     }
     Ok((state, pieces, seq))
+}
+
+/// Every device of `slots` behind a modeled disk (benchmarks only).
+fn modeled(slots: Vec<Vec<Arc<dyn Device>>>, model: DiskModel) -> Vec<Vec<Arc<dyn Device>>> {
+    let wrap = |dev: Arc<dyn Device>| -> Arc<dyn Device> { Arc::new(ModeledDisk::new(dev, model)) };
+    slots.into_iter().map(|legs| legs.into_iter().map(wrap).collect()).collect()
 }
