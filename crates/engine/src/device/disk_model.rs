@@ -14,8 +14,8 @@
 //! (its bytes are transferred) instead of sought.
 
 use crate::device::Device;
-use std::io;
 use std::collections::BTreeMap;
+use std::io;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 

@@ -457,8 +457,10 @@ impl Pool {
                 self.write_device(pba, &data[((s - lba) as usize) * BS..((s - lba + len) as usize) * BS])?;
             }
         }
-        for p in fresh {
-            self.write_device(p.pba, &data[((p.lba - lba) as usize) * BS..((p.lba - lba + p.len) as usize) * BS])?;
+        // Pieces placed back to back (one per region, or per old extent an
+        // `append` overwrite replaces) go to the device as one write.
+        for (at, pba, len) in adjacent_runs(fresh) {
+            self.write_device(pba, &data[((at - lba) as usize) * BS..((at - lba + len) as usize) * BS])?;
         }
         Ok(())
     }
@@ -755,6 +757,19 @@ pub(crate) type NearRegions = Vec<(u64, Near)>;
 /// physical runs (or beside holes its new blocks would go apart from), so
 /// reading the range back would seek between them. Checked before
 /// ownership: blocks a snapshot shares are redirected anyway.
+/// New pieces joined where both their logical and physical blocks follow
+/// on: (first logical block, first physical block, length).
+fn adjacent_runs(fresh: &[NewPiece]) -> Vec<(u64, Pba, u64)> {
+    let mut runs: Vec<(u64, Pba, u64)> = Vec::with_capacity(fresh.len());
+    for p in fresh {
+        match runs.last_mut() {
+            Some((at, pba, len)) if *at + *len == p.lba && pba.offset_by(*len) == p.pba => *len += p.len,
+            _ => runs.push((p.lba, p.pba, p.len)),
+        }
+    }
+    runs
+}
+
 fn scattered(segs: &[Segment], n: u64) -> bool {
     if n < RELAYOUT_MIN_BLOCKS {
         return false;
@@ -863,6 +878,27 @@ mod tests {
     use crate::map::extent_map::tree_id;
     use std::sync::Arc;
     use tarn_store::Store;
+
+    #[test]
+    fn pieces_that_follow_on_both_sides_are_written_as_one() {
+        let piece = |lba, len, dev, b| NewPiece { lba, len, pba: Pba::new(dev, b) };
+        let fresh = [
+            piece(0, 4, 0, 100),
+            piece(4, 60, 0, 104),
+            piece(64, 64, 0, 164),
+            piece(128, 8, 0, 300), // physically apart
+            piece(140, 4, 0, 308), // logically apart
+            piece(144, 4, 1, 312), // another device
+        ];
+        let runs = adjacent_runs(&fresh);
+        let want = [
+            (0, Pba::new(0, 100), 128),
+            (128, Pba::new(0, 300), 8),
+            (140, Pba::new(0, 308), 4),
+            (144, Pba::new(1, 312), 4),
+        ];
+        assert_eq!(runs, want);
+    }
 
     #[test]
     fn a_region_s_homes_come_from_its_extents_then_the_previous_region() {
