@@ -12,11 +12,11 @@ use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use tarn_engine::device::disk_model::DiskModel;
 use tarn_engine::{
     create_pool, CreateOptions, Device, FileDevice, OpenOptions, PhysicalRun, PlacementKind, Pool, View,
 };
 use tarn_format::trace::{trace_flags, TraceCmd, TraceRecord};
-use tarn_engine::device::disk_model::DiskModel;
 use tarn_format::BLOCK_SIZE;
 
 pub struct ReplayOptions {
