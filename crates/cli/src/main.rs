@@ -1038,6 +1038,7 @@ fn serve_args(o: &config::ServeOpts) -> Result<serve::ServeArgs> {
         strict: o.strict == Some(true),
         metadata_cache: cache_bytes(o.metadata_cache.map(|s| s.0))?,
         placement: o.placement.map(|p| p.0).unwrap_or_default(),
+        region_blocks: region_blocks(o.region_size.map(|s| s.0))?,
         commit_interval: Duration::from_secs(commit_interval.max(1)),
         compact_idle: (compact_idle > 0).then(|| Duration::from_secs(compact_idle)),
         tls: tls::config(o)?,
@@ -1048,6 +1049,16 @@ fn serve_args(o: &config::ServeOpts) -> Result<serve::ServeArgs> {
         takeover: o.takeover == Some(true),
         lock_wait: Duration::from_secs(o.lock_wait.unwrap_or(if o.takeover == Some(true) { 120 } else { 0 })),
     })
+}
+
+/// `--region-size` in blocks (0: not given); the engine checks it against
+/// the devices at open.
+fn region_blocks(bytes: Option<u64>) -> Result<u64> {
+    let Some(bytes) = bytes else { return Ok(0) };
+    if bytes % tarn_format::BLOCK_SIZE != 0 {
+        bail!("--region-size {bytes}: a region is a whole number of 4 KiB blocks (a power of two from 4K to 64M)");
+    }
+    Ok(bytes / tarn_format::BLOCK_SIZE)
 }
 
 fn run_cmd(r: RunCmd) -> Result<i32> {
@@ -1072,6 +1083,7 @@ fn run_cmd(r: RunCmd) -> Result<i32> {
         strict: r.strict,
         metadata_cache: cache_bytes(r.metadata_cache)?,
         placement: Default::default(),
+        region_blocks: 0,
         commit_interval: Duration::from_secs(5),
         compact_idle: tarn_engine::ServiceOptions::default().compact_idle,
         tls: None,

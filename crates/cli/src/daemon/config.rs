@@ -58,6 +58,11 @@ pub struct ServeOpts {
     /// order it is first written in; random first writes cost more).
     #[arg(long, value_name = "POLICY", value_parser = parse_placement_arg)]
     pub placement: Option<Placement>,
+    /// Region size of `contiguous` placement (default 256K): a power of
+    /// two from 4K to 64M, no larger than a device. Larger regions keep
+    /// longer runs together; smaller ones hold less space partly written.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    pub region_size: Option<Size>,
     /// Seconds without client writes after which scattered data is
     /// re-laid out in the background (like `pool compact`, 8 MiB per
     /// 100 ms at most, paused by the next write); 0: never (default 10).
@@ -221,6 +226,7 @@ impl ServeOpts {
             commit_interval: self.commit_interval.or(f.commit_interval),
             metadata_cache: self.metadata_cache.or(f.metadata_cache),
             placement: self.placement.or(f.placement),
+            region_size: self.region_size.or(f.region_size),
             compact_idle: self.compact_idle.or(f.compact_idle),
             trace: self.trace.clone().or(f.trace),
             metadata_device: self.metadata_device.clone().or(f.metadata_device),
@@ -318,6 +324,7 @@ impl ServeOpts {
             "commit-interval" => t.commit_interval = None,
             "metadata-cache" => t.metadata_cache = None,
             "placement" => t.placement = None,
+            "region-size" => t.region_size = None,
             "compact-idle" => t.compact_idle = None,
             "trace" => t.trace = None,
             "metadata-device" => t.metadata_device = None,

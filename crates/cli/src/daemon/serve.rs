@@ -37,6 +37,8 @@ pub struct ServeArgs {
     /// Bytes of metadata cache (0: the engine's default).
     pub metadata_cache: usize,
     pub placement: tarn_engine::PlacementKind,
+    /// Blocks per region of `contiguous` placement (0: the default).
+    pub region_blocks: u64,
     pub commit_interval: Duration,
     /// Idle time before background compaction; None: never.
     pub compact_idle: Option<Duration>,
@@ -83,6 +85,7 @@ pub fn serve(
         strict: args.strict,
         metadata_cache: args.metadata_cache,
         placement: args.placement,
+        region_blocks: args.region_blocks,
         disk_model: bench_disk_model()?,
         ..Default::default()
     };

@@ -115,7 +115,10 @@ fn replay_in(
     drop(file);
     let dev: Arc<dyn Device> = Arc::new(FileDevice::open(path, true)?);
     create_pool(std::slice::from_ref(&dev), &[path.display().to_string()], &CreateOptions::default())?;
-    let pool = Pool::open(vec![dev.clone()], OpenOptions { placement: opts.placement, ..Default::default() })?;
+    let pool = Pool::open(
+        vec![dev.clone()],
+        OpenOptions { placement: opts.placement, region_blocks: opts.region / BLOCK_SIZE, ..Default::default() },
+    )?;
     for e in exports.values_mut().filter(|e| !e.name.contains('@') && e.end > 0) {
         let vol_size = e.end.div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
         e.vol = Some(pool.create_volume(&e.name, vol_size).with_context(|| format!("volume {}", e.name))?.id);

@@ -10,7 +10,7 @@ use crate::map::extent_map::{ExtentMap, Freed, Segment};
 use crate::map::sums::{regions_of, sums_of};
 use crate::map::view::View;
 use crate::pool::{Inner, Pool, STRIPES};
-use crate::space::placement::{Near, REGION_BLOCKS};
+use crate::space::placement::Near;
 use std::sync::atomic::Ordering;
 use tarn_format::ops::Op;
 use tarn_format::{Pba, BLOCK_SIZE};
@@ -331,7 +331,8 @@ impl Pool {
                 }
             }
         }
-        let near = if kind.policy().wants_near() { near_holes(&v.map, &segs)? } else { Vec::new() };
+        let near =
+            if kind.policy().wants_near() { near_holes(&v.map, &segs, inner.region_blocks)? } else { Vec::new() };
         Ok(WritePlan { segs, closed, near, relaid, _fresh: fresh_guard })
     }
 
@@ -433,10 +434,11 @@ impl Pool {
         let policy = inner.state.volume(vol).map_or(inner.placement, |v| inner.placement_of(v)).policy();
         let mut fresh = Vec::new();
         let none = Near::default();
-        for (lba, len) in holes_by_region(segs) {
-            let region = lba / REGION_BLOCKS;
+        let rb = inner.region_blocks;
+        for (lba, len) in holes_by_region(segs, rb) {
+            let region = lba / rb;
             let here = near.iter().find(|n| n.0 == region).map_or(&none, |n| &n.1);
-            let placed = policy.place(&mut inner.space, vol, lba, len, here);
+            let placed = policy.place(&mut inner.space, vol, lba, len, here, rb);
             let Ok(Some(pieces)) = placed else {
                 release_unmapped(&mut inner.space, &fresh)?;
                 return Err(placed.err().map_or(EngineError::NoSpace, EngineError::from));
@@ -800,15 +802,15 @@ pub(crate) fn physical_runs(segs: &[Segment]) -> (u64, u64) {
 }
 
 /// The holes of `segs`, cut at region boundaries.
-fn holes_by_region(segs: &[Segment]) -> impl Iterator<Item = (u64, u64)> + '_ {
-    segs.iter().flat_map(|seg| {
+fn holes_by_region(segs: &[Segment], region_blocks: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+    segs.iter().flat_map(move |seg| {
         let (mut at, end) = match *seg {
             Segment::Hole { lba, len } => (lba, lba + len),
             _ => (0, 0),
         };
         std::iter::from_fn(move || {
             (at < end).then(|| {
-                let next = ((at / REGION_BLOCKS + 1) * REGION_BLOCKS).min(end);
+                let next = ((at / region_blocks + 1) * region_blocks).min(end);
                 let piece = (at, next - at);
                 at = next;
                 piece
@@ -819,12 +821,12 @@ fn holes_by_region(segs: &[Segment]) -> impl Iterator<Item = (u64, u64)> + '_ {
 
 /// For each logical region a hole of `segs` touches, where the volume's
 /// data of that region lies (see [`Near`]).
-fn near_holes(map: &ExtentMap, segs: &[Segment]) -> std::result::Result<NearRegions, StoreError> {
+fn near_holes(map: &ExtentMap, segs: &[Segment], region_blocks: u64) -> std::result::Result<NearRegions, StoreError> {
     let mut out: NearRegions = Vec::new();
-    for (lba, _) in holes_by_region(segs) {
-        let region = lba / REGION_BLOCKS;
+    for (lba, _) in holes_by_region(segs, region_blocks) {
+        let region = lba / region_blocks;
         if !out.iter().any(|n| n.0 == region) {
-            out.push((region, near_region(map, region)?));
+            out.push((region, near_region(map, region, region_blocks)?));
         }
     }
     Ok(out)
@@ -837,13 +839,13 @@ const MAX_HOMES: usize = 4;
 /// Where region `region` of a map has its data: the block its first
 /// block maps to (or would, at the same offset) in each place, most
 /// blocks first; then the block after the previous region's last block.
-fn near_region(map: &ExtentMap, region: u64) -> std::result::Result<Near, StoreError> {
-    let start = region * REGION_BLOCKS;
+fn near_region(map: &ExtentMap, region: u64, region_blocks: u64) -> std::result::Result<Near, StoreError> {
+    let start = region * region_blocks;
     // One lookup: the region and the block before it.
     let from = start.saturating_sub(1);
     let mut homes: Vec<(Pba, u64)> = Vec::new();
     let mut after_previous = None;
-    for seg in map.lookup(from, start + REGION_BLOCKS - from, usize::MAX)? {
+    for seg in map.lookup(from, start + region_blocks - from, usize::MAX)? {
         let Segment::Mapped { lba, len, pba, .. } = seg else { continue };
         if pba.is_origin() {
             continue;
@@ -904,17 +906,17 @@ mod tests {
     fn a_region_s_homes_come_from_its_extents_then_the_previous_region() {
         let p = |b| Pba::new(0, b);
         let mut map = ExtentMap::new(Arc::new(Store::memory()), tree_id::head(1));
-        let r = REGION_BLOCKS;
+        let r = crate::space::placement::DEFAULT_REGION_BLOCKS;
         // Spans the end of region 0 and the start of region 1.
         map.insert(r - 1, 3, p(1000), 1).unwrap();
         // Elsewhere in region 1 (a copy-on-write home), and its last block.
         map.insert(r + 44, 1, p(5044), 1).unwrap();
         map.insert(2 * r - 1, 1, p(9000), 1).unwrap();
-        let near = near_region(&map, 1).unwrap();
+        let near = near_region(&map, 1, r).unwrap();
         assert_eq!(near.bases, vec![p(1001), p(5000), p(9000 - (r - 1))], "most blocks first");
         // Region 2 is empty: only the block after region 1's last one.
-        assert_eq!(near_region(&map, 2).unwrap().bases, vec![p(9001)]);
+        assert_eq!(near_region(&map, 2, r).unwrap().bases, vec![p(9001)]);
         // Region 0: its own home; nothing before it.
-        assert_eq!(near_region(&map, 0).unwrap().bases, vec![p(1000 - (r - 1))]);
+        assert_eq!(near_region(&map, 0, r).unwrap().bases, vec![p(1000 - (r - 1))]);
     }
 }

@@ -40,6 +40,9 @@ pub struct OpenOptions {
     pub upgrade: bool,
     /// Where new data goes for volumes that name no placement of their own.
     pub placement: PlacementKind,
+    /// Blocks per region of `contiguous` placement (0: 64, 256 KiB; a
+    /// power of two, checked by [`crate::space::placement::check_region_blocks`]).
+    pub region_blocks: u64,
     /// Benchmarks only: every device delays its requests like a modeled
     /// spinning disk (`device/disk_model.rs`).
     #[doc(hidden)]
@@ -64,6 +67,8 @@ pub(crate) struct Inner {
     pub space: Space,
     /// The placement of volumes that name none (`OpenOptions::placement`).
     pub placement: PlacementKind,
+    /// Blocks per region of `contiguous` placement (`OpenOptions::region_blocks`).
+    pub region_blocks: u64,
     /// Ops applied since the last commit took its snapshot (change only
     /// through `queue`, `take_queue`, `requeue`).
     pub pending_ops: Vec<Op>,
@@ -642,7 +647,7 @@ impl Pool {
             .collect();
         let state = if devices.iter().all(|d| d.state == "ONLINE") { "ONLINE" } else { "DEGRADED" };
         // Walks the free ranges under the read lock: O(fragments).
-        let outside = inner.space.free_in_partial_regions(crate::space::placement::REGION_BLOCKS).unwrap_or(0);
+        let outside = inner.space.free_in_partial_regions(inner.region_blocks).unwrap_or(0);
         PoolStatus {
             uuid: crate::device::label::uuid_string(&ctl.sb.pool_uuid),
             state,

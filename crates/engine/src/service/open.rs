@@ -262,6 +262,11 @@ impl Pool {
         }
         let loaded = load(&devices, &sb, &options)?;
         let (state, mut space, pieces, cursor, replayed) = loaded;
+        if options.region_blocks != 0 {
+            let smallest = space.devices.iter().map(|d| d.data_end - d.data_start).min().unwrap_or(0);
+            crate::space::placement::check_region_blocks(options.region_blocks, smallest)
+                .map_err(EngineError::InvalidArgument)?;
+        }
         space.reserve_blocks = reserve_for(state.extent_count(), space.data_blocks());
         let mut notes = asm.notes;
         if let Some(why) = label.other_invalid {
@@ -327,6 +332,11 @@ impl Pool {
                 state,
                 space,
                 placement: options.placement,
+                region_blocks: if options.region_blocks == 0 {
+                    crate::space::placement::DEFAULT_REGION_BLOCKS
+                } else {
+                    options.region_blocks
+                },
                 pending_ops: Vec::new(),
                 pending_frees: Vec::new(),
                 pending_bytes: 0,

@@ -178,6 +178,19 @@ impl Space {
         Ok(dev.find_aligned(&self.store, len, REGION_SEARCH_RANGES)?.map(|b| Pba::new(device as u16, b)))
     }
 
+    /// [`Space::find_region`] searching from `start` (a fraction of the
+    /// part of the device data fills first, as `start / 2^64`) instead of
+    /// the cursor, which stays where it was.
+    pub fn find_region_from(&mut self, device: usize, len: u64, start: u64) -> Result<Option<Pba>> {
+        let Some(dev) = self.devices.get(device) else { return Ok(None) };
+        let span = metadata_start(dev) - dev.data_start;
+        let at = dev.data_start + ((u128::from(start) * u128::from(span)) >> 64) as u64;
+        let cursor = std::mem::replace(&mut self.devices[device].cursor, at);
+        let found = self.find_region(device, len);
+        self.devices[device].cursor = cursor;
+        found
+    }
+
     /// Free blocks outside every whole free region of `len` aligned blocks:
     /// the space partly written regions hold (walks the space maps).
     pub fn free_in_partial_regions(&self, len: u64) -> Result<u64> {

@@ -84,9 +84,29 @@ impl From<PlacementKind> for PolicyCode {
     }
 }
 
-/// Logical blocks per region of `contiguous` placement: 256 KiB, the
+/// Logical blocks per region of `contiguous` placement unless the pool
+/// is opened with another size (`tarn serve --region-size`): 256 KiB, the
 /// Virtual Contiguity paper's segment.
-pub const REGION_BLOCKS: u64 = 64;
+pub const DEFAULT_REGION_BLOCKS: u64 = 64;
+
+/// The largest region: 64 MiB (a home is searched for as one free run).
+pub const MAX_REGION_BLOCKS: u64 = 16384;
+
+/// Whether `blocks` can be a region size on devices whose smallest data
+/// area is `smallest_area` blocks: a power of two from one block to
+/// [`MAX_REGION_BLOCKS`], no larger than a device. The error says why not.
+pub fn check_region_blocks(blocks: u64, smallest_area: u64) -> Result<(), String> {
+    if blocks == 0 || !blocks.is_power_of_two() || blocks > MAX_REGION_BLOCKS {
+        return Err(format!(
+            "a region of {blocks} blocks: it must be a power of two of 4 KiB blocks, from 4 KiB to {} MiB",
+            MAX_REGION_BLOCKS / 256
+        ));
+    }
+    if blocks > smallest_area {
+        return Err(format!("a region of {blocks} blocks is larger than a device ({smallest_area} blocks of data)"));
+    }
+    Ok(())
+}
 
 /// Where a logical region of a volume already has data: the physical
 /// blocks its first block maps to, or would map to, in each place its
@@ -105,9 +125,9 @@ pub trait Placement: Send + Sync {
         false
     }
     /// Choose `len` new physical blocks for logical blocks [lba, lba+len) of
-    /// `volume`, all in one region of [`REGION_BLOCKS`]. `Ok(None)` means
+    /// `volume`, all in one region of `region` blocks. `Ok(None)` means
     /// the pool cannot hold them.
-    fn place(&self, space: &mut Space, volume: u32, lba: u64, len: u64, near: &Near) -> Placed;
+    fn place(&self, space: &mut Space, volume: u32, lba: u64, len: u64, near: &Near, region: u64) -> Placed;
 }
 
 /// Next-fit from a moving cursor on the device with the most free space
@@ -123,21 +143,25 @@ impl Placement for Linear {
         "linear"
     }
 
-    fn place(&self, space: &mut Space, _volume: u32, _lba: u64, len: u64, _near: &Near) -> Placed {
+    fn place(&self, space: &mut Space, _volume: u32, _lba: u64, len: u64, _near: &Near, _region: u64) -> Placed {
         let Some(device) = space.roomiest() else { return Ok(None) };
         space.allocate_data(device, len)
     }
 }
 
-/// Dense regions (Virtual Contiguity's, without its random start): each
-/// 1 MiB logical region of a volume has a physical home of 1 MiB, and a
+/// Dense regions (Virtual Contiguity's): each logical region of a volume
+/// (256 KiB unless configured) has a physical home of its size, and a
 /// block goes at its own offset there, whatever order the blocks are
-/// written in. A region's first write takes a whole free region as home,
-/// preferably the one right after the previous logical region's data, so
-/// a sequential stream stays one run; a block whose place at home is taken
-/// (a snapshot holds the old version) goes at its offset in the region's
-/// next home. When no whole region is free the space partly written
-/// regions hold is used like `linear`'s: ENOSPC only when no block is left.
+/// written in. A region's first write takes a whole free region as home:
+/// the one right after the previous logical region's data when that is
+/// free, so a sequential stream stays one run; else the first free one
+/// searching forward from a start that is uniformly spread over the device
+/// (the paper's random start, so homes of unrelated regions leave room
+/// between them; derived from volume and region, so a replay places the
+/// same). A block whose place at home is taken (a snapshot holds the old
+/// version) goes at its offset in the region's next home. When no whole
+/// region is free the space partly written regions hold is used like
+/// `linear`'s: ENOSPC only when no block is left.
 #[derive(Debug, Default)]
 pub struct Contiguous;
 
@@ -150,9 +174,9 @@ impl Placement for Contiguous {
         true
     }
 
-    fn place(&self, space: &mut Space, volume: u32, lba: u64, len: u64, near: &Near) -> Placed {
-        let off = lba % REGION_BLOCKS;
-        assert!(off + len <= REGION_BLOCKS, "a placement request crosses a region");
+    fn place(&self, space: &mut Space, volume: u32, lba: u64, len: u64, near: &Near, region: u64) -> Placed {
+        let off = lba % region;
+        assert!(off + len <= region, "a placement request crosses a region");
         for &base in &near.bases {
             if let Some(at) = base.block().checked_add(off).map(|b| Pba::new(base.device(), b)) {
                 if space.allocate_exact(at, len)? {
@@ -161,15 +185,27 @@ impl Placement for Contiguous {
             }
         }
         if let Some(device) = space.roomiest() {
-            if let Some(home) = space.find_region(device, REGION_BLOCKS)? {
+            let start = spread(volume, lba / region);
+            if let Some(home) = space.find_region_from(device, region, start)? {
                 let at = home.offset_by(off);
                 if space.allocate_exact(at, len)? {
                     return Ok(Some(vec![(at, len)]));
                 }
             }
         }
-        Linear.place(space, volume, lba, len, near)
+        Linear.place(space, volume, lba, len, near, region)
     }
+}
+
+/// A number uniformly spread over u64 for a volume's logical region
+/// (splitmix64 of both): where the search for its home starts, as a
+/// fraction of the device. Deterministic, so the crash simulation and
+/// `tarn trace replay` place as a live run does.
+fn spread(volume: u32, region: u64) -> u64 {
+    let mut z = (u64::from(volume) << 40 ^ region).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 #[cfg(test)]
@@ -178,14 +214,14 @@ mod tests {
     use std::sync::Arc;
     use tarn_store::Store;
 
-    const R: u64 = REGION_BLOCKS;
+    const R: u64 = DEFAULT_REGION_BLOCKS;
 
     fn space(blocks: u64) -> Space {
         Space::new(Arc::new(Store::memory()), &[(0, blocks)]).unwrap()
     }
 
     fn place(s: &mut Space, lba: u64, len: u64, bases: &[Pba]) -> Vec<(Pba, u64)> {
-        Contiguous.place(s, 1, lba, len, &Near { bases: bases.to_vec() }).unwrap().expect("room")
+        Contiguous.place(s, 1, lba, len, &Near { bases: bases.to_vec() }, R).unwrap().expect("room")
     }
 
     #[test]
@@ -225,10 +261,46 @@ mod tests {
         place(&mut s, 5, 1, &[]);
         place(&mut s, R + 5, 1, &[]);
         let mut got = 0;
-        while let Some(p) = Contiguous.place(&mut s, 1, 7 * R, 1, &Near::default()).unwrap() {
+        while let Some(p) = Contiguous.place(&mut s, 1, 7 * R, 1, &Near::default(), R).unwrap() {
             got += p.iter().map(|x| x.1).sum::<u64>();
         }
         assert_eq!(got, 2 * R - 2, "every block left was handed out");
         assert_eq!(s.free_blocks(), 0);
+    }
+
+    #[test]
+    fn first_homes_start_uniformly_over_the_device() {
+        let regions = 8192 * R;
+        let mut s = space(regions);
+        let data_part = regions - regions / 8;
+        let mut quarters = [0u32; 4];
+        for region in 0..400u64 {
+            // Every fourth logical region: no neighbour's data to follow.
+            let got = place(&mut s, region * 4 * R, 1, &[]);
+            quarters[(got[0].0.block() * 4 / data_part).min(3) as usize] += 1;
+        }
+        // 100 expected per quarter; a start at the cursor would put all in the first.
+        assert!(quarters.iter().all(|&q| (60..=140).contains(&q)), "{quarters:?}");
+    }
+
+    #[test]
+    fn a_region_size_of_other_than_a_power_of_two_or_beyond_a_device_is_refused() {
+        assert!(check_region_blocks(64, 1000).is_ok());
+        assert!(check_region_blocks(1, 1000).is_ok());
+        for bad in [0, 3, 96, MAX_REGION_BLOCKS * 2] {
+            assert!(check_region_blocks(bad, u64::MAX).unwrap_err().contains("power of two"), "{bad}");
+        }
+        assert!(check_region_blocks(2048, 1000).unwrap_err().contains("larger than a device"));
+    }
+
+    #[test]
+    fn a_larger_region_keeps_offsets_in_its_larger_home() {
+        let mut s = space(64 * R);
+        let r = 4 * R;
+        let first = Contiguous.place(&mut s, 2, 5 * r + 100, 1, &Near::default(), r).unwrap().unwrap();
+        let home = Pba::new(0, first[0].0.block() - 100);
+        assert_eq!(home.block() % r, 0, "aligned to the region size");
+        let next = Contiguous.place(&mut s, 2, 5 * r + 200, 1, &Near { bases: vec![home] }, r).unwrap().unwrap();
+        assert_eq!(next, vec![(home.offset_by(200), 1)]);
     }
 }
