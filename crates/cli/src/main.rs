@@ -174,9 +174,12 @@ enum TraceSub {
         /// Snapshot every volume each time this many seconds of trace pass.
         #[arg(long)]
         snapshot_every: Option<f64>,
-        /// Region size of the layout figures.
+        /// Region size of the layout figures, and of `contiguous` placement.
         #[arg(long, default_value = "256K", value_parser = size::parse_size)]
         region: u64,
+        /// Where `contiguous` searches a region's first home from (as `serve --region-start`).
+        #[arg(long, value_enum, default_value = "cursor")]
+        region_start: config::RegionStart,
         /// Files over the exports (JSON list of {export, extents: [[offset,
         /// length]...], rewritten}): figures per file too.
         #[arg(long)]
@@ -820,7 +823,18 @@ fn trace_cmd(t: TraceSub) -> Result<i32> {
             let n = records.iter().filter(|r| matches!(r, tarn_format::trace::TraceRecord::Request { .. })).count();
             println!("{}: {n} requests", output.display());
         }
-        TraceSub::Replay { file, placement, pool_size, dir, keep, snapshot_every, region, files, json } => {
+        TraceSub::Replay {
+            file,
+            placement,
+            pool_size,
+            dir,
+            keep,
+            snapshot_every,
+            region,
+            region_start,
+            files,
+            json,
+        } => {
             let snapshot_every_ns = match snapshot_every {
                 Some(s) if !(s > 0.0 && s.is_finite()) => bail!("--snapshot-every {s}: a positive number of seconds"),
                 s => s.map(|s| (s * 1e9) as u64),
@@ -831,8 +845,17 @@ fn trace_cmd(t: TraceSub) -> Result<i32> {
                     .with_context(|| format!("file list {}", p.display()))?,
                 None => Vec::new(),
             };
-            let opts =
-                trace::replay::ReplayOptions { placement, pool_size, dir, keep, snapshot_every_ns, region, files };
+            let random_region_start = region_start == config::RegionStart::Random;
+            let opts = trace::replay::ReplayOptions {
+                placement,
+                pool_size,
+                dir,
+                keep,
+                snapshot_every_ns,
+                region,
+                random_region_start,
+                files,
+            };
             let v = trace::replay::replay(&trace::load(&file)?, &opts)?;
             if !keep {
                 let _ = std::fs::remove_dir(&opts.dir);
@@ -1039,6 +1062,7 @@ fn serve_args(o: &config::ServeOpts) -> Result<serve::ServeArgs> {
         metadata_cache: cache_bytes(o.metadata_cache.map(|s| s.0))?,
         placement: o.placement.map(|p| p.0).unwrap_or_default(),
         region_blocks: region_blocks(o.region_size.map(|s| s.0))?,
+        random_region_start: o.region_start == Some(config::RegionStart::Random),
         commit_interval: Duration::from_secs(commit_interval.max(1)),
         compact_idle: (compact_idle > 0).then(|| Duration::from_secs(compact_idle)),
         tls: tls::config(o)?,
@@ -1084,6 +1108,7 @@ fn run_cmd(r: RunCmd) -> Result<i32> {
         metadata_cache: cache_bytes(r.metadata_cache)?,
         placement: Default::default(),
         region_blocks: 0,
+        random_region_start: false,
         commit_interval: Duration::from_secs(5),
         compact_idle: tarn_engine::ServiceOptions::default().compact_idle,
         tls: None,

@@ -63,6 +63,12 @@ pub struct ServeOpts {
     /// longer runs together; smaller ones hold less space partly written.
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     pub region_size: Option<Size>,
+    /// Where a `contiguous` region's first home is searched from: cursor
+    /// (default: next-fit, so regions first written together lie
+    /// together) or random (Virtual Contiguity's start spread uniformly
+    /// over the device; measured worse on aged ext4, see ARCHITECTURE.md).
+    #[arg(long, value_enum, value_name = "START")]
+    pub region_start: Option<RegionStart>,
     /// Seconds without client writes after which scattered data is
     /// re-laid out in the background (like `pool compact`, 8 MiB per
     /// 100 ms at most, paused by the next write); 0: never (default 10).
@@ -122,6 +128,15 @@ pub struct ServeOpts {
 /// A byte count: an integer or a string with a K/M/G/T/P suffix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Size(pub u64);
+
+/// Where new `contiguous` homes are searched from.
+#[derive(clap::ValueEnum, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum RegionStart {
+    #[default]
+    Cursor,
+    Random,
+}
 
 /// A placement policy name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -227,6 +242,7 @@ impl ServeOpts {
             metadata_cache: self.metadata_cache.or(f.metadata_cache),
             placement: self.placement.or(f.placement),
             region_size: self.region_size.or(f.region_size),
+            region_start: self.region_start.or(f.region_start),
             compact_idle: self.compact_idle.or(f.compact_idle),
             trace: self.trace.clone().or(f.trace),
             metadata_device: self.metadata_device.clone().or(f.metadata_device),
@@ -325,6 +341,7 @@ impl ServeOpts {
             "metadata-cache" => t.metadata_cache = None,
             "placement" => t.placement = None,
             "region-size" => t.region_size = None,
+            "region-start" => t.region_start = None,
             "compact-idle" => t.compact_idle = None,
             "trace" => t.trace = None,
             "metadata-device" => t.metadata_device = None,

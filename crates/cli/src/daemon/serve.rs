@@ -39,6 +39,8 @@ pub struct ServeArgs {
     pub placement: tarn_engine::PlacementKind,
     /// Blocks per region of `contiguous` placement (0: the default).
     pub region_blocks: u64,
+    /// Search new `contiguous` homes from a random start.
+    pub random_region_start: bool,
     pub commit_interval: Duration,
     /// Idle time before background compaction; None: never.
     pub compact_idle: Option<Duration>,
@@ -86,6 +88,7 @@ pub fn serve(
         metadata_cache: args.metadata_cache,
         placement: args.placement,
         region_blocks: args.region_blocks,
+        random_region_start: args.random_region_start,
         disk_model: bench_disk_model()?,
         ..Default::default()
     };

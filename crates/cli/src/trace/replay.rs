@@ -31,6 +31,8 @@ pub struct ReplayOptions {
     pub snapshot_every_ns: Option<u64>,
     /// Logical region size for the layout figures (bytes).
     pub region: u64,
+    /// `contiguous` homes searched from a random start (`--region-start random`).
+    pub random_region_start: bool,
     /// Files laid over the volumes (from the workload generator): then
     /// the figures are also given per file, as the paper gives them.
     pub files: Vec<FileExtents>,
@@ -117,7 +119,12 @@ fn replay_in(
     create_pool(std::slice::from_ref(&dev), &[path.display().to_string()], &CreateOptions::default())?;
     let pool = Pool::open(
         vec![dev.clone()],
-        OpenOptions { placement: opts.placement, region_blocks: opts.region / BLOCK_SIZE, ..Default::default() },
+        OpenOptions {
+            placement: opts.placement,
+            region_blocks: opts.region / BLOCK_SIZE,
+            random_region_start: opts.random_region_start,
+            ..Default::default()
+        },
     )?;
     for e in exports.values_mut().filter(|e| !e.name.contains('@') && e.end > 0) {
         let vol_size = e.end.div_ceil(BLOCK_SIZE) * BLOCK_SIZE;

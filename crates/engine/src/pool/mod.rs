@@ -43,6 +43,9 @@ pub struct OpenOptions {
     /// Blocks per region of `contiguous` placement (0: 64, 256 KiB; a
     /// power of two, checked by [`crate::space::placement::check_region_blocks`]).
     pub region_blocks: u64,
+    /// Search new `contiguous` homes from a start spread over the device
+    /// (Virtual Contiguity's random start) rather than the data cursor.
+    pub random_region_start: bool,
     /// Benchmarks only: every device delays its requests like a modeled
     /// spinning disk (`device/disk_model.rs`).
     #[doc(hidden)]

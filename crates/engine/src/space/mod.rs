@@ -38,6 +38,9 @@ pub struct Space {
     /// (`tarn vol hint --metadata-device`): new data goes elsewhere while
     /// another device has room.
     pub hint_device: Option<usize>,
+    /// New homes of `contiguous` regions are searched from a start spread
+    /// over the device (VC's random start) instead of the data cursor.
+    pub random_region_start: bool,
 }
 
 impl std::fmt::Debug for Space {
@@ -67,6 +70,7 @@ impl Space {
             superseded: Vec::new(),
             meta_cursor,
             hint_device: None,
+            random_region_start: false,
         }
     }
 

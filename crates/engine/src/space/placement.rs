@@ -154,11 +154,11 @@ impl Placement for Linear {
 /// block goes at its own offset there, whatever order the blocks are
 /// written in. A region's first write takes a whole free region as home:
 /// the one right after the previous logical region's data when that is
-/// free, so a sequential stream stays one run; else the first free one
-/// searching forward from a start that is uniformly spread over the device
-/// (the paper's random start, so homes of unrelated regions leave room
-/// between them; derived from volume and region, so a replay places the
-/// same). A block whose place at home is taken (a snapshot holds the old
+/// free, so a sequential stream stays one run; else the next free one
+/// from the data cursor (regions first written together lie together), or
+/// with [`Space::random_region_start`] from a start spread uniformly over
+/// the device (the paper's random start; derived from volume and region,
+/// so a replay places the same). A block whose place at home is taken (a snapshot holds the old
 /// version) goes at its offset in the region's next home. When no whole
 /// region is free the space partly written regions hold is used like
 /// `linear`'s: ENOSPC only when no block is left.
@@ -185,8 +185,12 @@ impl Placement for Contiguous {
             }
         }
         if let Some(device) = space.roomiest() {
-            let start = spread(volume, lba / region);
-            if let Some(home) = space.find_region_from(device, region, start)? {
+            let home = if space.random_region_start {
+                space.find_region_from(device, region, spread(volume, lba / region))?
+            } else {
+                space.find_region(device, region)?
+            };
+            if let Some(home) = home {
                 let at = home.offset_by(off);
                 if space.allocate_exact(at, len)? {
                     return Ok(Some(vec![(at, len)]));
@@ -272,6 +276,7 @@ mod tests {
     fn first_homes_start_uniformly_over_the_device() {
         let regions = 8192 * R;
         let mut s = space(regions);
+        s.random_region_start = true;
         let data_part = regions - regions / 8;
         let mut quarters = [0u32; 4];
         for region in 0..400u64 {
