@@ -161,4 +161,20 @@ stop_serve
 pool_check "$POOL" "after every placement policy and compactions"
 shown=$(tarn vol list -p "$POOL" --json | jq -r '.[] | select(.name == "pl_append") | .placement')
 expect_eq "a volume's placement survives a restart" "$shown" append
+
+step "pool create --start middle: linear allocation starts mid-device and wraps to the front"
+head -c $((8 << 20)) /dev/urandom >"$T/img8m"
+check "pool create --start middle" "$TARN" pool create "$T/mid.img" --size 64M --start middle
+check "vol import into it" "$TARN" vol import "$T/img8m" mid -p "$T/mid.img"
+first=$(tarn vol map mid -p "$T/mid.img" --json | jq '.[0][3]')
+expect_between "the first block written lies mid-device (of 16384)" "$first" 6000 8200
+check "a second image fills the rest" "$TARN" vol import "$T/img8m" mid2 -p "$T/mid.img"
+head -c $((36 << 20)) /dev/urandom >"$T/img36m"
+check "a third one reaches the end and wraps" "$TARN" vol import "$T/img36m" mid3 -p "$T/mid.img"
+low=$(tarn vol map mid3 -p "$T/mid.img" --json | jq '[.[] | .[3]] | min')
+expect_between "after the end, allocation went on at the front" "$low" 0 4000
+check "mid3 exports" "$TARN" vol export mid3 "$T/mid3.raw" -p "$T/mid.img"
+check "mid3 reads back what was imported" cmp "$T/mid3.raw" "$T/img36m"
+pool_check "$T/mid.img" "after a middle start and a wrap"
+check_fails "an unknown start is refused" "$TARN" pool create "$T/bad.img" --size 64M --start sideways
 e2e_finish

@@ -213,6 +213,10 @@ enum PoolCmd {
         /// Keep no data checksums (data errors then go undetected).
         #[arg(long)]
         no_checksums: bool,
+        /// Where new data starts on each device: front (default) or middle
+        /// (Virtual Allocation's: it wraps around to the front at the end).
+        #[arg(long, value_enum, default_value = "front")]
+        start: StartArg,
     },
     /// Usage: size, used, free, metadata, overcommit.
     Status {
@@ -591,13 +595,18 @@ fn main() {
 
 fn dispatch(cmd: Command) -> Result<i32> {
     match cmd {
-        Command::Pool(PoolCmd::Create { primary, size, devices, mirror, journal_size, force, no_checksums }) => {
+        Command::Pool(PoolCmd::Create { primary, size, devices, mirror, journal_size, force, no_checksums, start }) => {
             let mut slots = vec![std::iter::once(primary).chain(mirror).collect::<Vec<_>>()];
             for d in &devices {
                 slots.push(mirror::parse_member(d).map_err(anyhow::Error::msg)?);
             }
             let opts = CreateOptions { journal_bytes: journal_size, force, no_checksums };
             pool_create(&slots, size, &opts)?;
+            if start == StartArg::Middle {
+                let opened = poolfile::open_pool(&slots[0][0], &[], OpenOptions::default())?;
+                opened.pool.start_allocation_at(tarn_engine::AllocationStart::Middle)?;
+                opened.pool.close()?;
+            }
             Ok(0)
         }
         Command::Pool(PoolCmd::Replace { old, new, size, pool, json }) => {
@@ -1073,6 +1082,13 @@ fn serve_args(o: &config::ServeOpts) -> Result<serve::ServeArgs> {
         takeover: o.takeover == Some(true),
         lock_wait: Duration::from_secs(o.lock_wait.unwrap_or(if o.takeover == Some(true) { 120 } else { 0 })),
     })
+}
+
+/// `pool create --start`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum StartArg {
+    Front,
+    Middle,
 }
 
 /// `--region-size` in blocks (0: not given); the engine checks it against

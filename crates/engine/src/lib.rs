@@ -35,6 +35,7 @@ pub use service::open::{create_mirrored_pool, create_pool, CreateOptions};
 pub use service::resilver::ReplaceReport;
 pub use service::{Service, ServiceOptions};
 pub use space::placement::PlacementKind;
+pub use space::AllocationStart;
 pub use tarn_format::superblock::FORMAT_VERSION;
 pub use tarn_store::cache::MIN_CACHE_BYTES as MIN_METADATA_CACHE;
 pub use volumes::files::FileVolumeInfo;

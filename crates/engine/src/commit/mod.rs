@@ -131,6 +131,16 @@ impl Pool {
         self.commit_locked(&mut ctl, true)
     }
 
+    /// Make linear allocation go on from `start` (`tarn pool create
+    /// --start`), with a checkpoint so that it lasts: the cursors are kept
+    /// in the checkpoint's space entries (no format change).
+    pub fn start_allocation_at(&self, start: crate::space::AllocationStart) -> Result<()> {
+        self.check_writable()?;
+        let mut ctl = self.lock_commit();
+        self.write_inner().space.start_data_at(start);
+        self.commit_locked(&mut ctl, true)
+    }
+
     /// Resync every region a crash left open and commit; returns the
     /// checksums renewed.
     pub fn resync(&self) -> Result<u64> {

@@ -17,6 +17,16 @@ use tarn_store::{SpaceMap, Store, StoreError};
 
 type Result<T> = std::result::Result<T, StoreError>;
 
+/// Where linear allocation starts on a new pool (Virtual Allocation
+/// 2.3.3): at the front of each device's data area, or in its middle,
+/// wrapping around to the front when it reaches the end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AllocationStart {
+    #[default]
+    Front,
+    Middle,
+}
+
 /// The pool's free space over all its devices.
 pub struct Space {
     pub store: Arc<Store>,
@@ -193,6 +203,17 @@ impl Space {
         let found = self.find_region(device, len);
         self.devices[device].cursor = cursor;
         found
+    }
+
+    /// Move every device's data cursor to `start`. The cursor is kept in
+    /// each checkpoint's space entries, so this lasts once committed.
+    pub fn start_data_at(&mut self, start: AllocationStart) {
+        for d in &mut self.devices {
+            d.cursor = match start {
+                AllocationStart::Front => d.data_start,
+                AllocationStart::Middle => d.data_start + (metadata_start(d) - d.data_start) / 2,
+            };
+        }
     }
 
     /// Free blocks outside every whole free region of `len` aligned blocks:
