@@ -39,3 +39,25 @@ compact() { # ROUND TARGET: re-lay out the volume online, in MiB of volume per s
   t1=$(date +%s.%N)
   record "$r" "$t" compact_mibs "$("$SYSPY" -c "print($SIZE_B / (1 << 20) / ($t1 - $t0))")"
 }
+
+# rotate: ROUNDS rounds over TARGETS, the order rotating per round,
+# `sequence ROUND TARGET` for each (the caller's).
+rotate() {
+  local r k t n
+  read -r -a T_ARR <<<"$TARGETS"
+  n=${#T_ARR[@]}
+  for r in $(seq 1 "$ROUNDS"); do
+    for k in $(seq 0 $((n - 1))); do
+      t=${T_ARR[$(((r - 1 + k) % n))]}
+      log "round $r: $t"
+      sequence "$r" "$t"
+    done
+  done
+}
+
+# extents_per_gib POOL: the first volume's map entries per GiB of SIZE_B.
+extents_per_gib() {
+  local v
+  v=$("$TARN" vol list -p "$1" --json | "$SYSPY" -c 'import json,sys;print(json.load(sys.stdin)[0]["extents"])') &&
+    "$SYSPY" -c "print($v / ($SIZE_B / (1 << 30)))"
+}

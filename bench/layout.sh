@@ -100,8 +100,7 @@ sequence() { # ROUND TARGET
   reads "$r" "$t" ""
   if [[ $t == tarn* ]]; then
     local pool=$TGT_DIR/pool.img
-    v=$("$TARN" vol list -p "$pool" --json | "$SYSPY" -c 'import json,sys;print(json.load(sys.stdin)[0]["extents"])') &&
-      record "$r" "$t" extents_per_gib "$("$SYSPY" -c "print($v / ($SIZE_B / (1 << 30)))")"
+    v=$(extents_per_gib "$pool") && record "$r" "$t" extents_per_gib "$v"
     v=$("$TARN" pool status -p "$pool" --json | "$SYSPY" -c 'import json,sys;print(json.load(sys.stdin).get("free_outside_regions", -1) / (1 << 20))') &&
       record "$r" "$t" free_outside_regions_mib "$v"
     [ "$SNAPS" -gt 0 ] && snapshots "$r" "$t"
@@ -111,15 +110,7 @@ sequence() { # ROUND TARGET
 }
 
 log "layout: targets [$TARGETS], $SIZE, random first writes ${RAND_SECS}s, $ROUNDS rounds"
-read -r -a T_ARR <<<"$TARGETS"
-n=${#T_ARR[@]}
-for r in $(seq 1 "$ROUNDS"); do
-  for k in $(seq 0 $((n - 1))); do
-    t=${T_ARR[$(((r - 1 + k) % n))]}
-    log "round $r: $t"
-    sequence "$r" "$t"
-  done
-done
+rotate
 {
   echo "tarn layout benchmark $STAMP  ($(uname -r), $(nproc) cpus, fs of $DIR: $(df --output=fstype "$DIR" | tail -1))"
   echo "volume $SIZE; 4K random first writes QD32 for ${RAND_SECS}s, 1M sequential overwrite QD8 (tarn_compact: tarn pool compact), backing file evicted, 1M sequential read QD8 cold then warm; tarn: then $SNAPS x (snapshot, 4K random overwrites of $SNAP_PCT% of the volume) and the reads again; $ROUNDS rounds, order rotating"
