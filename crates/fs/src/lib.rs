@@ -10,11 +10,13 @@ pub mod dir;
 pub mod error;
 pub mod inode;
 mod ns;
+pub mod snap;
 
 pub use check::CheckReport;
 pub use error::{FsError, Result};
 pub use inode::{Inode, Kind};
 pub use ns::{Attr, DirEntry, FileVolume, SetAttr, StatFs};
+pub use snap::FsSnapshot;
 
 /// Largest file: each object is a thin volume of this size (16 TiB).
 pub const MAX_FILE_SIZE: u64 = 1 << 44;
