@@ -7,8 +7,8 @@
 //! the inode's epoch says when it last was. That snapshot, tagged `gN`
 //! with the volume's epoch N at the time, shows the object as every
 //! volume snapshot numbered up to N saw it (back to its previous tag).
-//! Reading a volume snapshot numbered n takes each object's oldest tag
-//! >= n, or its head when it has none. An object whose last name goes
+//! Reading a volume snapshot numbered n takes each object's oldest tag at
+//! least n, or its head when it has none. An object whose last name goes
 //! while a snapshot may still see it is retired instead of deleted: its
 //! head is shrunk to one zeroed block (the mark) and its tags stay.
 
@@ -60,6 +60,15 @@ impl FileVolume {
             Some(_) => Err(FsError::ReadOnly("a volume snapshot")),
             None => Ok(()),
         }
+    }
+
+    /// Whether this is a volume snapshot opened read-only.
+    pub fn is_snapshot(&self) -> bool {
+        self.view.is_some()
+    }
+
+    fn volume_name(&self) -> String {
+        self.pool.file_volumes().into_iter().find(|f| f.id == self.id).map_or_else(|| self.id.to_string(), |f| f.name)
     }
 
     pub(crate) fn table_view(&self) -> View {
@@ -125,7 +134,7 @@ impl FileVolume {
     pub fn snap_create(&self, name: &str) -> Result<FsSnapshot> {
         self.writable()?;
         if self.snap_list()?.iter().any(|s| s.name == name) {
-            return Err(EngineError::SnapshotExists { volume: format!("file volume {}", self.id), name: name.into() }.into());
+            return Err(EngineError::SnapshotExists { volume: self.volume_name(), name: name.into() }.into());
         }
         let mut ns = self.lock();
         // Sizes and times not yet saved belong in the snapshot's table.
@@ -169,10 +178,10 @@ impl FileVolume {
     pub fn snap_delete(&self, name: &str) -> Result<()> {
         self.writable()?;
         let list = self.snap_list()?;
-        let gone = list.iter().find(|s| s.name == name).ok_or_else(|| FsError::NoSuchSnapshot {
-            volume: format!("{}", self.id),
-            name: name.to_string(),
-        })?;
+        let gone = list
+            .iter()
+            .find(|s| s.name == name)
+            .ok_or_else(|| FsError::NoSuchSnapshot { volume: self.volume_name(), name: name.to_string() })?;
         let remaining: Vec<u64> = list.iter().filter(|s| s.name != name).map(|s| s.number).collect();
         let _ns = self.lock();
         let mut drop_snaps = vec![(self.id, gone.engine_epoch)];
@@ -205,10 +214,11 @@ impl FileVolume {
     /// Open snapshot `snap` of file volume `name`, read-only.
     pub fn open_snapshot(pool: Arc<Pool>, name: &str, snap: &str) -> Result<FileVolume> {
         let live = FileVolume::open_view(pool.clone(), name, None)?;
-        let s = live.snap_list()?.into_iter().find(|s| s.name == snap).ok_or_else(|| FsError::NoSuchSnapshot {
-            volume: name.to_string(),
-            name: snap.to_string(),
-        })?;
+        let s = live
+            .snap_list()?
+            .into_iter()
+            .find(|s| s.name == snap)
+            .ok_or_else(|| FsError::NoSuchSnapshot { volume: name.to_string(), name: snap.to_string() })?;
         drop(live);
         FileVolume::open_view(pool, name, Some(SnapView { epoch: s.engine_epoch, number: s.number }))
     }

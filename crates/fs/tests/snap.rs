@@ -125,6 +125,7 @@ fn delete_frees_only_what_that_snapshot_held() {
 /// volume was when it was taken, and what was flushed is in the head.
 #[test]
 fn crashes_around_snapshots_keep_them_consistent() {
+    let mut cut_inside = 0;
     for seed in 0..12u64 {
         let (sim, pool, fv) = fresh();
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -140,6 +141,7 @@ fn crashes_around_snapshots_keep_them_consistent() {
             }
             taken = n;
         }
+        cut_inside += u32::from(taken < 6);
         sim.crash(&mut rng);
         drop(fv);
         drop(pool);
@@ -157,6 +159,7 @@ fn crashes_around_snapshots_keep_them_consistent() {
         assert_eq!(fv.check().unwrap().problems, Vec::<String>::new(), "seed {seed}");
         assert_eq!(pool.check().problems, Vec::<String>::new(), "seed {seed}");
     }
+    assert!(cut_inside >= 6, "the power was cut inside the snapshots only {cut_inside} times of 12");
 }
 
 /// Snapshot cost does not grow with the number of files: it writes the

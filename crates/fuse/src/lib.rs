@@ -26,11 +26,13 @@ pub struct TarnFs {
 /// Mount `fv` on `dir` and serve until it is unmounted; every pending
 /// change is committed before this returns.
 pub fn mount(fv: FileVolume, name: &str, dir: &Path) -> std::io::Result<()> {
+    // A volume snapshot mounts read-only (the kernel then answers EROFS too).
+    let access = if fv.is_snapshot() { MountOption::RO } else { MountOption::RW };
     let options = [
         MountOption::FSName(format!("tarn:{name}")),
         MountOption::Subtype("tarn".into()),
         MountOption::DefaultPermissions,
-        MountOption::RW,
+        access,
     ];
     fuser::mount2(TarnFs { fv }, dir, &options)
 }

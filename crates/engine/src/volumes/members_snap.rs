@@ -65,7 +65,11 @@ impl Pool {
             .objects_of(owner)
             .into_iter()
             .filter_map(|id| state.volume(id))
-            .map(|v| ObjectSnapshots { id: v.id, size: v.size, snapshots: v.snapshots.iter().map(member_snapshot).collect() })
+            .map(|v| ObjectSnapshots {
+                id: v.id,
+                size: v.size,
+                snapshots: v.snapshots.iter().map(member_snapshot).collect(),
+            })
             .collect()
     }
 
@@ -78,8 +82,9 @@ impl Pool {
             gone.iter()
                 .map(|&(vol, epoch)| {
                     let v = member(state, vol)?;
-                    v.snapshot_index(epoch).ok_or_else(|| {
-                        EngineError::NoSuchSnapshot { volume: v.name.clone(), name: format!("epoch {epoch}") }
+                    v.snapshot_index(epoch).ok_or_else(|| EngineError::NoSuchSnapshot {
+                        volume: v.name.clone(),
+                        name: format!("epoch {epoch}"),
                     })?;
                     Ok(Op::SnapDelete { vol, epoch })
                 })
