@@ -68,6 +68,7 @@ fn engine_errno(e: &EngineError) -> i32 {
     match e {
         EngineError::NoSpace => libc::ENOSPC,
         EngineError::ReadOnly => libc::EROFS,
+        EngineError::SnapshotExists { .. } => libc::EEXIST,
         EngineError::OutOfRange { .. } => libc::EFBIG,
         EngineError::InvalidArgument(_) => libc::EINVAL,
         _ => libc::EIO,

@@ -211,6 +211,12 @@ impl FileVolume {
         Ok(self.pool.flush()?)
     }
 
+    /// Open volume snapshot `s` of this volume, read-only.
+    pub(crate) fn open_number(&self, s: &FsSnapshot) -> Result<FileVolume> {
+        let view = SnapView { epoch: s.engine_epoch, number: s.number };
+        FileVolume::open_view(self.pool.clone(), &self.volume_name(), Some(view))
+    }
+
     /// Open snapshot `snap` of file volume `name`, read-only.
     pub fn open_snapshot(pool: Arc<Pool>, name: &str, snap: &str) -> Result<FileVolume> {
         let live = FileVolume::open_view(pool.clone(), name, None)?;
