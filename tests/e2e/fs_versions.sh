@@ -5,9 +5,11 @@
 # real tools (sha256sum, diff -r, cp -a); a deleted file found in an older
 # snapshot; EROFS for writes and renames; deleting a snapshot frees what
 # only it held (pool figures) and nothing the other one still reads;
-# pool check and fs check clean throughout; bad names.
+# version directories on the live mount (foo@, foo@N, dir@N) with
+# snapshots taken by setfattr from a script; pool check and fs check
+# clean throughout; bad names.
 . "$(dirname "$0")/lib.sh"
-need fusermount3 mountpoint diff sha256sum dd jq
+need fusermount3 mountpoint diff sha256sum dd jq setfattr
 need_root "mounts a FUSE file system"
 need_fuse
 e2e_init fs_versions
@@ -129,12 +131,63 @@ expect_eq "the head is still state 3" "$(sum "$MNT/doc")" "$S3_DOC"
 fs_umount
 clean "after deleting one"
 
+step "version directories on the live mount: foo@, foo@N, dir@N"
+fs_mount home
+V=$MNT/v
+mkdir -p "$V"
+echo "a real file" >"$V/real@1"
+declare -a SUMS
+for k in 1 2 3 4 5; do
+  check "edit $k of v/foo" dd if=/dev/urandom of="$V/foo" bs=64K count=$k status=none
+  SUMS[$k]=$(sum "$V/foo")
+  [ $k = 2 ] && echo doomed >"$V/doomed"
+  check "snapshot s$k by setfattr on the root" setfattr -n user.tarn.snapshot -v "s$k" "$MNT"
+done
+rm "$V/doomed"
+expect_eq "ls foo@ shows one version per snapshot" "$(ls "$V/foo@" | wc -l)" 5
+NUMS=($(ls "$V/foo@" | sort -n))
+ALL=ok
+for k in 1 2 3 4 5; do
+  [ "$(sum "$V/foo@/${NUMS[$((k - 1))]}")" = "${SUMS[$k]}" ] || ALL="version ${NUMS[$((k - 1))]} differs from state $k"
+done
+expect_eq "each foo@/N holds exactly state N" "$ALL" ok
+expect_eq "foo@N is the same file as foo@/N" "$(sum "$V/foo@${NUMS[2]}")" "${SUMS[3]}"
+check_fails "diff of the first two versions finds a difference" diff -q "$V/foo@${NUMS[0]}" "$V/foo@${NUMS[1]}"
+check "diff of one version with itself" diff -q "$V/foo@${NUMS[4]}" "$V/foo"
+expect_eq "a version dir entry has POSIX attributes (size of state 2)" "$(stat -c %s "$V/foo@/${NUMS[1]}")" $((2 * 65536))
+expect_eq "the deleted file is in v@N" "$(cat "$V@${NUMS[2]}/doomed")" doomed
+check "cp -a v@N restored" cp -a "$V@${NUMS[2]}" "$T/restored-v"
+expect_eq "restored tree holds the deleted file" "$(cat "$T/restored-v/doomed")" doomed
+expect_eq "the snapshot is in every file's version dir (real@1@)" "$(ls "$V/real@1@" | wc -l)" 5
+expect_eq "escape rule: the real file real@1 wins" "$(cat "$V/real@1")" "a real file"
+expect_eq "its own versions stay reachable as real@1@/N" "$(cat "$V/real@1@/${NUMS[0]}")" "a real file"
+check "hard link" ln "$V/foo" "$V/hl"
+expect_eq "version dir of a hard link lists the same versions" "$(ls "$V/hl@" | tr '\n' ' ')" "$(ls "$V/foo@" | tr '\n' ' ')"
+check_fails "foo@999 does not exist" cat "$V/foo@999"
+expect_eq "ENOENT" "$(printf '%s' "$LAST_OUT" | grep -c 'No such file or directory')" 1
+check_fails "foo@0 does not exist" cat "$V/foo@0"
+check_fails "write into foo@N" bash -c "echo x >'$V/foo@${NUMS[0]}'"
+expect_eq "EROFS" "$(printf '%s' "$LAST_OUT" | grep -c 'Read-only file system')" 1
+check_fails "create in v@N" touch "$V@${NUMS[0]}/new"
+expect_eq "EROFS" "$(printf '%s' "$LAST_OUT" | grep -c 'Read-only file system')" 1
+check_fails "rename into v@N" mv "$V/hl" "$V@${NUMS[0]}/hl"
+expect_eq "EROFS" "$(printf '%s' "$LAST_OUT" | grep -c 'Read-only file system')" 1
+check_fails "mkdir in foo@" mkdir "$V/foo@/x"
+check_fails "rm in foo@" rm "$V/foo@/${NUMS[0]}"
+check_fails "a snapshot name taken twice by setfattr" setfattr -n user.tarn.snapshot -v s1 "$MNT"
+expect_eq "EEXIST" "$(printf '%s' "$LAST_OUT" | grep -c 'File exists')" 1
+check "delete snapshot s2 by setfattr" setfattr -n user.tarn.snapshot.delete -v s2 "$MNT"
+expect_eq "stable names: the others keep their numbers" "$(ls "$V/foo@" | sort -n | tr '\n' ' ')" "${NUMS[0]} ${NUMS[2]} ${NUMS[3]} ${NUMS[4]} "
+expect_eq "version ${NUMS[2]} still holds state 3" "$(sum "$V/foo@/${NUMS[2]}")" "${SUMS[3]}"
+fs_umount
+clean "after version directories"
+
 step "bad input"
 check_fails "delete of an unknown snapshot" tarn fs snap delete home nosuch -p "$POOL"
 expect_eq "the error names it" "$(printf '%s' "$LAST_OUT" | grep -c 'no snapshot "nosuch"')" 1
 check_fails "snapshot of an unknown file volume" tarn fs snap create nosuch s -p "$POOL"
 check_fails "a snapshot name with a slash" tarn fs snap create home a/b -p "$POOL"
 check_fails "mount of an unknown snapshot" tarn mount home@nosuch "$MNT" -p "$POOL"
-expect_eq "nothing was created by bad input" "$(tarn fs snap list home --json -p "$POOL" | jq length)" 0
+expect_eq "nothing was created by bad input" "$(tarn fs snap list home --json -p "$POOL" | jq length)" 4
 clean "after bad input"
 e2e_finish
