@@ -132,7 +132,7 @@ fn crashes_around_snapshots_keep_them_consistent() {
         let a = file(&fv, ROOT, "a");
         fv.write(a, 0, b"state0").unwrap();
         fv.sync().unwrap();
-        sim.crash_after(rand::Rng::random_range(&mut rng, 20..400));
+        sim.crash_after(rand::Rng::random_range(&mut rng, 1..60));
         let mut taken = 0;
         for n in 1..=6u8 {
             let ok = fv.snap_create(&format!("s{n}")).is_ok() && fv.write(a, 0, format!("state{n}").as_bytes()).is_ok();

@@ -34,9 +34,13 @@ impl Pool {
     pub fn snapshot_member(&self, id: u32, name: &str) -> Result<u64> {
         self.check_writable()?;
         let mut ctl = self.lock_commit();
-        member(&self.read_inner().state, id)?;
-        // One commit of its own, the first time only.
+        let whole = member(&self.read_inner().state, id)?.role == Some(VolumeRole::FileVolume);
+        // One commit of its own each, the first time only; a file volume's
+        // snapshot is the first record that needs FS_VERSIONS.
         self.enable_feature(&mut ctl, incompat::SNAPSHOTS)?;
+        if whole {
+            self.enable_feature(&mut ctl, incompat::FS_VERSIONS)?;
+        }
         // Drain writes planned against the old epoch (see create_snapshot).
         let _quiet = self.io_gate.write().unwrap_or_else(|p| p.into_inner());
         let mut inner = self.write_inner();
