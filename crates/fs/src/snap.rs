@@ -217,6 +217,16 @@ impl FileVolume {
         FileVolume::open_view(self.pool.clone(), &self.volume_name(), Some(view))
     }
 
+    /// Inode `ino` as snapshot `s` holds it (None: free there).
+    pub(crate) fn inode_in(&self, s: &FsSnapshot, ino: u64) -> Result<Option<Inode>> {
+        if ino == 0 || ino >= crate::MAX_INODES {
+            return Ok(None);
+        }
+        let mut b = [0u8; RECORD];
+        self.pool.read_view(self.id, View::Snapshot(s.engine_epoch), ino * RECORD as u64, &mut b)?;
+        Inode::decode(&b, ino)
+    }
+
     /// Open snapshot `snap` of file volume `name`, read-only.
     pub fn open_snapshot(pool: Arc<Pool>, name: &str, snap: &str) -> Result<FileVolume> {
         let live = FileVolume::open_view(pool.clone(), name, None)?;

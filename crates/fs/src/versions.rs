@@ -29,7 +29,7 @@ const INO_MASK: u64 = (1 << 32) - 1;
 /// Snapshot numbers a scoped inode can carry (29 bits).
 const MAX_NUMBER: u64 = (1 << 29) - 1;
 /// Snapshot views kept open (cleared whole past this).
-const VIEWS: usize = 256;
+const VIEWS: usize = 1024;
 
 /// What an inode number the kernel holds stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,36 +67,51 @@ impl Node {
 /// A mounted file volume with its version directories.
 pub struct Versioned {
     pub live: FileVolume,
-    views: Mutex<HashMap<u64, Arc<FileVolume>>>,
+    views: Mutex<Views>,
+}
+
+/// Open snapshot views and the snapshot list they were found in (read
+/// once: listing reads one header per snapshot).
+#[derive(Default)]
+struct Views {
+    open: HashMap<u64, Arc<FileVolume>>,
+    list: Option<Arc<Vec<FsSnapshot>>>,
 }
 
 impl Versioned {
     pub fn new(live: FileVolume) -> Versioned {
-        Versioned { live, views: Mutex::new(HashMap::new()) }
+        Versioned { live, views: Mutex::new(Views::default()) }
     }
 
     /// The read-only view of volume snapshot number `n` (ENOENT: none).
     fn view(&self, n: u64) -> Result<Arc<FileVolume>> {
-        let mut views = self.views.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(v) = views.get(&n) {
+        if let Some(v) = self.views.lock().unwrap_or_else(|p| p.into_inner()).open.get(&n) {
             return Ok(v.clone());
         }
-        let s = self.snapshot(n)?.ok_or(FsError::NotFound)?;
-        let v = Arc::new(self.live.open_number(&s)?);
-        if views.len() >= VIEWS {
-            views.clear();
+        let list = self.snapshots()?;
+        let s = list.iter().find(|s| s.number == n).ok_or(FsError::NotFound)?;
+        let v = Arc::new(self.live.open_number(s)?);
+        let mut views = self.views.lock().unwrap_or_else(|p| p.into_inner());
+        if views.open.len() >= VIEWS {
+            views.open.clear();
         }
-        views.insert(n, v.clone());
+        views.open.insert(n, v.clone());
         Ok(v)
     }
 
-    fn snapshot(&self, n: u64) -> Result<Option<FsSnapshot>> {
-        Ok(self.live.snap_list()?.into_iter().find(|s| s.number == n))
+    fn snapshots(&self) -> Result<Arc<Vec<FsSnapshot>>> {
+        if let Some(l) = &self.views.lock().unwrap_or_else(|p| p.into_inner()).list {
+            return Ok(l.clone());
+        }
+        let list = Arc::new(self.live.snap_list()?);
+        self.views.lock().unwrap_or_else(|p| p.into_inner()).list = Some(list.clone());
+        Ok(list)
     }
 
-    /// Forget every open view (after a snapshot was deleted).
+    /// Forget open views and the snapshot list (a snapshot was taken or
+    /// deleted).
     pub fn forget_views(&self) {
-        self.views.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        *self.views.lock().unwrap_or_else(|p| p.into_inner()) = Views::default();
     }
 
     fn scoped(n: u64, mut a: Attr) -> Attr {
@@ -176,18 +191,15 @@ impl Versioned {
                 out.push(DirEntry { ino: me, kind: Kind::Dir, name: name.into(), cookie });
             }
         }
-        for s in self.live.snap_list()? {
+        // One record read per snapshot (no view opened).
+        for s in self.snapshots()?.iter() {
             if s.number + 2 <= offset || s.number > MAX_NUMBER {
                 continue;
             }
-            if let Ok(a) = self.view(s.number)?.getattr(ino) {
+            if let Some(i) = self.live.inode_in(s, ino)? {
                 let x = Node::Scoped { n: s.number, ino }.encode();
-                out.push(DirEntry {
-                    ino: x,
-                    kind: a.inode.kind,
-                    name: s.number.to_string().into_bytes(),
-                    cookie: s.number + 2,
-                });
+                let name = s.number.to_string().into_bytes();
+                out.push(DirEntry { ino: x, kind: i.kind, name, cookie: s.number + 2 });
             }
         }
         Ok(out)

@@ -329,7 +329,10 @@ impl Filesystem for TarnFs {
     ) {
         let snap = std::str::from_utf8(value).map_err(|_| FsError::Invalid("snapshot name is not UTF-8"));
         let r = match (ino, name.as_bytes()) {
-            (tarn_fs::ROOT, b"user.tarn.snapshot") => snap.and_then(|n| self.fv.live.snap_create(n).map(drop)),
+            (tarn_fs::ROOT, b"user.tarn.snapshot") => {
+                self.fv.forget_views();
+                snap.and_then(|n| self.fv.live.snap_create(n).map(drop))
+            }
             (tarn_fs::ROOT, b"user.tarn.snapshot.delete") => {
                 self.fv.forget_views();
                 snap.and_then(|n| self.fv.live.snap_delete(n))
