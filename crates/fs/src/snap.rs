@@ -16,6 +16,7 @@ use crate::error::{FsError, Result};
 use crate::inode::{Header, Inode, RECORD};
 use crate::ns::{FileVolume, Ns};
 use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 use tarn_engine::{EngineError, Pool, View};
 
 /// The head size marking a retired object (live objects are MAX_FILE_SIZE).
@@ -133,7 +134,8 @@ impl FileVolume {
     /// Snapshot the whole volume as `name`: durable when it returns.
     pub fn snap_create(&self, name: &str) -> Result<FsSnapshot> {
         self.writable()?;
-        if self.snap_list()?.iter().any(|s| s.name == name) {
+        // Names from the catalog in memory: no header read per snapshot.
+        if self.pool.member_snapshots(self.id)?.iter().any(|s| s.name == name) {
             return Err(EngineError::SnapshotExists { volume: self.volume_name(), name: name.into() }.into());
         }
         let mut ns = self.lock();
@@ -146,15 +148,19 @@ impl FileVolume {
         self.pool.make_room_for(4096)?;
         ns.header.epoch += 1;
         self.pool.write(self.id, 0, &ns.header.encode(), false)?;
-        if let Err(e) = self.pool.snapshot_member(self.id, name) {
-            ns.header.epoch -= 1;
-            self.pool.write(self.id, 0, &ns.header.encode(), false)?;
-            return Err(e.into());
-        }
+        let engine_epoch = match self.pool.snapshot_member(self.id, name) {
+            Ok(e) => e,
+            Err(e) => {
+                ns.header.epoch -= 1;
+                self.pool.write(self.id, 0, &ns.header.encode(), false)?;
+                return Err(e.into());
+            }
+        };
         let number = ns.header.epoch;
         drop(ns);
         self.pool.flush()?;
-        self.snap_list()?.into_iter().find(|s| s.number == number).ok_or(FsError::corrupt("snapshot", 0, "gone"))
+        let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        Ok(FsSnapshot { name: name.to_string(), number, created, engine_epoch })
     }
 
     /// Every volume snapshot, oldest first (one header read each).
