@@ -151,6 +151,11 @@ fn crashes_around_snapshots_keep_them_consistent() {
         assert!(list.len() >= usize::from(taken), "seed {seed}: {} snapshots, {taken} synced", list.len());
         let head = cat(&fv, &["a"]).unwrap();
         assert!(head >= format!("state{taken}").into_bytes(), "seed {seed}: head {head:?} older than the last sync");
+        // A change after the crash must not alter any snapshot: every
+        // object's tag and its inode's epoch survived together.
+        let a = fv.lookup(ROOT, b"a").unwrap().inode.ino;
+        fv.write(a, 0, b"after!").unwrap();
+        fv.sync().unwrap();
         for s in &list {
             let n: u8 = s.name[1..].parse().unwrap();
             let v = FileVolume::open_snapshot(pool.clone(), "home", &s.name).unwrap();
