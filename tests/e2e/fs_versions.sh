@@ -179,15 +179,40 @@ expect_eq "EEXIST" "$(printf '%s' "$LAST_OUT" | grep -c 'File exists')" 1
 check "delete snapshot s2 by setfattr" setfattr -n user.tarn.snapshot.delete -v s2 "$MNT"
 expect_eq "stable names: the others keep their numbers" "$(ls "$V/foo@" | sort -n | tr '\n' ' ')" "${NUMS[0]} ${NUMS[2]} ${NUMS[3]} ${NUMS[4]} "
 expect_eq "version ${NUMS[2]} still holds state 3" "$(sum "$V/foo@/${NUMS[2]}")" "${SUMS[3]}"
+step "retention: delete one version, and the two example scripts"
+check "delete version ${NUMS[3]} by setfattr user.tarn.version.delete" setfattr -n user.tarn.version.delete -v "${NUMS[3]}" "$MNT"
+expect_eq "foo@ lost version ${NUMS[3]} only" "$(ls "$V/foo@" | sort -n | tr '\n' ' ')" "${NUMS[0]} ${NUMS[2]} ${NUMS[4]} "
+check_fails "delete of a version that does not exist" setfattr -n user.tarn.version.delete -v 999 "$MNT"
+expect_eq "ENOENT" "$(printf '%s' "$LAST_OUT" | grep -c 'No such file or directory')" 1
+check_fails "a version that is not a number" setfattr -n user.tarn.version.delete -v 3x "$MNT"
+expect_eq "EINVAL" "$(printf '%s' "$LAST_OUT" | grep -c 'Invalid argument')" 1
+expect_eq "the remaining versions keep their states" "$(sum "$V/foo@/${NUMS[4]}")" "${SUMS[5]}"
+# Four more versions: states 6..9, state 7 differing from 6 in one byte.
+for k in 6 7 8 9; do
+  case $k in
+    7) printf 'Z' | dd of="$V/foo" bs=1 seek=100 conv=notrunc status=none ;;
+    *) dd if=/dev/urandom of="$V/foo" bs=64K count=$k status=none ;;
+  esac
+  SUMS[$k]=$(sum "$V/foo")
+  setfattr -n user.tarn.snapshot -v "t$k" "$MNT"
+done
+mapfile -t NUMS < <(ls "$V/foo@" | sort -n)
+expect_eq "7 versions before the scripts" "${#NUMS[@]}" 7
+OUT=$(bash "$REPO/examples/retention/drop_least_changed.sh" "$MNT" "$V/foo" 1 2>&1) || bad "drop_least_changed.sh failed: $OUT"
+expect_eq "drop_least_changed.sh dropped state 7 (one byte from state 6)" "$(printf '%s' "$OUT" | grep -o 'deleted version [0-9]*')" "deleted version ${NUMS[4]}"
+check "keep_last.sh 3" bash "$REPO/examples/retention/keep_last.sh" "$MNT" "$V/foo" 3
+expect_eq "three versions left: states 6, 8, 9" "$(for n in $(ls "$V/foo@" | sort -n); do sum "$V/foo@/$n"; done | tr '\n' ' ')" "${SUMS[6]} ${SUMS[8]} ${SUMS[9]} "
+check_fails "keep_last.sh of a file with no version dir" bash "$REPO/examples/retention/keep_last.sh" "$MNT" "$T/nowhere" 1
 fs_umount
-clean "after version directories"
+clean "after version directories and retention"
 
 step "bad input"
+BEFORE=$(tarn fs snap list home --json -p "$POOL" | jq -c '[.[].name]')
 check_fails "delete of an unknown snapshot" tarn fs snap delete home nosuch -p "$POOL"
 expect_eq "the error names it" "$(printf '%s' "$LAST_OUT" | grep -c 'no snapshot "nosuch"')" 1
 check_fails "snapshot of an unknown file volume" tarn fs snap create nosuch s -p "$POOL"
 check_fails "a snapshot name with a slash" tarn fs snap create home a/b -p "$POOL"
 check_fails "mount of an unknown snapshot" tarn mount home@nosuch "$MNT" -p "$POOL"
-expect_eq "nothing was created by bad input" "$(tarn fs snap list home --json -p "$POOL" | jq length)" 4
+expect_eq "bad input changed no snapshot" "$(tarn fs snap list home --json -p "$POOL" | jq -c '[.[].name]')" "$BEFORE"
 clean "after bad input"
 e2e_finish

@@ -114,6 +114,15 @@ impl Versioned {
         *self.views.lock().unwrap_or_else(|p| p.into_inner()) = Views::default();
     }
 
+    /// Delete version `n` (written as in `foo@`): the volume snapshot
+    /// numbered n, as `snap_delete` does (ENOENT: none, EINVAL: not a number).
+    pub fn delete_version(&self, n: &[u8]) -> Result<()> {
+        let n = number(n).ok_or(FsError::Invalid("a version is a number as foo@ lists it"))?;
+        self.forget_views();
+        let s = self.live.snap_list()?.into_iter().find(|s| s.number == n).ok_or(FsError::NotFound)?;
+        self.live.snap_delete(&s.name)
+    }
+
     fn scoped(n: u64, mut a: Attr) -> Attr {
         a.inode.ino = Node::Scoped { n, ino: a.inode.ino }.encode();
         a

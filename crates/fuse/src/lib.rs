@@ -316,7 +316,8 @@ impl Filesystem for TarnFs {
 
     /// Volume snapshots from a script on the mount: setting
     /// `user.tarn.snapshot` on the root to NAME takes snapshot NAME,
-    /// `user.tarn.snapshot.delete` deletes it. Other attributes: not kept yet.
+    /// `user.tarn.snapshot.delete` deletes it, `user.tarn.version.delete`
+    /// deletes version N (as `foo@` names it). Other attributes: not kept yet.
     fn setxattr(
         &mut self,
         _req: &Request<'_>,
@@ -337,6 +338,7 @@ impl Filesystem for TarnFs {
                 self.fv.forget_views();
                 snap.and_then(|n| self.fv.live.snap_delete(n))
             }
+            (tarn_fs::ROOT, b"user.tarn.version.delete") => self.fv.delete_version(value),
             _ => return reply.error(libc::ENOTSUP),
         };
         if let Err(e) = &r {
