@@ -15,7 +15,7 @@ declare -A NEED=(
   [nbdfuse]=nbdfuse [fusermount3]=fuse3 [fio]=fio
   [mkfs.ext4]=e2fsprogs [e2fsck]=e2fsprogs [nbdkit]=nbdkit
   [losetup]=util-linux [fstrim]=util-linux [pgrep]=procps
-  [sqlite3]=sqlite3 [git]=git
+  [sqlite3]=sqlite3 [git]=git [setfattr]=attr
   [jq]=jq [promtool]=prometheus [python3]=python3 [timeout]=coreutils [openssl]=openssl [stat]=coreutils
   [systemd-analyze]=systemd [man]=man-db
 )

@@ -2,6 +2,7 @@
 
 mod admin;
 mod daemon;
+mod fs_versions;
 mod guest;
 mod mirror;
 mod picture;
@@ -40,10 +41,10 @@ struct Cli {
 }
 
 #[derive(Args, Clone)]
-struct PoolArg {
+pub(crate) struct PoolArg {
     /// The pool's primary device (file or block device).
     #[arg(short = 'p', long = "pool", env = "TARN_POOL")]
-    pool: PathBuf,
+    pub(crate) pool: PathBuf,
     /// Member devices, when they moved from the paths the pool recorded.
     #[arg(long = "device")]
     devices: Vec<PathBuf>,
@@ -60,7 +61,8 @@ enum Command {
     /// Create, list and destroy file volumes (mounted with `tarn mount`).
     #[command(subcommand)]
     Fs(FsCmd),
-    /// Mount a file volume through FUSE, in the foreground, on an offline pool.
+    /// Mount a file volume through FUSE, in the foreground, on an offline
+    /// pool; NAME@SNAP mounts a volume snapshot read-only.
     Mount {
         name: String,
         dir: PathBuf,
@@ -125,6 +127,9 @@ enum FsCmd {
         #[command(flatten)]
         pool: PoolArg,
     },
+    /// Volume snapshots of a file volume (offline): create, list, delete.
+    #[command(subcommand)]
+    Snap(fs_versions::FsSnapCmd),
     /// Check a file volume's namespace (offline): every inode reachable,
     /// every entry to an allocated inode, link counts; exit 0 clean, 1 not.
     Check {
@@ -746,13 +751,17 @@ fn fs_cmd(cmd: FsCmd) -> Result<i32> {
             println!("destroyed file volume {name}");
         }
         FsCmd::Check { name, pool, json } => return fs_check(&pool, &name, json),
+        FsCmd::Snap(cmd) => return fs_versions::snap(cmd),
     }
     Ok(0)
 }
 
 /// Open file volume `name` on an offline pool (refused while `tarn serve`
 /// holds it): the pool, its lock and the volume.
-fn open_file_volume(p: &PoolArg, name: &str) -> Result<(Arc<tarn_engine::Pool>, std::fs::File, tarn_fs::FileVolume)> {
+pub(crate) fn open_file_volume(
+    p: &PoolArg,
+    name: &str,
+) -> Result<(Arc<tarn_engine::Pool>, std::fs::File, tarn_fs::FileVolume)> {
     if poolfile::running_server(&p.pool).is_some() {
         bail!(
             "pool {} is held by a running `tarn serve`; stop it first \
@@ -791,7 +800,7 @@ fn fs_check(p: &PoolArg, name: &str, json: bool) -> Result<i32> {
 /// the mount is gone (`fusermount3 -u DIR` or `umount DIR`), then
 /// commits and closes it.
 fn mount_cmd(p: &PoolArg, name: &str, dir: &Path) -> Result<i32> {
-    let (pool, lock, fv) = open_file_volume(p, name)?;
+    let (pool, lock, fv) = fs_versions::open_for_mount(p, name)?;
     eprintln!("mounted file volume {name} on {}; unmount with `fusermount3 -u {}`", dir.display(), dir.display());
     unmount_on_signal(dir)?;
     let served = tarn_fuse::mount(fv, name, dir).with_context(|| format!("mount on {}", dir.display()));

@@ -41,6 +41,7 @@ pub use tarn_store::cache::MIN_CACHE_BYTES as MIN_METADATA_CACHE;
 pub use volumes::files::FileVolumeInfo;
 pub use volumes::hints::{blocks_covering, HintReport, HintTarget};
 pub use volumes::layout::{DeviceLayout, HeldRun, Holder};
+pub use volumes::members_snap::{MemberSnapshot, ObjectSnapshots};
 pub use volumes::reclaim::ReclaimCount;
 pub use volumes::snapshot::SnapshotInfo;
 

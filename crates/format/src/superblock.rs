@@ -43,8 +43,13 @@ pub mod incompat {
     /// Blocks may be moved keeping their birth: op 17 (Relocate) in the
     /// journal (compaction that keeps snapshot sharing).
     pub const RELOCATE: u64 = 1 << 5;
+    /// File volumes are versioned: header and inode epochs, object tags
+    /// `gN`, retired objects (docs/FORMAT.md *File volumes*). An older
+    /// tarn-fs would change objects without tagging them or delete what
+    /// a snapshot still reads, so it must not open the pool.
+    pub const FS_VERSIONS: u64 = 1 << 6;
     /// Features this build understands.
-    pub const KNOWN: u64 = SNAPSHOTS | DATA_CHECKSUMS | MIRRORS | PLACEMENT | FILES | RELOCATE;
+    pub const KNOWN: u64 = SNAPSHOTS | DATA_CHECKSUMS | MIRRORS | PLACEMENT | FILES | RELOCATE | FS_VERSIONS;
 }
 
 /// Superblock flag: a pool with mirrors is open for writing (set before its
@@ -541,5 +546,11 @@ mod tests {
         let mut sb = sample();
         sb.incompat = 1 << 40;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
+        // Bit 7 is the next engineer's; bit 6 (FS_VERSIONS) is known here.
+        sb.incompat = 1 << 7;
+        assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
+        sb.incompat = incompat::FS_VERSIONS;
+        assert_eq!(incompat::FS_VERSIONS, 1 << 6);
+        assert_eq!(Superblock::decode(&sb.encode(0), 0).unwrap().incompat, 1 << 6);
     }
 }

@@ -26,6 +26,10 @@ pub enum FsError {
     TooManyLinks,
     #[error("no file volume named {0:?}")]
     NoSuchVolume(String),
+    #[error("read-only: {0}")]
+    ReadOnly(&'static str),
+    #[error("file volume {volume:?} has no snapshot {name:?}")]
+    NoSuchSnapshot { volume: String, name: String },
     /// What was read from an object does not decode: never trusted.
     #[error("corrupt {what} (inode {ino}): {detail}")]
     Corrupt { what: &'static str, ino: u64, detail: String },
@@ -43,7 +47,8 @@ impl FsError {
     /// The errno a POSIX caller sees.
     pub fn errno(&self) -> i32 {
         match self {
-            FsError::NotFound | FsError::NoSuchVolume(_) => libc::ENOENT,
+            FsError::NotFound | FsError::NoSuchVolume(_) | FsError::NoSuchSnapshot { .. } => libc::ENOENT,
+            FsError::ReadOnly(_) => libc::EROFS,
             FsError::Exists => libc::EEXIST,
             FsError::NotDir => libc::ENOTDIR,
             FsError::IsDir => libc::EISDIR,
@@ -63,6 +68,7 @@ fn engine_errno(e: &EngineError) -> i32 {
     match e {
         EngineError::NoSpace => libc::ENOSPC,
         EngineError::ReadOnly => libc::EROFS,
+        EngineError::SnapshotExists { .. } => libc::EEXIST,
         EngineError::OutOfRange { .. } => libc::EFBIG,
         EngineError::InvalidArgument(_) => libc::EINVAL,
         _ => libc::EIO,

@@ -227,6 +227,17 @@ mod tests {
         assert_eq!(&b[80..85], &[3, 0, b'a', b'b', b'c']);
     }
 
+    /// Pins the versioning fields: the header's epoch (snapshot count) at
+    /// 24, an inode's epoch at 60 (docs/FORMAT.md *File volumes*).
+    #[test]
+    fn golden_epoch_bytes() {
+        let h = Header { next_ino: 2, quota: 0, epoch: 3 }.encode();
+        assert_eq!(&h[24..32], &[3, 0, 0, 0, 0, 0, 0, 0]);
+        let mut i = sample();
+        i.epoch = 0x0102;
+        assert_eq!(&i.encode()[60..68], &[2, 1, 0, 0, 0, 0, 0, 0]);
+    }
+
     #[test]
     fn every_flipped_byte_is_an_error_not_a_panic() {
         let good = sample().encode();

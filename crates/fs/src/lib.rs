@@ -10,11 +10,15 @@ pub mod dir;
 pub mod error;
 pub mod inode;
 mod ns;
+pub mod snap;
+pub mod versions;
 
 pub use check::CheckReport;
 pub use error::{FsError, Result};
 pub use inode::{Inode, Kind};
 pub use ns::{Attr, DirEntry, FileVolume, SetAttr, StatFs};
+pub use snap::FsSnapshot;
+pub use versions::{Node, Versioned};
 
 /// Largest file: each object is a thin volume of this size (16 TiB).
 pub const MAX_FILE_SIZE: u64 = 1 << 44;

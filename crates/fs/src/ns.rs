@@ -10,7 +10,7 @@ use crate::{MAX_FILE_SIZE, MAX_INODES, ROOT};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
-use tarn_engine::{PlacementKind, Pool};
+use tarn_engine::{PlacementKind, Pool, View};
 
 /// Inode table size: MAX_INODES records.
 const TABLE_BYTES: u64 = MAX_INODES * RECORD as u64;
@@ -62,7 +62,7 @@ pub struct StatFs {
 pub(crate) struct Ns {
     pub(crate) header: Header,
     dirs: HashMap<u64, Dir>,
-    dirty: HashMap<u64, Inode>,
+    pub(crate) dirty: HashMap<u64, Inode>,
     /// An upper bound of the space used, for the quota: the volume's
     /// usage when last counted (O(objects)) plus every byte written since.
     quota_used: Option<u64>,
@@ -77,6 +77,8 @@ pub(crate) struct Ns {
 pub struct FileVolume {
     pub(crate) pool: Arc<Pool>,
     pub(crate) id: u32,
+    /// A volume snapshot opened read-only (None: the live volume).
+    pub(crate) view: Option<crate::snap::SnapView>,
     ns: Mutex<Ns>,
 }
 
@@ -116,13 +118,21 @@ impl FileVolume {
 
     /// Open file volume `name`: its header is read and checked.
     pub fn open(pool: Arc<Pool>, name: &str) -> Result<FileVolume> {
+        let fv = Self::open_view(pool, name, None)?;
+        fv.free_orphans()?;
+        Ok(fv)
+    }
+
+    /// Open the live volume (`view` None) or one of its snapshots.
+    pub(crate) fn open_view(pool: Arc<Pool>, name: &str, view: Option<crate::snap::SnapView>) -> Result<FileVolume> {
         let id = pool.file_volume(name).ok_or_else(|| FsError::NoSuchVolume(name.to_string()))?.id;
         let mut b = [0u8; RECORD];
-        pool.read(id, 0, &mut b)?;
+        pool.read_view(id, view.map_or(View::Head, |v| View::Snapshot(v.epoch)), 0, &mut b)?;
         let header = Header::decode(&b)?;
         let fv = FileVolume {
             pool,
             id,
+            view,
             ns: Mutex::new(Ns {
                 header,
                 dirs: HashMap::new(),
@@ -133,7 +143,6 @@ impl FileVolume {
             }),
         };
         fv.inode(&mut fv.lock(), ROOT)?;
-        fv.free_orphans()?;
         Ok(fv)
     }
 
@@ -149,11 +158,11 @@ impl FileVolume {
             return Err(FsError::NotFound);
         }
         let mut b = [0u8; RECORD];
-        self.pool.read(self.id, ino * RECORD as u64, &mut b)?;
+        self.pool.read_view(self.id, self.table_view(), ino * RECORD as u64, &mut b)?;
         Inode::decode(&b, ino)?.ok_or(FsError::NotFound)
     }
 
-    fn save(&self, ns: &mut Ns, i: &Inode) -> Result<()> {
+    pub(crate) fn save(&self, ns: &mut Ns, i: &Inode) -> Result<()> {
         ns.dirty.remove(&i.ino);
         Ok(self.pool.write(self.id, i.ino * RECORD as u64, &i.encode(), false)?)
     }
@@ -185,19 +194,20 @@ impl FileVolume {
             return Ok(Dir::new());
         }
         let mut head = [0u8; HEADER];
-        self.pool.read(d.object, 0, &mut head)?;
+        self.read_object(d.object, 0, &mut head)?;
         let len = u32::from_le_bytes([head[20], head[21], head[22], head[23]]) as usize;
         if len > crate::dir::MAX_BYTES {
             return Err(FsError::corrupt("directory", d.ino, format!("body of {len} bytes")));
         }
         let mut b = vec![0u8; HEADER + len];
-        self.pool.read(d.object, 0, &mut b)?;
+        self.read_object(d.object, 0, &mut b)?;
         Dir::decode(&b, d.ino)
     }
 
     /// Rewrite directory `d` with `dir` (one engine write) and its inode's
     /// size and times.
     fn write_dir(&self, ns: &mut Ns, d: &mut Inode, dir: Dir) -> Result<()> {
+        self.before_change(ns, d)?;
         if d.object == 0 {
             d.object = self.pool.create_object(self.id, MAX_FILE_SIZE, Some(PlacementKind::Append))?;
         }
@@ -294,6 +304,7 @@ impl FileVolume {
     }
 
     fn make(&self, parent: u64, name: &[u8], kind: Kind, perm: u32, owner: (u32, u32), target: &[u8]) -> Result<Attr> {
+        self.writable()?;
         check_name(name)?;
         let mut ns = self.lock();
         let mut p = self.inode(&mut ns, parent)?;
@@ -355,12 +366,13 @@ impl FileVolume {
             return Ok(i.target);
         }
         let mut b = vec![0u8; i.size.min(4095) as usize];
-        self.pool.read(i.object, 0, &mut b)?;
+        self.read_object(i.object, 0, &mut b)?;
         Ok(b)
     }
 
     /// A hard link: the inode's count first, then the entry.
     pub fn link(&self, ino: u64, parent: u64, name: &[u8]) -> Result<Attr> {
+        self.writable()?;
         check_name(name)?;
         let mut ns = self.lock();
         let mut i = self.inode(&mut ns, ino)?;
@@ -395,6 +407,7 @@ impl FileVolume {
     /// The entry goes first, then the inode's count (a crash between
     /// leaks an inode, never leaves an entry to a freed one).
     fn remove(&self, parent: u64, name: &[u8], want_dir: bool) -> Result<()> {
+        self.writable()?;
         check_name(name)?;
         let mut ns = self.lock();
         let mut p = self.inode(&mut ns, parent)?;
@@ -437,7 +450,7 @@ impl FileVolume {
         ns.dirty.remove(&i.ino);
         ns.dirs.remove(&i.ino);
         self.pool.write(self.id, i.ino * RECORD as u64, &[0u8; RECORD], false)?;
-        if i.object != 0 {
+        if i.object != 0 && !self.retire(ns, i)? {
             self.pool.delete_object(i.object)?;
         }
         Ok(())
@@ -447,6 +460,7 @@ impl FileVolume {
     /// Across directories the new entry is written before the old one
     /// goes (a crash between shows the file under both names).
     pub fn rename(&self, parent: u64, name: &[u8], newparent: u64, newname: &[u8]) -> Result<()> {
+        self.writable()?;
         check_name(name)?;
         check_name(newname)?;
         let mut ns = self.lock();
@@ -524,10 +538,12 @@ impl FileVolume {
     }
 
     pub fn setattr(&self, ino: u64, s: &SetAttr) -> Result<Attr> {
+        self.writable()?;
         let mut ns = self.lock();
         let mut i = self.inode(&mut ns, ino)?;
         let t = now();
         if let Some(size) = s.size {
+            self.before_change(&mut ns, &mut i)?;
             self.truncate(&mut i, size)?;
             i.mtime = t;
         }
@@ -570,7 +586,7 @@ impl FileVolume {
         let n = size.saturating_sub(offset).min(u64::from(len)) as usize;
         let mut buf = vec![0u8; n];
         if n > 0 && object != 0 {
-            self.pool.read(object, offset, &mut buf)?;
+            self.read_object(object, offset, &mut buf)?;
         }
         Ok(buf)
     }
@@ -578,6 +594,7 @@ impl FileVolume {
     /// Write data at `offset`; the new size and mtime are saved at the
     /// next fsync, close or setattr (or when many inodes wait).
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        self.writable()?;
         let mut ns = self.lock();
         let mut i = self.inode(&mut ns, ino)?;
         if i.kind != Kind::File {
@@ -585,6 +602,7 @@ impl FileVolume {
         }
         let end = offset.checked_add(data.len() as u64).filter(|&e| e <= MAX_FILE_SIZE).ok_or(FsError::TooLarge)?;
         self.check_quota(&mut ns, data.len() as u64)?;
+        self.before_change(&mut ns, &mut i)?;
         if i.object == 0 {
             i.object = self.pool.create_object(self.id, MAX_FILE_SIZE, None)?;
             self.save(&mut ns, &i)?;
@@ -667,6 +685,10 @@ impl FileVolume {
         }
         if object == 0 {
             return Ok(if data { None } else { Some(size) });
+        }
+        if self.view.is_some() {
+            // A snapshot's blocks are not told apart here: all data.
+            return Ok(if data { Some(offset) } else { Some(size) });
         }
         let mut at = offset;
         // Each call answers a bounded number of runs; at most 4096 calls.

@@ -12,7 +12,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tarn_fs::{Attr, FileVolume, FsError, Kind, SetAttr};
+use tarn_fs::{Attr, FileVolume, FsError, Kind, Node, SetAttr, Versioned};
 
 /// How long the kernel may cache attributes and names: this process is
 /// the only writer.
@@ -20,19 +20,21 @@ const TTL: Duration = Duration::from_secs(1);
 
 /// The mounted volume.
 pub struct TarnFs {
-    fv: FileVolume,
+    fv: Versioned,
 }
 
 /// Mount `fv` on `dir` and serve until it is unmounted; every pending
 /// change is committed before this returns.
 pub fn mount(fv: FileVolume, name: &str, dir: &Path) -> std::io::Result<()> {
+    // A volume snapshot mounts read-only (the kernel then answers EROFS too).
+    let access = if fv.is_snapshot() { MountOption::RO } else { MountOption::RW };
     let options = [
         MountOption::FSName(format!("tarn:{name}")),
         MountOption::Subtype("tarn".into()),
         MountOption::DefaultPermissions,
-        MountOption::RW,
+        access,
     ];
-    fuser::mount2(TarnFs { fv }, dir, &options)
+    fuser::mount2(TarnFs { fv: Versioned::new(fv) }, dir, &options)
 }
 
 fn time(ns: i64) -> SystemTime {
@@ -106,7 +108,7 @@ fn empty(reply: ReplyEmpty, r: Result<(), FsError>) {
 
 impl TarnFs {
     fn sync(&self, reply: ReplyEmpty) {
-        let r = self.fv.sync();
+        let r = self.fv.live.sync();
         if let Err(e) = &r {
             log::error!("commit failed: {e}");
         }
@@ -116,7 +118,7 @@ impl TarnFs {
 
 impl Filesystem for TarnFs {
     fn destroy(&mut self) {
-        if let Err(e) = self.fv.sync() {
+        if let Err(e) = self.fv.live.sync() {
             log::error!("final commit failed: {e}");
         }
     }
@@ -151,7 +153,7 @@ impl Filesystem for TarnFs {
         reply: ReplyAttr,
     ) {
         let s = SetAttr { perm: mode, uid, gid, size, atime: atime.map(nanos), mtime: mtime.map(nanos) };
-        match self.fv.setattr(ino, &s) {
+        match self.fv.writable(ino).and_then(|i| self.fv.live.setattr(i, &s)) {
             Ok(a) => reply.attr(&TTL, &attr(&a)),
             Err(e) => reply.error(e.errno()),
         }
@@ -175,23 +177,33 @@ impl Filesystem for TarnFs {
             // Devices, fifos and sockets are not kept yet.
             return reply.error(libc::EPERM);
         }
-        entry(reply, self.fv.create(parent, name.as_bytes(), Kind::File, mode & !umask, req.uid(), req.gid()))
+        let r = self.fv.writable(parent);
+        entry(
+            reply,
+            r.and_then(|p| self.fv.live.create(p, name.as_bytes(), Kind::File, mode & !umask, req.uid(), req.gid())),
+        )
     }
 
     fn mkdir(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
-        entry(reply, self.fv.create(parent, name.as_bytes(), Kind::Dir, mode & !umask, req.uid(), req.gid()))
+        let r = self.fv.writable(parent);
+        entry(
+            reply,
+            r.and_then(|p| self.fv.live.create(p, name.as_bytes(), Kind::Dir, mode & !umask, req.uid(), req.gid())),
+        )
     }
 
     fn unlink(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, self.fv.unlink(parent, name.as_bytes()))
+        empty(reply, self.fv.writable(parent).and_then(|p| self.fv.live.unlink(p, name.as_bytes())))
     }
 
     fn rmdir(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, self.fv.rmdir(parent, name.as_bytes()))
+        empty(reply, self.fv.writable(parent).and_then(|p| self.fv.live.rmdir(p, name.as_bytes())))
     }
 
     fn symlink(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, target: &Path, reply: ReplyEntry) {
-        entry(reply, self.fv.symlink(parent, name.as_bytes(), target.as_os_str().as_bytes(), req.uid(), req.gid()))
+        let target = target.as_os_str().as_bytes();
+        let r = self.fv.writable(parent);
+        entry(reply, r.and_then(|p| self.fv.live.symlink(p, name.as_bytes(), target, req.uid(), req.gid())))
     }
 
     fn rename(
@@ -208,15 +220,22 @@ impl Filesystem for TarnFs {
             // RENAME_NOREPLACE / EXCHANGE / WHITEOUT: not yet.
             return reply.error(libc::EINVAL);
         }
-        empty(reply, self.fv.rename(parent, name.as_bytes(), newparent, newname.as_bytes()))
+        let r = self.fv.writable(parent).and_then(|p| Ok((p, self.fv.writable(newparent)?)));
+        empty(reply, r.and_then(|(p, np)| self.fv.live.rename(p, name.as_bytes(), np, newname.as_bytes())))
     }
 
     fn link(&mut self, _req: &Request<'_>, ino: u64, newparent: u64, newname: &OsStr, reply: ReplyEntry) {
-        entry(reply, self.fv.link(ino, newparent, newname.as_bytes()))
+        let r = self.fv.writable(ino).and_then(|i| Ok((i, self.fv.writable(newparent)?)));
+        entry(reply, r.and_then(|(i, np)| self.fv.live.link(i, np, newname.as_bytes())))
     }
 
-    fn open(&mut self, _req: &Request<'_>, ino: u64, _flags: i32, reply: ReplyOpen) {
-        self.fv.opened(ino);
+    fn open(&mut self, _req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
+        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+        match (Node::decode(ino), writes) {
+            (Node::Live(i), _) => self.fv.live.opened(i),
+            (_, true) => return reply.error(libc::EROFS),
+            (_, false) => {}
+        }
         reply.opened(0, 0);
     }
 
@@ -230,7 +249,10 @@ impl Filesystem for TarnFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        empty(reply, self.fv.released(ino))
+        match Node::decode(ino) {
+            Node::Live(i) => empty(reply, self.fv.live.released(i)),
+            _ => reply.ok(),
+        }
     }
 
     fn read(
@@ -259,7 +281,7 @@ impl Filesystem for TarnFs {
         _lock_owner: Option<u64>,
         reply: ReplyWrite,
     ) {
-        match self.fv.write(ino, offset.max(0) as u64, data) {
+        match self.fv.writable(ino).and_then(|i| self.fv.live.write(i, offset.max(0) as u64, data)) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(e.errno()),
         }
@@ -292,8 +314,41 @@ impl Filesystem for TarnFs {
         }
     }
 
+    /// Volume snapshots from a script on the mount: setting
+    /// `user.tarn.snapshot` on the root to NAME takes snapshot NAME,
+    /// `user.tarn.snapshot.delete` deletes it, `user.tarn.version.delete`
+    /// deletes version N (as `foo@` names it). Other attributes: not kept yet.
+    fn setxattr(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        name: &OsStr,
+        value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let snap = std::str::from_utf8(value).map_err(|_| FsError::Invalid("snapshot name is not UTF-8"));
+        let r = match (ino, name.as_bytes()) {
+            (tarn_fs::ROOT, b"user.tarn.snapshot") => {
+                self.fv.forget_views();
+                snap.and_then(|n| self.fv.live.snap_create(n).map(drop))
+            }
+            (tarn_fs::ROOT, b"user.tarn.snapshot.delete") => {
+                self.fv.forget_views();
+                snap.and_then(|n| self.fv.live.snap_delete(n))
+            }
+            (tarn_fs::ROOT, b"user.tarn.version.delete") => self.fv.delete_version(value),
+            _ => return reply.error(libc::ENOTSUP),
+        };
+        if let Err(e) = &r {
+            log::warn!("snapshot by setxattr: {e}");
+        }
+        empty(reply, r)
+    }
+
     fn statfs(&mut self, _req: &Request<'_>, _ino: u64, reply: ReplyStatfs) {
-        let s = self.fv.statfs();
+        let s = self.fv.live.statfs();
         let blocks = s.total / 4096;
         let free = s.free / 4096;
         let max_files = tarn_fs::MAX_INODES;
@@ -310,9 +365,10 @@ impl Filesystem for TarnFs {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        match self.fv.create(parent, name.as_bytes(), Kind::File, mode & !umask, req.uid(), req.gid()) {
+        let r = self.fv.writable(parent);
+        match r.and_then(|p| self.fv.live.create(p, name.as_bytes(), Kind::File, mode & !umask, req.uid(), req.gid())) {
             Ok(a) => {
-                self.fv.opened(a.inode.ino);
+                self.fv.live.opened(a.inode.ino);
                 reply.created(&TTL, &attr(&a), 0, 0, 0)
             }
             Err(e) => reply.error(e.errno()),

@@ -6,6 +6,7 @@ pub mod files;
 mod flatten;
 pub mod hints;
 pub mod layout;
+pub mod members_snap;
 pub mod reclaim;
 pub mod relayout;
 pub mod snapshot;

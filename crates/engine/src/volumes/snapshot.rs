@@ -208,7 +208,7 @@ fn snapshot_info(state: &State, v: &Volume, i: usize) -> Result<SnapshotInfo> {
     })
 }
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 

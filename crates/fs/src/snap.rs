@@ -1,0 +1,247 @@
+//! Volume snapshots by epoch (Loris section V; docs/ARCHITECTURE.md *File
+//! volumes*, versioning). Taking one copies nothing: the header's epoch
+//! (the snapshot number) is bumped and the inode table, which is the file
+//! volume's own map, gets an engine snapshot; one commit whatever the
+//! number of files. Each object (file data, directory) then takes its own
+//! engine snapshot lazily, the first time it is changed in a newer epoch:
+//! the inode's epoch says when it last was. That snapshot, tagged `gN`
+//! with the volume's epoch N at the time, shows the object as every
+//! volume snapshot numbered up to N saw it (back to its previous tag).
+//! Reading a volume snapshot numbered n takes each object's oldest tag at
+//! least n, or its head when it has none. An object whose last name goes
+//! while a snapshot may still see it is retired instead of deleted: its
+//! head is shrunk to one zeroed block (the mark) and its tags stay.
+
+use crate::error::{FsError, Result};
+use crate::inode::{Header, Inode, RECORD};
+use crate::ns::{FileVolume, Ns};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+use tarn_engine::{EngineError, Pool, View};
+
+/// The head size marking a retired object (live objects are MAX_FILE_SIZE).
+pub const RETIRED_SIZE: u64 = 4096;
+/// Snapshots of one file volume at most (the engine's per-volume bound).
+const MAX_LIST: usize = 1 << 16;
+
+/// Which volume snapshot a read-only FileVolume shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapView {
+    /// The engine epoch of the inode table's snapshot.
+    pub epoch: u64,
+    /// The volume snapshot's number (its header's epoch).
+    pub number: u64,
+}
+
+/// A volume snapshot as `tarn fs snap list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FsSnapshot {
+    pub name: String,
+    /// The volume's epoch the snapshot closed (1, 2, ...; never reused).
+    pub number: u64,
+    /// Seconds since the Unix epoch.
+    pub created: u64,
+    /// The engine epoch of its inode table snapshot.
+    pub engine_epoch: u64,
+}
+
+fn tag_name(number: u64) -> String {
+    format!("g{number}")
+}
+
+/// The volume epoch an object snapshot's name carries (None: not a tag).
+fn tag_of(name: &str) -> Option<u64> {
+    name.strip_prefix('g').and_then(|n| n.parse().ok())
+}
+
+impl FileVolume {
+    /// Refuse a change of a snapshot opened read-only.
+    pub(crate) fn writable(&self) -> Result<()> {
+        match self.view {
+            Some(_) => Err(FsError::ReadOnly("a volume snapshot")),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether this is a volume snapshot opened read-only.
+    pub fn is_snapshot(&self) -> bool {
+        self.view.is_some()
+    }
+
+    fn volume_name(&self) -> String {
+        self.pool.file_volumes().into_iter().find(|f| f.id == self.id).map_or_else(|| self.id.to_string(), |f| f.name)
+    }
+
+    pub(crate) fn table_view(&self) -> View {
+        self.view.map_or(View::Head, |v| View::Snapshot(v.epoch))
+    }
+
+    /// Read an object as the opened view shows it.
+    pub(crate) fn read_object(&self, object: u32, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let view = match self.view {
+            None => View::Head,
+            Some(v) => self.object_view(object, v.number)?,
+        };
+        Ok(self.pool.read_view(object, view, offset, buf)?)
+    }
+
+    /// The object's oldest tag numbered `number` or later, else its head.
+    fn object_view(&self, object: u32, number: u64) -> Result<View> {
+        let snaps = self.pool.member_snapshots(object)?;
+        let best = snaps.iter().filter_map(|s| tag_of(&s.name).filter(|t| *t >= number).map(|t| (t, s.epoch))).min();
+        Ok(best.map_or(View::Head, |(_, epoch)| View::Snapshot(epoch)))
+    }
+
+    /// Before an object changes: its first change since the last volume
+    /// snapshot takes the object's tag (what older snapshots will read).
+    /// The inode's new epoch is saved with it.
+    pub(crate) fn before_change(&self, ns: &mut Ns, i: &mut Inode) -> Result<()> {
+        let current = ns.header.epoch;
+        if i.epoch >= current {
+            return Ok(());
+        }
+        if i.object != 0 {
+            self.tag_object(i.object, current)?;
+        }
+        i.epoch = current;
+        self.save(ns, i)
+    }
+
+    fn tag_object(&self, object: u32, number: u64) -> Result<()> {
+        match self.pool.snapshot_member(object, &tag_name(number)) {
+            // A crash after the tag's commit but before the inode's.
+            Ok(_) | Err(EngineError::SnapshotExists { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The last name of `i` went: keep its object (retired) when a volume
+    /// snapshot may still read it; Ok(false) when it can be deleted.
+    pub(crate) fn retire(&self, ns: &mut Ns, i: &Inode) -> Result<bool> {
+        let tagged = self.pool.member_snapshots(i.object)?.iter().any(|s| tag_of(&s.name).is_some());
+        let seen = i.epoch < ns.header.epoch;
+        if !tagged && !seen {
+            return Ok(false);
+        }
+        if seen {
+            self.tag_object(i.object, ns.header.epoch)?;
+        }
+        self.pool.shrink_object(i.object, RETIRED_SIZE)?;
+        self.pool.write_zeroes(i.object, 0, RETIRED_SIZE, false, false)?;
+        Ok(true)
+    }
+
+    /// Snapshot the whole volume as `name`: durable when it returns.
+    pub fn snap_create(&self, name: &str) -> Result<FsSnapshot> {
+        self.writable()?;
+        // Names from the catalog in memory: no header read per snapshot.
+        if self.pool.member_snapshots(self.id)?.iter().any(|s| s.name == name) {
+            return Err(EngineError::SnapshotExists { volume: self.volume_name(), name: name.into() }.into());
+        }
+        let mut ns = self.lock();
+        // Sizes and times not yet saved belong in the snapshot's table.
+        let dirty: Vec<Inode> = ns.dirty.drain().map(|(_, i)| i).collect();
+        for i in &dirty {
+            self.save(&mut ns, i)?;
+        }
+        // The header's bump and the table's snapshot in one commit.
+        self.pool.make_room_for(4096)?;
+        ns.header.epoch += 1;
+        self.pool.write(self.id, 0, &ns.header.encode(), false)?;
+        let engine_epoch = match self.pool.snapshot_member(self.id, name) {
+            Ok(e) => e,
+            Err(e) => {
+                ns.header.epoch -= 1;
+                self.pool.write(self.id, 0, &ns.header.encode(), false)?;
+                return Err(e.into());
+            }
+        };
+        let number = ns.header.epoch;
+        drop(ns);
+        self.pool.flush()?;
+        let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        Ok(FsSnapshot { name: name.to_string(), number, created, engine_epoch })
+    }
+
+    /// Every volume snapshot, oldest first (one header read each).
+    pub fn snap_list(&self) -> Result<Vec<FsSnapshot>> {
+        let snaps = self.pool.member_snapshots(self.id)?;
+        let mut out = Vec::with_capacity(snaps.len().min(MAX_LIST));
+        for s in snaps.into_iter().take(MAX_LIST) {
+            let mut b = [0u8; RECORD];
+            self.pool.read_view(self.id, View::Snapshot(s.epoch), 0, &mut b)?;
+            let number = Header::decode(&b)?.epoch;
+            out.push(FsSnapshot { name: s.name, number, created: s.created, engine_epoch: s.epoch });
+        }
+        Ok(out)
+    }
+
+    /// Delete volume snapshot `name`: its table snapshot, every object tag
+    /// no remaining snapshot reads, and retired objects left without tags.
+    /// What each tag alone held is freed (the engine's dead lists). The
+    /// tags are found in the catalog in memory (no volume read); the pass
+    /// is O(objects of this volume). Durable when it returns.
+    pub fn snap_delete(&self, name: &str) -> Result<()> {
+        self.writable()?;
+        let list = self.snap_list()?;
+        let gone = list
+            .iter()
+            .find(|s| s.name == name)
+            .ok_or_else(|| FsError::NoSuchSnapshot { volume: self.volume_name(), name: name.to_string() })?;
+        let remaining: Vec<u64> = list.iter().filter(|s| s.name != name).map(|s| s.number).collect();
+        let _ns = self.lock();
+        let mut drop_snaps = vec![(self.id, gone.engine_epoch)];
+        let mut drop_objects = Vec::new();
+        for o in self.pool.objects_with_snapshots(self.id) {
+            let mut tags: Vec<(u64, u64)> =
+                o.snapshots.iter().filter_map(|s| tag_of(&s.name).map(|t| (t, s.epoch))).collect();
+            tags.sort_unstable();
+            let (mut prev, mut kept) = (0, 0);
+            for (t, epoch) in tags {
+                if remaining.iter().any(|&m| m > prev && m <= t) {
+                    kept += 1;
+                } else {
+                    drop_snaps.push((o.id, epoch));
+                }
+                prev = t;
+            }
+            if kept == 0 && o.size == RETIRED_SIZE {
+                drop_objects.push(o.id);
+            }
+        }
+        self.pool.make_room_for(64 * (drop_snaps.len() + drop_objects.len()) + 4096)?;
+        self.pool.delete_member_snapshots(&drop_snaps)?;
+        for id in drop_objects {
+            self.pool.delete_object(id)?;
+        }
+        Ok(self.pool.flush()?)
+    }
+
+    /// Open volume snapshot `s` of this volume, read-only.
+    pub(crate) fn open_number(&self, s: &FsSnapshot) -> Result<FileVolume> {
+        let view = SnapView { epoch: s.engine_epoch, number: s.number };
+        FileVolume::open_view(self.pool.clone(), &self.volume_name(), Some(view))
+    }
+
+    /// Inode `ino` as snapshot `s` holds it (None: free there).
+    pub(crate) fn inode_in(&self, s: &FsSnapshot, ino: u64) -> Result<Option<Inode>> {
+        if ino == 0 || ino >= crate::MAX_INODES {
+            return Ok(None);
+        }
+        let mut b = [0u8; RECORD];
+        self.pool.read_view(self.id, View::Snapshot(s.engine_epoch), ino * RECORD as u64, &mut b)?;
+        Inode::decode(&b, ino)
+    }
+
+    /// Open snapshot `snap` of file volume `name`, read-only.
+    pub fn open_snapshot(pool: Arc<Pool>, name: &str, snap: &str) -> Result<FileVolume> {
+        let live = FileVolume::open_view(pool.clone(), name, None)?;
+        let s = live
+            .snap_list()?
+            .into_iter()
+            .find(|s| s.name == snap)
+            .ok_or_else(|| FsError::NoSuchSnapshot { volume: name.to_string(), name: snap.to_string() })?;
+        drop(live);
+        FileVolume::open_view(pool, name, Some(SnapView { epoch: s.engine_epoch, number: s.number }))
+    }
+}
