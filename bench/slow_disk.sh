@@ -78,8 +78,7 @@ layout() { # ROUND TARGET PREFIX: cold read of the whole volume (bounded) and ex
   evict "$TGT_DIR/pool.img"
   v=$(fio_job "$r" "$t" "${pre}read" --rw=read --bs=1M --iodepth=8 "--size=$SIZE_B" --runtime="$READ_SECS") &&
     record "$r" "$t" "${pre}read_mibs" "$v"
-  v=$("$TARN" vol list -p "$TGT_DIR/pool.img" --json | "$SYSPY" -c 'import json,sys;print(json.load(sys.stdin)[0]["extents"])') &&
-    record "$r" "$t" "${pre}extents_per_gib" "$("$SYSPY" -c "print($v / ($SIZE_B / (1 << 30)))")"
+  v=$(extents_per_gib "$TGT_DIR/pool.img") && record "$r" "$t" "${pre}extents_per_gib" "$v"
 }
 sequence() { # ROUND TARGET
   local r=$1 t=$2 v s
@@ -103,15 +102,7 @@ sequence() { # ROUND TARGET
 }
 
 log "slow_disk: targets [$TARGETS], $SIZE, ${RAND_SECS}s random phases, $ROUNDS rounds"
-read -r -a T_ARR <<<"$TARGETS"
-n=${#T_ARR[@]}
-for r in $(seq 1 "$ROUNDS"); do
-  for k in $(seq 0 $((n - 1))); do
-    t=${T_ARR[$(((r - 1 + k) % n))]}
-    log "round $r: $t"
-    sequence "$r" "$t"
-  done
-done
+rotate
 {
   echo "tarn placement on a file and on a modeled disk $STAMP  ($(uname -r), $(nproc) cpus, fs of $DIR: $(df --output=fstype "$DIR" | tail -1))"
   echo "volume $SIZE; 4K random first writes QD32 ${RAND_SECS}s; 1M sequential write; 4K random overwrites QD32 ${RAND_SECS}s; $SNAPS x (snapshot, $SNAP_IOS 4K random overwrites); cold 1M sequential read QD8 (<= ${READ_SECS}s); pool compact; the read again. _hdd: TARN_BENCH_DISK_MODEL=hdd. $ROUNDS rounds, order rotating"
