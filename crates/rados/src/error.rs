@@ -8,7 +8,7 @@ pub enum RadosError {
     BadUri { uri: String },
     #[error("ceph config {path} does not exist (--ceph-conf or CEPH_CONF names it)")]
     NoConf { path: String },
-    #[error("{what}: {errno_text} (errno {errno})")]
+    #[error("{what}: {errno_text}")]
     Call { what: String, errno: i32, errno_text: String },
     #[error("Ceph pool {pool} does not exist on the cluster of {conf}")]
     NoPool { pool: String, conf: String },
