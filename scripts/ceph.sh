@@ -77,14 +77,21 @@ osd_pool_default_pg_autoscale_mode = off
 osd_crush_chooseleaf_type = 0
 paxos_propose_interval = 0.01
 run_dir = $dir/run
-pid_file = $dir/run/\$name.pid
-admin_socket = $dir/run/\$name.asok
 log_file = $dir/log/\$name.log
 crash_dir = $dir/log
 keyring = /dev/null
+# only the daemons: clients (tarn, rados) make neither pid files (which
+# "stop" kills by) nor admin sockets (which would clash between clients)
+[client]
+admin_socket =
+log_file = $dir/log/client.log
 [mon]
+pid_file = $dir/run/\$name.pid
+admin_socket = $dir/run/\$name.asok
 mon_data = $dir/mon/\$id
 [osd]
+pid_file = $dir/run/\$name.pid
+admin_socket = $dir/run/\$name.asok
 osd_data = $dir/osd/\$id
 osd_objectstore = memstore
 memstore_device_bytes = ${CEPH_MEMSTORE_BYTES:-3221225472}
