@@ -744,7 +744,10 @@ fn fs_cmd(cmd: FsCmd) -> Result<i32> {
 
 /// Open file volume `name` on an offline pool (refused while `tarn serve`
 /// holds it): the pool, its lock and the volume.
-fn open_file_volume(p: &PoolArg, name: &str) -> Result<(Arc<tarn_engine::Pool>, poolfile::PoolLock, tarn_fs::FileVolume)> {
+fn open_file_volume(
+    p: &PoolArg,
+    name: &str,
+) -> Result<(Arc<tarn_engine::Pool>, poolfile::PoolLock, tarn_fs::FileVolume)> {
     if poolfile::running_server(&p.pool).is_some() {
         bail!(
             "pool {} is held by a running `tarn serve`; stop it first \

@@ -91,7 +91,8 @@ pub fn open_pool_waiting(
         let dev = crate::devices::open_rados(primary, None)?;
         let lease = if writable {
             let opts = LeaseOptions { takeover: fence, wait, on_lost: Box::new(fenced) };
-            let lease = Lease::acquire(&dev, opts).with_context(|| format!("take the lease of {}", primary.display()))?;
+            let lease =
+                Lease::acquire(&dev, opts).with_context(|| format!("take the lease of {}", primary.display()))?;
             Some(PoolLock::Lease(lease))
         } else {
             None

@@ -222,9 +222,7 @@ mod tests {
         let b = encode_header(22, 1 << 30);
         assert_eq!(
             b,
-            [
-                b'T', b'A', b'R', b'N', b'R', b'D', b'O', b'S', 1, 0, 0, 0, 22, 0, 0, 0, 0, 0, 0, 0x40, 0, 0, 0, 0
-            ]
+            [b'T', b'A', b'R', b'N', b'R', b'D', b'O', b'S', 1, 0, 0, 0, 22, 0, 0, 0, 0, 0, 0, 0x40, 0, 0, 0, 0]
         );
         assert_eq!(decode_header(&b), Ok((22, 1 << 30)));
     }

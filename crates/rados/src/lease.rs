@@ -163,7 +163,8 @@ impl Lease {
         log::info!("lease {oid} taken as {cookie} (session {})", cluster.addrs().unwrap_or_default());
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
-            let (io, oid, cookie, stop, fenced) = (io.clone(), oid.clone(), cookie.clone(), stop.clone(), dev.fenced_flag());
+            let (io, oid, cookie, stop, fenced) =
+                (io.clone(), oid.clone(), cookie.clone(), stop.clone(), dev.fenced_flag());
             std::thread::Builder::new()
                 .name("rados-lease".into())
                 .spawn(move || renew(&io, &oid, &cookie, &stop, &fenced, opts.on_lost))
@@ -175,7 +176,14 @@ impl Lease {
 
 /// Renew until told to stop; on loss set the device's fenced flag (no
 /// write goes out after) and call `on_lost`.
-fn renew(io: &Ioctx, oid: &str, cookie: &str, stop: &AtomicBool, fenced: &AtomicBool, on_lost: Box<dyn Fn(String) + Send>) {
+fn renew(
+    io: &Ioctx,
+    oid: &str,
+    cookie: &str,
+    stop: &AtomicBool,
+    fenced: &AtomicBool,
+    on_lost: Box<dyn Fn(String) + Send>,
+) {
     let mut last_ok = Instant::now();
     // Bounded: ends when stopped or when the lease is lost.
     while !stop.load(Ordering::SeqCst) {

@@ -60,7 +60,9 @@ mod tests {
         assert_eq!((u.pool.as_str(), u.prefix.as_str()), ("tarn", "pool-1"));
         assert_eq!(u.data_object(0x2a), "pool-1.000000000000002a");
         assert_eq!(u.to_string(), "rados://tarn/pool-1");
-        for bad in ["rados://", "rados://tarn", "rados://tarn/", "rados:///x", "rados://a/b/c", "/tmp/x", "rados://a/b c"] {
+        for bad in
+            ["rados://", "rados://tarn", "rados://tarn/", "rados:///x", "rados://a/b/c", "/tmp/x", "rados://a/b c"]
+        {
             assert!(RadosUri::parse(bad).is_err(), "{bad}");
         }
     }
