@@ -21,7 +21,7 @@ trap 'rc=$?; bash "$REPO/scripts/ceph.sh" stop "$CEPHDIR" >/dev/null 2>&1; (exit
 
 step "start a single-node Ceph cluster (scripts/ceph.sh)"
 CONF=$(bash "$REPO/scripts/ceph.sh" start "$CEPHDIR" tarn 2>"$T/ceph-start.log") ||
-  die "scripts/ceph.sh could not start the cluster: $(tail -n 5 "$T/ceph-start.log" | tr '\n' ' ')"
+  die "scripts/ceph.sh could not start the cluster: $(grep -m1 "^ceph.sh:" "$T/ceph-start.log" || tail -n 3 "$T/ceph-start.log")"
 export CEPH_CONF=$CONF
 ok "cluster up, config $CONF"
 POOL=rados://tarn/e2e
