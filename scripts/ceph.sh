@@ -16,23 +16,16 @@ dir=${2:-}
 shift 2
 
 stop() {
-  local pid
+  # The cluster is thrown away: SIGKILL at once (a memstore OSD would
+  # otherwise write all its data to disk on the way out). The pids are read
+  # before the signal, since a daemon removes its pid file as it exits.
+  local pids=() f
   for f in "$dir"/run/*.pid; do
-    [ -f "$f" ] || continue
-    pid=$(cat "$f")
-    kill "$pid" 2>/dev/null || true
+    [ -f "$f" ] && pids+=("$(cat "$f")")
   done
-  # bounded wait for the daemons to exit, then KILL what is left
-  for _ in $(seq 1 50); do
-    local alive=0
-    for f in "$dir"/run/*.pid; do
-      [ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null && alive=1
-    done
-    [ $alive = 0 ] && break
-    sleep 0.1
-  done
-  for f in "$dir"/run/*.pid; do
-    [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null || true
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do
+    for _ in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
   done
   rm -rf "$dir"
 }
@@ -102,7 +95,14 @@ EOF
   ceph-mon -c "$conf" --mkfs -i a --monmap "$dir/monmap" >/dev/null 2>&1 || fail "ceph-mon --mkfs failed"
   ceph-mon -c "$conf" -i a 2>>"$dir/log/daemons.stderr" || fail "ceph-mon did not start"
   local osd
-  osd=$(timeout 30 ceph -c "$conf" --connect-timeout 20 osd new "$osd_uuid" 2>/dev/null) || fail "ceph osd new: no monitor answer"
+  # A command can reach a just-started monitor before its monmap settles
+  # ("handle_command on fsid 0000..."): retry a bounded number of times.
+  osd=
+  for _ in 1 2 3 4 5; do
+    osd=$(timeout 20 ceph -c "$conf" --connect-timeout 10 osd new "$osd_uuid" 2>/dev/null) && break
+    osd=; sleep 0.5
+  done
+  [ -n "$osd" ] || fail "ceph osd new: no monitor answer"
   mkdir -p "$dir/osd/$osd"
   ceph-osd -c "$conf" -i "$osd" --mkfs --osd-uuid "$osd_uuid" >/dev/null 2>&1 || fail "ceph-osd --mkfs failed"
   # The OSD's first monitor command can race its monmap ("wrong fsid",
