@@ -172,4 +172,17 @@ grep -q "lost: dmg bytes" "$T/scrub.txt" && ok "scrub names the volume: $(grep '
 check "the other volumes still read" qemu-io -f raw -c "read -P 0x66 20M 6M" "$(uri q)"
 stop_serve
 pool_check "$POOL"
+
+step "mixing: a local primary (metadata, journal) with a RADOS member"
+LOCAL=$T/local.img
+check "pool create local primary + --device rados://tarn/mix" "$TARN" pool create "$LOCAL" --size 1G --device rados://tarn/mix
+check "status lists the RADOS member" bash -c "'$TARN' pool status -p '$LOCAL' | grep -q 'device 1  rados://tarn/mix'"
+make_vol "$LOCAL" m 1500M
+start_serve "$LOCAL"
+check "qemu-io writes on the mixed pool" qemu-io -f raw -c "write -P 0x81 0 4M" -c "write -P 0x82 1400M 8M" -c flush "$(uri m)"
+stop_serve
+start_serve "$LOCAL"
+check "qemu-io reads after a restart" qemu-io -f raw -c "read -P 0x81 0 4M" -c "read -P 0x82 1400M 8M" -c "read -P 0 700M 1M" "$(uri m)"
+stop_serve
+pool_check "$LOCAL" "mixed pool"
 e2e_finish
