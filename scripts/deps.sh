@@ -18,6 +18,8 @@ declare -A NEED=(
   [sqlite3]=sqlite3 [git]=git [setfattr]=attr
   [jq]=jq [promtool]=prometheus [python3]=python3 [timeout]=coreutils [openssl]=openssl [stat]=coreutils
   [systemd-analyze]=systemd [man]=man-db
+  # a throwaway Ceph cluster for the RADOS tests (scripts/ceph.sh)
+  [ceph-mon]=ceph-mon [ceph-osd]=ceph-osd [ceph]=ceph-common [rados]=ceph-common
 )
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -31,6 +33,10 @@ if [ "$mode" != "--serve" ]; then
   # /usr/bin/python3 explicitly since a pyenv python3 may shadow it)
   if ! /usr/bin/python3 -c 'import nbd' >/dev/null 2>&1; then
     missing+=(python3-libnbd)
+  fi
+  # librados, loaded at run time by crates/rados (no build-time link)
+  if ! ldconfig -p 2>/dev/null | grep -q 'librados\.so\.2 '; then
+    missing+=(librados2)
   fi
   # the benchmarks' plots (bench/plots.py); the tests need no plotting
   if [ "$mode" = "--bench" ] && ! /usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1; then

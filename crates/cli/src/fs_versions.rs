@@ -72,7 +72,10 @@ fn with_volume<T>(p: &PoolArg, name: &str, f: impl FnOnce(&tarn_fs::FileVolume) 
 }
 
 /// `tarn mount NAME` (live, writable) or `NAME@SNAP` (read-only).
-pub fn open_for_mount(p: &PoolArg, name: &str) -> Result<(Arc<tarn_engine::Pool>, std::fs::File, tarn_fs::FileVolume)> {
+pub fn open_for_mount(
+    p: &PoolArg,
+    name: &str,
+) -> Result<(Arc<tarn_engine::Pool>, crate::poolfile::PoolLock, tarn_fs::FileVolume)> {
     let Some((volume, snap)) = name.split_once('@') else {
         return open_file_volume(p, name);
     };

@@ -2,6 +2,7 @@
 
 mod admin;
 mod daemon;
+mod devices;
 mod fs_versions;
 mod guest;
 mod mirror;
@@ -26,7 +27,7 @@ use spec::{SnapSpec, ViewSpec};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use tarn_engine::{create_mirrored_pool, CreateOptions, Device, FileDevice, OpenOptions};
+use tarn_engine::{create_mirrored_pool, CreateOptions, Device, OpenOptions};
 
 #[derive(Parser)]
 #[command(
@@ -38,6 +39,8 @@ use tarn_engine::{create_mirrored_pool, CreateOptions, Device, FileDevice, OpenO
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    ceph: devices::CephArgs,
 }
 
 #[derive(Args, Clone)]
@@ -589,6 +592,7 @@ fn main() {
     limit_malloc_arenas();
     logging::init();
     let cli = Cli::parse();
+    devices::set_ceph(cli.ceph);
     match dispatch(cli.command) {
         Ok(code) => std::process::exit(code),
         Err(e) => {
@@ -761,7 +765,7 @@ fn fs_cmd(cmd: FsCmd) -> Result<i32> {
 pub(crate) fn open_file_volume(
     p: &PoolArg,
     name: &str,
-) -> Result<(Arc<tarn_engine::Pool>, std::fs::File, tarn_fs::FileVolume)> {
+) -> Result<(Arc<tarn_engine::Pool>, poolfile::PoolLock, tarn_fs::FileVolume)> {
     if poolfile::running_server(&p.pool).is_some() {
         bail!(
             "pool {} is held by a running `tarn serve`; stop it first \
@@ -989,16 +993,6 @@ fn admin_progress(p: &PoolArg, req: &Request, progress: &mut dyn FnMut(u64, u64)
     result
 }
 
-fn open_or_create_file(path: &Path, size: Option<u64>) -> Result<FileDevice> {
-    if path.exists() {
-        return FileDevice::open(path, true).with_context(|| format!("open {}", path.display()));
-    }
-    let Some(size) = size else {
-        bail!("{} does not exist; pass --size to create it as a sparse file", path.display())
-    };
-    FileDevice::create_file(path, size).with_context(|| format!("create {}", path.display()))
-}
-
 /// `slots[0]` is the primary (with its mirror legs, if any).
 fn pool_create(slots: &[Vec<PathBuf>], size: Option<u64>, opts: &CreateOptions) -> Result<()> {
     let all: Vec<String> = slots.iter().flatten().map(|p| absolute(p)).collect();
@@ -1009,7 +1003,7 @@ fn pool_create(slots: &[Vec<PathBuf>], size: Option<u64>, opts: &CreateOptions) 
     for slot in slots {
         let mut legs = Vec::new();
         for path in slot {
-            legs.push((Arc::new(open_or_create_file(path, size)?) as Arc<dyn Device>, absolute(path)));
+            legs.push((devices::open_or_create(path, size)?, absolute(path)));
         }
         devices.push(legs);
     }
@@ -1050,6 +1044,9 @@ fn pool_upgrade(p: &PoolArg) -> Result<i32> {
 }
 
 fn absolute(p: &Path) -> String {
+    if devices::is_rados(p) {
+        return p.display().to_string();
+    }
     std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()).display().to_string()
 }
 

@@ -36,12 +36,12 @@ fn same_file(a: &Path, b: &Path) -> bool {
 /// cannot be opened is an error.
 pub fn open_members(
     primary: &Path,
-    first: FileDevice,
+    first: Arc<dyn Device>,
     overrides: &[PathBuf],
     writable: bool,
 ) -> Result<Vec<Vec<Arc<dyn Device>>>> {
-    let recorded = Pool::member_legs(&first)?;
-    let mut slots: Vec<Vec<Arc<dyn Device>>> = vec![vec![Arc::new(first)]];
+    let recorded = Pool::member_legs(first.as_ref())?;
+    let mut slots: Vec<Vec<Arc<dyn Device>>> = vec![vec![first]];
     // A mirrored primary: its other legs too (a plain one is `primary` itself,
     // even when it moved or is a copy of the recorded path).
     let primary_legs = recorded.first().filter(|legs| legs.len() > 1).into_iter().flatten();
@@ -53,9 +53,9 @@ pub fn open_members(
     for (i, legs) in recorded.iter().enumerate().skip(1) {
         if legs.len() == 1 {
             let path = overrides.get(i - 1).cloned().unwrap_or_else(|| PathBuf::from(&legs[0]));
-            let dev = FileDevice::open(&path, writable)
+            let dev = crate::devices::open(&path, writable)
                 .with_context(|| format!("open member device {i} at {}", path.display()))?;
-            slots.push(vec![Arc::new(dev)]);
+            slots.push(vec![dev]);
             continue;
         }
         slots.push(legs.iter().filter_map(|p| open_leg(i, Path::new(p), writable)).collect());
@@ -64,8 +64,8 @@ pub fn open_members(
 }
 
 fn open_leg(member: usize, path: &Path, writable: bool) -> Option<Arc<dyn Device>> {
-    match FileDevice::open(path, writable) {
-        Ok(d) => Some(Arc::new(d)),
+    match crate::devices::open(path, writable) {
+        Ok(d) => Some(d),
         Err(e) => {
             eprintln!(
                 "tarn: warning: mirror leg {} of member {member} cannot be opened ({e}); continuing DEGRADED",

@@ -5,18 +5,27 @@ use anyhow::{bail, Context, Result};
 use std::fs::File;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tarn_engine::{FileDevice, OpenOptions, Pool};
+use tarn_engine::{Device, OpenOptions, Pool};
+use tarn_rados::{Lease, LeaseOptions};
+
+/// What keeps a second writer out: an advisory lock on a local primary,
+/// or the RADOS lease on a `rados://` primary (crates/rados).
+pub enum PoolLock {
+    File(#[allow(dead_code)] File),
+    Lease(#[allow(dead_code)] Lease),
+}
 
 /// An open pool plus the lock that keeps a second writer out.
 pub struct OpenPool {
     pub pool: Pool,
-    _lock: File,
+    _lock: PoolLock,
 }
 
 impl OpenPool {
     /// The pool and the lock that must outlive every use of it.
-    pub fn into_parts(self) -> (Pool, File) {
+    pub fn into_parts(self) -> (Pool, PoolLock) {
         (self.pool, self._lock)
     }
 }
@@ -65,27 +74,58 @@ const LOCK_RETRY: Duration = Duration::from_millis(50);
 /// Open the pool whose primary device is `primary`. Member devices come
 /// from the primary's superblock unless `members` names them.
 pub fn open_pool(primary: &Path, members: &[PathBuf], options: OpenOptions) -> Result<OpenPool> {
-    open_pool_waiting(primary, members, options, Duration::ZERO)
+    open_pool_waiting(primary, members, options, Duration::ZERO, false)
 }
 
-/// [`open_pool`], waiting up to `wait` for another process to let go of it.
+/// [`open_pool`], waiting up to `wait` for another process to let go of
+/// it; on RADOS, `fence` fences the holder of the lease and takes it.
 pub fn open_pool_waiting(
     primary: &Path,
     members: &[PathBuf],
     options: OpenOptions,
     wait: Duration,
+    fence: bool,
 ) -> Result<OpenPool> {
     let writable = !options.read_only;
-    if !primary.exists() {
-        bail!("pool device {} does not exist", primary.display());
-    }
-    let lock = lock(primary, writable, wait)?;
-    let first =
-        FileDevice::open(primary, writable).with_context(|| format!("open pool device {}", primary.display()))?;
+    let (first, lock): (Arc<dyn Device>, Option<PoolLock>) = if crate::devices::is_rados(primary) {
+        let dev = crate::devices::open_rados(primary, None)?;
+        let lease = if writable {
+            let opts = LeaseOptions { takeover: fence, wait, on_lost: Box::new(fenced) };
+            let lease =
+                Lease::acquire(&dev, opts).with_context(|| format!("take the lease of {}", primary.display()))?;
+            Some(PoolLock::Lease(lease))
+        } else {
+            None
+        };
+        (Arc::new(dev), lease)
+    } else {
+        if !primary.exists() {
+            bail!("pool device {} does not exist", primary.display());
+        }
+        let lock = lock(primary, writable, wait)?;
+        let first = crate::devices::open(primary, writable).context("open pool device")?;
+        (first, Some(PoolLock::File(lock)))
+    };
     let slots = crate::mirror::open_members(primary, first, members, writable)?;
     let pool = Pool::open_slots(slots, options).with_context(|| format!("open pool {}", primary.display()))?;
+    let lock = match lock {
+        Some(l) => l,
+        None => PoolLock::File(File::open("/dev/null").context("open /dev/null")?),
+    };
     Ok(OpenPool { pool, _lock: lock })
 }
+
+/// The RADOS lease was lost: another server fenced this one (the cluster
+/// refuses its writes from now on). Stop at once, as a crash would: what
+/// was committed is on the cluster, the new holder recovers the rest.
+fn fenced(why: String) {
+    log::error!("{why}");
+    eprintln!("tarn: fenced: {why}; stopping (another tarn server took the pool over)");
+    std::process::exit(FENCED_EXIT);
+}
+
+/// Exit status of a server that was fenced.
+pub const FENCED_EXIT: i32 = 75;
 
 /// Where the server holding pool `uuid` listens for admin requests.
 pub fn control_socket_path(uuid: &str) -> PathBuf {
@@ -98,9 +138,9 @@ pub fn control_socket_path(uuid: &str) -> PathBuf {
 /// (failing, or a missing mirror leg) — by the alias the server made for
 /// the path it was started with.
 pub fn running_server(primary: &Path) -> Option<PathBuf> {
-    let by_uuid = FileDevice::open(primary, false)
+    let by_uuid = crate::devices::open(primary, false)
         .ok()
-        .and_then(|dev| Pool::pool_uuid(&dev).ok())
+        .and_then(|dev| Pool::pool_uuid(dev.as_ref()).ok())
         .map(|uuid| control_socket_path(&uuid));
     [by_uuid, Some(control_alias_path(primary))]
         .into_iter()

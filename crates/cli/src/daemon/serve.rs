@@ -107,7 +107,10 @@ pub fn serve(
             args.lock_wait.as_secs()
         );
     }
-    let opened = open_pool_waiting(&args.pool, &args.members, options, args.lock_wait)?;
+    // On RADOS, --takeover with no server answering here fences the holder
+    // of the lease (on another host, or dead) instead of a socket handover.
+    let fence = args.takeover && crate::devices::is_rados(&args.pool) && inherited.is_empty();
+    let opened = open_pool_waiting(&args.pool, &args.members, options, args.lock_wait, fence)?;
     let metrics_listener = match (&args.metrics, early_metrics) {
         (_, Some(l)) => Some(l),
         (Some(a), None) => Some(bind_metrics_retrying(a)?),
@@ -238,8 +241,15 @@ fn inherited_sockets(args: &ServeArgs) -> Result<Inherited> {
         if !nbd.is_empty() {
             bail!("--takeover with sockets from the service manager: restart the service instead (systemctl restart)");
         }
-        let control = running_server(&args.pool)
-            .with_context(|| format!("--takeover: no running server answers for pool {}", args.pool.display()))?;
+        let control = match running_server(&args.pool) {
+            Some(c) => c,
+            // No server here: on RADOS the lease holder is fenced instead.
+            None if crate::devices::is_rados(&args.pool) => {
+                notice("--takeover: no server answers here; fencing the holder of the RADOS lease");
+                return Ok(Inherited { nbd, metrics: metrics_fd });
+            }
+            None => bail!("--takeover: no running server answers for pool {}", args.pool.display()),
+        };
         let (fds, pid) = handover::take(&control)?;
         notice(&format!("took over {} listening socket(s) from pid {pid}; it drains and commits", fds.len()));
         nbd.extend(fds.into_iter().map(|fd| (fd, false)));

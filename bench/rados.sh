@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# tarn on RADOS against RBD through qemu's rbd driver (qemu-nbd, Debian
+# qemu-block-extra), on the same throwaway single-node cluster
+# (scripts/ceph.sh: one mon, one memstore OSD, replication 1). Both are
+# driven by fio's nbd engine over TCP; rounds alternate tarn, rbd, tarn, rbd.
+# Not part of the tests.
+#   bash bench/rados.sh                  # RUNTIME=15 s per job, ROUNDS=2
+# Jobs: 4K random write QD32 (fresh, then after 10 snapshots), 4K random
+# read QD32, 1M sequential write and read QD4; snapshot create time (the
+# 10 snapshots: `tarn snap create` through the server, `rbd snap create`).
+# Prints one line per job and round, then the medians and tarn/rbd ratios.
+set -euo pipefail
+BENCH=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$BENCH/.." && pwd)
+. "$BENCH/common.sh"
+TARN=${TARN:-$REPO/target/release/tarn}
+RUNTIME=${RUNTIME:-15}
+ROUNDS=${ROUNDS:-2}
+SIZE=${SIZE:-2G}
+for t in qemu-nbd fio rbd rados jq; do command -v $t >/dev/null || { echo "rados.sh: $t missing (bash scripts/deps.sh; qemu-block-extra for qemu's rbd driver)" >&2; exit 1; }; done
+[ -e /usr/lib/x86_64-linux-gnu/qemu/block-rbd.so ] || { echo "rados.sh: qemu's rbd driver missing (apt-get install qemu-block-extra)" >&2; exit 1; }
+[ -x "$TARN" ] || { echo "rados.sh: $TARN missing (cargo build --release -p tarn-cli)" >&2; exit 1; }
+
+W=$(mktemp -d /var/tmp/tarn-bench-rados.XXXXXX)
+PIDS=()
+cleanup() {
+  stop_pids 30 "${PIDS[@]}"
+  bash "$REPO/scripts/ceph.sh" stop "$W/ceph" >/dev/null 2>&1 || true
+  rm -rf "$W"
+}
+trap cleanup EXIT
+CEPH_MEMSTORE_BYTES=$((8 << 30)) CONF=$(bash "$REPO/scripts/ceph.sh" start "$W/ceph" tarn)
+export CEPH_CONF=$CONF
+port() { /usr/bin/python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+wait_nbd() { for _ in $(seq 1 300); do nbdinfo --list "nbd://127.0.0.1:$1" >/dev/null 2>&1 && return 0; sleep 0.1; done; echo "no NBD server on $1" >&2; exit 1; }
+ms() { local ns; ns=$(date +%s%N); echo $((ns / 1000000)); }
+
+# fio_run URI RW BS QD -> prints IOPS (random) or MiB/s (sequential)
+fio_run() {
+  local out=$W/fio.json
+  timeout $((RUNTIME + 60)) fio --name=j --ioengine=nbd --uri="$1" --rw="$2" --bs="$3" --iodepth="$4" --size=1G \
+    --time_based --runtime="$RUNTIME" --randrepeat=0 --output-format=json --output="$out" >/dev/null 2>"$W/fio.err" ||
+    { echo stalled; return 0; }
+  case $2 in
+    randwrite) jq '.jobs[0].write.iops | floor' "$out" ;;
+    randread) jq '.jobs[0].read.iops | floor' "$out" ;;
+    write) jq '.jobs[0].write.bw_bytes / 1048576 | floor' "$out" ;;
+    read) jq '.jobs[0].read.bw_bytes / 1048576 | floor' "$out" ;;
+  esac
+}
+
+# one round on TARGET (tarn|rbd), a fresh volume/image each round
+round() {
+  local target=$1 r=$2 p uri snap_ms=0 t0 i
+  p=$(port)
+  if [ "$target" = tarn ]; then
+    "$TARN" pool create "rados://tarn/b$r" --size 16G >/dev/null
+    "$TARN" vol create v --size "$SIZE" -p "rados://tarn/b$r" >/dev/null
+    "$TARN" serve -p "rados://tarn/b$r" --listen "127.0.0.1:$p" >"$W/serve-$r.log" 2>&1 &
+  else
+    # layering only: with exclusive-lock, `rbd snap create` must take the
+    # lock from qemu-nbd's librbd, and the writes after it stalled here
+    rbd create "tarn/img$r" --size "$SIZE" --image-feature layering
+    qemu-nbd --cache=none -b 127.0.0.1 -p "$p" -x v --persistent \
+      --image-opts "driver=rbd,pool=tarn,image=img$r,conf=$CONF" >"$W/qemu-nbd-$r.log" 2>&1 &
+  fi
+  PIDS+=($!); local pid=$!
+  wait_nbd "$p"
+  uri="nbd://127.0.0.1:$p/v"
+  echo "$target $r seqwrite_mib_s $(fio_run "$uri" write 1M 4)"
+  echo "$target $r seqread_mib_s $(fio_run "$uri" read 1M 4)"
+  echo "$target $r randwrite_iops $(fio_run "$uri" randwrite 4k 32)"
+  echo "$target $r randread_iops $(fio_run "$uri" randread 4k 32)"
+  for i in $(seq 1 10); do
+    t0=$(ms)
+    if [ "$target" = tarn ]; then "$TARN" snap create "v@s$i" -p "rados://tarn/b$r" >/dev/null
+    else rbd snap create --no-progress "tarn/img$r@s$i" >/dev/null; fi
+    snap_ms=$((snap_ms + $(ms) - t0))
+  done
+  echo "$target $r snap_create_ms $((snap_ms / 10))"
+  echo "$target $r randwrite_10snaps_iops $(fio_run "$uri" randwrite 4k 32)"
+  stop_pids 30 "$pid"
+}
+
+{
+  for r in $(seq 1 "$ROUNDS"); do round tarn "$r"; round rbd "$r"; done
+} | grep -E '^(tarn|rbd) ' | tee "$W/results.txt"
+/usr/bin/python3 - "$W/results.txt" <<'PY'
+import statistics, sys
+v = {}
+for line in open(sys.argv[1]):
+    t, _, k, x = (line.split() + [""])[:4]
+    if x.replace(".", "", 1).isdigit():  # "stalled": fio failed or hung
+        v.setdefault(k, {}).setdefault(t, []).append(float(x))
+print(f"{'metric':26} {'tarn':>10} {'rbd':>10} {'tarn/rbd':>9}")
+for k, d in v.items():
+    a, b = (statistics.median(d[t]) if d.get(t) else 0 for t in ("tarn", "rbd"))
+    print(f"{k:26} {a:10.0f} {b:10.0f} {a / b if b else 0:9.2f}")
+PY
