@@ -20,22 +20,6 @@ MNT=$T/mnt
 mkdir -p "$MNT"
 MOUNT_PID=
 
-fs_mount() {
-  "$TARN" mount "$1" "$MNT" -p "$POOL" >>"$T/mount.log" 2>&1 &
-  MOUNT_PID=$!
-  E2E_PIDS+=("$MOUNT_PID")
-  E2E_FUSE+=("$MNT")
-  wait_until 30 mountpoint -q "$MNT" || die "tarn mount $1 did not come up: $(tail -n 3 "$T/mount.log" | tr '\n' ' ')"
-  ok "tarn mount $1"
-}
-
-fs_umount() {
-  local rc=0
-  check "fusermount3 -u" fusermount3 -u "$MNT"
-  wait "$MOUNT_PID" || rc=$?
-  expect_eq "tarn mount exit status after unmount" "$rc" 0
-  MOUNT_PID=
-}
 
 clean() {
   check "tarn fs check home clean ($1)" tarn fs check home -p "$POOL"

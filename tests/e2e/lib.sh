@@ -350,3 +350,22 @@ fuse_detach() {
     FUSE_PID=
   fi
 }
+
+# File volumes (tarn mount), with the caller's POOL and MNT:
+# fs_mount NAME: `tarn mount` in the background until the mount is up
+fs_mount() {
+  "$TARN" mount "$1" "$MNT" -p "$POOL" >>"$T/mount.log" 2>&1 &
+  MOUNT_PID=$!
+  E2E_PIDS+=("$MOUNT_PID")
+  E2E_FUSE+=("$MNT")
+  wait_until 30 mountpoint -q "$MNT" || die "tarn mount $1 did not come up: $(tail -n 3 "$T/mount.log" | tr '\n' ' ')"
+  ok "tarn mount $1"
+}
+# fs_umount: unmount; `tarn mount` then commits, closes the pool and exits 0
+fs_umount() {
+  local rc=0
+  check "fusermount3 -u" fusermount3 -u "$MNT"
+  wait "$MOUNT_PID" || rc=$?
+  expect_eq "tarn mount exit status after unmount" "$rc" 0
+  MOUNT_PID=
+}
