@@ -52,6 +52,11 @@ pub(crate) enum Pending {
     Hint {
         vol: String,
     },
+    /// A member device added (`Pool::add_device`): no content changes;
+    /// its forced checkpoint makes everything answered before durable.
+    DevAdd {
+        index: usize,
+    },
 }
 
 impl Pending {
@@ -68,6 +73,7 @@ impl Pending {
             Pending::Flatten { .. } => 7,
             Pending::Compact { .. } => 8,
             Pending::Hint { .. } => 9,
+            Pending::DevAdd { .. } => 10,
         }
     }
 }
@@ -145,7 +151,7 @@ impl Run {
             Pending::Rollback { vol, snap } => m.rollback(vol, snap),
             Pending::CloneCreate { vol, snap, clone } => m.clone_volume(vol, snap, clone),
             Pending::Flatten { vol } => m.flatten(vol),
-            Pending::Compact { .. } | Pending::Hint { .. } => {}
+            Pending::Compact { .. } | Pending::Hint { .. } | Pending::DevAdd { .. } => {}
         }
         m.flushed();
     }
@@ -158,6 +164,9 @@ impl Run {
         };
         let seen = self.observe_cut(&p).map_err(|e| format!("after a crash during {p:?}: {e}"))?;
         trace!("cut {p:?}: {seen:?}");
+        if matches!(p, Pending::DevAdd { .. }) {
+            self.stats.dev_adds_cut += 1;
+        }
         match seen {
             Cut::Done => {
                 self.stats.cut_done += 1;
@@ -200,6 +209,8 @@ impl Run {
             }
             // Its last commit cannot be told apart: assume it did not land
             // (the model then keeps allowing the older contents too).
+            // Its superblock lists the member, or the pool is as before.
+            Pending::DevAdd { index } => pool.devices().len() > *index,
             Pending::Compact { vol } | Pending::Hint { vol } => {
                 size_of(vol).ok_or(format!("volume {vol} missing after a compaction or hint move"))?;
                 false

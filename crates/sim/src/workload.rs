@@ -51,6 +51,7 @@ impl Run {
             89..=92 => self.snap_volume_op(),
             93 => self.compact(),
             94 => self.hint(),
+            95 => self.dev_add(),
             _ => self.verify_all("periodic check"),
         }
     }

@@ -8,6 +8,7 @@
 pub mod file_device;
 pub mod label;
 pub mod mem_device;
+pub mod members;
 pub mod node_io;
 
 use std::io;

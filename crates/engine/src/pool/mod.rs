@@ -152,6 +152,10 @@ pub(crate) struct CommitCtl {
     pub held_frees: Freed,
     /// Notes from open (an invalid superblock copy, say) for status/check.
     pub notes: Vec<String>,
+    /// A member being added (`members/add.rs`): the next checkpoint's
+    /// superblock lists it, and only that one (its catalog is the first
+    /// with the member's space map).
+    pub adding: Option<tarn_format::superblock::DeviceEntry>,
 }
 
 /// The checkpoint in progress and what the last one left (behind
@@ -273,7 +277,8 @@ impl DurationHistogram {
 /// Lock order: a stripe, then `commit`, then `checkpoint`, then `io_gate`, then
 /// `inner`; the committer never takes a stripe (docs/ARCHITECTURE.md, *Locks*).
 pub struct Pool {
-    pub(crate) devices: Vec<Arc<dyn Device>>,
+    /// Shared with the store's node I/O; appended by `dev add`.
+    pub(crate) devices: Arc<crate::device::members::Members>,
     /// Per slot, its mirror when mirrored (the same object as in `devices`).
     pub(crate) mirrors: Vec<Option<Arc<crate::members::mirror::MirrorDevice>>>,
     pub(crate) inner: RwLock<Inner>,
@@ -528,8 +533,8 @@ impl Pool {
         self.lock_commit().sb.version
     }
 
-    pub fn devices(&self) -> &[Arc<dyn Device>] {
-        &self.devices
+    pub fn devices(&self) -> Vec<Arc<dyn Device>> {
+        self.devices.to_vec()
     }
 
     pub fn is_read_only(&self) -> bool {

@@ -38,6 +38,10 @@ pub struct Space {
     /// (`tarn vol hint --metadata-device`): new data goes elsewhere while
     /// another device has room.
     pub hint_device: Option<usize>,
+    /// Devices nothing may be allocated on (bit i: device i): a member
+    /// being added until the superblock that lists it is durable, so no
+    /// journal record an older superblock replays can name it.
+    pub avoid: u32,
 }
 
 impl std::fmt::Debug for Space {
@@ -67,6 +71,7 @@ impl Space {
             superseded: Vec::new(),
             meta_cursor,
             hint_device: None,
+            avoid: 0,
         }
     }
 
@@ -94,19 +99,45 @@ impl Space {
         self.free_blocks().saturating_sub(self.reserve_blocks)
     }
 
+    /// Whether allocation may take space on `device`.
+    pub fn usable(&self, device: usize) -> bool {
+        device < 32 && self.avoid & (1 << device) == 0
+    }
+
     /// The device with the most free space.
     pub fn roomiest(&self) -> Option<usize> {
-        let data_devices = (0..self.devices.len()).filter(|&d| Some(d) != self.hint_device);
+        let usable = (0..self.devices.len()).filter(|&d| self.usable(d));
+        let data_devices = usable.clone().filter(|&d| Some(d) != self.hint_device);
         data_devices
             .filter(|&d| self.devices[d].free_blocks > 0)
             .max_by_key(|&d| self.devices[d].free_blocks)
-            .or_else(|| (0..self.devices.len()).max_by_key(|&d| self.devices[d].free_blocks))
+            .or_else(|| usable.max_by_key(|&d| self.devices[d].free_blocks))
+    }
+
+    /// A new member's data area `[start, end)`, all free; allocation
+    /// avoids it until [`Space::open_device`]. Returns its index.
+    pub fn add_device(&mut self, start: u64, end: u64) -> Result<usize> {
+        let i = self.devices.len();
+        self.devices.push(SpaceMap::new(&self.store, tree_id::space(i as u16), i as u16, start, end)?);
+        self.meta_cursor.push(metadata_start(&self.devices[i]));
+        self.avoid |= 1 << i;
+        Ok(i)
+    }
+
+    /// Let allocation take space on `device` again.
+    pub fn open_device(&mut self, device: usize) {
+        if device < 32 {
+            self.avoid &= !(1 << device);
+        }
     }
 
     /// Take exactly `want` blocks from one device (user data respects the
     /// reserve, metadata may use it), or nothing (`Ok(None)`).
     pub fn allocate_on(&mut self, device: usize, want: u64, for_metadata: bool) -> Result<Option<Vec<(Pba, u64)>>> {
         let limit = if for_metadata { self.free_blocks() } else { self.available_blocks() };
+        if !self.usable(device) {
+            return Ok(None);
+        }
         let Some(dev) = self.devices.get_mut(device) else { return Ok(None) };
         if want > limit || dev.free_blocks < want {
             return Ok(None);
@@ -158,7 +189,7 @@ impl Space {
     /// Take exactly `[pba, pba+len)` for new data if it is all free and
     /// user data may still take that much: in flight until settled.
     pub fn allocate_exact(&mut self, pba: Pba, len: u64) -> Result<bool> {
-        if len > self.available_blocks() {
+        if len > self.available_blocks() || !self.usable(usize::from(pba.device())) {
             return Ok(false);
         }
         let Some(dev) = self.devices.get_mut(usize::from(pba.device())) else { return Ok(false) };
@@ -174,6 +205,9 @@ impl Space {
     /// new home of data (nothing is taken: see `placement`). None when the
     /// search, bounded, finds none.
     pub fn find_region(&mut self, device: usize, len: u64) -> Result<Option<Pba>> {
+        if !self.usable(device) {
+            return Ok(None);
+        }
         let Some(dev) = self.devices.get_mut(device) else { return Ok(None) };
         Ok(dev.find_aligned(&self.store, len, REGION_SEARCH_RANGES)?.map(|b| Pba::new(device as u16, b)))
     }
