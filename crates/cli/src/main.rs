@@ -2,6 +2,7 @@
 
 mod admin;
 mod daemon;
+mod devices;
 mod guest;
 mod mirror;
 mod picture;
@@ -57,6 +58,9 @@ enum Command {
     /// Create, list, resize, clone and delete thin volumes.
     #[command(subcommand)]
     Vol(VolCmd),
+    /// Add member devices to a pool, online (through `tarn serve`) or not.
+    #[command(subcommand)]
+    Dev(DevCmd),
     /// Create, list and destroy file volumes (mounted with `tarn mount`).
     #[command(subcommand)]
     Fs(FsCmd),
@@ -99,6 +103,24 @@ struct MapArgs {
     /// --png/--svg: its runs.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Subcommand)]
+enum DevCmd {
+    /// Add a device to the pool: its space is usable by every volume at
+    /// once. Refuses a device of another pool, one already a member, one
+    /// too small or read-only.
+    Add {
+        /// The new device (a file is created with --size if missing).
+        path: PathBuf,
+        /// Size of the file to create when PATH does not exist.
+        #[arg(long, value_parser = size::parse_size)]
+        size: Option<u64>,
+        #[command(flatten)]
+        pool: PoolArg,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -595,6 +617,11 @@ fn dispatch(cmd: Command) -> Result<i32> {
             }
             let opts = CreateOptions { journal_bytes: journal_size, force, no_checksums };
             pool_create(&slots, size, &opts)?;
+            Ok(0)
+        }
+        Command::Dev(DevCmd::Add { path, size, pool, json }) => {
+            let v = devices::add(&pool, &path, size)?;
+            print(json, &v, devices::added);
             Ok(0)
         }
         Command::Pool(PoolCmd::Replace { old, new, size, pool, json }) => {

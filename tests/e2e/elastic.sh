@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Pool elasticity (issue 12, `tarn dev add`): fio verify=crc32c over NBD
+# while a device is added to the served pool through the control socket,
+# then writes that only fit with the new device's space (they land there),
+# a verify-only pass after a server restart, the checker clean; an offline
+# add; every bad input refused with a clear error and the pool unchanged.
+. "$(dirname "$0")/lib.sh"
+need fio jq losetup
+need_root "a read-only loop device for the bad-input case"
+need_loop
+e2e_init elastic
+
+POOL=$T/pool.img
+make_pool "$POOL" 64M
+make_vol "$POOL" v 512M
+start_serve "$POOL"
+
+devices() { tarn pool status -p "$POOL" --json | jq '.devices | length'; }
+dev_free() { tarn pool status -p "$POOL" --json | jq ".devices[$1].free"; }
+clean() { tarn pool check -p "$POOL" --json | jq -e '.clean' >/dev/null; }
+
+# fio_job NAME RW BS OFFSET SIZE [extra lines]: a verify=crc32c job file
+fio_job() {
+  cat >"$T/$1.fio" <<JOB
+[global]
+ioengine=nbd
+uri=@URI@
+rw=$2
+bs=$3
+offset=$4
+size=$5
+iodepth=16
+verify=crc32c
+verify_fatal=1
+do_verify=1
+randseed=12
+[$1]
+${6:-}
+JOB
+}
+
+# fio_run_file NAME: the job for the server running now (its port changes)
+fio_run_file() { sed "s|@URI@|$(uri v)|" "$T/$1.fio" >"$T/$1.run.fio"; echo "$T/$1.run.fio"; }
+
+# run_fio NAME: fio exits non-zero on a verify error; the JSON says how much
+run_fio() {
+  local rc=0 job
+  job=$(fio_run_file "$1")
+  (cd "$T" && timeout 600 fio --output-format=json --output="$T/$1.json" "$job") >"$T/$1.out" 2>&1 || rc=$?
+  if [ $rc -ne 0 ]; then bad "fio $1 exit $rc"; tail -n 8 "$T/$1.out" | sed 's/^/       | /'; return 0; fi
+  local errs w r
+  errs=$(jq '[.jobs[].error] | add' "$T/$1.json")
+  w=$(jq '[.jobs[].write.io_bytes] | add' "$T/$1.json")
+  r=$(jq '[.jobs[].read.io_bytes] | add' "$T/$1.json")
+  expect_eq "fio $1: no errors (wrote $(mib "$w"), verified $(mib "$r"))" "$errs" 0
+}
+
+step "fio randwrite 4k verify on 40M while dev add runs (online, control socket)"
+fio_job during randwrite 4k 0 40M "loops=4"
+job=$(fio_run_file during)
+(cd "$T" && timeout 600 fio --output-format=json --output="$T/during.json" "$job") >"$T/during.out" 2>&1 &
+FIO=$!
+E2E_PIDS+=("$FIO")
+check "tarn dev add d1.img --size 128M (served pool)" tarn dev add "$T/d1.img" --size 128M -p "$POOL"
+if kill -0 "$FIO" 2>/dev/null; then say "  (fio was still writing when the add returned)"; else say "  (fio ended before the add returned)"; fi
+rc=0; wait "$FIO" || rc=$?
+expect_eq "fio during the add exited 0" "$rc" 0
+expect_eq "fio during the add: no job errors" "$(jq '[.jobs[].error] | add' "$T/during.json")" 0
+expect_eq "the served pool has 2 devices" "$(devices)" 2
+grep -q "added as member 1" "$SERVE_LOG" && ok "the server logged the add" || bad "no 'added as member 1' in the server log"
+
+step "write 120M more than device 0 holds: it lands on the new device"
+d1_before=$(dev_free 1)
+fio_job after write 1M 64M 120M
+run_fio after
+d1_after=$(dev_free 1)
+if [ "$d1_after" -lt $((d1_before - 50 * 1048576)) ]; then ok "device 1 took the data ($(mib $((d1_before - d1_after))))"
+else bad "device 1 free went from $d1_before to $d1_after"; fi
+
+step "restart the server: a verify-only pass reads everything back"
+stop_serve
+check "pool check clean after the online add" clean
+start_serve "$POOL"
+for j in during after; do
+  sed -i 's/^do_verify=1/do_verify=1\nverify_only=1/' "$T/$j.fio"
+  run_fio "$j"
+done
+stop_serve
+
+step "offline add (pool not served)"
+check "tarn dev add d2.img --size 64M (offline)" tarn dev add "$T/d2.img" --size 64M -p "$POOL"
+expect_eq "the pool has 3 devices" "$(devices)" 3
+check "pool check clean after the offline add" clean
+
+step "bad input: a clear error, the pool unchanged (served)"
+start_serve "$POOL"
+tarn pool create "$T/other.img" --size 64M >/dev/null
+truncate -s 64M "$T/ro.img"
+RO=$(losetup -r -f --show "$T/ro.img")
+E2E_LOOPS+=("$RO")
+refuse() { # refuse DESC PATTERN ARGS...
+  local desc=$1 pat=$2; shift 2
+  check_fails "dev add refuses $desc" tarn dev add "$@" -p "$POOL"
+  if grep -q -- "$pat" <<<"$LAST_OUT"; then ok "  the error names it: $pat"; else bad "  error for $desc lacks '$pat': $LAST_OUT"; fi
+}
+refuse "a device of another pool" "belongs to another pool" "$T/other.img"
+refuse "a device already in this pool" "already a member" "$T/d1.img"
+refuse "the primary" "already a member" "$POOL"
+refuse "a too small device" "too small" "$T/tiny.img" --size 1M
+refuse "a read-only device" "read-only" "$RO"
+refuse "a missing file without --size" "does not exist" "$T/nothing.img"
+expect_eq "still 3 devices" "$(devices)" 3
+stop_serve
+check "pool check clean after the refusals" clean
+e2e_finish
