@@ -5,7 +5,7 @@
 # a verify-only pass after a server restart, the checker clean; an offline
 # add; every bad input refused with a clear error and the pool unchanged.
 . "$(dirname "$0")/lib.sh"
-need fio jq losetup
+need fio jq losetup qemu-io
 need_root "a read-only loop device for the bad-input case"
 need_loop
 e2e_init elastic
@@ -91,6 +91,48 @@ step "offline add (pool not served)"
 check "tarn dev add d2.img --size 64M (offline)" tarn dev add "$T/d2.img" --size 64M -p "$POOL"
 expect_eq "the pool has 3 devices" "$(devices)" 3
 check "pool check clean after the offline add" clean
+
+step "a full pool: ENOSPC on holes only; WRITE_ZEROES, TRIM, vol delete and dev add at 100%; writers resume"
+M=$((1 << 20))
+FULL=$T/full.img
+make_pool "$FULL" 64M
+make_vol "$FULL" f 1G
+make_vol "$FULL" g 64M
+start_serve "$FULL"
+qio() { timeout 120 qemu-io -f raw "$@"; }
+check "g holds 4M" qio "$(uri g)" -c "write -P 0x33 0 4M" -c flush
+# fill_enospc START PATTERN: 4M, then 64k, then 4k writes into f's holes
+# from START until the pool refuses; sets FILLED and ENOSPC_MSG
+fill_enospc() {
+  local at=$1 pat=$2 chunk out
+  FILLED=0; ENOSPC_MSG=
+  for chunk in $((4 * M)) 65536 4096; do
+    while [ $FILLED -lt $((1 << 30)) ]; do
+      if out=$(qio "$(uri f)" -c "write -P $pat $at $chunk" -c flush 2>&1) && ! grep -qi 'error\|failed' <<<"$out"; then
+        at=$((at + chunk)); FILLED=$((FILLED + chunk))
+      else
+        ENOSPC_MSG=$out; break
+      fi
+    done
+  done
+}
+fill_enospc 0 0x5e
+say "  wrote $(mib $FILLED) into f before the pool refused"
+grep -qi 'no space left' <<<"$ENOSPC_MSG" && ok "the first refused write is ENOSPC" || bad "filling failed, not with ENOSPC: $(tr '\n' ' ' <<<"$ENOSPC_MSG" | cut -c1-200)"
+check_fails "a 4k write into a hole fails at 100%" qio "$(uri f)" -c "write -P 1 $((900 * M)) 4k"
+grep -qi 'no space left' <<<"$LAST_OUT" && ok "  with ENOSPC" || bad "  not ENOSPC: $LAST_OUT"
+check "overwriting allocated blocks works at 100%" qio "$(uri f)" -c "write -P 0x61 0 1M" -c flush -c "read -P 0x61 0 1M"
+check "WRITE_ZEROES works at 100%" qio "$(uri f)" -c "write -z 1M 1M" -c flush -c "read -P 0 1M 1M"
+check "TRIM works at 100%" qio "$(uri f)" -c "discard 2M 2M" -c flush
+check "vol delete g works at 100% (served)" tarn vol delete g -p "$FULL"
+fill_enospc $((900 * M)) 0x62
+say "  refilled $(mib $FILLED) of holes to 100% again"
+check_fails "full again: a hole write fails" qio "$(uri f)" -c "write -P 1 $((950 * M)) 4k"
+check "dev add works at 100% (served)" tarn dev add "$T/full2.img" --size 64M -p "$FULL"
+check "the writer resumes on the new space: 32M into holes" qio "$(uri f)" -c "write -P 0x63 $((960 * M)) 32M" -c flush -c "read -P 0x63 $((960 * M)) 32M"
+check "earlier data intact" qio "$(uri f)" -c "read -P 0x61 0 1M" -c "read -P 0 1M 1M" -c "read -P 0x5e 4M 4M"
+stop_serve
+pool_check "$FULL" "full pool after ENOSPC, zeroes, trim, delete and add"
 
 step "bad input: a clear error, the pool unchanged (served)"
 start_serve "$POOL"
