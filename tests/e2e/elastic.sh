@@ -3,9 +3,12 @@
 # while a device is added to the served pool through the control socket,
 # then writes that only fit with the new device's space (they land there),
 # a verify-only pass after a server restart, the checker clean; an offline
-# add; every bad input refused with a clear error and the pool unchanged.
+# add; a full pool (ENOSPC on holes only; WRITE_ZEROES, TRIM, vol delete
+# and dev add at 100%; the writer resumes) with usage and expansion alerts
+# through --alert-exec and tarn_alerts_total; every bad input refused with
+# a clear error and the pool unchanged.
 . "$(dirname "$0")/lib.sh"
-need fio jq losetup qemu-io
+need fio jq losetup qemu-io curl
 need_root "a read-only loop device for the bad-input case"
 need_loop
 e2e_init elastic
@@ -98,7 +101,9 @@ FULL=$T/full.img
 make_pool "$FULL" 64M
 make_vol "$FULL" f 1G
 make_vol "$FULL" g 64M
-start_serve "$FULL"
+MPORT=$(free_port)
+ALERTS=$T/alerts.jsonl
+start_serve "$FULL" --alert-at 50,75 --alert-exec "cat >>$ALERTS" --metrics "127.0.0.1:$MPORT"
 qio() { timeout 120 qemu-io -f raw "$@"; }
 check "g holds 4M" qio "$(uri g)" -c "write -P 0x33 0 4M" -c flush
 # fill_enospc START PATTERN: 4M, then 64k, then 4k writes into f's holes
@@ -128,7 +133,18 @@ check "vol delete g works at 100% (served)" tarn vol delete g -p "$FULL"
 fill_enospc $((900 * M)) 0x62
 say "  refilled $(mib $FILLED) of holes to 100% again"
 check_fails "full again: a hole write fails" qio "$(uri f)" -c "write -P 1 $((950 * M)) 4k"
+alert_seen() { [ -s "$ALERTS" ] && jq -e "select($1)" "$ALERTS" >/dev/null; }
+wait_until 30 alert_seen '.kind == "usage" and .threshold_percent == 75' &&
+  ok "--alert-exec got the 75% usage alert: $(jq -c 'select(.kind == "usage")' "$ALERTS" | tail -1 | cut -c1-160)" ||
+  bad "no 75% usage alert in $ALERTS: $(cat "$ALERTS" 2>/dev/null | cut -c1-300)"
 check "dev add works at 100% (served)" tarn dev add "$T/full2.img" --size 64M -p "$FULL"
+wait_until 30 alert_seen '.kind == "expansion" and .devices == 2' &&
+  ok "--alert-exec got the expansion alert" || bad "no expansion alert in $ALERTS"
+metric() { curl -s "http://127.0.0.1:$MPORT/metrics" | awk -v k="$1" '$1 == k { print $2 }'; }
+n=$(metric 'tarn_alerts_total{kind="usage"}')
+[ "${n:-0}" -ge 1 ] && ok "tarn_alerts_total{kind=\"usage\"} = $n" || bad "tarn_alerts_total{kind=\"usage\"} is '${n}'"
+expect_eq 'tarn_alerts_total{kind="expansion"}' "$(metric 'tarn_alerts_total{kind="expansion"}')" 1
+grep -q 'alert: .*kind.*usage' "$SERVE_LOG" && ok "the usage alert is logged" || bad "no usage alert in the server log"
 check "the writer resumes on the new space: 32M into holes" qio "$(uri f)" -c "write -P 0x63 $((960 * M)) 32M" -c flush -c "read -P 0x63 $((960 * M)) 32M"
 check "earlier data intact" qio "$(uri f)" -c "read -P 0x61 0 1M" -c "read -P 0 1M 1M" -c "read -P 0x5e 4M 4M"
 stop_serve
@@ -153,5 +169,9 @@ refuse "a read-only device" "read-only" "$RO"
 refuse "a missing file without --size" "does not exist" "$T/nothing.img"
 expect_eq "still 3 devices" "$(devices)" 3
 stop_serve
+for a in 0 100 90,80 x; do
+  check_fails "serve refuses --alert-at $a" timeout 30 "$TARN" serve -p "$POOL" --socket "$T/bad.sock" --no-tcp --alert-at "$a"
+  grep -q -- "--alert-at" <<<"$LAST_OUT" && ok "  the error names --alert-at: $(tail -1 <<<"$LAST_OUT" | cut -c1-120)" || bad "  error lacks --alert-at: $LAST_OUT"
+done
 check "pool check clean after the refusals" clean
 e2e_finish

@@ -14,7 +14,7 @@ mod spec;
 mod text;
 mod trace;
 
-use daemon::{config, control, export, handover, logging, metrics, serve, tls};
+use daemon::{alerts, config, control, export, handover, logging, metrics, serve, tls};
 use guest::{guestfs, hint, image, reclaim};
 use picture::layout;
 
@@ -1074,6 +1074,13 @@ fn serve_args(o: &config::ServeOpts) -> Result<serve::ServeArgs> {
         metadata_device: o.metadata_device.clone(),
         takeover: o.takeover == Some(true),
         lock_wait: Duration::from_secs(o.lock_wait.unwrap_or(if o.takeover == Some(true) { 120 } else { 0 })),
+        alerts: alerts::AlertConfig {
+            thresholds: match &o.alert_at {
+                Some(s) => alerts::parse_thresholds(s).map_err(|e| anyhow::anyhow!("--alert-at {s}: {e}"))?,
+                None => alerts::DEFAULT_THRESHOLDS.to_vec(),
+            },
+            exec: o.alert_exec.clone(),
+        },
     })
 }
 
@@ -1108,6 +1115,7 @@ fn run_cmd(r: RunCmd) -> Result<i32> {
         metadata_device: None,
         takeover: false,
         lock_wait: Duration::ZERO,
+        alerts: Default::default(),
     };
     let volume = r.volume;
     serve::serve(args, None, move |addr| {
