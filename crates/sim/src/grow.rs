@@ -1,10 +1,12 @@
 //! Adding member devices mid-run (`Pool::add_device`), with power cuts
 //! that can land anywhere in it: the reopened pool has the member or not,
-//! and checks clean either way.
+//! and checks clean either way. Members also grow (`Pool::grow_device`),
+//! cut the same way.
 
 use crate::admin::Pending;
 use crate::device::SimDevice;
 use crate::run::{Control, Run};
+use rand::Rng;
 use std::sync::Arc;
 use tarn_engine::Device;
 
@@ -35,5 +37,21 @@ impl Run {
         let r = self.pool().add_device(dev.clone() as Arc<dyn Device>, &dev.name());
         trace!("dev add {}: {r:?}", dev.name());
         self.admin_outcome(Pending::DevAdd { index }, Ok(()), r).map(drop)
+    }
+}
+
+impl Run {
+    /// Grow a member by 256 KiB to 2 MiB past the device's size.
+    pub(crate) fn dev_grow(&mut self) -> Result<(), String> {
+        if self.mirrored {
+            return Ok(());
+        }
+        let n = self.pool().devices().len();
+        let index = self.rng.random_range(0..n);
+        let from = self.pool().status().devices[index].data_bytes;
+        let bytes = self.devs[index].size() + self.rng.random_range(1..=8u64) * (256 << 10);
+        let r = self.pool().grow_device(index, bytes);
+        trace!("dev grow {index} to {bytes}: {r:?}");
+        self.admin_outcome(Pending::DevGrow { index, from }, Ok(()), r).map(drop)
     }
 }

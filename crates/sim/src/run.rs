@@ -85,7 +85,7 @@ impl SimConfig {
 }
 
 /// Admin operations, as counted in [`RunStats::done`].
-pub const OP_NAMES: [&str; 11] = [
+pub const OP_NAMES: [&str; 12] = [
     "vol create",
     "vol resize",
     "vol delete",
@@ -97,6 +97,7 @@ pub const OP_NAMES: [&str; 11] = [
     "compact",
     "hint",
     "dev add",
+    "dev grow",
 ];
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -105,7 +106,7 @@ pub struct RunStats {
     /// Admin operations (volume and snapshot) that happened.
     pub admin: usize,
     /// The same by operation, in the order of [`OP_NAMES`].
-    pub done: [usize; 11],
+    pub done: [usize; 12],
     /// Admin operations refused as the model predicted.
     pub refused: usize,
     /// Admin operations cut by a crash, settled after reopen: done, not done.
@@ -131,6 +132,8 @@ pub struct RunStats {
     pub blocks_hinted: usize,
     /// Device adds a crash cut, settled after reopen (done or not).
     pub dev_adds_cut: usize,
+    /// Device growths a crash cut, settled after reopen.
+    pub dev_grows_cut: usize,
 }
 
 impl RunStats {
@@ -141,6 +144,7 @@ impl RunStats {
         self.blocks_relaid += o.blocks_relaid;
         self.blocks_hinted += o.blocks_hinted;
         self.dev_adds_cut += o.dev_adds_cut;
+        self.dev_grows_cut += o.dev_grows_cut;
         self.admin += o.admin;
         self.done.iter_mut().zip(o.done).for_each(|(a, b)| *a += b);
         self.refused += o.refused;
@@ -289,7 +293,8 @@ impl Run {
             70..=84 => self.read_compare(),
             85..=91 => self.crash_and_verify(),
             92 => self.clean_reopen(),
-            93 => self.dev_add(),
+            93 if self.rng.random_bool(0.5) => self.dev_add(),
+            93 => self.dev_grow(),
             _ => self.arm_crash(),
         }
     }

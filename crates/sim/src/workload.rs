@@ -52,6 +52,7 @@ impl Run {
             93 => self.compact(),
             94 => self.hint(),
             95 => self.dev_add(),
+            96 => self.dev_grow(),
             _ => self.verify_all("periodic check"),
         }
     }

@@ -36,8 +36,9 @@ fn crash_simulation_500_seeds() {
     // Checkpoints are written while commits go on, and crashes cut them
     // (the reopen replays both journal sides).
     assert!(seeds < 100 || (stats.background_checkpoints > 0 && stats.crashes_mid_checkpoint > 0), "{stats:?}");
-    // Devices are added mid-run, and crashes cut some adds.
+    // Devices are added and grown mid-run, and crashes cut some of each.
     assert!(seeds < 100 || (stats.done[10] > 0 && stats.dev_adds_cut > 0), "{stats:?}");
+    assert!(seeds < 100 || (stats.done[11] > 0 && stats.dev_grows_cut > 0), "{stats:?}");
 }
 
 #[test]

@@ -137,6 +137,14 @@ impl Pool {
         sb.journal_generation = w.generation;
         // A member being added: this checkpoint's catalog has its space map.
         sb.devices.extend(ctl.adding.take());
+        if let Some((i, blocks)) = ctl.growing.take() {
+            if let Some(e) = sb.devices.get_mut(i) {
+                e.blocks = blocks;
+            }
+            if i == 0 {
+                sb.device_blocks = blocks;
+            }
+        }
         sb.devices = self.device_table(&sb.devices);
         self.write_superblock(&sb)?;
         ctl.sb = sb;

@@ -156,6 +156,10 @@ pub(crate) struct CommitCtl {
     /// superblock lists it, and only that one (its catalog is the first
     /// with the member's space map).
     pub adding: Option<tarn_format::superblock::DeviceEntry>,
+    /// A member growing (`service/grow.rs`): (index, blocks) the next
+    /// checkpoint's superblock records, with the catalog that has the
+    /// larger space map.
+    pub growing: Option<(usize, u64)>,
 }
 
 /// The checkpoint in progress and what the last one left (behind

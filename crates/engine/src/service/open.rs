@@ -295,8 +295,15 @@ impl Pool {
         );
         let crashed_regions = state.open_regions.clone();
         let read_only = options.read_only;
-        let ctl =
-            CommitCtl { sb, journal: cursor, checkpoint_busy: false, held_frees: Vec::new(), notes, adding: None };
+        let ctl = CommitCtl {
+            sb,
+            journal: cursor,
+            checkpoint_busy: false,
+            held_frees: Vec::new(),
+            notes,
+            adding: None,
+            growing: None,
+        };
         let slot = CheckpointSlot { pieces, ..Default::default() };
         let pool = Pool::new(members, mirrors, state, space, (ctl, slot), options);
         let notes = pool.mark_open()?;

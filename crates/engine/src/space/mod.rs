@@ -124,6 +124,35 @@ impl Space {
         Ok(i)
     }
 
+    /// Extend `device`'s data area to end at `end`: the new blocks join
+    /// the space map as free and are held at once as in flight, so a
+    /// checkpoint records them free (its `inflight` list) while nothing
+    /// takes them before the superblock with the new size is durable;
+    /// [`Space::release_growth`] lets them go. Returns the held range.
+    pub fn grow_device(&mut self, device: usize, end: u64) -> Result<(Pba, u64)> {
+        self.device_mut(Pba::new(device as u16, 0))?;
+        let d = &mut self.devices[device];
+        let old = d.data_end;
+        if end <= old {
+            return Ok((Pba::new(device as u16, old), 0));
+        }
+        d.data_end = end;
+        d.give_back(&self.store, old, end - old, &mut self.superseded)?;
+        d.claim(&self.store, old, end - old, &mut self.superseded)?;
+        let pba = Pba::new(device as u16, old);
+        self.inflight.insert(pba.0, end - old);
+        Ok((pba, end - old))
+    }
+
+    /// The grown range of [`Space::grow_device`], usable now.
+    pub fn release_growth(&mut self, pba: Pba, len: u64) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.settle(pba);
+        self.give_back(pba, len)
+    }
+
     /// Let allocation take space on `device` again.
     pub fn open_device(&mut self, device: usize) {
         if device < 32 {
