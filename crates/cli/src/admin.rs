@@ -141,6 +141,10 @@ pub enum Request {
         #[serde(default)]
         rate: Option<u64>,
     },
+    /// Add the device at `path` (absolute) as a new member.
+    DevAdd {
+        path: String,
+    },
     /// Changed ranges from snapshot `from` to snapshot `to` (None: the head).
     Diff {
         volume: String,
@@ -229,6 +233,7 @@ pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, Strin
         Request::Compact { volume, rate } => compact(pool, volume.as_deref(), *rate, ctx),
         Request::Scrub { rate, repair } => scrub(pool, *rate, *repair, ctx),
         Request::PoolReplace { old, new } => return crate::mirror::execute_replace(pool, old, new, ctx.progress),
+        Request::DevAdd { path } => return crate::members::execute_add(pool, path),
     };
     r.map_err(|e| e.to_string())
 }

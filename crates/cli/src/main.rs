@@ -5,6 +5,7 @@ mod daemon;
 mod devices;
 mod fs_versions;
 mod guest;
+mod members;
 mod mirror;
 mod picture;
 mod poolfile;
@@ -15,7 +16,7 @@ mod spec;
 mod text;
 mod trace;
 
-use daemon::{config, control, export, handover, logging, metrics, serve, tls};
+use daemon::{alerts, config, control, export, handover, logging, metrics, serve, tls};
 use guest::{guestfs, hint, image, reclaim};
 use picture::layout;
 
@@ -61,6 +62,9 @@ enum Command {
     /// Create, list, resize, clone and delete thin volumes.
     #[command(subcommand)]
     Vol(VolCmd),
+    /// Add member devices to a pool, online (through `tarn serve`) or not.
+    #[command(subcommand)]
+    Dev(DevCmd),
     /// Create, list and destroy file volumes (mounted with `tarn mount`).
     #[command(subcommand)]
     Fs(FsCmd),
@@ -104,6 +108,24 @@ struct MapArgs {
     /// --png/--svg: its runs.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Subcommand)]
+enum DevCmd {
+    /// Add a device to the pool: its space is usable by every volume at
+    /// once. Refuses a device of another pool, one already a member, one
+    /// too small or read-only.
+    Add {
+        /// The new device (a file is created with --size if missing).
+        path: PathBuf,
+        /// Size of the file to create when PATH does not exist.
+        #[arg(long, value_parser = size::parse_size)]
+        size: Option<u64>,
+        #[command(flatten)]
+        pool: PoolArg,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -618,6 +640,11 @@ fn dispatch(cmd: Command) -> Result<i32> {
             }
             Ok(0)
         }
+        Command::Dev(DevCmd::Add { path, size, pool, json }) => {
+            let v = members::add(&pool, &path, size)?;
+            print(json, &v, members::added);
+            Ok(0)
+        }
         Command::Pool(PoolCmd::Replace { old, new, size, pool, json }) => {
             let v = mirror::replace(&pool, &old, &new, size)?;
             print(json, &v, text::replaced);
@@ -1087,6 +1114,13 @@ fn serve_args(o: &config::ServeOpts) -> Result<serve::ServeArgs> {
         metadata_device: o.metadata_device.clone(),
         takeover: o.takeover == Some(true),
         lock_wait: Duration::from_secs(o.lock_wait.unwrap_or(if o.takeover == Some(true) { 120 } else { 0 })),
+        alerts: alerts::AlertConfig {
+            thresholds: match &o.alert_at {
+                Some(s) => alerts::parse_thresholds(s).map_err(|e| anyhow::anyhow!("--alert-at {s}: {e}"))?,
+                None => alerts::DEFAULT_THRESHOLDS.to_vec(),
+            },
+            exec: o.alert_exec.clone(),
+        },
     })
 }
 
@@ -1140,6 +1174,7 @@ fn run_cmd(r: RunCmd) -> Result<i32> {
         metadata_device: None,
         takeover: false,
         lock_wait: Duration::ZERO,
+        alerts: Default::default(),
     };
     let volume = r.volume;
     serve::serve(args, None, move |addr| {

@@ -35,7 +35,9 @@ fn mirrored_tree() -> ([Arc<MemDevice>; 2], Arc<MirrorDevice>, Arc<dyn NodeIo>, 
     let legs = [0, 1].map(|i| Arc::new(MemDevice::new(&format!("leg{i}"), SIZE as u64, 1)));
     let leg = |i: usize| Leg::new(Some(legs[i].clone()), [i as u8 + 1; 16], format!("leg{i}"), LegHealth::Online);
     let mirror = Arc::new(MirrorDevice::new(vec![leg(0), leg(1)], SIZE as u64, true));
-    let io: Arc<dyn NodeIo> = Arc::new(DeviceNodeIo::new(vec![mirror.clone() as Arc<dyn Device>]));
+    let io: Arc<dyn NodeIo> = Arc::new(DeviceNodeIo::new(Arc::new(tarn_engine::device::members::Members::new(vec![
+        mirror.clone() as Arc<dyn Device>,
+    ]))));
     let store = Store::new(io.clone(), MIN_CACHE_BYTES).unwrap();
     let mut tree: Tree<RangeValue> = Tree::new(9);
     for k in 0..20_000 {

@@ -52,6 +52,17 @@ pub(crate) enum Pending {
     Hint {
         vol: String,
     },
+    /// A member device added (`Pool::add_device`): no content changes;
+    /// its forced checkpoint makes everything answered before durable.
+    DevAdd {
+        index: usize,
+    },
+    /// A member grown (`Pool::grow_device`) from `from` data bytes:
+    /// like an add, no content changes.
+    DevGrow {
+        index: usize,
+        from: u64,
+    },
 }
 
 impl Pending {
@@ -68,6 +79,8 @@ impl Pending {
             Pending::Flatten { .. } => 7,
             Pending::Compact { .. } => 8,
             Pending::Hint { .. } => 9,
+            Pending::DevAdd { .. } => 10,
+            Pending::DevGrow { .. } => 11,
         }
     }
 }
@@ -145,7 +158,7 @@ impl Run {
             Pending::Rollback { vol, snap } => m.rollback(vol, snap),
             Pending::CloneCreate { vol, snap, clone } => m.clone_volume(vol, snap, clone),
             Pending::Flatten { vol } => m.flatten(vol),
-            Pending::Compact { .. } | Pending::Hint { .. } => {}
+            Pending::Compact { .. } | Pending::Hint { .. } | Pending::DevAdd { .. } | Pending::DevGrow { .. } => {}
         }
         m.flushed();
     }
@@ -158,6 +171,11 @@ impl Run {
         };
         let seen = self.observe_cut(&p).map_err(|e| format!("after a crash during {p:?}: {e}"))?;
         trace!("cut {p:?}: {seen:?}");
+        match p {
+            Pending::DevAdd { .. } => self.stats.dev_adds_cut += 1,
+            Pending::DevGrow { .. } => self.stats.dev_grows_cut += 1,
+            _ => {}
+        }
         match seen {
             Cut::Done => {
                 self.stats.cut_done += 1;
@@ -200,6 +218,13 @@ impl Run {
             }
             // Its last commit cannot be told apart: assume it did not land
             // (the model then keeps allowing the older contents too).
+            // Its superblock lists the member, or the pool is as before.
+            Pending::DevAdd { index } => pool.devices().len() > *index,
+            Pending::DevGrow { index, from } => match pool.status().devices.get(*index).map(|d| d.data_bytes) {
+                Some(b) if b == *from => false,
+                Some(b) if b > *from => true,
+                b => return Err(format!("device {index} has {b:?} data bytes after growing from {from}")),
+            },
             Pending::Compact { vol } | Pending::Hint { vol } => {
                 size_of(vol).ok_or(format!("volume {vol} missing after a compaction or hint move"))?;
                 false

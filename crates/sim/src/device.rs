@@ -181,7 +181,8 @@ impl State {
 
 pub struct SimDevice {
     name: String,
-    size: u64,
+    /// Grows (`Device::grow`): the new bytes are zero and durable at once.
+    size: std::sync::atomic::AtomicU64,
     state: Mutex<State>,
 }
 
@@ -194,7 +195,7 @@ impl SimDevice {
         let image = vec![0u8; size as usize];
         SimDevice {
             name: name.to_string(),
-            size,
+            size: std::sync::atomic::AtomicU64::new(size),
             state: Mutex::new(State {
                 durable: image.clone(),
                 cache: image,
@@ -388,10 +389,10 @@ impl SimDevice {
 
     fn check(&self, off: u64, len: usize) -> io::Result<()> {
         match off.checked_add(len as u64) {
-            Some(end) if end <= self.size => Ok(()),
+            Some(end) if end <= self.size() => Ok(()),
             _ => Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
-                format!("{} I/O at {off}+{len} past end {}", self.name, self.size),
+                format!("{} I/O at {off}+{len} past end {}", self.name, self.size()),
             )),
         }
     }
@@ -461,7 +462,7 @@ impl Device for SimDevice {
                 s.settle(off, len);
             }
             Some(WriteFault::Misdirect { to }) => {
-                let to = to.min(self.size - len as u64) as usize;
+                let to = to.min(self.size() - len as u64) as usize;
                 s.expect(off, data);
                 s.keep(to, len);
                 s.write_cache(to, data);
@@ -492,7 +493,18 @@ impl Device for SimDevice {
     }
 
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn grow(&self, size: u64) -> io::Result<()> {
+        let mut s = self.lock();
+        Self::tick(&mut s)?;
+        if size > self.size() {
+            s.durable.resize(size as usize, 0);
+            s.cache.resize(size as usize, 0);
+            self.size.store(size, std::sync::atomic::Ordering::Release);
+        }
+        Ok(())
     }
 
     fn name(&self) -> String {

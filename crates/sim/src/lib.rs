@@ -16,6 +16,7 @@ mod admin;
 pub mod device;
 pub mod faultsim;
 pub mod fixture;
+mod grow;
 pub mod model;
 pub mod run;
 pub mod settle;

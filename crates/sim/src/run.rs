@@ -51,6 +51,9 @@ pub enum Control {
     /// Replay stops at the end of the superblock's journal side: commits
     /// answered while a checkpoint was written are lost at a crash.
     ReplayOneSide,
+    /// Devices added mid-run answer flushes without making anything
+    /// durable: a crash after an add loses the member's label and nodes.
+    AddedDeviceIgnoresFlushes,
 }
 
 impl Default for SimConfig {
@@ -82,7 +85,7 @@ impl SimConfig {
 }
 
 /// Admin operations, as counted in [`RunStats::done`].
-pub const OP_NAMES: [&str; 10] = [
+pub const OP_NAMES: [&str; 12] = [
     "vol create",
     "vol resize",
     "vol delete",
@@ -93,6 +96,8 @@ pub const OP_NAMES: [&str; 10] = [
     "flatten",
     "compact",
     "hint",
+    "dev add",
+    "dev grow",
 ];
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -101,7 +106,7 @@ pub struct RunStats {
     /// Admin operations (volume and snapshot) that happened.
     pub admin: usize,
     /// The same by operation, in the order of [`OP_NAMES`].
-    pub done: [usize; 10],
+    pub done: [usize; 12],
     /// Admin operations refused as the model predicted.
     pub refused: usize,
     /// Admin operations cut by a crash, settled after reopen: done, not done.
@@ -125,6 +130,10 @@ pub struct RunStats {
     pub blocks_relaid: usize,
     /// Blocks file-system hints moved (`Pool::place_hinted`).
     pub blocks_hinted: usize,
+    /// Device adds a crash cut, settled after reopen (done or not).
+    pub dev_adds_cut: usize,
+    /// Device growths a crash cut, settled after reopen.
+    pub dev_grows_cut: usize,
 }
 
 impl RunStats {
@@ -134,6 +143,8 @@ impl RunStats {
         self.crashes_mid_checkpoint += o.crashes_mid_checkpoint;
         self.blocks_relaid += o.blocks_relaid;
         self.blocks_hinted += o.blocks_hinted;
+        self.dev_adds_cut += o.dev_adds_cut;
+        self.dev_grows_cut += o.dev_grows_cut;
         self.admin += o.admin;
         self.done.iter_mut().zip(o.done).for_each(|(a, b)| *a += b);
         self.refused += o.refused;
@@ -160,8 +171,8 @@ pub(crate) struct Run {
     /// Writes so far: stamped into the data so that versions differ.
     serial: u64,
     /// The last of `devs` is the primary's second mirror leg.
-    mirrored: bool,
-    control: Option<Control>,
+    pub(crate) mirrored: bool,
+    pub(crate) control: Option<Control>,
     placement: PlacementKind,
 }
 
@@ -232,7 +243,14 @@ impl Run {
     }
 
     fn reopen(&mut self) -> Result<(), String> {
-        let slots = slots_of(&self.devs, self.mirrored);
+        // The members the primary's table lists: a device whose add a
+        // crash cut short is left out (and added again later).
+        let members = if self.mirrored {
+            self.devs.len()
+        } else {
+            Pool::member_paths(self.devs[0].as_ref()).map_err(|e| format!("reopen: {e}"))?.len()
+        };
+        let slots = slots_of(&self.devs[..members.min(self.devs.len())], self.mirrored);
         // A metadata cache of 8 to 64 KiB: the simulated pools are small,
         // so only a cache this small evicts nodes and reads them again
         // from the devices all through the run. (Its dirty bound, a
@@ -274,7 +292,9 @@ impl Run {
             55..=69 => self.flush(),
             70..=84 => self.read_compare(),
             85..=91 => self.crash_and_verify(),
-            92..=93 => self.clean_reopen(),
+            92 => self.clean_reopen(),
+            93 if self.rng.random_bool(0.5) => self.dev_add(),
+            93 => self.dev_grow(),
             _ => self.arm_crash(),
         }
     }

@@ -51,6 +51,8 @@ impl Run {
             89..=92 => self.snap_volume_op(),
             93 => self.compact(),
             94 => self.hint(),
+            95 => self.dev_add(),
+            96 => self.dev_grow(),
             _ => self.verify_all("periodic check"),
         }
     }

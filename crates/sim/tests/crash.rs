@@ -36,6 +36,9 @@ fn crash_simulation_500_seeds() {
     // Checkpoints are written while commits go on, and crashes cut them
     // (the reopen replays both journal sides).
     assert!(seeds < 100 || (stats.background_checkpoints > 0 && stats.crashes_mid_checkpoint > 0), "{stats:?}");
+    // Devices are added and grown mid-run, and crashes cut some of each.
+    assert!(seeds < 100 || (stats.done[10] > 0 && stats.dev_adds_cut > 0), "{stats:?}");
+    assert!(seeds < 100 || (stats.done[11] > 0 && stats.dev_grows_cut > 0), "{stats:?}");
 }
 
 #[test]
@@ -104,4 +107,15 @@ fn control_replay_of_one_journal_side_fails_the_simulation() {
     let (failed, first) = failures_with(Control::ReplayOneSide, SimConfig::default());
     println!("replay of one side: {failed} of 100 seeds fail, e.g. {first:?}");
     assert!(failed >= 5, "only {failed} of 100 seeds caught a replay of one journal side");
+}
+
+/// Negative control: an added device whose writes never become durable
+/// (its flushes answered, nothing kept) loses its label and the nodes a
+/// checkpoint put there at the next crash, and the simulation says so:
+/// the add's durability is what the runs check.
+#[test]
+fn control_added_device_ignoring_flushes_fails_the_simulation() {
+    let (failed, first) = failures_with(Control::AddedDeviceIgnoresFlushes, SimConfig::default());
+    println!("added device ignoring flushes: {failed} of 100 seeds fail, e.g. {first:?}");
+    assert!(failed >= 20, "only {failed} of 100 seeds caught an added device that ignores flushes");
 }

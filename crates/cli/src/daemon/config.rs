@@ -119,6 +119,15 @@ pub struct ServeOpts {
     /// committing) to release the pool (default 120 with --takeover, else 0).
     #[arg(long, value_name = "SECS")]
     pub lock_wait: Option<u64>,
+    /// Pool usage percentages that raise an alert, ascending, each 1 to
+    /// 99 (default 80,90,95).
+    #[arg(long, value_name = "PCT,...")]
+    pub alert_at: Option<String>,
+    /// Run `sh -c CMD` for every alert (usage, expansion, device errors,
+    /// checksum failures, a degraded member) with the event as one JSON
+    /// line on its standard input.
+    #[arg(long, value_name = "CMD")]
+    pub alert_exec: Option<String>,
     /// error, warn (default), info, debug or trace; RUST_LOG, when set,
     /// also filters by module.
     #[arg(long, value_enum)]
@@ -256,6 +265,8 @@ impl ServeOpts {
             takeover: self.takeover.or(f.takeover),
             lock_wait: self.lock_wait.or(f.lock_wait),
             log_level: self.log_level.or(f.log_level),
+            alert_at: self.alert_at.clone().or(f.alert_at),
+            alert_exec: self.alert_exec.clone().or(f.alert_exec),
         }
     }
 
@@ -349,6 +360,8 @@ impl ServeOpts {
             "socket-mode" => t.socket_mode = None,
             "takeover" => t.takeover = None,
             "lock-wait" => t.lock_wait = None,
+            "alert-at" => t.alert_at = None,
+            "alert-exec" => t.alert_exec = None,
             _ => {}
         }
         t

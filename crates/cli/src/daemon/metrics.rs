@@ -131,6 +131,8 @@ pub struct Metrics {
     registry: Registry,
     exports: Arc<ExportFamilies>,
     operations: Operations,
+    /// Alerts raised, by kind (`alerts.rs`).
+    alerts: Family<OpKind, Counter>,
 }
 
 impl Metrics {
@@ -169,7 +171,18 @@ impl Metrics {
         registry.register("operations_running", "Long admin requests running, by kind", operations.running.clone());
         registry.register("operation_done_blocks", "Blocks done by the last such request", operations.done.clone());
         registry.register("operation_total_blocks", "Blocks the last such request had to do", operations.total.clone());
-        Metrics { registry, exports, operations }
+        let alerts = Family::default();
+        registry.register(
+            "alerts",
+            "Alerts raised, by kind (usage, expansion, device_error, checksum_failure, degraded)",
+            alerts.clone(),
+        );
+        Metrics { registry, exports, operations, alerts }
+    }
+
+    /// Count an alert of `kind`.
+    pub fn alert(&self, kind: &'static str) {
+        self.alerts.get_or_create(&[("kind", kind)]).inc();
     }
 
     /// Start tracking a long admin request of kind `op` (its progress

@@ -58,6 +58,8 @@ pub struct ServeArgs {
     pub takeover: bool,
     /// How long to wait for another process to release the pool.
     pub lock_wait: Duration,
+    /// Usage thresholds and the alert hook.
+    pub alerts: crate::alerts::AlertConfig,
 }
 
 /// The modeled disk the placement benchmarks serve from
@@ -134,6 +136,7 @@ pub fn serve(
     let control_path = control_socket_path(&status.uuid);
     let clients = Arc::new(Clients::default());
     let metrics = start_metrics(metrics_listener, &pool)?;
+    crate::alerts::start(pool.clone(), args.alerts.clone(), metrics.clone())?;
     let alias = control_alias_path(&args.pool);
     let _ = std::fs::remove_file(&alias);
     if let Err(e) = std::os::unix::fs::symlink(&control_path, &alias) {

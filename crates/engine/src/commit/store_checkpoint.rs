@@ -99,8 +99,8 @@ impl Pool {
         catalog.inflight = catalog::ranges(frozen.inflight.clone());
         let payload = catalog.encode();
         let pieces = allocate_catalog(&mut self.write_inner().space, payload.len())?;
-        let cref = checkpoint::write(&self.devices, &pieces, frozen.seq, &payload)?;
-        for dev in &self.devices {
+        let cref = checkpoint::write(&self.devices.to_vec(), &pieces, frozen.seq, &payload)?;
+        for dev in self.devices.iter() {
             dev.flush().map_err(|e| EngineError::io("flush checkpoint", dev.name(), e))?;
         }
         let catalog_bytes = payload.len();
@@ -135,6 +135,16 @@ impl Pool {
         sb.txid += 1;
         sb.checkpoint = w.catalog;
         sb.journal_generation = w.generation;
+        // A member being added: this checkpoint's catalog has its space map.
+        sb.devices.extend(ctl.adding.take());
+        if let Some((i, blocks)) = ctl.growing.take() {
+            if let Some(e) = sb.devices.get_mut(i) {
+                e.blocks = blocks;
+            }
+            if i == 0 {
+                sb.device_blocks = blocks;
+            }
+        }
         sb.devices = self.device_table(&sb.devices);
         self.write_superblock(&sb)?;
         ctl.sb = sb;

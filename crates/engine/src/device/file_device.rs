@@ -6,11 +6,13 @@ use std::io;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub struct FileDevice {
     file: File,
     path: PathBuf,
-    size: u64,
+    /// Grows (`Device::grow`, regular files only); never shrinks.
+    size: AtomicU64,
     is_block: bool,
 }
 
@@ -24,14 +26,14 @@ impl FileDevice {
         let meta = file.metadata()?;
         let is_block = meta.file_type().is_block_device();
         let size = if is_block { block_device_size(&file)? } else { meta.len() };
-        Ok(FileDevice { file, path: path.to_path_buf(), size, is_block })
+        Ok(FileDevice { file, path: path.to_path_buf(), size: AtomicU64::new(size), is_block })
     }
 
     /// Create a sparse regular file of `size` bytes (it must not exist).
     pub fn create_file(path: &Path, size: u64) -> io::Result<FileDevice> {
         let file = OpenOptions::new().read(true).write(true).create_new(true).open(path)?;
         file.set_len(size)?;
-        Ok(FileDevice { file, path: path.to_path_buf(), size, is_block: false })
+        Ok(FileDevice { file, path: path.to_path_buf(), size: AtomicU64::new(size), is_block: false })
     }
 
     pub fn path(&self) -> &Path {
@@ -81,7 +83,18 @@ impl Device for FileDevice {
     }
 
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(Ordering::Acquire)
+    }
+
+    fn grow(&self, size: u64) -> io::Result<()> {
+        if self.is_block {
+            return Err(io::Error::new(io::ErrorKind::Unsupported, "a block device does not grow by truncation"));
+        }
+        if size > self.size() {
+            self.file.set_len(size)?;
+            self.size.store(size, Ordering::Release);
+        }
+        Ok(())
     }
 
     fn name(&self) -> String {

@@ -9,6 +9,7 @@ pub mod disk_model;
 pub mod file_device;
 pub mod label;
 pub mod mem_device;
+pub mod members;
 pub mod node_io;
 
 use std::io;
@@ -30,6 +31,10 @@ pub trait Device: Send + Sync {
     fn discard(&self, offset: u64, len: u64) -> io::Result<()>;
     /// Size in bytes.
     fn size(&self) -> u64;
+    /// Grow to `size` bytes (pool expansion); a device that cannot says so.
+    fn grow(&self, _size: u64) -> io::Result<()> {
+        Err(io::Error::new(io::ErrorKind::Unsupported, "this device cannot grow"))
+    }
     /// A human name for error messages (a path, or "sim#3").
     fn name(&self) -> String;
     /// Independent copies of every byte (1 unless mirrored).

@@ -3,6 +3,7 @@
 //! device's legs are the node's copies, so the store can read around a
 //! damaged leg and rewrite it (tarn_store's `load_clean`).
 
+use crate::device::members::Members;
 use crate::device::Device;
 use std::io;
 use std::sync::Arc;
@@ -12,11 +13,12 @@ use tarn_store::NodeIo;
 
 /// [`NodeIo`] over the pool's devices, indexed by `Pba::device()`.
 pub struct DeviceNodeIo {
-    devices: Vec<Arc<dyn Device>>,
+    /// Shared with the pool: a member added online is seen at once.
+    devices: Arc<Members>,
 }
 
 impl DeviceNodeIo {
-    pub fn new(devices: Vec<Arc<dyn Device>>) -> DeviceNodeIo {
+    pub fn new(devices: Arc<Members>) -> DeviceNodeIo {
         DeviceNodeIo { devices }
     }
 
@@ -109,7 +111,10 @@ mod tests {
     }
 
     fn node_io(a: &Arc<MemDevice>, b: &Arc<MemDevice>) -> DeviceNodeIo {
-        DeviceNodeIo::new(vec![a.clone() as Arc<dyn Device>, b.clone() as Arc<dyn Device>])
+        DeviceNodeIo::new(Arc::new(crate::device::members::Members::new(vec![
+            a.clone() as Arc<dyn Device>,
+            b.clone() as Arc<dyn Device>,
+        ])))
     }
 
     #[test]

@@ -193,7 +193,7 @@ impl Pool {
         self.check_writable()?;
         let mut ctl = self.lock_commit();
         let mut fixed = Vec::new();
-        for dev in &self.devices {
+        for dev in self.devices.iter() {
             let label = read_label(dev.as_ref())?;
             let Some(why) = label.other_invalid else { continue };
             let copy = 1 - label.copy;

@@ -164,6 +164,14 @@ pub(crate) struct CommitCtl {
     pub held_frees: Freed,
     /// Notes from open (an invalid superblock copy, say) for status/check.
     pub notes: Vec<String>,
+    /// A member being added (`members/add.rs`): the next checkpoint's
+    /// superblock lists it, and only that one (its catalog is the first
+    /// with the member's space map).
+    pub adding: Option<tarn_format::superblock::DeviceEntry>,
+    /// A member growing (`service/grow.rs`): (index, blocks) the next
+    /// checkpoint's superblock records, with the catalog that has the
+    /// larger space map.
+    pub growing: Option<(usize, u64)>,
 }
 
 /// The checkpoint in progress and what the last one left (behind
@@ -285,7 +293,8 @@ impl DurationHistogram {
 /// Lock order: a stripe, then `commit`, then `checkpoint`, then `io_gate`, then
 /// `inner`; the committer never takes a stripe (docs/ARCHITECTURE.md, *Locks*).
 pub struct Pool {
-    pub(crate) devices: Vec<Arc<dyn Device>>,
+    /// Shared with the store's node I/O; appended by `dev add`.
+    pub(crate) devices: Arc<crate::device::members::Members>,
     /// Per slot, its mirror when mirrored (the same object as in `devices`).
     pub(crate) mirrors: Vec<Option<Arc<crate::members::mirror::MirrorDevice>>>,
     pub(crate) inner: RwLock<Inner>,
@@ -540,8 +549,8 @@ impl Pool {
         self.lock_commit().sb.version
     }
 
-    pub fn devices(&self) -> &[Arc<dyn Device>] {
-        &self.devices
+    pub fn devices(&self) -> Vec<Arc<dyn Device>> {
+        self.devices.to_vec()
     }
 
     pub fn is_read_only(&self) -> bool {

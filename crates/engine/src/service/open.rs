@@ -5,6 +5,7 @@
 
 use crate::device::disk_model::{DiskModel, ModeledDisk};
 use crate::device::label::{read_label, write_both_labels};
+use crate::device::members::Members;
 use crate::device::node_io::DeviceNodeIo;
 use crate::device::Device;
 use crate::error::{EngineError, Result};
@@ -29,7 +30,7 @@ use tarn_store::Store;
 /// Journal records a replay reads at most (bounds the loop).
 const MAX_REPLAY_RECORDS: usize = 1 << 24;
 /// Smallest data area worth a pool.
-const MIN_DATA_BLOCKS: u64 = 256;
+pub(crate) const MIN_DATA_BLOCKS: u64 = 256;
 
 #[derive(Debug, Clone, Default)]
 pub struct CreateOptions {
@@ -42,7 +43,7 @@ pub struct CreateOptions {
     pub no_checksums: bool,
 }
 
-fn random_bytes<const N: usize>() -> Result<[u8; N]> {
+pub(crate) fn random_bytes<const N: usize>() -> Result<[u8; N]> {
     let mut b = [0u8; N];
     getrandom::fill(&mut b).map_err(|e| EngineError::InvalidArgument(format!("no randomness for uuids: {e}")))?;
     Ok(b)
@@ -260,7 +261,8 @@ impl Pool {
                 verify_member(&sb, i, dev.as_ref())?;
             }
         }
-        let loaded = load(&devices, &sb, &options)?;
+        let members = Arc::new(Members::new(devices.clone()));
+        let loaded = load(&devices, &members, &sb, &options)?;
         let (state, mut space, pieces, cursor, replayed) = loaded;
         space.random_region_start = options.random_region_start;
         if options.region_blocks != 0 {
@@ -304,9 +306,17 @@ impl Pool {
         );
         let crashed_regions = state.open_regions.clone();
         let read_only = options.read_only;
-        let ctl = CommitCtl { sb, journal: cursor, checkpoint_busy: false, held_frees: Vec::new(), notes };
+        let ctl = CommitCtl {
+            sb,
+            journal: cursor,
+            checkpoint_busy: false,
+            held_frees: Vec::new(),
+            notes,
+            adding: None,
+            growing: None,
+        };
         let slot = CheckpointSlot { pieces, ..Default::default() };
-        let pool = Pool::new(devices, mirrors, state, space, (ctl, slot), options);
+        let pool = Pool::new(members, mirrors, state, space, (ctl, slot), options);
         let notes = pool.mark_open()?;
         pool.lock_commit().notes.extend(notes);
         if !read_only && !crashed_regions.is_empty() {
@@ -318,14 +328,15 @@ impl Pool {
 
     /// The pool object over opened devices and loaded state; nothing pending.
     fn new(
-        devices: Vec<Arc<dyn Device>>,
-        mirrors: Vec<Option<Arc<MirrorDevice>>>,
+        devices: Arc<Members>,
+        mut mirrors: Vec<Option<Arc<MirrorDevice>>>,
         state: State,
         space: Space,
         (ctl, slot): (CommitCtl, CheckpointSlot),
         options: OpenOptions,
     ) -> Pool {
-        let n = devices.len();
+        // Room for members added online (`dev add`): never mirrored.
+        mirrors.resize(MAX_DEVICE_ENTRIES, None);
         let checksums = ctl.sb.incompat & incompat::DATA_CHECKSUMS != 0;
         let pending_limit = journal::pending_limit(ctl.sb.journal_blocks);
         Pool {
@@ -353,7 +364,7 @@ impl Pool {
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             write_gen: AtomicU64::new(0),
             committed_gen: AtomicU64::new(0),
-            dirty: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            dirty: (0..MAX_DEVICE_ENTRIES).map(|_| AtomicBool::new(false)).collect(),
             fenced: AtomicBool::new(false),
             checksums,
             pending_limit,
@@ -402,13 +413,13 @@ enum Replay {
 }
 
 /// Read the pool's metadata as its format says.
-fn load(devices: &[Arc<dyn Device>], sb: &Superblock, options: &OpenOptions) -> Result<Loaded> {
+fn load(devices: &[Arc<dyn Device>], members: &Arc<Members>, sb: &Superblock, options: &OpenOptions) -> Result<Loaded> {
     let total = if options.metadata_cache == 0 { DEFAULT_METADATA_CACHE } else { options.metadata_cache };
     // Dirty nodes (at most an eighth of the budget: `commit/`'s dirty
     // bound, plus their frozen copies while a checkpoint writes) live
     // beside the clean-node cache; the budget covers both.
     let cache = total - total / 4;
-    let io = Arc::new(DeviceNodeIo::new(devices.to_vec()));
+    let io = Arc::new(DeviceNodeIo::new(members.clone()));
     let store = if options.tiny_metadata_cache {
         Store::with_cache(io, tarn_store::Cache::tiny(cache))
     } else {

@@ -51,6 +51,10 @@ pub struct Space {
     /// New homes of `contiguous` regions are searched from a start spread
     /// over the device (VC's random start) instead of the data cursor.
     pub random_region_start: bool,
+    /// Devices nothing may be allocated on (bit i: device i): a member
+    /// being added until the superblock that lists it is durable, so no
+    /// journal record an older superblock replays can name it.
+    pub avoid: u32,
 }
 
 impl std::fmt::Debug for Space {
@@ -81,6 +85,7 @@ impl Space {
             meta_cursor,
             hint_device: None,
             random_region_start: false,
+            avoid: 0,
         }
     }
 
@@ -108,19 +113,74 @@ impl Space {
         self.free_blocks().saturating_sub(self.reserve_blocks)
     }
 
+    /// Whether allocation may take space on `device`.
+    pub fn usable(&self, device: usize) -> bool {
+        device < 32 && self.avoid & (1 << device) == 0
+    }
+
     /// The device with the most free space.
     pub fn roomiest(&self) -> Option<usize> {
-        let data_devices = (0..self.devices.len()).filter(|&d| Some(d) != self.hint_device);
+        let usable = (0..self.devices.len()).filter(|&d| self.usable(d));
+        let data_devices = usable.clone().filter(|&d| Some(d) != self.hint_device);
         data_devices
             .filter(|&d| self.devices[d].free_blocks > 0)
             .max_by_key(|&d| self.devices[d].free_blocks)
-            .or_else(|| (0..self.devices.len()).max_by_key(|&d| self.devices[d].free_blocks))
+            .or_else(|| usable.max_by_key(|&d| self.devices[d].free_blocks))
+    }
+
+    /// A new member's data area `[start, end)`, all free; allocation
+    /// avoids it until [`Space::open_device`]. Returns its index.
+    pub fn add_device(&mut self, start: u64, end: u64) -> Result<usize> {
+        let i = self.devices.len();
+        self.devices.push(SpaceMap::new(&self.store, tree_id::space(i as u16), i as u16, start, end)?);
+        self.meta_cursor.push(metadata_start(&self.devices[i]));
+        self.avoid |= 1 << i;
+        Ok(i)
+    }
+
+    /// Extend `device`'s data area to end at `end`: the new blocks join
+    /// the space map as free and are held at once as in flight, so a
+    /// checkpoint records them free (its `inflight` list) while nothing
+    /// takes them before the superblock with the new size is durable;
+    /// [`Space::release_growth`] lets them go. Returns the held range.
+    pub fn grow_device(&mut self, device: usize, end: u64) -> Result<(Pba, u64)> {
+        self.device_mut(Pba::new(device as u16, 0))?;
+        let d = &mut self.devices[device];
+        let old = d.data_end;
+        if end <= old {
+            return Ok((Pba::new(device as u16, old), 0));
+        }
+        d.data_end = end;
+        d.give_back(&self.store, old, end - old, &mut self.superseded)?;
+        d.claim(&self.store, old, end - old, &mut self.superseded)?;
+        let pba = Pba::new(device as u16, old);
+        self.inflight.insert(pba.0, end - old);
+        Ok((pba, end - old))
+    }
+
+    /// The grown range of [`Space::grow_device`], usable now.
+    pub fn release_growth(&mut self, pba: Pba, len: u64) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.settle(pba);
+        self.give_back(pba, len)
+    }
+
+    /// Let allocation take space on `device` again.
+    pub fn open_device(&mut self, device: usize) {
+        if device < 32 {
+            self.avoid &= !(1 << device);
+        }
     }
 
     /// Take exactly `want` blocks from one device (user data respects the
     /// reserve, metadata may use it), or nothing (`Ok(None)`).
     pub fn allocate_on(&mut self, device: usize, want: u64, for_metadata: bool) -> Result<Option<Vec<(Pba, u64)>>> {
         let limit = if for_metadata { self.free_blocks() } else { self.available_blocks() };
+        if !self.usable(device) {
+            return Ok(None);
+        }
         let Some(dev) = self.devices.get_mut(device) else { return Ok(None) };
         if want > limit || dev.free_blocks < want {
             return Ok(None);
@@ -172,7 +232,7 @@ impl Space {
     /// Take exactly `[pba, pba+len)` for new data if it is all free and
     /// user data may still take that much: in flight until settled.
     pub fn allocate_exact(&mut self, pba: Pba, len: u64) -> Result<bool> {
-        if len > self.available_blocks() {
+        if len > self.available_blocks() || !self.usable(usize::from(pba.device())) {
             return Ok(false);
         }
         let Some(dev) = self.devices.get_mut(usize::from(pba.device())) else { return Ok(false) };
@@ -188,6 +248,9 @@ impl Space {
     /// new home of data (nothing is taken: see `placement`). None when the
     /// search, bounded, finds none.
     pub fn find_region(&mut self, device: usize, len: u64) -> Result<Option<Pba>> {
+        if !self.usable(device) {
+            return Ok(None);
+        }
         let Some(dev) = self.devices.get_mut(device) else { return Ok(None) };
         Ok(dev.find_aligned(&self.store, len, REGION_SEARCH_RANGES)?.map(|b| Pba::new(device as u16, b)))
     }

@@ -63,7 +63,7 @@ impl Pool {
     /// Every device's areas.
     pub fn device_layouts(&self) -> Vec<DeviceLayout> {
         let inner = self.read_inner();
-        let sizes = self.devices().iter().map(|d| d.size() / tarn_format::BLOCK_SIZE);
+        let sizes = self.devices.iter().map(|d| d.size() / tarn_format::BLOCK_SIZE);
         inner
             .space
             .devices

@@ -1,0 +1,51 @@
+//! `tarn dev`: member devices of a pool (opening one by path or URI is
+//! `devices.rs`). `dev add` runs online through a
+//! running server's control socket (the server opens the device), else
+//! on the pool directly; the engine's `Pool::add_device` makes it durable
+//! with one checkpoint before the command returns.
+
+use crate::admin::Request;
+use crate::PoolArg;
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::sync::Arc;
+use tarn_engine::{Device, FileDevice};
+
+/// `tarn dev add PATH`: create PATH as a sparse file of `size` bytes if
+/// it does not exist, then add it to the pool.
+pub fn add(pool: &PoolArg, path: &Path, size: Option<u64>) -> Result<Value> {
+    if !path.exists() {
+        let Some(size) = size else {
+            bail!("{} does not exist; pass --size to create it as a sparse file", path.display())
+        };
+        FileDevice::create_file(path, size).with_context(|| format!("create {}", path.display()))?;
+    }
+    crate::admin(pool, &Request::DevAdd { path: crate::absolute(path) })
+}
+
+/// Run on the pool (server side or local): open `path` writable and add it.
+pub fn execute_add(pool: &tarn_engine::Pool, path: &str) -> Result<Value, String> {
+    let dev = FileDevice::open(Path::new(path), true).map_err(|e| match e.raw_os_error() {
+        // EROFS, EACCES, EPERM: nothing can be written there.
+        Some(30 | 13 | 1) => format!("device {path} is read-only ({e}): a member must be writable"),
+        _ => format!("open {path}: {e}"),
+    })?;
+    let r = pool.add_device(Arc::new(dev) as Arc<dyn Device>, path).map_err(|e| e.to_string())?;
+    crate::logging::notice(&format!(
+        "device {path} added as member {}: {} of new space",
+        r.index,
+        crate::size::human(r.data_bytes)
+    ));
+    Ok(json!({ "index": r.index, "path": r.path, "data_bytes": r.data_bytes }))
+}
+
+/// `dev add`'s answer as text.
+pub fn added(v: &Value) -> String {
+    format!(
+        "added {} as device {}: {} of new space, usable now\n",
+        v["path"].as_str().unwrap_or("?"),
+        v["index"],
+        crate::size::human(v["data_bytes"].as_u64().unwrap_or(0))
+    )
+}

@@ -1,0 +1,185 @@
+//! Adding a member device online (`tarn dev add`). The device table (in
+//! the superblock) and the per-device space maps (in the catalog) change
+//! together, by one checkpoint: the new member's label is written and
+//! flushed first, then its space map joins the pool with allocation
+//! avoiding it, a forced checkpoint writes a catalog with that map and a
+//! superblock listing the member, and only then may data go there. A
+//! crash before that superblock is durable leaves the old pool (the new
+//! device's label names a member no table lists: it may be added again);
+//! after it, the new one. No journal op and no feature bit: pools of
+//! several members exist since format 1.
+
+use crate::device::label::{read_label, uuid_string, write_both_labels};
+use crate::device::Device;
+use crate::error::{EngineError, Result};
+use crate::pool::Pool;
+use crate::service::open::{random_bytes, MIN_DATA_BLOCKS};
+use std::sync::Arc;
+use tarn_format::superblock::{DeviceEntry, Superblock, LABEL_BLOCKS, MAX_DEVICE_ENTRIES};
+use tarn_format::BLOCK_SIZE;
+
+/// What `grow_device` did.
+#[derive(Debug, Clone)]
+pub struct GrowReport {
+    pub index: usize,
+    pub old_bytes: u64,
+    pub new_bytes: u64,
+}
+
+/// What `add_device` did.
+#[derive(Debug, Clone)]
+pub struct AddReport {
+    pub index: usize,
+    pub path: String,
+    /// Bytes of its data area, free and usable.
+    pub data_bytes: u64,
+}
+
+impl Pool {
+    /// Add `dev` (recorded as `path`) as a new member; its space is
+    /// usable when this returns, and durable (checkpointed). Refuses a
+    /// device of another pool, one already a member, one too small, one
+    /// that cannot be written, and a full device table, changing nothing.
+    pub fn add_device(&self, dev: Arc<dyn Device>, path: &str) -> Result<AddReport> {
+        self.check_writable()?;
+        let mut ctl = self.lock_commit();
+        self.refuse_new_member(&ctl.sb, dev.as_ref(), path)?;
+        // The checkpoint in progress was frozen without the new space map:
+        // its superblock must not list the member.
+        self.settle_checkpoint(&mut ctl)?;
+        let index = ctl.sb.devices.len();
+        let blocks = dev.size() / BLOCK_SIZE;
+        let entry = DeviceEntry { uuid: random_bytes::<16>()?, blocks, path: path.to_string(), legs: Vec::new() };
+        let mut label = member_label(&ctl.sb, &entry, index);
+        label.created_unix = ctl.sb.created_unix;
+        let mut table = ctl.sb.clone();
+        table.devices.push(entry.clone());
+        if !table.fits() {
+            return Err(EngineError::InvalidArgument(format!(
+                "path {path} does not fit in the device table (too long for the entries already there)"
+            )));
+        }
+        // Written and flushed before any superblock lists it: an open
+        // that finds the member always finds its label.
+        write_both_labels(dev.as_ref(), &label)
+            .and_then(|()| dev.flush().map_err(|e| EngineError::io("flush superblock", dev.name(), e)))
+            .map_err(|e| refine_write_error(e, dev.as_ref()))?;
+        if self.devices.push(dev.clone()) != Some(index) {
+            return Err(EngineError::InvalidArgument("device table full".into()));
+        }
+        self.write_inner().space.add_device(LABEL_BLOCKS, blocks)?;
+        ctl.adding = Some(entry);
+        self.commit_locked(&mut ctl, true)?;
+        if ctl.adding.is_some() || ctl.sb.devices.len() != index + 1 {
+            // A forced commit always writes its checkpoint: a defect.
+            self.fenced.store(true, std::sync::atomic::Ordering::SeqCst);
+            return Err(EngineError::InvalidArgument("the checkpoint adding the member was not written".into()));
+        }
+        self.write_inner().space.open_device(index);
+        log::info!("device {path} added as member {index}: {} blocks of data area", blocks - LABEL_BLOCKS);
+        Ok(AddReport { index, path: path.to_string(), data_bytes: (blocks - LABEL_BLOCKS) * BLOCK_SIZE })
+    }
+
+    /// Grow member `index` to `bytes` (a file-backed device is extended;
+    /// another must already be that large): the new space is usable when
+    /// this returns, and durable. Same protocol as an add: the grown
+    /// range is held (in flight) until the checkpoint whose superblock
+    /// records the new size is durable.
+    pub fn grow_device(&self, index: usize, bytes: u64) -> Result<GrowReport> {
+        self.check_writable()?;
+        let mut ctl = self.lock_commit();
+        let bad = |why: String| Err(EngineError::InvalidArgument(why));
+        let (Some(entry), Some(dev)) = (ctl.sb.devices.get(index), self.devices.get(index).cloned()) else {
+            return bad(format!("the pool has no device {index}"));
+        };
+        let (old, new) = (entry.blocks, bytes / BLOCK_SIZE);
+        if self.mirrors.get(index).is_some_and(Option::is_some) {
+            return bad(format!("device {index} is a mirror: grow its legs and replace them instead"));
+        }
+        if new <= old || new > 1 << 48 {
+            return bad(format!("device {index} has {} bytes: {bytes} is no growth", old * BLOCK_SIZE));
+        }
+        self.settle_checkpoint(&mut ctl)?;
+        if dev.size() < new * BLOCK_SIZE {
+            dev.grow(new * BLOCK_SIZE).map_err(|e| EngineError::io("grow", dev.name(), e))?;
+        }
+        let held = self.write_inner().space.grow_device(index, new)?;
+        ctl.growing = Some((index, new));
+        self.commit_locked(&mut ctl, true)?;
+        if ctl.growing.is_some() || ctl.sb.devices.get(index).map(|e| e.blocks) != Some(new) {
+            self.fenced.store(true, std::sync::atomic::Ordering::SeqCst);
+            return Err(EngineError::InvalidArgument("the checkpoint growing the member was not written".into()));
+        }
+        self.write_inner().space.release_growth(held.0, held.1)?;
+        log::info!("device {index} ({}) grew from {old} to {new} blocks", dev.name());
+        Ok(GrowReport { index, old_bytes: old * BLOCK_SIZE, new_bytes: new * BLOCK_SIZE })
+    }
+
+    /// Every reason `dev` cannot become a member, before anything is written.
+    fn refuse_new_member(&self, sb: &Superblock, dev: &dyn Device, path: &str) -> Result<()> {
+        let name = dev.name();
+        let bad = |why: String| Err(EngineError::InvalidArgument(why));
+        if sb.devices.len() >= MAX_DEVICE_ENTRIES {
+            return bad(format!("the pool has {MAX_DEVICE_ENTRIES} members, the most a device table holds"));
+        }
+        if sb.devices.iter().any(|d| d.path == path || d.legs.iter().any(|l| l.path == path))
+            || self.devices.iter().any(|d| d.name() == name)
+        {
+            return bad(format!("device {path} is already a member of this pool"));
+        }
+        if let Ok(l) = read_label(dev) {
+            let l = l.current;
+            if l.pool_uuid != sb.pool_uuid {
+                return bad(format!(
+                    "device {path} belongs to another pool ({}); destroy that pool or wipe the device first",
+                    uuid_string(&l.pool_uuid)
+                ));
+            }
+            if l.is_primary() || sb.devices.iter().any(|d| d.uuid == l.device_uuid) {
+                return bad(format!("device {path} is already a member of this pool (member {})", l.device_index));
+            }
+            // Else: the label of an add a crash cut short; taken again.
+        }
+        let need = (LABEL_BLOCKS + MIN_DATA_BLOCKS) * BLOCK_SIZE;
+        if dev.size() < need {
+            return bad(format!("device {path} is too small: {} bytes, a member needs at least {need}", dev.size()));
+        }
+        Ok(())
+    }
+}
+
+/// The superblock of member `index` (its own label; the table is the
+/// primary's).
+fn member_label(primary: &Superblock, entry: &DeviceEntry, index: usize) -> Superblock {
+    Superblock {
+        version: primary.version,
+        incompat: primary.incompat,
+        ro_compat: primary.ro_compat,
+        compat: primary.compat,
+        pool_uuid: primary.pool_uuid,
+        device_uuid: entry.uuid,
+        device_index: index as u16,
+        flags: 0,
+        txid: 1,
+        device_blocks: entry.blocks,
+        data_start: LABEL_BLOCKS,
+        journal_start: 0,
+        journal_blocks: 0,
+        journal_generation: primary.journal_generation,
+        checkpoint: Default::default(),
+        created_unix: 0,
+        devices: Vec::new(),
+    }
+}
+
+/// A write refused because the device is read-only says so.
+fn refine_write_error(e: EngineError, dev: &dyn Device) -> EngineError {
+    match &e {
+        EngineError::Io { source, .. }
+            if source.raw_os_error() == Some(30) || source.kind() == std::io::ErrorKind::PermissionDenied =>
+        {
+            EngineError::InvalidArgument(format!("device {} is read-only: {source}", dev.name()))
+        }
+        _ => e,
+    }
+}
