@@ -477,6 +477,9 @@ pub fn status_json(s: &PoolStatus) -> Value {
         })).collect::<Vec<_>>(),
     });
     v["format"] = json!(s.format);
+    v["expansion"] = s.expansion.map_or(Value::Null, |e| {
+        json!({"at_percent": e.at_percent, "step": e.step, "max": e.max, "device": e.device, "expansions": s.expansions})
+    });
     v["file_volumes"] = json!(s.file_volumes);
     v["metadata_cache"] = cache_json(s);
     v

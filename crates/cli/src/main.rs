@@ -1105,6 +1105,7 @@ fn serve_args(o: &config::ServeOpts) -> Result<serve::ServeArgs> {
         placement: o.placement.map(|p| p.0).unwrap_or_default(),
         region_blocks: region_blocks(o.region_size.map(|s| s.0))?,
         random_region_start: o.region_start == Some(config::RegionStart::Random),
+        expansion: expansion(o)?,
         commit_interval: Duration::from_secs(commit_interval.max(1)),
         compact_idle: (compact_idle > 0).then(|| Duration::from_secs(compact_idle)),
         tls: tls::config(o)?,
@@ -1122,6 +1123,25 @@ fn serve_args(o: &config::ServeOpts) -> Result<serve::ServeArgs> {
             exec: o.alert_exec.clone(),
         },
     })
+}
+
+/// `--expand-*`: the expansion policy, checked (None without --expand-at).
+fn expansion(o: &config::ServeOpts) -> Result<Option<tarn_engine::Expansion>> {
+    let Some(at_percent) = o.expand_at else {
+        if o.expand_step.is_some() || o.expand_max.is_some() || o.expand_device.is_some() {
+            bail!("--expand-step, --expand-max and --expand-device need --expand-at");
+        }
+        return Ok(None);
+    };
+    let Some(max) = o.expand_max else { bail!("--expand-at needs --expand-max (the grown member's largest size)") };
+    let e = tarn_engine::Expansion {
+        at_percent,
+        step: o.expand_step.map_or(1 << 30, |s| s.0),
+        max: max.0,
+        device: o.expand_device.unwrap_or(0),
+    };
+    e.check().map_err(anyhow::Error::msg)?;
+    Ok(Some(e))
 }
 
 /// `pool create --start`.
@@ -1165,6 +1185,7 @@ fn run_cmd(r: RunCmd) -> Result<i32> {
         placement: Default::default(),
         region_blocks: 0,
         random_region_start: false,
+        expansion: None,
         commit_interval: Duration::from_secs(5),
         compact_idle: tarn_engine::ServiceOptions::default().compact_idle,
         tls: None,

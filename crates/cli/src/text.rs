@@ -24,12 +24,24 @@ pub fn status(v: &Value) -> String {
     let _ = writeln!(s, "  used       {} ({} bytes)", b(&v["used"]), v["used"]);
     let _ = writeln!(
         s,
-        "  free       {} ({} bytes; {} outside whole 1 MiB regions)",
+        "  free       {} ({} bytes; {} outside whole regions)",
         b(&v["free"]),
         v["free"],
         b(&v["free_outside_regions"])
     );
     let _ = writeln!(s, "  reserved   {} (kept for metadata)", b(&v["reserved"]));
+    let e = &v["expansion"];
+    if !e.is_null() {
+        let _ = writeln!(
+            s,
+            "  expansion  at {}% used: device {} grows by {} up to {} ({} so far)",
+            e["at_percent"],
+            e["device"],
+            b(&e["step"]),
+            b(&e["max"]),
+            e["expansions"]
+        );
+    }
     let _ = writeln!(s, "  metadata   {} ({} bytes), format {}", b(&v["metadata"]), v["metadata"], v["format"]);
     let c = &v["metadata_cache"];
     let _ = writeln!(

@@ -31,6 +31,7 @@ pub use io::{ChangeRun, PhysicalRun, StatusRun};
 pub use map::view::View;
 pub use members::mirror::{LegStatus, MirrorDevice};
 pub use pool::{DeviceStatus, OpenOptions, Pool, PoolStatus, VolumeInfo, DEFAULT_METADATA_CACHE};
+pub use service::expand::Expansion;
 pub use service::grow::{AddReport, GrowReport};
 pub use service::open::{create_mirrored_pool, create_pool, CreateOptions};
 pub use service::resilver::ReplaceReport;

@@ -66,6 +66,8 @@ pub struct Watcher {
     /// How many thresholds usage is at or above (re-armed when it falls).
     crossed: usize,
     devices: Option<usize>,
+    /// Growths by the expansion policy seen so far.
+    expansions: Option<u64>,
     read_errors: u64,
     checksum_errors: u64,
     degraded: bool,
@@ -102,6 +104,11 @@ impl Watcher {
                 "added": s.devices[self.devices.unwrap_or(0)..].iter().map(|d| d.path.clone()).collect::<Vec<_>>() }));
         }
         self.devices = Some(n);
+        if self.expansions.is_some_and(|before| s.expansions > before) {
+            events.push(json!({ "kind": "expansion", "grown": s.expansions - self.expansions.unwrap_or(0),
+                "size": s.size, "free": s.free }));
+        }
+        self.expansions = Some(s.expansions);
         if s.read_errors > self.read_errors {
             events.push(json!({ "kind": "device_error", "read_errors": s.read_errors,
                 "new": s.read_errors - self.read_errors }));

@@ -119,6 +119,20 @@ pub struct ServeOpts {
     /// committing) to release the pool (default 120 with --takeover, else 0).
     #[arg(long, value_name = "SECS")]
     pub lock_wait: Option<u64>,
+    /// Grow the pool when this percent (1-99) of its data space is in use,
+    /// and when a write finds it full: member --expand-device (a regular
+    /// file) is extended by --expand-step up to --expand-max.
+    #[arg(long, value_name = "PCT")]
+    pub expand_at: Option<u8>,
+    /// Bytes added per expansion (default 1G).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    pub expand_step: Option<Size>,
+    /// The expanding member's largest size (required with --expand-at).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    pub expand_max: Option<Size>,
+    /// The member that grows (index, default 0: the primary).
+    #[arg(long, value_name = "INDEX")]
+    pub expand_device: Option<usize>,
     /// Pool usage percentages that raise an alert, ascending, each 1 to
     /// 99 (default 80,90,95).
     #[arg(long, value_name = "PCT,...")]
@@ -266,6 +280,10 @@ impl ServeOpts {
             lock_wait: self.lock_wait.or(f.lock_wait),
             log_level: self.log_level.or(f.log_level),
             alert_at: self.alert_at.clone().or(f.alert_at),
+            expand_at: self.expand_at.or(f.expand_at),
+            expand_step: self.expand_step.or(f.expand_step),
+            expand_max: self.expand_max.or(f.expand_max),
+            expand_device: self.expand_device.or(f.expand_device),
             alert_exec: self.alert_exec.clone().or(f.alert_exec),
         }
     }
@@ -361,6 +379,10 @@ impl ServeOpts {
             "takeover" => t.takeover = None,
             "lock-wait" => t.lock_wait = None,
             "alert-at" => t.alert_at = None,
+            "expand-at" => t.expand_at = None,
+            "expand-step" => t.expand_step = None,
+            "expand-max" => t.expand_max = None,
+            "expand-device" => t.expand_device = None,
             "alert-exec" => t.alert_exec = None,
             _ => {}
         }

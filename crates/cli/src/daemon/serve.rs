@@ -41,6 +41,8 @@ pub struct ServeArgs {
     pub region_blocks: u64,
     /// Search new `contiguous` homes from a random start.
     pub random_region_start: bool,
+    /// Grow the pool ahead of the writers (None: never).
+    pub expansion: Option<tarn_engine::Expansion>,
     pub commit_interval: Duration,
     /// Idle time before background compaction; None: never.
     pub compact_idle: Option<Duration>,
@@ -91,6 +93,7 @@ pub fn serve(
         placement: args.placement,
         region_blocks: args.region_blocks,
         random_region_start: args.random_region_start,
+        expansion: args.expansion,
         disk_model: bench_disk_model()?,
         ..Default::default()
     };

@@ -276,6 +276,16 @@ impl Pool {
                     self.open_regions_now(plan.closed)?;
                     continue;
                 }
+                // Grow the pool and try again, if its policy allows (the
+                // plan, and the fresh-write guard it may hold, go first:
+                // growing commits).
+                Err(EngineError::NoSpace) if self.options.expansion.is_some() => {
+                    drop((plan, gate));
+                    if self.expand_if_needed(true)? {
+                        continue;
+                    }
+                    return Err(EngineError::NoSpace);
+                }
                 other => other?,
             };
             let written = self.write_planned(&plan.segs, &fresh, lba, data);

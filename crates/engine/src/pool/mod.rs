@@ -46,6 +46,9 @@ pub struct OpenOptions {
     /// Search new `contiguous` homes from a start spread over the device
     /// (Virtual Contiguity's random start) rather than the data cursor.
     pub random_region_start: bool,
+    /// Grow a member when usage crosses a threshold, and when a write
+    /// finds the pool full (`service/expand.rs`); None: never.
+    pub expansion: Option<crate::service::expand::Expansion>,
     /// Benchmarks only: every device delays its requests like a modeled
     /// spinning disk (`device/disk_model.rs`).
     #[doc(hidden)]
@@ -237,6 +240,8 @@ impl CheckpointSlot {
 #[derive(Debug, Default)]
 pub struct Counters {
     pub commits: AtomicU64,
+    /// Growths by the expansion policy.
+    pub expansions: AtomicU64,
     pub checkpoints: AtomicU64,
     /// Commits that had to finish the checkpoint in progress themselves
     /// (a full journal side, a forced checkpoint, dirty nodes piling up).
@@ -381,6 +386,9 @@ pub struct PoolStatus {
     /// (and other fragments). New regions do not take it; writes into holes
     /// do once no whole region is left, so a full pool still fills up.
     pub free_outside_regions: u64,
+    /// The expansion policy (`serve --expand-at`), and growths so far.
+    pub expansion: Option<crate::service::expand::Expansion>,
+    pub expansions: u64,
     /// Bytes of metadata on the devices: labels, live journal, checkpoint.
     pub metadata: u64,
     pub journal_size: u64,
@@ -670,6 +678,8 @@ impl Pool {
             reserved: reserve.min(inner.space.free_blocks()) * BLOCK_SIZE,
             freeing: freeing * BLOCK_SIZE,
             free_outside_regions: outside * BLOCK_SIZE,
+            expansion: self.options.expansion,
+            expansions: self.counters.expansions.load(Ordering::Relaxed),
             metadata: labels + nodes + ctl.journal.used * BLOCK_SIZE,
             journal_size: ctl.journal.blocks * BLOCK_SIZE,
             volumes: blocks().count(),

@@ -146,12 +146,18 @@ impl Drop for Service {
 }
 
 /// Commit whatever changed every `commit_interval`, and within a tick when
-/// writes wait for an overwrite region to open.
+/// writes wait for an overwrite region to open; grow the pool each tick
+/// its usage is past the expansion threshold (`service/expand.rs`).
 fn run_committer(pool: &Pool, opts: &ServiceOptions, stop: &Stop) {
     let tick = opts.tick.max(Duration::from_millis(1));
     let mut waited = Duration::ZERO;
     while !stop.wait(tick) {
         waited += tick;
+        if !pool.is_fenced() && !pool.is_read_only() {
+            if let Err(e) = pool.expand_if_needed(false) {
+                log::error!("pool expansion failed: {e}");
+            }
+        }
         // Writes waiting for an overwrite region to open are redirected
         // meanwhile: open it within a tick.
         if waited < opts.commit_interval && !pool.wants_commit() {

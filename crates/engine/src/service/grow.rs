@@ -26,6 +26,16 @@ pub struct GrowReport {
     pub new_bytes: u64,
 }
 
+/// What `grow_device_by` did.
+#[derive(Debug, Clone)]
+pub enum Growth {
+    Grown(GrowReport),
+    /// Nothing: the pool had room by the time the lock was taken.
+    Room,
+    /// Nothing: the member is at its limit.
+    AtLimit,
+}
+
 /// What `add_device` did.
 #[derive(Debug, Clone)]
 pub struct AddReport {
@@ -88,6 +98,37 @@ impl Pool {
     pub fn grow_device(&self, index: usize, bytes: u64) -> Result<GrowReport> {
         self.check_writable()?;
         let mut ctl = self.lock_commit();
+        self.grow_locked(&mut ctl, index, bytes)
+    }
+
+    /// Grow member `index` by `step` bytes, to `max` at most, reading its
+    /// size under the commit lock, unless `enough` says (under that lock)
+    /// that the pool has room already: a growth another caller finished
+    /// while this one waited for the lock. Concurrent callers so grow the
+    /// member once, not once each.
+    pub fn grow_device_by(
+        &self,
+        index: usize,
+        (step, max): (u64, u64),
+        enough: &dyn Fn(&Pool) -> bool,
+    ) -> Result<Growth> {
+        self.check_writable()?;
+        let mut ctl = self.lock_commit();
+        if enough(self) {
+            return Ok(Growth::Room);
+        }
+        let Some(entry) = ctl.sb.devices.get(index) else {
+            return Err(EngineError::InvalidArgument(format!("the pool has no device {index}")));
+        };
+        let now = entry.blocks * BLOCK_SIZE;
+        let target = now.saturating_add(step).min(max) / BLOCK_SIZE * BLOCK_SIZE;
+        if target <= now {
+            return Ok(Growth::AtLimit);
+        }
+        self.grow_locked(&mut ctl, index, target).map(Growth::Grown)
+    }
+
+    fn grow_locked(&self, ctl: &mut crate::pool::CommitCtl, index: usize, bytes: u64) -> Result<GrowReport> {
         let bad = |why: String| Err(EngineError::InvalidArgument(why));
         let (Some(entry), Some(dev)) = (ctl.sb.devices.get(index), self.devices.get(index).cloned()) else {
             return bad(format!("the pool has no device {index}"));
@@ -99,13 +140,13 @@ impl Pool {
         if new <= old || new > 1 << 48 {
             return bad(format!("device {index} has {} bytes: {bytes} is no growth", old * BLOCK_SIZE));
         }
-        self.settle_checkpoint(&mut ctl)?;
+        self.settle_checkpoint(ctl)?;
         if dev.size() < new * BLOCK_SIZE {
             dev.grow(new * BLOCK_SIZE).map_err(|e| EngineError::io("grow", dev.name(), e))?;
         }
         let held = self.write_inner().space.grow_device(index, new)?;
         ctl.growing = Some((index, new));
-        self.commit_locked(&mut ctl, true)?;
+        self.commit_locked(ctl, true)?;
         if ctl.growing.is_some() || ctl.sb.devices.get(index).map(|e| e.blocks) != Some(new) {
             self.fenced.store(true, std::sync::atomic::Ordering::SeqCst);
             return Err(EngineError::InvalidArgument("the checkpoint growing the member was not written".into()));

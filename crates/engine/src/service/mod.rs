@@ -3,6 +3,7 @@
 //! that runs a pool's background threads.
 
 mod background;
+pub mod expand;
 pub mod grow;
 pub mod open;
 pub mod resilver;
