@@ -54,6 +54,34 @@ check "and reads back" qemu-io -f raw -c "read -P 7 0 1M" "$(uri v)"
 stop_serve
 pool_check "$POOL" "at the limit"
 
+step "tarn dev grow by hand: offline, then online while fio writes and verifies"
+G2=$T/grow.img
+make_pool "$G2" 256M
+check "dev grow 0 --size 512M offline" "$TARN" dev grow 0 --size 512M -p "$G2"
+expect_eq "the pool file is 512 MiB" "$(stat -c %s "$G2")" $((512 * M))
+check_fails "a smaller size is refused" "$TARN" dev grow 0 --size 128M -p "$G2"
+check_fails "an unknown member is refused" "$TARN" dev grow 5 --size 1G -p "$G2"
+make_vol "$G2" g 1G
+start_serve "$G2"
+gfio() { # NAME OFFSET SIZE [fio options...]: 1M sequential writes with crc32c verify
+  local name=$1 off=$2 size=$3; shift 3
+  (cd "$T" && timeout 300 fio --name="$name" --ioengine=nbd --uri="$(uri g)" --rw=write --bs=1M --iodepth=8 \
+    --offset="$off" --size="$size" --verify=crc32c --output-format=json --output="$T/$name.json" "$@" \
+    >"$T/$name.out" 2>&1; echo $? >"$T/$name.rc")
+}
+# The first 300 MiB (room enough before the growth) while the member grows;
+# then 400 MiB past the old end.
+gfio g1 0 300M --rate=100m &
+fio_pid=$!
+sleep 1
+check "dev grow 0 --size 1G online, while fio writes" "$TARN" dev grow 0 --size 1G -p "$G2"
+wait $fio_pid
+expect_eq "fio during the growth, verified (exit, errors)" "$(cat "$T/g1.rc") $(jq '[.jobs[].error] | add' "$T/g1.json")" "0 0"
+gfio g2 300M 400M
+expect_eq "fio past the old size, verified (exit, errors)" "$(cat "$T/g2.rc") $(jq '[.jobs[].error] | add' "$T/g2.json")" "0 0"
+stop_serve
+pool_check "$G2" "after dev grow"
+
 step "bad expansion options are refused by name"
 for args in "--expand-at 0 --expand-max 2G" "--expand-at 100 --expand-max 2G" "--expand-at 70" \
   "--expand-at 70 --expand-max 2G --expand-step 4K" "--expand-max 2G"; do

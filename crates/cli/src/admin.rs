@@ -145,6 +145,11 @@ pub enum Request {
     DevAdd {
         path: String,
     },
+    /// Grow member `index` to `size` bytes.
+    DevGrow {
+        index: usize,
+        size: u64,
+    },
     /// Changed ranges from snapshot `from` to snapshot `to` (None: the head).
     Diff {
         volume: String,
@@ -234,6 +239,7 @@ pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, Strin
         Request::Scrub { rate, repair } => scrub(pool, *rate, *repair, ctx),
         Request::PoolReplace { old, new } => return crate::mirror::execute_replace(pool, old, new, ctx.progress),
         Request::DevAdd { path } => return crate::members::execute_add(pool, path),
+        Request::DevGrow { index, size } => return crate::members::execute_grow(pool, *index, *size),
     };
     r.map_err(|e| e.to_string())
 }

@@ -126,6 +126,21 @@ enum DevCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Grow a member to a new size (a regular file is extended): the new
+    /// space is usable by every volume at once, and durable. Online
+    /// through a running server, or offline.
+    Grow {
+        /// The member: its index (0: the primary) as `dev add` and `pool
+        /// status` show it.
+        index: usize,
+        /// The member's new size (larger than now).
+        #[arg(long, value_parser = size::parse_size)]
+        size: u64,
+        #[command(flatten)]
+        pool: PoolArg,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -643,6 +658,11 @@ fn dispatch(cmd: Command) -> Result<i32> {
         Command::Dev(DevCmd::Add { path, size, pool, json }) => {
             let v = members::add(&pool, &path, size)?;
             print(json, &v, members::added);
+            Ok(0)
+        }
+        Command::Dev(DevCmd::Grow { index, size, pool, json }) => {
+            let v = admin(&pool, &Request::DevGrow { index, size })?;
+            print(json, &v, members::grown);
             Ok(0)
         }
         Command::Pool(PoolCmd::Replace { old, new, size, pool, json }) => {

@@ -49,3 +49,24 @@ pub fn added(v: &Value) -> String {
         crate::size::human(v["data_bytes"].as_u64().unwrap_or(0))
     )
 }
+
+/// Run on the pool (server side or local): grow member `index` to `size`.
+pub fn execute_grow(pool: &tarn_engine::Pool, index: usize, size: u64) -> Result<Value, String> {
+    let r = pool.grow_device(index, size).map_err(|e| e.to_string())?;
+    crate::logging::notice(&format!(
+        "device {index} grew from {} to {}",
+        crate::size::human(r.old_bytes),
+        crate::size::human(r.new_bytes)
+    ));
+    Ok(json!({ "index": r.index, "old_size": r.old_bytes, "new_size": r.new_bytes }))
+}
+
+/// `dev grow`'s answer as text.
+pub fn grown(v: &Value) -> String {
+    format!(
+        "device {} grew from {} to {}, usable now\n",
+        v["index"],
+        crate::size::human(v["old_size"].as_u64().unwrap_or(0)),
+        crate::size::human(v["new_size"].as_u64().unwrap_or(0))
+    )
+}
