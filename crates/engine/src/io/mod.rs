@@ -764,11 +764,6 @@ pub(crate) fn release_unmapped(space: &mut crate::space::Space, fresh: &[NewPiec
 /// Per logical region (index), where its data lies.
 pub(crate) type NearRegions = Vec<(u64, Near)>;
 
-/// Whether a write of `n` blocks over `segs` should re-lay them out: it is
-/// long enough to be sequential, and the data it replaces lies in short
-/// physical runs (or beside holes its new blocks would go apart from), so
-/// reading the range back would seek between them. Checked before
-/// ownership: blocks a snapshot shares are redirected anyway.
 /// New pieces joined where both their logical and physical blocks follow
 /// on: (first logical block, first physical block, length).
 fn adjacent_runs(fresh: &[NewPiece]) -> Vec<(u64, Pba, u64)> {
@@ -782,6 +777,11 @@ fn adjacent_runs(fresh: &[NewPiece]) -> Vec<(u64, Pba, u64)> {
     runs
 }
 
+/// Whether a write of `n` blocks over `segs` should re-lay them out: it is
+/// long enough to be sequential, and the data it replaces lies in short
+/// physical runs (or beside holes its new blocks would go apart from), so
+/// reading the range back would seek between them. Checked before
+/// ownership: blocks a snapshot shares are redirected anyway.
 fn scattered(segs: &[Segment], n: u64) -> bool {
     if n < RELAYOUT_MIN_BLOCKS {
         return false;
