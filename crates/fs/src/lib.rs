@@ -10,6 +10,7 @@ pub mod dir;
 pub mod error;
 pub mod inode;
 mod ns;
+pub mod policy;
 pub mod snap;
 pub mod versions;
 
