@@ -18,6 +18,7 @@
 //! full side or a pile of dirty nodes makes a commit write (or wait for)
 //! a checkpoint itself.
 
+pub mod grow;
 mod store_checkpoint;
 mod superblock;
 

@@ -47,8 +47,8 @@ pub struct OpenOptions {
     /// (Virtual Contiguity's random start) rather than the data cursor.
     pub random_region_start: bool,
     /// Grow a member when usage crosses a threshold, and when a write
-    /// finds the pool full (`service/expand.rs`); None: never.
-    pub expansion: Option<crate::service::expand::Expansion>,
+    /// finds the pool full (`commit/grow.rs`); None: never.
+    pub expansion: Option<crate::space::expansion::Expansion>,
     /// Benchmarks only: every device delays its requests like a modeled
     /// spinning disk (`device/disk_model.rs`).
     #[doc(hidden)]
@@ -171,7 +171,7 @@ pub(crate) struct CommitCtl {
     /// superblock lists it, and only that one (its catalog is the first
     /// with the member's space map).
     pub adding: Option<tarn_format::superblock::DeviceEntry>,
-    /// A member growing (`service/grow.rs`): (index, blocks) the next
+    /// A member growing (`commit/grow.rs`): (index, blocks) the next
     /// checkpoint's superblock records, with the catalog that has the
     /// larger space map.
     pub growing: Option<(usize, u64)>,
@@ -387,7 +387,7 @@ pub struct PoolStatus {
     /// do once no whole region is left, so a full pool still fills up.
     pub free_outside_regions: u64,
     /// The expansion policy (`serve --expand-at`), and growths so far.
-    pub expansion: Option<crate::service::expand::Expansion>,
+    pub expansion: Option<crate::space::expansion::Expansion>,
     pub expansions: u64,
     /// Bytes of metadata on the devices: labels, live journal, checkpoint.
     pub metadata: u64,

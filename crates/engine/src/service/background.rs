@@ -147,7 +147,7 @@ impl Drop for Service {
 
 /// Commit whatever changed every `commit_interval`, and within a tick when
 /// writes wait for an overwrite region to open; grow the pool each tick
-/// its usage is past the expansion threshold (`service/expand.rs`).
+/// its usage is past the expansion threshold (`commit/grow.rs`).
 fn run_committer(pool: &Pool, opts: &ServiceOptions, stop: &Stop) {
     let tick = opts.tick.max(Duration::from_millis(1));
     let mut waited = Duration::ZERO;

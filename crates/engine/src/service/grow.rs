@@ -18,24 +18,6 @@ use std::sync::Arc;
 use tarn_format::superblock::{DeviceEntry, Superblock, LABEL_BLOCKS, MAX_DEVICE_ENTRIES};
 use tarn_format::BLOCK_SIZE;
 
-/// What `grow_device` did.
-#[derive(Debug, Clone)]
-pub struct GrowReport {
-    pub index: usize,
-    pub old_bytes: u64,
-    pub new_bytes: u64,
-}
-
-/// What `grow_device_by` did.
-#[derive(Debug, Clone)]
-pub enum Growth {
-    Grown(GrowReport),
-    /// Nothing: the pool had room by the time the lock was taken.
-    Room,
-    /// Nothing: the member is at its limit.
-    AtLimit,
-}
-
 /// What `add_device` did.
 #[derive(Debug, Clone)]
 pub struct AddReport {
@@ -88,72 +70,6 @@ impl Pool {
         self.write_inner().space.open_device(index);
         log::info!("device {path} added as member {index}: {} blocks of data area", blocks - LABEL_BLOCKS);
         Ok(AddReport { index, path: path.to_string(), data_bytes: (blocks - LABEL_BLOCKS) * BLOCK_SIZE })
-    }
-
-    /// Grow member `index` to `bytes` (a file-backed device is extended;
-    /// another must already be that large): the new space is usable when
-    /// this returns, and durable. Same protocol as an add: the grown
-    /// range is held (in flight) until the checkpoint whose superblock
-    /// records the new size is durable.
-    pub fn grow_device(&self, index: usize, bytes: u64) -> Result<GrowReport> {
-        self.check_writable()?;
-        let mut ctl = self.lock_commit();
-        self.grow_locked(&mut ctl, index, bytes)
-    }
-
-    /// Grow member `index` by `step` bytes, to `max` at most, reading its
-    /// size under the commit lock, unless `enough` says (under that lock)
-    /// that the pool has room already: a growth another caller finished
-    /// while this one waited for the lock. Concurrent callers so grow the
-    /// member once, not once each.
-    pub fn grow_device_by(
-        &self,
-        index: usize,
-        (step, max): (u64, u64),
-        enough: &dyn Fn(&Pool) -> bool,
-    ) -> Result<Growth> {
-        self.check_writable()?;
-        let mut ctl = self.lock_commit();
-        if enough(self) {
-            return Ok(Growth::Room);
-        }
-        let Some(entry) = ctl.sb.devices.get(index) else {
-            return Err(EngineError::InvalidArgument(format!("the pool has no device {index}")));
-        };
-        let now = entry.blocks * BLOCK_SIZE;
-        let target = now.saturating_add(step).min(max) / BLOCK_SIZE * BLOCK_SIZE;
-        if target <= now {
-            return Ok(Growth::AtLimit);
-        }
-        self.grow_locked(&mut ctl, index, target).map(Growth::Grown)
-    }
-
-    fn grow_locked(&self, ctl: &mut crate::pool::CommitCtl, index: usize, bytes: u64) -> Result<GrowReport> {
-        let bad = |why: String| Err(EngineError::InvalidArgument(why));
-        let (Some(entry), Some(dev)) = (ctl.sb.devices.get(index), self.devices.get(index).cloned()) else {
-            return bad(format!("the pool has no device {index}"));
-        };
-        let (old, new) = (entry.blocks, bytes / BLOCK_SIZE);
-        if self.mirrors.get(index).is_some_and(Option::is_some) {
-            return bad(format!("device {index} is a mirror: grow its legs and replace them instead"));
-        }
-        if new <= old || new > 1 << 48 {
-            return bad(format!("device {index} has {} bytes: {bytes} is no growth", old * BLOCK_SIZE));
-        }
-        self.settle_checkpoint(ctl)?;
-        if dev.size() < new * BLOCK_SIZE {
-            dev.grow(new * BLOCK_SIZE).map_err(|e| EngineError::io("grow", dev.name(), e))?;
-        }
-        let held = self.write_inner().space.grow_device(index, new)?;
-        ctl.growing = Some((index, new));
-        self.commit_locked(ctl, true)?;
-        if ctl.growing.is_some() || ctl.sb.devices.get(index).map(|e| e.blocks) != Some(new) {
-            self.fenced.store(true, std::sync::atomic::Ordering::SeqCst);
-            return Err(EngineError::InvalidArgument("the checkpoint growing the member was not written".into()));
-        }
-        self.write_inner().space.release_growth(held.0, held.1)?;
-        log::info!("device {index} ({}) grew from {old} to {new} blocks", dev.name());
-        Ok(GrowReport { index, old_bytes: old * BLOCK_SIZE, new_bytes: new * BLOCK_SIZE })
     }
 
     /// Every reason `dev` cannot become a member, before anything is written.

@@ -3,7 +3,6 @@
 //! that runs a pool's background threads.
 
 mod background;
-pub mod expand;
 pub mod grow;
 pub mod open;
 pub mod resilver;

@@ -7,6 +7,7 @@
 //! value (`None`); a double free or a free outside the data area is a
 //! typed error (damaged metadata), never a panic.
 
+pub mod expansion;
 pub mod placement;
 
 use crate::map::extent_map::tree_id;
