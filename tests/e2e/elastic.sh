@@ -165,6 +165,7 @@ refuse "a device of another pool" "belongs to another pool" "$T/other.img"
 refuse "a device already in this pool" "already a member" "$T/d1.img"
 refuse "the primary" "already a member" "$POOL"
 refuse "a too small device" "too small" "$T/tiny.img" --size 1M
+[ -e "$T/tiny.img" ] && bad "the refused file dev add created was left behind" || ok "the refused file dev add created is gone"
 refuse "a read-only device" "read-only" "$RO"
 refuse "a missing file without --size" "does not exist" "$T/nothing.img"
 expect_eq "still 3 devices" "$(devices)" 3

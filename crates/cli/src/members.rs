@@ -13,15 +13,21 @@ use std::sync::Arc;
 use tarn_engine::{Device, FileDevice};
 
 /// `tarn dev add PATH`: create PATH as a sparse file of `size` bytes if
-/// it does not exist, then add it to the pool.
+/// it does not exist, then add it to the pool. A file created here and
+/// then refused (too small, say) is removed: a refusal changes nothing.
 pub fn add(pool: &PoolArg, path: &Path, size: Option<u64>) -> Result<Value> {
-    if !path.exists() {
+    let created = !path.exists();
+    if created {
         let Some(size) = size else {
             bail!("{} does not exist; pass --size to create it as a sparse file", path.display())
         };
         FileDevice::create_file(path, size).with_context(|| format!("create {}", path.display()))?;
     }
-    crate::admin(pool, &Request::DevAdd { path: crate::absolute(path) })
+    let added = crate::admin(pool, &Request::DevAdd { path: crate::absolute(path) });
+    if added.is_err() && created {
+        let _ = std::fs::remove_file(path);
+    }
+    added
 }
 
 /// Run on the pool (server side or local): open `path` writable and add it.
