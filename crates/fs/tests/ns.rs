@@ -10,15 +10,8 @@ use tarn_fs::{FileVolume, FsError, Kind, SetAttr, ROOT};
 use tarn_sim::fixture::one_device_pool;
 use tarn_sim::SimDevice;
 
-const MIB: u64 = 1 << 20;
-
-fn fresh() -> (Arc<SimDevice>, Arc<Pool>, FileVolume) {
-    let (sim, pool) = one_device_pool(256 * MIB);
-    let pool = Arc::new(pool);
-    FileVolume::format(&pool, "home", 0, 0, 0).unwrap();
-    let fv = FileVolume::open(pool.clone(), "home").unwrap();
-    (sim, pool, fv)
-}
+mod common;
+use common::{file, fresh, MIB};
 
 fn reopen(sim: &Arc<SimDevice>) -> (Arc<Pool>, FileVolume) {
     let pool = Arc::new(Pool::open(vec![sim.clone() as Arc<dyn Device>], OpenOptions::default()).unwrap());
@@ -39,10 +32,6 @@ fn names(fv: &FileVolume, dir: u64) -> Vec<String> {
         fv.readdir(dir, 0).unwrap().into_iter().map(|e| String::from_utf8(e.name).unwrap()).collect();
     n.sort();
     n
-}
-
-fn file(fv: &FileVolume, dir: u64, name: &str) -> u64 {
-    fv.create(dir, name.as_bytes(), Kind::File, 0o644, 1, 2).unwrap().inode.ino
 }
 
 #[test]

@@ -8,22 +8,9 @@ use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
 use tarn_engine::{Device, OpenOptions, Pool};
 use tarn_fs::{FileVolume, FsError, Kind, SetAttr, ROOT};
-use tarn_sim::fixture::one_device_pool;
-use tarn_sim::SimDevice;
 
-const MIB: u64 = 1 << 20;
-
-fn fresh() -> (Arc<SimDevice>, Arc<Pool>, FileVolume) {
-    let (sim, pool) = one_device_pool(256 * MIB);
-    let pool = Arc::new(pool);
-    FileVolume::format(&pool, "home", 0, 0, 0).unwrap();
-    let fv = FileVolume::open(pool.clone(), "home").unwrap();
-    (sim, pool, fv)
-}
-
-fn file(fv: &FileVolume, dir: u64, name: &str) -> u64 {
-    fv.create(dir, name.as_bytes(), Kind::File, 0o644, 1, 2).unwrap().inode.ino
-}
+mod common;
+use common::{file, fresh};
 
 /// The content of `path` (names from the root) in `fv`, None if absent.
 fn cat(fv: &FileVolume, path: &[&str]) -> Option<Vec<u8>> {

@@ -1,0 +1,24 @@
+//! What the file volume tests share: a fresh file volume on a simulated
+//! device, and a file made in one call.
+
+use std::sync::Arc;
+use tarn_engine::Pool;
+use tarn_fs::{FileVolume, Kind};
+use tarn_sim::fixture::one_device_pool;
+use tarn_sim::SimDevice;
+
+pub const MIB: u64 = 1 << 20;
+
+/// A pool of 256 MiB on a simulated device with file volume "home".
+pub fn fresh() -> (Arc<SimDevice>, Arc<Pool>, FileVolume) {
+    let (sim, pool) = one_device_pool(256 * MIB);
+    let pool = Arc::new(pool);
+    FileVolume::format(&pool, "home", 0, 0, 0).unwrap();
+    let fv = FileVolume::open(pool.clone(), "home").unwrap();
+    (sim, pool, fv)
+}
+
+/// A regular file `name` in `dir`; its inode number.
+pub fn file(fv: &FileVolume, dir: u64, name: &str) -> u64 {
+    fv.create(dir, name.as_bytes(), Kind::File, 0o644, 1, 2).unwrap().inode.ino
+}
