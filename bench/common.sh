@@ -24,3 +24,20 @@ need_plots() {
 plots() {
   /usr/bin/python3 "$BENCH/plots.py" "$@" || echo "plots: bench/plots.py $1 failed (the table above stands)" >&2
 }
+
+# per_target_setup: DIR and RAW made; PIDS (servers), SRV_PID and TGT_DIR
+# (a target's own directory, $DIR/t.*) start empty; at exit every server
+# still running is stopped and the target directories go.
+per_target_setup() {
+  mkdir -p "$DIR" "$RAW"
+  PIDS=()
+  SRV_PID=
+  TGT_DIR=
+  trap per_target_cleanup EXIT
+  trap 'exit 130' INT TERM
+}
+per_target_cleanup() {
+  set +e
+  stop_pids 60 "${PIDS[@]}"
+  rm -rf "$DIR"/t.*
+}

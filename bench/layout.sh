@@ -46,17 +46,7 @@ for c in fio qemu-img qemu-nbd nbdkit nbdinfo; do
   command -v $c >/dev/null || { echo "layout: $c missing, run: bash scripts/deps.sh" >&2; exit 1; }
 done
 [ -x "$TARN" ] || { echo "layout: $TARN not built (cargo build --release -p tarn-cli)" >&2; exit 1; }
-mkdir -p "$DIR" "$RAW"
-PIDS=()
-SRV_PID=
-TGT_DIR=
-cleanup() {
-  set +e
-  stop_pids 60 "${PIDS[@]}"
-  rm -rf "$DIR"/t.*
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+per_target_setup
 . "$BENCH/targets.sh"
 setup_tarn_contiguous() { TARN_SERVE_ARGS="--placement contiguous" setup_tarn; }
 setup_tarn_compact() { setup_tarn; }

@@ -52,17 +52,7 @@ command -v fio >/dev/null || { echo "slow_disk: fio missing, run: bash scripts/d
 for t in $TARGETS; do
   case ${t%_hdd} in append | inplace | linear | contiguous) ;; *) echo "slow_disk: unknown target $t" >&2; exit 2 ;; esac
 done
-mkdir -p "$DIR" "$RAW"
-PIDS=()
-SRV_PID=
-TGT_DIR=
-cleanup() {
-  set +e
-  stop_pids 60 "${PIDS[@]}"
-  rm -rf "$DIR"/t.*
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+per_target_setup
 . "$BENCH/targets.sh"
 . "$BENCH/fio_steps.sh"
 
