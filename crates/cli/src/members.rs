@@ -11,11 +11,15 @@ use serde_json::{json, Value};
 use std::path::Path;
 use std::sync::Arc;
 use tarn_engine::{Device, FileDevice};
+use tarn_rados::RadosError;
 
 /// `tarn dev add PATH`: create PATH as a sparse file of `size` bytes if
 /// it does not exist, then add it to the pool. A file created here and
 /// then refused (too small, say) is removed: a refusal changes nothing.
 pub fn add(pool: &PoolArg, path: &Path, size: Option<u64>) -> Result<Value> {
+    if crate::devices::is_rados(path) {
+        return add_rados(pool, path, size);
+    }
     let created = !path.exists();
     if created {
         let Some(size) = size else {
@@ -30,14 +34,42 @@ pub fn add(pool: &PoolArg, path: &Path, size: Option<u64>) -> Result<Value> {
     added
 }
 
-/// Run on the pool (server side or local): open `path` writable and add it.
+/// `tarn dev add rados://CEPHPOOL/PREFIX`: with `--size`, a device that
+/// does not exist yet is created first, and removed again if the pool
+/// refuses it (as a file is).
+fn add_rados(pool: &PoolArg, uri: &Path, size: Option<u64>) -> Result<Value> {
+    let exists = match crate::devices::open_rados(uri, None) {
+        Ok(_) => true,
+        Err(e) if e.downcast_ref::<RadosError>().is_some_and(|r| matches!(r, RadosError::NoDevice { .. })) => false,
+        Err(e) => return Err(e),
+    };
+    let created = !exists;
+    if created {
+        let Some(size) = size else { bail!("{} does not exist; pass --size to create it", uri.display()) };
+        crate::devices::open_rados(uri, Some(size))?;
+    }
+    let added = crate::admin(pool, &Request::DevAdd { path: crate::absolute(uri) });
+    if added.is_err() && created {
+        if let Err(e) = crate::devices::open_rados(uri, None).and_then(|d| Ok(d.destroy()?)) {
+            log::warn!("{}: the device created for the refused add was not removed: {e:#}", uri.display());
+        }
+    }
+    added
+}
+
+/// Run on the pool (server side or local): open `path` (a file, a block
+/// device or a RADOS URI) writable and add it.
 pub fn execute_add(pool: &tarn_engine::Pool, path: &str) -> Result<Value, String> {
-    let dev = FileDevice::open(Path::new(path), true).map_err(|e| match e.raw_os_error() {
-        // EROFS, EACCES, EPERM: nothing can be written there.
-        Some(30 | 13 | 1) => format!("device {path} is read-only ({e}): a member must be writable"),
-        _ => format!("open {path}: {e}"),
-    })?;
-    let r = pool.add_device(Arc::new(dev) as Arc<dyn Device>, path).map_err(|e| e.to_string())?;
+    let dev: Arc<dyn Device> = if crate::devices::is_rados(Path::new(path)) {
+        crate::devices::open(Path::new(path), true).map_err(|e| format!("{e:#}"))?
+    } else {
+        Arc::new(FileDevice::open(Path::new(path), true).map_err(|e| match e.raw_os_error() {
+            // EROFS, EACCES, EPERM: nothing can be written there.
+            Some(30 | 13 | 1) => format!("device {path} is read-only ({e}): a member must be writable"),
+            _ => format!("open {path}: {e}"),
+        })?)
+    };
+    let r = pool.add_device(dev, path).map_err(|e| e.to_string())?;
     crate::logging::notice(&format!(
         "device {path} added as member {}: {} of new space",
         r.index,

@@ -198,6 +198,16 @@ impl Ioctx {
         })
     }
 
+    /// Remove an object; one that does not exist is no error.
+    pub fn remove(&self, oid: &str) -> Result<(), RadosError> {
+        let mut batch = self.batch();
+        batch.start(oid, Op::Remove)?;
+        match batch.wait().first().copied().unwrap_or(-libc::EIO) {
+            rc if rc >= 0 || rc == -libc::ENOENT => Ok(()),
+            rc => Err(RadosError::call(format!("remove {oid}"), rc.into())),
+        }
+    }
+
     /// Zero `[off, off+len)` inside one object (no-op where it has no data).
     pub fn zero(&self, oid: &str, off: u64, len: u64) -> Result<(), RadosError> {
         // SAFETY: a live op.

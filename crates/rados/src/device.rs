@@ -7,7 +7,7 @@ use crate::error::RadosError;
 use crate::layout::{plan_discard, split};
 use crate::uri::RadosUri;
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use tarn_engine::Device;
 
@@ -25,7 +25,8 @@ const EBLOCKLISTED: i32 = libc::ESHUTDOWN;
 pub struct RadosDevice {
     uri: RadosUri,
     io: Ioctx,
-    size: u64,
+    /// Bytes the header records; grows (pool expansion), never shrinks.
+    size: AtomicU64,
     object_size: u64,
     fenced: Arc<AtomicBool>,
 }
@@ -88,7 +89,28 @@ impl RadosDevice {
             .ok_or_else(|| RadosError::NoDevice { uri: uri.to_string(), object: header.clone() })?;
         let (order, size) =
             decode_header(&b[..n]).map_err(|why| RadosError::BadHeader { uri: uri.to_string(), why })?;
-        Ok(RadosDevice { uri, io, size, object_size: 1 << order, fenced: Arc::new(AtomicBool::new(false)) })
+        Ok(RadosDevice {
+            uri,
+            io,
+            size: AtomicU64::new(size),
+            object_size: 1 << order,
+            fenced: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    /// Remove the device: every data object, then the header (so a
+    /// half-removed device is still named by its header and can be
+    /// removed again). `tarn dev add` uses it to undo a device it created
+    /// and the pool then refused.
+    pub fn destroy(self) -> Result<(), RadosError> {
+        if let Err(e) = self.discard(0, self.size()) {
+            return Err(RadosError::Call {
+                what: format!("remove {}", self.uri),
+                errno: libc::EIO,
+                errno_text: e.to_string(),
+            });
+        }
+        self.io.remove(&self.uri.header_object())
     }
 
     pub fn uri(&self) -> &RadosUri {
@@ -110,10 +132,10 @@ impl RadosDevice {
             return Err(io::Error::other(format!("{}: fenced by another tarn server; not writing", self.uri)));
         }
         match offset.checked_add(len as u64) {
-            Some(end) if end <= self.size => Ok(()),
+            Some(end) if end <= self.size() => Ok(()),
             _ => Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("{}: I/O at {offset}+{len} beyond the device size {}", self.uri, self.size),
+                format!("{}: I/O at {offset}+{len} beyond the device size {}", self.uri, self.size()),
             )),
         }
     }
@@ -205,7 +227,26 @@ impl Device for RadosDevice {
     }
 
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(Ordering::Acquire)
+    }
+
+    /// Growing is rewriting the header with the new size: objects are made
+    /// by their first write, so the new range needs nothing else. RADOS
+    /// applies a whole-object write atomically, so a crash leaves the old
+    /// size or the new one; a header larger than the pool's superblock
+    /// records is harmless (the pool uses what its superblock says, as
+    /// with a file grown before a crash).
+    fn grow(&self, size: u64) -> io::Result<()> {
+        let size = size / 4096 * 4096;
+        if size <= self.size() {
+            return Ok(());
+        }
+        self.check_range(0, 0)?;
+        let order = self.object_size.trailing_zeros();
+        let header = encode_header(order, size);
+        self.io.write_full(&self.uri.header_object(), &header, false).map_err(io::Error::from)?;
+        self.size.store(size, Ordering::Release);
+        Ok(())
     }
 
     fn name(&self) -> String {
