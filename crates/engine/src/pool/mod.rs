@@ -15,6 +15,7 @@ use crate::meta::catalog::{FrozenPool, WrittenTrees};
 use crate::meta::journal::{op_bytes_bound, JournalCursor};
 use crate::space::placement::PlacementKind;
 use crate::space::Space;
+use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::panic::Location;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -87,6 +88,10 @@ pub(crate) struct Inner {
     pub regions: RegionTracker,
     /// Windows a compaction is moving (`volumes/relayout.rs`).
     pub moving: Vec<Arc<MovingWindow>>,
+    /// Per volume with a quota, blocks allocated to writes not mapped yet:
+    /// charged against the quota with what the volume maps (see
+    /// `volumes/quota.rs`); entries at 0 are removed.
+    pub quota_pending: HashMap<u32, u64>,
 }
 
 /// A window being moved: writes planned over it mark it touched (see
@@ -350,6 +355,8 @@ pub struct VolumeInfo {
     pub placement: &'static str,
     /// Whether that is the volume's own (else the pool's default).
     pub placement_own: bool,
+    /// Bytes of own space the volume and its snapshots may hold.
+    pub quota: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -397,6 +404,8 @@ pub struct PoolStatus {
     pub file_volumes: usize,
     pub virtual_size: u64,
     pub overcommit_ratio: f64,
+    /// Creating or growing past this ratio needs force (None: no limit).
+    pub overcommit_limit: Option<f64>,
     pub epoch: u64,
     pub commit_seq: u64,
     pub placement: &'static str,
@@ -686,6 +695,7 @@ impl Pool {
             file_volumes,
             virtual_size,
             overcommit_ratio: if size == 0 { 0.0 } else { virtual_size as f64 / size as f64 },
+            overcommit_limit: inner.state.overcommit_milli.map(|m| f64::from(m) / 1000.0),
             epoch: inner.state.epoch,
             commit_seq: ctl.journal.seq,
             placement: inner.placement.name(),
@@ -757,5 +767,6 @@ fn info(inner: &Inner, v: &Volume) -> VolumeInfo {
         origin_bytes: v.origin_blocks() * BLOCK_SIZE,
         placement: inner.placement_of(v).name(),
         placement_own: v.placement.is_some(),
+        quota: v.quota,
     }
 }
