@@ -372,7 +372,7 @@ enum VolCmd {
         placement: Option<String>,
         /// SIZE, or none: bytes of pool space the volume and its snapshots
         /// may hold (refused below what they hold now).
-        #[arg(long, value_parser = parse_quota_or_none)]
+        #[arg(long, value_parser = parse_quota_or_none, allow_hyphen_values = true)]
         quota: Option<u64>,
         #[command(flatten)]
         pool: PoolArg,
