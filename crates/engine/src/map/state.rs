@@ -305,15 +305,7 @@ impl State {
                 self.volume_mut(*vol, "placement")?.placement = *policy;
             }
             Op::VolRole { vol, role } => self.set_role(*vol, *role)?,
-            Op::VolQuota { vol, quota } => {
-                if quota.is_some_and(|q| q == 0 || !q.is_multiple_of(BLOCK_SIZE)) {
-                    return Err(
-                        format!("quota {quota:?} of volume {vol} not a positive multiple of {BLOCK_SIZE}").into()
-                    );
-                }
-                self.volume_mut(*vol, "quota")?.quota = *quota;
-            }
-            Op::PoolOvercommit { milli } => self.overcommit_milli = *milli,
+            Op::VolQuota { .. } | Op::PoolOvercommit { .. } => self.apply_setting(op)?,
             Op::VolResize { vol, size } => {
                 let v = self.volume_mut(*vol, "resize")?;
                 if !size.is_multiple_of(BLOCK_SIZE) {
@@ -370,6 +362,24 @@ impl State {
             return Err(format!("volume {vol} already has a role").into());
         }
         v.role = Some(role);
+        Ok(())
+    }
+
+    /// A volume's quota (a positive number of whole blocks, or None) or
+    /// the pool's overcommit ratio: settings, no space changes.
+    fn apply_setting(&mut self, op: &Op) -> Result<(), StateError> {
+        match *op {
+            Op::VolQuota { vol, quota } => {
+                if quota.is_some_and(|q| q == 0 || !q.is_multiple_of(BLOCK_SIZE)) {
+                    return Err(
+                        format!("quota {quota:?} of volume {vol} not a positive multiple of {BLOCK_SIZE}").into()
+                    );
+                }
+                self.volume_mut(vol, "quota")?.quota = quota;
+            }
+            Op::PoolOvercommit { milli } => self.overcommit_milli = milli,
+            _ => return Err(format!("{op:?} is not a setting").into()),
+        }
         Ok(())
     }
 

@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 use tarn_format::ops::Op;
+use tarn_format::role::VolumeRole;
 use tarn_format::superblock::{CheckpointRef, Superblock};
 use tarn_format::{Pba, BLOCK_SIZE};
 
@@ -650,8 +651,7 @@ impl Pool {
         // size is what counts (file volumes are counted apart).
         let blocks = || inner.state.volumes.values().filter(|v| v.role.is_none());
         let virtual_size: u64 = blocks().map(|v| v.size).sum();
-        let file_volumes =
-            inner.state.volumes.values().filter(|v| v.role == Some(tarn_format::role::VolumeRole::FileVolume)).count();
+        let file_volumes = inner.state.volumes.values().filter(|v| v.role == Some(VolumeRole::FileVolume)).count();
         let labels = self.devices.len() as u64 * 2 * BLOCK_SIZE;
         // Blocks neither free nor mapped nor on their way back are metadata
         // (nodes, the catalog): what the checker counts by walking.
