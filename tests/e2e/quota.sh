@@ -138,6 +138,10 @@ case $LAST_OUT in *overcommit*) ok "  ... names the overcommit ratio" ;; *) bad 
 check "vol create --force goes past it" tarn vol create v2 --size 64M --force -p "$OP"
 check_fails "vol resize past the ratio" tarn vol resize v2 --size 128M -p "$OP"
 check "vol resize --force" tarn vol resize v2 --size 128M --force -p "$OP"
+check "snap create v2@s" tarn snap create v2@s -p "$OP"
+check_fails "vol clone past the ratio" tarn vol clone v2@s v2c -p "$OP"
+case $LAST_OUT in *overcommit*) ok "  ... names the overcommit ratio" ;; *) bad "clone overcommit: $LAST_OUT" ;; esac
+check "vol clone --force" tarn vol clone v2@s v2c --force -p "$OP"
 check "shrinking is never refused by the ratio" tarn vol resize v2 --size 64M --allow-shrink -p "$OP"
 check "pool set --overcommit none" tarn pool set --overcommit none -p "$OP"
 check "then any size is taken" tarn vol create v3 --size 1T -p "$OP"

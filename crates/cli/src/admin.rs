@@ -76,6 +76,9 @@ pub enum Request {
         volume: String,
         snapshot: String,
         clone: String,
+        /// Create it even past the overcommit ratio.
+        #[serde(default)]
+        force: bool,
     },
     /// Free what the volume's ext file system freed without discarding
     /// it; streams progress lines (4 KiB blocks of the file system scanned).
@@ -228,8 +231,8 @@ pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, Strin
             pool.set_overcommit((*overcommit != 0).then_some(*overcommit)).map(|()| status_json(&pool.status()))
         }
         Request::VolDelete { name, recursive } => vol_delete(pool, name, *recursive),
-        Request::VolClone { volume, snapshot, clone } => {
-            pool.create_clone(volume, snapshot, clone).map(|v| volume_json(&v))
+        Request::VolClone { volume, snapshot, clone, force } => {
+            pool.create_clone_forced(volume, snapshot, clone, *force).map(|v| volume_json(&v))
         }
         Request::VolFlatten { name } => vol_flatten(pool, name, ctx),
         Request::VolClassify { name, runs } => return crate::hint::classify_volume(pool, name, *runs),

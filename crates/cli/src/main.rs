@@ -506,6 +506,9 @@ enum VolCmd {
         /// Name of the new volume.
         #[arg(value_name = "NEWVOL")]
         name: String,
+        /// Create it even past the pool's overcommit ratio.
+        #[arg(long)]
+        force: bool,
         #[command(flatten)]
         pool: PoolArg,
         #[arg(long)]
@@ -815,7 +818,9 @@ fn dispatch(cmd: Command) -> Result<i32> {
             Ok(0)
         }
         Command::Vol(VolCmd::Delete { name, recursive, pool }) => snapshots::vol_delete(&pool, name, recursive),
-        Command::Vol(VolCmd::Clone { origin, name, pool, json }) => snapshots::vol_clone(&pool, origin, name, json),
+        Command::Vol(VolCmd::Clone { origin, name, force, pool, json }) => {
+            snapshots::vol_clone(&pool, origin, name, force, json)
+        }
         Command::Vol(VolCmd::Flatten { name, pool }) => snapshots::vol_flatten(&pool, name),
         Command::Fs(cmd) => fs_cmd(cmd),
         Command::Mount { name, dir, pool } => mount_cmd(&pool, &name, &dir),
