@@ -5,7 +5,7 @@
 use crate::export::Clients;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use tarn_engine::{EngineError, PlacementKind, Pool, PoolStatus, SnapshotInfo, View, VolumeInfo};
+use tarn_engine::{EngineError, PlacementKind, Pool, PoolStatus, SnapshotInfo, View, VolumeInfo, VolumeOptions};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -39,16 +39,32 @@ pub enum Request {
         /// The volume's own placement policy (absent: the pool's default).
         #[serde(default)]
         placement: Option<String>,
+        /// Bytes of own space it may hold (absent: no quota).
+        #[serde(default)]
+        quota: Option<u64>,
+        /// Create it even past the overcommit ratio.
+        #[serde(default)]
+        force: bool,
     },
-    /// Change a volume's placement ("default": follow the pool's).
+    /// Change a volume's placement ("default": follow the pool's) and/or
+    /// its quota (0: remove it).
     VolSet {
         name: String,
-        placement: String,
+        #[serde(default)]
+        placement: Option<String>,
+        #[serde(default)]
+        quota: Option<u64>,
     },
     VolResize {
         name: String,
         size: u64,
         allow_shrink: bool,
+        #[serde(default)]
+        force: bool,
+    },
+    /// Set the overcommit ratio in thousandths (0: no limit).
+    PoolSet {
+        overcommit: u32,
     },
     VolDelete {
         name: String,
@@ -60,6 +76,9 @@ pub enum Request {
         volume: String,
         snapshot: String,
         clone: String,
+        /// Create it even past the overcommit ratio.
+        #[serde(default)]
+        force: bool,
     },
     /// Free what the volume's ext file system freed without discarding
     /// it; streams progress lines (4 KiB blocks of the file system scanned).
@@ -196,23 +215,24 @@ pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, Strin
         Request::FsCreate { name, quota } => return fs_create(pool, name, *quota),
         Request::FsList => Ok(Value::Array(pool.file_volumes().iter().map(file_volume_json).collect())),
         Request::FsDestroy { name } => pool.delete_file_volume(name).map(|()| json!({ "destroyed": name })),
-        Request::VolCreate { name, size, placement } => {
+        Request::VolCreate { name, size, placement, quota, force } => {
             let placement = match placement {
                 Some(name) => placement_named(name)?,
                 None => None,
             };
-            pool.create_volume_placed(name, *size, placement).map(|v| volume_json(&v))
+            let opts = VolumeOptions { placement, quota: *quota, force: *force };
+            pool.create_volume_with(name, *size, &opts).map(|v| volume_json(&v))
         }
-        Request::VolSet { name, placement } => {
-            let placement = placement_named(placement)?;
-            pool.set_placement(name, placement).map(|v| volume_json(&v))
+        Request::VolSet { name, placement, quota } => return vol_set(pool, name, placement.as_deref(), *quota),
+        Request::VolResize { name, size, allow_shrink, force } => {
+            pool.resize_volume_forced(name, *size, *allow_shrink, *force).map(|v| volume_json(&v))
         }
-        Request::VolResize { name, size, allow_shrink } => {
-            pool.resize_volume(name, *size, *allow_shrink).map(|v| volume_json(&v))
+        Request::PoolSet { overcommit } => {
+            pool.set_overcommit((*overcommit != 0).then_some(*overcommit)).map(|()| status_json(&pool.status()))
         }
         Request::VolDelete { name, recursive } => vol_delete(pool, name, *recursive),
-        Request::VolClone { volume, snapshot, clone } => {
-            pool.create_clone(volume, snapshot, clone).map(|v| volume_json(&v))
+        Request::VolClone { volume, snapshot, clone, force } => {
+            pool.create_clone_forced(volume, snapshot, clone, *force).map(|v| volume_json(&v))
         }
         Request::VolFlatten { name } => vol_flatten(pool, name, ctx),
         Request::VolClassify { name, runs } => return crate::hint::classify_volume(pool, name, *runs),
@@ -390,11 +410,42 @@ fn push_range(ranges: &mut Vec<(u64, u64)>, offset: u64, length: u64) {
     }
 }
 
+/// `vol set`: the placement, then the quota (each refused by name before
+/// anything changes when it is wrong; nothing given is an error).
+fn vol_set(pool: &Pool, name: &str, placement: Option<&str>, quota: Option<u64>) -> Result<Value, String> {
+    let placement = placement.map(placement_named).transpose()?;
+    if placement.is_none() && quota.is_none() {
+        return Err("vol set needs --placement or --quota".into());
+    }
+    if let Some(q) = quota.filter(|&q| q != 0) {
+        // Checked before the placement changes, so a refused quota changes
+        // nothing (the engine checks again under its lock).
+        let v = pool.list_volumes().into_iter().find(|v| v.name == name);
+        let v = v.ok_or_else(|| EngineError::NoSuchVolume(name.to_string()).to_string())?;
+        let used = v.allocated + v.snapshot_bytes;
+        if q < used {
+            return Err(EngineError::QuotaBelowUse { volume: name.to_string(), quota: q, used }.to_string());
+        }
+    }
+    let mut v = None;
+    if let Some(p) = placement {
+        v = Some(pool.set_placement(name, p).map_err(|e| e.to_string())?);
+    }
+    if let Some(q) = quota {
+        v = Some(pool.set_quota(name, (q != 0).then_some(q)).map_err(|e| e.to_string())?);
+    }
+    v.map(|v| volume_json(&v)).ok_or_else(|| format!("volume {name} vanished"))
+}
+
+/// A volume; `used` is its own space (head + only-in-snapshots, what its
+/// quota counts), `shared` what a clone still reads from its origin.
 pub fn volume_json(v: &VolumeInfo) -> Value {
     json!({
         "name": v.name, "id": v.id, "size": v.size, "allocated": v.allocated, "extents": v.extents,
         "snapshots": v.snapshots, "snapshot_bytes": v.snapshot_bytes,
         "origin": v.origin, "origin_bytes": v.origin_bytes,
+        "used": v.allocated + v.snapshot_bytes, "exclusive": v.allocated + v.snapshot_bytes,
+        "shared": v.origin_bytes, "quota": v.quota,
         "placement": v.placement, "placement_default": !v.placement_own,
     })
 }
@@ -487,6 +538,7 @@ pub fn status_json(s: &PoolStatus) -> Value {
         json!({"at_percent": e.at_percent, "step": e.step, "max": e.max, "device": e.device, "expansions": s.expansions})
     });
     v["file_volumes"] = json!(s.file_volumes);
+    v["overcommit_limit"] = json!(s.overcommit_limit);
     v["metadata_cache"] = cache_json(s);
     v
 }

@@ -263,6 +263,17 @@ enum PoolCmd {
         #[arg(long, value_enum, default_value = "front")]
         start: StartArg,
     },
+    /// Change pool-wide settings.
+    Set {
+        /// RATIO (e.g. 2.0) or none: creating or growing a volume past
+        /// RATIO × the pool's size (sum of virtual sizes) needs --force.
+        #[arg(long, value_parser = parse_ratio_or_none, allow_hyphen_values = true)]
+        overcommit: u32,
+        #[command(flatten)]
+        pool: PoolArg,
+        #[arg(long)]
+        json: bool,
+    },
     /// Usage: size, used, free, metadata, overcommit.
     Status {
         #[command(flatten)]
@@ -342,6 +353,13 @@ enum VolCmd {
         /// contiguous (default: the pool's, `serve --placement`).
         #[arg(long, value_parser = parse_placement)]
         placement: Option<tarn_engine::PlacementKind>,
+        /// Bytes of pool space the volume and its snapshots may hold
+        /// (writes to holes past it fail with ENOSPC).
+        #[arg(long, value_parser = parse_quota)]
+        quota: Option<u64>,
+        /// Create it even past the pool's overcommit ratio.
+        #[arg(long)]
+        force: bool,
         #[command(flatten)]
         pool: PoolArg,
     },
@@ -351,7 +369,11 @@ enum VolCmd {
         /// linear, inplace, append, contiguous, or default (the pool's).
         /// Applies to data written from now on.
         #[arg(long, value_parser = parse_placement_or_default)]
-        placement: String,
+        placement: Option<String>,
+        /// SIZE, or none: bytes of pool space the volume and its snapshots
+        /// may hold (refused below what they hold now).
+        #[arg(long, value_parser = parse_quota_or_none, allow_hyphen_values = true)]
+        quota: Option<u64>,
         #[command(flatten)]
         pool: PoolArg,
     },
@@ -461,6 +483,9 @@ enum VolCmd {
         size: u64,
         #[arg(long)]
         allow_shrink: bool,
+        /// Grow even past the pool's overcommit ratio.
+        #[arg(long)]
+        force: bool,
         #[command(flatten)]
         pool: PoolArg,
     },
@@ -481,6 +506,9 @@ enum VolCmd {
         /// Name of the new volume.
         #[arg(value_name = "NEWVOL")]
         name: String,
+        /// Create it even past the pool's overcommit ratio.
+        #[arg(long)]
+        force: bool,
         #[command(flatten)]
         pool: PoolArg,
         #[arg(long)]
@@ -573,6 +601,37 @@ enum GenCmd {
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
     },
+}
+
+/// A quota: a size above 0 (`vol create --quota`).
+fn parse_quota(s: &str) -> std::result::Result<u64, String> {
+    match size::parse_size(s)? {
+        0 => Err(format!("quota {s:?} is 0: give a size (or none with vol set to remove it)")),
+        q => Ok(q),
+    }
+}
+
+/// A quota or "none" (0: remove it).
+fn parse_quota_or_none(s: &str) -> std::result::Result<u64, String> {
+    if s == "none" {
+        return Ok(0);
+    }
+    parse_quota(s)
+}
+
+/// An overcommit ratio above 0 and at most 1000, or "none" (0), in thousandths.
+fn parse_ratio_or_none(s: &str) -> std::result::Result<u32, String> {
+    if s == "none" {
+        return Ok(0);
+    }
+    let r: f64 = s.trim().parse().map_err(|_| format!("overcommit ratio {s:?} is not a number (or none)"))?;
+    if !r.is_finite() || r <= 0.0 || r > 1000.0 {
+        return Err(format!("overcommit ratio {s:?} must be above 0 and at most 1000 (or none)"));
+    }
+    match (r * 1000.0).round() as u32 {
+        0 => Err(format!("overcommit ratio {s:?} is below 0.001")),
+        m => Ok(m),
+    }
 }
 
 /// A placement name or "default" (checked here, applied by the pool).
@@ -693,16 +752,26 @@ fn dispatch(cmd: Command) -> Result<i32> {
             print(json, &result?, text::compacted);
             Ok(0)
         }
-        Command::Vol(VolCmd::Create { name, size, placement, pool }) => {
+        Command::Vol(VolCmd::Create { name, size, placement, quota, force, pool }) => {
             let placement = placement.map(|p| p.name().to_string());
-            let v = admin(&pool, &Request::VolCreate { name, size, placement })?;
+            let v = admin(&pool, &Request::VolCreate { name, size, placement, quota, force })?;
             let (name, size) = text::name_and_size(&v);
             println!("created volume {name} ({size} thin, placement {})", text::placement(&v));
             Ok(0)
         }
-        Command::Vol(VolCmd::Set { name, placement, pool }) => {
-            let v = admin(&pool, &Request::VolSet { name, placement })?;
-            println!("volume {}: placement {}", v["name"].as_str().unwrap_or("?"), text::placement(&v));
+        Command::Vol(VolCmd::Set { name, placement, quota, pool }) => {
+            let v = admin(&pool, &Request::VolSet { name, placement, quota })?;
+            println!(
+                "volume {}: placement {}, quota {}",
+                v["name"].as_str().unwrap_or("?"),
+                text::placement(&v),
+                text::quota(&v)
+            );
+            Ok(0)
+        }
+        Command::Pool(PoolCmd::Set { overcommit, pool, json }) => {
+            let v = admin(&pool, &Request::PoolSet { overcommit })?;
+            print(json, &v, |v| format!("overcommit limit {}\n", text::overcommit_limit(v)));
             Ok(0)
         }
         Command::Vol(VolCmd::Map { name, args: MapArgs { pool, out, json } }) => {
@@ -742,14 +811,16 @@ fn dispatch(cmd: Command) -> Result<i32> {
             print(json, &v, text::volumes);
             Ok(0)
         }
-        Command::Vol(VolCmd::Resize { name, size, allow_shrink, pool }) => {
-            let v = admin(&pool, &Request::VolResize { name, size, allow_shrink })?;
+        Command::Vol(VolCmd::Resize { name, size, allow_shrink, force, pool }) => {
+            let v = admin(&pool, &Request::VolResize { name, size, allow_shrink, force })?;
             let (name, size) = text::name_and_size(&v);
             println!("volume {name} is now {size}");
             Ok(0)
         }
         Command::Vol(VolCmd::Delete { name, recursive, pool }) => snapshots::vol_delete(&pool, name, recursive),
-        Command::Vol(VolCmd::Clone { origin, name, pool, json }) => snapshots::vol_clone(&pool, origin, name, json),
+        Command::Vol(VolCmd::Clone { origin, name, force, pool, json }) => {
+            snapshots::vol_clone(&pool, origin, name, force, json)
+        }
         Command::Vol(VolCmd::Flatten { name, pool }) => snapshots::vol_flatten(&pool, name),
         Command::Fs(cmd) => fs_cmd(cmd),
         Command::Mount { name, dir, pool } => mount_cmd(&pool, &name, &dir),
@@ -1191,7 +1262,14 @@ fn run_cmd(r: RunCmd) -> Result<i32> {
     let vols = admin(&pa, &Request::VolList)?;
     let exists = vols.as_array().is_some_and(|a| a.iter().any(|v| v["name"] == r.volume.as_str()));
     if !exists {
-        admin(&pa, &Request::VolCreate { name: r.volume.clone(), size: r.volume_size, placement: None })?;
+        let req = Request::VolCreate {
+            name: r.volume.clone(),
+            size: r.volume_size,
+            placement: None,
+            quota: None,
+            force: false,
+        };
+        admin(&pa, &req)?;
         println!("created volume {} ({} thin)", r.volume, size::human(r.volume_size));
     }
     let socket = std::path::absolute(r.data_dir.join("nbd.sock"))?;

@@ -69,8 +69,8 @@ pub fn vol_delete(pool: &PoolArg, name: String, recursive: bool) -> Result<i32> 
     Ok(0)
 }
 
-pub fn vol_clone(pool: &PoolArg, origin: SnapSpec, name: String, json: bool) -> Result<i32> {
-    let req = Request::VolClone { volume: origin.volume.clone(), snapshot: origin.name.clone(), clone: name };
+pub fn vol_clone(pool: &PoolArg, origin: SnapSpec, name: String, force: bool, json: bool) -> Result<i32> {
+    let req = Request::VolClone { volume: origin.volume.clone(), snapshot: origin.name.clone(), clone: name, force };
     let v = admin(pool, &req)?;
     print(json, &v, |v| {
         let (name, size) = text::name_and_size(v);

@@ -58,10 +58,11 @@ pub fn status(v: &Value) -> String {
     );
     let _ = writeln!(
         s,
-        "  volumes    {} ({} virtual, overcommit {:.2}x){}",
+        "  volumes    {} ({} virtual, overcommit {:.2}x, limit {}){}",
         v["volumes"],
         b(&v["virtual_size"]),
         v["overcommit_ratio"].as_f64().unwrap_or(0.0),
+        overcommit_limit(v),
         match v["file_volumes"].as_u64() {
             Some(n) if n > 0 => format!("; {n} file volumes (`tarn fs list`)"),
             _ => String::new(),
@@ -191,26 +192,45 @@ pub fn check(v: &Value) -> String {
     s
 }
 
+/// USED is the volume's own space (head + only in snapshots: what QUOTA
+/// counts); SHARED what a clone still reads from its origin.
 pub fn volumes(v: &Value) -> String {
     let mut s = format!(
-        "{:<24} {:>12} {:>12} {:>8} {:>6} {:>12}  {:<20} {}\n",
-        "NAME", "SIZE", "ALLOCATED", "EXTENTS", "SNAPS", "SNAP-BYTES", "PLACEMENT", "ORIGIN"
+        "{:<24} {:>12} {:>12} {:>8} {:>6} {:>12} {:>12} {:>12} {:>12}  {:<20} {}\n",
+        "NAME", "SIZE", "ALLOCATED", "EXTENTS", "SNAPS", "SNAP-BYTES", "USED", "SHARED", "QUOTA", "PLACEMENT", "ORIGIN"
     );
     for vol in v.as_array().into_iter().flatten() {
         let _ = writeln!(
             s,
-            "{:<24} {:>12} {:>12} {:>8} {:>6} {:>12}  {:<20} {}",
+            "{:<24} {:>12} {:>12} {:>8} {:>6} {:>12} {:>12} {:>12} {:>12}  {:<20} {}",
             vol["name"].as_str().unwrap_or("?"),
             b(&vol["size"]),
             b(&vol["allocated"]),
             vol["extents"].as_u64().unwrap_or(0),
             vol["snapshots"].as_u64().unwrap_or(0),
             b(&vol["snapshot_bytes"]),
+            b(&vol["used"]),
+            b(&vol["shared"]),
+            quota(vol),
             placement(vol),
             origin(vol)
         );
     }
     s
+}
+
+/// A volume's quota, or "none".
+pub fn quota(vol: &Value) -> String {
+    if vol["quota"].is_u64() {
+        b(&vol["quota"])
+    } else {
+        "none".to_string()
+    }
+}
+
+/// The pool's overcommit limit as a ratio, or "none".
+pub fn overcommit_limit(v: &Value) -> String {
+    v["overcommit_limit"].as_f64().map_or("none".to_string(), |r| format!("{r:.3}x"))
 }
 
 pub fn file_volumes(v: &Value) -> String {

@@ -25,6 +25,14 @@ pub enum EngineError {
     MemberUnavailable { member: usize, detail: String },
     #[error("no space left in the pool")]
     NoSpace,
+    /// A write would allocate past the volume's quota (ENOSPC on the
+    /// wire). Distinct from `NoSpace`: it never grows the pool.
+    #[error("volume {volume:?} is at its quota of {quota} bytes ({used} used)")]
+    QuotaExceeded { volume: String, quota: u64, used: u64 },
+    #[error("quota {quota} bytes of volume {volume:?} is below its current use of {used} bytes; free space or pick a larger quota")]
+    QuotaBelowUse { volume: String, quota: u64, used: u64 },
+    #[error("virtual sizes would reach {virtual_after} bytes, over the overcommit ratio {ratio} of the pool's {pool} bytes; pass --force or raise it (pool set --overcommit)")]
+    Overcommit { virtual_after: u64, pool: u64, ratio: String },
     #[error("no volume named {0:?}")]
     NoSuchVolume(String),
     #[error("volume id {0} no longer exists")]

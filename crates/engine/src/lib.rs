@@ -47,6 +47,7 @@ pub use volumes::layout::{DeviceLayout, HeldRun, Holder};
 pub use volumes::members_snap::{MemberSnapshot, ObjectSnapshots};
 pub use volumes::reclaim::ReclaimCount;
 pub use volumes::snapshot::SnapshotInfo;
+pub use volumes::VolumeOptions;
 
 /// Decode a checkpoint payload into the pool state and its commit sequence,
 /// with every check [`Pool::open`] makes after reading and checksumming the

@@ -10,7 +10,7 @@
 use crate::codec::{Reader, Writer};
 use crate::error::{FormatError, Result};
 use crate::node::MAX_LEVEL;
-use crate::ops::MAX_NAME_LEN;
+use crate::ops::{MAX_NAME_LEN, MAX_OVERCOMMIT_MILLI};
 use crate::placement::PolicyCode;
 use crate::role::VolumeRole;
 
@@ -27,6 +27,8 @@ const VOLUME_ORIGIN: u8 = 1;
 const VOLUME_PLACEMENT: u8 = 2;
 /// Volume entry flags: `role u8`, `owner u32` follow (FILES feature).
 const VOLUME_ROLE: u8 = 4;
+/// Volume entry flags: `quota u64` follows (QUOTAS feature).
+const VOLUME_QUOTA: u8 = 8;
 
 /// A tree's root: block 0 means empty.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -66,6 +68,8 @@ pub struct VolumeEntry {
     pub placement: Option<PolicyCode>,
     /// File volume or file object (None: a block volume).
     pub role: Option<VolumeRole>,
+    /// Bytes of own space head and snapshots may hold (op 22).
+    pub quota: Option<u64>,
     pub head: MapRecord,
     /// Oldest first, epochs strictly ascending.
     pub snapshots: Vec<SnapshotEntry>,
@@ -100,6 +104,9 @@ pub struct Catalog {
     /// Blocks allocated to writes not yet mapped at the freeze: free
     /// unless a later journal record maps them.
     pub inflight: Vec<(u64, u64)>,
+    /// The overcommit ratio in thousandths (op 23); when set it ends the
+    /// catalog (QUOTAS feature), absent otherwise.
+    pub overcommit_milli: Option<u32>,
 }
 
 fn root(w: &mut Writer, r: &Root) {
@@ -155,6 +162,10 @@ impl Catalog {
         ranges(&mut w, &self.own_nodes);
         ranges(&mut w, &self.deferred);
         ranges(&mut w, &self.inflight);
+        if let Some(m) = self.overcommit_milli {
+            assert!(m != 0, "a zero ratio is encoded as none");
+            w.u32(m);
+        }
         w.buf
     }
 
@@ -185,6 +196,13 @@ impl Catalog {
         c.deferred = read_ranges(&mut r)?;
         c.inflight = read_ranges(&mut r)?;
         if !r.is_empty() {
+            let m = r.u32()?;
+            if m == 0 || m > MAX_OVERCOMMIT_MILLI {
+                return Err(r.bad("overcommit", u64::from(m)));
+            }
+            c.overcommit_milli = Some(m);
+        }
+        if !r.is_empty() {
             return Err(r.bad("trailing bytes", r.remaining() as u64));
         }
         Ok(c)
@@ -197,7 +215,8 @@ fn volume(w: &mut Writer, v: &VolumeEntry) {
     name(w, &v.name);
     let flags = if v.origin.is_some() { VOLUME_ORIGIN } else { 0 }
         | if v.placement.is_some() { VOLUME_PLACEMENT } else { 0 }
-        | if v.role.is_some() { VOLUME_ROLE } else { 0 };
+        | if v.role.is_some() { VOLUME_ROLE } else { 0 }
+        | if v.quota.is_some() { VOLUME_QUOTA } else { 0 };
     w.u8(flags);
     if let Some((vol, epoch)) = v.origin {
         w.u32(vol);
@@ -210,6 +229,9 @@ fn volume(w: &mut Writer, v: &VolumeEntry) {
         let (b, owner) = role.to_parts();
         w.u8(b);
         w.u32(owner);
+    }
+    if let Some(q) = v.quota {
+        w.u64(q);
     }
     map(w, &v.head);
     w.varint(v.snapshots.len() as u64);
@@ -259,7 +281,7 @@ fn read_name(r: &mut Reader) -> Result<String> {
 fn read_volume(r: &mut Reader, epoch: u64) -> Result<VolumeEntry> {
     let (id, size, name) = (r.u32()?, r.u64()?, read_name(r)?);
     let flags = r.u8()?;
-    if flags & !(VOLUME_ORIGIN | VOLUME_PLACEMENT | VOLUME_ROLE) != 0 {
+    if flags & !(VOLUME_ORIGIN | VOLUME_PLACEMENT | VOLUME_ROLE | VOLUME_QUOTA) != 0 {
         return Err(r.bad("volume flags", u64::from(flags)));
     }
     let origin = if flags & VOLUME_ORIGIN != 0 { Some((r.u32()?, r.varint()?)) } else { None };
@@ -272,6 +294,15 @@ fn read_volume(r: &mut Reader, epoch: u64) -> Result<VolumeEntry> {
     let role = if flags & VOLUME_ROLE != 0 {
         let (b, owner) = (r.u8()?, r.u32()?);
         Some(VolumeRole::from_parts(b, owner).ok_or_else(|| r.bad("volume role", u64::from(b)))?)
+    } else {
+        None
+    };
+    let quota = if flags & VOLUME_QUOTA != 0 {
+        let q = r.u64()?;
+        if q == 0 || q % crate::BLOCK_SIZE != 0 {
+            return Err(r.bad("quota", q));
+        }
+        Some(q)
     } else {
         None
     };
@@ -294,7 +325,7 @@ fn read_volume(r: &mut Reader, epoch: u64) -> Result<VolumeEntry> {
         }
         snapshots.push(s);
     }
-    Ok(VolumeEntry { id, size, name, origin, placement, role, head, snapshots })
+    Ok(VolumeEntry { id, size, name, origin, placement, role, quota, head, snapshots })
 }
 
 fn read_ranges(r: &mut Reader) -> Result<Vec<(u64, u64)>> {
@@ -333,6 +364,7 @@ mod tests {
                     origin: None,
                     placement: Some(PolicyCode::Contiguous),
                     role: None,
+                    quota: None,
                     head: m(50, 10),
                     snapshots: vec![SnapshotEntry {
                         epoch: 2,
@@ -350,6 +382,7 @@ mod tests {
                     origin: Some((1, 2)),
                     placement: None,
                     role: Some(VolumeRole::Object { owner: 1 }),
+                    quota: None,
                     head: MapRecord::default(),
                     snapshots: vec![],
                 },
@@ -357,6 +390,7 @@ mod tests {
             own_nodes: vec![(40, 1), (50, 2)],
             deferred: vec![(10, 4)],
             inflight: vec![],
+            overcommit_milli: None,
         }
     }
 
@@ -410,6 +444,36 @@ mod tests {
         let at = bytes.windows(3).position(|x| x == [2, 2, 1]).unwrap() + 2;
         bytes[at] = 0;
         assert!(Catalog::decode(&bytes).is_err());
+    }
+
+    /// A volume entry with the QUOTA flag (8): the quota after the flags
+    /// byte; and the overcommit ratio ending the catalog.
+    #[test]
+    fn golden_bytes_of_a_quota_and_the_overcommit_ratio() {
+        let mut c = sample();
+        c.volumes[0].placement = None;
+        c.volumes[0].quota = Some(1 << 20);
+        let mut w = Writer::default();
+        volume(&mut w, &c.volumes[0]);
+        assert_eq!(&w.buf[14..23], &[8, 0, 0, 0x10, 0, 0, 0, 0, 0]);
+        c.overcommit_milli = Some(1500);
+        let bytes = c.encode();
+        assert_eq!(&bytes[bytes.len() - 4..], &[0xdc, 0x05, 0, 0]);
+        assert_eq!(Catalog::decode(&bytes).unwrap(), c);
+        // A zero or unaligned quota, a zero or huge ratio: refused.
+        // `at`: the quota's first byte.
+        let at = bytes.windows(3).position(|x| x == [b'a', 8, 0]).unwrap() + 2;
+        for (i, b) in [(at, 0x01u8), (at + 2, 0)] {
+            let mut bad = bytes.clone();
+            bad[i] = b;
+            assert!(Catalog::decode(&bad).is_err(), "quota byte {i} = {b}");
+        }
+        let n = bytes.len();
+        for tail in [[0u8, 0, 0, 0], [0x41, 0x42, 0x0f, 0]] {
+            let mut bad = bytes.clone();
+            bad[n - 4..].copy_from_slice(&tail);
+            assert!(Catalog::decode(&bad).is_err(), "ratio {tail:?}");
+        }
     }
 
     #[test]

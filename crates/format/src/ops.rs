@@ -121,7 +121,22 @@ pub enum Op {
         vol: u32,
         role: VolumeRole,
     },
+    /// `vol`'s head and snapshots may hold at most `quota` bytes of own
+    /// space (None: no quota). Pools with the QUOTAS feature.
+    VolQuota {
+        vol: u32,
+        quota: Option<u64>,
+    },
+    /// Creating or growing a volume past `milli`/1000 × the pool's size
+    /// (sum of virtual sizes) is refused unless forced (None: no limit).
+    /// Pools with the QUOTAS feature; `vol` is 0.
+    PoolOvercommit {
+        milli: Option<u32>,
+    },
 }
+
+/// The largest overcommit ratio, in thousandths (1000×).
+pub const MAX_OVERCOMMIT_MILLI: u32 = 1_000_000;
 
 /// Blocks one Sums op covers at most (the largest write: 32 MiB).
 pub const MAX_SUMS_PER_OP: usize = 8192;
@@ -154,6 +169,8 @@ mod tag {
     pub const VOL_PLACEMENT: u8 = 15;
     pub const VOL_ROLE: u8 = 16;
     pub const RELOCATE: u8 = 17;
+    pub const VOL_QUOTA: u8 = 22;
+    pub const POOL_OVERCOMMIT: u8 = 23;
 }
 
 fn encode_name(w: &mut Writer, name: &str) {
@@ -213,6 +230,18 @@ impl Op {
                 w.u32(*vol);
                 w.u8(b);
                 w.u32(owner);
+            }
+            Op::VolQuota { vol, quota } => {
+                assert!(*quota != Some(0), "a zero quota is encoded as none");
+                w.u8(tag::VOL_QUOTA);
+                w.u32(*vol);
+                w.u64(quota.unwrap_or(0));
+            }
+            Op::PoolOvercommit { milli } => {
+                assert!(*milli != Some(0), "a zero ratio is encoded as none");
+                w.u8(tag::POOL_OVERCOMMIT);
+                w.u32(0);
+                w.u32(milli.unwrap_or(0));
             }
             Op::Sums { pba, sums } => {
                 assert!(!sums.is_empty() && sums.len() <= MAX_SUMS_PER_OP);
@@ -281,6 +310,8 @@ impl Op {
             | Op::VolDelete { .. }
             | Op::VolPlacement { .. }
             | Op::VolRole { .. }
+            | Op::VolQuota { .. }
+            | Op::PoolOvercommit { .. }
             | Op::Sums { .. }
             | Op::Regions { .. } => {
                 unreachable!("volume and pool ops are encoded by Op::encode")
@@ -350,8 +381,22 @@ impl Op {
                 }
                 Op::Relocate { vol, snap, lba, len, from, to }
             }
-            tag::SUMS | tag::REGIONS_OPEN | tag::REGIONS_CLOSE if vol != 0 => {
+            tag::VOL_QUOTA => {
+                let q = r.u64()?;
+                if q % crate::BLOCK_SIZE != 0 {
+                    return Err(r.bad("quota", q));
+                }
+                Op::VolQuota { vol, quota: (q != 0).then_some(q) }
+            }
+            tag::SUMS | tag::REGIONS_OPEN | tag::REGIONS_CLOSE | tag::POOL_OVERCOMMIT if vol != 0 => {
                 return Err(r.bad("pool_op_vol", u64::from(vol)));
+            }
+            tag::POOL_OVERCOMMIT => {
+                let m = r.u32()?;
+                if m > MAX_OVERCOMMIT_MILLI {
+                    return Err(r.bad("overcommit", u64::from(m)));
+                }
+                Op::PoolOvercommit { milli: (m != 0).then_some(m) }
             }
             tag::SUMS => {
                 let pba = r.u64()?;
@@ -427,6 +472,10 @@ mod tests {
             Op::Relocate { vol: 5, snap: 9, lba: 0, len: 1, from: 8, to: 9 },
             Op::VolRole { vol: 5, role: VolumeRole::FileVolume },
             Op::VolRole { vol: 6, role: VolumeRole::Object { owner: 5 } },
+            Op::VolQuota { vol: 7, quota: Some(1 << 30) },
+            Op::VolQuota { vol: 7, quota: None },
+            Op::PoolOvercommit { milli: Some(2500) },
+            Op::PoolOvercommit { milli: None },
         ]
     }
 
@@ -464,6 +513,25 @@ mod tests {
         let mut bad = bytes.clone();
         bad[6] = 9;
         assert!(decode_ops(&bad).is_err(), "an unknown policy byte must be refused");
+    }
+
+    /// Ops 22 and 23 (QUOTAS feature), byte for byte, and what decode refuses.
+    #[test]
+    fn quota_and_overcommit_bytes_and_bad_values() {
+        let bytes = encode_ops(&[Op::VolQuota { vol: 3, quota: Some(1 << 20) }]);
+        // count 1, tag 22, vol 3 (u32 LE), quota 1 MiB (u64 LE)
+        assert_eq!(bytes, [1, 22, 3, 0, 0, 0, 0, 0, 0x10, 0, 0, 0, 0, 0]);
+        let none = encode_ops(&[Op::VolQuota { vol: 3, quota: None }]);
+        assert_eq!(none, [1, 22, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        let ratio = encode_ops(&[Op::PoolOvercommit { milli: Some(2000) }]);
+        // count 1, tag 23, vol 0, ratio 2.0 as 2000 thousandths (u32 LE)
+        assert_eq!(ratio, [1, 23, 0, 0, 0, 0, 0xd0, 0x07, 0, 0]);
+        let bad_quota = [1, 22, 3, 0, 0, 0, 1, 0, 0x10, 0, 0, 0, 0, 0];
+        let ratio_on_a_volume = [1, 23, 1, 0, 0, 0, 0xd0, 0x07, 0, 0];
+        let ratio_too_big = [1, 23, 0, 0, 0, 0, 0x41, 0x42, 0x0f, 0];
+        for bad in [&bad_quota[..], &ratio_on_a_volume, &ratio_too_big] {
+            assert!(decode_ops(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

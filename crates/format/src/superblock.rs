@@ -48,8 +48,12 @@ pub mod incompat {
     /// tarn-fs would change objects without tagging them or delete what
     /// a snapshot still reads, so it must not open the pool.
     pub const FS_VERSIONS: u64 = 1 << 6;
+    /// Volumes may have quotas and the pool an overcommit ratio: ops 22
+    /// (VolQuota) and 23 (PoolOvercommit), the QUOTA flag of catalog volume
+    /// entries and the ratio ending the catalog.
+    pub const QUOTAS: u64 = 1 << 8;
     /// Features this build understands.
-    pub const KNOWN: u64 = SNAPSHOTS | DATA_CHECKSUMS | MIRRORS | PLACEMENT | FILES | RELOCATE | FS_VERSIONS;
+    pub const KNOWN: u64 = SNAPSHOTS | DATA_CHECKSUMS | MIRRORS | PLACEMENT | FILES | RELOCATE | FS_VERSIONS | QUOTAS;
 }
 
 /// Superblock flag: a pool with mirrors is open for writing (set before its
@@ -549,6 +553,10 @@ mod tests {
         // Bit 7 is the next engineer's; bit 6 (FS_VERSIONS) is known here.
         sb.incompat = 1 << 7;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
+        sb.incompat = 1 << 9;
+        assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
+        sb.incompat = incompat::QUOTAS;
+        assert_eq!(Superblock::decode(&sb.encode(0), 0).unwrap().incompat, 1 << 8);
         sb.incompat = incompat::FS_VERSIONS;
         assert_eq!(incompat::FS_VERSIONS, 1 << 6);
         assert_eq!(Superblock::decode(&sb.encode(0), 0).unwrap().incompat, 1 << 6);

@@ -67,6 +67,7 @@ impl FsError {
 fn engine_errno(e: &EngineError) -> i32 {
     match e {
         EngineError::NoSpace => libc::ENOSPC,
+        EngineError::QuotaExceeded { .. } => libc::EDQUOT,
         EngineError::ReadOnly => libc::EROFS,
         EngineError::SnapshotExists { .. } => libc::EEXIST,
         EngineError::OutOfRange { .. } => libc::EFBIG,

@@ -63,6 +63,17 @@ pub(crate) enum Pending {
         index: usize,
         from: u64,
     },
+    /// A volume's quota changed (op 22).
+    VolQuota {
+        vol: String,
+        from: Option<u64>,
+        to: Option<u64>,
+    },
+    /// The pool's overcommit ratio changed (op 23).
+    Overcommit {
+        from: Option<u32>,
+        to: Option<u32>,
+    },
 }
 
 impl Pending {
@@ -81,6 +92,8 @@ impl Pending {
             Pending::Hint { .. } => 9,
             Pending::DevAdd { .. } => 10,
             Pending::DevGrow { .. } => 11,
+            Pending::VolQuota { .. } => 12,
+            Pending::Overcommit { .. } => 13,
         }
     }
 }
@@ -110,6 +123,8 @@ fn error_name(e: &EngineError) -> &'static str {
         EngineError::VolumeExists(_) => "VolumeExists",
         EngineError::NoSuchVolume(_) => "NoSuchVolume",
         EngineError::NoSpace => "NoSpace",
+        EngineError::QuotaBelowUse { .. } => "QuotaBelowUse",
+        EngineError::Overcommit { .. } => "Overcommit",
         _ => "other",
     }
 }
@@ -158,6 +173,8 @@ impl Run {
             Pending::Rollback { vol, snap } => m.rollback(vol, snap),
             Pending::CloneCreate { vol, snap, clone } => m.clone_volume(vol, snap, clone),
             Pending::Flatten { vol } => m.flatten(vol),
+            Pending::VolQuota { vol, to, .. } => m.vol_mut(vol).quota = *to,
+            Pending::Overcommit { to, .. } => m.overcommit = *to,
             Pending::Compact { .. } | Pending::Hint { .. } | Pending::DevAdd { .. } | Pending::DevGrow { .. } => {}
         }
         m.flushed();
@@ -224,6 +241,21 @@ impl Run {
                 Some(b) if b == *from => false,
                 Some(b) if b > *from => true,
                 b => return Err(format!("device {index} has {b:?} data bytes after growing from {from}")),
+            },
+            // From and to the same value, whether the commit landed is
+            // not observable: not done (the model allows both anyway).
+            Pending::VolQuota { vol, from, to } => match size_of(vol).and(pool.volume_id(vol)) {
+                Some(id) => match pool.volume_info(id).map(|i| i.quota) {
+                    Some(q) if q == *from => false,
+                    Some(q) if q == *to => true,
+                    q => return Err(format!("volume {vol} has quota {q:?} after a change from {from:?} to {to:?}")),
+                },
+                None => return Err(format!("volume {vol} missing after a quota change")),
+            },
+            Pending::Overcommit { from, to } => match pool.overcommit() {
+                r if r == *from => false,
+                r if r == *to => true,
+                r => return Err(format!("overcommit {r:?} after a change from {from:?} to {to:?}")),
             },
             Pending::Compact { vol } | Pending::Hint { vol } => {
                 size_of(vol).ok_or(format!("volume {vol} missing after a compaction or hint move"))?;

@@ -18,6 +18,7 @@ pub mod faultsim;
 pub mod fixture;
 mod grow;
 pub mod model;
+mod quota;
 pub mod run;
 pub mod settle;
 mod verify;

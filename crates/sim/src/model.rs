@@ -89,6 +89,8 @@ pub struct VolModel {
     pub snaps: Vec<SnapModel>,
     /// (volume uid, snapshot uid) a clone reads its unwritten blocks from.
     pub origin: Option<(u64, u64)>,
+    /// Bytes of own space the volume may hold (op 22).
+    pub quota: Option<u64>,
 }
 
 pub fn block(image: &[u8], b: usize) -> &[u8] {
@@ -219,13 +221,15 @@ fn hole_effects(first: usize, end: usize) -> Vec<Effect> {
 #[derive(Debug, Clone)]
 pub struct Model {
     pub vols: BTreeMap<String, VolModel>,
+    /// The pool's overcommit ratio in thousandths (op 23).
+    pub overcommit: Option<u32>,
     kinds: Vec<Kind>,
     next_uid: u64,
 }
 
 impl Default for Model {
     fn default() -> Self {
-        Model { vols: BTreeMap::new(), kinds: vec![Kind::Hole], next_uid: 1 }
+        Model { vols: BTreeMap::new(), overcommit: None, kinds: vec![Kind::Hole], next_uid: 1 }
     }
 }
 

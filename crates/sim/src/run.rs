@@ -85,7 +85,7 @@ impl SimConfig {
 }
 
 /// Admin operations, as counted in [`RunStats::done`].
-pub const OP_NAMES: [&str; 12] = [
+pub const OP_NAMES: [&str; 14] = [
     "vol create",
     "vol resize",
     "vol delete",
@@ -98,6 +98,8 @@ pub const OP_NAMES: [&str; 12] = [
     "hint",
     "dev add",
     "dev grow",
+    "vol quota",
+    "overcommit",
 ];
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -106,7 +108,7 @@ pub struct RunStats {
     /// Admin operations (volume and snapshot) that happened.
     pub admin: usize,
     /// The same by operation, in the order of [`OP_NAMES`].
-    pub done: [usize; 12],
+    pub done: [usize; 14],
     /// Admin operations refused as the model predicted.
     pub refused: usize,
     /// Admin operations cut by a crash, settled after reopen: done, not done.
@@ -114,6 +116,8 @@ pub struct RunStats {
     pub cut_undone: usize,
     /// Writes or flattens that ran out of space.
     pub enospc: usize,
+    /// Writes refused (in part or whole) by a volume's quota.
+    pub quota_refusals: usize,
     /// Accounting checks skipped (too many ambiguous entries).
     pub space_skipped: usize,
     /// Metadata nodes evicted from the (minimal) cache and read again.
@@ -151,6 +155,7 @@ impl RunStats {
         self.cut_done += o.cut_done;
         self.cut_undone += o.cut_undone;
         self.enospc += o.enospc;
+        self.quota_refusals += o.quota_refusals;
         self.space_skipped += o.space_skipped;
         self.node_evictions += o.node_evictions;
         self.node_misses += o.node_misses;
@@ -372,10 +377,13 @@ impl Run {
             self.model.apply(name, effects);
             return self.crash_and_verify();
         }
-        if !matches!(e, EngineError::NoSpace) {
-            return Err(format!("write failed without a crash: {e}"));
+        let quota = self.model.vol(name).quota.is_some();
+        match e {
+            EngineError::NoSpace => self.stats.enospc += 1,
+            // Like a full pool: earlier pieces of the write may be done.
+            EngineError::QuotaExceeded { .. } if quota => self.stats.quota_refusals += 1,
+            e => return Err(format!("write failed without a crash: {e}")),
         }
-        self.stats.enospc += 1;
         let blocks = self.model.vol(name).blocks();
         let alloc = self.alloc_map(id, View::Head, blocks)?;
         let mut got = Vec::with_capacity(effects.len());

@@ -21,6 +21,7 @@ impl Run {
             self.verify_volume(name).map_err(|e| format!("{what}: volume {name}: {e}"))?;
         }
         self.verify_space().map_err(|e| format!("{what}: {e}"))?;
+        self.verify_quotas().map_err(|e| format!("{what}: {e}"))?;
         let report = self.pool().check();
         if !report.is_clean() {
             return Err(format!("{what}: checker: {:?}", report.problems));

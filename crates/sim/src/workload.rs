@@ -53,6 +53,8 @@ impl Run {
             94 => self.hint(),
             95 => self.dev_add(),
             96 => self.dev_grow(),
+            97 => self.set_quota(),
+            98 => self.set_overcommit(),
             _ => self.verify_all("periodic check"),
         }
     }
@@ -189,6 +191,7 @@ impl Run {
             _ if bad => Err("InvalidArgument"),
             _ if self.model.vols.contains_key(&clone) => Err("VolumeExists"),
             _ if self.model.vol(&vol).snap(&snap).is_none() => Err("NoSuchSnapshot"),
+            _ if self.over_ratio(0, self.model.vol(&vol).snap(&snap).map_or(0, |s| s.data.len())) => Err("Overcommit"),
             _ if self.model.clone_depth(&vol) + 1 > MAX_CLONE_DEPTH => Err("InvalidArgument"),
             _ => Ok(()),
         };
@@ -298,7 +301,11 @@ impl Run {
             let to = self.rng.random_range(MIN_BLOCKS..=MAX_BLOCKS) * BLOCK;
             // Shrinking discards the tail: refused unless allowed.
             let allow_shrink = self.rng.random_bool(0.8);
-            let expect = if to < from && !allow_shrink { Err("InvalidArgument") } else { Ok(()) };
+            let expect = match () {
+                _ if to < from && !allow_shrink => Err("InvalidArgument"),
+                _ if self.over_ratio(from, to) => Err("Overcommit"),
+                _ => Ok(()),
+            };
             let r = self.pool().resize_volume(&name, to as u64, allow_shrink);
             trace!("resize {name} {from} -> {to} allow_shrink {allow_shrink}: {:?}", r.as_ref().map(|i| i.size));
             return self.admin_outcome(Pending::VolResize { name, from, to }, expect, r).map(drop);
@@ -309,7 +316,11 @@ impl Run {
     fn volume_create(&mut self) -> Result<(), String> {
         let name = format!("v{}", self.rng.random_range(0..4));
         let size = self.rng.random_range(MIN_BLOCKS..=MAX_BLOCKS) * BLOCK;
-        let expect = if self.model.vols.contains_key(&name) { Err("VolumeExists") } else { Ok(()) };
+        let expect = match () {
+            _ if self.model.vols.contains_key(&name) => Err("VolumeExists"),
+            _ if self.over_ratio(0, size) => Err("Overcommit"),
+            _ => Ok(()),
+        };
         let placement = self.any_placement();
         let r = self.pool().create_volume_placed(&name, size as u64, placement);
         trace!("create volume {name} {size} {placement:?}: {:?}", r.as_ref().map(|i| i.id));

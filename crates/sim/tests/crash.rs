@@ -54,6 +54,9 @@ fn snapshot_crash_simulation_500_seeds() {
     assert!(seeds < 100 || stats.blocks_relaid > 0, "no compaction moved a block: {stats:?}");
     // So do file-system hints (to a cluster, the device, and back).
     assert!(seeds < 100 || stats.blocks_hinted > 0, "no hint moved a block: {stats:?}");
+    // Quotas are set (op 22) and refuse writes; the checks after every
+    // crash hold each volume to its quota and the model's value.
+    assert!(seeds < 100 || stats.quota_refusals > 0, "no write met a quota: {stats:?}");
 }
 
 /// A mirrored primary: power cuts hit one leg at a time (it is faulted and

@@ -119,7 +119,9 @@ impl Drop for VolumeExport {
 
 fn nbd_error(e: EngineError) -> ExportError {
     match e {
-        EngineError::NoSpace => ExportError::NoSpace,
+        // A quota refusal is ENOSPC too (the NBD rule: only on holes), and
+        // not logged per request: the writer may retry until space is freed.
+        EngineError::NoSpace | EngineError::QuotaExceeded { .. } => ExportError::NoSpace,
         EngineError::OutOfRange { .. } | EngineError::InvalidArgument(_) => ExportError::Invalid,
         EngineError::ReadOnly => ExportError::Perm,
         EngineError::NotSupported(_) => ExportError::NotSupported,

@@ -84,6 +84,10 @@ struct WritePlan<'a> {
     /// Whether blocks the head owns were turned into holes by the policy
     /// (re-layout, `append`): on a full pool the write retries in place.
     relaid: bool,
+    /// Blocks the write adds to the volume's own space (holes, and blocks
+    /// a snapshot or the origin keeps): what its quota is charged. Owned
+    /// blocks moved to new space free their old copy: not charged.
+    charge: u64,
     /// Held while the write overwrites uncommitted new data in a closed
     /// region: a commit then waits for it (see `take_pending`).
     _fresh: Option<FreshWrite<'a>>,
@@ -265,7 +269,9 @@ impl Pool {
         for _ in 0..MAX_WRITE_ATTEMPTS {
             let gate = self.io_gate.read().unwrap_or_else(|p| p.into_inner());
             let plan = self.plan_write(vol, lba, n, relayout)?;
-            let fresh = match self.allocate_holes(vol, &plan.segs, &plan.near) {
+            let placed = self.allocate_charged(vol, &plan.segs, &plan.near, plan.charge);
+            let charged = placed.as_ref().map_or(0, |p| p.1);
+            let fresh = match placed.map(|p| p.0) {
                 // No room for a second copy: overwrite in place after all.
                 Err(EngineError::NoSpace) if plan.relaid => {
                     relayout = false;
@@ -291,10 +297,11 @@ impl Pool {
             let written = self.write_planned(&plan.segs, &fresh, lba, data);
             if let Err(e) = written.and_then(|()| self.prefetch_sums(&fresh)) {
                 self.give_back_unmapped(&fresh);
+                uncharge(&mut self.write_inner(), vol, charged);
                 return Err(e);
             }
             let allocated = !fresh.is_empty();
-            self.record_write(vol, lba, &plan, fresh, &sums)?;
+            self.record_write(vol, lba, &plan, fresh, &sums, charged)?;
             return Ok(allocated);
         }
         Err(EngineError::NoSpace)
@@ -312,6 +319,7 @@ impl Pool {
         let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
         let kind = inner.placement_of(v);
         let mut segs = v.map.lookup(lba, n, usize::MAX)?;
+        let charge = n - owned_blocks(v, &segs);
         inner.moving.iter().for_each(|w| w.note_write(vol, lba, n));
         let mut relaid = relayout && kind.relays_out() && scattered(&segs, n);
         if relaid {
@@ -343,7 +351,7 @@ impl Pool {
         }
         let near =
             if kind.policy().wants_near() { near_holes(&v.map, &segs, inner.region_blocks)? } else { Vec::new() };
-        Ok(WritePlan { segs, closed, near, relaid, _fresh: fresh_guard })
+        Ok(WritePlan { segs, closed, near, relaid, charge, _fresh: fresh_guard })
     }
 
     /// Bring the checksum-tree nodes the new pieces' sums go to into the
@@ -374,9 +382,20 @@ impl Pool {
     /// place, point the map at new pieces (with their sums), and ask for
     /// the regions that were closed to open. If the volume vanished or
     /// shrank meanwhile, new pieces go straight back: no commit saw them.
-    fn record_write(&self, vol: u32, lba: u64, plan: &WritePlan<'_>, fresh: Vec<NewPiece>, sums: &[u32]) -> Result<()> {
+    fn record_write(
+        &self,
+        vol: u32,
+        lba: u64,
+        plan: &WritePlan<'_>,
+        fresh: Vec<NewPiece>,
+        sums: &[u32],
+        charged: u64,
+    ) -> Result<()> {
         let mut inner = self.write_inner();
         let inner = &mut *inner;
+        // The map takes the blocks over from here (same lock: never
+        // counted twice nor missed by a concurrent quota check).
+        uncharge(inner, vol, charged);
         let part = |at: u64, len: u64| sums[(at - lba) as usize..(at - lba + len) as usize].to_vec();
         inner.regions.wanted.extend(plan.closed.iter().copied());
         inner.regions.urgent += plan.closed.len();
@@ -435,11 +454,46 @@ impl Pool {
     /// the plan; empty: wherever the placement puts new data). The pieces
     /// are in flight until mapped or given back ([`settle`]).
     pub(crate) fn allocate_holes(&self, vol: u32, segs: &[Segment], near: &NearRegions) -> Result<Vec<NewPiece>> {
+        self.allocate_charged(vol, segs, near, 0).map(|p| p.0)
+    }
+
+    /// [`Pool::allocate_holes`] for a write adding `charge` blocks to the
+    /// volume's own space: refused with `QuotaExceeded` (nothing taken) if
+    /// that passes its quota; else the charge is held as pending until
+    /// the write maps or gives back its pieces. Returns the pieces and
+    /// the blocks charged (0 without a quota).
+    fn allocate_charged(
+        &self,
+        vol: u32,
+        segs: &[Segment],
+        near: &NearRegions,
+        charge: u64,
+    ) -> Result<(Vec<NewPiece>, u64)> {
         if !segs.iter().any(|s| matches!(s, Segment::Hole { .. })) {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), 0));
         }
         let mut inner = self.write_inner();
         let inner = &mut *inner;
+        let charged = match inner.state.volume(vol) {
+            Some(v) if v.quota.is_some() && charge > 0 => {
+                let pending = inner.quota_pending.get(&vol).copied().unwrap_or(0);
+                if v.over_quota(pending, charge) {
+                    let (quota, used) = (v.quota.unwrap_or(0), (v.used_blocks() + pending) * BLOCK_SIZE);
+                    return Err(EngineError::QuotaExceeded { volume: v.name.clone(), quota, used });
+                }
+                charge
+            }
+            _ => 0,
+        };
+        let fresh = self.place_holes(inner, vol, segs, near)?;
+        if charged > 0 {
+            *inner.quota_pending.entry(vol).or_default() += charged;
+        }
+        Ok((fresh, charged))
+    }
+
+    /// Place every hole of `segs`, all or nothing, under the pool lock.
+    fn place_holes(&self, inner: &mut Inner, vol: u32, segs: &[Segment], near: &NearRegions) -> Result<Vec<NewPiece>> {
         inner.space.reserve_blocks = crate::space::reserve_for(inner.state.extent_count(), inner.space.data_blocks());
         let policy = inner.state.volume(vol).map_or(inner.placement, |v| inner.placement_of(v)).policy();
         let mut fresh = Vec::new();
@@ -753,6 +807,29 @@ fn byte_runs<F: PartialEq>(pieces: impl Iterator<Item = (u64, u64, F)>, offset: 
 }
 
 /// Give back pieces allocated for data that no map took.
+/// Blocks of `segs` (a head lookup) the head owns alone: overwriting them
+/// adds nothing to the volume's own space.
+fn owned_blocks(v: &crate::map::state::Volume, segs: &[Segment]) -> u64 {
+    let owned = |s: &Segment| match *s {
+        Segment::Mapped { len, pba, birth, .. } if v.owns_alone(pba, birth) => len,
+        _ => 0,
+    };
+    segs.iter().map(owned).sum()
+}
+
+/// Drop a write's quota charge once its pieces are mapped or given back.
+fn uncharge(inner: &mut Inner, vol: u32, charged: u64) {
+    if charged == 0 {
+        return;
+    }
+    if let Some(p) = inner.quota_pending.get_mut(&vol) {
+        *p = p.saturating_sub(charged);
+        if *p == 0 {
+            inner.quota_pending.remove(&vol);
+        }
+    }
+}
+
 pub(crate) fn release_unmapped(space: &mut crate::space::Space, fresh: &[NewPiece]) -> Result<()> {
     for p in fresh {
         space.settle(p.pba);

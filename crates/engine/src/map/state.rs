@@ -61,12 +61,14 @@ pub struct Volume {
     /// File volume or file object, hidden from block commands (None: a
     /// block volume).
     pub role: Option<VolumeRole>,
+    /// Bytes of own space the head and its snapshots may hold (op 22).
+    pub quota: Option<u64>,
 }
 
 impl Volume {
     fn new(store: &Arc<Store>, id: u32, name: String, size: u64) -> Volume {
         let map = ExtentMap::new(store.clone(), tree_id::head(id));
-        Volume { id, name, size, map, snapshots: Vec::new(), origin: None, placement: None, role: None }
+        Volume { id, name, size, map, snapshots: Vec::new(), origin: None, placement: None, role: None, quota: None }
     }
 
     pub fn blocks(&self) -> u64 {
@@ -95,6 +97,19 @@ impl Volume {
     /// Blocks of own space held only by snapshots (dead lists).
     pub fn snapshot_blocks(&self) -> u64 {
         self.snapshots.iter().map(|s| s.dead.physical_blocks()).sum()
+    }
+
+    /// Blocks of own space charged to the volume's quota: what its head
+    /// maps plus what only its snapshots hold (a clone's origin markers
+    /// count to the origin). Counters, no scan.
+    pub fn used_blocks(&self) -> u64 {
+        self.map.physical_blocks() + self.snapshot_blocks()
+    }
+
+    /// Whether `more` new blocks (plus `pending` allocated, not yet
+    /// mapped) would take the volume past its quota.
+    pub fn over_quota(&self, pending: u64, more: u64) -> bool {
+        self.quota.is_some_and(|q| (self.used_blocks() + pending + more) * BLOCK_SIZE > q)
     }
 
     /// Blocks still reading through to the origin, head and dead lists.
@@ -159,6 +174,9 @@ pub struct State {
     /// Node blocks of maps deleted since the last checkpoint (free once
     /// the next checkpoint, which no longer reaches them, is durable).
     pub retired_nodes: Vec<Pba>,
+    /// Creating or growing a volume past this many thousandths of the
+    /// pool's size (sum of virtual sizes) needs force (op 23).
+    pub overcommit_milli: Option<u32>,
 }
 
 impl Default for State {
@@ -178,6 +196,7 @@ impl State {
             epoch: 1,
             open_regions: BTreeSet::new(),
             retired_nodes: Vec::new(),
+            overcommit_milli: None,
         }
     }
 }
@@ -286,6 +305,7 @@ impl State {
                 self.volume_mut(*vol, "placement")?.placement = *policy;
             }
             Op::VolRole { vol, role } => self.set_role(*vol, *role)?,
+            Op::VolQuota { .. } | Op::PoolOvercommit { .. } => self.apply_setting(op)?,
             Op::VolResize { vol, size } => {
                 let v = self.volume_mut(*vol, "resize")?;
                 if !size.is_multiple_of(BLOCK_SIZE) {
@@ -345,6 +365,24 @@ impl State {
         Ok(())
     }
 
+    /// A volume's quota (a positive number of whole blocks, or None) or
+    /// the pool's overcommit ratio: settings, no space changes.
+    fn apply_setting(&mut self, op: &Op) -> Result<(), StateError> {
+        match *op {
+            Op::VolQuota { vol, quota } => {
+                if quota.is_some_and(|q| q == 0 || !q.is_multiple_of(BLOCK_SIZE)) {
+                    return Err(
+                        format!("quota {quota:?} of volume {vol} not a positive multiple of {BLOCK_SIZE}").into()
+                    );
+                }
+                self.volume_mut(vol, "quota")?.quota = quota;
+            }
+            Op::PoolOvercommit { milli } => self.overcommit_milli = milli,
+            _ => return Err(format!("{op:?} is not a setting").into()),
+        }
+        Ok(())
+    }
+
     /// Ids of the objects file volume `owner` holds, ascending.
     pub fn objects_of(&self, owner: u32) -> Vec<u32> {
         let owned = |v: &&Volume| v.role == Some(VolumeRole::Object { owner });
@@ -393,6 +431,8 @@ impl State {
             | Op::VolDelete { .. }
             | Op::VolPlacement { .. }
             | Op::VolRole { .. }
+            | Op::VolQuota { .. }
+            | Op::PoolOvercommit { .. }
             | Op::Sums { .. }
             | Op::Regions { .. } => {
                 unreachable!("volume and pool ops are applied by State::apply")

@@ -56,6 +56,7 @@ struct FrozenVolume {
     origin: Option<(u32, u64)>,
     placement: Option<PolicyCode>,
     role: Option<VolumeRole>,
+    quota: Option<u64>,
     head: FrozenMap,
     snapshots: Vec<FrozenSnapshot>,
 }
@@ -71,6 +72,7 @@ pub(crate) struct FrozenPool {
     pub seq: u64,
     epoch: u64,
     next_volume_id: u32,
+    overcommit_milli: Option<u32>,
     volumes: Vec<FrozenVolume>,
     sums: FrozenSums,
     spaces: Vec<FrozenSpace>,
@@ -100,8 +102,8 @@ pub(crate) fn freeze(state: &mut State, space: &mut Space, seq: u64) -> FrozenPo
             snapshots.push(FrozenSnapshot { epoch, size, created, referenced, name, dead });
         }
         let origin = v.origin.map(|o| (o.vol, o.epoch));
-        let (id, size, name, placement, role) = (v.id, v.size, v.name.clone(), v.placement, v.role);
-        volumes.push(FrozenVolume { id, size, name, origin, placement, role, head, snapshots });
+        let (id, size, name, placement, role, quota) = (v.id, v.size, v.name.clone(), v.placement, v.role, v.quota);
+        volumes.push(FrozenVolume { id, size, name, origin, placement, role, quota, head, snapshots });
     }
     superseded.append(&mut state.retired_nodes);
     superseded.extend(state.sums.take_superseded());
@@ -116,6 +118,7 @@ pub(crate) fn freeze(state: &mut State, space: &mut Space, seq: u64) -> FrozenPo
         seq,
         epoch: state.epoch,
         next_volume_id: state.next_volume_id,
+        overcommit_milli: state.overcommit_milli,
         volumes,
         sums: state.sums.freeze(),
         spaces,
@@ -185,6 +188,7 @@ impl FrozenPool {
                 origin: v.origin,
                 placement: v.placement,
                 role: v.role,
+                quota: v.quota,
                 head,
                 snapshots,
             });
@@ -205,6 +209,7 @@ impl FrozenPool {
             spaces,
             sums,
             volumes,
+            overcommit_milli: self.overcommit_milli,
             ..Default::default()
         };
         Ok((catalog, out))
@@ -284,7 +289,13 @@ pub(crate) fn root_ref(r: Root) -> RootRef {
 /// map is read), each record checked against what replay would check.
 pub(crate) fn open_state(c: &Catalog, store: Arc<Store>) -> Result<State> {
     let sums = BlockSums::open(store.clone(), root_ref(c.sums))?;
-    let mut state = State { epoch: c.epoch, next_volume_id: c.next_volume_id, sums, ..State::new(store.clone()) };
+    let mut state = State {
+        epoch: c.epoch,
+        next_volume_id: c.next_volume_id,
+        sums,
+        overcommit_milli: c.overcommit_milli,
+        ..State::new(store.clone())
+    };
     for v in &c.volumes {
         validate_name(&v.name).map_err(bad)?;
         if v.size % BLOCK_SIZE != 0 || state.by_name.contains_key(&v.name) {
@@ -299,6 +310,7 @@ pub(crate) fn open_state(c: &Catalog, store: Arc<Store>) -> Result<State> {
             origin: v.origin.map(|(vol, epoch)| Origin { vol, epoch }),
             placement: v.placement,
             role: None,
+            quota: v.quota,
         };
         for s in &v.snapshots {
             validate_name(&s.name).map_err(bad)?;

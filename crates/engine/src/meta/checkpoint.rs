@@ -108,6 +108,7 @@ pub fn decode_state(payload: &[u8], store: Arc<Store>) -> std::result::Result<(S
             origin,
             placement: None,
             role: None,
+            quota: None,
         };
         while let Some(s) = dec.snapshot().map_err(bad)? {
             crate::map::state::validate_name(&s.name).map_err(bad)?;

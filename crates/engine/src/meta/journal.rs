@@ -198,6 +198,8 @@ pub fn op_bytes_bound(op: &Op) -> usize {
         Op::VolDelete { .. } | Op::CloneDetach { .. } => HEAD,
         Op::VolPlacement { .. } => HEAD + 1,
         Op::VolRole { .. } => HEAD + 5,
+        Op::VolQuota { .. } => HEAD + 8,
+        Op::PoolOvercommit { .. } => HEAD + 4,
         Op::Sums { sums, .. } => HEAD + 8 + V + 4 * sums.len(),
         Op::Regions { ids, .. } => HEAD + V + V * ids.len(),
         Op::SnapDelete { .. } | Op::Rollback { .. } => HEAD + V,

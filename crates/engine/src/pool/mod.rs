@@ -15,12 +15,14 @@ use crate::meta::catalog::{FrozenPool, WrittenTrees};
 use crate::meta::journal::{op_bytes_bound, JournalCursor};
 use crate::space::placement::PlacementKind;
 use crate::space::Space;
+use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::panic::Location;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 use tarn_format::ops::Op;
+use tarn_format::role::VolumeRole;
 use tarn_format::superblock::{CheckpointRef, Superblock};
 use tarn_format::{Pba, BLOCK_SIZE};
 
@@ -87,6 +89,10 @@ pub(crate) struct Inner {
     pub regions: RegionTracker,
     /// Windows a compaction is moving (`volumes/relayout.rs`).
     pub moving: Vec<Arc<MovingWindow>>,
+    /// Per volume with a quota, blocks allocated to writes not mapped yet:
+    /// charged against the quota with what the volume maps (see
+    /// `volumes/quota.rs`); entries at 0 are removed.
+    pub quota_pending: HashMap<u32, u64>,
 }
 
 /// A window being moved: writes planned over it mark it touched (see
@@ -350,6 +356,8 @@ pub struct VolumeInfo {
     pub placement: &'static str,
     /// Whether that is the volume's own (else the pool's default).
     pub placement_own: bool,
+    /// Bytes of own space the volume and its snapshots may hold.
+    pub quota: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -397,6 +405,8 @@ pub struct PoolStatus {
     pub file_volumes: usize,
     pub virtual_size: u64,
     pub overcommit_ratio: f64,
+    /// Creating or growing past this ratio needs force (None: no limit).
+    pub overcommit_limit: Option<f64>,
     pub epoch: u64,
     pub commit_seq: u64,
     pub placement: &'static str,
@@ -641,8 +651,7 @@ impl Pool {
         // size is what counts (file volumes are counted apart).
         let blocks = || inner.state.volumes.values().filter(|v| v.role.is_none());
         let virtual_size: u64 = blocks().map(|v| v.size).sum();
-        let file_volumes =
-            inner.state.volumes.values().filter(|v| v.role == Some(tarn_format::role::VolumeRole::FileVolume)).count();
+        let file_volumes = inner.state.volumes.values().filter(|v| v.role == Some(VolumeRole::FileVolume)).count();
         let labels = self.devices.len() as u64 * 2 * BLOCK_SIZE;
         // Blocks neither free nor mapped nor on their way back are metadata
         // (nodes, the catalog): what the checker counts by walking.
@@ -686,6 +695,7 @@ impl Pool {
             file_volumes,
             virtual_size,
             overcommit_ratio: if size == 0 { 0.0 } else { virtual_size as f64 / size as f64 },
+            overcommit_limit: inner.state.overcommit_milli.map(|m| f64::from(m) / 1000.0),
             epoch: inner.state.epoch,
             commit_seq: ctl.journal.seq,
             placement: inner.placement.name(),
@@ -757,5 +767,6 @@ fn info(inner: &Inner, v: &Volume) -> VolumeInfo {
         origin_bytes: v.origin_blocks() * BLOCK_SIZE,
         placement: inner.placement_of(v).name(),
         placement_own: v.placement.is_some(),
+        quota: v.quota,
     }
 }

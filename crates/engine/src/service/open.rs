@@ -354,6 +354,7 @@ impl Pool {
                 pending_bytes: 0,
                 regions: Default::default(),
                 moving: Vec::new(),
+                quota_pending: Default::default(),
             }),
             commit: Mutex::new(ctl),
             checkpoint: Mutex::new(slot),

@@ -7,6 +7,7 @@ mod flatten;
 pub mod hints;
 pub mod layout;
 pub mod members_snap;
+pub mod quota;
 pub mod reclaim;
 pub mod relayout;
 pub mod snapshot;
@@ -19,6 +20,17 @@ use tarn_format::ops::Op;
 use tarn_format::superblock::incompat;
 use tarn_format::BLOCK_SIZE;
 
+/// Settings of a new volume besides its name and size.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct VolumeOptions {
+    /// Its own placement (None: the pool's default).
+    pub placement: Option<PlacementKind>,
+    /// Bytes of own space it may hold (rounded up to 4 KiB; None: no quota).
+    pub quota: Option<u64>,
+    /// Create it even past the pool's overcommit ratio.
+    pub force: bool,
+}
+
 impl Pool {
     /// Create a thin volume of `size` bytes (rounded up to 4 KiB); durable
     /// when it returns. The size may exceed the pool (overcommit).
@@ -29,26 +41,41 @@ impl Pool {
     /// [`Pool::create_volume`] with a placement of the volume's own (None:
     /// it follows the pool's default).
     pub fn create_volume_placed(&self, name: &str, size: u64, placement: Option<PlacementKind>) -> Result<VolumeInfo> {
+        self.create_volume_with(name, size, &VolumeOptions { placement, ..Default::default() })
+    }
+
+    /// [`Pool::create_volume`] with a placement and a quota of its own,
+    /// refused past the overcommit ratio unless forced.
+    pub fn create_volume_with(&self, name: &str, size: u64, opts: &VolumeOptions) -> Result<VolumeInfo> {
         self.check_writable()?;
         files::check_user_name(name)?;
         let size = round_size(size)?;
-        if placement.is_some() {
-            // A refused create does no I/O: check the name before the
-            // feature bit's commit (and again under the lock below).
-            if self.read_inner().state.by_name.contains_key(name) {
-                return Err(EngineError::VolumeExists(name.to_string()));
-            }
-            self.enable_feature(&mut self.lock_commit(), incompat::PLACEMENT)?;
-        }
-        let id = {
-            let mut inner = self.write_inner();
+        let quota = opts.quota.map(quota::round_quota).transpose()?;
+        let refused = |inner: &crate::pool::Inner| {
             if inner.state.by_name.contains_key(name) {
                 return Err(EngineError::VolumeExists(name.to_string()));
             }
+            quota::check_overcommit(inner, 0, size, opts.force)
+        };
+        // A refused create does no I/O: check before the feature bits'
+        // commits (and again under the lock below).
+        refused(&self.read_inner())?;
+        if opts.placement.is_some() {
+            self.enable_feature(&mut self.lock_commit(), incompat::PLACEMENT)?;
+        }
+        if quota.is_some() {
+            self.enable_feature(&mut self.lock_commit(), incompat::QUOTAS)?;
+        }
+        let id = {
+            let mut inner = self.write_inner();
+            refused(&inner)?;
             let id = inner.state.next_volume_id;
             let mut ops = vec![Op::VolCreate { vol: id, size, name: name.to_string() }];
-            if let Some(p) = placement {
+            if let Some(p) = opts.placement {
                 ops.push(Op::VolPlacement { vol: id, policy: Some(p.into()) });
+            }
+            if quota.is_some() {
+                ops.push(Op::VolQuota { vol: id, quota });
             }
             self.apply_ops(&mut inner, ops)?;
             id
@@ -87,6 +114,11 @@ impl Pool {
 
     /// Grow or shrink; shrinking discards the tail and needs `allow_shrink`.
     pub fn resize_volume(&self, name: &str, size: u64, allow_shrink: bool) -> Result<VolumeInfo> {
+        self.resize_volume_forced(name, size, allow_shrink, false)
+    }
+
+    /// [`Pool::resize_volume`]; growing past the overcommit ratio needs `force`.
+    pub fn resize_volume_forced(&self, name: &str, size: u64, allow_shrink: bool, force: bool) -> Result<VolumeInfo> {
         self.check_writable()?;
         let size = round_size(size)?;
         let id = {
@@ -98,6 +130,7 @@ impl Pool {
                     "shrinking {name} from {old} to {size} bytes discards its tail; pass --allow-shrink"
                 )));
             }
+            quota::check_overcommit(&inner, old, size, force)?;
             self.apply_ops(&mut inner, vec![Op::VolResize { vol: id, size }])?;
             id
         };

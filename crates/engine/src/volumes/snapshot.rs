@@ -118,6 +118,12 @@ impl Pool {
 
     /// A writable volume `clone` showing `vol@snap`; nothing is copied.
     pub fn create_clone(&self, vol: &str, snap: &str, clone: &str) -> Result<VolumeInfo> {
+        self.create_clone_forced(vol, snap, clone, false)
+    }
+
+    /// [`Pool::create_clone`]; past the overcommit ratio only with `force`
+    /// (a clone's size counts as any volume's).
+    pub fn create_clone_forced(&self, vol: &str, snap: &str, clone: &str, force: bool) -> Result<VolumeInfo> {
         self.check_writable()?;
         super::files::check_user_name(clone)?;
         let mut ctl = self.lock_commit();
@@ -129,6 +135,7 @@ impl Pool {
             }
             let v = volume_named(&inner.state, vol)?;
             let i = snapshot_index(v, snap)?;
+            super::quota::check_overcommit(&inner, 0, v.snapshots[i].size, force)?;
             let id = inner.state.next_volume_id;
             let op =
                 Op::CloneCreate { vol: id, origin_vol: v.id, origin_epoch: v.snapshots[i].epoch, name: clone.into() };
