@@ -31,6 +31,17 @@ pub enum FsSnapCmd {
         #[command(flatten)]
         pool: PoolArg,
     },
+    /// Snapshot one regular file: a version of it alone, listed in `PATH@`
+    /// (numbered from the volume snapshots' counter); nothing is copied.
+    File {
+        volume: String,
+        /// The file's path in the volume (from its root).
+        path: String,
+        /// An optional label (at most 64 bytes).
+        name: Option<String>,
+        #[command(flatten)]
+        pool: PoolArg,
+    },
 }
 
 pub fn snap(cmd: FsSnapCmd) -> Result<i32> {
@@ -56,6 +67,12 @@ pub fn snap(cmd: FsSnapCmd) -> Result<i32> {
             with_volume(&pool, &volume, |fv| Ok(fv.snap_delete(&name)?))
                 .with_context(|| format!("delete snapshot {volume}@{name}"))?;
             println!("deleted snapshot {volume}@{name}");
+        }
+        FsSnapCmd::File { volume, path, name, pool } => {
+            let label = name.unwrap_or_default();
+            let s = with_volume(&pool, &volume, |fv| Ok(fv.snap_file(fv.resolve(&path)?, &label)?))
+                .with_context(|| format!("snapshot file {path} of {volume}"))?;
+            println!("created file version {path}@{} in {volume}", s.number);
         }
     }
     Ok(0)
