@@ -44,6 +44,80 @@ pub enum FsSnapCmd {
     },
 }
 
+/// `tarn fs version-policy FS add|remove|list|keep ...`.
+#[derive(clap::Args)]
+pub struct FsPolicyArgs {
+    volume: String,
+    #[command(subcommand)]
+    action: FsPolicyCmd,
+}
+
+#[derive(Subcommand)]
+pub enum FsPolicyCmd {
+    /// Add a rule at the end (first match wins): `*.c` a name pattern,
+    /// `src/` a subtree, `!*.o` excludes.
+    Add {
+        rule: String,
+        #[command(flatten)]
+        pool: PoolArg,
+    },
+    /// Remove a rule, written as it was added.
+    Remove {
+        rule: String,
+        #[command(flatten)]
+        pool: PoolArg,
+    },
+    /// The rules in order, and the close versions kept per file.
+    List {
+        #[command(flatten)]
+        pool: PoolArg,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Close versions kept per file (1 to 1024; default 16): older ones
+    /// are deleted at the file's next close.
+    Keep {
+        count: u32,
+        #[command(flatten)]
+        pool: PoolArg,
+    },
+}
+
+/// `tarn fs version-policy ...`: the open-close versioning policy, stored
+/// in the volume (one commit per change).
+pub fn policy(args: FsPolicyArgs) -> Result<i32> {
+    let volume = args.volume;
+    match args.action {
+        FsPolicyCmd::Add { rule, pool } => {
+            with_volume(&pool, &volume, |fv| Ok(fv.policy_add(&rule)?))
+                .with_context(|| format!("add version rule {rule:?} to {volume}"))?;
+            println!("added version rule {rule:?} to {volume}");
+        }
+        FsPolicyCmd::Remove { rule, pool } => {
+            with_volume(&pool, &volume, |fv| Ok(fv.policy_remove(&rule)?))
+                .with_context(|| format!("remove version rule {rule:?} from {volume}"))?;
+            println!("removed version rule {rule:?} from {volume}");
+        }
+        FsPolicyCmd::List { pool, json } => {
+            let (rules, keep) = with_volume(&pool, &volume, |fv| Ok((fv.policy()?, fv.keep())))?;
+            let v = json!({"rules": rules.iter().map(|r| r.text()).collect::<Vec<_>>(), "keep": keep});
+            print(json, &v, |v| {
+                let mut out = format!("keep {} close versions per file\n", v["keep"]);
+                for r in v["rules"].as_array().into_iter().flatten() {
+                    out.push_str(&format!("{}\n", r.as_str().unwrap_or("")));
+                }
+                out
+            });
+        }
+        FsPolicyCmd::Keep { count, pool } => {
+            with_volume(&pool, &volume, |fv| Ok(fv.set_keep(count)?))
+                .with_context(|| format!("keep {count} close versions per file in {volume}"))?;
+            println!("{volume} keeps {count} close versions per file");
+        }
+    }
+    Ok(0)
+}
+
 pub fn snap(cmd: FsSnapCmd) -> Result<i32> {
     match cmd {
         FsSnapCmd::Create { volume, name, pool } => {

@@ -129,7 +129,7 @@ impl FileVolume {
         let rule = Rule::parse(text)?;
         let mut rules = self.policy()?;
         if rules.contains(&rule) {
-            return Err(FsError::Exists);
+            return Err(FsError::Invalid("the rule is already in the version policy"));
         }
         if rules.len() >= MAX_RULES {
             return Err(FsError::Invalid("a version policy has at most 256 rules"));
@@ -138,11 +138,11 @@ impl FileVolume {
         self.write_policy(&rules)
     }
 
-    /// Remove rule `text` (ENOENT: not there). Durable on return.
+    /// Remove rule `text` (refused when not there). Durable on return.
     pub fn policy_remove(&self, text: &str) -> Result<()> {
         let rule = Rule::parse(text)?;
         let mut rules = self.policy()?;
-        let at = rules.iter().position(|r| *r == rule).ok_or(FsError::NotFound)?;
+        let at = rules.iter().position(|r| *r == rule).ok_or(FsError::Invalid("no such rule in the version policy"))?;
         rules.remove(at);
         self.write_policy(&rules)
     }
