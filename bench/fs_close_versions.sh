@@ -3,10 +3,11 @@
 #   1. time of a close: one edit (dd: open, write 4 KiB, close) of a
 #      versioned `*.c` file against the same edit of an unversioned
 #      `*.o` file, alternating rounds, medians and their ratio;
-#   2. space per close version: pool `used` growth over EDITS edits of
+#   2. `ls f.c@` with EDITS close versions (5 runs, ms);
+#   3. space per close version: pool `used` growth over EDITS edits of
 #      each file (one 4 KiB block each), the versioned file's minus the
 #      unversioned one's, per version (target: < 200 bytes of metadata).
-# keep is set to 1024 so no version is pruned during the run.
+# keep is set to 1024 so no version is pruned during a run (EDITS < 1024).
 #   bash bench/fs_close_versions.sh          # EDITS=500
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -56,6 +57,8 @@ dd if=/dev/urandom of="$W/block" bs=4096 count=1 status=none
 mount_fs
 dd if=/dev/urandom of="$MNT/f.c" bs=1M count=1 status=none
 dd if=/dev/urandom of="$MNT/f.o" bs=1M count=1 status=none
+# g.c: the space run's versioned file (versions of its own: none pruned).
+dd if=/dev/urandom of="$MNT/g.c" bs=1M count=1 status=none
 umount_fs
 
 # Time: alternating rounds, each edit of f.c then of f.o.
@@ -67,6 +70,13 @@ for i in $(seq 1 "$EDITS"); do
   edit f.o "$i" >>"$W/o.us"
 done
 VERSIONS=$(ls "$MNT/f.c@" | wc -l)
+LS=()
+for r in 1 2 3 4 5; do
+  a=$(now)
+  ls "$MNT/f.c@" >/dev/null
+  b=$(now)
+  LS+=($(((b - a) / 1000000)))
+done
 umount_fs
 C_US=$(median <"$W/c.us")
 O_US=$(median <"$W/o.us")
@@ -78,7 +88,7 @@ for i in $(seq 1 "$EDITS"); do dd if=/dev/urandom of="$MNT/f.o" bs=4096 count=1 
 umount_fs
 U1=$(used)
 mount_fs
-for i in $(seq 1 "$EDITS"); do dd if=/dev/urandom of="$MNT/f.c" bs=4096 count=1 seek=$((i % 256)) conv=notrunc status=none; done
+for i in $(seq 1 "$EDITS"); do dd if=/dev/urandom of="$MNT/g.c" bs=4096 count=1 seek=$((i % 256)) conv=notrunc status=none; done
 umount_fs
 U2=$(used)
 PER=$((((U2 - U1) - (U1 - U0)) / EDITS))
@@ -86,4 +96,5 @@ DATA=$(((U2 - U1) / EDITS))
 
 echo "# bench/fs_close_versions.sh (EDITS=$EDITS) $(date -u +%FT%TZ)"
 echo "edit (open, 4 KiB write, close), median us: versioned f.c $C_US, unversioned f.o $O_US, ratio $(awk "BEGIN { printf \"%.2f\", $C_US / $O_US }") ($VERSIONS versions listed in f.c@ after the timed run)"
+echo "ls f.c@ ($VERSIONS entries), 5 runs (ms): ${LS[*]} (target < 50)"
 echo "pool used per edit: versioned $DATA bytes, unversioned $(((U1 - U0) / EDITS)) bytes; per close version beyond the unversioned edit: $PER bytes (target < 200)"
