@@ -97,4 +97,4 @@ DATA=$(((U2 - U1) / EDITS))
 echo "# bench/fs_close_versions.sh (EDITS=$EDITS) $(date -u +%FT%TZ)"
 echo "edit (open, 4 KiB write, close), median us: versioned f.c $C_US, unversioned f.o $O_US, ratio $(awk "BEGIN { printf \"%.2f\", $C_US / $O_US }") ($VERSIONS versions listed in f.c@ after the timed run)"
 echo "ls f.c@ ($VERSIONS entries), 5 runs (ms): ${LS[*]} (target < 50)"
-echo "pool used per edit: versioned $DATA bytes, unversioned $(((U1 - U0) / EDITS)) bytes; per close version beyond the unversioned edit: $PER bytes (target < 200)"
+echo "pool used per edit: versioned $DATA bytes, unversioned $(((U1 - U0) / EDITS)) bytes; per close version beyond the unversioned edit: $PER bytes, of which 4096 the data block the version keeps and $((PER - 4096)) metadata (target < 200)"
