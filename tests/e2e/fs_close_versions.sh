@@ -122,6 +122,8 @@ check "tarn fs snap file home g.txt label" tarn fs snap file home g.txt label -p
 check_fails "tarn fs snap file of a directory" tarn fs snap file home src -p "$POOL"
 check_fails "tarn fs snap file of a missing path" tarn fs snap file home nope -p "$POOL"
 expect_eq "snap list shows volume snapshots only" "$(tarn fs snap list home --json -p "$POOL" | jq -c '[.[].name]')" '["vol"]'
+expect_eq "snap list --all: g.txt's versions with their kind" "$(tarn fs snap list home --all --json -p "$POOL" | jq -c '[.[] | select(.number == '"$F"' or .number == '"$V"' or .number == '"$((V + 1))"') | .kind]')" '["file","volume","file"]'
+expect_eq "snap list --all: f.c's close versions" "$(tarn fs snap list home --all --json -p "$POOL" | jq '[.[] | select(.kind == "close")] | length')" "$((N - 1))"
 check "keep 3" tarn fs version-policy home keep 3 -p "$POOL"
 fs_mount home
 expect_eq "after a remount: g.txt@" "$(versions g.txt)" "$F $V $((V + 1))"

@@ -23,6 +23,10 @@ pub enum FsSnapCmd {
         pool: PoolArg,
         #[arg(long)]
         json: bool,
+        /// File and close versions too (with their kind and inode), those
+        /// of deleted files included.
+        #[arg(long)]
+        all: bool,
     },
     /// Delete a snapshot: frees what only it held.
     Delete {
@@ -125,14 +129,32 @@ pub fn snap(cmd: FsSnapCmd) -> Result<i32> {
                 .with_context(|| format!("snapshot {volume} as {name}"))?;
             println!("created snapshot {volume}@{name} (number {})", s.number);
         }
-        FsSnapCmd::List { volume, pool, json } => {
-            let list = with_volume(&pool, &volume, |fv| Ok(fv.snap_list()?))?;
-            let v: Vec<Value> =
-                list.iter().map(|s| json!({"name": s.name, "number": s.number, "created": s.created})).collect();
+        FsSnapCmd::List { volume, pool, json, all } => {
+            let list = with_volume(&pool, &volume, |fv| Ok(if all { fv.versions()? } else { fv.snap_list()? }))?;
+            let v: Vec<Value> = list
+                .iter()
+                .map(|s| {
+                    let mut e = json!({"name": s.name, "number": s.number, "created": s.created});
+                    if all {
+                        e["kind"] = json!(s.kind.as_str());
+                        e["inode"] = json!(s.owner);
+                    }
+                    e
+                })
+                .collect();
             print(json, &Value::Array(v), |v| {
-                let mut out = String::from("NUMBER  NAME  CREATED\n");
+                // Rows carry a kind only when --all asked for it.
+                let all = v.as_array().and_then(|l| l.first()).is_some_and(|e| e.get("kind").is_some());
+                let mut out =
+                    String::from(if all { "NUMBER  KIND  INODE  NAME  CREATED\n" } else { "NUMBER  NAME  CREATED\n" });
                 for s in v.as_array().into_iter().flatten() {
-                    out.push_str(&format!("{}  {}  {}\n", s["number"], s["name"].as_str().unwrap_or(""), s["created"]));
+                    let kind = if all {
+                        format!("{}  {}  ", s["kind"].as_str().unwrap_or(""), s["inode"])
+                    } else {
+                        String::new()
+                    };
+                    let name = s["name"].as_str().unwrap_or("");
+                    out.push_str(&format!("{}  {kind}{name}  {}\n", s["number"], s["created"]));
                 }
                 out
             });
