@@ -181,3 +181,29 @@ fn a_crash_between_a_close_and_its_commit_never_leaves_a_half_version() {
     }
     assert!(cut_inside >= 8, "the power was cut inside only {cut_inside} times of 16");
 }
+
+/// Deleting a volume snapshot drops another object's tag that only a
+/// file version of a different file falls in the range of: a tag's
+/// readers are the volume snapshots and its own object's versions.
+#[test]
+fn another_files_version_keeps_no_tag_alive() {
+    let (_sim, pool, fv) = fresh();
+    let a = file(&fv, ROOT, "a");
+    let b = file(&fv, ROOT, "b");
+    fv.write(a, 0, b"a0").unwrap();
+    fv.write(b, 0, b"b0").unwrap();
+    fv.snap_create("v").unwrap();
+    fv.snap_file(a, "").unwrap();
+    // b's first change after "v": tag g2 (the header epoch), read by "v".
+    fv.write(b, 0, b"b1").unwrap();
+    fv.sync().unwrap();
+    let id = pool.file_volume("home").unwrap().id;
+    let b_obj = fv.getattr(b).unwrap().inode.object;
+    let tags = |pool: &tarn_engine::Pool| pool.objects_with_snapshots(id).into_iter().find(|o| o.id == b_obj).unwrap();
+    assert_eq!(tags(&pool).snapshots.len(), 1);
+    fv.snap_delete("v").unwrap();
+    assert!(tags(&pool).snapshots.is_empty(), "b's tag kept alive by a's version");
+    let v = Versioned::new(fv);
+    assert_eq!(version(&v, "a", 2).unwrap().0, b"a0");
+    assert_eq!(pool.check().problems, Vec::<String>::new());
+}
