@@ -170,6 +170,9 @@ enum FsCmd {
     /// Volume snapshots of a file volume (offline): create, list, delete.
     #[command(subcommand)]
     Snap(fs_versions::FsSnapCmd),
+    /// Open-close versioning (offline): rules for the files whose every
+    /// modified close takes a version, and how many are kept.
+    VersionPolicy(fs_versions::FsPolicyArgs),
     /// Check a file volume's namespace (offline): every inode reachable,
     /// every entry to an allocated inode, link counts; exit 0 clean, 1 not.
     Check {
@@ -874,6 +877,7 @@ fn fs_cmd(cmd: FsCmd) -> Result<i32> {
         }
         FsCmd::Check { name, pool, json } => return fs_check(&pool, &name, json),
         FsCmd::Snap(cmd) => return fs_versions::snap(cmd),
+        FsCmd::VersionPolicy(cmd) => return fs_versions::policy(cmd),
     }
     Ok(0)
 }

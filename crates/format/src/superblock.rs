@@ -52,8 +52,14 @@ pub mod incompat {
     /// (VolQuota) and 23 (PoolOvercommit), the QUOTA flag of catalog volume
     /// entries and the ratio ending the catalog.
     pub const QUOTAS: u64 = 1 << 8;
+    /// File volumes have versions of single files: table snapshots named
+    /// `~f...`/`~c...`, the header's policy and keep fields, the policy
+    /// object (docs/FORMAT.md *File volumes*). An older tarn would list
+    /// them as volume snapshots and delete them by name.
+    pub const FS_FILE_VERSIONS: u64 = 1 << 9;
     /// Features this build understands.
-    pub const KNOWN: u64 = SNAPSHOTS | DATA_CHECKSUMS | MIRRORS | PLACEMENT | FILES | RELOCATE | FS_VERSIONS | QUOTAS;
+    pub const KNOWN: u64 =
+        SNAPSHOTS | DATA_CHECKSUMS | MIRRORS | PLACEMENT | FILES | RELOCATE | FS_VERSIONS | QUOTAS | FS_FILE_VERSIONS;
 }
 
 /// Superblock flag: a pool with mirrors is open for writing (set before its
@@ -560,5 +566,8 @@ mod tests {
         sb.incompat = incompat::FS_VERSIONS;
         assert_eq!(incompat::FS_VERSIONS, 1 << 6);
         assert_eq!(Superblock::decode(&sb.encode(0), 0).unwrap().incompat, 1 << 6);
+        sb.incompat = incompat::FS_FILE_VERSIONS;
+        assert_eq!(incompat::FS_FILE_VERSIONS, 1 << 9);
+        assert_eq!(Superblock::decode(&sb.encode(0), 0).unwrap().incompat, 1 << 9);
     }
 }

@@ -70,9 +70,20 @@ pub struct Header {
     pub next_ino: u64,
     /// Bytes the volume may allocate (0: no quota).
     pub quota: u64,
-    /// The volume's current epoch (no volume snapshots yet: 0).
+    /// The volume's current epoch (no volume snapshots yet: 0): the
+    /// number of the latest volume snapshot or file version.
     pub epoch: u64,
+    /// The object holding the close-version policy (0: no policy).
+    pub policy: u32,
+    /// Close versions kept per file (0: the default, `DEFAULT_KEEP`).
+    pub keep: u32,
 }
+
+/// Close versions kept per file when the header says 0.
+pub const DEFAULT_KEEP: u32 = 16;
+/// Most close versions kept per file (the engine allows 2^16 snapshots
+/// per volume, shared by every file's versions).
+pub const MAX_KEEP: u32 = 1024;
 
 fn seal(b: &mut [u8; RECORD]) {
     let crc = crc32c(&b[..CRC_AT]);
@@ -110,13 +121,24 @@ impl Header {
         b[8..16].copy_from_slice(&self.next_ino.to_le_bytes());
         b[16..24].copy_from_slice(&self.quota.to_le_bytes());
         b[24..32].copy_from_slice(&self.epoch.to_le_bytes());
+        b[32..36].copy_from_slice(&self.policy.to_le_bytes());
+        b[36..40].copy_from_slice(&self.keep.to_le_bytes());
         seal(&mut b);
         b
     }
 
     pub fn decode(b: &[u8; RECORD]) -> Result<Header> {
         check(b, 0, HEADER_MAGIC)?;
-        let h = Header { next_ino: u64_at(b, 8), quota: u64_at(b, 16), epoch: u64_at(b, 24) };
+        let h = Header {
+            next_ino: u64_at(b, 8),
+            quota: u64_at(b, 16),
+            epoch: u64_at(b, 24),
+            policy: u32_at(b, 32),
+            keep: u32_at(b, 36),
+        };
+        if h.keep > MAX_KEEP {
+            return Err(FsError::corrupt("volume header", 0, format!("keep {} close versions", h.keep)));
+        }
         if h.next_ino < 2 || h.next_ino > crate::MAX_INODES {
             return Err(FsError::corrupt("volume header", 0, format!("next inode {}", h.next_ino)));
         }
@@ -215,7 +237,7 @@ mod tests {
         let i = sample();
         assert_eq!(Inode::decode(&i.encode(), 7).unwrap(), Some(i));
         assert_eq!(Inode::decode(&[0; RECORD], 9).unwrap(), None);
-        let h = Header { next_ino: 5, quota: 1 << 30, epoch: 0 };
+        let h = Header { next_ino: 5, quota: 1 << 30, epoch: 0, policy: 9, keep: 3 };
         assert_eq!(Header::decode(&h.encode()).unwrap(), h);
     }
 
@@ -231,11 +253,24 @@ mod tests {
     /// 24, an inode's epoch at 60 (docs/FORMAT.md *File volumes*).
     #[test]
     fn golden_epoch_bytes() {
-        let h = Header { next_ino: 2, quota: 0, epoch: 3 }.encode();
+        let h = Header { next_ino: 2, quota: 0, epoch: 3, policy: 0, keep: 0 }.encode();
         assert_eq!(&h[24..32], &[3, 0, 0, 0, 0, 0, 0, 0]);
         let mut i = sample();
         i.epoch = 0x0102;
         assert_eq!(&i.encode()[60..68], &[2, 1, 0, 0, 0, 0, 0, 0]);
+    }
+
+    /// Pins the close-version fields (FS_FILE_VERSIONS): the policy
+    /// object at 32, close versions kept per file at 36.
+    #[test]
+    fn golden_policy_bytes() {
+        let h = Header { next_ino: 2, quota: 0, epoch: 0, policy: 0x0304, keep: 5 }.encode();
+        assert_eq!(&h[32..40], &[4, 3, 0, 0, 5, 0, 0, 0]);
+        let mut bad = Header { next_ino: 2, quota: 0, epoch: 0, policy: 0, keep: MAX_KEEP + 1 }.encode();
+        assert!(Header::decode(&bad).is_err(), "keep over its bound");
+        bad[36..40].copy_from_slice(&MAX_KEEP.to_le_bytes());
+        seal(&mut bad);
+        assert_eq!(Header::decode(&bad).unwrap().keep, MAX_KEEP);
     }
 
     #[test]

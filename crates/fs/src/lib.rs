@@ -6,8 +6,10 @@
 //! here: `tarn-fuse` adapts this API.
 
 pub mod check;
+mod close;
 pub mod dir;
 pub mod error;
+mod fileversions;
 pub mod inode;
 mod ns;
 pub mod policy;
@@ -18,7 +20,7 @@ pub use check::CheckReport;
 pub use error::{FsError, Result};
 pub use inode::{Inode, Kind};
 pub use ns::{Attr, DirEntry, FileVolume, SetAttr, StatFs};
-pub use snap::FsSnapshot;
+pub use snap::{FsSnapshot, VersionKind};
 pub use versions::{Node, Versioned};
 
 /// Largest file: each object is a thin volume of this size (16 TiB).

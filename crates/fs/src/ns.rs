@@ -21,7 +21,7 @@ const DIRTY_MAX: usize = 1024;
 /// Entries one readdir call returns at most.
 const READDIR_BATCH: usize = 4096;
 /// Depth of the parent walk that refuses a directory moved into itself.
-const MAX_DEPTH: usize = 4096;
+pub(crate) const MAX_DEPTH: usize = 4096;
 const MAX_LINKS: u32 = 65_000;
 
 /// What stat shows: the inode as stored and the space its data takes.
@@ -63,6 +63,10 @@ pub(crate) struct Ns {
     pub(crate) header: Header,
     dirs: HashMap<u64, Dir>,
     pub(crate) dirty: HashMap<u64, Inode>,
+    /// The latest volume snapshot's number (file versions take numbers
+    /// from the same counter, but only volume snapshots make other
+    /// objects take tags; see `before_change`).
+    pub(crate) last_volume: u64,
     /// An upper bound of the space used, for the quota: the volume's
     /// usage when last counted (O(objects)) plus every byte written since.
     quota_used: Option<u64>,
@@ -112,7 +116,7 @@ impl FileVolume {
             target: Vec::new(),
         };
         pool.write(info.id, RECORD as u64, &root.encode(), false)?;
-        pool.write(info.id, 0, &Header { next_ino: 2, quota, epoch: 0 }.encode(), false)?;
+        pool.write(info.id, 0, &Header { next_ino: 2, quota, epoch: 0, policy: 0, keep: 0 }.encode(), false)?;
         Ok(pool.flush()?)
     }
 
@@ -137,12 +141,16 @@ impl FileVolume {
                 header,
                 dirs: HashMap::new(),
                 dirty: HashMap::new(),
+                last_volume: 0,
                 quota_used: None,
                 open: HashMap::new(),
                 orphans: HashSet::new(),
             }),
         };
         fv.inode(&mut fv.lock(), ROOT)?;
+        if view.is_none() {
+            fv.lock().last_volume = fv.latest_volume_number()?;
+        }
         Ok(fv)
     }
 

@@ -1,9 +1,17 @@
 //! Close-version policy rules (issue 15, docs/ARCHITECTURE.md *Versioning:
-//! per-file snapshots and close versions*). Only the rule language is
-//! built: parsing, validation and matching. Storing the list in the volume
-//! and the FUSE release hook are not built yet.
+//! per-file snapshots and close versions*): parsing, validation, matching,
+//! and the encoding of the rule list kept in the policy object
+//! (docs/FORMAT.md *File volumes*, close versions).
 
 use crate::error::{FsError, Result};
+use tarn_format::checksum::crc32c;
+
+const POLICY_MAGIC: &[u8; 4] = b"TFSP";
+const POLICY_VERSION: u8 = 1;
+/// The policy object's header length; the rules follow.
+pub const POLICY_HEADER: usize = 24;
+/// The longest policy object: every rule at its longest.
+pub const MAX_POLICY_BYTES: usize = POLICY_HEADER + MAX_RULES * (1 + MAX_RULE);
 
 /// Longest rule text in bytes.
 pub const MAX_RULE: usize = 255;
@@ -56,6 +64,81 @@ impl Rule {
         let base = path.rsplit('/').next().unwrap_or(path);
         glob(self.pattern.as_bytes(), base.as_bytes())
     }
+}
+
+impl Rule {
+    /// The rule as written (what `parse` takes back).
+    pub fn text(&self) -> String {
+        let mut t = String::with_capacity(self.pattern.len() + 2);
+        if self.exclude {
+            t.push('!');
+        }
+        t.push_str(&self.pattern);
+        if self.subtree {
+            t.push('/');
+        }
+        t
+    }
+}
+
+/// The policy object's bytes: header (magic, version, count, body
+/// length, crc32c over header and body), then each rule as `len u8` and
+/// its text.
+pub fn encode(rules: &[Rule]) -> Vec<u8> {
+    let mut body = Vec::new();
+    for r in rules {
+        let t = r.text();
+        body.push(t.len() as u8);
+        body.extend_from_slice(t.as_bytes());
+    }
+    let mut b = vec![0u8; POLICY_HEADER];
+    b[..4].copy_from_slice(POLICY_MAGIC);
+    b[4] = POLICY_VERSION;
+    b[8..12].copy_from_slice(&(rules.len() as u32).to_le_bytes());
+    b[12..16].copy_from_slice(&(body.len() as u32).to_le_bytes());
+    b.extend_from_slice(&body);
+    let crc = crc32c(&b);
+    b[16..20].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// The body length a policy header says (bounded), to read the rest.
+pub fn body_len(head: &[u8]) -> Result<usize> {
+    let len = head.get(12..16).map_or(0, |x| u32::from_le_bytes([x[0], x[1], x[2], x[3]]) as usize);
+    if len > MAX_POLICY_BYTES - POLICY_HEADER {
+        return Err(FsError::corrupt("version policy", 0, format!("body of {len} bytes")));
+    }
+    Ok(len)
+}
+
+/// Decode a policy object with every check (never trusted).
+pub fn decode(b: &[u8]) -> Result<Vec<Rule>> {
+    let bad = |d: String| FsError::corrupt("version policy", 0, d);
+    if b.len() < POLICY_HEADER || &b[..4] != POLICY_MAGIC || b[4] != POLICY_VERSION {
+        return Err(bad("magic or version".into()));
+    }
+    let count = u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize;
+    let len = body_len(b)?;
+    if count > MAX_RULES || b.len() != POLICY_HEADER + len {
+        return Err(bad(format!("{count} rules, {len} bytes")));
+    }
+    let mut zeroed = b.to_vec();
+    zeroed[16..20].fill(0);
+    if crc32c(&zeroed).to_le_bytes() != b[16..20] {
+        return Err(bad("checksum mismatch".into()));
+    }
+    let (mut at, mut rules) = (POLICY_HEADER, Vec::with_capacity(count));
+    for _ in 0..count {
+        let n = *b.get(at).ok_or_else(|| bad("truncated".into()))? as usize;
+        let t = b.get(at + 1..at + 1 + n).ok_or_else(|| bad("truncated".into()))?;
+        let t = std::str::from_utf8(t).map_err(|_| bad("rule not UTF-8".into()))?;
+        rules.push(Rule::parse(t).map_err(|_| bad(format!("rule {t:?} does not parse")))?);
+        at += 1 + n;
+    }
+    if at != b.len() {
+        return Err(bad("bytes after the last rule".into()));
+    }
+    Ok(rules)
 }
 
 /// First matching rule decides; no match: not versioned.
@@ -114,6 +197,21 @@ mod tests {
         assert!(!versioned(&r, "docs"));
         assert!(versioned(&r, "q/ab.txt"));
         assert!(!versioned(&r, "q/abc.txt"));
+    }
+
+    /// Pins the policy object's layout (docs/FORMAT.md *File volumes*).
+    #[test]
+    fn golden_policy_object_and_damage() {
+        let b = encode(&rules(&["*.c", "!a/"]));
+        assert_eq!(&b[..16], &[b'T', b'F', b'S', b'P', 1, 0, 0, 0, 2, 0, 0, 0, 8, 0, 0, 0]);
+        assert_eq!(&b[20..], &[0, 0, 0, 0, 3, b'*', b'.', b'c', 3, b'!', b'a', b'/']);
+        assert_eq!(decode(&b).unwrap(), rules(&["*.c", "!a/"]));
+        for at in 0..b.len() {
+            let mut d = b.clone();
+            d[at] ^= 0x40;
+            assert!(decode(&d).is_err(), "byte {at}");
+        }
+        assert!(decode(&b[..b.len() - 1]).is_err());
     }
 
     #[test]

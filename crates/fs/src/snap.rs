@@ -33,16 +33,72 @@ pub struct SnapView {
     pub number: u64,
 }
 
-/// A volume snapshot as `tarn fs snap list` shows it.
+/// What a version is (`getattr -n user.tarn.version.type foo@/N`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VersionKind {
+    /// A volume snapshot: every file as it was.
+    Volume,
+    /// A per-file snapshot of one inode.
+    File,
+    /// A close version of one inode (open-close versioning policy).
+    Close,
+}
+
+impl VersionKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VersionKind::Volume => "volume",
+            VersionKind::File => "file",
+            VersionKind::Close => "close",
+        }
+    }
+}
+
+/// A volume snapshot or file version, numbered from one counter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FsSnapshot {
+    /// The name in the engine catalog (`~f...`/`~c...` for file versions).
     pub name: String,
+    pub kind: VersionKind,
+    /// The inode a file version is of (0: a volume snapshot).
+    pub owner: u64,
+    /// The object a file version tagged (0: none, or a volume snapshot).
+    pub object: u32,
     /// The volume's epoch the snapshot closed (1, 2, ...; never reused).
     pub number: u64,
     /// Seconds since the Unix epoch.
     pub created: u64,
     /// The engine epoch of its inode table snapshot.
     pub engine_epoch: u64,
+}
+
+/// A file version's catalog name: `~` + `f` (file) or `c` (close), then
+/// `INO.OBJECT.NUMBER`, then `.LABEL` for a named file snapshot. Users
+/// cannot take names starting with `~`, so a version's kind, owner and
+/// number are known from the catalog in memory (no table read).
+pub(crate) fn version_name(kind: VersionKind, ino: u64, object: u32, number: u64, label: &str) -> String {
+    let k = if kind == VersionKind::Close { 'c' } else { 'f' };
+    let mut n = format!("~{k}{ino}.{object}.{number}");
+    if !label.is_empty() {
+        n.push('.');
+        n.push_str(label);
+    }
+    n
+}
+
+/// (kind, owner, object, number, label) of a file version's name.
+pub(crate) fn parse_version(name: &str) -> Option<(VersionKind, u64, u32, u64, &str)> {
+    let rest = name.strip_prefix('~')?;
+    let kind = match rest.as_bytes().first()? {
+        b'f' => VersionKind::File,
+        b'c' => VersionKind::Close,
+        _ => return None,
+    };
+    let mut parts = rest[1..].splitn(4, '.');
+    let ino = parts.next()?.parse().ok()?;
+    let object = parts.next()?.parse().ok()?;
+    let number = parts.next()?.parse().ok()?;
+    Some((kind, ino, object, number, parts.next().unwrap_or("")))
 }
 
 fn tag_name(number: u64) -> String {
@@ -94,12 +150,15 @@ impl FileVolume {
 
     /// Before an object changes: its first change since the last volume
     /// snapshot takes the object's tag (what older snapshots will read).
-    /// The inode's new epoch is saved with it.
+    /// The inode's new epoch is saved with it. File versions of other
+    /// files bump the header epoch too, but never read this object: the
+    /// comparison is with the latest *volume* snapshot's number, so they
+    /// cost no tag here.
     pub(crate) fn before_change(&self, ns: &mut Ns, i: &mut Inode) -> Result<()> {
-        let current = ns.header.epoch;
-        if i.epoch >= current {
+        if i.epoch >= ns.last_volume {
             return Ok(());
         }
+        let current = ns.header.epoch;
         if i.object != 0 {
             self.tag_object(i.object, current)?;
         }
@@ -107,7 +166,7 @@ impl FileVolume {
         self.save(ns, i)
     }
 
-    fn tag_object(&self, object: u32, number: u64) -> Result<()> {
+    pub(crate) fn tag_object(&self, object: u32, number: u64) -> Result<()> {
         match self.pool.snapshot_member(object, &tag_name(number)) {
             // A crash after the tag's commit but before the inode's.
             Ok(_) | Err(EngineError::SnapshotExists { .. }) => Ok(()),
@@ -119,7 +178,7 @@ impl FileVolume {
     /// snapshot may still read it; Ok(false) when it can be deleted.
     pub(crate) fn retire(&self, ns: &mut Ns, i: &Inode) -> Result<bool> {
         let tagged = self.pool.member_snapshots(i.object)?.iter().any(|s| tag_of(&s.name).is_some());
-        let seen = i.epoch < ns.header.epoch;
+        let seen = i.epoch < ns.last_volume;
         if !tagged && !seen {
             return Ok(false);
         }
@@ -134,6 +193,9 @@ impl FileVolume {
     /// Snapshot the whole volume as `name`: durable when it returns.
     pub fn snap_create(&self, name: &str) -> Result<FsSnapshot> {
         self.writable()?;
+        if name.starts_with('~') {
+            return Err(FsError::Invalid("a snapshot name may not start with '~' (file versions' prefix)"));
+        }
         // Names from the catalog in memory: no header read per snapshot.
         if self.pool.member_snapshots(self.id)?.iter().any(|s| s.name == name) {
             return Err(EngineError::SnapshotExists { volume: self.volume_name(), name: name.into() }.into());
@@ -144,61 +206,130 @@ impl FileVolume {
         for i in &dirty {
             self.save(&mut ns, i)?;
         }
-        // The header's bump and the table's snapshot in one commit.
         self.pool.make_room_for(4096)?;
-        ns.header.epoch += 1;
-        self.pool.write(self.id, 0, &ns.header.encode(), false)?;
-        let engine_epoch = match self.pool.snapshot_member(self.id, name) {
-            Ok(e) => e,
-            Err(e) => {
-                ns.header.epoch -= 1;
-                self.pool.write(self.id, 0, &ns.header.encode(), false)?;
-                return Err(e.into());
-            }
-        };
-        let number = ns.header.epoch;
+        let (number, engine_epoch) = self.bump_and_snapshot(&mut ns, name)?;
+        ns.last_volume = number;
         drop(ns);
         self.pool.flush()?;
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        Ok(FsSnapshot { name: name.to_string(), number, created, engine_epoch })
+        Ok(FsSnapshot {
+            name: name.to_string(),
+            kind: VersionKind::Volume,
+            owner: 0,
+            object: 0,
+            number,
+            created,
+            engine_epoch,
+        })
     }
 
-    /// Every volume snapshot, oldest first (one header read each).
+    /// The header's bump to the next number and the table's engine
+    /// snapshot `name`, queued for one commit (the caller made room and
+    /// flushes).
+    pub(crate) fn bump_and_snapshot(&self, ns: &mut Ns, name: &str) -> Result<(u64, u64)> {
+        ns.header.epoch += 1;
+        self.pool.write(self.id, 0, &ns.header.encode(), false)?;
+        match self.pool.snapshot_member(self.id, name) {
+            Ok(e) => Ok((ns.header.epoch, e)),
+            Err(e) => {
+                ns.header.epoch -= 1;
+                self.pool.write(self.id, 0, &ns.header.encode(), false)?;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// The volume snapshots (not file versions), oldest first.
     pub fn snap_list(&self) -> Result<Vec<FsSnapshot>> {
+        Ok(self.versions()?.into_iter().filter(|s| s.kind == VersionKind::Volume).collect())
+    }
+
+    /// Every volume snapshot and file version, oldest first: one header
+    /// read per volume snapshot; a file version's number is in its name.
+    pub fn versions(&self) -> Result<Vec<FsSnapshot>> {
         let snaps = self.pool.member_snapshots(self.id)?;
         let mut out = Vec::with_capacity(snaps.len().min(MAX_LIST));
         for s in snaps.into_iter().take(MAX_LIST) {
-            let mut b = [0u8; RECORD];
-            self.pool.read_view(self.id, View::Snapshot(s.epoch), 0, &mut b)?;
-            let number = Header::decode(&b)?.epoch;
-            out.push(FsSnapshot { name: s.name, number, created: s.created, engine_epoch: s.epoch });
+            let (kind, owner, object, number) = match parse_version(&s.name) {
+                Some((kind, owner, object, number, _)) => (kind, owner, object, number),
+                None => (VersionKind::Volume, 0, 0, self.number_of(s.epoch)?),
+            };
+            out.push(FsSnapshot {
+                name: s.name,
+                kind,
+                owner,
+                object,
+                number,
+                created: s.created,
+                engine_epoch: s.epoch,
+            });
         }
         Ok(out)
     }
 
-    /// Delete volume snapshot `name`: its table snapshot, every object tag
-    /// no remaining snapshot reads, and retired objects left without tags.
-    /// What each tag alone held is freed (the engine's dead lists). The
-    /// tags are found in the catalog in memory (no volume read); the pass
-    /// is O(objects of this volume). Durable when it returns.
+    /// The number a table snapshot holds (its header's epoch).
+    pub(crate) fn number_of(&self, engine_epoch: u64) -> Result<u64> {
+        let mut b = [0u8; RECORD];
+        self.pool.read_view(self.id, View::Snapshot(engine_epoch), 0, &mut b)?;
+        Ok(Header::decode(&b)?.epoch)
+    }
+
+    /// The latest volume snapshot's number (0: none), from the catalog in
+    /// memory and one header read.
+    pub(crate) fn latest_volume_number(&self) -> Result<u64> {
+        let snaps = self.pool.member_snapshots(self.id)?;
+        match snaps.iter().rev().find(|s| parse_version(&s.name).is_none()) {
+            Some(s) => self.number_of(s.epoch),
+            None => Ok(0),
+        }
+    }
+
+    /// Delete volume snapshot `name` (file versions are deleted by number).
     pub fn snap_delete(&self, name: &str) -> Result<()> {
         self.writable()?;
-        let list = self.snap_list()?;
+        let list = self.versions()?;
         let gone = list
             .iter()
-            .find(|s| s.name == name)
+            .find(|s| s.name == name && s.kind == VersionKind::Volume)
             .ok_or_else(|| FsError::NoSuchSnapshot { volume: self.volume_name(), name: name.to_string() })?;
-        let remaining: Vec<u64> = list.iter().filter(|s| s.name != name).map(|s| s.number).collect();
+        self.delete_versions(&list, &[gone.number])
+    }
+
+    /// Delete the version numbered `number`, of any kind (ENOENT: none).
+    pub fn delete_version(&self, number: u64) -> Result<()> {
+        self.writable()?;
+        let list = self.versions()?;
+        if !list.iter().any(|s| s.number == number) {
+            return Err(FsError::NotFound);
+        }
+        self.delete_versions(&list, &[number])
+    }
+
+    /// Delete the versions numbered `gone` of `list` (every version of the
+    /// volume): their table snapshots, every object tag no remaining
+    /// version reads, and retired objects left without tags. What each
+    /// alone held is freed (the engine's dead lists). The tags are found
+    /// in the catalog in memory (no volume read); the pass is O(objects of
+    /// this volume + versions). Durable when it returns.
+    pub(crate) fn delete_versions(&self, list: &[FsSnapshot], gone: &[u64]) -> Result<()> {
+        let remaining: Vec<&FsSnapshot> = list.iter().filter(|s| !gone.contains(&s.number)).collect();
+        let volumes: Vec<u64> = remaining.iter().filter(|s| s.kind == VersionKind::Volume).map(|s| s.number).collect();
         let _ns = self.lock();
-        let mut drop_snaps = vec![(self.id, gone.engine_epoch)];
+        let mut drop_snaps: Vec<(u32, u64)> =
+            list.iter().filter(|s| gone.contains(&s.number)).map(|s| (self.id, s.engine_epoch)).collect();
         let mut drop_objects = Vec::new();
         for o in self.pool.objects_with_snapshots(self.id) {
+            // An object's tags serve the volume snapshots and its own file versions.
+            let mut readers = volumes.clone();
+            readers.extend(
+                remaining.iter().filter(|s| s.kind != VersionKind::Volume && s.object == o.id).map(|s| s.number),
+            );
             let mut tags: Vec<(u64, u64)> =
                 o.snapshots.iter().filter_map(|s| tag_of(&s.name).map(|t| (t, s.epoch))).collect();
             tags.sort_unstable();
             let (mut prev, mut kept) = (0, 0);
             for (t, epoch) in tags {
-                if remaining.iter().any(|&m| m > prev && m <= t) {
+                if readers.iter().any(|&m| m > prev && m <= t) {
                     kept += 1;
                 } else {
                     drop_snaps.push((o.id, epoch));
@@ -214,7 +345,11 @@ impl FileVolume {
         for id in drop_objects {
             self.pool.delete_object(id)?;
         }
-        Ok(self.pool.flush()?)
+        self.pool.flush()?;
+        drop(_ns);
+        let latest = self.latest_volume_number()?;
+        self.lock().last_volume = latest;
+        Ok(())
     }
 
     /// Open volume snapshot `s` of this volume, read-only.

@@ -19,7 +19,7 @@
 use crate::error::{FsError, Result};
 use crate::inode::{Inode, Kind};
 use crate::ns::{Attr, DirEntry, FileVolume};
-use crate::snap::FsSnapshot;
+use crate::snap::{FsSnapshot, VersionKind};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -68,6 +68,8 @@ impl Node {
 pub struct Versioned {
     pub live: FileVolume,
     views: Mutex<Views>,
+    /// Open-close versioning state (`close.rs`).
+    pub(crate) close: Mutex<crate::close::Sessions>,
 }
 
 /// Open snapshot views and the snapshot list they were found in (read
@@ -80,7 +82,7 @@ struct Views {
 
 impl Versioned {
     pub fn new(live: FileVolume) -> Versioned {
-        Versioned { live, views: Mutex::new(Views::default()) }
+        Versioned { live, views: Mutex::new(Views::default()), close: Mutex::default() }
     }
 
     /// The read-only view of volume snapshot number `n` (ENOENT: none).
@@ -103,7 +105,7 @@ impl Versioned {
         if let Some(l) = &self.views.lock().unwrap_or_else(|p| p.into_inner()).list {
             return Ok(l.clone());
         }
-        let list = Arc::new(self.live.snap_list()?);
+        let list = Arc::new(self.live.versions()?);
         self.views.lock().unwrap_or_else(|p| p.into_inner()).list = Some(list.clone());
         Ok(list)
     }
@@ -114,13 +116,48 @@ impl Versioned {
         *self.views.lock().unwrap_or_else(|p| p.into_inner()) = Views::default();
     }
 
-    /// Delete version `n` (written as in `foo@`): the volume snapshot
-    /// numbered n, as `snap_delete` does (ENOENT: none, EINVAL: not a number).
+    /// Delete version `n` (written as in `foo@`), of any kind; a volume
+    /// snapshot goes for every file (ENOENT: none, EINVAL: not a number).
     pub fn delete_version(&self, n: &[u8]) -> Result<()> {
         let n = number(n).ok_or(FsError::Invalid("a version is a number as foo@ lists it"))?;
         self.forget_views();
-        let s = self.live.snap_list()?.into_iter().find(|s| s.number == n).ok_or(FsError::NotFound)?;
-        self.live.snap_delete(&s.name)
+        self.live.delete_version(n)
+    }
+
+    /// `rm foo@/N`: deletes file version N of foo (inode `ino`). A volume
+    /// snapshot is every file's: EROFS here, deleted by name or setfattr.
+    pub fn remove_version(&self, ino: u64, name: &[u8]) -> Result<()> {
+        let n = number(name).ok_or(FsError::NotFound)?;
+        let s = self.version_for(n, ino)?;
+        if s.kind == VersionKind::Volume {
+            return Err(FsError::ReadOnly("a volume snapshot (delete it with user.tarn.version.delete)"));
+        }
+        self.forget_views();
+        self.live.delete_version(n)
+    }
+
+    /// Version `n` as seen from inode `ino`: a volume snapshot, or a file
+    /// version of `ino` itself (another file's version: ENOENT).
+    fn version_for(&self, n: u64, ino: u64) -> Result<FsSnapshot> {
+        let list = self.snapshots()?;
+        let s = list.iter().find(|s| s.number == n).ok_or(FsError::NotFound)?;
+        match s.kind {
+            VersionKind::Volume => Ok(s.clone()),
+            _ if s.owner == ino => Ok(s.clone()),
+            _ => Err(FsError::NotFound),
+        }
+    }
+
+    /// What kind version `x` is (`user.tarn.version.type`): for an inode
+    /// of a version, None for a live inode or a list.
+    pub fn version_type(&self, x: u64) -> Result<Option<VersionKind>> {
+        match Node::decode(x) {
+            Node::Scoped { n, .. } => {
+                let list = self.snapshots()?;
+                Ok(Some(list.iter().find(|s| s.number == n).ok_or(FsError::NotFound)?.kind))
+            }
+            _ => Ok(None),
+        }
     }
 
     fn scoped(n: u64, mut a: Attr) -> Attr {
@@ -152,6 +189,7 @@ impl Versioned {
             Node::Scoped { n, ino } => Ok(Self::scoped(n, self.view(n)?.lookup(ino, name)?)),
             Node::List(i) => {
                 let n = number(name).ok_or(FsError::NotFound)?;
+                self.version_for(n, i)?;
                 Ok(Self::scoped(n, self.view(n)?.getattr(i)?))
             }
         }
@@ -173,6 +211,7 @@ impl Versioned {
             return self.list_attr(ino);
         }
         let n = number(rest).ok_or(FsError::NotFound)?;
+        self.version_for(n, ino)?;
         Ok(Self::scoped(n, self.view(n)?.getattr(ino)?))
     }
 
@@ -200,15 +239,21 @@ impl Versioned {
                 out.push(DirEntry { ino: me, kind: Kind::Dir, name: name.into(), cookie });
             }
         }
-        // One record read per snapshot (no view opened).
+        // One record read per volume snapshot (no view opened); a file
+        // version is listed by its owner, from the catalog alone.
         for s in self.snapshots()?.iter() {
             if s.number + 2 <= offset || s.number > MAX_NUMBER {
                 continue;
             }
-            if let Some(i) = self.live.inode_in(s, ino)? {
+            let kind = match s.kind {
+                VersionKind::Volume => self.live.inode_in(s, ino)?.map(|i| i.kind),
+                _ if s.owner == ino => Some(Kind::File),
+                _ => None,
+            };
+            if let Some(kind) = kind {
                 let x = Node::Scoped { n: s.number, ino }.encode();
                 let name = s.number.to_string().into_bytes();
-                out.push(DirEntry { ino: x, kind: i.kind, name, cookie: s.number + 2 });
+                out.push(DirEntry { ino: x, kind, name, cookie: s.number + 2 });
             }
         }
         Ok(out)

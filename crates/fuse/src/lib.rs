@@ -6,7 +6,7 @@
 
 use fuser::{
     FileAttr, FileType, Filesystem, MountOption, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
+    ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
 };
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -17,6 +17,9 @@ use tarn_fs::{Attr, FileVolume, FsError, Kind, Node, SetAttr, Versioned};
 /// How long the kernel may cache attributes and names: this process is
 /// the only writer.
 const TTL: Duration = Duration::from_secs(1);
+/// The file handle of an open for writing (0: read only): its close may
+/// take a close version.
+const WRITER: u64 = 1;
 
 /// The mounted volume.
 pub struct TarnFs {
@@ -107,6 +110,14 @@ fn empty(reply: ReplyEmpty, r: Result<(), FsError>) {
 }
 
 impl TarnFs {
+    /// `setfattr -n user.tarn.snapshot -v NAME FILE`: a per-file snapshot.
+    fn snap_file(&self, ino: u64, label: Result<&str, FsError>) -> Result<(), FsError> {
+        let i = self.fv.writable(ino)?;
+        self.fv.live.snap_file(i, label?)?;
+        self.fv.forget_views();
+        Ok(())
+    }
+
     fn sync(&self, reply: ReplyEmpty) {
         let r = self.fv.live.sync();
         if let Err(e) = &r {
@@ -124,7 +135,13 @@ impl Filesystem for TarnFs {
     }
 
     fn lookup(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
-        entry(reply, self.fv.lookup(parent, name.as_bytes()))
+        let r = self.fv.lookup(parent, name.as_bytes());
+        if let (Ok(a), Node::Live(p)) = (&r, Node::decode(parent)) {
+            if a.inode.kind == Kind::File && Node::decode(a.inode.ino) == Node::Live(a.inode.ino) {
+                self.fv.noted(p, name.as_bytes(), a.inode.ino);
+            }
+        }
+        entry(reply, r)
     }
 
     fn getattr(&mut self, _req: &Request<'_>, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
@@ -154,7 +171,12 @@ impl Filesystem for TarnFs {
     ) {
         let s = SetAttr { perm: mode, uid, gid, size, atime: atime.map(nanos), mtime: mtime.map(nanos) };
         match self.fv.writable(ino).and_then(|i| self.fv.live.setattr(i, &s)) {
-            Ok(a) => reply.attr(&TTL, &attr(&a)),
+            Ok(a) => {
+                if size.is_some() {
+                    self.fv.wrote(a.inode.ino);
+                }
+                reply.attr(&TTL, &attr(&a))
+            }
             Err(e) => reply.error(e.errno()),
         }
     }
@@ -192,7 +214,12 @@ impl Filesystem for TarnFs {
         )
     }
 
+    /// `rm foo@/N` deletes file version N of foo; anything else in a
+    /// version directory is EROFS.
     fn unlink(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+        if let Node::List(i) = Node::decode(parent) {
+            return empty(reply, self.fv.remove_version(i, name.as_bytes()));
+        }
         empty(reply, self.fv.writable(parent).and_then(|p| self.fv.live.unlink(p, name.as_bytes())))
     }
 
@@ -236,6 +263,15 @@ impl Filesystem for TarnFs {
             (_, true) => return reply.error(libc::EROFS),
             (_, false) => {}
         }
+        if writes {
+            if let Err(e) = self.fv.open_write(ino) {
+                log::warn!("version policy at open: {e}");
+            }
+            if flags & libc::O_TRUNC != 0 {
+                self.fv.wrote(ino);
+            }
+            return reply.opened(WRITER, 0);
+        }
         reply.opened(0, 0);
     }
 
@@ -243,14 +279,21 @@ impl Filesystem for TarnFs {
         &mut self,
         _req: &Request<'_>,
         ino: u64,
-        _fh: u64,
+        fh: u64,
         _flags: i32,
         _lock_owner: Option<u64>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
         match Node::decode(ino) {
-            Node::Live(i) => empty(reply, self.fv.live.released(i)),
+            Node::Live(i) => {
+                if fh == WRITER {
+                    if let Err(e) = self.fv.release_write(i) {
+                        log::error!("close version of inode {i}: {e}");
+                    }
+                }
+                empty(reply, self.fv.live.released(i))
+            }
             _ => reply.ok(),
         }
     }
@@ -282,13 +325,25 @@ impl Filesystem for TarnFs {
         reply: ReplyWrite,
     ) {
         match self.fv.writable(ino).and_then(|i| self.fv.live.write(i, offset.max(0) as u64, data)) {
-            Ok(n) => reply.written(n),
+            Ok(n) => {
+                self.fv.wrote(ino);
+                reply.written(n)
+            }
             Err(e) => reply.error(e.errno()),
         }
     }
 
-    /// close(2): committed before close returns (docs: *File volumes*).
-    fn flush(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _lock_owner: u64, reply: ReplyEmpty) {
+    /// close(2): committed before close returns (docs: *File volumes*);
+    /// the last writer's close of a modified, versioned file takes its
+    /// close version before close returns.
+    fn flush(&mut self, _req: &Request<'_>, ino: u64, fh: u64, _lock_owner: u64, reply: ReplyEmpty) {
+        // A version that cannot be taken (the engine's snapshot bound, a
+        // full pool) does not fail the close: the data is committed.
+        if fh == WRITER {
+            if let Err(e) = self.fv.closed_write(ino) {
+                log::error!("close version of inode {ino}: {e}");
+            }
+        }
         self.sync(reply)
     }
 
@@ -339,12 +394,34 @@ impl Filesystem for TarnFs {
                 snap.and_then(|n| self.fv.live.snap_delete(n))
             }
             (tarn_fs::ROOT, b"user.tarn.version.delete") => self.fv.delete_version(value),
+            (_, b"user.tarn.snapshot") => self.snap_file(ino, snap),
             _ => return reply.error(libc::ENOTSUP),
         };
         if let Err(e) = &r {
             log::warn!("snapshot by setxattr: {e}");
         }
         empty(reply, r)
+    }
+
+    /// `user.tarn.version.type` of a version (`foo@/N`, `foo@N`):
+    /// volume, file or close. Other attributes: ENODATA.
+    fn getxattr(&mut self, _req: &Request<'_>, ino: u64, name: &OsStr, size: u32, reply: ReplyXattr) {
+        if name.as_bytes() != b"user.tarn.version.type" {
+            return reply.error(libc::ENODATA);
+        }
+        let kind = match self.fv.version_type(ino) {
+            Ok(Some(k)) => k,
+            Ok(None) => return reply.error(libc::ENODATA),
+            Err(e) => return reply.error(e.errno()),
+        };
+        let v = kind.as_str().as_bytes();
+        if size == 0 {
+            reply.size(v.len() as u32)
+        } else if (size as usize) < v.len() {
+            reply.error(libc::ERANGE)
+        } else {
+            reply.data(v)
+        }
     }
 
     fn statfs(&mut self, _req: &Request<'_>, _ino: u64, reply: ReplyStatfs) {
@@ -368,8 +445,15 @@ impl Filesystem for TarnFs {
         let r = self.fv.writable(parent);
         match r.and_then(|p| self.fv.live.create(p, name.as_bytes(), Kind::File, mode & !umask, req.uid(), req.gid())) {
             Ok(a) => {
-                self.fv.live.opened(a.inode.ino);
-                reply.created(&TTL, &attr(&a), 0, 0, 0)
+                let ino = a.inode.ino;
+                self.fv.live.opened(ino);
+                if let Ok(p) = self.fv.writable(parent) {
+                    self.fv.noted(p, name.as_bytes(), ino);
+                }
+                if let Err(e) = self.fv.open_write(ino) {
+                    log::warn!("version policy at create: {e}");
+                }
+                reply.created(&TTL, &attr(&a), 0, WRITER, 0)
             }
             Err(e) => reply.error(e.errno()),
         }

@@ -40,6 +40,10 @@ impl Pool {
         self.enable_feature(&mut ctl, incompat::SNAPSHOTS)?;
         if whole {
             self.enable_feature(&mut ctl, incompat::FS_VERSIONS)?;
+            // A file version (tarn-fs names them `~f...`, `~c...`).
+            if name.starts_with('~') {
+                self.enable_feature(&mut ctl, incompat::FS_FILE_VERSIONS)?;
+            }
         }
         // Drain writes planned against the old epoch (see create_snapshot).
         let _quiet = self.io_gate.write().unwrap_or_else(|p| p.into_inner());

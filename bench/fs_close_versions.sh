@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Open-close versioning figures on a real FUSE mount (issue 15 targets):
+#   1. time of a close: one edit (dd: open, write 4 KiB, close) of a
+#      versioned `*.c` file against the same edit of an unversioned
+#      `*.o` file, alternating rounds, medians and their ratio;
+#   2. `ls f.c@` with EDITS close versions (5 runs, ms);
+#   3. space per close version: pool `used` growth over EDITS edits of
+#      each file (one 4 KiB block each), the versioned file's minus the
+#      unversioned one's, per version (target: < 200 bytes of metadata).
+# keep is set to 1024 so no version is pruned during a run (EDITS < 1024).
+#   bash bench/fs_close_versions.sh          # EDITS=500
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+TARN=${TARN:-$REPO/target/release/tarn}
+EDITS=${EDITS:-500}
+W=$(mktemp -d /var/tmp/tarn-bench-fcv.XXXXXX)
+POOL=$W/pool.img
+MNT=$W/mnt
+mkdir -p "$MNT"
+PID=
+cleanup() {
+  mountpoint -q "$MNT" && fusermount3 -u "$MNT"
+  [ -n "$PID" ] && wait "$PID" 2>/dev/null
+  rm -rf "$W"
+}
+trap cleanup EXIT
+
+now() { date +%s%N; }
+median() { sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
+used() { "$TARN" pool status --json -p "$POOL" | jq .used; }
+mount_fs() {
+  "$TARN" mount home "$MNT" -p "$POOL" >>"$W/mount.log" 2>&1 &
+  PID=$!
+  for _ in $(seq 1 100); do mountpoint -q "$MNT" && return 0; sleep 0.1; done
+  echo "mount did not come up" >&2
+  exit 1
+}
+umount_fs() {
+  fusermount3 -u "$MNT"
+  wait "$PID"
+  PID=
+}
+# edit FILE I: overwrite block I (of 256) of FILE; prints microseconds
+edit() {
+  local t0 t1
+  t0=$(now)
+  dd if="$W/block" of="$MNT/$1" bs=4096 count=1 seek=$(($2 % 256)) conv=notrunc status=none
+  t1=$(now)
+  echo $(((t1 - t0) / 1000))
+}
+
+"$TARN" pool create "$POOL" --size 8G >/dev/null
+"$TARN" fs create home -p "$POOL" >/dev/null
+"$TARN" fs version-policy home add '*.c' -p "$POOL" >/dev/null
+"$TARN" fs version-policy home keep 1024 -p "$POOL" >/dev/null
+dd if=/dev/urandom of="$W/block" bs=4096 count=1 status=none
+mount_fs
+dd if=/dev/urandom of="$MNT/f.c" bs=1M count=1 status=none
+dd if=/dev/urandom of="$MNT/f.o" bs=1M count=1 status=none
+# g.c: the space run's versioned file (versions of its own: none pruned).
+dd if=/dev/urandom of="$MNT/g.c" bs=1M count=1 status=none
+umount_fs
+
+# Time: alternating rounds, each edit of f.c then of f.o.
+mount_fs
+: >"$W/c.us"
+: >"$W/o.us"
+for i in $(seq 1 "$EDITS"); do
+  edit f.c "$i" >>"$W/c.us"
+  edit f.o "$i" >>"$W/o.us"
+done
+VERSIONS=$(ls "$MNT/f.c@" | wc -l)
+LS=()
+for r in 1 2 3 4 5; do
+  a=$(now)
+  ls "$MNT/f.c@" >/dev/null
+  b=$(now)
+  LS+=($(((b - a) / 1000000)))
+done
+umount_fs
+C_US=$(median <"$W/c.us")
+O_US=$(median <"$W/o.us")
+
+# Space: each file's edits alone, used before and after.
+U0=$(used)
+mount_fs
+for i in $(seq 1 "$EDITS"); do dd if=/dev/urandom of="$MNT/f.o" bs=4096 count=1 seek=$((i % 256)) conv=notrunc status=none; done
+umount_fs
+U1=$(used)
+mount_fs
+for i in $(seq 1 "$EDITS"); do dd if=/dev/urandom of="$MNT/g.c" bs=4096 count=1 seek=$((i % 256)) conv=notrunc status=none; done
+umount_fs
+U2=$(used)
+PER=$((((U2 - U1) - (U1 - U0)) / EDITS))
+DATA=$(((U2 - U1) / EDITS))
+
+echo "# bench/fs_close_versions.sh (EDITS=$EDITS) $(date -u +%FT%TZ)"
+echo "edit (open, 4 KiB write, close), median us: versioned f.c $C_US, unversioned f.o $O_US, ratio $(awk "BEGIN { printf \"%.2f\", $C_US / $O_US }") ($VERSIONS versions listed in f.c@ after the timed run)"
+echo "ls f.c@ ($VERSIONS entries), 5 runs (ms): ${LS[*]} (target < 50)"
+echo "pool used per edit: versioned $DATA bytes, unversioned $(((U1 - U0) / EDITS)) bytes; per close version beyond the unversioned edit: $PER bytes, of which 4096 the data block the version keeps and $((PER - 4096)) metadata (target < 200)"

@@ -1,0 +1,202 @@
+//! Per-file snapshots and close versions (Loris; docs/ARCHITECTURE.md
+//! *Versioning: per-file snapshots and close versions*). A version of one
+//! file takes the next number from the volume snapshots' counter (the
+//! header's epoch), an engine snapshot of the inode table (it keeps the
+//! file's record, size, mode and times, as they were) named
+//! `~f`/`~c` + owner, object and number, and eagerly the object's tag
+//! `gN`, all in one commit. The tag holds what a lazy one would, so
+//! reading and the delete pass need no new rule for objects.
+
+use crate::error::{FsError, Result};
+use crate::inode::{Header, Kind, DEFAULT_KEEP, MAX_KEEP};
+use crate::ns::{FileVolume, Ns};
+use crate::policy::{self, Rule, MAX_RULES, POLICY_HEADER};
+use crate::snap::{version_name, FsSnapshot, VersionKind};
+use crate::MAX_FILE_SIZE;
+use std::time::{SystemTime, UNIX_EPOCH};
+use tarn_engine::PlacementKind;
+
+/// Longest label of a named file snapshot (the catalog name is at most
+/// 128 bytes with the prefix).
+pub const MAX_LABEL: usize = 64;
+
+fn check_label(label: &str) -> Result<()> {
+    if label.len() > MAX_LABEL {
+        return Err(FsError::Invalid("a file snapshot's name is at most 64 bytes"));
+    }
+    if label.bytes().any(|b| b == b'/' || b == 0 || b.is_ascii_control()) {
+        return Err(FsError::Invalid("a file snapshot's name has no '/', NUL or control characters"));
+    }
+    Ok(())
+}
+
+impl FileVolume {
+    /// A per-file snapshot of regular file `ino`, labelled `label` (may be
+    /// empty): durable when it returns.
+    pub fn snap_file(&self, ino: u64, label: &str) -> Result<FsSnapshot> {
+        check_label(label)?;
+        self.version_of(ino, VersionKind::File, label)
+    }
+
+    /// A close version of `ino`, then the file's close versions past the
+    /// volume's bound are deleted, oldest first (a second commit: a crash
+    /// between keeps one version more, pruned at the next close).
+    pub fn close_version(&self, ino: u64) -> Result<FsSnapshot> {
+        let v = self.version_of(ino, VersionKind::Close, "")?;
+        let keep = self.keep() as usize;
+        let list = self.versions()?;
+        let closes: Vec<u64> =
+            list.iter().filter(|s| s.kind == VersionKind::Close && s.owner == ino).map(|s| s.number).collect();
+        if closes.len() > keep {
+            self.delete_versions(&list, &closes[..closes.len() - keep])?;
+        }
+        Ok(v)
+    }
+
+    /// One commit: header bump to N, table snapshot, tag `gN` of the
+    /// file's object, the inode's epoch N.
+    fn version_of(&self, ino: u64, kind: VersionKind, label: &str) -> Result<FsSnapshot> {
+        self.writable()?;
+        let mut ns = self.lock();
+        let mut i = self.inode(&mut ns, ino)?;
+        if i.kind != Kind::File {
+            return Err(FsError::Invalid("a file version is of a regular file"));
+        }
+        // Its size and times as the version keeps them.
+        self.save(&mut ns, &i)?;
+        // Everything below in one commit: no back-pressure commit inside.
+        self.pool.make_room_for(4 * 4096)?;
+        let number = ns.header.epoch + 1;
+        let name = version_name(kind, ino, i.object, number, label);
+        let (number, engine_epoch) = self.bump_and_snapshot(&mut ns, &name)?;
+        if i.object != 0 {
+            if let Err(e) = self.tag_object(i.object, number) {
+                // No table snapshot without its tag: undo it (queued).
+                let _ = self.pool.delete_member_snapshots(&[(self.id, engine_epoch)]);
+                return Err(e);
+            }
+        }
+        i.epoch = number;
+        self.save(&mut ns, &i)?;
+        drop(ns);
+        self.pool.flush()?;
+        let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        Ok(FsSnapshot { name, kind, owner: ino, object: i.object, number, created, engine_epoch })
+    }
+
+    /// Close versions kept per file.
+    pub fn keep(&self) -> u32 {
+        match self.lock().header.keep {
+            0 => DEFAULT_KEEP,
+            k => k,
+        }
+    }
+
+    /// Set the close versions kept per file (1..=MAX_KEEP); one commit.
+    /// Files over it are pruned at their next close.
+    pub fn set_keep(&self, keep: u32) -> Result<()> {
+        self.writable()?;
+        if keep == 0 || keep > MAX_KEEP {
+            return Err(FsError::Invalid("close versions kept per file must be 1 to 1024"));
+        }
+        let mut ns = self.lock();
+        ns.header.keep = keep;
+        self.write_header(&ns.header)?;
+        drop(ns);
+        Ok(self.pool.flush()?)
+    }
+
+    fn write_header(&self, h: &Header) -> Result<()> {
+        Ok(self.pool.write(self.id, 0, &h.encode(), false)?)
+    }
+
+    /// The close-version rules, in order (empty: no policy).
+    pub fn policy(&self) -> Result<Vec<Rule>> {
+        let object = self.lock().header.policy;
+        if object == 0 {
+            return Ok(Vec::new());
+        }
+        let mut head = [0u8; POLICY_HEADER];
+        self.read_object(object, 0, &mut head)?;
+        let mut b = vec![0u8; POLICY_HEADER + policy::body_len(&head)?];
+        self.read_object(object, 0, &mut b)?;
+        policy::decode(&b)
+    }
+
+    /// Add rule `text` at the end (first match wins); a bad rule or one
+    /// already there is refused, nothing changed. Durable on return.
+    pub fn policy_add(&self, text: &str) -> Result<()> {
+        let rule = Rule::parse(text)?;
+        let mut rules = self.policy()?;
+        if rules.contains(&rule) {
+            return Err(FsError::Invalid("the rule is already in the version policy"));
+        }
+        if rules.len() >= MAX_RULES {
+            return Err(FsError::Invalid("a version policy has at most 256 rules"));
+        }
+        rules.push(rule);
+        self.write_policy(&rules)
+    }
+
+    /// Remove rule `text` (refused when not there). Durable on return.
+    pub fn policy_remove(&self, text: &str) -> Result<()> {
+        let rule = Rule::parse(text)?;
+        let mut rules = self.policy()?;
+        let at = rules.iter().position(|r| *r == rule).ok_or(FsError::Invalid("no such rule in the version policy"))?;
+        rules.remove(at);
+        self.write_policy(&rules)
+    }
+
+    /// The policy object (created on first use, append placement so a
+    /// rewrite is whole or absent) and the header naming it: one commit.
+    fn write_policy(&self, rules: &[Rule]) -> Result<()> {
+        self.writable()?;
+        let bytes = policy::encode(rules);
+        let mut ns: std::sync::MutexGuard<'_, Ns> = self.lock();
+        self.pool.make_room_for(bytes.len() / 4096 * 96 + 2048)?;
+        if ns.header.policy == 0 {
+            ns.header.policy = self.pool.create_object(self.id, MAX_FILE_SIZE, Some(PlacementKind::Append))?;
+            self.write_header(&ns.header)?;
+        }
+        self.pool.write(ns.header.policy, 0, &bytes, false)?;
+        drop(ns);
+        Ok(self.pool.flush()?)
+    }
+
+    /// Whether `path` (from the root, no leading '/') gets close versions.
+    pub fn versioned_path(&self, rules: &[Rule], path: &str) -> bool {
+        policy::versioned(rules, path)
+    }
+
+    /// The path of directory `dir` from the root ("" for the root), by its
+    /// parents and their entries; None past the walk's bound.
+    pub fn dir_path(&self, dir: u64) -> Result<Option<String>> {
+        let mut names: Vec<String> = Vec::new();
+        let mut at = dir;
+        let mut ns = self.lock();
+        for _ in 0..crate::ns::MAX_DEPTH {
+            if at == crate::ROOT {
+                names.reverse();
+                return Ok(Some(names.join("/")));
+            }
+            let d = self.inode(&mut ns, at)?;
+            let p = self.inode(&mut ns, d.parent)?;
+            let e = self.dir(&mut ns, &p)?.entries.into_iter().find(|e| e.ino == at).ok_or(FsError::NotFound)?;
+            names.push(String::from_utf8_lossy(&e.name).into_owned());
+            at = d.parent;
+        }
+        Ok(None)
+    }
+}
+
+impl FileVolume {
+    /// The inode at `path` from the root ('/'-separated; a leading '/' and
+    /// empty parts are ignored). At most 4096 parts.
+    pub fn resolve(&self, path: &str) -> Result<u64> {
+        let mut ino = crate::ROOT;
+        for part in path.split('/').filter(|p| !p.is_empty()).take(crate::ns::MAX_DEPTH) {
+            ino = self.lookup(ino, part.as_bytes())?.inode.ino;
+        }
+        Ok(ino)
+    }
+}
