@@ -658,14 +658,21 @@ impl Pool {
             .map(|(i, d)| DeviceStatus {
                 index: i,
                 path: d.name(),
-                state: self.mirrors[i].as_ref().map_or("ONLINE", |m| m.status().0),
+                // Avoided outside `dev add` (which holds the commit lock, as
+                // this does): a member being evacuated (`dev remove`).
+                state: match &self.mirrors[i] {
+                    Some(m) => m.status().0,
+                    None if !inner.space.usable(i) => "DRAINING",
+                    None => "ONLINE",
+                },
                 legs: self.mirrors[i].as_ref().map(|m| m.status().1).unwrap_or_default(),
                 size: d.size(),
                 data_bytes: (inner.space.devices[i].data_end - inner.space.devices[i].data_start) * BLOCK_SIZE,
                 free_bytes: inner.space.devices[i].free_blocks * BLOCK_SIZE,
             })
             .collect();
-        let state = if devices.iter().all(|d| d.state == "ONLINE") { "ONLINE" } else { "DEGRADED" };
+        let state =
+            if devices.iter().all(|d| matches!(d.state, "ONLINE" | "DRAINING")) { "ONLINE" } else { "DEGRADED" };
         // Walks the free ranges under the read lock: O(fragments).
         let outside = inner.space.free_in_partial_regions(inner.region_blocks).unwrap_or(0);
         PoolStatus {
