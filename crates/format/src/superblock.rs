@@ -48,8 +48,14 @@ pub mod incompat {
     /// tarn-fs would change objects without tagging them or delete what
     /// a snapshot still reads, so it must not open the pool.
     pub const FS_VERSIONS: u64 = 1 << 6;
+    /// A Relocate (op 17) of a snapshot's dead list may lie past its
+    /// volume's current size, inside the snapshot's (member evacuation,
+    /// `tarn dev remove`, moves every live block); a reader bounding it by
+    /// the head would refuse the journal record.
+    pub const EVACUATION: u64 = 1 << 7;
     /// Features this build understands.
-    pub const KNOWN: u64 = SNAPSHOTS | DATA_CHECKSUMS | MIRRORS | PLACEMENT | FILES | RELOCATE | FS_VERSIONS;
+    pub const KNOWN: u64 =
+        SNAPSHOTS | DATA_CHECKSUMS | MIRRORS | PLACEMENT | FILES | RELOCATE | FS_VERSIONS | EVACUATION;
 }
 
 /// Superblock flag: a pool with mirrors is open for writing (set before its
@@ -546,11 +552,22 @@ mod tests {
         let mut sb = sample();
         sb.incompat = 1 << 40;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        // Bit 7 is the next engineer's; bit 6 (FS_VERSIONS) is known here.
-        sb.incompat = 1 << 7;
+        // Bit 8 is another engineer's; bit 6 (FS_VERSIONS) is known here.
+        sb.incompat = 1 << 8;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
         sb.incompat = incompat::FS_VERSIONS;
         assert_eq!(incompat::FS_VERSIONS, 1 << 6);
         assert_eq!(Superblock::decode(&sb.encode(0), 0).unwrap().incompat, 1 << 6);
+    }
+
+    /// Incompat bit 7 (EVACUATION, docs/FORMAT.md): byte 16 of the
+    /// superblock is 0x80, and this build opens it.
+    #[test]
+    fn golden_evacuation_bit() {
+        let mut sb = sample();
+        sb.incompat = incompat::EVACUATION | incompat::RELOCATE;
+        let b = sb.encode(0);
+        assert_eq!(&b[16..24], &[0xA0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(Superblock::decode(&b, 0).unwrap().incompat, 0xA0);
     }
 }

@@ -63,6 +63,11 @@ pub(crate) enum Pending {
         index: usize,
         from: u64,
     },
+    /// A member evacuated (`Pool::evacuate_device`): data moves, no
+    /// content changes; its final flush makes everything before durable.
+    DevRemove {
+        index: usize,
+    },
 }
 
 impl Pending {
@@ -81,6 +86,7 @@ impl Pending {
             Pending::Hint { .. } => 9,
             Pending::DevAdd { .. } => 10,
             Pending::DevGrow { .. } => 11,
+            Pending::DevRemove { .. } => 12,
         }
     }
 }
@@ -158,7 +164,11 @@ impl Run {
             Pending::Rollback { vol, snap } => m.rollback(vol, snap),
             Pending::CloneCreate { vol, snap, clone } => m.clone_volume(vol, snap, clone),
             Pending::Flatten { vol } => m.flatten(vol),
-            Pending::Compact { .. } | Pending::Hint { .. } | Pending::DevAdd { .. } | Pending::DevGrow { .. } => {}
+            Pending::Compact { .. }
+            | Pending::Hint { .. }
+            | Pending::DevAdd { .. }
+            | Pending::DevGrow { .. }
+            | Pending::DevRemove { .. } => {}
         }
         m.flushed();
     }
@@ -174,6 +184,7 @@ impl Run {
         match p {
             Pending::DevAdd { .. } => self.stats.dev_adds_cut += 1,
             Pending::DevGrow { .. } => self.stats.dev_grows_cut += 1,
+            Pending::DevRemove { .. } => self.stats.dev_removes_cut += 1,
             _ => {}
         }
         match seen {
@@ -225,6 +236,14 @@ impl Run {
                 Some(b) if b > *from => true,
                 b => return Err(format!("device {index} has {b:?} data bytes after growing from {from}")),
             },
+            // Moves that landed or not show the same contents; whether its
+            // last commit did is not observable (as a compaction's).
+            Pending::DevRemove { index } => {
+                if *index >= pool.devices().len() {
+                    return Err(format!("member {index} gone after a cut evacuation"));
+                }
+                false
+            }
             Pending::Compact { vol } | Pending::Hint { vol } => {
                 size_of(vol).ok_or(format!("volume {vol} missing after a compaction or hint move"))?;
                 false

@@ -53,6 +53,7 @@ impl Run {
             94 => self.hint(),
             95 => self.dev_add(),
             96 => self.dev_grow(),
+            97 => self.dev_remove(),
             _ => self.verify_all("periodic check"),
         }
     }

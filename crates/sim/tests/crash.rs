@@ -39,6 +39,12 @@ fn crash_simulation_500_seeds() {
     // Devices are added and grown mid-run, and crashes cut some of each.
     assert!(seeds < 100 || (stats.done[10] > 0 && stats.dev_adds_cut > 0), "{stats:?}");
     assert!(seeds < 100 || (stats.done[11] > 0 && stats.dev_grows_cut > 0), "{stats:?}");
+    // Members are evacuated (`dev remove`), moving live blocks, and
+    // crashes cut some evacuations mid-way.
+    assert!(
+        seeds < 100 || (stats.done[12] > 0 && stats.dev_removes_cut > 0 && stats.blocks_evacuated > 0),
+        "{stats:?}"
+    );
 }
 
 #[test]
@@ -54,6 +60,8 @@ fn snapshot_crash_simulation_500_seeds() {
     assert!(seeds < 100 || stats.blocks_relaid > 0, "no compaction moved a block: {stats:?}");
     // So do file-system hints (to a cluster, the device, and back).
     assert!(seeds < 100 || stats.blocks_hinted > 0, "no hint moved a block: {stats:?}");
+    // And member evacuations (`dev remove`): heads and snapshots' dead lists.
+    assert!(seeds < 100 || stats.blocks_evacuated > 0, "no evacuation moved a block: {stats:?}");
 }
 
 /// A mirrored primary: power cuts hit one leg at a time (it is faulted and

@@ -167,10 +167,15 @@ impl Pool {
     /// again under the pool lock before the Relocate is applied.
     fn move_dead_run(&self, run: LiveRun) -> Result<u64> {
         let seg = Segment::Mapped { lba: run.lba, len: run.len, pba: run.pba, birth: run.birth };
+        let head_blocks = self.read_inner().state.volume(run.vol).map_or(0, Volume::blocks);
+        if run.lba + run.len > head_blocks {
+            // Past a shrunk head: older tarns bound a Relocate by it.
+            self.enable_feature(&mut self.lock_commit(), incompat::EVACUATION)?;
+        }
         // The snapshot's view shows exactly this run there (a dead list
         // holds what its snapshot saw and the head no longer does); read
         // through it so the data is verified against its checksums.
-        if self.resolve(run.vol, View::Snapshot(run.snap), run.lba, run.len)? != vec![seg] {
+        if !shows_run(&self.resolve(run.vol, View::Snapshot(run.snap), run.lba, run.len)?, &run) {
             return Ok(0);
         }
         let mut data = vec![0u8; (run.len * BLOCK_SIZE) as usize];
@@ -206,6 +211,23 @@ impl Pool {
         self.apply_ops(&mut inner, ops)?;
         Ok(run.len)
     }
+}
+
+/// Whether `segs` (a view, which may cut a run in pieces) show exactly
+/// `run`'s blocks, in order.
+fn shows_run(segs: &[Segment], run: &LiveRun) -> bool {
+    let mut at = run.lba;
+    for s in segs {
+        match *s {
+            Segment::Mapped { lba, len, pba, birth }
+                if lba == at && birth == run.birth && pba == run.pba.offset_by(lba - run.lba) =>
+            {
+                at += len
+            }
+            _ => return false,
+        }
+    }
+    at == run.lba + run.len
 }
 
 /// Whether `pba` is a real block on member `index` (not an origin marker).
