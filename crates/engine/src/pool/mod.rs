@@ -658,13 +658,7 @@ impl Pool {
             .map(|(i, d)| DeviceStatus {
                 index: i,
                 path: d.name(),
-                // Avoided outside `dev add` (which holds the commit lock, as
-                // this does): a member being evacuated (`dev remove`).
-                state: match &self.mirrors[i] {
-                    Some(m) => m.status().0,
-                    None if !inner.space.usable(i) => "DRAINING",
-                    None => "ONLINE",
-                },
+                state: self.member_state(&inner, i),
                 legs: self.mirrors[i].as_ref().map(|m| m.status().1).unwrap_or_default(),
                 size: d.size(),
                 data_bytes: (inner.space.devices[i].data_end - inner.space.devices[i].data_start) * BLOCK_SIZE,
@@ -729,6 +723,19 @@ fn fetch_node(store: &tarn_store::Store, miss: &tarn_store::Miss) -> Result<()> 
 }
 
 /// The volume called `name`.
+impl Pool {
+    /// A member's state for `status`: a mirror's own, else DRAINING when
+    /// allocation avoids it outside `dev add` (which holds the commit
+    /// lock, as `status` does): a member being evacuated (`dev remove`).
+    fn member_state(&self, inner: &Inner, i: usize) -> &'static str {
+        match &self.mirrors[i] {
+            Some(m) => m.status().0,
+            None if !inner.space.usable(i) => "DRAINING",
+            None => "ONLINE",
+        }
+    }
+}
+
 pub(crate) fn volume_named<'a>(state: &'a State, name: &str) -> Result<&'a Volume> {
     // File volumes and their objects are not block volumes: hidden here.
     let v = state.by_name.get(name).and_then(|id| state.volume(*id)).filter(|v| v.role.is_none());

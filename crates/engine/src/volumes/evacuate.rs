@@ -76,8 +76,8 @@ impl Pool {
         if live > room {
             return bad(format!(
                 "member {index} holds {} MiB of live data; the other members have room for {} MiB",
-                live * BLOCK_SIZE >> 20,
-                room * BLOCK_SIZE >> 20
+                (live * BLOCK_SIZE) >> 20,
+                (room * BLOCK_SIZE) >> 20
             ));
         }
         Ok(live)
