@@ -71,6 +71,9 @@ check_fails "the pool is full: a hole write fails" qio "$(uri v)" -c "write -P 1
 grep -qi 'no space left' <<<"$LAST_OUT" && ok "  with ENOSPC" || bad "  not ENOSPC: $LAST_OUT"
 check "dev remove 1 at 100% (nothing on it)" tarn dev remove 1 -p "$POOL"
 expect_eq "device 1 still empty" "$(dev_used "$POOL" 1)" 0
+stop_serve
+expect_eq "device 1 is still DRAINING after a restart (offline status)" "$(dev_field "$POOL" 1 state)" DRAINING
+start_serve "$POOL"
 check "cancel: dev remove --cancel 1" tarn dev remove --cancel 1 -p "$POOL"
 expect_eq "device 1 is ONLINE again" "$(dev_field "$POOL" 1 state)" ONLINE
 check "a write into a hole works again (device 1 takes it)" qio "$(uri v)" -c "write -P 0x22 $((1000 * M)) 4M" -c flush
@@ -164,6 +167,7 @@ kill9_serve
 wait "$RM" 2>/dev/null || true
 check "pool check clean after kill -9" clean "$P2"
 start_serve "$P2"
+expect_eq "device 1 is still DRAINING after kill -9 and restart (persisted)" "$(dev_field "$P2" 1 state)" DRAINING
 mid=$(dev_used "$P2" 1)
 say "  after kill -9 and restart: device 1 holds $(mib "$mid") (was $(mib "$live3"))"
 [ "$mid" -gt 0 ] && [ "$mid" -lt "$live3" ] && ok "the kill came mid-evacuation" || bad "not mid-evacuation: $mid of $live3"

@@ -79,7 +79,7 @@ impl Run {
             // Room the check counted that placement could not use (the
             // reserve, region rules): moved so far stays, like a write's.
             self.stats.enospc += 1;
-            return self.pool().undrain_device(index).map_err(|e| e.to_string());
+            return self.cancel_removal(index);
         }
         let Some(report) = self.admin_outcome(Pending::DevRemove { index }, expect, r)? else { return Ok(()) };
         if report.remaining_bytes != 0 {
@@ -91,8 +91,19 @@ impl Run {
         }
         self.stats.blocks_evacuated += (report.moved_bytes / 4096) as usize;
         if self.rng.random_bool(0.5) {
-            self.pool().undrain_device(index).map_err(|e| e.to_string())?;
+            return self.cancel_removal(index);
         }
         Ok(())
+    }
+
+    /// `dev remove --cancel`: one superblock rewrite, no content change; a
+    /// power cut during it is a crash like any other (the member reopens
+    /// draining or not, the model is unchanged either way).
+    fn cancel_removal(&mut self, index: usize) -> Result<(), String> {
+        match self.pool().undrain_device(index) {
+            Ok(()) => Ok(()),
+            Err(_) if self.any_dead() => self.crash_and_verify(),
+            Err(e) => Err(format!("cancelling the removal of member {index}: {e}")),
+        }
     }
 }

@@ -96,6 +96,7 @@ impl Pool {
         self.check_writable()?;
         let live = self.refuse_removal(index)?;
         self.write_inner().space.avoid |= 1 << index;
+        self.record_draining(index, true)?;
         let mut report = EvacuateReport { index, live_bytes: live * BLOCK_SIZE, ..Default::default() };
         if self.read_inner().state.volumes.values().any(|v| !v.snapshots.is_empty() || v.origin.is_some()) {
             // Shared blocks move by Relocate: older tarns must not replay it.
@@ -125,7 +126,27 @@ impl Pool {
         if index >= self.devices.len() {
             return Err(EngineError::InvalidArgument(format!("no member {index}")));
         }
+        self.record_draining(index, false)?;
         self.write_inner().space.open_device(index);
+        Ok(())
+    }
+
+    /// Record member `index` as draining (or not) in the device table:
+    /// the superblock is rewritten (txid + 1, checkpoint and journal
+    /// unchanged, as for mirror leg states) with incompat EVACUATION, so a
+    /// restart keeps allocation off it. Durable when it returns.
+    fn record_draining(&self, index: usize, draining: bool) -> Result<()> {
+        let mut ctl = self.lock_commit();
+        if ctl.sb.devices.get(index).is_none_or(|d| d.draining == draining) {
+            return Ok(());
+        }
+        let mut sb = ctl.sb.clone();
+        sb.txid += 1;
+        sb.incompat |= incompat::EVACUATION;
+        sb.devices = self.device_table(&sb.devices);
+        sb.devices[index].draining = draining;
+        self.write_superblock(&sb)?;
+        ctl.sb = sb;
         Ok(())
     }
 
