@@ -159,10 +159,10 @@ check "delete volume e (room for what follows)" tarn vol delete e -p "$P2"
 check "fio writes 120M more (lands partly on device 1)" bash -c "sed -e 's/^size=160M/size=120M\noffset=200M/' '$T/load.fio' >'$T/more.fio' && cd '$T' && timeout 600 fio '$T/more.fio' >'$T/more.out' 2>&1"
 live3=$(dev_used "$P2" 1)
 say "  device 1 holds $(mib "$live3")"
-tarn dev remove 1 --rate 8M -p "$P2" --json >"$T/killed.json" 2>&1 &
+tarn dev remove 1 --rate 2M -p "$P2" --json >"$T/killed.json" 2>&1 &
 RM=$!; E2E_PIDS+=("$RM")
-sleep_until_moved() { [ "$(dev_used "$P2" 1)" -lt $((live3 - 16 * M)) ]; }
-wait_until 60 sleep_until_moved && ok "the evacuation moved 16M+" || bad "the evacuation did not start moving"
+sleep_until_moved() { [ "$(dev_used "$P2" 1)" -lt $((live3 - 8 * M)) ]; }
+wait_until 60 sleep_until_moved && ok "the evacuation moved 8M+" || bad "the evacuation did not start moving"
 kill9_serve
 wait "$RM" 2>/dev/null || true
 check "pool check clean after kill -9" clean "$P2"
