@@ -28,7 +28,7 @@ step "live data only, sharing kept: a member with head blocks and a snapshot's d
 POOL=$T/pool.img
 make_pool "$POOL" 384M
 make_vol "$POOL" v 1G
-check "tarn dev add d1.img --size 256M" tarn dev add "$T/d1.img" --size 256M -p "$POOL"
+check "tarn dev add d1.img --size 512M" tarn dev add "$T/d1.img" --size 512M -p "$POOL"
 start_serve "$POOL"
 check "write 200M of 0xab into v" qio "$(uri v)" -c "write -P 0xab 0 200M" -c flush
 check "snapshot v@s1" tarn snap create v@s1 -p "$POOL"
