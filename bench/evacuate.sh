@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Member evacuation (`tarn dev remove`) against its peers, in one run.
-# A pool of a 2x primary and a 3x member: the volume, filled sequentially,
-# lands on the member (the roomiest). Per round, in alternating order:
+# A pool of a 4x primary and a 5x member: the volume, filled sequentially,
+# lands on the member (the roomiest); page caches are dropped before
+# every copy and evacuation. Per round, in alternating order:
 #  - idle: `tarn dev remove 1` through the served pool, no client; its
 #    rate (live MiB moved / wall time) against a sequential copy of as
 #    many MiB between the same files' file system (dd read of the member
@@ -37,9 +38,9 @@ py() { python3 -c "$1"; }
 size_mib=$(numfmt --from=iec "$SIZE" | awk '{ print int($1 / 1048576) }')
 
 pool=$DIR/pool.img
-"$TARN" pool create "$pool" --size $((size_mib * 2))M >/dev/null
+"$TARN" pool create "$pool" --size $((size_mib * 4))M >/dev/null
 "$TARN" vol create bench --size "$SIZE" -p "$pool" >/dev/null
-"$TARN" dev add "$DIR/d1.img" --size $((size_mib * 3))M -p "$pool" >/dev/null
+"$TARN" dev add "$DIR/d1.img" --size $((size_mib * 5))M -p "$pool" >/dev/null
 port=$(py 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
 "$TARN" serve -p "$pool" --listen "127.0.0.1:$port" --socket "$DIR/s.sock" >"$DIR/serve.log" 2>&1 &
 SRV=$!
@@ -58,6 +59,7 @@ live() { "$TARN" pool status -p "$pool" --json | py 'import json,sys;d=json.load
 # evac: prints "MiB seconds" of one `dev remove 1`, then cancels it
 evac() {
   local t0 t1 out
+  drop_caches
   t0=$(now)
   out=$("$TARN" dev remove 1 -p "$pool" --json)
   t1=$(now)
@@ -76,7 +78,7 @@ copy_rate() { # MiB: sequential copy of the member file's first MiB
 
 {
   echo "evacuation benchmark $(date +%F\ %T), $(git -C "$REPO" rev-parse --short HEAD), fs $(df --output=fstype "$DIR" | tail -1), load $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) cores"
-  echo "volume $SIZE filled sequentially; primary $((size_mib * 2)) MiB, member 1 $((size_mib * 3)) MiB"
+  echo "volume $SIZE filled sequentially; primary $((size_mib * 4)) MiB, member 1 $((size_mib * 5)) MiB"
   for r in $(seq 1 "$ROUNDS"); do
     fill
     on=$(live)
