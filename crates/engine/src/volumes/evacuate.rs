@@ -150,6 +150,12 @@ impl Pool {
         Ok(())
     }
 
+    /// The members recorded draining (being evacuated) in the device table.
+    pub fn draining_members(&self) -> Vec<usize> {
+        let ctl = self.lock_commit();
+        ctl.sb.devices.iter().enumerate().filter(|(_, d)| d.draining).map(|(i, _)| i).collect()
+    }
+
     /// Whether member `index` is draining (allocation avoids it).
     pub fn is_draining(&self, index: usize) -> bool {
         !self.read_inner().space.usable(index)
