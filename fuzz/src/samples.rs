@@ -25,7 +25,7 @@ pub fn superblock() -> Superblock {
         journal_generation: 0x1234_5678,
         checkpoint: CheckpointRef::default(),
         created_unix: 1_700_000_000,
-        devices: vec![DeviceEntry { uuid: [0x22; 16], blocks: 512, path: "fuzz0".into(), legs: Vec::new() }],
+        devices: vec![DeviceEntry { uuid: [0x22; 16], blocks: 512, path: "fuzz0".into(), legs: Vec::new(), draining: false }],
         flags: 0,
     }
 }

@@ -169,6 +169,17 @@ pub enum Request {
         index: usize,
         size: u64,
     },
+    /// Evacuate member `index` (`dev remove`): streams
+    /// `{"progress":[done,total]}` lines (blocks) before its answer; with
+    /// `cancel`, stop a running one (the member becomes a normal one).
+    DevRemove {
+        index: usize,
+        /// Bytes moved per second at most.
+        #[serde(default)]
+        rate: Option<u64>,
+        #[serde(default)]
+        cancel: bool,
+    },
     /// Changed ranges from snapshot `from` to snapshot `to` (None: the head).
     Diff {
         volume: String,
@@ -260,6 +271,9 @@ pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, Strin
         Request::PoolReplace { old, new } => return crate::mirror::execute_replace(pool, old, new, ctx.progress),
         Request::DevAdd { path } => return crate::members::execute_add(pool, path),
         Request::DevGrow { index, size } => return crate::members::execute_grow(pool, *index, *size),
+        Request::DevRemove { index, rate, cancel } => {
+            return crate::members::execute_remove(pool, *index, *rate, *cancel, ctx.progress, ctx.abandoned)
+        }
     };
     r.map_err(|e| e.to_string())
 }

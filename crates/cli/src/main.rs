@@ -126,6 +126,25 @@ enum DevCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Remove a member: allocation avoids it, then every live block on it
+    /// (held by a volume, snapshot or clone) moves to the other members,
+    /// keeping snapshot sharing. Online through a running server, or
+    /// offline. Refuses the primary, the last device, a mirrored member,
+    /// an unknown index, and live data the other members cannot hold.
+    Remove {
+        /// The member's index, as `pool status` shows it.
+        index: usize,
+        /// Bytes moved per second at most (say 50M).
+        #[arg(long, value_parser = size::parse_size)]
+        rate: Option<u64>,
+        /// Stop a running removal: the member becomes a normal one.
+        #[arg(long)]
+        cancel: bool,
+        #[command(flatten)]
+        pool: PoolArg,
+        #[arg(long)]
+        json: bool,
+    },
     /// Grow a member to a new size (a regular file is extended): the new
     /// space is usable by every volume at once, and durable. Online
     /// through a running server, or offline.
@@ -722,6 +741,13 @@ fn dispatch(cmd: Command) -> Result<i32> {
             print(json, &v, members::added);
             Ok(0)
         }
+        Command::Dev(DevCmd::Remove { index, rate, cancel, pool, json }) => with_bar(
+            &pool,
+            &format!("remove device {index}"),
+            &Request::DevRemove { index, rate, cancel },
+            json,
+            members::removed,
+        ),
         Command::Dev(DevCmd::Grow { index, size, pool, json }) => {
             let v = admin(&pool, &Request::DevGrow { index, size })?;
             print(json, &v, members::grown);

@@ -108,3 +108,70 @@ pub fn grown(v: &Value) -> String {
         crate::size::human(v["new_size"].as_u64().unwrap_or(0))
     )
 }
+
+/// Run on the pool (server side or local): evacuate member `index`, at
+/// most `rate` bytes moved per second, or with `cancel` let allocation
+/// use it again (a running evacuation sees that and stops after its
+/// current step). Progress in blocks; stops early when the asker goes away.
+pub fn execute_remove(
+    pool: &tarn_engine::Pool,
+    index: usize,
+    rate: Option<u64>,
+    cancel: bool,
+    progress: &mut dyn FnMut(u64, u64),
+    abandoned: &dyn Fn() -> bool,
+) -> Result<Value, String> {
+    if cancel {
+        if !pool.is_draining(index) {
+            return Err(format!("member {index} is not being removed: nothing to cancel"));
+        }
+        pool.undrain_device(index).map_err(|e| e.to_string())?;
+        crate::logging::notice(&format!("removal of device {index} cancelled: it is a normal member again"));
+        return Ok(json!({ "index": index, "cancelled": true }));
+    }
+    let started = std::time::Instant::now();
+    let mut go_on = |moved: u64, live: u64| {
+        progress(moved / 4096, live / 4096);
+        tarn_engine::scrub::throttle(rate, moved, started);
+        // A cancel (`dev remove --cancel`) opened the member again.
+        !abandoned() && pool.is_draining(index)
+    };
+    let r = pool.evacuate_device(index, &mut go_on).map_err(|e| e.to_string())?;
+    let seconds = started.elapsed().as_secs_f64();
+    let cancelled = r.stopped && !pool.is_draining(index);
+    crate::logging::notice(&format!(
+        "device {index}: {} of {} live data moved in {seconds:.1}s, {} left{}",
+        crate::size::human(r.moved_bytes),
+        crate::size::human(r.live_bytes),
+        crate::size::human(r.remaining_bytes),
+        if cancelled { " (cancelled)" } else { "" }
+    ));
+    Ok(json!({
+        "index": index, "live_bytes": r.live_bytes, "moved_bytes": r.moved_bytes,
+        "remaining_bytes": r.remaining_bytes, "stopped": r.stopped, "cancelled": cancelled,
+        "seconds": seconds, "rate_mib_s": r.moved_bytes as f64 / 1048576.0 / seconds.max(1e-9),
+        "draining": pool.is_draining(index),
+    }))
+}
+
+/// `dev remove`'s answer as text.
+pub fn removed(v: &Value) -> String {
+    if v["cancelled"] == true && v["live_bytes"].is_null() {
+        return format!("removal of device {} cancelled: it is a normal member again\n", v["index"]);
+    }
+    let human = |k: &str| crate::size::human(v[k].as_u64().unwrap_or(0));
+    let state = if v["cancelled"] == true {
+        "cancelled: it is a normal member again".to_string()
+    } else if v["remaining_bytes"] == 0 {
+        "no live data left on it; it stays draining (new data avoids it) until the server restarts".to_string()
+    } else {
+        format!("{} of live data still on it", human("remaining_bytes"))
+    };
+    format!(
+        "device {}: moved {} of {} live data at {:.1} MiB/s; {state}\n",
+        v["index"],
+        human("moved_bytes"),
+        human("live_bytes"),
+        v["rate_mib_s"].as_f64().unwrap_or(0.0)
+    )
+}

@@ -80,7 +80,12 @@ pub fn status(v: &Value) -> String {
             s,
             "  device {}  {}{}  {} data, {} free",
             d["index"],
-            if mirrored { format!("{}  ", d["state"].as_str().unwrap_or("?")) } else { String::new() },
+            // A draining member (`dev remove`) says so like a mirror's state.
+            if mirrored || d["state"] == "DRAINING" {
+                format!("{}  ", d["state"].as_str().unwrap_or("?"))
+            } else {
+                String::new()
+            },
             d["path"].as_str().unwrap_or("?"),
             b(&d["data"]),
             b(&d["free"])

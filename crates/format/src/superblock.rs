@@ -48,6 +48,12 @@ pub mod incompat {
     /// tarn-fs would change objects without tagging them or delete what
     /// a snapshot still reads, so it must not open the pool.
     pub const FS_VERSIONS: u64 = 1 << 6;
+    /// Member evacuation (`tarn dev remove`): each device table entry is
+    /// followed by a state byte (0 member, 1 draining: allocation avoids
+    /// it), and a Relocate (op 17) of a snapshot's dead list may lie past
+    /// its volume's current size, inside the snapshot's. A reader without
+    /// it would misread the table and refuse such a journal record.
+    pub const EVACUATION: u64 = 1 << 7;
     /// Volumes may have quotas and the pool an overcommit ratio: ops 22
     /// (VolQuota) and 23 (PoolOvercommit), the QUOTA flag of catalog volume
     /// entries and the ratio ending the catalog.
@@ -59,7 +65,11 @@ pub mod incompat {
     pub const FS_FILE_VERSIONS: u64 = 1 << 9;
     /// Features this build understands.
     pub const KNOWN: u64 =
-        SNAPSHOTS | DATA_CHECKSUMS | MIRRORS | PLACEMENT | FILES | RELOCATE | FS_VERSIONS | QUOTAS | FS_FILE_VERSIONS;
+        SNAPSHOTS | DATA_CHECKSUMS | MIRRORS | PLACEMENT | FILES | RELOCATE
+        | FS_VERSIONS
+        | EVACUATION
+        | QUOTAS
+        | FS_FILE_VERSIONS;
 }
 
 /// Superblock flag: a pool with mirrors is open for writing (set before its
@@ -79,6 +89,9 @@ pub struct DeviceEntry {
     pub path: String,
     /// Mirror legs (empty: a single device). Encoded only with MIRRORS.
     pub legs: Vec<LegEntry>,
+    /// Being evacuated (`tarn dev remove`): allocation avoids it. Encoded
+    /// only with EVACUATION (one byte after the entry); without it, false.
+    pub draining: bool,
 }
 
 /// Whether a mirror leg holds every byte of its slot.
@@ -191,6 +204,11 @@ impl Superblock {
             if mirrors {
                 encode_legs(&mut w, &d.legs);
             }
+            if self.incompat & incompat::EVACUATION != 0 {
+                w.u8(u8::from(d.draining));
+            } else {
+                assert!(!d.draining, "a draining member needs the EVACUATION feature");
+            }
         }
         seal(&mut w, SALT_SUPERBLOCK, CRC_OFFSET);
         w.buf
@@ -263,7 +281,15 @@ impl Superblock {
             // and make the next `encode` of this superblock panic.
             let path = String::from_utf8(r.take(len)?.to_vec()).map_err(|_| r.bad("path_utf8", 0))?;
             let legs = if incompat & incompat::MIRRORS != 0 { decode_legs(&mut r)? } else { Vec::new() };
-            sb.devices.push(DeviceEntry { uuid, blocks, path, legs });
+            let draining = match incompat & incompat::EVACUATION != 0 {
+                false => false,
+                true => match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    v => return Err(r.bad("member_state", u64::from(v))),
+                },
+            };
+            sb.devices.push(DeviceEntry { uuid, blocks, path, legs, draining });
         }
         sb.validate()?;
         Ok(sb)
@@ -305,7 +331,8 @@ impl Superblock {
     pub fn encoded_len(&self) -> usize {
         let legs = |d: &DeviceEntry| 1 + d.legs.iter().map(|l| 19 + l.path.len()).sum::<usize>();
         let mirrors = self.incompat & incompat::MIRRORS != 0;
-        176 + self.devices.iter().map(|d| 26 + d.path.len() + if mirrors { legs(d) } else { 0 }).sum::<usize>()
+        let state = usize::from(self.incompat & incompat::EVACUATION != 0);
+        176 + self.devices.iter().map(|d| 26 + d.path.len() + state + if mirrors { legs(d) } else { 0 }).sum::<usize>()
     }
 
     /// Whether the device table fits in the superblock.
@@ -389,6 +416,7 @@ mod tests {
                 blocks: 1 << 20,
                 path: "/tmp/pool.img".into(),
                 legs: Vec::new(),
+                draining: false,
             }],
         }
     }
@@ -442,6 +470,7 @@ mod tests {
                 blocks: 0x40000,
                 path: "/dev/sdb1".into(),
                 legs: Vec::new(),
+                draining: false,
             }],
         };
         let bytes = sb.encode(16);
@@ -556,11 +585,10 @@ mod tests {
         let mut sb = sample();
         sb.incompat = 1 << 40;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        // Bit 7 is the next engineer's; bit 6 (FS_VERSIONS) is known here.
-        sb.incompat = 1 << 7;
+        // Bits 0-9 are known here; bit 10 is the next feature's.
+        sb.incompat = 1 << 10;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        sb.incompat = 1 << 9;
-        assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
+        assert_eq!(incompat::KNOWN, (1 << 10) - 1);
         sb.incompat = incompat::QUOTAS;
         assert_eq!(Superblock::decode(&sb.encode(0), 0).unwrap().incompat, 1 << 8);
         sb.incompat = incompat::FS_VERSIONS;
@@ -569,5 +597,45 @@ mod tests {
         sb.incompat = incompat::FS_FILE_VERSIONS;
         assert_eq!(incompat::FS_FILE_VERSIONS, 1 << 9);
         assert_eq!(Superblock::decode(&sb.encode(0), 0).unwrap().incompat, 1 << 9);
+    }
+
+    /// Incompat bit 7 (EVACUATION, docs/FORMAT.md): byte 16 of the
+    /// superblock is 0x80, and this build opens it.
+    #[test]
+    fn golden_evacuation_bit() {
+        let mut sb = sample();
+        sb.incompat = incompat::EVACUATION | incompat::RELOCATE;
+        sb.devices.push(DeviceEntry {
+            uuid: [3; 16],
+            blocks: 4096,
+            path: "d1".into(),
+            legs: Vec::new(),
+            draining: true,
+        });
+        let b = sb.encode(0);
+        assert_eq!(&b[16..24], &[0xA0, 0, 0, 0, 0, 0, 0, 0]);
+        // Entry 0: uuid, blocks, path_len 13, "/tmp/pool.img", state 0;
+        // entry 1: uuid, blocks, path_len 2, "d1", state 1; then zeros.
+        let e0 = 176 + 16 + 8 + 2 + 13;
+        assert_eq!(b[e0], 0);
+        let e1 = e0 + 1;
+        assert_eq!(&b[e1..e1 + 16], &[3; 16]);
+        assert_eq!(&b[e1 + 16..e1 + 24], &4096u64.to_le_bytes());
+        assert_eq!(&b[e1 + 24..e1 + 28], &[2, 0, b'd', b'1']);
+        assert_eq!(b[e1 + 28], 1);
+        assert_eq!(b[e1 + 29], 0);
+        assert_eq!(sb.encoded_len(), e1 + 29);
+        let back = Superblock::decode(&b, 0).unwrap();
+        assert_eq!(back, sb);
+        // Any other state byte is refused.
+        let mut bad = b.clone();
+        bad[e1 + 28] = 2;
+        let crc = crate::checksum::checksum(SALT_SUPERBLOCK, &bad[..CRC_OFFSET]);
+        bad[CRC_OFFSET..].copy_from_slice(&crc.to_le_bytes());
+        assert!(Superblock::decode(&bad, 0).is_err());
+        // Without the feature the table has no state bytes.
+        sb.incompat = incompat::RELOCATE;
+        sb.devices[1].draining = false;
+        assert_eq!(sb.encoded_len(), e1 + 27);
     }
 }

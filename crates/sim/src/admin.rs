@@ -74,6 +74,11 @@ pub(crate) enum Pending {
         from: Option<u32>,
         to: Option<u32>,
     },
+    /// A member evacuated (`Pool::evacuate_device`): data moves, no
+    /// content changes; its final flush makes everything before durable.
+    DevRemove {
+        index: usize,
+    },
 }
 
 impl Pending {
@@ -94,6 +99,7 @@ impl Pending {
             Pending::DevGrow { .. } => 11,
             Pending::VolQuota { .. } => 12,
             Pending::Overcommit { .. } => 13,
+            Pending::DevRemove { .. } => 14,
         }
     }
 }
@@ -175,7 +181,11 @@ impl Run {
             Pending::Flatten { vol } => m.flatten(vol),
             Pending::VolQuota { vol, to, .. } => m.vol_mut(vol).quota = *to,
             Pending::Overcommit { to, .. } => m.overcommit = *to,
-            Pending::Compact { .. } | Pending::Hint { .. } | Pending::DevAdd { .. } | Pending::DevGrow { .. } => {}
+            Pending::Compact { .. }
+            | Pending::Hint { .. }
+            | Pending::DevAdd { .. }
+            | Pending::DevGrow { .. }
+            | Pending::DevRemove { .. } => {}
         }
         m.flushed();
     }
@@ -191,6 +201,7 @@ impl Run {
         match p {
             Pending::DevAdd { .. } => self.stats.dev_adds_cut += 1,
             Pending::DevGrow { .. } => self.stats.dev_grows_cut += 1,
+            Pending::DevRemove { .. } => self.stats.dev_removes_cut += 1,
             _ => {}
         }
         match seen {
@@ -257,6 +268,14 @@ impl Run {
                 r if r == *to => true,
                 r => return Err(format!("overcommit {r:?} after a change from {from:?} to {to:?}")),
             },
+            // Moves that landed or not show the same contents; whether its
+            // last commit did is not observable (as a compaction's).
+            Pending::DevRemove { index } => {
+                if *index >= pool.devices().len() {
+                    return Err(format!("member {index} gone after a cut evacuation"));
+                }
+                false
+            }
             Pending::Compact { vol } | Pending::Hint { vol } => {
                 size_of(vol).ok_or(format!("volume {vol} missing after a compaction or hint move"))?;
                 false

@@ -55,3 +55,55 @@ impl Run {
         self.admin_outcome(Pending::DevGrow { index, from }, Ok(()), r).map(drop)
     }
 }
+
+impl Run {
+    /// Evacuate a random member other than the primary (`dev remove`):
+    /// refused as the engine's own check predicts (the rest cannot hold
+    /// its live data), else every live block leaves it; then, half the
+    /// time, the removal is cancelled so later writes may use it again.
+    /// A crash may cut it anywhere: the reopened pool must read as the
+    /// model says, whichever moves landed.
+    pub(crate) fn dev_remove(&mut self) -> Result<(), String> {
+        let n = self.pool().devices().len();
+        if self.mirrored || n < 2 {
+            return Ok(());
+        }
+        let index = self.rng.random_range(1..n);
+        let expect = match self.pool().refuse_removal(index) {
+            Ok(_) => Ok(()),
+            Err(_) => Err("InvalidArgument"),
+        };
+        let r = self.pool().evacuate_device(index, &mut |_, _| true);
+        trace!("dev remove {index}: {r:?}");
+        if matches!(r, Err(tarn_engine::EngineError::NoSpace)) && !self.any_dead() {
+            // Room the check counted that placement could not use (the
+            // reserve, region rules): moved so far stays, like a write's.
+            self.stats.enospc += 1;
+            return self.cancel_removal(index);
+        }
+        let Some(report) = self.admin_outcome(Pending::DevRemove { index }, expect, r)? else { return Ok(()) };
+        if report.remaining_bytes != 0 {
+            return Err(format!("member {index} still holds live data after its evacuation: {report:?}"));
+        }
+        let live = self.pool().live_blocks_on(index).map_err(|e| e.to_string())?;
+        if live != 0 {
+            return Err(format!("member {index}: {live} live blocks after an evacuation reported none"));
+        }
+        self.stats.blocks_evacuated += (report.moved_bytes / 4096) as usize;
+        if self.rng.random_bool(0.5) {
+            return self.cancel_removal(index);
+        }
+        Ok(())
+    }
+
+    /// `dev remove --cancel`: one superblock rewrite, no content change; a
+    /// power cut during it is a crash like any other (the member reopens
+    /// draining or not, the model is unchanged either way).
+    fn cancel_removal(&mut self, index: usize) -> Result<(), String> {
+        match self.pool().undrain_device(index) {
+            Ok(()) => Ok(()),
+            Err(_) if self.any_dead() => self.crash_and_verify(),
+            Err(e) => Err(format!("cancelling the removal of member {index}: {e}")),
+        }
+    }
+}

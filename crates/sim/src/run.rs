@@ -85,7 +85,7 @@ impl SimConfig {
 }
 
 /// Admin operations, as counted in [`RunStats::done`].
-pub const OP_NAMES: [&str; 14] = [
+pub const OP_NAMES: [&str; 15] = [
     "vol create",
     "vol resize",
     "vol delete",
@@ -100,6 +100,7 @@ pub const OP_NAMES: [&str; 14] = [
     "dev grow",
     "vol quota",
     "overcommit",
+    "dev remove",
 ];
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -108,7 +109,7 @@ pub struct RunStats {
     /// Admin operations (volume and snapshot) that happened.
     pub admin: usize,
     /// The same by operation, in the order of [`OP_NAMES`].
-    pub done: [usize; 14],
+    pub done: [usize; 15],
     /// Admin operations refused as the model predicted.
     pub refused: usize,
     /// Admin operations cut by a crash, settled after reopen: done, not done.
@@ -138,6 +139,10 @@ pub struct RunStats {
     pub dev_adds_cut: usize,
     /// Device growths a crash cut, settled after reopen.
     pub dev_grows_cut: usize,
+    /// Member evacuations (`dev remove`) a crash cut, settled after reopen.
+    pub dev_removes_cut: usize,
+    /// Live blocks evacuations moved off a member.
+    pub blocks_evacuated: usize,
 }
 
 impl RunStats {
@@ -149,6 +154,8 @@ impl RunStats {
         self.blocks_hinted += o.blocks_hinted;
         self.dev_adds_cut += o.dev_adds_cut;
         self.dev_grows_cut += o.dev_grows_cut;
+        self.dev_removes_cut += o.dev_removes_cut;
+        self.blocks_evacuated += o.blocks_evacuated;
         self.admin += o.admin;
         self.done.iter_mut().zip(o.done).for_each(|(a, b)| *a += b);
         self.refused += o.refused;
@@ -298,8 +305,11 @@ impl Run {
             70..=84 => self.read_compare(),
             85..=91 => self.crash_and_verify(),
             92 => self.clean_reopen(),
-            93 if self.rng.random_bool(0.5) => self.dev_add(),
-            93 => self.dev_grow(),
+            93 => match self.rng.random_range(0..3) {
+                0 => self.dev_add(),
+                1 => self.dev_grow(),
+                _ => self.dev_remove(),
+            },
             _ => self.arm_crash(),
         }
     }

@@ -35,7 +35,7 @@ impl Run {
         if self.model.vols.is_empty() {
             return self.snap_volume_op();
         }
-        match self.rng.random_range(0..100) {
+        match self.rng.random_range(0..101) {
             0..=29 => self.write(),
             30..=37 => self.trim_or_zero(),
             38..=44 => self.flush(),
@@ -55,6 +55,7 @@ impl Run {
             96 => self.dev_grow(),
             97 => self.set_quota(),
             98 => self.set_overcommit(),
+            99 => self.dev_remove(),
             _ => self.verify_all("periodic check"),
         }
     }

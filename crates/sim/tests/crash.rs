@@ -39,6 +39,12 @@ fn crash_simulation_500_seeds() {
     // Devices are added and grown mid-run, and crashes cut some of each.
     assert!(seeds < 100 || (stats.done[10] > 0 && stats.dev_adds_cut > 0), "{stats:?}");
     assert!(seeds < 100 || (stats.done[11] > 0 && stats.dev_grows_cut > 0), "{stats:?}");
+    // Members are evacuated (`dev remove`), moving live blocks, and
+    // crashes cut some evacuations mid-way.
+    assert!(
+        seeds < 100 || (stats.done[14] > 0 && stats.dev_removes_cut > 0 && stats.blocks_evacuated > 0),
+        "{stats:?}"
+    );
 }
 
 #[test]
@@ -57,6 +63,8 @@ fn snapshot_crash_simulation_500_seeds() {
     // Quotas are set (op 22) and refuse writes; the checks after every
     // crash hold each volume to its quota and the model's value.
     assert!(seeds < 100 || stats.quota_refusals > 0, "no write met a quota: {stats:?}");
+    // And member evacuations (`dev remove`): heads and snapshots' dead lists.
+    assert!(seeds < 100 || stats.blocks_evacuated > 0, "no evacuation moved a block: {stats:?}");
 }
 
 /// A mirrored primary: power cuts hit one leg at a time (it is faulted and

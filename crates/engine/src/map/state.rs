@@ -567,11 +567,20 @@ impl State {
             return Err(format!("relocate of {len} blocks from {} to {}", Pba(from), Pba(to)).into());
         }
         let v = self.volume_mut(vol, "relocate")?;
-        check_range(v, lba, len)?;
         let map = if snap == 0 {
+            check_range(v, lba, len)?;
             &mut v.map
         } else {
             let i = v.snapshot_index(snap).ok_or(format!("volume {vol} has no snapshot at epoch {snap}"))?;
+            // A dead list holds what its snapshot saw: inside the
+            // snapshot's size, which a shrunk head may no longer cover
+            // (such a Relocate needs incompat EVACUATION, see FORMAT.md).
+            let blocks = v.snapshots[i].size.div_ceil(BLOCK_SIZE);
+            if lba.checked_add(len).is_none_or(|end| len == 0 || end > blocks) {
+                return Err(
+                    format!("blocks {lba}+{len} outside snapshot {snap} of volume {vol} ({blocks} blocks)").into()
+                );
+            }
             &mut v.snapshots[i].dead
         };
         let birth = match map.lookup(lba, len, 2)?.as_slice() {

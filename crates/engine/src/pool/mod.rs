@@ -667,14 +667,15 @@ impl Pool {
             .map(|(i, d)| DeviceStatus {
                 index: i,
                 path: d.name(),
-                state: self.mirrors[i].as_ref().map_or("ONLINE", |m| m.status().0),
+                state: self.member_state(&inner, i),
                 legs: self.mirrors[i].as_ref().map(|m| m.status().1).unwrap_or_default(),
                 size: d.size(),
                 data_bytes: (inner.space.devices[i].data_end - inner.space.devices[i].data_start) * BLOCK_SIZE,
                 free_bytes: inner.space.devices[i].free_blocks * BLOCK_SIZE,
             })
             .collect();
-        let state = if devices.iter().all(|d| d.state == "ONLINE") { "ONLINE" } else { "DEGRADED" };
+        let state =
+            if devices.iter().all(|d| matches!(d.state, "ONLINE" | "DRAINING")) { "ONLINE" } else { "DEGRADED" };
         // Walks the free ranges under the read lock: O(fragments).
         let outside = inner.space.free_in_partial_regions(inner.region_blocks).unwrap_or(0);
         PoolStatus {
@@ -732,6 +733,19 @@ fn fetch_node(store: &tarn_store::Store, miss: &tarn_store::Miss) -> Result<()> 
 }
 
 /// The volume called `name`.
+impl Pool {
+    /// A member's state for `status`: a mirror's own, else DRAINING when
+    /// allocation avoids it outside `dev add` (which holds the commit
+    /// lock, as `status` does): a member being evacuated (`dev remove`).
+    fn member_state(&self, inner: &Inner, i: usize) -> &'static str {
+        match &self.mirrors[i] {
+            Some(m) => m.status().0,
+            None if !inner.space.usable(i) => "DRAINING",
+            None => "ONLINE",
+        }
+    }
+}
+
 pub(crate) fn volume_named<'a>(state: &'a State, name: &str) -> Result<&'a Volume> {
     // File volumes and their objects are not block volumes: hidden here.
     let v = state.by_name.get(name).and_then(|id| state.volume(*id)).filter(|v| v.role.is_none());

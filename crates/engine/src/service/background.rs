@@ -3,7 +3,8 @@
 //! the checkpointer (writes the checkpoints commits freeze, while later
 //! commits go on), the resync of overwrite regions a crash left open, and the resync of
 //! mirror legs after an unclean shutdown, and the idle-time compactor
-//! (re-lays out scattered data while no client writes). `Service::start` starts what the
+//! (re-lays out scattered data while no client writes), and the evacuation
+//! of members left draining (`tarn dev remove`). `Service::start` starts what the
 //! pool needs; `stop` (or dropping the service) wakes every thread and
 //! joins it. Each loop does a bounded step (a tick, or 1 MiB of resync)
 //! between looks at the stop flag, so stopping takes at most one step.
@@ -103,6 +104,10 @@ impl Service {
         if service.pool.needs_resync() {
             let notice = opts.notice.clone();
             service.spawn("mirror-resync", move |pool, stop| run_leg_resync(pool, notice.as_deref(), stop));
+        }
+        let draining = service.pool.draining_members();
+        if !draining.is_empty() && !service.pool.is_read_only() {
+            service.spawn("evacuate", move |pool, stop| run_evacuation(pool, &draining, stop));
         }
         let pending = service.pool.resync_pending();
         if pending > 0 {
@@ -243,6 +248,25 @@ fn run_leg_resync(pool: &Pool, notice: Option<&(dyn Fn(&str) + Send + Sync)>, st
         }
         Ok(bytes) => say(&format!("mirror resync done ({} MiB copied)", bytes >> 20)),
         Err(e) => log::error!("mirror resync failed (legs stay RESILVERING until the next start): {e}"),
+    }
+}
+
+/// Go on evacuating the members a crash or a stop left draining (`tarn
+/// dev remove`), unthrottled, until done, stopped, or cancelled (`dev
+/// remove --cancel` clears the member's draining state). A `dev remove`
+/// run meanwhile moves the same runs safely: each move checks, under the
+/// pool lock, that its run is still where it was.
+fn run_evacuation(pool: &Pool, members: &[usize], stop: &Stop) {
+    for &i in members {
+        log::warn!("member {i} is being removed: evacuation resumes in the background");
+        match pool.evacuate_device(i, &mut |_, _| !stop.is_set() && pool.is_draining(i)) {
+            Ok(r) if r.remaining_bytes == 0 => log::warn!(
+                "member {i}: evacuation done in the background ({} MiB moved); no live data left on it",
+                r.moved_bytes >> 20
+            ),
+            Ok(r) => log::warn!("member {i}: evacuation stopped, {} MiB of live data left", r.remaining_bytes >> 20),
+            Err(e) => log::error!("member {i}: background evacuation failed (run `tarn dev remove {i}`): {e}"),
+        }
     }
 }
 

@@ -41,7 +41,13 @@ impl Pool {
         self.settle_checkpoint(&mut ctl)?;
         let index = ctl.sb.devices.len();
         let blocks = dev.size() / BLOCK_SIZE;
-        let entry = DeviceEntry { uuid: random_bytes::<16>()?, blocks, path: path.to_string(), legs: Vec::new() };
+        let entry = DeviceEntry {
+            uuid: random_bytes::<16>()?,
+            blocks,
+            path: path.to_string(),
+            legs: Vec::new(),
+            draining: false,
+        };
         let mut label = member_label(&ctl.sb, &entry, index);
         label.created_unix = ctl.sb.created_unix;
         let mut table = ctl.sb.clone();

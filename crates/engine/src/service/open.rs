@@ -141,7 +141,7 @@ impl NewPool {
         } else {
             Vec::new()
         };
-        let entry = DeviceEntry { uuid: device_uuid, blocks, path: slot[0].1.clone(), legs };
+        let entry = DeviceEntry { uuid: device_uuid, blocks, path: slot[0].1.clone(), legs, draining: false };
         let label = Superblock {
             version: FORMAT_VERSION,
             incompat: self.features,
@@ -271,6 +271,12 @@ impl Pool {
                 .map_err(EngineError::InvalidArgument)?;
         }
         space.reserve_blocks = reserve_for(state.extent_count(), space.data_blocks());
+        // A member being evacuated (`dev remove`) stays avoided across a
+        // restart; the next `dev remove` goes on with what is left.
+        for (i, d) in sb.devices.iter().enumerate().filter(|(i, d)| d.draining && *i < 32) {
+            log::warn!("member {i} ({}) is being removed: no new data goes there", d.path);
+            space.avoid |= 1 << i;
+        }
         let mut notes = asm.notes;
         if let Some(why) = label.other_invalid {
             log::warn!(

@@ -109,9 +109,16 @@ impl Space {
         self.devices.iter().map(|d| d.data_end - d.data_start).sum()
     }
 
+    /// Free blocks on the devices allocation may use (not on a member
+    /// being added or evacuated): the reserve must be there, not on a
+    /// draining member, or a checkpoint finds no room for its nodes.
+    pub fn usable_free_blocks(&self) -> u64 {
+        (0..self.devices.len()).filter(|&d| self.usable(d)).map(|d| self.devices[d].free_blocks).sum()
+    }
+
     /// Free blocks user data may still take.
     pub fn available_blocks(&self) -> u64 {
-        self.free_blocks().saturating_sub(self.reserve_blocks)
+        self.usable_free_blocks().saturating_sub(self.reserve_blocks)
     }
 
     /// Whether allocation may take space on `device`.
@@ -178,7 +185,7 @@ impl Space {
     /// Take exactly `want` blocks from one device (user data respects the
     /// reserve, metadata may use it), or nothing (`Ok(None)`).
     pub fn allocate_on(&mut self, device: usize, want: u64, for_metadata: bool) -> Result<Option<Vec<(Pba, u64)>>> {
-        let limit = if for_metadata { self.free_blocks() } else { self.available_blocks() };
+        let limit = if for_metadata { self.usable_free_blocks() } else { self.available_blocks() };
         if !self.usable(device) {
             return Ok(None);
         }

@@ -1,0 +1,280 @@
+//! Evacuating a member device (`tarn dev remove`): allocation stops
+//! taking space there (the draining member's bit in `Space::avoid`), then
+//! every live block on it (mapped by some volume's head or held by a
+//! snapshot's dead list; free and dead space is never read) is copied to
+//! the other members. A block only the head holds is mapped anew, as a
+//! compaction does; a block snapshots or clones share moves by Relocate
+//! (op 17), keeping its birth, so every view that showed it follows it
+//! and the pool's used bytes do not change. Clients keep writing: a head
+//! window they touch while it moves is left for the next pass.
+
+use crate::error::{EngineError, Result};
+use crate::map::extent_map::Segment;
+use crate::map::state::Volume;
+use crate::map::view::View;
+use crate::pool::Pool;
+use crate::volumes::relayout::{Destination, Window, WINDOW_BLOCKS};
+use tarn_format::ops::Op;
+use tarn_format::superblock::incompat;
+use tarn_format::{Pba, BLOCK_SIZE};
+
+/// Passes over the pool before giving up on blocks clients keep touching
+/// (each pass moves what it finds; writes go elsewhere meanwhile).
+const MAX_PASSES: usize = 8;
+
+/// What an evacuation did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EvacuateReport {
+    pub index: usize,
+    /// Live bytes on the member when the evacuation started.
+    pub live_bytes: u64,
+    pub moved_bytes: u64,
+    /// Live bytes still on the member (0 when done).
+    pub remaining_bytes: u64,
+    /// Stopped because the caller asked (a cancel); what moved is durable.
+    pub stopped: bool,
+}
+
+/// Where one live run on the draining member is held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LiveRun {
+    vol: u32,
+    /// 0: the head; else the snapshot (epoch) whose dead list holds it.
+    snap: u64,
+    lba: u64,
+    len: u64,
+    pba: Pba,
+    birth: u64,
+}
+
+impl Pool {
+    /// Every reason member `index` cannot be evacuated, before anything
+    /// changes: an unknown index, the primary (it holds the journal and the
+    /// authoritative superblock; with one member it is also the last), a
+    /// mirrored member (a leg is not a device of its own here: it would be
+    /// detached, not evacuated), live data the other members cannot hold.
+    pub fn refuse_removal(&self, index: usize) -> Result<u64> {
+        let bad = |why: String| Err(EngineError::InvalidArgument(why));
+        let n = self.devices.len();
+        if index >= n {
+            return bad(format!("no member {index}: the pool has {n} (0..{})", n.saturating_sub(1)));
+        }
+        if n == 1 {
+            return bad("member 0 is the pool's last device: a pool needs one".into());
+        }
+        if index == 0 {
+            return bad("member 0 is the primary (journal and superblock): it cannot be removed".into());
+        }
+        if self.mirrors.get(index).is_some_and(Option::is_some) {
+            return bad(format!("member {index} is a mirror: removing a mirrored member is not supported"));
+        }
+        let live = self.live_blocks_on(index)?;
+        let inner = self.read_inner();
+        let sp = &inner.space;
+        let others: u64 = (0..sp.devices.len()).filter(|&d| d != index).map(|d| sp.devices[d].free_blocks).sum();
+        let room = others.saturating_sub(sp.reserve_blocks);
+        if live > room {
+            return bad(format!(
+                "member {index} holds {} MiB of live data; the other members have room for {} MiB",
+                (live * BLOCK_SIZE) >> 20,
+                (room * BLOCK_SIZE) >> 20
+            ));
+        }
+        Ok(live)
+    }
+
+    /// Live blocks on member `index`: heads and snapshots' dead lists.
+    pub fn live_blocks_on(&self, index: usize) -> Result<u64> {
+        Ok(self.live_runs(index)?.iter().map(|r| r.len).sum())
+    }
+
+    /// Mark member `index` draining (allocation avoids it) and move every
+    /// live block off it. `go_on(moved_bytes, live_bytes)` is asked after
+    /// every step; false stops (the member stays draining: `undrain` or a
+    /// later call). Durable (flushed) when it returns.
+    pub fn evacuate_device(&self, index: usize, go_on: &mut dyn FnMut(u64, u64) -> bool) -> Result<EvacuateReport> {
+        self.check_writable()?;
+        let live = self.refuse_removal(index)?;
+        self.write_inner().space.avoid |= 1 << index;
+        self.record_draining(index, true)?;
+        let mut report = EvacuateReport { index, live_bytes: live * BLOCK_SIZE, ..Default::default() };
+        if self.read_inner().state.volumes.values().any(|v| !v.snapshots.is_empty() || v.origin.is_some()) {
+            // Shared blocks move by Relocate: older tarns must not replay it.
+            self.enable_feature(&mut self.lock_commit(), incompat::RELOCATE)?;
+        }
+        for _ in 0..MAX_PASSES {
+            let runs = self.live_runs(index)?;
+            if runs.is_empty() || report.stopped {
+                break;
+            }
+            for run in runs {
+                self.make_room()?;
+                report.moved_bytes += self.move_live_run(index, run)? * BLOCK_SIZE;
+                if !go_on(report.moved_bytes, report.live_bytes) {
+                    report.stopped = true;
+                    break;
+                }
+            }
+        }
+        self.flush()?;
+        report.remaining_bytes = self.live_blocks_on(index)? * BLOCK_SIZE;
+        Ok(report)
+    }
+
+    /// Let allocation use member `index` again (a cancelled removal).
+    pub fn undrain_device(&self, index: usize) -> Result<()> {
+        if index >= self.devices.len() {
+            return Err(EngineError::InvalidArgument(format!("no member {index}")));
+        }
+        self.record_draining(index, false)?;
+        self.write_inner().space.open_device(index);
+        Ok(())
+    }
+
+    /// Record member `index` as draining (or not) in the device table:
+    /// the superblock is rewritten (txid + 1, checkpoint and journal
+    /// unchanged, as for mirror leg states) with incompat EVACUATION, so a
+    /// restart keeps allocation off it. Durable when it returns.
+    fn record_draining(&self, index: usize, draining: bool) -> Result<()> {
+        let mut ctl = self.lock_commit();
+        if ctl.sb.devices.get(index).is_none_or(|d| d.draining == draining) {
+            return Ok(());
+        }
+        let mut sb = ctl.sb.clone();
+        sb.txid += 1;
+        sb.incompat |= incompat::EVACUATION;
+        sb.devices = self.device_table(&sb.devices);
+        sb.devices[index].draining = draining;
+        self.write_superblock(&sb)?;
+        ctl.sb = sb;
+        Ok(())
+    }
+
+    /// The members recorded draining (being evacuated) in the device table.
+    pub fn draining_members(&self) -> Vec<usize> {
+        let ctl = self.lock_commit();
+        ctl.sb.devices.iter().enumerate().filter(|(_, d)| d.draining).map(|(i, _)| i).collect()
+    }
+
+    /// Whether member `index` is draining (allocation avoids it).
+    pub fn is_draining(&self, index: usize) -> bool {
+        !self.read_inner().space.usable(index)
+    }
+
+    /// The live runs on member `index`, at most one window long each.
+    fn live_runs(&self, index: usize) -> Result<Vec<LiveRun>> {
+        let inner = self.read_inner();
+        let mut out = Vec::new();
+        for v in inner.state.volumes.values() {
+            collect_runs(v, 0, v.map.entries()?, index, &mut out);
+            for s in &v.snapshots {
+                collect_runs(v, s.epoch, s.dead.entries()?, index, &mut out);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Move one run; the blocks moved (0 if it changed meanwhile).
+    fn move_live_run(&self, index: usize, run: LiveRun) -> Result<u64> {
+        if run.snap == 0 {
+            let on_member = |_: &Volume, segs: &[Segment]| -> Vec<Segment> {
+                segs.iter().copied().filter(|s| matches!(*s, Segment::Mapped { pba, .. } if on(pba, index))).collect()
+            };
+            return match self.move_window(run.vol, (run.lba, run.len), &on_member, &mut Destination::Placement)? {
+                Window::Moved(n) => Ok(n),
+                Window::NoRoom => Err(EngineError::NoSpace),
+                Window::Fine | Window::Skipped => Ok(0),
+            };
+        }
+        self.move_dead_run(run)
+    }
+
+    /// Move a run of a snapshot's dead list: no client writes there, but a
+    /// snapshot delete or rollback may change it, so the run is looked up
+    /// again under the pool lock before the Relocate is applied.
+    fn move_dead_run(&self, run: LiveRun) -> Result<u64> {
+        let seg = Segment::Mapped { lba: run.lba, len: run.len, pba: run.pba, birth: run.birth };
+        let head_blocks = self.read_inner().state.volume(run.vol).map_or(0, Volume::blocks);
+        if run.lba + run.len > head_blocks {
+            // Past a shrunk head: older tarns bound a Relocate by it.
+            self.enable_feature(&mut self.lock_commit(), incompat::EVACUATION)?;
+        }
+        // The snapshot's view shows exactly this run there (a dead list
+        // holds what its snapshot saw and the head no longer does); read
+        // through it so the data is verified against its checksums.
+        if !shows_run(&self.resolve(run.vol, View::Snapshot(run.snap), run.lba, run.len)?, &run) {
+            return Ok(0);
+        }
+        let mut data = vec![0u8; (run.len * BLOCK_SIZE) as usize];
+        self.read_view(run.vol, View::Snapshot(run.snap), run.lba * BLOCK_SIZE, &mut data)?;
+        let fresh = self.allocate_holes(run.vol, &[Segment::Hole { lba: run.lba, len: run.len }], &Vec::new())?;
+        let bs = BLOCK_SIZE as usize;
+        let piece = |at: u64, n: u64| &data[(at - run.lba) as usize * bs..(at - run.lba + n) as usize * bs];
+        for p in &fresh {
+            if let Err(e) = self.write_device(p.pba, piece(p.lba, p.len)) {
+                self.give_back_unmapped(&fresh);
+                return Err(e);
+            }
+        }
+        let mut inner = self.write_inner();
+        let still = inner
+            .state
+            .volume(run.vol)
+            .and_then(|v| v.snapshots.iter().find(|s| s.epoch == run.snap))
+            .map(|s| s.dead.lookup(run.lba, run.len, 2))
+            .transpose()?;
+        if still != Some(vec![seg]) {
+            drop(inner);
+            self.give_back_unmapped(&fresh);
+            return Ok(0);
+        }
+        let mut ops = Vec::new();
+        for p in &fresh {
+            inner.space.settle(p.pba);
+            let from = run.pba.0 + (p.lba - run.lba);
+            ops.push(Op::Relocate { vol: run.vol, snap: run.snap, lba: p.lba, len: p.len, from, to: p.pba.0 });
+            ops.extend(self.sums_op(p.pba, piece(p.lba, p.len)));
+        }
+        self.apply_ops(&mut inner, ops)?;
+        Ok(run.len)
+    }
+}
+
+/// Whether `segs` (a view, which may cut a run in pieces) show exactly
+/// `run`'s blocks, in order.
+fn shows_run(segs: &[Segment], run: &LiveRun) -> bool {
+    let mut at = run.lba;
+    for s in segs {
+        match *s {
+            Segment::Mapped { lba, len, pba, birth }
+                if lba == at && birth == run.birth && pba == run.pba.offset_by(lba - run.lba) =>
+            {
+                at += len
+            }
+            _ => return false,
+        }
+    }
+    at == run.lba + run.len
+}
+
+/// Whether `pba` is a real block on member `index` (not an origin marker).
+fn on(pba: Pba, index: usize) -> bool {
+    !pba.is_origin() && usize::from(pba.device()) == index
+}
+
+/// The entries of one map on member `index`, cut at window boundaries.
+fn collect_runs(v: &Volume, snap: u64, entries: crate::map::extent_map::Killed, index: usize, out: &mut Vec<LiveRun>) {
+    for (lba, e) in entries {
+        if !on(e.pba, index) {
+            continue;
+        }
+        let mut at = lba;
+        while at < lba + e.len {
+            let end = (at / WINDOW_BLOCKS + 1) * WINDOW_BLOCKS;
+            let len = end.min(lba + e.len) - at;
+            let pba = e.pba.offset_by(at - lba);
+            out.push(LiveRun { vol: v.id, snap, lba: at, len, pba, birth: e.birth });
+            at += len;
+        }
+    }
+}
