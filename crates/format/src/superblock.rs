@@ -64,8 +64,12 @@ pub mod incompat {
     /// them as volume snapshots and delete them by name.
     pub const FS_FILE_VERSIONS: u64 = 1 << 9;
     /// Features this build understands.
-    pub const KNOWN: u64 =
-        SNAPSHOTS | DATA_CHECKSUMS | MIRRORS | PLACEMENT | FILES | RELOCATE
+    pub const KNOWN: u64 = SNAPSHOTS
+        | DATA_CHECKSUMS
+        | MIRRORS
+        | PLACEMENT
+        | FILES
+        | RELOCATE
         | FS_VERSIONS
         | EVACUATION
         | QUOTAS
