@@ -369,3 +369,16 @@ fs_umount() {
   expect_eq "tarn mount exit status after unmount" "$rc" 0
   MOUNT_PID=
 }
+
+# ceph_cluster_start [ON_EXIT]: a throwaway single-node Ceph cluster
+# (scripts/ceph.sh) in $T/ceph with a Ceph pool `tarn`, torn down at exit
+# whatever happens (ON_EXIT runs first); exports CEPH_CONF and sets
+# CEPHDIR. The cluster not starting is a failure of the script.
+ceph_cluster_start() {
+  CEPHDIR=$T/ceph
+  trap "rc=\$?; $1; bash '$REPO/scripts/ceph.sh' stop '$CEPHDIR' >/dev/null 2>&1; (exit \$rc); e2e_cleanup" EXIT
+  step "start a single-node Ceph cluster (scripts/ceph.sh)"
+  CEPH_CONF=$(bash "$REPO/scripts/ceph.sh" start "$CEPHDIR" tarn 2>"$T/ceph-start.log") ||
+    die "scripts/ceph.sh could not start the cluster: $(grep -m1 "^ceph.sh:" "$T/ceph-start.log" || tail -n 3 "$T/ceph-start.log")"
+  export CEPH_CONF
+}

@@ -15,14 +15,8 @@ need_fuse
 need_loop
 e2e_init rados
 
-CEPHDIR=$T/ceph
-# the cluster goes with the test, whatever happens
-trap 'rc=$?; bash "$REPO/scripts/ceph.sh" stop "$CEPHDIR" >/dev/null 2>&1; (exit $rc); e2e_cleanup' EXIT
-
-step "start a single-node Ceph cluster (scripts/ceph.sh)"
-CONF=$(bash "$REPO/scripts/ceph.sh" start "$CEPHDIR" tarn 2>"$T/ceph-start.log") ||
-  die "scripts/ceph.sh could not start the cluster: $(grep -m1 "^ceph.sh:" "$T/ceph-start.log" || tail -n 3 "$T/ceph-start.log")"
-export CEPH_CONF=$CONF
+ceph_cluster_start :
+CONF=$CEPH_CONF
 ok "cluster up, config $CONF"
 POOL=rados://tarn/e2e
 M=$((1 << 20))

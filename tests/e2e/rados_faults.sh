@@ -13,13 +13,7 @@ need ceph-mon ceph-osd ceph rados monmaptool uuidgen qemu-io fio jq od
 need_pynbd
 e2e_init rados_faults
 
-CEPHDIR=$T/ceph
-trap 'rc=$?; kill -CONT "${OSD:-0}" 2>/dev/null; bash "$REPO/scripts/ceph.sh" stop "$CEPHDIR" >/dev/null 2>&1; (exit $rc); e2e_cleanup' EXIT
-
-step "start a single-node Ceph cluster (scripts/ceph.sh)"
-CONF=$(bash "$REPO/scripts/ceph.sh" start "$CEPHDIR" tarn 2>"$T/ceph-start.log") ||
-  die "scripts/ceph.sh could not start the cluster: $(grep -m1 "^ceph.sh:" "$T/ceph-start.log" || tail -n 3 "$T/ceph-start.log")"
-export CEPH_CONF=$CONF
+ceph_cluster_start 'kill -CONT "${OSD:-0}" 2>/dev/null'
 OSD=$(cat "$CEPHDIR/run/osd.0.pid")
 ok "cluster up, OSD pid $OSD"
 # Every tarn here gives up on an unanswered Ceph operation after 8 s.
