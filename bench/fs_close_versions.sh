@@ -13,33 +13,8 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 TARN=${TARN:-$REPO/target/release/tarn}
 EDITS=${EDITS:-500}
-W=$(mktemp -d /var/tmp/tarn-bench-fcv.XXXXXX)
-POOL=$W/pool.img
-MNT=$W/mnt
-mkdir -p "$MNT"
-PID=
-cleanup() {
-  mountpoint -q "$MNT" && fusermount3 -u "$MNT"
-  [ -n "$PID" ] && wait "$PID" 2>/dev/null
-  rm -rf "$W"
-}
-trap cleanup EXIT
-
-now() { date +%s%N; }
-median() { sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
-used() { "$TARN" pool status --json -p "$POOL" | jq .used; }
-mount_fs() {
-  "$TARN" mount home "$MNT" -p "$POOL" >>"$W/mount.log" 2>&1 &
-  PID=$!
-  for _ in $(seq 1 100); do mountpoint -q "$MNT" && return 0; sleep 0.1; done
-  echo "mount did not come up" >&2
-  exit 1
-}
-umount_fs() {
-  fusermount3 -u "$MNT"
-  wait "$PID"
-  PID=
-}
+. "$REPO/bench/fs_common.sh"
+fs_bench_setup fcv
 # edit FILE I: overwrite block I (of 256) of FILE; prints microseconds
 edit() {
   local t0 t1

@@ -18,34 +18,8 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 TARN=${TARN:-$REPO/target/release/tarn}
 VERSIONS=${VERSIONS:-1000}
 ROUNDS=${ROUNDS:-20}
-W=$(mktemp -d /var/tmp/tarn-bench-fsv.XXXXXX)
-POOL=$W/pool.img
-MNT=$W/mnt
-mkdir -p "$MNT"
-PID=
-cleanup() {
-  mountpoint -q "$MNT" && fusermount3 -u "$MNT"
-  [ -n "$PID" ] && wait "$PID" 2>/dev/null
-  rm -rf "$W"
-}
-trap cleanup EXIT
-
-now() { date +%s%N; }
-median() { sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
-used() { "$TARN" pool status --json -p "$POOL" | jq .used; }
-
-mount_fs() {
-  "$TARN" mount home "$MNT" -p "$POOL" >>"$W/mount.log" 2>&1 &
-  PID=$!
-  for _ in $(seq 1 100); do mountpoint -q "$MNT" && return 0; sleep 0.1; done
-  echo "mount did not come up" >&2
-  exit 1
-}
-umount_fs() {
-  fusermount3 -u "$MNT"
-  wait "$PID"
-  PID=
-}
+. "$REPO/bench/fs_common.sh"
+fs_bench_setup fsv
 
 # baseline KIND: ROUNDS of what a snapshot cannot be cheaper than, median
 # in microseconds: `xattr` a setfattr the mount refuses (ENOTSUP: process
