@@ -5,7 +5,10 @@
 # installs (ceph-mon, ceph-osd).
 #   bash scripts/ceph.sh start DIR [POOL...]   # prints the ceph.conf path
 #   bash scripts/ceph.sh stop DIR              # kills the daemons, removes DIR
-# Env: CEPH_MEMSTORE_BYTES (default 3 GiB: the OSD's RAM budget).
+# Env: CEPH_MEMSTORE_BYTES (default 3 GiB: the OSD's RAM budget);
+#   CEPH_BLUESTORE_BYTES: an OSD on bluestore over a sparse file of that size
+#   under DIR instead (for data larger than RAM; memstore holds about twice
+#   its data in RAM).
 # Exit non-zero, with the daemon log tail, when the cluster does not come up
 # within a bounded wait (tests that need it must fail, not pass).
 set -euo pipefail
@@ -41,6 +44,17 @@ fail() {
 
 free_port() {
   /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# The OSD's object store lines of ceph.conf.
+objectstore_conf() {
+  if [ -n "${CEPH_BLUESTORE_BYTES:-}" ]; then
+    printf '%s\n' "osd_objectstore = bluestore" "bluestore_block_path = $dir/osd/block" \
+      "bluestore_block_size = $CEPH_BLUESTORE_BYTES" "bluestore_block_create = true" \
+      "bluestore_block_db_create = false" "bluestore_block_wal_create = false"
+  else
+    printf '%s\n' "osd_objectstore = memstore" "memstore_device_bytes = ${CEPH_MEMSTORE_BYTES:-3221225472}"
+  fi
 }
 
 start() {
@@ -86,8 +100,7 @@ mon_data = $dir/mon/\$id
 pid_file = $dir/run/\$name.pid
 admin_socket = $dir/run/\$name.asok
 osd_data = $dir/osd/\$id
-osd_objectstore = memstore
-memstore_device_bytes = ${CEPH_MEMSTORE_BYTES:-3221225472}
+$(objectstore_conf)
 osd_op_num_shards = 1
 osd_op_num_threads_per_shard = 2
 EOF

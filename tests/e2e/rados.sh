@@ -5,9 +5,9 @@
 # cluster, a prefix used twice), qemu-io patterns across object boundaries,
 # fio verify over NBD, ext4 on nbdfuse + loop with e2fsck -fn clean, a
 # snapshot and a clone, kill -9 and restart with every flushed byte intact,
-# takeover by a second server that fences the first, and an object deleted
-# behind tarn's back (EIO, scrub names the volume). The cluster not starting
-# is a failure; TARN_SKIP=rados skips the whole script.
+# takeover by a second server that fences the first, an object deleted and
+# objects corrupted behind tarn's back (EIO, scrub names the volume). The
+# cluster not starting is a failure; TARN_SKIP=rados skips the whole script.
 . "$(dirname "$0")/lib.sh"
 need ceph-mon ceph-osd ceph rados monmaptool uuidgen qemu-io qemu-img fio nbdfuse fusermount3 losetup mkfs.ext4 e2fsck sha256sum mountpoint
 need_root "losetup, mount"
@@ -50,6 +50,7 @@ make_vol "$POOL" q 256M
 make_vol "$POOL" fio 256M
 make_vol "$POOL" ext 1G
 make_vol "$POOL" dmg 64M
+make_vol "$POOL" corr 64M
 check "pool status names the RADOS device" bash -c "'$TARN' pool status -p '$POOL' | grep -q 'device 0  $POOL'"
 check "the superblock is in object 0, the header beside it" bash -c "rados -p tarn ls | grep -qx 'e2e.0000000000000000' && rados -p tarn ls | grep -qx e2e.header"
 start_serve "$POOL"
@@ -163,6 +164,34 @@ rc=0; "$TARN" pool scrub -p "$POOL" >"$T/scrub.txt" 2>&1 || rc=$?
 expect_eq "scrub exits 1 (data lost)" "$rc" 1
 grep -q "lost: dmg bytes" "$T/scrub.txt" && ok "scrub names the volume: $(grep 'lost:' "$T/scrub.txt" | head -1)" ||
   bad "scrub output: $(tail -n 3 "$T/scrub.txt" | tr '\n' ' ')"
+check "the other volumes still read" qemu-io -f raw -c "read -P 0x66 20M 6M" "$(uri q)"
+
+step "objects corrupted behind tarn's back: EIO, scrub names the volume"
+check "write corr" qemu-io -f raw -c "write -P 0x3c 0 6M" -c flush "$(uri corr)"
+stop_serve
+# flip the first byte of every 4 KiB block of corr's data (blocks that hold
+# only its pattern), in whichever objects they landed
+flipped=0
+for o in $(rados -p tarn ls | grep -v -e '\.header$' -e '\.lock$'); do
+  rados -p tarn get "$o" "$T/obj"
+  if /usr/bin/python3 - "$T/obj" <<'PY'; then rados -p tarn put "$o" "$T/obj"; flipped=$((flipped + 1)); fi
+import sys
+b = bytearray(open(sys.argv[1], "rb").read())
+hit = [o for o in range(0, len(b) - 4095, 4096) if b[o:o + 4096] == b"\x3c" * 4096]
+for o in hit:
+    b[o] ^= 0xff
+open(sys.argv[1], "wb").write(b)
+sys.exit(0 if hit else 1)
+PY
+done
+[ "$flipped" -gt 0 ] && ok "corrupted corr's blocks in $flipped object(s)" || bad "no object held corr's pattern"
+start_serve "$POOL"
+check_fails "reading corr gives an error" qemu-io -f raw -c "read -P 0x3c 0 6M" "$(uri corr)"
+printf '%s' "$LAST_OUT" | grep -q "Input/output error" && ok "the error is EIO" || bad "not EIO: $(printf '%s' "$LAST_OUT" | tr '\n' ' ' | cut -c1-160)"
+rc=0; "$TARN" pool scrub -p "$POOL" >"$T/scrub2.txt" 2>&1 || rc=$?
+expect_eq "scrub exits 1 (data lost)" "$rc" 1
+grep -q "lost: corr bytes" "$T/scrub2.txt" && ok "scrub names the corrupted volume: $(grep 'lost: corr' "$T/scrub2.txt" | head -1)" ||
+  bad "scrub output: $(tail -n 3 "$T/scrub2.txt" | tr '\n' ' ')"
 check "the other volumes still read" qemu-io -f raw -c "read -P 0x66 20M 6M" "$(uri q)"
 stop_serve
 pool_check "$POOL"
