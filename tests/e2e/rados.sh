@@ -208,4 +208,25 @@ start_serve "$LOCAL"
 check "qemu-io reads after a restart" qemu-io -f raw -c "read -P 0x81 0 4M" -c "read -P 0x82 1400M 8M" -c "read -P 0 700M 1M" "$(uri m)"
 stop_serve
 pool_check "$LOCAL" "mixed pool"
+
+step "pool replace onto a RADOS leg: a local mirror leg resilvered into Ceph"
+MA=$T/ma.img MB=$T/mb.img
+check "pool create local mirror" "$TARN" pool create "$MA" --mirror "$MB" --size 256M
+make_vol "$MA" r 128M
+start_serve "$MA"
+check "qemu-io writes on the mirror" qemu-io -f raw -c "write -P 0x91 0 8M" -c "write -P 0x92 100M 4M" -c flush "$(uri r)"
+fails_with "replace onto a RADOS device too small (refused)" "smaller|too small" \
+  "$TARN" pool replace "$MB" rados://tarn/small --size 16M -p "$MA"
+expect_eq "the refused replace left no object behind" "$(rados -p tarn ls | grep -c '^small\.' || true)" 0
+check "pool replace MB rados://tarn/leg --size 256M (online)" "$TARN" pool replace "$MB" rados://tarn/leg --size 256M -p "$MA"
+check "status lists the RADOS leg" bash -c "'$TARN' pool status -p '$MA' | grep -q 'rados://tarn/leg'"
+check "the RADOS leg holds objects" bash -c "rados -p tarn ls | grep -q '^leg\.0'"
+check "reads after the resilver" qemu-io -f raw -c "read -P 0x91 0 8M" -c "read -P 0x92 100M 4M" "$(uri r)"
+stop_serve
+rm -f "$MB"
+check "scrub: both legs agree" "$TARN" pool scrub -p "$MA"
+start_serve "$MA"
+check "reads after a restart from the local and RADOS legs" qemu-io -f raw -c "read -P 0x91 0 8M" -c "read -P 0x92 100M 4M" "$(uri r)"
+stop_serve
+pool_check "$MA" "mirror with a RADOS leg"
 e2e_finish

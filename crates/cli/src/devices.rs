@@ -71,3 +71,55 @@ pub fn open_or_create(p: &Path, size: Option<u64>) -> Result<Arc<dyn Device>> {
     let Some(size) = size else { bail!("{} does not exist; pass --size to create it as a sparse file", p.display()) };
     Ok(Arc::new(FileDevice::create_file(p, size).with_context(|| format!("create {}", p.display()))?))
 }
+
+/// A device a command is about to hand to a pool (`dev add`, `pool
+/// replace`): created here when it does not exist yet (a sparse file, or
+/// a RADOS device, of `size`), so that a refusal can remove it again and
+/// change nothing.
+pub struct NewDevice {
+    path: PathBuf,
+    created: bool,
+}
+
+impl NewDevice {
+    pub fn ensure(path: &Path, size: Option<u64>) -> Result<NewDevice> {
+        let exists = if is_rados(path) { rados_exists(path)? } else { path.exists() };
+        if !exists {
+            let Some(size) = size else { bail!("{} does not exist; pass --size to create it", path.display()) };
+            if is_rados(path) {
+                open_rados(path, Some(size))?;
+            } else {
+                FileDevice::create_file(path, size).with_context(|| format!("create {}", path.display()))?;
+            }
+        }
+        Ok(NewDevice { path: path.to_path_buf(), created: !exists })
+    }
+
+    /// The pool refused the device: remove it if this command made it.
+    pub fn discard(self) {
+        if !self.created {
+            return;
+        }
+        let removed = if is_rados(&self.path) {
+            open_rados(&self.path, None).and_then(|d| Ok(d.destroy()?))
+        } else {
+            std::fs::remove_file(&self.path).map_err(Into::into)
+        };
+        if let Err(e) = removed {
+            log::warn!("{}: the device created for the refused command was not removed: {e:#}", self.path.display());
+        }
+    }
+}
+
+fn rados_exists(path: &Path) -> Result<bool> {
+    match open_rados(path, None) {
+        Ok(_) => Ok(true),
+        Err(e)
+            if e.downcast_ref::<tarn_rados::RadosError>()
+                .is_some_and(|r| matches!(r, tarn_rados::RadosError::NoDevice { .. })) =>
+        {
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
+}

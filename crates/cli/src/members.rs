@@ -6,53 +6,21 @@
 
 use crate::admin::Request;
 use crate::PoolArg;
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use serde_json::{json, Value};
 use std::path::Path;
 use std::sync::Arc;
 use tarn_engine::{Device, FileDevice};
-use tarn_rados::RadosError;
 
-/// `tarn dev add PATH`: create PATH as a sparse file of `size` bytes if
-/// it does not exist, then add it to the pool. A file created here and
-/// then refused (too small, say) is removed: a refusal changes nothing.
+/// `tarn dev add PATH|rados://CEPHPOOL/PREFIX`: create it (a sparse file
+/// or a RADOS device of `size`) if it does not exist, then add it to the
+/// pool. A device created here and then refused (too small, say) is
+/// removed: a refusal changes nothing.
 pub fn add(pool: &PoolArg, path: &Path, size: Option<u64>) -> Result<Value> {
-    if crate::devices::is_rados(path) {
-        return add_rados(pool, path, size);
-    }
-    let created = !path.exists();
-    if created {
-        let Some(size) = size else {
-            bail!("{} does not exist; pass --size to create it as a sparse file", path.display())
-        };
-        FileDevice::create_file(path, size).with_context(|| format!("create {}", path.display()))?;
-    }
+    let dev = crate::devices::NewDevice::ensure(path, size)?;
     let added = crate::admin(pool, &Request::DevAdd { path: crate::absolute(path) });
-    if added.is_err() && created {
-        let _ = std::fs::remove_file(path);
-    }
-    added
-}
-
-/// `tarn dev add rados://CEPHPOOL/PREFIX`: with `--size`, a device that
-/// does not exist yet is created first, and removed again if the pool
-/// refuses it (as a file is).
-fn add_rados(pool: &PoolArg, uri: &Path, size: Option<u64>) -> Result<Value> {
-    let exists = match crate::devices::open_rados(uri, None) {
-        Ok(_) => true,
-        Err(e) if e.downcast_ref::<RadosError>().is_some_and(|r| matches!(r, RadosError::NoDevice { .. })) => false,
-        Err(e) => return Err(e),
-    };
-    let created = !exists;
-    if created {
-        let Some(size) = size else { bail!("{} does not exist; pass --size to create it", uri.display()) };
-        crate::devices::open_rados(uri, Some(size))?;
-    }
-    let added = crate::admin(pool, &Request::DevAdd { path: crate::absolute(uri) });
-    if added.is_err() && created {
-        if let Err(e) = crate::devices::open_rados(uri, None).and_then(|d| Ok(d.destroy()?)) {
-            log::warn!("{}: the device created for the refused add was not removed: {e:#}", uri.display());
-        }
+    if added.is_err() {
+        dev.discard();
     }
     added
 }

@@ -5,10 +5,10 @@
 use crate::admin::Request;
 use crate::progress::Progress;
 use crate::PoolArg;
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tarn_engine::{Device, FileDevice, Pool};
+use tarn_engine::{Device, Pool};
 
 /// A `--device` value: `PATH`, or `mirror:PATH,PATH[,...]`.
 pub fn parse_member(s: &str) -> Result<Vec<PathBuf>, String> {
@@ -79,12 +79,7 @@ fn open_leg(member: usize, path: &Path, writable: bool) -> Option<Arc<dyn Device
 /// `tarn pool replace OLD NEW`: online through a running server, else on
 /// the pool directly; a progress bar (or lines) while it resilvers.
 pub fn replace(pool: &PoolArg, old: &str, new: &Path, size: Option<u64>) -> Result<serde_json::Value> {
-    if !new.exists() {
-        let Some(size) = size else {
-            bail!("{} does not exist; pass --size to create it as a sparse file", new.display())
-        };
-        FileDevice::create_file(new, size).with_context(|| format!("create {}", new.display()))?;
-    }
+    let dev = crate::devices::NewDevice::ensure(new, size)?;
     // A leg is named by its uuid or by its path (recorded absolute).
     let is_uuid = old.len() == 36 && old.chars().all(|c| c.is_ascii_hexdigit() || c == '-');
     let old = if is_uuid { old.to_string() } else { crate::absolute(Path::new(old)) };
@@ -92,6 +87,9 @@ pub fn replace(pool: &PoolArg, old: &str, new: &Path, size: Option<u64>) -> Resu
     let mut bar = Progress::new("resilver");
     let v = crate::admin_progress(pool, &req, &mut |done, total| bar.update(done, total));
     bar.finish();
+    if v.is_err() {
+        dev.discard();
+    }
     v
 }
 
@@ -102,8 +100,8 @@ pub fn execute_replace(
     new: &str,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<serde_json::Value, String> {
-    let dev = FileDevice::open(Path::new(new), true).map_err(|e| format!("open {new}: {e}"))?;
-    let r = pool.replace_leg(old, Arc::new(dev), new, progress).map_err(|e| e.to_string())?;
+    let dev = crate::devices::open(Path::new(new), true).map_err(|e| format!("{e:#}"))?;
+    let r = pool.replace_leg(old, dev, new, progress).map_err(|e| e.to_string())?;
     let mib_s = if r.seconds > 0.0 { r.copied_bytes as f64 / r.seconds / (1 << 20) as f64 } else { 0.0 };
     Ok(serde_json::json!({
         "member": r.member, "leg": r.leg, "old": r.old, "new": r.new,
