@@ -6,8 +6,9 @@
 # fio's nbd engine over TCP; rounds alternate tarn, rbd, tarn, rbd.
 # Not part of the tests.
 #   bash bench/rados.sh                  # RUNTIME=15 s per job, ROUNDS=2
-# Jobs: 4K random write QD32 (fresh, then after 10 snapshots), 4K random
-# read QD32, 1M sequential write and read QD4; snapshot create time (the
+# Jobs, in this order on a fresh volume: 4K random write QD32 (first
+# writes), 1M sequential write and read QD4, 4K random read QD32, then
+# 10 snapshots and 4K random write QD32 again; snapshot create time (the
 # 10 snapshots: `tarn snap create` through the server, `rbd snap create`);
 # RADOS operations per client write (the OSD's `op` counter over the fresh
 # random-write job, divided by fio's writes). Then, once per target, the
@@ -64,6 +65,17 @@ fio_run() {
   esac
 }
 
+# randwrite_ops "TARGET ROUND" URI NAME: 4K random write QD32, its IOPS
+# and the RADOS operations the OSD ran per client write meanwhile
+randwrite_ops() {
+  local ops0 iops
+  ops0=$(osd_ops)
+  iops=$(fio_run "$2" randwrite 4k 32)
+  echo "$1 $3_iops $iops"
+  [ "$iops" = stalled ] ||
+    echo "$1 $3_ops_per_write $(jq --argjson d $(($(osd_ops) - ops0)) '$d / .jobs[0].write.total_ios * 1000 | floor / 1000' "$W/last.json")"
+}
+
 # one round on TARGET (tarn|rbd), a fresh volume/image each round
 round() {
   local target=$1 r=$2 p uri snap_ms=0 t0 i
@@ -82,14 +94,10 @@ round() {
   PIDS+=($!); local pid=$!
   wait_nbd "$p"
   uri="nbd://127.0.0.1:$p/v"
+  # the first job meets a fresh volume: random first writes
+  randwrite_ops "$target $r" "$uri" randwrite
   echo "$target $r seqwrite_mib_s $(fio_run "$uri" write 1M 4)"
   echo "$target $r seqread_mib_s $(fio_run "$uri" read 1M 4)"
-  local ops0 iops
-  ops0=$(osd_ops)
-  iops=$(fio_run "$uri" randwrite 4k 32)
-  echo "$target $r randwrite_iops $iops"
-  [ "$iops" = stalled ] ||
-    echo "$target $r rados_ops_per_write $(jq --argjson d $(($(osd_ops) - ops0)) '$d / .jobs[0].write.total_ios * 1000 | floor / 1000' "$W/last.json")"
   echo "$target $r randread_iops $(fio_run "$uri" randread 4k 32)"
   for i in $(seq 1 10); do
     t0=$(ms)
@@ -98,7 +106,7 @@ round() {
     snap_ms=$((snap_ms + $(ms) - t0))
   done
   echo "$target $r snap_create_ms $((snap_ms / 10))"
-  echo "$target $r randwrite_10snaps_iops $(fio_run "$uri" randwrite 4k 32)"
+  randwrite_ops "$target $r" "$uri" randwrite_10snaps
   stop_pids 30 "$pid"
 }
 

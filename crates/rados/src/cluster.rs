@@ -149,6 +149,8 @@ impl Drop for Ioctx {
 struct Pending {
     c: Completion,
     _oid: CString,
+    /// The compound write op of a `WriteMany`, released after completion.
+    op: Option<ffi::WriteOp>,
 }
 
 /// An in-flight batch of asynchronous operations; dropping it waits for
@@ -161,6 +163,9 @@ pub struct Batch<'a> {
 pub enum Op<'b> {
     Read(&'b mut [u8], u64),
     Write(&'b [u8], u64),
+    /// Several writes to one object as one RADOS operation (applied in
+    /// order, all or none): the write combiner's unit.
+    WriteMany(Vec<(&'b [u8], u64)>),
     Remove,
 }
 
@@ -253,21 +258,39 @@ impl<'a> Batch<'a> {
         let rc = unsafe { (api.rados_aio_create_completion2)(ptr::null_mut(), ptr::null_mut(), &mut c) };
         check("rados_aio_create_completion2", rc)?;
         let io = self.io.io;
+        let mut write_op = None;
         // SAFETY: the buffers stay valid until `wait` (the caller waits for
         // the batch before its buffers go; Drop waits too).
         let rc = unsafe {
             match op {
                 Op::Read(buf, off) => (api.rados_aio_read)(io, o.as_ptr(), c, buf.as_mut_ptr().cast(), buf.len(), off),
                 Op::Write(data, off) => (api.rados_aio_write)(io, o.as_ptr(), c, data.as_ptr().cast(), data.len(), off),
+                Op::WriteMany(writes) => {
+                    let wop = (api.rados_create_write_op)();
+                    if wop.is_null() {
+                        -libc::ENOMEM
+                    } else {
+                        for (data, off) in writes {
+                            (api.rados_write_op_write)(wop, data.as_ptr().cast(), data.len(), off);
+                        }
+                        write_op = Some(wop);
+                        (api.rados_aio_write_op_operate)(wop, io, c, o.as_ptr(), ptr::null_mut(), 0)
+                    }
+                }
                 Op::Remove => (api.rados_aio_remove)(io, o.as_ptr(), c),
             }
         };
         if rc < 0 {
             // SAFETY: never submitted.
-            unsafe { (api.rados_aio_release)(c) };
+            unsafe {
+                (api.rados_aio_release)(c);
+                if let Some(wop) = write_op {
+                    (api.rados_release_write_op)(wop);
+                }
+            }
             return Err(RadosError::call(format!("submit to {oid}"), rc.into()));
         }
-        self.pending.push(Pending { c, _oid: o });
+        self.pending.push(Pending { c, _oid: o, op: write_op });
         Ok(())
     }
 
@@ -286,6 +309,9 @@ impl<'a> Batch<'a> {
                     (api.rados_aio_wait_for_complete)(p.c);
                     let rc = (api.rados_aio_get_return_value)(p.c);
                     (api.rados_aio_release)(p.c);
+                    if let Some(wop) = p.op {
+                        (api.rados_release_write_op)(wop);
+                    }
                     rc
                 }
             })

@@ -3,9 +3,11 @@
 //! `PREFIX.header` (docs/FORMAT.md, *RADOS devices*).
 
 use crate::cluster::{CephConfig, Cluster, Ioctx, Op};
+use crate::combine::{Combiner, Queued, MAX_COMBINED_WRITE};
 use crate::error::RadosError;
 use crate::layout::{plan_discard, split};
 use crate::uri::RadosUri;
+use std::collections::BTreeMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -29,6 +31,8 @@ pub struct RadosDevice {
     size: AtomicU64,
     object_size: u64,
     fenced: Arc<AtomicBool>,
+    /// Small writes that arrive while the cluster is busy, sent together.
+    combiner: Combiner,
 }
 
 /// The header object: magic, version, object order, size (little endian).
@@ -95,6 +99,7 @@ impl RadosDevice {
             size: AtomicU64::new(size),
             object_size: 1 << order,
             fenced: Arc::new(AtomicBool::new(false)),
+            combiner: Combiner::default(),
         })
     }
 
@@ -140,6 +145,34 @@ impl RadosDevice {
         }
     }
 
+    /// Send a batch of queued writes: one operation per object, holding
+    /// that object's writes in queue order. One result per write.
+    fn send_combined(&self, batch: &[Queued]) -> Vec<i32> {
+        let mut by_object: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+        for (i, q) in batch.iter().enumerate() {
+            by_object.entry(q.object).or_default().push(i);
+        }
+        let groups: Vec<(u64, Vec<usize>)> = by_object.into_iter().collect();
+        let mut rcs = vec![-libc::EIO; batch.len()];
+        for chunk in groups.chunks(MAX_IN_FLIGHT) {
+            let mut ops = self.io.batch();
+            let mut started = Vec::with_capacity(chunk.len());
+            for (object, writes) in chunk {
+                let op = Op::WriteMany(writes.iter().map(|&i| (&batch[i].data[..], batch[i].offset)).collect());
+                match ops.start(&self.uri.data_object(*object), op) {
+                    Ok(()) => started.push(writes),
+                    Err(e) => log::warn!("{}: {e}", self.uri),
+                }
+            }
+            for (writes, rc) in started.into_iter().zip(ops.wait()) {
+                for &i in writes {
+                    rcs[i] = rc.min(0);
+                }
+            }
+        }
+        rcs
+    }
+
     fn result(&self, what: &str, object: u64, rc: i32) -> io::Result<()> {
         if rc == -EBLOCKLISTED {
             self.fenced.store(true, Ordering::SeqCst);
@@ -183,6 +216,14 @@ impl Device for RadosDevice {
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
         self.check_range(offset, data.len())?;
         let pieces = split(offset, data.len(), self.object_size);
+        if let [p] = pieces.as_slice() {
+            if data.len() < MAX_COMBINED_WRITE {
+                return match self.combiner.write(p.object, p.offset, data, &|b| self.send_combined(b)) {
+                    rc if rc < 0 => self.result("write", p.object, rc),
+                    _ => Ok(()),
+                };
+            }
+        }
         for group in pieces.chunks(MAX_IN_FLIGHT) {
             let mut batch = self.io.batch();
             for p in group {

@@ -60,6 +60,8 @@ api! {
     rados_write_op_create: fn(WriteOp, c_int, *const c_char) -> ();
     rados_write_op_write_full: fn(WriteOp, *const c_char, usize) -> ();
     rados_write_op_zero: fn(WriteOp, u64, u64) -> ();
+    rados_write_op_write: fn(WriteOp, *const c_char, usize, u64) -> ();
+    rados_aio_write_op_operate: fn(WriteOp, Ioctx, Completion, *const c_char, *mut libc::time_t, c_int) -> c_int;
     rados_write_op_operate: fn(WriteOp, Ioctx, *const c_char, *mut libc::time_t, c_int) -> c_int;
     rados_lock_exclusive: fn(Ioctx, *const c_char, *const c_char, *const c_char, *const c_char, *mut libc::timeval, u8) -> c_int;
     rados_unlock: fn(Ioctx, *const c_char, *const c_char, *const c_char) -> c_int;

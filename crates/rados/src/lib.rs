@@ -2,6 +2,7 @@
 //! exclusive lease that keeps one writer on them at a time.
 
 pub mod cluster;
+mod combine;
 pub mod device;
 pub mod error;
 mod ffi;

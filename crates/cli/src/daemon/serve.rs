@@ -20,7 +20,7 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use std::net::TcpListener;
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -148,7 +148,11 @@ pub fn serve(
     if let Some(t) = &args.tls {
         log::info!("NBD over TLS: {:?}", t.mode());
     }
-    let config = ServerConfig { tls: args.tls.clone(), ..ServerConfig::default() };
+    let config = ServerConfig {
+        tls: args.tls.clone(),
+        workers_per_conn: workers_per_connection(&status),
+        ..ServerConfig::default()
+    };
     let tracer = match &args.trace {
         Some(path) => Some(Tracer::create(path).with_context(|| format!("create trace {}", path.display()))?),
         None => None,
@@ -325,5 +329,22 @@ fn reload(config: &mut Option<Resolved>, server: &Server) {
 fn sd_notify_states(states: &[NotifyState]) {
     if let Err(e) = sd_notify::notify(false, states) {
         log::warn!("sd_notify to $NOTIFY_SOCKET: {e}");
+    }
+}
+
+/// Worker threads per NBD connection. A RADOS write waits a network round
+/// trip and the OSD's commit (about a millisecond), so with the local
+/// default of 8 a client's queue depth 32 would stop at 8 writes in
+/// flight; on a pool with a `rados://` device each connection gets 32, so
+/// the whole queue reaches the cluster (and the RADOS write combiner).
+fn workers_per_connection(status: &tarn_engine::PoolStatus) -> usize {
+    let on_rados = status.devices.iter().any(|d| {
+        crate::devices::is_rados(Path::new(&d.path))
+            || d.legs.iter().any(|l| crate::devices::is_rados(Path::new(&l.path)))
+    });
+    if on_rados {
+        32
+    } else {
+        ServerConfig::default().workers_per_conn
     }
 }
