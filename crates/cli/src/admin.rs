@@ -45,15 +45,20 @@ pub enum Request {
         /// Create it even past the overcommit ratio.
         #[serde(default)]
         force: bool,
+        /// Members its new data may go to, bit i for member i (0: any).
+        #[serde(default)]
+        devices: u16,
     },
-    /// Change a volume's placement ("default": follow the pool's) and/or
-    /// its quota (0: remove it).
+    /// Change a volume's placement ("default": follow the pool's), its
+    /// quota (0: remove it) and/or its members (0: any).
     VolSet {
         name: String,
         #[serde(default)]
         placement: Option<String>,
         #[serde(default)]
         quota: Option<u64>,
+        #[serde(default)]
+        devices: Option<u16>,
     },
     VolResize {
         name: String,
@@ -164,6 +169,11 @@ pub enum Request {
     DevAdd {
         path: String,
     },
+    /// Give member `index` a default placement ("default": none).
+    DevSet {
+        index: usize,
+        placement: String,
+    },
     /// Grow member `index` to `size` bytes.
     DevGrow {
         index: usize,
@@ -226,15 +236,17 @@ pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, Strin
         Request::FsCreate { name, quota } => return fs_create(pool, name, *quota),
         Request::FsList => Ok(Value::Array(pool.file_volumes().iter().map(file_volume_json).collect())),
         Request::FsDestroy { name } => pool.delete_file_volume(name).map(|()| json!({ "destroyed": name })),
-        Request::VolCreate { name, size, placement, quota, force } => {
+        Request::VolCreate { name, size, placement, quota, force, devices } => {
             let placement = match placement {
                 Some(name) => placement_named(name)?,
                 None => None,
             };
-            let opts = VolumeOptions { placement, quota: *quota, force: *force };
+            let opts = VolumeOptions { placement, quota: *quota, force: *force, devices: *devices };
             pool.create_volume_with(name, *size, &opts).map(|v| volume_json(&v))
         }
-        Request::VolSet { name, placement, quota } => return vol_set(pool, name, placement.as_deref(), *quota),
+        Request::VolSet { name, placement, quota, devices } => {
+            return vol_set(pool, name, placement.as_deref(), *quota, *devices)
+        }
         Request::VolResize { name, size, allow_shrink, force } => {
             pool.resize_volume_forced(name, *size, *allow_shrink, *force).map(|v| volume_json(&v))
         }
@@ -271,6 +283,10 @@ pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, Strin
         Request::PoolReplace { old, new } => return crate::mirror::execute_replace(pool, old, new, ctx.progress),
         Request::DevAdd { path } => return crate::members::execute_add(pool, path),
         Request::DevGrow { index, size } => return crate::members::execute_grow(pool, *index, *size),
+        Request::DevSet { index, placement } => {
+            let p = placement_named(placement)?;
+            pool.set_device_placement(*index, p).map(|()| status_json(&pool.status()))
+        }
         Request::DevRemove { index, rate, cancel } => {
             return crate::members::execute_remove(pool, *index, *rate, *cancel, ctx.progress, ctx.abandoned)
         }
@@ -426,10 +442,16 @@ fn push_range(ranges: &mut Vec<(u64, u64)>, offset: u64, length: u64) {
 
 /// `vol set`: the placement, then the quota (each refused by name before
 /// anything changes when it is wrong; nothing given is an error).
-fn vol_set(pool: &Pool, name: &str, placement: Option<&str>, quota: Option<u64>) -> Result<Value, String> {
+fn vol_set(
+    pool: &Pool,
+    name: &str,
+    placement: Option<&str>,
+    quota: Option<u64>,
+    devices: Option<u16>,
+) -> Result<Value, String> {
     let placement = placement.map(placement_named).transpose()?;
-    if placement.is_none() && quota.is_none() {
-        return Err("vol set needs --placement or --quota".into());
+    if placement.is_none() && quota.is_none() && devices.is_none() {
+        return Err("vol set needs --placement, --quota or --devices".into());
     }
     if let Some(q) = quota.filter(|&q| q != 0) {
         // Checked before the placement changes, so a refused quota changes
@@ -448,6 +470,9 @@ fn vol_set(pool: &Pool, name: &str, placement: Option<&str>, quota: Option<u64>)
     if let Some(q) = quota {
         v = Some(pool.set_quota(name, (q != 0).then_some(q)).map_err(|e| e.to_string())?);
     }
+    if let Some(d) = devices {
+        v = Some(pool.set_volume_devices(name, d).map_err(|e| e.to_string())?);
+    }
     v.map(|v| volume_json(&v)).ok_or_else(|| format!("volume {name} vanished"))
 }
 
@@ -461,6 +486,7 @@ pub fn volume_json(v: &VolumeInfo) -> Value {
         "used": v.allocated + v.snapshot_bytes, "exclusive": v.allocated + v.snapshot_bytes,
         "shared": v.origin_bytes, "quota": v.quota,
         "placement": v.placement, "placement_default": !v.placement_own,
+        "devices": (0..16).filter(|d| v.devices & (1 << d) != 0).collect::<Vec<u16>>(),
     })
 }
 
@@ -528,6 +554,16 @@ fn cache_json(s: &PoolStatus) -> Value {
     })
 }
 
+fn device_json(d: &tarn_engine::DeviceStatus) -> Value {
+    json!({
+        "index": d.index, "path": d.path, "size": d.size, "data": d.data_bytes, "free": d.free_bytes,
+        "state": d.state, "placement": d.placement, "legs": d.legs.iter().map(|l| json!({
+            "index": l.index, "path": l.path, "uuid": l.uuid, "state": l.state,
+            "read_errors": l.read_errors, "write_errors": l.write_errors, "healed_blocks": l.healed_blocks,
+        })).collect::<Vec<_>>(),
+    })
+}
+
 pub fn status_json(s: &PoolStatus) -> Value {
     let mut v = json!({
         "uuid": s.uuid, "state": s.state,
@@ -539,14 +575,8 @@ pub fn status_json(s: &PoolStatus) -> Value {
         "notes": s.notes,
         "fenced": s.fenced, "checksums": s.checksums, "checksum_errors": s.checksum_errors, "read_errors": s.read_errors,
         "healed_blocks": s.healed_blocks, "resynced_blocks": s.resynced_blocks,
-        "devices": s.devices.iter().map(|d| json!({
-            "index": d.index, "path": d.path, "size": d.size, "data": d.data_bytes, "free": d.free_bytes,
-            "state": d.state, "legs": d.legs.iter().map(|l| json!({
-                "index": l.index, "path": l.path, "uuid": l.uuid, "state": l.state,
-                "read_errors": l.read_errors, "write_errors": l.write_errors, "healed_blocks": l.healed_blocks,
-            })).collect::<Vec<_>>(),
-        })).collect::<Vec<_>>(),
     });
+    v["devices"] = s.devices.iter().map(device_json).collect();
     v["format"] = json!(s.format);
     v["expansion"] = s.expansion.map_or(Value::Null, |e| {
         json!({"at_percent": e.at_percent, "step": e.step, "max": e.max, "device": e.device, "expansions": s.expansions})

@@ -145,6 +145,21 @@ enum DevCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Give a member a default placement for data on it of volumes that
+    /// name none of their own (per-device layout): append on one member,
+    /// inplace on another. Data already there stays where it is.
+    Set {
+        /// The member's index, as `pool status` shows it.
+        index: usize,
+        /// linear, inplace, append, contiguous, or default (none: the
+        /// pool's default applies).
+        #[arg(long, value_parser = parse_placement_or_default)]
+        placement: String,
+        #[command(flatten)]
+        pool: PoolArg,
+        #[arg(long)]
+        json: bool,
+    },
     /// Grow a member to a new size (a regular file is extended): the new
     /// space is usable by every volume at once, and durable. Online
     /// through a running server, or offline.
@@ -382,6 +397,11 @@ enum VolCmd {
         /// Create it even past the pool's overcommit ratio.
         #[arg(long)]
         force: bool,
+        /// Members its new data goes to, by index (`0,2`; default: any).
+        /// With no placement of its own, it follows the first of them
+        /// that has one (`dev set --placement`).
+        #[arg(long, value_parser = members::parse_device_list)]
+        devices: Option<u16>,
         #[command(flatten)]
         pool: PoolArg,
     },
@@ -392,6 +412,10 @@ enum VolCmd {
         /// Applies to data written from now on.
         #[arg(long, value_parser = parse_placement_or_default)]
         placement: Option<String>,
+        /// Members its new data goes to (`0,2`), or any. Applies to data
+        /// written from now on.
+        #[arg(long, value_parser = members::parse_device_list)]
+        devices: Option<u16>,
         /// SIZE, or none: bytes of pool space the volume and its snapshots
         /// may hold (refused below what they hold now).
         #[arg(long, value_parser = parse_quota_or_none, allow_hyphen_values = true)]
@@ -748,6 +772,15 @@ fn dispatch(cmd: Command) -> Result<i32> {
             json,
             members::removed,
         ),
+        Command::Dev(DevCmd::Set { index, placement, pool, json }) => {
+            let v = admin(&pool, &Request::DevSet { index, placement })?;
+            if json {
+                print_json(&v);
+            } else {
+                out(&members::placement_set(&v, index));
+            }
+            Ok(0)
+        }
         Command::Dev(DevCmd::Grow { index, size, pool, json }) => {
             let v = admin(&pool, &Request::DevGrow { index, size })?;
             print(json, &v, members::grown);
@@ -781,20 +814,22 @@ fn dispatch(cmd: Command) -> Result<i32> {
             print(json, &result?, text::compacted);
             Ok(0)
         }
-        Command::Vol(VolCmd::Create { name, size, placement, quota, force, pool }) => {
+        Command::Vol(VolCmd::Create { name, size, placement, quota, force, devices, pool }) => {
             let placement = placement.map(|p| p.name().to_string());
-            let v = admin(&pool, &Request::VolCreate { name, size, placement, quota, force })?;
+            let devices = devices.unwrap_or(0);
+            let v = admin(&pool, &Request::VolCreate { name, size, placement, quota, force, devices })?;
             let (name, size) = text::name_and_size(&v);
             println!("created volume {name} ({size} thin, placement {})", text::placement(&v));
             Ok(0)
         }
-        Command::Vol(VolCmd::Set { name, placement, quota, pool }) => {
-            let v = admin(&pool, &Request::VolSet { name, placement, quota })?;
+        Command::Vol(VolCmd::Set { name, placement, quota, devices, pool }) => {
+            let v = admin(&pool, &Request::VolSet { name, placement, quota, devices })?;
             println!(
-                "volume {}: placement {}, quota {}",
+                "volume {}: placement {}, quota {}, devices {}",
                 v["name"].as_str().unwrap_or("?"),
                 text::placement(&v),
-                text::quota(&v)
+                text::quota(&v),
+                text::devices(&v)
             );
             Ok(0)
         }
@@ -1298,6 +1333,7 @@ fn run_cmd(r: RunCmd) -> Result<i32> {
             placement: None,
             quota: None,
             force: false,
+            devices: 0,
         };
         admin(&pa, &req)?;
         println!("created volume {} ({} thin)", r.volume, size::human(r.volume_size));

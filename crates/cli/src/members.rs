@@ -143,3 +143,44 @@ pub fn removed(v: &Value) -> String {
         v["rate_mib_s"].as_f64().unwrap_or(0.0)
     )
 }
+
+/// `--devices 0,2` (members by index) or `any`: a set, bit i for member
+/// i. Indices are checked against the pool by the engine.
+pub fn parse_device_list(s: &str) -> Result<u16, String> {
+    if s == "any" {
+        return Ok(0);
+    }
+    let mut set = 0u16;
+    for part in s.split(',') {
+        let i: usize = part.trim().parse().map_err(|_| format!("{part:?} is not a device index (say 0,2 or any)"))?;
+        if i >= tarn_format::superblock::MAX_DEVICE_ENTRIES {
+            return Err(format!(
+                "device {i}: a pool has at most {} members",
+                tarn_format::superblock::MAX_DEVICE_ENTRIES
+            ));
+        }
+        set |= 1 << i;
+    }
+    Ok(set)
+}
+
+/// The answer of `dev set`: the pool status; say what member `index` has now.
+pub fn placement_set(status: &Value, index: usize) -> String {
+    let placement = status["devices"][index]["placement"].as_str().unwrap_or("none (the pool's default applies)");
+    format!("device {index}: placement {placement}\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_lists() {
+        assert_eq!(parse_device_list("0,2"), Ok(0b101));
+        assert_eq!(parse_device_list("any"), Ok(0));
+        assert_eq!(parse_device_list("3"), Ok(8));
+        assert!(parse_device_list("x").is_err());
+        assert!(parse_device_list("16").is_err());
+        assert!(parse_device_list("").is_err());
+    }
+}

@@ -78,7 +78,7 @@ pub fn status(v: &Value) -> String {
         let mirrored = d["legs"].as_array().is_some_and(|l| !l.is_empty());
         let _ = writeln!(
             s,
-            "  device {}  {}{}  {} data, {} free",
+            "  device {}  {}{}  {} data, {} free{}",
             d["index"],
             // A draining member (`dev remove`) says so like a mirror's state.
             if mirrored || d["state"] == "DRAINING" {
@@ -88,7 +88,8 @@ pub fn status(v: &Value) -> String {
             },
             d["path"].as_str().unwrap_or("?"),
             b(&d["data"]),
-            b(&d["free"])
+            b(&d["free"]),
+            d["placement"].as_str().map(|p| format!(", placement {p}")).unwrap_or_default()
         );
         for l in d["legs"].as_array().into_iter().flatten() {
             let _ = writeln!(
@@ -254,6 +255,14 @@ pub fn placement(vol: &Value) -> String {
         format!("{name} (default)")
     } else {
         name.to_string()
+    }
+}
+
+/// The members a volume's new data goes to, or "any".
+pub fn devices(vol: &Value) -> String {
+    match vol["devices"].as_array() {
+        Some(d) if !d.is_empty() => d.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","),
+        _ => "any".into(),
     }
 }
 

@@ -29,6 +29,10 @@ const VOLUME_PLACEMENT: u8 = 2;
 const VOLUME_ROLE: u8 = 4;
 /// Volume entry flags: `quota u64` follows (QUOTAS feature).
 const VOLUME_QUOTA: u8 = 8;
+/// Volume entry flags: `devices u16` follows, the members its new data
+/// may go to, bit i for member i (DEVICE_PLACEMENT feature).
+const VOLUME_DEVICES: u8 = 16;
+const VOLUME_FLAGS: u8 = VOLUME_ORIGIN | VOLUME_PLACEMENT | VOLUME_ROLE | VOLUME_QUOTA | VOLUME_DEVICES;
 
 /// A tree's root: block 0 means empty.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -70,6 +74,8 @@ pub struct VolumeEntry {
     pub role: Option<VolumeRole>,
     /// Bytes of own space head and snapshots may hold (op 22).
     pub quota: Option<u64>,
+    /// Members its new data may go to, bit i for member i (op 24); 0: any.
+    pub devices: u16,
     pub head: MapRecord,
     /// Oldest first, epochs strictly ascending.
     pub snapshots: Vec<SnapshotEntry>,
@@ -216,7 +222,8 @@ fn volume(w: &mut Writer, v: &VolumeEntry) {
     let flags = if v.origin.is_some() { VOLUME_ORIGIN } else { 0 }
         | if v.placement.is_some() { VOLUME_PLACEMENT } else { 0 }
         | if v.role.is_some() { VOLUME_ROLE } else { 0 }
-        | if v.quota.is_some() { VOLUME_QUOTA } else { 0 };
+        | if v.quota.is_some() { VOLUME_QUOTA } else { 0 }
+        | if v.devices != 0 { VOLUME_DEVICES } else { 0 };
     w.u8(flags);
     if let Some((vol, epoch)) = v.origin {
         w.u32(vol);
@@ -232,6 +239,9 @@ fn volume(w: &mut Writer, v: &VolumeEntry) {
     }
     if let Some(q) = v.quota {
         w.u64(q);
+    }
+    if v.devices != 0 {
+        w.u16(v.devices);
     }
     map(w, &v.head);
     w.varint(v.snapshots.len() as u64);
@@ -281,7 +291,7 @@ fn read_name(r: &mut Reader) -> Result<String> {
 fn read_volume(r: &mut Reader, epoch: u64) -> Result<VolumeEntry> {
     let (id, size, name) = (r.u32()?, r.u64()?, read_name(r)?);
     let flags = r.u8()?;
-    if flags & !(VOLUME_ORIGIN | VOLUME_PLACEMENT | VOLUME_ROLE | VOLUME_QUOTA) != 0 {
+    if flags & !VOLUME_FLAGS != 0 {
         return Err(r.bad("volume flags", u64::from(flags)));
     }
     let origin = if flags & VOLUME_ORIGIN != 0 { Some((r.u32()?, r.varint()?)) } else { None };
@@ -306,6 +316,14 @@ fn read_volume(r: &mut Reader, epoch: u64) -> Result<VolumeEntry> {
     } else {
         None
     };
+    let devices = if flags & VOLUME_DEVICES != 0 {
+        match r.u16()? {
+            0 => return Err(r.bad("volume devices", 0)),
+            d => d,
+        }
+    } else {
+        0
+    };
     let head = read_map(r)?;
     let mut snapshots: Vec<SnapshotEntry> = Vec::new();
     for _ in 0..count(r, MAX_CATALOG_SNAPSHOTS, "snapshot count")? {
@@ -325,7 +343,7 @@ fn read_volume(r: &mut Reader, epoch: u64) -> Result<VolumeEntry> {
         }
         snapshots.push(s);
     }
-    Ok(VolumeEntry { id, size, name, origin, placement, role, quota, head, snapshots })
+    Ok(VolumeEntry { id, size, name, origin, placement, role, quota, devices, head, snapshots })
 }
 
 fn read_ranges(r: &mut Reader) -> Result<Vec<(u64, u64)>> {
@@ -365,6 +383,7 @@ mod tests {
                     placement: Some(PolicyCode::Contiguous),
                     role: None,
                     quota: None,
+                    devices: 0,
                     head: m(50, 10),
                     snapshots: vec![SnapshotEntry {
                         epoch: 2,
@@ -383,6 +402,7 @@ mod tests {
                     placement: None,
                     role: Some(VolumeRole::Object { owner: 1 }),
                     quota: None,
+                    devices: 0,
                     head: MapRecord::default(),
                     snapshots: vec![],
                 },
@@ -444,6 +464,25 @@ mod tests {
         let at = bytes.windows(3).position(|x| x == [2, 2, 1]).unwrap() + 2;
         bytes[at] = 0;
         assert!(Catalog::decode(&bytes).is_err());
+    }
+
+    /// A volume entry with the DEVICES flag (16): `devices u16` after the
+    /// flags byte (members 0 and 2 here).
+    #[test]
+    fn golden_bytes_of_a_volume_device_set() {
+        let mut c = sample();
+        c.volumes[0].placement = None;
+        c.volumes[0].devices = 0b101;
+        let mut w = Writer::default();
+        volume(&mut w, &c.volumes[0]);
+        assert_eq!(&w.buf[14..17], &[16, 0b101, 0]);
+        let bytes = c.encode();
+        assert_eq!(Catalog::decode(&bytes).unwrap(), c);
+        // An empty set is encoded as no flag, so a zero set is refused.
+        let at = bytes.windows(2).position(|x| x == [b'a', 16]).unwrap() + 2;
+        let mut bad = bytes.clone();
+        bad[at] = 0;
+        assert!(Catalog::decode(&bad).is_err());
     }
 
     /// A volume entry with the QUOTA flag (8): the quota after the flags

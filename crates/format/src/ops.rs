@@ -133,6 +133,13 @@ pub enum Op {
     PoolOvercommit {
         milli: Option<u32>,
     },
+    /// `vol`'s new data goes only to the members in `devices` (bit i for
+    /// member i; 0: any member) from now on. Pools with the
+    /// DEVICE_PLACEMENT feature.
+    VolDevices {
+        vol: u32,
+        devices: u16,
+    },
 }
 
 /// The largest overcommit ratio, in thousandths (1000×).
@@ -171,6 +178,7 @@ mod tag {
     pub const RELOCATE: u8 = 17;
     pub const VOL_QUOTA: u8 = 22;
     pub const POOL_OVERCOMMIT: u8 = 23;
+    pub const VOL_DEVICES: u8 = 24;
 }
 
 fn encode_name(w: &mut Writer, name: &str) {
@@ -236,6 +244,11 @@ impl Op {
                 w.u8(tag::VOL_QUOTA);
                 w.u32(*vol);
                 w.u64(quota.unwrap_or(0));
+            }
+            Op::VolDevices { vol, devices } => {
+                w.u8(tag::VOL_DEVICES);
+                w.u32(*vol);
+                w.u16(*devices);
             }
             Op::PoolOvercommit { milli } => {
                 assert!(*milli != Some(0), "a zero ratio is encoded as none");
@@ -312,6 +325,7 @@ impl Op {
             | Op::VolRole { .. }
             | Op::VolQuota { .. }
             | Op::PoolOvercommit { .. }
+            | Op::VolDevices { .. }
             | Op::Sums { .. }
             | Op::Regions { .. } => {
                 unreachable!("volume and pool ops are encoded by Op::encode")
@@ -388,6 +402,7 @@ impl Op {
                 }
                 Op::VolQuota { vol, quota: (q != 0).then_some(q) }
             }
+            tag::VOL_DEVICES => Op::VolDevices { vol, devices: r.u16()? },
             tag::SUMS | tag::REGIONS_OPEN | tag::REGIONS_CLOSE | tag::POOL_OVERCOMMIT if vol != 0 => {
                 return Err(r.bad("pool_op_vol", u64::from(vol)));
             }
@@ -476,6 +491,8 @@ mod tests {
             Op::VolQuota { vol: 7, quota: None },
             Op::PoolOvercommit { milli: Some(2500) },
             Op::PoolOvercommit { milli: None },
+            Op::VolDevices { vol: 5, devices: 0b11 },
+            Op::VolDevices { vol: 5, devices: 0 },
         ]
     }
 
@@ -532,6 +549,15 @@ mod tests {
         for bad in [&bad_quota[..], &ratio_on_a_volume, &ratio_too_big] {
             assert!(decode_ops(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn golden_bytes_of_vol_devices() {
+        let bytes = encode_ops(&[Op::VolDevices { vol: 3, devices: 0b110 }]);
+        // count 1, tag 24, vol 3 (u32 LE), devices (u16 LE): members 1, 2
+        assert_eq!(bytes, [1, 24, 3, 0, 0, 0, 6, 0]);
+        assert_eq!(decode_ops(&bytes).unwrap(), vec![Op::VolDevices { vol: 3, devices: 6 }]);
+        assert!(decode_ops(&bytes[..7]).is_err(), "truncated");
     }
 
     #[test]

@@ -8,6 +8,7 @@ use crate::address::{Pba, BLOCK_MASK, BLOCK_SIZE};
 use crate::checksum::{seal, unseal, SALT_SUPERBLOCK};
 use crate::codec::Writer;
 use crate::error::{FormatError, Result};
+use crate::placement::PolicyCode;
 
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"TARNPOOL";
 /// 2: store checkpoints (trees + catalog); 1: whole-state checkpoints,
@@ -63,6 +64,12 @@ pub mod incompat {
     /// object (docs/FORMAT.md *File volumes*). An older tarn would list
     /// them as volume snapshots and delete them by name.
     pub const FS_FILE_VERSIONS: u64 = 1 << 9;
+    /// Per-device placement (`tarn dev set --placement`, `vol create
+    /// --devices`): each device table entry ends with a policy byte (0
+    /// none, else a placement code), op 24 (VolDevices) in the journal and
+    /// the DEVICES flag of catalog volume entries. A reader without it
+    /// would misread the table and place data on devices a volume excludes.
+    pub const DEVICE_PLACEMENT: u64 = 1 << 12;
     /// Features this build understands.
     pub const KNOWN: u64 = SNAPSHOTS
         | DATA_CHECKSUMS
@@ -73,7 +80,8 @@ pub mod incompat {
         | FS_VERSIONS
         | EVACUATION
         | QUOTAS
-        | FS_FILE_VERSIONS;
+        | FS_FILE_VERSIONS
+        | DEVICE_PLACEMENT;
 }
 
 /// Superblock flag: a pool with mirrors is open for writing (set before its
@@ -96,6 +104,10 @@ pub struct DeviceEntry {
     /// Being evacuated (`tarn dev remove`): allocation avoids it. Encoded
     /// only with EVACUATION (one byte after the entry); without it, false.
     pub draining: bool,
+    /// The device's default placement policy for data on it (volumes
+    /// without a policy of their own). Encoded only with DEVICE_PLACEMENT
+    /// (one byte, after the state byte); without it, none.
+    pub placement: Option<PolicyCode>,
 }
 
 /// Whether a mirror leg holds every byte of its slot.
@@ -213,6 +225,11 @@ impl Superblock {
             } else {
                 assert!(!d.draining, "a draining member needs the EVACUATION feature");
             }
+            if self.incompat & incompat::DEVICE_PLACEMENT != 0 {
+                w.u8(d.placement.map_or(0, |p| p as u8));
+            } else {
+                assert!(d.placement.is_none(), "a device policy needs the DEVICE_PLACEMENT feature");
+            }
         }
         seal(&mut w, SALT_SUPERBLOCK, CRC_OFFSET);
         w.buf
@@ -293,7 +310,14 @@ impl Superblock {
                     v => return Err(r.bad("member_state", u64::from(v))),
                 },
             };
-            sb.devices.push(DeviceEntry { uuid, blocks, path, legs, draining });
+            let placement = match incompat & incompat::DEVICE_PLACEMENT != 0 {
+                false => None,
+                true => match r.u8()? {
+                    0 => None,
+                    b => Some(PolicyCode::from_byte(b).ok_or_else(|| r.bad("device placement", u64::from(b)))?),
+                },
+            };
+            sb.devices.push(DeviceEntry { uuid, blocks, path, legs, draining, placement });
         }
         sb.validate()?;
         Ok(sb)
@@ -335,7 +359,8 @@ impl Superblock {
     pub fn encoded_len(&self) -> usize {
         let legs = |d: &DeviceEntry| 1 + d.legs.iter().map(|l| 19 + l.path.len()).sum::<usize>();
         let mirrors = self.incompat & incompat::MIRRORS != 0;
-        let state = usize::from(self.incompat & incompat::EVACUATION != 0);
+        let state = usize::from(self.incompat & incompat::EVACUATION != 0)
+            + usize::from(self.incompat & incompat::DEVICE_PLACEMENT != 0);
         176 + self.devices.iter().map(|d| 26 + d.path.len() + state + if mirrors { legs(d) } else { 0 }).sum::<usize>()
     }
 
@@ -421,6 +446,7 @@ mod tests {
                 path: "/tmp/pool.img".into(),
                 legs: Vec::new(),
                 draining: false,
+                placement: None,
             }],
         }
     }
@@ -475,6 +501,7 @@ mod tests {
                 path: "/dev/sdb1".into(),
                 legs: Vec::new(),
                 draining: false,
+                placement: None,
             }],
         };
         let bytes = sb.encode(16);
@@ -589,10 +616,10 @@ mod tests {
         let mut sb = sample();
         sb.incompat = 1 << 40;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        // Bits 0-9 are known here; bit 10 is the next feature's.
-        sb.incompat = 1 << 10;
+        // Bits 0-9 and 12 are known here; bit 13 is the next feature's.
+        sb.incompat = 1 << 13;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        assert_eq!(incompat::KNOWN, (1 << 10) - 1);
+        assert_eq!(incompat::KNOWN, ((1 << 10) - 1) | (1 << 12));
         sb.incompat = incompat::QUOTAS;
         assert_eq!(Superblock::decode(&sb.encode(0), 0).unwrap().incompat, 1 << 8);
         sb.incompat = incompat::FS_VERSIONS;
@@ -601,6 +628,36 @@ mod tests {
         sb.incompat = incompat::FS_FILE_VERSIONS;
         assert_eq!(incompat::FS_FILE_VERSIONS, 1 << 9);
         assert_eq!(Superblock::decode(&sb.encode(0), 0).unwrap().incompat, 1 << 9);
+    }
+
+    /// Incompat bit 12 (DEVICE_PLACEMENT, docs/FORMAT.md): a policy byte
+    /// ends each device entry, after the state byte when EVACUATION is on.
+    #[test]
+    fn golden_device_placement_byte() {
+        let mut sb = sample();
+        sb.incompat = incompat::DEVICE_PLACEMENT | incompat::EVACUATION;
+        sb.devices[0].placement = Some(PolicyCode::Append);
+        sb.devices.push(DeviceEntry { uuid: [3; 16], blocks: 4096, path: "d1".into(), ..Default::default() });
+        let b = sb.encode(0);
+        assert_eq!(&b[16..24], &[0x80, 0x10, 0, 0, 0, 0, 0, 0]);
+        // Entry 0: uuid, blocks, path_len 13, "/tmp/pool.img", state 0,
+        // policy 3 (append); entry 1: ..., "d1", state 0, policy 0 (none).
+        let e0 = 176 + 16 + 8 + 2 + 13;
+        assert_eq!(&b[e0..e0 + 2], &[0, 3]);
+        let e1 = e0 + 2;
+        assert_eq!(&b[e1 + 24..e1 + 30], &[2, 0, b'd', b'1', 0, 0]);
+        assert_eq!(sb.encoded_len(), e1 + 30);
+        assert_eq!(Superblock::decode(&b, 0).unwrap(), sb);
+        // An unknown policy byte is refused.
+        let mut raw = b.clone();
+        raw[e0 + 1] = 9;
+        let crc = crate::checksum::checksum(SALT_SUPERBLOCK, &raw[..CRC_OFFSET]);
+        raw[CRC_OFFSET..].copy_from_slice(&crc.to_le_bytes());
+        assert!(Superblock::decode(&raw, 0).is_err());
+        // Without the feature the entries have no policy byte.
+        let mut plain = sample();
+        plain.incompat = incompat::EVACUATION;
+        assert_eq!(plain.encoded_len(), 176 + 26 + 13 + 1);
     }
 
     /// Incompat bit 7 (EVACUATION, docs/FORMAT.md): byte 16 of the
@@ -615,6 +672,7 @@ mod tests {
             path: "d1".into(),
             legs: Vec::new(),
             draining: true,
+            placement: None,
         });
         let b = sb.encode(0);
         assert_eq!(&b[16..24], &[0xA0, 0, 0, 0, 0, 0, 0, 0]);

@@ -79,6 +79,18 @@ pub(crate) enum Pending {
     DevRemove {
         index: usize,
     },
+    /// A member's default placement changed (the device table).
+    DevPlacement {
+        index: usize,
+        from: Option<&'static str>,
+        to: Option<&'static str>,
+    },
+    /// The members a volume's new data may go to changed (op 24).
+    VolDevices {
+        vol: String,
+        from: u16,
+        to: u16,
+    },
 }
 
 impl Pending {
@@ -100,6 +112,8 @@ impl Pending {
             Pending::VolQuota { .. } => 12,
             Pending::Overcommit { .. } => 13,
             Pending::DevRemove { .. } => 14,
+            Pending::DevPlacement { .. } => 15,
+            Pending::VolDevices { .. } => 16,
         }
     }
 }
@@ -181,6 +195,13 @@ impl Run {
             Pending::Flatten { vol } => m.flatten(vol),
             Pending::VolQuota { vol, to, .. } => m.vol_mut(vol).quota = *to,
             Pending::Overcommit { to, .. } => m.overcommit = *to,
+            Pending::DevPlacement { index, to, .. } => {
+                if m.device_placement.len() <= *index {
+                    m.device_placement.resize(index + 1, None);
+                }
+                m.device_placement[*index] = *to;
+            }
+            Pending::VolDevices { vol, to, .. } => m.vol_mut(vol).devices = *to,
             Pending::Compact { .. }
             | Pending::Hint { .. }
             | Pending::DevAdd { .. }
@@ -267,6 +288,21 @@ impl Run {
                 r if r == *from => false,
                 r if r == *to => true,
                 r => return Err(format!("overcommit {r:?} after a change from {from:?} to {to:?}")),
+            },
+            Pending::DevPlacement { index, from, to } => match pool.device_placements().get(*index) {
+                Some(p) if p.map(|k| k.name()) == *from => false,
+                Some(p) if p.map(|k| k.name()) == *to => true,
+                p => return Err(format!("member {index} placement {p:?} after a change from {from:?} to {to:?}")),
+            },
+            Pending::VolDevices { vol, from, to } => match pool.volume_id(vol).and_then(|id| pool.volume_info(id)) {
+                Some(i) if i.devices == *from => false,
+                Some(i) if i.devices == *to => true,
+                i => {
+                    return Err(format!(
+                        "volume {vol} devices {:?} after a change from {from} to {to}",
+                        i.map(|i| i.devices)
+                    ))
+                }
             },
             // Moves that landed or not show the same contents; whether its
             // last commit did is not observable (as a compaction's).

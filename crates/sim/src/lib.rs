@@ -14,6 +14,7 @@ macro_rules! trace {
 pub mod accounting;
 mod admin;
 pub mod device;
+mod device_placement;
 pub mod faultsim;
 pub mod fixture;
 mod grow;

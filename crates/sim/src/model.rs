@@ -91,6 +91,8 @@ pub struct VolModel {
     pub origin: Option<(u64, u64)>,
     /// Bytes of own space the volume may hold (op 22).
     pub quota: Option<u64>,
+    /// Members its new data may go to (op 24; 0: any). A clone inherits.
+    pub devices: u16,
 }
 
 pub fn block(image: &[u8], b: usize) -> &[u8] {
@@ -223,13 +225,22 @@ pub struct Model {
     pub vols: BTreeMap<String, VolModel>,
     /// The pool's overcommit ratio in thousandths (op 23).
     pub overcommit: Option<u32>,
+    /// Each member's own default placement (the device table's policy
+    /// byte), by index.
+    pub device_placement: Vec<Option<&'static str>>,
     kinds: Vec<Kind>,
     next_uid: u64,
 }
 
 impl Default for Model {
     fn default() -> Self {
-        Model { vols: BTreeMap::new(), overcommit: None, kinds: vec![Kind::Hole], next_uid: 1 }
+        Model {
+            vols: BTreeMap::new(),
+            overcommit: None,
+            device_placement: Vec::new(),
+            kinds: vec![Kind::Hole],
+            next_uid: 1,
+        }
     }
 }
 
@@ -357,10 +368,18 @@ impl Model {
     pub fn clone_volume(&mut self, vol: &str, snap: &str, clone: &str) {
         let o = self.vol(vol);
         let s = o.snap(snap).expect("snapshot in the model");
-        let (ouid, suid, data) = (o.uid, s.uid, s.data.clone());
+        let (ouid, suid, data, devices) = (o.uid, s.uid, s.data.clone(), o.devices);
         let ids = (0..data.len() / BLOCK).map(|lba| self.new_id(Kind::Marker { vol: ouid, snap: suid, lba })).collect();
         let uid = self.new_uid();
-        let v = VolModel { uid, current: data, ids, origin: Some((ouid, suid)), reshaped: true, ..Default::default() };
+        let v = VolModel {
+            uid,
+            current: data,
+            ids,
+            origin: Some((ouid, suid)),
+            reshaped: true,
+            devices,
+            ..Default::default()
+        };
         self.vols.insert(clone.to_string(), v);
         self.vol_mut(clone).flushed();
     }

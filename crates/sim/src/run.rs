@@ -85,7 +85,7 @@ impl SimConfig {
 }
 
 /// Admin operations, as counted in [`RunStats::done`].
-pub const OP_NAMES: [&str; 15] = [
+pub const OP_NAMES: [&str; 17] = [
     "vol create",
     "vol resize",
     "vol delete",
@@ -101,6 +101,8 @@ pub const OP_NAMES: [&str; 15] = [
     "vol quota",
     "overcommit",
     "dev remove",
+    "dev placement",
+    "vol devices",
 ];
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -109,7 +111,7 @@ pub struct RunStats {
     /// Admin operations (volume and snapshot) that happened.
     pub admin: usize,
     /// The same by operation, in the order of [`OP_NAMES`].
-    pub done: [usize; 15],
+    pub done: [usize; OP_NAMES.len()],
     /// Admin operations refused as the model predicted.
     pub refused: usize,
     /// Admin operations cut by a crash, settled after reopen: done, not done.

@@ -22,6 +22,7 @@ impl Run {
         }
         self.verify_space().map_err(|e| format!("{what}: {e}"))?;
         self.verify_quotas().map_err(|e| format!("{what}: {e}"))?;
+        self.verify_device_placement().map_err(|e| format!("{what}: {e}"))?;
         let report = self.pool().check();
         if !report.is_clean() {
             return Err(format!("{what}: checker: {:?}", report.problems));

@@ -10,7 +10,7 @@ use crate::map::extent_map::{ExtentMap, Freed, Segment};
 use crate::map::sums::{regions_of, sums_of};
 use crate::map::view::View;
 use crate::pool::{Inner, Pool, STRIPES};
-use crate::space::placement::Near;
+use crate::space::placement::{Near, Owner};
 use std::sync::atomic::Ordering;
 use tarn_format::ops::Op;
 use tarn_format::{Pba, BLOCK_SIZE};
@@ -331,8 +331,9 @@ impl Pool {
             if let Segment::Mapped { lba, len, pba, birth } = *seg {
                 if !v.owns_alone(pba, birth) {
                     *seg = Segment::Hole { lba, len };
-                } else if relayout && !kind.overwrites_in_place() {
-                    // Append: owned data moves to the cursor too.
+                } else if relayout && !inner.placement_on(v, usize::from(pba.device())).overwrites_in_place() {
+                    // Append (the volume's, or the member's it lies on):
+                    // owned data moves to the cursor too.
                     relaid = true;
                     *seg = Segment::Hole { lba, len };
                 } else if self.checksums {
@@ -495,14 +496,22 @@ impl Pool {
     /// Place every hole of `segs`, all or nothing, under the pool lock.
     fn place_holes(&self, inner: &mut Inner, vol: u32, segs: &[Segment], near: &NearRegions) -> Result<Vec<NewPiece>> {
         inner.space.reserve_blocks = crate::space::reserve_for(inner.state.extent_count(), inner.space.data_blocks());
-        let policy = inner.state.volume(vol).map_or(inner.placement, |v| inner.placement_of(v)).policy();
+        let (policy, devices) = match inner.state.volume(vol) {
+            // The member the new data goes to decides, when the volume
+            // names no policy (per-device layout).
+            Some(v) => match inner.space.roomiest_among(v.devices) {
+                Some(d) => (inner.placement_on(v, d).policy(), v.devices),
+                None => (inner.placement_of(v).policy(), v.devices),
+            },
+            None => (inner.placement.policy(), 0),
+        };
         let mut fresh = Vec::new();
         let none = Near::default();
         let rb = inner.region_blocks;
         for (lba, len) in holes_by_region(segs, rb) {
             let region = lba / rb;
             let here = near.iter().find(|n| n.0 == region).map_or(&none, |n| &n.1);
-            let placed = policy.place(&mut inner.space, vol, lba, len, here, rb);
+            let placed = policy.place(&mut inner.space, Owner { volume: vol, devices }, lba, len, here, rb);
             let Ok(Some(pieces)) = placed else {
                 release_unmapped(&mut inner.space, &fresh)?;
                 return Err(placed.err().map_or(EngineError::NoSpace, EngineError::from));

@@ -63,12 +63,25 @@ pub struct Volume {
     pub role: Option<VolumeRole>,
     /// Bytes of own space the head and its snapshots may hold (op 22).
     pub quota: Option<u64>,
+    /// Members its new data may go to, bit i for member i (op 24); 0: any.
+    pub devices: u16,
 }
 
 impl Volume {
     fn new(store: &Arc<Store>, id: u32, name: String, size: u64) -> Volume {
         let map = ExtentMap::new(store.clone(), tree_id::head(id));
-        Volume { id, name, size, map, snapshots: Vec::new(), origin: None, placement: None, role: None, quota: None }
+        Volume {
+            id,
+            name,
+            size,
+            map,
+            snapshots: Vec::new(),
+            origin: None,
+            placement: None,
+            role: None,
+            quota: None,
+            devices: 0,
+        }
     }
 
     pub fn blocks(&self) -> u64 {
@@ -306,6 +319,7 @@ impl State {
             }
             Op::VolRole { vol, role } => self.set_role(*vol, *role)?,
             Op::VolQuota { .. } | Op::PoolOvercommit { .. } => self.apply_setting(op)?,
+            Op::VolDevices { vol, devices } => self.volume_mut(*vol, "devices")?.devices = *devices,
             Op::VolResize { vol, size } => {
                 let v = self.volume_mut(*vol, "resize")?;
                 if !size.is_multiple_of(BLOCK_SIZE) {
@@ -433,6 +447,7 @@ impl State {
             | Op::VolRole { .. }
             | Op::VolQuota { .. }
             | Op::PoolOvercommit { .. }
+            | Op::VolDevices { .. }
             | Op::Sums { .. }
             | Op::Regions { .. } => {
                 unreachable!("volume and pool ops are applied by State::apply")
@@ -534,11 +549,13 @@ impl State {
             .into());
         }
         self.check_new_volume(vol, name, size)?;
-        // A clone places its data as its origin volume does.
-        let placement = o.placement;
+        // A clone places its data as its origin volume does, on the same
+        // members.
+        let (placement, devices) = (o.placement, o.devices);
         let mut v = Volume::new(&self.store, vol, name.to_string(), size);
         v.origin = Some(origin);
         v.placement = placement;
+        v.devices = devices;
         if size > 0 {
             v.map.insert(0, size / BLOCK_SIZE, Pba::origin(0), 0)?;
         }

@@ -57,6 +57,7 @@ struct FrozenVolume {
     placement: Option<PolicyCode>,
     role: Option<VolumeRole>,
     quota: Option<u64>,
+    devices: u16,
     head: FrozenMap,
     snapshots: Vec<FrozenSnapshot>,
 }
@@ -103,7 +104,8 @@ pub(crate) fn freeze(state: &mut State, space: &mut Space, seq: u64) -> FrozenPo
         }
         let origin = v.origin.map(|o| (o.vol, o.epoch));
         let (id, size, name, placement, role, quota) = (v.id, v.size, v.name.clone(), v.placement, v.role, v.quota);
-        volumes.push(FrozenVolume { id, size, name, origin, placement, role, quota, head, snapshots });
+        let devices = v.devices;
+        volumes.push(FrozenVolume { id, size, name, origin, placement, role, quota, devices, head, snapshots });
     }
     superseded.append(&mut state.retired_nodes);
     superseded.extend(state.sums.take_superseded());
@@ -189,6 +191,7 @@ impl FrozenPool {
                 placement: v.placement,
                 role: v.role,
                 quota: v.quota,
+                devices: v.devices,
                 head,
                 snapshots,
             });
@@ -311,6 +314,7 @@ pub(crate) fn open_state(c: &Catalog, store: Arc<Store>) -> Result<State> {
             placement: v.placement,
             role: None,
             quota: v.quota,
+            devices: v.devices,
         };
         for s in &v.snapshots {
             validate_name(&s.name).map_err(bad)?;

@@ -109,6 +109,7 @@ pub fn decode_state(payload: &[u8], store: Arc<Store>) -> std::result::Result<(S
             placement: None,
             role: None,
             quota: None,
+            devices: 0,
         };
         while let Some(s) = dec.snapshot().map_err(bad)? {
             crate::map::state::validate_name(&s.name).map_err(bad)?;

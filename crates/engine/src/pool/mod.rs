@@ -75,6 +75,9 @@ pub(crate) struct Inner {
     pub space: Space,
     /// The placement of volumes that name none (`OpenOptions::placement`).
     pub placement: PlacementKind,
+    /// Each member's own default, for data on it of volumes that name no
+    /// policy (`tarn dev set --placement`; the superblock's device table).
+    pub device_placement: Vec<Option<PlacementKind>>,
     /// Blocks per region of `contiguous` placement (`OpenOptions::region_blocks`).
     pub region_blocks: u64,
     /// Ops applied since the last commit took its snapshot (change only
@@ -119,9 +122,23 @@ impl MovingWindow {
 const FREED_RANGE_BYTES: usize = 16;
 
 impl Inner {
-    /// The placement `v` follows: its own, or the pool's default.
+    /// The placement `v` follows as a whole (re-layout, compaction,
+    /// listings): its own; else that of the first member it names that
+    /// has one; else the pool's default.
     pub fn placement_of(&self, v: &Volume) -> PlacementKind {
-        v.placement.map_or(self.placement, PlacementKind::from)
+        let named = (0..16).filter(|d| v.devices & (1 << d) != 0);
+        let device = named.filter_map(|d| self.device_default(d)).next();
+        v.placement.map(PlacementKind::from).or(device).unwrap_or(self.placement)
+    }
+
+    /// The placement of `v`'s data on member `device` (per-device layout,
+    /// Loris): its own policy; else the member's default; else the pool's.
+    pub fn placement_on(&self, v: &Volume, device: usize) -> PlacementKind {
+        v.placement.map(PlacementKind::from).or(self.device_default(device)).unwrap_or(self.placement)
+    }
+
+    fn device_default(&self, device: usize) -> Option<PlacementKind> {
+        self.device_placement.get(device).copied().flatten()
     }
 
     /// Queue an applied op and the space it released for the next commit.
@@ -358,6 +375,8 @@ pub struct VolumeInfo {
     pub placement_own: bool,
     /// Bytes of own space the volume and its snapshots may hold.
     pub quota: Option<u64>,
+    /// Members its new data may go to, bit i for member i (0: any).
+    pub devices: u16,
 }
 
 #[derive(Debug, Clone)]
@@ -371,6 +390,8 @@ pub struct DeviceStatus {
     pub size: u64,
     pub data_bytes: u64,
     pub free_bytes: u64,
+    /// The member's own default placement (`tarn dev set --placement`).
+    pub placement: Option<&'static str>,
 }
 
 #[derive(Debug, Clone)]
@@ -672,6 +693,7 @@ impl Pool {
                 size: d.size(),
                 data_bytes: (inner.space.devices[i].data_end - inner.space.devices[i].data_start) * BLOCK_SIZE,
                 free_bytes: inner.space.devices[i].free_blocks * BLOCK_SIZE,
+                placement: inner.device_placement.get(i).copied().flatten().map(PlacementKind::name),
             })
             .collect();
         let state =
@@ -782,5 +804,6 @@ fn info(inner: &Inner, v: &Volume) -> VolumeInfo {
         placement: inner.placement_of(v).name(),
         placement_own: v.placement.is_some(),
         quota: v.quota,
+        devices: v.devices,
     }
 }

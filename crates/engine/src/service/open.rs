@@ -15,6 +15,7 @@ use crate::members::mirror::{Leg, LegHealth, MirrorDevice};
 use crate::meta::journal::{self, JournalCursor};
 use crate::meta::{catalog, checkpoint};
 use crate::pool::{CheckpointSlot, CommitCtl, Counters, Inner, OpenOptions, Pool, DEFAULT_METADATA_CACHE, STRIPES};
+use crate::space::placement::PlacementKind;
 use crate::space::{reserve_for, Space};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
@@ -141,7 +142,8 @@ impl NewPool {
         } else {
             Vec::new()
         };
-        let entry = DeviceEntry { uuid: device_uuid, blocks, path: slot[0].1.clone(), legs, draining: false };
+        let entry =
+            DeviceEntry { uuid: device_uuid, blocks, path: slot[0].1.clone(), legs, draining: false, placement: None };
         let label = Superblock {
             version: FORMAT_VERSION,
             incompat: self.features,
@@ -345,11 +347,13 @@ impl Pool {
         mirrors.resize(MAX_DEVICE_ENTRIES, None);
         let checksums = ctl.sb.incompat & incompat::DATA_CHECKSUMS != 0;
         let pending_limit = journal::pending_limit(ctl.sb.journal_blocks);
+        let device_placement = ctl.sb.devices.iter().map(|d| d.placement.map(PlacementKind::from)).collect();
         Pool {
             inner: RwLock::new(Inner {
                 state,
                 space,
                 placement: options.placement,
+                device_placement,
                 region_blocks: if options.region_blocks == 0 {
                     crate::space::placement::DEFAULT_REGION_BLOCKS
                 } else {

@@ -136,6 +136,21 @@ impl Space {
             .or_else(|| usable.max_by_key(|&d| self.devices[d].free_blocks))
     }
 
+    /// The roomiest member among `devices` (bit i for member i) that
+    /// allocation may use; with none named or none of them usable (all
+    /// being removed), the roomiest of the pool. A named member that is
+    /// full is not replaced by another: the volume is out of space there,
+    /// as an LVM volume limited to some physical volumes is.
+    pub fn roomiest_among(&self, devices: u16) -> Option<usize> {
+        let named = |d: usize| d < 16 && devices & (1 << d) != 0 && self.usable(d);
+        if !(0..self.devices.len()).any(named) {
+            return self.roomiest();
+        }
+        (0..self.devices.len())
+            .filter(|&d| named(d) && self.devices[d].free_blocks > 0)
+            .max_by_key(|&d| self.devices[d].free_blocks)
+    }
+
     /// A new member's data area `[start, end)`, all free; allocation
     /// avoids it until [`Space::open_device`]. Returns its index.
     pub fn add_device(&mut self, start: u64, end: u64) -> Result<usize> {
@@ -369,6 +384,22 @@ mod tests {
         assert!(s.allocate_on(0, 80, false).unwrap().is_some());
         assert!(s.allocate_on(0, 1, false).unwrap().is_none());
         assert!(s.allocate_on(0, 20, true).unwrap().is_some());
+    }
+
+    #[test]
+    fn named_members_bound_allocation_unless_none_of_them_is_usable() {
+        let mut s = space(&[(10, 110), (10, 50), (10, 80)]);
+        assert_eq!(s.roomiest_among(0), Some(0), "any member: the roomiest");
+        assert_eq!(s.roomiest_among(0b110), Some(2), "the roomiest of members 1 and 2");
+        assert_eq!(s.roomiest_among(0b010), Some(1));
+        // A named member that is full is not replaced by another.
+        s.allocate_on(1, 40, false).unwrap().unwrap();
+        assert_eq!(s.roomiest_among(0b010), None);
+        // One being removed (avoided) does not count: the others do, and
+        // with none usable, any member.
+        s.avoid = 0b100;
+        assert_eq!(s.roomiest_among(0b110), None, "member 1 full, member 2 avoided");
+        assert_eq!(s.roomiest_among(0b100), Some(0));
     }
 
     #[test]

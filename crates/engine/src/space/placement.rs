@@ -117,6 +117,14 @@ pub struct Near {
     pub bases: Vec<Pba>,
 }
 
+/// Whose data is placed: the volume, and the members its new data may
+/// go to (bit i for member i; 0: any; see [`Space::roomiest_among`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Owner {
+    pub volume: u32,
+    pub devices: u16,
+}
+
 pub trait Placement: Send + Sync {
     fn name(&self) -> &'static str;
     /// Whether `place` looks at [`Near`] (the write path reads the map
@@ -125,9 +133,9 @@ pub trait Placement: Send + Sync {
         false
     }
     /// Choose `len` new physical blocks for logical blocks [lba, lba+len) of
-    /// `volume`, all in one region of `region` blocks. `Ok(None)` means
-    /// the pool cannot hold them.
-    fn place(&self, space: &mut Space, volume: u32, lba: u64, len: u64, near: &Near, region: u64) -> Placed;
+    /// `owner`'s volume, all in one region of `region` blocks, on its
+    /// members. `Ok(None)` means they cannot hold them.
+    fn place(&self, space: &mut Space, owner: Owner, lba: u64, len: u64, near: &Near, region: u64) -> Placed;
 }
 
 /// Next-fit from a moving cursor on the device with the most free space
@@ -143,8 +151,8 @@ impl Placement for Linear {
         "linear"
     }
 
-    fn place(&self, space: &mut Space, _volume: u32, _lba: u64, len: u64, _near: &Near, _region: u64) -> Placed {
-        let Some(device) = space.roomiest() else { return Ok(None) };
+    fn place(&self, space: &mut Space, owner: Owner, _lba: u64, len: u64, _near: &Near, _region: u64) -> Placed {
+        let Some(device) = space.roomiest_among(owner.devices) else { return Ok(None) };
         space.allocate_data(device, len)
     }
 }
@@ -174,19 +182,20 @@ impl Placement for Contiguous {
         true
     }
 
-    fn place(&self, space: &mut Space, volume: u32, lba: u64, len: u64, near: &Near, region: u64) -> Placed {
+    fn place(&self, space: &mut Space, owner: Owner, lba: u64, len: u64, near: &Near, region: u64) -> Placed {
         let off = lba % region;
         assert!(off + len <= region, "a placement request crosses a region");
-        for &base in &near.bases {
+        let named = |d: usize| owner.devices == 0 || (d < 16 && owner.devices & (1 << d) != 0);
+        for &base in near.bases.iter().filter(|b| named(usize::from(b.device()))) {
             if let Some(at) = base.block().checked_add(off).map(|b| Pba::new(base.device(), b)) {
                 if space.allocate_exact(at, len)? {
                     return Ok(Some(vec![(at, len)]));
                 }
             }
         }
-        if let Some(device) = space.roomiest() {
+        if let Some(device) = space.roomiest_among(owner.devices) {
             let home = if space.random_region_start {
-                space.find_region_from(device, region, spread(volume, lba / region))?
+                space.find_region_from(device, region, spread(owner.volume, lba / region))?
             } else {
                 space.find_region(device, region)?
             };
@@ -197,7 +206,7 @@ impl Placement for Contiguous {
                 }
             }
         }
-        Linear.place(space, volume, lba, len, near, region)
+        Linear.place(space, owner, lba, len, near, region)
     }
 }
 
@@ -220,12 +229,16 @@ mod tests {
 
     const R: u64 = DEFAULT_REGION_BLOCKS;
 
+    fn vol(volume: u32) -> Owner {
+        Owner { volume, devices: 0 }
+    }
+
     fn space(blocks: u64) -> Space {
         Space::new(Arc::new(Store::memory()), &[(0, blocks)]).unwrap()
     }
 
     fn place(s: &mut Space, lba: u64, len: u64, bases: &[Pba]) -> Vec<(Pba, u64)> {
-        Contiguous.place(s, 1, lba, len, &Near { bases: bases.to_vec() }, R).unwrap().expect("room")
+        Contiguous.place(s, vol(1), lba, len, &Near { bases: bases.to_vec() }, R).unwrap().expect("room")
     }
 
     #[test]
@@ -265,7 +278,7 @@ mod tests {
         place(&mut s, 5, 1, &[]);
         place(&mut s, R + 5, 1, &[]);
         let mut got = 0;
-        while let Some(p) = Contiguous.place(&mut s, 1, 7 * R, 1, &Near::default(), R).unwrap() {
+        while let Some(p) = Contiguous.place(&mut s, vol(1), 7 * R, 1, &Near::default(), R).unwrap() {
             got += p.iter().map(|x| x.1).sum::<u64>();
         }
         assert_eq!(got, 2 * R - 2, "every block left was handed out");
@@ -302,10 +315,10 @@ mod tests {
     fn a_larger_region_keeps_offsets_in_its_larger_home() {
         let mut s = space(64 * R);
         let r = 4 * R;
-        let first = Contiguous.place(&mut s, 2, 5 * r + 100, 1, &Near::default(), r).unwrap().unwrap();
+        let first = Contiguous.place(&mut s, vol(2), 5 * r + 100, 1, &Near::default(), r).unwrap().unwrap();
         let home = Pba::new(0, first[0].0.block() - 100);
         assert_eq!(home.block() % r, 0, "aligned to the region size");
-        let next = Contiguous.place(&mut s, 2, 5 * r + 200, 1, &Near { bases: vec![home] }, r).unwrap().unwrap();
+        let next = Contiguous.place(&mut s, vol(2), 5 * r + 200, 1, &Near { bases: vec![home] }, r).unwrap().unwrap();
         assert_eq!(next, vec![(home.offset_by(200), 1)]);
     }
 }

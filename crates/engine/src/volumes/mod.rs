@@ -2,6 +2,7 @@
 //! plain volumes (snapshots and clones are in `snapshot.rs`). Each change
 //! is one op, durable when the call returns.
 
+pub mod device_placement;
 pub mod evacuate;
 pub mod files;
 mod flatten;
@@ -30,6 +31,8 @@ pub struct VolumeOptions {
     pub quota: Option<u64>,
     /// Create it even past the pool's overcommit ratio.
     pub force: bool,
+    /// Members its new data may go to, bit i for member i (0: any).
+    pub devices: u16,
 }
 
 impl Pool {
@@ -67,6 +70,10 @@ impl Pool {
         if quota.is_some() {
             self.enable_feature(&mut self.lock_commit(), incompat::QUOTAS)?;
         }
+        if opts.devices != 0 {
+            self.check_members(opts.devices, 0)?;
+            self.enable_feature(&mut self.lock_commit(), incompat::DEVICE_PLACEMENT)?;
+        }
         let id = {
             let mut inner = self.write_inner();
             refused(&inner)?;
@@ -77,6 +84,9 @@ impl Pool {
             }
             if quota.is_some() {
                 ops.push(Op::VolQuota { vol: id, quota });
+            }
+            if opts.devices != 0 {
+                ops.push(Op::VolDevices { vol: id, devices: opts.devices });
             }
             self.apply_ops(&mut inner, ops)?;
             id
