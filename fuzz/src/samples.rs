@@ -25,7 +25,7 @@ pub fn superblock() -> Superblock {
         journal_generation: 0x1234_5678,
         checkpoint: CheckpointRef::default(),
         created_unix: 1_700_000_000,
-        devices: vec![DeviceEntry { uuid: [0x22; 16], blocks: 512, path: "fuzz0".into(), legs: Vec::new(), draining: false }],
+        devices: vec![DeviceEntry { uuid: [0x22; 16], blocks: 512, path: "fuzz0".into(), ..Default::default() }],
         flags: 0,
     }
 }
@@ -46,6 +46,15 @@ pub fn every_op() -> Vec<Op> {
         Op::CloneDetach { vol: 2 },
         Op::VolDelete { vol: 2 },
         Op::SnapDelete { vol: 1, epoch: 1 },
+        Op::Sums { pba: 300, sums: vec![0x1234_5678, 7] },
+        Op::Regions { open: true, ids: vec![1, 9] },
+        Op::Regions { open: false, ids: vec![1] },
+        Op::VolPlacement { vol: 1, policy: Some(tarn_format::placement::PolicyCode::Append) },
+        Op::VolRole { vol: 1, role: tarn_format::role::VolumeRole::FileVolume },
+        Op::Relocate { vol: 1, snap: 0, lba: 10, len: 2, from: 300, to: 700 },
+        Op::VolQuota { vol: 1, quota: Some(1 << 20) },
+        Op::PoolOvercommit { milli: Some(2000) },
+        Op::VolDevices { vol: 1, devices: 0b11 },
         Op::VolDelete { vol: 1 },
     ]
 }
