@@ -22,6 +22,7 @@ fn service_commits_in_the_background_and_stops_promptly() {
         tick: Duration::from_millis(10),
         notice: None,
         compact_idle: None,
+        compact_at: None,
     };
     let service = Service::start(pool.clone(), opts);
     pool.write(v, 0, &vec![0xabu8; 64 << 10], false).unwrap();
@@ -40,6 +41,7 @@ fn service_commits_in_the_background_and_stops_promptly() {
         tick: Duration::from_secs(60),
         notice: None,
         compact_idle: None,
+        compact_at: None,
     };
     let service = Service::start(pool.clone(), slow);
     let started = Instant::now();
@@ -137,6 +139,7 @@ fn idle_compaction_re_lays_out_scattered_data() {
         tick: Duration::from_millis(10),
         notice: None,
         compact_idle: Some(Duration::from_millis(200)),
+        compact_at: None,
     };
     let service = Service::start(pool.clone(), opts);
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -155,6 +158,63 @@ fn idle_compaction_re_lays_out_scattered_data() {
     pool.read(v, 0, &mut back).unwrap();
     for (b, block) in back.chunks(4096).enumerate() {
         assert!(block.iter().all(|&x| x == b as u8), "block {b} changed");
+    }
+    assert!(pool.check().is_clean());
+}
+
+/// Bug guarded: a pool whose clients never pause stayed fragmented for
+/// life, since the compactor waited for idleness. With a fragmentation
+/// threshold it compacts while a client writes, contents unchanged.
+#[test]
+fn a_fragmentation_threshold_compacts_while_clients_write() {
+    let (_sim, pool) = one_device_pool(256 * MIB);
+    let pool = Arc::new(pool);
+    let v = pool.create_volume("v", 80 * MIB).unwrap().id;
+    let w = pool.create_volume("w", 4 * MIB).unwrap().id;
+    let blocks = 80 * MIB / 4096;
+    for i in 0..blocks {
+        let b = (i * 7919) % blocks;
+        pool.write(v, b * 4096, &vec![b as u8; 4096], false).unwrap();
+    }
+    let scattered = pool.volume_info(v).unwrap().extents;
+    assert!(scattered > 10_000, "the fill made only {scattered} extents");
+    let opts = ServiceOptions {
+        commit_interval: Duration::from_millis(50),
+        tick: Duration::from_millis(10),
+        notice: None,
+        compact_idle: None,
+        compact_at: Some(4096),
+    };
+    let service = Service::start(pool.clone(), opts);
+    // A client that never pauses: the pool is never idle.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (pool, stop) = (pool.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut rng = ChaCha8Rng::seed_from_u64(3);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let b = rng.random_range(0..1024u64);
+                pool.write(w, b * 4096, &[7u8; 4096], false).unwrap();
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while pool.volume_info(v).unwrap().extents > 400 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    service.stop();
+    let extents = pool.volume_info(v).unwrap().extents;
+    assert!(extents <= 400, "still {extents} extents (from {scattered}) after 60 s of a busy client");
+    let mut back = vec![0u8; 4 * MIB as usize];
+    for chunk in 0..20u64 {
+        pool.read(v, chunk * 4 * MIB, &mut back).unwrap();
+        for (i, block) in back.chunks(4096).enumerate() {
+            let b = chunk * 1024 + i as u64;
+            assert!(block.iter().all(|&x| x == b as u8), "block {b} changed");
+        }
     }
     assert!(pool.check().is_clean());
 }

@@ -74,6 +74,12 @@ pub struct ServeOpts {
     /// 100 ms at most, paused by the next write); 0: never (default 10).
     #[arg(long, value_name = "SECS")]
     pub compact_idle: Option<u64>,
+    /// Also compact while clients write, one 1 MiB window per 100 ms,
+    /// whenever the block volumes hold more than this many extents per
+    /// GiB they map (e.g. 4096: runs averaging under 256 KiB); default:
+    /// only when idle.
+    #[arg(long, value_name = "EXTENTS_PER_GIB")]
+    pub compact_at: Option<u64>,
     /// Record every request answered (time, export, command, offset,
     /// length, flags) to this file; read it with `tarn trace print`.
     #[arg(long, value_name = "FILE")]
@@ -267,6 +273,7 @@ impl ServeOpts {
             region_size: self.region_size.or(f.region_size),
             region_start: self.region_start.or(f.region_start),
             compact_idle: self.compact_idle.or(f.compact_idle),
+            compact_at: self.compact_at.or(f.compact_at),
             trace: self.trace.clone().or(f.trace),
             metadata_device: self.metadata_device.clone().or(f.metadata_device),
             metrics: self.metrics.clone().or(f.metrics),
@@ -372,6 +379,7 @@ impl ServeOpts {
             "region-size" => t.region_size = None,
             "region-start" => t.region_start = None,
             "compact-idle" => t.compact_idle = None,
+            "compact-at" => t.compact_at = None,
             "trace" => t.trace = None,
             "metadata-device" => t.metadata_device = None,
             "metrics" => t.metrics = None,

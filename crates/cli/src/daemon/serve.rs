@@ -46,6 +46,7 @@ pub struct ServeArgs {
     pub commit_interval: Duration,
     /// Idle time before background compaction; None: never.
     pub compact_idle: Option<Duration>,
+    pub compact_at: Option<u64>,
     /// NBD over TLS; None: STARTTLS is refused.
     pub tls: Option<TlsConfig>,
     /// Permissions of the Unix socket.
@@ -132,6 +133,7 @@ pub fn serve(
         ServiceOptions {
             commit_interval: args.commit_interval,
             compact_idle: args.compact_idle,
+            compact_at: args.compact_at,
             notice: Some(Arc::new(notice)),
             ..ServiceOptions::default()
         },

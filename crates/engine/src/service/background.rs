@@ -33,6 +33,10 @@ pub struct ServiceOptions {
     /// Re-lay out scattered data (`Pool::relayout_step`) once no client
     /// wrote for this long; None: never in the background.
     pub compact_idle: Option<Duration>,
+    /// Also while clients write, slowly (one 1 MiB window per tick), when
+    /// the block volumes hold more than this many extents per GiB mapped
+    /// (a fragmentation threshold); None: only when idle.
+    pub compact_at: Option<u64>,
 }
 
 impl Default for ServiceOptions {
@@ -42,6 +46,7 @@ impl Default for ServiceOptions {
             tick: Duration::from_millis(100),
             notice: None,
             compact_idle: Some(Duration::from_secs(10)),
+            compact_at: None,
         }
     }
 }
@@ -52,6 +57,7 @@ impl std::fmt::Debug for ServiceOptions {
             .field("commit_interval", &self.commit_interval)
             .field("tick", &self.tick)
             .field("compact_idle", &self.compact_idle)
+            .field("compact_at", &self.compact_at)
             .finish_non_exhaustive()
     }
 }
@@ -98,8 +104,9 @@ impl Service {
         let committer_opts = opts.clone();
         service.spawn("committer", move |pool, stop| run_committer(pool, &committer_opts, stop));
         service.spawn("checkpointer", run_checkpointer);
-        if let Some(idle) = opts.compact_idle.filter(|_| !service.pool.is_read_only()) {
-            service.spawn("compactor", move |pool, stop| run_compactor(pool, idle, stop));
+        let when = Compaction { idle: opts.compact_idle, at: opts.compact_at };
+        if (when.idle.is_some() || when.at.is_some()) && !service.pool.is_read_only() {
+            service.spawn("compactor", move |pool, stop| run_compactor(pool, when, stop));
         }
         if service.pool.needs_resync() {
             let notice = opts.notice.clone();
@@ -199,40 +206,68 @@ fn run_checkpointer(pool: &Pool, stop: &Stop) {
 const COMPACT_TICK: Duration = Duration::from_millis(100);
 const COMPACT_WINDOWS: usize = 8;
 
-/// Idle-time compaction: once no client wrote for `idle`, walk every
+/// When clients write, a pass of the threshold mode that moved nothing
+/// makes the compactor rest this long before it looks again.
+const BUSY_REST: Duration = Duration::from_secs(10);
+
+/// When the background compactor runs (`ServiceOptions`).
+#[derive(Debug, Clone, Copy)]
+struct Compaction {
+    idle: Option<Duration>,
+    at: Option<u64>,
+}
+
+/// Background compaction: once no client wrote for `idle`, walk every
 /// volume a few windows per tick, moving scattered ones (`relayout_step`);
 /// the first client write pauses it, and a pass that moved nothing makes
-/// it rest until the next write.
-fn run_compactor(pool: &Pool, idle: Duration, stop: &Stop) {
+/// it rest until the next write. With a threshold `at`, it also walks
+/// while clients write, one window per tick, as long as the volumes are
+/// more fragmented than that; a pass that moved nothing rests
+/// `BUSY_REST`.
+fn run_compactor(pool: &Pool, when: Compaction, stop: &Stop) {
     let mut cursor = RelayoutCursor::default();
     let writes = || pool.write_gen.load(Ordering::SeqCst);
     let (mut seen, mut quiet_since) = (writes(), Instant::now());
-    let (mut moved_in_pass, mut rest_at) = (0u64, None);
+    let (mut moved_in_pass, mut rest_at, mut busy_rest) = (0u64, None, Instant::now());
     while !stop.wait(COMPACT_TICK) {
         let now = writes();
-        if now != seen {
+        let written = now != seen;
+        if written {
             (seen, quiet_since) = (now, Instant::now());
+        }
+        let idle = !written && when.idle.is_some_and(|i| quiet_since.elapsed() >= i) && rest_at != Some(now);
+        let busy = !idle && Instant::now() >= busy_rest && when.at.is_some_and(|at| fragmented(pool, at));
+        if !(idle || busy) || pool.is_fenced() {
             continue;
         }
-        if quiet_since.elapsed() < idle || rest_at == Some(now) || pool.is_fenced() {
-            continue;
-        }
-        match pool.relayout_step(&mut cursor, COMPACT_WINDOWS) {
+        match pool.relayout_step(&mut cursor, if idle { COMPACT_WINDOWS } else { 1 }) {
             Ok(step) => {
                 // Its own moves count as writes: not a client's.
                 seen = writes();
                 moved_in_pass += step.windows_moved;
                 if step.wrapped {
-                    rest_at = (moved_in_pass == 0).then_some(seen);
+                    let nothing = moved_in_pass == 0;
+                    rest_at = nothing.then_some(seen);
+                    if nothing && busy {
+                        busy_rest = Instant::now() + BUSY_REST;
+                    }
                     moved_in_pass = 0;
                 }
             }
             Err(e) => {
                 log::warn!("background compaction: {e}");
-                quiet_since = Instant::now();
+                (quiet_since, busy_rest) = (Instant::now(), Instant::now() + BUSY_REST);
             }
         }
     }
+}
+
+/// Whether the block volumes hold more than `at` extents per GiB they
+/// map (at least 64 MiB of it: a few extents of a nearly empty pool are
+/// not fragmentation).
+fn fragmented(pool: &Pool, at: u64) -> bool {
+    let (extents, bytes) = pool.list_volumes().iter().fold((0u64, 0u64), |(e, b), v| (e + v.extents, b + v.allocated));
+    bytes >= 64 << 20 && u128::from(extents) << 30 > u128::from(at) * u128::from(bytes)
 }
 
 /// Bring RESILVERING mirror legs in sync while clients work.
