@@ -150,7 +150,8 @@ impl BufPool {
 pub(crate) struct ReplyWriter {
     transport: Transport,
     state: Mutex<WriterState>,
-    /// Signalled whenever a writer stops writing.
+    /// Signalled (one waiter) when a writer stops writing and a large reply
+    /// waits for the socket; all waiters when the writer breaks.
     idle: Condvar,
     broken: AtomicBool,
 }
@@ -159,6 +160,8 @@ struct WriterState {
     queue: Vec<Reply>,
     writing: bool,
     spare: Vec<Reply>,
+    /// Threads waiting on `idle` to write their large reply.
+    waiting: usize,
 }
 
 /// Replies per `sendmsg` (two iovecs each).
@@ -176,6 +179,7 @@ impl ReplyWriter {
                 queue: Vec::with_capacity(64),
                 writing: false,
                 spare: Vec::with_capacity(64),
+                waiting: 0,
             }),
             idle: Condvar::new(),
             broken: AtomicBool::new(false),
@@ -195,9 +199,16 @@ impl ReplyWriter {
         let mut st = lock(&self.state);
         if reply.data.len() >= OWN_SEND_MIN {
             // Bounded: every writer stops once the queue is empty, and a
-            // broken writer stops at once.
+            // broken writer stops at once. Each writer that stops wakes one
+            // waiter (not all: at queue depth 8 up to seven threads wait
+            // here, and waking them all for one to write cost a futex call
+            // and a context switch each per reply); a woken waiter either
+            // writes, and wakes the next when done, or finds another writer
+            // at it, which will.
             while st.writing && !self.is_broken() {
+                st.waiting += 1;
                 st = wait(&self.idle, st);
+                st.waiting -= 1;
             }
         }
         if let Some(st) = self.push(st, reply, pool) {
@@ -266,8 +277,13 @@ impl ReplyWriter {
             if st.queue.is_empty() {
                 st.writing = false;
                 st.spare = batch;
+                // No system call when nobody waits (the common case for
+                // small replies): Condvar::notify_one always makes one.
+                let waiter = st.waiting > 0;
                 drop(st);
-                self.idle.notify_all();
+                if waiter {
+                    self.idle.notify_one();
+                }
                 return;
             }
         }
