@@ -12,7 +12,7 @@
 #      WARM_JOBS="sr1m"  (any of sr1m sw1m rr4k rw4k)  WARM_ROUNDS=6  WARM_SECS=4
 #      WARM_SIZE=2G  WARM_DIR=/var/tmp/tarn-warm
 # Prints one line per round and job (MiB/s or IOPS per target, the server's
-# CPU microseconds per request) and, per job, each
+# CPU microseconds per request, TCP retransmits machine-wide) and, per job, each
 # target's min-max and its ratio to nbdkit per round (min, median, max);
 # the table also goes to bench/results/<date>-warm.txt.
 set -euo pipefail
@@ -79,24 +79,27 @@ job_args() {
 # Server CPU ticks, exited threads included (a connection's threads end
 # with it; per-thread counters such as context switches would go with them).
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# TCP segments retransmitted, machine-wide (loopback reordering shows here;
+# other users' traffic too, so only a rough figure).
+retrans() { awk '/^Tcp:/ {if (h) print $13; h = 1}' /proc/net/snmp; }
 
 # run JOB TARGET: one time-based fio run; prints MiB/s (1M jobs) or IOPS,
 # then the server's CPU microseconds per request.
 run() {
-  local js="$W/$1.$2.json" c0 c1
-  c0=$(cpu "${PID[$2]}")
+  local js="$W/$1.$2.json" c0 c1 r0 r1
+  c0=$(cpu "${PID[$2]}"); r0=$(retrans)
   # shellcheck disable=SC2046 # job_args: words on purpose
   timeout $((SECS + 120)) fio --name="$1" --ioengine=nbd --uri="${URI[$2]}" $(job_args "$1") \
     --time_based --runtime="$SECS" --size="$SIZE" --numjobs=1 --output-format=json --output="$js" >/dev/null 2>&1
-  c1=$(cpu "${PID[$2]}")
-  python3 - "$js" "$1" "$((c1 - c0))" "$(getconf CLK_TCK)" <<'EOF'
+  c1=$(cpu "${PID[$2]}"); r1=$(retrans)
+  python3 - "$js" "$1" "$((c1 - c0))" "$(getconf CLK_TCK)" "$((r1 - r0))" <<'EOF'
 import json, sys
 j = json.load(open(sys.argv[1]))["jobs"][0]
 side = j["read"] if j["read"]["io_bytes"] else j["write"]
 n = max(side["total_ios"], 1)
 v = f'{side["bw"] / 1024:.0f}' if sys.argv[2].endswith("1m") else f'{side["iops"]:.0f}'
 us = int(sys.argv[3]) * 1e6 / int(sys.argv[4]) / n
-print(f'{v}\t{us:.0f}')
+print(f'{v}\t{us:.0f}\t{sys.argv[5]}')
 EOF
 }
 
@@ -115,9 +118,9 @@ for r in $(seq 1 "$ROUNDS"); do
     line="round $r $job:"
     for k in $(seq 0 $((n - 1))); do
       t=${T[$(((k + r) % n))]}
-      IFS=$'\t' read -r v us <<<"$(run "$job" "$t")"
-      printf '%s\t%s\t%s\t%s\t%s\n' "$r" "$job" "$t" "$v" "$us" >>"$RES"
-      line="$line $t=$v (${us}us)"
+      IFS=$'\t' read -r v us rt <<<"$(run "$job" "$t")"
+      printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$job" "$t" "$v" "$us" "$rt" >>"$RES"
+      line="$line $t=$v (${us}us ${rt}rt)"
     done
     echo "$line"
   done
@@ -129,8 +132,9 @@ done
   python3 - "$RES" <<'EOF'
 import sys, statistics as st
 rows = [l.split("\t") for l in open(sys.argv[1]) if l.strip()]
-val = {(int(r), j, t): float(v) for r, j, t, v, _ in rows}
-cpu = {(int(r), j, t): float(u) for r, j, t, _, u in rows}
+val = {(int(r), j, t): float(v) for r, j, t, v, _, _ in rows}
+cpu = {(int(r), j, t): float(u) for r, j, t, _, u, _ in rows}
+rtx = {(int(r), j, t): float(x) for r, j, t, _, _, x in rows}
 for job in dict.fromkeys(j for _, j, _ in val):
     unit = "MiB/s" if job.endswith("1m") else "IOPS"
     tgts = list(dict.fromkeys(t for (_, j, t) in val if j == job))
@@ -146,6 +150,8 @@ for job in dict.fromkeys(j for _, j, _ in val):
                 line += f"; /{peer} per round {min(rs):.2f}-{max(rs):.2f} median {st.median(rs):.2f}"
         us = [cpu[k] for k in cpu if k[1] == job and k[2] == t]
         line += f"; server CPU us/request {min(us):.0f}-{max(us):.0f} median {st.median(us):.0f}"
+        rt = [rtx[k] for k in rtx if k[1] == job and k[2] == t]
+        line += f"; TCP retransmits per run median {st.median(rt):.0f}"
         print(line)
 EOF
 } | tee "$OUT"
