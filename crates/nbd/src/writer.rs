@@ -407,6 +407,49 @@ mod tests {
         assert!(!writer.is_broken());
     }
 
+    /// Eight threads send only large replies, far more than the socket
+    /// buffers, so most of them wait for the writer at any time; each
+    /// writer that stops wakes one waiter only. Every reply must arrive
+    /// whole and no waiter may be left asleep: a lost wake-up stalls the
+    /// senders, which the watchdog turns into a failure instead of a hang
+    /// (a bound on progress, generous on a loaded machine, not a timing).
+    #[test]
+    fn every_large_reply_waiter_gets_its_turn() {
+        use crate::stream::Stream;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        let writer = std::sync::Arc::new(ReplyWriter::new(Transport::Plain(Stream::Tcp(server))));
+        let pool = std::sync::Arc::new(BufPool::new());
+        const THREADS: u64 = 8;
+        const EACH: u64 = 24;
+        let large = |t: u64, i: u64| {
+            let handle = (t << 32) | i;
+            Reply::structured_read(handle, i, vec![handle as u8; OWN_SEND_MIN * 4 + (i as usize)])
+        };
+        let reader = std::thread::spawn(move || read_replies(client, (THREADS * EACH) as usize));
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        for t in 0..THREADS {
+            let (w, p, tx) = (writer.clone(), pool.clone(), done_tx.clone());
+            std::thread::spawn(move || {
+                (0..EACH).for_each(|i| w.send(large(t, i), &p));
+                tx.send(()).unwrap();
+            });
+        }
+        for n in 0..THREADS {
+            let waited = done_rx.recv_timeout(std::time::Duration::from_secs(120));
+            assert!(waited.is_ok(), "{} of {THREADS} senders stalled: a waiter was never woken", THREADS - n);
+        }
+        let mut seen = reader.join().unwrap();
+        seen.sort_unstable();
+        let mut want: Vec<(u64, usize)> =
+            (0..THREADS).flat_map(|t| (0..EACH).map(move |i| ((t << 32) | i, large(t, i).data.len()))).collect();
+        want.sort_unstable();
+        assert_eq!(seen, want);
+        let st = lock(&writer.state);
+        assert!(!st.writing && st.waiting == 0 && st.queue.is_empty());
+    }
+
     #[test]
     fn pool_reuses_and_bounds() {
         let p = BufPool::new();
