@@ -380,6 +380,32 @@ mod tests {
         seen
     }
 
+    /// Send `replies(t)` from each of `threads` threads and wait for them
+    /// all. A sender that never returns is a waiter nobody woke: the
+    /// watchdog turns that into a failure instead of a hang (a bound on
+    /// progress, generous on a loaded machine, not a timing).
+    fn send_all<I>(
+        writer: &std::sync::Arc<ReplyWriter>,
+        pool: &std::sync::Arc<BufPool>,
+        threads: u64,
+        replies: impl Fn(u64) -> I + Send + Copy + 'static,
+    ) where
+        I: Iterator<Item = Reply>,
+    {
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        for t in 0..threads {
+            let (w, p, tx) = (writer.clone(), pool.clone(), done_tx.clone());
+            std::thread::spawn(move || {
+                replies(t).for_each(|r| w.send(r, &p));
+                tx.send(()).unwrap();
+            });
+        }
+        for n in 0..threads {
+            let waited = done_rx.recv_timeout(std::time::Duration::from_secs(120));
+            assert!(waited.is_ok(), "{} of {threads} senders stalled: a waiter was never woken", threads - n);
+        }
+    }
+
     #[test]
     fn large_and_small_replies_from_many_threads_stay_whole() {
         use crate::stream::Stream;
@@ -391,13 +417,7 @@ mod tests {
         const THREADS: u64 = 4;
         const EACH: u64 = 60;
         let reader = std::thread::spawn(move || read_replies(client, (THREADS * EACH) as usize));
-        let senders: Vec<_> = (0..THREADS)
-            .map(|t| {
-                let (w, p) = (writer.clone(), pool.clone());
-                std::thread::spawn(move || (0..EACH).for_each(|i| w.send(mixed_reply(t, i), &p)))
-            })
-            .collect();
-        senders.into_iter().for_each(|s| s.join().unwrap());
+        send_all(&writer, &pool, THREADS, move |t| (0..EACH).map(move |i| mixed_reply(t, i)));
         let mut seen = reader.join().unwrap();
         seen.sort_unstable();
         let mut want: Vec<(u64, usize)> =
@@ -410,9 +430,7 @@ mod tests {
     /// Eight threads send only large replies, far more than the socket
     /// buffers, so most of them wait for the writer at any time; each
     /// writer that stops wakes one waiter only. Every reply must arrive
-    /// whole and no waiter may be left asleep: a lost wake-up stalls the
-    /// senders, which the watchdog turns into a failure instead of a hang
-    /// (a bound on progress, generous on a loaded machine, not a timing).
+    /// whole and no waiter may be left asleep (see [`send_all`]).
     #[test]
     fn every_large_reply_waiter_gets_its_turn() {
         use crate::stream::Stream;
@@ -428,18 +446,7 @@ mod tests {
             Reply::structured_read(handle, i, vec![handle as u8; OWN_SEND_MIN * 4 + (i as usize)])
         };
         let reader = std::thread::spawn(move || read_replies(client, (THREADS * EACH) as usize));
-        let (done_tx, done_rx) = std::sync::mpsc::channel();
-        for t in 0..THREADS {
-            let (w, p, tx) = (writer.clone(), pool.clone(), done_tx.clone());
-            std::thread::spawn(move || {
-                (0..EACH).for_each(|i| w.send(large(t, i), &p));
-                tx.send(()).unwrap();
-            });
-        }
-        for n in 0..THREADS {
-            let waited = done_rx.recv_timeout(std::time::Duration::from_secs(120));
-            assert!(waited.is_ok(), "{} of {THREADS} senders stalled: a waiter was never woken", THREADS - n);
-        }
+        send_all(&writer, &pool, THREADS, move |t| (0..EACH).map(move |i| large(t, i)));
         let mut seen = reader.join().unwrap();
         seen.sort_unstable();
         let mut want: Vec<(u64, usize)> =
