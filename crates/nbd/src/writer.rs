@@ -150,7 +150,8 @@ impl BufPool {
 pub(crate) struct ReplyWriter {
     transport: Transport,
     state: Mutex<WriterState>,
-    /// Signalled whenever a writer stops writing.
+    /// Signalled (one waiter) when a writer stops writing and a large reply
+    /// waits for the socket; all waiters when the writer breaks.
     idle: Condvar,
     broken: AtomicBool,
 }
@@ -159,6 +160,8 @@ struct WriterState {
     queue: Vec<Reply>,
     writing: bool,
     spare: Vec<Reply>,
+    /// Threads waiting on `idle` to write their large reply.
+    waiting: usize,
 }
 
 /// Replies per `sendmsg` (two iovecs each).
@@ -176,6 +179,7 @@ impl ReplyWriter {
                 queue: Vec::with_capacity(64),
                 writing: false,
                 spare: Vec::with_capacity(64),
+                waiting: 0,
             }),
             idle: Condvar::new(),
             broken: AtomicBool::new(false),
@@ -195,9 +199,16 @@ impl ReplyWriter {
         let mut st = lock(&self.state);
         if reply.data.len() >= OWN_SEND_MIN {
             // Bounded: every writer stops once the queue is empty, and a
-            // broken writer stops at once.
+            // broken writer stops at once. Each writer that stops wakes one
+            // waiter (not all: at queue depth 8 up to seven threads wait
+            // here, and waking them all for one to write cost a futex call
+            // and a context switch each per reply); a woken waiter either
+            // writes, and wakes the next when done, or finds another writer
+            // at it, which will.
             while st.writing && !self.is_broken() {
+                st.waiting += 1;
                 st = wait(&self.idle, st);
+                st.waiting -= 1;
             }
         }
         if let Some(st) = self.push(st, reply, pool) {
@@ -266,8 +277,13 @@ impl ReplyWriter {
             if st.queue.is_empty() {
                 st.writing = false;
                 st.spare = batch;
+                // No system call when nobody waits (the common case for
+                // small replies): Condvar::notify_one always makes one.
+                let waiter = st.waiting > 0;
                 drop(st);
-                self.idle.notify_all();
+                if waiter {
+                    self.idle.notify_one();
+                }
                 return;
             }
         }
@@ -364,6 +380,32 @@ mod tests {
         seen
     }
 
+    /// Send `replies(t)` from each of `threads` threads and wait for them
+    /// all. A sender that never returns is a waiter nobody woke: the
+    /// watchdog turns that into a failure instead of a hang (a bound on
+    /// progress, generous on a loaded machine, not a timing).
+    fn send_all<I>(
+        writer: &std::sync::Arc<ReplyWriter>,
+        pool: &std::sync::Arc<BufPool>,
+        threads: u64,
+        replies: impl Fn(u64) -> I + Send + Copy + 'static,
+    ) where
+        I: Iterator<Item = Reply>,
+    {
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        for t in 0..threads {
+            let (w, p, tx) = (writer.clone(), pool.clone(), done_tx.clone());
+            std::thread::spawn(move || {
+                replies(t).for_each(|r| w.send(r, &p));
+                tx.send(()).unwrap();
+            });
+        }
+        for n in 0..threads {
+            let waited = done_rx.recv_timeout(std::time::Duration::from_secs(120));
+            assert!(waited.is_ok(), "{} of {threads} senders stalled: a waiter was never woken", threads - n);
+        }
+    }
+
     #[test]
     fn large_and_small_replies_from_many_threads_stay_whole() {
         use crate::stream::Stream;
@@ -375,13 +417,7 @@ mod tests {
         const THREADS: u64 = 4;
         const EACH: u64 = 60;
         let reader = std::thread::spawn(move || read_replies(client, (THREADS * EACH) as usize));
-        let senders: Vec<_> = (0..THREADS)
-            .map(|t| {
-                let (w, p) = (writer.clone(), pool.clone());
-                std::thread::spawn(move || (0..EACH).for_each(|i| w.send(mixed_reply(t, i), &p)))
-            })
-            .collect();
-        senders.into_iter().for_each(|s| s.join().unwrap());
+        send_all(&writer, &pool, THREADS, move |t| (0..EACH).map(move |i| mixed_reply(t, i)));
         let mut seen = reader.join().unwrap();
         seen.sort_unstable();
         let mut want: Vec<(u64, usize)> =
@@ -389,6 +425,36 @@ mod tests {
         want.sort_unstable();
         assert_eq!(seen, want);
         assert!(!writer.is_broken());
+    }
+
+    /// Eight threads send only large replies, far more than the socket
+    /// buffers, so most of them wait for the writer at any time; each
+    /// writer that stops wakes one waiter only. Every reply must arrive
+    /// whole and no waiter may be left asleep (see [`send_all`]).
+    #[test]
+    fn every_large_reply_waiter_gets_its_turn() {
+        use crate::stream::Stream;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        let writer = std::sync::Arc::new(ReplyWriter::new(Transport::Plain(Stream::Tcp(server))));
+        let pool = std::sync::Arc::new(BufPool::new());
+        const THREADS: u64 = 8;
+        const EACH: u64 = 24;
+        let large = |t: u64, i: u64| {
+            let handle = (t << 32) | i;
+            Reply::structured_read(handle, i, vec![handle as u8; OWN_SEND_MIN * 4 + (i as usize)])
+        };
+        let reader = std::thread::spawn(move || read_replies(client, (THREADS * EACH) as usize));
+        send_all(&writer, &pool, THREADS, move |t| (0..EACH).map(move |i| large(t, i)));
+        let mut seen = reader.join().unwrap();
+        seen.sort_unstable();
+        let mut want: Vec<(u64, usize)> =
+            (0..THREADS).flat_map(|t| (0..EACH).map(move |i| ((t << 32) | i, large(t, i).data.len()))).collect();
+        want.sort_unstable();
+        assert_eq!(seen, want);
+        let st = lock(&writer.state);
+        assert!(!st.writing && st.waiting == 0 && st.queue.is_empty());
     }
 
     #[test]
