@@ -153,11 +153,18 @@ pub fn running_server(primary: &Path) -> Option<PathBuf> {
 }
 
 /// A symlink to the control socket named after the pool's primary path
-/// (FNV-1a of the canonical path: stable across builds).
+/// (FNV-1a of the canonical path: stable across builds). A RADOS URI
+/// names a pool only within its cluster, so its alias also hashes the
+/// Ceph config file that reaches the cluster: two clusters on one host
+/// with the same Ceph pool and prefix never share an alias.
 pub fn control_alias_path(primary: &Path) -> PathBuf {
-    let canonical = std::fs::canonicalize(primary).unwrap_or_else(|_| primary.to_path_buf());
-    let hash = canonical
-        .as_os_str()
+    let mut key = std::fs::canonicalize(primary).unwrap_or_else(|_| primary.to_path_buf()).into_os_string();
+    if crate::devices::is_rados(primary) {
+        let conf = crate::devices::ceph_config().conf;
+        key.push("\0");
+        key.push(std::fs::canonicalize(&conf).unwrap_or(conf));
+    }
+    let hash = key
         .as_encoded_bytes()
         .iter()
         .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
