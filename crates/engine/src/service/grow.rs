@@ -47,6 +47,7 @@ impl Pool {
             path: path.to_string(),
             legs: Vec::new(),
             draining: false,
+            removed: false,
         };
         let mut label = member_label(&ctl.sb, &entry, index);
         label.created_unix = ctl.sb.created_unix;

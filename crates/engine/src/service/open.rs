@@ -141,7 +141,8 @@ impl NewPool {
         } else {
             Vec::new()
         };
-        let entry = DeviceEntry { uuid: device_uuid, blocks, path: slot[0].1.clone(), legs, draining: false };
+        let entry =
+            DeviceEntry { uuid: device_uuid, blocks, path: slot[0].1.clone(), legs, draining: false, removed: false };
         let label = Superblock {
             version: FORMAT_VERSION,
             incompat: self.features,
