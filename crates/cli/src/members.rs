@@ -187,7 +187,11 @@ pub fn removed(v: &Value) -> String {
     let state = if v["cancelled"] == true {
         "cancelled: it is a normal member again".to_string()
     } else if v["removed"] == true {
-        let wiped = if v["label_wiped"] == true { "its pool label is wiped" } else { "its label could NOT be wiped (see the log)" };
+        let wiped = if v["label_wiped"] == true {
+            "its pool label is wiped"
+        } else {
+            "its label could NOT be wiped (see the log)"
+        };
         format!("removed from the pool ({} metadata nodes moved off it); {wiped}", v["nodes_moved"])
     } else if v["remaining_bytes"] == 0 {
         "no live data left on it; it stays draining (new data avoids it)".to_string()

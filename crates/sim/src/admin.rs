@@ -204,7 +204,8 @@ impl Run {
             Pending::DevRemove { index } => {
                 self.stats.dev_removes_cut += 1;
                 let st = self.pool().status();
-                self.stats.removals_cut_done += usize::from(st.devices.get(index).is_some_and(|d| d.state == "REMOVED"));
+                self.stats.removals_cut_done +=
+                    usize::from(st.devices.get(index).is_some_and(|d| d.state == "REMOVED"));
             }
             _ => {}
         }

@@ -683,8 +683,11 @@ impl Pool {
                 }
             })
             .collect();
-        let state =
-            if devices.iter().all(|d| matches!(d.state, "ONLINE" | "DRAINING" | "REMOVED")) { "ONLINE" } else { "DEGRADED" };
+        let state = if devices.iter().all(|d| matches!(d.state, "ONLINE" | "DRAINING" | "REMOVED")) {
+            "ONLINE"
+        } else {
+            "DEGRADED"
+        };
         // Walks the free ranges under the read lock: O(fragments).
         let outside = inner.space.free_in_partial_regions(inner.region_blocks).unwrap_or(0);
         PoolStatus {

@@ -88,7 +88,11 @@ impl Pool {
         }
         let members = sb.devices.iter().filter(|d| !d.removed);
         if members.clone().any(|d| d.path == path || d.legs.iter().any(|l| l.path == path))
-            || self.devices.iter().enumerate().any(|(i, d)| !sb.devices.get(i).is_some_and(|e| e.removed) && d.name() == name)
+            || self
+                .devices
+                .iter()
+                .enumerate()
+                .any(|(i, d)| !sb.devices.get(i).is_some_and(|e| e.removed) && d.name() == name)
         {
             return bad(format!("device {path} is already a member of this pool"));
         }

@@ -15,6 +15,7 @@
 //!    REMOVAL): durable on the primary (every leg, if mirrored) before...
 //! 4. ...the member's two superblock copies are zeroed and flushed: the
 //!    device then belongs to no pool.
+//!
 //! A crash before 3's superblock leaves the old pool, the member draining
 //! (the next `dev remove` or the server's `evacuate` thread finds nothing
 //! to move and does this again); after it, the new pool, and a crash
@@ -51,7 +52,9 @@ impl Pool {
         let mut ctl = self.lock_commit();
         let entry = ctl.sb.devices.get(index).cloned();
         match entry {
-            Some(e) if e.removed => return Err(EngineError::InvalidArgument(format!("member {index} is removed already"))),
+            Some(e) if e.removed => {
+                return Err(EngineError::InvalidArgument(format!("member {index} is removed already")))
+            }
             Some(e) if e.draining && index != 0 => {}
             _ => return Err(EngineError::InvalidArgument(format!("member {index} is not being removed"))),
         }

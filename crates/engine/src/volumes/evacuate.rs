@@ -76,7 +76,8 @@ impl Pool {
         let live = self.live_blocks_on(index)?;
         let inner = self.read_inner();
         let sp = &inner.space;
-        let others: u64 = (0..sp.devices.len()).filter(|&d| d != index && sp.usable(d)).map(|d| sp.devices[d].free_blocks).sum();
+        let others: u64 =
+            (0..sp.devices.len()).filter(|&d| d != index && sp.usable(d)).map(|d| sp.devices[d].free_blocks).sum();
         let room = others.saturating_sub(sp.reserve_blocks);
         if live > room {
             return bad(format!(
