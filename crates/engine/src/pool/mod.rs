@@ -664,25 +664,7 @@ impl Pool {
         let used_blocks = inner.space.data_blocks() - inner.space.free_blocks();
         let nodes = used_blocks.saturating_sub(inner.state.mapped_blocks() + freeing + inflight) * BLOCK_SIZE;
         let store = &inner.state.store;
-        let devices: Vec<DeviceStatus> = self
-            .devices
-            .iter()
-            .enumerate()
-            .map(|(i, d)| {
-                // A removed slot's device is not the pool's any more: its
-                // recorded path says which it was.
-                let removed = ctl.sb.devices.get(i).filter(|e| e.removed);
-                DeviceStatus {
-                    index: i,
-                    path: removed.map_or_else(|| d.name(), |e| e.path.clone()),
-                    state: if removed.is_some() { "REMOVED" } else { self.member_state(&inner, i) },
-                    legs: self.mirrors[i].as_ref().map(|m| m.status().1).unwrap_or_default(),
-                    size: if removed.is_some() { 0 } else { d.size() },
-                    data_bytes: (inner.space.devices[i].data_end - inner.space.devices[i].data_start) * BLOCK_SIZE,
-                    free_bytes: inner.space.devices[i].free_blocks * BLOCK_SIZE,
-                }
-            })
-            .collect();
+        let devices = self.device_statuses(&ctl, &inner);
         let state = if devices.iter().all(|d| matches!(d.state, "ONLINE" | "DRAINING" | "REMOVED")) {
             "ONLINE"
         } else {
@@ -747,6 +729,29 @@ fn fetch_node(store: &tarn_store::Store, miss: &tarn_store::Miss) -> Result<()> 
 
 /// The volume called `name`.
 impl Pool {
+    /// Per member, its status line (a removed slot by its recorded path).
+    fn device_statuses(&self, ctl: &CommitCtl, inner: &Inner) -> Vec<DeviceStatus> {
+        self
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                // A removed slot's device is not the pool's any more: its
+                // recorded path says which it was.
+                let removed = ctl.sb.devices.get(i).filter(|e| e.removed);
+                DeviceStatus {
+                    index: i,
+                    path: removed.map_or_else(|| d.name(), |e| e.path.clone()),
+                    state: if removed.is_some() { "REMOVED" } else { self.member_state(inner, i) },
+                    legs: self.mirrors[i].as_ref().map(|m| m.status().1).unwrap_or_default(),
+                    size: if removed.is_some() { 0 } else { d.size() },
+                    data_bytes: (inner.space.devices[i].data_end - inner.space.devices[i].data_start) * BLOCK_SIZE,
+                    free_bytes: inner.space.devices[i].free_blocks * BLOCK_SIZE,
+                }
+            })
+            .collect()
+    }
+
     /// A member's state for `status`: a mirror's own, else DRAINING when
     /// allocation avoids it outside `dev add` (which holds the commit
     /// lock, as `status` does): a member being evacuated (`dev remove`).

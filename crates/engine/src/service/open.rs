@@ -217,6 +217,18 @@ fn slot_device(slot: &[(Arc<dyn Device>, String)]) -> Result<Arc<dyn Device>> {
     Ok(Arc::new(MirrorDevice::new(legs, size, true)))
 }
 
+/// A member being evacuated (`dev remove`) stays avoided across a
+/// restart, so the next `dev remove` goes on with what is left; a removed
+/// slot (empty) is avoided for good.
+fn avoid_leaving(sb: &Superblock, space: &mut Space) {
+    for (i, d) in sb.devices.iter().enumerate().filter(|(i, d)| (d.draining || d.removed) && *i < 32) {
+        if d.draining {
+            log::warn!("member {i} ({}) is being removed: no new data goes there", d.path);
+        }
+        space.avoid |= 1 << i;
+    }
+}
+
 /// Check that `dev` is member `index` of the pool the primary describes.
 fn verify_member(primary: &Superblock, index: usize, dev: &dyn Device) -> Result<()> {
     let label = read_label(dev)?.current;
@@ -272,14 +284,7 @@ impl Pool {
                 .map_err(EngineError::InvalidArgument)?;
         }
         space.reserve_blocks = reserve_for(state.extent_count(), space.data_blocks());
-        // A member being evacuated (`dev remove`) stays avoided across a
-        // restart; the next `dev remove` goes on with what is left.
-        for (i, d) in sb.devices.iter().enumerate().filter(|(i, d)| (d.draining || d.removed) && *i < 32) {
-            if d.draining {
-                log::warn!("member {i} ({}) is being removed: no new data goes there", d.path);
-            }
-            space.avoid |= 1 << i;
-        }
+        avoid_leaving(&sb, &mut space);
         let mut notes = asm.notes;
         if let Some(why) = label.other_invalid {
             log::warn!(
