@@ -93,8 +93,8 @@ impl Run {
             return Err(format!("member {index}: {live} live blocks after an evacuation reported none"));
         }
         self.stats.blocks_evacuated += (report.moved_bytes / 4096) as usize;
-        if report.detached.is_some() {
-            return self.check_detached(index);
+        if let Some(d) = &report.detached {
+            return self.check_detached(index, d.nodes_moved);
         }
         if self.rng.random_bool(0.5) {
             return self.cancel_removal(index);
@@ -105,8 +105,9 @@ impl Run {
     /// The last step of a removal: the slot reads REMOVED, holds no space,
     /// and the device carries no pool label (unless the power was cut
     /// before its wipe: then the next reopen shows the slot removed).
-    fn check_detached(&mut self, index: usize) -> Result<(), String> {
+    fn check_detached(&mut self, index: usize, nodes: u64) -> Result<(), String> {
         self.stats.devices_removed += 1;
+        self.stats.nodes_rewritten += nodes as usize;
         let st = self.pool().status();
         let d = &st.devices[index];
         if d.state != "REMOVED" || d.data_bytes != 0 || d.free_bytes != 0 {

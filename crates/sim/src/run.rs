@@ -147,6 +147,8 @@ pub struct RunStats {
     pub devices_removed: usize,
     /// Cut removals that reopened with the slot removed.
     pub removals_cut_done: usize,
+    /// Store nodes a removal's last step found on the member and rewrote.
+    pub nodes_rewritten: usize,
 }
 
 impl RunStats {
@@ -162,6 +164,7 @@ impl RunStats {
         self.blocks_evacuated += o.blocks_evacuated;
         self.devices_removed += o.devices_removed;
         self.removals_cut_done += o.removals_cut_done;
+        self.nodes_rewritten += o.nodes_rewritten;
         self.admin += o.admin;
         self.done.iter_mut().zip(o.done).for_each(|(a, b)| *a += b);
         self.refused += o.refused;

@@ -167,7 +167,7 @@ impl Pool {
 
     /// Whether member `index` is draining (allocation avoids it).
     pub fn is_draining(&self, index: usize) -> bool {
-        !self.read_inner().space.usable(index)
+        !self.is_removed(index) && !self.read_inner().space.usable(index)
     }
 
     /// The live runs on member `index`, at most one window long each.
