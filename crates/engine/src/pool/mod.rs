@@ -731,8 +731,7 @@ fn fetch_node(store: &tarn_store::Store, miss: &tarn_store::Miss) -> Result<()> 
 impl Pool {
     /// Per member, its status line (a removed slot by its recorded path).
     fn device_statuses(&self, ctl: &CommitCtl, inner: &Inner) -> Vec<DeviceStatus> {
-        self
-            .devices
+        self.devices
             .iter()
             .enumerate()
             .map(|(i, d)| {
