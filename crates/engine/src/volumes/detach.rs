@@ -73,6 +73,9 @@ impl Pool {
                 break;
             }
         }
+        // The removal's superblock must come with a catalog frozen after
+        // the map was emptied: no earlier checkpoint may be left to flip.
+        self.settle_checkpoint(&mut ctl)?;
         self.write_inner().space.empty_device(index)?;
         ctl.removing = Some(index);
         self.commit_locked(&mut ctl, true)?;
