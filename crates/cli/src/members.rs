@@ -97,6 +97,9 @@ pub fn execute_remove(
         crate::logging::notice(&format!("removal of device {index} cancelled: it is a normal member again"));
         return Ok(json!({ "index": index, "cancelled": true }));
     }
+    if let Some(path) = pool.removed_path(index) {
+        return finish_removed(pool, index, &path);
+    }
     let started = std::time::Instant::now();
     let mut go_on = |moved: u64, live: u64| {
         progress(moved / 4096, live / 4096);
@@ -118,8 +121,25 @@ pub fn execute_remove(
         "index": index, "live_bytes": r.live_bytes, "moved_bytes": r.moved_bytes,
         "remaining_bytes": r.remaining_bytes, "stopped": r.stopped, "cancelled": cancelled,
         "seconds": seconds, "rate_mib_s": r.moved_bytes as f64 / 1048576.0 / seconds.max(1e-9),
-        "draining": pool.is_draining(index),
+        "draining": pool.is_draining(index) && !pool.is_removed(index),
+        "removed": r.detached.is_some(),
+        "label_wiped": r.detached.as_ref().map(|d| d.label_wiped),
+        "nodes_moved": r.detached.as_ref().map(|d| d.nodes_moved),
     }))
+}
+
+/// `dev remove` of a slot already removed: a crash may have come between
+/// the removal's checkpoint and the wipe of the device's label; wipe it
+/// now if the device at the recorded path still carries this slot's.
+fn finish_removed(pool: &tarn_engine::Pool, index: usize, path: &str) -> Result<Value, String> {
+    let wiped = match crate::devices::open(std::path::Path::new(path), true) {
+        Ok(dev) => pool.wipe_removed_label(index, dev.as_ref()).map_err(|e| e.to_string())?,
+        Err(_) => false,
+    };
+    if wiped {
+        crate::logging::notice(&format!("member {index} was removed; the label left on {path} is wiped"));
+    }
+    Ok(json!({ "index": index, "removed": true, "already_removed": true, "label_wiped": wiped }))
 }
 
 /// `dev remove`'s answer as text.
@@ -127,11 +147,22 @@ pub fn removed(v: &Value) -> String {
     if v["cancelled"] == true && v["live_bytes"].is_null() {
         return format!("removal of device {} cancelled: it is a normal member again\n", v["index"]);
     }
+    if v["already_removed"] == true {
+        let wiped = if v["label_wiped"] == true { "; the label left on its device is wiped now" } else { "" };
+        return format!("device {} is removed already (its slot is empty){wiped}\n", v["index"]);
+    }
     let human = |k: &str| crate::size::human(v[k].as_u64().unwrap_or(0));
     let state = if v["cancelled"] == true {
         "cancelled: it is a normal member again".to_string()
+    } else if v["removed"] == true {
+        let wiped = if v["label_wiped"] == true {
+            "its pool label is wiped"
+        } else {
+            "its label could NOT be wiped (see the log)"
+        };
+        format!("removed from the pool ({} metadata nodes moved off it); {wiped}", v["nodes_moved"])
     } else if v["remaining_bytes"] == 0 {
-        "no live data left on it; it stays draining (new data avoids it) until the server restarts".to_string()
+        "no live data left on it; it stays draining (new data avoids it)".to_string()
     } else {
         format!("{} of live data still on it", human("remaining_bytes"))
     };

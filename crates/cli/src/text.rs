@@ -75,6 +75,16 @@ pub fn status(v: &Value) -> String {
         if v["strict"] == true { ", strict" } else { "" }
     );
     for d in v["devices"].as_array().into_iter().flatten() {
+        if d["state"] == "REMOVED" {
+            // `dev remove` took it out; the slot stays so indices keep meaning.
+            let _ = writeln!(
+                s,
+                "  device {}  REMOVED  (was {}; empty slot)",
+                d["index"],
+                d["path"].as_str().unwrap_or("?")
+            );
+            continue;
+        }
         let mirrored = d["legs"].as_array().is_some_and(|l| !l.is_empty());
         let _ = writeln!(
             s,

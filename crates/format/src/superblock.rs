@@ -64,6 +64,11 @@ pub mod incompat {
     /// object (docs/FORMAT.md *File volumes*). An older tarn would list
     /// them as volume snapshots and delete them by name.
     pub const FS_FILE_VERSIONS: u64 = 1 << 9;
+    /// Device table entries may be removed slots (state byte 2, with
+    /// EVACUATION): `tarn dev remove` took the member out of the pool;
+    /// its data area is empty and no device is opened for it. An older
+    /// reader would refuse the state byte or look for the device.
+    pub const REMOVAL: u64 = 1 << 10;
     /// Per-device placement (`tarn dev set --placement`, `vol create
     /// --devices`): each device table entry ends with a policy byte (0
     /// none, else a placement code), op 24 (VolDevices) in the journal and
@@ -81,6 +86,7 @@ pub mod incompat {
         | EVACUATION
         | QUOTAS
         | FS_FILE_VERSIONS
+        | REMOVAL
         | DEVICE_PLACEMENT;
 }
 
@@ -104,6 +110,10 @@ pub struct DeviceEntry {
     /// Being evacuated (`tarn dev remove`): allocation avoids it. Encoded
     /// only with EVACUATION (one byte after the entry); without it, false.
     pub draining: bool,
+    /// Taken out of the pool (`tarn dev remove`, last step): an empty
+    /// slot kept so that no device index changes meaning. Encoded as state
+    /// byte 2, only with REMOVAL; never together with `draining`.
+    pub removed: bool,
     /// The device's default placement policy for data on it (volumes
     /// without a policy of their own). Encoded only with DEVICE_PLACEMENT
     /// (one byte, after the state byte); without it, none.
@@ -220,10 +230,11 @@ impl Superblock {
             if mirrors {
                 encode_legs(&mut w, &d.legs);
             }
+            assert!(!d.removed || self.incompat & incompat::REMOVAL != 0, "a removed slot needs REMOVAL");
             if self.incompat & incompat::EVACUATION != 0 {
-                w.u8(u8::from(d.draining));
+                w.u8(if d.removed { 2 } else { u8::from(d.draining) });
             } else {
-                assert!(!d.draining, "a draining member needs the EVACUATION feature");
+                assert!(!d.draining && !d.removed, "a draining member needs the EVACUATION feature");
             }
             if self.incompat & incompat::DEVICE_PLACEMENT != 0 {
                 w.u8(d.placement.map_or(0, |p| p as u8));
@@ -302,11 +313,12 @@ impl Superblock {
             // and make the next `encode` of this superblock panic.
             let path = String::from_utf8(r.take(len)?.to_vec()).map_err(|_| r.bad("path_utf8", 0))?;
             let legs = if incompat & incompat::MIRRORS != 0 { decode_legs(&mut r)? } else { Vec::new() };
-            let draining = match incompat & incompat::EVACUATION != 0 {
-                false => false,
+            let (draining, removed) = match incompat & incompat::EVACUATION != 0 {
+                false => (false, false),
                 true => match r.u8()? {
-                    0 => false,
-                    1 => true,
+                    0 => (false, false),
+                    1 => (true, false),
+                    2 if incompat & incompat::REMOVAL != 0 => (false, true),
                     v => return Err(r.bad("member_state", u64::from(v))),
                 },
             };
@@ -317,7 +329,7 @@ impl Superblock {
                     b => Some(PolicyCode::from_byte(b).ok_or_else(|| r.bad("device placement", u64::from(b)))?),
                 },
             };
-            sb.devices.push(DeviceEntry { uuid, blocks, path, legs, draining, placement });
+            sb.devices.push(DeviceEntry { uuid, blocks, path, legs, draining, removed, placement });
         }
         sb.validate()?;
         Ok(sb)
@@ -351,6 +363,14 @@ impl Superblock {
         }
         if self.device_index == 0 && self.devices.is_empty() {
             return Err(bad("device_count", 0));
+        }
+        // Removed slots are a state byte, which only EVACUATION encodes.
+        if self.incompat & incompat::REMOVAL != 0 && self.incompat & incompat::EVACUATION == 0 {
+            return Err(bad("incompat", self.incompat));
+        }
+        // The primary holds the journal: its slot is never removed.
+        if self.devices.first().is_some_and(|d| d.removed) {
+            return Err(bad("member_state", 2));
         }
         Ok(())
     }
@@ -446,6 +466,7 @@ mod tests {
                 path: "/tmp/pool.img".into(),
                 legs: Vec::new(),
                 draining: false,
+                removed: false,
                 placement: None,
             }],
         }
@@ -501,6 +522,7 @@ mod tests {
                 path: "/dev/sdb1".into(),
                 legs: Vec::new(),
                 draining: false,
+                removed: false,
                 placement: None,
             }],
         };
@@ -616,10 +638,12 @@ mod tests {
         let mut sb = sample();
         sb.incompat = 1 << 40;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        // Bits 0-9 and 12 are known here; bit 13 is the next feature's.
+        // Bits 0-10 and 12 are known here; bit 13 is the next feature's
+        // (bit 11 is taken by the file volumes' xattrs branch).
         sb.incompat = 1 << 13;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        assert_eq!(incompat::KNOWN, ((1 << 10) - 1) | (1 << 12));
+        assert_eq!(incompat::KNOWN, ((1 << 11) - 1) | (1 << 12));
+        assert_eq!(incompat::REMOVAL, 1 << 10);
         sb.incompat = incompat::QUOTAS;
         assert_eq!(Superblock::decode(&sb.encode(0), 0).unwrap().incompat, 1 << 8);
         sb.incompat = incompat::FS_VERSIONS;
@@ -672,6 +696,7 @@ mod tests {
             path: "d1".into(),
             legs: Vec::new(),
             draining: true,
+            removed: false,
             placement: None,
         });
         let b = sb.encode(0);
@@ -699,5 +724,49 @@ mod tests {
         sb.incompat = incompat::RELOCATE;
         sb.devices[1].draining = false;
         assert_eq!(sb.encoded_len(), e1 + 27);
+    }
+
+    /// Incompat bit 10 (REMOVAL, docs/FORMAT.md): byte 17 of the
+    /// superblock is 0x04 and a removed slot's state byte is 2.
+    #[test]
+    fn golden_removal_state() {
+        let mut sb = sample();
+        sb.incompat = incompat::EVACUATION | incompat::REMOVAL;
+        sb.devices.push(DeviceEntry {
+            uuid: [3; 16],
+            blocks: 4096,
+            path: "d1".into(),
+            removed: true,
+            ..Default::default()
+        });
+        let b = sb.encode(0);
+        assert_eq!(&b[16..24], &[0x80, 0x04, 0, 0, 0, 0, 0, 0]);
+        let e1 = 176 + 16 + 8 + 2 + 13 + 1;
+        assert_eq!(&b[e1..e1 + 16], &[3; 16]);
+        assert_eq!(&b[e1 + 24..e1 + 28], &[2, 0, b'd', b'1']);
+        assert_eq!(b[e1 + 28], 2);
+        assert_eq!(b[e1 + 29], 0);
+        assert_eq!(Superblock::decode(&b, 0).unwrap(), sb);
+        let reseal = |mut bad: Vec<u8>| {
+            let crc = crate::checksum::checksum(SALT_SUPERBLOCK, &bad[..CRC_OFFSET]);
+            bad[CRC_OFFSET..].copy_from_slice(&crc.to_le_bytes());
+            bad
+        };
+        // State 2 without REMOVAL is refused (an EVACUATION-only reader's view).
+        let mut bad = b.clone();
+        bad[17] = 0;
+        assert!(Superblock::decode(&reseal(bad), 0).is_err());
+        // State 3 is no state.
+        let mut bad = b.clone();
+        bad[e1 + 28] = 3;
+        assert!(Superblock::decode(&reseal(bad), 0).is_err());
+        // REMOVAL without EVACUATION is refused (no state bytes to carry it).
+        let mut bad = b.clone();
+        bad[16] = 0;
+        assert!(Superblock::decode(&reseal(bad), 0).is_err());
+        // The primary's slot is never removed.
+        let mut p = sb.clone();
+        p.devices[0].removed = true;
+        assert!(Superblock::decode(&p.encode(0), 0).is_err());
     }
 }

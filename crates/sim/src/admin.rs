@@ -222,7 +222,12 @@ impl Run {
         match p {
             Pending::DevAdd { .. } => self.stats.dev_adds_cut += 1,
             Pending::DevGrow { .. } => self.stats.dev_grows_cut += 1,
-            Pending::DevRemove { .. } => self.stats.dev_removes_cut += 1,
+            Pending::DevRemove { index } => {
+                self.stats.dev_removes_cut += 1;
+                let st = self.pool().status();
+                self.stats.removals_cut_done +=
+                    usize::from(st.devices.get(index).is_some_and(|d| d.state == "REMOVED"));
+            }
             _ => {}
         }
         match seen {
@@ -306,12 +311,13 @@ impl Run {
             },
             // Moves that landed or not show the same contents; whether its
             // last commit did is not observable (as a compaction's).
-            Pending::DevRemove { index } => {
-                if *index >= pool.devices().len() {
-                    return Err(format!("member {index} gone after a cut evacuation"));
-                }
-                false
-            }
+            // The slot reopens as it was (cut before the draining state was
+            // durable), draining (resumable) or removed (its space map
+            // empty); never gone.
+            Pending::DevRemove { index } => match pool.status().devices.get(*index).map(|d| d.state) {
+                Some("REMOVED" | "DRAINING" | "ONLINE") => false,
+                s => return Err(format!("member {index} is {s:?} after a cut removal")),
+            },
             Pending::Compact { vol } | Pending::Hint { vol } => {
                 size_of(vol).ok_or(format!("volume {vol} missing after a compaction or hint move"))?;
                 false

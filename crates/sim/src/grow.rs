@@ -8,7 +8,7 @@ use crate::device::SimDevice;
 use crate::run::{Control, Run};
 use rand::Rng;
 use std::sync::Arc;
-use tarn_engine::Device;
+use tarn_engine::{Device, Pool};
 
 /// Most devices a run grows to (the table takes 16; small keeps runs fast).
 const MAX_DEVICES: usize = 4;
@@ -48,6 +48,9 @@ impl Run {
         }
         let n = self.pool().devices().len();
         let index = self.rng.random_range(0..n);
+        if matches!(self.pool().status().devices[index].state, "REMOVED" | "DRAINING") {
+            return Ok(()); // Refused: covered by the e2e test.
+        }
         let from = self.pool().status().devices[index].data_bytes;
         let bytes = self.devs[index].size() + self.rng.random_range(1..=8u64) * (256 << 10);
         let r = self.pool().grow_device(index, bytes);
@@ -90,8 +93,39 @@ impl Run {
             return Err(format!("member {index}: {live} live blocks after an evacuation reported none"));
         }
         self.stats.blocks_evacuated += (report.moved_bytes / 4096) as usize;
+        if let Some(d) = &report.detached {
+            return self.check_detached(index, d.nodes_moved);
+        }
         if self.rng.random_bool(0.5) {
             return self.cancel_removal(index);
+        }
+        Ok(())
+    }
+
+    /// The last step of a removal: the slot reads REMOVED, holds no space,
+    /// and the device carries no pool label (unless the power was cut
+    /// before its wipe: then the next reopen shows the slot removed).
+    fn check_detached(&mut self, index: usize, nodes: u64) -> Result<(), String> {
+        self.stats.devices_removed += 1;
+        self.stats.nodes_rewritten += nodes as usize;
+        let st = self.pool().status();
+        let d = &st.devices[index];
+        if d.state != "REMOVED" || d.data_bytes != 0 || d.free_bytes != 0 {
+            return Err(format!("member {index} after its removal: {} with {} data bytes", d.state, d.data_bytes));
+        }
+        if self.any_dead() {
+            // Cut after the removal's checkpoint (during the label's wipe):
+            // the reopened pool must have the slot removed.
+            self.crash_and_verify()?;
+            self.stats.removals_cut_done += 1;
+            let state = self.pool().status().devices.get(index).map(|d| d.state);
+            if state != Some("REMOVED") {
+                return Err(format!("member {index} reported removed, reopened {state:?}"));
+            }
+            return Ok(());
+        }
+        if let Ok(uuid) = Pool::pool_uuid(self.devs[index].as_ref()) {
+            return Err(format!("member {index} removed but its device still carries pool {uuid}'s label"));
         }
         Ok(())
     }

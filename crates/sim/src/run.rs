@@ -145,6 +145,12 @@ pub struct RunStats {
     pub dev_removes_cut: usize,
     /// Live blocks evacuations moved off a member.
     pub blocks_evacuated: usize,
+    /// Members taken out of the pool (`dev remove`'s last step) uncut.
+    pub devices_removed: usize,
+    /// Cut removals that reopened with the slot removed.
+    pub removals_cut_done: usize,
+    /// Store nodes a removal's last step found on the member and rewrote.
+    pub nodes_rewritten: usize,
 }
 
 impl RunStats {
@@ -158,6 +164,9 @@ impl RunStats {
         self.dev_grows_cut += o.dev_grows_cut;
         self.dev_removes_cut += o.dev_removes_cut;
         self.blocks_evacuated += o.blocks_evacuated;
+        self.devices_removed += o.devices_removed;
+        self.removals_cut_done += o.removals_cut_done;
+        self.nodes_rewritten += o.nodes_rewritten;
         self.admin += o.admin;
         self.done.iter_mut().zip(o.done).for_each(|(a, b)| *a += b);
         self.refused += o.refused;

@@ -244,6 +244,17 @@ impl<V: LeafValue> Buffered<V> {
         true
     }
 
+    /// Make the base's nodes on `device` dirty (`Tree::rewrite_device`).
+    /// Refused while a checkpoint merges the tree: the merged tree, not
+    /// this base, is what the next checkpoint builds on.
+    pub fn rewrite_device(&mut self, store: &Store, device: u16, sup: &mut Vec<Pba>) -> Result<u64> {
+        if self.is_merging() {
+            let what = "rewritten while a checkpoint merges it".to_string();
+            return Err(StoreError::Invalid { pba: Pba(0), tree: self.base.id, what });
+        }
+        self.base.rewrite_device(store, device, sup)
+    }
+
     /// Drop every entry; returns the base's node blocks (free once the next
     /// checkpoint is durable). Refused while a checkpoint merges the tree:
     /// the blocks to free are then the merged tree's.

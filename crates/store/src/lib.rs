@@ -22,6 +22,7 @@ pub mod io;
 pub mod leaf;
 mod mutate;
 pub mod node;
+mod rewrite;
 pub mod space;
 pub mod sums;
 pub mod tree;

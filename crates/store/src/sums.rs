@@ -11,7 +11,7 @@
 //! with three blocks set in a layer moves from the one to the other.
 
 use crate::buffer::{merge_in_chunks, Merged, CHANGE_OVERHEAD};
-use crate::error::Result;
+use crate::error::{Result, StoreError};
 use crate::node::Ptr;
 use crate::tree::{RootRef, Tree};
 use crate::{NodeAlloc, Store};
@@ -152,6 +152,16 @@ impl SumsTree {
 
     pub fn id(&self) -> u64 {
         self.base.id
+    }
+
+    /// Make the base's nodes on `device` dirty (`Tree::rewrite_device`);
+    /// refused while a checkpoint merges the tree.
+    pub fn rewrite_device(&mut self, store: &Store, device: u16, sup: &mut Vec<Pba>) -> Result<u64> {
+        if self.frozen.is_some() {
+            let what = "rewritten while a checkpoint merges it".to_string();
+            return Err(StoreError::Invalid { pba: Pba(0), tree: self.base.id, what });
+        }
+        self.base.rewrite_device(store, device, sup)
     }
 
     /// Changes held in memory (pending and frozen: groups and blocks).

@@ -77,6 +77,9 @@ impl Pool {
         let (Some(entry), Some(dev)) = (ctl.sb.devices.get(index), self.devices.get(index).cloned()) else {
             return bad(format!("the pool has no device {index}"));
         };
+        if entry.removed || entry.draining {
+            return bad(format!("device {index} is being removed or removed: it does not grow"));
+        }
         let (old, new) = (entry.blocks, bytes / BLOCK_SIZE);
         if self.mirrors.get(index).is_some_and(Option::is_some) {
             return bad(format!("device {index} is a mirror: grow its legs and replace them instead"));

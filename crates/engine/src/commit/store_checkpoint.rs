@@ -12,7 +12,7 @@ use crate::meta::checkpoint;
 use crate::pool::{CheckpointSlot, CommitCtl, FrozenCheckpoint, Pool, WrittenCheckpoint};
 use crate::space::Space;
 use std::sync::atomic::Ordering;
-use tarn_format::superblock::FORMAT_VERSION;
+use tarn_format::superblock::{incompat, FORMAT_VERSION};
 use tarn_format::Pba;
 use tarn_store::NodeAlloc;
 
@@ -144,6 +144,12 @@ impl Pool {
             if i == 0 {
                 sb.device_blocks = blocks;
             }
+        }
+        if let Some(e) = ctl.removing.take().and_then(|i| sb.devices.get_mut(i)) {
+            // This checkpoint's catalog has the slot's empty space map.
+            e.removed = true;
+            e.draining = false;
+            sb.incompat |= incompat::EVACUATION | incompat::REMOVAL;
         }
         sb.devices = self.device_table(&sb.devices);
         self.write_superblock(&sb)?;

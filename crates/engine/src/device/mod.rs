@@ -11,6 +11,7 @@ pub mod label;
 pub mod mem_device;
 pub mod members;
 pub mod node_io;
+pub mod vacant;
 
 use std::io;
 

@@ -193,7 +193,10 @@ impl Pool {
         self.check_writable()?;
         let mut ctl = self.lock_commit();
         let mut fixed = Vec::new();
-        for dev in self.devices.iter() {
+        for (i, dev) in self.devices.iter().enumerate() {
+            if ctl.sb.devices.get(i).is_some_and(|e| e.removed) {
+                continue; // No label: the device left the pool.
+            }
             let label = read_label(dev.as_ref())?;
             let Some(why) = label.other_invalid else { continue };
             let copy = 1 - label.copy;

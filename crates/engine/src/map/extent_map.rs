@@ -177,6 +177,12 @@ impl ExtentMap {
     }
 
     /// Node blocks changes replaced since the last call.
+    /// Make every node of this map stored on `device` dirty (`dev
+    /// remove`'s last step): the next checkpoint writes them elsewhere.
+    pub fn rewrite_device(&mut self, device: u16) -> Result<u64> {
+        self.map.tree.rewrite_device(&self.store, device, &mut self.superseded)
+    }
+
     pub fn take_superseded(&mut self) -> Vec<Pba> {
         std::mem::take(&mut self.superseded)
     }

@@ -127,6 +127,11 @@ impl BlockSums {
     }
 
     /// Node blocks changes replaced since the last call.
+    /// Make every node of the sums tree stored on `device` dirty.
+    pub fn rewrite_device(&mut self, device: u16) -> Result<u64> {
+        self.sums.rewrite_device(&self.store, device, &mut self.superseded)
+    }
+
     pub fn take_superseded(&mut self) -> Vec<Pba> {
         std::mem::take(&mut self.superseded)
     }

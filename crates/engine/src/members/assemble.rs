@@ -58,6 +58,12 @@ pub(crate) fn assemble(slots: Vec<Vec<Arc<dyn Device>>>, writable: bool) -> Resu
     let mut out = Assembled { devices: Vec::new(), mirrors: Vec::new(), label, notes: Vec::new() };
     let mut heals = Vec::new();
     for (i, (found, entry)) in slots.into_iter().zip(&sb.devices).enumerate() {
+        if entry.removed {
+            // A removed slot: whatever was given for it is not opened.
+            out.devices.push(Arc::new(crate::device::vacant::Vacant { index: i }));
+            out.mirrors.push(None);
+            continue;
+        }
         if entry.legs.is_empty() {
             let [dev] = <[_; 1]>::try_from(found).map_err(|f: Vec<_>| {
                 EngineError::InvalidArgument(format!("member {i} is not a mirror: one device, not {}", f.len()))

@@ -198,6 +198,10 @@ pub(crate) struct CommitCtl {
     /// checkpoint's superblock records, with the catalog that has the
     /// larger space map.
     pub growing: Option<(usize, u64)>,
+    /// A member being removed (`volumes/detach.rs`): the next checkpoint's
+    /// superblock marks its slot removed, with the catalog whose space
+    /// map for it is empty.
+    pub removing: Option<usize>,
 }
 
 /// The checkpoint in progress and what the last one left (behind
@@ -681,23 +685,12 @@ impl Pool {
         let used_blocks = inner.space.data_blocks() - inner.space.free_blocks();
         let nodes = used_blocks.saturating_sub(inner.state.mapped_blocks() + freeing + inflight) * BLOCK_SIZE;
         let store = &inner.state.store;
-        let devices: Vec<DeviceStatus> = self
-            .devices
-            .iter()
-            .enumerate()
-            .map(|(i, d)| DeviceStatus {
-                index: i,
-                path: d.name(),
-                state: self.member_state(&inner, i),
-                legs: self.mirrors[i].as_ref().map(|m| m.status().1).unwrap_or_default(),
-                size: d.size(),
-                data_bytes: (inner.space.devices[i].data_end - inner.space.devices[i].data_start) * BLOCK_SIZE,
-                free_bytes: inner.space.devices[i].free_blocks * BLOCK_SIZE,
-                placement: inner.device_placement.get(i).copied().flatten().map(PlacementKind::name),
-            })
-            .collect();
-        let state =
-            if devices.iter().all(|d| matches!(d.state, "ONLINE" | "DRAINING")) { "ONLINE" } else { "DEGRADED" };
+        let devices = self.device_statuses(&ctl, &inner);
+        let state = if devices.iter().all(|d| matches!(d.state, "ONLINE" | "DRAINING" | "REMOVED")) {
+            "ONLINE"
+        } else {
+            "DEGRADED"
+        };
         // Walks the free ranges under the read lock: O(fragments).
         let outside = inner.space.free_in_partial_regions(inner.region_blocks).unwrap_or(0);
         PoolStatus {
@@ -706,8 +699,9 @@ impl Pool {
             devices,
             size,
             used,
-            free: inner.space.free_blocks().saturating_sub(reserve) * BLOCK_SIZE,
-            reserved: reserve.min(inner.space.free_blocks()) * BLOCK_SIZE,
+            // Free where allocation may go: not on a member being removed.
+            free: inner.space.usable_free_blocks().saturating_sub(reserve) * BLOCK_SIZE,
+            reserved: reserve.min(inner.space.usable_free_blocks()) * BLOCK_SIZE,
             freeing: freeing * BLOCK_SIZE,
             free_outside_regions: outside * BLOCK_SIZE,
             expansion: self.options.expansion,
@@ -756,6 +750,29 @@ fn fetch_node(store: &tarn_store::Store, miss: &tarn_store::Miss) -> Result<()> 
 
 /// The volume called `name`.
 impl Pool {
+    /// Per member, its status line (a removed slot by its recorded path).
+    fn device_statuses(&self, ctl: &CommitCtl, inner: &Inner) -> Vec<DeviceStatus> {
+        self.devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                // A removed slot's device is not the pool's any more: its
+                // recorded path says which it was.
+                let removed = ctl.sb.devices.get(i).filter(|e| e.removed);
+                DeviceStatus {
+                    index: i,
+                    path: removed.map_or_else(|| d.name(), |e| e.path.clone()),
+                    state: if removed.is_some() { "REMOVED" } else { self.member_state(inner, i) },
+                    legs: self.mirrors[i].as_ref().map(|m| m.status().1).unwrap_or_default(),
+                    size: if removed.is_some() { 0 } else { d.size() },
+                    data_bytes: (inner.space.devices[i].data_end - inner.space.devices[i].data_start) * BLOCK_SIZE,
+                    free_bytes: inner.space.devices[i].free_blocks * BLOCK_SIZE,
+                    placement: inner.device_placement.get(i).copied().flatten().map(PlacementKind::name),
+                }
+            })
+            .collect()
+    }
+
     /// A member's state for `status`: a mirror's own, else DRAINING when
     /// allocation avoids it outside `dev add` (which holds the commit
     /// lock, as `status` does): a member being evacuated (`dev remove`).

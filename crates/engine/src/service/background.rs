@@ -296,8 +296,9 @@ fn run_evacuation(pool: &Pool, members: &[usize], stop: &Stop) {
         log::warn!("member {i} is being removed: evacuation resumes in the background");
         match pool.evacuate_device(i, &mut |_, _| !stop.is_set() && pool.is_draining(i)) {
             Ok(r) if r.remaining_bytes == 0 => log::warn!(
-                "member {i}: evacuation done in the background ({} MiB moved); no live data left on it",
-                r.moved_bytes >> 20
+                "member {i}: evacuation done in the background ({} MiB moved); {}",
+                r.moved_bytes >> 20,
+                if r.detached.is_some() { "removed from the pool" } else { "no live data left on it" }
             ),
             Ok(r) => log::warn!("member {i}: evacuation stopped, {} MiB of live data left", r.remaining_bytes >> 20),
             Err(e) => log::error!("member {i}: background evacuation failed (run `tarn dev remove {i}`): {e}"),

@@ -48,6 +48,7 @@ impl Pool {
             legs: Vec::new(),
             draining: false,
             placement: None,
+            removed: false,
         };
         let mut label = member_label(&ctl.sb, &entry, index);
         label.created_unix = ctl.sb.created_unix;
@@ -86,8 +87,13 @@ impl Pool {
         if sb.devices.len() >= MAX_DEVICE_ENTRIES {
             return bad(format!("the pool has {MAX_DEVICE_ENTRIES} members, the most a device table holds"));
         }
-        if sb.devices.iter().any(|d| d.path == path || d.legs.iter().any(|l| l.path == path))
-            || self.devices.iter().any(|d| d.name() == name)
+        let members = sb.devices.iter().filter(|d| !d.removed);
+        if members.clone().any(|d| d.path == path || d.legs.iter().any(|l| l.path == path))
+            || self
+                .devices
+                .iter()
+                .enumerate()
+                .any(|(i, d)| !sb.devices.get(i).is_some_and(|e| e.removed) && d.name() == name)
         {
             return bad(format!("device {path} is already a member of this pool"));
         }
@@ -99,7 +105,8 @@ impl Pool {
                     uuid_string(&l.pool_uuid)
                 ));
             }
-            if l.is_primary() || sb.devices.iter().any(|d| d.uuid == l.device_uuid) {
+            // A removed slot's label (a crash came before its wipe) is no member's.
+            if l.is_primary() || members.clone().any(|d| d.uuid == l.device_uuid) {
                 return bad(format!("device {path} is already a member of this pool (member {})", l.device_index));
             }
             // Else: the label of an add a crash cut short; taken again.

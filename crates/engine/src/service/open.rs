@@ -143,7 +143,15 @@ impl NewPool {
             Vec::new()
         };
         let entry =
-            DeviceEntry { uuid: device_uuid, blocks, path: slot[0].1.clone(), legs, draining: false, placement: None };
+            DeviceEntry {
+                uuid: device_uuid,
+                blocks,
+                path: slot[0].1.clone(),
+                legs,
+                draining: false,
+                removed: false,
+                placement: None,
+            };
         let label = Superblock {
             version: FORMAT_VERSION,
             incompat: self.features,
@@ -218,6 +226,18 @@ fn slot_device(slot: &[(Arc<dyn Device>, String)]) -> Result<Arc<dyn Device>> {
     Ok(Arc::new(MirrorDevice::new(legs, size, true)))
 }
 
+/// A member being evacuated (`dev remove`) stays avoided across a
+/// restart, so the next `dev remove` goes on with what is left; a removed
+/// slot (empty) is avoided for good.
+fn avoid_leaving(sb: &Superblock, space: &mut Space) {
+    for (i, d) in sb.devices.iter().enumerate().filter(|(i, d)| (d.draining || d.removed) && *i < 32) {
+        if d.draining {
+            log::warn!("member {i} ({}) is being removed: no new data goes there", d.path);
+        }
+        space.avoid |= 1 << i;
+    }
+}
+
 /// Check that `dev` is member `index` of the pool the primary describes.
 fn verify_member(primary: &Superblock, index: usize, dev: &dyn Device) -> Result<()> {
     let label = read_label(dev)?.current;
@@ -259,7 +279,7 @@ impl Pool {
         let primary = &devices[0];
         let sb = label.current.clone();
         for (i, dev) in devices.iter().enumerate().skip(1) {
-            if mirrors[i].is_none() {
+            if mirrors[i].is_none() && !sb.devices[i].removed {
                 verify_member(&sb, i, dev.as_ref())?;
             }
         }
@@ -273,12 +293,7 @@ impl Pool {
                 .map_err(EngineError::InvalidArgument)?;
         }
         space.reserve_blocks = reserve_for(state.extent_count(), space.data_blocks());
-        // A member being evacuated (`dev remove`) stays avoided across a
-        // restart; the next `dev remove` goes on with what is left.
-        for (i, d) in sb.devices.iter().enumerate().filter(|(i, d)| d.draining && *i < 32) {
-            log::warn!("member {i} ({}) is being removed: no new data goes there", d.path);
-            space.avoid |= 1 << i;
-        }
+        avoid_leaving(&sb, &mut space);
         let mut notes = asm.notes;
         if let Some(why) = label.other_invalid {
             log::warn!(
@@ -322,6 +337,7 @@ impl Pool {
             notes,
             adding: None,
             growing: None,
+            removing: None,
         };
         let slot = CheckpointSlot { pieces, ..Default::default() };
         let pool = Pool::new(members, mirrors, state, space, (ctl, slot), options);
@@ -395,13 +411,24 @@ impl Pool {
         Ok(read_label(primary)?.current.devices.into_iter().map(|d| d.path).collect())
     }
 
+    /// Which members are removed slots (`dev remove`): nothing is opened
+    /// for them.
+    pub fn removed_members(primary: &dyn Device) -> Result<Vec<bool>> {
+        Ok(read_label(primary)?.current.devices.into_iter().map(|d| d.removed).collect())
+    }
+
     /// Per member, the paths of its devices as recorded: one for a plain
     /// member, every leg's for a mirrored one.
     pub fn member_legs(primary: &dyn Device) -> Result<Vec<Vec<String>>> {
         let devices = read_label(primary)?.current.devices;
         Ok(devices
             .into_iter()
-            .map(|d| if d.legs.is_empty() { vec![d.path] } else { d.legs.into_iter().map(|l| l.path).collect() })
+            .map(|d| match () {
+                // Nothing to open for a removed slot.
+                _ if d.removed => Vec::new(),
+                _ if d.legs.is_empty() => vec![d.path],
+                _ => d.legs.into_iter().map(|l| l.path).collect(),
+            })
             .collect())
     }
 }
@@ -454,7 +481,8 @@ fn data_areas(devices: &[Arc<dyn Device>], sb: &Superblock) -> Result<Vec<(u64, 
     let mut areas = Vec::with_capacity(devices.len());
     for (i, dev) in devices.iter().enumerate() {
         let start = if i == 0 { sb.data_start } else { LABEL_BLOCKS };
-        let end = sb.devices.get(i).map_or(0, |d| d.blocks);
+        // A removed slot's data area is empty (its catalog space map too).
+        let end = sb.devices.get(i).map_or(0, |d| if d.removed { start } else { d.blocks });
         if end < start {
             // Only a damaged superblock (device table) says so.
             let detail = format!("data area {start}..{end} ends before it starts");

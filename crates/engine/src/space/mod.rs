@@ -190,6 +190,29 @@ impl Space {
         self.give_back(pba, len)
     }
 
+    /// Empty a removed member's slot (`dev remove`, last step): its whole
+    /// data area, which must be free, is claimed, leaving an empty space
+    /// map, and the area shrinks to nothing; allocation avoids it for good.
+    /// A block still used there is an error and changes nothing.
+    pub fn empty_device(&mut self, device: usize) -> Result<()> {
+        self.device_mut(Pba::new(device as u16, 0))?;
+        let d = &mut self.devices[device];
+        let area = d.data_end - d.data_start;
+        if d.free_blocks != area {
+            let what = format!("{} of {area} blocks still used on a member being removed", area - d.free_blocks);
+            return Err(StoreError::Invalid { pba: Pba::new(device as u16, 0), tree: d.tree.id, what });
+        }
+        if area > 0 {
+            d.claim(&self.store, d.data_start, area, &mut self.superseded)?;
+        }
+        d.data_end = d.data_start;
+        d.cursor = d.data_start;
+        if device < 32 {
+            self.avoid |= 1 << device;
+        }
+        Ok(())
+    }
+
     /// Let allocation take space on `device` again.
     pub fn open_device(&mut self, device: usize) {
         if device < 32 {

@@ -32,6 +32,9 @@ impl Pool {
         let Some(entry) = sb.devices.get(index) else {
             return Err(EngineError::InvalidArgument(format!("device {index} is not a member of this pool")));
         };
+        if entry.removed {
+            return Err(EngineError::InvalidArgument(format!("device {index} was removed from this pool")));
+        }
         let code = placement.map(Into::into);
         if entry.placement == code {
             return Ok(());

@@ -33,6 +33,8 @@ pub struct EvacuateReport {
     pub remaining_bytes: u64,
     /// Stopped because the caller asked (a cancel); what moved is durable.
     pub stopped: bool,
+    /// Done: the member was taken out of the pool (`detach_device`).
+    pub detached: Option<crate::volumes::detach::DetachReport>,
 }
 
 /// Where one live run on the draining member is held.
@@ -65,13 +67,17 @@ impl Pool {
         if index == 0 {
             return bad("member 0 is the primary (journal and superblock): it cannot be removed".into());
         }
+        if self.is_removed(index) {
+            return bad(format!("member {index} is removed already: its slot is empty"));
+        }
         if self.mirrors.get(index).is_some_and(Option::is_some) {
             return bad(format!("member {index} is a mirror: removing a mirrored member is not supported"));
         }
         let live = self.live_blocks_on(index)?;
         let inner = self.read_inner();
         let sp = &inner.space;
-        let others: u64 = (0..sp.devices.len()).filter(|&d| d != index).map(|d| sp.devices[d].free_blocks).sum();
+        let others: u64 =
+            (0..sp.devices.len()).filter(|&d| d != index && sp.usable(d)).map(|d| sp.devices[d].free_blocks).sum();
         let room = others.saturating_sub(sp.reserve_blocks);
         if live > room {
             return bad(format!(
@@ -118,12 +124,15 @@ impl Pool {
         }
         self.flush()?;
         report.remaining_bytes = self.live_blocks_on(index)? * BLOCK_SIZE;
+        if report.remaining_bytes == 0 && !report.stopped && self.is_draining(index) {
+            report.detached = Some(self.detach_device(index)?);
+        }
         Ok(report)
     }
 
     /// Let allocation use member `index` again (a cancelled removal).
     pub fn undrain_device(&self, index: usize) -> Result<()> {
-        if index >= self.devices.len() {
+        if index >= self.devices.len() || self.is_removed(index) {
             return Err(EngineError::InvalidArgument(format!("no member {index}")));
         }
         self.record_draining(index, false)?;
@@ -158,7 +167,7 @@ impl Pool {
 
     /// Whether member `index` is draining (allocation avoids it).
     pub fn is_draining(&self, index: usize) -> bool {
-        !self.read_inner().space.usable(index)
+        !self.is_removed(index) && !self.read_inner().space.usable(index)
     }
 
     /// The live runs on member `index`, at most one window long each.

@@ -1,0 +1,40 @@
+//! The device of a removed slot (`tarn dev remove`): nothing is opened for
+//! it, and nothing may be read or written there (its data area is empty,
+//! so no block address names it). Flushes succeed: a checkpoint flushes
+//! every member.
+
+use crate::device::Device;
+use std::io;
+use tarn_format::superblock::LABEL_BLOCKS;
+use tarn_format::BLOCK_SIZE;
+
+pub struct Vacant {
+    pub index: usize,
+}
+
+impl Vacant {
+    fn refuse(&self) -> io::Error {
+        io::Error::new(io::ErrorKind::NotFound, format!("member {} was removed from the pool", self.index))
+    }
+}
+
+impl Device for Vacant {
+    fn read_at(&self, _buf: &mut [u8], _offset: u64) -> io::Result<()> {
+        Err(self.refuse())
+    }
+    fn write_at(&self, _data: &[u8], _offset: u64) -> io::Result<()> {
+        Err(self.refuse())
+    }
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+    fn discard(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        Ok(())
+    }
+    fn size(&self) -> u64 {
+        LABEL_BLOCKS * BLOCK_SIZE
+    }
+    fn name(&self) -> String {
+        format!("(removed member {})", self.index)
+    }
+}
