@@ -615,7 +615,16 @@ impl FileVolume {
             i.object = self.pool.create_object(self.id, MAX_FILE_SIZE, None)?;
             self.save(&mut ns, &i)?;
         }
-        self.pool.write(i.object, offset, data, false)?;
+        match self.pool.write(i.object, offset, data, false) {
+            // Space freed by deletes comes back at the commit that makes
+            // them durable (the periodic commit may not have run yet):
+            // commit, then try once more.
+            Err(tarn_engine::EngineError::NoSpace) => {
+                self.pool.flush()?;
+                self.pool.write(i.object, offset, data, false)?;
+            }
+            r => r?,
+        }
         i.size = i.size.max(end);
         i.mtime = now();
         i.ctime = i.mtime;
@@ -661,6 +670,16 @@ impl FileVolume {
     /// Save every pending inode change and commit: durable when it returns.
     pub fn sync(&self) -> Result<()> {
         self.save_dirty(&mut self.lock())?;
+        Ok(self.pool.flush()?)
+    }
+
+    /// `sync` from a thread other than the one making changes (the
+    /// mount's periodic commit): the namespace mutex is held through the
+    /// commit, so it lands between two namespace changes, never inside
+    /// one (a change holds the mutex from its first write to its last).
+    pub fn sync_between_changes(&self) -> Result<()> {
+        let mut ns = self.lock();
+        self.save_dirty(&mut ns)?;
         Ok(self.pool.flush()?)
     }
 

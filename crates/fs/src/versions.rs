@@ -66,7 +66,8 @@ impl Node {
 
 /// A mounted file volume with its version directories.
 pub struct Versioned {
-    pub live: FileVolume,
+    /// Shared with the mount's commit thread (`tarn_fuse::mount`).
+    pub live: Arc<FileVolume>,
     views: Mutex<Views>,
     /// Open-close versioning state (`close.rs`).
     pub(crate) close: Mutex<crate::close::Sessions>,
@@ -82,7 +83,7 @@ struct Views {
 
 impl Versioned {
     pub fn new(live: FileVolume) -> Versioned {
-        Versioned { live, views: Mutex::new(Views::default()), close: Mutex::default() }
+        Versioned { live: Arc::new(live), views: Mutex::new(Views::default()), close: Mutex::default() }
     }
 
     /// The read-only view of volume snapshot number `n` (ENOENT: none).
