@@ -35,14 +35,16 @@ impl FileVolume {
     /// empty): durable when it returns.
     pub fn snap_file(&self, ino: u64, label: &str) -> Result<FsSnapshot> {
         check_label(label)?;
-        self.version_of(ino, VersionKind::File, label)
+        self.version_of(ino, VersionKind::File, label, true)
     }
 
     /// A close version of `ino`, then the file's close versions past the
     /// volume's bound are deleted, oldest first (a second commit: a crash
     /// between keeps one version more, pruned at the next close).
-    pub fn close_version(&self, ino: u64) -> Result<FsSnapshot> {
-        let v = self.version_of(ino, VersionKind::Close, "")?;
+    /// `durable`: committed when it returns; else queued whole (one
+    /// batch, after the file's data) for the next commit.
+    pub fn close_version(&self, ino: u64, durable: bool) -> Result<FsSnapshot> {
+        let v = self.version_of(ino, VersionKind::Close, "", durable)?;
         let keep = self.keep() as usize;
         let list = self.versions()?;
         let closes: Vec<u64> =
@@ -54,8 +56,8 @@ impl FileVolume {
     }
 
     /// One commit: header bump to N, table snapshot, tag `gN` of the
-    /// file's object, the inode's epoch N.
-    fn version_of(&self, ino: u64, kind: VersionKind, label: &str) -> Result<FsSnapshot> {
+    /// file's object, the inode's epoch N (committed at once if `durable`).
+    fn version_of(&self, ino: u64, kind: VersionKind, label: &str, durable: bool) -> Result<FsSnapshot> {
         self.writable()?;
         let mut ns = self.lock();
         let mut i = self.inode(&mut ns, ino)?;
@@ -79,7 +81,9 @@ impl FileVolume {
         i.epoch = number;
         self.save(&mut ns, &i)?;
         drop(ns);
-        self.pool.flush()?;
+        if durable {
+            self.pool.flush()?;
+        }
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         Ok(FsSnapshot { name, kind, owner: ino, object: i.object, number, created, engine_epoch })
     }

@@ -71,6 +71,9 @@ pub struct Versioned {
     views: Mutex<Views>,
     /// Open-close versioning state (`close.rs`).
     pub(crate) close: Mutex<crate::close::Sessions>,
+    /// Close versions are committed before the close returns (the mount
+    /// commits at every close); else at the next commit.
+    pub commit_at_close: bool,
 }
 
 /// Open snapshot views and the snapshot list they were found in (read
@@ -83,7 +86,12 @@ struct Views {
 
 impl Versioned {
     pub fn new(live: FileVolume) -> Versioned {
-        Versioned { live: Arc::new(live), views: Mutex::new(Views::default()), close: Mutex::default() }
+        Versioned {
+            live: Arc::new(live),
+            views: Mutex::new(Views::default()),
+            close: Mutex::default(),
+            commit_at_close: true,
+        }
     }
 
     /// The read-only view of volume snapshot number `n` (ENOENT: none).

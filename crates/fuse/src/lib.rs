@@ -63,11 +63,9 @@ pub fn mount(fv: FileVolume, name: &str, dir: &Path, durability: Durability) -> 
         access,
     ];
     let interval = durability.commit_interval;
-    let fs = TarnFs {
-        fv: Versioned::new(fv),
-        commit_on_close: interval.is_zero(),
-        writeback_cache: durability.writeback_cache,
-    };
+    let mut fv = Versioned::new(fv);
+    fv.commit_at_close = interval.is_zero();
+    let fs = TarnFs { fv, commit_on_close: interval.is_zero(), writeback_cache: durability.writeback_cache };
     // The commit thread ends when `stop` is dropped (the session is over).
     let (stop, stopped) = std::sync::mpsc::channel::<()>();
     let committer = (!interval.is_zero() && !fs.fv.live.is_snapshot()).then(|| {
