@@ -63,6 +63,11 @@ pub mod incompat {
     /// object (docs/FORMAT.md *File volumes*). An older tarn would list
     /// them as volume snapshots and delete them by name.
     pub const FS_FILE_VERSIONS: u64 = 1 << 9;
+    /// File volumes keep user extended attributes in two slots at the end
+    /// of an inode's object, past the largest file (docs/FORMAT.md *File
+    /// volumes*, *Extended attributes*). An older tarn would let a file
+    /// grow over them and its truncate would zero them.
+    pub const FS_XATTRS: u64 = 1 << 11;
     /// Features this build understands.
     pub const KNOWN: u64 = SNAPSHOTS
         | DATA_CHECKSUMS
@@ -73,7 +78,8 @@ pub mod incompat {
         | FS_VERSIONS
         | EVACUATION
         | QUOTAS
-        | FS_FILE_VERSIONS;
+        | FS_FILE_VERSIONS
+        | FS_XATTRS;
 }
 
 /// Superblock flag: a pool with mirrors is open for writing (set before its
@@ -592,7 +598,7 @@ mod tests {
         // Bits 0-9 are known here; bit 10 is the next feature's.
         sb.incompat = 1 << 10;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        assert_eq!(incompat::KNOWN, (1 << 10) - 1);
+        assert_eq!(incompat::KNOWN, (1 << 10) - 1 | 1 << 11);
         sb.incompat = incompat::QUOTAS;
         assert_eq!(Superblock::decode(&sb.encode(0), 0).unwrap().incompat, 1 << 8);
         sb.incompat = incompat::FS_VERSIONS;
@@ -601,6 +607,20 @@ mod tests {
         sb.incompat = incompat::FS_FILE_VERSIONS;
         assert_eq!(incompat::FS_FILE_VERSIONS, 1 << 9);
         assert_eq!(Superblock::decode(&sb.encode(0), 0).unwrap().incompat, 1 << 9);
+        sb.incompat = incompat::FS_XATTRS;
+        assert_eq!(incompat::FS_XATTRS, 1 << 11);
+        assert_eq!(Superblock::decode(&sb.encode(0), 0).unwrap().incompat, 1 << 11);
+    }
+
+    /// Incompat bit 11 (FS_XATTRS, docs/FORMAT.md): byte 17 of the
+    /// superblock is 0x08, and this build opens it.
+    #[test]
+    fn golden_fs_xattrs_bit() {
+        let mut sb = sample();
+        sb.incompat = incompat::FS_XATTRS;
+        let b = sb.encode(0);
+        assert_eq!(&b[16..24], &[0, 0x08, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(Superblock::decode(&b, 0).unwrap().incompat, incompat::FS_XATTRS);
     }
 
     /// Incompat bit 7 (EVACUATION, docs/FORMAT.md): byte 16 of the

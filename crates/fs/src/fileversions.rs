@@ -12,7 +12,6 @@ use crate::inode::{Header, Kind, DEFAULT_KEEP, MAX_KEEP};
 use crate::ns::{FileVolume, Ns};
 use crate::policy::{self, Rule, MAX_RULES, POLICY_HEADER};
 use crate::snap::{version_name, FsSnapshot, VersionKind};
-use crate::MAX_FILE_SIZE;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tarn_engine::PlacementKind;
 
@@ -159,7 +158,7 @@ impl FileVolume {
         let mut ns: std::sync::MutexGuard<'_, Ns> = self.lock();
         self.pool.make_room_for(bytes.len() / 4096 * 96 + 2048)?;
         if ns.header.policy == 0 {
-            ns.header.policy = self.pool.create_object(self.id, MAX_FILE_SIZE, Some(PlacementKind::Append))?;
+            ns.header.policy = self.pool.create_object(self.id, crate::OBJECT_SIZE, Some(PlacementKind::Append))?;
             self.write_header(&ns.header)?;
         }
         self.pool.write(ns.header.policy, 0, &bytes, false)?;

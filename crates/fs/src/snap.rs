@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tarn_engine::{EngineError, Pool, View};
 
-/// The head size marking a retired object (live objects are MAX_FILE_SIZE).
+/// The head size marking a retired object (live objects are OBJECT_SIZE).
 pub const RETIRED_SIZE: u64 = 4096;
 /// Snapshots of one file volume at most (the engine's per-volume bound).
 const MAX_LIST: usize = 1 << 16;

@@ -292,6 +292,25 @@ impl Versioned {
         }
     }
 
+    /// User extended attribute `name` of `x` (of a version: as the
+    /// version keeps it); a version list has none.
+    pub fn get_xattr(&self, x: u64, name: &[u8]) -> Result<Vec<u8>> {
+        match Node::decode(x) {
+            Node::Live(i) => self.live.get_xattr(i, name),
+            Node::Scoped { n, ino } => self.view(n)?.get_xattr(ino, name),
+            Node::List(_) => Err(FsError::NoData),
+        }
+    }
+
+    /// The names of `x`'s user extended attributes, NUL-terminated.
+    pub fn list_xattrs(&self, x: u64) -> Result<Vec<u8>> {
+        match Node::decode(x) {
+            Node::Live(i) => self.live.list_xattrs(i),
+            Node::Scoped { n, ino } => self.view(n)?.list_xattrs(ino),
+            Node::List(_) => Ok(Vec::new()),
+        }
+    }
+
     /// The live inode a change names, or EROFS for a version.
     pub fn writable(&self, x: u64) -> Result<u64> {
         match Node::decode(x) {

@@ -12,7 +12,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tarn_fs::{Attr, FileVolume, FsError, Kind, Node, SetAttr, Versioned};
+use tarn_fs::{Attr, FileVolume, FsError, Kind, Node, SetAttr, Versioned, XattrMode};
 
 /// How long the kernel may cache attributes and names: this process is
 /// the only writer.
@@ -131,6 +131,18 @@ fn attr(at: &Attr) -> FileAttr {
         rdev: 0,
         blksize: 4096,
         flags: 0,
+    }
+}
+
+/// getxattr/listxattr: size 0 asks for the length; a smaller buffer is
+/// ERANGE.
+fn xattr_reply(reply: ReplyXattr, size: u32, v: &[u8]) {
+    if size == 0 {
+        reply.size(v.len() as u32)
+    } else if (size as usize) < v.len() {
+        reply.error(libc::ERANGE)
+    } else {
+        reply.data(v)
     }
 }
 
@@ -471,14 +483,14 @@ impl Filesystem for TarnFs {
     /// Volume snapshots from a script on the mount: setting
     /// `user.tarn.snapshot` on the root to NAME takes snapshot NAME,
     /// `user.tarn.snapshot.delete` deletes it, `user.tarn.version.delete`
-    /// deletes version N (as `foo@` names it). Other attributes: not kept yet.
+    /// deletes version N (as `foo@` names it). Other `user.*` names are stored (`xattr.rs`).
     fn setxattr(
         &mut self,
         _req: &Request<'_>,
         ino: u64,
         name: &OsStr,
         value: &[u8],
-        _flags: i32,
+        flags: i32,
         _position: u32,
         reply: ReplyEmpty,
     ) {
@@ -494,6 +506,16 @@ impl Filesystem for TarnFs {
             }
             (tarn_fs::ROOT, b"user.tarn.version.delete") => self.fv.delete_version(value),
             (_, b"user.tarn.snapshot") => self.snap_file(ino, snap),
+            (_, n) if !n.starts_with(tarn_fs::xattr::CONTROL) => {
+                let mode = match flags {
+                    0 => XattrMode::Any,
+                    libc::XATTR_CREATE => XattrMode::Create,
+                    libc::XATTR_REPLACE => XattrMode::Replace,
+                    _ => return reply.error(libc::EINVAL),
+                };
+                let r = self.fv.writable(ino).and_then(|i| self.fv.live.set_xattr(i, n, value, mode));
+                return empty(reply, r);
+            }
             _ => return reply.error(libc::ENOTSUP),
         };
         if let Err(e) = &r {
@@ -502,24 +524,35 @@ impl Filesystem for TarnFs {
         empty(reply, r)
     }
 
-    /// `user.tarn.version.type` of a version (`foo@/N`, `foo@N`):
-    /// volume, file or close. Other attributes: ENODATA.
-    fn getxattr(&mut self, _req: &Request<'_>, ino: u64, name: &OsStr, size: u32, reply: ReplyXattr) {
-        if name.as_bytes() != b"user.tarn.version.type" {
-            return reply.error(libc::ENODATA);
+    fn removexattr(&mut self, _req: &Request<'_>, ino: u64, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, self.fv.writable(ino).and_then(|i| self.fv.live.remove_xattr(i, name.as_bytes())))
+    }
+
+    /// The stored `user.*` names (tarn's own `user.tarn.*` answers are
+    /// not stored, so not listed).
+    fn listxattr(&mut self, _req: &Request<'_>, ino: u64, size: u32, reply: ReplyXattr) {
+        match self.fv.list_xattrs(ino) {
+            Ok(v) => xattr_reply(reply, size, &v),
+            Err(e) => reply.error(e.errno()),
         }
-        let kind = match self.fv.version_type(ino) {
-            Ok(Some(k)) => k,
-            Ok(None) => return reply.error(libc::ENODATA),
-            Err(e) => return reply.error(e.errno()),
-        };
-        let v = kind.as_str().as_bytes();
-        if size == 0 {
-            reply.size(v.len() as u32)
-        } else if (size as usize) < v.len() {
-            reply.error(libc::ERANGE)
+    }
+
+    /// `user.tarn.version.type` of a version (`foo@/N`, `foo@N`):
+    /// volume, file or close. Other `user.*` names: as stored (in a
+    /// version, as the version keeps them); other namespaces: ENODATA.
+    fn getxattr(&mut self, _req: &Request<'_>, ino: u64, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let r = if name.as_bytes() == b"user.tarn.version.type" {
+            match self.fv.version_type(ino) {
+                Ok(Some(k)) => Ok(k.as_str().as_bytes().to_vec()),
+                Ok(None) => Err(FsError::NoData),
+                Err(e) => Err(e),
+            }
         } else {
-            reply.data(v)
+            self.fv.get_xattr(ino, name.as_bytes())
+        };
+        match r {
+            Ok(v) => xattr_reply(reply, size, &v),
+            Err(e) => reply.error(e.errno()),
         }
     }
 

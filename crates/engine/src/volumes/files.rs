@@ -30,6 +30,15 @@ pub struct FileVolumeInfo {
 }
 
 impl Pool {
+    /// Set incompat bit 11 (FS_XATTRS) before a file volume's first
+    /// extended attribute is written: one commit of its own, the first
+    /// time only (then a check under the commit lock).
+    pub fn enable_fs_xattrs(&self) -> Result<()> {
+        self.check_writable()?;
+        let mut ctl = self.lock_commit();
+        self.enable_feature(&mut ctl, incompat::FS_XATTRS)
+    }
+
     /// A new file volume whose own map (`size` bytes, thin) holds its
     /// inode table. Sets FILES (and PLACEMENT) first, each by a commit of
     /// its own; the volume itself is durable at the next flush, so the
