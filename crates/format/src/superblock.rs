@@ -598,7 +598,7 @@ mod tests {
         // Bits 0-9 are known here; bit 10 is the next feature's.
         sb.incompat = 1 << 10;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        assert_eq!(incompat::KNOWN, (1 << 10) - 1 | 1 << 11);
+        assert_eq!(incompat::KNOWN, ((1 << 10) - 1) | (1 << 11));
         sb.incompat = incompat::QUOTAS;
         assert_eq!(Superblock::decode(&sb.encode(0), 0).unwrap().incompat, 1 << 8);
         sb.incompat = incompat::FS_VERSIONS;

@@ -314,7 +314,7 @@ mod tests {
         want.extend_from_slice(b"TFSX\x01\x00\x00\x00");
         want.extend_from_slice(&7u64.to_le_bytes());
         want.extend_from_slice(&2u32.to_le_bytes());
-        want.extend_from_slice(&25u32.to_le_bytes());
+        want.extend_from_slice(&24u32.to_le_bytes());
         want.extend_from_slice(&[0; 4]);
         want.extend_from_slice(b"\x06\x01\x00\x00\x00user.a1");
         want.extend_from_slice(b"\x07\x00\x00\x00\x00user.bb");
