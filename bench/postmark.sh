@@ -7,9 +7,10 @@
 #   ext4raw ext4 on a loop device over a plain sparse file (the baseline)
 # each in modes:
 #   none    no versioning
-#   snap    a volume snapshot every SNAP_EVERY s during the run (tarnfs:
-#           setfattr user.tarn.snapshot on the mount; ext4nbd: tarn snap
-#           create through the server; ext4raw has none)
+#   snap    a volume snapshot every SNAP_EVERY s during the run, the last
+#           SNAP_KEEP (5) kept (tarnfs: setfattr user.tarn.snapshot and
+#           .delete on the mount; ext4nbd: tarn snap create and delete
+#           through the server; ext4raw has none)
 #   ver     open-close versioning of every file (`*` rule; tarnfs only)
 # Each run is a fresh file system; the time measured is PostMark's run
 # plus a `sync -f` of the file system (so no one keeps the data in page
@@ -30,6 +31,7 @@ PM_TX=${PM_TX:-20000}
 PM_FILES=${PM_FILES:-5000}
 ROUNDS=${ROUNDS:-3}
 SNAP_EVERY=${SNAP_EVERY:-2}
+SNAP_KEEP=${SNAP_KEEP:-5}
 CONFIGS=${CONFIGS:-ext4raw-none ext4nbd-none ext4nbd-snap tarnfs-none tarnfs-snap tarnfs-ver}
 DIR=${DIR:-/var/tmp/tarn-postmark}
 PORT=${PORT:-10879}
@@ -105,14 +107,18 @@ setup() {
   esac
 }
 
-# ticker KIND: a volume snapshot every SNAP_EVERY s until killed
+# ticker KIND: a volume snapshot every SNAP_EVERY s until killed, the
+# last SNAP_KEEP kept (a rolling schedule: with every snapshot kept, all
+# the data PostMark deletes stays and fills the pool)
 ticker() {
-  local n=0
+  local n=0 old
   while sleep "$SNAP_EVERY"; do
-    n=$((n + 1))
+    n=$((n + 1)) old=$((n - SNAP_KEEP))
     case $1 in
-      tarnfs) setfattr -n user.tarn.snapshot -v "pm$n" "$MNT" ;;
-      ext4nbd) "$TARN" snap create "pm@pm$n" -p "$RUN/pool.img" >/dev/null ;;
+      tarnfs) setfattr -n user.tarn.snapshot -v "pm$n" "$MNT" &&
+        { [ "$old" -lt 1 ] || setfattr -n user.tarn.snapshot.delete -v "pm$old" "$MNT"; } ;;
+      ext4nbd) "$TARN" snap create "pm@pm$n" -p "$RUN/pool.img" >/dev/null &&
+        { [ "$old" -lt 1 ] || "$TARN" snap delete "pm@pm$old" -p "$RUN/pool.img" >/dev/null; } ;;
     esac || echo "snapshot $n failed" >&2
     echo "$n" >"$DIR/snaps"
   done
@@ -128,8 +134,8 @@ one() {
   sync
   t0=$(date +%s%N)
   if [ "$mode" = snap ]; then ticker "$kind" & TICK=$!; fi
-  postmark "$DIR/pm.cfg" >"$DIR/pm.out"
-  sync -f "$MNT"
+  postmark "$DIR/pm.cfg" >"$DIR/pm.out" || echo "postmark failed: $(tail -n 2 "$DIR/pm.out")" >&2
+  sync -f "$MNT" || echo "sync -f failed" >&2
   t1=$(date +%s%N)
   [ -n "$TICK" ] && { kill "$TICK"; wait "$TICK" || true; TICK=; }
   tx=$(sed -n 's/^[[:space:]]*\([0-9]*\) seconds of transactions.*/\1/p' "$DIR/pm.out")
@@ -137,7 +143,7 @@ one() {
   echo "$(((t1 - t0) / 1000000)) ${tx:-?} $(cat "$DIR/snaps")" >"$DIR/result"
 }
 
-echo "# bench/postmark.sh $STAMP: PM_TX=$PM_TX PM_FILES=$PM_FILES ROUNDS=$ROUNDS SNAP_EVERY=$SNAP_EVERY ($(uname -r), $(nproc) cpus, git $(git -C "$REPO" rev-parse --short HEAD))"
+echo "# bench/postmark.sh $STAMP: PM_TX=$PM_TX PM_FILES=$PM_FILES ROUNDS=$ROUNDS SNAP_EVERY=$SNAP_EVERY SNAP_KEEP=$SNAP_KEEP ($(uname -r), $(nproc) cpus, git $(git -C "$REPO" rev-parse --short HEAD))"
 read -r -a LIST <<<"$CONFIGS"
 declare -A WALL TX
 for r in $(seq 1 "$ROUNDS"); do
