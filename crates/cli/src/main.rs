@@ -195,6 +195,16 @@ enum FsCmd {
         #[command(flatten)]
         pool: PoolArg,
     },
+    /// A writable file volume NEW from volume snapshot FS@SNAP (offline):
+    /// nothing copied (engine clones of its table and objects); the two
+    /// change independently.
+    Clone {
+        /// The file volume and its volume snapshot, FS@SNAP.
+        source: String,
+        new: String,
+        #[command(flatten)]
+        pool: PoolArg,
+    },
     /// Volume snapshots of a file volume (offline): create, list, delete.
     #[command(subcommand)]
     Snap(fs_versions::FsSnapCmd),
@@ -917,6 +927,18 @@ fn fs_cmd(cmd: FsCmd) -> Result<i32> {
             println!("destroyed file volume {name}");
         }
         FsCmd::Check { name, pool, json } => return fs_check(&pool, &name, json),
+        FsCmd::Clone { source, new, pool } => {
+            let Some((fs, snap)) = source.split_once('@') else {
+                bail!("{source:?}: name the snapshot to clone as FS@SNAP");
+            };
+            let (pool_, lock, fv) = open_file_volume(&pool, fs)?;
+            drop(fv);
+            tarn_fs::FileVolume::clone_snapshot(pool_.clone(), fs, snap, &new)
+                .with_context(|| format!("clone {source} as {new}"))?;
+            pool_.close().context("close the pool")?;
+            drop(lock);
+            println!("cloned {source} as file volume {new}");
+        }
         FsCmd::Snap(cmd) => return fs_versions::snap(cmd),
         FsCmd::VersionPolicy(cmd) => return fs_versions::policy(cmd),
     }

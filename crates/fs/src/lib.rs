@@ -6,6 +6,7 @@
 //! here: `tarn-fuse` adapts this API.
 
 pub mod check;
+mod clone;
 mod close;
 pub mod dir;
 pub mod error;

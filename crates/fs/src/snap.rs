@@ -101,7 +101,7 @@ pub(crate) fn parse_version(name: &str) -> Option<(VersionKind, u64, u32, u64, &
     Some((kind, ino, object, number, parts.next().unwrap_or("")))
 }
 
-fn tag_name(number: u64) -> String {
+pub(crate) fn tag_name(number: u64) -> String {
     format!("g{number}")
 }
 
@@ -142,7 +142,7 @@ impl FileVolume {
     }
 
     /// The object's oldest tag numbered `number` or later, else its head.
-    fn object_view(&self, object: u32, number: u64) -> Result<View> {
+    pub(crate) fn object_view(&self, object: u32, number: u64) -> Result<View> {
         let snaps = self.pool.member_snapshots(object)?;
         let best = snaps.iter().filter_map(|s| tag_of(&s.name).filter(|t| *t >= number).map(|t| (t, s.epoch))).min();
         Ok(best.map_or(View::Head, |(_, epoch)| View::Snapshot(epoch)))
