@@ -32,7 +32,8 @@ impl FileVolume {
         if pool.file_volume(new).is_some() {
             return Err(FsError::Engine(EngineError::VolumeExists(new.to_string())));
         }
-        let view = FileVolume::open_view(pool.clone(), name, Some(SnapView { epoch: s.engine_epoch, number: s.number }))?;
+        let view =
+            FileVolume::open_view(pool.clone(), name, Some(SnapView { epoch: s.engine_epoch, number: s.number }))?;
         let (inodes, damaged) = view.table()?;
         if let Some(d) = damaged.first() {
             return Err(FsError::corrupt("inode table", 0, d.clone()));
