@@ -17,7 +17,7 @@ declare -A NEED=(
   [losetup]=util-linux [fstrim]=util-linux [pgrep]=procps
   [sqlite3]=sqlite3 [git]=git [setfattr]=attr
   [jq]=jq [promtool]=prometheus [python3]=python3 [timeout]=coreutils [openssl]=openssl [stat]=coreutils
-  [systemd-analyze]=systemd [man]=man-db
+  [systemd-analyze]=systemd [man]=man-db [postmark]=postmark
   # a throwaway Ceph cluster for the RADOS tests (scripts/ceph.sh)
   [ceph-mon]=ceph-mon [ceph-osd]=ceph-osd [ceph]=ceph-common [rados]=ceph-common
 )

@@ -352,9 +352,9 @@ fuse_detach() {
 }
 
 # File volumes (tarn mount), with the caller's POOL and MNT:
-# fs_mount NAME: `tarn mount` in the background until the mount is up
+# fs_mount NAME [OPTION...]: `tarn mount` in the background until the mount is up
 fs_mount() {
-  "$TARN" mount "$1" "$MNT" -p "$POOL" >>"$T/mount.log" 2>&1 &
+  "$TARN" mount "$1" "$MNT" -p "$POOL" "${@:2}" >>"$T/mount.log" 2>&1 &
   MOUNT_PID=$!
   E2E_PIDS+=("$MOUNT_PID")
   E2E_FUSE+=("$MNT")

@@ -73,6 +73,15 @@ enum Command {
     Mount {
         name: String,
         dir: PathBuf,
+        /// Seconds between commits of what was written (fsync, fdatasync
+        /// and unmount commit at once); 0: commit at every close instead
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=3600))]
+        commit_interval: u64,
+        /// Send every write(2) to tarn as it comes (no kernel writeback
+        /// cache): slower for small writes, but ENOSPC and EDQUOT are
+        /// returned by write(2) itself
+        #[arg(long)]
+        no_writeback_cache: bool,
         #[command(flatten)]
         pool: PoolArg,
     },
@@ -198,6 +207,16 @@ enum FsCmd {
     /// Delete a file volume and every file in it.
     Destroy {
         name: String,
+        #[command(flatten)]
+        pool: PoolArg,
+    },
+    /// A writable file volume NEW from volume snapshot FS@SNAP (offline):
+    /// nothing copied (engine clones of its table and objects); the two
+    /// change independently.
+    Clone {
+        /// The file volume and its volume snapshot, FS@SNAP.
+        source: String,
+        new: String,
         #[command(flatten)]
         pool: PoolArg,
     },
@@ -887,7 +906,13 @@ fn dispatch(cmd: Command) -> Result<i32> {
         }
         Command::Vol(VolCmd::Flatten { name, pool }) => snapshots::vol_flatten(&pool, name),
         Command::Fs(cmd) => fs_cmd(cmd),
-        Command::Mount { name, dir, pool } => mount_cmd(&pool, &name, &dir),
+        Command::Mount { name, dir, commit_interval, no_writeback_cache, pool } => {
+            let durability = tarn_fuse::Durability {
+                commit_interval: std::time::Duration::from_secs(commit_interval),
+                writeback_cache: !no_writeback_cache,
+            };
+            mount_cmd(&pool, &name, &dir, durability)
+        }
         Command::Snap(cmd) => snapshots::snap(cmd),
         Command::Diff(d) => snapshots::diff(d),
         Command::Serve(s) => serve_cmd(*s),
@@ -937,6 +962,18 @@ fn fs_cmd(cmd: FsCmd) -> Result<i32> {
             println!("destroyed file volume {name}");
         }
         FsCmd::Check { name, pool, json } => return fs_check(&pool, &name, json),
+        FsCmd::Clone { source, new, pool } => {
+            let Some((fs, snap)) = source.split_once('@') else {
+                bail!("{source:?}: name the snapshot to clone as FS@SNAP");
+            };
+            let (pool_, lock, fv) = open_file_volume(&pool, fs)?;
+            drop(fv);
+            tarn_fs::FileVolume::clone_snapshot(pool_.clone(), fs, snap, &new)
+                .with_context(|| format!("clone {source} as {new}"))?;
+            pool_.close().context("close the pool")?;
+            drop(lock);
+            println!("cloned {source} as file volume {new}");
+        }
         FsCmd::Snap(cmd) => return fs_versions::snap(cmd),
         FsCmd::VersionPolicy(cmd) => return fs_versions::policy(cmd),
     }
@@ -986,11 +1023,11 @@ fn fs_check(p: &PoolArg, name: &str, json: bool) -> Result<i32> {
 /// `tarn mount`: the pool must be offline; this process holds it until
 /// the mount is gone (`fusermount3 -u DIR` or `umount DIR`), then
 /// commits and closes it.
-fn mount_cmd(p: &PoolArg, name: &str, dir: &Path) -> Result<i32> {
+fn mount_cmd(p: &PoolArg, name: &str, dir: &Path, durability: tarn_fuse::Durability) -> Result<i32> {
     let (pool, lock, fv) = fs_versions::open_for_mount(p, name)?;
     eprintln!("mounted file volume {name} on {}; unmount with `fusermount3 -u {}`", dir.display(), dir.display());
     unmount_on_signal(dir)?;
-    let served = tarn_fuse::mount(fv, name, dir).with_context(|| format!("mount on {}", dir.display()));
+    let served = tarn_fuse::mount(fv, name, dir, durability).with_context(|| format!("mount on {}", dir.display()));
     let closed = pool.close().context("commit and close the pool");
     drop(lock);
     served?;

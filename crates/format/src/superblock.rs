@@ -69,6 +69,11 @@ pub mod incompat {
     /// its data area is empty and no device is opened for it. An older
     /// reader would refuse the state byte or look for the device.
     pub const REMOVAL: u64 = 1 << 10;
+    /// File volumes keep user extended attributes in two slots at the end
+    /// of an inode's object, past the largest file (docs/FORMAT.md *File
+    /// volumes*, *Extended attributes*). An older tarn would let a file
+    /// grow over them and its truncate would zero them.
+    pub const FS_XATTRS: u64 = 1 << 11;
     /// Per-device placement (`tarn dev set --placement`, `vol create
     /// --devices`): each device table entry ends with a policy byte (0
     /// none, else a placement code), op 24 (VolDevices) in the journal and
@@ -87,6 +92,7 @@ pub mod incompat {
         | QUOTAS
         | FS_FILE_VERSIONS
         | REMOVAL
+        | FS_XATTRS
         | DEVICE_PLACEMENT;
 }
 
@@ -638,11 +644,10 @@ mod tests {
         let mut sb = sample();
         sb.incompat = 1 << 40;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        // Bits 0-10 and 12 are known here; bit 13 is the next feature's
-        // (bit 11 is taken by the file volumes' xattrs branch).
+        // Bits 0-12 are known here; bit 13 is the next feature's.
         sb.incompat = 1 << 13;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        assert_eq!(incompat::KNOWN, ((1 << 11) - 1) | (1 << 12));
+        assert_eq!(incompat::KNOWN, (1 << 13) - 1);
         assert_eq!(incompat::REMOVAL, 1 << 10);
         sb.incompat = incompat::QUOTAS;
         assert_eq!(Superblock::decode(&sb.encode(0), 0).unwrap().incompat, 1 << 8);
@@ -652,6 +657,20 @@ mod tests {
         sb.incompat = incompat::FS_FILE_VERSIONS;
         assert_eq!(incompat::FS_FILE_VERSIONS, 1 << 9);
         assert_eq!(Superblock::decode(&sb.encode(0), 0).unwrap().incompat, 1 << 9);
+        sb.incompat = incompat::FS_XATTRS;
+        assert_eq!(incompat::FS_XATTRS, 1 << 11);
+        assert_eq!(Superblock::decode(&sb.encode(0), 0).unwrap().incompat, 1 << 11);
+    }
+
+    /// Incompat bit 11 (FS_XATTRS, docs/FORMAT.md): byte 17 of the
+    /// superblock is 0x08, and this build opens it.
+    #[test]
+    fn golden_fs_xattrs_bit() {
+        let mut sb = sample();
+        sb.incompat = incompat::FS_XATTRS;
+        let b = sb.encode(0);
+        assert_eq!(&b[16..24], &[0, 0x08, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(Superblock::decode(&b, 0).unwrap().incompat, incompat::FS_XATTRS);
     }
 
     /// Incompat bit 12 (DEVICE_PLACEMENT, docs/FORMAT.md): a policy byte

@@ -65,7 +65,7 @@ impl FileVolume {
         let mut buf = vec![0u8; (TABLE_CHUNK as usize) * RECORD];
         for first in (0..next).step_by(TABLE_CHUNK as usize) {
             let n = TABLE_CHUNK.min(next - first) as usize;
-            self.pool.read(self.id, first * RECORD as u64, &mut buf[..n * RECORD])?;
+            self.pool.read_view(self.id, self.table_view(), first * RECORD as u64, &mut buf[..n * RECORD])?;
             for (k, rec) in buf[..n * RECORD].chunks_exact(RECORD).enumerate() {
                 let ino = first + k as u64;
                 let mut b = [0u8; RECORD];

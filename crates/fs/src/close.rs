@@ -136,8 +136,14 @@ impl Versioned {
         if self.live.getattr(ino)?.inode.nlink == 0 {
             return Ok(None);
         }
-        self.live.sync()?;
-        let v = self.live.close_version(ino)?;
+        // Committing at close: the data first, then the version (a crash
+        // between keeps the data without the version). Otherwise both are
+        // queued in order and the next commit takes them: a commit that
+        // holds the version holds the data before it.
+        if self.commit_at_close {
+            self.live.sync()?;
+        }
+        let v = self.live.close_version(ino, self.commit_at_close)?;
         self.forget_views();
         Ok(Some(v))
     }

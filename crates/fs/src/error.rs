@@ -30,6 +30,18 @@ pub enum FsError {
     ReadOnly(&'static str),
     #[error("file volume {volume:?} has no snapshot {name:?}")]
     NoSuchSnapshot { volume: String, name: String },
+    #[error("no such extended attribute")]
+    NoData,
+    #[error("extended attributes: only user.* names are kept (tarn's own: user.tarn.*)")]
+    NotSupported,
+    #[error("extended attributes: {0}")]
+    XattrRange(&'static str),
+    #[error("extended attribute value longer than {max} bytes", max = crate::xattr::MAX_VALUE)]
+    XattrTooBig,
+    #[error("extended attributes of one inode take at most {max} bytes", max = crate::xattr::MAX_SET)]
+    XattrSpace,
+    #[error("operation not permitted: {0}")]
+    NotPermitted(&'static str),
     /// What was read from an object does not decode: never trusted.
     #[error("corrupt {what} (inode {ino}): {detail}")]
     Corrupt { what: &'static str, ino: u64, detail: String },
@@ -59,6 +71,12 @@ impl FsError {
             FsError::Quota => libc::EDQUOT,
             FsError::TooManyLinks => libc::EMLINK,
             FsError::Corrupt { .. } => libc::EIO,
+            FsError::NoData => libc::ENODATA,
+            FsError::NotSupported => libc::ENOTSUP,
+            FsError::XattrRange(_) => libc::ERANGE,
+            FsError::XattrTooBig => libc::E2BIG,
+            FsError::XattrSpace => libc::ENOSPC,
+            FsError::NotPermitted(_) => libc::EPERM,
             FsError::Engine(e) => engine_errno(e),
         }
     }

@@ -12,7 +12,6 @@ use crate::inode::{Header, Kind, DEFAULT_KEEP, MAX_KEEP};
 use crate::ns::{FileVolume, Ns};
 use crate::policy::{self, Rule, MAX_RULES, POLICY_HEADER};
 use crate::snap::{version_name, FsSnapshot, VersionKind};
-use crate::MAX_FILE_SIZE;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tarn_engine::PlacementKind;
 
@@ -35,14 +34,16 @@ impl FileVolume {
     /// empty): durable when it returns.
     pub fn snap_file(&self, ino: u64, label: &str) -> Result<FsSnapshot> {
         check_label(label)?;
-        self.version_of(ino, VersionKind::File, label)
+        self.version_of(ino, VersionKind::File, label, true)
     }
 
     /// A close version of `ino`, then the file's close versions past the
     /// volume's bound are deleted, oldest first (a second commit: a crash
     /// between keeps one version more, pruned at the next close).
-    pub fn close_version(&self, ino: u64) -> Result<FsSnapshot> {
-        let v = self.version_of(ino, VersionKind::Close, "")?;
+    /// `durable`: committed when it returns; else queued whole (one
+    /// batch, after the file's data) for the next commit.
+    pub fn close_version(&self, ino: u64, durable: bool) -> Result<FsSnapshot> {
+        let v = self.version_of(ino, VersionKind::Close, "", durable)?;
         let keep = self.keep() as usize;
         let list = self.versions()?;
         let closes: Vec<u64> =
@@ -54,8 +55,8 @@ impl FileVolume {
     }
 
     /// One commit: header bump to N, table snapshot, tag `gN` of the
-    /// file's object, the inode's epoch N.
-    fn version_of(&self, ino: u64, kind: VersionKind, label: &str) -> Result<FsSnapshot> {
+    /// file's object, the inode's epoch N (committed at once if `durable`).
+    fn version_of(&self, ino: u64, kind: VersionKind, label: &str, durable: bool) -> Result<FsSnapshot> {
         self.writable()?;
         let mut ns = self.lock();
         let mut i = self.inode(&mut ns, ino)?;
@@ -79,7 +80,9 @@ impl FileVolume {
         i.epoch = number;
         self.save(&mut ns, &i)?;
         drop(ns);
-        self.pool.flush()?;
+        if durable {
+            self.pool.flush()?;
+        }
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         Ok(FsSnapshot { name, kind, owner: ino, object: i.object, number, created, engine_epoch })
     }
@@ -155,7 +158,7 @@ impl FileVolume {
         let mut ns: std::sync::MutexGuard<'_, Ns> = self.lock();
         self.pool.make_room_for(bytes.len() / 4096 * 96 + 2048)?;
         if ns.header.policy == 0 {
-            ns.header.policy = self.pool.create_object(self.id, MAX_FILE_SIZE, Some(PlacementKind::Append))?;
+            ns.header.policy = self.pool.create_object(self.id, crate::OBJECT_SIZE, Some(PlacementKind::Append))?;
             self.write_header(&ns.header)?;
         }
         self.pool.write(ns.header.policy, 0, &bytes, false)?;

@@ -186,7 +186,7 @@ impl Inode {
         let n = usize::from(u16::from_le_bytes([b[80], b[81]]));
         let perm = u32_at(b, 8);
         let size = u64_at(b, 24);
-        if n > INLINE_TARGET || perm & !0o7777 != 0 || size > crate::MAX_FILE_SIZE {
+        if n > INLINE_TARGET || perm & !0o7777 != 0 || size > crate::OBJECT_SIZE {
             return Err(bad(format!("target length {n}, mode {perm:o} or size {size}")));
         }
         let at = TARGET_AT + INLINE_TARGET;

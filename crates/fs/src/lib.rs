@@ -6,6 +6,7 @@
 //! here: `tarn-fuse` adapts this API.
 
 pub mod check;
+mod clone;
 mod close;
 pub mod dir;
 pub mod error;
@@ -15,6 +16,7 @@ mod ns;
 pub mod policy;
 pub mod snap;
 pub mod versions;
+pub mod xattr;
 
 pub use check::CheckReport;
 pub use error::{FsError, Result};
@@ -22,9 +24,13 @@ pub use inode::{Inode, Kind};
 pub use ns::{Attr, DirEntry, FileVolume, SetAttr, StatFs};
 pub use snap::{FsSnapshot, VersionKind};
 pub use versions::{Node, Versioned};
+pub use xattr::XattrMode;
 
-/// Largest file: each object is a thin volume of this size (16 TiB).
-pub const MAX_FILE_SIZE: u64 = 1 << 44;
+/// Each object is a thin volume of this size (16 TiB).
+pub const OBJECT_SIZE: u64 = 1 << 44;
+/// Largest file: the object less its extended attributes' area at the
+/// end (`xattr::AREA`, 512 KiB).
+pub const MAX_FILE_SIZE: u64 = OBJECT_SIZE - xattr::AREA;
 /// Inode numbers are below this: the inode table's size / 256.
 pub const MAX_INODES: u64 = 1 << 32;
 /// The root directory's inode.

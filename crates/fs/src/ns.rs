@@ -6,7 +6,7 @@
 use crate::dir::{check_name, Dir, HEADER};
 use crate::error::{FsError, Result};
 use crate::inode::{Header, Inode, Kind, INLINE_TARGET, RECORD};
-use crate::{MAX_FILE_SIZE, MAX_INODES, ROOT};
+use crate::{MAX_FILE_SIZE, MAX_INODES, OBJECT_SIZE, ROOT};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -86,7 +86,7 @@ pub struct FileVolume {
     ns: Mutex<Ns>,
 }
 
-fn now() -> i64 {
+pub(crate) fn now() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
 }
 
@@ -217,7 +217,7 @@ impl FileVolume {
     fn write_dir(&self, ns: &mut Ns, d: &mut Inode, dir: Dir) -> Result<()> {
         self.before_change(ns, d)?;
         if d.object == 0 {
-            d.object = self.pool.create_object(self.id, MAX_FILE_SIZE, Some(PlacementKind::Append))?;
+            d.object = self.pool.create_object(self.id, OBJECT_SIZE, Some(PlacementKind::Append))?;
         }
         let bytes = dir.encode();
         self.pool.write(d.object, 0, &bytes, false)?;
@@ -232,7 +232,7 @@ impl FileVolume {
     /// the change could push it over its bound, so that no back-pressure
     /// commit falls inside the change and a crash keeps all of it or none
     /// (a change too large for the bound still keeps every prefix valid).
-    fn room(&self, small: usize, dir_bytes: u64) -> Result<()> {
+    pub(crate) fn room(&self, small: usize, dir_bytes: u64) -> Result<()> {
         // Per 4 KiB written at most: a Map and a Sums op and a freed range.
         const PER_BLOCK: usize = 96;
         const PER_WRITE: usize = 64 + 2 * PER_BLOCK;
@@ -342,7 +342,7 @@ impl FileVolume {
         if target.len() <= INLINE_TARGET {
             i.target = target.to_vec();
         } else {
-            i.object = self.pool.create_object(self.id, MAX_FILE_SIZE, Some(PlacementKind::Append))?;
+            i.object = self.pool.create_object(self.id, OBJECT_SIZE, Some(PlacementKind::Append))?;
             self.pool.write(i.object, 0, target, false)?;
         }
         self.save(&mut ns, &i)?;
@@ -612,10 +612,19 @@ impl FileVolume {
         self.check_quota(&mut ns, data.len() as u64)?;
         self.before_change(&mut ns, &mut i)?;
         if i.object == 0 {
-            i.object = self.pool.create_object(self.id, MAX_FILE_SIZE, None)?;
+            i.object = self.pool.create_object(self.id, OBJECT_SIZE, None)?;
             self.save(&mut ns, &i)?;
         }
-        self.pool.write(i.object, offset, data, false)?;
+        match self.pool.write(i.object, offset, data, false) {
+            // Space freed by deletes comes back at the commit that makes
+            // them durable (the periodic commit may not have run yet):
+            // commit, then try once more.
+            Err(tarn_engine::EngineError::NoSpace) => {
+                self.pool.flush()?;
+                self.pool.write(i.object, offset, data, false)?;
+            }
+            r => r?,
+        }
         i.size = i.size.max(end);
         i.mtime = now();
         i.ctime = i.mtime;
@@ -661,6 +670,16 @@ impl FileVolume {
     /// Save every pending inode change and commit: durable when it returns.
     pub fn sync(&self) -> Result<()> {
         self.save_dirty(&mut self.lock())?;
+        Ok(self.pool.flush()?)
+    }
+
+    /// `sync` from a thread other than the one making changes (the
+    /// mount's periodic commit): the namespace mutex is held through the
+    /// commit, so it lands between two namespace changes, never inside
+    /// one (a change holds the mutex from its first write to its last).
+    pub fn sync_between_changes(&self) -> Result<()> {
+        let mut ns = self.lock();
+        self.save_dirty(&mut ns)?;
         Ok(self.pool.flush()?)
     }
 

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tarn_engine::{EngineError, Pool, View};
 
-/// The head size marking a retired object (live objects are MAX_FILE_SIZE).
+/// The head size marking a retired object (live objects are OBJECT_SIZE).
 pub const RETIRED_SIZE: u64 = 4096;
 /// Snapshots of one file volume at most (the engine's per-volume bound).
 const MAX_LIST: usize = 1 << 16;
@@ -101,7 +101,7 @@ pub(crate) fn parse_version(name: &str) -> Option<(VersionKind, u64, u32, u64, &
     Some((kind, ino, object, number, parts.next().unwrap_or("")))
 }
 
-fn tag_name(number: u64) -> String {
+pub(crate) fn tag_name(number: u64) -> String {
     format!("g{number}")
 }
 
@@ -142,7 +142,7 @@ impl FileVolume {
     }
 
     /// The object's oldest tag numbered `number` or later, else its head.
-    fn object_view(&self, object: u32, number: u64) -> Result<View> {
+    pub(crate) fn object_view(&self, object: u32, number: u64) -> Result<View> {
         let snaps = self.pool.member_snapshots(object)?;
         let best = snaps.iter().filter_map(|s| tag_of(&s.name).filter(|t| *t >= number).map(|t| (t, s.epoch))).min();
         Ok(best.map_or(View::Head, |(_, epoch)| View::Snapshot(epoch)))

@@ -66,10 +66,14 @@ impl Node {
 
 /// A mounted file volume with its version directories.
 pub struct Versioned {
-    pub live: FileVolume,
+    /// Shared with the mount's commit thread (`tarn_fuse::mount`).
+    pub live: Arc<FileVolume>,
     views: Mutex<Views>,
     /// Open-close versioning state (`close.rs`).
     pub(crate) close: Mutex<crate::close::Sessions>,
+    /// Close versions are committed before the close returns (the mount
+    /// commits at every close); else at the next commit.
+    pub commit_at_close: bool,
 }
 
 /// Open snapshot views and the snapshot list they were found in (read
@@ -82,7 +86,12 @@ struct Views {
 
 impl Versioned {
     pub fn new(live: FileVolume) -> Versioned {
-        Versioned { live, views: Mutex::new(Views::default()), close: Mutex::default() }
+        Versioned {
+            live: Arc::new(live),
+            views: Mutex::new(Views::default()),
+            close: Mutex::default(),
+            commit_at_close: true,
+        }
     }
 
     /// The read-only view of volume snapshot number `n` (ENOENT: none).
@@ -280,6 +289,25 @@ impl Versioned {
             Node::Live(i) => self.live.seek(i, offset, data),
             Node::Scoped { n, ino } => self.view(n)?.seek(ino, offset, data),
             Node::List(_) => Err(FsError::IsDir),
+        }
+    }
+
+    /// User extended attribute `name` of `x` (of a version: as the
+    /// version keeps it); a version list has none.
+    pub fn get_xattr(&self, x: u64, name: &[u8]) -> Result<Vec<u8>> {
+        match Node::decode(x) {
+            Node::Live(i) => self.live.get_xattr(i, name),
+            Node::Scoped { n, ino } => self.view(n)?.get_xattr(ino, name),
+            Node::List(_) => Err(FsError::NoData),
+        }
+    }
+
+    /// The names of `x`'s user extended attributes, NUL-terminated.
+    pub fn list_xattrs(&self, x: u64) -> Result<Vec<u8>> {
+        match Node::decode(x) {
+            Node::Live(i) => self.live.list_xattrs(i),
+            Node::Scoped { n, ino } => self.view(n)?.list_xattrs(ino),
+            Node::List(_) => Ok(Vec::new()),
         }
     }
 

@@ -12,7 +12,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tarn_fs::{Attr, FileVolume, FsError, Kind, Node, SetAttr, Versioned};
+use tarn_fs::{Attr, FileVolume, FsError, Kind, Node, SetAttr, Versioned, XattrMode};
 
 /// How long the kernel may cache attributes and names: this process is
 /// the only writer.
@@ -24,11 +24,36 @@ const WRITER: u64 = 1;
 /// The mounted volume.
 pub struct TarnFs {
     fv: Versioned,
+    /// Commit at every close (`--commit-interval 0`); otherwise the
+    /// commit thread commits every interval and close does not.
+    commit_on_close: bool,
+    writeback_cache: bool,
+}
+
+/// When a mount makes changes durable besides fsync, fdatasync,
+/// fsyncdir and unmount.
+#[derive(Debug, Clone, Copy)]
+pub struct Durability {
+    /// Commit pending changes this often (a thread of the mount), as
+    /// ext4's journal commit interval (5 s by default there); zero:
+    /// commit at every close instead (each close then costs a commit).
+    pub commit_interval: Duration,
+    /// The kernel's writeback cache (the default): small writes are
+    /// gathered into large requests, but a write-back's ENOSPC or EDQUOT
+    /// reaches the writer at fsync or close (and the mount's next
+    /// syncfs), not at write(2).
+    pub writeback_cache: bool,
+}
+
+impl Default for Durability {
+    fn default() -> Self {
+        Durability { commit_interval: Duration::from_secs(5), writeback_cache: true }
+    }
 }
 
 /// Mount `fv` on `dir` and serve until it is unmounted; every pending
 /// change is committed before this returns.
-pub fn mount(fv: FileVolume, name: &str, dir: &Path) -> std::io::Result<()> {
+pub fn mount(fv: FileVolume, name: &str, dir: &Path, durability: Durability) -> std::io::Result<()> {
     // A volume snapshot mounts read-only (the kernel then answers EROFS too).
     let access = if fv.is_snapshot() { MountOption::RO } else { MountOption::RW };
     let options = [
@@ -37,7 +62,28 @@ pub fn mount(fv: FileVolume, name: &str, dir: &Path) -> std::io::Result<()> {
         MountOption::DefaultPermissions,
         access,
     ];
-    fuser::mount2(TarnFs { fv: Versioned::new(fv) }, dir, &options)
+    let interval = durability.commit_interval;
+    let mut fv = Versioned::new(fv);
+    fv.commit_at_close = interval.is_zero();
+    let fs = TarnFs { fv, commit_on_close: interval.is_zero(), writeback_cache: durability.writeback_cache };
+    // The commit thread ends when `stop` is dropped (the session is over).
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let committer = (!interval.is_zero() && !fs.fv.live.is_snapshot()).then(|| {
+        let live = fs.fv.live.clone();
+        std::thread::Builder::new().name("fs-commit".into()).spawn(move || {
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(interval) {
+                if let Err(e) = live.sync_between_changes() {
+                    log::error!("periodic commit failed: {e}");
+                }
+            }
+        })
+    });
+    let served = fuser::mount2(fs, dir, &options);
+    drop(stop);
+    if let Some(Ok(t)) = committer {
+        let _ = t.join();
+    }
+    served
 }
 
 fn time(ns: i64) -> SystemTime {
@@ -88,6 +134,43 @@ fn attr(at: &Attr) -> FileAttr {
     }
 }
 
+/// getxattr/listxattr: size 0 asks for the length; a smaller buffer is
+/// ERANGE.
+fn xattr_reply(reply: ReplyXattr, size: u32, v: &[u8]) {
+    if size == 0 {
+        reply.size(v.len() as u32)
+    } else if (size as usize) < v.len() {
+        reply.error(libc::ERANGE)
+    } else {
+        reply.data(v)
+    }
+}
+
+fn times_only(s: &SetAttr) -> bool {
+    s.perm.is_none() && s.uid.is_none() && s.gid.is_none() && s.size.is_none()
+}
+
+/// The attributes of a freed inode: no link, no data.
+fn gone(ino: u64) -> FileAttr {
+    FileAttr {
+        ino,
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
 fn entry(reply: ReplyEntry, r: Result<Attr, FsError>) {
     match r {
         Ok(a) => reply.entry(&TTL, &attr(&a), 0),
@@ -128,6 +211,19 @@ impl TarnFs {
 }
 
 impl Filesystem for TarnFs {
+    /// The writeback cache: the kernel gathers small writes in its page
+    /// cache and sends them in large requests (a FUSE round trip per
+    /// 4 KiB write was most of PostMark's time), written back before
+    /// every flush (close) and fsync.
+    fn init(&mut self, _req: &Request<'_>, config: &mut fuser::KernelConfig) -> Result<(), libc::c_int> {
+        if !self.fv.live.is_snapshot() && self.writeback_cache {
+            if let Err(missing) = config.add_capabilities(fuser::consts::FUSE_WRITEBACK_CACHE) {
+                log::warn!("kernel without the FUSE writeback cache ({missing:#x}): every write is a request");
+            }
+        }
+        Ok(())
+    }
+
     fn destroy(&mut self) {
         if let Err(e) = self.fv.live.sync() {
             log::error!("final commit failed: {e}");
@@ -176,6 +272,14 @@ impl Filesystem for TarnFs {
                     self.fv.wrote(a.inode.ino);
                 }
                 reply.attr(&TTL, &attr(&a))
+            }
+            // With the writeback cache the kernel writes a file's times
+            // back after its last name went (it may still hold the inode,
+            // tarn freed the record at the unlink): a times-only setattr
+            // of a freed inode changes nothing anyone can see, and an
+            // ENOENT would fail the caller's syncfs.
+            Err(FsError::NotFound) if times_only(&s) && Node::decode(ino) == Node::Live(ino) => {
+                reply.attr(&Duration::ZERO, &gone(ino))
             }
             Err(e) => reply.error(e.errno()),
         }
@@ -333,8 +437,9 @@ impl Filesystem for TarnFs {
         }
     }
 
-    /// close(2): committed before close returns (docs: *File volumes*);
-    /// the last writer's close of a modified, versioned file takes its
+    /// close(2): committed before close returns with
+    /// `--commit-interval 0`, else at the next periodic commit (docs:
+    /// *File volumes*); the last writer's close of a modified, versioned file takes its
     /// close version before close returns.
     fn flush(&mut self, _req: &Request<'_>, ino: u64, fh: u64, _lock_owner: u64, reply: ReplyEmpty) {
         // A version that cannot be taken (the engine's snapshot bound, a
@@ -344,7 +449,13 @@ impl Filesystem for TarnFs {
                 log::error!("close version of inode {ino}: {e}");
             }
         }
-        self.sync(reply)
+        if self.commit_on_close {
+            return self.sync(reply);
+        }
+        // The kernel ends every close with a flush, read-only ones too;
+        // the data is the kernel's and ours already (writeback cache:
+        // written back before the flush), durable at the next commit.
+        reply.ok()
     }
 
     fn fsync(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _datasync: bool, reply: ReplyEmpty) {
@@ -372,14 +483,14 @@ impl Filesystem for TarnFs {
     /// Volume snapshots from a script on the mount: setting
     /// `user.tarn.snapshot` on the root to NAME takes snapshot NAME,
     /// `user.tarn.snapshot.delete` deletes it, `user.tarn.version.delete`
-    /// deletes version N (as `foo@` names it). Other attributes: not kept yet.
+    /// deletes version N (as `foo@` names it). Other `user.*` names are stored (`xattr.rs`).
     fn setxattr(
         &mut self,
         _req: &Request<'_>,
         ino: u64,
         name: &OsStr,
         value: &[u8],
-        _flags: i32,
+        flags: i32,
         _position: u32,
         reply: ReplyEmpty,
     ) {
@@ -395,6 +506,16 @@ impl Filesystem for TarnFs {
             }
             (tarn_fs::ROOT, b"user.tarn.version.delete") => self.fv.delete_version(value),
             (_, b"user.tarn.snapshot") => self.snap_file(ino, snap),
+            (_, n) if !n.starts_with(tarn_fs::xattr::CONTROL) => {
+                let mode = match flags {
+                    0 => XattrMode::Any,
+                    libc::XATTR_CREATE => XattrMode::Create,
+                    libc::XATTR_REPLACE => XattrMode::Replace,
+                    _ => return reply.error(libc::EINVAL),
+                };
+                let r = self.fv.writable(ino).and_then(|i| self.fv.live.set_xattr(i, n, value, mode));
+                return empty(reply, r);
+            }
             _ => return reply.error(libc::ENOTSUP),
         };
         if let Err(e) = &r {
@@ -403,24 +524,35 @@ impl Filesystem for TarnFs {
         empty(reply, r)
     }
 
-    /// `user.tarn.version.type` of a version (`foo@/N`, `foo@N`):
-    /// volume, file or close. Other attributes: ENODATA.
-    fn getxattr(&mut self, _req: &Request<'_>, ino: u64, name: &OsStr, size: u32, reply: ReplyXattr) {
-        if name.as_bytes() != b"user.tarn.version.type" {
-            return reply.error(libc::ENODATA);
+    fn removexattr(&mut self, _req: &Request<'_>, ino: u64, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, self.fv.writable(ino).and_then(|i| self.fv.live.remove_xattr(i, name.as_bytes())))
+    }
+
+    /// The stored `user.*` names (tarn's own `user.tarn.*` answers are
+    /// not stored, so not listed).
+    fn listxattr(&mut self, _req: &Request<'_>, ino: u64, size: u32, reply: ReplyXattr) {
+        match self.fv.list_xattrs(ino) {
+            Ok(v) => xattr_reply(reply, size, &v),
+            Err(e) => reply.error(e.errno()),
         }
-        let kind = match self.fv.version_type(ino) {
-            Ok(Some(k)) => k,
-            Ok(None) => return reply.error(libc::ENODATA),
-            Err(e) => return reply.error(e.errno()),
-        };
-        let v = kind.as_str().as_bytes();
-        if size == 0 {
-            reply.size(v.len() as u32)
-        } else if (size as usize) < v.len() {
-            reply.error(libc::ERANGE)
+    }
+
+    /// `user.tarn.version.type` of a version (`foo@/N`, `foo@N`):
+    /// volume, file or close. Other `user.*` names: as stored (in a
+    /// version, as the version keeps them); other namespaces: ENODATA.
+    fn getxattr(&mut self, _req: &Request<'_>, ino: u64, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let r = if name.as_bytes() == b"user.tarn.version.type" {
+            match self.fv.version_type(ino) {
+                Ok(Some(k)) => Ok(k.as_str().as_bytes().to_vec()),
+                Ok(None) => Err(FsError::NoData),
+                Err(e) => Err(e),
+            }
         } else {
-            reply.data(v)
+            self.fv.get_xattr(ino, name.as_bytes())
+        };
+        match r {
+            Ok(v) => xattr_reply(reply, size, &v),
+            Err(e) => reply.error(e.errno()),
         }
     }
 

@@ -495,7 +495,7 @@ impl Pool {
 
     /// Place every hole of `segs`, all or nothing, under the pool lock.
     fn place_holes(&self, inner: &mut Inner, vol: u32, segs: &[Segment], near: &NearRegions) -> Result<Vec<NewPiece>> {
-        inner.space.reserve_blocks = crate::space::reserve_for(inner.state.extent_count(), inner.space.data_blocks());
+        self.refresh_reserve(inner, segs);
         let (policy, devices) = match inner.state.volume(vol) {
             // The member the new data goes to decides, when the volume
             // names no policy (per-device layout).
@@ -523,7 +523,27 @@ impl Pool {
             }
             assert_eq!(at, lba + len, "placement returned the wrong amount of space");
         }
+        // Each new piece adds at most an extent and splits one in two.
+        inner.space.reserve_extents += 2 * fresh.len();
         Ok(fresh)
+    }
+
+    /// The metadata reserve before a placement. The extents are counted
+    /// exactly every RESERVE_RECOUNT placements, and at every one when
+    /// free space is near the reserve (where it decides); between counts
+    /// the last count plus what placements added stands in, since with
+    /// plenty free the reserve refuses nothing.
+    fn refresh_reserve(&self, inner: &mut Inner, segs: &[Segment]) {
+        const RESERVE_RECOUNT: u32 = 64;
+        let sp = &mut inner.space;
+        let wanted: u64 = segs.iter().map(|s| s.len()).sum();
+        let tight = sp.usable_free_blocks() < 4 * sp.reserve_blocks + 2 * wanted;
+        if sp.reserve_age == 0 || tight {
+            sp.reserve_extents = inner.state.extent_count();
+            sp.reserve_age = 0;
+        }
+        sp.reserve_age = (sp.reserve_age + 1) % RESERVE_RECOUNT;
+        sp.reserve_blocks = crate::space::reserve_for(sp.reserve_extents, sp.data_blocks());
     }
 
     fn write_planned(&self, segs: &[Segment], fresh: &[NewPiece], lba: u64, data: &[u8]) -> Result<()> {

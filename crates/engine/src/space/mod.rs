@@ -35,6 +35,12 @@ pub struct Space {
     /// Blocks user writes may not take: kept for metadata (checkpoints) so
     /// that TRIM, deletes and commits still work when the pool is full.
     pub reserve_blocks: u64,
+    /// What `reserve_blocks` was last computed from (extents of every map
+    /// and dead list, an upper bound between exact counts) and how many
+    /// placements ago it was counted: counting walks every volume, which
+    /// with file volumes (an object per file) was most of a write's CPU.
+    pub reserve_extents: usize,
+    pub reserve_age: u32,
     /// Data blocks allocated to writes whose map entry is not applied yet
     /// (first block -> length): a checkpoint records them, since its frozen
     /// space maps show them used while its maps do not reference them.
@@ -81,6 +87,8 @@ impl Space {
             store,
             devices,
             reserve_blocks: 0,
+            reserve_extents: 0,
+            reserve_age: 0,
             inflight: BTreeMap::new(),
             superseded: Vec::new(),
             meta_cursor,

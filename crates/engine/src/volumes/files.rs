@@ -30,6 +30,15 @@ pub struct FileVolumeInfo {
 }
 
 impl Pool {
+    /// Set incompat bit 11 (FS_XATTRS) before a file volume's first
+    /// extended attribute is written: one commit of its own, the first
+    /// time only (then a check under the commit lock).
+    pub fn enable_fs_xattrs(&self) -> Result<()> {
+        self.check_writable()?;
+        let mut ctl = self.lock_commit();
+        self.enable_feature(&mut ctl, incompat::FS_XATTRS)
+    }
+
     /// A new file volume whose own map (`size` bytes, thin) holds its
     /// inode table. Sets FILES (and PLACEMENT) first, each by a commit of
     /// its own; the volume itself is durable at the next flush, so the
@@ -49,6 +58,40 @@ impl Pool {
         }
         let id = self.create_with_role(Some(name), size, Some(PlacementKind::Append), VolumeRole::FileVolume)?;
         self.file_volume_info(id).ok_or(EngineError::VolumeGone(id))
+    }
+
+    /// A writable file volume `name` whose inode table is file volume
+    /// `origin`'s table snapshot at `epoch` until written (CloneCreate +
+    /// VolRole): nothing copied. Queued, not flushed: tarn-fs clones the
+    /// objects and rewrites the table in the same commit.
+    pub fn clone_file_volume(&self, origin: u32, epoch: u64, name: &str) -> Result<u32> {
+        check_user_name(name)?;
+        self.clone_member(origin, epoch, Some(name), None)
+    }
+
+    /// A writable object of file volume `owner` showing object `origin`'s
+    /// snapshot at `epoch` (CloneCreate + VolRole). Queued, not flushed.
+    pub fn clone_object(&self, origin: u32, epoch: u64, owner: u32) -> Result<u32> {
+        self.clone_member(origin, epoch, None, Some(owner))
+    }
+
+    fn clone_member(&self, origin: u32, epoch: u64, name: Option<&str>, owner: Option<u32>) -> Result<u32> {
+        self.check_writable()?;
+        let mut ctl = self.lock_commit();
+        self.enable_feature(&mut ctl, incompat::SNAPSHOTS)?;
+        let mut inner = self.write_inner();
+        let id = inner.state.next_volume_id;
+        let name = name.map_or_else(|| format!("{OBJECT_NAME_PREFIX}{id}"), str::to_string);
+        if inner.state.by_name.contains_key(&name) {
+            return Err(EngineError::VolumeExists(name));
+        }
+        let role = owner.map_or(VolumeRole::FileVolume, |owner| VolumeRole::Object { owner });
+        let ops = vec![
+            Op::CloneCreate { vol: id, origin_vol: origin, origin_epoch: epoch, name },
+            Op::VolRole { vol: id, role },
+        ];
+        self.apply_ops(&mut inner, ops)?;
+        Ok(id)
     }
 
     /// A new object of file volume `owner`, `size` bytes thin. Not flushed:
@@ -108,6 +151,7 @@ impl Pool {
             self.settle_checkpoint(&mut ctl)?;
             let mut inner = self.write_inner();
             let id = file_volume_named(&inner.state, name)?.id;
+            refuse_if_cloned(&inner.state, id)?;
             let mut ops: Vec<Op> = inner.state.objects_of(id).into_iter().map(|vol| Op::VolDelete { vol }).collect();
             ops.push(Op::VolDelete { vol: id });
             self.apply_ops(&mut inner, ops)?;
@@ -142,6 +186,25 @@ impl Pool {
 }
 
 /// Names a user gives a block or file volume: valid, and never an object's.
+/// A file volume another one was cloned from (`tarn fs clone`) reads
+/// through to it: refused naming the clone, which must go first.
+fn refuse_if_cloned(state: &State, id: u32) -> Result<()> {
+    let mut members: std::collections::HashSet<u32> = state.objects_of(id).into_iter().collect();
+    members.insert(id);
+    // One pass over the volumes (clones_of per member would be quadratic).
+    let clone = state.volumes.values().find(|v| v.origin.is_some_and(|o| members.contains(&o.vol)));
+    let Some(c) = clone else {
+        return Ok(());
+    };
+    let owner = match c.role {
+        Some(VolumeRole::Object { owner }) => state.volume(owner).map_or(c.name.clone(), |o| o.name.clone()),
+        _ => c.name.clone(),
+    };
+    Err(EngineError::InvalidArgument(format!(
+        "file volume {owner} is a clone of one of its snapshots: destroy {owner} first"
+    )))
+}
+
 pub(crate) fn check_user_name(name: &str) -> Result<()> {
     validate_name(name).map_err(EngineError::InvalidArgument)?;
     if name.starts_with(OBJECT_NAME_PREFIX) {

@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# PostMark as Loris configured it (shared/seeds 004, section VII: 20,000
+# transactions on 5,000 files in 10 subdirectories, sizes 4 KiB-1 MiB,
+# 4 KiB reads and writes) on:
+#   tarnfs  a tarn file volume (`tarn mount`, FUSE)
+#   ext4nbd ext4 on a tarn block volume (`tarn serve`, nbdfuse + loop)
+#   ext4raw ext4 on a loop device over a plain sparse file (the baseline)
+# each in modes:
+#   none    no versioning
+#   snap    a volume snapshot every SNAP_EVERY s during the run, the last
+#           SNAP_KEEP (5) kept (tarnfs: setfattr user.tarn.snapshot and
+#           .delete on the mount; ext4nbd: tarn snap create and delete
+#           through the server; ext4raw has none)
+#   ver     open-close versioning of every file (`*` rule; tarnfs only)
+# Each run is a fresh file system; the time measured is PostMark's run
+# plus a `sync -f` of the file system (so no one keeps the data in page
+# cache only), wall clock. Rounds alternate the order of the configs
+# (forward, then backward). Reported: per config the median, min and max
+# of ROUNDS, the ratio of medians against ext4raw-none, and PostMark's own
+# transaction seconds.
+# Needs root (loop, mount), postmark, nbdfuse, e2fsprogs, attr.
+#   bash bench/postmark.sh                        # full: PM_TX=20000 PM_FILES=5000 ROUNDS=3
+#   PM_TX=2000 PM_FILES=500 ROUNDS=1 bash bench/postmark.sh   # smoke run
+# Env: CONFIGS (default all six), SNAP_EVERY=2, DIR=/var/tmp/tarn-postmark
+# Output: stdout and bench/results/<date>-postmark.txt
+set -euo pipefail
+BENCH=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$BENCH/.." && pwd)
+TARN=${TARN:-$REPO/target/release/tarn}
+PM_TX=${PM_TX:-20000}
+PM_FILES=${PM_FILES:-5000}
+ROUNDS=${ROUNDS:-3}
+SNAP_EVERY=${SNAP_EVERY:-2}
+SNAP_KEEP=${SNAP_KEEP:-5}
+CONFIGS=${CONFIGS:-ext4raw-none ext4nbd-none ext4nbd-snap tarnfs-none tarnfs-snap tarnfs-ver}
+DIR=${DIR:-/var/tmp/tarn-postmark}
+PORT=${PORT:-10879}
+SIZE=${SIZE:-8G}
+VOL_SIZE=$(( ${SIZE%G} * 3 / 4 ))G
+STAMP=$(date +%Y-%m-%d-%H%M)
+OUT=$BENCH/results/$STAMP-postmark.txt
+for c in postmark nbdfuse nbdinfo fusermount3 losetup mkfs.ext4 setfattr; do
+  command -v $c >/dev/null || { echo "postmark.sh: $c missing, run: bash scripts/deps.sh" >&2; exit 1; }
+done
+[ "$(id -u)" = 0 ] || { echo "postmark.sh: needs root (loop device, mount)" >&2; exit 1; }
+[ -x "$TARN" ] || { echo "postmark.sh: $TARN not built (cargo build --release -p tarn-cli)" >&2; exit 1; }
+mkdir -p "$DIR" "$BENCH/results"
+RUN=$DIR/run
+MNT=$RUN/mnt
+FUSE=$RUN/fuse
+SRV= FUSE_PID= LOOP= MOUNT_PID= TICK=
+
+teardown() {
+  set +e
+  [ -n "$TICK" ] && { kill "$TICK"; wait "$TICK"; TICK=; }
+  if mountpoint -q "$MNT"; then
+    if [ -n "$MOUNT_PID" ]; then fusermount3 -u "$MNT"; else umount "$MNT"; fi
+  fi
+  [ -n "$MOUNT_PID" ] && { wait "$MOUNT_PID"; MOUNT_PID=; }
+  [ -n "$LOOP" ] && { losetup -d "$LOOP"; LOOP=; }
+  mountpoint -q "$FUSE" && fusermount3 -u "$FUSE"
+  [ -n "$FUSE_PID" ] && { wait "$FUSE_PID"; FUSE_PID=; }
+  [ -n "$SRV" ] && { kill -TERM "$SRV"; wait "$SRV"; SRV=; }
+  rm -rf "$RUN"
+  set -e
+}
+trap teardown EXIT
+exec > >(tee "$OUT") 2>&1
+
+wait_for() { # TRIES CMD...: poll every 0.1 s
+  local n=$1; shift
+  for _ in $(seq 1 "$n"); do "$@" 2>/dev/null && return 0; sleep 0.1; done
+  echo "postmark.sh: gave up waiting for: $*" >&2
+  exit 1
+}
+
+# setup KIND MODE: a fresh file system on $MNT
+setup() {
+  rm -rf "$RUN"; mkdir -p "$MNT" "$FUSE"
+  case $1 in
+    ext4raw)
+      truncate -s "$VOL_SIZE" "$RUN/raw.img"
+      LOOP=$(losetup -f --show "$RUN/raw.img")
+      mkfs.ext4 -q -F -b 4096 "$LOOP"
+      mount "$LOOP" "$MNT" ;;
+    ext4nbd)
+      "$TARN" pool create "$RUN/pool.img" --size "$SIZE" >/dev/null
+      "$TARN" vol create pm --size "$VOL_SIZE" -p "$RUN/pool.img" >/dev/null
+      "$TARN" serve -p "$RUN/pool.img" --listen "127.0.0.1:$PORT" >"$DIR/serve.log" 2>&1 &
+      SRV=$!
+      wait_for 100 nbdinfo --can connect "nbd://127.0.0.1:$PORT/pm"
+      nbdfuse "$FUSE/disk" "nbd://127.0.0.1:$PORT/pm" >"$DIR/nbdfuse.log" 2>&1 &
+      FUSE_PID=$!
+      wait_for 100 test -s "$FUSE/disk"
+      LOOP=$(losetup -f --show "$FUSE/disk")
+      mkfs.ext4 -q -F -b 4096 "$LOOP"
+      mount "$LOOP" "$MNT" ;;
+    tarnfs)
+      "$TARN" pool create "$RUN/pool.img" --size "$SIZE" >/dev/null
+      "$TARN" fs create home -p "$RUN/pool.img" >/dev/null
+      if [ "$2" = ver ]; then
+        "$TARN" fs version-policy home add '*' -p "$RUN/pool.img" >/dev/null
+      fi
+      "$TARN" mount home "$MNT" -p "$RUN/pool.img" >"$DIR/mount.log" 2>&1 &
+      MOUNT_PID=$!
+      wait_for 100 mountpoint -q "$MNT" ;;
+  esac
+}
+
+# ticker KIND: a volume snapshot every SNAP_EVERY s until killed, the
+# last SNAP_KEEP kept (a rolling schedule: with every snapshot kept, all
+# the data PostMark deletes stays and fills the pool)
+ticker() {
+  local n=0 old
+  while sleep "$SNAP_EVERY"; do
+    n=$((n + 1)) old=$((n - SNAP_KEEP))
+    case $1 in
+      tarnfs) setfattr -n user.tarn.snapshot -v "pm$n" "$MNT" &&
+        { [ "$old" -lt 1 ] || setfattr -n user.tarn.snapshot.delete -v "pm$old" "$MNT"; } ;;
+      ext4nbd) "$TARN" snap create "pm@pm$n" -p "$RUN/pool.img" >/dev/null &&
+        { [ "$old" -lt 1 ] || "$TARN" snap delete "pm@pm$old" -p "$RUN/pool.img" >/dev/null; } ;;
+    esac || echo "snapshot $n failed" >&2
+    echo "$n" >"$DIR/snaps"
+  done
+}
+
+# one CONFIG: writes "wall_ms tx_s snaps" to $DIR/result
+one() {
+  local kind=${1%-*} mode=${1#*-} t0 t1 tx
+  setup "$kind" "$mode"
+  printf 'set location %s\nset number %s\nset transactions %s\nset subdirectories 10\nset size 4096 1048576\nset read 4096\nset write 4096\nset buffering false\nrun\nquit\n' \
+    "$MNT" "$PM_FILES" "$PM_TX" >"$DIR/pm.cfg"
+  echo 0 >"$DIR/snaps"
+  sync
+  t0=$(date +%s%N)
+  if [ "$mode" = snap ]; then ticker "$kind" & TICK=$!; fi
+  postmark "$DIR/pm.cfg" >"$DIR/pm.out" || echo "postmark failed: $(tail -n 2 "$DIR/pm.out")" >&2
+  sync -f "$MNT" || echo "sync -f failed" >&2
+  t1=$(date +%s%N)
+  [ -n "$TICK" ] && { kill "$TICK"; wait "$TICK" || true; TICK=; }
+  tx=$(sed -n 's/^[[:space:]]*\([0-9]*\) seconds of transactions.*/\1/p' "$DIR/pm.out")
+  teardown
+  echo "$(((t1 - t0) / 1000000)) ${tx:-?} $(cat "$DIR/snaps")" >"$DIR/result"
+}
+
+echo "# bench/postmark.sh $STAMP: PM_TX=$PM_TX PM_FILES=$PM_FILES ROUNDS=$ROUNDS SNAP_EVERY=$SNAP_EVERY SNAP_KEEP=$SNAP_KEEP ($(uname -r), $(nproc) cpus, git $(git -C "$REPO" rev-parse --short HEAD))"
+read -r -a LIST <<<"$CONFIGS"
+declare -A WALL TX
+for r in $(seq 1 "$ROUNDS"); do
+  order=("${LIST[@]}")
+  if [ $((r % 2)) = 0 ]; then
+    order=(); for ((i = ${#LIST[@]} - 1; i >= 0; i--)); do order+=("${LIST[$i]}"); done
+  fi
+  for c in "${order[@]}"; do
+    one "$c"
+    read -r ms tx snaps <"$DIR/result"
+    echo "round $r $c: ${ms} ms (postmark transactions ${tx} s, snapshots $snaps)"
+    WALL[$c]="${WALL[$c]:-} $ms"
+    TX[$c]="${TX[$c]:-} $tx"
+  done
+done
+
+stats() { tr ' ' '\n' | grep . | sort -n | awk '{ a[NR] = $1 } END { printf "%d %d %d\n", a[int((NR + 1) / 2)], a[1], a[NR] }'; }
+echo "# config: median wall ms [min-max] of $ROUNDS, ratio to ext4raw-none median; postmark transaction s"
+base=
+[ -n "${WALL[ext4raw-none]:-}" ] && read -r base _ _ < <(echo "${WALL[ext4raw-none]}" | stats)
+for c in "${LIST[@]}"; do
+  read -r med lo hi < <(echo "${WALL[$c]}" | stats)
+  ratio=$([ -n "$base" ] && awk -v a="$med" -v b="$base" 'BEGIN { printf "%.2fx", a / b }' || echo -)
+  echo "$c: $med ms [$lo-$hi] $ratio; tx s:${TX[$c]}"
+done
+echo "results: $OUT"

@@ -1,0 +1,352 @@
+//! User extended attributes (`user.*`) of files and directories
+//! (docs/FORMAT.md *Extended attributes*). They live in the inode's own
+//! object, in the area past the largest file's end: two slots of
+//! 256 KiB, each holding the whole set with a generation and a crc32c.
+//! A change writes the slot that does not hold the newest set, so a
+//! write torn by a crash leaves the previous set readable; and being in
+//! the object, the set is kept by every snapshot, version and clone of
+//! it with no extra rule (a tag of the object is a tag of its xattrs).
+
+use crate::error::{FsError, Result};
+use crate::inode::{Inode, Kind};
+use crate::ns::{now, FileVolume, Ns};
+use crate::MAX_FILE_SIZE;
+use std::collections::BTreeMap;
+use tarn_engine::PlacementKind;
+use tarn_format::checksum::crc32c;
+
+/// One slot: a header and the set.
+pub const SLOT: u64 = 256 << 10;
+/// Both slots, at the end of every object.
+pub const AREA: u64 = 2 * SLOT;
+/// Longest name, with its `user.` prefix (Linux's XATTR_NAME_MAX).
+pub const MAX_NAME: usize = 255;
+/// Longest value (Linux's XATTR_SIZE_MAX).
+pub const MAX_VALUE: usize = 64 << 10;
+const HEADER: usize = 28;
+/// Largest encoded set: one slot.
+pub const MAX_SET: usize = SLOT as usize - HEADER;
+const MAGIC: &[u8; 4] = b"TFSX";
+const VERSION: u8 = 1;
+/// What a first read of a slot takes (most sets are small).
+const FIRST_READ: usize = 4096;
+/// The only namespace kept.
+pub const USER: &[u8] = b"user.";
+/// Names the FUSE adapter answers itself (snapshots, versions): never
+/// stored, never listed.
+pub const CONTROL: &[u8] = b"user.tarn.";
+
+/// setxattr's flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XattrMode {
+    /// Create or replace.
+    Any,
+    /// XATTR_CREATE: EEXIST if it exists.
+    Create,
+    /// XATTR_REPLACE: ENODATA if it does not.
+    Replace,
+}
+
+type Map = BTreeMap<Vec<u8>, Vec<u8>>;
+
+/// The newest set of an inode and the slot holding it.
+struct Found {
+    generation: u64,
+    slot: Option<usize>,
+    map: Map,
+}
+
+fn slot_offset(slot: usize) -> u64 {
+    MAX_FILE_SIZE + slot as u64 * SLOT
+}
+
+/// A name this layer keeps: `user.` and more, not tarn's own, at most
+/// MAX_NAME bytes, no NUL.
+pub fn check_name(name: &[u8]) -> Result<()> {
+    if name.len() > MAX_NAME {
+        return Err(FsError::XattrRange("a name is at most 255 bytes"));
+    }
+    if !name.starts_with(USER) || name.len() == USER.len() || name.starts_with(CONTROL) || name.contains(&0) {
+        return Err(FsError::NotSupported);
+    }
+    Ok(())
+}
+
+pub(crate) fn encode(generation: u64, map: &Map) -> Vec<u8> {
+    let mut b = vec![0u8; HEADER];
+    for (name, value) in map {
+        b.push(name.len() as u8);
+        b.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        b.extend_from_slice(name);
+        b.extend_from_slice(value);
+    }
+    let body = (b.len() - HEADER) as u32;
+    b[0..4].copy_from_slice(MAGIC);
+    b[4] = VERSION;
+    b[8..16].copy_from_slice(&generation.to_le_bytes());
+    b[16..20].copy_from_slice(&(map.len() as u32).to_le_bytes());
+    b[20..24].copy_from_slice(&body.to_le_bytes());
+    let crc = crc32c(&b);
+    b[24..28].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// The body length a slot's header announces (checked against the slot).
+fn body_len(head: &[u8]) -> std::result::Result<usize, String> {
+    let n = u32_at(head, 20) as usize;
+    if n > MAX_SET {
+        return Err(format!("body of {n} bytes in a slot of {MAX_SET}"));
+    }
+    Ok(n)
+}
+
+/// A slot: Ok(None) when never written (zeros), else the generation and
+/// the set, with every check; Err names what does not decode.
+pub(crate) fn decode(b: &[u8]) -> std::result::Result<Option<(u64, Map)>, String> {
+    if b.len() < HEADER {
+        return Err("short slot".into());
+    }
+    if b[..HEADER].iter().all(|&x| x == 0) {
+        return Ok(None);
+    }
+    if &b[0..4] != MAGIC || b[4] != VERSION || b[5..8] != [0, 0, 0] {
+        return Err("bad magic, version or reserved bytes".into());
+    }
+    let body = body_len(b)?;
+    let b = b.get(..HEADER + body).ok_or("body past the bytes read")?;
+    let mut zeroed = b.to_vec();
+    zeroed[24..28].fill(0);
+    if crc32c(&zeroed) != u32_at(b, 24) {
+        return Err("crc mismatch".into());
+    }
+    let generation = u64::from_le_bytes(b[8..16].try_into().map_err(|_| "generation")?);
+    let count = u32_at(b, 16) as usize;
+    let map = entries(&b[HEADER..], count)?;
+    Ok(Some((generation, map)))
+}
+
+fn entries(mut body: &[u8], count: usize) -> std::result::Result<Map, String> {
+    let mut map = Map::new();
+    let mut last: Option<Vec<u8>> = None;
+    for k in 0..count {
+        if body.len() < 5 {
+            return Err(format!("entry {k} past the body"));
+        }
+        let (n, v) = (body[0] as usize, u32_at(body, 1) as usize);
+        if v > MAX_VALUE || body.len() < 5 + n + v {
+            return Err(format!("entry {k}: value of {v} bytes or past the body"));
+        }
+        let (name, value) = (&body[5..5 + n], &body[5 + n..5 + n + v]);
+        check_name(name).map_err(|_| format!("entry {k}: name not kept by tarn"))?;
+        if last.as_deref().is_some_and(|l| l >= name) {
+            return Err(format!("entry {k}: names not in ascending order"));
+        }
+        last = Some(name.to_vec());
+        map.insert(name.to_vec(), value.to_vec());
+        body = &body[5 + n + v..];
+    }
+    if !body.is_empty() {
+        return Err(format!("{} bytes past the last entry", body.len()));
+    }
+    Ok(map)
+}
+
+impl FileVolume {
+    /// Read slot `slot` of `object` as this volume's view shows it.
+    fn read_slot(&self, object: u32, slot: usize) -> Result<std::result::Result<Option<(u64, Map)>, String>> {
+        let mut b = vec![0u8; FIRST_READ];
+        self.read_object(object, slot_offset(slot), &mut b)?;
+        if b[..HEADER].iter().any(|&x| x != 0) {
+            match body_len(&b) {
+                Ok(n) if HEADER + n > FIRST_READ => {
+                    b = vec![0u8; HEADER + n];
+                    self.read_object(object, slot_offset(slot), &mut b)?;
+                }
+                Ok(_) => {}
+                Err(e) => return Ok(Err(e)),
+            }
+        }
+        Ok(decode(&b))
+    }
+
+    /// The newest set of `i`. A slot that does not decode is one a crash
+    /// tore (the other holds the set before it); both: corrupt.
+    fn load_xattrs(&self, i: &Inode) -> Result<Found> {
+        let mut found = Found { generation: 0, slot: None, map: Map::new() };
+        if i.object == 0 || !matches!(i.kind, Kind::File | Kind::Dir) {
+            return Ok(found);
+        }
+        let mut bad = Vec::new();
+        for slot in 0..2 {
+            match self.read_slot(i.object, slot)? {
+                Ok(Some((g, map))) if found.slot.is_none() || g > found.generation => {
+                    found = Found { generation: g, slot: Some(slot), map };
+                }
+                Ok(_) => {}
+                Err(e) => bad.push(e),
+            }
+        }
+        if bad.len() == 2 {
+            return Err(FsError::corrupt("extended attributes", i.ino, bad.join("; ")));
+        }
+        Ok(found)
+    }
+
+    /// The value of `name` (ENODATA: none).
+    pub fn get_xattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        if check_name(name).is_err() {
+            return Err(FsError::NoData);
+        }
+        let i = self.inode(&mut self.lock(), ino)?;
+        self.load_xattrs(&i)?.map.remove(name).ok_or(FsError::NoData)
+    }
+
+    /// Every name, each followed by a NUL (listxattr's format).
+    pub fn list_xattrs(&self, ino: u64) -> Result<Vec<u8>> {
+        let i = self.inode(&mut self.lock(), ino)?;
+        let mut out = Vec::new();
+        for name in self.load_xattrs(&i)?.map.into_keys() {
+            out.extend_from_slice(&name);
+            out.push(0);
+        }
+        Ok(out)
+    }
+
+    /// Set `name` to `value` (flags as `mode`); one slot write.
+    pub fn set_xattr(&self, ino: u64, name: &[u8], value: &[u8], mode: XattrMode) -> Result<()> {
+        check_name(name)?;
+        if value.len() > MAX_VALUE {
+            return Err(FsError::XattrTooBig);
+        }
+        self.change_xattrs(ino, |map| {
+            match (mode, map.contains_key(name)) {
+                (XattrMode::Create, true) => return Err(FsError::Exists),
+                (XattrMode::Replace, false) => return Err(FsError::NoData),
+                _ => {}
+            }
+            map.insert(name.to_vec(), value.to_vec());
+            Ok(())
+        })
+    }
+
+    /// Remove `name` (ENODATA: none).
+    pub fn remove_xattr(&self, ino: u64, name: &[u8]) -> Result<()> {
+        if check_name(name).is_err() {
+            return Err(FsError::NoData);
+        }
+        self.change_xattrs(ino, |map| map.remove(name).map(drop).ok_or(FsError::NoData))
+    }
+
+    /// Load, change and write back the set of `ino` as one namespace
+    /// change: the object's tag (first change after a snapshot), the
+    /// slot write and the inode's ctime in one commit.
+    fn change_xattrs(&self, ino: u64, change: impl FnOnce(&mut Map) -> Result<()>) -> Result<()> {
+        self.writable()?;
+        let mut ns = self.lock();
+        let mut i = self.inode(&mut ns, ino)?;
+        if !matches!(i.kind, Kind::File | Kind::Dir) {
+            return Err(FsError::NotPermitted("user extended attributes are for files and directories"));
+        }
+        // A file an older tarn let grow into the area.
+        if i.size > MAX_FILE_SIZE {
+            return Err(FsError::TooLarge);
+        }
+        let mut found = self.load_xattrs(&i)?;
+        change(&mut found.map)?;
+        let bytes = encode(found.generation + 1, &found.map);
+        if bytes.len() > SLOT as usize {
+            return Err(FsError::XattrSpace);
+        }
+        self.pool.enable_fs_xattrs()?;
+        self.write_xattrs(&mut ns, &mut i, found.slot, &bytes)
+    }
+
+    fn write_xattrs(&self, ns: &mut Ns, i: &mut Inode, newest: Option<usize>, bytes: &[u8]) -> Result<()> {
+        // The other slot may be overwritten in place (a file's object has
+        // the pool's placement): the newest set must be committed first,
+        // or a crash tearing this write would leave no whole set (a
+        // directory's object is append-placed: nothing committed is
+        // overwritten). No-op when nothing is pending.
+        if newest.is_some() && i.kind == Kind::File {
+            self.pool.flush()?;
+        }
+        self.room(3, bytes.len() as u64)?;
+        self.before_change(ns, i)?;
+        if i.object == 0 {
+            // A directory's object is append-placed as its entries are,
+            // and starts with its (empty) entries: an object is read as a
+            // directory from its first byte.
+            let place = (i.kind == Kind::Dir).then_some(PlacementKind::Append);
+            let entries = if i.kind == Kind::Dir { Some(self.dir(ns, i)?.encode()) } else { None };
+            i.object = self.pool.create_object(self.id, crate::OBJECT_SIZE, place)?;
+            if let Some(b) = entries {
+                self.pool.write(i.object, 0, &b, false)?;
+                i.size = b.len() as u64;
+            }
+        }
+        let slot = newest.map_or(0, |s| 1 - s);
+        self.pool.write(i.object, slot_offset(slot), bytes, false)?;
+        i.ctime = now();
+        self.save(ns, i)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Map {
+        let mut m = Map::new();
+        m.insert(b"user.a".to_vec(), b"1".to_vec());
+        m.insert(b"user.bb".to_vec(), Vec::new());
+        m
+    }
+
+    /// FORMAT.md *Extended attributes*, byte for byte.
+    #[test]
+    fn golden_slot() {
+        let b = encode(7, &sample());
+        let mut want = Vec::new();
+        want.extend_from_slice(b"TFSX\x01\x00\x00\x00");
+        want.extend_from_slice(&7u64.to_le_bytes());
+        want.extend_from_slice(&2u32.to_le_bytes());
+        want.extend_from_slice(&24u32.to_le_bytes());
+        want.extend_from_slice(&[0; 4]);
+        want.extend_from_slice(b"\x06\x01\x00\x00\x00user.a1");
+        want.extend_from_slice(b"\x07\x00\x00\x00\x00user.bb");
+        let crc = crc32c(&want);
+        want[24..28].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(b, want);
+        assert_eq!(decode(&b).unwrap(), Some((7, sample())));
+        assert_eq!(decode(&[0; 64]).unwrap(), None);
+    }
+
+    /// Every byte flipped: an error, never a panic or a different set.
+    #[test]
+    fn every_flipped_byte_is_refused() {
+        let b = encode(3, &sample());
+        for at in 0..b.len() {
+            let mut c = b.clone();
+            c[at] ^= 0x40;
+            assert!(decode(&c).is_err(), "byte {at}");
+        }
+        for cut in 0..b.len() {
+            assert!(decode(&b[..cut]).map_or(true, |s| s.is_none()), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn names_kept_and_refused() {
+        assert!(check_name(b"user.x").is_ok());
+        for bad in [&b"user."[..], b"trusted.x", b"security.selinux", b"user.tarn.snapshot", b"user.a\0b"] {
+            assert!(matches!(check_name(bad), Err(FsError::NotSupported)), "{bad:?}");
+        }
+        let long = [b"user.".to_vec(), vec![b'n'; 251]].concat();
+        assert!(matches!(check_name(&long), Err(FsError::XattrRange(_))));
+        assert!(check_name(&long[..255]).is_ok());
+    }
+}
