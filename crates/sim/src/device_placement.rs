@@ -27,7 +27,10 @@ impl Run {
             0 => None,
             k => Some(PlacementKind::NAMES[k - 1]),
         };
-        let expect: Expect = if index < members { Ok(()) } else { Err("InvalidArgument") };
+        // A member that does not exist, or a slot `dev remove` emptied,
+        // is refused.
+        let removed = self.pool().status().devices.get(index).is_some_and(|d| d.state == "REMOVED");
+        let expect: Expect = if index < members && !removed { Ok(()) } else { Err("InvalidArgument") };
         let from = self.model.device_placement.get(index).copied().flatten();
         let r = self.pool().set_device_placement(index, to.and_then(PlacementKind::parse));
         trace!("device {index} placement {from:?} -> {to:?}: {r:?}");

@@ -11,6 +11,31 @@ use crate::pool::{CommitCtl, Pool};
 use tarn_format::superblock::{DeviceEntry, Superblock, FLAG_OPEN};
 
 impl Pool {
+    /// Rewrite the superblock with feature `bit` set and member `index`'s
+    /// device-table entry changed by `change` (txid + 1; checkpoint and
+    /// journal unchanged, as for mirror leg states): how a member's
+    /// draining state and default placement are recorded. Durable when it
+    /// returns; `ctl` then holds the new superblock.
+    pub(crate) fn rewrite_member_entry(
+        &self,
+        ctl: &mut CommitCtl,
+        index: usize,
+        bit: u64,
+        change: impl FnOnce(&mut DeviceEntry),
+    ) -> Result<()> {
+        let mut sb = ctl.sb.clone();
+        sb.txid += 1;
+        sb.incompat |= bit;
+        sb.devices = self.device_table(&sb.devices);
+        let Some(entry) = sb.devices.get_mut(index) else {
+            return Err(EngineError::InvalidArgument(format!("device {index} is not a member of this pool")));
+        };
+        change(entry);
+        self.write_superblock(&sb)?;
+        ctl.sb = sb;
+        Ok(())
+    }
+
     /// Both copies carry the new state, one at a time with a flush
     /// between: a torn write leaves the other copy (old or new) intact,
     /// and rot in one copy never sends the pool back a checkpoint.

@@ -142,16 +142,15 @@ impl NewPool {
         } else {
             Vec::new()
         };
-        let entry =
-            DeviceEntry {
-                uuid: device_uuid,
-                blocks,
-                path: slot[0].1.clone(),
-                legs,
-                draining: false,
-                removed: false,
-                placement: None,
-            };
+        let entry = DeviceEntry {
+            uuid: device_uuid,
+            blocks,
+            path: slot[0].1.clone(),
+            legs,
+            draining: false,
+            removed: false,
+            placement: None,
+        };
         let label = Superblock {
             version: FORMAT_VERSION,
             incompat: self.features,

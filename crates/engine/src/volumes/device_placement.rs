@@ -25,26 +25,18 @@ impl Pool {
     pub fn set_device_placement(&self, index: usize, placement: Option<PlacementKind>) -> Result<()> {
         self.check_writable()?;
         self.check_members(1 << index.min(15), index)?;
+        // A refusal does no I/O: checked before the commit below.
+        if self.lock_commit().sb.devices.get(index).is_some_and(|e| e.removed) {
+            return Err(EngineError::InvalidArgument(format!("device {index} was removed from this pool")));
+        }
         // Like every admin command, it commits what was written before it.
         self.flush()?;
         let mut ctl = self.lock_commit();
-        let mut sb = ctl.sb.clone();
-        let Some(entry) = sb.devices.get(index) else {
-            return Err(EngineError::InvalidArgument(format!("device {index} is not a member of this pool")));
-        };
-        if entry.removed {
-            return Err(EngineError::InvalidArgument(format!("device {index} was removed from this pool")));
-        }
         let code = placement.map(Into::into);
-        if entry.placement == code {
+        if ctl.sb.devices.get(index).is_some_and(|e| e.placement == code) {
             return Ok(());
         }
-        sb.txid += 1;
-        sb.incompat |= incompat::DEVICE_PLACEMENT;
-        sb.devices = self.device_table(&sb.devices);
-        sb.devices[index].placement = code;
-        self.write_superblock(&sb)?;
-        ctl.sb = sb;
+        self.rewrite_member_entry(&mut ctl, index, incompat::DEVICE_PLACEMENT, |e| e.placement = code)?;
         let mut inner = self.write_inner();
         if inner.device_placement.len() <= index {
             inner.device_placement.resize(index + 1, None);

@@ -149,14 +149,7 @@ impl Pool {
         if ctl.sb.devices.get(index).is_none_or(|d| d.draining == draining) {
             return Ok(());
         }
-        let mut sb = ctl.sb.clone();
-        sb.txid += 1;
-        sb.incompat |= incompat::EVACUATION;
-        sb.devices = self.device_table(&sb.devices);
-        sb.devices[index].draining = draining;
-        self.write_superblock(&sb)?;
-        ctl.sb = sb;
-        Ok(())
+        self.rewrite_member_entry(&mut ctl, index, incompat::EVACUATION, |e| e.draining = draining)
     }
 
     /// The members recorded draining (being evacuated) in the device table.
