@@ -7,8 +7,9 @@
 # Not part of the tests.
 #   bash bench/rados.sh                  # RUNTIME=15 s per job, ROUNDS=2
 # Jobs, in this order on a fresh volume: 4K random write QD32 (first
-# writes), 1M sequential write and read QD4, 4K random read QD32, then
-# 10 snapshots and 4K random write QD32 again; snapshot create time (the
+# writes), 1M sequential write and read QD4, 4K random read QD32, 4K
+# random write QD32 (overwrites), then 10 snapshots and the same random
+# writes again (what snapshots cost: after / before); snapshot create time (the
 # 10 snapshots: `tarn snap create` through the server, `rbd snap create`);
 # RADOS operations per client write (the OSD's `op` counter over the fresh
 # random-write job, divided by fio's writes). Then, once per target, the
@@ -99,6 +100,9 @@ round() {
   echo "$target $r seqwrite_mib_s $(fio_run "$uri" write 1M 4)"
   echo "$target $r seqread_mib_s $(fio_run "$uri" read 1M 4)"
   echo "$target $r randread_iops $(fio_run "$uri" randread 4k 32)"
+  # the same overwrites as after the snapshots, without them: the baseline
+  # that shows what the snapshots cost
+  randwrite_ops "$target $r" "$uri" randwrite_before_snaps
   for i in $(seq 1 10); do
     t0=$(ms)
     if [ "$target" = tarn ]; then "$TARN" snap create "v@s$i" -p "rados://tarn/b$r" >/dev/null
