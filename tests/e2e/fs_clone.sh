@@ -19,10 +19,6 @@ mkdir -p "$MNT"
 MOUNT_PID=
 sum() { sha256sum "$1" | cut -c1-64; }
 used() { tarn pool status --json -p "$POOL" | jq .used; }
-clean() {
-  check "tarn fs check home clean ($1)" tarn fs check home -p "$POOL"
-  pool_check "$POOL" "$1"
-}
 
 step "an origin with data, xattrs and a snapshot"
 make_pool "$POOL" 1G
@@ -52,7 +48,7 @@ check "tarn fs clone home@s1 work" tarn fs clone home@s1 work -p "$POOL"
 U1=$(used)
 expect_between "pool use grew by metadata only (bytes; the data is 32 MiB)" $((U1 - U0)) 0 $((1024 * 1024))
 check "tarn fs check work clean" tarn fs check work -p "$POOL"
-clean "after clone"
+fs_clean "after clone"
 
 step "the clone shows the snapshot and is writable, independently"
 fs_mount work
@@ -77,7 +73,7 @@ fs_umount
 fs_mount work
 expect_eq "the clone's m.c unchanged by the origin" "$(cat "$MNT/src/m.c")" clone
 fs_umount
-clean "after writes on both"
+fs_clean "after writes on both"
 check "tarn fs check work clean" tarn fs check work -p "$POOL"
 
 step "destroy: the origin is refused while cloned, the clone goes, then the origin"
@@ -85,7 +81,7 @@ check_fails "destroy home while work exists" tarn fs destroy home -p "$POOL"
 expect_eq "the error names the clone" "$(printf '%s' "$LAST_OUT" | grep -c 'destroy work first')" 1
 check_fails "delete snapshot s1 while cloned" tarn fs snap delete home s1 -p "$POOL"
 check "tarn fs destroy work" tarn fs destroy work -p "$POOL"
-clean "after destroying the clone"
+fs_clean "after destroying the clone"
 fs_mount home
 expect_eq "origin's big after the clone went" "$(sum "$MNT/big")" "$BIG"
 fs_umount

@@ -23,10 +23,6 @@ mkdir -p "$MNT"
 MOUNT_PID=
 N=8
 
-clean() {
-  check "tarn fs check home clean ($1)" tarn fs check home -p "$POOL"
-  pool_check "$POOL" "$1"
-}
 sum() { sha256sum "$1" | cut -c1-64; }
 pool_free() { tarn pool status --json -p "$POOL" | jq .free; }
 versions() { ls -v "$MNT/$1@" | tr '\n' ' ' | sed 's/ $//'; }
@@ -68,7 +64,7 @@ GREW=$((FREE0 - FREE1))
 echo "  pool free fell by $GREW bytes for $((N - 1)) versions of a 4 MiB file"
 expect_eq "versions share blocks: growth under 1 MiB (not 4 MiB per version)" "$([ "$GREW" -lt $((1 << 20)) ] && echo yes || echo "no: $GREW")" yes
 expect_eq "growth at least the changed blocks" "$([ "$GREW" -ge $(((N - 1) * 4096)) ] && echo yes || echo "no: $GREW")" yes
-clean "after $N close versions"
+fs_clean "after $N close versions"
 
 step "f.c@ lists the N states exactly; f.o@ is empty"
 fs_mount home
@@ -115,7 +111,7 @@ expect_eq "the error is EROFS" "$(printf '%s' "$LAST_OUT" | grep -c 'Read-only f
 check_fails "rm f.c@/999 (none)" rm "$MNT/src/f.c@/999"
 check_fails "write into a version" bash -c "echo x >'$MNT/src/f.c@/2'"
 fs_umount
-clean "after rm of a version"
+fs_clean "after rm of a version"
 
 step "offline: tarn fs snap file, and keep 3"
 check "tarn fs snap file home g.txt label" tarn fs snap file home g.txt label -p "$POOL"
@@ -132,6 +128,6 @@ LAST=$(sum "$MNT/src/f.c")
 expect_eq "f.c@: the last 3 close versions and the volume snapshot" "$(versions src/f.c)" "$((N - 1)) $N $V $((V + 2))"
 expect_eq "the newest is the last state" "$(sum "$MNT/src/f.c@/$((V + 2))")" "$LAST"
 fs_umount
-clean "at the end"
+fs_clean "at the end"
 
 e2e_finish

@@ -21,10 +21,6 @@ mkdir -p "$MNT"
 MOUNT_PID=
 
 
-clean() {
-  check "tarn fs check home clean ($1)" tarn fs check home -p "$POOL"
-  pool_check "$POOL" "$1"
-}
 
 pool_free() { tarn pool status --json -p "$POOL" | jq .free; }
 objects() { tarn fs list --json -p "$POOL" | jq '.[0].objects'; }
@@ -43,7 +39,7 @@ S1_DOC=$(sum "$MNT/doc"); S1_VICTIM=$(sum "$MNT/d/victim")
 fs_umount
 check "tarn fs snap create home one" tarn fs snap create home one -p "$POOL"
 check_fails "a second snapshot named one" tarn fs snap create home one -p "$POOL"
-clean "after snapshot one"
+fs_clean "after snapshot one"
 
 step "state 2: overwrite 1 MiB, delete a file, add one; snapshot two"
 fs_mount home
@@ -60,7 +56,7 @@ check "doc: overwrite its first MiB again" dd if=/dev/urandom of="$MNT/doc" bs=1
 S3_DOC=$(sum "$MNT/doc")
 fs_umount
 expect_eq "snap list: names and numbers" "$(tarn fs snap list home --json -p "$POOL" | jq -c '[.[] | [.name, .number]]')" '[["one",1],["two",2]]'
-clean "after three states"
+fs_clean "after three states"
 
 step "snapshot one, mounted read-only: state 1 exactly"
 fs_mount home@one
@@ -100,7 +96,7 @@ fs_mount home@one
 expect_eq "doc still as in state 1" "$(sum "$MNT/doc")" "$S1_DOC"
 expect_eq "victim still in one" "$(sum "$MNT/d/victim")" "$S1_VICTIM"
 fs_umount
-clean "after deleting two"
+fs_clean "after deleting two"
 
 step "delete one: frees state 1's MiB and the deleted file"
 FREE0=$(pool_free)
@@ -113,7 +109,7 @@ expect_eq "snap list empty" "$(tarn fs snap list home --json -p "$POOL" | jq len
 fs_mount home
 expect_eq "the head is still state 3" "$(sum "$MNT/doc")" "$S3_DOC"
 fs_umount
-clean "after deleting one"
+fs_clean "after deleting one"
 
 step "version directories on the live mount: foo@, foo@N, dir@N"
 fs_mount home
@@ -192,7 +188,7 @@ check "keep_last.sh 3" bash "$REPO/examples/retention/keep_last.sh" "$MNT" "$V/f
 expect_eq "three versions left: states 6, 8, 9" "$(for n in $(ls "$V/foo@" | sort -n); do sum "$V/foo@/$n"; done | tr '\n' ' ')" "${SUMS[6]} ${SUMS[8]} ${SUMS[9]} "
 check_fails "keep_last.sh of a file with no version dir" bash "$REPO/examples/retention/keep_last.sh" "$MNT" "$T/nowhere" 1
 fs_umount
-clean "after version directories and retention"
+fs_clean "after version directories and retention"
 
 step "bad input"
 BEFORE=$(tarn fs snap list home --json -p "$POOL" | jq -c '[.[].name]')
@@ -202,5 +198,5 @@ check_fails "snapshot of an unknown file volume" tarn fs snap create nosuch s -p
 check_fails "a snapshot name with a slash" tarn fs snap create home a/b -p "$POOL"
 check_fails "mount of an unknown snapshot" tarn mount home@nosuch "$MNT" -p "$POOL"
 expect_eq "bad input changed no snapshot" "$(tarn fs snap list home --json -p "$POOL" | jq -c '[.[].name]')" "$BEFORE"
-clean "after bad input"
+fs_clean "after bad input"
 e2e_finish

@@ -18,10 +18,6 @@ POOL=$T/pool.img
 MNT=$T/mnt
 mkdir -p "$MNT"
 MOUNT_PID=
-clean() {
-  check "tarn fs check home clean ($1)" tarn fs check home -p "$POOL"
-  pool_check "$POOL" "$1"
-}
 # get NAME FILE: the value, or the error text
 get() { getfattr --absolute-names --only-values -n "$1" "$2" 2>&1; }
 # hex NAME FILE: the value as getfattr -e hex prints it
@@ -116,9 +112,9 @@ expect_eq "after remount: a 64 KiB value" "$(pyx "print(os.getxattr('$MNT/f', 'u
 check "setfattr then sync MOUNT" bash -c "setfattr -n user.last -v durable '$MNT/d' && sync '$MNT'"
 kill -KILL "$MOUNT_PID"; wait "$MOUNT_PID" 2>/dev/null || true
 check "fusermount3 -u of the dead mount" fusermount3 -u "$MNT"
-clean "after kill -9"
+fs_clean "after kill -9"
 fs_mount home
 expect_eq "after kill -9: the synced attribute" "$(get user.last "$MNT/d")" durable
 fs_umount
-clean "at the end"
+fs_clean "at the end"
 e2e_finish

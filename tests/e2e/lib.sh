@@ -311,6 +311,12 @@ vol_get() {
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
 
 # pool_check POOL: `tarn pool check` must exit 0
+# fs_clean WHEN: `tarn fs check home` and `tarn pool check` of $POOL are clean
+fs_clean() {
+  check "tarn fs check home clean ($1)" tarn fs check home -p "$POOL"
+  pool_check "$POOL" "$1"
+}
+
 pool_check() {
   local out rc=0
   out=$(timeout 300 "$TARN" pool check -p "$1" 2>&1) || rc=$?
