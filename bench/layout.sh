@@ -67,11 +67,15 @@ reads() { # ROUND TARGET METRIC-PREFIX: evict, then cold and warm 1M sequential 
   v=$(fio_job "$r" "$t" "${pre}warmread" --rw=read --bs=1M --iodepth=8 "--size=$SIZE_B") && record "$r" "$t" "${pre}warm_read_mibs" "$v"
 }
 snapshots() { # ROUND TARGET: SNAPS x (snapshot + random overwrites), then the reads again
-  local r=$1 t=$2 s
+  local r=$1 t=$2 s v
   for s in $(seq 1 "$SNAPS"); do
     "$TARN" snap create "bench@s$s" -p "$TGT_DIR/pool.img" >/dev/null || { log "snap create on $t failed"; return 0; }
-    fio_job "$r" "$t" "snapwrite$s" --rw=randwrite --bs=4k --iodepth=32 "--size=$SIZE_B" \
-      "--io_size=$((SIZE_B * SNAP_PCT / 100))" --norandommap --randrepeat=0 >/dev/null || return 0
+    v=$(fio_job "$r" "$t" "snapwrite$s" --rw=randwrite --bs=4k --iodepth=32 "--size=$SIZE_B" \
+      "--io_size=$((SIZE_B * SNAP_PCT / 100))" --norandommap --randrepeat=0) || return 0
+    # Copy-on-write rate (every overwrite lands on a block a snapshot
+    # shares) after the first snapshot and after the last.
+    [ "$s" = 1 ] && record "$r" "$t" snap1_write_iops "$v"
+    [ "$s" = "$SNAPS" ] && record "$r" "$t" snapn_write_iops "$v"
   done
   reads "$r" "$t" snap_
 }

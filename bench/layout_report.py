@@ -17,6 +17,8 @@ METRICS = [
     ("warm_read_mibs", "1M sequential read, warm, MiB/s"),
     ("extents_per_gib", "extents per GiB after the sequence"),
     ("free_outside_regions_mib", "free space outside whole 256 KiB regions, MiB"),
+    ("snap1_write_iops", "4K random overwrites of 1% after the first snapshot (copy-on-write), IOPS"),
+    ("snapn_write_iops", "the same after the last snapshot, IOPS"),
     ("snap_cold_read_mibs", "after the snapshots and overwrites: 1M sequential read, cold, MiB/s"),
     ("snap_warm_read_mibs", "after the snapshots and overwrites: 1M sequential read, warm, MiB/s"),
 ]

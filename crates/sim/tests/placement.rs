@@ -172,3 +172,44 @@ fn allocation_started_in_the_middle_stays_there_across_a_reopen_and_wraps_to_the
     pool.flush().unwrap();
     pool.close().unwrap();
 }
+
+/// Write `mib` MiB of `byte` to a new volume `name`, sequentially.
+fn filled(pool: &Pool, name: &str, mib: u64, byte: u8) -> u32 {
+    let v = pool.create_volume(name, mib * MIB).unwrap().id;
+    for i in 0..mib {
+        pool.write(v, i * MIB, &vec![byte; MIB as usize], false).unwrap();
+    }
+    v
+}
+
+#[test]
+fn copy_on_write_under_the_default_goes_near_the_original_and_keeps_a_region_together() {
+    let (_sim, pool) = one_device_pool(256 * MIB);
+    let v = filled(&pool, "v", 8, 1);
+    filled(&pool, "gap", 32, 2);
+    let far = filled(&pool, "far", 8, 3);
+    // Free space now lies right after v's data; new data goes after far's.
+    pool.delete_volume("gap", false).unwrap();
+    pool.flush().unwrap();
+    let original = first_block(&pool, v, 0);
+    let cursor_side = first_block(&pool, far, 0);
+    pool.create_snapshot("v", "s").unwrap();
+    // Two blocks of one 256 KiB logical region, in reverse order, and one
+    // of the next region: each a copy-on-write (the snapshot keeps them).
+    for (lba, byte) in [(40u64, 0x40u8), (3, 0x03), (70, 0x70)] {
+        pool.write(v, lba * 4096, &block(byte), false).unwrap();
+    }
+    let (a, b, c) = (first_block(&pool, v, 3), first_block(&pool, v, 40), first_block(&pool, v, 70));
+    assert!(a > original && b > original, "copies {a}, {b} follow the original at {original}");
+    assert!(a < cursor_side && c < cursor_side, "copies {a}, {c} lie before the far volume at {cursor_side}");
+    assert_eq!(b - a, 37, "blocks of one region keep their offsets in its new home");
+    // Data and the snapshot's view are right.
+    let mut buf = vec![0u8; 4096];
+    pool.read(v, 40 * 4096, &mut buf).unwrap();
+    assert_eq!(buf, block(0x40));
+    let (_, snap) = pool.lookup_view("v@s").expect("the snapshot");
+    pool.read_view(v, snap, 40 * 4096, &mut buf).unwrap();
+    assert_eq!(buf, block(1));
+    pool.flush().unwrap();
+    assert!(pool.check().is_clean());
+}

@@ -327,10 +327,12 @@ impl Pool {
         }
         let mut closed = Vec::new();
         let mut fresh_guard = None;
+        let mut shared = Vec::new();
         for seg in segs.iter_mut() {
             if let Segment::Mapped { lba, len, pba, birth } = *seg {
                 if !v.owns_alone(pba, birth) {
                     *seg = Segment::Hole { lba, len };
+                    shared.push(*seg);
                 } else if relayout && !inner.placement_on(v, usize::from(pba.device())).overwrites_in_place() {
                     // Append (the volume's, or the member's it lies on):
                     // owned data moves to the cursor too.
@@ -350,8 +352,15 @@ impl Pool {
                 }
             }
         }
-        let near =
-            if kind.policy().wants_near() { near_holes(&v.map, &segs, inner.region_blocks)? } else { Vec::new() };
+        let near = if kind.policy().wants_near() {
+            near_holes(&v.map, &segs, inner.region_blocks)?
+        } else if kind.copies_near_original() {
+            // Copy-on-write goes near the original (VC's rule): only the
+            // blocks a snapshot or the origin keeps need the map read.
+            near_holes(&v.map, &shared, inner.region_blocks)?
+        } else {
+            Vec::new()
+        };
         Ok(WritePlan { segs, closed, near, relaid, charge, _fresh: fresh_guard })
     }
 
@@ -496,14 +505,14 @@ impl Pool {
     /// Place every hole of `segs`, all or nothing, under the pool lock.
     fn place_holes(&self, inner: &mut Inner, vol: u32, segs: &[Segment], near: &NearRegions) -> Result<Vec<NewPiece>> {
         self.refresh_reserve(inner, segs);
-        let (policy, devices) = match inner.state.volume(vol) {
+        let (kind, devices) = match inner.state.volume(vol) {
             // The member the new data goes to decides, when the volume
             // names no policy (per-device layout).
             Some(v) => match inner.space.roomiest_among(v.devices) {
-                Some(d) => (inner.placement_on(v, d).policy(), v.devices),
-                None => (inner.placement_of(v).policy(), v.devices),
+                Some(d) => (inner.placement_on(v, d), v.devices),
+                None => (inner.placement_of(v), v.devices),
             },
-            None => (inner.placement.policy(), 0),
+            None => (inner.placement, 0),
         };
         let mut fresh = Vec::new();
         let none = Near::default();
@@ -511,6 +520,7 @@ impl Pool {
         for (lba, len) in holes_by_region(segs, rb) {
             let region = lba / rb;
             let here = near.iter().find(|n| n.0 == region).map_or(&none, |n| &n.1);
+            let policy = kind.policy_near(here);
             let placed = policy.place(&mut inner.space, Owner { volume: vol, devices }, lba, len, here, rb);
             let Ok(Some(pieces)) = placed else {
                 release_unmapped(&mut inner.space, &fresh)?;
@@ -984,10 +994,11 @@ fn near_region(map: &ExtentMap, region: u64, region_blocks: u64) -> std::result:
     }
     homes.sort_by_key(|h| std::cmp::Reverse(h.1));
     let mut bases: Vec<Pba> = homes.into_iter().take(MAX_HOMES).map(|h| h.0).collect();
+    let home = bases.first().copied();
     if let Some(after) = after_previous.filter(|a| !bases.contains(a)) {
         bases.push(after);
     }
-    Ok(Near { bases })
+    Ok(Near { bases, home })
 }
 
 #[cfg(test)]
@@ -1030,8 +1041,10 @@ mod tests {
         map.insert(2 * r - 1, 1, p(9000), 1).unwrap();
         let near = near_region(&map, 1, r).unwrap();
         assert_eq!(near.bases, vec![p(1001), p(5000), p(9000 - (r - 1))], "most blocks first");
+        assert_eq!(near.home, Some(p(1001)), "the home holding most of the region");
         // Region 2 is empty: only the block after region 1's last one.
         assert_eq!(near_region(&map, 2, r).unwrap().bases, vec![p(9001)]);
+        assert_eq!(near_region(&map, 2, r).unwrap().home, None, "no data of its own");
         // Region 0: its own home; nothing before it.
         assert_eq!(near_region(&map, 0, r).unwrap().bases, vec![p(1000 - (r - 1))]);
     }

@@ -316,6 +316,19 @@ impl Space {
         let Some(dev) = self.devices.get(device) else { return Ok(None) };
         let span = metadata_start(dev) - dev.data_start;
         let at = dev.data_start + ((u128::from(start) * u128::from(span)) >> 64) as u64;
+        self.find_region_at(device, len, at)
+    }
+
+    /// [`Space::find_region`] searching forward from block `near` (copy-on-
+    /// write's new home near the original), the cursor left where it was.
+    pub fn find_region_near(&mut self, near: Pba, len: u64) -> Result<Option<Pba>> {
+        let device = usize::from(near.device());
+        let Some(dev) = self.devices.get(device) else { return Ok(None) };
+        let at = near.block().clamp(dev.data_start, metadata_start(dev));
+        self.find_region_at(device, len, at)
+    }
+
+    fn find_region_at(&mut self, device: usize, len: u64, at: u64) -> Result<Option<Pba>> {
         let cursor = std::mem::replace(&mut self.devices[device].cursor, at);
         let found = self.find_region(device, len);
         self.devices[device].cursor = cursor;

@@ -55,6 +55,23 @@ impl PlacementKind {
         self != PlacementKind::Append
     }
 
+    /// Whether copy-on-write of a region that has data goes near that data
+    /// (VC's rule, [`Contiguous`]'s way) rather than where new data goes:
+    /// the policies that keep data where it is. `append` wants the cursor.
+    pub fn copies_near_original(self) -> bool {
+        matches!(self, PlacementKind::Linear | PlacementKind::Inplace)
+    }
+
+    /// The policy that places a hole of a region whose data lies `near`:
+    /// copy-on-write of a region with data of its own goes near it.
+    pub fn policy_near(self, near: &Near) -> &'static dyn Placement {
+        if self.copies_near_original() && near.home.is_some() {
+            &Contiguous
+        } else {
+            self.policy()
+        }
+    }
+
     /// Whether a sequential write over scattered data goes to new space
     /// whole (re-layout, `volumes/relayout.rs`).
     pub fn relays_out(self) -> bool {
@@ -115,6 +132,10 @@ pub fn check_region_blocks(blocks: u64, smallest_area: u64) -> Result<(), String
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Near {
     pub bases: Vec<Pba>,
+    /// The region's own home holding most of its data (the first of
+    /// `bases` when the region has data): a new home is searched for
+    /// from there, so copy-on-write lands near the original (VC's rule).
+    pub home: Option<Pba>,
 }
 
 /// Whose data is placed: the volume, and the members its new data may
@@ -193,6 +214,16 @@ impl Placement for Contiguous {
                 }
             }
         }
+        if let Some(original) = near.home.filter(|h| named(usize::from(h.device()))) {
+            // The region has data: its next home goes as near the
+            // original as a whole free region is, searching forward.
+            if let Some(home) = space.find_region_near(original, region)? {
+                let at = home.offset_by(off);
+                if space.allocate_exact(at, len)? {
+                    return Ok(Some(vec![(at, len)]));
+                }
+            }
+        }
         if let Some(device) = space.roomiest_among(owner.devices) {
             let home = if space.random_region_start {
                 space.find_region_from(device, region, spread(owner.volume, lba / region))?
@@ -238,7 +269,7 @@ mod tests {
     }
 
     fn place(s: &mut Space, lba: u64, len: u64, bases: &[Pba]) -> Vec<(Pba, u64)> {
-        Contiguous.place(s, vol(1), lba, len, &Near { bases: bases.to_vec() }, R).unwrap().expect("room")
+        Contiguous.place(s, vol(1), lba, len, &Near { bases: bases.to_vec(), home: None }, R).unwrap().expect("room")
     }
 
     #[test]
@@ -318,7 +349,7 @@ mod tests {
         let first = Contiguous.place(&mut s, vol(2), 5 * r + 100, 1, &Near::default(), r).unwrap().unwrap();
         let home = Pba::new(0, first[0].0.block() - 100);
         assert_eq!(home.block() % r, 0, "aligned to the region size");
-        let next = Contiguous.place(&mut s, vol(2), 5 * r + 200, 1, &Near { bases: vec![home] }, r).unwrap().unwrap();
+        let next = Contiguous.place(&mut s, vol(2), 5 * r + 200, 1, &Near { bases: vec![home], home: None }, r).unwrap().unwrap();
         assert_eq!(next, vec![(home.offset_by(200), 1)]);
     }
 }
