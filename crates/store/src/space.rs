@@ -107,6 +107,72 @@ impl SpaceMap {
         Ok(self.tree.get_ge(store, self.cursor)?.map(|(s, v)| (s, v.len)))
     }
 
+    /// The first free run of `len` blocks starting in `[from, until)`,
+    /// looking at no more than `max_ranges` free ranges (nothing taken,
+    /// the cursor stays): where copy-on-write finds room near the original.
+    pub fn first_fit_between(
+        &self,
+        store: &Store,
+        from: u64,
+        until: u64,
+        len: u64,
+        max_ranges: usize,
+    ) -> Result<Option<u64>> {
+        self.first_free_run(store, from, until, max_ranges, |start, end| (end - start >= len).then_some(start))
+    }
+
+    /// The first free run of `len` blocks aligned to `len` (counted from the
+    /// data area's start) starting in `[from, until)`, within `max_ranges`
+    /// free ranges; nothing taken, the cursor stays.
+    pub fn aligned_between(
+        &self,
+        store: &Store,
+        from: u64,
+        until: u64,
+        len: u64,
+        max_ranges: usize,
+    ) -> Result<Option<u64>> {
+        assert!(len > 0, "empty aligned run");
+        let data_start = self.data_start;
+        self.first_free_run(store, from, until, max_ranges, |start, end| {
+            let aligned = data_start + (start - data_start).div_ceil(len) * len;
+            aligned.checked_add(len).is_some_and(|e| e <= end).then_some(aligned)
+        })
+    }
+
+    /// The first answer `pick` gives for the free runs (start, end) that
+    /// begin in `[from, until)` (the free range holding `from` counted from
+    /// `from`), in order, looking at no more than `max_ranges` of them:
+    /// one descent, then the leaves in order.
+    fn first_free_run(
+        &self,
+        store: &Store,
+        from: u64,
+        until: u64,
+        max_ranges: usize,
+        pick: impl Fn(u64, u64) -> Option<u64>,
+    ) -> Result<Option<u64>> {
+        let from = from.max(self.data_start);
+        let until = until.min(self.data_end);
+        if from >= until || max_ranges == 0 {
+            return Ok(None);
+        }
+        if let Some((s, v)) = self.tree.get_le(store, from)? {
+            if s + v.len > from {
+                if let Some(at) = pick(from, s + v.len) {
+                    return Ok(Some(at));
+                }
+            }
+        }
+        let (mut found, mut seen) = (None, 1);
+        self.tree.range(store, from + 1, until, &mut |s, v| {
+            found = pick(s, s + v.len);
+            seen += 1;
+            found.is_none() && seen < max_ranges
+        })?;
+        Ok(found)
+    }
+
     /// The first free run of `len` blocks aligned to `len` (counted from
     /// the data area's start) next-fit from the cursor, looking at no
     /// more than `max_ranges` free ranges; the cursor moves past it.
@@ -114,28 +180,16 @@ impl SpaceMap {
     /// or full).
     pub fn find_aligned(&mut self, store: &Store, len: u64, max_ranges: usize) -> Result<Option<u64>> {
         assert!(len > 0, "empty aligned run");
-        let mut at = self.cursor.clamp(self.data_start, self.data_end);
-        let mut wrapped = false;
-        for _ in 0..max_ranges {
-            let run = match self.tree.get_le(store, at)? {
-                Some((s, v)) if s + v.len > at => Some((at, s + v.len)),
-                _ => self.tree.get_ge(store, at)?.map(|(s, v)| (s, s + v.len)),
-            };
-            let Some((from, end)) = run else {
-                if wrapped {
-                    return Ok(None);
-                }
-                (at, wrapped) = (self.data_start, true);
-                continue;
-            };
-            let aligned = self.data_start + (from - self.data_start).div_ceil(len) * len;
-            if aligned.checked_add(len).is_some_and(|e| e <= end) {
-                self.cursor = aligned + len;
-                return Ok(Some(aligned));
-            }
-            at = end;
+        let at = self.cursor.clamp(self.data_start, self.data_end);
+        let found = match self.aligned_between(store, at, self.data_end, len, max_ranges)? {
+            Some(b) => Some(b),
+            // Wrapped around to the front.
+            None => self.aligned_between(store, self.data_start, at, len, max_ranges)?,
+        };
+        if let Some(b) = found {
+            self.cursor = b + len;
         }
-        Ok(None)
+        Ok(found)
     }
 
     /// Return `[start, start+len)`, coalescing with free neighbours. A

@@ -321,11 +321,33 @@ impl Space {
 
     /// [`Space::find_region`] searching forward from block `near` (copy-on-
     /// write's new home near the original), the cursor left where it was.
+    /// The search is short: where free space near the original is cut up,
+    /// the caller goes on from the cursor instead, which is cheap.
     pub fn find_region_near(&mut self, near: Pba, len: u64) -> Result<Option<Pba>> {
         let device = usize::from(near.device());
+        if !self.usable(device) {
+            return Ok(None);
+        }
         let Some(dev) = self.devices.get(device) else { return Ok(None) };
-        let at = near.block().clamp(dev.data_start, metadata_start(dev));
-        self.find_region_at(device, len, at)
+        let found = dev.aligned_between(&self.store, near.block(), u64::MAX, len, NEAR_SEARCH_RANGES)?;
+        Ok(found.map(|b| Pba::new(near.device(), b)))
+    }
+
+    /// Take `len` free blocks in one run starting within `window` blocks
+    /// after `near` (copy-on-write next to its region), in flight until
+    /// settled; `Ok(None)` when no such run is there.
+    pub fn allocate_near(&mut self, near: Pba, window: u64, len: u64) -> Result<Option<Pba>> {
+        let device = usize::from(near.device());
+        if !self.usable(device) {
+            return Ok(None);
+        }
+        let Some(dev) = self.devices.get(device) else { return Ok(None) };
+        let until = near.block().saturating_add(window);
+        let Some(start) = dev.first_fit_between(&self.store, near.block(), until, len, NEAR_SEARCH_RANGES)? else {
+            return Ok(None);
+        };
+        let at = Pba::new(near.device(), start);
+        Ok(self.allocate_exact(at, len)?.then_some(at))
     }
 
     fn find_region_at(&mut self, device: usize, len: u64, at: u64) -> Result<Option<Pba>> {
@@ -393,6 +415,9 @@ impl Space {
         self.devices[device].verify(&self.store)
     }
 }
+
+/// Free ranges a search for room near a region's data looks at.
+const NEAR_SEARCH_RANGES: usize = 64;
 
 /// Free ranges a search for a whole free region looks at before it gives
 /// up (the placement then takes any free space).

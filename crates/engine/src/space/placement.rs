@@ -66,7 +66,7 @@ impl PlacementKind {
     /// copy-on-write of a region with data of its own goes near it.
     pub fn policy_near(self, near: &Near) -> &'static dyn Placement {
         if self.copies_near_original() && near.home.is_some() {
-            &Contiguous
+            &CopyNear
         } else {
             self.policy()
         }
@@ -207,21 +207,14 @@ impl Placement for Contiguous {
         let off = lba % region;
         assert!(off + len <= region, "a placement request crosses a region");
         let named = |d: usize| owner.devices == 0 || (d < 16 && owner.devices & (1 << d) != 0);
-        for &base in near.bases.iter().filter(|b| named(usize::from(b.device()))) {
-            if let Some(at) = base.block().checked_add(off).map(|b| Pba::new(base.device(), b)) {
-                if space.allocate_exact(at, len)? {
-                    return Ok(Some(vec![(at, len)]));
-                }
-            }
+        if let Some(home) = at_offset(space, off, len, near, named)? {
+            return Ok(Some(home));
         }
         if let Some(original) = near.home.filter(|h| named(usize::from(h.device()))) {
             // The region has data: its next home goes as near the
             // original as a whole free region is, searching forward.
-            if let Some(home) = space.find_region_near(original, region)? {
-                let at = home.offset_by(off);
-                if space.allocate_exact(at, len)? {
-                    return Ok(Some(vec![(at, len)]));
-                }
+            if let Some(at) = new_home_near(space, original, off, len, region)? {
+                return Ok(Some(at));
             }
         }
         if let Some(device) = space.roomiest_among(owner.devices) {
@@ -237,6 +230,62 @@ impl Placement for Contiguous {
                 }
             }
         }
+        Linear.place(space, owner, lba, len, near, region)
+    }
+}
+
+/// Blocks [off, off+len) of a region at their offsets in one of its
+/// places (`near.bases` on the members `named`), if free there.
+fn at_offset(space: &mut Space, off: u64, len: u64, near: &Near, named: impl Fn(usize) -> bool) -> Placed {
+    for &base in near.bases.iter().filter(|b| named(usize::from(b.device()))) {
+        if let Some(at) = base.block().checked_add(off).map(|b| Pba::new(base.device(), b)) {
+            if space.allocate_exact(at, len)? {
+                return Ok(Some(vec![(at, len)]));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Blocks [off, off+len) of a region at their offsets in a new home: the
+/// first whole free region after `original` a short search finds.
+fn new_home_near(space: &mut Space, original: Pba, off: u64, len: u64, region: u64) -> Placed {
+    let Some(home) = space.find_region_near(original, region)? else { return Ok(None) };
+    let at = home.offset_by(off);
+    Ok(space.allocate_exact(at, len)?.then(|| vec![(at, len)]))
+}
+
+/// Copy-on-write of a region that has data, under the policies that keep
+/// data where it is (`linear`, `inplace`; see
+/// [`PlacementKind::policy_near`]): at its offset in one of the region's
+/// places if free, else in free blocks within the span of the region and
+/// the next (a read of the region reads on into them), else where new
+/// data goes.
+#[derive(Debug, Default)]
+pub struct CopyNear;
+
+impl Placement for CopyNear {
+    fn name(&self) -> &'static str {
+        "copy-near"
+    }
+
+    fn wants_near(&self) -> bool {
+        true
+    }
+
+    fn place(&self, space: &mut Space, owner: Owner, lba: u64, len: u64, near: &Near, region: u64) -> Placed {
+        let named = |d: usize| owner.devices == 0 || (d < 16 && owner.devices & (1 << d) != 0);
+        if let Some(home) = at_offset(space, lba % region, len, near, named)? {
+            return Ok(Some(home));
+        }
+        if let Some(original) = near.home.filter(|h| named(usize::from(h.device()))) {
+            if let Some(at) = space.allocate_near(original, 2 * region, len)? {
+                return Ok(Some(vec![(at, len)]));
+            }
+        }
+        // No room near: where new data goes, densely. (A new whole home per
+        // region, as `contiguous` takes, spread 1% random copies over a
+        // device and read back at half the rate: docs/ARCHITECTURE.md.)
         Linear.place(space, owner, lba, len, near, region)
     }
 }
@@ -349,7 +398,10 @@ mod tests {
         let first = Contiguous.place(&mut s, vol(2), 5 * r + 100, 1, &Near::default(), r).unwrap().unwrap();
         let home = Pba::new(0, first[0].0.block() - 100);
         assert_eq!(home.block() % r, 0, "aligned to the region size");
-        let next = Contiguous.place(&mut s, vol(2), 5 * r + 200, 1, &Near { bases: vec![home], home: None }, r).unwrap().unwrap();
+        let next = Contiguous
+            .place(&mut s, vol(2), 5 * r + 200, 1, &Near { bases: vec![home], home: None }, r)
+            .unwrap()
+            .unwrap();
         assert_eq!(next, vec![(home.offset_by(200), 1)]);
     }
 }
