@@ -83,7 +83,7 @@ impl SumChanges {
         let mut block = start;
         while block < end {
             let key = block / SUMS_GROUP;
-            let whole = block % SUMS_GROUP == 0 && end - block >= SUMS_GROUP;
+            let whole = block.is_multiple_of(SUMS_GROUP) && end - block >= SUMS_GROUP;
             if !whole {
                 self.set(block, sums[(block - start) as usize]);
                 block += 1;
