@@ -9,7 +9,7 @@
 #   bash bench/warm_read.sh
 # Env: TARN=target/release/tarn  TARN_B=/path/to/other/tarn (adds target tarn_b)
 #      WARM_TARGETS="tarn nbdkit" (tarn_b is added when TARN_B is set)
-#      WARM_JOBS="sr1m"  (any of sr1m sw1m rr4k rw4k)  WARM_ROUNDS=6  WARM_SECS=4
+#      WARM_JOBS="sr1m"  (any of sr1m sw1m rr4k rw4k rr64k)  WARM_ROUNDS=6  WARM_SECS=4
 #      WARM_SIZE=2G  WARM_DIR=/var/tmp/tarn-warm
 # Prints one line per round and job (MiB/s or IOPS per target, the server's
 # CPU microseconds per request, TCP retransmits machine-wide) and, per job, each
@@ -72,6 +72,9 @@ job_args() {
     sw1m) echo "--rw=write --bs=1M --iodepth=8" ;;
     rr4k) echo "--rw=randread --bs=4k --iodepth=32 --norandommap --randrepeat=0" ;;
     rw4k) echo "--rw=randwrite --bs=4k --iodepth=32 --norandommap --randrepeat=0" ;;
+    # 64 KiB random reads: what a 4 KiB read would cost if it had to read
+    # and verify a whole 64 KiB checksum group (issue 10's coarse sums).
+    rr64k) echo "--rw=randread --bs=64k --iodepth=32 --norandommap --randrepeat=0" ;;
     *) echo "warm_read: unknown job $1" >&2; exit 2 ;;
   esac
 }
