@@ -293,13 +293,7 @@ impl Pool {
         inner.regions.urgent = 0;
         // From here a commit may make their maps durable: no longer fresh.
         inner.regions.fresh.clear();
-        let opened: Vec<u64> = std::mem::take(&mut inner.regions.wanted)
-            .into_iter()
-            .filter(|r| !inner.state.open_regions.contains(r))
-            .collect();
-        for chunk in opened.chunks(MAX_REGIONS_PER_OP) {
-            ops.push(Op::Regions { open: true, ids: chunk.to_vec() });
-        }
+        let opened = open_wanted(inner, &mut ops);
         if ops.is_empty() && !force_checkpoint {
             return Ok(Step::Take((Plan::DataOnly, frees, gen)));
         }
@@ -314,11 +308,8 @@ impl Pool {
             // One checkpoint at a time: commits go on meanwhile unless the
             // journal side is full, the checkpoint is forced, or dirty
             // nodes piled up to twice their bound (memory).
-            let why = match () {
-                _ if force_checkpoint => "a checkpoint is forced",
-                _ if !fits => "the journal side is full",
-                _ if self.store_over_dirty_bound(store, 2) => "dirty nodes reached twice their bound",
-                _ => return Ok(Step::Take((Plan::Journal { payload, epoch: inner.state.epoch, opened }, frees, gen))),
+            let Some(why) = self.checkpoint_cannot_wait(store, force_checkpoint, fits) else {
+                return Ok(Step::Take((Plan::Journal { payload, epoch: inner.state.epoch, opened }, frees, gen)));
             };
             put_back(inner, ops, frees, opened);
             return Ok(Step::FinishCheckpoint(why));
@@ -352,6 +343,22 @@ impl Pool {
             return Ok(Step::Take((Plan::JournalThenCheckpoint { payload, epoch, frozen }, frees, gen)));
         }
         Ok(Step::Take((Plan::Checkpoint(frozen), frees, gen)))
+    }
+
+    /// Why a commit must wait for the checkpoint in progress rather than
+    /// go to the journal beside it (None: it need not).
+    fn checkpoint_cannot_wait(
+        &self,
+        store: &tarn_store::Store,
+        force_checkpoint: bool,
+        fits: bool,
+    ) -> Option<&'static str> {
+        match () {
+            _ if force_checkpoint => Some("a checkpoint is forced"),
+            _ if !fits => Some("the journal side is full"),
+            _ if self.store_over_dirty_bound(store, 2) => Some("dirty nodes reached twice their bound"),
+            _ => None,
+        }
     }
 
     /// Step 2: data the new metadata points at must be durable first.
@@ -488,6 +495,19 @@ fn coalesce(mut frees: Freed) -> Freed {
         }
     }
     out
+}
+
+/// The regions writes asked to open that are not open yet, as Regions ops
+/// appended to `ops`; returns their ids.
+fn open_wanted(inner: &mut Inner, ops: &mut Vec<Op>) -> Vec<u64> {
+    let opened: Vec<u64> = std::mem::take(&mut inner.regions.wanted)
+        .into_iter()
+        .filter(|r| !inner.state.open_regions.contains(r))
+        .collect();
+    for chunk in opened.chunks(MAX_REGIONS_PER_OP) {
+        ops.push(Op::Regions { open: true, ids: chunk.to_vec() });
+    }
+    opened
 }
 
 #[cfg(test)]

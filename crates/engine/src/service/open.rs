@@ -225,6 +225,32 @@ fn slot_device(slot: &[(Arc<dyn Device>, String)]) -> Result<Arc<dyn Device>> {
     Ok(Arc::new(MirrorDevice::new(legs, size, true)))
 }
 
+/// What an open found wrong with the superblock copies it did not use
+/// (logged, and kept for `pool status`).
+fn label_notes(label: &crate::device::label::LabelRead, primary: &str, sb: &Superblock) -> Vec<String> {
+    let mut notes = Vec::new();
+    if let Some(why) = &label.other_invalid {
+        log::warn!("device {primary}: superblock copy {} invalid ({why}); using copy {}", 1 - label.copy, label.copy);
+        notes.push(format!(
+            "superblock copy {} of {primary} is invalid ({why}); copy {} is in use",
+            1 - label.copy,
+            label.copy
+        ));
+    }
+    if let Some(older) = label.other_older {
+        let note = format!(
+            "superblock copy {} of {primary} is older (txid {older}, copy {} has {}): a checkpoint was cut short \
+             or a write of that copy was lost; the next checkpoint rewrites both",
+            1 - label.copy,
+            label.copy,
+            sb.txid
+        );
+        log::warn!("{note}");
+        notes.push(note);
+    }
+    notes
+}
+
 /// A member being evacuated (`dev remove`) stays avoided across a
 /// restart, so the next `dev remove` goes on with what is left; a removed
 /// slot (empty) is avoided for good.
@@ -294,32 +320,7 @@ impl Pool {
         space.reserve_blocks = reserve_for(state.extent_count(), space.data_blocks());
         avoid_leaving(&sb, &mut space);
         let mut notes = asm.notes;
-        if let Some(why) = label.other_invalid {
-            log::warn!(
-                "device {}: superblock copy {} invalid ({why}); using copy {}",
-                primary.name(),
-                1 - label.copy,
-                label.copy
-            );
-            notes.push(format!(
-                "superblock copy {} of {} is invalid ({why}); copy {} is in use",
-                1 - label.copy,
-                primary.name(),
-                label.copy
-            ));
-        }
-        if let Some(older) = label.other_older {
-            let note = format!(
-                "superblock copy {} of {} is older (txid {older}, copy {} has {}): a checkpoint was cut short \
-                 or a write of that copy was lost; the next checkpoint rewrites both",
-                1 - label.copy,
-                primary.name(),
-                label.copy,
-                sb.txid
-            );
-            log::warn!("{note}");
-            notes.push(note);
-        }
+        notes.extend(label_notes(&label, &primary.name(), &sb));
         log::info!(
             "opened pool on {}: {} volumes, commit {}, {replayed} journal records replayed",
             primary.name(),
