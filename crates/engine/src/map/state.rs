@@ -320,34 +320,8 @@ impl State {
             Op::VolRole { vol, role } => self.set_role(*vol, *role)?,
             Op::VolQuota { .. } | Op::PoolOvercommit { .. } => self.apply_setting(op)?,
             Op::VolDevices { vol, devices } => self.volume_mut(*vol, "devices")?.devices = *devices,
-            Op::VolResize { vol, size } => {
-                let v = self.volume_mut(*vol, "resize")?;
-                if !size.is_multiple_of(BLOCK_SIZE) {
-                    return Err(format!("volume size {size} not a multiple of {BLOCK_SIZE}").into());
-                }
-                let new_blocks = size / BLOCK_SIZE;
-                if new_blocks < v.blocks() {
-                    let killed = v.map.remove(new_blocks, v.blocks() - new_blocks)?;
-                    v.retire(killed, freed)?;
-                }
-                v.size = *size;
-            }
-            Op::VolDelete { vol } => {
-                if let Some(c) = self.clones_of(*vol, None).first() {
-                    return Err(format!("volume {vol} has clone {}", c.name).into());
-                }
-                if let Some(o) = self.objects_of(*vol).first() {
-                    return Err(format!("file volume {vol} still owns object {o}").into());
-                }
-                let mut v = self.volumes.remove(vol).ok_or(format!("delete of unknown volume {vol}"))?;
-                self.by_name.remove(&v.name);
-                v.map.clear()?.into_iter().for_each(|(l, e)| free(l, e, freed));
-                self.retired_nodes.extend(v.map.take_superseded());
-                for mut s in v.snapshots {
-                    s.dead.clear()?.into_iter().for_each(|(l, e)| free(l, e, freed));
-                    self.retired_nodes.extend(s.dead.take_superseded());
-                }
-            }
+            Op::VolResize { vol, size } => self.resize_volume(*vol, *size, freed)?,
+            Op::VolDelete { vol } => self.drop_volume(*vol, freed)?,
             Op::Sums { pba, sums } => {
                 if Pba(*pba).is_origin() || sums.is_empty() {
                     return Err(format!("checksums for {} blocks at {}", sums.len(), Pba(*pba)).into());
@@ -359,6 +333,41 @@ impl State {
                 self.open_regions.remove(id);
             }),
             _ => return self.apply_snapshot_op(op, freed),
+        }
+        Ok(())
+    }
+
+    /// Op VolResize: a shrink releases what lies past the new end.
+    fn resize_volume(&mut self, vol: u32, size: u64, freed: &mut Freed) -> Result<(), StateError> {
+        let v = self.volume_mut(vol, "resize")?;
+        if !size.is_multiple_of(BLOCK_SIZE) {
+            return Err(format!("volume size {size} not a multiple of {BLOCK_SIZE}").into());
+        }
+        let new_blocks = size / BLOCK_SIZE;
+        if new_blocks < v.blocks() {
+            let killed = v.map.remove(new_blocks, v.blocks() - new_blocks)?;
+            v.retire(killed, freed)?;
+        }
+        v.size = size;
+        Ok(())
+    }
+
+    /// Op VolDelete: refused while a clone or an object depends on the
+    /// volume; else its map and every snapshot's dead list are released.
+    fn drop_volume(&mut self, vol: u32, freed: &mut Freed) -> Result<(), StateError> {
+        if let Some(c) = self.clones_of(vol, None).first() {
+            return Err(format!("volume {vol} has clone {}", c.name).into());
+        }
+        if let Some(o) = self.objects_of(vol).first() {
+            return Err(format!("file volume {vol} still owns object {o}").into());
+        }
+        let mut v = self.volumes.remove(&vol).ok_or(format!("delete of unknown volume {vol}"))?;
+        self.by_name.remove(&v.name);
+        v.map.clear()?.into_iter().for_each(|(l, e)| free(l, e, freed));
+        self.retired_nodes.extend(v.map.take_superseded());
+        for mut s in v.snapshots {
+            s.dead.clear()?.into_iter().for_each(|(l, e)| free(l, e, freed));
+            self.retired_nodes.extend(s.dead.take_superseded());
         }
         Ok(())
     }
