@@ -173,9 +173,10 @@ fn allocation_started_in_the_middle_stays_there_across_a_reopen_and_wraps_to_the
     pool.close().unwrap();
 }
 
-/// Write `mib` MiB of `byte` to a new volume `name`, sequentially.
-fn filled(pool: &Pool, name: &str, mib: u64, byte: u8) -> u32 {
-    let v = pool.create_volume(name, mib * MIB).unwrap().id;
+/// Write `mib` MiB of `byte` to a new volume `name` of `placement`,
+/// sequentially.
+fn filled(pool: &Pool, name: &str, mib: u64, byte: u8, placement: Option<PlacementKind>) -> u32 {
+    let v = pool.create_volume_placed(name, mib * MIB, placement).unwrap().id;
     for i in 0..mib {
         pool.write(v, i * MIB, &vec![byte; MIB as usize], false).unwrap();
     }
@@ -183,32 +184,30 @@ fn filled(pool: &Pool, name: &str, mib: u64, byte: u8) -> u32 {
 }
 
 #[test]
-fn copy_on_write_under_the_default_goes_near_the_original_when_there_is_room() {
+fn contiguous_copy_on_write_takes_a_new_home_near_the_original_and_keeps_offsets() {
     let (_sim, pool) = one_device_pool(256 * MIB);
-    let v = filled(&pool, "v", 8, 1);
-    filled(&pool, "gap", 1, 2);
-    let far = filled(&pool, "far", 8, 3);
-    // 1 MiB free right after v's data; new data goes after far's.
+    let v = filled(&pool, "v", 8, 1, Some(PlacementKind::Contiguous));
+    filled(&pool, "gap", 32, 2, None);
+    let far = filled(&pool, "far", 8, 3, None);
+    // Whole free regions now lie right after v's data; the cursor is after far's.
     pool.delete_volume("gap", false).unwrap();
     pool.flush().unwrap();
-    let v_end = first_block(&pool, v, 2047) + 1;
+    let original = first_block(&pool, v, 0);
     let far_start = first_block(&pool, far, 0);
     pool.create_snapshot("v", "s").unwrap();
-    // Copies of blocks of v's last 256 KiB region (room within the read-on
-    // span after it), then one of its first region (none near).
-    for (lba, byte) in [(2000u64, 0x40u8), (2010, 0x41), (3, 0x03)] {
+    // Two blocks of one 256 KiB logical region, in reverse order: each a
+    // copy-on-write (the snapshot keeps them).
+    for (lba, byte) in [(40u64, 0x40u8), (3, 0x03)] {
         pool.write(v, lba * 4096, &block(byte), false).unwrap();
     }
-    let (a, b, c) = (first_block(&pool, v, 2000), first_block(&pool, v, 2010), first_block(&pool, v, 3));
-    assert!((v_end..far_start).contains(&a), "copy at {a}: in the free space after v ({v_end}..{far_start})");
-    assert_eq!(b - a, 10, "a second copy of the region keeps its offset from the first");
-    assert!(c > far_start, "copy at {c}: no room near block 3's region, so where new data goes (after {far_start})");
-    // Data and the snapshot's view are right.
+    let (a, b) = (first_block(&pool, v, 3), first_block(&pool, v, 40));
+    assert!((original..far_start).contains(&a), "copy at {a}: between the original ({original}) and far ({far_start})");
+    assert_eq!(b - a, 37, "blocks of one region keep their offsets in its new home");
     let mut buf = vec![0u8; 4096];
-    pool.read(v, 2010 * 4096, &mut buf).unwrap();
-    assert_eq!(buf, block(0x41));
+    pool.read(v, 40 * 4096, &mut buf).unwrap();
+    assert_eq!(buf, block(0x40));
     let (_, snap) = pool.lookup_view("v@s").expect("the snapshot");
-    pool.read_view(v, snap, 2010 * 4096, &mut buf).unwrap();
+    pool.read_view(v, snap, 40 * 4096, &mut buf).unwrap();
     assert_eq!(buf, block(1));
     pool.flush().unwrap();
     assert!(pool.check().is_clean());

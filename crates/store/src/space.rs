@@ -107,20 +107,6 @@ impl SpaceMap {
         Ok(self.tree.get_ge(store, self.cursor)?.map(|(s, v)| (s, v.len)))
     }
 
-    /// The first free run of `len` blocks starting in `[from, until)`,
-    /// looking at no more than `max_ranges` free ranges (nothing taken,
-    /// the cursor stays): where copy-on-write finds room near the original.
-    pub fn first_fit_between(
-        &self,
-        store: &Store,
-        from: u64,
-        until: u64,
-        len: u64,
-        max_ranges: usize,
-    ) -> Result<Option<u64>> {
-        self.first_free_run(store, from, until, max_ranges, |start, end| (end - start >= len).then_some(start))
-    }
-
     /// The first free run of `len` blocks aligned to `len` (counted from the
     /// data area's start) starting in `[from, until)`, within `max_ranges`
     /// free ranges; nothing taken, the cursor stays.

@@ -138,11 +138,11 @@ fn aligned_runs_are_found_next_fit_and_claims_take_only_free_runs() {
     assert_eq!(m.find_aligned(&store, 64, 100).unwrap(), None);
 }
 
-/// The searches placement makes over free runs, against the free list
-/// they were given: first fit (any alignment) and aligned runs, both
-/// within a window and a bound on the ranges looked at.
+/// The searches for whole aligned free runs placement makes, against the
+/// free list they were given: within a window, within a bound on the
+/// ranges looked at, and from the cursor with wrap-around.
 #[test]
-fn searches_between_bounds_find_the_first_run_that_fits() {
+fn aligned_searches_find_the_first_run_that_fits() {
     let io = Arc::new(MemIo::default());
     let store = Store::new(io, MIN_CACHE_BYTES).unwrap();
     let mut space = SpaceMap::new(&store, 50, 0, START, END).unwrap();
@@ -151,13 +151,10 @@ fn searches_between_bounds_find_the_first_run_that_fits() {
     for (start, len) in [(110u64, 10u64), (121, 9), (200, 64), (400, END - 400)] {
         assert!(space.try_claim(&store, start, len, &mut sup).unwrap());
     }
-    assert_eq!(space.first_fit_between(&store, 105, 1000, 4, 64).unwrap(), Some(105), "inside the range holding from");
-    assert_eq!(space.first_fit_between(&store, 105, 1000, 20, 64).unwrap(), Some(130));
-    assert_eq!(space.first_fit_between(&store, 105, 130, 20, 64).unwrap(), None, "130 is past the window");
-    assert_eq!(space.first_fit_between(&store, 105, 1000, 20, 2).unwrap(), None, "two ranges looked at, no more");
-    assert_eq!(space.first_fit_between(&store, 105, 1000, 100, 64).unwrap(), Some(264));
     // Aligned to 64 counted from the data start (100): 164, 228, 292, ...
     assert_eq!(space.aligned_between(&store, 100, 1000, 64, 64).unwrap(), Some(292));
+    assert_eq!(space.aligned_between(&store, 100, 1000, 64, 3).unwrap(), None, "three ranges looked at, no more");
+    assert_eq!(space.aligned_between(&store, 140, 1000, 16, 64).unwrap(), Some(148), "inside the range holding from");
     assert_eq!(space.aligned_between(&store, 100, 260, 64, 64).unwrap(), None, "no free run begins in the window");
     // The cursor's search wraps to the front and moves the cursor past.
     space.cursor = 900;

@@ -327,12 +327,10 @@ impl Pool {
         }
         let mut closed = Vec::new();
         let mut fresh_guard = None;
-        let mut shared = Vec::new();
         for seg in segs.iter_mut() {
             if let Segment::Mapped { lba, len, pba, birth } = *seg {
                 if !v.owns_alone(pba, birth) {
                     *seg = Segment::Hole { lba, len };
-                    shared.push(*seg);
                 } else if relayout && !inner.placement_on(v, usize::from(pba.device())).overwrites_in_place() {
                     // Append (the volume's, or the member's it lies on):
                     // owned data moves to the cursor too.
@@ -352,15 +350,8 @@ impl Pool {
                 }
             }
         }
-        let near = if kind.policy().wants_near() {
-            near_holes(&v.map, &segs, inner.region_blocks)?
-        } else if kind.copies_near_original() {
-            // Copy-on-write goes near the original (VC's rule): only the
-            // blocks a snapshot or the origin keeps need the map read.
-            near_holes(&v.map, &shared, inner.region_blocks)?
-        } else {
-            Vec::new()
-        };
+        let near =
+            if kind.policy().wants_near() { near_holes(&v.map, &segs, inner.region_blocks)? } else { Vec::new() };
         Ok(WritePlan { segs, closed, near, relaid, charge, _fresh: fresh_guard })
     }
 
@@ -520,8 +511,7 @@ impl Pool {
         for (lba, len) in holes_by_region(segs, rb) {
             let region = lba / rb;
             let here = near.iter().find(|n| n.0 == region).map_or(&none, |n| &n.1);
-            let policy = kind.policy_near(here);
-            let placed = policy.place(&mut inner.space, Owner { volume: vol, devices }, lba, len, here, rb);
+            let placed = kind.policy().place(&mut inner.space, Owner { volume: vol, devices }, lba, len, here, rb);
             let Ok(Some(pieces)) = placed else {
                 release_unmapped(&mut inner.space, &fresh)?;
                 return Err(placed.err().map_or(EngineError::NoSpace, EngineError::from));

@@ -333,23 +333,6 @@ impl Space {
         Ok(found.map(|b| Pba::new(near.device(), b)))
     }
 
-    /// Take `len` free blocks in one run starting within `window` blocks
-    /// after `near` (copy-on-write next to its region), in flight until
-    /// settled; `Ok(None)` when no such run is there.
-    pub fn allocate_near(&mut self, near: Pba, window: u64, len: u64) -> Result<Option<Pba>> {
-        let device = usize::from(near.device());
-        if !self.usable(device) {
-            return Ok(None);
-        }
-        let Some(dev) = self.devices.get(device) else { return Ok(None) };
-        let until = near.block().saturating_add(window);
-        let Some(start) = dev.first_fit_between(&self.store, near.block(), until, len, NEAR_SEARCH_RANGES)? else {
-            return Ok(None);
-        };
-        let at = Pba::new(near.device(), start);
-        Ok(self.allocate_exact(at, len)?.then_some(at))
-    }
-
     fn find_region_at(&mut self, device: usize, len: u64, at: u64) -> Result<Option<Pba>> {
         let cursor = std::mem::replace(&mut self.devices[device].cursor, at);
         let found = self.find_region(device, len);

@@ -55,23 +55,6 @@ impl PlacementKind {
         self != PlacementKind::Append
     }
 
-    /// Whether copy-on-write of a region that has data goes near that data
-    /// (VC's rule, [`Contiguous`]'s way) rather than where new data goes:
-    /// the policies that keep data where it is. `append` wants the cursor.
-    pub fn copies_near_original(self) -> bool {
-        matches!(self, PlacementKind::Linear | PlacementKind::Inplace)
-    }
-
-    /// The policy that places a hole of a region whose data lies `near`:
-    /// copy-on-write of a region with data of its own goes near it.
-    pub fn policy_near(self, near: &Near) -> &'static dyn Placement {
-        if self.copies_near_original() && near.home.is_some() {
-            &CopyNear
-        } else {
-            self.policy()
-        }
-    }
-
     /// Whether a sequential write over scattered data goes to new space
     /// whole (re-layout, `volumes/relayout.rs`).
     pub fn relays_out(self) -> bool {
@@ -253,41 +236,6 @@ fn new_home_near(space: &mut Space, original: Pba, off: u64, len: u64, region: u
     let Some(home) = space.find_region_near(original, region)? else { return Ok(None) };
     let at = home.offset_by(off);
     Ok(space.allocate_exact(at, len)?.then(|| vec![(at, len)]))
-}
-
-/// Copy-on-write of a region that has data, under the policies that keep
-/// data where it is (`linear`, `inplace`; see
-/// [`PlacementKind::policy_near`]): at its offset in one of the region's
-/// places if free, else in free blocks within the span of the region and
-/// the next (a read of the region reads on into them), else where new
-/// data goes.
-#[derive(Debug, Default)]
-pub struct CopyNear;
-
-impl Placement for CopyNear {
-    fn name(&self) -> &'static str {
-        "copy-near"
-    }
-
-    fn wants_near(&self) -> bool {
-        true
-    }
-
-    fn place(&self, space: &mut Space, owner: Owner, lba: u64, len: u64, near: &Near, region: u64) -> Placed {
-        let named = |d: usize| owner.devices == 0 || (d < 16 && owner.devices & (1 << d) != 0);
-        if let Some(home) = at_offset(space, lba % region, len, near, named)? {
-            return Ok(Some(home));
-        }
-        if let Some(original) = near.home.filter(|h| named(usize::from(h.device()))) {
-            if let Some(at) = space.allocate_near(original, 2 * region, len)? {
-                return Ok(Some(vec![(at, len)]));
-            }
-        }
-        // No room near: where new data goes, densely. (A new whole home per
-        // region, as `contiguous` takes, spread 1% random copies over a
-        // device and read back at half the rate: docs/ARCHITECTURE.md.)
-        Linear.place(space, owner, lba, len, near, region)
-    }
 }
 
 /// A number uniformly spread over u64 for a volume's logical region
