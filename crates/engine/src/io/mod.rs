@@ -496,14 +496,14 @@ impl Pool {
     /// Place every hole of `segs`, all or nothing, under the pool lock.
     fn place_holes(&self, inner: &mut Inner, vol: u32, segs: &[Segment], near: &NearRegions) -> Result<Vec<NewPiece>> {
         self.refresh_reserve(inner, segs);
-        let (kind, devices) = match inner.state.volume(vol) {
+        let (policy, devices) = match inner.state.volume(vol) {
             // The member the new data goes to decides, when the volume
             // names no policy (per-device layout).
             Some(v) => match inner.space.roomiest_among(v.devices) {
-                Some(d) => (inner.placement_on(v, d), v.devices),
-                None => (inner.placement_of(v), v.devices),
+                Some(d) => (inner.placement_on(v, d).policy(), v.devices),
+                None => (inner.placement_of(v).policy(), v.devices),
             },
-            None => (inner.placement, 0),
+            None => (inner.placement.policy(), 0),
         };
         let mut fresh = Vec::new();
         let none = Near::default();
@@ -511,7 +511,7 @@ impl Pool {
         for (lba, len) in holes_by_region(segs, rb) {
             let region = lba / rb;
             let here = near.iter().find(|n| n.0 == region).map_or(&none, |n| &n.1);
-            let placed = kind.policy().place(&mut inner.space, Owner { volume: vol, devices }, lba, len, here, rb);
+            let placed = policy.place(&mut inner.space, Owner { volume: vol, devices }, lba, len, here, rb);
             let Ok(Some(pieces)) = placed else {
                 release_unmapped(&mut inner.space, &fresh)?;
                 return Err(placed.err().map_or(EngineError::NoSpace, EngineError::from));
