@@ -308,6 +308,42 @@ fn compaction_re_lays_out_owned_data_and_keeps_shared_data() {
     assert_clean(&pool);
 }
 
+/// Data only a snapshot holds (its dead list: the head overwrote it)
+/// stayed as scattered as it was first written; compaction must move it
+/// too, by Relocate, with the snapshot's contents and usage unchanged.
+#[test]
+fn compaction_re_lays_out_what_only_a_snapshot_holds() {
+    let (_sims, pool) = new_pool(1, 64 * MIB);
+    let v = pool.create_volume("dead", 4 * MIB).unwrap().id;
+    write_scattered(&pool, v, 1024).unwrap();
+    let snap = pool.create_snapshot("dead", "s").unwrap();
+    // The head overwrites everything: the scattered blocks are now the
+    // snapshot's alone.
+    for i in 0..4u64 {
+        pool.write(v, i * MIB, &vec![0xd0 | i as u8; MIB as usize], false).unwrap();
+    }
+    pool.flush().unwrap();
+    let before = pool.physical_runs(v, View::Snapshot(snap.epoch), 0, 1024).unwrap().len();
+    assert!(before > 500, "the snapshot reads {before} runs before");
+    let (info, used) = (pool.snapshot_info("dead", "s").unwrap(), pool.status().used);
+    let r = pool.relayout("dead", &mut |_, _| {}).unwrap();
+    assert_eq!((r.snapshot_windows_moved, r.snapshot_blocks_moved), (4, 1024), "{r:?}");
+    let after = pool.physical_runs(v, View::Snapshot(snap.epoch), 0, 1024).unwrap().len();
+    assert!(after <= 4, "the snapshot still reads {after} runs");
+    assert_eq!(pool.status().used, used, "compaction changed the space in use");
+    let moved = pool.snapshot_info("dead", "s").unwrap();
+    assert_eq!((moved.exclusive, moved.referenced), (info.exclusive, info.referenced), "{moved:?}");
+    let mut back = vec![0u8; 4 * MIB as usize];
+    pool.read_view(v, View::Snapshot(snap.epoch), 0, &mut back).unwrap();
+    assert_scattered_fill(&back, 0);
+    pool.read(v, 0, &mut back).unwrap();
+    assert!(back.chunks(MIB as usize).enumerate().all(|(i, c)| c.iter().all(|&b| b == 0xd0 | i as u8)));
+    // A second pass finds nothing to move.
+    let again = pool.relayout("dead", &mut |_, _| {}).unwrap();
+    assert_eq!(again.snapshot_windows_moved, 0, "{again:?}");
+    assert_clean(&pool);
+}
+
 /// Bug guarded: a client write landing in place between compaction's copy
 /// and its map swap would be lost. Writes race compactions; every block
 /// must end with its last write.

@@ -39,14 +39,14 @@ pub struct EvacuateReport {
 
 /// Where one live run on the draining member is held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct LiveRun {
-    vol: u32,
+pub(crate) struct LiveRun {
+    pub vol: u32,
     /// 0: the head; else the snapshot (epoch) whose dead list holds it.
-    snap: u64,
-    lba: u64,
-    len: u64,
-    pba: Pba,
-    birth: u64,
+    pub snap: u64,
+    pub lba: u64,
+    pub len: u64,
+    pub pba: Pba,
+    pub birth: u64,
 }
 
 impl Pool {
@@ -194,7 +194,7 @@ impl Pool {
     /// Move a run of a snapshot's dead list: no client writes there, but a
     /// snapshot delete or rollback may change it, so the run is looked up
     /// again under the pool lock before the Relocate is applied.
-    fn move_dead_run(&self, run: LiveRun) -> Result<u64> {
+    pub(crate) fn move_dead_run(&self, run: LiveRun) -> Result<u64> {
         let seg = Segment::Mapped { lba: run.lba, len: run.len, pba: run.pba, birth: run.birth };
         let head_blocks = self.read_inner().state.volume(run.vol).map_or(0, Volume::blocks);
         if run.lba + run.len > head_blocks {

@@ -5,10 +5,10 @@
 //! out) reads sequentially again. Clients keep writing meanwhile: a window
 //! they touch while it moves is left as it is (the next pass takes it).
 //!
-//! Only windows the head owns alone move. Blocks a snapshot or a clone
-//! shares stay where they are, so no snapshot grows and sharing is kept;
-//! moving shared blocks for every sharer at once is the placement issue's
-//! compactor.
+//! Blocks the head owns alone are mapped anew; blocks snapshots share
+//! move by Relocate (op 17) for every sharer at once, so no snapshot grows
+//! and sharing is kept. Then the snapshots' own data (their dead lists)
+//! is compacted the same way (`dead_relayout`).
 
 use crate::error::{EngineError, Result};
 use crate::io::{physical_runs, NewPiece, RELAYOUT_RUN_BLOCKS};
@@ -35,6 +35,10 @@ pub struct RelayoutReport {
     pub blocks_moved: u64,
     /// Windows clients wrote to while they moved, or that found no room.
     pub windows_skipped: u64,
+    /// Windows of the snapshots' dead lists (data only snapshots hold)
+    /// moved, and their blocks (see `dead_relayout`).
+    pub snapshot_windows_moved: u64,
+    pub snapshot_blocks_moved: u64,
     /// Stopped before the end because the caller asked (`relayout_until`);
     /// what moved is durable, and a later run goes on from there (windows
     /// already in long runs are left alone).
@@ -102,6 +106,9 @@ impl Pool {
                 report.stopped = true;
                 break;
             }
+        }
+        if !report.stopped {
+            self.relayout_dead_lists(id, &mut report, &mut || go_on(blocks, blocks))?;
         }
         self.flush()?;
         report.extents_after = extents(self)?;
