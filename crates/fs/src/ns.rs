@@ -565,6 +565,26 @@ impl FileVolume {
         Ok(self.attr(&i))
     }
 
+    /// Clear set-user-ID, and set-group-ID when group-executable (as
+    /// Linux's `should_remove_suid`), of a regular file: the mount asks
+    /// the kernel to leave this to it (FUSE_HANDLE_KILLPRIV_V2), for a
+    /// write or truncate by an unprivileged caller and any chown.
+    /// True when a bit went.
+    pub fn kill_suid(&self, ino: u64) -> Result<bool> {
+        self.writable()?;
+        let mut ns = self.lock();
+        let mut i = self.inode(&mut ns, ino)?;
+        let sgid = if i.perm & 0o010 != 0 { 0o2000 } else { 0 };
+        let kill = i.perm & (0o4000 | sgid);
+        if i.kind != Kind::File || kill == 0 {
+            return Ok(false);
+        }
+        i.perm &= !kill;
+        i.ctime = now();
+        self.save(&mut ns, &i)?;
+        Ok(true)
+    }
+
     /// Shrinking zeroes everything past the new end (whole blocks are
     /// unmapped): an older, larger size can never show stale bytes.
     fn truncate(&self, i: &mut Inode, size: u64) -> Result<()> {
