@@ -75,6 +75,9 @@ pub(crate) struct Ns {
     /// Files whose last name went while they were open: freed at the last
     /// release (or, after a crash, at the next open of the volume).
     orphans: HashSet<u64>,
+    /// File versions by file and the volume snapshots' numbers (None:
+    /// not built yet, or dropped by a delete; `vindex.rs`).
+    pub(crate) index: Option<crate::vindex::VersionIndex>,
 }
 
 /// An open file volume.
@@ -145,6 +148,7 @@ impl FileVolume {
                 quota_used: None,
                 open: HashMap::new(),
                 orphans: HashSet::new(),
+                index: None,
             }),
         };
         fv.inode(&mut fv.lock(), ROOT)?;
@@ -428,7 +432,9 @@ impl FileVolume {
             (true, true) if !self.dir(&mut ns, &i)?.entries.is_empty() => return Err(FsError::NotEmpty),
             _ => {}
         }
-        self.room(3, p.size)?;
+        // The file's close versions go in the same change (free_inode).
+        let closes = if i.kind == Kind::File && i.nlink == 1 { self.closes_of(&mut ns, i.ino)?.len() } else { 0 };
+        self.room(3 + closes, p.size)?;
         dir.remove(name);
         if want_dir {
             p.nlink = p.nlink.saturating_sub(1);
@@ -458,6 +464,13 @@ impl FileVolume {
         ns.dirty.remove(&i.ino);
         ns.dirs.remove(&i.ino);
         self.pool.write(self.id, i.ino * RECORD as u64, &[0u8; RECORD], false)?;
+        // Close versions go with the file's last name: no name leads to
+        // them any more (a volume snapshot's `dir@N` still recovers the
+        // file). Named file snapshots stay until deleted by number.
+        if i.kind == Kind::File {
+            let closes = self.closes_of(ns, i.ino)?;
+            self.drop_file_versions(ns, i.ino, &closes)?;
+        }
         if i.object != 0 && !self.retire(ns, i)? {
             self.pool.delete_object(i.object)?;
         }
