@@ -14,9 +14,25 @@ use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tarn_fs::{Attr, FileVolume, FsError, Kind, Node, SetAttr, Versioned, XattrMode};
 
-/// How long the kernel may cache attributes and names: this process is
-/// the only writer.
+/// How long the kernel may cache the names and attributes of a version
+/// (they change when a version is taken or deleted from here).
 const TTL: Duration = Duration::from_secs(1);
+/// ... and of a live file: every change to one comes through the kernel
+/// (the pool lock keeps every other writer out), which updates or drops
+/// what it cached, but for the set-ID bits (`kill_suid`, notified) and
+/// the space used, which changes as data is written back (the kernel
+/// drops st_blocks at each close). At 1 s, PostMark asked a LOOKUP and a
+/// GETATTR of nearly every file it opened.
+const TTL_LIVE: Duration = Duration::from_secs(30);
+
+/// The cache time for inode `ino`.
+fn ttl(ino: u64) -> &'static Duration {
+    if Node::decode(ino) == Node::Live(ino) {
+        &TTL_LIVE
+    } else {
+        &TTL
+    }
+}
 /// The file handle of an open for writing (0: read only): its close may
 /// take a close version.
 const WRITER: u64 = 1;
@@ -212,7 +228,7 @@ fn gone(ino: u64) -> FileAttr {
 
 fn entry(reply: ReplyEntry, r: Result<Attr, FsError>) {
     match r {
-        Ok(a) => reply.entry(&TTL, &attr(&a), 0),
+        Ok(a) => reply.entry(ttl(a.inode.ino), &attr(&a), 0),
         Err(e) => reply.error(e.errno()),
     }
 }
@@ -284,7 +300,7 @@ impl Filesystem for TarnFs {
 
     fn getattr(&mut self, _req: &Request<'_>, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
         match self.fv.getattr(ino) {
-            Ok(a) => reply.attr(&TTL, &attr(&a)),
+            Ok(a) => reply.attr(ttl(a.inode.ino), &attr(&a)),
             Err(e) => reply.error(e.errno()),
         }
     }
@@ -319,7 +335,7 @@ impl Filesystem for TarnFs {
                 if size.is_some() {
                     self.fv.wrote(a.inode.ino);
                 }
-                reply.attr(&TTL, &attr(&a))
+                reply.attr(ttl(a.inode.ino), &attr(&a))
             }
             // With the writeback cache the kernel writes a file's times
             // back after its last name went (it may still hold the inode,
@@ -513,6 +529,14 @@ impl Filesystem for TarnFs {
         if self.commit_on_close {
             return self.sync(reply);
         }
+        // Without a version policy (read once per mount: it cannot change
+        // while mounted) a flush has nothing to do: ENOSYS tells the
+        // kernel to send no more (it still writes a file's cached data
+        // back at close and reports its errors there), one request fewer
+        // per close.
+        if !self.fv.any_policy() {
+            return reply.error(libc::ENOSYS);
+        }
         // The kernel ends every close with a flush, read-only ones too;
         // the data is the kernel's and ours already (writeback cache:
         // written back before the flush), durable at the next commit.
@@ -646,7 +670,7 @@ impl Filesystem for TarnFs {
                 if let Err(e) = self.fv.open_write(ino) {
                     log::warn!("version policy at create: {e}");
                 }
-                reply.created(&TTL, &attr(&a), 0, WRITER, OPEN_FLAGS)
+                reply.created(ttl(a.inode.ino), &attr(&a), 0, WRITER, OPEN_FLAGS)
             }
             Err(e) => reply.error(e.errno()),
         }
