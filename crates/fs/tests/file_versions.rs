@@ -271,3 +271,42 @@ fn a_deleted_file_takes_its_close_versions_with_it() {
     assert_eq!(pool.check().problems, Vec::<String>::new());
     assert_eq!(v.live.check().unwrap().problems, Vec::<String>::new());
 }
+
+/// A crash inside the unlink of a file with close versions (queued with
+/// it, committed by the next sync): after it, the file is there with all
+/// its versions, or gone with none of its close versions; the named
+/// snapshot stays either way; the checkers are clean.
+#[test]
+fn a_crash_in_an_unlink_keeps_the_file_and_its_versions_together() {
+    let mut cut_inside = 0;
+    for seed in 0..16u64 {
+        let (sim, pool, fv) = fresh();
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let a = file(&fv, ROOT, "a");
+        for i in 0..3u8 {
+            fv.write(a, 0, &vec![i; 9000]).unwrap();
+            fv.sync().unwrap();
+            fv.close_version(a, true).unwrap();
+        }
+        fv.snap_file(a, "named").unwrap();
+        sim.crash_after(seed);
+        let done = fv.unlink(ROOT, b"a").is_ok() && fv.sync().is_ok();
+        cut_inside += u32::from(!done);
+        sim.crash(&mut rng);
+        drop(fv);
+        drop(pool);
+        let pool = Arc::new(Pool::open(vec![sim.clone() as Arc<dyn Device>], OpenOptions::default()).unwrap());
+        let fv = FileVolume::open(pool.clone(), "home").unwrap();
+        let kinds: Vec<VersionKind> = fv.versions().unwrap().into_iter().map(|s| s.kind).collect();
+        let there = fv.lookup(ROOT, b"a").is_ok();
+        let closes = kinds.iter().filter(|k| **k == VersionKind::Close).count();
+        assert_eq!(closes, if there { 3 } else { 0 }, "seed {seed}: file there {there}");
+        assert!(kinds.contains(&VersionKind::File), "seed {seed}: the named snapshot");
+        if done {
+            assert!(!there, "seed {seed}: an unlink returned and synced but the file is back");
+        }
+        assert_eq!(fv.check().unwrap().problems, Vec::<String>::new(), "seed {seed}");
+        assert_eq!(pool.check().problems, Vec::<String>::new(), "seed {seed}");
+    }
+    assert!(cut_inside >= 2, "the power was cut inside only {cut_inside} times of 16");
+}
