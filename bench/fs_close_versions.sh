@@ -57,19 +57,23 @@ C_US=$(median <"$W/c.us")
 O_US=$(median <"$W/o.us")
 
 # Space: each file's edits alone, used before and after.
-U0=$(used)
+U0=$(used) M0=$(meta)
 mount_fs
 for i in $(seq 1 "$EDITS"); do dd if=/dev/urandom of="$MNT/f.o" bs=4096 count=1 seek=$((i % 256)) conv=notrunc status=none; done
 umount_fs
-U1=$(used)
+U1=$(used) M1=$(meta)
 mount_fs
 for i in $(seq 1 "$EDITS"); do dd if=/dev/urandom of="$MNT/g.c" bs=4096 count=1 seek=$((i % 256)) conv=notrunc status=none; done
 umount_fs
-U2=$(used)
+U2=$(used) M2=$(meta)
+# The metadata store's own growth (catalog entries, map and sums nodes),
+# per version beyond the unversioned edit: the part of a version that is
+# neither a data block of the file nor a block of the inode table.
+META=$((((M2 - M1) - (M1 - M0)) / EDITS))
 PER=$((((U2 - U1) - (U1 - U0)) / EDITS))
 DATA=$(((U2 - U1) / EDITS))
 
 echo "# bench/fs_close_versions.sh (EDITS=$EDITS) $(date -u +%FT%TZ)"
 echo "edit (open, 4 KiB write, close), median us: versioned f.c $C_US, unversioned f.o $O_US, ratio $(awk "BEGIN { printf \"%.2f\", $C_US / $O_US }") ($VERSIONS versions listed in f.c@ after the timed run)"
 echo "ls f.c@ ($VERSIONS entries), 5 runs (ms): ${LS[*]} (target < 50)"
-echo "pool used per edit: versioned $DATA bytes, unversioned $(((U1 - U0) / EDITS)) bytes; per close version beyond the unversioned edit: $PER bytes, of which 4096 the data block the version keeps and $((PER - 4096)) metadata (target < 200)"
+echo "pool used per edit: versioned $DATA bytes, unversioned $(((U1 - U0) / EDITS)) bytes; per close version beyond the unversioned edit: $PER bytes of blocks, of which 4096 the data block the version keeps and $((PER - 4096)) the inode table's (the table block the version's table snapshot pins); metadata store per version: $META bytes (pool status .metadata); metadata in all: $((PER - 4096 + META)) bytes (target < 200)"

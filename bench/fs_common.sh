@@ -20,6 +20,7 @@ fs_bench_cleanup() {
 now() { date +%s%N; }
 median() { sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 used() { "$TARN" pool status --json -p "$POOL" | jq .used; }
+meta() { "$TARN" pool status --json -p "$POOL" | jq .metadata; }
 
 mount_fs() {
   "$TARN" mount home "$MNT" -p "$POOL" >>"$W/mount.log" 2>&1 &

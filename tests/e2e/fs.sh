@@ -5,7 +5,7 @@
 # statfs, usage in `tarn fs list`, unmount + pool close + remount keeps
 # everything, objects stay hidden from block commands, bad input.
 . "$(dirname "$0")/lib.sh"
-need fusermount3 mountpoint diff tar git sqlite3 sha256sum df du truncate
+need fusermount3 mountpoint diff tar git sqlite3 sha256sum df du truncate setpriv
 need_root "mounts a FUSE file system for other users' tools"
 need_fuse
 e2e_init fs
@@ -79,6 +79,33 @@ os.close(fd)")" "kept False"
 check "unlink the hard link" rm d1/hard
 expect_eq "nlink after rm" "$(stat -c %h d2/a)" 1
 cd "$T"
+
+step "set-ID bits: dropped by the server as the kernel's own file systems do"
+# The mount asks FUSE_HANDLE_KILLPRIV_V2 (no security.capability lookup
+# per write): tarn then clears the bits itself. The same sequence on the
+# host's file system is the reference; setpriv drops CAP_FSETID.
+setid_modes() { # DIR: modes after a write, a truncate and a chown of 6755 files
+  local out= pre f op how
+  for how in root nofsetid; do
+    pre=; [ $how = nofsetid ] && pre="setpriv --inh-caps=-fsetid --bounding-set=-fsetid --"
+    for op in write trunc chown; do
+      f=$1/sid-$how-$op; echo data >"$f"; chmod 6755 "$f"
+      case $op in
+        write) $pre sh -c "echo more >>'$f'" ;;
+        trunc) $pre truncate -s 2 "$f" ;;
+        chown) $pre chown 4321 "$f" ;;
+      esac
+      out+="$op/$how:$(stat -c %a "$f") "
+    done
+  done
+  f=$1/sid-noexec; echo data >"$f"; chmod 2745 "$f"; chown 4321 "$f"
+  echo "${out}chown-sgid-noexec:$(stat -c %a "$f")"
+}
+mkdir -p "$T/setid"
+WANT="write/root:6755 trunc/root:6755 chown/root:755 write/nofsetid:755 trunc/nofsetid:755 chown/nofsetid:755 chown-sgid-noexec:2745"
+expect_eq "set-ID modes on the host's file system" "$(setid_modes "$T/setid")" "$WANT"
+expect_eq "set-ID modes on the mount" "$(setid_modes "$MNT")" "$WANT"
+check "rm the set-ID files" rm "$MNT"/sid-*
 
 step "a 5 GiB sparse file: write at 4.5 GiB, read back, holes"
 check "truncate -s 5G" truncate -s 5G "$MNT/big"

@@ -93,7 +93,7 @@ impl FileVolume {
                 continue;
             };
             report.directories += 1;
-            let dir = match self.dir(&mut self.lock(), dir_inode) {
+            let dir = match self.dir_ref(&mut self.lock(), dir_inode).cloned() {
                 Ok(dir) => dir,
                 Err(e @ FsError::Corrupt { .. }) => {
                     report.problem(e.to_string());

@@ -45,6 +45,24 @@ impl Versioned {
         s.names.insert(ino, (parent, name.to_vec()));
     }
 
+    /// Whether the volume has close-version rules (true when they cannot
+    /// be read: then every close is handled as with rules).
+    pub fn any_policy(&self) -> bool {
+        self.rules().map_or(true, |r| !r.is_empty())
+    }
+
+    fn rules(&self) -> Result<Vec<Rule>> {
+        let cached = self.sessions().rules.clone();
+        match cached {
+            Some(r) => Ok(r),
+            None => {
+                let r = self.live.policy()?;
+                self.sessions().rules = Some(r.clone());
+                Ok(r)
+            }
+        }
+    }
+
     /// A handle on `ino` was opened for writing: the first one decides
     /// whether its closes take versions.
     pub fn open_write(&self, ino: u64) -> Result<()> {
@@ -57,15 +75,7 @@ impl Versioned {
         if !first {
             return Ok(());
         }
-        let cached = self.sessions().rules.clone();
-        let rules = match cached {
-            Some(r) => r,
-            None => {
-                let r = self.live.policy()?;
-                self.sessions().rules = Some(r.clone());
-                r
-            }
-        };
+        let rules = self.rules()?;
         if rules.is_empty() {
             return Ok(());
         }

@@ -45,11 +45,16 @@ impl FileVolume {
     pub fn close_version(&self, ino: u64, durable: bool) -> Result<FsSnapshot> {
         let v = self.version_of(ino, VersionKind::Close, "", durable)?;
         let keep = self.keep() as usize;
-        let list = self.versions()?;
-        let closes: Vec<u64> =
-            list.iter().filter(|s| s.kind == VersionKind::Close && s.owner == ino).map(|s| s.number).collect();
+        let mut ns = self.lock();
+        let closes = self.closes_of(&mut ns, ino)?;
         if closes.len() > keep {
-            self.delete_versions(&list, &closes[..closes.len() - keep])?;
+            let gone = &closes[..closes.len() - keep];
+            self.pool.make_room_for(64 * 2 * gone.len() + 4096)?;
+            self.drop_file_versions(&mut ns, ino, gone)?;
+            drop(ns);
+            if durable {
+                self.pool.flush()?;
+            }
         }
         Ok(v)
     }
@@ -79,12 +84,14 @@ impl FileVolume {
         }
         i.epoch = number;
         self.save(&mut ns, &i)?;
+        let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let s = FsSnapshot { name, kind, owner: ino, object: i.object, number, created, engine_epoch };
+        crate::vindex::VersionIndex::taken(&mut ns.index, &s);
         drop(ns);
         if durable {
             self.pool.flush()?;
         }
-        let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        Ok(FsSnapshot { name, kind, owner: ino, object: i.object, number, created, engine_epoch })
+        Ok(s)
     }
 
     /// Close versions kept per file.
@@ -184,7 +191,8 @@ impl FileVolume {
             }
             let d = self.inode(&mut ns, at)?;
             let p = self.inode(&mut ns, d.parent)?;
-            let e = self.dir(&mut ns, &p)?.entries.into_iter().find(|e| e.ino == at).ok_or(FsError::NotFound)?;
+            let e =
+                self.dir_ref(&mut ns, &p)?.entries.iter().find(|e| e.ino == at).cloned().ok_or(FsError::NotFound)?;
             names.push(String::from_utf8_lossy(&e.name).into_owned());
             at = d.parent;
         }

@@ -16,6 +16,7 @@ mod ns;
 pub mod policy;
 pub mod snap;
 pub mod versions;
+mod vindex;
 pub mod xattr;
 
 pub use check::CheckReport;

@@ -75,6 +75,9 @@ pub(crate) struct Ns {
     /// Files whose last name went while they were open: freed at the last
     /// release (or, after a crash, at the next open of the volume).
     orphans: HashSet<u64>,
+    /// File versions by file and the volume snapshots' numbers (None:
+    /// not built yet, or dropped by a delete; `vindex.rs`).
+    pub(crate) index: Option<crate::vindex::VersionIndex>,
 }
 
 /// An open file volume.
@@ -145,6 +148,7 @@ impl FileVolume {
                 quota_used: None,
                 open: HashMap::new(),
                 orphans: HashSet::new(),
+                index: None,
             }),
         };
         fv.inode(&mut fv.lock(), ROOT)?;
@@ -180,19 +184,33 @@ impl FileVolume {
         Attr { inode: i.clone(), allocated }
     }
 
+    /// Directory `d` to change: taken out of the cache, not copied (a copy
+    /// of a 500-entry directory at every create and unlink showed in
+    /// PostMark's profile); `write_dir` puts the new one back, and a
+    /// change that fails before it leaves the object as the truth.
     pub(crate) fn dir(&self, ns: &mut Ns, d: &Inode) -> Result<Dir> {
         if d.kind != Kind::Dir {
             return Err(FsError::NotDir);
         }
-        if let Some(dir) = ns.dirs.get(&d.ino) {
-            return Ok(dir.clone());
+        match ns.dirs.remove(&d.ino) {
+            Some(dir) => Ok(dir),
+            None => self.read_dir(d),
         }
-        let dir = self.read_dir(d)?;
-        if ns.dirs.len() >= DIR_CACHE {
-            ns.dirs.clear();
+    }
+
+    /// Directory `d` to read, cached.
+    pub(crate) fn dir_ref<'a>(&self, ns: &'a mut Ns, d: &Inode) -> Result<&'a Dir> {
+        if d.kind != Kind::Dir {
+            return Err(FsError::NotDir);
         }
-        ns.dirs.insert(d.ino, dir.clone());
-        Ok(dir)
+        if !ns.dirs.contains_key(&d.ino) {
+            let dir = self.read_dir(d)?;
+            if ns.dirs.len() >= DIR_CACHE {
+                ns.dirs.clear();
+            }
+            ns.dirs.insert(d.ino, dir);
+        }
+        ns.dirs.get(&d.ino).ok_or(FsError::NotFound)
     }
 
     /// The directory's header says how long it is: the inode's size is
@@ -292,7 +310,7 @@ impl FileVolume {
         check_name(name)?;
         let mut ns = self.lock();
         let p = self.inode(&mut ns, parent)?;
-        let e = self.dir(&mut ns, &p)?.find(name).cloned().ok_or(FsError::NotFound)?;
+        let e = self.dir_ref(&mut ns, &p)?.find(name).cloned().ok_or(FsError::NotFound)?;
         let i = self.inode(&mut ns, e.ino)?;
         Ok(self.attr(&i))
     }
@@ -425,10 +443,12 @@ impl FileVolume {
         match (want_dir, i.kind == Kind::Dir) {
             (true, false) => return Err(FsError::NotDir),
             (false, true) => return Err(FsError::IsDir),
-            (true, true) if !self.dir(&mut ns, &i)?.entries.is_empty() => return Err(FsError::NotEmpty),
+            (true, true) if !self.dir_ref(&mut ns, &i)?.entries.is_empty() => return Err(FsError::NotEmpty),
             _ => {}
         }
-        self.room(3, p.size)?;
+        // The file's close versions go in the same change (free_inode).
+        let closes = if i.kind == Kind::File && i.nlink == 1 { self.closes_of(&mut ns, i.ino)?.len() } else { 0 };
+        self.room(3 + closes, p.size)?;
         dir.remove(name);
         if want_dir {
             p.nlink = p.nlink.saturating_sub(1);
@@ -458,6 +478,13 @@ impl FileVolume {
         ns.dirty.remove(&i.ino);
         ns.dirs.remove(&i.ino);
         self.pool.write(self.id, i.ino * RECORD as u64, &[0u8; RECORD], false)?;
+        // Close versions go with the file's last name: no name leads to
+        // them any more (a volume snapshot's `dir@N` still recovers the
+        // file). Named file snapshots stay until deleted by number.
+        if i.kind == Kind::File {
+            let closes = self.closes_of(ns, i.ino)?;
+            self.drop_file_versions(ns, i.ino, &closes)?;
+        }
         if i.object != 0 && !self.retire(ns, i)? {
             self.pool.delete_object(i.object)?;
         }
@@ -525,7 +552,7 @@ impl FileVolume {
         match (e.kind == Kind::Dir, target.kind == Kind::Dir) {
             (true, false) => Err(FsError::NotDir),
             (false, true) => Err(FsError::IsDir),
-            (true, true) if !self.dir(ns, &target)?.entries.is_empty() => Err(FsError::NotEmpty),
+            (true, true) if !self.dir_ref(ns, &target)?.entries.is_empty() => Err(FsError::NotEmpty),
             _ => Ok(target),
         }
     }
@@ -563,6 +590,26 @@ impl FileVolume {
         i.ctime = t;
         self.save(&mut ns, &i)?;
         Ok(self.attr(&i))
+    }
+
+    /// Clear set-user-ID, and set-group-ID when group-executable (as
+    /// Linux's `should_remove_suid`), of a regular file: the mount asks
+    /// the kernel to leave this to it (FUSE_HANDLE_KILLPRIV_V2), for a
+    /// write or truncate by an unprivileged caller and any chown.
+    /// True when a bit went.
+    pub fn kill_suid(&self, ino: u64) -> Result<bool> {
+        self.writable()?;
+        let mut ns = self.lock();
+        let mut i = self.inode(&mut ns, ino)?;
+        let sgid = if i.perm & 0o010 != 0 { 0o2000 } else { 0 };
+        let kill = i.perm & (0o4000 | sgid);
+        if i.kind != Kind::File || kill == 0 {
+            return Ok(false);
+        }
+        i.perm &= !kill;
+        i.ctime = now();
+        self.save(&mut ns, &i)?;
+        Ok(true)
     }
 
     /// Shrinking zeroes everything past the new end (whole blocks are
@@ -687,15 +734,15 @@ impl FileVolume {
     pub fn readdir(&self, ino: u64, offset: u64) -> Result<Vec<DirEntry>> {
         let mut ns = self.lock();
         let d = self.inode(&mut ns, ino)?;
-        let dir = self.dir(&mut ns, &d)?;
+        let dir = self.dir_ref(&mut ns, &d)?;
         let dots = [(1, ino, b".".to_vec()), (2, d.parent, b"..".to_vec())];
         let mut out: Vec<DirEntry> = dots
             .into_iter()
             .filter(|(c, _, _)| *c > offset)
             .map(|(cookie, ino, name)| DirEntry { ino, kind: Kind::Dir, name, cookie })
             .collect();
-        let rest = dir.entries.into_iter().filter(|e| e.cookie > offset).take(READDIR_BATCH);
-        out.extend(rest.map(|e| DirEntry { ino: e.ino, kind: e.kind, name: e.name, cookie: e.cookie }));
+        let rest = dir.entries.iter().filter(|e| e.cookie > offset).take(READDIR_BATCH);
+        out.extend(rest.map(|e| DirEntry { ino: e.ino, kind: e.kind, name: e.name.clone(), cookie: e.cookie }));
         Ok(out)
     }
 

@@ -106,7 +106,7 @@ pub(crate) fn tag_name(number: u64) -> String {
 }
 
 /// The volume epoch an object snapshot's name carries (None: not a tag).
-fn tag_of(name: &str) -> Option<u64> {
+pub(crate) fn tag_of(name: &str) -> Option<u64> {
     name.strip_prefix('g').and_then(|n| n.parse().ok())
 }
 
@@ -209,10 +209,8 @@ impl FileVolume {
         self.pool.make_room_for(4096)?;
         let (number, engine_epoch) = self.bump_and_snapshot(&mut ns, name)?;
         ns.last_volume = number;
-        drop(ns);
-        self.pool.flush()?;
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        Ok(FsSnapshot {
+        let s = FsSnapshot {
             name: name.to_string(),
             kind: VersionKind::Volume,
             owner: 0,
@@ -220,7 +218,11 @@ impl FileVolume {
             number,
             created,
             engine_epoch,
-        })
+        };
+        crate::vindex::VersionIndex::taken(&mut ns.index, &s);
+        drop(ns);
+        self.pool.flush()?;
+        Ok(s)
     }
 
     /// The header's bump to the next number and the table's engine
@@ -314,7 +316,9 @@ impl FileVolume {
     pub(crate) fn delete_versions(&self, list: &[FsSnapshot], gone: &[u64]) -> Result<()> {
         let remaining: Vec<&FsSnapshot> = list.iter().filter(|s| !gone.contains(&s.number)).collect();
         let volumes: Vec<u64> = remaining.iter().filter(|s| s.kind == VersionKind::Volume).map(|s| s.number).collect();
-        let _ns = self.lock();
+        let mut _ns = self.lock();
+        // Any version may go here: the index is rebuilt at its next use.
+        _ns.index = None;
         let mut drop_snaps: Vec<(u32, u64)> =
             list.iter().filter(|s| gone.contains(&s.number)).map(|s| (self.id, s.engine_epoch)).collect();
         let mut drop_objects = Vec::new();

@@ -281,7 +281,7 @@ impl FileVolume {
             // and starts with its (empty) entries: an object is read as a
             // directory from its first byte.
             let place = (i.kind == Kind::Dir).then_some(PlacementKind::Append);
-            let entries = if i.kind == Kind::Dir { Some(self.dir(ns, i)?.encode()) } else { None };
+            let entries = if i.kind == Kind::Dir { Some(self.dir_ref(ns, i)?.encode()) } else { None };
             i.object = self.pool.create_object(self.id, crate::OBJECT_SIZE, place)?;
             if let Some(b) = entries {
                 self.pool.write(i.object, 0, &b, false)?;

@@ -224,3 +224,89 @@ fn another_files_version_keeps_no_tag_alive() {
     assert_eq!(version(&v, "a", 2).unwrap().0, b"a0");
     assert_eq!(pool.check().problems, Vec::<String>::new());
 }
+
+/// The rule for versions of deleted files: close versions go with the
+/// file's last name (no name leads to them), in the same change, and
+/// free what they alone held; a named file snapshot stays; a volume
+/// snapshot's `dir@N` still recovers the deleted file.
+#[test]
+fn a_deleted_file_takes_its_close_versions_with_it() {
+    let (_sim, pool, fv) = fresh();
+    let sub = fv.create(ROOT, b"sub", tarn_fs::Kind::Dir, 0o755, 1, 2).unwrap().inode.ino;
+    let (a, d) = (file(&fv, sub, "a"), file(&fv, sub, "d"));
+    fv.write(d, 0, b"dee").unwrap();
+    fv.snap_create("vol").unwrap();
+    // Made after "vol": no volume snapshot reads c.
+    let c = file(&fv, sub, "c");
+    for i in 0..3u8 {
+        for f in [a, c] {
+            fv.write(f, 0, &vec![i; 256 << 10]).unwrap();
+            fv.sync().unwrap();
+            fv.close_version(f, true).unwrap();
+        }
+    }
+    fv.snap_file(a, "named").unwrap();
+    let closes = |fv: &FileVolume, ino: u64| {
+        fv.versions().unwrap().iter().filter(|s| s.owner == ino && s.kind == VersionKind::Close).count()
+    };
+    assert_eq!((closes(&fv, a), closes(&fv, c)), (3, 3));
+    let c_obj = fv.getattr(c).unwrap().inode.object;
+    let before = pool.status().free;
+    for n in ["a", "c", "d"] {
+        fv.unlink(sub, n.as_bytes()).unwrap();
+    }
+    fv.sync().unwrap();
+    assert_eq!((closes(&fv, a), closes(&fv, c)), (0, 0), "close versions of deleted files");
+    let left: Vec<_> = fv.versions().unwrap().into_iter().map(|s| (s.kind, s.owner)).collect();
+    assert_eq!(left, vec![(VersionKind::Volume, 0), (VersionKind::File, a)], "the volume and the named snapshot stay");
+    // c's data (3 versions of 256 KiB, made after "vol") is all freed.
+    let freed = pool.status().free - before;
+    assert!(freed >= 3 * (256 << 10), "freed {freed}");
+    let id = pool.file_volume("home").unwrap().id;
+    assert!(pool.objects_with_snapshots(id).iter().all(|o| o.id != c_obj), "c's object is gone");
+    let v = Versioned::new(fv);
+    let old = v.lookup(ROOT, b"sub@1").unwrap().inode.ino;
+    let dd = v.lookup(old, b"d").unwrap().inode.ino;
+    assert_eq!(v.read(dd, 0, 10).unwrap(), b"dee", "the deleted file from sub@1");
+    assert_eq!(pool.check().problems, Vec::<String>::new());
+    assert_eq!(v.live.check().unwrap().problems, Vec::<String>::new());
+}
+
+/// A crash inside the unlink of a file with close versions (queued with
+/// it, committed by the next sync): after it, the file is there with all
+/// its versions, or gone with none of its close versions; the named
+/// snapshot stays either way; the checkers are clean.
+#[test]
+fn a_crash_in_an_unlink_keeps_the_file_and_its_versions_together() {
+    let mut cut_inside = 0;
+    for seed in 0..16u64 {
+        let (sim, pool, fv) = fresh();
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let a = file(&fv, ROOT, "a");
+        for i in 0..3u8 {
+            fv.write(a, 0, &vec![i; 9000]).unwrap();
+            fv.sync().unwrap();
+            fv.close_version(a, true).unwrap();
+        }
+        fv.snap_file(a, "named").unwrap();
+        sim.crash_after(seed);
+        let done = fv.unlink(ROOT, b"a").is_ok() && fv.sync().is_ok();
+        cut_inside += u32::from(!done);
+        sim.crash(&mut rng);
+        drop(fv);
+        drop(pool);
+        let pool = Arc::new(Pool::open(vec![sim.clone() as Arc<dyn Device>], OpenOptions::default()).unwrap());
+        let fv = FileVolume::open(pool.clone(), "home").unwrap();
+        let kinds: Vec<VersionKind> = fv.versions().unwrap().into_iter().map(|s| s.kind).collect();
+        let there = fv.lookup(ROOT, b"a").is_ok();
+        let closes = kinds.iter().filter(|k| **k == VersionKind::Close).count();
+        assert_eq!(closes, if there { 3 } else { 0 }, "seed {seed}: file there {there}");
+        assert!(kinds.contains(&VersionKind::File), "seed {seed}: the named snapshot");
+        if done {
+            assert!(!there, "seed {seed}: an unlink returned and synced but the file is back");
+        }
+        assert_eq!(fv.check().unwrap().problems, Vec::<String>::new(), "seed {seed}");
+        assert_eq!(pool.check().problems, Vec::<String>::new(), "seed {seed}");
+    }
+    assert!(cut_inside >= 2, "the power was cut inside only {cut_inside} times of 16");
+}

@@ -14,12 +14,43 @@ use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tarn_fs::{Attr, FileVolume, FsError, Kind, Node, SetAttr, Versioned, XattrMode};
 
-/// How long the kernel may cache attributes and names: this process is
-/// the only writer.
+/// How long the kernel may cache the names and attributes of a version
+/// (they change when a version is taken or deleted from here).
 const TTL: Duration = Duration::from_secs(1);
+/// ... and of a live file: every change to one comes through the kernel
+/// (the pool lock keeps every other writer out), which updates or drops
+/// what it cached, but for the set-ID bits (`kill_suid`, notified) and
+/// the space used, which changes as data is written back (the kernel
+/// drops st_blocks at each close). At 1 s, PostMark asked a LOOKUP and a
+/// GETATTR of nearly every file it opened.
+const TTL_LIVE: Duration = Duration::from_secs(30);
+
+/// The cache time for inode `ino`.
+fn ttl(ino: u64) -> &'static Duration {
+    if Node::decode(ino) == Node::Live(ino) {
+        &TTL_LIVE
+    } else {
+        &TTL
+    }
+}
 /// The file handle of an open for writing (0: read only): its close may
 /// take a close version.
 const WRITER: u64 = 1;
+/// Every open keeps the kernel's page cache of the file: every change to
+/// a live file's data comes through this mount (the pool lock keeps every
+/// other writer out), and a version's inode number names data that never
+/// changes, so what the kernel caches is never stale. Without it each
+/// open dropped the file's cache and every read was a request.
+const OPEN_FLAGS: u32 = fuser::consts::FOPEN_KEEP_CACHE;
+/// FUSE_HANDLE_KILLPRIV_V2 (protocol 7.33, past fuser 0.15's constants):
+/// this server clears set-user-ID and set-group-ID itself (`kill_suid`),
+/// and in return the kernel marks the superblock SB_NOSEC, so a regular
+/// file without those bits stops asking `security.capability` before
+/// each write(2): that getxattr round trip was 241,447 of the 266,260
+/// requests of a PostMark smoke run.
+const HANDLE_KILLPRIV_V2: u32 = 1 << 28;
+/// FUSE_WRITE_KILL_SUIDGID: this write drops the set-ID bits.
+const WRITE_KILL_SUIDGID: u32 = 1 << 2;
 
 /// The mounted volume.
 pub struct TarnFs {
@@ -28,6 +59,8 @@ pub struct TarnFs {
     /// commit thread commits every interval and close does not.
     commit_on_close: bool,
     writeback_cache: bool,
+    /// Set once the session exists (it owns the channel notices go to).
+    notifier: std::sync::Arc<std::sync::OnceLock<fuser::Notifier>>,
 }
 
 /// When a mount makes changes durable besides fsync, fdatasync,
@@ -65,7 +98,13 @@ pub fn mount(fv: FileVolume, name: &str, dir: &Path, durability: Durability) -> 
     let interval = durability.commit_interval;
     let mut fv = Versioned::new(fv);
     fv.commit_at_close = interval.is_zero();
-    let fs = TarnFs { fv, commit_on_close: interval.is_zero(), writeback_cache: durability.writeback_cache };
+    let notifier = std::sync::Arc::new(std::sync::OnceLock::new());
+    let fs = TarnFs {
+        fv,
+        commit_on_close: interval.is_zero(),
+        writeback_cache: durability.writeback_cache,
+        notifier: notifier.clone(),
+    };
     // The commit thread ends when `stop` is dropped (the session is over).
     let (stop, stopped) = std::sync::mpsc::channel::<()>();
     let committer = (!interval.is_zero() && !fs.fv.live.is_snapshot()).then(|| {
@@ -78,7 +117,10 @@ pub fn mount(fv: FileVolume, name: &str, dir: &Path, durability: Durability) -> 
             }
         })
     });
-    let served = fuser::mount2(fs, dir, &options);
+    let served = fuser::Session::new(fs, dir, &options).and_then(|mut session| {
+        let _ = notifier.set(session.notifier());
+        session.run()
+    });
     drop(stop);
     if let Some(Ok(t)) = committer {
         let _ = t.join();
@@ -134,6 +176,19 @@ fn attr(at: &Attr) -> FileAttr {
     }
 }
 
+/// Whether the caller holds CAP_FSETID (bit 4 of its effective set in
+/// /proc/PID/status), as the kernel asks before a truncate keeps the
+/// set-ID bits; root when the status cannot be read (the caller is gone).
+fn may_keep_setid(req: &Request<'_>) -> bool {
+    const CAP_FSETID: u64 = 1 << 4;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", req.pid())).unwrap_or_default();
+    let eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).map(|v| u64::from_str_radix(v.trim(), 16));
+    match eff {
+        Some(Ok(caps)) => caps & CAP_FSETID != 0,
+        _ => req.uid() == 0,
+    }
+}
+
 /// getxattr/listxattr: size 0 asks for the length; a smaller buffer is
 /// ERANGE.
 fn xattr_reply(reply: ReplyXattr, size: u32, v: &[u8]) {
@@ -173,7 +228,7 @@ fn gone(ino: u64) -> FileAttr {
 
 fn entry(reply: ReplyEntry, r: Result<Attr, FsError>) {
     match r {
-        Ok(a) => reply.entry(&TTL, &attr(&a), 0),
+        Ok(a) => reply.entry(ttl(a.inode.ino), &attr(&a), 0),
         Err(e) => reply.error(e.errno()),
     }
 }
@@ -221,6 +276,9 @@ impl Filesystem for TarnFs {
                 log::warn!("kernel without the FUSE writeback cache ({missing:#x}): every write is a request");
             }
         }
+        if let Err(missing) = config.add_capabilities(HANDLE_KILLPRIV_V2) {
+            log::warn!("kernel without FUSE_HANDLE_KILLPRIV_V2 ({missing:#x}): every write asks security.capability");
+        }
         Ok(())
     }
 
@@ -242,14 +300,14 @@ impl Filesystem for TarnFs {
 
     fn getattr(&mut self, _req: &Request<'_>, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
         match self.fv.getattr(ino) {
-            Ok(a) => reply.attr(&TTL, &attr(&a)),
+            Ok(a) => reply.attr(ttl(a.inode.ino), &attr(&a)),
             Err(e) => reply.error(e.errno()),
         }
     }
 
     fn setattr(
         &mut self,
-        _req: &Request<'_>,
+        req: &Request<'_>,
         ino: u64,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -266,12 +324,18 @@ impl Filesystem for TarnFs {
         reply: ReplyAttr,
     ) {
         let s = SetAttr { perm: mode, uid, gid, size, atime: atime.map(nanos), mtime: mtime.map(nanos) };
-        match self.fv.writable(ino).and_then(|i| self.fv.live.setattr(i, &s)) {
+        // HANDLE_KILLPRIV_V2: a chown, or a truncate by a caller without
+        // CAP_FSETID, drops the set-ID bits unless it sets the mode itself
+        // (the kernel's FATTR_KILL_SUIDGID says so, but fuser 0.15 does not
+        // pass it on).
+        let kill = mode.is_none() && (uid.is_some() || gid.is_some() || (size.is_some() && !may_keep_setid(req)));
+        let killed = |i: u64| if kill { self.fv.live.kill_suid(i).map(|_| i) } else { Ok(i) };
+        match self.fv.writable(ino).and_then(killed).and_then(|i| self.fv.live.setattr(i, &s)) {
             Ok(a) => {
                 if size.is_some() {
                     self.fv.wrote(a.inode.ino);
                 }
-                reply.attr(&TTL, &attr(&a))
+                reply.attr(ttl(a.inode.ino), &attr(&a))
             }
             // With the writeback cache the kernel writes a file's times
             // back after its last name went (it may still hold the inode,
@@ -374,9 +438,9 @@ impl Filesystem for TarnFs {
             if flags & libc::O_TRUNC != 0 {
                 self.fv.wrote(ino);
             }
-            return reply.opened(WRITER, 0);
+            return reply.opened(WRITER, OPEN_FLAGS);
         }
-        reply.opened(0, 0);
+        reply.opened(0, OPEN_FLAGS);
     }
 
     fn release(
@@ -423,12 +487,25 @@ impl Filesystem for TarnFs {
         _fh: u64,
         offset: i64,
         data: &[u8],
-        _write_flags: u32,
+        write_flags: u32,
         _flags: i32,
         _lock_owner: Option<u64>,
         reply: ReplyWrite,
     ) {
-        match self.fv.writable(ino).and_then(|i| self.fv.live.write(i, offset.max(0) as u64, data)) {
+        // The kernel says when the writer may not keep the set-ID bits
+        // (HANDLE_KILLPRIV_V2; it then writes through, not via its cache).
+        let kill = write_flags & WRITE_KILL_SUIDGID != 0;
+        let killed = |i: u64| {
+            // The kernel keeps the mode it has cached after such a write:
+            // tell it the mode changed (attributes only: offset -1).
+            if kill && self.fv.live.kill_suid(i)? {
+                if let Some(Err(e)) = self.notifier.get().map(|n| n.inval_inode(ino, -1, 0)) {
+                    log::warn!("invalidating the attributes of inode {ino}: {e}");
+                }
+            }
+            Ok(i)
+        };
+        match self.fv.writable(ino).and_then(killed).and_then(|i| self.fv.live.write(i, offset.max(0) as u64, data)) {
             Ok(n) => {
                 self.fv.wrote(ino);
                 reply.written(n)
@@ -451,6 +528,14 @@ impl Filesystem for TarnFs {
         }
         if self.commit_on_close {
             return self.sync(reply);
+        }
+        // Without a version policy (read once per mount: it cannot change
+        // while mounted) a flush has nothing to do: ENOSYS tells the
+        // kernel to send no more (it still writes a file's cached data
+        // back at close and reports its errors there), one request fewer
+        // per close.
+        if !self.fv.any_policy() {
+            return reply.error(libc::ENOSYS);
         }
         // The kernel ends every close with a flush, read-only ones too;
         // the data is the kernel's and ours already (writeback cache:
@@ -585,7 +670,7 @@ impl Filesystem for TarnFs {
                 if let Err(e) = self.fv.open_write(ino) {
                     log::warn!("version policy at create: {e}");
                 }
-                reply.created(&TTL, &attr(&a), 0, WRITER, 0)
+                reply.created(ttl(a.inode.ino), &attr(&a), 0, WRITER, OPEN_FLAGS)
             }
             Err(e) => reply.error(e.errno()),
         }

@@ -97,7 +97,10 @@ impl Pool {
     /// A new object of file volume `owner`, `size` bytes thin. Not flushed:
     /// the caller's next flush makes it durable with whatever points at it.
     pub fn create_object(&self, owner: u32, size: u64, placement: Option<PlacementKind>) -> Result<u32> {
-        if self.file_volume_info(owner).is_none() {
+        // The role only: file_volume_info sums every object's blocks
+        // (O(objects); 12% of a 5,000-file PostMark's mount CPU here).
+        let is_fv = self.read_inner().state.volume(owner).is_some_and(|v| v.role == Some(VolumeRole::FileVolume));
+        if !is_fv {
             return Err(EngineError::InvalidArgument(format!("volume {owner} is not a file volume")));
         }
         self.create_with_role(None, size, placement, VolumeRole::Object { owner })

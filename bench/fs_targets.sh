@@ -1,0 +1,86 @@
+# Shared by bench/postmark.sh and bench/fs_app.sh: the three file-system
+# targets of issue 15's benchmarks, each made fresh on $MNT by `setup
+# KIND MODE` and removed by `teardown`:
+#   tarnfs  a tarn file volume (`tarn mount`, FUSE); MODE ver adds the
+#           close-version rule `*` (every file)
+#   ext4nbd ext4 on a tarn block volume (`tarn serve`, nbdfuse + loop)
+#   ext4raw ext4 on a loop device over a plain sparse file (the baseline)
+# and `ticker KIND` (MODE snap): a volume snapshot every SNAP_EVERY s, the
+# last SNAP_KEEP kept. Needs TARN, DIR, SIZE, VOL_SIZE, PORT, SNAP_EVERY,
+# SNAP_KEEP set by the caller.
+RUN=$DIR/run
+MNT=$RUN/mnt
+FUSE=$RUN/fuse
+SRV= FUSE_PID= LOOP= MOUNT_PID= TICK=
+
+teardown() {
+  set +e
+  [ -n "$TICK" ] && { kill "$TICK"; wait "$TICK"; TICK=; }
+  if mountpoint -q "$MNT"; then
+    if [ -n "$MOUNT_PID" ]; then fusermount3 -u "$MNT"; else umount "$MNT"; fi
+  fi
+  [ -n "$MOUNT_PID" ] && { wait "$MOUNT_PID"; MOUNT_PID=; }
+  [ -n "$LOOP" ] && { losetup -d "$LOOP"; LOOP=; }
+  mountpoint -q "$FUSE" && fusermount3 -u "$FUSE"
+  [ -n "$FUSE_PID" ] && { wait "$FUSE_PID"; FUSE_PID=; }
+  [ -n "$SRV" ] && { kill -TERM "$SRV"; wait "$SRV"; SRV=; }
+  rm -rf "$RUN"
+  set -e
+}
+
+wait_for() { # TRIES CMD...: poll every 0.1 s
+  local n=$1; shift
+  for _ in $(seq 1 "$n"); do "$@" 2>/dev/null && return 0; sleep 0.1; done
+  echo "postmark.sh: gave up waiting for: $*" >&2
+  exit 1
+}
+
+# setup KIND MODE: a fresh file system on $MNT
+setup() {
+  rm -rf "$RUN"; mkdir -p "$MNT" "$FUSE"
+  case $1 in
+    ext4raw)
+      truncate -s "$VOL_SIZE" "$RUN/raw.img"
+      LOOP=$(losetup -f --show "$RUN/raw.img")
+      mkfs.ext4 -q -F -b 4096 "$LOOP"
+      mount "$LOOP" "$MNT" ;;
+    ext4nbd)
+      "$TARN" pool create "$RUN/pool.img" --size "$SIZE" >/dev/null
+      "$TARN" vol create pm --size "$VOL_SIZE" -p "$RUN/pool.img" >/dev/null
+      "$TARN" serve -p "$RUN/pool.img" --listen "127.0.0.1:$PORT" >"$DIR/serve.log" 2>&1 &
+      SRV=$!
+      wait_for 100 nbdinfo --can connect "nbd://127.0.0.1:$PORT/pm"
+      nbdfuse "$FUSE/disk" "nbd://127.0.0.1:$PORT/pm" >"$DIR/nbdfuse.log" 2>&1 &
+      FUSE_PID=$!
+      wait_for 100 test -s "$FUSE/disk"
+      LOOP=$(losetup -f --show "$FUSE/disk")
+      mkfs.ext4 -q -F -b 4096 "$LOOP"
+      mount "$LOOP" "$MNT" ;;
+    tarnfs)
+      "$TARN" pool create "$RUN/pool.img" --size "$SIZE" >/dev/null
+      "$TARN" fs create home -p "$RUN/pool.img" >/dev/null
+      if [ "$2" = ver ]; then
+        "$TARN" fs version-policy home add '*' -p "$RUN/pool.img" >/dev/null
+      fi
+      "$TARN" mount home "$MNT" -p "$RUN/pool.img" >"$DIR/mount.log" 2>&1 &
+      MOUNT_PID=$!
+      wait_for 100 mountpoint -q "$MNT" ;;
+  esac
+}
+
+# ticker KIND: a volume snapshot every SNAP_EVERY s until killed, the
+# last SNAP_KEEP kept (a rolling schedule: with every snapshot kept, all
+# the data PostMark deletes stays and fills the pool)
+ticker() {
+  local n=0 old
+  while sleep "$SNAP_EVERY"; do
+    n=$((n + 1)) old=$((n - SNAP_KEEP))
+    case $1 in
+      tarnfs) setfattr -n user.tarn.snapshot -v "pm$n" "$MNT" &&
+        { [ "$old" -lt 1 ] || setfattr -n user.tarn.snapshot.delete -v "pm$old" "$MNT"; } ;;
+      ext4nbd) "$TARN" snap create "pm@pm$n" -p "$RUN/pool.img" >/dev/null &&
+        { [ "$old" -lt 1 ] || "$TARN" snap delete "pm@pm$old" -p "$RUN/pool.img" >/dev/null; } ;;
+    esac || echo "snapshot $n failed" >&2
+    echo "$n" >"$DIR/snaps"
+  done
+}

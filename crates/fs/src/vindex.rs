@@ -1,0 +1,108 @@
+//! The file versions of each file and the volume snapshots' numbers, in
+//! memory, so that a close prunes its file's oldest close versions and a
+//! deleted file drops its own without listing every version of the
+//! volume (a listing per close was 13% of a versioned PostMark run).
+//! Built from the catalog at first need (one listing), kept by the
+//! version changes of this mount, and dropped whole (rebuilt at the next
+//! need) by a delete of any other kind.
+
+use crate::error::Result;
+use crate::ns::{FileVolume, Ns};
+use crate::snap::{tag_of, FsSnapshot, VersionKind};
+use std::collections::{BTreeSet, HashMap};
+
+#[derive(Debug, Default)]
+pub(crate) struct VersionIndex {
+    /// Volume snapshots: they read the tags of the objects they hold.
+    volumes: Vec<FsSnapshot>,
+    /// File and close versions by the inode they are of, oldest first.
+    /// The engine's bound on snapshots per volume bounds them all.
+    by_owner: HashMap<u64, Vec<FsSnapshot>>,
+}
+
+impl VersionIndex {
+    /// A version this mount just took (a no-op while not built).
+    pub(crate) fn taken(ix: &mut Option<VersionIndex>, s: &FsSnapshot) {
+        let Some(ix) = ix.as_mut() else { return };
+        match s.kind {
+            VersionKind::Volume => ix.volumes.push(s.clone()),
+            _ => ix.by_owner.entry(s.owner).or_default().push(s.clone()),
+        }
+    }
+}
+
+impl FileVolume {
+    fn index<'a>(&self, ns: &'a mut Ns) -> Result<&'a mut VersionIndex> {
+        if ns.index.is_none() {
+            let mut ix = VersionIndex::default();
+            for s in self.versions()? {
+                match s.kind {
+                    VersionKind::Volume => ix.volumes.push(s),
+                    _ => ix.by_owner.entry(s.owner).or_default().push(s),
+                }
+            }
+            ns.index = Some(ix);
+        }
+        Ok(ns.index.get_or_insert_with(VersionIndex::default))
+    }
+
+    /// The close versions of `ino`, oldest first.
+    pub(crate) fn closes_of(&self, ns: &mut Ns, ino: u64) -> Result<Vec<u64>> {
+        let ix = self.index(ns)?;
+        let mine = ix.by_owner.get(&ino).map_or(&[][..], |v| v.as_slice());
+        Ok(mine.iter().filter(|s| s.kind == VersionKind::Close).map(|s| s.number).collect())
+    }
+
+    /// Queue the deletion of versions `gone` (numbers) of file `ino`:
+    /// their table snapshots and every tag of the file's object that no
+    /// remaining reader (a volume snapshot, another version of the file)
+    /// reads. The object itself stays (live, or retired by the caller).
+    /// Nothing committed: the caller's change carries it.
+    pub(crate) fn drop_file_versions(&self, ns: &mut Ns, ino: u64, gone: &[u64]) -> Result<()> {
+        if gone.is_empty() {
+            return Ok(());
+        }
+        let id = self.id;
+        let ix = self.index(ns)?;
+        let volumes = ix.volumes.clone();
+        let mine = ix.by_owner.remove(&ino).unwrap_or_default();
+        let (dropped, kept): (Vec<FsSnapshot>, Vec<FsSnapshot>) =
+            mine.into_iter().partition(|s| gone.contains(&s.number));
+        let mut drop_snaps: Vec<(u32, u64)> = dropped.iter().map(|s| (id, s.engine_epoch)).collect();
+        let objects: BTreeSet<u32> = dropped.iter().map(|s| s.object).filter(|&o| o != 0).collect();
+        if !kept.is_empty() {
+            ix.by_owner.insert(ino, kept.clone());
+        }
+        for o in objects {
+            // An object already gone has no tag left to drop.
+            let Ok(snaps) = self.pool.member_snapshots(o) else { continue };
+            let mut tags: Vec<(u64, u64)> =
+                snaps.iter().filter_map(|s| tag_of(&s.name).map(|t| (t, s.epoch))).collect();
+            tags.sort_unstable();
+            let mut prev = 0;
+            for (t, epoch) in tags {
+                let in_range = |m: u64| m > prev && m <= t;
+                let read = kept.iter().any(|s| s.object == o && in_range(s.number))
+                    || self.volume_reads(&volumes, ino, o, &in_range)?;
+                if !read {
+                    drop_snaps.push((o, epoch));
+                }
+                prev = t;
+            }
+        }
+        self.pool.delete_member_snapshots(&drop_snaps)?;
+        Ok(())
+    }
+
+    /// Whether a volume snapshot numbered in range holds file `ino` with
+    /// object `o` (one record read each): a file made after a snapshot
+    /// is not read by it, though its tags' ranges take it in.
+    fn volume_reads(&self, volumes: &[FsSnapshot], ino: u64, o: u32, in_range: &dyn Fn(u64) -> bool) -> Result<bool> {
+        for s in volumes.iter().filter(|s| in_range(s.number)) {
+            if self.inode_in(s, ino)?.is_some_and(|r| r.object == o) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}
