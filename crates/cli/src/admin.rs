@@ -165,9 +165,12 @@ pub enum Request {
         #[serde(default)]
         rate: Option<u64>,
     },
-    /// Add the device at `path` (absolute) as a new member.
+    /// Add the device at `path` (absolute) as a new member, or as a
+    /// spare (taken when the pool expands past its growing member's limit).
     DevAdd {
         path: String,
+        #[serde(default)]
+        spare: bool,
     },
     /// Give member `index` a default placement ("default": none).
     DevSet {
@@ -281,7 +284,7 @@ pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, Strin
         Request::Compact { volume, rate } => compact(pool, volume.as_deref(), *rate, ctx),
         Request::Scrub { rate, repair } => scrub(pool, *rate, *repair, ctx),
         Request::PoolReplace { old, new } => return crate::mirror::execute_replace(pool, old, new, ctx.progress),
-        Request::DevAdd { path } => return crate::members::execute_add(pool, path),
+        Request::DevAdd { path, spare } => return crate::members::execute_add(pool, path, *spare),
         Request::DevGrow { index, size } => return crate::members::execute_grow(pool, *index, *size),
         Request::DevSet { index, placement } => {
             let p = placement_named(placement)?;

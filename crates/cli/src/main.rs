@@ -130,12 +130,17 @@ enum DevCmd {
         /// Size of the file to create when PATH does not exist.
         #[arg(long, value_parser = size::parse_size)]
         size: Option<u64>,
+        /// Add it as a spare: labelled, never allocated from, taken whole
+        /// as a member when the pool expands (`serve --expand-at`) and the
+        /// growing member is at its --expand-max
+        #[arg(long)]
+        spare: bool,
         #[command(flatten)]
         pool: PoolArg,
         #[arg(long)]
         json: bool,
     },
-    /// Remove a member: allocation avoids it, then every live block on it
+    /// Remove a member (a spare is just dropped, its label wiped): allocation avoids it, then every live block on it
     /// (held by a volume, snapshot or clone) moves to the other members,
     /// keeping snapshot sharing. Online through a running server, or
     /// offline. Refuses the primary, the last device, a mirrored member,
@@ -779,8 +784,8 @@ fn dispatch(cmd: Command) -> Result<i32> {
             }
             Ok(0)
         }
-        Command::Dev(DevCmd::Add { path, size, pool, json }) => {
-            let v = members::add(&pool, &path, size)?;
+        Command::Dev(DevCmd::Add { path, size, spare, pool, json }) => {
+            let v = members::add(&pool, &path, size, spare)?;
             print(json, &v, members::added);
             Ok(0)
         }

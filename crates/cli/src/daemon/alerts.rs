@@ -99,9 +99,17 @@ impl Watcher {
         }
         self.crossed = crossed;
         let n = s.devices.len();
-        if self.devices.is_some_and(|before| n > before) {
-            events.push(json!({ "kind": "expansion", "devices": n, "size": s.size, "free": s.free,
-                "added": s.devices[self.devices.unwrap_or(0)..].iter().map(|d| d.path.clone()).collect::<Vec<_>>() }));
+        // A spare added is no expansion (taking one counts in `expansions`).
+        let added: Vec<String> = match self.devices {
+            Some(before) if n > before => s.devices[before..]
+                .iter()
+                .filter(|d| !matches!(d.state, "SPARE" | "MISSING"))
+                .map(|d| d.path.clone())
+                .collect(),
+            _ => Vec::new(),
+        };
+        if !added.is_empty() {
+            events.push(json!({ "kind": "expansion", "devices": n, "size": s.size, "free": s.free, "added": added }));
         }
         self.devices = Some(n);
         if self.expansions.is_some_and(|before| s.expansions > before) {

@@ -136,7 +136,16 @@ impl Pool {
         sb.checkpoint = w.catalog;
         sb.journal_generation = w.generation;
         // A member being added: this checkpoint's catalog has its space map.
-        sb.devices.extend(ctl.adding.take());
+        if let Some(e) = ctl.adding.take() {
+            if e.spare {
+                sb.incompat |= incompat::EVACUATION | incompat::SPARES;
+            }
+            sb.devices.push(e);
+        }
+        if let Some(e) = ctl.taking.take().and_then(|i| sb.devices.get_mut(i)) {
+            // This checkpoint's catalog has the spare's whole space map.
+            e.spare = false;
+        }
         if let Some((i, blocks)) = ctl.growing.take() {
             if let Some(e) = sb.devices.get_mut(i) {
                 e.blocks = blocks;

@@ -38,6 +38,11 @@ pub trait Device: Send + Sync {
     }
     /// A human name for error messages (a path, or "sim#3").
     fn name(&self) -> String;
+    /// False only for the stand-in of a slot with no device (a removed
+    /// slot, a missing spare): nothing is there to take or read.
+    fn present(&self) -> bool {
+        true
+    }
     /// Independent copies of every byte (1 unless mirrored).
     fn copies(&self) -> usize {
         1

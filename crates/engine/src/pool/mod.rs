@@ -202,6 +202,10 @@ pub(crate) struct CommitCtl {
     /// superblock marks its slot removed, with the catalog whose space
     /// map for it is empty.
     pub removing: Option<usize>,
+    /// A spare being taken (`members/spare.rs`): the next checkpoint's
+    /// superblock makes it a member, with the catalog whose space map for
+    /// it covers its whole data area.
+    pub taking: Option<usize>,
 }
 
 /// The checkpoint in progress and what the last one left (behind
@@ -758,11 +762,19 @@ impl Pool {
             .map(|(i, d)| {
                 // A removed slot's device is not the pool's any more: its
                 // recorded path says which it was.
-                let removed = ctl.sb.devices.get(i).filter(|e| e.removed);
+                // So is a missing spare's (`Vacant`).
+                let entry = ctl.sb.devices.get(i);
+                let removed = entry.filter(|e| e.removed || (e.spare && !d.present()));
+                let state = match entry {
+                    Some(e) if e.removed => "REMOVED",
+                    Some(e) if e.spare && d.present() => "SPARE",
+                    Some(e) if e.spare => "MISSING",
+                    _ => self.member_state(inner, i),
+                };
                 DeviceStatus {
                     index: i,
                     path: removed.map_or_else(|| d.name(), |e| e.path.clone()),
-                    state: if removed.is_some() { "REMOVED" } else { self.member_state(inner, i) },
+                    state,
                     legs: self.mirrors[i].as_ref().map(|m| m.status().1).unwrap_or_default(),
                     size: if removed.is_some() { 0 } else { d.size() },
                     data_bytes: (inner.space.devices[i].data_end - inner.space.devices[i].data_start) * BLOCK_SIZE,

@@ -150,6 +150,7 @@ impl NewPool {
             draining: false,
             removed: false,
             placement: None,
+            spare: false,
         };
         let label = Superblock {
             version: FORMAT_VERSION,
@@ -229,7 +230,8 @@ fn slot_device(slot: &[(Arc<dyn Device>, String)]) -> Result<Arc<dyn Device>> {
 /// restart, so the next `dev remove` goes on with what is left; a removed
 /// slot (empty) is avoided for good.
 fn avoid_leaving(sb: &Superblock, space: &mut Space) {
-    for (i, d) in sb.devices.iter().enumerate().filter(|(i, d)| (d.draining || d.removed) && *i < 32) {
+    // A spare's area is empty until it is taken; the bit says so too.
+    for (i, d) in sb.devices.iter().enumerate().filter(|(i, d)| (d.draining || d.removed || d.spare) && *i < 32) {
         if d.draining {
             log::warn!("member {i} ({}) is being removed: no new data goes there", d.path);
         }
@@ -278,7 +280,8 @@ impl Pool {
         let primary = &devices[0];
         let sb = label.current.clone();
         for (i, dev) in devices.iter().enumerate().skip(1) {
-            if mirrors[i].is_none() && !sb.devices[i].removed {
+            // A spare's label is checked by `assemble` (a wrong one leaves it missing).
+            if mirrors[i].is_none() && !sb.devices[i].removed && !sb.devices[i].spare {
                 verify_member(&sb, i, dev.as_ref())?;
             }
         }
@@ -337,6 +340,7 @@ impl Pool {
             adding: None,
             growing: None,
             removing: None,
+            taking: None,
         };
         let slot = CheckpointSlot { pieces, ..Default::default() };
         let pool = Pool::new(members, mirrors, state, space, (ctl, slot), options);
@@ -416,6 +420,12 @@ impl Pool {
         Ok(read_label(primary)?.current.devices.into_iter().map(|d| d.removed).collect())
     }
 
+    /// Which members are spares (`dev add --spare`): a spare that cannot be
+    /// opened leaves the pool without it, not unopenable.
+    pub fn spare_members(primary: &dyn Device) -> Result<Vec<bool>> {
+        Ok(read_label(primary)?.current.devices.into_iter().map(|d| d.spare).collect())
+    }
+
     /// Per member, the paths of its devices as recorded: one for a plain
     /// member, every leg's for a mirrored one.
     pub fn member_legs(primary: &dyn Device) -> Result<Vec<Vec<String>>> {
@@ -480,8 +490,8 @@ fn data_areas(devices: &[Arc<dyn Device>], sb: &Superblock) -> Result<Vec<(u64, 
     let mut areas = Vec::with_capacity(devices.len());
     for (i, dev) in devices.iter().enumerate() {
         let start = if i == 0 { sb.data_start } else { LABEL_BLOCKS };
-        // A removed slot's data area is empty (its catalog space map too).
-        let end = sb.devices.get(i).map_or(0, |d| if d.removed { start } else { d.blocks });
+        // A removed slot's or a spare's data area is empty (its catalog space map too).
+        let end = sb.devices.get(i).map_or(0, |d| if d.removed || d.spare { start } else { d.blocks });
         if end < start {
             // Only a damaged superblock (device table) says so.
             let detail = format!("data area {start}..{end} ends before it starts");
