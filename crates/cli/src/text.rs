@@ -85,6 +85,20 @@ pub fn status(v: &Value) -> String {
             );
             continue;
         }
+        if matches!(d["state"].as_str(), Some("SPARE" | "MISSING")) {
+            let what = match d["state"] == "SPARE" {
+                true => format!("{}, taken when the pool expands", b(&d["size"])),
+                false => "its device was not found at open: it will not be taken".to_string(),
+            };
+            let _ = writeln!(
+                s,
+                "  device {}  {}  {}  ({what})",
+                d["index"],
+                d["state"].as_str().unwrap_or("?"),
+                d["path"].as_str().unwrap_or("?")
+            );
+            continue;
+        }
         let mirrored = d["legs"].as_array().is_some_and(|l| !l.is_empty());
         let _ = writeln!(
             s,

@@ -690,11 +690,13 @@ impl Pool {
         let nodes = used_blocks.saturating_sub(inner.state.mapped_blocks() + freeing + inflight) * BLOCK_SIZE;
         let store = &inner.state.store;
         let devices = self.device_statuses(&ctl, &inner);
-        let state = if devices.iter().all(|d| matches!(d.state, "ONLINE" | "DRAINING" | "REMOVED")) {
-            "ONLINE"
-        } else {
-            "DEGRADED"
-        };
+        // A spare, even one missing, holds no data: the pool is whole without it.
+        let state =
+            if devices.iter().all(|d| matches!(d.state, "ONLINE" | "DRAINING" | "REMOVED" | "SPARE" | "MISSING")) {
+                "ONLINE"
+            } else {
+                "DEGRADED"
+            };
         // Walks the free ranges under the read lock: O(fragments).
         let outside = inner.space.free_in_partial_regions(inner.region_blocks).unwrap_or(0);
         PoolStatus {
