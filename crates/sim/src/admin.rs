@@ -91,6 +91,18 @@ pub(crate) enum Pending {
         from: u16,
         to: u16,
     },
+    /// A spare added at slot `index` (`Pool::add_spare`): like a member's add.
+    SpareAdd {
+        index: usize,
+    },
+    /// Spare `index` taken as a member (`Pool::take_spare`): no content changes.
+    SpareTake {
+        index: usize,
+    },
+    /// Spare `index` dropped (`Pool::drop_spare`): its slot removed.
+    SpareDrop {
+        index: usize,
+    },
 }
 
 impl Pending {
@@ -114,6 +126,9 @@ impl Pending {
             Pending::DevRemove { .. } => 14,
             Pending::DevPlacement { .. } => 15,
             Pending::VolDevices { .. } => 16,
+            Pending::SpareAdd { .. } => 17,
+            Pending::SpareTake { .. } => 18,
+            Pending::SpareDrop { .. } => 19,
         }
     }
 }
@@ -206,7 +221,10 @@ impl Run {
             | Pending::Hint { .. }
             | Pending::DevAdd { .. }
             | Pending::DevGrow { .. }
-            | Pending::DevRemove { .. } => {}
+            | Pending::DevRemove { .. }
+            | Pending::SpareAdd { .. }
+            | Pending::SpareTake { .. }
+            | Pending::SpareDrop { .. } => {}
         }
         m.flushed();
     }
@@ -222,6 +240,9 @@ impl Run {
         match p {
             Pending::DevAdd { .. } => self.stats.dev_adds_cut += 1,
             Pending::DevGrow { .. } => self.stats.dev_grows_cut += 1,
+            Pending::SpareAdd { .. } | Pending::SpareTake { .. } | Pending::SpareDrop { .. } => {
+                self.stats.spares_cut += 1
+            }
             Pending::DevRemove { index } => {
                 self.stats.dev_removes_cut += 1;
                 let st = self.pool().status();
@@ -274,6 +295,21 @@ impl Run {
             // (the model then keeps allowing the older contents too).
             // Its superblock lists the member, or the pool is as before.
             Pending::DevAdd { index } => pool.devices().len() > *index,
+            Pending::SpareAdd { index } => match pool.status().devices.get(*index).map(|d| d.state) {
+                None => false,
+                Some("SPARE") => true,
+                s => return Err(format!("slot {index} is {s:?} after a spare's add")),
+            },
+            Pending::SpareTake { index } => match pool.status().devices.get(*index).map(|d| d.state) {
+                Some("SPARE") => false,
+                Some("ONLINE") => true,
+                s => return Err(format!("slot {index} is {s:?} after a spare's take")),
+            },
+            Pending::SpareDrop { index } => match pool.status().devices.get(*index).map(|d| d.state) {
+                Some("SPARE") => false,
+                Some("REMOVED") => true,
+                s => return Err(format!("slot {index} is {s:?} after a spare's drop")),
+            },
             Pending::DevGrow { index, from } => match pool.status().devices.get(*index).map(|d| d.data_bytes) {
                 Some(b) if b == *from => false,
                 Some(b) if b > *from => true,

@@ -20,6 +20,7 @@ pub mod fixture;
 mod grow;
 pub mod model;
 mod quota;
+mod spare;
 pub mod run;
 pub mod settle;
 mod verify;

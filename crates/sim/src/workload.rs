@@ -35,7 +35,7 @@ impl Run {
         if self.model.vols.is_empty() {
             return self.snap_volume_op();
         }
-        match self.rng.random_range(0..102) {
+        match self.rng.random_range(0..103) {
             0..=29 => self.write(),
             30..=37 => self.trim_or_zero(),
             38..=44 => self.flush(),
@@ -57,6 +57,7 @@ impl Run {
             98 => self.set_overcommit(),
             99 => self.dev_remove(),
             100 => self.device_placement_op(),
+            101 => self.spare_op(),
             _ => self.verify_all("periodic check"),
         }
     }

@@ -79,8 +79,15 @@ impl Pool {
 
     /// Drop spare `index` (`dev remove` of a spare): its slot becomes
     /// removed (state 2) by a superblock rewrite, then its label is wiped.
+    /// Durable when it returns, with every write answered before it.
     pub fn drop_spare(&self, index: usize) -> Result<DropReport> {
         self.check_writable()?;
+        // A refusal does no I/O: checked before the commit below.
+        if !self.is_spare(index) {
+            return Err(EngineError::InvalidArgument(format!("device {index} is not a spare")));
+        }
+        // Like every admin command, it commits what was written before it.
+        self.flush()?;
         let mut ctl = self.lock_commit();
         let Some(entry) = ctl.sb.devices.get(index).filter(|e| e.spare).cloned() else {
             return Err(EngineError::InvalidArgument(format!("device {index} is not a spare")));
