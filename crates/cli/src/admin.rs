@@ -48,6 +48,9 @@ pub enum Request {
         /// Members its new data may go to, bit i for member i (0: any).
         #[serde(default)]
         devices: u16,
+        /// Stripe it over (members, unit bytes) (`--stripe N[:UNIT]`).
+        #[serde(default)]
+        stripe: Option<(u32, u64)>,
     },
     /// Change a volume's placement ("default": follow the pool's), its
     /// quota (0: remove it) and/or its members (0: any).
@@ -239,12 +242,12 @@ pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, Strin
         Request::FsCreate { name, quota } => return fs_create(pool, name, *quota),
         Request::FsList => Ok(Value::Array(pool.file_volumes().iter().map(file_volume_json).collect())),
         Request::FsDestroy { name } => pool.delete_file_volume(name).map(|()| json!({ "destroyed": name })),
-        Request::VolCreate { name, size, placement, quota, force, devices } => {
+        Request::VolCreate { name, size, placement, quota, force, devices, stripe } => {
             let placement = match placement {
                 Some(name) => placement_named(name)?,
                 None => None,
             };
-            let opts = VolumeOptions { placement, quota: *quota, force: *force, devices: *devices };
+            let opts = VolumeOptions { placement, quota: *quota, force: *force, devices: *devices, stripe: *stripe };
             pool.create_volume_with(name, *size, &opts).map(|v| volume_json(&v))
         }
         Request::VolSet { name, placement, quota, devices } => {
@@ -490,6 +493,10 @@ pub fn volume_json(v: &VolumeInfo) -> Value {
         "shared": v.origin_bytes, "quota": v.quota,
         "placement": v.placement, "placement_default": !v.placement_own,
         "devices": (0..16).filter(|d| v.devices & (1 << d) != 0).collect::<Vec<u16>>(),
+        "stripe": v.stripe.map(|s| json!({
+            "width": s.width(), "unit": s.unit_blocks() * 4096,
+            "members": (0..16).filter(|d| s.devices & (1 << d) != 0).collect::<Vec<u16>>(),
+        })),
     })
 }
 

@@ -85,6 +85,11 @@ pub mod incompat {
     /// member when the pool must expand (`tarn dev add --spare`). An older
     /// reader would refuse the state byte or count the device as a member.
     pub const SPARES: u64 = 1 << 14;
+    /// Volumes may be striped over members (RAID-0 per volume, `tarn vol
+    /// create --stripe`): op 20 (VolStripe), the STRIPE flag of catalog
+    /// volume entries. A reader without it would place the volume's new
+    /// data anywhere and refuse the op.
+    pub const STRIPES: u64 = 1 << 15;
     /// Features this build understands.
     pub const KNOWN: u64 = SNAPSHOTS
         | DATA_CHECKSUMS
@@ -99,7 +104,8 @@ pub mod incompat {
         | REMOVAL
         | FS_XATTRS
         | DEVICE_PLACEMENT
-        | SPARES;
+        | SPARES
+        | STRIPES;
 }
 
 /// Superblock flag: a pool with mirrors is open for writing (set before its
@@ -666,13 +672,18 @@ mod tests {
         let mut sb = sample();
         sb.incompat = 1 << 40;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        // Bits 0-12 and 14 are known here; bits 13 and 15 are other features'.
-        for bit in [13, 15] {
+        // Bits 0-12, 14 and 15 are known here; bits 13 and 16 are other features'.
+        for bit in [13, 16] {
             sb.incompat = 1 << bit;
             assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
         }
-        assert_eq!(incompat::KNOWN, ((1 << 13) - 1) | (1 << 14));
+        assert_eq!(incompat::KNOWN, ((1 << 13) - 1) | (1 << 14) | (1 << 15));
         assert_eq!(incompat::SPARES, 1 << 14);
+        sb.incompat = incompat::STRIPES;
+        assert_eq!(incompat::STRIPES, 1 << 15);
+        let b = sb.encode(0);
+        assert_eq!(&b[16..24], &[0, 0x80, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(Superblock::decode(&b, 0).unwrap().incompat, 1 << 15);
         assert_eq!(incompat::REMOVAL, 1 << 10);
         sb.incompat = incompat::QUOTAS;
         assert_eq!(Superblock::decode(&sb.encode(0), 0).unwrap().incompat, 1 << 8);

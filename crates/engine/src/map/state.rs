@@ -65,6 +65,9 @@ pub struct Volume {
     pub quota: Option<u64>,
     /// Members its new data may go to, bit i for member i (op 24); 0: any.
     pub devices: u16,
+    /// Its stripe layout (op 20): unit k of new data goes to the set's
+    /// (k mod N)-th member (None: not striped).
+    pub stripe: Option<tarn_format::stripe::Stripe>,
 }
 
 impl Volume {
@@ -81,6 +84,7 @@ impl Volume {
             role: None,
             quota: None,
             devices: 0,
+            stripe: None,
         }
     }
 
@@ -320,6 +324,7 @@ impl State {
             Op::VolRole { vol, role } => self.set_role(*vol, *role)?,
             Op::VolQuota { .. } | Op::PoolOvercommit { .. } => self.apply_setting(op)?,
             Op::VolDevices { vol, devices } => self.volume_mut(*vol, "devices")?.devices = *devices,
+            Op::VolStripe { vol, stripe } => self.volume_mut(*vol, "stripe")?.stripe = *stripe,
             Op::VolResize { vol, size } => {
                 let v = self.volume_mut(*vol, "resize")?;
                 if !size.is_multiple_of(BLOCK_SIZE) {
@@ -448,6 +453,7 @@ impl State {
             | Op::VolQuota { .. }
             | Op::PoolOvercommit { .. }
             | Op::VolDevices { .. }
+            | Op::VolStripe { .. }
             | Op::Sums { .. }
             | Op::Regions { .. } => {
                 unreachable!("volume and pool ops are applied by State::apply")
@@ -551,11 +557,12 @@ impl State {
         self.check_new_volume(vol, name, size)?;
         // A clone places its data as its origin volume does, on the same
         // members.
-        let (placement, devices) = (o.placement, o.devices);
+        let (placement, devices, stripe) = (o.placement, o.devices, o.stripe);
         let mut v = Volume::new(&self.store, vol, name.to_string(), size);
         v.origin = Some(origin);
         v.placement = placement;
         v.devices = devices;
+        v.stripe = stripe;
         if size > 0 {
             v.map.insert(0, size / BLOCK_SIZE, Pba::origin(0), 0)?;
         }

@@ -385,6 +385,8 @@ pub struct VolumeInfo {
     pub quota: Option<u64>,
     /// Members its new data may go to, bit i for member i (0: any).
     pub devices: u16,
+    /// Its stripe layout (set, unit), None when not striped.
+    pub stripe: Option<tarn_format::stripe::Stripe>,
 }
 
 #[derive(Debug, Clone)]
@@ -836,5 +838,6 @@ fn info(inner: &Inner, v: &Volume) -> VolumeInfo {
         placement_own: v.placement.is_some(),
         quota: v.quota,
         devices: v.devices,
+        stripe: v.stripe,
     }
 }

@@ -14,6 +14,7 @@ pub mod quota;
 pub mod reclaim;
 pub mod relayout;
 pub mod snapshot;
+pub mod stripe;
 
 use crate::error::{EngineError, Result};
 use crate::map::state::State;
@@ -34,6 +35,9 @@ pub struct VolumeOptions {
     pub force: bool,
     /// Members its new data may go to, bit i for member i (0: any).
     pub devices: u16,
+    /// Stripe it over this many members in units of this many bytes
+    /// (`vol create --stripe N[:UNIT]`; `stripe.rs`).
+    pub stripe: Option<(u32, u64)>,
 }
 
 impl Pool {
@@ -73,7 +77,13 @@ impl Pool {
         }
         if opts.devices != 0 {
             self.check_members(opts.devices, 0)?;
+        }
+        let stripe = opts.stripe.map(|(n, unit)| self.stripe_for(n, unit, opts.devices)).transpose()?;
+        if opts.devices != 0 {
             self.enable_feature(&mut self.lock_commit(), incompat::DEVICE_PLACEMENT)?;
+        }
+        if stripe.is_some() {
+            self.enable_feature(&mut self.lock_commit(), incompat::STRIPES)?;
         }
         let id = {
             let mut inner = self.write_inner();
@@ -88,6 +98,9 @@ impl Pool {
             }
             if opts.devices != 0 {
                 ops.push(Op::VolDevices { vol: id, devices: opts.devices });
+            }
+            if stripe.is_some() {
+                ops.push(Op::VolStripe { vol: id, stripe });
             }
             self.apply_ops(&mut inner, ops)?;
             id
