@@ -227,7 +227,17 @@ pub fn check(v: &Value) -> String {
 pub fn volumes(v: &Value) -> String {
     let mut s = format!(
         "{:<24} {:>12} {:>12} {:>8} {:>6} {:>12} {:>12} {:>12} {:>12}  {:<20} {:<12} {}\n",
-        "NAME", "SIZE", "ALLOCATED", "EXTENTS", "SNAPS", "SNAP-BYTES", "USED", "SHARED", "QUOTA", "PLACEMENT", "ORIGIN",
+        "NAME",
+        "SIZE",
+        "ALLOCATED",
+        "EXTENTS",
+        "SNAPS",
+        "SNAP-BYTES",
+        "USED",
+        "SHARED",
+        "QUOTA",
+        "PLACEMENT",
+        "ORIGIN",
         "STRIPE"
     );
     for vol in v.as_array().into_iter().flatten() {

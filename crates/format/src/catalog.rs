@@ -34,8 +34,7 @@ const VOLUME_QUOTA: u8 = 8;
 const VOLUME_DEVICES: u8 = 16;
 /// Striped (op 20): `devices u16`, `shift u8` (crate::stripe) follow, after the device set if any.
 const VOLUME_STRIPE: u8 = 32;
-const VOLUME_FLAGS: u8 =
-    VOLUME_ORIGIN | VOLUME_PLACEMENT | VOLUME_ROLE | VOLUME_QUOTA | VOLUME_DEVICES | VOLUME_STRIPE;
+const VOLUME_FLAGS: u8 = VOLUME_ORIGIN | VOLUME_PLACEMENT | VOLUME_ROLE | VOLUME_QUOTA | VOLUME_DEVICES | VOLUME_STRIPE;
 
 /// A tree's root: block 0 means empty.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -336,7 +335,10 @@ fn read_volume(r: &mut Reader, epoch: u64) -> Result<VolumeEntry> {
     };
     let stripe = if flags & VOLUME_STRIPE != 0 {
         let (d, shift) = (r.u16()?, r.u8()?);
-        Some(crate::stripe::Stripe::from_parts(d, shift).ok_or_else(|| r.bad("stripe", u64::from(d) << 8 | u64::from(shift)))?)
+        Some(
+            crate::stripe::Stripe::from_parts(d, shift)
+                .ok_or_else(|| r.bad("stripe", u64::from(d) << 8 | u64::from(shift)))?,
+        )
     } else {
         None
     };

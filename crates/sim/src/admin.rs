@@ -103,6 +103,11 @@ pub(crate) enum Pending {
     SpareDrop {
         index: usize,
     },
+    /// A volume created striped (ops 3 and 20): as a create for the model.
+    StripedCreate {
+        name: String,
+        size: usize,
+    },
 }
 
 impl Pending {
@@ -129,6 +134,7 @@ impl Pending {
             Pending::SpareAdd { .. } => 17,
             Pending::SpareTake { .. } => 18,
             Pending::SpareDrop { .. } => 19,
+            Pending::StripedCreate { .. } => 20,
         }
     }
 }
@@ -198,7 +204,7 @@ impl Run {
         self.stats.done[p.index()] += 1;
         let m = &mut self.model;
         match p {
-            Pending::VolCreate { name, size } => m.new_volume(name, *size),
+            Pending::VolCreate { name, size } | Pending::StripedCreate { name, size } => m.new_volume(name, *size),
             Pending::VolResize { name, to, .. } => m.resize(name, *to),
             Pending::VolDelete { name } => {
                 m.vols.remove(name);
@@ -271,7 +277,7 @@ impl Run {
         let pool = self.pool();
         let size_of = |name: &str| pool.volume_id(name).and_then(|id| pool.volume_info(id)).map(|i| i.size as usize);
         let done = match p {
-            Pending::VolCreate { name, size } => match size_of(name) {
+            Pending::VolCreate { name, size } | Pending::StripedCreate { name, size } => match size_of(name) {
                 None => false,
                 Some(s) if s == *size => true,
                 Some(s) => return Err(format!("volume {name} has size {s}, created with {size}")),

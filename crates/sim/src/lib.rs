@@ -20,9 +20,9 @@ pub mod fixture;
 mod grow;
 pub mod model;
 mod quota;
-mod spare;
 pub mod run;
 pub mod settle;
+mod spare;
 mod verify;
 mod workload;
 

@@ -85,7 +85,7 @@ impl SimConfig {
 }
 
 /// Admin operations, as counted in [`RunStats::done`].
-pub const OP_NAMES: [&str; 20] = [
+pub const OP_NAMES: [&str; 21] = [
     "vol create",
     "vol resize",
     "vol delete",
@@ -106,6 +106,7 @@ pub const OP_NAMES: [&str; 20] = [
     "spare add",
     "spare take",
     "spare drop",
+    "vol create striped",
 ];
 
 #[derive(Debug, Clone, Copy, Default)]

@@ -325,9 +325,35 @@ impl Run {
             _ => Ok(()),
         };
         let placement = self.any_placement();
+        if self.rng.random_bool(0.3) {
+            return self.striped_create(name, size, placement, expect);
+        }
         let r = self.pool().create_volume_placed(&name, size as u64, placement);
         trace!("create volume {name} {size} {placement:?}: {:?}", r.as_ref().map(|i| i.id));
         self.admin_outcome(Pending::VolCreate { name, size }, expect, r).map(drop)
+    }
+
+    /// A volume striped (op 20) over 2 or 3 members in units of 4 to 64
+    /// KiB: refused when fewer members are usable; its layout recorded.
+    fn striped_create(
+        &mut self,
+        name: String,
+        size: usize,
+        placement: Option<tarn_engine::PlacementKind>,
+        expect: crate::admin::Expect,
+    ) -> Result<(), String> {
+        let width = self.rng.random_range(2..=3u32);
+        let unit = 4096u64 << self.rng.random_range(0..5);
+        let usable = self.pool().status().devices.iter().filter(|d| d.state == "ONLINE").count();
+        let expect = expect.and(if usable < width as usize { Err("InvalidArgument") } else { Ok(()) });
+        let opts = tarn_engine::VolumeOptions { placement, stripe: Some((width, unit)), ..Default::default() };
+        let r = self.pool().create_volume_with(&name, size as u64, &opts);
+        trace!("create volume {name} {size} striped {width}x{unit}: {:?}", r.as_ref().map(|i| (i.id, i.stripe)));
+        let Some(info) = self.admin_outcome(Pending::StripedCreate { name, size }, expect, r)? else { return Ok(()) };
+        match info.stripe {
+            Some(s) if s.width() == width && s.unit_blocks() * 4096 == unit => Ok(()),
+            s => Err(format!("volume {} created striped {width}x{unit}: {s:?}", info.name)),
+        }
     }
 
     fn volume_delete(&mut self, name: String) -> Result<(), String> {
