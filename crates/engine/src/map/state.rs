@@ -322,9 +322,8 @@ impl State {
                 self.volume_mut(*vol, "placement")?.placement = *policy;
             }
             Op::VolRole { vol, role } => self.set_role(*vol, *role)?,
-            Op::VolQuota { .. } | Op::PoolOvercommit { .. } => self.apply_setting(op)?,
+            Op::VolQuota { .. } | Op::PoolOvercommit { .. } | Op::VolStripe { .. } => self.apply_setting(op)?,
             Op::VolDevices { vol, devices } => self.volume_mut(*vol, "devices")?.devices = *devices,
-            Op::VolStripe { vol, stripe } => self.volume_mut(*vol, "stripe")?.stripe = *stripe,
             Op::VolResize { vol, size } => {
                 let v = self.volume_mut(*vol, "resize")?;
                 if !size.is_multiple_of(BLOCK_SIZE) {
@@ -397,6 +396,7 @@ impl State {
                 self.volume_mut(vol, "quota")?.quota = quota;
             }
             Op::PoolOvercommit { milli } => self.overcommit_milli = milli,
+            Op::VolStripe { vol, stripe } => self.volume_mut(vol, "stripe")?.stripe = stripe,
             _ => return Err(format!("{op:?} is not a setting").into()),
         }
         Ok(())

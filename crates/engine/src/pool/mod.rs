@@ -208,6 +208,25 @@ pub(crate) struct CommitCtl {
     pub taking: Option<usize>,
 }
 
+impl CommitCtl {
+    /// At open: the superblock read, the journal's cursor, open's notes;
+    /// nothing in progress.
+    pub fn new(sb: Superblock, journal: JournalCursor, notes: Vec<String>) -> CommitCtl {
+        let (adding, growing, removing, taking) = (None, None, None, None);
+        CommitCtl {
+            sb,
+            journal,
+            checkpoint_busy: false,
+            held_frees: Vec::new(),
+            notes,
+            adding,
+            growing,
+            removing,
+            taking,
+        }
+    }
+}
+
 /// The checkpoint in progress and what the last one left (behind
 /// `Pool::checkpoint`, after `commit` in the lock order).
 #[derive(Default)]

@@ -239,7 +239,9 @@ fn avoid_leaving(sb: &Superblock, space: &mut Space) {
     }
 }
 
-/// Check that `dev` is member `index` of the pool the primary describes.
+/// Check that `dev` is member `index` of the pool the primary describes
+/// (not for a spare: `assemble` checks its label, and a wrong one only
+/// leaves it missing).
 fn verify_member(primary: &Superblock, index: usize, dev: &dyn Device) -> Result<()> {
     let label = read_label(dev)?.current;
     let entry = &primary.devices[index];
@@ -279,9 +281,8 @@ impl Pool {
         let (devices, mirrors, label) = (asm.devices, asm.mirrors, asm.label);
         let primary = &devices[0];
         let sb = label.current.clone();
-        for (i, dev) in devices.iter().enumerate().skip(1) {
-            // A spare's label is checked by `assemble` (a wrong one leaves it missing).
-            if mirrors[i].is_none() && !sb.devices[i].removed && !sb.devices[i].spare {
+        for (i, dev) in devices.iter().enumerate().skip(1).filter(|(i, _)| !sb.devices[*i].spare) {
+            if mirrors[i].is_none() && !sb.devices[i].removed {
                 verify_member(&sb, i, dev.as_ref())?;
             }
         }
@@ -331,17 +332,7 @@ impl Pool {
         );
         let crashed_regions = state.open_regions.clone();
         let read_only = options.read_only;
-        let ctl = CommitCtl {
-            sb,
-            journal: cursor,
-            checkpoint_busy: false,
-            held_frees: Vec::new(),
-            notes,
-            adding: None,
-            growing: None,
-            removing: None,
-            taking: None,
-        };
+        let ctl = CommitCtl::new(sb, cursor, notes);
         let slot = CheckpointSlot { pieces, ..Default::default() };
         let pool = Pool::new(members, mirrors, state, space, (ctl, slot), options);
         let notes = pool.mark_open()?;
