@@ -53,7 +53,8 @@ check_fails "dev grow of a spare" "$TARN" dev grow 1 --size 1G -p "$POOL"
 case $LAST_OUT in *"is a spare"*) ok "the error says it is a spare" ;; *) bad "error: $LAST_OUT" ;; esac
 
 step "a full-speed writer past the pool's size: the spare is taken, no error"
-rc=0; fio_job stream 600M || rc=$?
+# --end_fsync: NBD FLUSH at the end, so the kill -9 below may lose nothing.
+rc=0; fio_job stream 600M --end_fsync=1 || rc=$?
 expect_eq "fio write + verify of 600 MiB on a 256 MiB pool: exit, errors" "$rc $(jq '[.jobs[].error] | add' "$T/stream.json")" "0 0"
 expect_eq "device 1 is a member now" "$(status | jq -r '.devices[1].state')" ONLINE
 expect_between "device 1's data area (MiB)" "$(($(status | jq '.devices[1].data') / M))" 500 512

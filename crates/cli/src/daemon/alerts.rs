@@ -108,14 +108,20 @@ impl Watcher {
                 .collect(),
             _ => Vec::new(),
         };
-        if !added.is_empty() {
-            events.push(json!({ "kind": "expansion", "devices": n, "size": s.size, "free": s.free, "added": added }));
+        let grown = self.expansions.map_or(0, |before| s.expansions.saturating_sub(before));
+        // One event per look: a spare added and taken between two looks
+        // is a new member and a growth, but one expansion.
+        if !added.is_empty() || grown > 0 {
+            let mut e = json!({ "kind": "expansion", "devices": n, "size": s.size, "free": s.free });
+            if !added.is_empty() {
+                e["added"] = json!(added);
+            }
+            if grown > 0 {
+                e["grown"] = json!(grown);
+            }
+            events.push(e);
         }
         self.devices = Some(n);
-        if self.expansions.is_some_and(|before| s.expansions > before) {
-            events.push(json!({ "kind": "expansion", "grown": s.expansions - self.expansions.unwrap_or(0),
-                "size": s.size, "free": s.free }));
-        }
         self.expansions = Some(s.expansions);
         if s.read_errors > self.read_errors {
             events.push(json!({ "kind": "device_error", "read_errors": s.read_errors,
