@@ -344,7 +344,10 @@ impl Run {
     ) -> Result<(), String> {
         let width = self.rng.random_range(2..=3u32);
         let unit = 4096u64 << self.rng.random_range(0..5);
-        let usable = self.pool().status().devices.iter().filter(|d| d.state == "ONLINE").count();
+        // A mirrored member may be DEGRADED and still takes data.
+        let devices = self.pool().status().devices;
+        let usable =
+            devices.iter().filter(|d| !matches!(d.state, "SPARE" | "MISSING" | "REMOVED" | "DRAINING")).count();
         let expect = expect.and(if usable < width as usize { Err("InvalidArgument") } else { Ok(()) });
         let opts = tarn_engine::VolumeOptions { placement, stripe: Some((width, unit)), ..Default::default() };
         let r = self.pool().create_volume_with(&name, size as u64, &opts);

@@ -69,16 +69,16 @@ impl Pool {
         // A refused create does no I/O: check before the feature bits'
         // commits (and again under the lock below).
         refused(&self.read_inner())?;
+        if opts.devices != 0 {
+            self.check_members(opts.devices, 0)?;
+        }
+        let stripe = opts.stripe.map(|(n, unit)| self.stripe_for(n, unit, opts.devices)).transpose()?;
         if opts.placement.is_some() {
             self.enable_feature(&mut self.lock_commit(), incompat::PLACEMENT)?;
         }
         if quota.is_some() {
             self.enable_feature(&mut self.lock_commit(), incompat::QUOTAS)?;
         }
-        if opts.devices != 0 {
-            self.check_members(opts.devices, 0)?;
-        }
-        let stripe = opts.stripe.map(|(n, unit)| self.stripe_for(n, unit, opts.devices)).transpose()?;
         if opts.devices != 0 {
             self.enable_feature(&mut self.lock_commit(), incompat::DEVICE_PLACEMENT)?;
         }

@@ -31,11 +31,13 @@ impl Pool {
         if width < 2 {
             return bad(format!("a stripe over {width} member(s): give 2 or more"));
         }
-        let ctl = self.lock_commit();
+        // Allocation avoids spares, removed and draining members (the
+        // avoid bits): they are not usable. No commit lock: a refusal does
+        // no I/O (taking it may rewrite a mirror's superblock).
         let inner = self.read_inner();
         let named = |i: usize| devices == 0 || (i < 16 && devices & (1 << i) != 0);
         let mut usable: Vec<(u64, usize)> = (0..inner.space.devices.len().min(16))
-            .filter(|&i| named(i) && inner.space.usable(i) && ctl.sb.devices.get(i).is_some_and(|e| !e.spare))
+            .filter(|&i| named(i) && inner.space.usable(i))
             .map(|i| (inner.space.devices[i].free_blocks, i))
             .collect();
         if usable.len() < width as usize {
