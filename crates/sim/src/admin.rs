@@ -277,6 +277,12 @@ impl Run {
         let pool = self.pool();
         let size_of = |name: &str| pool.volume_id(name).and_then(|id| pool.volume_info(id)).map(|i| i.size as usize);
         let done = match p {
+            // A striped volume reopens striped (op 20 in the same commit as its create).
+            Pending::StripedCreate { name, .. }
+                if pool.volume_id(name).and_then(|id| pool.volume_info(id)).is_some_and(|i| i.stripe.is_none()) =>
+            {
+                return Err(format!("volume {name} created striped reopened without its stripe"))
+            }
             Pending::VolCreate { name, size } | Pending::StripedCreate { name, size } => match size_of(name) {
                 None => false,
                 Some(s) if s == *size => true,
