@@ -2,7 +2,7 @@
 # Idempotent install of everything the tarn tests and benchmark need on a
 # fresh Debian machine. Quiet; does nothing when all tools are present.
 #   bash scripts/deps.sh           # test + bench tools
-#   bash scripts/deps.sh --bench   # the same and matplotlib (the benchmarks' plots)
+#   bash scripts/deps.sh --bench   # the same, matplotlib (the benchmarks' plots) and mdadm (bench/stripe.sh)
 #   bash scripts/deps.sh --serve   # only what `tarn run` needs (cargo)
 set -euo pipefail
 
@@ -41,6 +41,10 @@ if [ "$mode" != "--serve" ]; then
   # the benchmarks' plots (bench/plots.py); the tests need no plotting
   if [ "$mode" = "--bench" ] && ! /usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1; then
     missing+=(python3-matplotlib)
+  fi
+  # Linux md RAID-0, the striping peer of bench/stripe.sh
+  if [ "$mode" = "--bench" ] && ! command -v mdadm >/dev/null 2>&1; then
+    missing+=(mdadm)
   fi
   # the nbdkit plugins used by the benchmark
   if command -v nbdkit >/dev/null 2>&1 && ! nbdkit file --version >/dev/null 2>&1; then

@@ -55,6 +55,7 @@ pub fn every_op() -> Vec<Op> {
         Op::VolQuota { vol: 1, quota: Some(1 << 20) },
         Op::PoolOvercommit { milli: Some(2000) },
         Op::VolDevices { vol: 1, devices: 0b11 },
+        Op::VolStripe { vol: 1, stripe: tarn_format::stripe::Stripe::from_parts(0b11, 4) },
         Op::VolDelete { vol: 1 },
     ]
 }

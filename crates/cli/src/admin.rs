@@ -48,6 +48,9 @@ pub enum Request {
         /// Members its new data may go to, bit i for member i (0: any).
         #[serde(default)]
         devices: u16,
+        /// Stripe it over (members, unit bytes) (`--stripe N[:UNIT]`).
+        #[serde(default)]
+        stripe: Option<(u32, u64)>,
     },
     /// Change a volume's placement ("default": follow the pool's), its
     /// quota (0: remove it) and/or its members (0: any).
@@ -165,9 +168,12 @@ pub enum Request {
         #[serde(default)]
         rate: Option<u64>,
     },
-    /// Add the device at `path` (absolute) as a new member.
+    /// Add the device at `path` (absolute) as a new member, or as a
+    /// spare (taken when the pool expands past its growing member's limit).
     DevAdd {
         path: String,
+        #[serde(default)]
+        spare: bool,
     },
     /// Give member `index` a default placement ("default": none).
     DevSet {
@@ -236,12 +242,12 @@ pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, Strin
         Request::FsCreate { name, quota } => return fs_create(pool, name, *quota),
         Request::FsList => Ok(Value::Array(pool.file_volumes().iter().map(file_volume_json).collect())),
         Request::FsDestroy { name } => pool.delete_file_volume(name).map(|()| json!({ "destroyed": name })),
-        Request::VolCreate { name, size, placement, quota, force, devices } => {
+        Request::VolCreate { name, size, placement, quota, force, devices, stripe } => {
             let placement = match placement {
                 Some(name) => placement_named(name)?,
                 None => None,
             };
-            let opts = VolumeOptions { placement, quota: *quota, force: *force, devices: *devices };
+            let opts = VolumeOptions { placement, quota: *quota, force: *force, devices: *devices, stripe: *stripe };
             pool.create_volume_with(name, *size, &opts).map(|v| volume_json(&v))
         }
         Request::VolSet { name, placement, quota, devices } => {
@@ -281,7 +287,7 @@ pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, Strin
         Request::Compact { volume, rate } => compact(pool, volume.as_deref(), *rate, ctx),
         Request::Scrub { rate, repair } => scrub(pool, *rate, *repair, ctx),
         Request::PoolReplace { old, new } => return crate::mirror::execute_replace(pool, old, new, ctx.progress),
-        Request::DevAdd { path } => return crate::members::execute_add(pool, path),
+        Request::DevAdd { path, spare } => return crate::members::execute_add(pool, path, *spare),
         Request::DevGrow { index, size } => return crate::members::execute_grow(pool, *index, *size),
         Request::DevSet { index, placement } => {
             let p = placement_named(placement)?;
@@ -488,6 +494,10 @@ pub fn volume_json(v: &VolumeInfo) -> Value {
         "shared": v.origin_bytes, "quota": v.quota,
         "placement": v.placement, "placement_default": !v.placement_own,
         "devices": (0..16).filter(|d| v.devices & (1 << d) != 0).collect::<Vec<u16>>(),
+        "stripe": v.stripe.map(|s| json!({
+            "width": s.width(), "unit": s.unit_blocks() * 4096,
+            "members": (0..16).filter(|d| s.devices & (1 << d) != 0).collect::<Vec<u16>>(),
+        })),
     })
 }
 

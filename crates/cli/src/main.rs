@@ -130,12 +130,17 @@ enum DevCmd {
         /// Size of the file to create when PATH does not exist.
         #[arg(long, value_parser = size::parse_size)]
         size: Option<u64>,
+        /// Add it as a spare: labelled, never allocated from, taken whole
+        /// as a member when the pool expands (`serve --expand-at`) and the
+        /// growing member is at its --expand-max
+        #[arg(long)]
+        spare: bool,
         #[command(flatten)]
         pool: PoolArg,
         #[arg(long)]
         json: bool,
     },
-    /// Remove a member: allocation avoids it, then every live block on it
+    /// Remove a member (a spare is just dropped, its label wiped): allocation avoids it, then every live block on it
     /// (held by a volume, snapshot or clone) moves to the other members,
     /// keeping snapshot sharing. Online through a running server, or
     /// offline. Refuses the primary, the last device, a mirrored member,
@@ -421,6 +426,11 @@ enum VolCmd {
         /// that has one (`dev set --placement`).
         #[arg(long, value_parser = members::parse_device_list)]
         devices: Option<u16>,
+        /// Stripe its data (RAID-0) over N members (of --devices, if
+        /// given), unit k of the volume on the (k mod N)-th, in units of
+        /// UNIT bytes (a power of two from 4K to 64M; default 64K)
+        #[arg(long, value_name = "N[:UNIT]", value_parser = parse_stripe)]
+        stripe: Option<(u32, u64)>,
         #[command(flatten)]
         pool: PoolArg,
     },
@@ -779,8 +789,8 @@ fn dispatch(cmd: Command) -> Result<i32> {
             }
             Ok(0)
         }
-        Command::Dev(DevCmd::Add { path, size, pool, json }) => {
-            let v = members::add(&pool, &path, size)?;
+        Command::Dev(DevCmd::Add { path, size, spare, pool, json }) => {
+            let v = members::add(&pool, &path, size, spare)?;
             print(json, &v, members::added);
             Ok(0)
         }
@@ -833,12 +843,16 @@ fn dispatch(cmd: Command) -> Result<i32> {
             print(json, &result?, text::compacted);
             Ok(0)
         }
-        Command::Vol(VolCmd::Create { name, size, placement, quota, force, devices, pool }) => {
+        Command::Vol(VolCmd::Create { name, size, placement, quota, force, devices, stripe, pool }) => {
             let placement = placement.map(|p| p.name().to_string());
             let devices = devices.unwrap_or(0);
-            let v = admin(&pool, &Request::VolCreate { name, size, placement, quota, force, devices })?;
+            let v = admin(&pool, &Request::VolCreate { name, size, placement, quota, force, devices, stripe })?;
             let (name, size) = text::name_and_size(&v);
-            println!("created volume {name} ({size} thin, placement {})", text::placement(&v));
+            let striped = match text::stripe(&v).as_str() {
+                "-" => String::new(),
+                s => format!(", striped {s}"),
+            };
+            println!("created volume {name} ({size} thin, placement {}{striped})", text::placement(&v));
             Ok(0)
         }
         Command::Vol(VolCmd::Set { name, placement, quota, devices, pool }) => {
@@ -1319,6 +1333,18 @@ fn serve_args(o: &config::ServeOpts) -> Result<serve::ServeArgs> {
     })
 }
 
+/// `--stripe N[:UNIT]`: members and unit bytes (default 64 KiB). The
+/// engine checks both against the pool (power of two, 4K to 64M, N from
+/// 2 to the usable members).
+fn parse_stripe(s: &str) -> Result<(u32, u64), String> {
+    let (n, unit) = match s.split_once(':') {
+        Some((n, u)) => (n, size::parse_size(u)?),
+        None => (s, tarn_engine::DEFAULT_STRIPE_UNIT),
+    };
+    let n: u32 = n.parse().map_err(|_| format!("{n:?} is not a member count (say --stripe 4 or --stripe 4:64K)"))?;
+    Ok((n, unit))
+}
+
 /// `--expand-*`: the expansion policy, checked (None without --expand-at).
 fn expansion(o: &config::ServeOpts) -> Result<Option<tarn_engine::Expansion>> {
     let Some(at_percent) = o.expand_at else {
@@ -1372,6 +1398,7 @@ fn run_cmd(r: RunCmd) -> Result<i32> {
             quota: None,
             force: false,
             devices: 0,
+            stripe: None,
         };
         admin(&pa, &req)?;
         println!("created volume {} ({} thin)", r.volume, size::human(r.volume_size));

@@ -16,9 +16,9 @@ use tarn_engine::{Device, FileDevice};
 /// or a RADOS device of `size`) if it does not exist, then add it to the
 /// pool. A device created here and then refused (too small, say) is
 /// removed: a refusal changes nothing.
-pub fn add(pool: &PoolArg, path: &Path, size: Option<u64>) -> Result<Value> {
+pub fn add(pool: &PoolArg, path: &Path, size: Option<u64>, spare: bool) -> Result<Value> {
     let dev = crate::devices::NewDevice::ensure(path, size)?;
-    let added = crate::admin(pool, &Request::DevAdd { path: crate::absolute(path) });
+    let added = crate::admin(pool, &Request::DevAdd { path: crate::absolute(path), spare });
     if added.is_err() {
         dev.discard();
     }
@@ -26,8 +26,8 @@ pub fn add(pool: &PoolArg, path: &Path, size: Option<u64>) -> Result<Value> {
 }
 
 /// Run on the pool (server side or local): open `path` (a file, a block
-/// device or a RADOS URI) writable and add it.
-pub fn execute_add(pool: &tarn_engine::Pool, path: &str) -> Result<Value, String> {
+/// device or a RADOS URI) writable and add it (as a spare with `spare`).
+pub fn execute_add(pool: &tarn_engine::Pool, path: &str, spare: bool) -> Result<Value, String> {
     let dev: Arc<dyn Device> = if crate::devices::is_rados(Path::new(path)) {
         crate::devices::open(Path::new(path), true).map_err(|e| format!("{e:#}"))?
     } else {
@@ -37,17 +37,28 @@ pub fn execute_add(pool: &tarn_engine::Pool, path: &str) -> Result<Value, String
             _ => format!("open {path}: {e}"),
         })?)
     };
-    let r = pool.add_device(dev, path).map_err(|e| e.to_string())?;
+    let r = if spare { pool.add_spare(dev, path) } else { pool.add_device(dev, path) };
+    let r = r.map_err(|e| e.to_string())?;
+    let what = if spare { "spare" } else { "member" };
     crate::logging::notice(&format!(
-        "device {path} added as member {}: {} of new space",
+        "device {path} added as {what} {}: {} of {}space",
         r.index,
-        crate::size::human(r.data_bytes)
+        crate::size::human(r.data_bytes),
+        if spare { "spare " } else { "new " }
     ));
-    Ok(json!({ "index": r.index, "path": r.path, "data_bytes": r.data_bytes }))
+    Ok(json!({ "index": r.index, "path": r.path, "data_bytes": r.data_bytes, "spare": spare }))
 }
 
 /// `dev add`'s answer as text.
 pub fn added(v: &Value) -> String {
+    if v["spare"] == true {
+        return format!(
+            "added {} as spare device {}: {} taken when the pool expands past its growing member's limit\n",
+            v["path"].as_str().unwrap_or("?"),
+            v["index"],
+            crate::size::human(v["data_bytes"].as_u64().unwrap_or(0))
+        );
+    }
     format!(
         "added {} as device {}: {} of new space, usable now\n",
         v["path"].as_str().unwrap_or("?"),
@@ -100,6 +111,13 @@ pub fn execute_remove(
     if let Some(path) = pool.removed_path(index) {
         return finish_removed(pool, index, &path);
     }
+    if pool.is_spare(index) {
+        let r = pool.drop_spare(index).map_err(|e| e.to_string())?;
+        crate::logging::notice(&format!("spare {index} ({}) dropped from the pool", r.path));
+        return Ok(
+            json!({ "index": index, "spare": true, "removed": true, "path": r.path, "label_wiped": r.label_wiped }),
+        );
+    }
     let started = std::time::Instant::now();
     let mut go_on = |moved: u64, live: u64| {
         progress(moved / 4096, live / 4096);
@@ -144,6 +162,14 @@ fn finish_removed(pool: &tarn_engine::Pool, index: usize, path: &str) -> Result<
 
 /// `dev remove`'s answer as text.
 pub fn removed(v: &Value) -> String {
+    if v["spare"] == true {
+        let wiped = if v["label_wiped"] == true { "its pool label is wiped" } else { "its label was NOT wiped" };
+        return format!(
+            "spare device {} ({}) dropped from the pool; {wiped}\n",
+            v["index"],
+            v["path"].as_str().unwrap_or("?")
+        );
+    }
     if v["cancelled"] == true && v["live_bytes"].is_null() {
         return format!("removal of device {} cancelled: it is a normal member again\n", v["index"]);
     }

@@ -41,6 +41,7 @@ pub fn open_members(
     writable: bool,
 ) -> Result<Vec<Vec<Arc<dyn Device>>>> {
     let recorded = Pool::member_legs(first.as_ref())?;
+    let first_dev = first.clone();
     let mut slots: Vec<Vec<Arc<dyn Device>>> = vec![vec![first]];
     // A mirrored primary: its other legs too (a plain one is `primary` itself,
     // even when it moved or is a copy of the recorded path).
@@ -50,7 +51,24 @@ pub fn open_members(
             slots[0].push(dev);
         }
     }
+    let spares = Pool::spare_members(first_dev.as_ref())?;
     for (i, legs) in recorded.iter().enumerate().skip(1) {
+        if spares.get(i) == Some(&true) {
+            // A spare holds no data: the pool opens without it (the engine
+            // notes it MISSING and never takes it).
+            let path = PathBuf::from(&legs[0]);
+            match crate::devices::open(&path, writable) {
+                Ok(dev) => slots.push(vec![dev]),
+                Err(e) => {
+                    eprintln!(
+                        "tarn: warning: spare device {i} at {} cannot be opened ({e:#}); it will not be taken",
+                        path.display()
+                    );
+                    slots.push(Vec::new());
+                }
+            }
+            continue;
+        }
         if legs.len() == 1 {
             let path = overrides.get(i - 1).cloned().unwrap_or_else(|| PathBuf::from(&legs[0]));
             let dev = crate::devices::open(&path, writable)

@@ -85,6 +85,20 @@ pub fn status(v: &Value) -> String {
             );
             continue;
         }
+        if matches!(d["state"].as_str(), Some("SPARE" | "MISSING")) {
+            let what = match d["state"] == "SPARE" {
+                true => format!("{}, taken when the pool expands", b(&d["size"])),
+                false => "its device was not found at open: it will not be taken".to_string(),
+            };
+            let _ = writeln!(
+                s,
+                "  device {}  {}  {}  ({what})",
+                d["index"],
+                d["state"].as_str().unwrap_or("?"),
+                d["path"].as_str().unwrap_or("?")
+            );
+            continue;
+        }
         let mirrored = d["legs"].as_array().is_some_and(|l| !l.is_empty());
         let _ = writeln!(
             s,
@@ -215,13 +229,24 @@ pub fn check(v: &Value) -> String {
 /// counts); SHARED what a clone still reads from its origin.
 pub fn volumes(v: &Value) -> String {
     let mut s = format!(
-        "{:<24} {:>12} {:>12} {:>8} {:>6} {:>12} {:>12} {:>12} {:>12}  {:<20} {}\n",
-        "NAME", "SIZE", "ALLOCATED", "EXTENTS", "SNAPS", "SNAP-BYTES", "USED", "SHARED", "QUOTA", "PLACEMENT", "ORIGIN"
+        "{:<24} {:>12} {:>12} {:>8} {:>6} {:>12} {:>12} {:>12} {:>12}  {:<20} {:<12} {}\n",
+        "NAME",
+        "SIZE",
+        "ALLOCATED",
+        "EXTENTS",
+        "SNAPS",
+        "SNAP-BYTES",
+        "USED",
+        "SHARED",
+        "QUOTA",
+        "PLACEMENT",
+        "ORIGIN",
+        "STRIPE"
     );
     for vol in v.as_array().into_iter().flatten() {
         let _ = writeln!(
             s,
-            "{:<24} {:>12} {:>12} {:>8} {:>6} {:>12} {:>12} {:>12} {:>12}  {:<20} {}",
+            "{:<24} {:>12} {:>12} {:>8} {:>6} {:>12} {:>12} {:>12} {:>12}  {:<20} {:<12} {}",
             vol["name"].as_str().unwrap_or("?"),
             b(&vol["size"]),
             b(&vol["allocated"]),
@@ -232,10 +257,25 @@ pub fn volumes(v: &Value) -> String {
             b(&vol["shared"]),
             quota(vol),
             placement(vol),
-            origin(vol)
+            origin(vol),
+            stripe(vol)
         );
     }
     s
+}
+
+/// A striped volume's layout: `N x UNIT on members`, or "-".
+pub fn stripe(vol: &Value) -> String {
+    let s = &vol["stripe"];
+    match s["members"].as_array() {
+        Some(m) => format!(
+            "{}x{} on {}",
+            s["width"],
+            b(&s["unit"]),
+            m.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")
+        ),
+        None => "-".into(),
+    }
 }
 
 /// A volume's quota, or "none".

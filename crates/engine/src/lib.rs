@@ -24,6 +24,7 @@ pub use integrity::scrub;
 pub use map::{extent_map, state, sums};
 
 pub use commit::grow::{GrowReport, Growth};
+pub use commit::spare::{DropReport, TakeReport};
 pub use device::file_device::FileDevice;
 pub use device::Device;
 pub use error::{EngineError, Result};
@@ -47,6 +48,7 @@ pub use volumes::layout::{DeviceLayout, HeldRun, Holder};
 pub use volumes::members_snap::{MemberSnapshot, ObjectSnapshots};
 pub use volumes::reclaim::ReclaimCount;
 pub use volumes::snapshot::SnapshotInfo;
+pub use volumes::stripe::DEFAULT_STRIPE_UNIT;
 pub use volumes::VolumeOptions;
 
 /// Decode a checkpoint payload into the pool state and its commit sequence,

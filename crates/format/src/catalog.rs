@@ -32,7 +32,9 @@ const VOLUME_QUOTA: u8 = 8;
 /// Volume entry flags: `devices u16` follows, the members its new data
 /// may go to, bit i for member i (DEVICE_PLACEMENT feature).
 const VOLUME_DEVICES: u8 = 16;
-const VOLUME_FLAGS: u8 = VOLUME_ORIGIN | VOLUME_PLACEMENT | VOLUME_ROLE | VOLUME_QUOTA | VOLUME_DEVICES;
+/// Striped (op 20): `devices u16`, `shift u8` (crate::stripe) follow, after the device set if any.
+const VOLUME_STRIPE: u8 = 32;
+const VOLUME_FLAGS: u8 = VOLUME_ORIGIN | VOLUME_PLACEMENT | VOLUME_ROLE | VOLUME_QUOTA | VOLUME_DEVICES | VOLUME_STRIPE;
 
 /// A tree's root: block 0 means empty.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -76,6 +78,8 @@ pub struct VolumeEntry {
     pub quota: Option<u64>,
     /// Members its new data may go to, bit i for member i (op 24); 0: any.
     pub devices: u16,
+    /// Its stripe layout (op 20); None: not striped.
+    pub stripe: Option<crate::stripe::Stripe>,
     pub head: MapRecord,
     /// Oldest first, epochs strictly ascending.
     pub snapshots: Vec<SnapshotEntry>,
@@ -223,7 +227,8 @@ fn volume(w: &mut Writer, v: &VolumeEntry) {
         | if v.placement.is_some() { VOLUME_PLACEMENT } else { 0 }
         | if v.role.is_some() { VOLUME_ROLE } else { 0 }
         | if v.quota.is_some() { VOLUME_QUOTA } else { 0 }
-        | if v.devices != 0 { VOLUME_DEVICES } else { 0 };
+        | if v.devices != 0 { VOLUME_DEVICES } else { 0 }
+        | if v.stripe.is_some() { VOLUME_STRIPE } else { 0 };
     w.u8(flags);
     if let Some((vol, epoch)) = v.origin {
         w.u32(vol);
@@ -242,6 +247,10 @@ fn volume(w: &mut Writer, v: &VolumeEntry) {
     }
     if v.devices != 0 {
         w.u16(v.devices);
+    }
+    if let Some(s) = v.stripe {
+        w.u16(s.devices);
+        w.u8(s.shift);
     }
     map(w, &v.head);
     w.varint(v.snapshots.len() as u64);
@@ -324,6 +333,15 @@ fn read_volume(r: &mut Reader, epoch: u64) -> Result<VolumeEntry> {
     } else {
         0
     };
+    let stripe = if flags & VOLUME_STRIPE != 0 {
+        let (d, shift) = (r.u16()?, r.u8()?);
+        Some(
+            crate::stripe::Stripe::from_parts(d, shift)
+                .ok_or_else(|| r.bad("stripe", u64::from(d) << 8 | u64::from(shift)))?,
+        )
+    } else {
+        None
+    };
     let head = read_map(r)?;
     let mut snapshots: Vec<SnapshotEntry> = Vec::new();
     for _ in 0..count(r, MAX_CATALOG_SNAPSHOTS, "snapshot count")? {
@@ -343,7 +361,7 @@ fn read_volume(r: &mut Reader, epoch: u64) -> Result<VolumeEntry> {
         }
         snapshots.push(s);
     }
-    Ok(VolumeEntry { id, size, name, origin, placement, role, quota, devices, head, snapshots })
+    Ok(VolumeEntry { id, size, name, origin, placement, role, quota, devices, stripe, head, snapshots })
 }
 
 fn read_ranges(r: &mut Reader) -> Result<Vec<(u64, u64)>> {
@@ -384,6 +402,7 @@ mod tests {
                     role: None,
                     quota: None,
                     devices: 0,
+                    stripe: None,
                     head: m(50, 10),
                     snapshots: vec![SnapshotEntry {
                         epoch: 2,
@@ -403,6 +422,7 @@ mod tests {
                     role: Some(VolumeRole::Object { owner: 1 }),
                     quota: None,
                     devices: 0,
+                    stripe: None,
                     head: MapRecord::default(),
                     snapshots: vec![],
                 },
@@ -483,6 +503,29 @@ mod tests {
         let mut bad = bytes.clone();
         bad[at] = 0;
         assert!(Catalog::decode(&bad).is_err());
+    }
+
+    /// A volume entry with the STRIPE flag (32): `devices u16`, `shift u8`
+    /// after the flags byte (and after a device set, here members 0 and 1
+    /// striped in 64 KiB units).
+    #[test]
+    fn golden_bytes_of_a_stripe() {
+        let mut c = sample();
+        c.volumes[0].placement = None;
+        c.volumes[0].devices = 0b111;
+        c.volumes[0].stripe = crate::stripe::Stripe::from_parts(0b11, 4);
+        let mut w = Writer::default();
+        volume(&mut w, &c.volumes[0]);
+        assert_eq!(&w.buf[14..20], &[48, 0b111, 0, 0b11, 0, 4]);
+        let bytes = c.encode();
+        assert_eq!(Catalog::decode(&bytes).unwrap(), c);
+        // A one-member set or a unit past 64 MiB is refused.
+        let at = bytes.windows(2).position(|x| x == [b'a', 48]).unwrap() + 4;
+        for (off, v) in [(0, 0b10), (2, 15)] {
+            let mut bad = bytes.clone();
+            bad[at + off] = v;
+            assert!(Catalog::decode(&bad).is_err(), "{off} {v}");
+        }
     }
 
     /// A volume entry with the QUOTA flag (8): the quota after the flags

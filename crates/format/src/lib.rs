@@ -14,6 +14,7 @@ pub mod node;
 pub mod ops;
 pub mod placement;
 pub mod role;
+pub mod stripe;
 pub mod superblock;
 pub mod trace;
 

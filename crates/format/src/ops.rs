@@ -140,6 +140,13 @@ pub enum Op {
         vol: u32,
         devices: u16,
     },
+    /// `vol`'s new data is striped (None: not): logical stripe unit k goes
+    /// to the (k mod N)-th member of the set. Pools with the STRIPES
+    /// feature.
+    VolStripe {
+        vol: u32,
+        stripe: Option<crate::stripe::Stripe>,
+    },
 }
 
 /// The largest overcommit ratio, in thousandths (1000×).
@@ -179,6 +186,7 @@ mod tag {
     pub const VOL_QUOTA: u8 = 22;
     pub const POOL_OVERCOMMIT: u8 = 23;
     pub const VOL_DEVICES: u8 = 24;
+    pub const VOL_STRIPE: u8 = 20;
 }
 
 fn encode_name(w: &mut Writer, name: &str) {
@@ -249,6 +257,12 @@ impl Op {
                 w.u8(tag::VOL_DEVICES);
                 w.u32(*vol);
                 w.u16(*devices);
+            }
+            Op::VolStripe { vol, stripe } => {
+                w.u8(tag::VOL_STRIPE);
+                w.u32(*vol);
+                w.u16(stripe.map_or(0, |s| s.devices));
+                w.u8(stripe.map_or(0, |s| s.shift));
             }
             Op::PoolOvercommit { milli } => {
                 assert!(*milli != Some(0), "a zero ratio is encoded as none");
@@ -326,6 +340,7 @@ impl Op {
             | Op::VolQuota { .. }
             | Op::PoolOvercommit { .. }
             | Op::VolDevices { .. }
+            | Op::VolStripe { .. }
             | Op::Sums { .. }
             | Op::Regions { .. } => {
                 unreachable!("volume and pool ops are encoded by Op::encode")
@@ -403,6 +418,14 @@ impl Op {
                 Op::VolQuota { vol, quota: (q != 0).then_some(q) }
             }
             tag::VOL_DEVICES => Op::VolDevices { vol, devices: r.u16()? },
+            tag::VOL_STRIPE => {
+                let (devices, shift) = (r.u16()?, r.u8()?);
+                let stripe = crate::stripe::Stripe::from_parts(devices, shift);
+                if stripe.is_none() && (devices, shift) != (0, 0) {
+                    return Err(r.bad("stripe", u64::from(devices) << 8 | u64::from(shift)));
+                }
+                Op::VolStripe { vol, stripe }
+            }
             tag::SUMS | tag::REGIONS_OPEN | tag::REGIONS_CLOSE | tag::POOL_OVERCOMMIT if vol != 0 => {
                 return Err(r.bad("pool_op_vol", u64::from(vol)));
             }
@@ -547,6 +570,25 @@ mod tests {
         let ratio_on_a_volume = [1, 23, 1, 0, 0, 0, 0xd0, 0x07, 0, 0];
         let ratio_too_big = [1, 23, 0, 0, 0, 0, 0x41, 0x42, 0x0f, 0];
         for bad in [&bad_quota[..], &ratio_on_a_volume, &ratio_too_big] {
+            assert!(decode_ops(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    /// Op 20 (STRIPES feature), byte for byte, and what decode refuses.
+    #[test]
+    fn golden_bytes_of_vol_stripe() {
+        let stripe = crate::stripe::Stripe::from_parts(0b1101, 4);
+        let bytes = encode_ops(&[Op::VolStripe { vol: 3, stripe }]);
+        // count 1, tag 20, vol 3 (u32 LE), set (u16 LE): members 0, 2, 3, unit 2^4 blocks (64 KiB)
+        assert_eq!(bytes, [1, 20, 3, 0, 0, 0, 0b1101, 0, 4]);
+        assert_eq!(decode_ops(&bytes).unwrap(), vec![Op::VolStripe { vol: 3, stripe }]);
+        let none = encode_ops(&[Op::VolStripe { vol: 3, stripe: None }]);
+        assert_eq!(none, [1, 20, 3, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(decode_ops(&none).unwrap(), vec![Op::VolStripe { vol: 3, stripe: None }]);
+        let one_member = [1, 20, 3, 0, 0, 0, 0b100, 0, 4];
+        let unit_too_big = [1, 20, 3, 0, 0, 0, 0b11, 0, 15];
+        let unit_without_set = [1, 20, 3, 0, 0, 0, 0, 0, 4];
+        for bad in [&one_member[..], &unit_too_big, &unit_without_set] {
             assert!(decode_ops(bad).is_err(), "{bad:?}");
         }
     }

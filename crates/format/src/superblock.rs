@@ -80,6 +80,16 @@ pub mod incompat {
     /// the DEVICES flag of catalog volume entries. A reader without it
     /// would misread the table and place data on devices a volume excludes.
     pub const DEVICE_PLACEMENT: u64 = 1 << 12;
+    /// Device table entries may be spares (state byte 3, with EVACUATION):
+    /// a labelled device of the pool with an empty data area, taken as a
+    /// member when the pool must expand (`tarn dev add --spare`). An older
+    /// reader would refuse the state byte or count the device as a member.
+    pub const SPARES: u64 = 1 << 14;
+    /// Volumes may be striped over members (RAID-0 per volume, `tarn vol
+    /// create --stripe`): op 20 (VolStripe), the STRIPE flag of catalog
+    /// volume entries. A reader without it would place the volume's new
+    /// data anywhere and refuse the op.
+    pub const STRIPES: u64 = 1 << 15;
     /// Features this build understands.
     pub const KNOWN: u64 = SNAPSHOTS
         | DATA_CHECKSUMS
@@ -93,7 +103,9 @@ pub mod incompat {
         | FS_FILE_VERSIONS
         | REMOVAL
         | FS_XATTRS
-        | DEVICE_PLACEMENT;
+        | DEVICE_PLACEMENT
+        | SPARES
+        | STRIPES;
 }
 
 /// Superblock flag: a pool with mirrors is open for writing (set before its
@@ -124,6 +136,10 @@ pub struct DeviceEntry {
     /// without a policy of their own). Encoded only with DEVICE_PLACEMENT
     /// (one byte, after the state byte); without it, none.
     pub placement: Option<PolicyCode>,
+    /// A spare (`tarn dev add --spare`): labelled, data area empty, never
+    /// allocated from until taken. Encoded as state byte 3, only with
+    /// SPARES; never together with `draining` or `removed`.
+    pub spare: bool,
 }
 
 /// Whether a mirror leg holds every byte of its slot.
@@ -237,10 +253,15 @@ impl Superblock {
                 encode_legs(&mut w, &d.legs);
             }
             assert!(!d.removed || self.incompat & incompat::REMOVAL != 0, "a removed slot needs REMOVAL");
+            assert!(!d.spare || self.incompat & incompat::SPARES != 0, "a spare needs SPARES");
             if self.incompat & incompat::EVACUATION != 0 {
-                w.u8(if d.removed { 2 } else { u8::from(d.draining) });
+                w.u8(match () {
+                    _ if d.removed => 2,
+                    _ if d.spare => 3,
+                    _ => u8::from(d.draining),
+                });
             } else {
-                assert!(!d.draining && !d.removed, "a draining member needs the EVACUATION feature");
+                assert!(!d.draining && !d.removed && !d.spare, "a draining member needs the EVACUATION feature");
             }
             if self.incompat & incompat::DEVICE_PLACEMENT != 0 {
                 w.u8(d.placement.map_or(0, |p| p as u8));
@@ -319,12 +340,13 @@ impl Superblock {
             // and make the next `encode` of this superblock panic.
             let path = String::from_utf8(r.take(len)?.to_vec()).map_err(|_| r.bad("path_utf8", 0))?;
             let legs = if incompat & incompat::MIRRORS != 0 { decode_legs(&mut r)? } else { Vec::new() };
-            let (draining, removed) = match incompat & incompat::EVACUATION != 0 {
-                false => (false, false),
+            let (draining, removed, spare) = match incompat & incompat::EVACUATION != 0 {
+                false => (false, false, false),
                 true => match r.u8()? {
-                    0 => (false, false),
-                    1 => (true, false),
-                    2 if incompat & incompat::REMOVAL != 0 => (false, true),
+                    0 => (false, false, false),
+                    1 => (true, false, false),
+                    2 if incompat & incompat::REMOVAL != 0 => (false, true, false),
+                    3 if incompat & incompat::SPARES != 0 => (false, false, true),
                     v => return Err(r.bad("member_state", u64::from(v))),
                 },
             };
@@ -335,7 +357,7 @@ impl Superblock {
                     b => Some(PolicyCode::from_byte(b).ok_or_else(|| r.bad("device placement", u64::from(b)))?),
                 },
             };
-            sb.devices.push(DeviceEntry { uuid, blocks, path, legs, draining, removed, placement });
+            sb.devices.push(DeviceEntry { uuid, blocks, path, legs, draining, removed, placement, spare });
         }
         sb.validate()?;
         Ok(sb)
@@ -370,13 +392,17 @@ impl Superblock {
         if self.device_index == 0 && self.devices.is_empty() {
             return Err(bad("device_count", 0));
         }
-        // Removed slots are a state byte, which only EVACUATION encodes.
-        if self.incompat & incompat::REMOVAL != 0 && self.incompat & incompat::EVACUATION == 0 {
+        // Removed slots and spares are a state byte, which only EVACUATION encodes.
+        if self.incompat & (incompat::REMOVAL | incompat::SPARES) != 0 && self.incompat & incompat::EVACUATION == 0 {
             return Err(bad("incompat", self.incompat));
         }
-        // The primary holds the journal: its slot is never removed.
-        if self.devices.first().is_some_and(|d| d.removed) {
-            return Err(bad("member_state", 2));
+        // The primary holds the journal: its slot is never removed nor a spare.
+        if let Some(d) = self.devices.first().filter(|d| d.removed || d.spare) {
+            return Err(bad("member_state", if d.removed { 2 } else { 3 }));
+        }
+        // A spare holds no leg list: it is one device.
+        if self.devices.iter().any(|d| d.spare && !d.legs.is_empty()) {
+            return Err(bad("member_state", 3));
         }
         Ok(())
     }
@@ -474,6 +500,7 @@ mod tests {
                 draining: false,
                 removed: false,
                 placement: None,
+                spare: false,
             }],
         }
     }
@@ -530,6 +557,7 @@ mod tests {
                 draining: false,
                 removed: false,
                 placement: None,
+                spare: false,
             }],
         };
         let bytes = sb.encode(16);
@@ -644,10 +672,18 @@ mod tests {
         let mut sb = sample();
         sb.incompat = 1 << 40;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        // Bits 0-12 are known here; bit 13 is the next feature's.
-        sb.incompat = 1 << 13;
-        assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        assert_eq!(incompat::KNOWN, (1 << 13) - 1);
+        // Bits 0-12, 14 and 15 are known here; bits 13 and 16 are other features'.
+        for bit in [13, 16] {
+            sb.incompat = 1 << bit;
+            assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
+        }
+        assert_eq!(incompat::KNOWN, ((1 << 13) - 1) | (1 << 14) | (1 << 15));
+        assert_eq!(incompat::SPARES, 1 << 14);
+        sb.incompat = incompat::STRIPES;
+        assert_eq!(incompat::STRIPES, 1 << 15);
+        let b = sb.encode(0);
+        assert_eq!(&b[16..24], &[0, 0x80, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(Superblock::decode(&b, 0).unwrap().incompat, 1 << 15);
         assert_eq!(incompat::REMOVAL, 1 << 10);
         sb.incompat = incompat::QUOTAS;
         assert_eq!(Superblock::decode(&sb.encode(0), 0).unwrap().incompat, 1 << 8);
@@ -717,6 +753,7 @@ mod tests {
             draining: true,
             removed: false,
             placement: None,
+            spare: false,
         });
         let b = sb.encode(0);
         assert_eq!(&b[16..24], &[0xA0, 0, 0, 0, 0, 0, 0, 0]);
@@ -786,6 +823,51 @@ mod tests {
         // The primary's slot is never removed.
         let mut p = sb.clone();
         p.devices[0].removed = true;
+        assert!(Superblock::decode(&p.encode(0), 0).is_err());
+    }
+
+    /// Incompat bit 14 (SPARES, docs/FORMAT.md): byte 17 of the
+    /// superblock is 0x40 and a spare's state byte is 3.
+    #[test]
+    fn golden_spare_state() {
+        let mut sb = sample();
+        sb.incompat = incompat::EVACUATION | incompat::SPARES;
+        sb.devices.push(DeviceEntry {
+            uuid: [3; 16],
+            blocks: 4096,
+            path: "d1".into(),
+            spare: true,
+            ..Default::default()
+        });
+        let b = sb.encode(0);
+        assert_eq!(&b[16..24], &[0x80, 0x40, 0, 0, 0, 0, 0, 0]);
+        let e1 = 176 + 16 + 8 + 2 + 13 + 1;
+        assert_eq!(&b[e1..e1 + 16], &[3; 16]);
+        assert_eq!(&b[e1 + 16..e1 + 24], &4096u64.to_le_bytes());
+        assert_eq!(&b[e1 + 24..e1 + 28], &[2, 0, b'd', b'1']);
+        assert_eq!(b[e1 + 28], 3);
+        assert_eq!(b[e1 + 29], 0);
+        assert_eq!(Superblock::decode(&b, 0).unwrap(), sb);
+        let reseal = |mut bad: Vec<u8>| {
+            let crc = crate::checksum::checksum(SALT_SUPERBLOCK, &bad[..CRC_OFFSET]);
+            bad[CRC_OFFSET..].copy_from_slice(&crc.to_le_bytes());
+            bad
+        };
+        // State 3 without SPARES is refused (an EVACUATION-only reader's view).
+        let mut bad = b.clone();
+        bad[17] = 0;
+        assert!(Superblock::decode(&reseal(bad), 0).is_err());
+        // SPARES without EVACUATION is refused (no state bytes to carry it).
+        let mut bad = b.clone();
+        bad[16] = 0;
+        assert!(Superblock::decode(&reseal(bad), 0).is_err());
+        // State 4 is no state.
+        let mut bad = b.clone();
+        bad[e1 + 28] = 4;
+        assert!(Superblock::decode(&reseal(bad), 0).is_err());
+        // The primary is never a spare.
+        let mut p = sb.clone();
+        p.devices[0].spare = true;
         assert!(Superblock::decode(&p.encode(0), 0).is_err());
     }
 }

@@ -91,6 +91,23 @@ pub(crate) enum Pending {
         from: u16,
         to: u16,
     },
+    /// A spare added at slot `index` (`Pool::add_spare`): like a member's add.
+    SpareAdd {
+        index: usize,
+    },
+    /// Spare `index` taken as a member (`Pool::take_spare`): no content changes.
+    SpareTake {
+        index: usize,
+    },
+    /// Spare `index` dropped (`Pool::drop_spare`): its slot removed.
+    SpareDrop {
+        index: usize,
+    },
+    /// A volume created striped (ops 3 and 20): as a create for the model.
+    StripedCreate {
+        name: String,
+        size: usize,
+    },
 }
 
 impl Pending {
@@ -114,6 +131,10 @@ impl Pending {
             Pending::DevRemove { .. } => 14,
             Pending::DevPlacement { .. } => 15,
             Pending::VolDevices { .. } => 16,
+            Pending::SpareAdd { .. } => 17,
+            Pending::SpareTake { .. } => 18,
+            Pending::SpareDrop { .. } => 19,
+            Pending::StripedCreate { .. } => 20,
         }
     }
 }
@@ -183,7 +204,7 @@ impl Run {
         self.stats.done[p.index()] += 1;
         let m = &mut self.model;
         match p {
-            Pending::VolCreate { name, size } => m.new_volume(name, *size),
+            Pending::VolCreate { name, size } | Pending::StripedCreate { name, size } => m.new_volume(name, *size),
             Pending::VolResize { name, to, .. } => m.resize(name, *to),
             Pending::VolDelete { name } => {
                 m.vols.remove(name);
@@ -206,7 +227,10 @@ impl Run {
             | Pending::Hint { .. }
             | Pending::DevAdd { .. }
             | Pending::DevGrow { .. }
-            | Pending::DevRemove { .. } => {}
+            | Pending::DevRemove { .. }
+            | Pending::SpareAdd { .. }
+            | Pending::SpareTake { .. }
+            | Pending::SpareDrop { .. } => {}
         }
         m.flushed();
     }
@@ -222,6 +246,9 @@ impl Run {
         match p {
             Pending::DevAdd { .. } => self.stats.dev_adds_cut += 1,
             Pending::DevGrow { .. } => self.stats.dev_grows_cut += 1,
+            Pending::SpareAdd { .. } | Pending::SpareTake { .. } | Pending::SpareDrop { .. } => {
+                self.stats.spares_cut += 1
+            }
             Pending::DevRemove { index } => {
                 self.stats.dev_removes_cut += 1;
                 let st = self.pool().status();
@@ -250,7 +277,13 @@ impl Run {
         let pool = self.pool();
         let size_of = |name: &str| pool.volume_id(name).and_then(|id| pool.volume_info(id)).map(|i| i.size as usize);
         let done = match p {
-            Pending::VolCreate { name, size } => match size_of(name) {
+            // A striped volume reopens striped (op 20 in the same commit as its create).
+            Pending::StripedCreate { name, .. }
+                if pool.volume_id(name).and_then(|id| pool.volume_info(id)).is_some_and(|i| i.stripe.is_none()) =>
+            {
+                return Err(format!("volume {name} created striped reopened without its stripe"))
+            }
+            Pending::VolCreate { name, size } | Pending::StripedCreate { name, size } => match size_of(name) {
                 None => false,
                 Some(s) if s == *size => true,
                 Some(s) => return Err(format!("volume {name} has size {s}, created with {size}")),
@@ -274,6 +307,21 @@ impl Run {
             // (the model then keeps allowing the older contents too).
             // Its superblock lists the member, or the pool is as before.
             Pending::DevAdd { index } => pool.devices().len() > *index,
+            Pending::SpareAdd { index } => match pool.status().devices.get(*index).map(|d| d.state) {
+                None => false,
+                Some("SPARE") => true,
+                s => return Err(format!("slot {index} is {s:?} after a spare's add")),
+            },
+            Pending::SpareTake { index } => match pool.status().devices.get(*index).map(|d| d.state) {
+                Some("SPARE") => false,
+                Some("ONLINE") => true,
+                s => return Err(format!("slot {index} is {s:?} after a spare's take")),
+            },
+            Pending::SpareDrop { index } => match pool.status().devices.get(*index).map(|d| d.state) {
+                Some("SPARE") => false,
+                Some("REMOVED") => true,
+                s => return Err(format!("slot {index} is {s:?} after a spare's drop")),
+            },
             Pending::DevGrow { index, from } => match pool.status().devices.get(*index).map(|d| d.data_bytes) {
                 Some(b) if b == *from => false,
                 Some(b) if b > *from => true,

@@ -48,7 +48,7 @@ impl Run {
         }
         let n = self.pool().devices().len();
         let index = self.rng.random_range(0..n);
-        if matches!(self.pool().status().devices[index].state, "REMOVED" | "DRAINING") {
+        if matches!(self.pool().status().devices[index].state, "REMOVED" | "DRAINING" | "SPARE") {
             return Ok(()); // Refused: covered by the e2e test.
         }
         let from = self.pool().status().devices[index].data_bytes;

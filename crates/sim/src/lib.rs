@@ -22,6 +22,7 @@ pub mod model;
 mod quota;
 pub mod run;
 pub mod settle;
+mod spare;
 mod verify;
 mod workload;
 

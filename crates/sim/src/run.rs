@@ -85,7 +85,7 @@ impl SimConfig {
 }
 
 /// Admin operations, as counted in [`RunStats::done`].
-pub const OP_NAMES: [&str; 17] = [
+pub const OP_NAMES: [&str; 21] = [
     "vol create",
     "vol resize",
     "vol delete",
@@ -103,6 +103,10 @@ pub const OP_NAMES: [&str; 17] = [
     "dev remove",
     "dev placement",
     "vol devices",
+    "spare add",
+    "spare take",
+    "spare drop",
+    "vol create striped",
 ];
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -143,6 +147,8 @@ pub struct RunStats {
     pub dev_grows_cut: usize,
     /// Member evacuations (`dev remove`) a crash cut, settled after reopen.
     pub dev_removes_cut: usize,
+    /// Spare adds, takes and drops a crash cut, settled after reopen.
+    pub spares_cut: usize,
     /// Live blocks evacuations moved off a member.
     pub blocks_evacuated: usize,
     /// Members taken out of the pool (`dev remove`'s last step) uncut.
@@ -163,6 +169,7 @@ impl RunStats {
         self.dev_adds_cut += o.dev_adds_cut;
         self.dev_grows_cut += o.dev_grows_cut;
         self.dev_removes_cut += o.dev_removes_cut;
+        self.spares_cut += o.spares_cut;
         self.blocks_evacuated += o.blocks_evacuated;
         self.devices_removed += o.devices_removed;
         self.removals_cut_done += o.removals_cut_done;
@@ -316,9 +323,10 @@ impl Run {
             70..=84 => self.read_compare(),
             85..=91 => self.crash_and_verify(),
             92 => self.clean_reopen(),
-            93 => match self.rng.random_range(0..3) {
+            93 => match self.rng.random_range(0..4) {
                 0 => self.dev_add(),
                 1 => self.dev_grow(),
+                2 => self.spare_op(),
                 _ => self.dev_remove(),
             },
             _ => self.arm_crash(),

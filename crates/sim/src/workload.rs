@@ -35,7 +35,7 @@ impl Run {
         if self.model.vols.is_empty() {
             return self.snap_volume_op();
         }
-        match self.rng.random_range(0..102) {
+        match self.rng.random_range(0..103) {
             0..=29 => self.write(),
             30..=37 => self.trim_or_zero(),
             38..=44 => self.flush(),
@@ -57,6 +57,7 @@ impl Run {
             98 => self.set_overcommit(),
             99 => self.dev_remove(),
             100 => self.device_placement_op(),
+            101 => self.spare_op(),
             _ => self.verify_all("periodic check"),
         }
     }
@@ -324,9 +325,38 @@ impl Run {
             _ => Ok(()),
         };
         let placement = self.any_placement();
+        if self.rng.random_bool(0.3) {
+            return self.striped_create(name, size, placement, expect);
+        }
         let r = self.pool().create_volume_placed(&name, size as u64, placement);
         trace!("create volume {name} {size} {placement:?}: {:?}", r.as_ref().map(|i| i.id));
         self.admin_outcome(Pending::VolCreate { name, size }, expect, r).map(drop)
+    }
+
+    /// A volume striped (op 20) over 2 or 3 members in units of 4 to 64
+    /// KiB: refused when fewer members are usable; its layout recorded.
+    fn striped_create(
+        &mut self,
+        name: String,
+        size: usize,
+        placement: Option<tarn_engine::PlacementKind>,
+        expect: crate::admin::Expect,
+    ) -> Result<(), String> {
+        let width = self.rng.random_range(2..=3u32);
+        let unit = 4096u64 << self.rng.random_range(0..5);
+        // A mirrored member may be DEGRADED and still takes data.
+        let devices = self.pool().status().devices;
+        let usable =
+            devices.iter().filter(|d| !matches!(d.state, "SPARE" | "MISSING" | "REMOVED" | "DRAINING")).count();
+        let expect = expect.and(if usable < width as usize { Err("InvalidArgument") } else { Ok(()) });
+        let opts = tarn_engine::VolumeOptions { placement, stripe: Some((width, unit)), ..Default::default() };
+        let r = self.pool().create_volume_with(&name, size as u64, &opts);
+        trace!("create volume {name} {size} striped {width}x{unit}: {:?}", r.as_ref().map(|i| (i.id, i.stripe)));
+        let Some(info) = self.admin_outcome(Pending::StripedCreate { name, size }, expect, r)? else { return Ok(()) };
+        match info.stripe {
+            Some(s) if s.width() == width && s.unit_blocks() * 4096 == unit => Ok(()),
+            s => Err(format!("volume {} created striped {width}x{unit}: {s:?}", info.name)),
+        }
     }
 
     fn volume_delete(&mut self, name: String) -> Result<(), String> {

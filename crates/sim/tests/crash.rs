@@ -39,6 +39,8 @@ fn crash_simulation_500_seeds() {
     // Devices are added and grown mid-run, and crashes cut some of each.
     assert!(seeds < 100 || (stats.done[10] > 0 && stats.dev_adds_cut > 0), "{stats:?}");
     assert!(seeds < 100 || (stats.done[11] > 0 && stats.dev_grows_cut > 0), "{stats:?}");
+    // Spares are added, taken and dropped, and crashes cut some.
+    assert!(seeds < 100 || (stats.done[17..20].iter().all(|&n| n > 0) && stats.spares_cut > 0), "{stats:?}");
     // Members are evacuated (`dev remove`), moving live blocks, and
     // crashes cut some evacuations mid-way.
     assert!(

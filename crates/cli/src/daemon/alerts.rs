@@ -99,15 +99,29 @@ impl Watcher {
         }
         self.crossed = crossed;
         let n = s.devices.len();
-        if self.devices.is_some_and(|before| n > before) {
-            events.push(json!({ "kind": "expansion", "devices": n, "size": s.size, "free": s.free,
-                "added": s.devices[self.devices.unwrap_or(0)..].iter().map(|d| d.path.clone()).collect::<Vec<_>>() }));
+        // A spare added is no expansion (taking one counts in `expansions`).
+        let added: Vec<String> = match self.devices {
+            Some(before) if n > before => s.devices[before..]
+                .iter()
+                .filter(|d| !matches!(d.state, "SPARE" | "MISSING"))
+                .map(|d| d.path.clone())
+                .collect(),
+            _ => Vec::new(),
+        };
+        let grown = self.expansions.map_or(0, |before| s.expansions.saturating_sub(before));
+        // One event per look: a spare added and taken between two looks
+        // is a new member and a growth, but one expansion.
+        if !added.is_empty() || grown > 0 {
+            let mut e = json!({ "kind": "expansion", "devices": n, "size": s.size, "free": s.free });
+            if !added.is_empty() {
+                e["added"] = json!(added);
+            }
+            if grown > 0 {
+                e["grown"] = json!(grown);
+            }
+            events.push(e);
         }
         self.devices = Some(n);
-        if self.expansions.is_some_and(|before| s.expansions > before) {
-            events.push(json!({ "kind": "expansion", "grown": s.expansions - self.expansions.unwrap_or(0),
-                "size": s.size, "free": s.free }));
-        }
         self.expansions = Some(s.expansions);
         if s.read_errors > self.read_errors {
             events.push(json!({ "kind": "device_error", "read_errors": s.read_errors,

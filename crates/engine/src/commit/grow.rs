@@ -80,6 +80,9 @@ impl Pool {
         if entry.removed || entry.draining {
             return bad(format!("device {index} is being removed or removed: it does not grow"));
         }
+        if entry.spare {
+            return bad(format!("device {index} is a spare: it is taken whole when the pool expands, not grown"));
+        }
         let (old, new) = (entry.blocks, bytes / BLOCK_SIZE);
         if self.mirrors.get(index).is_some_and(Option::is_some) {
             return bad(format!("device {index} is a mirror: grow its legs and replace them instead"));
@@ -134,8 +137,26 @@ impl Pool {
                 Ok(true)
             }
             Growth::Room => Ok(full),
-            Growth::AtLimit => Ok(false),
+            Growth::AtLimit => self.take_spare_for(full, &room),
         }
+    }
+
+    /// The growing member is at its limit: take a spare, if there is one
+    /// (`spare.rs`). True when there is room to try again.
+    fn take_spare_for(&self, full: bool, room: &dyn Fn(&Pool) -> bool) -> Result<bool> {
+        let Some(t) = self.take_spare(room)? else {
+            // No spare, or room by now (another caller took one).
+            return Ok(full && room(self));
+        };
+        self.counters.expansions.fetch_add(1, Ordering::Relaxed);
+        let why = if full { "a write found the pool full" } else { "usage crossed the threshold" };
+        log::warn!(
+            "pool expanded: spare {} ({}) taken as a member, {} bytes of data area ({why}; the growing member is at its limit)",
+            t.index,
+            t.path,
+            t.data_bytes
+        );
+        Ok(true)
     }
 
     /// Percent of the data space not available to new writes.

@@ -19,6 +19,7 @@
 //! a checkpoint itself.
 
 pub mod grow;
+pub mod spare;
 mod store_checkpoint;
 mod superblock;
 

@@ -12,7 +12,7 @@ use crate::meta::checkpoint;
 use crate::pool::{CheckpointSlot, CommitCtl, FrozenCheckpoint, Pool, WrittenCheckpoint};
 use crate::space::Space;
 use std::sync::atomic::Ordering;
-use tarn_format::superblock::{incompat, FORMAT_VERSION};
+use tarn_format::superblock::{incompat, Superblock, FORMAT_VERSION};
 use tarn_format::Pba;
 use tarn_store::NodeAlloc;
 
@@ -135,22 +135,7 @@ impl Pool {
         sb.txid += 1;
         sb.checkpoint = w.catalog;
         sb.journal_generation = w.generation;
-        // A member being added: this checkpoint's catalog has its space map.
-        sb.devices.extend(ctl.adding.take());
-        if let Some((i, blocks)) = ctl.growing.take() {
-            if let Some(e) = sb.devices.get_mut(i) {
-                e.blocks = blocks;
-            }
-            if i == 0 {
-                sb.device_blocks = blocks;
-            }
-        }
-        if let Some(e) = ctl.removing.take().and_then(|i| sb.devices.get_mut(i)) {
-            // This checkpoint's catalog has the slot's empty space map.
-            e.removed = true;
-            e.draining = false;
-            sb.incompat |= incompat::EVACUATION | incompat::REMOVAL;
-        }
+        table_changes(ctl, &mut sb);
         sb.devices = self.device_table(&sb.devices);
         self.write_superblock(&sb)?;
         ctl.sb = sb;
@@ -272,4 +257,34 @@ fn allocate_catalog(space: &mut Space, len: usize) -> Result<Vec<(Pba, u64)>> {
         return Err(EngineError::NoSpace);
     }
     Ok(pieces)
+}
+
+/// The device table changes this checkpoint's catalog carries: a member
+/// or spare added, a member grown, a slot removed, a spare taken.
+fn table_changes(ctl: &mut CommitCtl, sb: &mut Superblock) {
+    // A member being added: this checkpoint's catalog has its space map.
+    if let Some(e) = ctl.adding.take() {
+        if e.spare {
+            sb.incompat |= incompat::EVACUATION | incompat::SPARES;
+        }
+        sb.devices.push(e);
+    }
+    if let Some(e) = ctl.taking.take().and_then(|i| sb.devices.get_mut(i)) {
+        // This checkpoint's catalog has the spare's whole space map.
+        e.spare = false;
+    }
+    if let Some((i, blocks)) = ctl.growing.take() {
+        if let Some(e) = sb.devices.get_mut(i) {
+            e.blocks = blocks;
+        }
+        if i == 0 {
+            sb.device_blocks = blocks;
+        }
+    }
+    if let Some(e) = ctl.removing.take().and_then(|i| sb.devices.get_mut(i)) {
+        // This checkpoint's catalog has the slot's empty space map.
+        e.removed = true;
+        e.draining = false;
+        sb.incompat |= incompat::EVACUATION | incompat::REMOVAL;
+    }
 }

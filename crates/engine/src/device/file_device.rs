@@ -60,6 +60,13 @@ impl Device for FileDevice {
         self.file.write_all_at(data, offset)
     }
 
+    fn prefetch(&self, offset: u64, len: u64) {
+        // Asynchronous readahead of the range; a failure only loses the hint.
+        let (fd, advice) = (self.file.as_raw_fd(), libc::POSIX_FADV_WILLNEED);
+        // SAFETY: fadvise reads no memory of ours; a bad fd or range is an error code.
+        unsafe { libc::posix_fadvise(fd, offset as libc::off_t, len as libc::off_t, advice) };
+    }
+
     fn flush(&self) -> io::Result<()> {
         self.file.sync_data()
     }

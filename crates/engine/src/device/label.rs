@@ -64,3 +64,12 @@ pub fn uuid_string(u: &[u8; 16]) -> String {
     let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
     format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
 }
+
+/// Zero both superblock copies of `dev` and flush: it holds no pool.
+pub fn wipe_label(dev: &dyn Device) -> Result<()> {
+    let zero = vec![0u8; BLOCK_SIZE as usize];
+    for &block in &SUPERBLOCK_COPIES {
+        dev.write_at(&zero, block * BLOCK_SIZE).map_err(|e| EngineError::io("wipe superblock", dev.name(), e))?;
+    }
+    dev.flush().map_err(|e| EngineError::io("flush", dev.name(), e))
+}

@@ -38,6 +38,15 @@ pub trait Device: Send + Sync {
     }
     /// A human name for error messages (a path, or "sim#3").
     fn name(&self) -> String;
+    /// A hint that `[offset, offset+len)` will be read soon: start reading
+    /// it (may do nothing). Lets one request's reads on several members
+    /// (a striped volume) proceed at once, in large I/Os.
+    fn prefetch(&self, _offset: u64, _len: u64) {}
+    /// False only for the stand-in of a slot with no device (a removed
+    /// slot, a missing spare): nothing is there to take or read.
+    fn present(&self) -> bool {
+        true
+    }
     /// Independent copies of every byte (1 unless mirrored).
     fn copies(&self) -> usize {
         1

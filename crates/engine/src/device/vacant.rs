@@ -1,4 +1,4 @@
-//! The device of a removed slot (`tarn dev remove`): nothing is opened for
+//! The device of a removed slot (`tarn dev remove`) or of a missing spare: nothing is opened for
 //! it, and nothing may be read or written there (its data area is empty,
 //! so no block address names it). Flushes succeed: a checkpoint flushes
 //! every member.
@@ -10,11 +10,14 @@ use tarn_format::BLOCK_SIZE;
 
 pub struct Vacant {
     pub index: usize,
+    /// A spare that could not be opened (`members/spare.rs`), not a removed slot.
+    pub spare: bool,
 }
 
 impl Vacant {
     fn refuse(&self) -> io::Error {
-        io::Error::new(io::ErrorKind::NotFound, format!("member {} was removed from the pool", self.index))
+        let why = if self.spare { "is a spare that is missing" } else { "was removed from the pool" };
+        io::Error::new(io::ErrorKind::NotFound, format!("member {} {why}", self.index))
     }
 }
 
@@ -35,6 +38,12 @@ impl Device for Vacant {
         LABEL_BLOCKS * BLOCK_SIZE
     }
     fn name(&self) -> String {
-        format!("(removed member {})", self.index)
+        match self.spare {
+            true => format!("(missing spare {})", self.index),
+            false => format!("(removed member {})", self.index),
+        }
+    }
+    fn present(&self) -> bool {
+        false
     }
 }

@@ -45,7 +45,9 @@ impl Pool {
     pub(crate) fn read_verified(&self, vol: u32, view: View, offset: u64, buf: &mut [u8], heal: bool) -> Result<bool> {
         let first = offset / BLOCK_SIZE;
         let end = offset + buf.len() as u64;
-        for (seg, sums) in self.resolve_summed(vol, view, first, end.div_ceil(BLOCK_SIZE) - first)? {
+        let segs = self.resolve_summed(vol, view, first, end.div_ceil(BLOCK_SIZE) - first)?;
+        self.prefetch_members(&segs);
+        for (seg, sums) in segs {
             let s = (seg.lba() * BLOCK_SIZE).max(offset);
             let e = ((seg.lba() + seg.len()) * BLOCK_SIZE).min(end);
             let out = &mut buf[(s - offset) as usize..(e - offset) as usize];
@@ -74,6 +76,27 @@ impl Pool {
             }
         }
         Ok(true)
+    }
+
+    /// A read whose pieces lie on several members (a striped volume's
+    /// units): hint each member's physically adjacent pieces as one range
+    /// first, so the members read at once and in large I/Os while the
+    /// pieces are then read one by one (measured: bench/stripe.sh).
+    fn prefetch_members(&self, segs: &[Summed]) {
+        let mut runs: Vec<(Pba, u64)> = Vec::new();
+        for (seg, _) in segs {
+            let Segment::Mapped { pba, len, .. } = *seg else { continue };
+            match runs.iter_mut().find(|(p, l)| p.device() == pba.device() && p.offset_by(*l) == pba) {
+                Some(run) => run.1 += len,
+                None => runs.push((pba, len)),
+            }
+        }
+        if runs.iter().all(|(p, _)| p.device() == runs[0].0.device()) {
+            return; // One member: its own readahead serves it.
+        }
+        for (pba, len) in runs {
+            self.devices[usize::from(pba.device())].prefetch(pba.byte_offset(), len * BLOCK_SIZE);
+        }
     }
 
     /// Plain read of data at a byte address on `pba`'s device.

@@ -496,22 +496,37 @@ impl Pool {
     /// Place every hole of `segs`, all or nothing, under the pool lock.
     fn place_holes(&self, inner: &mut Inner, vol: u32, segs: &[Segment], near: &NearRegions) -> Result<Vec<NewPiece>> {
         self.refresh_reserve(inner, segs);
-        let (policy, devices) = match inner.state.volume(vol) {
+        let (policy, devices, stripe) = match inner.state.volume(vol) {
             // The member the new data goes to decides, when the volume
             // names no policy (per-device layout).
             Some(v) => match inner.space.roomiest_among(v.devices) {
-                Some(d) => (inner.placement_on(v, d).policy(), v.devices),
-                None => (inner.placement_of(v).policy(), v.devices),
+                Some(d) => (inner.placement_on(v, d).policy(), v.devices, v.stripe),
+                None => (inner.placement_of(v).policy(), v.devices, v.stripe),
             },
-            None => (inner.placement.policy(), 0),
+            None => (inner.placement.policy(), 0, None),
         };
         let mut fresh = Vec::new();
         let none = Near::default();
         let rb = inner.region_blocks;
-        for (lba, len) in holes_by_region(segs, rb) {
+        // A striped volume's holes are cut at stripe units too (both are
+        // powers of two: a piece lies in one region and one unit).
+        let cut = stripe.map_or(rb, |s| rb.min(s.unit_blocks()));
+        for (lba, len) in holes_by_region(segs, cut) {
             let region = lba / rb;
             let here = near.iter().find(|n| n.0 == region).map_or(&none, |n| &n.1);
-            let placed = policy.place(&mut inner.space, Owner { volume: vol, devices }, lba, len, here, rb);
+            let mut placed = match stripe {
+                Some(s) => {
+                    let owner = Owner { volume: vol, devices: 1 << s.member_of(lba) };
+                    policy.place(&mut inner.space, owner, lba, len, here, rb)
+                }
+                None => Ok(None),
+            };
+            // Unstriped, or the unit's member cannot take it (full, or
+            // being removed): the volume's members, so a striped volume
+            // sees ENOSPC only when they are all full.
+            if matches!(placed, Ok(None)) {
+                placed = policy.place(&mut inner.space, Owner { volume: vol, devices }, lba, len, here, rb);
+            }
             let Ok(Some(pieces)) = placed else {
                 release_unmapped(&mut inner.space, &fresh)?;
                 return Err(placed.err().map_or(EngineError::NoSpace, EngineError::from));

@@ -65,6 +65,9 @@ pub struct Volume {
     pub quota: Option<u64>,
     /// Members its new data may go to, bit i for member i (op 24); 0: any.
     pub devices: u16,
+    /// Its stripe layout (op 20): unit k of new data goes to the set's
+    /// (k mod N)-th member (None: not striped).
+    pub stripe: Option<tarn_format::stripe::Stripe>,
 }
 
 impl Volume {
@@ -81,6 +84,7 @@ impl Volume {
             role: None,
             quota: None,
             devices: 0,
+            stripe: None,
         }
     }
 
@@ -318,7 +322,7 @@ impl State {
                 self.volume_mut(*vol, "placement")?.placement = *policy;
             }
             Op::VolRole { vol, role } => self.set_role(*vol, *role)?,
-            Op::VolQuota { .. } | Op::PoolOvercommit { .. } => self.apply_setting(op)?,
+            Op::VolQuota { .. } | Op::PoolOvercommit { .. } | Op::VolStripe { .. } => self.apply_setting(op)?,
             Op::VolDevices { vol, devices } => self.volume_mut(*vol, "devices")?.devices = *devices,
             Op::VolResize { vol, size } => self.resize_volume(*vol, *size, freed)?,
             Op::VolDelete { vol } => self.drop_volume(*vol, freed)?,
@@ -401,6 +405,7 @@ impl State {
                 self.volume_mut(vol, "quota")?.quota = quota;
             }
             Op::PoolOvercommit { milli } => self.overcommit_milli = milli,
+            Op::VolStripe { vol, stripe } => self.volume_mut(vol, "stripe")?.stripe = stripe,
             _ => return Err(format!("{op:?} is not a setting").into()),
         }
         Ok(())
@@ -457,6 +462,7 @@ impl State {
             | Op::VolQuota { .. }
             | Op::PoolOvercommit { .. }
             | Op::VolDevices { .. }
+            | Op::VolStripe { .. }
             | Op::Sums { .. }
             | Op::Regions { .. } => {
                 unreachable!("volume and pool ops are applied by State::apply")
@@ -560,11 +566,12 @@ impl State {
         self.check_new_volume(vol, name, size)?;
         // A clone places its data as its origin volume does, on the same
         // members.
-        let (placement, devices) = (o.placement, o.devices);
+        let (placement, devices, stripe) = (o.placement, o.devices, o.stripe);
         let mut v = Volume::new(&self.store, vol, name.to_string(), size);
         v.origin = Some(origin);
         v.placement = placement;
         v.devices = devices;
+        v.stripe = stripe;
         if size > 0 {
             v.map.insert(0, size / BLOCK_SIZE, Pba::origin(0), 0)?;
         }

@@ -60,7 +60,17 @@ pub(crate) fn assemble(slots: Vec<Vec<Arc<dyn Device>>>, writable: bool) -> Resu
     for (i, (found, entry)) in slots.into_iter().zip(&sb.devices).enumerate() {
         if entry.removed {
             // A removed slot: whatever was given for it is not opened.
-            out.devices.push(Arc::new(crate::device::vacant::Vacant { index: i }));
+            out.devices.push(Arc::new(crate::device::vacant::Vacant { index: i, spare: false }));
+            out.mirrors.push(None);
+            continue;
+        }
+        if entry.spare {
+            // A spare holds no data: missing, foreign or too small, the pool
+            // opens without it (said in notes and `pool status`), and it is
+            // never taken.
+            let (dev, note) = crate::members::spare::assemble_spare(&sb, i, entry, found);
+            out.notes.extend(note);
+            out.devices.push(dev);
             out.mirrors.push(None);
             continue;
         }

@@ -4,3 +4,4 @@
 
 pub(crate) mod assemble;
 pub mod mirror;
+pub(crate) mod spare;

@@ -58,6 +58,7 @@ struct FrozenVolume {
     role: Option<VolumeRole>,
     quota: Option<u64>,
     devices: u16,
+    stripe: Option<tarn_format::stripe::Stripe>,
     head: FrozenMap,
     snapshots: Vec<FrozenSnapshot>,
 }
@@ -104,8 +105,8 @@ pub(crate) fn freeze(state: &mut State, space: &mut Space, seq: u64) -> FrozenPo
         }
         let origin = v.origin.map(|o| (o.vol, o.epoch));
         let (id, size, name, placement, role, quota) = (v.id, v.size, v.name.clone(), v.placement, v.role, v.quota);
-        let devices = v.devices;
-        volumes.push(FrozenVolume { id, size, name, origin, placement, role, quota, devices, head, snapshots });
+        let (devices, stripe) = (v.devices, v.stripe);
+        volumes.push(FrozenVolume { id, size, name, origin, placement, role, quota, devices, stripe, head, snapshots });
     }
     superseded.append(&mut state.retired_nodes);
     superseded.extend(state.sums.take_superseded());
@@ -192,6 +193,7 @@ impl FrozenPool {
                 role: v.role,
                 quota: v.quota,
                 devices: v.devices,
+                stripe: v.stripe,
                 head,
                 snapshots,
             });
@@ -315,6 +317,7 @@ pub(crate) fn open_state(c: &Catalog, store: Arc<Store>) -> Result<State> {
             role: None,
             quota: v.quota,
             devices: v.devices,
+            stripe: v.stripe,
         };
         for s in &v.snapshots {
             validate_name(&s.name).map_err(bad)?;

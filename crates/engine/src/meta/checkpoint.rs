@@ -110,6 +110,7 @@ pub fn decode_state(payload: &[u8], store: Arc<Store>) -> std::result::Result<(S
             role: None,
             quota: None,
             devices: 0,
+            stripe: None,
         };
         while let Some(s) = dec.snapshot().map_err(bad)? {
             crate::map::state::validate_name(&s.name).map_err(bad)?;

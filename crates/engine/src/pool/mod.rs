@@ -202,6 +202,29 @@ pub(crate) struct CommitCtl {
     /// superblock marks its slot removed, with the catalog whose space
     /// map for it is empty.
     pub removing: Option<usize>,
+    /// A spare being taken (`members/spare.rs`): the next checkpoint's
+    /// superblock makes it a member, with the catalog whose space map for
+    /// it covers its whole data area.
+    pub taking: Option<usize>,
+}
+
+impl CommitCtl {
+    /// At open: the superblock read, the journal's cursor, open's notes;
+    /// nothing in progress.
+    pub fn new(sb: Superblock, journal: JournalCursor, notes: Vec<String>) -> CommitCtl {
+        let (adding, growing, removing, taking) = (None, None, None, None);
+        CommitCtl {
+            sb,
+            journal,
+            checkpoint_busy: false,
+            held_frees: Vec::new(),
+            notes,
+            adding,
+            growing,
+            removing,
+            taking,
+        }
+    }
 }
 
 /// The checkpoint in progress and what the last one left (behind
@@ -381,6 +404,8 @@ pub struct VolumeInfo {
     pub quota: Option<u64>,
     /// Members its new data may go to, bit i for member i (0: any).
     pub devices: u16,
+    /// Its stripe layout (set, unit), None when not striped.
+    pub stripe: Option<tarn_format::stripe::Stripe>,
 }
 
 #[derive(Debug, Clone)]
@@ -686,11 +711,13 @@ impl Pool {
         let nodes = used_blocks.saturating_sub(inner.state.mapped_blocks() + freeing + inflight) * BLOCK_SIZE;
         let store = &inner.state.store;
         let devices = self.device_statuses(&ctl, &inner);
-        let state = if devices.iter().all(|d| matches!(d.state, "ONLINE" | "DRAINING" | "REMOVED")) {
-            "ONLINE"
-        } else {
-            "DEGRADED"
-        };
+        // A spare, even one missing, holds no data: the pool is whole without it.
+        let state =
+            if devices.iter().all(|d| matches!(d.state, "ONLINE" | "DRAINING" | "REMOVED" | "SPARE" | "MISSING")) {
+                "ONLINE"
+            } else {
+                "DEGRADED"
+            };
         // Walks the free ranges under the read lock: O(fragments).
         let outside = inner.space.free_in_partial_regions(inner.region_blocks).unwrap_or(0);
         PoolStatus {
@@ -758,11 +785,19 @@ impl Pool {
             .map(|(i, d)| {
                 // A removed slot's device is not the pool's any more: its
                 // recorded path says which it was.
-                let removed = ctl.sb.devices.get(i).filter(|e| e.removed);
+                // So is a missing spare's (`Vacant`).
+                let entry = ctl.sb.devices.get(i);
+                let removed = entry.filter(|e| e.removed || (e.spare && !d.present()));
+                let state = match entry {
+                    Some(e) if e.removed => "REMOVED",
+                    Some(e) if e.spare && d.present() => "SPARE",
+                    Some(e) if e.spare => "MISSING",
+                    _ => self.member_state(inner, i),
+                };
                 DeviceStatus {
                     index: i,
                     path: removed.map_or_else(|| d.name(), |e| e.path.clone()),
-                    state: if removed.is_some() { "REMOVED" } else { self.member_state(inner, i) },
+                    state,
                     legs: self.mirrors[i].as_ref().map(|m| m.status().1).unwrap_or_default(),
                     size: if removed.is_some() { 0 } else { d.size() },
                     data_bytes: (inner.space.devices[i].data_end - inner.space.devices[i].data_start) * BLOCK_SIZE,
@@ -822,5 +857,6 @@ fn info(inner: &Inner, v: &Volume) -> VolumeInfo {
         placement_own: v.placement.is_some(),
         quota: v.quota,
         devices: v.devices,
+        stripe: v.stripe,
     }
 }

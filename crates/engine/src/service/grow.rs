@@ -33,6 +33,17 @@ impl Pool {
     /// device of another pool, one already a member, one too small, one
     /// that cannot be written, and a full device table, changing nothing.
     pub fn add_device(&self, dev: Arc<dyn Device>, path: &str) -> Result<AddReport> {
+        self.add_member(dev, path, false)
+    }
+
+    /// Add `dev` as a spare (`tarn dev add --spare`, `members/spare.rs`):
+    /// the same steps as a member, but its table entry says spare (state 3)
+    /// and its space map is empty until it is taken.
+    pub fn add_spare(&self, dev: Arc<dyn Device>, path: &str) -> Result<AddReport> {
+        self.add_member(dev, path, true)
+    }
+
+    fn add_member(&self, dev: Arc<dyn Device>, path: &str, spare: bool) -> Result<AddReport> {
         self.check_writable()?;
         let mut ctl = self.lock_commit();
         self.refuse_new_member(&ctl.sb, dev.as_ref(), path)?;
@@ -49,6 +60,7 @@ impl Pool {
             draining: false,
             placement: None,
             removed: false,
+            spare,
         };
         let mut label = member_label(&ctl.sb, &entry, index);
         label.created_unix = ctl.sb.created_unix;
@@ -67,7 +79,10 @@ impl Pool {
         if self.devices.push(dev.clone()) != Some(index) {
             return Err(EngineError::InvalidArgument("device table full".into()));
         }
-        self.write_inner().space.add_device(LABEL_BLOCKS, blocks)?;
+        // A spare's area is empty: nothing is allocated there, and its
+        // space map holds nothing until `take_spare` extends it.
+        let end = if spare { LABEL_BLOCKS } else { blocks };
+        self.write_inner().space.add_device(LABEL_BLOCKS, end)?;
         ctl.adding = Some(entry);
         self.commit_locked(&mut ctl, true)?;
         if ctl.adding.is_some() || ctl.sb.devices.len() != index + 1 {
@@ -75,8 +90,12 @@ impl Pool {
             self.fenced.store(true, std::sync::atomic::Ordering::SeqCst);
             return Err(EngineError::InvalidArgument("the checkpoint adding the member was not written".into()));
         }
-        self.write_inner().space.open_device(index);
-        log::info!("device {path} added as member {index}: {} blocks of data area", blocks - LABEL_BLOCKS);
+        if spare {
+            log::info!("device {path} added as spare {index}: {} blocks when taken", blocks - LABEL_BLOCKS);
+        } else {
+            self.write_inner().space.open_device(index);
+            log::info!("device {path} added as member {index}: {} blocks of data area", blocks - LABEL_BLOCKS);
+        }
         Ok(AddReport { index, path: path.to_string(), data_bytes: (blocks - LABEL_BLOCKS) * BLOCK_SIZE })
     }
 
@@ -95,7 +114,9 @@ impl Pool {
                 .enumerate()
                 .any(|(i, d)| !sb.devices.get(i).is_some_and(|e| e.removed) && d.name() == name)
         {
-            return bad(format!("device {path} is already a member of this pool"));
+            let spare = members.clone().any(|d| d.spare && d.path == path);
+            let what = if spare { "a spare" } else { "a member" };
+            return bad(format!("device {path} is already {what} of this pool"));
         }
         if let Ok(l) = read_label(dev) {
             let l = l.current;

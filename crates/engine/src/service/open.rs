@@ -150,6 +150,7 @@ impl NewPool {
             draining: false,
             removed: false,
             placement: None,
+            spare: false,
         };
         let label = Superblock {
             version: FORMAT_VERSION,
@@ -255,7 +256,8 @@ fn label_notes(label: &crate::device::label::LabelRead, primary: &str, sb: &Supe
 /// restart, so the next `dev remove` goes on with what is left; a removed
 /// slot (empty) is avoided for good.
 fn avoid_leaving(sb: &Superblock, space: &mut Space) {
-    for (i, d) in sb.devices.iter().enumerate().filter(|(i, d)| (d.draining || d.removed) && *i < 32) {
+    // A spare's area is empty until it is taken; the bit says so too.
+    for (i, d) in sb.devices.iter().enumerate().filter(|(i, d)| (d.draining || d.removed || d.spare) && *i < 32) {
         if d.draining {
             log::warn!("member {i} ({}) is being removed: no new data goes there", d.path);
         }
@@ -263,7 +265,9 @@ fn avoid_leaving(sb: &Superblock, space: &mut Space) {
     }
 }
 
-/// Check that `dev` is member `index` of the pool the primary describes.
+/// Check that `dev` is member `index` of the pool the primary describes
+/// (not for a spare: `assemble` checks its label, and a wrong one only
+/// leaves it missing).
 fn verify_member(primary: &Superblock, index: usize, dev: &dyn Device) -> Result<()> {
     let label = read_label(dev)?.current;
     let entry = &primary.devices[index];
@@ -303,7 +307,7 @@ impl Pool {
         let (devices, mirrors, label) = (asm.devices, asm.mirrors, asm.label);
         let primary = &devices[0];
         let sb = label.current.clone();
-        for (i, dev) in devices.iter().enumerate().skip(1) {
+        for (i, dev) in devices.iter().enumerate().skip(1).filter(|(i, _)| !sb.devices[*i].spare) {
             if mirrors[i].is_none() && !sb.devices[i].removed {
                 verify_member(&sb, i, dev.as_ref())?;
             }
@@ -329,16 +333,7 @@ impl Pool {
         );
         let crashed_regions = state.open_regions.clone();
         let read_only = options.read_only;
-        let ctl = CommitCtl {
-            sb,
-            journal: cursor,
-            checkpoint_busy: false,
-            held_frees: Vec::new(),
-            notes,
-            adding: None,
-            growing: None,
-            removing: None,
-        };
+        let ctl = CommitCtl::new(sb, cursor, notes);
         let slot = CheckpointSlot { pieces, ..Default::default() };
         let pool = Pool::new(members, mirrors, state, space, (ctl, slot), options);
         let notes = pool.mark_open()?;
@@ -417,6 +412,12 @@ impl Pool {
         Ok(read_label(primary)?.current.devices.into_iter().map(|d| d.removed).collect())
     }
 
+    /// Which members are spares (`dev add --spare`): a spare that cannot be
+    /// opened leaves the pool without it, not unopenable.
+    pub fn spare_members(primary: &dyn Device) -> Result<Vec<bool>> {
+        Ok(read_label(primary)?.current.devices.into_iter().map(|d| d.spare).collect())
+    }
+
     /// Per member, the paths of its devices as recorded: one for a plain
     /// member, every leg's for a mirrored one.
     pub fn member_legs(primary: &dyn Device) -> Result<Vec<Vec<String>>> {
@@ -481,8 +482,8 @@ fn data_areas(devices: &[Arc<dyn Device>], sb: &Superblock) -> Result<Vec<(u64, 
     let mut areas = Vec::with_capacity(devices.len());
     for (i, dev) in devices.iter().enumerate() {
         let start = if i == 0 { sb.data_start } else { LABEL_BLOCKS };
-        // A removed slot's data area is empty (its catalog space map too).
-        let end = sb.devices.get(i).map_or(0, |d| if d.removed { start } else { d.blocks });
+        // A removed slot's or a spare's data area is empty (its catalog space map too).
+        let end = sb.devices.get(i).map_or(0, |d| if d.removed || d.spare { start } else { d.blocks });
         if end < start {
             // Only a damaged superblock (device table) says so.
             let detail = format!("data area {start}..{end} ends before it starts");

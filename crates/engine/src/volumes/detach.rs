@@ -22,10 +22,10 @@
 //! before 4 leaves a label naming a slot that is removed: `dev remove`
 //! of that slot wipes it (`wipe_removed_label`).
 
+pub use crate::device::label::wipe_label;
 use crate::device::Device;
 use crate::error::{EngineError, Result};
 use crate::pool::Pool;
-use tarn_format::superblock::SUPERBLOCK_COPIES;
 use tarn_format::BLOCK_SIZE;
 
 /// Forced checkpoints tried before the member's space map must be all
@@ -152,13 +152,4 @@ impl Pool {
             _ => Ok(false),
         }
     }
-}
-
-/// Zero both superblock copies of `dev` and flush: it holds no pool.
-pub fn wipe_label(dev: &dyn Device) -> Result<()> {
-    let zero = vec![0u8; BLOCK_SIZE as usize];
-    for &block in &SUPERBLOCK_COPIES {
-        dev.write_at(&zero, block * BLOCK_SIZE).map_err(|e| EngineError::io("wipe superblock", dev.name(), e))?;
-    }
-    dev.flush().map_err(|e| EngineError::io("flush", dev.name(), e))
 }

@@ -70,6 +70,9 @@ impl Pool {
         if self.is_removed(index) {
             return bad(format!("member {index} is removed already: its slot is empty"));
         }
+        if self.is_spare(index) {
+            return bad(format!("device {index} is a spare: it holds no data (dev remove drops it)"));
+        }
         if self.mirrors.get(index).is_some_and(Option::is_some) {
             return bad(format!("member {index} is a mirror: removing a mirrored member is not supported"));
         }
@@ -160,7 +163,9 @@ impl Pool {
 
     /// Whether member `index` is draining (allocation avoids it).
     pub fn is_draining(&self, index: usize) -> bool {
-        !self.is_removed(index) && !self.read_inner().space.usable(index)
+        // A removed slot and a spare are avoided too, but not being removed.
+        let other = self.lock_commit().sb.devices.get(index).is_some_and(|e| e.removed || e.spare);
+        !other && !self.read_inner().space.usable(index)
     }
 
     /// The live runs on member `index`, at most one window long each.

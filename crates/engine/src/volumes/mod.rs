@@ -15,6 +15,7 @@ pub mod quota;
 pub mod reclaim;
 pub mod relayout;
 pub mod snapshot;
+pub mod stripe;
 
 use crate::error::{EngineError, Result};
 use crate::map::state::State;
@@ -35,6 +36,9 @@ pub struct VolumeOptions {
     pub force: bool,
     /// Members its new data may go to, bit i for member i (0: any).
     pub devices: u16,
+    /// Stripe it over this many members in units of this many bytes
+    /// (`vol create --stripe N[:UNIT]`; `stripe.rs`).
+    pub stripe: Option<(u32, u64)>,
 }
 
 impl Pool {
@@ -66,6 +70,10 @@ impl Pool {
         // A refused create does no I/O: check before the feature bits'
         // commits (and again under the lock below).
         refused(&self.read_inner())?;
+        if opts.devices != 0 {
+            self.check_members(opts.devices, 0)?;
+        }
+        let stripe = opts.stripe.map(|(n, unit)| self.stripe_for(n, unit, opts.devices)).transpose()?;
         if opts.placement.is_some() {
             self.enable_feature(&mut self.lock_commit(), incompat::PLACEMENT)?;
         }
@@ -73,8 +81,10 @@ impl Pool {
             self.enable_feature(&mut self.lock_commit(), incompat::QUOTAS)?;
         }
         if opts.devices != 0 {
-            self.check_members(opts.devices, 0)?;
             self.enable_feature(&mut self.lock_commit(), incompat::DEVICE_PLACEMENT)?;
+        }
+        if stripe.is_some() {
+            self.enable_feature(&mut self.lock_commit(), incompat::STRIPES)?;
         }
         let id = {
             let mut inner = self.write_inner();
@@ -89,6 +99,9 @@ impl Pool {
             }
             if opts.devices != 0 {
                 ops.push(Op::VolDevices { vol: id, devices: opts.devices });
+            }
+            if stripe.is_some() {
+                ops.push(Op::VolStripe { vol: id, stripe });
             }
             self.apply_ops(&mut inner, ops)?;
             id
