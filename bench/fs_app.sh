@@ -78,11 +78,8 @@ echo "# bench/fs_app.sh $STAMP: ROUNDS=$ROUNDS SNAP_EVERY=$SNAP_EVERY SNAP_KEEP=
 read -r -a LIST <<<"$CONFIGS"
 declare -A TOTAL
 for r in $(seq 1 "$ROUNDS"); do
-  order=("${LIST[@]}")
-  if [ $((r % 2)) = 0 ]; then
-    order=(); for ((i = ${#LIST[@]} - 1; i >= 0; i--)); do order+=("${LIST[$i]}"); done
-  fi
-  for c in "${order[@]}"; do
+  round_order "$r"
+  for c in "${ORDER[@]}"; do
     one "$c"
     read -r cp build find grep total snaps <"$DIR/result"
     echo "round $r $c: total ${total} ms (cp $cp, build $build, find $find, grep $grep; snapshots $snaps; load $(cut -d' ' -f1 /proc/loadavg))"
@@ -90,7 +87,6 @@ for r in $(seq 1 "$ROUNDS"); do
   done
 done
 
-stats() { tr ' ' '\n' | grep . | sort -n | awk '{ a[NR] = $1 } END { printf "%d %d %d\n", a[int((NR + 1) / 2)], a[1], a[NR] }'; }
 echo "# config: median total ms [min-max] of $ROUNDS, ratio to ext4raw-none median"
 base=
 [ -n "${TOTAL[ext4raw-none]:-}" ] && read -r base _ _ < <(echo "${TOTAL[ext4raw-none]}" | stats)

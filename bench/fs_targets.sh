@@ -84,3 +84,15 @@ ticker() {
     echo "$n" >"$DIR/snaps"
   done
 }
+
+# The configurations of round R: LIST in order on odd rounds, reversed on
+# even ones (alternating rounds), into the array ORDER.
+round_order() {
+  ORDER=("${LIST[@]}")
+  if [ $(($1 % 2)) = 0 ]; then
+    ORDER=(); for ((i = ${#LIST[@]} - 1; i >= 0; i--)); do ORDER+=("${LIST[$i]}"); done
+  fi
+}
+
+# Median, min and max of the numbers on stdin (space separated).
+stats() { tr ' ' '\n' | grep . | sort -n | awk '{ a[NR] = $1 } END { printf "%d %d %d\n", a[int((NR + 1) / 2)], a[1], a[NR] }'; }

@@ -73,11 +73,8 @@ echo "# bench/postmark.sh $STAMP: PM_TX=$PM_TX PM_FILES=$PM_FILES ROUNDS=$ROUNDS
 read -r -a LIST <<<"$CONFIGS"
 declare -A WALL TX
 for r in $(seq 1 "$ROUNDS"); do
-  order=("${LIST[@]}")
-  if [ $((r % 2)) = 0 ]; then
-    order=(); for ((i = ${#LIST[@]} - 1; i >= 0; i--)); do order+=("${LIST[$i]}"); done
-  fi
-  for c in "${order[@]}"; do
+  round_order "$r"
+  for c in "${ORDER[@]}"; do
     one "$c"
     read -r ms tx snaps <"$DIR/result"
     echo "round $r $c: ${ms} ms (postmark transactions ${tx} s, snapshots $snaps; load $(cut -d" " -f1 /proc/loadavg))"
@@ -86,7 +83,6 @@ for r in $(seq 1 "$ROUNDS"); do
   done
 done
 
-stats() { tr ' ' '\n' | grep . | sort -n | awk '{ a[NR] = $1 } END { printf "%d %d %d\n", a[int((NR + 1) / 2)], a[1], a[NR] }'; }
 echo "# config: median wall ms [min-max] of $ROUNDS, ratio to ext4raw-none median; postmark transaction s"
 base=
 [ -n "${WALL[ext4raw-none]:-}" ] && read -r base _ _ < <(echo "${WALL[ext4raw-none]}" | stats)
