@@ -468,6 +468,14 @@ fn decode_legs(r: &mut crate::codec::Reader<'_>) -> Result<Vec<LegEntry>> {
 mod tests {
     use super::*;
 
+    /// A superblock image changed by a test, its checksum made right
+    /// again so that decode reaches the check under test.
+    fn reseal(mut bad: Vec<u8>) -> Vec<u8> {
+        let crc = crate::checksum::checksum(SALT_SUPERBLOCK, &bad[..CRC_OFFSET]);
+        bad[CRC_OFFSET..].copy_from_slice(&crc.to_le_bytes());
+        bad
+    }
+
     pub fn sample() -> Superblock {
         Superblock {
             version: FORMAT_VERSION,
@@ -803,11 +811,6 @@ mod tests {
         assert_eq!(b[e1 + 28], 2);
         assert_eq!(b[e1 + 29], 0);
         assert_eq!(Superblock::decode(&b, 0).unwrap(), sb);
-        let reseal = |mut bad: Vec<u8>| {
-            let crc = crate::checksum::checksum(SALT_SUPERBLOCK, &bad[..CRC_OFFSET]);
-            bad[CRC_OFFSET..].copy_from_slice(&crc.to_le_bytes());
-            bad
-        };
         // State 2 without REMOVAL is refused (an EVACUATION-only reader's view).
         let mut bad = b.clone();
         bad[17] = 0;
@@ -848,11 +851,6 @@ mod tests {
         assert_eq!(b[e1 + 28], 3);
         assert_eq!(b[e1 + 29], 0);
         assert_eq!(Superblock::decode(&b, 0).unwrap(), sb);
-        let reseal = |mut bad: Vec<u8>| {
-            let crc = crate::checksum::checksum(SALT_SUPERBLOCK, &bad[..CRC_OFFSET]);
-            bad[CRC_OFFSET..].copy_from_slice(&crc.to_le_bytes());
-            bad
-        };
         // State 3 without SPARES is refused (an EVACUATION-only reader's view).
         let mut bad = b.clone();
         bad[17] = 0;
