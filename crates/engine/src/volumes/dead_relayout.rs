@@ -8,7 +8,7 @@
 //! races but a snapshot delete or rollback, which `move_dead_run` checks
 //! for under the pool lock.
 
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::io::RELAYOUT_RUN_BLOCKS;
 use crate::map::extent_map::Killed;
 use crate::pool::Pool;
@@ -43,13 +43,16 @@ impl Pool {
                     continue;
                 }
                 self.make_room()?;
-                let mut moved = 0;
-                for run in window {
-                    moved += self.move_dead_run(run)?;
-                }
+                let (moved, room) = self.move_dead_window(window)?;
                 if moved > 0 {
                     report.snapshot_windows_moved += 1;
                     report.snapshot_blocks_moved += moved;
+                }
+                if !room {
+                    // A full pool: what moved stays moved, the rest where
+                    // it is (compaction never makes room, it needs some).
+                    report.windows_skipped += 1;
+                    return Ok(());
                 }
                 if !go_on() {
                     report.stopped = true;
@@ -58,6 +61,20 @@ impl Pool {
             }
         }
         Ok(())
+    }
+
+    /// Move a window's runs in order; the blocks moved, and false if the
+    /// pool had no room for the next one.
+    fn move_dead_window(&self, window: Vec<LiveRun>) -> Result<(u64, bool)> {
+        let mut moved = 0;
+        for run in window {
+            match self.move_dead_run(run) {
+                Ok(n) => moved += n,
+                Err(EngineError::NoSpace) => return Ok((moved, false)),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((moved, true))
     }
 
     /// The entries of a snapshot's dead list (None once it is gone).
