@@ -12,8 +12,9 @@
 #    over NBD for the idle evacuation's duration; the client's IOPS
 #    against the same fio run with no evacuation, and the evacuation's
 #    rate against the idle one.
-# Between runs `dev remove --cancel 1` and a rewrite of the volume put
-# the data back on the member. Targets (issue 12): evacuation >= 0.5x
+# Between runs the member file is added back (a finished removal takes it
+# out of the pool; a cut one is cancelled) and a rewrite of the volume puts
+# the data back on it. Targets (issue 12): evacuation >= 0.5x
 # the sequential copy; clients keep >= 0.5x their IOPS. Not part of the tests.
 #
 #   bash bench/evacuate.sh
@@ -55,15 +56,27 @@ randw() {
     --time_based --runtime="$1" --output-format=json --output="$DIR/rw.json" >/dev/null
   py "import json;print(round(json.load(open('$DIR/rw.json'))['jobs'][0]['write']['iops']))"
 }
-live() { "$TARN" pool status -p "$pool" --json | py 'import json,sys;d=json.load(sys.stdin)["devices"][1];print((d["data"]-d["free"])>>20)'; }
-# evac: prints "MiB seconds" of one `dev remove 1`, then cancels it
+# The member's index, in a file: a finished removal takes the member out of
+# the pool (its slot stays, REMOVED), so the file is added back as a new
+# member, with a new index; evac runs in a subshell.
+echo 1 >"$DIR/member"
+live() {
+  "$TARN" pool status -p "$pool" --json |
+    py "import json,sys;d=[x for x in json.load(sys.stdin)['devices'] if x['index']==$(cat "$DIR/member")][0];print((d['data']-d['free'])>>20)"
+}
+# evac: prints "MiB seconds" of one `dev remove`, then puts the member back
 evac() {
-  local t0 t1 out
+  local t0 t1 out m
+  m=$(cat "$DIR/member")
   drop_caches
   t0=$(now)
-  out=$("$TARN" dev remove 1 -p "$pool" --json)
+  out=$("$TARN" dev remove "$m" -p "$pool" --json)
   t1=$(now)
-  "$TARN" dev remove --cancel 1 -p "$pool" >/dev/null
+  if py "import json;exit(0 if json.loads('''$out''')['removed'] else 1)"; then
+    "$TARN" dev add "$DIR/d1.img" -p "$pool" | sed -n 's/.* as device \([0-9]*\):.*/\1/p' >"$DIR/member"
+  else
+    "$TARN" dev remove --cancel "$m" -p "$pool" >/dev/null
+  fi
   py "import json;j=json.loads('''$out''');print(j['moved_bytes']>>20, round($t1-$t0, 2))"
 }
 copy_rate() { # MiB: sequential copy of the member file's first MiB
