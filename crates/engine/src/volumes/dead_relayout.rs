@@ -34,13 +34,17 @@ impl Pool {
         if epochs.is_empty() {
             return Ok(());
         }
-        // Moves are Relocates: older tarns must not replay them.
-        self.enable_feature(&mut self.lock_commit(), incompat::RELOCATE)?;
+        let mut relocate_ready = false;
         for epoch in epochs {
             let Some(entries) = self.dead_entries(id, epoch)? else { continue };
             for window in windows(id, epoch, entries) {
                 if !scattered(&window) {
                     continue;
+                }
+                if !relocate_ready {
+                    // Moves are Relocates: older tarns must not replay them.
+                    self.enable_feature(&mut self.lock_commit(), incompat::RELOCATE)?;
+                    relocate_ready = true;
                 }
                 self.make_room()?;
                 let (moved, room) = self.move_dead_window(window)?;
