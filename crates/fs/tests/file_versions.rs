@@ -13,6 +13,22 @@ mod common;
 use common::{file, fresh};
 
 /// Version `n` of `name` (in the root) as `name@n` reads: data and mode.
+/// Power cut: the pool and its file volume opened again from what the
+/// device kept.
+fn crash_and_reopen(
+    sim: &Arc<tarn_sim::SimDevice>,
+    rng: &mut ChaCha8Rng,
+    fv: FileVolume,
+    pool: Arc<Pool>,
+) -> (Arc<Pool>, FileVolume) {
+    sim.crash(rng);
+    drop(fv);
+    drop(pool);
+    let pool = Arc::new(Pool::open(vec![sim.clone() as Arc<dyn Device>], OpenOptions::default()).unwrap());
+    let fv = FileVolume::open(pool.clone(), "home").unwrap();
+    (pool, fv)
+}
+
 fn version(v: &Versioned, name: &str, n: u64) -> Option<(Vec<u8>, u32)> {
     let a = v.lookup(ROOT, format!("{name}@{n}").as_bytes()).ok()?;
     Some((v.read(a.inode.ino, 0, 1 << 20).unwrap(), a.inode.perm))
@@ -172,11 +188,7 @@ fn crash_around_a_close_version(durable: bool) {
             fv.close_version(a, false).is_ok() && fv.sync().is_ok()
         };
         cut_inside += u32::from(!done);
-        sim.crash(&mut rng);
-        drop(fv);
-        drop(pool);
-        let pool = Arc::new(Pool::open(vec![sim.clone() as Arc<dyn Device>], OpenOptions::default()).unwrap());
-        let fv = FileVolume::open(pool.clone(), "home").unwrap();
+        let (pool, fv) = crash_and_reopen(&sim, &mut rng, fv, pool);
         let list = fv.versions().unwrap();
         assert!(!list.is_empty() && list.len() <= 2, "seed {seed}: {} versions", list.len());
         if done {
@@ -292,11 +304,7 @@ fn a_crash_in_an_unlink_keeps_the_file_and_its_versions_together() {
         sim.crash_after(seed);
         let done = fv.unlink(ROOT, b"a").is_ok() && fv.sync().is_ok();
         cut_inside += u32::from(!done);
-        sim.crash(&mut rng);
-        drop(fv);
-        drop(pool);
-        let pool = Arc::new(Pool::open(vec![sim.clone() as Arc<dyn Device>], OpenOptions::default()).unwrap());
-        let fv = FileVolume::open(pool.clone(), "home").unwrap();
+        let (pool, fv) = crash_and_reopen(&sim, &mut rng, fv, pool);
         let kinds: Vec<VersionKind> = fv.versions().unwrap().into_iter().map(|s| s.kind).collect();
         let there = fv.lookup(ROOT, b"a").is_ok();
         let closes = kinds.iter().filter(|k| **k == VersionKind::Close).count();
