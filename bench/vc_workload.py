@@ -4,8 +4,9 @@
 The Virtual Contiguity paper (seed 001) replayed a month of UC HP-UX file
 system traces (instructional, research, web server); those traces are not
 available, so this script makes workloads of the same shape: files of a
-size distribution, created, rewritten whole and deleted over simulated
-days, a snapshot at the start of each day. A small file system on the
+size distribution, created, rewritten (whole, or in part: a tenth of its
+8 KiB pieces chosen at random, as a database or a mailbox is updated) and
+deleted over simulated days, a snapshot at the start of each day. A small file system on the
 volume gives each file logical blocks next-fit (4 KiB blocks, so free
 space fragments as files die) and writes several files at once, in 8 KiB
 requests taken in turn, as a busy system does: what makes small-block
@@ -33,12 +34,20 @@ CHUNK = 8 * 1024
 STREAMS = 4
 
 # per workload: files on day 0, median size and spread (lognormal), the
-# largest file, and per later day the fractions created / rewritten / deleted
+# largest file, per later day the fractions created / rewritten / deleted,
+# and the share of rewrites that change only part of the file (whole
+# rewrites copy every block, so the copy is as dense as the original;
+# partial ones are where placement shows)
 WORKLOADS = {
-    "instructional": dict(files=6000, median=8 << 10, sigma=1.6, largest=2 << 20, new=0.06, rewrite=0.05, delete=0.05),
-    "research": dict(files=4000, median=16 << 10, sigma=1.8, largest=8 << 20, new=0.04, rewrite=0.03, delete=0.03),
-    "webserver": dict(files=800, median=96 << 10, sigma=1.4, largest=16 << 20, new=0.02, rewrite=0.30, delete=0.02),
+    "instructional": dict(files=6000, median=8 << 10, sigma=1.6, largest=2 << 20, new=0.06, rewrite=0.05, delete=0.05,
+                          partial=0.2),
+    "research": dict(files=4000, median=16 << 10, sigma=1.8, largest=8 << 20, new=0.04, rewrite=0.03, delete=0.03,
+                     partial=0.3),
+    "webserver": dict(files=800, median=96 << 10, sigma=1.4, largest=16 << 20, new=0.02, rewrite=0.30, delete=0.02,
+                      partial=0.5),
 }
+# a partial rewrite changes this share of the file's pieces
+PARTIAL_SHARE = 0.1
 
 
 class Volume:
@@ -97,14 +106,19 @@ def file_chunks(runs, size, chunk):
             left -= n
 
 
-def write_files(trace, files, chunk, streams):
-    """Write several files at once: `streams` files in progress, one chunk each in turn."""
+def write_files(trace, files, chunk, streams, rng):
+    """Write several files at once: `streams` files in progress, one chunk each in turn.
+    A file marked `partial` gets a random tenth of its chunks (at least one)."""
     queue = list(files)
     active = []
     while queue or active:
         while queue and len(active) < streams:
             f = queue.pop(0)
-            active.append(file_chunks(f["runs"], f["size"], chunk))
+            pieces = list(file_chunks(f["runs"], f["size"], chunk))
+            if f.pop("partial", False):
+                keep = max(1, int(len(pieces) * PARTIAL_SHARE))
+                pieces = sorted(rng.sample(pieces, keep))
+            active.append(iter(pieces))
         for it in list(active):
             req = next(it, None)
             if req is None:
@@ -163,9 +177,10 @@ def main():
             todo = [alive[i] for i in rng.sample(ids, int(len(ids) * w["rewrite"]))]
             for f in todo:
                 f["rewritten"] = True
+                f["partial"] = rng.random() < w["partial"]
             todo += create(int(n0 * w["new"]), day)
             rng.shuffle(todo)
-        write_files(trace, todo, a.chunk, a.streams)
+        write_files(trace, todo, a.chunk, a.streams, rng)
         trace.req(2, 0, 0)
 
     with open(a.trace, "wb") as out:

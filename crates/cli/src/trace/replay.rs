@@ -283,18 +283,95 @@ fn region_figures(runs: &[PhysicalRun], region_blocks: u64, used: &Occupancy) ->
     (seeks, if room == 0 { 1.0 } else { full as f64 / room as f64 })
 }
 
+/// The paper's density (seed 001, section 2: "the fraction of all
+/// blocks in the allocated region that contain data for the file to be
+/// read"): each logical region of the runs is read as few physical
+/// reads as its pieces allow, in physical order, a gap shorter than a
+/// region read through (chaff: others' blocks, old versions, free
+/// space). Returns the blocks wanted, the blocks read and the reads
+/// that do not start where the one before ended (the paper's seeks for
+/// virtual contiguity: one per dense region read).
+fn read_span(runs: &[PhysicalRun], region_blocks: u64, keep: impl Fn(u64) -> bool) -> (u64, u64, u64) {
+    let mut pieces: BTreeMap<u64, Vec<(u16, u64, u64)>> = BTreeMap::new();
+    for r in runs {
+        let (mut lba, mut block, end) = (r.lba, r.block, r.lba + r.len);
+        while lba < end {
+            let n = ((lba / region_blocks + 1) * region_blocks).min(end) - lba;
+            if keep(lba / region_blocks) {
+                pieces.entry(lba / region_blocks).or_default().push((r.device, block, block + n));
+            }
+            (lba, block) = (lba + n, block + n);
+        }
+    }
+    let (mut wanted, mut read, mut seeks) = (0, 0, 0);
+    let mut head = None;
+    let mut finish = |r: Option<(u16, u64, u64)>, read: &mut u64| {
+        if let Some((d, s, e)) = r {
+            *read += e - s;
+            seeks += u64::from(head != Some((d, s)));
+            head = Some((d, e));
+        }
+    };
+    for mut region in pieces.into_values() {
+        region.sort_unstable();
+        let mut reading: Option<(u16, u64, u64)> = None;
+        for (device, start, end) in region {
+            wanted += end - start;
+            reading = match reading {
+                Some((d, s, e)) if d == device && start < e + region_blocks => Some((d, s, e.max(end))),
+                other => {
+                    finish(other, &mut read);
+                    Some((device, start, end))
+                }
+            };
+        }
+        finish(reading, &mut read);
+    }
+    (wanted, read, seeks)
+}
+
+/// The paper's density and seeks of reading `runs` (see [`read_span`]).
+fn region_reads(runs: &[PhysicalRun], region_blocks: u64) -> (f64, u64) {
+    match read_span(runs, region_blocks, |_| true) {
+        (_, 0, _) => (1.0, 0),
+        (wanted, read, seeks) => (wanted as f64 / read as f64, seeks),
+    }
+}
+
+/// The logical regions of `head` (a file's runs) holding a block that
+/// some snapshot maps elsewhere: copied on write since (the paper's
+/// "COWed segments").
+fn copied_regions(pool: &Pool, vol: u32, epochs: &[u64], head: &[PhysicalRun], rb: u64) -> Result<BTreeSet<u64>> {
+    let mut regions = BTreeSet::new();
+    for &epoch in epochs {
+        for r in head {
+            for s in pool.physical_runs(vol, View::Snapshot(epoch), r.lba, r.len)? {
+                // Same place iff the snapshot's run is the head's, shifted.
+                if s.device != r.device || s.block + r.lba != r.block + s.lba {
+                    regions.extend(s.lba / rb..=(s.lba + s.len - 1) / rb);
+                }
+            }
+        }
+    }
+    Ok(regions)
+}
+
 #[derive(Default)]
 struct Tally {
     regions: u64,
     seeks: u64,
     density: f64,
+    read_density: f64,
+    read_seeks: u64,
 }
 
 impl Tally {
-    fn add(&mut self, seeks: u64, density: f64) {
+    fn add(&mut self, seeks: u64, density: f64, (read_density, read_seeks): (f64, u64)) {
         self.regions += 1;
         self.seeks += seeks;
         self.density += density;
+        self.read_density += read_density;
+        self.read_seeks += read_seeks;
     }
 
     fn json(&self) -> Value {
@@ -303,7 +380,10 @@ impl Tally {
 
     fn json_as(&self, count: &str, seeks: &str) -> Value {
         let n = self.regions.max(1) as f64;
-        json!({ count: self.regions, seeks: self.seeks as f64 / n, "density": self.density / n })
+        json!({
+            count: self.regions, seeks: self.seeks as f64 / n, "density": self.density / n,
+            "read_density": self.read_density / n, "read_seeks": self.read_seeks as f64 / n,
+        })
     }
 }
 
@@ -315,10 +395,12 @@ fn file_figures(pool: &Pool, exports: &BTreeMap<u32, Export>, opts: &ReplayOptio
     let rb = opts.region / BLOCK_SIZE;
     let (mut all, mut cow) = (Tally::default(), Tally::default());
     let (mut bytes, mut small, mut large) = (0u64, 0u64, 0u64);
+    let (mut copied_files, mut copied_density) = (0u64, 0.0);
     for f in &opts.files {
         let Some(vol) = exports.values().find(|e| e.name == f.export).and_then(|e| e.vol) else {
             bail!("the file list names export {:?}, which the trace does not write", f.export);
         };
+        let epochs: Vec<u64> = pool.list_snapshots(Some(&f.export))?.iter().map(|s| s.epoch).collect();
         let mut runs = Vec::new();
         for &(offset, length) in &f.extents {
             let (first, end) = (offset / BLOCK_SIZE, (offset + length).div_ceil(BLOCK_SIZE));
@@ -329,9 +411,15 @@ fn file_figures(pool: &Pool, exports: &BTreeMap<u32, Export>, opts: &ReplayOptio
             continue;
         }
         let (seeks, density) = region_figures(&runs, rb, used);
-        all.add(seeks, density);
+        let reads = region_reads(&runs, rb);
+        all.add(seeks, density, reads);
         if f.rewritten {
-            cow.add(seeks, density);
+            cow.add(seeks, density, reads);
+            let copied = copied_regions(pool, vol, &epochs, &runs, rb)?;
+            if let (wanted @ 1.., read, _) = read_span(&runs, rb, |r| copied.contains(&r)) {
+                copied_files += 1;
+                copied_density += wanted as f64 / read as f64;
+            }
         }
         bytes += size;
         small += size.div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
@@ -341,6 +429,9 @@ fn file_figures(pool: &Pool, exports: &BTreeMap<u32, Export>, opts: &ReplayOptio
     Ok(json!({
         "all": all.json_as("files", "seeks_per_file"),
         "rewritten_after_snapshot": cow.json_as("files", "seeks_per_file"),
+        "copied_regions": json!({
+            "files": copied_files, "read_density": copied_density / copied_files.max(1) as f64,
+        }),
         "internal_fragmentation": frag(small), "internal_fragmentation_large_blocks": frag(large),
     }))
 }
@@ -357,12 +448,13 @@ fn layout(pool: &Pool, vol: u32, name: &str, region: u64, device_blocks: u64, us
             continue;
         }
         let (seeks, density) = region_figures(&runs, rb, used);
-        all.add(seeks, density);
+        let reads = region_reads(&runs, rb);
+        all.add(seeks, density, reads);
         if let Some(epoch) = first_snap {
             let len = rb.min(size / BLOCK_SIZE - lba) * BLOCK_SIZE;
             let changed = pool.changed_runs(vol, View::Head, epoch, lba * BLOCK_SIZE, len)?;
             if changed.iter().any(|c| c.changed) {
-                cow.add(seeks, density);
+                cow.add(seeks, density, reads);
             }
         }
         for r in &runs {
@@ -411,6 +503,26 @@ mod tests {
         assert_eq!(region_figures(&[run(0, 2, 10), run(2, 2, 8)], 8, &used).0, 2, "backwards is a seek");
         assert!(reads_on(Some((0, 104)), 0, 112, 64), "a short gap forward is read through");
         assert!(!reads_on(Some((0, 104)), 0, 200, 64) && !reads_on(Some((0, 104)), 0, 100, 64));
+    }
+
+    #[test]
+    fn a_read_spans_chaff_within_a_region_and_not_beyond() {
+        // Regions of 8 blocks. Contiguous: all wanted.
+        assert_eq!(read_span(&[run(0, 8, 100)], 8, |_| true), (8, 8, 1));
+        // Two blocks copied next to the original (old versions left at
+        // 102, 103): one read of 100..110, 8 of 10 wanted.
+        assert_eq!(read_span(&[run(0, 2, 100), run(2, 2, 108), run(4, 4, 104)], 8, |_| true), (8, 10, 1));
+        // A copy a region or more away is a read of its own, no chaff.
+        assert_eq!(read_span(&[run(0, 4, 100), run(4, 4, 200)], 8, |_| true), (8, 8, 2));
+        // Logical regions are read apart: a run crossing one is split.
+        assert_eq!(read_span(&[run(6, 4, 100)], 8, |_| true), (4, 4, 1));
+        assert_eq!(read_span(&[run(0, 1, 100), run(8, 1, 105)], 8, |_| true), (2, 2, 2));
+        assert_eq!(read_span(&[run(0, 1, 100), run(8, 3, 105)], 8, |r| r == 1), (3, 3, 1), "only region 1");
+        let (density, seeks) = region_reads(&[run(0, 2, 100), run(2, 2, 108), run(4, 4, 104)], 8);
+        assert!((density - 0.8).abs() < 1e-9 && seeks == 1);
+        // A read that starts where the last one ended is no seek.
+        assert_eq!(region_reads(&[run(0, 8, 100), run(8, 8, 108)], 8).1, 1);
+        assert_eq!(region_reads(&[run(0, 8, 100), run(8, 8, 300)], 8).1, 2);
     }
 
     #[test]
