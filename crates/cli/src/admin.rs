@@ -361,10 +361,27 @@ fn compact(pool: &Pool, volume: Option<&str>, rate: Option<u64>, ctx: &mut Ctx) 
         }));
         if r.stopped {
             log::warn!("compaction stopped at volume {name}: the client went away; run it again to go on");
-            break;
+            return Ok(json!({ "volumes": done }));
         }
     }
-    Ok(json!({ "volumes": done }))
+    // The whole pool: partly used regions left behind are cleaned too.
+    let regions = match volume {
+        Some(_) => Value::Null,
+        None => {
+            let r = pool.clean_regions(&mut |d, t| {
+                (ctx.progress)(d, t);
+                tarn_engine::scrub::throttle(rate, looked + d * 4096, started);
+                !(ctx.abandoned)()
+            })?;
+            json!({
+                "region_bytes": tarn_engine::volumes::clean::CLEAN_REGION_BLOCKS * 4096,
+                "free_regions_before": r.free_regions_before, "free_regions_after": r.free_regions_after,
+                "cleaned": r.candidates, "freed": r.regions_freed, "moved_bytes": r.blocks_moved * 4096,
+                "stopped": r.stopped,
+            })
+        }
+    };
+    Ok(json!({ "volumes": done, "regions": regions }))
 }
 
 fn vol_flatten(pool: &Pool, name: &str, ctx: &mut Ctx) -> Result<Value, EngineError> {

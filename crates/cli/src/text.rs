@@ -202,6 +202,19 @@ pub fn compacted(v: &Value) -> String {
             c["snapshot_windows_moved"]
         );
     }
+    let r = &v["regions"];
+    if !r.is_null() {
+        s += &format!(
+            "free space: {} whole {} regions free before, {} after; {} partly used regions cleaned \
+             ({} freed), moved {}\n",
+            r["free_regions_before"],
+            b(&r["region_bytes"]),
+            r["free_regions_after"],
+            r["cleaned"],
+            r["freed"],
+            b(&r["moved_bytes"])
+        );
+    }
     s
 }
 

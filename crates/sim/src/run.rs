@@ -139,6 +139,9 @@ pub struct RunStats {
     pub crashes_mid_checkpoint: usize,
     /// Blocks compactions moved (`Pool::relayout`).
     pub blocks_relaid: usize,
+    /// Blocks cleaning passes moved out of partly used regions
+    /// (`Pool::clean_regions`).
+    pub blocks_cleaned: usize,
     /// Blocks file-system hints moved (`Pool::place_hinted`).
     pub blocks_hinted: usize,
     /// Device adds a crash cut, settled after reopen (done or not).
@@ -165,6 +168,7 @@ impl RunStats {
         self.background_checkpoints += o.background_checkpoints;
         self.crashes_mid_checkpoint += o.crashes_mid_checkpoint;
         self.blocks_relaid += o.blocks_relaid;
+        self.blocks_cleaned += o.blocks_cleaned;
         self.blocks_hinted += o.blocks_hinted;
         self.dev_adds_cut += o.dev_adds_cut;
         self.dev_grows_cut += o.dev_grows_cut;

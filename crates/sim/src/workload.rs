@@ -18,6 +18,10 @@ const MAX_BLOCKS: usize = 256;
 /// The engine's limit on generations of clones.
 const MAX_CLONE_DEPTH: usize = 16;
 
+/// Cleaning regions of the simulation's pools: 16 blocks, small enough
+/// that volumes of 8-256 blocks leave partly used ones behind.
+const CLEAN_BLOCKS: u64 = 16;
+
 /// Names every operation must refuse.
 fn bad_name(pick: usize) -> String {
     match pick % 6 {
@@ -232,14 +236,25 @@ impl Run {
         self.admin_outcome(Pending::Flatten { vol }, expect, r).map(drop)
     }
 
-    /// Re-lay out a volume: its contents, its snapshots' and its clones'
-    /// stay the same (checked by the next verification).
+    /// Re-lay out a volume, and half the time clean the pool's partly
+    /// used regions after it (`pool compact`): its contents, its
+    /// snapshots' and its clones' stay the same (checked by the next
+    /// verification).
     fn compact(&mut self) -> Result<(), String> {
         let (vol, _, _) = self.any_volume();
+        let clean = self.rng.random_bool(0.5);
         let mut progress: Vec<(u64, u64)> = Vec::new();
         let r = self.pool().relayout(&vol, &mut |done, total| progress.push((done, total)));
         trace!("compact {vol}: {r:?}");
         check_progress(&progress, r.is_ok()).map_err(|e| format!("compact {vol}: {e}"))?;
+        let r = match r {
+            Ok(report) if clean => self.pool().clean_regions_of(CLEAN_BLOCKS, &mut |_, _| true).map(|c| {
+                trace!("clean: {c:?}");
+                self.stats.blocks_cleaned += c.blocks_moved as usize;
+                report
+            }),
+            other => other,
+        };
         if let Ok(report) = &r {
             self.stats.blocks_relaid += report.blocks_moved as usize;
         }

@@ -67,6 +67,8 @@ fn snapshot_crash_simulation_500_seeds() {
     assert!(seeds < 100 || all_kinds, "admin ops done and cut: {stats:?}");
     // Compactions move data while snapshots and clones share some of it.
     assert!(seeds < 100 || stats.blocks_relaid > 0, "no compaction moved a block: {stats:?}");
+    // Cleaning passes move blocks out of partly used regions too.
+    assert!(seeds < 100 || stats.blocks_cleaned > 0, "no cleaning moved a block: {stats:?}");
     // So do file-system hints (to a cluster, the device, and back).
     assert!(seeds < 100 || stats.blocks_hinted > 0, "no hint moved a block: {stats:?}");
     // Quotas are set (op 22) and refuse writes; the checks after every

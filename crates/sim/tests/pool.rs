@@ -624,3 +624,58 @@ fn racing_writers_stop_exactly_at_the_quota() {
     assert_eq!((info.allocated, written.load(Ordering::SeqCst)), (4 * MIB, 4 * MIB));
     assert_clean(&pool);
 }
+
+/// AoDI's reclamation behind an append head: random overwrites of an
+/// `append` volume leave every region it first filled a quarter used;
+/// a cleaning pass must move what is left (head blocks, blocks a
+/// snapshot shares, blocks only the snapshot holds) into whole free
+/// regions and free the old ones, with every view and all usage as it was.
+#[test]
+fn cleaning_frees_whole_regions_behind_an_append_head() {
+    use tarn_engine::PlacementKind;
+    const BLOCKS: u64 = 4096; // 16 MiB: four cleaning regions
+    let (sims, pool) = new_pool(1, 96 * MIB);
+    let v = pool.create_volume_placed("log", BLOCKS * 4096, Some(PlacementKind::Append)).unwrap().id;
+    let mut head: Vec<u8> = (0..BLOCKS).map(|b| b as u8).collect();
+    for b in 0..BLOCKS {
+        pool.write(v, b * 4096, &vec![head[b as usize]; 4096], false).unwrap();
+    }
+    // Three quarters overwritten in random order: the first regions keep
+    // a quarter of their blocks, scattered.
+    let mut order: Vec<u64> = (0..BLOCKS).collect();
+    let mut x = 7u64;
+    for i in (1..order.len()).rev() {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        order.swap(i, (x >> 33) as usize % (i + 1));
+    }
+    for &b in &order[..3 * BLOCKS as usize / 4] {
+        head[b as usize] = head[b as usize].wrapping_add(100);
+        pool.write(v, b * 4096, &vec![head[b as usize]; 4096], false).unwrap();
+    }
+    let snap = pool.create_snapshot("log", "s").unwrap();
+    let snapshot = head.clone();
+    // Some of what is left then goes to the snapshot alone.
+    for &b in &order[3 * BLOCKS as usize / 4..][..256] {
+        head[b as usize] = 0xee;
+        pool.write(v, b * 4096, &vec![0xee; 4096], false).unwrap();
+    }
+    pool.flush().unwrap();
+    let (info, used) = (pool.snapshot_info("log", "s").unwrap(), pool.status().used);
+    let r = pool.clean_regions(&mut |_, _| true).unwrap();
+    assert!(r.regions_freed >= 3 && r.free_regions_after >= r.free_regions_before + 3, "{r:?}");
+    assert!(r.blocks_moved >= BLOCKS / 4 - 64, "{r:?}");
+    assert_eq!(pool.status().used, used, "cleaning changed the space in use");
+    let moved = pool.snapshot_info("log", "s").unwrap();
+    assert_eq!((moved.exclusive, moved.referenced), (info.exclusive, info.referenced), "{moved:?}");
+    let check = |pool: &Pool| {
+        let mut back = vec![0u8; (BLOCKS * 4096) as usize];
+        pool.read(v, 0, &mut back).unwrap();
+        assert!(back.chunks(4096).zip(&head).all(|(c, &h)| c.iter().all(|&x| x == h)), "the head changed");
+        pool.read_view(v, View::Snapshot(snap.epoch), 0, &mut back).unwrap();
+        assert!(back.chunks(4096).zip(&snapshot).all(|(c, &h)| c.iter().all(|&x| x == h)), "the snapshot changed");
+        assert_clean(pool);
+    };
+    check(&pool);
+    pool.close().unwrap();
+    check(&reopen(&sims).unwrap());
+}

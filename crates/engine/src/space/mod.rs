@@ -333,7 +333,7 @@ impl Space {
         Ok(found.map(|b| Pba::new(near.device(), b)))
     }
 
-    fn find_region_at(&mut self, device: usize, len: u64, at: u64) -> Result<Option<Pba>> {
+    pub(crate) fn find_region_at(&mut self, device: usize, len: u64, at: u64) -> Result<Option<Pba>> {
         let cursor = std::mem::replace(&mut self.devices[device].cursor, at);
         let found = self.find_region(device, len);
         self.devices[device].cursor = cursor;

@@ -13,7 +13,7 @@ use crate::io::RELAYOUT_RUN_BLOCKS;
 use crate::map::extent_map::Killed;
 use crate::pool::Pool;
 use crate::volumes::evacuate::LiveRun;
-use crate::volumes::relayout::{RelayoutReport, WINDOW_BLOCKS};
+use crate::volumes::relayout::{Destination, RelayoutReport, WINDOW_BLOCKS};
 use tarn_format::superblock::incompat;
 
 impl Pool {
@@ -72,7 +72,7 @@ impl Pool {
     fn move_dead_window(&self, window: Vec<LiveRun>) -> Result<(u64, bool)> {
         let mut moved = 0;
         for run in window {
-            match self.move_dead_run(run) {
+            match self.move_dead_run(run, &mut Destination::Placement) {
                 Ok(n) => moved += n,
                 Err(EngineError::NoSpace) => return Ok((moved, false)),
                 Err(e) => return Err(e),

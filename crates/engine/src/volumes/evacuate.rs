@@ -170,12 +170,19 @@ impl Pool {
 
     /// The live runs on member `index`, at most one window long each.
     fn live_runs(&self, index: usize) -> Result<Vec<LiveRun>> {
+        self.live_runs_where(&on_member(index))
+    }
+
+    /// The live runs (heads and dead lists) on blocks `keep` chooses, cut
+    /// at window boundaries and where `keep` changes its answer (origin
+    /// markers are never chosen). Walks every map.
+    pub(crate) fn live_runs_where(&self, keep: &Keep) -> Result<Vec<LiveRun>> {
         let inner = self.read_inner();
         let mut out = Vec::new();
         for v in inner.state.volumes.values() {
-            collect_runs(v, 0, v.map.entries()?, index, &mut out);
+            collect_runs(v, 0, v.map.entries()?, keep, &mut out);
             for s in &v.snapshots {
-                collect_runs(v, s.epoch, s.dead.entries()?, index, &mut out);
+                collect_runs(v, s.epoch, s.dead.entries()?, keep, &mut out);
             }
         }
         Ok(out)
@@ -183,23 +190,30 @@ impl Pool {
 
     /// Move one run; the blocks moved (0 if it changed meanwhile).
     fn move_live_run(&self, index: usize, run: LiveRun) -> Result<u64> {
+        self.move_run_where(run, &on_member(index), &mut Destination::Placement)
+    }
+
+    /// Move one run of [`Pool::live_runs_where`] to `dest`: of a head
+    /// window, the segments on blocks `keep` chooses. The blocks moved (0
+    /// if it changed meanwhile); `NoSpace` when `dest` has no room.
+    pub(crate) fn move_run_where(&self, run: LiveRun, keep: &Keep, dest: &mut Destination) -> Result<u64> {
         if run.snap == 0 {
-            let on_member = |_: &Volume, segs: &[Segment]| -> Vec<Segment> {
-                segs.iter().copied().filter(|s| matches!(*s, Segment::Mapped { pba, .. } if on(pba, index))).collect()
+            let chosen = |_: &Volume, segs: &[Segment]| -> Vec<Segment> {
+                segs.iter().copied().filter(|s| matches!(*s, Segment::Mapped { pba, .. } if real(pba, keep))).collect()
             };
-            return match self.move_window(run.vol, (run.lba, run.len), &on_member, &mut Destination::Placement)? {
+            return match self.move_window(run.vol, (run.lba, run.len), &chosen, dest)? {
                 Window::Moved(n) => Ok(n),
                 Window::NoRoom => Err(EngineError::NoSpace),
                 Window::Fine | Window::Skipped => Ok(0),
             };
         }
-        self.move_dead_run(run)
+        self.move_dead_run(run, dest)
     }
 
     /// Move a run of a snapshot's dead list: no client writes there, but a
     /// snapshot delete or rollback may change it, so the run is looked up
     /// again under the pool lock before the Relocate is applied.
-    pub(crate) fn move_dead_run(&self, run: LiveRun) -> Result<u64> {
+    pub(crate) fn move_dead_run(&self, run: LiveRun, dest: &mut Destination) -> Result<u64> {
         let seg = Segment::Mapped { lba: run.lba, len: run.len, pba: run.pba, birth: run.birth };
         let head_blocks = self.read_inner().state.volume(run.vol).map_or(0, Volume::blocks);
         if run.lba + run.len > head_blocks {
@@ -214,7 +228,7 @@ impl Pool {
         }
         let mut data = vec![0u8; (run.len * BLOCK_SIZE) as usize];
         self.read_view(run.vol, View::Snapshot(run.snap), run.lba * BLOCK_SIZE, &mut data)?;
-        let fresh = self.allocate_holes(run.vol, &[Segment::Hole { lba: run.lba, len: run.len }], &Vec::new())?;
+        let fresh = dest.allocate(self, run.vol, &[Segment::Hole { lba: run.lba, len: run.len }])?;
         let bs = BLOCK_SIZE as usize;
         let piece = |at: u64, n: u64| &data[(at - run.lba) as usize * bs..(at - run.lba + n) as usize * bs];
         for p in &fresh {
@@ -264,23 +278,37 @@ fn shows_run(segs: &[Segment], run: &LiveRun) -> bool {
     at == run.lba + run.len
 }
 
-/// Whether `pba` is a real block on member `index` (not an origin marker).
-fn on(pba: Pba, index: usize) -> bool {
-    !pba.is_origin() && usize::from(pba.device()) == index
+/// Which blocks a mover takes: for the run of `len` blocks at `pba`,
+/// whether its first block is taken and how many blocks from there (at
+/// least one, at most `len`) get the same answer.
+pub(crate) type Keep<'a> = dyn Fn(Pba, u64) -> (bool, u64) + 'a;
+
+/// Blocks on member `index`.
+fn on_member(index: usize) -> impl Fn(Pba, u64) -> (bool, u64) {
+    move |pba, len| (usize::from(pba.device()) == index, len)
 }
 
-/// The entries of one map on member `index`, cut at window boundaries.
-fn collect_runs(v: &Volume, snap: u64, entries: crate::map::extent_map::Killed, index: usize, out: &mut Vec<LiveRun>) {
+/// Whether `pba` is a real block (not an origin marker) `keep` takes.
+fn real(pba: Pba, keep: &Keep) -> bool {
+    !pba.is_origin() && keep(pba, 1).0
+}
+
+/// The entries of one map on blocks `keep` takes, cut at window
+/// boundaries and where `keep`'s answer changes.
+fn collect_runs(v: &Volume, snap: u64, entries: crate::map::extent_map::Killed, keep: &Keep, out: &mut Vec<LiveRun>) {
     for (lba, e) in entries {
-        if !on(e.pba, index) {
+        if e.pba.is_origin() {
             continue;
         }
         let mut at = lba;
         while at < lba + e.len {
-            let end = (at / WINDOW_BLOCKS + 1) * WINDOW_BLOCKS;
-            let len = end.min(lba + e.len) - at;
+            let end = ((at / WINDOW_BLOCKS + 1) * WINDOW_BLOCKS).min(lba + e.len);
             let pba = e.pba.offset_by(at - lba);
-            out.push(LiveRun { vol: v.id, snap, lba: at, len, pba, birth: e.birth });
+            let (taken, same) = keep(pba, end - at);
+            let len = same.clamp(1, end - at);
+            if taken {
+                out.push(LiveRun { vol: v.id, snap, lba: at, len, pba, birth: e.birth });
+            }
             at += len;
         }
     }

@@ -260,7 +260,7 @@ pub(crate) enum Destination<'a> {
 }
 
 impl Destination<'_> {
-    fn allocate(&mut self, pool: &Pool, id: u32, wanted: &[Segment]) -> Result<Vec<NewPiece>> {
+    pub(crate) fn allocate(&mut self, pool: &Pool, id: u32, wanted: &[Segment]) -> Result<Vec<NewPiece>> {
         match self {
             Destination::Placement => pool.allocate_holes(id, wanted, &Vec::new()),
             Destination::Cursor { device, cursor } => pool.allocate_at_cursor(wanted, *device, cursor),

@@ -1,0 +1,219 @@
+//! Cleaning physical regions (`tarn pool compact`, AoDI's reclamation of
+//! the space behind an append head): free space left behind by
+//! overwrites, trims and deletions is cut into holes that a sequential
+//! writer cannot use whole. A pass looks at each device in regions of
+//! [`CLEAN_REGION_BLOCKS`], takes those at most half used (emptiest
+//! first, never the one the allocation cursor is in), and moves their
+//! live blocks, in the order the maps list them, into whole free regions
+//! of the same device (so per-volume device sets and stripes keep their
+//! members). Each move is the evacuation's: a head window by the
+//! compaction's swap (blocks the head owns are mapped anew, shared ones
+//! relocated for every sharer), a snapshot's dead run by Relocate; so
+//! sharing is kept and no snapshot grows. A region is freed once the
+//! commit after the moves frees what they replaced.
+
+use crate::error::{EngineError, Result};
+use crate::pool::Pool;
+use crate::space::metadata_start;
+use crate::volumes::evacuate::LiveRun;
+use crate::volumes::relayout::Destination;
+use std::collections::{BTreeMap, BTreeSet};
+use tarn_format::superblock::incompat;
+use tarn_format::Pba;
+
+/// The cleaner's region: 4 MiB, long enough that a sequential writer
+/// given one runs at device speed.
+pub const CLEAN_REGION_BLOCKS: u64 = 1024;
+
+/// Regions looked at per device and pass (a pass walks every map once).
+const MAX_CANDIDATES: usize = 4096;
+
+/// What a cleaning pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CleanReport {
+    /// Whole free regions on the devices before and after.
+    pub free_regions_before: u64,
+    pub free_regions_after: u64,
+    /// Regions chosen (at most half used), and those of them now free.
+    pub candidates: u64,
+    pub regions_freed: u64,
+    pub blocks_moved: u64,
+    /// Stopped because the caller asked; what moved is durable.
+    pub stopped: bool,
+}
+
+/// One device's free blocks per region of its data area.
+struct Occupancy {
+    device: usize,
+    data_start: u64,
+    /// Blocks per region.
+    region: u64,
+    free: Vec<u64>,
+    /// The region the allocation cursor is in (the append head).
+    head: u64,
+}
+
+impl Occupancy {
+    fn whole_free(&self) -> u64 {
+        self.free.iter().filter(|&&f| f == self.region).count() as u64
+    }
+
+    /// Regions at most half used, not empty, not the head's: emptiest first.
+    fn candidates(&self) -> Vec<u64> {
+        let mut c: Vec<(u64, u64)> = (0..self.free.len() as u64)
+            .filter(|&r| r != self.head)
+            .map(|r| (self.region - self.free[r as usize], r))
+            .filter(|&(used, _)| used > 0 && used <= self.region / 2)
+            .collect();
+        c.sort_unstable();
+        c.into_iter().take(MAX_CANDIDATES).map(|(_, r)| r).collect()
+    }
+
+    fn region_of(&self, block: u64) -> Option<u64> {
+        block.checked_sub(self.data_start).map(|b| b / self.region)
+    }
+
+    fn region_end(&self, r: u64) -> u64 {
+        self.data_start + (r + 1) * self.region
+    }
+}
+
+/// Where a device's moved blocks go: next-fit from a whole free region.
+struct Target {
+    cursor: u64,
+    /// Blocks left in the current whole free region.
+    left: u64,
+}
+
+impl Pool {
+    /// One cleaning pass over every usable device (see the module docs).
+    /// `go_on(moved, total)` in blocks is asked after every move; false
+    /// stops. Durable (committed) when it returns.
+    pub fn clean_regions(&self, go_on: &mut dyn FnMut(u64, u64) -> bool) -> Result<CleanReport> {
+        self.clean_regions_of(CLEAN_REGION_BLOCKS, go_on)
+    }
+
+    /// [`Pool::clean_regions`] with regions of `region` blocks (a power of
+    /// two; the crash simulation's small pools use small ones).
+    pub fn clean_regions_of(&self, region: u64, go_on: &mut dyn FnMut(u64, u64) -> bool) -> Result<CleanReport> {
+        if region == 0 || !region.is_power_of_two() {
+            return Err(EngineError::InvalidArgument(format!("a cleaning region of {region} blocks")));
+        }
+        self.check_writable()?;
+        let before = self.occupancy(region)?;
+        let mut report =
+            CleanReport { free_regions_before: before.iter().map(Occupancy::whole_free).sum(), ..Default::default() };
+        let chosen: BTreeMap<usize, BTreeSet<u64>> =
+            before.iter().map(|o| (o.device, o.candidates().into_iter().collect())).collect();
+        report.candidates = chosen.values().map(|c| c.len() as u64).sum();
+        if report.candidates == 0 {
+            report.free_regions_after = report.free_regions_before;
+            return Ok(report);
+        }
+        if self.read_inner().state.volumes.values().any(|v| !v.snapshots.is_empty() || v.origin.is_some()) {
+            // Shared blocks move by Relocate: older tarns must not replay it.
+            self.enable_feature(&mut self.lock_commit(), incompat::RELOCATE)?;
+        }
+        let keep = |pba: Pba, len: u64| in_chosen(&before, &chosen, pba, len);
+        let runs = self.live_runs_where(&keep)?;
+        report.stopped = self.move_to_free_regions(&runs, &keep, &before, go_on, &mut report.blocks_moved)?;
+        self.flush()?;
+        let after = self.occupancy(region)?;
+        report.free_regions_after = after.iter().map(Occupancy::whole_free).sum();
+        report.regions_freed = after
+            .iter()
+            .map(|o| chosen.get(&o.device).map_or(0, |c| c.iter().filter(|&&r| o.free[r as usize] == region).count()))
+            .sum::<usize>() as u64;
+        Ok(report)
+    }
+
+    /// Move `runs` into whole free regions of their devices; whether the
+    /// caller stopped it. A device with no whole free region left keeps
+    /// the rest of its runs where they are.
+    fn move_to_free_regions(
+        &self,
+        runs: &[LiveRun],
+        keep: &crate::volumes::evacuate::Keep,
+        occupancy: &[Occupancy],
+        go_on: &mut dyn FnMut(u64, u64) -> bool,
+        moved: &mut u64,
+    ) -> Result<bool> {
+        let total: u64 = runs.iter().map(|r| r.len).sum();
+        let mut targets: BTreeMap<usize, Option<Target>> = BTreeMap::new();
+        for run in runs {
+            let device = usize::from(run.pba.device());
+            let Some(o) = occupancy.iter().find(|o| o.device == device) else { continue };
+            let target = targets.entry(device).or_insert_with(|| Some(Target { cursor: o.data_start, left: 0 }));
+            let Some(t) = target.as_mut() else { continue };
+            if t.left < run.len && !self.next_free_region(device, o.region, t)? {
+                *target = None;
+                continue;
+            }
+            self.make_room()?;
+            let start = t.cursor;
+            let result = self.move_run_where(*run, keep, &mut Destination::Cursor { device, cursor: &mut t.cursor });
+            t.left = t.left.saturating_sub(t.cursor.saturating_sub(start));
+            match result {
+                Ok(n) => *moved += n,
+                Err(EngineError::NoSpace) => *target = None,
+                Err(e) => return Err(e),
+            }
+            if !go_on(*moved, total) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Point `t` at the next whole free region of `device` after its
+    /// cursor (the device's own cursor left alone); false if none.
+    fn next_free_region(&self, device: usize, region: u64, t: &mut Target) -> Result<bool> {
+        let mut inner = self.write_inner();
+        let Some(found) = inner.space.find_region_at(device, region, t.cursor)? else { return Ok(false) };
+        t.cursor = found.block();
+        t.left = region;
+        Ok(true)
+    }
+
+    /// Free blocks per cleaning region of every usable device's data area
+    /// (below where metadata goes); walks the space maps.
+    fn occupancy(&self, region: u64) -> Result<Vec<Occupancy>> {
+        let inner = self.read_inner();
+        let sp = &inner.space;
+        let mut out = Vec::new();
+        for (device, d) in sp.devices.iter().enumerate().filter(|(i, _)| sp.usable(*i)) {
+            let end = metadata_start(d);
+            let regions = end.saturating_sub(d.data_start) / region;
+            let mut o =
+                Occupancy { device, data_start: d.data_start, region, free: vec![0; regions as usize], head: 0 };
+            o.head = o.region_of(d.cursor).unwrap_or(0);
+            for (start, len) in sp.free_ranges(device)? {
+                count_free(&mut o, start, start + len);
+            }
+            out.push(o);
+        }
+        Ok(out)
+    }
+}
+
+/// Add the free blocks [start, end) to the regions they fall in.
+fn count_free(o: &mut Occupancy, start: u64, end: u64) {
+    let mut at = start.max(o.data_start);
+    while at < end {
+        let Some(r) = o.region_of(at).filter(|&r| (r as usize) < o.free.len()) else { return };
+        let n = o.region_end(r).min(end) - at;
+        o.free[r as usize] += n;
+        at += n;
+    }
+}
+
+/// Whether `pba` lies in a chosen region, and for how many of `len`
+/// blocks the answer holds.
+fn in_chosen(occupancy: &[Occupancy], chosen: &BTreeMap<usize, BTreeSet<u64>>, pba: Pba, len: u64) -> (bool, u64) {
+    let device = usize::from(pba.device());
+    let Some(o) = occupancy.iter().find(|o| o.device == device) else { return (false, len) };
+    let Some(r) = o.region_of(pba.block()) else { return (false, len) };
+    let to_region_end = o.region_end(r) - pba.block();
+    let taken = chosen.get(&device).is_some_and(|c| c.contains(&r));
+    (taken, len.min(to_region_end))
+}
