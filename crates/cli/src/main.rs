@@ -376,8 +376,10 @@ enum PoolCmd {
     /// Exit 0 when nothing is lost, 1 when ranges are lost (listed).
     Repair(ScrubArgs),
     /// Re-lay out volumes online so scattered data reads sequentially again:
-    /// every 1 MiB whose data lies in short runs moves to one new run.
-    /// Blocks shared with snapshots or clones stay where they are.
+    /// every 1 MiB whose data lies in short runs moves to one new run (blocks
+    /// snapshots or clones share move for all of them). Without --volume, then
+    /// clean the pool: live data of 4 MiB regions at most half used moves into
+    /// whole free regions, so free space is in long runs again.
     Compact {
         /// Only this volume (default: every volume).
         #[arg(long)]
