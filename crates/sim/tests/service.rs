@@ -218,3 +218,51 @@ fn a_fragmentation_threshold_compacts_while_clients_write() {
     }
     assert!(pool.check().is_clean());
 }
+
+/// AoDI's compactor reclaims the space behind an append head on its own:
+/// once clients are idle and the volumes compact, the idle compactor
+/// cleans the partly used regions random overwrites left, contents kept.
+#[test]
+fn the_idle_compactor_cleans_regions_behind_an_append_head() {
+    use tarn_engine::volumes::clean::CLEAN_REGION_BLOCKS;
+    use tarn_engine::PlacementKind;
+    let (_sim, pool) = one_device_pool(96 * MIB);
+    let pool = Arc::new(pool);
+    let blocks = 16 * MIB / 4096;
+    let v = pool.create_volume_placed("log", 16 * MIB, Some(PlacementKind::Append)).unwrap().id;
+    let mut last = vec![0u8; blocks as usize];
+    for b in 0..blocks {
+        pool.write(v, b * 4096, &vec![b as u8; 4096], false).unwrap();
+        last[b as usize] = b as u8;
+    }
+    // Three quarters overwritten: each 4 MiB region keeps its first MiB,
+    // one long run, which the compaction of volumes leaves alone.
+    for b in (0..blocks).filter(|b| b % 1024 >= 256) {
+        pool.write(v, b * 4096, &vec![0xa0 ^ b as u8; 4096], false).unwrap();
+        last[b as usize] = 0xa0 ^ b as u8;
+    }
+    pool.flush().unwrap();
+    let left = |pool: &tarn_engine::Pool| pool.start_cleaning(CLEAN_REGION_BLOCKS, &|_| true).unwrap().report;
+    let before = left(&pool);
+    assert!(before.candidates >= 4, "{before:?}");
+    let opts = ServiceOptions {
+        commit_interval: Duration::from_millis(50),
+        tick: Duration::from_millis(10),
+        notice: None,
+        compact_idle: Some(Duration::from_millis(200)),
+        compact_at: None,
+    };
+    let service = Service::start(pool.clone(), opts);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while left(&pool).candidates > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    service.stop();
+    let after = left(&pool);
+    assert_eq!(after.candidates, 0, "still partly used regions after 60 s idle: {after:?} (before {before:?})");
+    assert!(after.free_regions_before >= before.free_regions_before + 3, "{after:?} (before {before:?})");
+    let mut back = vec![0u8; 16 * MIB as usize];
+    pool.read(v, 0, &mut back).unwrap();
+    assert!(back.chunks(4096).zip(&last).all(|(c, &x)| c.iter().all(|&y| y == x)), "the volume changed");
+    assert!(pool.check().is_clean());
+}

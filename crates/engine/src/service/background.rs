@@ -10,6 +10,7 @@
 //! between looks at the stop flag, so stopping takes at most one step.
 
 use crate::pool::Pool;
+use crate::volumes::clean::CleanPass;
 use crate::volumes::relayout::RelayoutCursor;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
@@ -229,13 +230,26 @@ fn run_compactor(pool: &Pool, when: Compaction, stop: &Stop) {
     let writes = || pool.write_gen.load(Ordering::SeqCst);
     let (mut seen, mut quiet_since) = (writes(), Instant::now());
     let (mut moved_in_pass, mut rest_at, mut busy_rest) = (0u64, None, Instant::now());
+    let (mut cleaning, mut cleaned_at) = (None, None);
     while !stop.wait(COMPACT_TICK) {
         let now = writes();
         let written = now != seen;
         if written {
             (seen, quiet_since) = (now, Instant::now());
         }
-        let idle = !written && when.idle.is_some_and(|i| quiet_since.elapsed() >= i) && rest_at != Some(now);
+        let quiet = !written && when.idle.is_some_and(|i| quiet_since.elapsed() >= i);
+        if quiet && rest_at == Some(now) && cleaned_at != Some(now) && !pool.is_fenced() {
+            // The volumes are compact and clients idle: clean the regions
+            // left behind. Its own moves are not a client's writes.
+            let finished = clean_tick(pool, &mut cleaning);
+            seen = writes();
+            rest_at = Some(seen);
+            if finished {
+                cleaned_at = Some(seen);
+            }
+            continue;
+        }
+        let idle = quiet && rest_at != Some(now);
         let busy = !idle && Instant::now() >= busy_rest && when.at.is_some_and(|at| fragmented(pool, at));
         if !(idle || busy) || pool.is_fenced() {
             continue;
@@ -260,6 +274,40 @@ fn run_compactor(pool: &Pool, when: Compaction, stop: &Stop) {
             }
         }
     }
+}
+
+/// One step of the idle cleaning pass (started if none is under way):
+/// up to `COMPACT_WINDOWS` runs moved. Whether the pass is over (done, or
+/// failed: logged, and left until clients write again).
+fn clean_tick(pool: &Pool, cleaning: &mut Option<CleanPass>) -> bool {
+    let step = |pass: &mut Option<CleanPass>| -> crate::error::Result<bool> {
+        let p = match pass {
+            Some(p) => p,
+            None => pass.insert(pool.start_idle_cleaning()?),
+        };
+        pool.clean_step(p, COMPACT_WINDOWS)?;
+        match pass.take_if(|p| p.done()) {
+            Some(done) => {
+                let r = pool.finish_cleaning(done)?;
+                if r.blocks_moved > 0 {
+                    log::info!(
+                        "idle cleaning: {} of {} partly used regions freed, {} MiB moved; {} whole free regions",
+                        r.regions_freed,
+                        r.candidates,
+                        r.blocks_moved >> 8,
+                        r.free_regions_after
+                    );
+                }
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    };
+    step(cleaning).unwrap_or_else(|e| {
+        log::warn!("idle cleaning: {e}");
+        *cleaning = None;
+        true
+    })
 }
 
 /// Whether the block volumes hold more than `at` extents per GiB they

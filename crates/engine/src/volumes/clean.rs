@@ -13,7 +13,9 @@
 //! commit after the moves frees what they replaced.
 
 use crate::error::{EngineError, Result};
+use crate::map::state::Volume;
 use crate::pool::Pool;
+use crate::space::placement::PlacementKind;
 use crate::space::metadata_start;
 use crate::volumes::evacuate::LiveRun;
 use crate::volumes::relayout::Destination;
@@ -58,13 +60,20 @@ impl Occupancy {
         self.free.iter().filter(|&&f| f == self.region).count() as u64
     }
 
-    /// Regions at most half used, not empty, not the head's: emptiest first.
+    /// Regions at most half used, not empty, not the head's: emptiest
+    /// first; none unless there are two. Moving k such regions fills at
+    /// most ceil(k/2) whole ones, so two or more free at least one net,
+    /// while a lone one (the last region a pass filled, say) would only
+    /// move from one partly used region to another.
     fn candidates(&self) -> Vec<u64> {
         let mut c: Vec<(u64, u64)> = (0..self.free.len() as u64)
             .filter(|&r| r != self.head)
             .map(|r| (self.region - self.free[r as usize], r))
             .filter(|&(used, _)| used > 0 && used <= self.region / 2)
             .collect();
+        if c.len() < 2 {
+            return Vec::new();
+        }
         c.sort_unstable();
         c.into_iter().take(MAX_CANDIDATES).map(|(_, r)| r).collect()
     }
@@ -85,6 +94,32 @@ struct Target {
     left: u64,
 }
 
+/// A cleaning pass in progress: the regions chosen and the live runs in
+/// them when it started, moved a few at a time (the idle compactor's
+/// steps; a run changed since is found changed by its move and left).
+pub struct CleanPass {
+    region: u64,
+    before: Vec<Occupancy>,
+    chosen: BTreeMap<usize, BTreeSet<u64>>,
+    runs: Vec<LiveRun>,
+    next: usize,
+    /// Per device, where moved blocks go; None once it has no whole free
+    /// region left (its remaining runs stay).
+    targets: BTreeMap<usize, Option<Target>>,
+    pub report: CleanReport,
+}
+
+impl CleanPass {
+    /// Blocks the pass set out to move.
+    pub fn total_blocks(&self) -> u64 {
+        self.runs.iter().map(|r| r.len).sum()
+    }
+
+    pub fn done(&self) -> bool {
+        self.next >= self.runs.len()
+    }
+}
+
 impl Pool {
     /// One cleaning pass over every usable device (see the module docs).
     /// `go_on(moved, total)` in blocks is asked after every move; false
@@ -96,53 +131,66 @@ impl Pool {
     /// [`Pool::clean_regions`] with regions of `region` blocks (a power of
     /// two; the crash simulation's small pools use small ones).
     pub fn clean_regions_of(&self, region: u64, go_on: &mut dyn FnMut(u64, u64) -> bool) -> Result<CleanReport> {
+        let mut pass = self.start_cleaning(region, &|_| true)?;
+        let total = pass.total_blocks();
+        while !pass.done() {
+            self.clean_step(&mut pass, 1)?;
+            if !go_on(pass.report.blocks_moved, total) {
+                pass.report.stopped = !pass.done();
+                break;
+            }
+        }
+        self.finish_cleaning(pass)
+    }
+
+    /// Choose the regions to clean and list the live runs in them (walks
+    /// the space maps and every map), those of volumes `volume_ok` takes.
+    pub fn start_cleaning(&self, region: u64, volume_ok: &dyn Fn(u32) -> bool) -> Result<CleanPass> {
         if region == 0 || !region.is_power_of_two() {
             return Err(EngineError::InvalidArgument(format!("a cleaning region of {region} blocks")));
         }
         self.check_writable()?;
         let before = self.occupancy(region)?;
-        let mut report =
+        let report =
             CleanReport { free_regions_before: before.iter().map(Occupancy::whole_free).sum(), ..Default::default() };
         let chosen: BTreeMap<usize, BTreeSet<u64>> =
             before.iter().map(|o| (o.device, o.candidates().into_iter().collect())).collect();
-        report.candidates = chosen.values().map(|c| c.len() as u64).sum();
-        if report.candidates == 0 {
-            report.free_regions_after = report.free_regions_before;
-            return Ok(report);
+        let mut pass = CleanPass { region, before, chosen, runs: Vec::new(), next: 0, targets: BTreeMap::new(), report };
+        pass.report.candidates = pass.chosen.values().map(|c| c.len() as u64).sum();
+        if pass.report.candidates == 0 {
+            return Ok(pass);
         }
         if self.read_inner().state.volumes.values().any(|v| !v.snapshots.is_empty() || v.origin.is_some()) {
             // Shared blocks move by Relocate: older tarns must not replay it.
             self.enable_feature(&mut self.lock_commit(), incompat::RELOCATE)?;
         }
-        let keep = |pba: Pba, len: u64| in_chosen(&before, &chosen, pba, len);
+        let keep = |pba: Pba, len: u64| in_chosen(&pass.before, &pass.chosen, pba, len);
         let runs = self.live_runs_where(&keep)?;
-        report.stopped = self.move_to_free_regions(&runs, &keep, &before, go_on, &mut report.blocks_moved)?;
-        self.flush()?;
-        let after = self.occupancy(region)?;
-        report.free_regions_after = after.iter().map(Occupancy::whole_free).sum();
-        report.regions_freed = after
-            .iter()
-            .map(|o| chosen.get(&o.device).map_or(0, |c| c.iter().filter(|&&r| o.free[r as usize] == region).count()))
-            .sum::<usize>() as u64;
-        Ok(report)
+        pass.runs = runs.into_iter().filter(|r| volume_ok(r.vol)).collect();
+        Ok(pass)
     }
 
-    /// Move `runs` into whole free regions of their devices; whether the
-    /// caller stopped it. A device with no whole free region left keeps
-    /// the rest of its runs where they are.
-    fn move_to_free_regions(
-        &self,
-        runs: &[LiveRun],
-        keep: &crate::volumes::evacuate::Keep,
-        occupancy: &[Occupancy],
-        go_on: &mut dyn FnMut(u64, u64) -> bool,
-        moved: &mut u64,
-    ) -> Result<bool> {
-        let total: u64 = runs.iter().map(|r| r.len).sum();
-        let mut targets: BTreeMap<usize, Option<Target>> = BTreeMap::new();
-        for run in runs {
+    /// The idle compactor's pass: 4 MiB regions; `inplace` volumes' data
+    /// stays where their first writes put it.
+    pub fn start_idle_cleaning(&self) -> Result<CleanPass> {
+        let inplace: BTreeSet<u32> = {
+            let inner = self.read_inner();
+            let placed = |v: &&Volume| inner.placement_of(v) == PlacementKind::Inplace;
+            inner.state.volumes.values().filter(placed).map(|v| v.id).collect()
+        };
+        self.start_cleaning(CLEAN_REGION_BLOCKS, &|v| !inplace.contains(&v))
+    }
+
+    /// Move up to `runs` more runs of `pass` into whole free regions of
+    /// their devices. Not flushed: the committer commits the moves.
+    pub fn clean_step(&self, pass: &mut CleanPass, runs: usize) -> Result<()> {
+        self.check_writable()?;
+        let CleanPass { before, chosen, targets, report, .. } = pass;
+        let keep = |pba: Pba, len: u64| in_chosen(before, chosen, pba, len);
+        for run in pass.runs.iter().skip(pass.next).take(runs) {
+            pass.next += 1;
             let device = usize::from(run.pba.device());
-            let Some(o) = occupancy.iter().find(|o| o.device == device) else { continue };
+            let Some(o) = before.iter().find(|o| o.device == device) else { continue };
             let target = targets.entry(device).or_insert_with(|| Some(Target { cursor: o.data_start, left: 0 }));
             let Some(t) = target.as_mut() else { continue };
             if t.left < run.len && !self.next_free_region(device, o.region, t)? {
@@ -151,18 +199,30 @@ impl Pool {
             }
             self.make_room()?;
             let start = t.cursor;
-            let result = self.move_run_where(*run, keep, &mut Destination::Cursor { device, cursor: &mut t.cursor });
+            let result = self.move_run_where(*run, &keep, &mut Destination::Cursor { device, cursor: &mut t.cursor });
             t.left = t.left.saturating_sub(t.cursor.saturating_sub(start));
             match result {
-                Ok(n) => *moved += n,
+                Ok(n) => report.blocks_moved += n,
                 Err(EngineError::NoSpace) => *target = None,
                 Err(e) => return Err(e),
             }
-            if !go_on(*moved, total) {
-                return Ok(true);
-            }
         }
-        Ok(false)
+        Ok(())
+    }
+
+    /// Commit what `pass` moved and count the regions it freed.
+    pub fn finish_cleaning(&self, mut pass: CleanPass) -> Result<CleanReport> {
+        self.flush()?;
+        let after = self.occupancy(pass.region)?;
+        pass.report.free_regions_after = after.iter().map(Occupancy::whole_free).sum();
+        pass.report.regions_freed = after
+            .iter()
+            .map(|o| {
+                let freed = |r: &&u64| o.free.get(**r as usize) == Some(&pass.region);
+                pass.chosen.get(&o.device).map_or(0, |c| c.iter().filter(freed).count())
+            })
+            .sum::<usize>() as u64;
+        Ok(pass.report)
     }
 
     /// Point `t` at the next whole free region of `device` after its
