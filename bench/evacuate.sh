@@ -77,7 +77,7 @@ evac() {
   else
     "$TARN" dev remove --cancel "$m" -p "$pool" >/dev/null
   fi
-  py "import json;j=json.loads('''$out''');print(j['moved_bytes']>>20, round($t1-$t0, 2))"
+  py "import json;j=json.loads('''$out''');print(j['moved_bytes']>>20, round($t1-$t0, 2), j['live_bytes']>>20)"
 }
 copy_rate() { # MiB: sequential copy of the member file's first MiB
   drop_caches
@@ -96,19 +96,19 @@ copy_rate() { # MiB: sequential copy of the member file's first MiB
     fill
     on=$(live)
     copy=$(copy_rate "$on")
-    read -r m1 t1 < <(evac)
+    read -r m1 t1 l1 < <(evac)
     idle=$(py "print(round($m1/$t1))")
     fill
     secs=$(py "print(max(3, round($t1)))")
     if [ $((r % 2)) = 1 ]; then
       base=$(randw "$secs"); fill
-      randw "$secs" >"$DIR/iops" & F=$!; read -r m2 t2 < <(evac); wait $F; loaded_iops=$(cat "$DIR/iops")
+      randw "$secs" >"$DIR/iops" & F=$!; read -r m2 t2 l2 < <(evac); wait $F; loaded_iops=$(cat "$DIR/iops")
     else
-      randw "$secs" >"$DIR/iops" & F=$!; read -r m2 t2 < <(evac); wait $F; loaded_iops=$(cat "$DIR/iops"); fill
+      randw "$secs" >"$DIR/iops" & F=$!; read -r m2 t2 l2 < <(evac); wait $F; loaded_iops=$(cat "$DIR/iops"); fill
       base=$(randw "$secs")
     fi
     loaded=$(py "print(round($m2/$t2))")
-    echo "round $r: $on MiB on member 1; copy $copy MiB/s; evacuation idle $m1 MiB in ${t1}s = $idle MiB/s = $(py "print(f'{$idle/$copy:.2f}')")x copy;" \
-      "under 4K randwrite: $m2 MiB in ${t2}s = $loaded MiB/s ($(py "print(f'{$loaded/$idle:.2f}')")x idle); client IOPS $loaded_iops vs $base alone = $(py "print(f'{$loaded_iops/max($base,1):.2f}')")x"
+    echo "round $r: $on MiB in use on member 1; copy $copy MiB/s; evacuation idle $m1 MiB of $l1 live in ${t1}s = $idle MiB/s = $(py "print(f'{$idle/$copy:.2f}')")x copy;" \
+      "under 4K randwrite: $m2 MiB of $l2 live in ${t2}s = $loaded MiB/s ($(py "print(f'{$loaded/$idle:.2f}')")x idle); client IOPS $loaded_iops vs $base alone = $(py "print(f'{$loaded_iops/max($base,1):.2f}')")x"
   done
 } | tee "$OUT"
