@@ -134,14 +134,7 @@ fn idle_compaction_re_lays_out_scattered_data() {
     }
     let scattered = pool.volume_info(v).unwrap().extents;
     assert!(scattered > 1000, "the fill made only {scattered} extents");
-    let opts = ServiceOptions {
-        commit_interval: Duration::from_millis(50),
-        tick: Duration::from_millis(10),
-        notice: None,
-        compact_idle: Some(Duration::from_millis(200)),
-        compact_at: None,
-    };
-    let service = Service::start(pool.clone(), opts);
+    let service = Service::start(pool.clone(), idle_compaction_after_200_ms());
     let deadline = Instant::now() + Duration::from_secs(20);
     while pool.volume_info(v).unwrap().extents > 8 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
@@ -245,14 +238,7 @@ fn the_idle_compactor_cleans_regions_behind_an_append_head() {
     let left = |pool: &tarn_engine::Pool| pool.start_cleaning(CLEAN_REGION_BLOCKS, &|_| true).unwrap().report;
     let before = left(&pool);
     assert!(before.candidates >= 4, "{before:?}");
-    let opts = ServiceOptions {
-        commit_interval: Duration::from_millis(50),
-        tick: Duration::from_millis(10),
-        notice: None,
-        compact_idle: Some(Duration::from_millis(200)),
-        compact_at: None,
-    };
-    let service = Service::start(pool.clone(), opts);
+    let service = Service::start(pool.clone(), idle_compaction_after_200_ms());
     let deadline = Instant::now() + Duration::from_secs(60);
     while left(&pool).candidates > 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
@@ -265,4 +251,15 @@ fn the_idle_compactor_cleans_regions_behind_an_append_head() {
     pool.read(v, 0, &mut back).unwrap();
     assert!(back.chunks(4096).zip(&last).all(|(c, &x)| c.iter().all(|&y| y == x)), "the volume changed");
     assert!(pool.check().is_clean());
+}
+
+/// A service that commits every 50 ms and compacts after 200 ms idle.
+fn idle_compaction_after_200_ms() -> ServiceOptions {
+    ServiceOptions {
+        commit_interval: Duration::from_millis(50),
+        tick: Duration::from_millis(10),
+        notice: None,
+        compact_idle: Some(Duration::from_millis(200)),
+        compact_at: None,
+    }
 }
