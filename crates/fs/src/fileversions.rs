@@ -43,7 +43,7 @@ impl FileVolume {
     /// `durable`: committed when it returns; else queued whole (one
     /// batch, after the file's data) for the next commit.
     pub fn close_version(&self, ino: u64, durable: bool) -> Result<FsSnapshot> {
-        let v = self.version_of(ino, VersionKind::Close, "", durable)?;
+        let v = self.record_version(ino, durable)?;
         let keep = self.keep() as usize;
         let mut ns = self.lock();
         let closes = self.closes_of(&mut ns, ino)?;
@@ -57,6 +57,56 @@ impl FileVolume {
             }
         }
         Ok(v)
+    }
+
+    /// A close version as a record (FS_VERSION_RECORDS, `vrecord.rs`), in
+    /// one commit: tag `gN` of the file's object, the record in the
+    /// version log, the header (epoch N, slot count), the inode's epoch N
+    /// (committed at once if `durable`). No table snapshot: the record
+    /// keeps what the table snapshot kept of the file (its 256-byte
+    /// record) in 64 bytes.
+    fn record_version(&self, ino: u64, durable: bool) -> Result<FsSnapshot> {
+        self.writable()?;
+        let mut ns = self.lock();
+        let mut i = self.inode(&mut ns, ino)?;
+        if i.kind != Kind::File {
+            return Err(FsError::Invalid("a file version is of a regular file"));
+        }
+        if !ns.records_enabled {
+            // Its own commit, the first time only (lock order: namespace,
+            // then commit, as the mount's periodic commit takes them).
+            self.pool.enable_fs_version_records()?;
+            ns.records_enabled = true;
+        }
+        // Everything below in one commit: no back-pressure commit inside.
+        self.pool.make_room_for(4 * 4096)?;
+        let number = ns.header.epoch + 1;
+        if i.object != 0 {
+            self.tag_object(i.object, number)?;
+        }
+        let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let rec = crate::vrecord::VersionRecord::of(&i, number, created);
+        let slot = self.append_record(&mut ns, &rec)?;
+        ns.header.epoch = number;
+        self.write_header(&ns.header)?;
+        i.epoch = number;
+        self.save(&mut ns, &i)?;
+        let s = FsSnapshot {
+            name: version_name(VersionKind::Close, ino, i.object, number, ""),
+            kind: VersionKind::Close,
+            owner: ino,
+            object: i.object,
+            number,
+            created,
+            engine_epoch: 0,
+            slot: Some(slot),
+        };
+        crate::vindex::VersionIndex::taken(&mut ns.index, &s);
+        drop(ns);
+        if durable {
+            self.pool.flush()?;
+        }
+        Ok(s)
     }
 
     /// One commit: header bump to N, table snapshot, tag `gN` of the
@@ -85,7 +135,7 @@ impl FileVolume {
         i.epoch = number;
         self.save(&mut ns, &i)?;
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        let s = FsSnapshot { name, kind, owner: ino, object: i.object, number, created, engine_epoch };
+        let s = FsSnapshot { name, kind, owner: ino, object: i.object, number, created, engine_epoch, slot: None };
         crate::vindex::VersionIndex::taken(&mut ns.index, &s);
         drop(ns);
         if durable {

@@ -35,7 +35,7 @@ impl FileVolume {
     fn index<'a>(&self, ns: &'a mut Ns) -> Result<&'a mut VersionIndex> {
         if ns.index.is_none() {
             let mut ix = VersionIndex::default();
-            for s in self.versions()? {
+            for s in self.versions_in(ns)? {
                 match s.kind {
                     VersionKind::Volume => ix.volumes.push(s),
                     _ => ix.by_owner.entry(s.owner).or_default().push(s),
@@ -54,7 +54,7 @@ impl FileVolume {
     }
 
     /// Queue the deletion of versions `gone` (numbers) of file `ino`:
-    /// their table snapshots and every tag of the file's object that no
+    /// their records or table snapshots and every tag of the file's object that no
     /// remaining reader (a volume snapshot, another version of the file)
     /// reads. The object itself stays (live, or retired by the caller).
     /// Nothing committed: the caller's change carries it.
@@ -68,7 +68,9 @@ impl FileVolume {
         let mine = ix.by_owner.remove(&ino).unwrap_or_default();
         let (dropped, kept): (Vec<FsSnapshot>, Vec<FsSnapshot>) =
             mine.into_iter().partition(|s| gone.contains(&s.number));
-        let mut drop_snaps: Vec<(u32, u64)> = dropped.iter().map(|s| (id, s.engine_epoch)).collect();
+        let slots: Vec<u64> = dropped.iter().filter_map(|s| s.slot).collect();
+        let mut drop_snaps: Vec<(u32, u64)> =
+            dropped.iter().filter(|s| s.slot.is_none()).map(|s| (id, s.engine_epoch)).collect();
         let objects: BTreeSet<u32> = dropped.iter().map(|s| s.object).filter(|&o| o != 0).collect();
         if !kept.is_empty() {
             ix.by_owner.insert(ino, kept.clone());
@@ -90,6 +92,7 @@ impl FileVolume {
                 prev = t;
             }
         }
+        self.drop_records(ns, &slots)?;
         self.pool.delete_member_snapshots(&drop_snaps)?;
         Ok(())
     }
