@@ -261,3 +261,55 @@ impl FileVolume {
         Ok(ino)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Versioned, ROOT};
+    use std::sync::Arc;
+
+    fn read_version(v: &Versioned, n: u64) -> Vec<u8> {
+        let x = v.lookup(ROOT, format!("a@{n}").as_bytes()).unwrap().inode.ino;
+        v.read(x, 0, 100).unwrap()
+    }
+
+    /// A volume from before FS_VERSION_RECORDS keeps its close versions
+    /// as `~c` table snapshots: they list, read and delete next to the
+    /// new records, and the file's last name takes both kinds along.
+    #[test]
+    fn table_snapshot_close_versions_of_older_volumes_still_work() {
+        let (_sim, pool) = tarn_sim::fixture::one_device_pool(256 << 20);
+        let pool = Arc::new(pool);
+        FileVolume::format(&pool, "home", 0, 0, 0).unwrap();
+        let fv = FileVolume::open(pool.clone(), "home").unwrap();
+        let a = fv.create(ROOT, b"a", Kind::File, 0o600, 1, 2).unwrap().inode.ino;
+        for (k, data) in [b"old", b"mid", b"new"].iter().enumerate() {
+            fv.write(a, 0, *data).unwrap();
+            if k == 1 {
+                // As an older tarn took it: a table snapshot.
+                fv.version_of(a, VersionKind::Close, "", true).unwrap();
+            } else {
+                fv.close_version(a, true).unwrap();
+            }
+        }
+        fv.write(a, 0, b"now").unwrap();
+        fv.sync().unwrap();
+        let kinds: Vec<(u64, bool)> = fv.versions().unwrap().iter().map(|s| (s.number, s.slot.is_some())).collect();
+        assert_eq!(kinds, vec![(1, true), (2, false), (3, true)]);
+        let v = Versioned::new(fv);
+        assert_eq!(
+            (read_version(&v, 1), read_version(&v, 2), read_version(&v, 3)),
+            (b"old".to_vec(), b"mid".to_vec(), b"new".to_vec())
+        );
+        let x = v.lookup(ROOT, b"a@2").unwrap().inode;
+        assert_eq!((x.perm, x.uid, x.size), (0o600, 1, 3), "the record of the table snapshot");
+        v.remove_version(a, b"2").unwrap();
+        assert_eq!(read_version(&v, 3), b"new");
+        assert!(v.lookup(ROOT, b"a@2").is_err());
+        v.live.unlink(ROOT, b"a").unwrap();
+        v.live.sync().unwrap();
+        assert!(v.live.versions().unwrap().is_empty(), "close versions of both kinds go with the last name");
+        assert_eq!(pool.check().problems, Vec::<String>::new());
+        assert_eq!(v.live.check().unwrap().problems, Vec::<String>::new());
+    }
+}
