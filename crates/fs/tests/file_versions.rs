@@ -320,3 +320,33 @@ fn a_crash_in_an_unlink_keeps_the_file_and_its_versions_together() {
     }
     assert!(cut_inside >= 2, "the power was cut inside only {cut_inside} times of 16");
 }
+
+/// A clone starts with no version log: the origin's close version
+/// records are not the clone's (its `foo@` lists none of them), its own
+/// close versions go to a log of its own, and deleting them leaves the
+/// origin's versions alone.
+#[test]
+fn a_clone_has_a_version_log_of_its_own() {
+    let (_sim, pool, fv) = fresh();
+    let a = file(&fv, ROOT, "a");
+    for i in 0..2u8 {
+        fv.write(a, 0, &[i; 100]).unwrap();
+        fv.close_version(a, true).unwrap();
+    }
+    fv.snap_create("s").unwrap();
+    FileVolume::clone_snapshot(pool.clone(), "home", "s", "copy").unwrap();
+    let c = FileVolume::open(pool.clone(), "copy").unwrap();
+    assert!(c.versions().unwrap().is_empty(), "the origin's versions in the clone");
+    c.write(a, 0, b"clone").unwrap();
+    c.close_version(a, true).unwrap();
+    let mine: Vec<u64> = c.versions().unwrap().iter().map(|s| s.number).collect();
+    assert_eq!(mine, vec![4], "the clone's own close version, numbered on from the origin's counter");
+    c.delete_version(4).unwrap();
+    let v = Versioned::new(c);
+    assert!(v.lookup(ROOT, b"a@4").is_err());
+    assert_eq!(fv.versions().unwrap().len(), 3, "the origin keeps its two close versions and its snapshot");
+    let o = Versioned::new(fv);
+    assert_eq!(version(&o, "a", 2).unwrap().0, vec![1u8; 100]);
+    assert_eq!(v.live.check().unwrap().problems, Vec::<String>::new());
+    assert_eq!(pool.check().problems, Vec::<String>::new());
+}
