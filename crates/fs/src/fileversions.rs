@@ -50,7 +50,7 @@ impl FileVolume {
         if closes.len() > keep {
             let gone = &closes[..closes.len() - keep];
             self.pool.make_room_for(64 * 2 * gone.len() + 4096)?;
-            self.drop_file_versions(&mut ns, ino, gone)?;
+            self.drop_file_versions(&mut ns, ino, gone, 0)?;
             drop(ns);
             if durable {
                 self.pool.flush()?;

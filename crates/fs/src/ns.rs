@@ -512,11 +512,15 @@ impl FileVolume {
         // Close versions go with the file's last name: no name leads to
         // them any more (a volume snapshot's `dir@N` still recovers the
         // file). Named file snapshots stay until deleted by number.
+        // An object no volume snapshot saw goes whole once its versions
+        // go: its tags with it (one VolDelete, no SnapDelete each).
+        let going = if i.object != 0 && i.epoch >= ns.last_volume { i.object } else { 0 };
+        let mut whole = false;
         if i.kind == Kind::File {
             let closes = self.closes_of(ns, i.ino)?;
-            self.drop_file_versions(ns, i.ino, &closes)?;
+            whole = self.drop_file_versions(ns, i.ino, &closes, going)?;
         }
-        if i.object != 0 && !self.retire(ns, i)? {
+        if whole || (i.object != 0 && !self.retire(ns, i)?) {
             self.pool.delete_object(i.object)?;
         }
         Ok(())

@@ -57,10 +57,15 @@ impl FileVolume {
     /// their records or table snapshots and every tag of the file's object that no
     /// remaining reader (a volume snapshot, another version of the file)
     /// reads. The object itself stays (live, or retired by the caller).
+    /// `going`: the object the caller deletes with the file (0: none);
+    /// when every tag of it is to go, none is queued here and Ok(true)
+    /// says so: the caller's VolDelete drops them all in one op (a
+    /// SnapDelete each scanned every volume of the pool for clones: the
+    /// largest cost of versioning in a profile of PostMark).
     /// Nothing committed: the caller's change carries it.
-    pub(crate) fn drop_file_versions(&self, ns: &mut Ns, ino: u64, gone: &[u64]) -> Result<()> {
+    pub(crate) fn drop_file_versions(&self, ns: &mut Ns, ino: u64, gone: &[u64], going: u32) -> Result<bool> {
         if gone.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let id = self.id;
         let ix = self.index(ns)?;
@@ -75,26 +80,32 @@ impl FileVolume {
         if !kept.is_empty() {
             ix.by_owner.insert(ino, kept.clone());
         }
+        let mut whole = false;
         for o in objects {
             // An object already gone has no tag left to drop.
             let Ok(snaps) = self.pool.member_snapshots(o) else { continue };
             let mut tags: Vec<(u64, u64)> =
                 snaps.iter().filter_map(|s| tag_of(&s.name).map(|t| (t, s.epoch))).collect();
             tags.sort_unstable();
-            let mut prev = 0;
-            for (t, epoch) in tags {
+            let (mut prev, mut unread) = (0, Vec::new());
+            for &(t, epoch) in &tags {
                 let in_range = |m: u64| m > prev && m <= t;
                 let read = kept.iter().any(|s| s.object == o && in_range(s.number))
                     || self.volume_reads(&volumes, ino, o, &in_range)?;
                 if !read {
-                    drop_snaps.push((o, epoch));
+                    unread.push((o, epoch));
                 }
                 prev = t;
+            }
+            if o == going && unread.len() == tags.len() {
+                whole = true;
+            } else {
+                drop_snaps.extend(unread);
             }
         }
         self.drop_records(ns, &slots)?;
         self.pool.delete_member_snapshots(&drop_snaps)?;
-        Ok(())
+        Ok(whole)
     }
 
     /// Whether a volume snapshot numbered in range holds file `ino` with

@@ -292,6 +292,17 @@ fn a_deleted_file_takes_its_close_versions_with_it() {
 /// snapshot stays either way; the checkers are clean.
 #[test]
 fn a_crash_in_an_unlink_keeps_the_file_and_its_versions_together() {
+    crash_in_an_unlink(true);
+}
+
+/// The same without a named snapshot: the object goes whole with its
+/// tags (one VolDelete) and the version records in one change.
+#[test]
+fn a_crash_in_an_unlink_of_a_file_with_close_versions_only() {
+    crash_in_an_unlink(false);
+}
+
+fn crash_in_an_unlink(named: bool) {
     let mut cut_inside = 0;
     for seed in 0..16u64 {
         let (sim, pool, fv) = fresh();
@@ -302,7 +313,10 @@ fn a_crash_in_an_unlink_keeps_the_file_and_its_versions_together() {
             fv.sync().unwrap();
             fv.close_version(a, true).unwrap();
         }
-        fv.snap_file(a, "named").unwrap();
+        if named {
+            fv.snap_file(a, "named").unwrap();
+        }
+        let object = fv.getattr(a).unwrap().inode.object;
         sim.crash_after(seed);
         let done = fv.unlink(ROOT, b"a").is_ok() && fv.sync().is_ok();
         cut_inside += u32::from(!done);
@@ -311,7 +325,10 @@ fn a_crash_in_an_unlink_keeps_the_file_and_its_versions_together() {
         let there = fv.lookup(ROOT, b"a").is_ok();
         let closes = kinds.iter().filter(|k| **k == VersionKind::Close).count();
         assert_eq!(closes, if there { 3 } else { 0 }, "seed {seed}: file there {there}");
-        assert!(kinds.contains(&VersionKind::File), "seed {seed}: the named snapshot");
+        assert_eq!(kinds.contains(&VersionKind::File), named, "seed {seed}: the named snapshot");
+        let id = pool.file_volume("home").unwrap().id;
+        let object_there = pool.objects_with_snapshots(id).iter().any(|o| o.id == object);
+        assert_eq!(object_there, there || named, "seed {seed}: the object (with its tags)");
         if done {
             assert!(!there, "seed {seed}: an unlink returned and synced but the file is back");
         }
