@@ -90,6 +90,11 @@ pub mod incompat {
     /// volume entries. A reader without it would place the volume's new
     /// data anywhere and refuse the op.
     pub const STRIPES: u64 = 1 << 15;
+    /// File volumes keep close versions as 64-byte records in a version
+    /// log object named by the header (docs/FORMAT.md *File volumes*,
+    /// version records), each reading its object's tag `gN`. An older
+    /// tarn would not see them and would delete the tags they read.
+    pub const FS_VERSION_RECORDS: u64 = 1 << 17;
     /// Features this build understands.
     pub const KNOWN: u64 = SNAPSHOTS
         | DATA_CHECKSUMS
@@ -105,7 +110,8 @@ pub mod incompat {
         | FS_XATTRS
         | DEVICE_PLACEMENT
         | SPARES
-        | STRIPES;
+        | STRIPES
+        | FS_VERSION_RECORDS;
 }
 
 /// Superblock flag: a pool with mirrors is open for writing (set before its
@@ -680,12 +686,12 @@ mod tests {
         let mut sb = sample();
         sb.incompat = 1 << 40;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        // Bits 0-12, 14 and 15 are known here; bits 13 and 16 are other features'.
+        // Bits 0-12, 14, 15 and 17 are known here; bits 13 and 16 are other features'.
         for bit in [13, 16] {
             sb.incompat = 1 << bit;
             assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
         }
-        assert_eq!(incompat::KNOWN, ((1 << 13) - 1) | (1 << 14) | (1 << 15));
+        assert_eq!(incompat::KNOWN, ((1 << 13) - 1) | (1 << 14) | (1 << 15) | (1 << 17));
         assert_eq!(incompat::SPARES, 1 << 14);
         sb.incompat = incompat::STRIPES;
         assert_eq!(incompat::STRIPES, 1 << 15);
@@ -704,6 +710,17 @@ mod tests {
         sb.incompat = incompat::FS_XATTRS;
         assert_eq!(incompat::FS_XATTRS, 1 << 11);
         assert_eq!(Superblock::decode(&sb.encode(0), 0).unwrap().incompat, 1 << 11);
+    }
+
+    /// Incompat bit 17 (FS_VERSION_RECORDS, docs/FORMAT.md): byte 18 of
+    /// the superblock is 0x02, and this build opens it.
+    #[test]
+    fn golden_fs_version_records_bit() {
+        let mut sb = sample();
+        sb.incompat = incompat::FS_VERSION_RECORDS;
+        let b = sb.encode(0);
+        assert_eq!(&b[16..24], &[0, 0, 0x02, 0, 0, 0, 0, 0]);
+        assert_eq!(Superblock::decode(&b, 0).unwrap().incompat, incompat::FS_VERSION_RECORDS);
     }
 
     /// Incompat bit 11 (FS_XATTRS, docs/FORMAT.md): byte 17 of the

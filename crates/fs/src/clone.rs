@@ -65,8 +65,11 @@ impl FileVolume {
         }
         if header.policy != 0 {
             header.policy = clone_of(header.policy)?;
-            pool.write(id, 0, &header.encode(), false)?;
         }
+        // The origin's version log is not the clone's: its `foo@` starts
+        // empty (the log object belongs to the origin volume).
+        (header.vlog, header.vlog_slots) = (0, 0);
+        pool.write(id, 0, &header.encode(), false)?;
         Ok(pool.flush()?)
     }
 

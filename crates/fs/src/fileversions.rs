@@ -43,20 +43,70 @@ impl FileVolume {
     /// `durable`: committed when it returns; else queued whole (one
     /// batch, after the file's data) for the next commit.
     pub fn close_version(&self, ino: u64, durable: bool) -> Result<FsSnapshot> {
-        let v = self.version_of(ino, VersionKind::Close, "", durable)?;
+        let v = self.record_version(ino, durable)?;
         let keep = self.keep() as usize;
         let mut ns = self.lock();
         let closes = self.closes_of(&mut ns, ino)?;
         if closes.len() > keep {
             let gone = &closes[..closes.len() - keep];
             self.pool.make_room_for(64 * 2 * gone.len() + 4096)?;
-            self.drop_file_versions(&mut ns, ino, gone)?;
+            self.drop_file_versions(&mut ns, ino, gone, 0)?;
             drop(ns);
             if durable {
                 self.pool.flush()?;
             }
         }
         Ok(v)
+    }
+
+    /// A close version as a record (FS_VERSION_RECORDS, `vrecord.rs`), in
+    /// one commit: tag `gN` of the file's object, the record in the
+    /// version log, the header (epoch N, slot count), the inode's epoch N
+    /// (committed at once if `durable`). No table snapshot: the record
+    /// keeps what the table snapshot kept of the file (its 256-byte
+    /// record) in 64 bytes.
+    fn record_version(&self, ino: u64, durable: bool) -> Result<FsSnapshot> {
+        self.writable()?;
+        let mut ns = self.lock();
+        let mut i = self.inode(&mut ns, ino)?;
+        if i.kind != Kind::File {
+            return Err(FsError::Invalid("a file version is of a regular file"));
+        }
+        if !ns.records_enabled {
+            // Its own commit, the first time only (lock order: namespace,
+            // then commit, as the mount's periodic commit takes them).
+            self.pool.enable_fs_version_records()?;
+            ns.records_enabled = true;
+        }
+        // Everything below in one commit: no back-pressure commit inside.
+        self.pool.make_room_for(4 * 4096)?;
+        let number = ns.header.epoch + 1;
+        if i.object != 0 {
+            self.tag_object(i.object, number)?;
+        }
+        let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let rec = crate::vrecord::VersionRecord::of(&i, number, created);
+        let slot = self.append_record(&mut ns, &rec)?;
+        ns.header.epoch = number;
+        self.write_header(&ns.header)?;
+        i.epoch = number;
+        self.save(&mut ns, &i)?;
+        let s = FsSnapshot {
+            name: version_name(VersionKind::Close, ino, i.object, number, ""),
+            kind: VersionKind::Close,
+            owner: ino,
+            object: i.object,
+            number,
+            created,
+            engine_epoch: 0,
+            slot: Some(slot),
+        };
+        crate::vindex::VersionIndex::taken(&mut ns.index, &s);
+        drop(ns);
+        if durable {
+            self.pool.flush()?;
+        }
+        Ok(s)
     }
 
     /// One commit: header bump to N, table snapshot, tag `gN` of the
@@ -85,7 +135,7 @@ impl FileVolume {
         i.epoch = number;
         self.save(&mut ns, &i)?;
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        let s = FsSnapshot { name, kind, owner: ino, object: i.object, number, created, engine_epoch };
+        let s = FsSnapshot { name, kind, owner: ino, object: i.object, number, created, engine_epoch, slot: None };
         crate::vindex::VersionIndex::taken(&mut ns.index, &s);
         drop(ns);
         if durable {
@@ -209,5 +259,57 @@ impl FileVolume {
             ino = self.lookup(ino, part.as_bytes())?.inode.ino;
         }
         Ok(ino)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Versioned, ROOT};
+    use std::sync::Arc;
+
+    fn read_version(v: &Versioned, n: u64) -> Vec<u8> {
+        let x = v.lookup(ROOT, format!("a@{n}").as_bytes()).unwrap().inode.ino;
+        v.read(x, 0, 100).unwrap()
+    }
+
+    /// A volume from before FS_VERSION_RECORDS keeps its close versions
+    /// as `~c` table snapshots: they list, read and delete next to the
+    /// new records, and the file's last name takes both kinds along.
+    #[test]
+    fn table_snapshot_close_versions_of_older_volumes_still_work() {
+        let (_sim, pool) = tarn_sim::fixture::one_device_pool(256 << 20);
+        let pool = Arc::new(pool);
+        FileVolume::format(&pool, "home", 0, 0, 0).unwrap();
+        let fv = FileVolume::open(pool.clone(), "home").unwrap();
+        let a = fv.create(ROOT, b"a", Kind::File, 0o600, 1, 2).unwrap().inode.ino;
+        for (k, data) in [b"old", b"mid", b"new"].iter().enumerate() {
+            fv.write(a, 0, *data).unwrap();
+            if k == 1 {
+                // As an older tarn took it: a table snapshot.
+                fv.version_of(a, VersionKind::Close, "", true).unwrap();
+            } else {
+                fv.close_version(a, true).unwrap();
+            }
+        }
+        fv.write(a, 0, b"now").unwrap();
+        fv.sync().unwrap();
+        let kinds: Vec<(u64, bool)> = fv.versions().unwrap().iter().map(|s| (s.number, s.slot.is_some())).collect();
+        assert_eq!(kinds, vec![(1, true), (2, false), (3, true)]);
+        let v = Versioned::new(fv);
+        assert_eq!(
+            (read_version(&v, 1), read_version(&v, 2), read_version(&v, 3)),
+            (b"old".to_vec(), b"mid".to_vec(), b"new".to_vec())
+        );
+        let x = v.lookup(ROOT, b"a@2").unwrap().inode;
+        assert_eq!((x.perm, x.uid, x.size), (0o600, 1, 3), "the record of the table snapshot");
+        v.remove_version(a, b"2").unwrap();
+        assert_eq!(read_version(&v, 3), b"new");
+        assert!(v.lookup(ROOT, b"a@2").is_err());
+        v.live.unlink(ROOT, b"a").unwrap();
+        v.live.sync().unwrap();
+        assert!(v.live.versions().unwrap().is_empty(), "close versions of both kinds go with the last name");
+        assert_eq!(pool.check().problems, Vec::<String>::new());
+        assert_eq!(v.live.check().unwrap().problems, Vec::<String>::new());
     }
 }

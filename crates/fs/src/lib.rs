@@ -17,6 +17,7 @@ pub mod policy;
 pub mod snap;
 pub mod versions;
 mod vindex;
+pub mod vrecord;
 pub mod xattr;
 
 pub use check::CheckReport;

@@ -78,6 +78,8 @@ pub(crate) struct Ns {
     /// File versions by file and the volume snapshots' numbers (None:
     /// not built yet, or dropped by a delete; `vindex.rs`).
     pub(crate) index: Option<crate::vindex::VersionIndex>,
+    /// FS_VERSION_RECORDS is known set (checked once per open).
+    pub(crate) records_enabled: bool,
 }
 
 /// An open file volume.
@@ -86,6 +88,9 @@ pub struct FileVolume {
     pub(crate) id: u32,
     /// A volume snapshot opened read-only (None: the live volume).
     pub(crate) view: Option<crate::snap::SnapView>,
+    /// A close version record's view: this file alone, as the record
+    /// keeps it (every other inode is ENOENT).
+    pinned: Option<Inode>,
     ns: Mutex<Ns>,
 }
 
@@ -119,7 +124,12 @@ impl FileVolume {
             target: Vec::new(),
         };
         pool.write(info.id, RECORD as u64, &root.encode(), false)?;
-        pool.write(info.id, 0, &Header { next_ino: 2, quota, epoch: 0, policy: 0, keep: 0 }.encode(), false)?;
+        pool.write(
+            info.id,
+            0,
+            &Header { next_ino: 2, quota, epoch: 0, policy: 0, keep: 0, vlog: 0, vlog_slots: 0 }.encode(),
+            false,
+        )?;
         Ok(pool.flush()?)
     }
 
@@ -132,14 +142,31 @@ impl FileVolume {
 
     /// Open the live volume (`view` None) or one of its snapshots.
     pub(crate) fn open_view(pool: Arc<Pool>, name: &str, view: Option<crate::snap::SnapView>) -> Result<FileVolume> {
+        Self::open_pinned(pool, name, view, None)
+    }
+
+    /// `open_view`, or with `pinned` (and a view) the view of one close
+    /// version record: the live header, that inode alone.
+    pub(crate) fn open_pinned(
+        pool: Arc<Pool>,
+        name: &str,
+        view: Option<crate::snap::SnapView>,
+        pinned: Option<Inode>,
+    ) -> Result<FileVolume> {
         let id = pool.file_volume(name).ok_or_else(|| FsError::NoSuchVolume(name.to_string()))?.id;
         let mut b = [0u8; RECORD];
-        pool.read_view(id, view.map_or(View::Head, |v| View::Snapshot(v.epoch)), 0, &mut b)?;
+        let table = match view {
+            Some(v) if pinned.is_none() => View::Snapshot(v.epoch),
+            _ => View::Head,
+        };
+        pool.read_view(id, table, 0, &mut b)?;
         let header = Header::decode(&b)?;
+        let root = pinned.as_ref().map_or(ROOT, |i| i.ino);
         let fv = FileVolume {
             pool,
             id,
             view,
+            pinned,
             ns: Mutex::new(Ns {
                 header,
                 dirs: HashMap::new(),
@@ -149,9 +176,10 @@ impl FileVolume {
                 open: HashMap::new(),
                 orphans: HashSet::new(),
                 index: None,
+                records_enabled: false,
             }),
         };
-        fv.inode(&mut fv.lock(), ROOT)?;
+        fv.inode(&mut fv.lock(), root)?;
         if view.is_none() {
             fv.lock().last_volume = fv.latest_volume_number()?;
         }
@@ -163,6 +191,9 @@ impl FileVolume {
     }
 
     pub(crate) fn inode(&self, ns: &mut Ns, ino: u64) -> Result<Inode> {
+        if let Some(p) = &self.pinned {
+            return if p.ino == ino { Ok(p.clone()) } else { Err(FsError::NotFound) };
+        }
         if let Some(i) = ns.dirty.get(&ino) {
             return Ok(i.clone());
         }
@@ -481,11 +512,15 @@ impl FileVolume {
         // Close versions go with the file's last name: no name leads to
         // them any more (a volume snapshot's `dir@N` still recovers the
         // file). Named file snapshots stay until deleted by number.
+        // An object no volume snapshot saw goes whole once its versions
+        // go: its tags with it (one VolDelete, no SnapDelete each).
+        let going = if i.object != 0 && i.epoch >= ns.last_volume { i.object } else { 0 };
+        let mut whole = false;
         if i.kind == Kind::File {
             let closes = self.closes_of(ns, i.ino)?;
-            self.drop_file_versions(ns, i.ino, &closes)?;
+            whole = self.drop_file_versions(ns, i.ino, &closes, going)?;
         }
-        if i.object != 0 && !self.retire(ns, i)? {
+        if whole || (i.object != 0 && !self.retire(ns, i)?) {
             self.pool.delete_object(i.object)?;
         }
         Ok(())

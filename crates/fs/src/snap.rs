@@ -68,8 +68,11 @@ pub struct FsSnapshot {
     pub number: u64,
     /// Seconds since the Unix epoch.
     pub created: u64,
-    /// The engine epoch of its inode table snapshot.
+    /// The engine epoch of its inode table snapshot (0: a version record).
     pub engine_epoch: u64,
+    /// A close version kept as a record: its slot in the version log
+    /// (`vrecord.rs`); None: a table snapshot.
+    pub slot: Option<u64>,
 }
 
 /// A file version's catalog name: `~` + `f` (file) or `c` (close), then
@@ -218,6 +221,7 @@ impl FileVolume {
             number,
             created,
             engine_epoch,
+            slot: None,
         };
         crate::vindex::VersionIndex::taken(&mut ns.index, &s);
         drop(ns);
@@ -246,9 +250,16 @@ impl FileVolume {
         Ok(self.versions()?.into_iter().filter(|s| s.kind == VersionKind::Volume).collect())
     }
 
-    /// Every volume snapshot and file version, oldest first: one header
-    /// read per volume snapshot; a file version's number is in its name.
+    /// Every volume snapshot and file version, oldest first (by number):
+    /// one header read per volume snapshot; a table snapshot version's
+    /// number is in its name; the version log is read whole.
     pub fn versions(&self) -> Result<Vec<FsSnapshot>> {
+        let ns = self.lock();
+        self.versions_in(&ns)
+    }
+
+    /// `versions` with the namespace mutex held by the caller.
+    pub(crate) fn versions_in(&self, ns: &Ns) -> Result<Vec<FsSnapshot>> {
         let snaps = self.pool.member_snapshots(self.id)?;
         let mut out = Vec::with_capacity(snaps.len().min(MAX_LIST));
         for s in snaps.into_iter().take(MAX_LIST) {
@@ -264,8 +275,22 @@ impl FileVolume {
                 number,
                 created: s.created,
                 engine_epoch: s.epoch,
+                slot: None,
             });
         }
+        for (slot, r) in self.records(ns)? {
+            out.push(FsSnapshot {
+                name: version_name(VersionKind::Close, r.ino, r.object, r.number, ""),
+                kind: VersionKind::Close,
+                owner: r.ino,
+                object: r.object,
+                number: r.number,
+                created: u64::from(r.created),
+                engine_epoch: 0,
+                slot: Some(slot),
+            });
+        }
+        out.sort_by_key(|s| s.number);
         Ok(out)
     }
 
@@ -319,8 +344,10 @@ impl FileVolume {
         let mut _ns = self.lock();
         // Any version may go here: the index is rebuilt at its next use.
         _ns.index = None;
+        let going = list.iter().filter(|s| gone.contains(&s.number));
+        let slots: Vec<u64> = going.clone().filter_map(|s| s.slot).collect();
         let mut drop_snaps: Vec<(u32, u64)> =
-            list.iter().filter(|s| gone.contains(&s.number)).map(|s| (self.id, s.engine_epoch)).collect();
+            going.filter(|s| s.slot.is_none()).map(|s| (self.id, s.engine_epoch)).collect();
         let mut drop_objects = Vec::new();
         for o in self.pool.objects_with_snapshots(self.id) {
             // An object's tags serve the volume snapshots and its own file versions.
@@ -344,7 +371,8 @@ impl FileVolume {
                 drop_objects.push(o.id);
             }
         }
-        self.pool.make_room_for(64 * (drop_snaps.len() + drop_objects.len()) + 4096)?;
+        self.pool.make_room_for(64 * (drop_snaps.len() + drop_objects.len()) + 128 * slots.len() + 4096)?;
+        self.drop_records(&_ns, &slots)?;
         self.pool.delete_member_snapshots(&drop_snaps)?;
         for id in drop_objects {
             self.pool.delete_object(id)?;
@@ -356,10 +384,15 @@ impl FileVolume {
         Ok(())
     }
 
-    /// Open volume snapshot `s` of this volume, read-only.
+    /// Open version `s` of this volume, read-only: a table snapshot's
+    /// view, or for a version record a view of that one file.
     pub(crate) fn open_number(&self, s: &FsSnapshot) -> Result<FileVolume> {
         let view = SnapView { epoch: s.engine_epoch, number: s.number };
-        FileVolume::open_view(self.pool.clone(), &self.volume_name(), Some(view))
+        let pinned = match s.slot {
+            Some(slot) => Some(self.record_at(&self.lock(), slot)?.inode()),
+            None => None,
+        };
+        FileVolume::open_pinned(self.pool.clone(), &self.volume_name(), Some(view), pinned)
     }
 
     /// Inode `ino` as snapshot `s` holds it (None: free there).

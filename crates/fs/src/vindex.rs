@@ -35,7 +35,7 @@ impl FileVolume {
     fn index<'a>(&self, ns: &'a mut Ns) -> Result<&'a mut VersionIndex> {
         if ns.index.is_none() {
             let mut ix = VersionIndex::default();
-            for s in self.versions()? {
+            for s in self.versions_in(ns)? {
                 match s.kind {
                     VersionKind::Volume => ix.volumes.push(s),
                     _ => ix.by_owner.entry(s.owner).or_default().push(s),
@@ -54,13 +54,18 @@ impl FileVolume {
     }
 
     /// Queue the deletion of versions `gone` (numbers) of file `ino`:
-    /// their table snapshots and every tag of the file's object that no
+    /// their records or table snapshots and every tag of the file's object that no
     /// remaining reader (a volume snapshot, another version of the file)
     /// reads. The object itself stays (live, or retired by the caller).
+    /// `going`: the object the caller deletes with the file (0: none);
+    /// when every tag of it is to go, none is queued here and Ok(true)
+    /// says so: the caller's VolDelete drops them all in one op (a
+    /// SnapDelete each scanned every volume of the pool for clones: the
+    /// largest cost of versioning in a profile of PostMark).
     /// Nothing committed: the caller's change carries it.
-    pub(crate) fn drop_file_versions(&self, ns: &mut Ns, ino: u64, gone: &[u64]) -> Result<()> {
+    pub(crate) fn drop_file_versions(&self, ns: &mut Ns, ino: u64, gone: &[u64], going: u32) -> Result<bool> {
         if gone.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let id = self.id;
         let ix = self.index(ns)?;
@@ -68,30 +73,39 @@ impl FileVolume {
         let mine = ix.by_owner.remove(&ino).unwrap_or_default();
         let (dropped, kept): (Vec<FsSnapshot>, Vec<FsSnapshot>) =
             mine.into_iter().partition(|s| gone.contains(&s.number));
-        let mut drop_snaps: Vec<(u32, u64)> = dropped.iter().map(|s| (id, s.engine_epoch)).collect();
+        let slots: Vec<u64> = dropped.iter().filter_map(|s| s.slot).collect();
+        let mut drop_snaps: Vec<(u32, u64)> =
+            dropped.iter().filter(|s| s.slot.is_none()).map(|s| (id, s.engine_epoch)).collect();
         let objects: BTreeSet<u32> = dropped.iter().map(|s| s.object).filter(|&o| o != 0).collect();
         if !kept.is_empty() {
             ix.by_owner.insert(ino, kept.clone());
         }
+        let mut whole = false;
         for o in objects {
             // An object already gone has no tag left to drop.
             let Ok(snaps) = self.pool.member_snapshots(o) else { continue };
             let mut tags: Vec<(u64, u64)> =
                 snaps.iter().filter_map(|s| tag_of(&s.name).map(|t| (t, s.epoch))).collect();
             tags.sort_unstable();
-            let mut prev = 0;
-            for (t, epoch) in tags {
+            let (mut prev, mut unread) = (0, Vec::new());
+            for &(t, epoch) in &tags {
                 let in_range = |m: u64| m > prev && m <= t;
                 let read = kept.iter().any(|s| s.object == o && in_range(s.number))
                     || self.volume_reads(&volumes, ino, o, &in_range)?;
                 if !read {
-                    drop_snaps.push((o, epoch));
+                    unread.push((o, epoch));
                 }
                 prev = t;
             }
+            if o == going && unread.len() == tags.len() {
+                whole = true;
+            } else {
+                drop_snaps.extend(unread);
+            }
         }
+        self.drop_records(ns, &slots)?;
         self.pool.delete_member_snapshots(&drop_snaps)?;
-        Ok(())
+        Ok(whole)
     }
 
     /// Whether a volume snapshot numbered in range holds file `ino` with

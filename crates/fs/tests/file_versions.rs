@@ -82,28 +82,30 @@ fn close_versions_share_blocks_and_one_deleted_frees_only_its_own() {
     fv.sync().unwrap();
     fv.close_version(a, true).unwrap();
     let free0 = pool.status().free;
+    // Each session rewrites the same block, so version k (2..4) alone
+    // holds its state of it once version k+1 is taken.
     for i in 1..5usize {
         let mut s = states[i - 1].clone();
-        s[i * 8192..i * 8192 + 4096].fill(i as u8);
-        fv.write(a, (i * 8192) as u64, &s[i * 8192..i * 8192 + 4096]).unwrap();
+        s[8192..8192 + 4096].fill(i as u8);
+        fv.write(a, 8192, &s[8192..8192 + 4096]).unwrap();
         fv.sync().unwrap();
         fv.close_version(a, true).unwrap();
         states.push(s);
     }
     let grew = free0 - pool.status().free;
-    // 4 changed blocks and the table blocks the versions pin, not 4 MiB.
+    // 4 changed blocks (and the version log's block), not 4 MiB.
     assert!((4 * 4096..=64 * 4096).contains(&grew), "grew {grew}");
     let v = Versioned::new(fv);
     for (n, s) in states.iter().enumerate() {
         assert_eq!(version(&v, "a", n as u64 + 1).unwrap().0, *s, "version {}", n + 1);
     }
-    // Version 3 alone held the block version 4 overwrote.
+    // Version 3 alone held the block version 4 overwrote: exactly it goes.
     v.live.write(a, 0, b"head").unwrap();
     v.live.sync().unwrap();
     let before = pool.status().free;
     v.remove_version(a, b"3").unwrap();
     let freed = pool.status().free - before;
-    assert!((4096..=4 * 4096).contains(&freed), "freed {freed}");
+    assert_eq!(freed, 4096, "freed");
     assert!(version(&v, "a", 3).is_none());
     for n in [1, 2, 4, 5] {
         assert_eq!(version(&v, "a", n).unwrap().0, states[n as usize - 1], "version {n} after deleting 3");
@@ -290,6 +292,17 @@ fn a_deleted_file_takes_its_close_versions_with_it() {
 /// snapshot stays either way; the checkers are clean.
 #[test]
 fn a_crash_in_an_unlink_keeps_the_file_and_its_versions_together() {
+    crash_in_an_unlink(true);
+}
+
+/// The same without a named snapshot: the object goes whole with its
+/// tags (one VolDelete) and the version records in one change.
+#[test]
+fn a_crash_in_an_unlink_of_a_file_with_close_versions_only() {
+    crash_in_an_unlink(false);
+}
+
+fn crash_in_an_unlink(named: bool) {
     let mut cut_inside = 0;
     for seed in 0..16u64 {
         let (sim, pool, fv) = fresh();
@@ -300,7 +313,10 @@ fn a_crash_in_an_unlink_keeps_the_file_and_its_versions_together() {
             fv.sync().unwrap();
             fv.close_version(a, true).unwrap();
         }
-        fv.snap_file(a, "named").unwrap();
+        if named {
+            fv.snap_file(a, "named").unwrap();
+        }
+        let object = fv.getattr(a).unwrap().inode.object;
         sim.crash_after(seed);
         let done = fv.unlink(ROOT, b"a").is_ok() && fv.sync().is_ok();
         cut_inside += u32::from(!done);
@@ -309,7 +325,10 @@ fn a_crash_in_an_unlink_keeps_the_file_and_its_versions_together() {
         let there = fv.lookup(ROOT, b"a").is_ok();
         let closes = kinds.iter().filter(|k| **k == VersionKind::Close).count();
         assert_eq!(closes, if there { 3 } else { 0 }, "seed {seed}: file there {there}");
-        assert!(kinds.contains(&VersionKind::File), "seed {seed}: the named snapshot");
+        assert_eq!(kinds.contains(&VersionKind::File), named, "seed {seed}: the named snapshot");
+        let id = pool.file_volume("home").unwrap().id;
+        let object_there = pool.objects_with_snapshots(id).iter().any(|o| o.id == object);
+        assert_eq!(object_there, there || named, "seed {seed}: the object (with its tags)");
         if done {
             assert!(!there, "seed {seed}: an unlink returned and synced but the file is back");
         }
@@ -317,4 +336,72 @@ fn a_crash_in_an_unlink_keeps_the_file_and_its_versions_together() {
         assert_eq!(pool.check().problems, Vec::<String>::new(), "seed {seed}");
     }
     assert!(cut_inside >= 2, "the power was cut inside only {cut_inside} times of 16");
+}
+
+/// A clone starts with no version log: the origin's close version
+/// records are not the clone's (its `foo@` lists none of them), its own
+/// close versions go to a log of its own, and deleting them leaves the
+/// origin's versions alone.
+#[test]
+fn a_clone_has_a_version_log_of_its_own() {
+    let (_sim, pool, fv) = fresh();
+    let a = file(&fv, ROOT, "a");
+    for i in 0..2u8 {
+        fv.write(a, 0, &[i; 100]).unwrap();
+        fv.close_version(a, true).unwrap();
+    }
+    fv.snap_create("s").unwrap();
+    FileVolume::clone_snapshot(pool.clone(), "home", "s", "copy").unwrap();
+    let c = FileVolume::open(pool.clone(), "copy").unwrap();
+    assert!(c.versions().unwrap().is_empty(), "the origin's versions in the clone");
+    c.write(a, 0, b"clone").unwrap();
+    c.close_version(a, true).unwrap();
+    let mine: Vec<u64> = c.versions().unwrap().iter().map(|s| s.number).collect();
+    assert_eq!(mine, vec![4], "the clone's own close version, numbered on from the origin's counter");
+    c.delete_version(4).unwrap();
+    let v = Versioned::new(c);
+    assert!(v.lookup(ROOT, b"a@4").is_err());
+    assert_eq!(fv.versions().unwrap().len(), 3, "the origin keeps its two close versions and its snapshot");
+    let o = Versioned::new(fv);
+    assert_eq!(version(&o, "a", 2).unwrap().0, vec![1u8; 100]);
+    assert_eq!(v.live.check().unwrap().problems, Vec::<String>::new());
+    assert_eq!(pool.check().problems, Vec::<String>::new());
+}
+
+/// What a close version costs beyond the same unversioned edit (the
+/// measure of bench/fs_close_versions.sh, on the sim pool, after a
+/// checkpoint): the 4 KiB data block it keeps plus metadata. As records
+/// a version's metadata is about 4.2 KiB (the object tag's dead-list
+/// node); as a table snapshot it was about 12 KiB. The target,
+/// 200 bytes, is not met (docs/ARCHITECTURE.md, *Close versions as
+/// records*).
+#[test]
+fn a_close_version_costs_its_block_and_under_6_kib_of_metadata() {
+    let (_sim, pool, fv) = fresh();
+    fv.set_keep(1024).unwrap();
+    let (o, c) = (file(&fv, ROOT, "o"), file(&fv, ROOT, "c"));
+    for f in [o, c] {
+        fv.write(f, 0, &vec![1u8; 1 << 20]).unwrap();
+    }
+    fv.sync().unwrap();
+    let cost = |pool: &Pool| {
+        pool.checkpoint().unwrap();
+        let s = pool.status();
+        (s.used + s.metadata) as i64
+    };
+    let edits = 100;
+    let c0 = cost(&pool);
+    for k in 0..edits {
+        fv.write(o, (k % 256) * 4096, &[k as u8; 4096]).unwrap();
+        fv.sync().unwrap();
+    }
+    let c1 = cost(&pool);
+    for k in 0..edits {
+        fv.write(c, (k % 256) * 4096, &[k as u8; 4096]).unwrap();
+        fv.close_version(c, true).unwrap();
+    }
+    let c2 = cost(&pool);
+    let metadata = ((c2 - c1) - (c1 - c0)) / edits as i64 - 4096;
+    println!("metadata per close version: {metadata} bytes");
+    assert!((0..6 * 1024).contains(&metadata), "{metadata} bytes of metadata per close version");
 }

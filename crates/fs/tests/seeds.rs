@@ -4,6 +4,7 @@
 
 use tarn_fs::dir::Dir;
 use tarn_fs::inode::{Header, Inode, RECORD};
+use tarn_fs::vrecord::{VersionRecord, LEN};
 use tarn_fs::Kind;
 
 fn seed(name: &str) -> Vec<u8> {
@@ -27,4 +28,9 @@ fn documented_bytes_decode_to_the_documented_values() {
     let names: Vec<(u64, u64, &[u8])> = d.entries.iter().map(|e| (e.cookie, e.ino, &e.name[..])).collect();
     assert_eq!(names, [(3, 5, &b"a"[..]), (4, 6, b"sub"), (6, 7, b"link")]);
     assert_eq!((d.next_cookie, d.encode()), (7, seed("dir3")));
+    let b: [u8; LEN] = seed("vrecord5").try_into().expect("a 64-byte version record");
+    let r = VersionRecord::decode(&b, 0).unwrap().expect("a version record");
+    assert_eq!((r.number, r.ino, r.object, r.size, r.perm, r.uid, r.gid), (5, 7, 12, 4096, 0o640, 1000, 100));
+    assert_eq!((r.mtime, r.ctime, r.created), (2000, 3000, 1_700_000_000));
+    assert_eq!(r.encode(), b, "the encoder writes the documented bytes");
 }

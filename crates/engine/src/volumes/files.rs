@@ -39,6 +39,15 @@ impl Pool {
         self.enable_feature(&mut ctl, incompat::FS_XATTRS)
     }
 
+    /// Set incompat bit 17 (FS_VERSION_RECORDS) before a file volume's
+    /// first close version record is written: one commit of its own, the
+    /// first time only (then a check under the commit lock).
+    pub fn enable_fs_version_records(&self) -> Result<()> {
+        self.check_writable()?;
+        let mut ctl = self.lock_commit();
+        self.enable_feature(&mut ctl, incompat::FS_VERSION_RECORDS)
+    }
+
     /// A new file volume whose own map (`size` bytes, thin) holds its
     /// inode table. Sets FILES (and PLACEMENT) first, each by a commit of
     /// its own; the volume itself is durable at the next flush, so the
