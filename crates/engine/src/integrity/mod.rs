@@ -5,6 +5,7 @@
 //! service) do.
 
 pub mod check;
+pub mod coarse;
 pub mod resync;
 pub mod scrub;
 pub mod verify;
