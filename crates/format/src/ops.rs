@@ -557,7 +557,7 @@ mod tests {
     #[test]
     fn golden_bytes_of_group_sums() {
         let op = Op::GroupSums { pba: (1 << 48) | 32, crcs: vec![0x98f9_4189, 0x0102_0304] };
-        let bytes = encode_ops(&[op.clone()]);
+        let bytes = encode_ops(std::slice::from_ref(&op));
         #[rustfmt::skip]
         let want = [
             1, 18, 0, 0, 0, 0,                  // count 1, tag 18, vol 0 (u32 LE)

@@ -374,10 +374,10 @@ mod tests {
         let got = t.get_run(&store, base, 101).unwrap();
         for (i, g) in got.iter().enumerate() {
             let want = match i {
-                50 => Some(7),
-                51 => Some(8),
+                50 => Some(BlockSum::Block(7)),
+                51 => Some(BlockSum::Block(8)),
                 100 => None,
-                _ => Some(sums[i]),
+                _ => Some(BlockSum::Block(sums[i])),
             };
             assert_eq!(*g, want, "block {i}");
         }

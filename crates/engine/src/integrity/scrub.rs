@@ -142,9 +142,8 @@ impl Pool {
                             let first = (pba.0 + i as u64).is_multiple_of(SUMS_GROUP);
                             let whole = first && i + SUMS_GROUP as usize <= n as usize;
                             let at = i * BS;
-                            if !whole && (first || i == 0) {
-                                suspects.insert(i as u64);
-                            } else if whole && group_sum(&buf[at..at + GROUP_BYTES]) != want {
+                            let cut = !whole && (first || i == 0);
+                            if cut || (whole && group_sum(&buf[at..at + GROUP_BYTES]) != want) {
                                 suspects.insert(i as u64);
                             }
                         }

@@ -309,7 +309,7 @@ mod tests {
         for dev in 0..2u16 {
             for b in 0..span + 50 {
                 let pba = Pba::new(dev, b);
-                assert_eq!(t.get(pba).unwrap().and_then(per_block), model.get(&pba.0).copied(), "block {pba}");
+                assert_eq!(per_block(t.get(pba).unwrap()), model.get(&pba.0).copied(), "block {pba}");
             }
         }
     }
