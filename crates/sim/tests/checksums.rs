@@ -176,6 +176,7 @@ fn coarse_groups_verify_reads_and_scrub() {
     pool.write(v, 0, &data, false).unwrap();
     pool.flush().unwrap();
     let groups = pool.coarsen_sums(v, 0, 96).unwrap();
+    pool.flush().unwrap();
     assert!(groups >= 5, "96 blocks in one piece hold at least 5 whole groups, got {groups}");
     let mut buf = vec![0u8; BS];
     for b in 0..96u64 {
@@ -223,6 +224,7 @@ fn crash_after_unflushed_overwrite_of_a_coarse_group_is_resynced() {
     pool.write(v, 0, &data, false).unwrap();
     pool.flush().unwrap();
     assert!(pool.coarsen_sums(v, 0, 64).unwrap() >= 3);
+    pool.flush().unwrap();
     // The logical blocks of one whole physical group.
     let phys = |b: u64| find(&sim, &block(b)) / BS as u64;
     let first = (0..64).find(|&b| phys(b).is_multiple_of(16) && b + 16 <= 64).unwrap();

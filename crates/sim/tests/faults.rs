@@ -298,6 +298,7 @@ fn live_metadata_bytes(sim: &SimDevice, data: &std::collections::HashSet<Vec<u8>
 fn with_two_copies_a_flip_in_a_coarse_group_is_repaired() {
     let (a, b, pool, v) = mirrored_pool();
     let groups = pool.coarsen_sums(v, 0, 64).unwrap();
+    pool.flush().unwrap();
     assert!(groups >= 3, "64 blocks written in order hold at least 3 whole groups, got {groups}");
     let places: Vec<u64> = (0..64).map(|i| find_on(&a, &block(300 + i))).collect();
     let mut rng = ChaCha8Rng::seed_from_u64(22);

@@ -5,7 +5,6 @@
 //! service) do.
 
 pub mod check;
-pub mod coarse;
 pub mod resync;
 pub mod scrub;
 pub mod verify;

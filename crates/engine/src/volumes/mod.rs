@@ -2,6 +2,7 @@
 //! plain volumes (snapshots and clones are in `snapshot.rs`). Each change
 //! is one op, durable when the call returns.
 
+mod coarse;
 mod dead_relayout;
 pub mod detach;
 pub mod device_placement;

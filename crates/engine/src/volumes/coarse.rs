@@ -49,10 +49,8 @@ impl Pool {
             }
         }
         let groups = ops.iter().map(|op| if let Op::GroupSums { crcs, .. } = op { crcs.len() as u64 } else { 0 }).sum();
-        let mut inner = self.write_inner();
-        self.apply_ops(&mut inner, ops)?;
-        drop(inner);
-        self.flush()?;
+        // Durable with the next commit (the caller flushes).
+        self.apply_ops(&mut self.write_inner(), ops)?;
         Ok(groups)
     }
 }
