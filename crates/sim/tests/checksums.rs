@@ -258,3 +258,36 @@ fn crash_after_unflushed_overwrite_of_a_coarse_group_is_resynced() {
     want[first as usize * BS..(first as usize + 16) * BS].copy_from_slice(&new);
     assert_eq!(all, want);
 }
+
+/// Scrub reads in chunks of 256 blocks: a coarse group cut by a chunk's
+/// end is checked whole from either side, and a flip in it makes exactly
+/// its 16 blocks lost, counted once each.
+#[test]
+fn scrub_checks_a_coarse_group_cut_by_its_chunks() {
+    let (sim, pool) = fixture::one_device_pool(64 * MIB);
+    // Three blocks first, so the data after starts off a group boundary.
+    let a = pool.create_volume("a", MIB).unwrap().id;
+    pool.write(a, 0, &[block(9000), block(9001), block(9002)].concat(), false).unwrap();
+    let v = pool.create_volume("d", 16 * MIB).unwrap().id;
+    let data: Vec<u8> = (0..600).flat_map(block).collect();
+    pool.write(v, 0, &data, false).unwrap();
+    pool.flush().unwrap();
+    assert!(pool.coarsen_sums(v, 0, 600).unwrap() >= 36);
+    pool.flush().unwrap();
+    let phys = |b: u64| find(&sim, &block(b)) / BS as u64;
+    assert!(!phys(0).is_multiple_of(16), "the volume's data starts off a group boundary");
+    assert_eq!(phys(256), phys(0) + 256, "one extent");
+    // The group holding logical block 256 starts in the first chunk.
+    let first = (phys(256) / 16 * 16 - phys(0)) as usize;
+    assert!(first < 256);
+    sim.flip_bit(phys(256) * BS as u64 + 5, 0);
+    let report = pool.scrub(&ScrubOptions::default(), &mut |_, _| {}).unwrap();
+    assert_eq!(report.lost_blocks, 16);
+    let blocks = |l: &tarn_engine::scrub::LostRange| l.offset / BS as u64..(l.offset + l.len) / BS as u64;
+    let mut lost: Vec<u64> = report.lost.iter().filter(|l| l.volume == "d").flat_map(blocks).collect();
+    lost.sort_unstable();
+    assert_eq!(lost, (first as u64..first as u64 + 16).collect::<Vec<_>>());
+    let mut buf = vec![0u8; BS];
+    assert!(pool.read(v, (first as u64 - 1) * BS as u64, &mut buf).is_ok());
+    assert!(pool.read(v, first as u64 * BS as u64, &mut buf).is_err());
+}
