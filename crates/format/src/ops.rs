@@ -289,15 +289,7 @@ impl Op {
                 w.varint(sums.len() as u64);
                 sums.iter().for_each(|&s| w.u32(s));
             }
-            Op::GroupSums { pba, crcs } => {
-                assert!(!crcs.is_empty() && crcs.len() <= MAX_GROUPS_PER_OP);
-                assert!(pba.is_multiple_of(crate::node::SUMS_GROUP), "a group starts at a multiple of 16");
-                w.u8(tag::GROUP_SUMS);
-                w.u32(0);
-                w.u64(*pba);
-                w.varint(crcs.len() as u64);
-                crcs.iter().for_each(|&s| w.u32(s));
-            }
+            Op::GroupSums { pba, crcs } => encode_group_sums(w, *pba, crcs),
             Op::Regions { open, ids } => {
                 assert!(!ids.is_empty() && ids.len() <= MAX_REGIONS_PER_OP);
                 w.u8(if *open { tag::REGIONS_OPEN } else { tag::REGIONS_CLOSE });
@@ -466,18 +458,7 @@ impl Op {
                 let sums = (0..n).map(|_| r.u32()).collect::<Result<Vec<u32>>>()?;
                 Op::Sums { pba, sums }
             }
-            tag::GROUP_SUMS => {
-                let pba = r.u64()?;
-                if !pba.is_multiple_of(crate::node::SUMS_GROUP) {
-                    return Err(r.bad("group_sums_pba", pba));
-                }
-                let n = r.varint()?;
-                if n == 0 || n > MAX_GROUPS_PER_OP as u64 || n > r.remaining() as u64 / 4 {
-                    return Err(r.bad("group_sums_len", n));
-                }
-                let crcs = (0..n).map(|_| r.u32()).collect::<Result<Vec<u32>>>()?;
-                Op::GroupSums { pba, crcs }
-            }
+            tag::GROUP_SUMS => decode_group_sums(r)?,
             tag::REGIONS_OPEN | tag::REGIONS_CLOSE => {
                 let n = r.varint()?;
                 if n == 0 || n > MAX_REGIONS_PER_OP as u64 || n > r.remaining() as u64 {
@@ -489,6 +470,30 @@ impl Op {
             other => return Err(r.bad("op_tag", u64::from(other))),
         })
     }
+}
+
+/// Op 18's fields after `tag` and `vol` (0).
+fn encode_group_sums(w: &mut Writer, pba: u64, crcs: &[u32]) {
+    assert!(!crcs.is_empty() && crcs.len() <= MAX_GROUPS_PER_OP);
+    assert!(pba.is_multiple_of(crate::node::SUMS_GROUP), "a group starts at a multiple of 16");
+    w.u8(tag::GROUP_SUMS);
+    w.u32(0);
+    w.u64(pba);
+    w.varint(crcs.len() as u64);
+    crcs.iter().for_each(|&s| w.u32(s));
+}
+
+fn decode_group_sums(r: &mut Reader<'_>) -> Result<Op> {
+    let pba = r.u64()?;
+    if !pba.is_multiple_of(crate::node::SUMS_GROUP) {
+        return Err(r.bad("group_sums_pba", pba));
+    }
+    let n = r.varint()?;
+    if n == 0 || n > MAX_GROUPS_PER_OP as u64 || n > r.remaining() as u64 / 4 {
+        return Err(r.bad("group_sums_len", n));
+    }
+    let crcs = (0..n).map(|_| r.u32()).collect::<Result<Vec<u32>>>()?;
+    Ok(Op::GroupSums { pba, crcs })
 }
 
 /// Encode a batch of ops as a journal payload.
