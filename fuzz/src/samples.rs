@@ -47,6 +47,7 @@ pub fn every_op() -> Vec<Op> {
         Op::VolDelete { vol: 2 },
         Op::SnapDelete { vol: 1, epoch: 1 },
         Op::Sums { pba: 300, sums: vec![0x1234_5678, 7] },
+        Op::GroupSums { pba: 320, crcs: vec![0x9abc_def0] },
         Op::Regions { open: true, ids: vec![1, 9] },
         Op::Regions { open: false, ids: vec![1] },
         Op::VolPlacement { vol: 1, policy: Some(tarn_format::placement::PolicyCode::Append) },

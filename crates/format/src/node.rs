@@ -257,17 +257,33 @@ impl LeafValue for RangeValue {
 pub const SUMS_GROUP: u64 = 16;
 
 /// Data checksums of a group of 16 physical blocks (key: first block's
-/// address / 16): which blocks have one, and the crc32c of each.
+/// address / 16): which blocks have one, and the crc32c of each; or, a
+/// coarse group (`coarse`, pools with COARSE_SUMS), one crc32c of all 64
+/// KiB (`known` 0, `crcs` unused).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SumsValue {
     pub known: u16,
     pub crcs: [u32; SUMS_GROUP as usize],
+    pub coarse: Option<u32>,
+}
+
+impl SumsValue {
+    /// A coarse group whose 64 KiB have crc32c `crc`.
+    pub const fn group(crc: u32) -> SumsValue {
+        SumsValue { known: 0, crcs: [0; SUMS_GROUP as usize], coarse: Some(crc) }
+    }
 }
 
 impl LeafValue for SumsValue {
     const CODEC: u8 = 3;
     fn encode(prev: Option<&(u64, Self)>, key: u64, v: &Self, w: &mut Writer) {
         w.varint(key - prev.map_or(0, |p| p.0 + 1));
+        if let Some(crc) = v.coarse {
+            w.u16(0);
+            w.u32(crc);
+            return;
+        }
+        assert!(v.known != 0, "a sums entry holds at least one sum");
         w.u16(v.known);
         (0..16).filter(|i| v.known & (1 << i) != 0).for_each(|i| w.u32(v.crcs[i]));
     }
@@ -280,7 +296,7 @@ impl LeafValue for SumsValue {
         let key = base.checked_add(gap).ok_or_else(|| r.bad("key", gap))?;
         let known = r.u16()?;
         if known == 0 {
-            return Err(r.bad("known", 0));
+            return Ok((key, SumsValue::group(r.u32()?)));
         }
         let mut crcs = [0u32; SUMS_GROUP as usize];
         for (i, c) in crcs.iter_mut().enumerate() {
@@ -288,10 +304,11 @@ impl LeafValue for SumsValue {
                 *c = r.u32()?;
             }
         }
-        Ok((key, SumsValue { known, crcs }))
+        Ok((key, SumsValue { known, crcs, coarse: None }))
     }
     fn encoded_len(prev: Option<&(u64, Self)>, key: u64, v: &Self) -> usize {
-        varint_len(key - prev.map_or(0, |p| p.0 + 1)) + 2 + 4 * v.known.count_ones() as usize
+        let sums = if v.coarse.is_some() { 1 } else { v.known.count_ones() as usize };
+        varint_len(key - prev.map_or(0, |p| p.0 + 1)) + 2 + 4 * sums
     }
     fn key_end(key: u64, _: &Self) -> u64 {
         key.saturating_add(1)
@@ -467,7 +484,7 @@ mod tests {
     /// overflowed computing its base key (a panic in debug builds).
     #[test]
     fn a_sums_key_past_the_largest_is_an_error() {
-        let v = SumsValue { known: 1, crcs: [7; SUMS_GROUP as usize] };
+        let v = SumsValue { known: 1, crcs: [7; SUMS_GROUP as usize], coarse: None };
         let mut w = Writer::default();
         w.varint(0);
         w.u16(1);
@@ -535,6 +552,24 @@ mod tests {
         assert_eq!(hex(&block[NODE_CRC_OFFSET..]), hex(&node_crc(&block).to_le_bytes()));
     }
 
+    /// Pins the sums entries (codec 3) of both kinds: per block, and a
+    /// coarse group (`known` 0 and one crc; docs/FORMAT.md, COARSE_SUMS).
+    #[test]
+    fn golden_bytes_of_sums_entries() {
+        let mut a = SumsValue { known: 0b10, crcs: [0; 16], coarse: None };
+        a.crcs[1] = 0x0a0b_0c0d;
+        let entries = vec![(3u64, a), (5, SumsValue::group(0x98f9_4189))];
+        let h = NodeHeader { codec: SumsValue::CODEC, ..header(0) };
+        let block = encode_node(&h, &NodeBody::Leaf(PackedLeaf::pack(&entries)));
+        // 1 group of 2 | gap 3, known 0x0002, crc of block 1 | gap 1 (key
+        // 5 after 3 + 1), known 0: coarse, the group's crc
+        let payload = "01 00 02 03 02 00 0d 0c 0b 0a 01 00 00 89 41 f9 98";
+        assert_eq!(hex(&block[NODE_HEADER..NODE_HEADER + 17]), payload);
+        let (_, body) = decode_node::<SumsValue>(&block, &expect(&block, 0)).unwrap();
+        let NodeBody::Leaf(packed) = body else { panic!("a leaf") };
+        assert_eq!(packed.unpack::<SumsValue>().unwrap().0, entries);
+    }
+
     fn hex(b: &[u8]) -> String {
         b.iter().map(|x| format!("{x:02x}")).collect::<Vec<_>>().join(" ")
     }
@@ -571,11 +606,12 @@ mod tests {
 
     #[test]
     fn sums_group_round_trips_with_exact_size() {
-        let mut a = SumsValue { known: 0b101, crcs: [0; 16] };
+        let mut a = SumsValue { known: 0b101, crcs: [0; 16], coarse: None };
         a.crcs[0] = 0xdead_beef;
         a.crcs[2] = 7;
-        let entries = vec![(4, a), (5, SumsValue { known: 0xffff, crcs: [9; 16] })];
-        assert_eq!(group_bytes(&entries), (1 + 2 + 8) + (1 + 2 + 64));
+        let full = SumsValue { known: 0xffff, crcs: [9; 16], coarse: None };
+        let entries = vec![(4, a), (5, full), (7, SumsValue::group(0x0102_0304))];
+        assert_eq!(group_bytes(&entries), (1 + 2 + 8) + (1 + 2 + 64) + (1 + 2 + 4));
         let packed = PackedLeaf::pack(&entries);
         assert_eq!(packed.data.len(), group_bytes(&entries));
         let h = NodeHeader { codec: SumsValue::CODEC, ..header(0) };

@@ -88,6 +88,14 @@ pub enum Op {
         pba: u64,
         sums: Vec<u32>,
     },
+    /// Coarse checksums (pools with the COARSE_SUMS feature): group `i`,
+    /// physical blocks [pba + 16i, pba + 16i + 16) (`pba` a multiple of
+    /// 16), holds 64 KiB whose crc32c is `crcs[i]`; the group's blocks have
+    /// no per-block sum from then on. Rides like Sums.
+    GroupSums {
+        pba: u64,
+        crcs: Vec<u32>,
+    },
     /// Overwrite regions (`region_of`) that may now (`open`) or may no
     /// longer be overwritten in place. After a crash, blocks in open regions
     /// may hold data newer than their checksums: open resynchronizes them.
@@ -154,6 +162,8 @@ pub const MAX_OVERCOMMIT_MILLI: u32 = 1_000_000;
 
 /// Blocks one Sums op covers at most (the largest write: 32 MiB).
 pub const MAX_SUMS_PER_OP: usize = 8192;
+/// Groups one GroupSums op covers at most (the largest write: 32 MiB).
+pub const MAX_GROUPS_PER_OP: usize = MAX_SUMS_PER_OP / crate::node::SUMS_GROUP as usize;
 /// Region ids one Regions op carries at most.
 pub const MAX_REGIONS_PER_OP: usize = 1 << 16;
 /// log2 of an overwrite region's size in blocks (64 MiB).
@@ -183,6 +193,7 @@ mod tag {
     pub const VOL_PLACEMENT: u8 = 15;
     pub const VOL_ROLE: u8 = 16;
     pub const RELOCATE: u8 = 17;
+    pub const GROUP_SUMS: u8 = 18;
     pub const VOL_QUOTA: u8 = 22;
     pub const POOL_OVERCOMMIT: u8 = 23;
     pub const VOL_DEVICES: u8 = 24;
@@ -278,6 +289,7 @@ impl Op {
                 w.varint(sums.len() as u64);
                 sums.iter().for_each(|&s| w.u32(s));
             }
+            Op::GroupSums { pba, crcs } => encode_group_sums(w, *pba, crcs),
             Op::Regions { open, ids } => {
                 assert!(!ids.is_empty() && ids.len() <= MAX_REGIONS_PER_OP);
                 w.u8(if *open { tag::REGIONS_OPEN } else { tag::REGIONS_CLOSE });
@@ -342,6 +354,7 @@ impl Op {
             | Op::VolDevices { .. }
             | Op::VolStripe { .. }
             | Op::Sums { .. }
+            | Op::GroupSums { .. }
             | Op::Regions { .. } => {
                 unreachable!("volume and pool ops are encoded by Op::encode")
             }
@@ -426,7 +439,7 @@ impl Op {
                 }
                 Op::VolStripe { vol, stripe }
             }
-            tag::SUMS | tag::REGIONS_OPEN | tag::REGIONS_CLOSE | tag::POOL_OVERCOMMIT if vol != 0 => {
+            tag::SUMS | tag::GROUP_SUMS | tag::REGIONS_OPEN | tag::REGIONS_CLOSE | tag::POOL_OVERCOMMIT if vol != 0 => {
                 return Err(r.bad("pool_op_vol", u64::from(vol)));
             }
             tag::POOL_OVERCOMMIT => {
@@ -445,6 +458,7 @@ impl Op {
                 let sums = (0..n).map(|_| r.u32()).collect::<Result<Vec<u32>>>()?;
                 Op::Sums { pba, sums }
             }
+            tag::GROUP_SUMS => decode_group_sums(r)?,
             tag::REGIONS_OPEN | tag::REGIONS_CLOSE => {
                 let n = r.varint()?;
                 if n == 0 || n > MAX_REGIONS_PER_OP as u64 || n > r.remaining() as u64 {
@@ -456,6 +470,30 @@ impl Op {
             other => return Err(r.bad("op_tag", u64::from(other))),
         })
     }
+}
+
+/// Op 18's fields after `tag` and `vol` (0).
+fn encode_group_sums(w: &mut Writer, pba: u64, crcs: &[u32]) {
+    assert!(!crcs.is_empty() && crcs.len() <= MAX_GROUPS_PER_OP);
+    assert!(pba.is_multiple_of(crate::node::SUMS_GROUP), "a group starts at a multiple of 16");
+    w.u8(tag::GROUP_SUMS);
+    w.u32(0);
+    w.u64(pba);
+    w.varint(crcs.len() as u64);
+    crcs.iter().for_each(|&s| w.u32(s));
+}
+
+fn decode_group_sums(r: &mut Reader<'_>) -> Result<Op> {
+    let pba = r.u64()?;
+    if !pba.is_multiple_of(crate::node::SUMS_GROUP) {
+        return Err(r.bad("group_sums_pba", pba));
+    }
+    let n = r.varint()?;
+    if n == 0 || n > MAX_GROUPS_PER_OP as u64 || n > r.remaining() as u64 / 4 {
+        return Err(r.bad("group_sums_len", n));
+    }
+    let crcs = (0..n).map(|_| r.u32()).collect::<Result<Vec<u32>>>()?;
+    Ok(Op::GroupSums { pba, crcs })
 }
 
 /// Encode a batch of ops as a journal payload.
@@ -516,7 +554,35 @@ mod tests {
             Op::PoolOvercommit { milli: None },
             Op::VolDevices { vol: 5, devices: 0b11 },
             Op::VolDevices { vol: 5, devices: 0 },
+            Op::GroupSums { pba: (1 << 48) | 32, crcs: vec![7, u32::MAX] },
         ]
+    }
+
+    /// Op 18 (GroupSums, docs/FORMAT.md): bytes as the table says.
+    #[test]
+    fn golden_bytes_of_group_sums() {
+        let op = Op::GroupSums { pba: (1 << 48) | 32, crcs: vec![0x98f9_4189, 0x0102_0304] };
+        let bytes = encode_ops(std::slice::from_ref(&op));
+        #[rustfmt::skip]
+        let want = [
+            1, 18, 0, 0, 0, 0,                  // count 1, tag 18, vol 0 (u32 LE)
+            32, 0, 0, 0, 0, 0, 1, 0,            // pba (u64 LE): device 1, block 32
+            2,                                  // n varint
+            0x89, 0x41, 0xf9, 0x98, 4, 3, 2, 1, // crc u32 LE per group
+        ];
+        assert_eq!(bytes, want);
+        assert_eq!(decode_ops(&bytes).unwrap(), vec![op]);
+        let mut unaligned = want;
+        unaligned[6] = 33;
+        let mut vol = want;
+        vol[2] = 1;
+        let mut empty = want[..15].to_vec();
+        empty[14] = 0;
+        let mut short = want.to_vec();
+        short.pop();
+        for bad in [&unaligned[..], &vol, &empty, &short] {
+            assert!(decode_ops(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -80,6 +80,11 @@ pub mod incompat {
     /// the DEVICES flag of catalog volume entries. A reader without it
     /// would misread the table and place data on devices a volume excludes.
     pub const DEVICE_PLACEMENT: u64 = 1 << 12;
+    /// Data checksums may be coarse: one crc32c per 64 KiB group of 16
+    /// physical blocks written whole (op 18 GroupSums, sums entries with
+    /// `known` 0; docs/FORMAT.md *Data checksums*). An older reader would
+    /// refuse the op and the entries, or read the group unverified.
+    pub const COARSE_SUMS: u64 = 1 << 13;
     /// Device table entries may be spares (state byte 3, with EVACUATION):
     /// a labelled device of the pool with an empty data area, taken as a
     /// member when the pool must expand (`tarn dev add --spare`). An older
@@ -109,6 +114,7 @@ pub mod incompat {
         | REMOVAL
         | FS_XATTRS
         | DEVICE_PLACEMENT
+        | COARSE_SUMS
         | SPARES
         | STRIPES
         | FS_VERSION_RECORDS;
@@ -686,12 +692,15 @@ mod tests {
         let mut sb = sample();
         sb.incompat = 1 << 40;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        // Bits 0-12, 14, 15 and 17 are known here; bits 13 and 16 are other features'.
-        for bit in [13, 16] {
-            sb.incompat = 1 << bit;
-            assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        }
-        assert_eq!(incompat::KNOWN, ((1 << 13) - 1) | (1 << 14) | (1 << 15) | (1 << 17));
+        // Bits 0-15 and 17 are known here; bit 16 is another feature's.
+        sb.incompat = 1 << 16;
+        assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
+        assert_eq!(incompat::KNOWN, ((1 << 16) - 1) | (1 << 17));
+        assert_eq!(incompat::COARSE_SUMS, 1 << 13);
+        sb.incompat = incompat::COARSE_SUMS;
+        let b = sb.encode(0);
+        assert_eq!(&b[16..24], &[0, 0x20, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(Superblock::decode(&b, 0).unwrap().incompat, 1 << 13);
         assert_eq!(incompat::SPARES, 1 << 14);
         sb.incompat = incompat::STRIPES;
         assert_eq!(incompat::STRIPES, 1 << 15);

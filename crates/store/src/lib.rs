@@ -34,7 +34,7 @@ pub use error::{Result, StoreError};
 pub use extents::ExtentTree;
 pub use io::{FileIo, MemIo, NodeIo};
 pub use space::SpaceMap;
-pub use sums::{FrozenSums, SumsTree};
+pub use sums::{BlockSum, FrozenSums, SumsTree};
 pub use tree::{RootRef, Tree};
 
 use std::cell::Cell;

@@ -29,13 +29,27 @@ fn group_blocks(key: u64) -> std::ops::Range<u64> {
     key * SUMS_GROUP..(key + 1) * SUMS_GROUP
 }
 
+/// Set one block's sum; a coarse group's crc goes (its other blocks have
+/// no sum until set: the engine splits a group before that, see
+/// `BlockSums`).
 fn set_bit(v: &mut SumsValue, block: u64, crc: u32) {
+    if v.coarse.is_some() {
+        *v = NO_SUMS;
+    }
     let bit = (block % SUMS_GROUP) as usize;
     v.crcs[bit] = crc;
     v.known |= 1 << bit;
 }
 
-const NO_SUMS: SumsValue = SumsValue { known: 0, crcs: [0; SUMS_GROUP as usize] };
+const NO_SUMS: SumsValue = SumsValue { known: 0, crcs: [0; SUMS_GROUP as usize], coarse: None };
+
+/// A block's checksum: its own, or its coarse group's (crc32c of the 64
+/// KiB group the block is in).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockSum {
+    Block(u32),
+    Group(u32),
+}
 
 /// Sums set in one layer (since a freeze): whole groups and single blocks;
 /// a block is in at most one of the two.
@@ -43,6 +57,9 @@ const NO_SUMS: SumsValue = SumsValue { known: 0, crcs: [0; SUMS_GROUP as usize] 
 struct SumChanges {
     groups: BTreeMap<u64, SumsValue>,
     blocks: BTreeMap<u64, u32>,
+    /// Coarse groups this layer turned into sums per block: the sums below
+    /// this layer no longer count (the group entry says all there is).
+    cleared: std::collections::BTreeSet<u64>,
 }
 
 impl SumChanges {
@@ -50,7 +67,8 @@ impl SumChanges {
     fn bytes(&self) -> u64 {
         let group = CHANGE_OVERHEAD + std::mem::size_of::<(u64, SumsValue)>();
         let block = CHANGE_OVERHEAD + std::mem::size_of::<(u64, u32)>();
-        (self.groups.len() * group + self.blocks.len() * block) as u64
+        let cleared = CHANGE_OVERHEAD + std::mem::size_of::<u64>();
+        (self.groups.len() * group + self.blocks.len() * block + self.cleared.len() * cleared) as u64
     }
 
     fn len(&self) -> usize {
@@ -60,6 +78,9 @@ impl SumChanges {
     fn set(&mut self, block: u64, crc: u32) {
         let key = block / SUMS_GROUP;
         if let Some(v) = self.groups.get_mut(&key) {
+            if v.coarse.is_some() {
+                self.cleared.insert(key);
+            }
             set_bit(v, block, crc);
             return;
         }
@@ -90,7 +111,7 @@ impl SumChanges {
                 continue;
             }
             let at = (block - start) as usize;
-            let mut v = SumsValue { known: u16::MAX, crcs: [0; SUMS_GROUP as usize] };
+            let mut v = SumsValue { known: u16::MAX, crcs: [0; SUMS_GROUP as usize], coarse: None };
             v.crcs.copy_from_slice(&sums[at..at + SUMS_GROUP as usize]);
             // A block is in at most one of the two maps.
             let singles: Vec<u64> = self.blocks.range(group_blocks(key)).map(|(&b, _)| b).collect();
@@ -102,8 +123,22 @@ impl SumChanges {
         }
     }
 
+    /// Set coarse groups `key..key + crcs.len()` (their single blocks go).
+    fn set_groups(&mut self, key: u64, crcs: &[u32]) {
+        for (k, &crc) in (key..).zip(crcs) {
+            let singles: Vec<u64> = self.blocks.range(group_blocks(k)).map(|(&b, _)| b).collect();
+            for b in singles {
+                self.blocks.remove(&b);
+            }
+            self.groups.insert(k, SumsValue::group(crc));
+        }
+    }
+
     /// Lay this layer's sums of group `key` over `v`.
     fn overlay(&self, key: u64, v: &mut SumsValue) {
+        if self.cleared.contains(&key) {
+            *v = NO_SUMS;
+        }
         if let Some(g) = self.groups.get(&key) {
             newer_over(v, g);
         }
@@ -113,8 +148,17 @@ impl SumChanges {
     /// Take `newer`'s sums over these (a freeze that was never adopted
     /// under the sums set since).
     fn absorb(&mut self, newer: SumChanges) {
+        for &key in &newer.cleared {
+            let singles: Vec<u64> = self.blocks.range(group_blocks(key)).map(|(&b, _)| b).collect();
+            for b in singles {
+                self.blocks.remove(&b);
+            }
+            self.groups.remove(&key);
+            self.cleared.insert(key);
+        }
         for (key, g) in newer.groups {
-            for b in group_blocks(key).filter(|b| g.known & (1 << (b % SUMS_GROUP)) != 0) {
+            let covers = |b: &u64| g.coarse.is_some() || g.known & (1 << (b % SUMS_GROUP)) != 0;
+            for b in group_blocks(key).filter(covers) {
                 self.blocks.remove(&b);
             }
             let mut v = self.groups.get(&key).copied().unwrap_or(NO_SUMS);
@@ -134,8 +178,15 @@ impl SumChanges {
     }
 }
 
-/// `newer`'s known sums over `v`.
+/// `newer`'s known sums over `v`: a coarse group replaces all; sums per
+/// block replace a coarse group (see `set_bit`).
 fn newer_over(v: &mut SumsValue, newer: &SumsValue) {
+    if newer.coarse.is_some() || v.coarse.is_some() {
+        *v = if newer.coarse.is_some() { *newer } else { NO_SUMS };
+        if newer.coarse.is_some() {
+            return;
+        }
+    }
     (0..SUMS_GROUP as usize).filter(|i| newer.known & (1 << i) != 0).for_each(|i| v.crcs[i] = newer.crcs[i]);
     v.known |= newer.known;
 }
@@ -212,17 +263,27 @@ impl SumsTree {
         self.counter.fetch_sub(before, Ordering::Relaxed);
     }
 
+    /// Record coarse sums: group `pba / 16 + i` has crc32c `crcs[i]` (`pba`
+    /// a multiple of 16).
+    pub fn set_groups(&mut self, pba: Pba, crcs: &[u32]) {
+        debug_assert!(pba.0.is_multiple_of(SUMS_GROUP));
+        let before = self.pending.bytes();
+        self.pending.set_groups(pba.0 / SUMS_GROUP, crcs);
+        self.counter.fetch_add(self.pending.bytes(), Ordering::Relaxed);
+        self.counter.fetch_sub(before, Ordering::Relaxed);
+    }
+
     /// Group `key`: the tree's, with the frozen then the pending sums over it.
     pub fn get_group(&self, store: &Store, key: u64) -> Result<Option<SumsValue>> {
         let base = self.base.get_le(store, key)?.filter(|(k, _)| *k == key).map(|(_, v)| v);
         let mut v = base.unwrap_or(NO_SUMS);
         self.frozen.iter().for_each(|f| f.overlay(key, &mut v));
         self.pending.overlay(key, &mut v);
-        Ok((v.known != 0).then_some(v))
+        Ok((v.known != 0 || v.coarse.is_some()).then_some(v))
     }
 
     /// The sums of `len` blocks from `pba` (None where a block has none).
-    pub fn get_run(&self, store: &Store, pba: Pba, len: u64) -> Result<Vec<Option<u32>>> {
+    pub fn get_run(&self, store: &Store, pba: Pba, len: u64) -> Result<Vec<Option<BlockSum>>> {
         let mut out = Vec::with_capacity(len as usize);
         let mut group: Option<(u64, Option<SumsValue>)> = None;
         for b in pba.0..pba.0 + len {
@@ -231,7 +292,10 @@ impl SumsTree {
                 group = Some((key, self.get_group(store, key)?));
             }
             let bit = (b % SUMS_GROUP) as usize;
-            out.push(group.as_ref().and_then(|g| g.1).filter(|v| v.known & (1 << bit) != 0).map(|v| v.crcs[bit]));
+            out.push(group.as_ref().and_then(|g| g.1).and_then(|v| match v.coarse {
+                Some(crc) => Some(BlockSum::Group(crc)),
+                None => (v.known & (1 << bit) != 0).then_some(BlockSum::Block(v.crcs[bit])),
+            }));
         }
         Ok(out)
     }
@@ -310,10 +374,10 @@ mod tests {
         let got = t.get_run(&store, base, 101).unwrap();
         for (i, g) in got.iter().enumerate() {
             let want = match i {
-                50 => Some(7),
-                51 => Some(8),
+                50 => Some(BlockSum::Block(7)),
+                51 => Some(BlockSum::Block(8)),
                 100 => None,
-                _ => Some(sums[i]),
+                _ => Some(BlockSum::Block(sums[i])),
             };
             assert_eq!(*g, want, "block {i}");
         }

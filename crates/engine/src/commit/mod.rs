@@ -32,8 +32,9 @@ use crate::space::reserve_for;
 use std::sync::atomic::Ordering;
 use tarn_format::journal::RecordHeader;
 use tarn_format::node::NODE_SIZE;
+use tarn_format::node::SUMS_GROUP;
 use tarn_format::ops::{encode_ops, Op, MAX_REGIONS_PER_OP};
-use tarn_format::BLOCK_SIZE;
+use tarn_format::{Pba, BLOCK_SIZE};
 
 enum Plan {
     /// Only data changed: flushing the devices is the whole commit.
@@ -405,11 +406,12 @@ impl Pool {
         let frees = coalesce(frees);
         drop(self.io_gate.write().unwrap_or_else(|p| p.into_inner()));
         if discard {
-            // Like a device's discard granularity: pieces under 64 KiB are
-            // not punched (each punch costs ~0.1 ms under the commit lock and
-            // a snapshot delete can free 100,000s of scattered 4 KiB pieces);
-            // they are free in the pool all the same and get reused.
-            for &(pba, len) in frees.iter().filter(|f| f.1 >= MIN_DISCARD_BLOCKS) {
+            // Like a device's discard granularity: only whole 64 KiB groups
+            // are punched (each punch costs ~0.1 ms under the commit lock and
+            // a snapshot delete can free 100,000s of scattered 4 KiB pieces;
+            // and see `punchable`); the rest is free in the pool all the
+            // same and gets reused.
+            for (pba, len) in frees.iter().filter_map(|&(pba, len)| punchable(pba, len)) {
                 let dev = &self.devices[usize::from(pba.device())];
                 if let Err(e) = dev.discard(pba.byte_offset(), len * BLOCK_SIZE) {
                     log::debug!("discard on {} failed (ignored, a hint): {e}", dev.name());
@@ -483,7 +485,17 @@ fn close_regions(inner: &mut Inner, ids: &[u64], ops: &mut Vec<Op>) {
 }
 
 /// Freed ranges shorter than this are not discarded on the device.
-const MIN_DISCARD_BLOCKS: u64 = 16;
+const MIN_DISCARD_BLOCKS: u64 = SUMS_GROUP;
+
+/// The part of a freed range to discard: its whole 64 KiB groups (block
+/// addresses a multiple of 16), None if none. A punch of part of a group
+/// would zero blocks of a coarse checksum group (COARSE_SUMS) whose other
+/// blocks may still be referenced, and fail their reads.
+fn punchable(pba: Pba, len: u64) -> Option<(Pba, u64)> {
+    let start = pba.0.div_ceil(SUMS_GROUP) * SUMS_GROUP;
+    let end = (pba.0 + len) / SUMS_GROUP * SUMS_GROUP;
+    (end >= start + MIN_DISCARD_BLOCKS).then(|| (Pba(start), end - start))
+}
 
 /// Sort physical ranges and merge the adjacent ones (they never overlap).
 fn coalesce(mut frees: Freed) -> Freed {
@@ -514,7 +526,18 @@ fn open_wanted(inner: &mut Inner, ops: &mut Vec<Op>) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tarn_format::Pba;
+
+    /// Only whole groups are punched: never a block of a group that keeps
+    /// referenced blocks (a coarse checksum would fail), nothing under 16.
+    #[test]
+    fn discards_cover_whole_groups_only() {
+        let p = |d, b| Pba::new(d, b);
+        assert_eq!(punchable(p(1, 32), 16), Some((p(1, 32), 16)));
+        assert_eq!(punchable(p(1, 30), 40), Some((p(1, 32), 32)), "ragged ends stay");
+        assert_eq!(punchable(p(1, 33), 30), None, "no whole group");
+        assert_eq!(punchable(p(1, 17), 15), None);
+        assert_eq!(punchable(p(0, 0), 1 << 20), Some((p(0, 0), 1 << 20)));
+    }
 
     #[test]
     fn coalesce_merges_adjacent_ranges_per_device() {

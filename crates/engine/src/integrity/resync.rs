@@ -9,10 +9,11 @@
 //! region is done, reads there resync the blocks they touch first.
 
 use crate::error::{EngineError, Result};
-use crate::map::sums::{block_sum, regions_of};
+use crate::map::sums::{regions_of, sums_of, BlockSum, GROUP_BYTES};
 use crate::pool::Pool;
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
+use tarn_format::node::SUMS_GROUP;
 use tarn_format::ops::{region_of, Op, MAX_REGIONS_PER_OP};
 use tarn_format::{Pba, BLOCK_SIZE};
 
@@ -88,11 +89,12 @@ impl Pool {
         Ok(())
     }
 
-    /// The first copy of block `pba` that can be read (a faulted or missing
-    /// mirror leg cannot), and which copy it was.
-    fn first_readable_copy(&self, pba: Pba) -> Result<(Vec<u8>, usize)> {
+    /// The first copy of `len` bytes at `pba` (a block or a coarse group)
+    /// that can be read (a faulted or missing mirror leg cannot), and which
+    /// copy it was.
+    fn first_readable_copy(&self, pba: Pba, len: usize) -> Result<(Vec<u8>, usize)> {
         let dev = &self.devices[usize::from(pba.device())];
-        let mut block = vec![0u8; BS];
+        let mut block = vec![0u8; len];
         let mut last = None;
         for copy in 0..dev.copies() {
             match dev.read_copy(copy, &mut block, pba.byte_offset()) {
@@ -106,22 +108,40 @@ impl Pool {
 
     /// One block of a suspect region, I/O drained: its data (a copy matching
     /// the stored sum, else copy 0's), every copy made equal; true if its
-    /// sum was renewed (the Sums op is queued).
+    /// sum was renewed (the Sums op is queued). A block of a coarse group
+    /// is resynced with its whole group.
     pub(crate) fn resync_block(&self, pba: Pba) -> Result<(Vec<u8>, bool)> {
-        let want = self.read_inner().state.sums.get(pba)?.unwrap_or(0);
-        let c = self.examine_copies(pba, want);
+        if let Some(BlockSum::Group(_)) = self.read_inner().state.sums.get(pba)? {
+            let first = Pba(pba.0 / SUMS_GROUP * SUMS_GROUP);
+            let (group, renewed) = self.resync_span(first, GROUP_BYTES)?;
+            let at = ((pba.0 - first.0) as usize) * BS;
+            return Ok((group[at..at + BS].to_vec(), renewed));
+        }
+        self.resync_span(pba, BS)
+    }
+
+    /// [`Pool::resync_block`] of `len` bytes at `pba`: a block, or a whole
+    /// coarse group (`pba` its first block), checked against the group's
+    /// crc; a group that does not match gets a sum per block (a split).
+    pub(crate) fn resync_span(&self, pba: Pba, len: usize) -> Result<(Vec<u8>, bool)> {
+        let want = match self.read_inner().state.sums.get(pba)? {
+            Some(BlockSum::Block(c)) if len == BS => c,
+            Some(BlockSum::Group(c)) if len == GROUP_BYTES => c,
+            _ => 0,
+        };
+        let c = self.examine_span(pba, len, want);
         if let Some(good) = c.good {
             self.rewrite_copies(pba, &good, &c.bad);
             return Ok((good, false));
         }
-        let (block, source) = self.first_readable_copy(pba)?;
+        let (block, source) = self.first_readable_copy(pba, len)?;
         let dev = &self.devices[usize::from(pba.device())];
         let others: Vec<usize> = (0..dev.copies()).filter(|&c| c != source).collect();
         self.rewrite_copies(pba, &block, &others);
-        let op = Op::Sums { pba: pba.0, sums: vec![block_sum(&block)] };
+        let op = Op::Sums { pba: pba.0, sums: sums_of(&block) };
         let mut inner = self.write_inner();
         self.apply_ops(&mut inner, vec![op]).map_err(|e| EngineError::Inconsistent(e.to_string()))?;
-        self.counters.resynced_blocks.fetch_add(1, Ordering::Relaxed);
+        self.counters.resynced_blocks.fetch_add((len / BS) as u64, Ordering::Relaxed);
         Ok((block, true))
     }
 }

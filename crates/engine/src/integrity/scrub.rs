@@ -5,10 +5,11 @@
 use crate::device::label::{read_label, write_label_copy};
 use crate::error::{EngineError, Result};
 use crate::map::extent_map::ExtentMap;
-use crate::map::sums::block_sum;
+use crate::map::sums::{block_sum, group_sum, BlockSum, GROUP_BYTES};
 use crate::pool::Pool;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
+use tarn_format::node::SUMS_GROUP;
 
 use tarn_format::{Pba, BLOCK_SIZE};
 
@@ -132,8 +133,19 @@ impl Pool {
                 }
                 for (i, block) in buf.chunks_exact(BS).enumerate() {
                     match sums[i] {
-                        Some(want) if block_sum(block) != want => {
+                        Some(BlockSum::Block(want)) if block_sum(block) != want => {
                             suspects.insert(i as u64);
+                        }
+                        // A coarse group: checked whole, at its first block
+                        // (one cut by the chunk's ends is checked alone).
+                        Some(BlockSum::Group(want)) => {
+                            let first = (pba.0 + i as u64).is_multiple_of(SUMS_GROUP);
+                            let whole = first && i + SUMS_GROUP as usize <= n as usize;
+                            let at = i * BS;
+                            let cut = !whole && (first || i == 0);
+                            if cut || (whole && group_sum(&buf[at..at + GROUP_BYTES]) != want) {
+                                suspects.insert(i as u64);
+                            }
                         }
                         None if copy == 0 => r.unsummed_blocks += 1,
                         _ => {}
@@ -145,8 +157,17 @@ impl Pool {
         for i in suspects {
             // Writes drained: a racing overwrite is not corruption.
             let _quiet = self.io_gate.write().unwrap_or_else(|p| p.into_inner());
-            let Some(want) = self.read_inner().state.sums.get(pba.offset_by(i))? else { continue };
-            match self.check_block_copies(pba.offset_by(i), want) {
+            let Some(sum) = self.read_inner().state.sums.get(pba.offset_by(i))? else { continue };
+            let (at, len, want, blocks) = match sum {
+                BlockSum::Block(want) => (pba.offset_by(i), BS, want, i..i + 1),
+                BlockSum::Group(want) => {
+                    // The group's blocks in this chunk share its verdict.
+                    let first = (pba.0 + i) / SUMS_GROUP * SUMS_GROUP;
+                    let blocks = first.max(pba.0) - pba.0..(first + SUMS_GROUP).min(pba.0 + n) - pba.0;
+                    (Pba(first), GROUP_BYTES, want, blocks)
+                }
+            };
+            match self.check_span_copies(at, len, want) {
                 BlockVerdict::Good => {}
                 BlockVerdict::Repaired(k) => {
                     r.bad_copies += k;
@@ -154,24 +175,25 @@ impl Pool {
                 }
                 BlockVerdict::Lost(k) => {
                     r.bad_copies += k;
-                    r.lost_blocks += 1;
-                    lost(i);
+                    r.lost_blocks += blocks.end - blocks.start;
+                    blocks.for_each(&mut lost);
                 }
             }
         }
         Ok(())
     }
 
-    /// Check one block on every copy against `want`, healing bad copies.
-    fn check_block_copies(&self, pba: Pba, want: u32) -> BlockVerdict {
+    /// Check one block or coarse group (`len` bytes) on every copy against
+    /// `want`, healing bad copies.
+    fn check_span_copies(&self, pba: Pba, len: usize, want: u32) -> BlockVerdict {
         if self.is_suspect(pba) {
             // Left open by a crash: whatever is there is valid; resync it.
-            return match self.resync_block(pba) {
+            return match self.resync_span(pba, len) {
                 Ok(_) => BlockVerdict::Good,
                 Err(_) => BlockVerdict::Lost(1),
             };
         }
-        let c = self.examine_copies(pba, want);
+        let c = self.examine_span(pba, len, want);
         let bad = c.bad.len() as u64;
         match c.good {
             _ if bad == 0 => BlockVerdict::Good,
@@ -181,7 +203,7 @@ impl Pool {
             }
             None => {
                 // heal_block counts and logs it the same way a read would.
-                let _ = self.heal_block(pba, want);
+                let _ = self.heal_span(pba, len, want);
                 BlockVerdict::Lost(bad)
             }
         }

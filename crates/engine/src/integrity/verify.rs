@@ -3,16 +3,22 @@
 
 use crate::error::{EngineError, Result};
 use crate::map::extent_map::Segment;
-use crate::map::sums::{block_sum, regions_of};
+use crate::map::sums::{block_sum, group_sum, regions_of, BlockSum, GROUP_BYTES};
 use crate::map::view::View;
 use crate::pool::{resolve_in, Inner, Pool};
 use std::sync::atomic::Ordering;
+use tarn_format::node::SUMS_GROUP;
 use tarn_format::{Pba, BLOCK_SIZE};
 
 const BS: usize = BLOCK_SIZE as usize;
 
 /// A piece of a read: a segment and, if mapped with checksums, its sums.
-type Summed = (Segment, Vec<Option<u32>>);
+pub(crate) type Summed = (Segment, Vec<Option<BlockSum>>);
+
+/// Whether `s` is a coarse group's sum.
+fn is_group(s: Option<&Option<BlockSum>>) -> bool {
+    matches!(s, Some(Some(BlockSum::Group(_))))
+}
 
 impl Pool {
     /// Segments of a view and the sums of their blocks, under one lock so a
@@ -110,10 +116,14 @@ impl Pool {
     }
 
     /// Read whole blocks at `pba` into `out` and check them against `sums`.
-    fn read_blocks_checked(&self, pba: Pba, out: &mut [u8], sums: &[Option<u32>], heal: bool) -> Result<bool> {
+    fn read_blocks_checked(&self, pba: Pba, out: &mut [u8], sums: &[Option<BlockSum>], heal: bool) -> Result<bool> {
+        let n = out.len() / BS;
+        if sums[..n].iter().any(|s| matches!(s, Some(BlockSum::Group(_)))) {
+            return self.read_groups_checked(pba, out, &sums[..n], heal);
+        }
         self.read_data(pba, out, pba.byte_offset())?;
         for (i, block) in out.chunks_exact_mut(BS).enumerate() {
-            let Some(want) = sums[i] else { continue };
+            let Some(BlockSum::Block(want)) = sums[i] else { continue };
             if block_sum(block) == want {
                 continue;
             }
@@ -127,16 +137,57 @@ impl Pool {
         Ok(true)
     }
 
-    /// Read block `pba` on every copy and sort them by `want`.
-    pub(crate) fn examine_copies(&self, pba: Pba, want: u32) -> Copies {
+    /// A read over coarse groups (`sums` has a group's sum): widened to
+    /// whole groups at either end, each group checked against its crc,
+    /// each other block against its own; `out` gets the blocks asked for.
+    fn read_groups_checked(&self, pba: Pba, out: &mut [u8], sums: &[Option<BlockSum>], heal: bool) -> Result<bool> {
+        let n = sums.len() as u64;
+        let start = if is_group(sums.first()) { pba.0 / SUMS_GROUP * SUMS_GROUP } else { pba.0 };
+        let end = if is_group(sums.last()) { (pba.0 + n).div_ceil(SUMS_GROUP) * SUMS_GROUP } else { pba.0 + n };
+        let mut buf = vec![0u8; ((end - start) as usize) * BS];
+        self.read_data(Pba(start), &mut buf, Pba(start).byte_offset())?;
+        let mut b = start;
+        while b < end {
+            // Blocks widened to lie in the first or last group.
+            let sum = sums[(b.max(pba.0) - pba.0).min(n - 1) as usize];
+            let at = ((b - start) as usize) * BS;
+            let (len, want) = match sum {
+                // A group's blocks are contiguous here and widened at the
+                // ends, so a group's sum is met at the group's first block.
+                Some(BlockSum::Group(crc)) => (GROUP_BYTES, crc),
+                Some(BlockSum::Block(crc)) => (BS, crc),
+                None => (BS, 0),
+            };
+            let data = &mut buf[at..at + len];
+            if sum.is_some() && block_sum_of(data) != want {
+                if !heal {
+                    return Ok(false);
+                }
+                let good = if self.is_suspect(Pba(b)) {
+                    self.resync_span(Pba(b), len)?.0
+                } else {
+                    self.heal_span(Pba(b), len, want)?
+                };
+                data.copy_from_slice(&good);
+            }
+            b += (len / BS) as u64;
+        }
+        let from = ((pba.0 - start) as usize) * BS;
+        out.copy_from_slice(&buf[from..from + out.len()]);
+        Ok(true)
+    }
+
+    /// Read `len` bytes at `pba` (a block or a coarse group) on every copy
+    /// and sort them by their crc32c against `want`.
+    pub(crate) fn examine_span(&self, pba: Pba, len: usize, want: u32) -> Copies {
         let dev = &self.devices[usize::from(pba.device())];
         let mut c = Copies { good: None, bad: Vec::new(), found: 0 };
         for copy in 0..dev.copies() {
-            let mut block = vec![0u8; BS];
+            let mut block = vec![0u8; len];
             match dev.read_copy(copy, &mut block, pba.byte_offset()) {
-                Ok(()) if block_sum(&block) == want => c.good = c.good.or(Some(block)),
+                Ok(()) if block_sum_of(&block) == want => c.good = c.good.or(Some(block)),
                 Ok(()) => {
-                    c.found = block_sum(&block);
+                    c.found = block_sum_of(&block);
                     c.bad.push(copy);
                 }
                 Err(e) => {
@@ -170,7 +221,12 @@ impl Pool {
     /// The data of block `pba` from a copy that matches `want`; the other
     /// copies are rewritten with it. Err (counted, logged) if none matches.
     pub(crate) fn heal_block(&self, pba: Pba, want: u32) -> Result<Vec<u8>> {
-        let c = self.examine_copies(pba, want);
+        self.heal_span(pba, BS, want)
+    }
+
+    /// [`Pool::heal_block`] of `len` bytes: a block or a coarse group.
+    pub(crate) fn heal_span(&self, pba: Pba, len: usize, want: u32) -> Result<Vec<u8>> {
+        let c = self.examine_span(pba, len, want);
         let dev = &self.devices[usize::from(pba.device())];
         let Some(good) = c.good else {
             self.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
@@ -190,6 +246,15 @@ impl Pool {
         };
         self.rewrite_copies(pba, &good, &c.bad);
         Ok(good)
+    }
+}
+
+/// The crc32c of a block or of a coarse group.
+pub(crate) fn block_sum_of(data: &[u8]) -> u32 {
+    if data.len() == GROUP_BYTES {
+        group_sum(data)
+    } else {
+        block_sum(data)
     }
 }
 

@@ -7,7 +7,7 @@
 
 use crate::error::{EngineError, Result, StateError};
 use crate::map::extent_map::{ExtentMap, Freed, Segment};
-use crate::map::sums::{regions_of, sums_of};
+use crate::map::sums::{group_sum, regions_of, sums_of, BlockSum, GROUP_BYTES};
 use crate::map::view::View;
 use crate::pool::{Inner, Pool, STRIPES};
 use crate::space::placement::{Near, Owner};
@@ -702,7 +702,10 @@ impl Pool {
     /// read; the pieces stop where a budget ran out (never before the
     /// first piece). A block that cannot be read is not called zero.
     fn zero_pieces(&self, vol: u32, view: View, segs: &[Segment], first: u64, end: u64) -> Vec<(u64, u64, Kind)> {
-        let zero_sum = sums_of(&[0u8; BLOCK_SIZE as usize])[0];
+        // A zero block's sum, or a coarse group's of 64 KiB of zeros.
+        let zero_block = Some(BlockSum::Block(sums_of(&[0u8; BLOCK_SIZE as usize])[0]));
+        let zero_group = Some(BlockSum::Group(group_sum(&[0u8; GROUP_BYTES])));
+        let zero = |x: &Option<BlockSum>| *x == zero_block || *x == zero_group;
         let (mut scanned, mut read) = (0u64, 0u64);
         let mut out: Vec<(u64, u64, Kind)> = Vec::new();
         for seg in segs {
@@ -734,9 +737,8 @@ impl Pool {
                 }
                 let mut i = 0u64;
                 while i < s_len {
-                    let is_zero = sums[i as usize] == Some(zero_sum);
-                    let run =
-                        sums[i as usize..].iter().take_while(|&&x| (x == Some(zero_sum)) == is_zero).count() as u64;
+                    let is_zero = zero(&sums[i as usize]);
+                    let run = sums[i as usize..].iter().take_while(|x| zero(x) == is_zero).count() as u64;
                     if !is_zero {
                         out.push((s_lba + i, run, Kind::Data));
                         i += run;

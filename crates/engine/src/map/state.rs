@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use tarn_format::address::BLOCK_MASK;
 use tarn_format::checkpoint::MAX_SNAPSHOTS;
+use tarn_format::node::SUMS_GROUP;
 use tarn_format::ops::{Op, MAX_NAME_LEN};
 use tarn_format::placement::PolicyCode;
 use tarn_format::role::VolumeRole;
@@ -332,6 +333,12 @@ impl State {
                 }
                 self.sums.set(Pba(*pba), sums);
             }
+            Op::GroupSums { pba, crcs } => {
+                if Pba(*pba).is_origin() || crcs.is_empty() || !pba.is_multiple_of(SUMS_GROUP) {
+                    return Err(format!("coarse checksums for {} groups at {}", crcs.len(), Pba(*pba)).into());
+                }
+                self.sums.set_groups(Pba(*pba), crcs);
+            }
             Op::Regions { open: true, ids } => self.open_regions.extend(ids.iter().copied()),
             Op::Regions { open: false, ids } => ids.iter().for_each(|id| {
                 self.open_regions.remove(id);
@@ -464,6 +471,7 @@ impl State {
             | Op::VolDevices { .. }
             | Op::VolStripe { .. }
             | Op::Sums { .. }
+            | Op::GroupSums { .. }
             | Op::Regions { .. } => {
                 unreachable!("volume and pool ops are applied by State::apply")
             }

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use tarn_format::node::SUMS_GROUP;
 use tarn_format::ops::region_of;
 use tarn_format::{Pba, BLOCK_SIZE};
+pub use tarn_store::BlockSum;
 use tarn_store::{FrozenSums, Merged, RootRef, Store, StoreError, SumsTree};
 
 type Result<T> = std::result::Result<T, StoreError>;
@@ -34,6 +35,15 @@ type Result<T> = std::result::Result<T, StoreError>;
 pub fn block_sum(block: &[u8]) -> u32 {
     debug_assert_eq!(block.len(), BLOCK_SIZE as usize);
     tarn_format::checksum::crc32c(block)
+}
+
+/// Bytes a coarse checksum covers: one group of 16 blocks (64 KiB).
+pub const GROUP_BYTES: usize = (SUMS_GROUP * BLOCK_SIZE) as usize;
+
+/// The crc32c of one group's 64 KiB (a coarse checksum).
+pub fn group_sum(group: &[u8]) -> u32 {
+    debug_assert_eq!(group.len(), GROUP_BYTES);
+    tarn_format::checksum::crc32c(group)
 }
 
 /// The sums of consecutive blocks.
@@ -97,22 +107,30 @@ impl BlockSums {
         self.sums.set(pba, sums);
     }
 
-    /// The sum of block `pba`, None if it has none.
-    pub fn get(&self, pba: Pba) -> Result<Option<u32>> {
-        let key = pba.0 / SUMS_GROUP;
-        let bit = (pba.0 % SUMS_GROUP) as usize;
-        let group = self.sums.get_group(&self.store, key)?;
-        Ok(group.filter(|v| v.known & (1 << bit) != 0).map(|v| v.crcs[bit]))
+    /// Record coarse sums: group i at `pba + 16i` (`pba` a multiple of 16)
+    /// has crc32c `crcs[i]`.
+    pub fn set_groups(&mut self, pba: Pba, crcs: &[u32]) {
+        self.sums.set_groups(pba, crcs);
+    }
+
+    /// The sum of block `pba` (its own or its group's), None if it has none.
+    pub fn get(&self, pba: Pba) -> Result<Option<BlockSum>> {
+        Ok(self.get_run(pba, 1)?.pop().flatten())
     }
 
     /// The sums of [pba, pba + len), None for blocks without one.
-    pub fn get_run(&self, pba: Pba, len: u64) -> Result<Vec<Option<u32>>> {
+    pub fn get_run(&self, pba: Pba, len: u64) -> Result<Vec<Option<BlockSum>>> {
         self.sums.get_run(&self.store, pba, len)
     }
 
-    /// All sums of [pba, pba + len), or None if any block lacks one.
+    /// All sums of [pba, pba + len) per block, or None if any block lacks
+    /// one or has only its group's.
     pub fn all(&self, pba: Pba, len: u64) -> Result<Option<Vec<u32>>> {
-        Ok(self.get_run(pba, len)?.into_iter().collect())
+        let per_block = |s: Option<BlockSum>| match s {
+            Some(BlockSum::Block(c)) => Some(c),
+            _ => None,
+        };
+        Ok(self.get_run(pba, len)?.into_iter().map(per_block).collect())
     }
 
     /// Node blocks replaced and not yet taken by a checkpoint.
@@ -208,6 +226,32 @@ impl RegionTracker {
 mod tests {
     use super::*;
 
+    fn per_block(s: Option<BlockSum>) -> Option<u32> {
+        match s {
+            Some(BlockSum::Block(c)) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// A coarse group reads as its crc for each of its 16 blocks, is not
+    /// per-block (`all`), and a sum per block set over it leaves only that
+    /// block summed (the writer splits the group before, see *Data
+    /// checksums* in docs/FORMAT.md).
+    #[test]
+    fn coarse_groups_read_per_block_and_give_way_to_block_sums() {
+        let mut t = table();
+        t.set_groups(Pba::new(1, 32), &[5, 6]);
+        let run = t.get_run(Pba::new(1, 30), 36).unwrap();
+        assert_eq!(run[..2], [None, None]);
+        assert!(run[2..18].iter().all(|s| *s == Some(BlockSum::Group(5))));
+        assert!(run[18..34].iter().all(|s| *s == Some(BlockSum::Group(6))));
+        assert_eq!(t.all(Pba::new(1, 32), 1).unwrap(), None);
+        t.set(Pba::new(1, 50), &[9]);
+        assert_eq!(t.get(Pba::new(1, 50)).unwrap(), Some(BlockSum::Block(9)));
+        assert_eq!(t.get(Pba::new(1, 51)).unwrap(), None);
+        assert_eq!(t.get(Pba::new(1, 32)).unwrap(), Some(BlockSum::Group(5)));
+    }
+
     fn table() -> BlockSums {
         BlockSums::new(Arc::new(Store::memory()))
     }
@@ -219,9 +263,10 @@ mod tests {
         let a = Pba::new(0, group - 2);
         t.set(a, &[1, 2, 3, 4]);
         t.set(Pba::new(1, 5), &[9]);
-        assert_eq!(t.get_run(a, 4).unwrap(), vec![Some(1), Some(2), Some(3), Some(4)]);
+        let b = |c| Some(BlockSum::Block(c));
+        assert_eq!(t.get_run(a, 4).unwrap(), vec![b(1), b(2), b(3), b(4)]);
         assert_eq!(t.get(Pba::new(0, 5)).unwrap(), None);
-        assert_eq!(t.get(Pba::new(1, 5)).unwrap(), Some(9));
+        assert_eq!(t.get(Pba::new(1, 5)).unwrap(), b(9));
         assert_eq!(t.all(a, 5).unwrap(), None);
         t.set(a.offset_by(1), &[0]);
         assert_eq!(t.all(a, 3).unwrap(), Some(vec![1, 0, 3]));
@@ -255,7 +300,8 @@ mod tests {
                 let from = Pba::new(dev, next() % span);
                 let len = 1 + next() % 100;
                 let want: Vec<Option<u32>> = (0..len).map(|i| model.get(&(from.0 + i)).copied()).collect();
-                assert_eq!(t.get_run(from, len).unwrap(), want, "run of {len} at {from}");
+                let got: Vec<Option<u32>> = t.get_run(from, len).unwrap().into_iter().map(per_block).collect();
+                assert_eq!(got, want, "run of {len} at {from}");
                 let all: Option<Vec<u32>> = want.iter().copied().collect();
                 assert_eq!(t.all(from, len).unwrap(), all);
             }
@@ -263,7 +309,7 @@ mod tests {
         for dev in 0..2u16 {
             for b in 0..span + 50 {
                 let pba = Pba::new(dev, b);
-                assert_eq!(t.get(pba).unwrap(), model.get(&pba.0).copied(), "block {pba}");
+                assert_eq!(per_block(t.get(pba).unwrap()), model.get(&pba.0).copied(), "block {pba}");
             }
         }
     }

@@ -203,6 +203,7 @@ pub fn op_bytes_bound(op: &Op) -> usize {
         Op::VolDevices { .. } => HEAD + 2,
         Op::VolStripe { .. } => HEAD + 3,
         Op::Sums { sums, .. } => HEAD + 8 + V + 4 * sums.len(),
+        Op::GroupSums { crcs, .. } => HEAD + 8 + V + 4 * crcs.len(),
         Op::Regions { ids, .. } => HEAD + V + V * ids.len(),
         Op::SnapDelete { .. } | Op::Rollback { .. } => HEAD + V,
         Op::CloneCreate { name, .. } => HEAD + 4 + V + 1 + name.len(),

@@ -3,6 +3,7 @@
 //! is one op, durable when the call returns.
 
 pub mod clean;
+mod coarse;
 mod dead_relayout;
 pub mod detach;
 pub mod device_placement;
