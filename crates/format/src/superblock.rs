@@ -90,6 +90,12 @@ pub mod incompat {
     /// volume entries. A reader without it would place the volume's new
     /// data anywhere and refuse the op.
     pub const STRIPES: u64 = 1 << 15;
+    /// Volumes may keep single parity over members (RAID-5 per volume,
+    /// `tarn vol create --parity`): op 21 (VolParity), the PARITY flag of
+    /// catalog volume entries, parity units mapped past a volume's data
+    /// rows. A reader without it would overwrite in place (a write hole)
+    /// and refuse the op.
+    pub const PARITY: u64 = 1 << 16;
     /// Features this build understands.
     pub const KNOWN: u64 = SNAPSHOTS
         | DATA_CHECKSUMS
@@ -105,7 +111,8 @@ pub mod incompat {
         | FS_XATTRS
         | DEVICE_PLACEMENT
         | SPARES
-        | STRIPES;
+        | STRIPES
+        | PARITY;
 }
 
 /// Superblock flag: a pool with mirrors is open for writing (set before its
@@ -680,12 +687,16 @@ mod tests {
         let mut sb = sample();
         sb.incompat = 1 << 40;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        // Bits 0-12, 14 and 15 are known here; bits 13 and 16 are other features'.
-        for bit in [13, 16] {
+        // Bits 0-12, 14, 15 and 16 are known here; bits 13 and 17 are other features'.
+        for bit in [13, 17] {
             sb.incompat = 1 << bit;
             assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
         }
-        assert_eq!(incompat::KNOWN, ((1 << 13) - 1) | (1 << 14) | (1 << 15));
+        assert_eq!(incompat::KNOWN, ((1 << 13) - 1) | (1 << 14) | (1 << 15) | (1 << 16));
+        sb.incompat = incompat::PARITY;
+        let b = sb.encode(0);
+        assert_eq!(&b[16..24], &[0, 0, 1, 0, 0, 0, 0, 0]);
+        assert_eq!(Superblock::decode(&b, 0).unwrap().incompat, 1 << 16);
         assert_eq!(incompat::SPARES, 1 << 14);
         sb.incompat = incompat::STRIPES;
         assert_eq!(incompat::STRIPES, 1 << 15);
