@@ -51,6 +51,8 @@ pub enum Request {
         /// Stripe it over (members, unit bytes) (`--stripe N[:UNIT]`).
         #[serde(default)]
         stripe: Option<(u32, u64)>,
+        /// Keep parity over (data members, unit bytes) (`--parity N[:UNIT]`).
+        parity: Option<(u32, u64)>,
     },
     /// Change a volume's placement ("default": follow the pool's), its
     /// quota (0: remove it) and/or its members (0: any).
@@ -242,12 +244,13 @@ pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, Strin
         Request::FsCreate { name, quota } => return fs_create(pool, name, *quota),
         Request::FsList => Ok(Value::Array(pool.file_volumes().iter().map(file_volume_json).collect())),
         Request::FsDestroy { name } => pool.delete_file_volume(name).map(|()| json!({ "destroyed": name })),
-        Request::VolCreate { name, size, placement, quota, force, devices, stripe } => {
+        Request::VolCreate { name, size, placement, quota, force, devices, stripe, parity } => {
             let placement = match placement {
                 Some(name) => placement_named(name)?,
                 None => None,
             };
-            let opts = VolumeOptions { placement, quota: *quota, force: *force, devices: *devices, stripe: *stripe };
+            let (quota, force, devices, stripe, parity) = (*quota, *force, *devices, *stripe, *parity);
+            let opts = VolumeOptions { placement, quota, force, devices, stripe, parity };
             pool.create_volume_with(name, *size, &opts).map(|v| volume_json(&v))
         }
         Request::VolSet { name, placement, quota, devices } => {
@@ -498,6 +501,10 @@ pub fn volume_json(v: &VolumeInfo) -> Value {
             "width": s.width(), "unit": s.unit_blocks() * 4096,
             "members": (0..16).filter(|d| s.devices & (1 << d) != 0).collect::<Vec<u16>>(),
         })),
+        "parity": v.parity.map(|p| json!({
+            "data": p.data_units(), "unit": p.unit_blocks() * 4096,
+            "members": (0..16).filter(|d| p.devices & (1 << d) != 0).collect::<Vec<u16>>(),
+        })),
     })
 }
 
@@ -585,7 +592,8 @@ pub fn status_json(s: &PoolStatus) -> Value {
         "epoch": s.epoch, "commit_seq": s.commit_seq, "placement": s.placement, "strict": s.strict,
         "notes": s.notes,
         "fenced": s.fenced, "checksums": s.checksums, "checksum_errors": s.checksum_errors, "read_errors": s.read_errors,
-        "healed_blocks": s.healed_blocks, "resynced_blocks": s.resynced_blocks,
+        "healed_blocks": s.healed_blocks, "reconstructed_blocks": s.reconstructed_blocks,
+        "resynced_blocks": s.resynced_blocks,
     });
     v["devices"] = s.devices.iter().map(device_json).collect();
     v["format"] = json!(s.format);
