@@ -316,6 +316,9 @@ fn check_json(pool: &Pool, ctx: &mut Ctx) -> Value {
 fn scrub(pool: &Pool, rate: Option<u64>, repair: bool, ctx: &mut Ctx) -> Result<Value, EngineError> {
     let labels = if repair { pool.repair_labels()? } else { Vec::new() };
     let opts = tarn_engine::scrub::ScrubOptions { rate };
+    // Parity rows first: a unit they rebuild goes to new space, so the
+    // block pass below does not count the rotted copy as lost.
+    let parity = pool.scrub_parity(true)?;
     // Progress in blocks, like flatten's.
     let r = pool.scrub(&opts, &mut |done, total| (ctx.progress)(done / 4096, total / 4096))?;
     let lost: Vec<Value> = r
@@ -327,6 +330,8 @@ fn scrub(pool: &Pool, rate: Option<u64>, repair: bool, ctx: &mut Ctx) -> Result<
         "bytes": r.bytes, "blocks": r.blocks, "bad_copies": r.bad_copies, "repaired": r.repaired,
         "lost_blocks": r.lost_blocks, "lost": lost, "unsummed_blocks": r.unsummed_blocks,
         "seconds": r.elapsed.as_secs_f64(), "labels_repaired": labels,
+        "parity_rows": parity.rows, "parity_mismatched": parity.mismatched,
+        "parity_rebuilt": parity.rebuilt, "parity_healed": parity.healed,
     }))
 }
 

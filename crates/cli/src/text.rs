@@ -160,6 +160,16 @@ pub fn scrub(v: &Value) -> String {
         v["repaired"],
         v["lost_blocks"]
     );
+    if v["parity_rows"].as_u64().unwrap_or(0) > 0 {
+        let _ = writeln!(
+            s,
+            "parity: {} rows verified, {} mismatched, {} rebuilt from their row, {} rewritten",
+            v["parity_rows"],
+            v["parity_mismatched"],
+            v["parity_rebuilt"],
+            v["parity_healed"]
+        );
+    }
     if v["unsummed_blocks"].as_u64().unwrap_or(0) > 0 {
         let _ = writeln!(s, "{} blocks carry no checksum (written before checksums)", v["unsummed_blocks"]);
     }

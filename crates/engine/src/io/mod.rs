@@ -173,6 +173,12 @@ impl Pool {
     /// good copy (which heals the bad ones) or answered with an error.
     pub fn read_view(&self, vol: u32, view: View, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check_view_range("read", vol, view, offset, buf.len() as u64, MAX_IO_BYTES)?;
+        self.read_view_mapped(vol, view, offset, buf)
+    }
+
+    /// [`Pool::read_view`] of any blocks the view's map may hold (a parity
+    /// volume's parity area lies past its size): no size check.
+    pub(crate) fn read_view_mapped(&self, vol: u32, view: View, offset: u64, buf: &mut [u8]) -> Result<()> {
         match self.read_view_healed(vol, view, offset, buf) {
             // A parity volume reads through a failing unit from its row.
             Err(e @ (EngineError::Io { .. } | EngineError::Checksum { .. })) => match self.parity_of(vol) {

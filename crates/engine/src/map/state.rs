@@ -638,7 +638,8 @@ impl State {
             // A dead list holds what its snapshot saw: inside the
             // snapshot's size, which a shrunk head may no longer cover
             // (such a Relocate needs incompat EVACUATION, see FORMAT.md).
-            let blocks = v.snapshots[i].size.div_ceil(BLOCK_SIZE);
+            // (A parity volume's parity area follows its data rows.)
+            let blocks = map_blocks(v.snapshots[i].size.div_ceil(BLOCK_SIZE) * BLOCK_SIZE, v.parity);
             if lba.checked_add(len).is_none_or(|end| len == 0 || end > blocks) {
                 return Err(
                     format!("blocks {lba}+{len} outside snapshot {snap} of volume {vol} ({blocks} blocks)").into()

@@ -10,6 +10,7 @@
 //! and sharing is kept. Then the snapshots' own data (their dead lists)
 //! is compacted the same way (`dead_relayout`).
 
+use crate::map::view::View;
 use crate::error::{EngineError, Result};
 use crate::io::{physical_runs, NewPiece, RELAYOUT_RUN_BLOCKS};
 use crate::map::extent_map::Segment;
@@ -188,7 +189,8 @@ impl Pool {
             self.enable_feature(&mut self.lock_commit(), incompat::RELOCATE)?;
         }
         let mut data = vec![0u8; (len * BLOCK_SIZE) as usize];
-        self.read(id, lba * BLOCK_SIZE, &mut data)?;
+        // Unchecked: evacuation moves a parity volume's parity area too.
+        self.read_view_mapped(id, View::Head, lba * BLOCK_SIZE, &mut data)?;
         let wanted: Vec<Segment> = chosen.iter().map(|s| Segment::Hole { lba: s.lba(), len: s.len() }).collect();
         let fresh = match dest.allocate(self, id, &wanted) {
             Err(EngineError::NoSpace) => return Ok(Window::NoRoom),
