@@ -164,10 +164,7 @@ pub fn scrub(v: &Value) -> String {
         let _ = writeln!(
             s,
             "parity: {} rows verified, {} mismatched, {} rebuilt from their row, {} rewritten",
-            v["parity_rows"],
-            v["parity_mismatched"],
-            v["parity_rebuilt"],
-            v["parity_healed"]
+            v["parity_rows"], v["parity_mismatched"], v["parity_rebuilt"], v["parity_healed"]
         );
     }
     if v["unsummed_blocks"].as_u64().unwrap_or(0) > 0 {
@@ -283,12 +280,9 @@ pub fn stripe(vol: &Value) -> String {
         _ => (&vol["stripe"], vol["stripe"]["width"].to_string()),
     };
     match s["members"].as_array() {
-        Some(m) => format!(
-            "{}x{} on {}",
-            width,
-            b(&s["unit"]),
-            m.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")
-        ),
+        Some(m) => {
+            format!("{}x{} on {}", width, b(&s["unit"]), m.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","))
+        }
         None => "-".into(),
     }
 }

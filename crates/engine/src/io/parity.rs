@@ -304,11 +304,7 @@ impl Pool {
 /// row's data blocks and its parity block, less `b` itself.
 pub(crate) fn row_peers(p: Parity, blocks: u64, b: u64) -> Vec<u64> {
     let (start, unit) = (p.parity_start(blocks), p.unit_blocks());
-    let (row, off) = if b >= start {
-        ((b - start) / unit, (b - start) % unit)
-    } else {
-        (b / p.row_blocks(), b % unit)
-    };
+    let (row, off) = if b >= start { ((b - start) / unit, (b - start) % unit) } else { (b / p.row_blocks(), b % unit) };
     let first = row * p.row_blocks() + off;
     (0..p.data_units())
         .map(|j| first + j * unit)

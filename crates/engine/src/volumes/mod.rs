@@ -11,10 +11,10 @@ mod flatten;
 pub mod hints;
 pub mod layout;
 pub mod members_snap;
+pub mod parity;
 pub mod quota;
 pub mod reclaim;
 pub mod relayout;
-pub mod parity;
 pub mod snapshot;
 pub mod stripe;
 

@@ -31,10 +31,13 @@ impl Pool {
             return bad(format!("a parity unit of {unit} bytes: give a power of two from 4 KiB to 64 KiB"));
         }
         if data + 1 < MIN_PARITY_MEMBERS {
-            return bad(format!("parity over {data} data member(s): give 2 or more (one data member and parity is a mirror)"));
+            return bad(format!(
+                "parity over {data} data member(s): give 2 or more (one data member and parity is a mirror)"
+            ));
         }
         let width = data as usize + 1;
-        let set = self.roomiest_set(width, devices, &format!("parity over {data} data members needs {width} members"))?;
+        let set =
+            self.roomiest_set(width, devices, &format!("parity over {data} data members needs {width} members"))?;
         let shift = (unit / BLOCK_SIZE).trailing_zeros() as u8;
         Parity::from_parts(set, shift).ok_or(EngineError::InvalidArgument(format!("a parity set {set:#b}")))
     }

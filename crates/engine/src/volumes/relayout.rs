@@ -10,11 +10,11 @@
 //! and sharing is kept. Then the snapshots' own data (their dead lists)
 //! is compacted the same way (`dead_relayout`).
 
-use crate::map::view::View;
 use crate::error::{EngineError, Result};
 use crate::io::{physical_runs, NewPiece, RELAYOUT_RUN_BLOCKS};
 use crate::map::extent_map::Segment;
 use crate::map::state::Volume;
+use crate::map::view::View;
 use crate::pool::{Inner, MovingWindow, Pool};
 use crate::space::placement::PlacementKind;
 use std::sync::atomic::{AtomicBool, Ordering};
