@@ -725,12 +725,8 @@ impl Pool {
         let store = &inner.state.store;
         let devices = self.device_statuses(&ctl, &inner);
         // A spare, even one missing, holds no data: the pool is whole without it.
-        let state =
-            if devices.iter().all(|d| matches!(d.state, "ONLINE" | "DRAINING" | "REMOVED" | "SPARE" | "MISSING")) {
-                "ONLINE"
-            } else {
-                "DEGRADED"
-            };
+        let whole = devices.iter().all(|d| matches!(d.state, "ONLINE" | "DRAINING" | "REMOVED" | "SPARE" | "MISSING"));
+        let state = if whole { "ONLINE" } else { "DEGRADED" };
         // Walks the free ranges under the read lock: O(fragments).
         let outside = inner.space.free_in_partial_regions(inner.region_blocks).unwrap_or(0);
         PoolStatus {
