@@ -90,7 +90,8 @@ check "vol list (text) shows 3+1x16.00 KiB on 0,1,2,3" bash -c "\"$TARN\" vol li
 check_fails "vol resize of a parity volume" "$TARN" vol resize p --size 256M -p "$POOL"
 case $LAST_OUT in *parity*) ok "the error names the cause (parity)" ;; *) bad "resize error: $LAST_OUT" ;; esac
 
-start_serve "$POOL"
+ALERTS=$T/alerts.jsonl; : >"$ALERTS"
+start_serve "$POOL" --alert-exec "cat >>$ALERTS"
 step "qemu-img convert + compare, fio sequential and random writes with verify"
 head -c $((48 * M)) /dev/urandom >"$T/src.raw"
 check "qemu-img convert 48 MiB into p at offset 0" qemu-img convert -n -f raw -O raw "$T/src.raw" "$(uri p)"
@@ -101,6 +102,7 @@ rc=0; fio_job rand p randwrite 32M --bs=4k --iodepth=32 --offset=128M || rc=$?
 expect_eq "fio 4K randwrite + verify on p (exit, errors)" "$rc $(jq '[.jobs[].error] | add' "$T/rand.json")" "0 0"
 check "qemu-io write -P 0x5a 4K at 176M (a block to rot later) + flush" qemu-io -f raw -c "write -P 0x5a 176M 4k" -c flush "$(uri p)"
 expect_eq "nothing rebuilt while every member is healthy" "$(status | jq .reconstructed_blocks)" 0
+check_fails "no parity_reconstruction alert while every member is healthy" grep -q parity_reconstruction "$ALERTS"
 
 step "member 3 fails every read: p still reads right, rebuilt from its rows"
 touch "$RTRIG"
@@ -115,6 +117,8 @@ expect_between "pool status: blocks rebuilt from their row (of ~36 MiB on member
 check "pool status (text) says reconstructed" bash -c "\"$TARN\" pool status -p \"$POOL\" | grep -q '[1-9][0-9]* reconstructed'"
 n=$(grep -c "reading through member 3 by reconstruction" "$SERVE_LOG" || true)
 expect_eq "server log: reconstruction through member 3 logged once" "$n" 1
+wait_until 10 grep -q '"reason":"parity_reconstruction"' "$ALERTS" && ok "a degraded alert (parity_reconstruction) reached --alert-exec" ||
+  bad "no parity_reconstruction alert in $ALERTS: $(head -c 300 "$ALERTS" 2>/dev/null)"
 grep -q "injecting EIO error into pread" "$T/nbdkit.log" && ok "nbdkit injected the read errors" ||
   bad "nbdkit did not inject read errors"
 rm -f "$RTRIG"
