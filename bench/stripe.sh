@@ -2,7 +2,9 @@
 # Striping per volume (`tarn vol create --stripe N`) against its peers, in
 # one run. One tarn pool of four files (each 2x BENCH_SIZE) serves three
 # volumes of BENCH_SIZE: `plain` (on member 0 only), `s2` (--stripe 2)
-# and `s4` (--stripe 4, 64 KiB units). The anchor a user would pick is
+# and `s4` (--stripe 4, 64 KiB units), and `p3` (--parity 3: 3 data
+# members + parity, 16 KiB units, every write copy-on-write with its
+# row's parity). The anchor a user would pick is
 # Linux md RAID-0 (64 KiB chunks) over 2 and 4 loop devices on files of
 # the same file system, served by nbdkit's file plugin; and nbdkit on one
 # raw file (the plain volume's peer). Per configuration, over NBD with
@@ -52,11 +54,12 @@ for i in 1 2 3; do truncate -s $((size_mib * 2))M "$DIR/m$i.img"; done
 "$TARN" vol create plain --size "$SIZE" --devices 0 -p "$pool" >/dev/null
 "$TARN" vol create s2 --size "$SIZE" --stripe 2 -p "$pool" >/dev/null
 "$TARN" vol create s4 --size "$SIZE" --stripe 4 -p "$pool" >/dev/null
+"$TARN" vol create p3 --size "$SIZE" --parity 3 -p "$pool" >/dev/null
 tport=$(port)
 "$TARN" serve -p "$pool" --listen "127.0.0.1:$tport" --socket "$DIR/t.sock" >"$DIR/serve.log" 2>&1 &
 PIDS+=($!)
 wait_nbd "nbd://127.0.0.1:$tport/plain"
-declare -A URI=([tarn-plain]=nbd://127.0.0.1:$tport/plain [tarn-s2]=nbd://127.0.0.1:$tport/s2 [tarn-s4]=nbd://127.0.0.1:$tport/s4)
+declare -A URI=([tarn-plain]=nbd://127.0.0.1:$tport/plain [tarn-s2]=nbd://127.0.0.1:$tport/s2 [tarn-s4]=nbd://127.0.0.1:$tport/s4 [tarn-p3]=nbd://127.0.0.1:$tport/p3)
 
 # nbdkit on one raw file (the plain volume's peer)
 truncate -s "$SIZE" "$DIR/raw.img"
@@ -65,7 +68,7 @@ nbdkit --exit-with-parent -f -p "$kport" -i 127.0.0.1 file "$DIR/raw.img" >"$DIR
 PIDS+=($!)
 wait_nbd "nbd://127.0.0.1:$kport"
 URI[nbdkit-raw]=nbd://127.0.0.1:$kport
-CONFIGS=(tarn-plain nbdkit-raw tarn-s2 tarn-s4)
+CONFIGS=(tarn-plain nbdkit-raw tarn-s2 tarn-s4 tarn-p3)
 
 # md RAID-0 over loop devices, if the kernel has md
 MD_NOTE=
@@ -137,4 +140,7 @@ ratio() { py "print(f'{$1/max($2,1):.2f}')"; }
       echo "  tarn-s$n / md-raid0-$n: $(ratio "${SW[tarn-s$n]}" "${SW[md-raid0-$n]}") $(ratio "${SR[tarn-s$n]}" "${SR[md-raid0-$n]}") $(ratio "${RW[tarn-s$n]}" "${RW[md-raid0-$n]}")"
     fi
   done
+  echo "  tarn-p3 / tarn-plain: $(ratio "${SW[tarn-p3]}" "${SW[tarn-plain]}") $(ratio "${SR[tarn-p3]}" "${SR[tarn-plain]}") $(ratio "${RW[tarn-p3]}" "${RW[tarn-plain]}")"
+  echo "  tarn-p3 / tarn-s4: $(ratio "${SW[tarn-p3]}" "${SW[tarn-s4]}") $(ratio "${SR[tarn-p3]}" "${SR[tarn-s4]}") $(ratio "${RW[tarn-p3]}" "${RW[tarn-s4]}")"
+  [ -n "$MD_NOTE" ] && echo "  tarn-p3 / md RAID-5: not measured (as md RAID-0 above)"
 } | tee "$OUT"

@@ -57,6 +57,7 @@ pub fn every_op() -> Vec<Op> {
         Op::PoolOvercommit { milli: Some(2000) },
         Op::VolDevices { vol: 1, devices: 0b11 },
         Op::VolStripe { vol: 1, stripe: tarn_format::stripe::Stripe::from_parts(0b11, 4) },
+        Op::VolParity { vol: 1, parity: tarn_format::stripe::Parity::from_parts(0b111, 2) },
         Op::VolDelete { vol: 1 },
     ]
 }

@@ -51,6 +51,8 @@ pub enum Request {
         /// Stripe it over (members, unit bytes) (`--stripe N[:UNIT]`).
         #[serde(default)]
         stripe: Option<(u32, u64)>,
+        /// Keep parity over (data members, unit bytes) (`--parity N[:UNIT]`).
+        parity: Option<(u32, u64)>,
     },
     /// Change a volume's placement ("default": follow the pool's), its
     /// quota (0: remove it) and/or its members (0: any).
@@ -242,12 +244,13 @@ pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, Strin
         Request::FsCreate { name, quota } => return fs_create(pool, name, *quota),
         Request::FsList => Ok(Value::Array(pool.file_volumes().iter().map(file_volume_json).collect())),
         Request::FsDestroy { name } => pool.delete_file_volume(name).map(|()| json!({ "destroyed": name })),
-        Request::VolCreate { name, size, placement, quota, force, devices, stripe } => {
+        Request::VolCreate { name, size, placement, quota, force, devices, stripe, parity } => {
             let placement = match placement {
                 Some(name) => placement_named(name)?,
                 None => None,
             };
-            let opts = VolumeOptions { placement, quota: *quota, force: *force, devices: *devices, stripe: *stripe };
+            let (quota, force, devices, stripe, parity) = (*quota, *force, *devices, *stripe, *parity);
+            let opts = VolumeOptions { placement, quota, force, devices, stripe, parity };
             pool.create_volume_with(name, *size, &opts).map(|v| volume_json(&v))
         }
         Request::VolSet { name, placement, quota, devices } => {
@@ -313,6 +316,9 @@ fn check_json(pool: &Pool, ctx: &mut Ctx) -> Value {
 fn scrub(pool: &Pool, rate: Option<u64>, repair: bool, ctx: &mut Ctx) -> Result<Value, EngineError> {
     let labels = if repair { pool.repair_labels()? } else { Vec::new() };
     let opts = tarn_engine::scrub::ScrubOptions { rate };
+    // Parity rows first: a unit they rebuild goes to new space, so the
+    // block pass below does not count the rotted copy as lost.
+    let parity = pool.scrub_parity(true)?;
     // Progress in blocks, like flatten's.
     let r = pool.scrub(&opts, &mut |done, total| (ctx.progress)(done / 4096, total / 4096))?;
     let lost: Vec<Value> = r
@@ -324,6 +330,8 @@ fn scrub(pool: &Pool, rate: Option<u64>, repair: bool, ctx: &mut Ctx) -> Result<
         "bytes": r.bytes, "blocks": r.blocks, "bad_copies": r.bad_copies, "repaired": r.repaired,
         "lost_blocks": r.lost_blocks, "lost": lost, "unsummed_blocks": r.unsummed_blocks,
         "seconds": r.elapsed.as_secs_f64(), "labels_repaired": labels,
+        "parity_rows": parity.rows, "parity_mismatched": parity.mismatched,
+        "parity_rebuilt": parity.rebuilt, "parity_healed": parity.healed,
     }))
 }
 
@@ -515,6 +523,10 @@ pub fn volume_json(v: &VolumeInfo) -> Value {
             "width": s.width(), "unit": s.unit_blocks() * 4096,
             "members": (0..16).filter(|d| s.devices & (1 << d) != 0).collect::<Vec<u16>>(),
         })),
+        "parity": v.parity.map(|p| json!({
+            "data": p.data_units(), "unit": p.unit_blocks() * 4096,
+            "members": (0..16).filter(|d| p.devices & (1 << d) != 0).collect::<Vec<u16>>(),
+        })),
     })
 }
 
@@ -602,7 +614,8 @@ pub fn status_json(s: &PoolStatus) -> Value {
         "epoch": s.epoch, "commit_seq": s.commit_seq, "placement": s.placement, "strict": s.strict,
         "notes": s.notes,
         "fenced": s.fenced, "checksums": s.checksums, "checksum_errors": s.checksum_errors, "read_errors": s.read_errors,
-        "healed_blocks": s.healed_blocks, "resynced_blocks": s.resynced_blocks,
+        "healed_blocks": s.healed_blocks, "reconstructed_blocks": s.reconstructed_blocks,
+        "resynced_blocks": s.resynced_blocks,
     });
     v["devices"] = s.devices.iter().map(device_json).collect();
     v["format"] = json!(s.format);

@@ -433,6 +433,12 @@ enum VolCmd {
         /// UNIT bytes (a power of two from 4K to 64M; default 64K)
         #[arg(long, value_name = "N[:UNIT]", value_parser = parse_stripe)]
         stripe: Option<(u32, u64)>,
+        /// Keep single parity (RAID-5) over N data members plus one (of
+        /// --devices, if given), in units of UNIT bytes (a power of two
+        /// from 4K to 64K; default 16K). Every write is copy-on-write; a
+        /// read through a failing member is rebuilt from the others
+        #[arg(long, value_name = "N[:UNIT]", value_parser = parse_parity, conflicts_with = "stripe")]
+        parity: Option<(u32, u64)>,
         #[command(flatten)]
         pool: PoolArg,
     },
@@ -845,13 +851,15 @@ fn dispatch(cmd: Command) -> Result<i32> {
             print(json, &result?, text::compacted);
             Ok(0)
         }
-        Command::Vol(VolCmd::Create { name, size, placement, quota, force, devices, stripe, pool }) => {
+        Command::Vol(VolCmd::Create { name, size, placement, quota, force, devices, stripe, parity, pool }) => {
             let placement = placement.map(|p| p.name().to_string());
             let devices = devices.unwrap_or(0);
-            let v = admin(&pool, &Request::VolCreate { name, size, placement, quota, force, devices, stripe })?;
+            let req = Request::VolCreate { name, size, placement, quota, force, devices, stripe, parity };
+            let v = admin(&pool, &req)?;
             let (name, size) = text::name_and_size(&v);
             let striped = match text::stripe(&v).as_str() {
                 "-" => String::new(),
+                s if v["parity"].is_object() => format!(", parity {s}"),
                 s => format!(", striped {s}"),
             };
             println!("created volume {name} ({size} thin, placement {}{striped})", text::placement(&v));
@@ -1347,6 +1355,19 @@ fn parse_stripe(s: &str) -> Result<(u32, u64), String> {
     Ok((n, unit))
 }
 
+/// `--parity N[:UNIT]`: data members and unit bytes (default 16 KiB).
+/// The engine checks both against the pool (power of two, 4K to 64K, N
+/// from 2, N+1 usable members).
+fn parse_parity(s: &str) -> Result<(u32, u64), String> {
+    let (n, unit) = match s.split_once(':') {
+        Some((n, u)) => (n, size::parse_size(u)?),
+        None => (s, tarn_engine::DEFAULT_PARITY_UNIT),
+    };
+    let n: u32 =
+        n.parse().map_err(|_| format!("{n:?} is not a data member count (say --parity 3 or --parity 3:16K)"))?;
+    Ok((n, unit))
+}
+
 /// `--expand-*`: the expansion policy, checked (None without --expand-at).
 fn expansion(o: &config::ServeOpts) -> Result<Option<tarn_engine::Expansion>> {
     let Some(at_percent) = o.expand_at else {
@@ -1401,6 +1422,7 @@ fn run_cmd(r: RunCmd) -> Result<i32> {
             force: false,
             devices: 0,
             stripe: None,
+            parity: None,
         };
         admin(&pa, &req)?;
         println!("created volume {} ({} thin)", r.volume, size::human(r.volume_size));

@@ -130,11 +130,12 @@ pub fn status(v: &Value) -> String {
     }
     let _ = writeln!(
         s,
-        "  checksums  {}: {} errors, {} read errors, {} healed, {} resynced",
+        "  checksums  {}: {} errors, {} read errors, {} healed, {} reconstructed, {} resynced",
         if v["checksums"] == true { "crc32c" } else { "off" },
         v["checksum_errors"],
         v["read_errors"],
         v["healed_blocks"],
+        v["reconstructed_blocks"],
         v["resynced_blocks"]
     );
     for n in v["notes"].as_array().into_iter().flatten() {
@@ -159,6 +160,13 @@ pub fn scrub(v: &Value) -> String {
         v["repaired"],
         v["lost_blocks"]
     );
+    if v["parity_rows"].as_u64().unwrap_or(0) > 0 {
+        let _ = writeln!(
+            s,
+            "parity: {} rows verified, {} mismatched, {} rebuilt from their row, {} rewritten",
+            v["parity_rows"], v["parity_mismatched"], v["parity_rebuilt"], v["parity_healed"]
+        );
+    }
     if v["unsummed_blocks"].as_u64().unwrap_or(0) > 0 {
         let _ = writeln!(s, "{} blocks carry no checksum (written before checksums)", v["unsummed_blocks"]);
     }
@@ -277,16 +285,17 @@ pub fn volumes(v: &Value) -> String {
     s
 }
 
-/// A striped volume's layout: `N x UNIT on members`, or "-".
+/// A striped volume's layout: `N x UNIT on members`; a parity volume's:
+/// `N+1 x UNIT on members`; or "-".
 pub fn stripe(vol: &Value) -> String {
-    let s = &vol["stripe"];
+    let (s, width) = match &vol["parity"] {
+        p if p.is_object() => (p, format!("{}+1", p["data"])),
+        _ => (&vol["stripe"], vol["stripe"]["width"].to_string()),
+    };
     match s["members"].as_array() {
-        Some(m) => format!(
-            "{}x{} on {}",
-            s["width"],
-            b(&s["unit"]),
-            m.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",")
-        ),
+        Some(m) => {
+            format!("{}x{} on {}", width, b(&s["unit"]), m.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","))
+        }
         None => "-".into(),
     }
 }

@@ -34,7 +34,10 @@ const VOLUME_QUOTA: u8 = 8;
 const VOLUME_DEVICES: u8 = 16;
 /// Striped (op 20): `devices u16`, `shift u8` (crate::stripe) follow, after the device set if any.
 const VOLUME_STRIPE: u8 = 32;
-const VOLUME_FLAGS: u8 = VOLUME_ORIGIN | VOLUME_PLACEMENT | VOLUME_ROLE | VOLUME_QUOTA | VOLUME_DEVICES | VOLUME_STRIPE;
+/// Parity (op 21): `devices u16`, `shift u8` (crate::stripe::Parity) follow, after the stripe if any.
+const VOLUME_PARITY: u8 = 64;
+const VOLUME_FLAGS: u8 =
+    VOLUME_ORIGIN | VOLUME_PLACEMENT | VOLUME_ROLE | VOLUME_QUOTA | VOLUME_DEVICES | VOLUME_STRIPE | VOLUME_PARITY;
 
 /// A tree's root: block 0 means empty.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -80,6 +83,8 @@ pub struct VolumeEntry {
     pub devices: u16,
     /// Its stripe layout (op 20); None: not striped.
     pub stripe: Option<crate::stripe::Stripe>,
+    /// Its parity layout (op 21); None: no parity.
+    pub parity: Option<crate::stripe::Parity>,
     pub head: MapRecord,
     /// Oldest first, epochs strictly ascending.
     pub snapshots: Vec<SnapshotEntry>,
@@ -228,7 +233,8 @@ fn volume(w: &mut Writer, v: &VolumeEntry) {
         | if v.role.is_some() { VOLUME_ROLE } else { 0 }
         | if v.quota.is_some() { VOLUME_QUOTA } else { 0 }
         | if v.devices != 0 { VOLUME_DEVICES } else { 0 }
-        | if v.stripe.is_some() { VOLUME_STRIPE } else { 0 };
+        | if v.stripe.is_some() { VOLUME_STRIPE } else { 0 }
+        | if v.parity.is_some() { VOLUME_PARITY } else { 0 };
     w.u8(flags);
     if let Some((vol, epoch)) = v.origin {
         w.u32(vol);
@@ -251,6 +257,10 @@ fn volume(w: &mut Writer, v: &VolumeEntry) {
     if let Some(s) = v.stripe {
         w.u16(s.devices);
         w.u8(s.shift);
+    }
+    if let Some(p) = v.parity {
+        w.u16(p.devices);
+        w.u8(p.shift);
     }
     map(w, &v.head);
     w.varint(v.snapshots.len() as u64);
@@ -342,6 +352,15 @@ fn read_volume(r: &mut Reader, epoch: u64) -> Result<VolumeEntry> {
     } else {
         None
     };
+    let parity = if flags & VOLUME_PARITY != 0 {
+        let (d, shift) = (r.u16()?, r.u8()?);
+        Some(
+            crate::stripe::Parity::from_parts(d, shift)
+                .ok_or_else(|| r.bad("parity", u64::from(d) << 8 | u64::from(shift)))?,
+        )
+    } else {
+        None
+    };
     let head = read_map(r)?;
     let mut snapshots: Vec<SnapshotEntry> = Vec::new();
     for _ in 0..count(r, MAX_CATALOG_SNAPSHOTS, "snapshot count")? {
@@ -361,7 +380,7 @@ fn read_volume(r: &mut Reader, epoch: u64) -> Result<VolumeEntry> {
         }
         snapshots.push(s);
     }
-    Ok(VolumeEntry { id, size, name, origin, placement, role, quota, devices, stripe, head, snapshots })
+    Ok(VolumeEntry { id, size, name, origin, placement, role, quota, devices, stripe, parity, head, snapshots })
 }
 
 fn read_ranges(r: &mut Reader) -> Result<Vec<(u64, u64)>> {
@@ -403,6 +422,7 @@ mod tests {
                     quota: None,
                     devices: 0,
                     stripe: None,
+                    parity: None,
                     head: m(50, 10),
                     snapshots: vec![SnapshotEntry {
                         epoch: 2,
@@ -423,6 +443,7 @@ mod tests {
                     quota: None,
                     devices: 0,
                     stripe: None,
+                    parity: None,
                     head: MapRecord::default(),
                     snapshots: vec![],
                 },
@@ -522,6 +543,28 @@ mod tests {
         // A one-member set or a unit past 64 MiB is refused.
         let at = bytes.windows(2).position(|x| x == [b'a', 48]).unwrap() + 4;
         for (off, v) in [(0, 0b10), (2, 15)] {
+            let mut bad = bytes.clone();
+            bad[at + off] = v;
+            assert!(Catalog::decode(&bad).is_err(), "{off} {v}");
+        }
+    }
+
+    /// A volume entry with the PARITY flag (64): `devices u16`, `shift u8`
+    /// after the flags byte (here members 0-3, 3 data + parity, in 16 KiB
+    /// units).
+    #[test]
+    fn golden_bytes_of_a_parity_layout() {
+        let mut c = sample();
+        c.volumes[0].placement = None;
+        c.volumes[0].parity = crate::stripe::Parity::from_parts(0b1111, 2);
+        let mut w = Writer::default();
+        volume(&mut w, &c.volumes[0]);
+        assert_eq!(&w.buf[14..18], &[64, 0b1111, 0, 2]);
+        let bytes = c.encode();
+        assert_eq!(Catalog::decode(&bytes).unwrap(), c);
+        // A two-member set or a unit past 64 KiB is refused.
+        let at = bytes.windows(2).position(|x| x == [b'a', 64]).unwrap() + 2;
+        for (off, v) in [(0, 0b11), (2, 5)] {
             let mut bad = bytes.clone();
             bad[at + off] = v;
             assert!(Catalog::decode(&bad).is_err(), "{off} {v}");

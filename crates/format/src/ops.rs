@@ -155,6 +155,14 @@ pub enum Op {
         vol: u32,
         stripe: Option<crate::stripe::Stripe>,
     },
+    /// `vol` keeps single parity over a set of N+1 members (None: not):
+    /// every write is copy-on-write and maps its data and its rows' parity
+    /// units (past the data rows, see crate::stripe::Parity) in one
+    /// commit. Pools with the PARITY feature.
+    VolParity {
+        vol: u32,
+        parity: Option<crate::stripe::Parity>,
+    },
 }
 
 /// The largest overcommit ratio, in thousandths (1000×).
@@ -198,6 +206,7 @@ mod tag {
     pub const POOL_OVERCOMMIT: u8 = 23;
     pub const VOL_DEVICES: u8 = 24;
     pub const VOL_STRIPE: u8 = 20;
+    pub const VOL_PARITY: u8 = 21;
 }
 
 fn encode_name(w: &mut Writer, name: &str) {
@@ -274,6 +283,12 @@ impl Op {
                 w.u32(*vol);
                 w.u16(stripe.map_or(0, |s| s.devices));
                 w.u8(stripe.map_or(0, |s| s.shift));
+            }
+            Op::VolParity { vol, parity } => {
+                w.u8(tag::VOL_PARITY);
+                w.u32(*vol);
+                w.u16(parity.map_or(0, |p| p.devices));
+                w.u8(parity.map_or(0, |p| p.shift));
             }
             Op::PoolOvercommit { milli } => {
                 assert!(*milli != Some(0), "a zero ratio is encoded as none");
@@ -353,6 +368,7 @@ impl Op {
             | Op::PoolOvercommit { .. }
             | Op::VolDevices { .. }
             | Op::VolStripe { .. }
+            | Op::VolParity { .. }
             | Op::Sums { .. }
             | Op::GroupSums { .. }
             | Op::Regions { .. } => {
@@ -438,6 +454,14 @@ impl Op {
                     return Err(r.bad("stripe", u64::from(devices) << 8 | u64::from(shift)));
                 }
                 Op::VolStripe { vol, stripe }
+            }
+            tag::VOL_PARITY => {
+                let (devices, shift) = (r.u16()?, r.u8()?);
+                let parity = crate::stripe::Parity::from_parts(devices, shift);
+                if parity.is_none() && (devices, shift) != (0, 0) {
+                    return Err(r.bad("parity", u64::from(devices) << 8 | u64::from(shift)));
+                }
+                Op::VolParity { vol, parity }
             }
             tag::SUMS | tag::GROUP_SUMS | tag::REGIONS_OPEN | tag::REGIONS_CLOSE | tag::POOL_OVERCOMMIT if vol != 0 => {
                 return Err(r.bad("pool_op_vol", u64::from(vol)));
@@ -655,6 +679,25 @@ mod tests {
         let unit_too_big = [1, 20, 3, 0, 0, 0, 0b11, 0, 15];
         let unit_without_set = [1, 20, 3, 0, 0, 0, 0, 0, 4];
         for bad in [&one_member[..], &unit_too_big, &unit_without_set] {
+            assert!(decode_ops(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    /// Op 21 (PARITY feature), byte for byte, and what decode refuses.
+    #[test]
+    fn golden_bytes_of_vol_parity() {
+        let parity = crate::stripe::Parity::from_parts(0b1111, 4);
+        let bytes = encode_ops(&[Op::VolParity { vol: 3, parity }]);
+        // count 1, tag 21, vol 3 (u32 LE), set (u16 LE): members 0-3 (3 data + parity), unit 2^4 blocks (64 KiB)
+        assert_eq!(bytes, [1, 21, 3, 0, 0, 0, 0b1111, 0, 4]);
+        assert_eq!(decode_ops(&bytes).unwrap(), vec![Op::VolParity { vol: 3, parity }]);
+        let none = encode_ops(&[Op::VolParity { vol: 3, parity: None }]);
+        assert_eq!(none, [1, 21, 3, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(decode_ops(&none).unwrap(), vec![Op::VolParity { vol: 3, parity: None }]);
+        let two_members = [1, 21, 3, 0, 0, 0, 0b101, 0, 4];
+        let unit_too_big = [1, 21, 3, 0, 0, 0, 0b111, 0, 5];
+        let unit_without_set = [1, 21, 3, 0, 0, 0, 0, 0, 2];
+        for bad in [&two_members[..], &unit_too_big, &unit_without_set] {
             assert!(decode_ops(bad).is_err(), "{bad:?}");
         }
     }

@@ -95,6 +95,12 @@ pub mod incompat {
     /// volume entries. A reader without it would place the volume's new
     /// data anywhere and refuse the op.
     pub const STRIPES: u64 = 1 << 15;
+    /// Volumes may keep single parity over members (RAID-5 per volume,
+    /// `tarn vol create --parity`): op 21 (VolParity), the PARITY flag of
+    /// catalog volume entries, parity units mapped past a volume's data
+    /// rows. A reader without it would overwrite in place (a write hole)
+    /// and refuse the op.
+    pub const PARITY: u64 = 1 << 16;
     /// File volumes keep close versions as 64-byte records in a version
     /// log object named by the header (docs/FORMAT.md *File volumes*,
     /// version records), each reading its object's tag `gN`. An older
@@ -117,6 +123,7 @@ pub mod incompat {
         | COARSE_SUMS
         | SPARES
         | STRIPES
+        | PARITY
         | FS_VERSION_RECORDS;
 }
 
@@ -692,15 +699,19 @@ mod tests {
         let mut sb = sample();
         sb.incompat = 1 << 40;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        // Bits 0-15 and 17 are known here; bit 16 is another feature's.
-        sb.incompat = 1 << 16;
+        // Bits 0-17 are known here; bit 18 is not.
+        sb.incompat = 1 << 18;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        assert_eq!(incompat::KNOWN, ((1 << 16) - 1) | (1 << 17));
+        assert_eq!(incompat::KNOWN, (1 << 18) - 1);
         assert_eq!(incompat::COARSE_SUMS, 1 << 13);
         sb.incompat = incompat::COARSE_SUMS;
         let b = sb.encode(0);
         assert_eq!(&b[16..24], &[0, 0x20, 0, 0, 0, 0, 0, 0]);
         assert_eq!(Superblock::decode(&b, 0).unwrap().incompat, 1 << 13);
+        sb.incompat = incompat::PARITY;
+        let b = sb.encode(0);
+        assert_eq!(&b[16..24], &[0, 0, 1, 0, 0, 0, 0, 0]);
+        assert_eq!(Superblock::decode(&b, 0).unwrap().incompat, 1 << 16);
         assert_eq!(incompat::SPARES, 1 << 14);
         sb.incompat = incompat::STRIPES;
         assert_eq!(incompat::STRIPES, 1 << 15);

@@ -63,6 +63,10 @@ enum Resolved {
 /// Every distinct accounting the volume may show, one per combination of
 /// its ambiguous entries; None if there are too many to try.
 pub fn possible(model: &Model, v: &VolModel) -> Option<Vec<VolSpace>> {
+    // A parity volume's rows hold parity units besides its data: not counted.
+    if v.parity {
+        return None;
+    }
     let dims = dimensions(model, v);
     let combinations =
         dims.iter().try_fold(1usize, |n, d| n.checked_mul(d.len() + 1)).filter(|&n| n <= MAX_COMBINATIONS);

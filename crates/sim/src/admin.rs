@@ -108,6 +108,11 @@ pub(crate) enum Pending {
         name: String,
         size: usize,
     },
+    /// A volume created with parity (ops 3 and 21): as a create for the model.
+    ParityCreate {
+        name: String,
+        size: usize,
+    },
 }
 
 impl Pending {
@@ -135,6 +140,7 @@ impl Pending {
             Pending::SpareTake { .. } => 18,
             Pending::SpareDrop { .. } => 19,
             Pending::StripedCreate { .. } => 20,
+            Pending::ParityCreate { .. } => 21,
         }
     }
 }
@@ -205,6 +211,10 @@ impl Run {
         let m = &mut self.model;
         match p {
             Pending::VolCreate { name, size } | Pending::StripedCreate { name, size } => m.new_volume(name, *size),
+            Pending::ParityCreate { name, size } => {
+                m.new_volume(name, *size);
+                m.vol_mut(name).parity = true;
+            }
             Pending::VolResize { name, to, .. } => m.resize(name, *to),
             Pending::VolDelete { name } => {
                 m.vols.remove(name);
@@ -283,7 +293,15 @@ impl Run {
             {
                 return Err(format!("volume {name} created striped reopened without its stripe"))
             }
-            Pending::VolCreate { name, size } | Pending::StripedCreate { name, size } => match size_of(name) {
+            // A parity volume reopens with its parity (op 21 in the same commit as its create).
+            Pending::ParityCreate { name, .. }
+                if pool.volume_id(name).and_then(|id| pool.volume_info(id)).is_some_and(|i| i.parity.is_none()) =>
+            {
+                return Err(format!("volume {name} created with parity reopened without it"))
+            }
+            Pending::VolCreate { name, size }
+            | Pending::StripedCreate { name, size }
+            | Pending::ParityCreate { name, size } => match size_of(name) {
                 None => false,
                 Some(s) if s == *size => true,
                 Some(s) => return Err(format!("volume {name} has size {s}, created with {size}")),

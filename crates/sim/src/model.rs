@@ -93,6 +93,9 @@ pub struct VolModel {
     pub quota: Option<u64>,
     /// Members its new data may go to (op 24; 0: any). A clone inherits.
     pub devices: u16,
+    /// Keeps parity (op 21): its space holds parity units the model does
+    /// not count (checked by rows after every crash instead). A clone inherits.
+    pub parity: bool,
 }
 
 pub fn block(image: &[u8], b: usize) -> &[u8] {
@@ -368,7 +371,7 @@ impl Model {
     pub fn clone_volume(&mut self, vol: &str, snap: &str, clone: &str) {
         let o = self.vol(vol);
         let s = o.snap(snap).expect("snapshot in the model");
-        let (ouid, suid, data, devices) = (o.uid, s.uid, s.data.clone(), o.devices);
+        let (ouid, suid, data, devices, parity) = (o.uid, s.uid, s.data.clone(), o.devices, o.parity);
         let ids = (0..data.len() / BLOCK).map(|lba| self.new_id(Kind::Marker { vol: ouid, snap: suid, lba })).collect();
         let uid = self.new_uid();
         let v = VolModel {
@@ -378,6 +381,7 @@ impl Model {
             origin: Some((ouid, suid)),
             reshaped: true,
             devices,
+            parity,
             ..Default::default()
         };
         self.vols.insert(clone.to_string(), v);

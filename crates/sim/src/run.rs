@@ -72,6 +72,12 @@ impl Default for SimConfig {
 }
 
 impl SimConfig {
+    /// The snapshot workload on up to 4 members (1 to 4 at the start), so
+    /// parity volumes (3 members) are created in most runs.
+    pub fn parity() -> Self {
+        SimConfig { max_devices: 4, device_bytes: 6 << 20, ..SimConfig::snapshots() }
+    }
+
     /// The snapshot workload's defaults.
     pub fn snapshots() -> Self {
         SimConfig {
@@ -85,7 +91,7 @@ impl SimConfig {
 }
 
 /// Admin operations, as counted in [`RunStats::done`].
-pub const OP_NAMES: [&str; 21] = [
+pub const OP_NAMES: [&str; 22] = [
     "vol create",
     "vol resize",
     "vol delete",
@@ -107,6 +113,7 @@ pub const OP_NAMES: [&str; 21] = [
     "spare take",
     "spare drop",
     "vol create striped",
+    "vol create parity",
 ];
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -160,6 +167,8 @@ pub struct RunStats {
     pub removals_cut_done: usize,
     /// Store nodes a removal's last step found on the member and rewrote.
     pub nodes_rewritten: usize,
+    /// Rows of parity volumes verified after crashes (XOR of data = parity).
+    pub parity_rows: usize,
 }
 
 impl RunStats {
@@ -178,6 +187,7 @@ impl RunStats {
         self.devices_removed += o.devices_removed;
         self.removals_cut_done += o.removals_cut_done;
         self.nodes_rewritten += o.nodes_rewritten;
+        self.parity_rows += o.parity_rows;
         self.admin += o.admin;
         self.done.iter_mut().zip(o.done).for_each(|(a, b)| *a += b);
         self.refused += o.refused;
@@ -599,7 +609,28 @@ impl Run {
                 .adopt_after_crash(&name, image, &seen)
                 .map_err(|e| format!("after crash, volume {name}: {e}"))?;
         }
-        self.verify_all("after crash")
+        self.verify_all("after crash")?;
+        self.verify_parity_rows()
+    }
+
+    /// Every mapped row of every parity volume's head XORs to zero and no
+    /// unit fails its checksum: the commit that maps a row's data maps
+    /// its parity, both flushed before its record (no write hole).
+    pub(crate) fn verify_parity_rows(&mut self) -> Result<(), String> {
+        let names: Vec<String> = self.model.vols.keys().cloned().collect();
+        for name in names {
+            let pool = self.pool();
+            let Some(id) = pool.volume_id(&name) else { continue };
+            if pool.volume_info(id).is_none_or(|i| i.parity.is_none()) {
+                continue;
+            }
+            let r = pool.check_parity(id, false).map_err(|e| format!("after crash, parity of {name}: {e}"))?;
+            if r.mismatched != 0 || r.rebuilt != 0 {
+                return Err(format!("after crash, volume {name}: rows whose parity is not their data's XOR: {r:?}"));
+            }
+            self.stats.parity_rows += r.rows as usize;
+        }
+        Ok(())
     }
 
     /// Block status of a head, and its changed blocks against each snapshot.

@@ -319,7 +319,10 @@ impl Run {
             let to = self.rng.random_range(MIN_BLOCKS..=MAX_BLOCKS) * BLOCK;
             // Shrinking discards the tail: refused unless allowed.
             let allow_shrink = self.rng.random_bool(0.8);
+            let parity = self.pool().volume_id(&name).and_then(|id| self.pool().volume_info(id)).and_then(|i| i.parity);
             let expect = match () {
+                // A parity volume's size is fixed (its parity area follows its data rows).
+                _ if parity.is_some() => Err("InvalidArgument"),
                 _ if to < from && !allow_shrink => Err("InvalidArgument"),
                 _ if self.over_ratio(from, to) => Err("Overcommit"),
                 _ => Ok(()),
@@ -342,6 +345,9 @@ impl Run {
         let placement = self.any_placement();
         if self.rng.random_bool(0.3) {
             return self.striped_create(name, size, placement, expect);
+        }
+        if self.rng.random_bool(0.25) {
+            return self.parity_create(name, size, placement, expect);
         }
         let r = self.pool().create_volume_placed(&name, size as u64, placement);
         trace!("create volume {name} {size} {placement:?}: {:?}", r.as_ref().map(|i| i.id));
@@ -371,6 +377,30 @@ impl Run {
         match info.stripe {
             Some(s) if s.width() == width && s.unit_blocks() * 4096 == unit => Ok(()),
             s => Err(format!("volume {} created striped {width}x{unit}: {s:?}", info.name)),
+        }
+    }
+
+    /// A volume with parity (op 21) over 2 data members and one, in units
+    /// of 4 to 64 KiB: refused when fewer than 3 members are usable.
+    fn parity_create(
+        &mut self,
+        name: String,
+        size: usize,
+        placement: Option<tarn_engine::PlacementKind>,
+        expect: crate::admin::Expect,
+    ) -> Result<(), String> {
+        let unit = 4096u64 << self.rng.random_range(0..5);
+        let devices = self.pool().status().devices;
+        let usable =
+            devices.iter().filter(|d| !matches!(d.state, "SPARE" | "MISSING" | "REMOVED" | "DRAINING")).count();
+        let expect = expect.and(if usable < 3 { Err("InvalidArgument") } else { Ok(()) });
+        let opts = tarn_engine::VolumeOptions { placement, parity: Some((2, unit)), ..Default::default() };
+        let r = self.pool().create_volume_with(&name, size as u64, &opts);
+        trace!("create volume {name} {size} parity 2+1x{unit}: {:?}", r.as_ref().map(|i| (i.id, i.parity)));
+        let Some(info) = self.admin_outcome(Pending::ParityCreate { name, size }, expect, r)? else { return Ok(()) };
+        match info.parity {
+            Some(p) if p.data_units() == 2 && p.unit_blocks() * 4096 == unit => Ok(()),
+            p => Err(format!("volume {} created with parity 2+1x{unit}: {p:?}", info.name)),
         }
     }
 

@@ -71,6 +71,8 @@ pub struct Watcher {
     read_errors: u64,
     checksum_errors: u64,
     degraded: bool,
+    /// Blocks of parity volumes rebuilt from their rows so far.
+    reconstructed: u64,
 }
 
 /// Percent of the pool user data can no longer take (reserve counted as used).
@@ -144,6 +146,13 @@ impl Watcher {
             events.push(json!({ "kind": "degraded", "members": members }));
         }
         self.degraded = degraded;
+        // A parity volume reading through a failing member is degraded
+        // even while every member is ONLINE (one event per look).
+        if s.reconstructed_blocks > self.reconstructed {
+            events.push(json!({ "kind": "degraded", "reason": "parity_reconstruction",
+                "reconstructed_blocks": s.reconstructed_blocks, "new": s.reconstructed_blocks - self.reconstructed }));
+        }
+        self.reconstructed = s.reconstructed_blocks;
         for e in &mut events {
             e["pool"] = json!(s.uuid);
             e["time"] = json!(std::time::SystemTime::now()

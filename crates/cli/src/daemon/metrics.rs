@@ -273,6 +273,11 @@ impl Collector for PoolCollector {
             ("pool_checksum_errors", "Blocks read that matched no copy's checksum", &c.checksum_errors),
             ("pool_read_errors", "Reads that failed on every copy", &c.read_errors),
             ("pool_healed_blocks", "Bad copies rewritten from a good one", &c.healed_blocks),
+            (
+                "pool_reconstructed_blocks",
+                "Parity volume blocks rebuilt from the rest of their row",
+                &c.reconstructed_blocks,
+            ),
             ("pool_resynced_blocks", "Blocks of regions open at a crash resynced", &c.resynced_blocks),
         ];
         for (name, help, v) in live {

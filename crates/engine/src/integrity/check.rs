@@ -65,7 +65,9 @@ impl Pool {
                 problem(&mut r, e.to_string());
             }
             let lists = std::iter::once(("head".to_string(), &v.map, v.blocks(), inner.state.epoch)).chain(
-                v.snapshots.iter().map(|s| (format!("snapshot {}", s.name), &s.dead, s.size / BLOCK_SIZE, s.epoch)),
+                v.snapshots.iter().map(|s| {
+                    (format!("snapshot {}", s.name), &s.dead, crate::map::state::map_blocks(s.size, v.parity), s.epoch)
+                }),
             );
             for (list, map, blocks, max_birth) in lists {
                 let what = format!("volume {} {list}", v.name);

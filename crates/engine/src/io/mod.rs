@@ -16,6 +16,9 @@ use tarn_format::ops::Op;
 use tarn_format::{Pba, BLOCK_SIZE};
 use tarn_store::StoreError;
 
+mod parity;
+pub(crate) use parity::parity_of_row;
+
 const BS: usize = BLOCK_SIZE as usize;
 /// Largest single request the engine accepts (matches the NBD maximum).
 pub const MAX_IO_BYTES: u64 = 32 << 20;
@@ -170,6 +173,24 @@ impl Pool {
     /// good copy (which heals the bad ones) or answered with an error.
     pub fn read_view(&self, vol: u32, view: View, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check_view_range("read", vol, view, offset, buf.len() as u64, MAX_IO_BYTES)?;
+        self.read_view_mapped(vol, view, offset, buf)
+    }
+
+    /// [`Pool::read_view`] of any blocks the view's map may hold (a parity
+    /// volume's parity area lies past its size): no size check.
+    pub(crate) fn read_view_mapped(&self, vol: u32, view: View, offset: u64, buf: &mut [u8]) -> Result<()> {
+        match self.read_view_healed(vol, view, offset, buf) {
+            // A parity volume reads through a failing unit from its row.
+            Err(e @ (EngineError::Io { .. } | EngineError::Checksum { .. })) => match self.parity_of(vol) {
+                Some(layout) => self.read_reconstructing(vol, view, layout, offset, buf, e),
+                None => Err(e),
+            },
+            other => other,
+        }
+    }
+
+    /// [`Pool::read_view`] of a checked range, healing from copies.
+    fn read_view_healed(&self, vol: u32, view: View, offset: u64, buf: &mut [u8]) -> Result<()> {
         {
             let _gate = self.io_gate.read().unwrap_or_else(|p| p.into_inner());
             if self.read_verified(vol, view, offset, buf, false)? {
@@ -262,6 +283,9 @@ impl Pool {
     fn write_blocks(&self, vol: u32, lba: u64, data: &[u8]) -> Result<bool> {
         debug_assert!(data.len().is_multiple_of(BS) && !data.is_empty());
         let n = (data.len() / BS) as u64;
+        if let Some((parity, blocks)) = self.parity_of(vol) {
+            return self.write_parity(vol, parity, blocks, lba, data);
+        }
         let sums = if self.checksums { sums_of(data) } else { Vec::new() };
         // Whether the policy may send owned data to new space (re-layout,
         // append); off after a full pool refused that space.
@@ -411,6 +435,22 @@ impl Pool {
                 }
             }
         }
+        self.map_fresh(inner, vol, lba, fresh, sums)
+    }
+
+    /// Point the map at new pieces (with their sums, `sums[0]` being block
+    /// `lba`'s), under the pool lock the caller holds: every piece mapped
+    /// here goes into the same commit. Pieces of a volume that went away
+    /// meanwhile go straight back.
+    pub(crate) fn map_fresh(
+        &self,
+        inner: &mut Inner,
+        vol: u32,
+        lba: u64,
+        fresh: Vec<NewPiece>,
+        sums: &[u32],
+    ) -> Result<()> {
+        let part = |at: u64, len: u64| sums[(at - lba) as usize..(at - lba + len) as usize].to_vec();
         let birth = inner.state.epoch;
         let mut orphans = Vec::new();
         for p in fresh {
@@ -496,14 +536,17 @@ impl Pool {
     /// Place every hole of `segs`, all or nothing, under the pool lock.
     fn place_holes(&self, inner: &mut Inner, vol: u32, segs: &[Segment], near: &NearRegions) -> Result<Vec<NewPiece>> {
         self.refresh_reserve(inner, segs);
-        let (policy, devices, stripe) = match inner.state.volume(vol) {
+        let (policy, devices, stripe, parity) = match inner.state.volume(vol) {
             // The member the new data goes to decides, when the volume
             // names no policy (per-device layout).
-            Some(v) => match inner.space.roomiest_among(v.devices) {
-                Some(d) => (inner.placement_on(v, d).policy(), v.devices, v.stripe),
-                None => (inner.placement_of(v).policy(), v.devices, v.stripe),
-            },
-            None => (inner.placement.policy(), 0, None),
+            Some(v) => {
+                let parity = v.parity.map(|p| (p, v.size / BLOCK_SIZE));
+                match inner.space.roomiest_among(v.devices) {
+                    Some(d) => (inner.placement_on(v, d).policy(), v.devices, v.stripe, parity),
+                    None => (inner.placement_of(v).policy(), v.devices, v.stripe, parity),
+                }
+            }
+            None => (inner.placement.policy(), 0, None, None),
         };
         let mut fresh = Vec::new();
         let none = Near::default();
@@ -511,12 +554,20 @@ impl Pool {
         // A striped volume's holes are cut at stripe units too (both are
         // powers of two: a piece lies in one region and one unit).
         let cut = stripe.map_or(rb, |s| rb.min(s.unit_blocks()));
+        let cut = parity.map_or(cut, |(p, _)| cut.min(p.unit_blocks()));
         for (lba, len) in holes_by_region(segs, cut) {
             let region = lba / rb;
             let here = near.iter().find(|n| n.0 == region).map_or(&none, |n| &n.1);
-            let mut placed = match stripe {
-                Some(s) => {
-                    let owner = Owner { volume: vol, devices: 1 << s.member_of(lba) };
+            // A parity volume's units go to their row's member: one unit
+            // of a row per member.
+            let member = match (stripe, parity) {
+                (_, Some((p, blocks))) => Some(p.member_of(blocks, lba)),
+                (Some(s), None) => Some(s.member_of(lba)),
+                (None, None) => None,
+            };
+            let mut placed = match member {
+                Some(m) => {
+                    let owner = Owner { volume: vol, devices: 1 << m };
                     policy.place(&mut inner.space, owner, lba, len, here, rb)
                 }
                 None => Ok(None),
@@ -609,6 +660,10 @@ impl Pool {
 
     fn unmap_blocks(&self, vol: u32, lba: u64, n: u64) -> Result<()> {
         self.make_room()?;
+        if let Some((p, blocks)) = self.parity_of(vol) {
+            // The rows' parity changes with their data.
+            return self.unmap_parity(vol, p, blocks, lba, n);
+        }
         let mut inner = self.write_inner();
         let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
         if v.map.any_mapped(lba, n)? {

@@ -69,6 +69,15 @@ pub struct Volume {
     /// Its stripe layout (op 20): unit k of new data goes to the set's
     /// (k mod N)-th member (None: not striped).
     pub stripe: Option<tarn_format::stripe::Stripe>,
+    /// Its parity layout (op 21): its map holds its data rows, then one
+    /// parity unit per row (None: no parity; `volumes/parity.rs`).
+    pub parity: Option<tarn_format::stripe::Parity>,
+}
+
+/// Logical blocks a volume of `size` bytes maps at most: its data, and with
+/// parity whole data rows then the parity units.
+pub fn map_blocks(size: u64, parity: Option<tarn_format::stripe::Parity>) -> u64 {
+    parity.map_or(size / BLOCK_SIZE, |p| p.map_blocks(size / BLOCK_SIZE))
 }
 
 impl Volume {
@@ -86,11 +95,14 @@ impl Volume {
             quota: None,
             devices: 0,
             stripe: None,
+            parity: None,
         }
     }
 
+    /// Logical blocks the map may hold: the size, plus the parity area of
+    /// a parity volume.
     pub fn blocks(&self) -> u64 {
-        self.size / BLOCK_SIZE
+        map_blocks(self.size, self.parity)
     }
 
     /// Epoch of the newest snapshot: head entries born after it are the
@@ -323,7 +335,9 @@ impl State {
                 self.volume_mut(*vol, "placement")?.placement = *policy;
             }
             Op::VolRole { vol, role } => self.set_role(*vol, *role)?,
-            Op::VolQuota { .. } | Op::PoolOvercommit { .. } | Op::VolStripe { .. } => self.apply_setting(op)?,
+            Op::VolQuota { .. } | Op::PoolOvercommit { .. } | Op::VolStripe { .. } | Op::VolParity { .. } => {
+                self.apply_setting(op)?
+            }
             Op::VolDevices { vol, devices } => self.volume_mut(*vol, "devices")?.devices = *devices,
             Op::VolResize { vol, size } => self.resize_volume(*vol, *size, freed)?,
             Op::VolDelete { vol } => self.drop_volume(*vol, freed)?,
@@ -351,6 +365,9 @@ impl State {
     /// Op VolResize: a shrink releases what lies past the new end.
     fn resize_volume(&mut self, vol: u32, size: u64, freed: &mut Freed) -> Result<(), StateError> {
         let v = self.volume_mut(vol, "resize")?;
+        if v.parity.is_some() {
+            return Err(format!("volume {vol} keeps parity: its size is fixed").into());
+        }
         if !size.is_multiple_of(BLOCK_SIZE) {
             return Err(format!("volume size {size} not a multiple of {BLOCK_SIZE}").into());
         }
@@ -413,6 +430,15 @@ impl State {
             }
             Op::PoolOvercommit { milli } => self.overcommit_milli = milli,
             Op::VolStripe { vol, stripe } => self.volume_mut(vol, "stripe")?.stripe = stripe,
+            Op::VolParity { vol, parity } => {
+                // The parity area lies past the data rows: a layout change
+                // would move it under mapped blocks. Set once, on an empty map.
+                let v = self.volume_mut(vol, "parity")?;
+                if v.map.mapped_blocks() != 0 || !v.snapshots.is_empty() || v.parity.is_some() {
+                    return Err(format!("volume {vol}: parity is set only on a new, empty volume").into());
+                }
+                v.parity = parity;
+            }
             _ => return Err(format!("{op:?} is not a setting").into()),
         }
         Ok(())
@@ -470,6 +496,7 @@ impl State {
             | Op::PoolOvercommit { .. }
             | Op::VolDevices { .. }
             | Op::VolStripe { .. }
+            | Op::VolParity { .. }
             | Op::Sums { .. }
             | Op::GroupSums { .. }
             | Op::Regions { .. } => {
@@ -574,14 +601,17 @@ impl State {
         self.check_new_volume(vol, name, size)?;
         // A clone places its data as its origin volume does, on the same
         // members.
-        let (placement, devices, stripe) = (o.placement, o.devices, o.stripe);
+        let (placement, devices, stripe, parity) = (o.placement, o.devices, o.stripe, o.parity);
         let mut v = Volume::new(&self.store, vol, name.to_string(), size);
         v.origin = Some(origin);
         v.placement = placement;
         v.devices = devices;
         v.stripe = stripe;
+        // A clone keeps its origin's parity: its parity area shows the
+        // origin's too, so every row stays whole.
+        v.parity = parity;
         if size > 0 {
-            v.map.insert(0, size / BLOCK_SIZE, Pba::origin(0), 0)?;
+            v.map.insert(0, v.blocks(), Pba::origin(0), 0)?;
         }
         self.volumes.insert(vol, v);
         self.by_name.insert(name.to_string(), vol);
@@ -616,7 +646,8 @@ impl State {
             // A dead list holds what its snapshot saw: inside the
             // snapshot's size, which a shrunk head may no longer cover
             // (such a Relocate needs incompat EVACUATION, see FORMAT.md).
-            let blocks = v.snapshots[i].size.div_ceil(BLOCK_SIZE);
+            // (A parity volume's parity area follows its data rows.)
+            let blocks = map_blocks(v.snapshots[i].size.div_ceil(BLOCK_SIZE) * BLOCK_SIZE, v.parity);
             if lba.checked_add(len).is_none_or(|end| len == 0 || end > blocks) {
                 return Err(
                     format!("blocks {lba}+{len} outside snapshot {snap} of volume {vol} ({blocks} blocks)").into()

@@ -59,6 +59,7 @@ struct FrozenVolume {
     quota: Option<u64>,
     devices: u16,
     stripe: Option<tarn_format::stripe::Stripe>,
+    parity: Option<tarn_format::stripe::Parity>,
     head: FrozenMap,
     snapshots: Vec<FrozenSnapshot>,
 }
@@ -105,8 +106,21 @@ pub(crate) fn freeze(state: &mut State, space: &mut Space, seq: u64) -> FrozenPo
         }
         let origin = v.origin.map(|o| (o.vol, o.epoch));
         let (id, size, name, placement, role, quota) = (v.id, v.size, v.name.clone(), v.placement, v.role, v.quota);
-        let (devices, stripe) = (v.devices, v.stripe);
-        volumes.push(FrozenVolume { id, size, name, origin, placement, role, quota, devices, stripe, head, snapshots });
+        let (devices, stripe, parity) = (v.devices, v.stripe, v.parity);
+        volumes.push(FrozenVolume {
+            id,
+            size,
+            name,
+            origin,
+            placement,
+            role,
+            quota,
+            devices,
+            stripe,
+            parity,
+            head,
+            snapshots,
+        });
     }
     superseded.append(&mut state.retired_nodes);
     superseded.extend(state.sums.take_superseded());
@@ -194,6 +208,7 @@ impl FrozenPool {
                 quota: v.quota,
                 devices: v.devices,
                 stripe: v.stripe,
+                parity: v.parity,
                 head,
                 snapshots,
             });
@@ -318,6 +333,7 @@ pub(crate) fn open_state(c: &Catalog, store: Arc<Store>) -> Result<State> {
             quota: v.quota,
             devices: v.devices,
             stripe: v.stripe,
+            parity: v.parity,
         };
         for s in &v.snapshots {
             validate_name(&s.name).map_err(bad)?;

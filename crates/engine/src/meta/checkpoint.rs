@@ -111,6 +111,7 @@ pub fn decode_state(payload: &[u8], store: Arc<Store>) -> std::result::Result<(S
             quota: None,
             devices: 0,
             stripe: None,
+            parity: None,
         };
         while let Some(s) = dec.snapshot().map_err(bad)? {
             crate::map::state::validate_name(&s.name).map_err(bad)?;

@@ -201,7 +201,7 @@ pub fn op_bytes_bound(op: &Op) -> usize {
         Op::VolQuota { .. } => HEAD + 8,
         Op::PoolOvercommit { .. } => HEAD + 4,
         Op::VolDevices { .. } => HEAD + 2,
-        Op::VolStripe { .. } => HEAD + 3,
+        Op::VolStripe { .. } | Op::VolParity { .. } => HEAD + 3,
         Op::Sums { sums, .. } => HEAD + 8 + V + 4 * sums.len(),
         Op::GroupSums { crcs, .. } => HEAD + 8 + V + 4 * crcs.len(),
         Op::Regions { ids, .. } => HEAD + V + V * ids.len(),

@@ -303,6 +303,12 @@ pub struct Counters {
     pub read_errors: AtomicU64,
     /// Bad copies rewritten from a good one (self-heal, scrub, resync).
     pub healed_blocks: AtomicU64,
+    /// Blocks of parity volumes read by reconstruction from the rest of
+    /// their row (a missing, failing or rotted unit).
+    pub reconstructed_blocks: AtomicU64,
+    /// Members whose reconstruction was logged (bit i: member i): logged
+    /// once per member, not once per block.
+    pub reconstruct_logged: std::sync::atomic::AtomicU32,
     /// Blocks in regions open at a crash whose checksums were recomputed.
     pub resynced_blocks: AtomicU64,
     /// Metadata nodes a lookup read with the pool lock released.
@@ -378,6 +384,10 @@ pub struct Pool {
     pub(crate) checksums: bool,
     /// Writes in flight over uncommitted new data in closed regions.
     pub(crate) fresh_writes: AtomicU64,
+    /// Parity volumes' row locks (hashed by volume and row): a write of a
+    /// row reads the rest of it, computes its parity and maps both; two
+    /// writes of one row must not interleave (io/parity.rs).
+    pub(crate) parity_rows: Vec<Mutex<()>>,
     pub counters: Counters,
 }
 
@@ -406,6 +416,8 @@ pub struct VolumeInfo {
     pub devices: u16,
     /// Its stripe layout (set, unit), None when not striped.
     pub stripe: Option<tarn_format::stripe::Stripe>,
+    /// Its parity layout (set of N+1 members, unit), None without parity.
+    pub parity: Option<tarn_format::stripe::Parity>,
 }
 
 #[derive(Debug, Clone)]
@@ -469,6 +481,7 @@ pub struct PoolStatus {
     pub checksum_errors: u64,
     pub read_errors: u64,
     pub healed_blocks: u64,
+    pub reconstructed_blocks: u64,
     pub resynced_blocks: u64,
     /// The on-disk format version of the pool.
     pub format: u32,
@@ -712,12 +725,8 @@ impl Pool {
         let store = &inner.state.store;
         let devices = self.device_statuses(&ctl, &inner);
         // A spare, even one missing, holds no data: the pool is whole without it.
-        let state =
-            if devices.iter().all(|d| matches!(d.state, "ONLINE" | "DRAINING" | "REMOVED" | "SPARE" | "MISSING")) {
-                "ONLINE"
-            } else {
-                "DEGRADED"
-            };
+        let whole = devices.iter().all(|d| matches!(d.state, "ONLINE" | "DRAINING" | "REMOVED" | "SPARE" | "MISSING"));
+        let state = if whole { "ONLINE" } else { "DEGRADED" };
         // Walks the free ranges under the read lock: O(fragments).
         let outside = inner.space.free_in_partial_regions(inner.region_blocks).unwrap_or(0);
         PoolStatus {
@@ -750,6 +759,7 @@ impl Pool {
             checksum_errors: self.counters.checksum_errors.load(Ordering::Relaxed),
             read_errors: self.counters.read_errors.load(Ordering::Relaxed),
             healed_blocks: self.counters.healed_blocks.load(Ordering::Relaxed),
+            reconstructed_blocks: self.counters.reconstructed_blocks.load(Ordering::Relaxed),
             resynced_blocks: self.counters.resynced_blocks.load(Ordering::Relaxed),
             format: ctl.sb.version,
             metadata_cache: store.cache.stats(),
@@ -858,5 +868,6 @@ fn info(inner: &Inner, v: &Volume) -> VolumeInfo {
         quota: v.quota,
         devices: v.devices,
         stripe: v.stripe,
+        parity: v.parity,
     }
 }

@@ -391,6 +391,7 @@ impl Pool {
             checksums,
             pending_limit,
             fresh_writes: AtomicU64::new(0),
+            parity_rows: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             options,
             counters: Counters::default(),
         }

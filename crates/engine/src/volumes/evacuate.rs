@@ -227,7 +227,7 @@ impl Pool {
             return Ok(0);
         }
         let mut data = vec![0u8; (run.len * BLOCK_SIZE) as usize];
-        self.read_view(run.vol, View::Snapshot(run.snap), run.lba * BLOCK_SIZE, &mut data)?;
+        self.read_view_mapped(run.vol, View::Snapshot(run.snap), run.lba * BLOCK_SIZE, &mut data)?;
         let fresh = dest.allocate(self, run.vol, &[Segment::Hole { lba: run.lba, len: run.len }])?;
         let bs = BLOCK_SIZE as usize;
         let piece = |at: u64, n: u64| &data[(at - run.lba) as usize * bs..(at - run.lba + n) as usize * bs];

@@ -99,7 +99,8 @@ impl Pool {
         let up = View::Snapshot(origin.epoch);
         let segs = self.resolve(origin.vol, up, m.lba, m.len)?;
         let mut data = vec![0u8; (m.len * BLOCK_SIZE) as usize];
-        self.read_view(origin.vol, up, m.lba * BLOCK_SIZE, &mut data)?;
+        // Unchecked: a parity volume's markers cover its parity area too.
+        self.read_view_mapped(origin.vol, up, m.lba * BLOCK_SIZE, &mut data)?;
         // Only the origin's data needs space; its holes stay holes.
         let wanted: Vec<Segment> = segs
             .iter()

@@ -13,6 +13,7 @@ mod flatten;
 pub mod hints;
 pub mod layout;
 pub mod members_snap;
+pub mod parity;
 pub mod quota;
 pub mod reclaim;
 pub mod relayout;
@@ -41,6 +42,9 @@ pub struct VolumeOptions {
     /// Stripe it over this many members in units of this many bytes
     /// (`vol create --stripe N[:UNIT]`; `stripe.rs`).
     pub stripe: Option<(u32, u64)>,
+    /// Keep single parity: this many data members plus one, in units of
+    /// this many bytes (`vol create --parity N[:UNIT]`; `parity.rs`).
+    pub parity: Option<(u32, u64)>,
 }
 
 impl Pool {
@@ -76,6 +80,12 @@ impl Pool {
             self.check_members(opts.devices, 0)?;
         }
         let stripe = opts.stripe.map(|(n, unit)| self.stripe_for(n, unit, opts.devices)).transpose()?;
+        if stripe.is_some() && opts.parity.is_some() {
+            return Err(EngineError::InvalidArgument(
+                "--stripe with --parity: a parity volume stripes its rows already; give one".into(),
+            ));
+        }
+        let parity = opts.parity.map(|(n, unit)| self.parity_for(n, unit, opts.devices)).transpose()?;
         if opts.placement.is_some() {
             self.enable_feature(&mut self.lock_commit(), incompat::PLACEMENT)?;
         }
@@ -87,6 +97,9 @@ impl Pool {
         }
         if stripe.is_some() {
             self.enable_feature(&mut self.lock_commit(), incompat::STRIPES)?;
+        }
+        if parity.is_some() {
+            self.enable_feature(&mut self.lock_commit(), incompat::PARITY)?;
         }
         let id = {
             let mut inner = self.write_inner();
@@ -104,6 +117,9 @@ impl Pool {
             }
             if stripe.is_some() {
                 ops.push(Op::VolStripe { vol: id, stripe });
+            }
+            if parity.is_some() {
+                ops.push(Op::VolParity { vol: id, parity });
             }
             self.apply_ops(&mut inner, ops)?;
             id
@@ -153,6 +169,11 @@ impl Pool {
             let mut inner = self.write_inner();
             let id = volume_named(&inner.state, name)?.id;
             let old = inner.state.volume(id).map(|v| v.size).unwrap_or(0);
+            if inner.state.volume(id).is_some_and(|v| v.parity.is_some()) {
+                return Err(EngineError::InvalidArgument(format!(
+                    "{name} keeps parity: its parity units lie past its data rows, so its size is fixed (not built: resizing a parity volume)"
+                )));
+            }
             if size < old && !allow_shrink {
                 return Err(EngineError::InvalidArgument(format!(
                     "shrinking {name} from {old} to {size} bytes discards its tail; pass --allow-shrink"

@@ -14,6 +14,7 @@ use crate::error::{EngineError, Result};
 use crate::io::{physical_runs, NewPiece, RELAYOUT_RUN_BLOCKS};
 use crate::map::extent_map::Segment;
 use crate::map::state::Volume;
+use crate::map::view::View;
 use crate::pool::{Inner, MovingWindow, Pool};
 use crate::space::placement::PlacementKind;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -188,7 +189,8 @@ impl Pool {
             self.enable_feature(&mut self.lock_commit(), incompat::RELOCATE)?;
         }
         let mut data = vec![0u8; (len * BLOCK_SIZE) as usize];
-        self.read(id, lba * BLOCK_SIZE, &mut data)?;
+        // Unchecked: evacuation moves a parity volume's parity area too.
+        self.read_view_mapped(id, View::Head, lba * BLOCK_SIZE, &mut data)?;
         let wanted: Vec<Segment> = chosen.iter().map(|s| Segment::Hole { lba: s.lba(), len: s.len() }).collect();
         let fresh = match dest.allocate(self, id, &wanted) {
             Err(EngineError::NoSpace) => return Ok(Window::NoRoom),

@@ -31,6 +31,16 @@ impl Pool {
         if width < 2 {
             return bad(format!("a stripe over {width} member(s): give 2 or more"));
         }
+        let set = self.roomiest_set(width as usize, devices, &format!("a stripe over {width} members"))?;
+        let shift = (unit / BLOCK_SIZE).trailing_zeros() as u8;
+        Stripe::from_parts(set, shift).ok_or(EngineError::InvalidArgument(format!("a stripe over set {set:#b}")))
+    }
+
+    /// The `width` usable members (not spares, removed or being removed;
+    /// among `devices` when that names any) with the most free space, ties
+    /// to the lower index, as a set; refused (`what` names the layout) when
+    /// there are fewer.
+    pub(crate) fn roomiest_set(&self, width: usize, devices: u16, what: &str) -> Result<u16> {
         // Allocation avoids spares, removed and draining members (the
         // avoid bits): they are not usable. No commit lock: a refusal does
         // no I/O (taking it may rewrite a mirror's superblock).
@@ -40,17 +50,14 @@ impl Pool {
             .filter(|&i| named(i) && inner.space.usable(i))
             .map(|i| (inner.space.devices[i].free_blocks, i))
             .collect();
-        if usable.len() < width as usize {
+        if usable.len() < width {
             let among = if devices == 0 { "the pool has" } else { "the volume's --devices set has" };
-            return bad(format!(
-                "a stripe over {width} members: {among} {} usable (spares, removed and draining members do not count)",
+            return Err(EngineError::InvalidArgument(format!(
+                "{what}: {among} {} usable (spares, removed and draining members do not count)",
                 usable.len()
-            ));
+            )));
         }
-        // Roomiest first, ties to the lower index.
         usable.sort_by_key(|&(free, i)| (std::cmp::Reverse(free), i));
-        let set = usable[..width as usize].iter().fold(0u16, |set, &(_, i)| set | 1 << i);
-        let shift = (unit / BLOCK_SIZE).trailing_zeros() as u8;
-        Stripe::from_parts(set, shift).ok_or(EngineError::InvalidArgument(format!("a stripe over set {set:#b}")))
+        Ok(usable[..width].iter().fold(0u16, |set, &(_, i)| set | 1 << i))
     }
 }

@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# Parity per volume (issue "pool elasticity" item 7, RAID-5): a pool of
+# four 256 MiB members, the last a file served by nbdfuse from nbdkit's
+# error filter (reads fail while a trigger file exists). Bad layouts are
+# refused by name with nothing created; a 3+1 parity volume shows its
+# layout; qemu-img convert + compare and fio 1M sequential and 4K random
+# writes with crc32c verify over NBD; then every read of member 3 fails
+# and the volume still compares equal and verifies (fio verify-only),
+# with the rebuilt blocks counted in `pool status` and logged; scrub
+# verifies every row and rebuilds a rotted block; `pool check` clean.
+. "$(dirname "$0")/lib.sh"
+need fio qemu-img qemu-io jq nbdkit nbdfuse fusermount3 mountpoint python3
+need_root "nbdfuse, drop_caches"
+need_fuse
+nbdkit --filter=error null --dump-plugin >/dev/null 2>&1 || cannot_run "nbdkit error filter missing (run scripts/deps.sh)"
+e2e_init parity
+
+M=$((1 << 20))
+POOL=$T/pool.img
+RTRIG=$T/rtrigger
+FUSE=$T/fuse
+DEV=$FUSE/dev
+KIT_SOCK=$T/kit.sock
+KIT_PID=
+FUSE_PID=
+
+attach_device() { # member 3: nbdfuse <- nbdkit (error filter) <- m3.raw
+  truncate -s 256M "$T/m3.raw"
+  rm -f "$RTRIG" "$KIT_SOCK"
+  nbdkit --exit-with-parent -f -U "$KIT_SOCK" --filter=error file "$T/m3.raw" \
+    error=EIO error-pread-rate=100% error-pread-file="$RTRIG" >>"$T/nbdkit.log" 2>&1 &
+  KIT_PID=$!
+  E2E_PIDS+=("$KIT_PID")
+  wait_until 20 test -S "$KIT_SOCK" || die "nbdkit did not create $KIT_SOCK within 20s"
+  mkdir -p "$FUSE"
+  nbdfuse "$DEV" --unix "$KIT_SOCK" >>"$T/nbdfuse.log" 2>&1 &
+  FUSE_PID=$!
+  E2E_PIDS+=("$FUSE_PID"); E2E_FUSE+=("$FUSE")
+  wait_until 20 test -s "$DEV" || die "nbdfuse did not expose $DEV within 20s"
+}
+
+parity_exit() {
+  local rc=$?
+  set +e
+  rm -f "$RTRIG"
+  if [ -n "$SERVE_PID" ]; then
+    kill -TERM "$SERVE_PID" 2>/dev/null
+    for _ in $(seq 1 100); do kill -0 "$SERVE_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$SERVE_PID" 2>/dev/null; wait "$SERVE_PID" 2>/dev/null; SERVE_PID=
+  fi
+  mountpoint -q "$FUSE" && { fusermount3 -u "$FUSE" 2>/dev/null || fusermount3 -uz "$FUSE"; }
+  [ -n "$KIT_PID" ] && kill -TERM "$KIT_PID" 2>/dev/null
+  (exit $rc); e2e_cleanup
+}
+trap parity_exit EXIT
+
+json_of() { # VOL SIZE: a qemu-img target for the first SIZE bytes of export VOL
+  echo "json:{\"driver\":\"raw\",\"size\":$2,\"file\":{\"driver\":\"nbd\",\"server\":{\"type\":\"inet\",\"host\":\"127.0.0.1\",\"port\":\"$SERVE_PORT\"},\"export\":\"$1\"}}"
+}
+fio_job() { # NAME VOL RW SIZE [fio options...]: 1M (or --bs) writes with crc32c verify
+  local name=$1 vol=$2 rw=$3 size=$4; shift 4
+  (cd "$T" && timeout 300 fio --name="$name" --ioengine=nbd --uri="$(uri "$vol")" --rw="$rw" --bs=1M --iodepth=8 \
+    --size="$size" --verify=crc32c --output-format=json --output="$T/$name.json" "$@") >"$T/$name.out" 2>&1
+}
+status() { tarn pool status -p "$POOL" --json; }
+# member 3's pages must come from nbdkit, not the page cache
+drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+
+attach_device
+for i in 1 2; do truncate -s 256M "$T/m$i.img"; done
+check "tarn pool create on 4 members (member 3 behind nbdkit's error filter)" \
+  tarn pool create "$POOL" --size 256M --device "$T/m1.img" --device "$T/m2.img" --device "$DEV"
+
+step "bad layouts are refused by name, nothing created"
+for args in "4:usable" "3:12K:power of two" "3:128K:64 KiB" "1:mirror" "x:data member count"; do
+  IFS=: read -r n u why <<<"$args"
+  [ "$why" ] || { why=$u; u=; }
+  check_fails "vol create --parity $n${u:+:$u}" "$TARN" vol create bad --size 64M --parity "$n${u:+:$u}" -p "$POOL"
+  case $LAST_OUT in *"$why"*) ok "the error names the cause ($why)" ;; *) bad "error for --parity $n${u:+:$u}: $LAST_OUT" ;; esac
+done
+check_fails "--parity 2 --devices 0,1 (3 members needed of 2)" "$TARN" vol create bad --size 64M --parity 2 --devices 0,1 -p "$POOL"
+check_fails "--parity 2 --stripe 2" "$TARN" vol create bad --size 64M --parity 2 --stripe 2 -p "$POOL"
+expect_eq "no volume was created" "$(tarn vol list -p "$POOL" --json | jq length)" 0
+
+step "a 3+1 parity volume: the layout is recorded and shown"
+check "vol create p --parity 3" tarn vol create p --size 192M --parity 3 -p "$POOL"
+expect_eq "vol list --json: p's parity" "$(tarn vol list -p "$POOL" --json | jq -c '.[] | select(.name=="p") | .parity')" \
+  '{"data":3,"members":[0,1,2,3],"unit":16384}'
+check "vol list (text) shows 3+1x16.00 KiB on 0,1,2,3" bash -c "\"$TARN\" vol list -p \"$POOL\" | grep -q '^p .*3+1x16.00 KiB on 0,1,2,3'"
+check_fails "vol resize of a parity volume" "$TARN" vol resize p --size 256M -p "$POOL"
+case $LAST_OUT in *parity*) ok "the error names the cause (parity)" ;; *) bad "resize error: $LAST_OUT" ;; esac
+
+ALERTS=$T/alerts.jsonl; : >"$ALERTS"
+start_serve "$POOL" --alert-exec "cat >>$ALERTS"
+step "qemu-img convert + compare, fio sequential and random writes with verify"
+head -c $((48 * M)) /dev/urandom >"$T/src.raw"
+check "qemu-img convert 48 MiB into p at offset 0" qemu-img convert -n -f raw -O raw "$T/src.raw" "$(uri p)"
+check "p's first 48 MiB compare equal to the source" qemu-img compare -f raw -F raw "$T/src.raw" "$(json_of p $((48 * M)))"
+rc=0; fio_job seq p write 64M --offset=64M || rc=$?
+expect_eq "fio 1M write + verify on p (exit, errors)" "$rc $(jq '[.jobs[].error] | add' "$T/seq.json")" "0 0"
+rc=0; fio_job rand p randwrite 32M --bs=4k --iodepth=32 --offset=128M || rc=$?
+expect_eq "fio 4K randwrite + verify on p (exit, errors)" "$rc $(jq '[.jobs[].error] | add' "$T/rand.json")" "0 0"
+check "qemu-io write -P 0x5a 4K at 176M (a block to rot later) + flush" qemu-io -f raw -c "write -P 0x5a 176M 4k" -c flush "$(uri p)"
+expect_eq "nothing rebuilt while every member is healthy" "$(status | jq .reconstructed_blocks)" 0
+check_fails "no parity_reconstruction alert while every member is healthy" grep -q parity_reconstruction "$ALERTS"
+
+step "member 3 fails every read: p still reads right, rebuilt from its rows"
+touch "$RTRIG"
+drop_caches
+check "p's first 48 MiB still compare equal to the source" qemu-img compare -f raw -F raw "$T/src.raw" "$(json_of p $((48 * M)))"
+rc=0; fio_job seqv p write 64M --offset=64M --verify_only=1 || rc=$?
+expect_eq "fio verify-only of the sequential writes" "$rc" 0
+rc=0; fio_job randv p randwrite 32M --bs=4k --iodepth=32 --offset=128M --verify_only=1 || rc=$?
+expect_eq "fio verify-only of the random writes" "$rc" 0
+n=$(status | jq .reconstructed_blocks)
+expect_between "pool status: blocks rebuilt from their row (of ~36 MiB on member 3)" "$n" 4000 100000
+check "pool status (text) says reconstructed" bash -c "\"$TARN\" pool status -p \"$POOL\" | grep -q '[1-9][0-9]* reconstructed'"
+n=$(grep -c "reading through member 3 by reconstruction" "$SERVE_LOG" || true)
+expect_eq "server log: reconstruction through member 3 logged once" "$n" 1
+wait_until 10 grep -q '"reason":"parity_reconstruction"' "$ALERTS" && ok "a degraded alert (parity_reconstruction) reached --alert-exec" ||
+  bad "no parity_reconstruction alert in $ALERTS: $(head -c 300 "$ALERTS" 2>/dev/null)"
+grep -q "injecting EIO error into pread" "$T/nbdkit.log" && ok "nbdkit injected the read errors" ||
+  bad "nbdkit did not inject read errors"
+rm -f "$RTRIG"
+stop_serve
+
+step "scrub verifies every row and rebuilds a rotted block"
+at=$(python3 - "$T/m1.img" "$T/m2.img" "$T/pool.img" "$T/m3.raw" <<'EOF'
+import sys
+want = b"\x5a" * 4096
+for i, path in enumerate(sys.argv[1:]):
+    with open(path, "rb") as f:
+        off = 0
+        while True:
+            b = f.read(4096)
+            if len(b) < 4096:
+                break
+            if b == want:
+                print(path, off)
+                sys.exit(0)
+            off += 4096
+EOF
+)
+read -r rot_file rot_off <<<"$at"
+[ -n "$rot_off" ] && ok "the 0x5a block lies at $rot_off of $(basename "$rot_file")" || bad "the 0x5a block was not found on any member"
+printf 'X' | dd of="$rot_file" bs=1 seek=$((rot_off + 100)) conv=notrunc status=none
+rc=0; out=$(tarn pool scrub -p "$POOL" 2>&1) || rc=$?
+expect_eq "tarn pool scrub exit (0: clean or repaired)" "$rc" 0
+say "$out" | sed 's/^/       /'
+case $out in *"parity: "*" rows verified, 0 mismatched, 1 rebuilt from their row, 1 rewritten"*) ok "scrub: 1 row rebuilt and rewritten" ;;
+  *) bad "scrub output: $out" ;; esac
+check "tarn pool scrub again: nothing left" bash -c "\"$TARN\" pool scrub -p \"$POOL\" | grep -q ' 0 mismatched, 0 rebuilt'"
+pool_check "$POOL" "after scrub"
+start_serve "$POOL"
+check "the rotted block reads 0x5a" qemu-io -f raw -c "read -P 0x5a 176M 4k" "$(uri p)"
+check "p's first 48 MiB compare equal after the restart" qemu-img compare -f raw -F raw "$T/src.raw" "$(json_of p $((48 * M)))"
+expect_eq "nothing rebuilt after the heal and restart" "$(status | jq .reconstructed_blocks)" 0
+stop_serve
+pool_check "$POOL" "at the end"
+e2e_finish
