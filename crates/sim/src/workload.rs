@@ -365,10 +365,7 @@ impl Run {
     ) -> Result<(), String> {
         let width = self.rng.random_range(2..=3u32);
         let unit = 4096u64 << self.rng.random_range(0..5);
-        // A mirrored member may be DEGRADED and still takes data.
-        let devices = self.pool().status().devices;
-        let usable =
-            devices.iter().filter(|d| !matches!(d.state, "SPARE" | "MISSING" | "REMOVED" | "DRAINING")).count();
+        let usable = self.usable_members();
         let expect = expect.and(if usable < width as usize { Err("InvalidArgument") } else { Ok(()) });
         let opts = tarn_engine::VolumeOptions { placement, stripe: Some((width, unit)), ..Default::default() };
         let r = self.pool().create_volume_with(&name, size as u64, &opts);
@@ -378,6 +375,13 @@ impl Run {
             Some(s) if s.width() == width && s.unit_blocks() * 4096 == unit => Ok(()),
             s => Err(format!("volume {} created striped {width}x{unit}: {s:?}", info.name)),
         }
+    }
+
+    /// Members new data can go to (not spare, missing, removed or
+    /// draining; a mirrored member may be DEGRADED and still takes data).
+    fn usable_members(&self) -> usize {
+        let devices = self.pool().status().devices;
+        devices.iter().filter(|d| !matches!(d.state, "SPARE" | "MISSING" | "REMOVED" | "DRAINING")).count()
     }
 
     /// A volume with parity (op 21) over 2 data members and one, in units
@@ -390,9 +394,7 @@ impl Run {
         expect: crate::admin::Expect,
     ) -> Result<(), String> {
         let unit = 4096u64 << self.rng.random_range(0..5);
-        let devices = self.pool().status().devices;
-        let usable =
-            devices.iter().filter(|d| !matches!(d.state, "SPARE" | "MISSING" | "REMOVED" | "DRAINING")).count();
+        let usable = self.usable_members();
         let expect = expect.and(if usable < 3 { Err("InvalidArgument") } else { Ok(()) });
         let opts = tarn_engine::VolumeOptions { placement, parity: Some((2, unit)), ..Default::default() };
         let r = self.pool().create_volume_with(&name, size as u64, &opts);

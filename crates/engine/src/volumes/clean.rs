@@ -15,8 +15,8 @@
 use crate::error::{EngineError, Result};
 use crate::map::state::Volume;
 use crate::pool::Pool;
-use crate::space::placement::PlacementKind;
 use crate::space::metadata_start;
+use crate::space::placement::PlacementKind;
 use crate::volumes::evacuate::LiveRun;
 use crate::volumes::relayout::Destination;
 use std::collections::{BTreeMap, BTreeSet};
@@ -155,7 +155,8 @@ impl Pool {
             CleanReport { free_regions_before: before.iter().map(Occupancy::whole_free).sum(), ..Default::default() };
         let chosen: BTreeMap<usize, BTreeSet<u64>> =
             before.iter().map(|o| (o.device, o.candidates().into_iter().collect())).collect();
-        let mut pass = CleanPass { region, before, chosen, runs: Vec::new(), next: 0, targets: BTreeMap::new(), report };
+        let mut pass =
+            CleanPass { region, before, chosen, runs: Vec::new(), next: 0, targets: BTreeMap::new(), report };
         pass.report.candidates = pass.chosen.values().map(|c| c.len() as u64).sum();
         if pass.report.candidates == 0 {
             return Ok(pass);
