@@ -157,15 +157,22 @@ done
 wait $fio_pid
 expect_eq "fio verify while compactions ran ($rounds compactions)" "$(cat "$T/placerand3.rc") $(jq '[.jobs[].error] | add' "$T/placerand3.json")" "0 0"
 
-step "pool compact cleans regions behind an append head: random overwrites free three quarters of each"
+stop_serve
+pool_check "$POOL" "after every placement policy and compactions"
+shown=$(tarn vol list -p "$POOL" --json | jq -r '.[] | select(.name == "pl_append") | .placement')
+expect_eq "a volume's placement survives a restart" "$shown" append
+
+step "pool compact cleans regions behind an append head (idle compactor off): each 4 MiB keeps 1 MiB"
+# A server of its own with the idle compactor off, so that only `pool
+# compact` cleans. The volume is written in long runs (each 1 MiB window one
+# run, which the compaction of volumes leaves alone), then 3 MiB of every
+# 4 MiB overwritten: `append` puts the new data at the head, and each old
+# region keeps a quarter.
+start_serve "$POOL" --compact-idle 0
 out=$(tarn vol create clean --size 64M --placement append -p "$POOL" 2>&1) || bad "vol create clean: $out"
-clean_job() { # NAME IO_SIZE SEED
-  printf '[%s]\nioengine=nbd\nuri=%s\nrw=randwrite\nbs=4k\niodepth=16\nsize=64M\nio_size=%s\nrandseed=%s\n' \
-    "$1" "$(uri clean)" "$2" "$3"
-}
-clean_job fill 64M 11 >"$T/cleanfill.fio"
+printf '[fill]\nioengine=nbd\nuri=%s\nrw=write\nbs=1M\niodepth=8\nsize=64M\n' "$(uri clean)" >"$T/cleanfill.fio"
 run_fio cleanfill "$T/cleanfill.fio"
-clean_job over 48M 12 >"$T/cleanover.fio"
+printf '[over]\nioengine=nbd\nuri=%s\nrw=write:1M\nbs=3M\niodepth=4\noffset=1M\nsize=63M\n' "$(uri clean)" >"$T/cleanover.fio"
 run_fio cleanover "$T/cleanover.fio"
 check "nbdcopy of the volume before cleaning" nbdcopy "$(uri clean)" "$T/clean.before"
 out=$(tarn pool compact -p "$POOL" --json 2>"$T/clean.err") || bad "pool compact: $out $(tail -2 "$T/clean.err")"
@@ -175,11 +182,8 @@ expect_between "cleaning freed partly used regions ($(jq -c .regions <<<"$out"))
 expect_between "whole free 4 MiB regions gained" "$gained" 4 100000
 check "the volume reads the same after cleaning (qemu-img compare)" \
   qemu-img compare -f raw -F raw "$T/clean.before" "$(uri clean)"
-
 stop_serve
-pool_check "$POOL" "after every placement policy and compactions"
-shown=$(tarn vol list -p "$POOL" --json | jq -r '.[] | select(.name == "pl_append") | .placement')
-expect_eq "a volume's placement survives a restart" "$shown" append
+pool_check "$POOL" "after cleaning"
 
 step "pool create --start middle: linear allocation starts mid-device and wraps to the front"
 head -c $((8 << 20)) /dev/urandom >"$T/img8m"
