@@ -125,19 +125,8 @@ stop_serve_rc() {
 }
 
 attach_device() {
-  truncate -s 256M "$T/backing.raw"
-  rm -f "$RTRIG" "$WTRIG" "$KIT_SOCK"
-  nbdkit --exit-with-parent -f -U "$KIT_SOCK" --filter=error file "$T/backing.raw" \
-    error=EIO error-pread-rate=100% error-pread-file="$RTRIG" \
-    error-pwrite-rate=100% error-pwrite-file="$WTRIG" >>"$T/nbdkit.log" 2>&1 &
-  KIT_PID=$!
-  E2E_PIDS+=("$KIT_PID")
-  wait_until 20 test -S "$KIT_SOCK" || die "nbdkit did not create $KIT_SOCK within 20s"
-  mkdir -p "$FUSE"
-  nbdfuse "$DEV" --unix "$KIT_SOCK" >>"$T/nbdfuse.log" 2>&1 &
-  FUSE_PID=$!
-  E2E_PIDS+=("$FUSE_PID"); E2E_FUSE+=("$FUSE")
-  wait_until 20 test -s "$DEV" || die "nbdfuse did not expose $DEV within 20s"
+  rm -f "$WTRIG"
+  attach_error_device "$T/backing.raw" error-pwrite-rate=100% error-pwrite-file="$WTRIG"
   expect_eq "nbdfuse file (nbdkit error filter over 256 MiB) size" "$(stat -c %s "$DEV")" $((256 * M))
   say "  device: $DEV (nbdfuse pid $FUSE_PID) <- nbdkit pid $KIT_PID on $KIT_SOCK <- $T/backing.raw"
 }

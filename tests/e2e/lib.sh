@@ -388,3 +388,23 @@ ceph_cluster_start() {
     die "scripts/ceph.sh could not start the cluster: $(grep -m1 "^ceph.sh:" "$T/ceph-start.log" || tail -n 3 "$T/ceph-start.log")"
   export CEPH_CONF
 }
+
+# attach_error_device RAW [NBDKIT_ARGS...]: RAW (truncated to 256 MiB) served
+# by nbdkit's error filter, reads failing with EIO while $RTRIG exists (more
+# triggers in NBDKIT_ARGS), on $KIT_SOCK, exposed as the file $DEV by nbdfuse
+# on $FUSE; sets KIT_PID and FUSE_PID (both stopped at the script's end)
+attach_error_device() {
+  local raw=$1; shift
+  truncate -s 256M "$raw"
+  rm -f "$RTRIG" "$KIT_SOCK"
+  nbdkit --exit-with-parent -f -U "$KIT_SOCK" --filter=error file "$raw" \
+    error=EIO error-pread-rate=100% error-pread-file="$RTRIG" "$@" >>"$T/nbdkit.log" 2>&1 &
+  KIT_PID=$!
+  E2E_PIDS+=("$KIT_PID")
+  wait_until 20 test -S "$KIT_SOCK" || die "nbdkit did not create $KIT_SOCK within 20s"
+  mkdir -p "$FUSE"
+  nbdfuse "$DEV" --unix "$KIT_SOCK" >>"$T/nbdfuse.log" 2>&1 &
+  FUSE_PID=$!
+  E2E_PIDS+=("$FUSE_PID"); E2E_FUSE+=("$FUSE")
+  wait_until 20 test -s "$DEV" || die "nbdfuse did not expose $DEV within 20s"
+}

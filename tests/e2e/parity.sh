@@ -25,18 +25,7 @@ KIT_PID=
 FUSE_PID=
 
 attach_device() { # member 3: nbdfuse <- nbdkit (error filter) <- m3.raw
-  truncate -s 256M "$T/m3.raw"
-  rm -f "$RTRIG" "$KIT_SOCK"
-  nbdkit --exit-with-parent -f -U "$KIT_SOCK" --filter=error file "$T/m3.raw" \
-    error=EIO error-pread-rate=100% error-pread-file="$RTRIG" >>"$T/nbdkit.log" 2>&1 &
-  KIT_PID=$!
-  E2E_PIDS+=("$KIT_PID")
-  wait_until 20 test -S "$KIT_SOCK" || die "nbdkit did not create $KIT_SOCK within 20s"
-  mkdir -p "$FUSE"
-  nbdfuse "$DEV" --unix "$KIT_SOCK" >>"$T/nbdfuse.log" 2>&1 &
-  FUSE_PID=$!
-  E2E_PIDS+=("$FUSE_PID"); E2E_FUSE+=("$FUSE")
-  wait_until 20 test -s "$DEV" || die "nbdfuse did not expose $DEV within 20s"
+  attach_error_device "$T/m3.raw"
 }
 
 parity_exit() {
