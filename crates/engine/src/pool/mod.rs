@@ -64,6 +64,11 @@ pub struct OpenOptions {
     /// catch).
     #[doc(hidden)]
     pub control_replay_one_side: bool,
+    /// Negative control of the crash simulation only: a checkpoint that
+    /// keeps a dead list in its catalog drops its last entry (counts
+    /// agreeing, so only the data tells).
+    #[doc(hidden)]
+    pub control_inline_drops_entry: bool,
 }
 
 /// The metadata cache when none is asked for: 256 MiB.
@@ -496,6 +501,9 @@ pub struct PoolStatus {
     /// Nodes lookups read with the pool lock released (cache misses on
     /// the I/O path).
     pub node_fetches: u64,
+    /// Snapshots whose dead list the catalog holds (INLINE_DEAD_LISTS),
+    /// not a tree of nodes.
+    pub inline_dead_lists: u64,
 }
 
 impl PoolStatus {
@@ -767,6 +775,13 @@ impl Pool {
             dirty_nodes: store.dirty_nodes(),
             healed_nodes: store.healed_nodes(),
             node_fetches: self.counters.node_fetches.load(Ordering::Relaxed),
+            inline_dead_lists: inner
+                .state
+                .volumes
+                .values()
+                .flat_map(|v| &v.snapshots)
+                .filter(|s| s.dead.is_in_memory())
+                .count() as u64,
         }
     }
 }

@@ -28,6 +28,12 @@ use tarn_format::ops::Op;
 use tarn_format::superblock::incompat;
 use tarn_format::BLOCK_SIZE;
 
+/// Set before a volume's first snapshot or clone: snapshot ops, and small
+/// dead lists kept in the catalog (INLINE_DEAD_LISTS), so a pool from
+/// before bit 19 gets it with its next snapshot and keeps its old dead
+/// lists as trees.
+pub(crate) const SNAPSHOT_FEATURES: u64 = incompat::SNAPSHOTS | incompat::INLINE_DEAD_LISTS;
+
 /// Settings of a new volume besides its name and size.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct VolumeOptions {
@@ -145,11 +151,11 @@ impl Pool {
         self.volume_info(id).ok_or(EngineError::VolumeGone(id))
     }
 
-    /// A feature bit must be durable before the first record that uses it
+    /// A feature bit (or bits, all set by one commit) must be durable before the first record that uses it
     /// (older builds then refuse the pool instead of failing on an
     /// unknown op).
     pub(crate) fn enable_feature(&self, ctl: &mut CommitCtl, bit: u64) -> Result<()> {
-        if ctl.sb.incompat & bit != 0 {
+        if ctl.sb.incompat & bit == bit {
             return Ok(());
         }
         ctl.sb.incompat |= bit;
