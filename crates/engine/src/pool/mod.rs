@@ -69,6 +69,11 @@ pub struct OpenOptions {
     /// agreeing, so only the data tells).
     #[doc(hidden)]
     pub control_inline_drops_entry: bool,
+    /// Tests only: act as a build from before INLINE_DEAD_LISTS (the bit
+    /// is never set, every dead list is written as a tree), so a test can
+    /// make the pool an older build would have left.
+    #[doc(hidden)]
+    pub compat_no_inline_dead_lists: bool,
 }
 
 /// The metadata cache when none is asked for: 256 MiB.

@@ -4,7 +4,6 @@
 //! namespace change (the lazy snapshot of an object before its first
 //! change after a volume snapshot) and commits with the change.
 
-use super::SNAPSHOT_FEATURES;
 use crate::error::{EngineError, Result};
 use crate::map::state::{State, Volume};
 use crate::pool::Pool;
@@ -38,7 +37,7 @@ impl Pool {
         let whole = member(&self.read_inner().state, id)?.role == Some(VolumeRole::FileVolume);
         // One commit of its own each, the first time only; a file volume's
         // snapshot is the first record that needs FS_VERSIONS.
-        self.enable_feature(&mut ctl, SNAPSHOT_FEATURES)?;
+        self.enable_feature(&mut ctl, self.snapshot_features())?;
         if whole {
             self.enable_feature(&mut ctl, incompat::FS_VERSIONS)?;
             // A file version (tarn-fs names them `~f...`, `~c...`).

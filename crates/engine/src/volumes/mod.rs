@@ -28,12 +28,6 @@ use tarn_format::ops::Op;
 use tarn_format::superblock::incompat;
 use tarn_format::BLOCK_SIZE;
 
-/// Set before a volume's first snapshot or clone: snapshot ops, and small
-/// dead lists kept in the catalog (INLINE_DEAD_LISTS), so a pool from
-/// before bit 19 gets it with its next snapshot and keeps its old dead
-/// lists as trees.
-pub(crate) const SNAPSHOT_FEATURES: u64 = incompat::SNAPSHOTS | incompat::INLINE_DEAD_LISTS;
-
 /// Settings of a new volume besides its name and size.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct VolumeOptions {
@@ -149,6 +143,15 @@ impl Pool {
         };
         self.flush()?;
         self.volume_info(id).ok_or(EngineError::VolumeGone(id))
+    }
+
+    /// Set before a volume's first snapshot or clone: snapshot ops, and
+    /// small dead lists kept in the catalog (INLINE_DEAD_LISTS), so a pool
+    /// from before bit 19 gets it with its next snapshot and keeps its old
+    /// dead lists as trees.
+    pub(crate) fn snapshot_features(&self) -> u64 {
+        let inline = if self.options.compat_no_inline_dead_lists { 0 } else { incompat::INLINE_DEAD_LISTS };
+        incompat::SNAPSHOTS | inline
     }
 
     /// A feature bit (or bits, all set by one commit) must be durable before the first record that uses it

@@ -6,7 +6,6 @@
 //! op, and commits: it copies nothing, so it costs one commit whatever the
 //! volume holds.
 
-use super::SNAPSHOT_FEATURES;
 use crate::error::{EngineError, Result};
 use crate::map::state::{validate_name, State, Volume};
 use crate::map::view::View;
@@ -39,7 +38,7 @@ impl Pool {
         self.check_writable()?;
         validate_name(name).map_err(EngineError::InvalidArgument)?;
         let mut ctl = self.lock_commit();
-        self.enable_feature(&mut ctl, SNAPSHOT_FEATURES)?;
+        self.enable_feature(&mut ctl, self.snapshot_features())?;
         {
             // Drain writes planned against the old epoch: one of them could
             // otherwise overwrite in place a block the snapshot now shows.
@@ -127,7 +126,7 @@ impl Pool {
         self.check_writable()?;
         super::files::check_user_name(clone)?;
         let mut ctl = self.lock_commit();
-        self.enable_feature(&mut ctl, SNAPSHOT_FEATURES)?;
+        self.enable_feature(&mut ctl, self.snapshot_features())?;
         let id = {
             let mut inner = self.write_inner();
             if inner.state.by_name.contains_key(clone) {
