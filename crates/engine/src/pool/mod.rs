@@ -780,13 +780,7 @@ impl Pool {
             dirty_nodes: store.dirty_nodes(),
             healed_nodes: store.healed_nodes(),
             node_fetches: self.counters.node_fetches.load(Ordering::Relaxed),
-            inline_dead_lists: inner
-                .state
-                .volumes
-                .values()
-                .flat_map(|v| &v.snapshots)
-                .filter(|s| s.dead.is_in_memory())
-                .count() as u64,
+            inline_dead_lists: inner.state.inline_dead_lists(),
         }
     }
 }
