@@ -265,7 +265,11 @@ impl<V: LeafValue> Buffered<V> {
         if !ours {
             return false;
         }
-        self.base = Tree::in_memory(self.base.id, entries);
+        // Under the engine's pool lock, once per inline list per
+        // checkpoint: a list unchanged since the last one keeps its leaf.
+        if !frozen.changes.is_empty() || !self.base_in_memory() {
+            self.base = Tree::in_memory(self.base.id, entries);
+        }
         let done = self.frozen.take().map_or(0, |f| f.len());
         self.counter.fetch_sub(bytes::<V>(done), Ordering::Relaxed);
         true

@@ -169,6 +169,10 @@ fn small_maps_stay_in_memory_until_they_grow() {
                 assert_eq!(flatten(&reopened, &cold), model, "reopened from entries, round {round}");
                 assert!(map.tree.adopt_in_memory(&f, &entries));
                 assert_eq!(map.tree.base_in_memory(), !entries.is_empty());
+                // A checkpoint with no change since keeps the same leaf.
+                let again = map.freeze();
+                assert_eq!(again.small(8).as_ref(), Some(&entries), "round {round}");
+                assert!(map.tree.adopt_in_memory(&again, &entries));
                 kept += 1;
             }
             None => {
