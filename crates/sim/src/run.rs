@@ -54,6 +54,9 @@ pub enum Control {
     /// Devices added mid-run answer flushes without making anything
     /// durable: a crash after an add loses the member's label and nodes.
     AddedDeviceIgnoresFlushes,
+    /// A checkpoint that keeps a dead list in its catalog drops the list's
+    /// last entry (INLINE_DEAD_LISTS): snapshots lose a version.
+    InlineDropsEntry,
 }
 
 impl Default for SimConfig {
@@ -169,6 +172,9 @@ pub struct RunStats {
     pub nodes_rewritten: usize,
     /// Rows of parity volumes verified after crashes (XOR of data = parity).
     pub parity_rows: usize,
+    /// Snapshots whose dead list a crashed pool reopened from its catalog
+    /// (INLINE_DEAD_LISTS), then verified against the model.
+    pub inline_dead_lists: u64,
 }
 
 impl RunStats {
@@ -188,6 +194,7 @@ impl RunStats {
         self.removals_cut_done += o.removals_cut_done;
         self.nodes_rewritten += o.nodes_rewritten;
         self.parity_rows += o.parity_rows;
+        self.inline_dead_lists += o.inline_dead_lists;
         self.admin += o.admin;
         self.done.iter_mut().zip(o.done).for_each(|(a, b)| *a += b);
         self.refused += o.refused;
@@ -305,6 +312,7 @@ impl Run {
             metadata_cache: cache,
             tiny_metadata_cache: true,
             control_replay_one_side: self.control == Some(Control::ReplayOneSide),
+            control_inline_drops_entry: self.control == Some(Control::InlineDropsEntry),
             placement: self.placement,
             ..Default::default()
         };
@@ -599,6 +607,7 @@ impl Run {
             d.crash(&mut self.rng);
         }
         self.reopen()?;
+        self.stats.inline_dead_lists += self.pool().status().inline_dead_lists;
         self.settle_pending()?;
         self.verify_names().map_err(|e| format!("after crash: {e}"))?;
         let names: Vec<String> = self.model.vols.keys().cloned().collect();

@@ -76,6 +76,10 @@ fn snapshot_crash_simulation_500_seeds() {
     assert!(seeds < 100 || stats.quota_refusals > 0, "no write met a quota: {stats:?}");
     // And member evacuations (`dev remove`): heads and snapshots' dead lists.
     assert!(seeds < 100 || stats.blocks_evacuated > 0, "no evacuation moved a block: {stats:?}");
+    // Small dead lists are kept in the catalog (INLINE_DEAD_LISTS), and
+    // crashed pools reopen them from it, snapshot deletes included (they
+    // move entries into the previous snapshot's list).
+    assert!(seeds < 100 || stats.inline_dead_lists > 0, "no dead list reopened from a catalog: {stats:?}");
 }
 
 /// The snapshot workload on up to 4 members, with parity volumes (op 21)
@@ -154,4 +158,14 @@ fn control_added_device_ignoring_flushes_fails_the_simulation() {
     let (failed, first) = failures_with(Control::AddedDeviceIgnoresFlushes, SimConfig::default());
     println!("added device ignoring flushes: {failed} of 100 seeds fail, e.g. {first:?}");
     assert!(failed >= 20, "only {failed} of 100 seeds caught an added device that ignores flushes");
+}
+
+/// Negative control: a checkpoint that keeps a dead list in its catalog
+/// and drops the list's last entry (its counts agreeing) loses a version a
+/// snapshot shows, and the simulation says so.
+#[test]
+fn control_inline_dead_list_dropping_an_entry_fails_the_simulation() {
+    let (failed, first) = failures_with(Control::InlineDropsEntry, SimConfig::snapshots());
+    println!("inline dead list dropping an entry: {failed} of 100 seeds fail, e.g. {first:?}");
+    assert!(failed >= 20, "only {failed} of 100 seeds caught an inline dead list losing an entry");
 }
