@@ -322,8 +322,9 @@ impl Device for CountedReads {
     }
 }
 
-#[test]
-fn pieces_a_short_gap_apart_are_read_as_one_request_and_verified_apart() {
+/// A pool on a device counting its reads, with a volume whose blocks
+/// 0..8 lie one block apart (appended in turn with blocks 1000..1008).
+fn interleaved() -> (Arc<SimDevice>, Arc<CountedReads>, Pool, u32) {
     let sim = Arc::new(SimDevice::new("sim0", 64 * MIB));
     let dev = Arc::new(CountedReads { inner: sim.clone(), reads: AtomicU64::new(0) });
     let dyns: Vec<Arc<dyn Device>> = vec![dev.clone()];
@@ -331,12 +332,17 @@ fn pieces_a_short_gap_apart_are_read_as_one_request_and_verified_apart() {
     create_pool(&dyns, &["sim0".into()], &opts).unwrap();
     let pool = Pool::open(dyns, OpenOptions::default()).unwrap();
     let v = pool.create_volume_placed("d", 16 * MIB, Some(PlacementKind::Append)).unwrap().id;
-    // Appended in turn with blocks 1000.., blocks 0..8 lie one block apart.
     for b in 0..8u64 {
         pool.write(v, b * BS as u64, &block(b), false).unwrap();
         pool.write(v, (1000 + b) * BS as u64, &block(1000 + b), false).unwrap();
     }
     pool.flush().unwrap();
+    (sim, dev, pool, v)
+}
+
+#[test]
+fn pieces_a_short_gap_apart_are_read_as_one_request_and_verified_apart() {
+    let (sim, dev, pool, v) = interleaved();
     let mut buf = vec![0u8; 8 * BS];
     let before = dev.reads.load(Ordering::Relaxed);
     pool.read(v, 0, &mut buf).unwrap();
@@ -358,4 +364,35 @@ fn pieces_a_short_gap_apart_are_read_as_one_request_and_verified_apart() {
     sim.fail_range(gap, BS as u64, true, false);
     pool.read(v, 0, &mut buf).unwrap();
     assert_eq!(&buf[2 * BS..3 * BS], &block(2)[..]);
+}
+
+#[test]
+fn a_gathered_read_checks_the_coarse_groups_it_spans_whole() {
+    let (sim, dev, pool, _) = interleaved();
+    // Two runs one after the other on the device, written either side of
+    // a snapshot (two map entries), each holding whole coarse groups.
+    let v = pool.create_volume_placed("c", 16 * MIB, Some(PlacementKind::Append)).unwrap().id;
+    let mut data = Vec::new();
+    for b in 0..96u64 {
+        data.extend(block(5000 + b));
+    }
+    pool.write(v, 0, &data[..48 * BS], false).unwrap();
+    pool.create_snapshot("c", "s").unwrap();
+    pool.write(v, 48 * BS as u64, &data[48 * BS..], false).unwrap();
+    pool.flush().unwrap();
+    assert!(pool.coarsen_sums(v, 0, 96).unwrap() >= 4);
+    pool.flush().unwrap();
+    let mut buf = vec![0u8; 96 * BS];
+    let before = dev.reads.load(Ordering::Relaxed);
+    pool.read(v, 0, &mut buf).unwrap();
+    assert_eq!(dev.reads.load(Ordering::Relaxed) - before, 1, "two runs of coarse groups, one request");
+    assert!(buf == data);
+    // Cut inside the runs: widened to whole groups, the blocks asked for.
+    pool.read(v, BS as u64, &mut buf[..94 * BS]).unwrap();
+    assert!(buf[..94 * BS] == data[BS..95 * BS]);
+    // A flip in a coarse group fails the read.
+    let at = find(&sim, &block(5000 + 40));
+    sim.flip_bit(at + 9, 1);
+    let err = pool.read(v, 0, &mut buf).unwrap_err();
+    assert!(matches!(err, EngineError::Checksum { .. }), "{err}");
 }
