@@ -5,7 +5,7 @@
 use crate::admin::Request;
 use crate::progress::Progress;
 use crate::PoolArg;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tarn_engine::{Device, Pool};
@@ -71,9 +71,19 @@ pub fn open_members(
         }
         if legs.len() == 1 {
             let path = overrides.get(i - 1).cloned().unwrap_or_else(|| PathBuf::from(&legs[0]));
-            let dev = crate::devices::open(&path, writable)
-                .with_context(|| format!("open member device {i} at {}", path.display()))?;
-            slots.push(vec![dev]);
+            // A member that cannot be opened: the engine opens the pool
+            // DEGRADED without it (parity volumes rebuild its blocks, other
+            // blocks on it fail with EIO) and says so in `pool status`.
+            match crate::devices::open(&path, writable) {
+                Ok(dev) => slots.push(vec![dev]),
+                Err(e) => {
+                    eprintln!(
+                        "tarn: warning: member device {i} at {} cannot be opened ({e:#}); continuing DEGRADED",
+                        path.display()
+                    );
+                    slots.push(Vec::new());
+                }
+            }
             continue;
         }
         slots.push(legs.iter().filter_map(|p| open_leg(i, Path::new(p), writable)).collect());

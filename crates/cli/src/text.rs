@@ -85,10 +85,13 @@ pub fn status(v: &Value) -> String {
             );
             continue;
         }
-        if matches!(d["state"].as_str(), Some("SPARE" | "MISSING")) {
-            let what = match d["state"] == "SPARE" {
-                true => format!("{}, taken when the pool expands", b(&d["size"])),
-                false => "its device was not found at open: it will not be taken".to_string(),
+        if matches!(d["state"].as_str(), Some("SPARE" | "MISSING" | "UNAVAIL")) {
+            let what = match d["state"].as_str() {
+                Some("SPARE") => format!("{}, taken when the pool expands", b(&d["size"])),
+                Some("UNAVAIL") => "its device was not found at open: parity volumes read through it by \
+                    reconstruction, other data on it fails with EIO, nothing is written there"
+                    .to_string(),
+                _ => "its device was not found at open: it will not be taken".to_string(),
             };
             let _ = writeln!(
                 s,

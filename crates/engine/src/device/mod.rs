@@ -47,6 +47,11 @@ pub trait Device: Send + Sync {
     fn present(&self) -> bool {
         true
     }
+    /// True only for the stand-in of a member holding data whose device
+    /// could not be opened (the pool is DEGRADED; `device/vacant.rs`).
+    fn missing_member(&self) -> bool {
+        false
+    }
     /// Independent copies of every byte (1 unless mirrored).
     fn copies(&self) -> usize {
         1

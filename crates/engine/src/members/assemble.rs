@@ -4,6 +4,7 @@
 //! pool's leg) leaves every device as it was.
 
 use crate::device::label::{read_label, write_both_labels, LabelRead};
+use crate::device::vacant::{Absent, Vacant};
 use crate::device::Device;
 use crate::error::{EngineError, Result};
 use crate::members::mirror::{Leg, LegHealth, MirrorDevice};
@@ -60,7 +61,7 @@ pub(crate) fn assemble(slots: Vec<Vec<Arc<dyn Device>>>, writable: bool) -> Resu
     for (i, (found, entry)) in slots.into_iter().zip(&sb.devices).enumerate() {
         if entry.removed {
             // A removed slot: whatever was given for it is not opened.
-            out.devices.push(Arc::new(crate::device::vacant::Vacant { index: i, spare: false }));
+            out.devices.push(Arc::new(Vacant { index: i, why: Absent::Removed }));
             out.mirrors.push(None);
             continue;
         }
@@ -71,6 +72,20 @@ pub(crate) fn assemble(slots: Vec<Vec<Arc<dyn Device>>>, writable: bool) -> Resu
             let (dev, note) = crate::members::spare::assemble_spare(&sb, i, entry, found);
             out.notes.extend(note);
             out.devices.push(dev);
+            out.mirrors.push(None);
+            continue;
+        }
+        if entry.legs.is_empty() && found.is_empty() && i > 0 {
+            // Its device could not be opened: the pool opens DEGRADED
+            // (parity volumes read through it by reconstruction, other
+            // blocks on it fail with EIO; nothing is written there).
+            log::warn!("member {i} ({}) is missing; opening DEGRADED", entry.path);
+            out.notes.push(format!(
+                "member {i} ({}) is MISSING: the pool is DEGRADED; parity volumes read through it by \
+                 reconstruction, other data on it fails with EIO; `tarn pool replace` rebuilds it",
+                entry.path
+            ));
+            out.devices.push(Arc::new(Vacant { index: i, why: Absent::Member(entry.path.clone()) }));
             out.mirrors.push(None);
             continue;
         }

@@ -797,11 +797,13 @@ impl Pool {
                 // recorded path says which it was.
                 // So is a missing spare's (`Vacant`).
                 let entry = ctl.sb.devices.get(i);
-                let removed = entry.filter(|e| e.removed || (e.spare && !d.present()));
+                let removed = entry.filter(|e| e.removed || (e.spare && !d.present()) || d.missing_member());
                 let state = match entry {
                     Some(e) if e.removed => "REMOVED",
                     Some(e) if e.spare && d.present() => "SPARE",
                     Some(e) if e.spare => "MISSING",
+                    // A member holding data whose device was not found.
+                    _ if d.missing_member() => "UNAVAIL",
                     _ => self.member_state(inner, i),
                 };
                 DeviceStatus {

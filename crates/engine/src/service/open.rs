@@ -308,7 +308,7 @@ impl Pool {
         let primary = &devices[0];
         let sb = label.current.clone();
         for (i, dev) in devices.iter().enumerate().skip(1).filter(|(i, _)| !sb.devices[*i].spare) {
-            if mirrors[i].is_none() && !sb.devices[i].removed {
+            if mirrors[i].is_none() && !sb.devices[i].removed && !dev.missing_member() {
                 verify_member(&sb, i, dev.as_ref())?;
             }
         }
@@ -323,6 +323,10 @@ impl Pool {
         }
         space.reserve_blocks = reserve_for(state.extent_count(), space.data_blocks());
         avoid_leaving(&sb, &mut space);
+        // Nothing is written to a missing member: no data, no metadata.
+        for (i, _) in devices.iter().enumerate().filter(|(i, d)| d.missing_member() && *i < 32) {
+            space.avoid |= 1 << i;
+        }
         let mut notes = asm.notes;
         notes.extend(label_notes(&label, &primary.name(), &sb));
         log::info!(

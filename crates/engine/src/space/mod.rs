@@ -144,6 +144,22 @@ impl Space {
             .or_else(|| usable.max_by_key(|&d| self.devices[d].free_blocks))
     }
 
+    /// Where the pool's own metadata (store nodes, catalog segments) goes:
+    /// the primary while it has `want` blocks free, else the roomiest
+    /// member. The primary holds the journal and the authoritative
+    /// superblock, so its loss loses the pool anyway; keeping the trees
+    /// with them means the loss of any other member loses no metadata, and
+    /// a pool can open DEGRADED without it (parity volumes rebuild its
+    /// blocks). Before this rule (the roomiest, ties to the highest index)
+    /// the last member often held nodes every open needs.
+    pub fn metadata_device(&self, want: u64) -> Option<usize> {
+        let primary = self.usable(0) && self.hint_device != Some(0);
+        if primary && self.devices.first().is_some_and(|d| d.free_blocks >= want.max(1)) {
+            return Some(0);
+        }
+        self.roomiest()
+    }
+
     /// The roomiest member among `devices` (bit i for member i) that
     /// allocation may use; with none named or none of them usable (all
     /// being removed), the roomiest of the pool. A named member that is
