@@ -47,6 +47,7 @@ pub use volumes::hints::{blocks_covering, HintReport, HintTarget};
 pub use volumes::layout::{DeviceLayout, HeldRun, Holder};
 pub use volumes::members_snap::{MemberSnapshot, ObjectSnapshots};
 pub use volumes::parity::{ParityReport, DEFAULT_PARITY_UNIT};
+pub use volumes::rebuild::RebuildReport;
 pub use volumes::reclaim::ReclaimCount;
 pub use volumes::snapshot::SnapshotInfo;
 pub use volumes::stripe::DEFAULT_STRIPE_UNIT;

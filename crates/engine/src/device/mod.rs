@@ -52,6 +52,17 @@ pub trait Device: Send + Sync {
     fn missing_member(&self) -> bool {
         false
     }
+    /// True for a member some of whose blocks cannot be read by design
+    /// (missing, or being rebuilt): such reads fail without counting as
+    /// device errors.
+    fn degraded(&self) -> bool {
+        false
+    }
+    /// The stand-in of a missing or rebuilding member, to put a new device
+    /// in its place (`members/rebuild.rs`).
+    fn rebuild_slot(&self) -> Option<&crate::members::rebuild::RebuildSlot> {
+        None
+    }
     /// Independent copies of every byte (1 unless mirrored).
     fn copies(&self) -> usize {
         1

@@ -1,10 +1,8 @@
-//! The device of a removed slot (`tarn dev remove`), of a missing spare, or
-//! of a member whose device could not be opened (the pool runs DEGRADED):
-//! nothing is opened for it, and nothing may be read or written there. A
-//! removed slot's or a spare's data area is empty, so no block address
-//! names it; a missing member's blocks are still mapped, and every read of
-//! them fails (a parity volume rebuilds them from their rows, any other
-//! volume gets EIO). Flushes succeed: a checkpoint flushes every member.
+//! The device of a removed slot (`tarn dev remove`) or of a missing spare
+//! (a missing member is `members/rebuild.rs`): nothing is opened for it,
+//! and nothing may be read or written there (its data area is empty, so
+//! no block address names it). Flushes succeed: a checkpoint flushes
+//! every member.
 
 use crate::device::Device;
 use std::io;
@@ -18,9 +16,6 @@ pub enum Absent {
     Removed,
     /// A spare that could not be opened (`members/spare.rs`).
     Spare,
-    /// A member holding data whose device could not be opened at open
-    /// (`members/assemble.rs`); its recorded path.
-    Member(String),
 }
 
 pub struct Vacant {
@@ -31,9 +26,8 @@ pub struct Vacant {
 impl Vacant {
     fn refuse(&self) -> io::Error {
         let why = match &self.why {
-            Absent::Spare => "is a spare that is missing".to_string(),
-            Absent::Removed => "was removed from the pool".to_string(),
-            Absent::Member(path) => format!("({path}) is missing: the pool is DEGRADED"),
+            Absent::Spare => "is a spare that is missing",
+            Absent::Removed => "was removed from the pool",
         };
         io::Error::new(io::ErrorKind::NotFound, format!("member {} {why}", self.index))
     }
@@ -59,13 +53,9 @@ impl Device for Vacant {
         match &self.why {
             Absent::Spare => format!("(missing spare {})", self.index),
             Absent::Removed => format!("(removed member {})", self.index),
-            Absent::Member(path) => format!("(missing member {}: {path})", self.index),
         }
     }
     fn present(&self) -> bool {
         false
-    }
-    fn missing_member(&self) -> bool {
-        matches!(self.why, Absent::Member(_))
     }
 }

@@ -8,6 +8,7 @@ use crate::device::vacant::{Absent, Vacant};
 use crate::device::Device;
 use crate::error::{EngineError, Result};
 use crate::members::mirror::{Leg, LegHealth, MirrorDevice};
+use crate::members::rebuild::RebuildSlot;
 use std::sync::Arc;
 use tarn_format::leg::{LegLabel, LEG_LABEL_BLOCK};
 use tarn_format::superblock::{DeviceEntry, LegState, Superblock};
@@ -85,7 +86,19 @@ pub(crate) fn assemble(slots: Vec<Vec<Arc<dyn Device>>>, writable: bool) -> Resu
                  reconstruction, other data on it fails with EIO; `tarn pool replace` rebuilds it",
                 entry.path
             ));
-            out.devices.push(Arc::new(Vacant { index: i, why: Absent::Member(entry.path.clone()) }));
+            out.devices.push(Arc::new(RebuildSlot::missing(i, &entry.path)));
+            out.mirrors.push(None);
+            continue;
+        }
+        if let (Some(n), true) = (entry.rebuilt, entry.legs.is_empty()) {
+            // A rebuild from parity rows the last run did not finish: the
+            // device holds the member's first `n` blocks; the service
+            // resumes from there (`volumes/rebuild.rs`).
+            let [dev] = <[_; 1]>::try_from(found).map_err(|f: Vec<_>| {
+                EngineError::InvalidArgument(format!("member {i} is not a mirror: one device, not {}", f.len()))
+            })?;
+            out.notes.push(format!("member {i} ({}) is being rebuilt from parity rows: {n} blocks done", dev.name()));
+            out.devices.push(Arc::new(RebuildSlot::rebuilding(i, dev, n)));
             out.mirrors.push(None);
             continue;
         }

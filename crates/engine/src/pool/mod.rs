@@ -804,6 +804,8 @@ impl Pool {
                     Some(e) if e.spare => "MISSING",
                     // A member holding data whose device was not found.
                     _ if d.missing_member() => "UNAVAIL",
+                    // A new device being rebuilt from parity rows.
+                    _ if d.degraded() => "REBUILDING",
                     _ => self.member_state(inner, i),
                 };
                 DeviceStatus {

@@ -151,6 +151,7 @@ impl NewPool {
             removed: false,
             placement: None,
             spare: false,
+            rebuilt: None,
         };
         let label = Superblock {
             version: FORMAT_VERSION,
@@ -323,8 +324,9 @@ impl Pool {
         }
         space.reserve_blocks = reserve_for(state.extent_count(), space.data_blocks());
         avoid_leaving(&sb, &mut space);
-        // Nothing is written to a missing member: no data, no metadata.
-        for (i, _) in devices.iter().enumerate().filter(|(i, d)| d.missing_member() && *i < 32) {
+        // Nothing new goes to a missing member or one being rebuilt: no
+        // data, no metadata (a rebuilt one is usable again at the end).
+        for (i, _) in devices.iter().enumerate().filter(|(i, d)| d.degraded() && *i < 32) {
             space.avoid |= 1 << i;
         }
         let mut notes = asm.notes;
