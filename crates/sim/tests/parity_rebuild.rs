@@ -168,10 +168,10 @@ fn rebuild_with_writes(
 
 /// Rebuild with the power cut at random points until it ends; returns
 /// the crashes.
-fn rebuild_through_crashes(seed: u64) -> usize {
+fn rebuild_through_crashes(seed: u64) -> (usize, usize) {
     let (mut rig, mut pool, vol, mut model, snap) = degraded_rig(seed);
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xfeed);
-    let mut crashes = 0;
+    let (mut crashes, mut mid) = (0, 0);
     // Bounded: at most 12 cut attempts, then one run with no cut.
     for attempt in 0..13 {
         let armed = attempt < 12;
@@ -186,12 +186,12 @@ fn rebuild_through_crashes(seed: u64) -> usize {
             if replace(&mut rig, &pool).is_ok() {
                 let devs = rig.all();
                 if armed && !devs.iter().any(|d| d.is_dead()) {
-                    devs[rng.random_range(0..devs.len())].crash_after(rng.random_range(0..400));
+                    devs[rng.random_range(0..devs.len())].crash_after(rng.random_range(0..150));
                 }
             }
         } else if armed {
             let devs = rig.all();
-            devs[rng.random_range(0..devs.len())].crash_after(rng.random_range(0..400));
+            devs[rng.random_range(0..devs.len())].crash_after(rng.random_range(0..150));
         }
         let dead = rig.all().iter().any(|d| d.is_dead());
         let outcome =
@@ -210,6 +210,11 @@ fn rebuild_through_crashes(seed: u64) -> usize {
                 rig.crash(&mut rng);
                 crashes += 1;
                 pool = rig.open();
+                // Past the labels (block 32): some rebuilt blocks were recorded.
+                let cursor = |n: &String| n.split("done below block ").nth(1).and_then(|b| b.parse::<u64>().ok());
+                if pool.status().notes.iter().filter_map(cursor).any(|b| b > 32) {
+                    mid += 1;
+                }
                 verify_after_crash(&pool, vol, &mut model, &snap, cut.as_ref());
             }
         }
@@ -223,7 +228,7 @@ fn rebuild_through_crashes(seed: u64) -> usize {
     assert_eq!((r.mismatched, r.rebuilt), (0, 0), "seed {seed}: every unit reads from its member: {r:?}");
     assert_eq!(pool.status().reconstructed_blocks, 0, "seed {seed}: nothing read by reconstruction");
     assert!(pool.check().is_clean(), "{:?}", pool.check().problems);
-    crashes
+    (crashes, mid)
 }
 
 #[test]
@@ -292,10 +297,12 @@ fn a_plain_volume_on_the_missing_member_refuses_the_replace_by_name() {
 #[test]
 fn rebuild_crash_simulation_40_seeds() {
     let seeds: u64 = std::env::var("TARN_REBUILD_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(40);
-    let mut crashes = 0;
+    let (mut crashes, mut mid) = (0, 0);
     for seed in 0..seeds {
-        crashes += rebuild_through_crashes(seed);
+        let (c, m) = rebuild_through_crashes(seed);
+        crashes += c;
+        mid += m;
     }
-    eprintln!("rebuild crash simulation: {seeds} seeds, {crashes} crashes");
-    assert!(crashes >= seeds as usize, "the power was cut ({crashes} times)");
+    eprintln!("rebuild crash simulation: {seeds} seeds, {crashes} crashes, {mid} resumed past a recorded cursor");
+    assert!(crashes >= seeds as usize && mid >= seeds as usize / 4, "the power was cut ({crashes}, {mid} mid-rebuild)");
 }
