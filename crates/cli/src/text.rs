@@ -108,7 +108,7 @@ pub fn status(v: &Value) -> String {
             "  device {}  {}{}  {} data, {} free{}",
             d["index"],
             // A draining member (`dev remove`) says so like a mirror's state.
-            if mirrored || d["state"] == "DRAINING" {
+            if mirrored || d["state"] == "DRAINING" || d["state"] == "REBUILDING" {
                 format!("{}  ", d["state"].as_str().unwrap_or("?"))
             } else {
                 String::new()
@@ -185,6 +185,23 @@ pub fn scrub(v: &Value) -> String {
 
 /// `pool replace`'s answer.
 pub fn replaced(v: &Value) -> String {
+    if v.get("rebuilt_bytes").is_some() {
+        let lost = v["lost_blocks"].as_u64().unwrap_or(0);
+        return format!(
+            "member {} rebuilt onto {} from parity rows: {} in {:.1}s ({:.0} MiB/s){}{}\n",
+            v["member"],
+            v["new"].as_str().unwrap_or("?"),
+            b(&v["rebuilt_bytes"]),
+            v["seconds"].as_f64().unwrap_or(0.0),
+            v["mib_per_second"].as_f64().unwrap_or(0.0),
+            if lost > 0 {
+                format!("; {lost} blocks could not be rebuilt (another unit of their row is lost)")
+            } else {
+                String::new()
+            },
+            if v["stopped"] == true { "; stopped, `pool replace` again resumes it" } else { "" }
+        );
+    }
     format!(
         "replaced {} with {} (member {} leg {}): resilvered {} in {:.1}s ({:.0} MiB/s)\n",
         v["old"].as_str().unwrap_or("?"),

@@ -97,7 +97,8 @@ pub(crate) fn assemble(slots: Vec<Vec<Arc<dyn Device>>>, writable: bool) -> Resu
             let [dev] = <[_; 1]>::try_from(found).map_err(|f: Vec<_>| {
                 EngineError::InvalidArgument(format!("member {i} is not a mirror: one device, not {}", f.len()))
             })?;
-            out.notes.push(format!("member {i} ({}) is being rebuilt from parity rows: done below block {n}", dev.name()));
+            out.notes
+                .push(format!("member {i} ({}) is being rebuilt from parity rows: done below block {n}", dev.name()));
             out.devices.push(Arc::new(RebuildSlot::rebuilding(i, dev, n)));
             out.mirrors.push(None);
             continue;

@@ -65,6 +65,15 @@ impl Pool {
         self.rebuild_slot_of(index).is_some_and(RebuildSlot::is_rebuilding)
     }
 
+    /// The member `name` designates (its index, or its recorded path) if it
+    /// is a plain member that is missing or being rebuilt: the one `pool
+    /// replace` rebuilds from parity rows rather than resilvering a leg.
+    pub fn member_to_rebuild(&self, name: &str) -> Option<usize> {
+        let ctl = self.lock_commit();
+        let named = |i: usize| name == i.to_string() || ctl.sb.devices.get(i).is_some_and(|e| e.path == name);
+        (1..self.devices.len()).find(|&i| named(i) && self.rebuild_slot_of(i).is_some())
+    }
+
     /// The members being rebuilt (the service resumes them).
     pub fn rebuilding_members(&self) -> Vec<usize> {
         (0..self.devices.len()).filter(|&i| self.is_rebuilding(i)).collect()
@@ -185,6 +194,12 @@ impl Pool {
     /// cleared when no member is rebuilt any more).
     fn record_rebuilt(&self, index: usize, n: Option<u64>) -> Result<()> {
         let mut ctl = self.lock_commit();
+        if ctl.sb.devices.get(index).is_none_or(|e| e.rebuilt.is_none()) {
+            // Ended already (a second rebuild of the member ran at once:
+            // `pool replace` resuming while the service does): nothing to
+            // record, and a cursor must not bring the rebuild back.
+            return Ok(());
+        }
         let bit = if n.is_some() { incompat::REBUILD } else { 0 };
         self.rewrite_member_entry(&mut ctl, index, bit, |e| e.rebuilt = n)?;
         if n.is_none() && ctl.sb.devices.iter().all(|d| d.rebuilt.is_none()) && ctl.sb.incompat & incompat::REBUILD != 0
@@ -316,6 +331,9 @@ impl Pool {
         slot.flush().map_err(|e| EngineError::io("flush rebuilt blocks", slot.name(), e))?;
         self.record_rebuilt(index, None)?;
         slot.advance(WHOLE);
+        // What open noted of the member (missing, half rebuilt) is over.
+        let said = format!("member {index} (");
+        self.lock_commit().notes.retain(|n| !n.starts_with(&said));
         self.write_inner().space.avoid &= !(1 << index);
         log::warn!("member {index} ({}): rebuilt from parity rows; the pool is whole", slot.name());
         Ok(())
