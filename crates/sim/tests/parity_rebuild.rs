@@ -133,14 +133,15 @@ fn verify_after_crash(pool: &Pool, vol: u32, model: &mut [u8], snap: &[u8], cut:
     assert!(pool.check().is_clean(), "{:?}", pool.check().problems);
 }
 
+/// A rebuild that did not end: why, and the write in flight if one failed.
+struct Cut {
+    why: String,
+    write: Option<(usize, Vec<u8>)>,
+}
+
 /// Run (or resume) the rebuild with writes between its steps; a crash
-/// may be armed. Returns the write in flight if one failed.
-fn rebuild_with_writes(
-    pool: &Pool,
-    vol: u32,
-    model: &mut [u8],
-    rng: &mut ChaCha8Rng,
-) -> Result<(), (EngineError, Option<(usize, Vec<u8>)>)> {
+/// may be armed.
+fn rebuild_with_writes(pool: &Pool, vol: u32, model: &mut [u8], rng: &mut ChaCha8Rng) -> Result<(), Box<Cut>> {
     let mut cut = None;
     let mut i = 1000;
     let mut writes = |_: u64, _: u64| {
@@ -158,11 +159,10 @@ fn rebuild_with_writes(
         true
     };
     let r = pool.rebuild_member_by(3, 16, &mut writes);
-    eprintln!("rebuild: {r:?}");
     match (r, cut) {
         (Ok(rep), None) if !rep.stopped => Ok(()),
-        (Ok(_), cut) => Err((EngineError::Inconsistent("a write failed".into()), cut)),
-        (Err(e), cut) => Err((e, cut)),
+        (Ok(_), write) => Err(Box::new(Cut { why: "a write failed".into(), write })),
+        (Err(e), write) => Err(Box::new(Cut { why: e.to_string(), write })),
     }
 }
 
@@ -194,8 +194,10 @@ fn rebuild_through_crashes(seed: u64) -> (usize, usize) {
             devs[rng.random_range(0..devs.len())].crash_after(rng.random_range(0..150));
         }
         let dead = rig.all().iter().any(|d| d.is_dead());
-        let outcome =
-            if dead { Err((EngineError::Fenced, None)) } else { rebuild_with_writes(&pool, vol, &mut model, &mut rng) };
+        let outcome = match dead {
+            true => Err(Box::new(Cut { why: "cut while replacing".into(), write: None })),
+            false => rebuild_with_writes(&pool, vol, &mut model, &mut rng),
+        };
         match outcome {
             Ok(()) => {
                 // A cut armed and not reached: disarmed.
@@ -204,8 +206,8 @@ fn rebuild_through_crashes(seed: u64) -> (usize, usize) {
                 pool = rig.open();
                 break;
             }
-            Err((e, cut)) => {
-                assert!(rig.all().iter().any(|d| d.is_dead()), "seed {seed}: failed without a crash: {e}");
+            Err(cut) => {
+                assert!(rig.all().iter().any(|d| d.is_dead()), "seed {seed}: failed without a crash: {}", cut.why);
                 drop(pool);
                 rig.crash(&mut rng);
                 crashes += 1;
@@ -215,7 +217,7 @@ fn rebuild_through_crashes(seed: u64) -> (usize, usize) {
                 if pool.status().notes.iter().filter_map(cursor).any(|b| b > 32) {
                     mid += 1;
                 }
-                verify_after_crash(&pool, vol, &mut model, &snap, cut.as_ref());
+                verify_after_crash(&pool, vol, &mut model, &snap, cut.write.as_ref());
             }
         }
     }
@@ -255,7 +257,7 @@ fn a_missing_member_is_replaced_and_rebuilt_while_writes_go_on() {
     replace(&mut rig, &pool).unwrap();
     assert_eq!((pool.status().state, pool.status().devices[3].state), ("DEGRADED", "REBUILDING"));
     let mut rng = ChaCha8Rng::seed_from_u64(2);
-    rebuild_with_writes(&pool, vol, &mut model, &mut rng).map_err(|(e, _)| e).unwrap();
+    rebuild_with_writes(&pool, vol, &mut model, &mut rng).map_err(|c| c.why).unwrap();
     let st = pool.status();
     assert_eq!((st.state, st.devices[3].state), ("ONLINE", "ONLINE"), "{:?}", st.notes);
     assert!(read_view(&pool, vol, View::Head) == model);
@@ -267,7 +269,6 @@ fn a_missing_member_is_replaced_and_rebuilt_while_writes_go_on() {
     let pool = rig.open();
     let reconstructed = pool.status().reconstructed_blocks;
     assert!(read_view(&pool, vol, View::Head) == model, "after a reopen");
-    eprintln!("after head read: {}", pool.status().reconstructed_blocks);
     let epoch = pool.snapshot_info("p", "s").unwrap().epoch;
     assert!(read_view(&pool, vol, View::Snapshot(epoch)) == snap);
     let r = pool.check_parity(vol, false).unwrap();

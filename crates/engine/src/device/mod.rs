@@ -11,6 +11,7 @@ pub mod label;
 pub mod mem_device;
 pub mod members;
 pub mod node_io;
+pub mod rebuild_slot;
 pub mod vacant;
 
 use std::io;
@@ -48,7 +49,7 @@ pub trait Device: Send + Sync {
         true
     }
     /// True only for the stand-in of a member holding data whose device
-    /// could not be opened (the pool is DEGRADED; `device/vacant.rs`).
+    /// could not be opened (the pool is DEGRADED; `device/rebuild_slot.rs`).
     fn missing_member(&self) -> bool {
         false
     }
@@ -59,8 +60,8 @@ pub trait Device: Send + Sync {
         false
     }
     /// The stand-in of a missing or rebuilding member, to put a new device
-    /// in its place (`members/rebuild.rs`).
-    fn rebuild_slot(&self) -> Option<&crate::members::rebuild::RebuildSlot> {
+    /// in its place (`device/rebuild_slot.rs`).
+    fn rebuild_slot(&self) -> Option<&crate::device::rebuild_slot::RebuildSlot> {
         None
     }
     /// Independent copies of every byte (1 unless mirrored).

@@ -1,5 +1,5 @@
 //! The device of a removed slot (`tarn dev remove`) or of a missing spare
-//! (a missing member is `members/rebuild.rs`): nothing is opened for it,
+//! (a missing member is `rebuild_slot.rs`): nothing is opened for it,
 //! and nothing may be read or written there (its data area is empty, so
 //! no block address names it). Flushes succeed: a checkpoint flushes
 //! every member.

@@ -4,11 +4,11 @@
 //! pool's leg) leaves every device as it was.
 
 use crate::device::label::{read_label, write_both_labels, LabelRead};
+use crate::device::rebuild_slot::RebuildSlot;
 use crate::device::vacant::{Absent, Vacant};
 use crate::device::Device;
 use crate::error::{EngineError, Result};
 use crate::members::mirror::{Leg, LegHealth, MirrorDevice};
-use crate::members::rebuild::RebuildSlot;
 use std::sync::Arc;
 use tarn_format::leg::{LegLabel, LEG_LABEL_BLOCK};
 use tarn_format::superblock::{DeviceEntry, LegState, Superblock};
@@ -76,38 +76,8 @@ pub(crate) fn assemble(slots: Vec<Vec<Arc<dyn Device>>>, writable: bool) -> Resu
             out.mirrors.push(None);
             continue;
         }
-        if entry.legs.is_empty() && found.is_empty() && i > 0 {
-            // Its device could not be opened: the pool opens DEGRADED
-            // (parity volumes read through it by reconstruction, other
-            // blocks on it fail with EIO; nothing is written there).
-            log::warn!("member {i} ({}) is missing; opening DEGRADED", entry.path);
-            out.notes.push(format!(
-                "member {i} ({}) is MISSING: the pool is DEGRADED; parity volumes read through it by \
-                 reconstruction, other data on it fails with EIO; `tarn pool replace` rebuilds it",
-                entry.path
-            ));
-            out.devices.push(Arc::new(RebuildSlot::missing(i, &entry.path)));
-            out.mirrors.push(None);
-            continue;
-        }
-        if let (Some(n), true) = (entry.rebuilt, entry.legs.is_empty()) {
-            // A rebuild from parity rows the last run did not finish: the
-            // device holds the member's first `n` blocks; the service
-            // resumes from there (`volumes/rebuild.rs`).
-            let [dev] = <[_; 1]>::try_from(found).map_err(|f: Vec<_>| {
-                EngineError::InvalidArgument(format!("member {i} is not a mirror: one device, not {}", f.len()))
-            })?;
-            out.notes
-                .push(format!("member {i} ({}) is being rebuilt from parity rows: done below block {n}", dev.name()));
-            out.devices.push(Arc::new(RebuildSlot::rebuilding(i, dev, n)));
-            out.mirrors.push(None);
-            continue;
-        }
         if entry.legs.is_empty() {
-            let [dev] = <[_; 1]>::try_from(found).map_err(|f: Vec<_>| {
-                EngineError::InvalidArgument(format!("member {i} is not a mirror: one device, not {}", f.len()))
-            })?;
-            out.devices.push(dev);
+            out.devices.push(assemble_plain(i, entry, found, &mut out.notes)?);
             out.mirrors.push(None);
             continue;
         }
@@ -168,6 +138,34 @@ fn primary_label(candidates: &[Arc<dyn Device>]) -> Result<LabelRead> {
         )));
     }
     Ok(label)
+}
+
+/// The device of plain member `i` from what was found for it: none (its
+/// device could not be opened: the pool opens DEGRADED, parity volumes
+/// read through it by reconstruction, other blocks on it fail with EIO,
+/// nothing is written there), or one (a member being rebuilt from parity
+/// rows is wrapped: the service resumes it, `service/rebuild.rs`).
+fn assemble_plain(
+    i: usize,
+    entry: &DeviceEntry,
+    found: Vec<Arc<dyn Device>>,
+    notes: &mut Vec<String>,
+) -> Result<Arc<dyn Device>> {
+    if found.is_empty() && i > 0 {
+        log::warn!("member {i} ({}) is missing; opening DEGRADED", entry.path);
+        notes.push(format!(
+            "member {i} ({}) is MISSING: the pool is DEGRADED; parity volumes read through it by \
+             reconstruction, other data on it fails with EIO; `tarn pool replace` rebuilds it",
+            entry.path
+        ));
+        return Ok(Arc::new(RebuildSlot::missing(i, &entry.path)));
+    }
+    let [dev] = <[_; 1]>::try_from(found).map_err(|f: Vec<_>| {
+        EngineError::InvalidArgument(format!("member {i} is not a mirror: one device, not {}", f.len()))
+    })?;
+    let Some(n) = entry.rebuilt else { return Ok(dev) };
+    notes.push(format!("member {i} ({}) is being rebuilt from parity rows: done below block {n}", dev.name()));
+    Ok(Arc::new(RebuildSlot::rebuilding(i, dev, n)))
 }
 
 /// Match the devices found to the slot's legs by their leg labels.

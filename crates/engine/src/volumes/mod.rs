@@ -15,7 +15,6 @@ pub mod layout;
 pub mod members_snap;
 pub mod parity;
 pub mod quota;
-pub mod rebuild;
 pub mod reclaim;
 pub mod relayout;
 pub mod snapshot;

@@ -1,6 +1,6 @@
 //! The device of a plain member that was missing at open, or that is
 //! being rebuilt from parity rows onto a new device (`tarn pool replace`;
-//! the pool side is `volumes/rebuild.rs`).
+//! the pool side is `service/rebuild.rs`).
 //!
 //! Missing: every read and write fails (a parity volume rebuilds the block
 //! from its row, any other volume gets EIO); flushes succeed. Rebuilding:

@@ -6,7 +6,7 @@
 //! block addresses: every block a parity volume maps there (head,
 //! snapshots' dead lists, clones) is rebuilt in place, in address order, as
 //! the XOR of the rest of its row, checked against its own checksum, so no
-//! map changes. The member's slot (`members/rebuild.rs`) serves reads of
+//! map changes. The member's slot (`device/rebuild_slot.rs`) serves reads of
 //! blocks below the cursor from the new device and fails the rest, which
 //! parity reads rebuild from their rows. Allocation avoids the member
 //! until the end, so its blocks only ever go from mapped to free while it
@@ -17,11 +17,11 @@
 //! on from there.
 
 use crate::device::label::{read_label, uuid_string, write_both_labels};
+use crate::device::rebuild_slot::{RebuildSlot, WHOLE};
 use crate::device::Device;
 use crate::error::{EngineError, Result};
 use crate::map::extent_map::Segment;
 use crate::map::view::View;
-use crate::members::rebuild::{RebuildSlot, WHOLE};
 use crate::pool::Pool;
 use crate::service::grow::member_label;
 use crate::service::open::random_bytes;
@@ -298,8 +298,9 @@ impl Pool {
         let mut views = vec![if run.snap == 0 { View::Head } else { View::Snapshot(run.snap) }];
         if run.snap == 0 {
             let inner = self.read_inner();
-            let snaps = inner.state.volume(run.vol).map(|v| v.snapshots.iter().rev().map(|s| s.epoch).collect());
-            views.extend(snaps.unwrap_or_else(Vec::new).into_iter().map(View::Snapshot));
+            let snaps: Option<Vec<u64>> =
+                inner.state.volume(run.vol).map(|v| v.snapshots.iter().rev().map(|s| s.epoch).collect());
+            views.extend(snaps.unwrap_or_default().into_iter().map(View::Snapshot));
         }
         for view in views {
             let still = match self.resolve_summed(run.vol, view, lba, 1) {
