@@ -339,6 +339,7 @@ fn scrub(pool: &Pool, rate: Option<u64>, repair: bool, ctx: &mut Ctx) -> Result<
         "seconds": r.elapsed.as_secs_f64(), "labels_repaired": labels,
         "parity_rows": parity.rows, "parity_mismatched": parity.mismatched,
         "parity_rebuilt": parity.rebuilt, "parity_healed": parity.healed,
+        "parity_snapshot_rows": parity.snapshot_rows,
     }))
 }
 

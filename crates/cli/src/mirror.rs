@@ -163,7 +163,11 @@ fn execute_rebuild(
     progress: &mut dyn FnMut(u64, u64),
     abandoned: &dyn Fn() -> bool,
 ) -> Result<serde_json::Value, String> {
-    let resumed = pool.is_rebuilding(index);
+    let onto = pool.rebuilding_onto(index);
+    let resumed = onto.is_some();
+    if let Some(onto) = onto.filter(|o| o.as_str() != new) {
+        return Err(format!("member {index} is being rebuilt onto {onto}: give that device to resume it"));
+    }
     if !resumed {
         let dev = crate::devices::open(Path::new(new), true).map_err(|e| format!("{e:#}"))?;
         pool.replace_member(index, dev, new).map_err(|e| e.to_string())?;

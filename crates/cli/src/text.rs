@@ -166,8 +166,13 @@ pub fn scrub(v: &Value) -> String {
     if v["parity_rows"].as_u64().unwrap_or(0) > 0 {
         let _ = writeln!(
             s,
-            "parity: {} rows verified, {} mismatched, {} rebuilt from their row, {} rewritten",
-            v["parity_rows"], v["parity_mismatched"], v["parity_rebuilt"], v["parity_healed"]
+            "parity: {} rows verified, {} mismatched, {} rebuilt from their row, {} rewritten ({} of the rows in \
+             snapshots, verified only)",
+            v["parity_rows"],
+            v["parity_mismatched"],
+            v["parity_rebuilt"],
+            v["parity_healed"],
+            v["parity_snapshot_rows"].as_u64().unwrap_or(0)
         );
     }
     if v["unsummed_blocks"].as_u64().unwrap_or(0) > 0 {

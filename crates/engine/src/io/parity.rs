@@ -214,20 +214,26 @@ impl Pool {
         self.write_fresh_runs(vol, &[(lba, parity)], None)
     }
 
-    /// Read logical blocks of a parity volume's head from `lba` (data or
-    /// parity area, no size check), rebuilding what fails from the rest of
-    /// the row; returns whether anything was rebuilt.
-    pub(crate) fn read_row_part(&self, vol: u32, layout: (Parity, u64), lba: u64, buf: &mut [u8]) -> Result<bool> {
+    /// Read logical blocks of a view of a parity volume from `lba` (data
+    /// or parity area, no size check), rebuilding what fails from the rest
+    /// of the row; returns whether anything was rebuilt.
+    pub(crate) fn read_row_part(
+        &self,
+        (vol, view): (u32, View),
+        layout: (Parity, u64),
+        lba: u64,
+        buf: &mut [u8],
+    ) -> Result<bool> {
         let failed = {
             let _gate = self.io_gate.read().unwrap_or_else(|e| e.into_inner());
-            match self.read_verified(vol, View::Head, lba * BLOCK_SIZE, buf, false) {
+            match self.read_verified(vol, view, lba * BLOCK_SIZE, buf, false) {
                 Ok(true) => return Ok(false),
                 Ok(false) => EngineError::Inconsistent(format!("volume {vol} block {lba}+: checksum mismatch")),
                 Err(e @ (EngineError::Io { .. } | EngineError::Checksum { .. })) => e,
                 Err(e) => return Err(e),
             }
         };
-        self.read_reconstructing(vol, View::Head, layout, lba * BLOCK_SIZE, buf, failed)?;
+        self.read_reconstructing(vol, view, layout, lba * BLOCK_SIZE, buf, failed)?;
         Ok(true)
     }
 

@@ -59,6 +59,12 @@ pub struct OpenOptions {
     /// path (slow, never wrong), so that small pools evict nodes.
     #[doc(hidden)]
     pub tiny_metadata_cache: bool,
+    /// Simulations only: put store nodes and catalog segments on the
+    /// roomiest member, as pools written before metadata went to the
+    /// primary did (`Space::metadata_device`), so that removals still
+    /// find nodes to move off a member.
+    #[doc(hidden)]
+    pub metadata_spread: bool,
     /// Negative control of the crash simulation only: replay stops at the
     /// end of the superblock's journal side (a defect the simulation must
     /// catch).

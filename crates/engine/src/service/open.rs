@@ -317,6 +317,7 @@ impl Pool {
         let loaded = load(&devices, &members, &sb, &options)?;
         let (state, mut space, pieces, cursor, replayed) = loaded;
         space.random_region_start = options.random_region_start;
+        space.metadata_spread = options.metadata_spread;
         if options.region_blocks != 0 {
             let smallest = space.devices.iter().map(|d| d.data_end - d.data_start).min().unwrap_or(0);
             crate::space::placement::check_region_blocks(options.region_blocks, smallest)

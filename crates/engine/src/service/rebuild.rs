@@ -74,6 +74,11 @@ impl Pool {
         (1..self.devices.len()).find(|&i| named(i) && self.rebuild_slot_of(i).is_some())
     }
 
+    /// The device member `index` is being rebuilt onto, if it is.
+    pub fn rebuilding_onto(&self, index: usize) -> Option<String> {
+        self.rebuild_slot_of(index).filter(|s| s.is_rebuilding()).map(|s| s.name())
+    }
+
     /// The members being rebuilt (the service resumes them).
     pub fn rebuilding_members(&self) -> Vec<usize> {
         (0..self.devices.len()).filter(|&i| self.is_rebuilding(i)).collect()

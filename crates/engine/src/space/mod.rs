@@ -55,6 +55,9 @@ pub struct Space {
     /// (`tarn vol hint --metadata-device`): new data goes elsewhere while
     /// another device has room.
     pub hint_device: Option<usize>,
+    /// Metadata goes to the roomiest member, not the primary first (the
+    /// rule of pools written before; simulations set it).
+    pub metadata_spread: bool,
     /// New homes of `contiguous` regions are searched from a start spread
     /// over the device (VC's random start) instead of the data cursor.
     pub random_region_start: bool,
@@ -93,6 +96,7 @@ impl Space {
             superseded: Vec::new(),
             meta_cursor,
             hint_device: None,
+            metadata_spread: false,
             random_region_start: false,
             avoid: 0,
         }
@@ -153,7 +157,7 @@ impl Space {
     /// blocks). Before this rule (the roomiest, ties to the highest index)
     /// the last member often held nodes every open needs.
     pub fn metadata_device(&self, want: u64) -> Option<usize> {
-        let primary = self.usable(0) && self.hint_device != Some(0);
+        let primary = !self.metadata_spread && self.usable(0) && self.hint_device != Some(0);
         if primary && self.devices.first().is_some_and(|d| d.free_blocks >= want.max(1)) {
             return Some(0);
         }
