@@ -187,7 +187,7 @@ rc=0; out=$("$TARN" pool replace 3 "$T/m3new.img" --size 256M --rate 200M -p "$P
 say "$out" | tail -2 | sed 's/^/       /'
 expect_eq "tarn pool replace 3 NEW --rate 200M (exit)" "$rc" 0
 case $out in *"member 3 rebuilt onto"*"from parity rows"*) ok "replace says what it rebuilt" ;; *) bad "replace output: $out" ;; esac
-case $out in *"replace: 100%"*) ok "a progress bar reached 100%" ;; *) bad "no progress in: $out" ;; esac
+case $out in *"rebuild: 100%"*) ok "a progress bar reached 100%" ;; *) bad "no progress in: $out" ;; esac
 rc=0; wait "$FIO_PID" || rc=$?
 expect_eq "fio 4K randwrite + verify during the rebuild (exit, errors)" "$rc $(jq '[.jobs[].error] | add' "$T/live.json")" "0 0"
 expect_eq "pool status --json: pool state, member 3 state and path" \

@@ -121,7 +121,9 @@ pub fn replace(
     let is_index = !old.is_empty() && old.chars().all(|c| c.is_ascii_digit());
     let old = if is_uuid || is_index { old.to_string() } else { crate::absolute(Path::new(old)) };
     let req = Request::PoolReplace { old, new: crate::absolute(new), rate };
-    let mut bar = Progress::new("replace");
+    // The bar's name: a member named by index is rebuilt from parity rows
+    // (a path may name either; the name is only the bar's).
+    let mut bar = Progress::new(if is_index { "rebuild" } else { "resilver" });
     let v = crate::admin_progress(pool, &req, &mut |done, total| bar.update(done, total));
     bar.finish();
     if v.is_err() {
