@@ -302,9 +302,9 @@ impl Run {
         // A parity clone's origin marker also covers its parity area,
         // which the model does not keep: what is left says nothing exact
         // about the data's markers.
-        if info.parity.is_some() {
-            self.model.flatten_partly(vol);
-        } else if !self.model.flatten_prefix(vol, left).map_err(|e| format!("flatten {vol} out of space: {e}"))? {
+        let exact = info.parity.is_none()
+            && self.model.flatten_prefix(vol, left).map_err(|e| format!("flatten {vol} out of space: {e}"))?;
+        if !exact {
             self.model.flatten_partly(vol);
         }
         self.model.flushed();
