@@ -124,9 +124,15 @@ pub fn replace(
     // The bar's name: a member named by index is rebuilt from parity rows
     // (a path may name either; the name is only the bar's).
     let mut bar = Progress::new(if is_index { "rebuild" } else { "resilver" });
-    let v = crate::admin_progress(pool, &req, &mut |done, total| bar.update(done, total));
+    let mut started = false;
+    let v = crate::admin_progress(pool, &req, &mut |done, total| {
+        started = true;
+        bar.update(done, total);
+    });
     bar.finish();
-    if v.is_err() {
+    // A refusal leaves nothing behind; once progress came, the pool names
+    // the device (a server killed mid-rebuild resumes onto it): kept.
+    if v.is_err() && !started {
         dev.discard();
     }
     v

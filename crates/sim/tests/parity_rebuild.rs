@@ -261,6 +261,8 @@ fn a_missing_member_is_replaced_and_rebuilt_while_writes_go_on() {
     let st = pool.status();
     assert_eq!((st.state, st.devices[3].state), ("ONLINE", "ONLINE"), "{:?}", st.notes);
     assert!(read_view(&pool, vol, View::Head) == model);
+    let e = pool.replace_member(3, Arc::new(SimDevice::new("y", 32 * MIB)), "y").unwrap_err().to_string();
+    assert!(e.contains("present"), "a rebuilt member is whole: {e}");
     // Member 3 is usable again: new rows place units there.
     for i in 0..40 {
         write_some(&pool, vol, &mut model, &mut rng, 2000 + i).unwrap();

@@ -164,7 +164,9 @@ fn assemble_plain(
         EngineError::InvalidArgument(format!("member {i} is not a mirror: one device, not {}", f.len()))
     })?;
     let Some(n) = entry.rebuilt else { return Ok(dev) };
-    notes.push(format!("member {i} ({}) is being rebuilt from parity rows: done below block {n}", dev.name()));
+    let note = format!("member {i} ({}) is being rebuilt from parity rows: done below block {n}", dev.name());
+    log::warn!("{note}");
+    notes.push(note);
     Ok(Arc::new(RebuildSlot::rebuilding(i, dev, n)))
 }
 

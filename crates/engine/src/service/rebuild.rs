@@ -55,9 +55,10 @@ fn refuse<T>(why: String) -> Result<T> {
 }
 
 impl Pool {
-    /// The slot of member `index` if it is missing or being rebuilt.
+    /// The slot of member `index` if it is missing or being rebuilt (a
+    /// slot whose rebuild ended is a whole member: not returned).
     fn rebuild_slot_of(&self, index: usize) -> Option<&RebuildSlot> {
-        self.devices.get(index).and_then(|d| d.rebuild_slot())
+        self.devices.get(index).and_then(|d| d.rebuild_slot()).filter(|s| s.degraded())
     }
 
     /// Whether member `index` is being rebuilt (a new device in place).
