@@ -8,6 +8,14 @@
 # and the volume still compares equal and verifies (fio verify-only),
 # with the rebuilt blocks counted in `pool status` and logged; scrub
 # verifies every row and rebuilds a rotted block; `pool check` clean.
+# Then member 3's device goes away: the pool opens DEGRADED (member 3
+# UNAVAIL, an alert), p still compares and verifies, a plain volume kept
+# on member 3 fails its reads; `pool replace` refuses while that volume
+# holds blocks there (by name), then rebuilds member 3 onto a new file
+# from parity rows (throttled) while fio writes; the server is killed
+# mid-rebuild and the restarted one resumes it past the recorded cursor
+# and finishes; everything verifies with nothing reconstructed, scrub
+# finds nothing, `pool check` clean.
 . "$(dirname "$0")/lib.sh"
 need fio qemu-img qemu-io jq nbdkit nbdfuse fusermount3 mountpoint python3
 need_root "nbdfuse, drop_caches"
@@ -145,5 +153,67 @@ check "the rotted block reads 0x5a" qemu-io -f raw -c "read -P 0x5a 176M 4k" "$(
 check "p's first 48 MiB compare equal after the restart" qemu-img compare -f raw -F raw "$T/src.raw" "$(json_of p $((48 * M)))"
 expect_eq "nothing rebuilt after the heal and restart" "$(status | jq .reconstructed_blocks)" 0
 stop_serve
+pool_check "$POOL" "after the restart"
+
+step "member 3 missing: the pool opens DEGRADED, p is served from its rows, a plain volume on member 3 fails"
+start_serve "$POOL"
+check "vol create q --devices 3 (a plain volume on member 3 alone)" tarn vol create q --size 16M --devices 3 -p "$POOL"
+check "qemu-io write -P 0x33 1M into q + flush" qemu-io -f raw -c "write -P 0x33 0 1M" -c flush "$(uri q)"
+stop_serve
+fusermount3 -u "$FUSE" || fusermount3 -uz "$FUSE"
+kill -TERM "$KIT_PID" 2>/dev/null; wait "$KIT_PID" 2>/dev/null; KIT_PID=
+check_fails "member 3's device ($DEV) is gone" test -e "$DEV"
+ALERTS2=$T/alerts2.jsonl; : >"$ALERTS2"
+start_serve "$POOL" --alert-exec "cat >>$ALERTS2"
+expect_eq "pool status --json: pool state, member 3 state" "$(status | jq -r '.state + " " + .devices[3].state')" "DEGRADED UNAVAIL"
+check "pool status (text) says DEGRADED and UNAVAIL" bash -c "\"$TARN\" pool status -p \"$POOL\" | grep -q DEGRADED && \"$TARN\" pool status -p \"$POOL\" | grep -q 'device 3  UNAVAIL'"
+check "server log: member 3 is missing, opening DEGRADED" grep -q "member 3 .* is missing; opening DEGRADED" "$SERVE_LOG"
+check "p's first 48 MiB compare equal with member 3 missing" qemu-img compare -f raw -F raw "$T/src.raw" "$(json_of p $((48 * M)))"
+rc=0; fio_job seqm p write 64M --offset=64M --verify_only=1 || rc=$?
+expect_eq "fio verify-only of the sequential writes, member 3 missing" "$rc" 0
+rc=0; fio_job randm p randwrite 32M --bs=4k --iodepth=32 --offset=128M --verify_only=1 || rc=$?
+expect_eq "fio verify-only of the random writes, member 3 missing" "$rc" 0
+expect_between "pool status: blocks rebuilt from their row" "$(status | jq .reconstructed_blocks)" 4000 100000
+check_fails "qemu-io read of q (its blocks are on member 3 only): an error, not data" qemu-io -f raw -c "read -P 0x33 0 4k" "$(uri q)"
+wait_until 10 grep -q '"state":"UNAVAIL"' "$ALERTS2" && ok "a degraded alert naming member 3 UNAVAIL reached --alert-exec" ||
+  bad "no degraded alert in $ALERTS2: $(head -c 300 "$ALERTS2" 2>/dev/null)"
+
+step "pool replace rebuilds member 3 onto a new file from parity rows, online while fio writes"
+check_fails "pool replace 3 while q holds blocks there" "$TARN" pool replace 3 "$T/m3new.img" --size 256M -p "$POOL"
+case $LAST_OUT in *"without parity"*"q ("*) ok "the refusal names q" ;; *) bad "replace refusal: $LAST_OUT" ;; esac
+expect_eq "nothing changed: member 3 still UNAVAIL" "$(status | jq -r '.devices[3].state')" UNAVAIL
+check "vol delete q" tarn vol delete q -p "$POOL"
+rm -f "$T/m3new.img"
+# Throttled to 2 MiB/s (48 MiB: at least 24 s), so fio's 16 MiB of 4K
+# writes run during the rebuild and the server can be killed mid-way.
+"$TARN" pool replace 3 "$T/m3new.img" --size 256M --rate 2M -p "$POOL" >"$T/replace.out" 2>&1 & REPLACE_PID=$!
+wait_until 60 grep -q "rebuild: *[1-9]" "$T/replace.out" && ok "the rebuild started (progress shown)" ||
+  bad "no rebuild progress: $(tail -c 300 "$T/replace.out")"
+expect_eq "pool status --json: member 3 REBUILDING, the pool DEGRADED" "$(status | jq -r '.state + " " + .devices[3].state')" "DEGRADED REBUILDING"
+rc=0; fio_job live p randwrite 16M --bs=4k --iodepth=16 --offset=160M --end_fsync=1 || rc=$?
+expect_eq "fio 4K randwrite + verify during the rebuild (exit, errors)" "$rc $(jq '[.jobs[].error] | add' "$T/live.json")" "0 0"
+expect_eq "member 3 still REBUILDING when fio is done" "$(status | jq -r '.devices[3].state')" REBUILDING
+kill -KILL "$SERVE_PID"; wait "$SERVE_PID" 2>/dev/null || true; SERVE_PID=
+rc=0; wait "$REPLACE_PID" || rc=$?
+[ "$rc" -ne 0 ] && ok "pool replace ends with an error when the server is killed ($rc)" || bad "pool replace exit $rc after the kill"
+start_serve "$POOL"
+at=$(sed -n 's/.*being rebuilt from parity rows: done below block \([0-9]*\).*/\1/p' "$SERVE_LOG" | head -1)
+expect_between "the restart resumes past the recorded cursor (block)" "${at:-0}" 33 100000000
+wait_until 120 bash -c "\"$TARN\" pool status -p \"$POOL\" --json | jq -e '.state == \"ONLINE\"' >/dev/null" &&
+  ok "the service finished the rebuild in the background" || bad "not ONLINE: $(status | jq -c '[.state, .devices[3]]')"
+check "server log: the rebuild resumed and ended" bash -c "grep -q 'rebuild resumes in the background' \"$SERVE_LOG\" && grep -q 'rebuilt from parity rows; the pool is whole' \"$SERVE_LOG\""
+expect_eq "pool status --json: pool state, member 3 state and path" \
+  "$(status | jq -r '.state + " " + .devices[3].state + " " + .devices[3].path')" "ONLINE ONLINE $T/m3new.img"
+check "pool replace 3 again: refused, member 3 is whole" bash -c "! \"$TARN\" pool replace 3 \"$T/m3new2.img\" --size 256M -p \"$POOL\""
+stop_serve
+start_serve "$POOL"
+check "p's first 48 MiB compare equal after the rebuild and a restart" qemu-img compare -f raw -F raw "$T/src.raw" "$(json_of p $((48 * M)))"
+rc=0; fio_job seqr p write 64M --offset=64M --verify_only=1 || rc=$?
+expect_eq "fio verify-only of the sequential writes after the rebuild" "$rc" 0
+rc=0; fio_job liver p randwrite 16M --bs=4k --iodepth=16 --offset=160M --verify_only=1 || rc=$?
+expect_eq "fio verify-only of the writes made during the rebuild" "$rc" 0
+expect_eq "nothing read by reconstruction after the rebuild" "$(status | jq .reconstructed_blocks)" 0
+stop_serve
+check "tarn pool scrub after the rebuild: nothing to rebuild" bash -c "\"$TARN\" pool scrub -p \"$POOL\" | grep -q ' 0 mismatched, 0 rebuilt from their row'"
 pool_check "$POOL" "at the end"
 e2e_finish

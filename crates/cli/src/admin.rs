@@ -156,11 +156,16 @@ pub enum Request {
         #[serde(default)]
         repair: bool,
     },
-    /// Replace mirror leg `old` with device `new` and resilver; streams
-    /// `{"progress":[done,total]}` lines (blocks) before its answer.
+    /// Replace mirror leg `old` with device `new` and resilver, or a
+    /// missing plain member (index or path) and rebuild it from parity
+    /// rows; streams `{"progress":[done,total]}` lines (blocks) before its
+    /// answer.
     PoolReplace {
         old: String,
         new: String,
+        /// Bytes rebuilt per second at most (a parity rebuild).
+        #[serde(default)]
+        rate: Option<u64>,
     },
     /// Re-lay out one volume (or every one) so it reads sequentially;
     /// streams `{"progress":[done,total]}` lines (blocks) per volume.
@@ -289,7 +294,9 @@ pub fn execute(pool: &Pool, req: &Request, ctx: &mut Ctx) -> Result<Value, Strin
         Request::Diff { volume, from, to } => diff(pool, volume, from, to.as_deref()),
         Request::Compact { volume, rate } => compact(pool, volume.as_deref(), *rate, ctx),
         Request::Scrub { rate, repair } => scrub(pool, *rate, *repair, ctx),
-        Request::PoolReplace { old, new } => return crate::mirror::execute_replace(pool, old, new, ctx.progress),
+        Request::PoolReplace { old, new, rate } => {
+            return crate::mirror::execute_replace(pool, old, new, *rate, ctx.progress, ctx.abandoned)
+        }
         Request::DevAdd { path, spare } => return crate::members::execute_add(pool, path, *spare),
         Request::DevGrow { index, size } => return crate::members::execute_grow(pool, *index, *size),
         Request::DevSet { index, placement } => {
@@ -332,6 +339,7 @@ fn scrub(pool: &Pool, rate: Option<u64>, repair: bool, ctx: &mut Ctx) -> Result<
         "seconds": r.elapsed.as_secs_f64(), "labels_repaired": labels,
         "parity_rows": parity.rows, "parity_mismatched": parity.mismatched,
         "parity_rebuilt": parity.rebuilt, "parity_healed": parity.healed,
+        "parity_snapshot_rows": parity.snapshot_rows,
     }))
 }
 

@@ -342,15 +342,20 @@ enum PoolCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Replace a mirror leg (failed, missing or healthy) and resilver onto the new device.
+    /// Replace a mirror leg (failed, missing or healthy) and resilver onto the new device, or
+    /// a missing member (UNAVAIL) and rebuild its parity volumes' blocks onto it, online.
     Replace {
-        /// The leg to replace: its path as `pool status` shows it, or its uuid.
+        /// The leg to replace (its path as `pool status` shows it, or its uuid), or the missing
+        /// member (its index or recorded path).
         old: String,
         /// The new device (a file is created with --size if missing).
         new: PathBuf,
         /// Size of the file to create when NEW does not exist.
         #[arg(long, value_parser = size::parse_size)]
         size: Option<u64>,
+        /// Bytes rebuilt per second at most (a parity rebuild; e.g. 50M).
+        #[arg(long, value_parser = size::parse_size)]
+        rate: Option<u64>,
         #[command(flatten)]
         pool: PoolArg,
         #[arg(long)]
@@ -823,8 +828,8 @@ fn dispatch(cmd: Command) -> Result<i32> {
             print(json, &v, members::grown);
             Ok(0)
         }
-        Command::Pool(PoolCmd::Replace { old, new, size, pool, json }) => {
-            let v = mirror::replace(&pool, &old, &new, size)?;
+        Command::Pool(PoolCmd::Replace { old, new, size, rate, pool, json }) => {
+            let v = mirror::replace(&pool, &old, &new, size, rate)?;
             print(json, &v, text::replaced);
             Ok(0)
         }

@@ -5,7 +5,7 @@
 use crate::admin::Request;
 use crate::progress::Progress;
 use crate::PoolArg;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tarn_engine::{Device, Pool};
@@ -71,9 +71,19 @@ pub fn open_members(
         }
         if legs.len() == 1 {
             let path = overrides.get(i - 1).cloned().unwrap_or_else(|| PathBuf::from(&legs[0]));
-            let dev = crate::devices::open(&path, writable)
-                .with_context(|| format!("open member device {i} at {}", path.display()))?;
-            slots.push(vec![dev]);
+            // A member that cannot be opened: the engine opens the pool
+            // DEGRADED without it (parity volumes rebuild its blocks, other
+            // blocks on it fail with EIO) and says so in `pool status`.
+            match crate::devices::open(&path, writable) {
+                Ok(dev) => slots.push(vec![dev]),
+                Err(e) => {
+                    eprintln!(
+                        "tarn: warning: member device {i} at {} cannot be opened ({e:#}); continuing DEGRADED",
+                        path.display()
+                    );
+                    slots.push(Vec::new());
+                }
+            }
             continue;
         }
         slots.push(legs.iter().filter_map(|p| open_leg(i, Path::new(p), writable)).collect());
@@ -95,35 +105,100 @@ fn open_leg(member: usize, path: &Path, writable: bool) -> Option<Arc<dyn Device
 }
 
 /// `tarn pool replace OLD NEW`: online through a running server, else on
-/// the pool directly; a progress bar (or lines) while it resilvers.
-pub fn replace(pool: &PoolArg, old: &str, new: &Path, size: Option<u64>) -> Result<serde_json::Value> {
+/// the pool directly; a progress bar (or lines) while it resilvers a leg
+/// or rebuilds a missing member from parity rows.
+pub fn replace(
+    pool: &PoolArg,
+    old: &str,
+    new: &Path,
+    size: Option<u64>,
+    rate: Option<u64>,
+) -> Result<serde_json::Value> {
     let dev = crate::devices::NewDevice::ensure(new, size)?;
-    // A leg is named by its uuid or by its path (recorded absolute).
+    // A leg is named by its uuid or by its path (recorded absolute); a
+    // member by its index or its path.
     let is_uuid = old.len() == 36 && old.chars().all(|c| c.is_ascii_hexdigit() || c == '-');
-    let old = if is_uuid { old.to_string() } else { crate::absolute(Path::new(old)) };
-    let req = Request::PoolReplace { old, new: crate::absolute(new) };
-    let mut bar = Progress::new("resilver");
-    let v = crate::admin_progress(pool, &req, &mut |done, total| bar.update(done, total));
+    let is_index = !old.is_empty() && old.chars().all(|c| c.is_ascii_digit());
+    let old = if is_uuid || is_index { old.to_string() } else { crate::absolute(Path::new(old)) };
+    let req = Request::PoolReplace { old, new: crate::absolute(new), rate };
+    // The bar's name: a member named by index is rebuilt from parity rows
+    // (a path may name either; the name is only the bar's).
+    let mut bar = Progress::new(if is_index { "rebuild" } else { "resilver" });
+    let mut started = false;
+    let v = crate::admin_progress(pool, &req, &mut |done, total| {
+        started = true;
+        bar.update(done, total);
+    });
     bar.finish();
-    if v.is_err() {
+    // A refusal leaves nothing behind; once progress came, the pool names
+    // the device (a server killed mid-rebuild resumes onto it): kept.
+    if v.is_err() && !started {
         dev.discard();
     }
     v
 }
 
-/// Run on the pool (server side or local): open `new` and resilver onto it.
+/// Run on the pool (server side or local): open `new` and resilver onto
+/// it, or rebuild a missing member onto it from parity rows.
 pub fn execute_replace(
     pool: &Pool,
     old: &str,
     new: &str,
+    rate: Option<u64>,
     progress: &mut dyn FnMut(u64, u64),
+    abandoned: &dyn Fn() -> bool,
 ) -> Result<serde_json::Value, String> {
+    if let Some(index) = pool.member_to_rebuild(old) {
+        return execute_rebuild(pool, index, new, rate, progress, abandoned);
+    }
     let dev = crate::devices::open(Path::new(new), true).map_err(|e| format!("{e:#}"))?;
     let r = pool.replace_leg(old, dev, new, progress).map_err(|e| e.to_string())?;
     let mib_s = if r.seconds > 0.0 { r.copied_bytes as f64 / r.seconds / (1 << 20) as f64 } else { 0.0 };
     Ok(serde_json::json!({
         "member": r.member, "leg": r.leg, "old": r.old, "new": r.new,
         "copied_bytes": r.copied_bytes, "seconds": r.seconds, "mib_per_second": mib_s,
+    }))
+}
+
+/// Put `new` in the place of missing member `index` (unless it is there
+/// already: a rebuild cut by a stop or a crash goes on) and rebuild every
+/// block parity volumes hold there, at most `rate` bytes per second.
+fn execute_rebuild(
+    pool: &Pool,
+    index: usize,
+    new: &str,
+    rate: Option<u64>,
+    progress: &mut dyn FnMut(u64, u64),
+    abandoned: &dyn Fn() -> bool,
+) -> Result<serde_json::Value, String> {
+    let onto = pool.rebuilding_onto(index);
+    let resumed = onto.is_some();
+    if let Some(onto) = onto.filter(|o| o.as_str() != new) {
+        return Err(format!("member {index} is being rebuilt onto {onto}: give that device to resume it"));
+    }
+    if !resumed {
+        let dev = crate::devices::open(Path::new(new), true).map_err(|e| format!("{e:#}"))?;
+        pool.replace_member(index, dev, new).map_err(|e| e.to_string())?;
+        crate::logging::notice(&format!("member {index}: {new} takes its place; rebuilding from parity rows"));
+    }
+    let started = std::time::Instant::now();
+    let mut go_on = |done: u64, total: u64| {
+        progress(done, total);
+        tarn_engine::scrub::throttle(rate, done * 4096, started);
+        !abandoned()
+    };
+    let r = pool.rebuild_member(index, &mut go_on).map_err(|e| e.to_string())?;
+    let seconds = started.elapsed().as_secs_f64();
+    let bytes = r.rebuilt * 4096;
+    crate::logging::notice(&format!(
+        "member {index}: {} rebuilt from parity rows in {seconds:.1}s{}",
+        crate::size::human(bytes),
+        if r.stopped { " (stopped: `pool replace` again resumes it)" } else { "" }
+    ));
+    Ok(serde_json::json!({
+        "member": index, "new": new, "rebuilt_bytes": bytes, "gone_blocks": r.gone, "lost_blocks": r.lost,
+        "blocks": r.blocks, "stopped": r.stopped, "resumed": resumed, "seconds": seconds,
+        "mib_per_second": bytes as f64 / 1048576.0 / seconds.max(1e-9),
     }))
 }
 

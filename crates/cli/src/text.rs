@@ -85,10 +85,13 @@ pub fn status(v: &Value) -> String {
             );
             continue;
         }
-        if matches!(d["state"].as_str(), Some("SPARE" | "MISSING")) {
-            let what = match d["state"] == "SPARE" {
-                true => format!("{}, taken when the pool expands", b(&d["size"])),
-                false => "its device was not found at open: it will not be taken".to_string(),
+        if matches!(d["state"].as_str(), Some("SPARE" | "MISSING" | "UNAVAIL")) {
+            let what = match d["state"].as_str() {
+                Some("SPARE") => format!("{}, taken when the pool expands", b(&d["size"])),
+                Some("UNAVAIL") => "its device was not found at open: parity volumes read through it by \
+                    reconstruction, other data on it fails with EIO, nothing is written there"
+                    .to_string(),
+                _ => "its device was not found at open: it will not be taken".to_string(),
             };
             let _ = writeln!(
                 s,
@@ -105,7 +108,7 @@ pub fn status(v: &Value) -> String {
             "  device {}  {}{}  {} data, {} free{}",
             d["index"],
             // A draining member (`dev remove`) says so like a mirror's state.
-            if mirrored || d["state"] == "DRAINING" {
+            if mirrored || d["state"] == "DRAINING" || d["state"] == "REBUILDING" {
                 format!("{}  ", d["state"].as_str().unwrap_or("?"))
             } else {
                 String::new()
@@ -163,8 +166,13 @@ pub fn scrub(v: &Value) -> String {
     if v["parity_rows"].as_u64().unwrap_or(0) > 0 {
         let _ = writeln!(
             s,
-            "parity: {} rows verified, {} mismatched, {} rebuilt from their row, {} rewritten",
-            v["parity_rows"], v["parity_mismatched"], v["parity_rebuilt"], v["parity_healed"]
+            "parity: {} rows verified, {} mismatched, {} rebuilt from their row, {} rewritten ({} of the rows in \
+             snapshots, verified only)",
+            v["parity_rows"],
+            v["parity_mismatched"],
+            v["parity_rebuilt"],
+            v["parity_healed"],
+            v["parity_snapshot_rows"].as_u64().unwrap_or(0)
         );
     }
     if v["unsummed_blocks"].as_u64().unwrap_or(0) > 0 {
@@ -182,6 +190,23 @@ pub fn scrub(v: &Value) -> String {
 
 /// `pool replace`'s answer.
 pub fn replaced(v: &Value) -> String {
+    if v.get("rebuilt_bytes").is_some() {
+        let lost = v["lost_blocks"].as_u64().unwrap_or(0);
+        return format!(
+            "member {} rebuilt onto {} from parity rows: {} in {:.1}s ({:.0} MiB/s){}{}\n",
+            v["member"],
+            v["new"].as_str().unwrap_or("?"),
+            b(&v["rebuilt_bytes"]),
+            v["seconds"].as_f64().unwrap_or(0.0),
+            v["mib_per_second"].as_f64().unwrap_or(0.0),
+            if lost > 0 {
+                format!("; {lost} blocks could not be rebuilt (another unit of their row is lost)")
+            } else {
+                String::new()
+            },
+            if v["stopped"] == true { "; stopped, `pool replace` again resumes it" } else { "" }
+        );
+    }
     format!(
         "replaced {} with {} (member {} leg {}): resilvered {} in {:.1}s ({:.0} MiB/s)\n",
         v["old"].as_str().unwrap_or("?"),

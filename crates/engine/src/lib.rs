@@ -35,6 +35,7 @@ pub use members::mirror::{LegStatus, MirrorDevice};
 pub use pool::{DeviceStatus, OpenOptions, Pool, PoolStatus, VolumeInfo, DEFAULT_METADATA_CACHE};
 pub use service::grow::AddReport;
 pub use service::open::{create_mirrored_pool, create_pool, CreateOptions};
+pub use service::rebuild::RebuildReport;
 pub use service::resilver::ReplaceReport;
 pub use service::{Service, ServiceOptions};
 pub use space::expansion::Expansion;

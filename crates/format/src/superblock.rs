@@ -106,6 +106,14 @@ pub mod incompat {
     /// version records), each reading its object's tag `gN`. An older
     /// tarn would not see them and would delete the tags they read.
     pub const FS_VERSION_RECORDS: u64 = 1 << 17;
+    /// A member is being rebuilt from parity rows (`tarn pool replace` of
+    /// a parity member): its device table entry has state byte 4 (with
+    /// EVACUATION) followed by `rebuilt u64`, the blocks from its start
+    /// that its new device holds; the rest of what the pool maps there is
+    /// still to be rebuilt. An older reader would read the new device's
+    /// unrebuilt blocks as data. Set by the superblock rewrite that starts
+    /// a rebuild, cleared by the one that ends the last.
+    pub const REBUILD: u64 = 1 << 18;
     /// A snapshot's dead list of at most 8 extents may be kept in its
     /// catalog entry instead of a tree of its own (docs/FORMAT.md
     /// *Catalog*, inline dead lists). An older tarn would refuse the
@@ -130,6 +138,7 @@ pub mod incompat {
         | STRIPES
         | PARITY
         | FS_VERSION_RECORDS
+        | REBUILD
         | INLINE_DEAD_LISTS;
 }
 
@@ -165,6 +174,11 @@ pub struct DeviceEntry {
     /// allocated from until taken. Encoded as state byte 3, only with
     /// SPARES; never together with `draining` or `removed`.
     pub spare: bool,
+    /// Being rebuilt from parity rows onto a new device (`tarn pool
+    /// replace`): blocks [0, n) of the device hold what the member held,
+    /// the rest is rebuilt yet. Encoded as state byte 4 followed by `n
+    /// u64`, only with REBUILD; never with `draining`, `removed`, `spare`.
+    pub rebuilt: Option<u64>,
 }
 
 /// Whether a mirror leg holds every byte of its slot.
@@ -279,14 +293,22 @@ impl Superblock {
             }
             assert!(!d.removed || self.incompat & incompat::REMOVAL != 0, "a removed slot needs REMOVAL");
             assert!(!d.spare || self.incompat & incompat::SPARES != 0, "a spare needs SPARES");
+            assert!(d.rebuilt.is_none() || self.incompat & incompat::REBUILD != 0, "a rebuild needs REBUILD");
             if self.incompat & incompat::EVACUATION != 0 {
                 w.u8(match () {
                     _ if d.removed => 2,
                     _ if d.spare => 3,
+                    _ if d.rebuilt.is_some() => 4,
                     _ => u8::from(d.draining),
                 });
+                if let Some(n) = d.rebuilt {
+                    w.u64(n);
+                }
             } else {
-                assert!(!d.draining && !d.removed && !d.spare, "a draining member needs the EVACUATION feature");
+                assert!(
+                    !d.draining && !d.removed && !d.spare && d.rebuilt.is_none(),
+                    "a draining member needs the EVACUATION feature"
+                );
             }
             if self.incompat & incompat::DEVICE_PLACEMENT != 0 {
                 w.u8(d.placement.map_or(0, |p| p as u8));
@@ -365,6 +387,7 @@ impl Superblock {
             // and make the next `encode` of this superblock panic.
             let path = String::from_utf8(r.take(len)?.to_vec()).map_err(|_| r.bad("path_utf8", 0))?;
             let legs = if incompat & incompat::MIRRORS != 0 { decode_legs(&mut r)? } else { Vec::new() };
+            let mut rebuilt = None;
             let (draining, removed, spare) = match incompat & incompat::EVACUATION != 0 {
                 false => (false, false, false),
                 true => match r.u8()? {
@@ -372,6 +395,14 @@ impl Superblock {
                     1 => (true, false, false),
                     2 if incompat & incompat::REMOVAL != 0 => (false, true, false),
                     3 if incompat & incompat::SPARES != 0 => (false, false, true),
+                    4 if incompat & incompat::REBUILD != 0 => {
+                        let n = r.u64()?;
+                        if n > blocks {
+                            return Err(r.bad("rebuilt", n));
+                        }
+                        rebuilt = Some(n);
+                        (false, false, false)
+                    }
                     v => return Err(r.bad("member_state", u64::from(v))),
                 },
             };
@@ -382,7 +413,7 @@ impl Superblock {
                     b => Some(PolicyCode::from_byte(b).ok_or_else(|| r.bad("device placement", u64::from(b)))?),
                 },
             };
-            sb.devices.push(DeviceEntry { uuid, blocks, path, legs, draining, removed, placement, spare });
+            sb.devices.push(DeviceEntry { uuid, blocks, path, legs, draining, removed, placement, spare, rebuilt });
         }
         sb.validate()?;
         Ok(sb)
@@ -417,13 +448,23 @@ impl Superblock {
         if self.device_index == 0 && self.devices.is_empty() {
             return Err(bad("device_count", 0));
         }
-        // Removed slots and spares are a state byte, which only EVACUATION encodes.
-        if self.incompat & (incompat::REMOVAL | incompat::SPARES) != 0 && self.incompat & incompat::EVACUATION == 0 {
+        // Removed slots, spares and rebuilds are a state byte, which only
+        // EVACUATION encodes.
+        let states = incompat::REMOVAL | incompat::SPARES | incompat::REBUILD;
+        if self.incompat & states != 0 && self.incompat & incompat::EVACUATION == 0 {
             return Err(bad("incompat", self.incompat));
         }
         // The primary holds the journal: its slot is never removed nor a spare.
         if let Some(d) = self.devices.first().filter(|d| d.removed || d.spare) {
             return Err(bad("member_state", if d.removed { 2 } else { 3 }));
+        }
+        // Nor rebuilt: the pool cannot open without its journal.
+        if self.devices.first().is_some_and(|d| d.rebuilt.is_some()) {
+            return Err(bad("member_state", 4));
+        }
+        // A rebuilt member is one plain device.
+        if self.devices.iter().any(|d| d.rebuilt.is_some() && !d.legs.is_empty()) {
+            return Err(bad("member_state", 4));
         }
         // A spare holds no leg list: it is one device.
         if self.devices.iter().any(|d| d.spare && !d.legs.is_empty()) {
@@ -438,7 +479,12 @@ impl Superblock {
         let mirrors = self.incompat & incompat::MIRRORS != 0;
         let state = usize::from(self.incompat & incompat::EVACUATION != 0)
             + usize::from(self.incompat & incompat::DEVICE_PLACEMENT != 0);
-        176 + self.devices.iter().map(|d| 26 + d.path.len() + state + if mirrors { legs(d) } else { 0 }).sum::<usize>()
+        let cursor = |d: &DeviceEntry| if d.rebuilt.is_some() { 8 } else { 0 };
+        176 + self
+            .devices
+            .iter()
+            .map(|d| 26 + d.path.len() + state + cursor(d) + if mirrors { legs(d) } else { 0 })
+            .sum::<usize>()
     }
 
     /// Whether the device table fits in the superblock.
@@ -534,6 +580,7 @@ mod tests {
                 removed: false,
                 placement: None,
                 spare: false,
+                rebuilt: None,
             }],
         }
     }
@@ -591,6 +638,7 @@ mod tests {
                 removed: false,
                 placement: None,
                 spare: false,
+                rebuilt: None,
             }],
         };
         let bytes = sb.encode(16);
@@ -705,13 +753,10 @@ mod tests {
         let mut sb = sample();
         sb.incompat = 1 << 40;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        // Bits 0-17 and 19 are known here; bit 18 is not (another
-        // branch's), nor bit 20.
-        sb.incompat = 1 << 18;
-        assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
+        // Bits 0-19 are known here; bit 20 is not.
         sb.incompat = 1 << 20;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        assert_eq!(incompat::KNOWN, ((1 << 18) - 1) | (1 << 19));
+        assert_eq!(incompat::KNOWN, (1 << 20) - 1);
         assert_eq!(incompat::COARSE_SUMS, 1 << 13);
         sb.incompat = incompat::COARSE_SUMS;
         let b = sb.encode(0);
@@ -819,6 +864,7 @@ mod tests {
             removed: false,
             placement: None,
             spare: false,
+            rebuilt: None,
         });
         let b = sb.encode(0);
         assert_eq!(&b[16..24], &[0xA0, 0, 0, 0, 0, 0, 0, 0]);
@@ -923,6 +969,48 @@ mod tests {
         // The primary is never a spare.
         let mut p = sb.clone();
         p.devices[0].spare = true;
+        assert!(Superblock::decode(&p.encode(0), 0).is_err());
+    }
+
+    /// Incompat bit 18 (REBUILD, docs/FORMAT.md): byte 18 of the
+    /// superblock is 0x04 and a member being rebuilt has state byte 4 and
+    /// then its `rebuilt` count, u64 little-endian.
+    #[test]
+    fn golden_rebuild_state() {
+        let mut sb = sample();
+        sb.incompat = incompat::EVACUATION | incompat::REBUILD;
+        sb.devices.push(DeviceEntry {
+            uuid: [3; 16],
+            blocks: 4096,
+            path: "d1".into(),
+            rebuilt: Some(0x0123),
+            ..Default::default()
+        });
+        let b = sb.encode(0);
+        assert_eq!(&b[16..24], &[0x80, 0, 0x04, 0, 0, 0, 0, 0]);
+        let e1 = 176 + 16 + 8 + 2 + 13 + 1;
+        assert_eq!(&b[e1..e1 + 16], &[3; 16]);
+        assert_eq!(&b[e1 + 24..e1 + 28], &[2, 0, b'd', b'1']);
+        assert_eq!(b[e1 + 28], 4);
+        assert_eq!(&b[e1 + 29..e1 + 37], &[0x23, 0x01, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(b[e1 + 37], 0);
+        assert_eq!(sb.encoded_len(), e1 + 37);
+        assert_eq!(Superblock::decode(&b, 0).unwrap(), sb);
+        // State 4 without REBUILD is refused (an older reader's view).
+        let mut bad = b.clone();
+        bad[18] = 0;
+        assert!(Superblock::decode(&reseal(bad), 0).is_err());
+        // REBUILD without EVACUATION is refused (no state bytes to carry it).
+        let mut bad = b.clone();
+        bad[16] = 0;
+        assert!(Superblock::decode(&reseal(bad), 0).is_err());
+        // A count past the device's blocks is refused.
+        let mut bad = b.clone();
+        bad[e1 + 30] = 0x20;
+        assert!(Superblock::decode(&reseal(bad), 0).is_err());
+        // The primary is never rebuilt.
+        let mut p = sb.clone();
+        p.devices[0].rebuilt = Some(0);
         assert!(Superblock::decode(&p.encode(0), 0).is_err());
     }
 }

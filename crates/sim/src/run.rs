@@ -311,6 +311,10 @@ impl Run {
             strict: self.strict,
             metadata_cache: cache,
             tiny_metadata_cache: true,
+            // Half the reopens spread metadata as pools written before it
+            // went to the primary did (no draw: seeds replay unchanged),
+            // so removals still find nodes to move off a member.
+            metadata_spread: (cache / 4096) % 2 == 0,
             control_replay_one_side: self.control == Some(Control::ReplayOneSide),
             control_inline_drops_entry: self.control == Some(Control::InlineDropsEntry),
             placement: self.placement,

@@ -191,3 +191,108 @@ fn a_rotted_parity_unit_is_rebuilt_by_scrub_and_two_lost_units_fail_the_read() {
     assert_eq!(buf, vec![0x11u8; 4096], "one unit lost: rebuilt");
     assert!(pool.check().is_clean(), "{:?}", pool.check().problems);
 }
+
+/// Open with member `gone` absent (nothing given for it, as the CLI does
+/// for a device it cannot open).
+fn open_without(sims: &[Arc<SimDevice>], gone: usize) -> Pool {
+    let slots = sims
+        .iter()
+        .enumerate()
+        .map(|(i, s)| if i == gone { Vec::new() } else { vec![s.clone() as Arc<dyn Device>] })
+        .collect();
+    Pool::open_slots(slots, OpenOptions::default()).unwrap()
+}
+
+/// Blocks of `vol`'s head on member `dev`.
+fn blocks_on(pool: &Pool, vol: u32, blocks: u64, dev: u16) -> u64 {
+    let runs = pool.physical_runs(vol, tarn_engine::View::Head, 0, blocks).unwrap();
+    runs.iter().filter(|r| r.device == dev).map(|r| r.len).sum()
+}
+
+#[test]
+fn a_pool_opens_degraded_with_a_member_missing() {
+    let (sims, pool) = pool_of(4);
+    let vol = parity_volume(&pool);
+    // A plain volume kept on member 3 alone: it has no other copy.
+    let plain_opts = VolumeOptions { devices: 0b1000, ..Default::default() };
+    let plain = pool.create_volume_with("plain", MIB, &plain_opts).unwrap().id;
+    pool.write(plain, 0, &[0x77u8; 8192], false).unwrap();
+    let mut model = vec![0u8; VOL];
+    let mut rng = ChaCha8Rng::seed_from_u64(10);
+    workload(&pool, vol, &mut model, &mut rng, 200);
+    pool.close().unwrap();
+    let on3 = {
+        let pool = reopen(&sims);
+        blocks_on(&pool, vol, (VOL / 4096) as u64, 3)
+    };
+    assert!(on3 > 100, "member 3 holds data of p ({on3} blocks)");
+
+    let pool = open_without(&sims, 3);
+    let st = pool.status();
+    assert_eq!((st.state, st.devices[3].state), ("DEGRADED", "UNAVAIL"), "{:?}", st.notes);
+    assert!(st.notes.iter().any(|n| n.contains("member 3") && n.contains("MISSING")), "{:?}", st.notes);
+    assert!(read_all(&pool, vol).unwrap() == model, "p reads right through the missing member");
+    assert!(pool.status().reconstructed_blocks >= on3, "{} rebuilt", pool.status().reconstructed_blocks);
+    let mut buf = vec![0u8; 4096];
+    let r = pool.read(plain, 0, &mut buf);
+    assert!(matches!(r, Err(EngineError::Io { .. })), "a plain block on the missing member: EIO, not data: {r:?}");
+    // Writes go on, never to the missing member (its stand-in refuses
+    // every write: one there would fail).
+    workload(&pool, vol, &mut model, &mut rng, 100);
+    assert!(read_all(&pool, vol).unwrap() == model, "p after writes while degraded");
+    assert!(blocks_on(&pool, vol, (VOL / 4096) as u64, 3) <= on3, "nothing new on member 3");
+    let r = pool.check_parity(vol, false).unwrap();
+    assert_eq!(r.mismatched, 0, "every row still XORs to zero: {r:?}");
+    assert!(pool.check().is_clean(), "{:?}", pool.check().problems);
+    pool.close().unwrap();
+
+    // The member comes back: nothing was written there meanwhile, so the
+    // pool is whole again with nothing to rebuild.
+    let pool = reopen(&sims);
+    assert_eq!(pool.status().state, "ONLINE");
+    assert!(read_all(&pool, vol).unwrap() == model, "p with member 3 back");
+    assert_eq!(pool.status().reconstructed_blocks, 0);
+    let r = pool.check_parity(vol, false).unwrap();
+    assert_eq!((r.mismatched, r.rebuilt), (0, 0), "{r:?}");
+    pool.read(plain, 0, &mut buf).unwrap();
+    assert_eq!(buf, vec![0x77u8; 4096]);
+    assert!(pool.check().is_clean(), "{:?}", pool.check().problems);
+}
+
+#[test]
+fn scrub_verifies_the_rows_a_snapshot_keeps() {
+    let (sims, pool) = pool_of(4);
+    let vol = parity_volume(&pool);
+    let mut model = vec![0u8; VOL];
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    workload(&pool, vol, &mut model, &mut rng, 100);
+    let epoch = pool.create_snapshot("p", "s").unwrap().epoch;
+    let snap = model.clone();
+    // Rewrite the first MiB in the head: the snapshot alone keeps its rows.
+    pool.write(vol, 0, &vec![0x42u8; 1 << 20], false).unwrap();
+    model[..1 << 20].fill(0x42);
+    pool.flush().unwrap();
+    let r = pool.check_parity(vol, false).unwrap();
+    assert!(r.snapshot_rows > 10 && r.snapshot_rows < r.rows, "{r:?}");
+    assert_eq!((r.mismatched, r.rebuilt), (0, 0), "{r:?}");
+    // Rot a data block only the snapshot holds.
+    let head: std::collections::HashSet<(u16, u64)> = pool
+        .physical_runs(vol, tarn_engine::View::Head, 0, 256)
+        .unwrap()
+        .iter()
+        .flat_map(|r| (r.block..r.block + r.len).map(move |b| (r.device, b)))
+        .collect();
+    let only = pool
+        .physical_runs(vol, tarn_engine::View::Snapshot(epoch), 0, 256)
+        .unwrap()
+        .into_iter()
+        .find(|r| !head.contains(&(r.device, r.block)))
+        .expect("a block only the snapshot holds");
+    sims[usize::from(only.device)].flip_bit(only.block * 4096 + 7, 2);
+    let r = pool.scrub_parity(true).unwrap();
+    assert_eq!((r.rebuilt, r.healed), (1, 0), "found in the snapshot's rows, not rewritten: {r:?}");
+    let mut buf = vec![0u8; 1 << 20];
+    pool.read_view(vol, tarn_engine::View::Snapshot(epoch), 0, &mut buf).unwrap();
+    assert!(buf == snap[..1 << 20], "the snapshot reads right through the rot");
+    assert!(pool.check().is_clean(), "{:?}", pool.check().problems);
+}

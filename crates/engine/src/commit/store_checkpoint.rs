@@ -44,7 +44,7 @@ impl PoolNodeAlloc<'_> {
     fn refill(&mut self) -> Result<()> {
         let mut inner = self.pool.write_inner();
         let space = &mut inner.space;
-        let Some(dev) = space.roomiest() else { return Err(EngineError::NoSpace) };
+        let Some(dev) = space.metadata_device(NODE_BATCH) else { return Err(EngineError::NoSpace) };
         let want = NODE_BATCH.min(space.devices[dev].free_blocks);
         let pieces = space.allocate_metadata(dev, want)?.ok_or(EngineError::NoSpace)?;
         for (pba, len) in pieces.into_iter().rev() {
@@ -231,8 +231,9 @@ impl Pool {
     }
 }
 
-/// Space for a catalog of `len` bytes, in at most 64 pieces from the
-/// devices with the most free space (metadata may use the reserve).
+/// Space for a catalog of `len` bytes, in at most 64 pieces, on the
+/// primary while it has room, else the devices with the most free space
+/// (metadata may use the reserve; `Space::metadata_device`).
 fn allocate_catalog(space: &mut Space, len: usize) -> Result<Vec<(Pba, u64)>> {
     let need = checkpoint::blocks_needed(len);
     let mut pieces: Vec<(Pba, u64)> = Vec::new();
@@ -240,7 +241,7 @@ fn allocate_catalog(space: &mut Space, len: usize) -> Result<Vec<(Pba, u64)>> {
         if checkpoint::capacity(&pieces) >= len as u64 {
             break;
         }
-        let Some(dev) = space.roomiest() else { break };
+        let Some(dev) = space.metadata_device(need) else { break };
         let want = need.min(space.devices[dev].free_blocks);
         if want == 0 {
             break;

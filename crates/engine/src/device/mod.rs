@@ -11,6 +11,7 @@ pub mod label;
 pub mod mem_device;
 pub mod members;
 pub mod node_io;
+pub mod rebuild_slot;
 pub mod vacant;
 
 use std::io;
@@ -46,6 +47,22 @@ pub trait Device: Send + Sync {
     /// slot, a missing spare): nothing is there to take or read.
     fn present(&self) -> bool {
         true
+    }
+    /// True only for the stand-in of a member holding data whose device
+    /// could not be opened (the pool is DEGRADED; `device/rebuild_slot.rs`).
+    fn missing_member(&self) -> bool {
+        false
+    }
+    /// True for a member some of whose blocks cannot be read by design
+    /// (missing, or being rebuilt): such reads fail without counting as
+    /// device errors.
+    fn degraded(&self) -> bool {
+        false
+    }
+    /// The stand-in of a missing or rebuilding member, to put a new device
+    /// in its place (`device/rebuild_slot.rs`).
+    fn rebuild_slot(&self) -> Option<&crate::device::rebuild_slot::RebuildSlot> {
+        None
     }
     /// Independent copies of every byte (1 unless mirrored).
     fn copies(&self) -> usize {

@@ -1,6 +1,7 @@
-//! The device of a removed slot (`tarn dev remove`) or of a missing spare: nothing is opened for
-//! it, and nothing may be read or written there (its data area is empty,
-//! so no block address names it). Flushes succeed: a checkpoint flushes
+//! The device of a removed slot (`tarn dev remove`) or of a missing spare
+//! (a missing member is `rebuild_slot.rs`): nothing is opened for it,
+//! and nothing may be read or written there (its data area is empty, so
+//! no block address names it). Flushes succeed: a checkpoint flushes
 //! every member.
 
 use crate::device::Device;
@@ -8,15 +9,26 @@ use std::io;
 use tarn_format::superblock::LABEL_BLOCKS;
 use tarn_format::BLOCK_SIZE;
 
+/// Why a slot has no device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Absent {
+    /// Taken out by `tarn dev remove`.
+    Removed,
+    /// A spare that could not be opened (`members/spare.rs`).
+    Spare,
+}
+
 pub struct Vacant {
     pub index: usize,
-    /// A spare that could not be opened (`members/spare.rs`), not a removed slot.
-    pub spare: bool,
+    pub why: Absent,
 }
 
 impl Vacant {
     fn refuse(&self) -> io::Error {
-        let why = if self.spare { "is a spare that is missing" } else { "was removed from the pool" };
+        let why = match &self.why {
+            Absent::Spare => "is a spare that is missing",
+            Absent::Removed => "was removed from the pool",
+        };
         io::Error::new(io::ErrorKind::NotFound, format!("member {} {why}", self.index))
     }
 }
@@ -38,9 +50,9 @@ impl Device for Vacant {
         LABEL_BLOCKS * BLOCK_SIZE
     }
     fn name(&self) -> String {
-        match self.spare {
-            true => format!("(missing spare {})", self.index),
-            false => format!("(removed member {})", self.index),
+        match &self.why {
+            Absent::Spare => format!("(missing spare {})", self.index),
+            Absent::Removed => format!("(removed member {})", self.index),
         }
     }
     fn present(&self) -> bool {

@@ -201,8 +201,13 @@ impl Pool {
     fn read_data(&self, pba: Pba, out: &mut [u8], at: u64) -> Result<()> {
         let dev = &self.devices[usize::from(pba.device())];
         dev.read_at(out, at).map_err(|e| {
-            self.counters.read_errors.fetch_add(1, Ordering::Relaxed);
-            log::error!("read error on {} at byte {at}: {e}", dev.name());
+            // A missing or rebuilding member (the pool is DEGRADED, said at
+            // open and in `pool status`) is no device error: neither
+            // counted nor logged per block, which would flood the log.
+            if !dev.degraded() {
+                self.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+                log::error!("read error on {} at byte {at}: {e}", dev.name());
+            }
             EngineError::io("read data", dev.name(), e)
         })
     }

@@ -17,7 +17,7 @@ use tarn_format::{Pba, BLOCK_SIZE};
 use tarn_store::StoreError;
 
 mod parity;
-pub(crate) use parity::parity_of_row;
+pub(crate) use parity::{parity_of_row, row_of};
 
 const BS: usize = BLOCK_SIZE as usize;
 /// Largest single request the engine accepts (matches the NBD maximum).

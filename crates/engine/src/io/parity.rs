@@ -19,7 +19,7 @@ use crate::map::view::View;
 use crate::pool::Pool;
 use std::sync::atomic::Ordering;
 use tarn_format::stripe::Parity;
-use tarn_format::BLOCK_SIZE;
+use tarn_format::{Pba, BLOCK_SIZE};
 
 /// XOR `src` into `dst` (same length).
 pub(crate) fn xor_into(dst: &mut [u8], src: &[u8]) {
@@ -214,20 +214,26 @@ impl Pool {
         self.write_fresh_runs(vol, &[(lba, parity)], None)
     }
 
-    /// Read logical blocks of a parity volume's head from `lba` (data or
-    /// parity area, no size check), rebuilding what fails from the rest of
-    /// the row; returns whether anything was rebuilt.
-    pub(crate) fn read_row_part(&self, vol: u32, layout: (Parity, u64), lba: u64, buf: &mut [u8]) -> Result<bool> {
+    /// Read logical blocks of a view of a parity volume from `lba` (data
+    /// or parity area, no size check), rebuilding what fails from the rest
+    /// of the row; returns whether anything was rebuilt.
+    pub(crate) fn read_row_part(
+        &self,
+        (vol, view): (u32, View),
+        layout: (Parity, u64),
+        lba: u64,
+        buf: &mut [u8],
+    ) -> Result<bool> {
         let failed = {
             let _gate = self.io_gate.read().unwrap_or_else(|e| e.into_inner());
-            match self.read_verified(vol, View::Head, lba * BLOCK_SIZE, buf, false) {
+            match self.read_verified(vol, view, lba * BLOCK_SIZE, buf, false) {
                 Ok(true) => return Ok(false),
                 Ok(false) => EngineError::Inconsistent(format!("volume {vol} block {lba}+: checksum mismatch")),
                 Err(e @ (EngineError::Io { .. } | EngineError::Checksum { .. })) => e,
                 Err(e) => return Err(e),
             }
         };
-        self.read_reconstructing(vol, View::Head, layout, lba * BLOCK_SIZE, buf, failed)?;
+        self.read_reconstructing(vol, view, layout, lba * BLOCK_SIZE, buf, failed)?;
         Ok(true)
     }
 
@@ -269,6 +275,29 @@ impl Pool {
     /// the XOR of the other blocks at its offset in its row, checked
     /// against its own checksum; counted and logged (once per member).
     pub(crate) fn reconstruct_block(&self, vol: u32, view: View, p: Parity, blocks: u64, b: u64) -> Result<Vec<u8>> {
+        let (out, pba) = self.block_from_row(vol, view, (p, blocks), b)?;
+        let Some(pba) = pba else { return Ok(out) };
+        self.counters.reconstructed_blocks.fetch_add(1, Ordering::Relaxed);
+        let member = u32::from(pba.device()).min(31);
+        if self.counters.reconstruct_logged.fetch_or(1 << member, Ordering::Relaxed) & (1 << member) == 0 {
+            log::warn!(
+                "parity volume {vol}: reading through member {member} by reconstruction (first at block {b}); \
+                 the volume is degraded"
+            );
+        }
+        Ok(out)
+    }
+
+    /// Block `b` of a view of a parity volume as the XOR of the rest of its
+    /// row, checked against its own checksum, and where it is mapped
+    /// (None: a hole, zeros). Not counted: the caller says what it is for.
+    pub(crate) fn block_from_row(
+        &self,
+        vol: u32,
+        view: View,
+        (p, blocks): (Parity, u64),
+        b: u64,
+    ) -> Result<(Vec<u8>, Option<Pba>)> {
         let mut out = vec![0u8; BS];
         let mut peer = vec![0u8; BS];
         for other in row_peers(p, blocks, b) {
@@ -279,7 +308,7 @@ impl Pool {
         }
         let summed = self.resolve_summed(vol, view, b, 1)?;
         let Some((Segment::Mapped { pba, .. }, sums)) = summed.into_iter().next() else {
-            return Ok(vec![0u8; BS]); // A hole reads as zeros.
+            return Ok((vec![0u8; BS], None)); // A hole reads as zeros.
         };
         match sums.first() {
             Some(Some(BlockSum::Block(want))) if block_sum(&out) != *want => {
@@ -295,15 +324,17 @@ impl Pool {
             }
             _ => {}
         }
-        self.counters.reconstructed_blocks.fetch_add(1, Ordering::Relaxed);
-        let member = u32::from(pba.device()).min(31);
-        if self.counters.reconstruct_logged.fetch_or(1 << member, Ordering::Relaxed) & (1 << member) == 0 {
-            log::warn!(
-                "parity volume {vol}: reading through member {member} by reconstruction (first at block {b}); \
-                 the volume is degraded"
-            );
-        }
-        Ok(out)
+        Ok((out, Some(pba)))
+    }
+}
+
+/// The row logical block `b` (data or parity area) belongs to.
+pub(crate) fn row_of(p: Parity, blocks: u64, b: u64) -> u64 {
+    let start = p.parity_start(blocks);
+    if b >= start {
+        (b - start) / p.unit_blocks()
+    } else {
+        b / p.row_blocks()
     }
 }
 
@@ -331,6 +362,7 @@ mod tests {
         assert_eq!(row_peers(p, 30, 13), vec![17, 21, 41]);
         assert_eq!(row_peers(p, 30, 41), vec![13, 17, 21]);
         assert_eq!(row_peers(p, 30, 0), vec![4, 8, 36]);
+        assert_eq!((row_of(p, 30, 13), row_of(p, 30, 41), row_of(p, 30, 0), row_of(p, 30, 47)), (1, 1, 0, 2));
         let row = [[1u8, 2].repeat(BS / 2), [7u8].repeat(BS)].concat();
         let parity = parity_of_row(Parity::from_parts(0b111, 0).unwrap(), &row);
         assert_eq!(parity, [1u8 ^ 7, 2 ^ 7].repeat(BS / 2));

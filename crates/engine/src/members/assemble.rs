@@ -4,6 +4,8 @@
 //! pool's leg) leaves every device as it was.
 
 use crate::device::label::{read_label, write_both_labels, LabelRead};
+use crate::device::rebuild_slot::RebuildSlot;
+use crate::device::vacant::{Absent, Vacant};
 use crate::device::Device;
 use crate::error::{EngineError, Result};
 use crate::members::mirror::{Leg, LegHealth, MirrorDevice};
@@ -60,7 +62,7 @@ pub(crate) fn assemble(slots: Vec<Vec<Arc<dyn Device>>>, writable: bool) -> Resu
     for (i, (found, entry)) in slots.into_iter().zip(&sb.devices).enumerate() {
         if entry.removed {
             // A removed slot: whatever was given for it is not opened.
-            out.devices.push(Arc::new(crate::device::vacant::Vacant { index: i, spare: false }));
+            out.devices.push(Arc::new(Vacant { index: i, why: Absent::Removed }));
             out.mirrors.push(None);
             continue;
         }
@@ -75,10 +77,7 @@ pub(crate) fn assemble(slots: Vec<Vec<Arc<dyn Device>>>, writable: bool) -> Resu
             continue;
         }
         if entry.legs.is_empty() {
-            let [dev] = <[_; 1]>::try_from(found).map_err(|f: Vec<_>| {
-                EngineError::InvalidArgument(format!("member {i} is not a mirror: one device, not {}", f.len()))
-            })?;
-            out.devices.push(dev);
+            out.devices.push(assemble_plain(i, entry, found, &mut out.notes)?);
             out.mirrors.push(None);
             continue;
         }
@@ -139,6 +138,36 @@ fn primary_label(candidates: &[Arc<dyn Device>]) -> Result<LabelRead> {
         )));
     }
     Ok(label)
+}
+
+/// The device of plain member `i` from what was found for it: none (its
+/// device could not be opened: the pool opens DEGRADED, parity volumes
+/// read through it by reconstruction, other blocks on it fail with EIO,
+/// nothing is written there), or one (a member being rebuilt from parity
+/// rows is wrapped: the service resumes it, `service/rebuild.rs`).
+fn assemble_plain(
+    i: usize,
+    entry: &DeviceEntry,
+    found: Vec<Arc<dyn Device>>,
+    notes: &mut Vec<String>,
+) -> Result<Arc<dyn Device>> {
+    if found.is_empty() && i > 0 {
+        log::warn!("member {i} ({}) is missing; opening DEGRADED", entry.path);
+        notes.push(format!(
+            "member {i} ({}) is MISSING: the pool is DEGRADED; parity volumes read through it by \
+             reconstruction, other data on it fails with EIO; `tarn pool replace` rebuilds it",
+            entry.path
+        ));
+        return Ok(Arc::new(RebuildSlot::missing(i, &entry.path)));
+    }
+    let [dev] = <[_; 1]>::try_from(found).map_err(|f: Vec<_>| {
+        EngineError::InvalidArgument(format!("member {i} is not a mirror: one device, not {}", f.len()))
+    })?;
+    let Some(n) = entry.rebuilt else { return Ok(dev) };
+    let note = format!("member {i} ({}) is being rebuilt from parity rows: done below block {n}", dev.name());
+    log::warn!("{note}");
+    notes.push(note);
+    Ok(Arc::new(RebuildSlot::rebuilding(i, dev, n)))
 }
 
 /// Match the devices found to the slot's legs by their leg labels.

@@ -4,7 +4,7 @@
 //! or shrank is replaced by a `Vacant` stand-in, noted, and never taken.
 
 use crate::device::label::read_label;
-use crate::device::vacant::Vacant;
+use crate::device::vacant::{Absent, Vacant};
 use crate::device::Device;
 use std::sync::Arc;
 use tarn_format::superblock::{DeviceEntry, Superblock};
@@ -20,7 +20,7 @@ pub(crate) fn assemble_spare(
 ) -> (Arc<dyn Device>, Option<String>) {
     let missing = |why: String| -> (Arc<dyn Device>, Option<String>) {
         log::warn!("spare {index} ({}) is not usable: {why}; it will not be taken", entry.path);
-        (Arc::new(Vacant { index, spare: true }), Some(format!("spare {index} ({}) missing: {why}", entry.path)))
+        (Arc::new(Vacant { index, why: Absent::Spare }), Some(format!("spare {index} ({}) missing: {why}", entry.path)))
     };
     let mut found = found.into_iter();
     let (Some(dev), None) = (found.next(), found.next()) else {

@@ -59,6 +59,12 @@ pub struct OpenOptions {
     /// path (slow, never wrong), so that small pools evict nodes.
     #[doc(hidden)]
     pub tiny_metadata_cache: bool,
+    /// Simulations only: put store nodes and catalog segments on the
+    /// roomiest member, as pools written before metadata went to the
+    /// primary did (`Space::metadata_device`), so that removals still
+    /// find nodes to move off a member.
+    #[doc(hidden)]
+    pub metadata_spread: bool,
     /// Negative control of the crash simulation only: replay stops at the
     /// end of the superblock's journal side (a defect the simulation must
     /// catch).
@@ -811,11 +817,15 @@ impl Pool {
                 // recorded path says which it was.
                 // So is a missing spare's (`Vacant`).
                 let entry = ctl.sb.devices.get(i);
-                let removed = entry.filter(|e| e.removed || (e.spare && !d.present()));
+                let removed = entry.filter(|e| e.removed || (e.spare && !d.present()) || d.missing_member());
                 let state = match entry {
                     Some(e) if e.removed => "REMOVED",
                     Some(e) if e.spare && d.present() => "SPARE",
                     Some(e) if e.spare => "MISSING",
+                    // A member holding data whose device was not found.
+                    _ if d.missing_member() => "UNAVAIL",
+                    // A new device being rebuilt from parity rows.
+                    _ if d.degraded() => "REBUILDING",
                     _ => self.member_state(inner, i),
                 };
                 DeviceStatus {

@@ -117,6 +117,10 @@ impl Service {
         if !draining.is_empty() && !service.pool.is_read_only() {
             service.spawn("evacuate", move |pool, stop| run_evacuation(pool, &draining, stop));
         }
+        let rebuilding = service.pool.rebuilding_members();
+        if !rebuilding.is_empty() && !service.pool.is_read_only() {
+            service.spawn("rebuild", move |pool, stop| run_rebuild(pool, &rebuilding, stop));
+        }
         let pending = service.pool.resync_pending();
         if pending > 0 {
             service.spawn("resync", move |pool, stop| run_region_resync(pool, pending, stop));
@@ -350,6 +354,21 @@ fn run_evacuation(pool: &Pool, members: &[usize], stop: &Stop) {
             ),
             Ok(r) => log::warn!("member {i}: evacuation stopped, {} MiB of live data left", r.remaining_bytes >> 20),
             Err(e) => log::error!("member {i}: background evacuation failed (run `tarn dev remove {i}`): {e}"),
+        }
+    }
+}
+
+/// Go on rebuilding the members a crash or a stop left half rebuilt from
+/// parity rows (`tarn pool replace`), unthrottled, until done or stopped.
+fn run_rebuild(pool: &Pool, members: &[usize], stop: &Stop) {
+    for &i in members {
+        log::warn!("member {i} is being rebuilt from parity rows: the rebuild resumes in the background");
+        match pool.rebuild_member(i, &mut |_, _| !stop.is_set()) {
+            Ok(r) if !r.stopped => {
+                log::warn!("member {i}: rebuilt in the background ({} MiB)", (r.rebuilt * 4096) >> 20)
+            }
+            Ok(_) => log::warn!("member {i}: rebuild stopped; it resumes at the next start"),
+            Err(e) => log::error!("member {i}: background rebuild failed (run `tarn pool replace {i} DEVICE`): {e}"),
         }
     }
 }

@@ -61,6 +61,7 @@ impl Pool {
             placement: None,
             removed: false,
             spare,
+            rebuilt: None,
         };
         let mut label = member_label(&ctl.sb, &entry, index);
         label.created_unix = ctl.sb.created_unix;
@@ -142,7 +143,7 @@ impl Pool {
 
 /// The superblock of member `index` (its own label; the table is the
 /// primary's).
-fn member_label(primary: &Superblock, entry: &DeviceEntry, index: usize) -> Superblock {
+pub(crate) fn member_label(primary: &Superblock, entry: &DeviceEntry, index: usize) -> Superblock {
     Superblock {
         version: primary.version,
         incompat: primary.incompat,

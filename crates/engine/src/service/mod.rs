@@ -1,10 +1,12 @@
 //! The top of the engine: creating and opening pools (`open.rs`),
-//! replacing and resyncing mirror legs (`resilver.rs`), and the service
+//! replacing and resyncing mirror legs (`resilver.rs`), rebuilding a lost
+//! member from parity rows (`rebuild.rs`), and the service
 //! that runs a pool's background threads.
 
 mod background;
 pub mod grow;
 pub mod open;
+pub mod rebuild;
 pub mod resilver;
 
 pub use background::{Notice, Service, ServiceOptions};

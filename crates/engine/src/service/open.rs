@@ -151,6 +151,7 @@ impl NewPool {
             removed: false,
             placement: None,
             spare: false,
+            rebuilt: None,
         };
         let label = Superblock {
             version: FORMAT_VERSION,
@@ -308,7 +309,7 @@ impl Pool {
         let primary = &devices[0];
         let sb = label.current.clone();
         for (i, dev) in devices.iter().enumerate().skip(1).filter(|(i, _)| !sb.devices[*i].spare) {
-            if mirrors[i].is_none() && !sb.devices[i].removed {
+            if mirrors[i].is_none() && !sb.devices[i].removed && !dev.missing_member() {
                 verify_member(&sb, i, dev.as_ref())?;
             }
         }
@@ -316,6 +317,7 @@ impl Pool {
         let loaded = load(&devices, &members, &sb, &options)?;
         let (state, mut space, pieces, cursor, replayed) = loaded;
         space.random_region_start = options.random_region_start;
+        space.metadata_spread = options.metadata_spread;
         if options.region_blocks != 0 {
             let smallest = space.devices.iter().map(|d| d.data_end - d.data_start).min().unwrap_or(0);
             crate::space::placement::check_region_blocks(options.region_blocks, smallest)
@@ -323,6 +325,11 @@ impl Pool {
         }
         space.reserve_blocks = reserve_for(state.extent_count(), space.data_blocks());
         avoid_leaving(&sb, &mut space);
+        // Nothing new goes to a missing member or one being rebuilt: no
+        // data, no metadata (a rebuilt one is usable again at the end).
+        for (i, _) in devices.iter().enumerate().filter(|(i, d)| d.degraded() && *i < 32) {
+            space.avoid |= 1 << i;
+        }
         let mut notes = asm.notes;
         notes.extend(label_notes(&label, &primary.name(), &sb));
         log::info!(

@@ -55,6 +55,9 @@ pub struct Space {
     /// (`tarn vol hint --metadata-device`): new data goes elsewhere while
     /// another device has room.
     pub hint_device: Option<usize>,
+    /// Metadata goes to the roomiest member, not the primary first (the
+    /// rule of pools written before; simulations set it).
+    pub metadata_spread: bool,
     /// New homes of `contiguous` regions are searched from a start spread
     /// over the device (VC's random start) instead of the data cursor.
     pub random_region_start: bool,
@@ -93,6 +96,7 @@ impl Space {
             superseded: Vec::new(),
             meta_cursor,
             hint_device: None,
+            metadata_spread: false,
             random_region_start: false,
             avoid: 0,
         }
@@ -142,6 +146,22 @@ impl Space {
             .filter(|&d| self.devices[d].free_blocks > 0)
             .max_by_key(|&d| self.devices[d].free_blocks)
             .or_else(|| usable.max_by_key(|&d| self.devices[d].free_blocks))
+    }
+
+    /// Where the pool's own metadata (store nodes, catalog segments) goes:
+    /// the primary while it has `want` blocks free, else the roomiest
+    /// member. The primary holds the journal and the authoritative
+    /// superblock, so its loss loses the pool anyway; keeping the trees
+    /// with them means the loss of any other member loses no metadata, and
+    /// a pool can open DEGRADED without it (parity volumes rebuild its
+    /// blocks). Before this rule (the roomiest, ties to the highest index)
+    /// the last member often held nodes every open needs.
+    pub fn metadata_device(&self, want: u64) -> Option<usize> {
+        let primary = !self.metadata_spread && self.usable(0) && self.hint_device != Some(0);
+        if primary && self.devices.first().is_some_and(|d| d.free_blocks >= want.max(1)) {
+            return Some(0);
+        }
+        self.roomiest()
     }
 
     /// The roomiest member among `devices` (bit i for member i) that

@@ -284,7 +284,7 @@ fn shows_run(segs: &[Segment], run: &LiveRun) -> bool {
 pub(crate) type Keep<'a> = dyn Fn(Pba, u64) -> (bool, u64) + 'a;
 
 /// Blocks on member `index`.
-fn on_member(index: usize) -> impl Fn(Pba, u64) -> (bool, u64) {
+pub(crate) fn on_member(index: usize) -> impl Fn(Pba, u64) -> (bool, u64) {
     move |pba, len| (usize::from(pba.device()) == index, len)
 }
 

@@ -9,6 +9,8 @@
 //! row loses at most one unit with one member.
 
 use crate::error::{EngineError, Result};
+use crate::map::extent_map::Segment;
+use crate::map::view::View;
 use crate::pool::Pool;
 use tarn_format::stripe::{Parity, MAX_PARITY_SHIFT, MIN_PARITY_MEMBERS};
 use tarn_format::BLOCK_SIZE;
@@ -46,8 +48,11 @@ impl Pool {
 /// What verifying parity volumes' rows found (`Pool::scrub_parity`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ParityReport {
-    /// Rows with anything mapped, verified.
+    /// Rows with anything mapped, verified (heads', and snapshots' that
+    /// differ from their head's).
     pub rows: u64,
+    /// Of them, snapshots' rows.
+    pub snapshot_rows: u64,
     /// Rows whose parity unit was not the XOR of their data units.
     pub mismatched: u64,
     /// Rows a unit of which had to be rebuilt from the others (a read
@@ -60,6 +65,7 @@ pub struct ParityReport {
 impl ParityReport {
     fn add(&mut self, o: &ParityReport) {
         self.rows += o.rows;
+        self.snapshot_rows += o.snapshot_rows;
         self.mismatched += o.mismatched;
         self.rebuilt += o.rebuilt;
         self.healed += o.healed;
@@ -71,7 +77,8 @@ impl Pool {
     /// data units, every unit against its checksum) and, with `heal`,
     /// rewrite what is wrong: a row with a unit rebuilt from the others is
     /// written again to new space, a row whose parity alone is wrong gets
-    /// new parity. Snapshots' rows are not verified (not built).
+    /// new parity. Snapshots' rows that differ from their head's are
+    /// verified too, not rewritten.
     pub fn scrub_parity(&self, heal: bool) -> Result<ParityReport> {
         let vols: Vec<u32> = {
             let inner = self.read_inner();
@@ -88,8 +95,9 @@ impl Pool {
         }
         if total.rows > 0 {
             log::info!(
-                "parity scrub: {} rows, {} mismatched, {} rebuilt, {} rewritten",
+                "parity scrub: {} rows ({} in snapshots), {} mismatched, {} rebuilt, {} rewritten",
                 total.rows,
+                total.snapshot_rows,
                 total.mismatched,
                 total.rebuilt,
                 total.healed
@@ -98,8 +106,50 @@ impl Pool {
         Ok(total)
     }
 
-    /// [`Pool::scrub_parity`] of one volume.
+    /// [`Pool::scrub_parity`] of one volume: its head's rows (healed with
+    /// `heal`), then each snapshot's rows that differ from the head's
+    /// (verified only: a snapshot is never rewritten; what they share was
+    /// verified as the head's).
     pub fn check_parity(&self, vol: u32, heal: bool) -> Result<ParityReport> {
+        let mut r = self.check_parity_view(vol, View::Head, heal)?;
+        let epochs: Vec<u64> = {
+            let inner = self.read_inner();
+            let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
+            v.snapshots.iter().map(|s| s.epoch).collect()
+        };
+        for epoch in epochs {
+            match self.check_parity_view(vol, View::Snapshot(epoch), false) {
+                Ok(s) => {
+                    r.snapshot_rows += s.rows;
+                    r.add(&s);
+                }
+                // Deleted meanwhile: nothing to verify.
+                Err(EngineError::NoSuchSnapshot { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(r)
+    }
+
+    /// Where each block of a row (data, then parity unit) is mapped in
+    /// `view`: what tells a snapshot's row from the head's.
+    fn row_blocks_in(&self, vol: u32, view: View, (p, blocks): (Parity, u64), row: u64) -> Result<Vec<Option<u64>>> {
+        let first = row * p.row_blocks();
+        let mut out = Vec::new();
+        for (lba, len) in [(first, p.row_blocks()), (p.parity_block(blocks, first), p.unit_blocks())] {
+            for seg in self.resolve(vol, view, lba, len)? {
+                match seg {
+                    Segment::Mapped { pba, len, .. } => out.extend((0..len).map(|i| Some(pba.offset_by(i).0))),
+                    Segment::Hole { len, .. } => out.extend((0..len).map(|_| None)),
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Verify the rows of one view of a parity volume; with `heal` (the
+    /// head only), rewrite what is wrong.
+    fn check_parity_view(&self, vol: u32, view: View, heal: bool) -> Result<ParityReport> {
         let (p, blocks) = self.parity_of(vol).ok_or(EngineError::VolumeGone(vol))?;
         let mut r = ParityReport::default();
         // Bounded by the volume's rows; each row is read under its lock.
@@ -107,24 +157,29 @@ impl Pool {
             let _row = self.lock_row(vol, row);
             let first = row * p.row_blocks();
             let pb = p.parity_block(blocks, first);
-            let mapped = {
-                let inner = self.read_inner();
-                let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
-                v.map.any_mapped(first, p.row_blocks())? || v.map.any_mapped(pb, p.unit_blocks())?
-            };
-            if !mapped {
+            let here = self.row_blocks_in(vol, view, (p, blocks), row)?;
+            if here.iter().all(Option::is_none) {
                 continue;
+            }
+            if view != View::Head && here == self.row_blocks_in(vol, View::Head, (p, blocks), row)? {
+                continue; // The head's row, verified as such.
             }
             r.rows += 1;
             let mut data = vec![0u8; (p.row_blocks() * BLOCK_SIZE) as usize];
             let mut parity = vec![0u8; (p.unit_blocks() * BLOCK_SIZE) as usize];
-            let rebuilt = self.read_row_part(vol, (p, blocks), first, &mut data)?
-                | self.read_row_part(vol, (p, blocks), pb, &mut parity)?;
+            let rebuilt = self.read_row_part((vol, view), (p, blocks), first, &mut data)?
+                | self.read_row_part((vol, view), (p, blocks), pb, &mut parity)?;
             let want = crate::io::parity_of_row(p, &data);
             let mismatched = want != parity;
             r.mismatched += u64::from(mismatched);
             r.rebuilt += u64::from(rebuilt);
-            if !heal || !(mismatched || rebuilt) {
+            if (mismatched || rebuilt) && view != View::Head {
+                log::warn!(
+                    "volume {vol} {view:?} row {row}: a unit {}; snapshots are not rewritten",
+                    if rebuilt { "had to be rebuilt from its row" } else { "does not match the row's parity" }
+                );
+            }
+            if !heal || view != View::Head || !(mismatched || rebuilt) {
                 continue;
             }
             if rebuilt {

@@ -1,0 +1,348 @@
+//! Rebuilding a lost member of parity volumes onto a new device (`tarn
+//! pool replace`; issue 12 item 7; format: device table state 4 with its
+//! `rebuilt` count, incompat bit 18 REBUILD, docs/FORMAT.md).
+//!
+//! The new device takes the member's place at the same index and the same
+//! block addresses: every block a parity volume maps there (head,
+//! snapshots' dead lists, clones) is rebuilt in place, in address order, as
+//! the XOR of the rest of its row, checked against its own checksum, so no
+//! map changes. The member's slot (`device/rebuild_slot.rs`) serves reads of
+//! blocks below the cursor from the new device and fails the rest, which
+//! parity reads rebuild from their rows. Allocation avoids the member
+//! until the end, so its blocks only ever go from mapped to free while it
+//! is rebuilt: a block rebuilt after its row moved lands on free space,
+//! harmless. Each step (at most `STEP_BLOCKS` of work) is flushed on the
+//! new device before the superblock records the cursor past it: a crash
+//! leaves a cursor below which everything is durable, and a restart goes
+//! on from there.
+
+use crate::device::label::{read_label, uuid_string, write_both_labels};
+use crate::device::rebuild_slot::{RebuildSlot, WHOLE};
+use crate::device::Device;
+use crate::error::{EngineError, Result};
+use crate::map::extent_map::Segment;
+use crate::map::view::View;
+use crate::pool::Pool;
+use crate::service::grow::member_label;
+use crate::service::open::random_bytes;
+use crate::volumes::evacuate::{on_member, LiveRun};
+use std::sync::Arc;
+use tarn_format::superblock::incompat;
+use tarn_format::BLOCK_SIZE;
+
+/// Blocks rebuilt between two cursor records (4 MiB).
+const STEP_BLOCKS: u64 = 1024;
+
+/// What `Pool::rebuild_member` did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RebuildReport {
+    pub index: usize,
+    /// Blocks of parity volumes mapped on the member when it started.
+    pub blocks: u64,
+    /// Of them, rebuilt onto the new device.
+    pub rebuilt: u64,
+    /// Of them, unmapped or moved meanwhile (nothing to rebuild).
+    pub gone: u64,
+    /// Of them, not rebuildable: another unit of the row is lost too.
+    pub lost: u64,
+    /// Stopped before the end (`go_on` said so); resumable.
+    pub stopped: bool,
+}
+
+/// The named refusal.
+fn refuse<T>(why: String) -> Result<T> {
+    Err(EngineError::InvalidArgument(why))
+}
+
+impl Pool {
+    /// The slot of member `index` if it is missing or being rebuilt (a
+    /// slot whose rebuild ended is a whole member: not returned).
+    fn rebuild_slot_of(&self, index: usize) -> Option<&RebuildSlot> {
+        self.devices.get(index).and_then(|d| d.rebuild_slot()).filter(|s| s.degraded())
+    }
+
+    /// Whether member `index` is being rebuilt (a new device in place).
+    pub fn is_rebuilding(&self, index: usize) -> bool {
+        self.rebuild_slot_of(index).is_some_and(RebuildSlot::is_rebuilding)
+    }
+
+    /// The member `name` designates (its index, or its recorded path) if it
+    /// is a plain member that is missing or being rebuilt: the one `pool
+    /// replace` rebuilds from parity rows rather than resilvering a leg.
+    pub fn member_to_rebuild(&self, name: &str) -> Option<usize> {
+        let ctl = self.lock_commit();
+        let named = |i: usize| name == i.to_string() || ctl.sb.devices.get(i).is_some_and(|e| e.path == name);
+        (1..self.devices.len()).find(|&i| named(i) && self.rebuild_slot_of(i).is_some())
+    }
+
+    /// The device member `index` is being rebuilt onto, if it is.
+    pub fn rebuilding_onto(&self, index: usize) -> Option<String> {
+        self.rebuild_slot_of(index).filter(|s| s.is_rebuilding()).map(|s| s.name())
+    }
+
+    /// The members being rebuilt (the service resumes them).
+    pub fn rebuilding_members(&self) -> Vec<usize> {
+        (0..self.devices.len()).filter(|&i| self.is_rebuilding(i)).collect()
+    }
+
+    /// Every reason member `index` cannot be replaced by `dev` and rebuilt
+    /// from parity rows, before anything changes.
+    fn refuse_replace(&self, index: usize, dev: &dyn Device) -> Result<()> {
+        let n = self.devices.len();
+        if index == 0 {
+            return refuse("member 0 is the primary (journal and superblock): it cannot be rebuilt from parity".into());
+        }
+        let entry = self.lock_commit().sb.devices.get(index).cloned();
+        let Some(entry) = entry.filter(|_| index < n) else {
+            return refuse(format!("no member {index}: the pool has {n} (0..{})", n.saturating_sub(1)));
+        };
+        if entry.removed || entry.spare || !entry.legs.is_empty() {
+            return refuse(format!(
+                "member {index} is {}: only a plain member is rebuilt from parity (a mirror leg is \
+                 replaced by `pool replace OLD-LEG NEW`)",
+                if entry.removed {
+                    "a removed slot"
+                } else if entry.spare {
+                    "a spare"
+                } else {
+                    "a mirror"
+                }
+            ));
+        }
+        match self.rebuild_slot_of(index) {
+            Some(s) if s.is_rebuilding() => {
+                return refuse(format!("member {index} is being rebuilt onto {} already", s.name()));
+            }
+            Some(_) => {}
+            None => {
+                return refuse(format!(
+                    "member {index} ({}) is present: `pool replace` rebuilds a member that is missing \
+                     (UNAVAIL in `pool status`); `tarn dev remove {index}` moves a present member's data",
+                    self.devices[index].name()
+                ));
+            }
+        }
+        if dev.size() / BLOCK_SIZE < entry.blocks {
+            return refuse(format!(
+                "device {} is too small: {} blocks, member {index} had {}",
+                dev.name(),
+                dev.size() / BLOCK_SIZE,
+                entry.blocks
+            ));
+        }
+        if let Ok(l) = read_label(dev) {
+            return Err(EngineError::ForeignDevice {
+                device: dev.name(),
+                detail: format!(
+                    "it carries a tarn label (member {} of pool {}): wipe it first",
+                    l.current.device_index,
+                    uuid_string(&l.current.pool_uuid)
+                ),
+            });
+        }
+        let lost = self.unrebuildable(index)?;
+        if !lost.is_empty() {
+            return refuse(format!(
+                "member {index} holds blocks of volumes without parity, which cannot be rebuilt: {}; \
+                 delete them (or bring the member back and `tarn dev remove {index}`) first",
+                lost.join(", ")
+            ));
+        }
+        Ok(())
+    }
+
+    /// The volumes without parity with blocks on member `index`, by name
+    /// with their block counts.
+    fn unrebuildable(&self, index: usize) -> Result<Vec<String>> {
+        let runs = self.live_runs_where(&on_member(index))?;
+        let inner = self.read_inner();
+        let mut lost: std::collections::BTreeMap<String, u64> = Default::default();
+        for r in runs {
+            let Some(v) = inner.state.volume(r.vol).filter(|v| v.parity.is_none()) else { continue };
+            *lost.entry(v.name.clone()).or_default() += r.len;
+        }
+        Ok(lost.into_iter().map(|(name, n)| format!("{name} ({n} blocks)")).collect())
+    }
+
+    /// Put `dev` (at `path`) in the place of member `index`, missing, to
+    /// be rebuilt from parity rows by [`Pool::rebuild_member`]. Refused
+    /// (nothing changed) for the primary, a mirror, a spare, a removed
+    /// slot, a present member, a device too small or carrying a tarn
+    /// label, and a member holding blocks of volumes without parity.
+    pub fn replace_member(&self, index: usize, dev: Arc<dyn Device>, path: &str) -> Result<()> {
+        self.check_writable()?;
+        self.refuse_replace(index, dev.as_ref())?;
+        let start = self.read_inner().space.devices[index].data_start;
+        let mut ctl = self.lock_commit();
+        let mut entry = ctl.sb.devices[index].clone();
+        entry.uuid = random_bytes::<16>()?;
+        entry.path = path.to_string();
+        entry.rebuilt = Some(start);
+        // The label first: a crash before the table names the device
+        // leaves it unknown to the pool (the member is still missing).
+        let mut label = member_label(&ctl.sb, &entry, index);
+        label.created_unix = ctl.sb.created_unix;
+        label.incompat |= incompat::EVACUATION | incompat::REBUILD;
+        write_both_labels(dev.as_ref(), &label)?;
+        dev.flush().map_err(|e| EngineError::io("flush label", dev.name(), e))?;
+        let bits = incompat::EVACUATION | incompat::REBUILD;
+        self.rewrite_member_entry(&mut ctl, index, bits, |e| *e = entry)?;
+        drop(ctl);
+        if let Some(slot) = self.rebuild_slot_of(index) {
+            slot.install(dev, start);
+        }
+        log::warn!("member {index}: {path} takes its place; rebuilding it from parity rows");
+        Ok(())
+    }
+
+    /// Record in the superblock that member `index` holds its first `n`
+    /// blocks (`None`: all of it, the rebuild is over; the REBUILD bit is
+    /// cleared when no member is rebuilt any more).
+    fn record_rebuilt(&self, index: usize, n: Option<u64>) -> Result<()> {
+        let mut ctl = self.lock_commit();
+        if ctl.sb.devices.get(index).is_none_or(|e| e.rebuilt.is_none()) {
+            // Ended already (a second rebuild of the member ran at once:
+            // `pool replace` resuming while the service does): nothing to
+            // record, and a cursor must not bring the rebuild back.
+            return Ok(());
+        }
+        let bit = if n.is_some() { incompat::REBUILD } else { 0 };
+        self.rewrite_member_entry(&mut ctl, index, bit, |e| e.rebuilt = n)?;
+        if n.is_none() && ctl.sb.devices.iter().all(|d| d.rebuilt.is_none()) && ctl.sb.incompat & incompat::REBUILD != 0
+        {
+            let mut sb = ctl.sb.clone();
+            sb.txid += 1;
+            sb.incompat &= !incompat::REBUILD;
+            self.write_superblock(&sb)?;
+            ctl.sb = sb;
+        }
+        Ok(())
+    }
+
+    /// Rebuild every block parity volumes map on member `index` onto its
+    /// new device, from the cursor on. `go_on(done, total)` (blocks) is
+    /// asked after every step; false stops (resumable). At the end the
+    /// member is whole and allocation uses it again.
+    pub fn rebuild_member(&self, index: usize, go_on: &mut dyn FnMut(u64, u64) -> bool) -> Result<RebuildReport> {
+        self.rebuild_member_by(index, STEP_BLOCKS, go_on)
+    }
+
+    /// [`Pool::rebuild_member`] recording the cursor every `step` blocks
+    /// of work (at least 1; the crash simulation takes small steps).
+    pub fn rebuild_member_by(
+        &self,
+        index: usize,
+        step_blocks: u64,
+        go_on: &mut dyn FnMut(u64, u64) -> bool,
+    ) -> Result<RebuildReport> {
+        self.check_writable()?;
+        let Some(slot) = self.rebuild_slot_of(index).filter(|s| s.is_rebuilding()) else {
+            return refuse(format!("member {index} is not being rebuilt (`tarn pool replace` starts it)"));
+        };
+        let from = slot.rebuilt();
+        let runs = self.runs_to_rebuild(index, from)?;
+        let mut report = RebuildReport { index, blocks: runs.iter().map(|r| r.len).sum(), ..Default::default() };
+        let mut step = 0;
+        // Bounded by the runs listed (each block once).
+        for run in &runs {
+            for i in 0..run.len {
+                let (lba, pba) = (run.lba + i, run.pba.offset_by(i));
+                if pba.block() < from {
+                    continue;
+                }
+                match self.rebuild_block(slot, run, lba, pba) {
+                    Ok(true) => report.rebuilt += 1,
+                    Ok(false) => report.gone += 1,
+                    // Another unit of its row is lost too (a row placed
+                    // with two units on this member): it stays unreadable
+                    // (its checksum fails on the new device: EIO).
+                    Err(e @ (EngineError::Io { .. } | EngineError::Inconsistent(_) | EngineError::Checksum { .. })) => {
+                        log::error!("member {index}: volume {} block {lba} cannot be rebuilt: {e}", run.vol);
+                        report.lost += 1;
+                    }
+                    Err(e) => return Err(e),
+                }
+                // Reads may use what is written (durable or not: a crash
+                // forgets this cursor too); a later block's row may need it.
+                slot.advance(pba.block() + 1);
+                step += 1;
+                if step >= step_blocks {
+                    step = 0;
+                    self.rebuild_step_done(index, slot, pba.block() + 1)?;
+                    if !go_on(report.rebuilt + report.gone + report.lost, report.blocks) {
+                        report.stopped = true;
+                        return Ok(report);
+                    }
+                }
+            }
+        }
+        self.finish_rebuild(index, slot)?;
+        go_on(report.blocks, report.blocks);
+        Ok(report)
+    }
+
+    /// Everything parity volumes map on member `index` at or past block
+    /// `from`, in address order (runs cut to start there).
+    fn runs_to_rebuild(&self, index: usize, from: u64) -> Result<Vec<LiveRun>> {
+        let mut runs = self.live_runs_where(&on_member(index))?;
+        let inner = self.read_inner();
+        runs.retain(|r| inner.state.volume(r.vol).is_some_and(|v| v.parity.is_some()));
+        runs.retain(|r| r.pba.block() + r.len > from);
+        runs.sort_by_key(|r| r.pba.0);
+        Ok(runs)
+    }
+
+    /// Rebuild block `lba` of `run`'s view, mapped at `pba` on the slot's
+    /// new device, under its row's lock; false when no view maps it there
+    /// any more (rewritten or moved since the list was taken). A head
+    /// block overwritten since then may live on in a snapshot's dead list
+    /// at the same address: the snapshots are looked at too.
+    fn rebuild_block(&self, slot: &RebuildSlot, run: &LiveRun, lba: u64, pba: tarn_format::Pba) -> Result<bool> {
+        let Some(layout) = self.parity_of(run.vol) else { return Ok(false) };
+        let _row = self.lock_row(run.vol, crate::io::row_of(layout.0, layout.1, lba));
+        let _gate = self.io_gate.read().unwrap_or_else(|e| e.into_inner());
+        let mut views = vec![if run.snap == 0 { View::Head } else { View::Snapshot(run.snap) }];
+        if run.snap == 0 {
+            let inner = self.read_inner();
+            let snaps: Option<Vec<u64>> =
+                inner.state.volume(run.vol).map(|v| v.snapshots.iter().rev().map(|s| s.epoch).collect());
+            views.extend(snaps.unwrap_or_default().into_iter().map(View::Snapshot));
+        }
+        for view in views {
+            let still = match self.resolve_summed(run.vol, view, lba, 1) {
+                Ok(s) => matches!(s.first(), Some((Segment::Mapped { pba: now, .. }, _)) if *now == pba),
+                // Deleted meanwhile: nothing to rebuild there.
+                Err(
+                    EngineError::VolumeGone(_) | EngineError::NoSuchSnapshot { .. } | EngineError::OutOfRange { .. },
+                ) => false,
+                Err(e) => return Err(e),
+            };
+            if still {
+                let (data, _) = self.block_from_row(run.vol, view, layout, lba)?;
+                slot.write_at(&data, pba.byte_offset()).map_err(|e| EngineError::io("rebuild", slot.name(), e))?;
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Blocks below `upto` are rebuilt: durable on the new device first,
+    /// then the superblock records the cursor.
+    fn rebuild_step_done(&self, index: usize, slot: &RebuildSlot, upto: u64) -> Result<()> {
+        slot.flush().map_err(|e| EngineError::io("flush rebuilt blocks", slot.name(), e))?;
+        self.record_rebuilt(index, Some(upto))
+    }
+
+    /// The member is whole: recorded, read in full, allocated from again.
+    fn finish_rebuild(&self, index: usize, slot: &RebuildSlot) -> Result<()> {
+        slot.flush().map_err(|e| EngineError::io("flush rebuilt blocks", slot.name(), e))?;
+        self.record_rebuilt(index, None)?;
+        slot.advance(WHOLE);
+        // What open noted of the member (missing, half rebuilt) is over.
+        let said = format!("member {index} (");
+        self.lock_commit().notes.retain(|n| !n.starts_with(&said));
+        self.write_inner().space.avoid &= !(1 << index);
+        log::warn!("member {index} ({}): rebuilt from parity rows; the pool is whole", slot.name());
+        Ok(())
+    }
+}
