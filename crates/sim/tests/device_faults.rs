@@ -187,9 +187,15 @@ fn known_gap_damaged_last_journal_record_ends_replay_silently_after_a_crash() {
 /// Opening now notes the older copy (`pool status` shows it).
 #[test]
 fn stale_superblock_copy_is_noted() {
-    for (kind, seed) in [(FaultKind::Lost, 24), (FaultKind::Misdirect, 46)] {
-        let stats = run_fault_seed(seed, &FaultConfig::new(kind)).unwrap_or_else(|e| panic!("{e}"));
+    // The first seeds whose fault leaves an older superblock copy (the
+    // seeds move when the engine's I/O pattern changes: searched for).
+    for kind in [FaultKind::Lost, FaultKind::Misdirect] {
+        let noted = (0..300).find_map(|seed| {
+            let stats = run_fault_seed(seed, &FaultConfig::new(kind)).unwrap_or_else(|e| panic!("{e}"));
+            (stats.other_copy == 1).then_some((seed, stats))
+        });
+        let Some((seed, stats)) = noted else { panic!("{kind:?}: no seed of 300 opened noting an older copy") };
+        println!("{kind:?}: seed {seed} notes the older superblock copy");
         assert_eq!(stats.gap, None, "{kind:?} seed {seed}");
-        assert_eq!(stats.other_copy, 1, "{kind:?} seed {seed}: the older copy is noted");
     }
 }
