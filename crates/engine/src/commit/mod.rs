@@ -287,6 +287,8 @@ impl Pool {
         }
         let gen = self.write_gen.load(Ordering::SeqCst);
         let (mut ops, frees) = inner.take_queue();
+        // Coarse groups these ops free in part split in this same record.
+        self.split_freed(inner, &frees, &mut ops)?;
         if drained {
             let now = self.counters.commits.load(Ordering::Relaxed);
             let idle = inner.regions.idle(&inner.state.open_regions, now);

@@ -303,6 +303,9 @@ pub struct Counters {
     pub read_errors: AtomicU64,
     /// Bad copies rewritten from a good one (self-heal, scrub, resync).
     pub healed_blocks: AtomicU64,
+    /// Coarse checksum groups split into block sums (a partial overwrite
+    /// or free; `integrity/split.rs`).
+    pub split_groups: AtomicU64,
     /// Blocks of parity volumes read by reconstruction from the rest of
     /// their row (a missing, failing or rotted unit).
     pub reconstructed_blocks: AtomicU64,
@@ -382,6 +385,13 @@ pub struct Pool {
     pub(crate) options: OpenOptions,
     /// The pool keeps data checksums (DATA_CHECKSUMS feature).
     pub(crate) checksums: bool,
+    /// Whole 64 KiB groups written at once get one checksum (COARSE_SUMS
+    /// in the superblock: set by a commit of its own before the first).
+    pub(crate) coarse: AtomicBool,
+    /// Locks of coarse groups by stripe (`integrity/split.rs`): an
+    /// in-place writer holds those of the groups it touches from its split
+    /// check until its sums are recorded.
+    pub(crate) group_locks: Vec<Mutex<()>>,
     /// Writes in flight over uncommitted new data in closed regions.
     pub(crate) fresh_writes: AtomicU64,
     /// Parity volumes' row locks (hashed by volume and row): a write of a
@@ -481,6 +491,10 @@ pub struct PoolStatus {
     pub checksum_errors: u64,
     pub read_errors: u64,
     pub healed_blocks: u64,
+    /// Whether whole 64 KiB groups get one checksum (COARSE_SUMS).
+    pub coarse_sums: bool,
+    /// Coarse groups split into block sums since open.
+    pub split_groups: u64,
     pub reconstructed_blocks: u64,
     pub resynced_blocks: u64,
     /// The on-disk format version of the pool.
@@ -759,6 +773,8 @@ impl Pool {
             checksum_errors: self.counters.checksum_errors.load(Ordering::Relaxed),
             read_errors: self.counters.read_errors.load(Ordering::Relaxed),
             healed_blocks: self.counters.healed_blocks.load(Ordering::Relaxed),
+            coarse_sums: self.coarse.load(Ordering::SeqCst),
+            split_groups: self.counters.split_groups.load(Ordering::Relaxed),
             reconstructed_blocks: self.counters.reconstructed_blocks.load(Ordering::Relaxed),
             resynced_blocks: self.counters.resynced_blocks.load(Ordering::Relaxed),
             format: ctl.sb.version,

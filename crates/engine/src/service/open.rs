@@ -357,6 +357,7 @@ impl Pool {
         // Room for members added online (`dev add`): never mirrored.
         mirrors.resize(MAX_DEVICE_ENTRIES, None);
         let checksums = ctl.sb.incompat & incompat::DATA_CHECKSUMS != 0;
+        let coarse = checksums && ctl.sb.incompat & incompat::COARSE_SUMS != 0;
         let pending_limit = journal::pending_limit(ctl.sb.journal_blocks);
         let device_placement = ctl.sb.devices.iter().map(|d| d.placement.map(PlacementKind::from)).collect();
         Pool {
@@ -389,6 +390,8 @@ impl Pool {
             dirty: (0..MAX_DEVICE_ENTRIES).map(|_| AtomicBool::new(false)).collect(),
             fenced: AtomicBool::new(false),
             checksums,
+            coarse: AtomicBool::new(coarse),
+            group_locks: (0..crate::integrity::split::GROUP_LOCKS).map(|_| Mutex::new(())).collect(),
             pending_limit,
             fresh_writes: AtomicU64::new(0),
             parity_rows: (0..STRIPES).map(|_| Mutex::new(())).collect(),
