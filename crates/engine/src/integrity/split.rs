@@ -118,8 +118,8 @@ impl Pool {
         }
         self.counters.split_groups.fetch_add(1, Ordering::Relaxed);
         match ops {
-            Some(ops) => ops.push(op),
-            None => inner.queue(op, freed),
+            Some(ops) if !self.options.control_split_late => ops.push(op),
+            _ => inner.queue(op, freed),
         }
         Ok(())
     }
@@ -139,7 +139,11 @@ impl Pool {
         if let Err(e) = dev.read_at(&mut data, g.byte_offset()) {
             log::error!("splitting group at block {} of {}: read error {e}", g.block(), dev.name());
         }
-        log::error!("coarse group at block {} of {} matches on no copy: split into failing sums", g.block(), dev.name());
+        log::error!(
+            "coarse group at block {} of {} matches on no copy: split into failing sums",
+            g.block(),
+            dev.name()
+        );
         self.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
         data.chunks_exact(GROUP_BYTES / SUMS_GROUP as usize).map(|b| !block_sum(b)).collect()
     }

@@ -119,6 +119,9 @@ impl Pool {
     /// but applying it reads the checksum tree, whose nodes a device may
     /// have damaged: then the state may be half changed and the pool fences.
     fn push_sums(&self, inner: &mut Inner, op: Op) -> Result<()> {
+        if let Op::GroupSums { crcs, .. } = &op {
+            self.counters.coarse_groups.fetch_add(crcs.len() as u64, Ordering::Relaxed);
+        }
         let mut freed = Freed::new();
         if let Err(broken) = inner.state.apply(&op, &mut freed) {
             self.fenced.store(true, Ordering::SeqCst);
@@ -516,7 +519,8 @@ impl Pool {
         let pieces = fresh
             .into_iter()
             .map(|p| {
-                let ops = if self.checksums { vec![Op::Sums { pba: p.pba.0, sums: part(p.lba, p.len) }] } else { vec![] };
+                let ops =
+                    if self.checksums { vec![Op::Sums { pba: p.pba.0, sums: part(p.lba, p.len) }] } else { vec![] };
                 (p, ops)
             })
             .collect();

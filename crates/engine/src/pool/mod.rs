@@ -64,6 +64,10 @@ pub struct OpenOptions {
     /// catch).
     #[doc(hidden)]
     pub control_replay_one_side: bool,
+    /// Negative control of the crash simulation only: a coarse group freed
+    /// in part is split in the next record, not the freeing one.
+    #[doc(hidden)]
+    pub control_split_late: bool,
 }
 
 /// The metadata cache when none is asked for: 256 MiB.
@@ -306,6 +310,8 @@ pub struct Counters {
     /// Coarse checksum groups split into block sums (a partial overwrite
     /// or free; `integrity/split.rs`).
     pub split_groups: AtomicU64,
+    /// 64 KiB groups written with one coarse checksum (GroupSums).
+    pub coarse_groups: AtomicU64,
     /// Blocks of parity volumes read by reconstruction from the rest of
     /// their row (a missing, failing or rotted unit).
     pub reconstructed_blocks: AtomicU64,
@@ -495,6 +501,8 @@ pub struct PoolStatus {
     pub coarse_sums: bool,
     /// Coarse groups split into block sums since open.
     pub split_groups: u64,
+    /// Groups written with one checksum since open.
+    pub coarse_groups: u64,
     pub reconstructed_blocks: u64,
     pub resynced_blocks: u64,
     /// The on-disk format version of the pool.
@@ -775,6 +783,7 @@ impl Pool {
             healed_blocks: self.counters.healed_blocks.load(Ordering::Relaxed),
             coarse_sums: self.coarse.load(Ordering::SeqCst),
             split_groups: self.counters.split_groups.load(Ordering::Relaxed),
+            coarse_groups: self.counters.coarse_groups.load(Ordering::Relaxed),
             reconstructed_blocks: self.counters.reconstructed_blocks.load(Ordering::Relaxed),
             resynced_blocks: self.counters.resynced_blocks.load(Ordering::Relaxed),
             format: ctl.sb.version,

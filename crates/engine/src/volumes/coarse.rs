@@ -12,23 +12,9 @@ use crate::map::view::View;
 use crate::pool::Pool;
 use tarn_format::node::SUMS_GROUP;
 use tarn_format::ops::{Op, MAX_GROUPS_PER_OP};
-use tarn_format::superblock::incompat;
-use std::sync::atomic::Ordering;
 use tarn_format::{Pba, BLOCK_SIZE};
 
 impl Pool {
-    /// Set COARSE_SUMS by a commit of its own (a checkpoint: the
-    /// superblock carries it) before the first GroupSums op; a no-op once
-    /// set. Pools get it with their first write of a whole group.
-    pub(crate) fn enable_coarse(&self) -> Result<()> {
-        if self.coarse.load(Ordering::SeqCst) {
-            return Ok(());
-        }
-        self.enable_feature(&mut self.lock_commit(), incompat::COARSE_SUMS)?;
-        self.coarse.store(true, Ordering::SeqCst);
-        Ok(())
-    }
-
     /// Test support: give the whole physical groups that blocks [lba, lba +
     /// len) of `vol`'s head map a coarse sum computed from their (verified)
     /// data, as the writer of a whole group will; sets COARSE_SUMS. Not for
