@@ -82,7 +82,9 @@ pub fn create_mirrored_pool(slots: &[Vec<(Arc<dyn Device>, String)>], opts: &Cre
     };
     let mut features = incompat::SNAPSHOTS;
     if !opts.no_checksums {
-        features |= incompat::DATA_CHECKSUMS;
+        // New pools write coarse sums from the start; older pools get the
+        // bit with their first long write (`Pool::enable_coarse`).
+        features |= incompat::DATA_CHECKSUMS | incompat::COARSE_SUMS;
     }
     if mirrored {
         features |= incompat::MIRRORS;
