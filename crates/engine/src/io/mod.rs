@@ -1149,6 +1149,24 @@ mod tests {
     use std::sync::Arc;
     use tarn_store::Store;
 
+    /// New data gets one GroupSums per whole aligned group it covers and
+    /// block sums for the groups it covers in part, each matching the data.
+    #[test]
+    fn piece_sums_cover_whole_groups_coarsely_and_the_ends_per_block() {
+        let data: Vec<u8> = (0..45 * BS).map(|i| (i * 7 / 5) as u8).collect();
+        let ops = piece_sums(Pba(5), &data);
+        let at = |b: u64| &data[((b - 5) as usize) * BS..];
+        assert_eq!(ops.len(), 3, "{ops:?}");
+        assert!(matches!(&ops[0], Op::Sums { pba: 5, sums } if *sums == sums_of(&at(5)[..11 * BS])));
+        let want = vec![group_sum(&at(16)[..GROUP_BYTES]), group_sum(&at(32)[..GROUP_BYTES])];
+        assert!(matches!(&ops[1], Op::GroupSums { pba: 16, crcs } if *crcs == want));
+        assert!(matches!(&ops[2], Op::Sums { pba: 48, sums } if *sums == sums_of(&at(48)[..2 * BS])));
+        // No whole group inside: block sums only.
+        assert!(matches!(&piece_sums(Pba(17), &data[..15 * BS])[..], [Op::Sums { pba: 17, .. }]));
+        // Exactly one group: one GroupSums alone.
+        assert!(matches!(&piece_sums(Pba(32), &data[..16 * BS])[..], [Op::GroupSums { pba: 32, .. }]));
+    }
+
     #[test]
     fn pieces_that_follow_on_both_sides_are_written_as_one() {
         let piece = |lba, len, dev, b| NewPiece { lba, len, pba: Pba::new(dev, b) };

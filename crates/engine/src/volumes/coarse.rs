@@ -1,9 +1,9 @@
 //! Coarse checksums (COARSE_SUMS, docs/FORMAT.md *Data checksums*): one
 //! crc32c per 64 KiB group of 16 physical blocks. Reads, scrub, heal and
 //! resync verify them (`verify.rs`, `scrub.rs`, `resync.rs`); the writer
-//! does not make them yet (issue 10: the split of a group on a partial
-//! overwrite or a partial free must come first). Until then the only
-//! maker is [`Pool::coarsen_sums`], for tests.
+//! makes them for whole groups of new space (`io/mod.rs` `piece_sums`) and
+//! splits them before a partial overwrite or free (`integrity/split.rs`).
+//! [`Pool::coarsen_sums`] turns existing data coarse, for tests.
 
 use crate::error::{EngineError, Result};
 use crate::map::extent_map::Segment;
