@@ -133,11 +133,28 @@ impl Pool {
     }
 }
 
-/// A write's sums ops: blocks overwritten in place (with where they lie),
-/// and each new piece with its own.
+/// A write's sums ops: blocks overwritten in place, and each new piece
+/// with its own.
 struct WriteSums {
-    in_place: Vec<(Pba, Op)>,
+    in_place: Vec<InPlace>,
     pieces: Vec<(NewPiece, Vec<Op>)>,
+}
+
+/// An in-place piece of a write (`lba`, `len` blocks at `pba`) and its
+/// sums ops: whole groups coarse (COARSE_SUMS), the rest per block.
+struct InPlace {
+    lba: u64,
+    len: u64,
+    pba: Pba,
+    ops: Vec<Op>,
+}
+
+/// Whether `vol` still maps the in-place piece `p` where the plan found
+/// it (under the pool lock, when the write records its sums).
+fn still_mapped(inner: &Inner, vol: u32, p: &InPlace) -> Result<bool> {
+    let Some(v) = inner.state.volume(vol) else { return Ok(false) };
+    let segs = v.map.lookup(p.lba, p.len, 2)?;
+    Ok(matches!(segs[..], [Segment::Mapped { pba, len, .. }] if pba == p.pba && len == p.len))
 }
 
 /// The sums ops of new data `data` at `pba` (COARSE_SUMS): one crc32c per
@@ -372,7 +389,7 @@ impl Pool {
             }
             let allocated = !fresh.is_empty();
             let sums = self.write_sums(&plan.segs, fresh, lba, data);
-            self.record_write(vol, &plan, sums, charged)?;
+            self.record_write(vol, &plan, sums, (lba, data), charged)?;
             drop(groups);
             return Ok(allocated);
         }
@@ -457,15 +474,19 @@ impl Pool {
     /// ends.
     fn write_sums(&self, segs: &[Segment], fresh: Vec<NewPiece>, lba: u64, data: &[u8]) -> WriteSums {
         let slice = |at: u64, len: u64| &data[((at - lba) as usize) * BS..((at - lba + len) as usize) * BS];
+        let coarse = self.coarse.load(Ordering::SeqCst);
         let mut in_place = Vec::new();
         if self.checksums {
             for seg in segs {
                 if let Segment::Mapped { lba: at, len, pba, .. } = *seg {
-                    in_place.push((pba, Op::Sums { pba: pba.0, sums: sums_of(slice(at, len)) }));
+                    let ops = match coarse {
+                        true => piece_sums(pba, slice(at, len)),
+                        false => vec![Op::Sums { pba: pba.0, sums: sums_of(slice(at, len)) }],
+                    };
+                    in_place.push(InPlace { lba: at, len, pba, ops });
                 }
             }
         }
-        let coarse = self.coarse.load(Ordering::SeqCst);
         let pieces = fresh
             .into_iter()
             .map(|p| {
@@ -484,7 +505,14 @@ impl Pool {
     /// place, point the map at new pieces (with their sums), and ask for
     /// the regions that were closed to open. If the volume vanished or
     /// shrank meanwhile, new pieces go straight back: no commit saw them.
-    fn record_write(&self, vol: u32, plan: &WritePlan<'_>, sums: WriteSums, charged: u64) -> Result<()> {
+    fn record_write(
+        &self,
+        vol: u32,
+        plan: &WritePlan<'_>,
+        sums: WriteSums,
+        data: (u64, &[u8]),
+        charged: u64,
+    ) -> Result<()> {
         let mut inner = self.write_inner();
         let inner = &mut *inner;
         // The map takes the blocks over from here (same lock: never
@@ -493,12 +521,20 @@ impl Pool {
         inner.regions.wanted.extend(plan.closed.iter().copied());
         inner.regions.urgent += plan.closed.len();
         let now = self.counters.commits.load(Ordering::Relaxed);
-        for (pba, op) in sums.in_place {
-            let Op::Sums { sums: ref s, .. } = op else { continue };
-            regions_of(pba, s.len() as u64).for_each(|r| {
+        for mut p in sums.in_place {
+            regions_of(p.pba, p.len).for_each(|r| {
                 inner.regions.last_write.insert(r, now);
             });
-            self.push_sums(inner, op)?;
+            if p.ops.iter().any(|op| matches!(op, Op::GroupSums { .. })) && !still_mapped(inner, vol, &p)? {
+                // A trim (or a move) took some of these blocks since the
+                // plan: a group sum over them could cover freed blocks.
+                let (lba, data) = data;
+                let at = ((p.lba - lba) as usize) * BS;
+                p.ops = vec![Op::Sums { pba: p.pba.0, sums: sums_of(&data[at..at + p.len as usize * BS]) }];
+            }
+            for op in p.ops {
+                self.push_sums(inner, op)?;
+            }
         }
         self.map_pieces(inner, vol, sums.pieces)
     }
