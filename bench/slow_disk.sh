@@ -18,8 +18,11 @@
 #      targets unless COMPACT_HDD=1: compaction of data scattered at 4 KiB
 #      reads it back one seek per block, ~1 MiB/s on the model).
 # Targets: POLICY or POLICY_hdd for POLICY in append inplace linear
-# contiguous. ROUNDS rounds, order rotating; the report gives medians, the
-# range, and append / inplace per round.
+# contiguous, and `fresh` / `fresh_hdd`: a twin volume written once in
+# order (step 2) and read cold (step 5), the read the others are held
+# against (issue: after compaction within 10% of a freshly written one).
+# ROUNDS rounds, order rotating; the report gives medians, the range,
+# append / inplace per round, and each read / the fresh twin's per round.
 #
 #   bash bench/slow_disk.sh
 # Env: SIZE=1G RAND_SECS=20 SNAPS=10 SNAP_IOS=256 READ_SECS=60 ROUNDS=2 COMPACT_HDD=0
@@ -50,7 +53,7 @@ POOL_B=$((SIZE_B * 3))
 command -v fio >/dev/null || { echo "slow_disk: fio missing, run: bash scripts/deps.sh" >&2; exit 1; }
 [ -x "$TARN" ] || { echo "slow_disk: $TARN not built (cargo build --release -p tarn-cli)" >&2; exit 1; }
 for t in $TARGETS; do
-  case ${t%_hdd} in append | inplace | linear | contiguous) ;; *) echo "slow_disk: unknown target $t" >&2; exit 2 ;; esac
+  case ${t%_hdd} in append | inplace | linear | contiguous | fresh) ;; *) echo "slow_disk: unknown target $t" >&2; exit 2 ;; esac
 done
 per_target_setup
 . "$BENCH/targets.sh"
@@ -59,6 +62,7 @@ per_target_setup
 setup() { # TARGET
   local policy=${1%_hdd} model=
   [ "$1" != "$policy" ] && model=hdd
+  [ "$policy" = fresh ] && policy=linear
   TARN_BENCH_DISK_MODEL=$model TARN_SERVE_ARGS="--placement $policy --compact-idle 0" setup_tarn
 }
 # TARN_BENCH_DISK_MODEL= (empty) must mean "no model": the server treats
@@ -75,6 +79,14 @@ sequence() { # ROUND TARGET
   TGT_DIR=$(mktemp -d "$DIR/t.$t.XXXX")
   setup "$t" || { log "setup of $t failed"; rm -rf "$TGT_DIR"; return 0; }
   local rand=(--rw=randwrite --bs=4k --iodepth=32 "--size=$SIZE_B" --norandommap --randrepeat=0)
+  if [ "${t%_hdd}" = fresh ]; then
+    # The twin the others' reads are held against: written once, in order.
+    v=$(fio_job "$r" "$t" seqwrite --rw=write --bs=1M --iodepth=8 "--size=$SIZE_B") && record "$r" "$t" seq_write_mibs "$v"
+    layout "$r" "$t" ""
+    stop_server
+    rm -rf "$TGT_DIR"
+    return 0
+  fi
   v=$(fio_job "$r" "$t" first "${rand[@]}" --time_based "--runtime=$RAND_SECS") && record "$r" "$t" first_write_iops "$v"
   v=$(fio_job "$r" "$t" seqwrite --rw=write --bs=1M --iodepth=8 "--size=$SIZE_B") && record "$r" "$t" seq_write_mibs "$v"
   v=$(fio_job "$r" "$t" overwrite "${rand[@]}" --time_based "--runtime=$RAND_SECS") && record "$r" "$t" overwrite_iops "$v"

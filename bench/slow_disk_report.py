@@ -52,6 +52,18 @@ def main(path):
             ratios = [ra[k] / ri[k] for k in ra if k in ri and ri[k] > 0]
             if ratios:
                 print(f"  {where:<12} {title}: {spread(ratios)}x")
+    print()
+    print("cold 1M read against the freshly written twin (fresh target), per round (median [range])")
+    for t in targets:
+        suffix = "_hdd" if t.endswith("_hdd") else ""
+        fresh = vals[("read_mibs", "fresh" + suffix)]
+        if t.startswith("fresh") or not fresh:
+            continue
+        for metric in ("read_mibs", "compacted_read_mibs"):
+            mine = vals[(metric, t)]
+            ratios = [mine[k] / fresh[k] for k in mine if k in fresh and fresh[k] > 0]
+            if ratios:
+                print(f"  {t:<{width}} {metric}: {spread(ratios)}x")
 
 
 if __name__ == "__main__":

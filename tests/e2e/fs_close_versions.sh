@@ -65,6 +65,11 @@ echo "  pool free fell by $GREW bytes for $((N - 1)) versions of a 4 MiB file"
 expect_eq "versions share blocks: growth under 1 MiB (not 4 MiB per version)" "$([ "$GREW" -lt $((1 << 20)) ] && echo yes || echo "no: $GREW")" yes
 expect_eq "growth at least the changed blocks" "$([ "$GREW" -ge $(((N - 1) * 4096)) ] && echo yes || echo "no: $GREW")" yes
 fs_clean "after $N close versions"
+# Each version's object tag keeps the one block the next edit replaced: a
+# dead list of one extent, kept in the catalog (INLINE_DEAD_LISTS), not a
+# 4 KiB node; the versions below are read back from it after a remount.
+INLINE=$(tarn pool status --json -p "$POOL" | jq .inline_dead_lists)
+expect_eq "dead lists of the $((N - 1)) edited versions' tags kept in the catalog" "$([ "$INLINE" -ge $((N - 1)) ] && echo yes || echo "no: $INLINE")" yes
 
 step "f.c@ lists the N states exactly; f.o@ is empty"
 fs_mount home

@@ -626,6 +626,7 @@ pub fn status_json(s: &PoolStatus) -> Value {
     v["file_volumes"] = json!(s.file_volumes);
     v["overcommit_limit"] = json!(s.overcommit_limit);
     v["metadata_cache"] = cache_json(s);
+    v["inline_dead_lists"] = json!(s.inline_dead_lists);
     v
 }
 

@@ -106,6 +106,11 @@ pub mod incompat {
     /// version records), each reading its object's tag `gN`. An older
     /// tarn would not see them and would delete the tags they read.
     pub const FS_VERSION_RECORDS: u64 = 1 << 17;
+    /// A snapshot's dead list of at most 8 extents may be kept in its
+    /// catalog entry instead of a tree of its own (docs/FORMAT.md
+    /// *Catalog*, inline dead lists). An older tarn would refuse the
+    /// catalog (an empty root with extents).
+    pub const INLINE_DEAD_LISTS: u64 = 1 << 19;
     /// Features this build understands.
     pub const KNOWN: u64 = SNAPSHOTS
         | DATA_CHECKSUMS
@@ -124,7 +129,8 @@ pub mod incompat {
         | SPARES
         | STRIPES
         | PARITY
-        | FS_VERSION_RECORDS;
+        | FS_VERSION_RECORDS
+        | INLINE_DEAD_LISTS;
 }
 
 /// Superblock flag: a pool with mirrors is open for writing (set before its
@@ -699,10 +705,13 @@ mod tests {
         let mut sb = sample();
         sb.incompat = 1 << 40;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        // Bits 0-17 are known here; bit 18 is not.
+        // Bits 0-17 and 19 are known here; bit 18 is not (another
+        // branch's), nor bit 20.
         sb.incompat = 1 << 18;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        assert_eq!(incompat::KNOWN, (1 << 18) - 1);
+        sb.incompat = 1 << 20;
+        assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
+        assert_eq!(incompat::KNOWN, ((1 << 18) - 1) | (1 << 19));
         assert_eq!(incompat::COARSE_SUMS, 1 << 13);
         sb.incompat = incompat::COARSE_SUMS;
         let b = sb.encode(0);
@@ -741,6 +750,17 @@ mod tests {
         let b = sb.encode(0);
         assert_eq!(&b[16..24], &[0, 0, 0x02, 0, 0, 0, 0, 0]);
         assert_eq!(Superblock::decode(&b, 0).unwrap().incompat, incompat::FS_VERSION_RECORDS);
+    }
+
+    /// Incompat bit 19 (INLINE_DEAD_LISTS, docs/FORMAT.md): byte 18 of
+    /// the superblock is 0x08, and this build opens it.
+    #[test]
+    fn golden_inline_dead_lists_bit() {
+        let mut sb = sample();
+        sb.incompat = incompat::INLINE_DEAD_LISTS;
+        let b = sb.encode(0);
+        assert_eq!(&b[16..24], &[0, 0, 0x08, 0, 0, 0, 0, 0]);
+        assert_eq!(Superblock::decode(&b, 0).unwrap().incompat, incompat::INLINE_DEAD_LISTS);
     }
 
     /// Incompat bit 11 (FS_XATTRS, docs/FORMAT.md): byte 17 of the

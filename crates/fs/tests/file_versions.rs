@@ -370,13 +370,14 @@ fn a_clone_has_a_version_log_of_its_own() {
 
 /// What a close version costs beyond the same unversioned edit (the
 /// measure of bench/fs_close_versions.sh, on the sim pool, after a
-/// checkpoint): the 4 KiB data block it keeps plus metadata. As records
-/// a version's metadata is about 4.2 KiB (the object tag's dead-list
-/// node); as a table snapshot it was about 12 KiB. The target,
-/// 200 bytes, is not met (docs/ARCHITECTURE.md, *Close versions as
-/// records*).
+/// checkpoint): the 4 KiB data block it keeps plus metadata, under the
+/// issue's 200 bytes: the record, the tag's catalog entry and its dead
+/// list kept there (INLINE_DEAD_LISTS). With the dead list a node of its
+/// own it was about 4.2 KiB, as a table snapshot about 12 KiB
+/// (docs/ARCHITECTURE.md, *Close versions as records*). 1,000 edits, so
+/// the 4 KiB granularity of pool figures is 4 bytes a version.
 #[test]
-fn a_close_version_costs_its_block_and_under_6_kib_of_metadata() {
+fn a_close_version_costs_its_block_and_under_200_bytes_of_metadata() {
     let (_sim, pool, fv) = fresh();
     fv.set_keep(1024).unwrap();
     let (o, c) = (file(&fv, ROOT, "o"), file(&fv, ROOT, "c"));
@@ -389,7 +390,7 @@ fn a_close_version_costs_its_block_and_under_6_kib_of_metadata() {
         let s = pool.status();
         (s.used + s.metadata) as i64
     };
-    let edits = 100;
+    let edits = 1000;
     let c0 = cost(&pool);
     for k in 0..edits {
         fv.write(o, (k % 256) * 4096, &[k as u8; 4096]).unwrap();
@@ -403,5 +404,5 @@ fn a_close_version_costs_its_block_and_under_6_kib_of_metadata() {
     let c2 = cost(&pool);
     let metadata = ((c2 - c1) - (c1 - c0)) / edits as i64 - 4096;
     println!("metadata per close version: {metadata} bytes");
-    assert!((0..6 * 1024).contains(&metadata), "{metadata} bytes of metadata per close version");
+    assert!((0..200).contains(&metadata), "{metadata} bytes of metadata per close version");
 }

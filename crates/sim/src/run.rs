@@ -63,6 +63,9 @@ pub enum Control {
     /// the free: a crash between leaves the group coarse with blocks free,
     /// and new data there fails the blocks still referenced.
     SplitLate,
+    /// A checkpoint that keeps a dead list in its catalog drops the list's
+    /// last entry (INLINE_DEAD_LISTS): snapshots lose a version.
+    InlineDropsEntry,
 }
 
 impl Default for SimConfig {
@@ -183,6 +186,9 @@ pub struct RunStats {
     /// split (a partial overwrite or free).
     pub coarse_groups: u64,
     pub groups_split: u64,
+    /// Snapshots whose dead list a crashed pool reopened from its catalog
+    /// (INLINE_DEAD_LISTS), then verified against the model.
+    pub inline_dead_lists: u64,
 }
 
 impl RunStats {
@@ -204,6 +210,7 @@ impl RunStats {
         self.parity_rows += o.parity_rows;
         self.coarse_groups += o.coarse_groups;
         self.groups_split += o.groups_split;
+        self.inline_dead_lists += o.inline_dead_lists;
         self.admin += o.admin;
         self.done.iter_mut().zip(o.done).for_each(|(a, b)| *a += b);
         self.refused += o.refused;
@@ -324,6 +331,7 @@ impl Run {
             tiny_metadata_cache: true,
             control_replay_one_side: self.control == Some(Control::ReplayOneSide),
             control_split_late: self.control == Some(Control::SplitLate),
+            control_inline_drops_entry: self.control == Some(Control::InlineDropsEntry),
             placement: self.placement,
             ..Default::default()
         };
@@ -635,6 +643,7 @@ impl Run {
             d.crash(&mut self.rng);
         }
         self.reopen()?;
+        self.stats.inline_dead_lists += self.pool().status().inline_dead_lists;
         self.settle_pending()?;
         self.verify_names().map_err(|e| format!("after crash: {e}"))?;
         let names: Vec<String> = self.model.vols.keys().cloned().collect();

@@ -4,10 +4,11 @@
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tarn_engine::scrub::ScrubOptions;
 use tarn_engine::sums::IDLE_COMMITS;
-use tarn_engine::{Device, EngineError, OpenOptions, Pool};
+use tarn_engine::{create_pool, CreateOptions, Device, EngineError, OpenOptions, PlacementKind, Pool};
 use tarn_sim::{fixture, SimDevice};
 
 const MIB: u64 = 1 << 20;
@@ -335,4 +336,107 @@ fn flip_after_partial_trim_and_crash(split_late: bool) -> (bool, bool) {
 fn a_partly_freed_coarse_group_is_split_in_the_freeing_record() {
     assert_eq!(flip_after_partial_trim_and_crash(false), (true, false));
     assert_eq!(flip_after_partial_trim_and_crash(true), (true, true), "control: split a record late");
+}
+
+/// A device counting the reads that reach it.
+struct CountedReads {
+    inner: Arc<SimDevice>,
+    reads: AtomicU64,
+}
+
+impl Device for CountedReads {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, data: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_at(data, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.inner.discard(offset, len)
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+}
+
+/// A pool on a device counting its reads, with a volume whose blocks
+/// 0..8 lie one block apart (appended in turn with blocks 1000..1008).
+fn interleaved() -> (Arc<SimDevice>, Arc<CountedReads>, Pool, u32) {
+    let sim = Arc::new(SimDevice::new("sim0", 64 * MIB));
+    let dev = Arc::new(CountedReads { inner: sim.clone(), reads: AtomicU64::new(0) });
+    let dyns: Vec<Arc<dyn Device>> = vec![dev.clone()];
+    let opts = CreateOptions { journal_bytes: Some(256 << 10), ..Default::default() };
+    create_pool(&dyns, &["sim0".into()], &opts).unwrap();
+    let pool = Pool::open(dyns, OpenOptions::default()).unwrap();
+    let v = pool.create_volume_placed("d", 16 * MIB, Some(PlacementKind::Append)).unwrap().id;
+    for b in 0..8u64 {
+        pool.write(v, b * BS as u64, &block(b), false).unwrap();
+        pool.write(v, (1000 + b) * BS as u64, &block(1000 + b), false).unwrap();
+    }
+    pool.flush().unwrap();
+    (sim, dev, pool, v)
+}
+
+#[test]
+fn pieces_a_short_gap_apart_are_read_as_one_request_and_verified_apart() {
+    let (sim, dev, pool, v) = interleaved();
+    let mut buf = vec![0u8; 8 * BS];
+    let before = dev.reads.load(Ordering::Relaxed);
+    pool.read(v, 0, &mut buf).unwrap();
+    assert_eq!(dev.reads.load(Ordering::Relaxed) - before, 1, "eight pieces, one request");
+    for (b, got) in buf.chunks_exact(BS).enumerate() {
+        assert_eq!(got, block(b as u64), "block {b}");
+    }
+    // A bad block in a gap is nobody's business here; in a piece it is an error.
+    sim.flip_bit(find(&sim, &block(1003)) + 9, 1);
+    pool.read(v, 0, &mut buf).unwrap();
+    assert!(matches!(pool.read(v, 1003 * BS as u64, &mut buf[..BS]), Err(EngineError::Checksum { .. })));
+    let five = find(&sim, &block(5));
+    sim.flip_bit(five + 9, 1);
+    let err = pool.read(v, 0, &mut buf).unwrap_err();
+    assert!(matches!(err, EngineError::Checksum { .. }), "{err}");
+    sim.flip_bit(five + 9, 1);
+    // A gap that cannot be read: each piece is then read on its own.
+    let gap = find(&sim, &block(1002));
+    sim.fail_range(gap, BS as u64, true, false);
+    pool.read(v, 0, &mut buf).unwrap();
+    assert_eq!(&buf[2 * BS..3 * BS], &block(2)[..]);
+}
+
+#[test]
+fn a_gathered_read_checks_the_coarse_groups_it_spans_whole() {
+    let (sim, dev, pool, _) = interleaved();
+    // Two runs one after the other on the device, written either side of
+    // a snapshot (two map entries), each holding whole coarse groups.
+    let v = pool.create_volume_placed("c", 16 * MIB, Some(PlacementKind::Append)).unwrap().id;
+    let mut data = Vec::new();
+    for b in 0..96u64 {
+        data.extend(block(5000 + b));
+    }
+    pool.write(v, 0, &data[..48 * BS], false).unwrap();
+    pool.create_snapshot("c", "s").unwrap();
+    pool.write(v, 48 * BS as u64, &data[48 * BS..], false).unwrap();
+    pool.flush().unwrap();
+    assert!(pool.coarsen_sums(v, 0, 96).unwrap() >= 4);
+    pool.flush().unwrap();
+    let mut buf = vec![0u8; 96 * BS];
+    let before = dev.reads.load(Ordering::Relaxed);
+    pool.read(v, 0, &mut buf).unwrap();
+    assert_eq!(dev.reads.load(Ordering::Relaxed) - before, 1, "two runs of coarse groups, one request");
+    assert!(buf == data);
+    // Cut inside the runs: widened to whole groups, the blocks asked for.
+    pool.read(v, BS as u64, &mut buf[..94 * BS]).unwrap();
+    assert!(buf[..94 * BS] == data[BS..95 * BS]);
+    // A flip in a coarse group fails the read.
+    let at = find(&sim, &block(5000 + 40));
+    sim.flip_bit(at + 9, 1);
+    let err = pool.read(v, 0, &mut buf).unwrap_err();
+    assert!(matches!(err, EngineError::Checksum { .. }), "{err}");
 }

@@ -82,6 +82,10 @@ fn snapshot_crash_simulation_500_seeds() {
     assert!(seeds < 100 || stats.quota_refusals > 0, "no write met a quota: {stats:?}");
     // And member evacuations (`dev remove`): heads and snapshots' dead lists.
     assert!(seeds < 100 || stats.blocks_evacuated > 0, "no evacuation moved a block: {stats:?}");
+    // Small dead lists are kept in the catalog (INLINE_DEAD_LISTS), and
+    // crashed pools reopen them from it, snapshot deletes included (they
+    // move entries into the previous snapshot's list).
+    assert!(seeds < 100 || stats.inline_dead_lists > 0, "no dead list reopened from a catalog: {stats:?}");
 }
 
 /// The snapshot workload on up to 4 members, with parity volumes (op 21)
@@ -172,4 +176,14 @@ fn control_split_in_a_later_record_fails_the_simulation() {
     let (failed, first) = failures_with(Control::SplitLate, SimConfig::default());
     println!("split in a later record: {failed} of 100 seeds fail, e.g. {first:?}");
     assert!(failed >= 1, "no seed of 100 caught a split made in a later record than the free");
+}
+
+/// Negative control: a checkpoint that keeps a dead list in its catalog
+/// and drops the list's last entry (its counts agreeing) loses a version a
+/// snapshot shows, and the simulation says so.
+#[test]
+fn control_inline_dead_list_dropping_an_entry_fails_the_simulation() {
+    let (failed, first) = failures_with(Control::InlineDropsEntry, SimConfig::snapshots());
+    println!("inline dead list dropping an entry: {failed} of 100 seeds fail, e.g. {first:?}");
+    assert!(failed >= 20, "only {failed} of 100 seeds caught an inline dead list losing an entry");
 }

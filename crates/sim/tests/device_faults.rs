@@ -187,7 +187,9 @@ fn known_gap_damaged_last_journal_record_ends_replay_silently_after_a_crash() {
 /// Opening now notes the older copy (`pool status` shows it).
 #[test]
 fn stale_superblock_copy_is_noted() {
-    for (kind, seed) in [(FaultKind::Lost, 24), (FaultKind::Misdirect, 46)] {
+    // Pinned seeds: the first of 120 whose fault hits a superblock copy
+    // (Lost was seed 24 until coarse checksums changed the I/O sequence).
+    for (kind, seed) in [(FaultKind::Lost, 58), (FaultKind::Misdirect, 46)] {
         let stats = run_fault_seed(seed, &FaultConfig::new(kind)).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(stats.gap, None, "{kind:?} seed {seed}");
         assert_eq!(stats.other_copy, 1, "{kind:?} seed {seed}: the older copy is noted");

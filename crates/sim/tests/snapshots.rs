@@ -161,3 +161,57 @@ fn bad_names_and_duplicates_are_refused() {
     pool.delete_volume("vol", true).unwrap();
     assert_clean(&pool);
 }
+
+/// A pool from before INLINE_DEAD_LISTS (incompat bit 19) keeps working:
+/// its dead lists, trees of nodes, are read, kept as trees and deleted;
+/// its next snapshot sets the bit and small new dead lists live in the
+/// catalog; every view reads right across reopens, the checker is clean.
+#[test]
+fn dead_lists_of_a_pool_from_before_inline_lists_are_read_and_deleted() {
+    let (sim, pool) = new_pool(32 * MIB);
+    drop(pool);
+    let old = tarn_engine::OpenOptions { compat_no_inline_dead_lists: true, ..Default::default() };
+    let devices = || vec![sim.clone() as Arc<dyn tarn_engine::Device>];
+    let pool = Pool::open(devices(), old).unwrap();
+    let v = pool.create_volume("vol", 4 * MIB).unwrap().id;
+    for lba in 0..8 {
+        pool.write(v, lba * BS as u64, &block(1), false).unwrap();
+    }
+    let s1 = pool.create_snapshot("vol", "s1").unwrap().epoch;
+    for lba in [0, 2, 4] {
+        pool.write(v, lba * BS as u64, &block(2), false).unwrap();
+    }
+    pool.close().unwrap();
+    let pool = reopen(&sim);
+    assert_eq!(pool.status().inline_dead_lists, 0, "the older build wrote s1's dead list as a tree");
+    let s2 = pool.create_snapshot("vol", "s2").unwrap().epoch;
+    pool.write(v, 6 * BS as u64, &block(3), false).unwrap();
+    pool.write(v, 0, &block(3), false).unwrap();
+    pool.close().unwrap();
+    let pool = reopen(&sim);
+    assert_eq!(pool.status().inline_dead_lists, 1, "s2's dead list (2 extents) is in the catalog");
+    let views = |pool: &Pool| -> Vec<Vec<u8>> {
+        [View::Snapshot(s1), View::Snapshot(s2), View::Head]
+            .iter()
+            .map(|&view| (0..8).map(|lba| read_block(pool, v, view, lba)).collect())
+            .collect()
+    };
+    let want = vec![vec![1; 8], vec![2, 1, 2, 1, 2, 1, 1, 1], vec![3, 1, 2, 1, 2, 1, 3, 1]];
+    assert_eq!(views(&pool), want);
+    assert_clean(&pool);
+    // Deleting the old snapshot frees its 3 blocks (its tree's entries
+    // born before s1 with no older snapshot), and s2's list stays inline.
+    assert_eq!(pool.delete_snapshot("vol", "s1").unwrap(), 3 * BS as u64);
+    assert_clean(&pool);
+    pool.close().unwrap();
+    let pool = reopen(&sim);
+    assert_eq!(pool.status().inline_dead_lists, 1);
+    let read = |view| (0..8).map(|lba| read_block(&pool, v, view, lba)).collect::<Vec<u8>>();
+    assert_eq!((read(View::Snapshot(s2)), read(View::Head)), (want[1].clone(), want[2].clone()));
+    assert_eq!(pool.delete_snapshot("vol", "s2").unwrap(), 2 * BS as u64);
+    assert_clean(&pool);
+    pool.close().unwrap();
+    let pool = reopen(&sim);
+    assert_eq!((pool.status().inline_dead_lists, read_block(&pool, v, View::Head, 6)), (0, 3));
+    assert_clean(&pool);
+}

@@ -89,6 +89,12 @@ impl<V: LeafValue> Buffered<V> {
         Ok(Buffered::over(store, Tree::open(id, root)?))
     }
 
+    /// A small tree a checkpoint kept in its catalog (`FrozenChanges::small`):
+    /// its entries in memory, no node on a device.
+    pub fn open_in_memory(store: &Store, id: u64, entries: &[(u64, V)]) -> Buffered<V> {
+        Buffered::over(store, Tree::in_memory(id, entries))
+    }
+
     fn over(store: &Store, base: Tree<V>) -> Buffered<V> {
         Buffered { base, pending: Changes::new(), frozen: None, counter: store.buffered.clone() }
     }
@@ -104,6 +110,12 @@ impl<V: LeafValue> Buffered<V> {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The base is a non-empty leaf in memory (`open_in_memory`,
+    /// `adopt_in_memory`), not nodes on a device.
+    pub fn base_in_memory(&self) -> bool {
+        matches!(&self.base.root, Ptr::Dirty(n) if matches!(&**n, crate::node::Node::Leaf(l) if !l.is_empty()))
     }
 
     /// A checkpoint is merging this tree's frozen changes.
@@ -244,6 +256,25 @@ impl<V: LeafValue> Buffered<V> {
         true
     }
 
+    /// Once the checkpoint that kept `frozen` merged as `entries` in its
+    /// catalog (`FrozenChanges::small`) is durable, those entries, in
+    /// memory, are the base. False (nothing changed) if these are not this
+    /// tree's frozen changes.
+    pub fn adopt_in_memory(&mut self, frozen: &FrozenChanges<V>, entries: &[(u64, V)]) -> bool {
+        let ours = self.frozen.as_ref().is_some_and(|f| Arc::ptr_eq(f, &frozen.changes));
+        if !ours {
+            return false;
+        }
+        // Under the engine's pool lock, once per inline list per
+        // checkpoint: a list unchanged since the last one keeps its leaf.
+        if !frozen.changes.is_empty() || !self.base_in_memory() {
+            self.base = Tree::in_memory(self.base.id, entries);
+        }
+        let done = self.frozen.take().map_or(0, |f| f.len());
+        self.counter.fetch_sub(bytes::<V>(done), Ordering::Relaxed);
+        true
+    }
+
     /// Make the base's nodes on `device` dirty (`Tree::rewrite_device`).
     /// Refused while a checkpoint merges the tree: the merged tree, not
     /// this base, is what the next checkpoint builds on.
@@ -308,6 +339,28 @@ impl<V: LeafValue> FrozenChanges<V> {
 
     pub fn is_empty(&self) -> bool {
         self.changes.is_empty()
+    }
+
+    /// The merged entries, when the base has no node on a device (empty or
+    /// in memory: one leaf) and base and changes together hold at most
+    /// `max` entries: a map small enough for the caller to keep in its
+    /// catalog instead of a node (`Buffered::adopt_in_memory`). No I/O.
+    pub fn small(&self, max: usize) -> Option<Vec<(u64, V)>> {
+        let Ptr::Dirty(node) = &self.root else { return None };
+        let crate::node::Node::Leaf(leaf) = &**node else { return None };
+        // Past this many, the result cannot be small without removals
+        // cancelling most of it: not worth the merge here.
+        if self.height != 0 || leaf.len() > max || self.changes.len() > 4 * max {
+            return None;
+        }
+        let mut all: BTreeMap<u64, V> = leaf.entries().into_iter().collect();
+        for (&k, c) in self.changes.iter() {
+            match c {
+                Some(v) => all.insert(k, *v),
+                None => all.remove(&k),
+            };
+        }
+        (all.len() <= max).then(|| all.into_iter().collect())
     }
 
     /// Merge the changes into a copy of the base and write it, a chunk of

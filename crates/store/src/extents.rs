@@ -72,6 +72,11 @@ impl ExtentTree {
         ExtentTree { tree: Buffered::new(store, id), counts: MapCounts::default() }
     }
 
+    /// A map a checkpoint kept in its catalog: `entries` in memory.
+    pub fn open_in_memory(store: &Store, id: u64, entries: &[(u64, ExtentValue)], counts: MapCounts) -> ExtentTree {
+        ExtentTree { tree: Buffered::open_in_memory(store, id, entries), counts }
+    }
+
     pub fn open(store: &Store, id: u64, root: RootRef, counts: MapCounts) -> Result<ExtentTree> {
         Ok(ExtentTree { tree: Buffered::open(store, id, root)?, counts })
     }

@@ -78,6 +78,18 @@ impl<V: LeafValue> Tree<V> {
         Ok(Tree { id, root: Ptr::Clean { pba: root.pba, crc: root.crc }, height: root.level })
     }
 
+    /// A one-leaf tree held in memory only, never written as a node: a
+    /// small map a checkpoint keeps in its catalog (the engine's inline
+    /// dead lists). `entries` ascending and not overlapping (validated at
+    /// decode); a handful, so they fit one leaf.
+    pub(crate) fn in_memory(id: u64, entries: &[(u64, V)]) -> Tree<V> {
+        let mut leaf = crate::leaf::Leaf::empty();
+        for &(k, v) in entries {
+            leaf.insert(k, v);
+        }
+        Tree { id, root: Ptr::Dirty(Arc::new(Node::Leaf(leaf))), height: 0 }
+    }
+
     /// A tree this process just wrote, at `root` (no check: not from a device).
     pub(crate) fn written(id: u64, root: RootRef) -> Tree<V> {
         if root.is_empty() {

@@ -130,3 +130,66 @@ fn counts_that_disagree_with_the_entries_are_an_error() {
     let err = map.remove(&store, 10, 8).unwrap_err();
     assert!(matches!(err, tarn_store::StoreError::Counts { tree: 3, .. }), "{err}");
 }
+
+/// Small maps kept in memory by checkpoints (the engine's inline dead
+/// lists): while base and changes hold at most 8 entries a checkpoint
+/// writes no node (`small`, `adopt_in_memory`), a cold reopen from the
+/// entries alone (`open_in_memory`) matches the model, and once the map
+/// grows past 8 it is written as a tree and stays one.
+#[test]
+fn small_maps_stay_in_memory_until_they_grow() {
+    let io = Arc::new(MemIo::default());
+    let store = Store::new(io.clone(), MIN_CACHE_BYTES).unwrap();
+    let mut map = ExtentTree::new(&store, 7);
+    let (mut rng, mut alloc) = (Rng(0x1a1e), TestAlloc::default());
+    let mut model: Vec<Option<u64>> = vec![None; BLOCKS as usize];
+    let (mut kept, mut phys) = (0, 50_000);
+    for round in 0..400u64 {
+        // Scattered single blocks (no merges): one entry each, among 8
+        // places for 200 rounds (so at most 8 entries), then anywhere.
+        let (places, removals) = if round < 200 { (8, 2) } else { (BLOCKS / 2, 4) };
+        for _ in 0..1 + round / 100 {
+            let lba = rng.below(places) * 2;
+            if rng.below(removals) == 0 {
+                map.remove(&store, lba, 1).unwrap();
+                model[lba as usize] = None;
+            } else {
+                map.insert(&store, lba, Extent { len: 1, pba: Pba::new(0, phys), birth: 1 }).unwrap();
+                model[lba as usize] = Some(phys);
+                phys += 2;
+            }
+        }
+        let f = map.freeze();
+        let before = alloc.allocated;
+        match f.small(8) {
+            Some(entries) => {
+                assert!(entries.len() <= 8 && entries.len() as u64 == map.counts.extents, "round {round}");
+                let cold = Store::new(io.clone(), MIN_CACHE_BYTES).unwrap();
+                let reopened = ExtentTree::open_in_memory(&cold, 7, &entries, map.counts);
+                assert_eq!(flatten(&reopened, &cold), model, "reopened from entries, round {round}");
+                assert!(map.tree.adopt_in_memory(&f, &entries));
+                assert_eq!(map.tree.base_in_memory(), !entries.is_empty());
+                // A checkpoint with no change since keeps the same leaf.
+                let again = map.freeze();
+                assert_eq!(again.small(8).as_ref(), Some(&entries), "round {round}");
+                assert!(map.tree.adopt_in_memory(&again, &entries));
+                kept += 1;
+            }
+            None => {
+                let merged = f.write(&store, &mut alloc, round).unwrap();
+                assert!(map.tree.adopt(&f, &merged));
+                assert!(!map.tree.base_in_memory());
+                assert!(map.counts.extents > 8 || kept == 0 || alloc.allocated == before, "round {round}");
+            }
+        }
+        assert_eq!(flatten(&map, &store), model, "live after adopt, round {round}");
+        if kept > 0 && alloc.allocated == 0 {
+            assert_eq!(store.buffered_bytes(), 0, "nothing buffered after an adopt");
+        }
+    }
+    assert!(kept >= 200, "the map was kept in memory at {kept} checkpoints");
+    assert!(map.counts.extents > 8 && alloc.allocated > 0, "the map grew into a tree");
+    // A map written as a tree is never kept in memory again.
+    map.insert(&store, 1, Extent { len: 1, pba: Pba::new(0, 7), birth: 1 }).unwrap();
+    assert!(map.freeze().small(usize::MAX).is_none());
+}

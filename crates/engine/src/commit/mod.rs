@@ -336,7 +336,7 @@ impl Pool {
             inner.state.store.buffered_bytes(),
             inner.state.store.dirty_nodes()
         );
-        let frozen = Box::new(catalog::freeze(&mut inner.state, &mut inner.space, ctl.journal.seq + 1));
+        let frozen = self.freeze_pool(ctl, inner);
         let payload = encode_ops(&ops);
         // The journal's other side must be free: it is unless a crash cut
         // the last checkpoint short after commits went on there.
@@ -448,6 +448,17 @@ impl Pool {
             inner.space.give_back(pba, len)?;
         }
         Ok(())
+    }
+
+    /// Step 1 of a checkpoint (`catalog::freeze`). Small dead lists stay
+    /// in its catalog only once the superblock has INLINE_DEAD_LISTS.
+    fn freeze_pool(&self, ctl: &CommitCtl, inner: &mut Inner) -> Box<FrozenPool> {
+        let inline = match () {
+            _ if ctl.sb.incompat & incompat::INLINE_DEAD_LISTS == 0 => catalog::InlineDead::Off,
+            _ if self.options.control_inline_drops_entry => catalog::InlineDead::ControlDropLast,
+            _ => catalog::InlineDead::On,
+        };
+        Box::new(catalog::freeze(&mut inner.state, &mut inner.space, ctl.journal.seq + 1, inline))
     }
 
     /// A checkpoint is due and none is in progress: the journal side is

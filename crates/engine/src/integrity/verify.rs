@@ -20,6 +20,86 @@ fn is_group(s: Option<&Option<BlockSum>>) -> bool {
     matches!(s, Some(Some(BlockSum::Group(_))))
 }
 
+/// Forward gaps of up to this many blocks between two pieces of a read
+/// on one device are read through (the bytes dropped) rather than sent as
+/// another request: 32 KiB, ZFS's read gap limit.
+const READ_GAP_BLOCKS: u64 = 8;
+
+/// The most blocks one gathered request spans (gaps included).
+const GATHER_MAX_BLOCKS: u64 = 1024;
+
+/// How many of `segs` (from the first) one request can read: mapped
+/// pieces of whole blocks inside `[offset, end)`, each starting on the
+/// first's device at most [`READ_GAP_BLOCKS`] after the one before ends.
+fn gathered(segs: &[Summed], offset: u64, end: u64) -> usize {
+    let whole = |seg: &Segment| seg.lba() * BLOCK_SIZE >= offset && (seg.lba() + seg.len()) * BLOCK_SIZE <= end;
+    let mut reach: Option<(Pba, Pba)> = None; // first block, block after the last
+    let mut n = 0;
+    for (seg, _) in segs {
+        let Segment::Mapped { pba, len, .. } = *seg else { break };
+        if !whole(seg) {
+            break;
+        }
+        let fits = match reach {
+            None => true,
+            Some((start, after)) => {
+                pba.device() == after.device()
+                    && pba.block() >= after.block()
+                    && pba.block() - after.block() <= READ_GAP_BLOCKS
+                    && pba.block() + len - start.block() <= GATHER_MAX_BLOCKS
+            }
+        };
+        if !fits {
+            break;
+        }
+        reach = Some((reach.map_or(pba, |r| r.0), pba.offset_by(len)));
+        n += 1;
+    }
+    n
+}
+
+/// The physical blocks `[start, end)` a gathered read of `pieces` reads:
+/// from the first's first block to the last's end, widened to whole
+/// groups where a piece at either end has a coarse group's sum there.
+fn gather_span(pieces: &[(u64, Pba, u64)], segs: &[Summed]) -> (u64, u64) {
+    let (mut start, mut end) = (pieces[0].1 .0, pieces[pieces.len() - 1].1.offset_by(pieces[pieces.len() - 1].2).0);
+    if is_group(segs[0].1.first()) {
+        start = start / SUMS_GROUP * SUMS_GROUP;
+    }
+    if is_group(segs[segs.len() - 1].1.last()) {
+        end = end.div_ceil(SUMS_GROUP) * SUMS_GROUP;
+    }
+    (start, end)
+}
+
+/// Whether the blocks `data` holds from physical block `start` match the
+/// sums of `pieces` (their runs in `segs`): a block its own crc, a coarse
+/// group (whole in `data`: the span is widened at its ends and has no
+/// holes inside) its crc once.
+fn span_is_sound(data: &[u8], start: u64, pieces: &[(u64, Pba, u64)], segs: &[Summed]) -> bool {
+    let mut groups_checked: Vec<u64> = Vec::new();
+    for (&(_, pba, _), (_, sums)) in pieces.iter().zip(segs) {
+        for (i, sum) in sums.iter().enumerate() {
+            let b = pba.0 + i as u64;
+            let ok = match *sum {
+                Some(BlockSum::Block(crc)) => block_sum(&data[(b - start) as usize * BS..][..BS]) == crc,
+                Some(BlockSum::Group(crc)) => {
+                    let g = b / SUMS_GROUP * SUMS_GROUP;
+                    groups_checked.contains(&g) || {
+                        groups_checked.push(g);
+                        group_sum(&data[(g - start) as usize * BS..][..GROUP_BYTES]) == crc
+                    }
+                }
+                None => true,
+            };
+            if !ok {
+                return false;
+            }
+        }
+    }
+    true
+}
+
 impl Pool {
     /// Segments of a view and the sums of their blocks, under one lock so a
     /// completed write's data and sums are seen together.
@@ -53,7 +133,19 @@ impl Pool {
         let end = offset + buf.len() as u64;
         let segs = self.resolve_summed(vol, view, first, end.div_ceil(BLOCK_SIZE) - first)?;
         self.prefetch_members(&segs);
-        for (seg, sums) in segs {
+        let mut i = 0;
+        while i < segs.len() {
+            let n = gathered(&segs[i..], offset, end);
+            if n > 1 {
+                if !self.read_gathered(&segs[i..i + n], offset, buf, heal)? {
+                    return Ok(false);
+                }
+                i += n;
+                continue;
+            }
+            let (seg, sums) = &segs[i];
+            let (seg, sums) = (*seg, sums.as_slice());
+            i += 1;
             let s = (seg.lba() * BLOCK_SIZE).max(offset);
             let e = ((seg.lba() + seg.len()) * BLOCK_SIZE).min(end);
             let out = &mut buf[(s - offset) as usize..(e - offset) as usize];
@@ -115,6 +207,60 @@ impl Pool {
         })
     }
 
+    /// Segments of one device that follow each other on it, read as one
+    /// request (`gathered` chose them: whole blocks, short forward gaps),
+    /// widened to whole coarse groups at the ends, then checked: each run
+    /// against its own sums, each coarse group once over its 64 KiB. A
+    /// disk then sees one request where a compacted window's pieces (split
+    /// by their births, or around a snapshot's old blocks placed between
+    /// them) would each be one; the gaps' bytes are read and dropped. A
+    /// failed request or check goes run by run (which heals, or names the
+    /// run that fails).
+    fn read_gathered(&self, segs: &[Summed], offset: u64, buf: &mut [u8], heal: bool) -> Result<bool> {
+        let pieces: Vec<(u64, Pba, u64)> = segs
+            .iter()
+            .filter_map(|(seg, _)| match *seg {
+                Segment::Mapped { lba, pba, len, .. } => Some((lba, pba, len)),
+                Segment::Hole { .. } => None,
+            })
+            .collect();
+        let (lba0, _, _) = pieces[0];
+        let lba_end = pieces.last().map_or(lba0, |&(l, _, n)| l + n);
+        let out = &mut buf[(lba0 * BLOCK_SIZE - offset) as usize..(lba_end * BLOCK_SIZE - offset) as usize];
+        let (start, end) = gather_span(&pieces, segs);
+        let dev = &self.devices[usize::from(pieces[0].1.device())];
+        let sound = if (end - start) as usize * BS == out.len() {
+            // No gaps, nothing widened: the blocks land where they go.
+            dev.read_at(out, Pba(start).byte_offset()).is_ok() && span_is_sound(out, start, &pieces, segs)
+        } else {
+            let mut whole = vec![0u8; (end - start) as usize * BS];
+            let sound = dev.read_at(&mut whole, Pba(start).byte_offset()).is_ok()
+                && span_is_sound(&whole, start, &pieces, segs);
+            for &(lba, pba, len) in pieces.iter().filter(|_| sound) {
+                let from = (pba.0 - start) as usize * BS;
+                let to = ((lba - lba0) * BLOCK_SIZE) as usize;
+                out[to..to + len as usize * BS].copy_from_slice(&whole[from..from + len as usize * BS]);
+            }
+            sound
+        };
+        if sound {
+            return Ok(true);
+        }
+        for (&(lba, pba, len), (_, sums)) in pieces.iter().zip(segs) {
+            let at = ((lba - lba0) * BLOCK_SIZE) as usize;
+            let piece = &mut out[at..at + len as usize * BS];
+            let ok = if sums.is_empty() {
+                self.read_data(pba, piece, pba.byte_offset()).map(|()| true)?
+            } else {
+                self.read_blocks_checked(pba, piece, sums, heal)?
+            };
+            if !ok {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     /// Read whole blocks at `pba` into `out` and check them against `sums`.
     fn read_blocks_checked(&self, pba: Pba, out: &mut [u8], sums: &[Option<BlockSum>], heal: bool) -> Result<bool> {
         let n = out.len() / BS;
@@ -122,6 +268,13 @@ impl Pool {
             return self.read_groups_checked(pba, out, &sums[..n], heal);
         }
         self.read_data(pba, out, pba.byte_offset())?;
+        self.check_blocks(pba, out, sums, heal)
+    }
+
+    /// Check whole blocks read from `pba` against their per-block `sums`
+    /// (none missing a group's); with `heal` a bad one is replaced from a
+    /// good copy, else the first bad one returns false.
+    fn check_blocks(&self, pba: Pba, out: &mut [u8], sums: &[Option<BlockSum>], heal: bool) -> Result<bool> {
         for (i, block) in out.chunks_exact_mut(BS).enumerate() {
             let Some(BlockSum::Block(want)) = sums[i] else { continue };
             if block_sum(block) == want {

@@ -664,7 +664,10 @@ impl Pool {
             None => (inner.placement.policy(), 0, None, None),
         };
         let mut fresh = Vec::new();
-        let none = Near::default();
+        let mut none = Near::default();
+        // Updated as pieces are placed: a second copy in a region packs
+        // on after the first.
+        let mut near = near.clone();
         let rb = inner.region_blocks;
         // A striped volume's holes are cut at stripe units too (both are
         // powers of two: a piece lies in one region and one unit).
@@ -672,7 +675,7 @@ impl Pool {
         let cut = parity.map_or(cut, |(p, _)| cut.min(p.unit_blocks()));
         for (lba, len) in holes_by_region(segs, cut) {
             let region = lba / rb;
-            let here = near.iter().find(|n| n.0 == region).map_or(&none, |n| &n.1);
+            let here = near.iter_mut().find(|n| n.0 == region).map_or(&mut none, |n| &mut n.1);
             // A parity volume's units go to their row's member: one unit
             // of a row per member.
             let member = match (stripe, parity) {
@@ -697,6 +700,7 @@ impl Pool {
                 release_unmapped(&mut inner.space, &fresh)?;
                 return Err(placed.err().map_or(EngineError::NoSpace, EngineError::from));
             };
+            here.note_placed(lba, &pieces, rb);
             let mut at = lba;
             for (pba, plen) in pieces {
                 fresh.push(NewPiece { lba: at, len: plen, pba });
@@ -1147,6 +1151,8 @@ fn near_region(map: &ExtentMap, region: u64, region_blocks: u64) -> std::result:
     // One lookup: the region and the block before it.
     let from = start.saturating_sub(1);
     let mut homes: Vec<(Pba, u64)> = Vec::new();
+    // Each piece of the region: its place's base and its physical end.
+    let mut pieces: Vec<(Pba, Pba)> = Vec::new();
     let mut after_previous = None;
     for seg in map.lookup(from, start + region_blocks - from, usize::MAX)? {
         let Segment::Mapped { lba, len, pba, .. } = seg else { continue };
@@ -1164,6 +1170,7 @@ fn near_region(map: &ExtentMap, region: u64, region_blocks: u64) -> std::result:
         let (lba, pba, len) = (lba + skip, pba.offset_by(skip), len - skip);
         let Some(block) = pba.block().checked_sub(lba - start) else { continue };
         let home = Pba::new(pba.device(), block);
+        pieces.push((home, pba.offset_by(len)));
         match homes.iter_mut().find(|h| h.0 == home) {
             Some(h) => h.1 += len,
             None => homes.push((home, len)),
@@ -1172,10 +1179,12 @@ fn near_region(map: &ExtentMap, region: u64, region_blocks: u64) -> std::result:
     homes.sort_by_key(|h| std::cmp::Reverse(h.1));
     let mut bases: Vec<Pba> = homes.into_iter().take(MAX_HOMES).map(|h| h.0).collect();
     let home = bases.first().copied();
+    // The copies (pieces away from home) end furthest on: the next packs on there.
+    let tail = pieces.iter().filter(|p| Some(p.0) != home).map(|p| p.1).max();
     if let Some(after) = after_previous.filter(|a| !bases.contains(a)) {
         bases.push(after);
     }
-    Ok(Near { bases, home })
+    Ok(Near { bases, home, tail })
 }
 
 #[cfg(test)]

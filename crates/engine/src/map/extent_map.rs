@@ -64,6 +64,11 @@ impl ExtentMap {
         Ok(ExtentMap { map: ExtentTree::open(&store, id, root, counts)?, store, superseded: Vec::new() })
     }
 
+    /// A map a checkpoint kept in its catalog (an inline dead list).
+    pub fn open_in_memory(store: Arc<Store>, id: u64, entries: &[(u64, ExtentValue)], counts: MapCounts) -> ExtentMap {
+        ExtentMap { map: ExtentTree::open_in_memory(&store, id, entries, counts), store, superseded: Vec::new() }
+    }
+
     pub fn tree_id(&self) -> u64 {
         self.map.id()
     }
@@ -82,6 +87,18 @@ impl ExtentMap {
     /// is the map's base. False if `frozen` is not this map's.
     pub fn adopt(&mut self, frozen: &FrozenChanges<ExtentValue>, merged: &Merged) -> bool {
         self.map.tree.adopt(frozen, merged)
+    }
+
+    /// After the checkpoint that kept `frozen` merged as `entries` in its
+    /// catalog is durable: those entries, in memory, are the map's base.
+    pub fn adopt_in_memory(&mut self, frozen: &FrozenChanges<ExtentValue>, entries: &[(u64, ExtentValue)]) -> bool {
+        self.map.tree.adopt_in_memory(frozen, entries)
+    }
+
+    /// The map's entries live in memory only (a dead list the catalog
+    /// holds), none in a node on a device.
+    pub fn is_in_memory(&self) -> bool {
+        self.map.tree.base_in_memory()
     }
 
     /// Blocks that are not holes (real data or origin markers).

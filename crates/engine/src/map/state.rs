@@ -300,6 +300,11 @@ impl State {
         depth
     }
 
+    /// Snapshots whose dead list the catalog holds (INLINE_DEAD_LISTS).
+    pub fn inline_dead_lists(&self) -> u64 {
+        self.volumes.values().flat_map(|v| &v.snapshots).filter(|s| s.dead.is_in_memory()).count() as u64
+    }
+
     /// Apply one op; physical blocks it releases are appended to `freed`.
     /// An op that does not fit the state (replay of a damaged journal, or a
     /// bug) is refused with a reason and changes nothing.

@@ -22,7 +22,7 @@ use crate::map::sums::BlockSums;
 use crate::space::Space;
 use std::collections::HashMap;
 use std::sync::Arc;
-use tarn_format::catalog::{Catalog, MapRecord, Root, SnapshotEntry, SpaceEntry, VolumeEntry};
+use tarn_format::catalog::{Catalog, MapRecord, Root, SnapshotEntry, SpaceEntry, VolumeEntry, MAX_INLINE_EXTENTS};
 use tarn_format::node::{ExtentValue, LeafValue, RangeValue};
 use tarn_format::placement::PolicyCode;
 use tarn_format::role::VolumeRole;
@@ -38,6 +38,22 @@ pub(crate) struct FrozenMap {
     tree: u64,
     frozen: FrozenChanges<ExtentValue>,
     counts: MapCounts,
+    /// At most this many extents are kept in the catalog instead of a tree
+    /// (a snapshot's dead list in a pool with INLINE_DEAD_LISTS; 0: never).
+    inline_max: usize,
+    /// Negative control of the crash simulation: an inline list loses its
+    /// last entry (`OpenOptions::control_inline_drops_entry`).
+    control_drop: bool,
+}
+
+/// Whether a checkpoint keeps small dead lists in its catalog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InlineDead {
+    /// The pool lacks INLINE_DEAD_LISTS: every dead list is a tree.
+    Off,
+    On,
+    /// A negative control's defect: each inline list drops its last entry.
+    ControlDropLast,
 }
 
 struct FrozenSnapshot {
@@ -85,22 +101,25 @@ pub(crate) struct FrozenPool {
     pub inflight: Vec<(Pba, u64)>,
 }
 
-fn freeze_map(map: &mut ExtentMap, superseded: &mut Vec<Pba>, taken: Vec<Pba>) -> FrozenMap {
+fn freeze_map(map: &mut ExtentMap, superseded: &mut Vec<Pba>, taken: Vec<Pba>, inline: InlineDead) -> FrozenMap {
     superseded.extend(taken);
-    FrozenMap { tree: map.tree_id(), frozen: map.freeze(), counts: map.counts() }
+    let inline_max = if inline == InlineDead::Off { 0 } else { MAX_INLINE_EXTENTS as usize };
+    let control_drop = inline == InlineDead::ControlDropLast;
+    FrozenMap { tree: map.tree_id(), frozen: map.freeze(), counts: map.counts(), inline_max, control_drop }
 }
 
-/// Step 1, under the pool lock (O(trees)).
-pub(crate) fn freeze(state: &mut State, space: &mut Space, seq: u64) -> FrozenPool {
+/// Step 1, under the pool lock (O(trees)). `inline`: whether small dead
+/// lists stay in the catalog (the pool has INLINE_DEAD_LISTS).
+pub(crate) fn freeze(state: &mut State, space: &mut Space, seq: u64, inline: InlineDead) -> FrozenPool {
     let mut superseded = Vec::new();
     let mut volumes = Vec::with_capacity(state.volumes.len());
     for v in state.volumes.values_mut() {
         let taken = v.map.take_superseded();
-        let head = freeze_map(&mut v.map, &mut superseded, taken);
+        let head = freeze_map(&mut v.map, &mut superseded, taken, InlineDead::Off);
         let mut snapshots = Vec::with_capacity(v.snapshots.len());
         for s in v.snapshots.iter_mut() {
             let taken = s.dead.take_superseded();
-            let dead = freeze_map(&mut s.dead, &mut superseded, taken);
+            let dead = freeze_map(&mut s.dead, &mut superseded, taken, inline);
             let (epoch, size, created, referenced, name) = (s.epoch, s.size, s.created, s.referenced, s.name.clone());
             snapshots.push(FrozenSnapshot { epoch, size, created, referenced, name, dead });
         }
@@ -151,6 +170,8 @@ pub(crate) struct WrittenTrees {
     trees: HashMap<u64, Written>,
     /// Volume maps merged with their buffered changes, by tree id.
     merged: HashMap<u64, Merged>,
+    /// Dead lists kept in the catalog (no node written), by tree id.
+    inline: HashMap<u64, Vec<(u64, ExtentValue)>>,
 }
 
 impl WrittenTrees {
@@ -183,11 +204,20 @@ impl FrozenPool {
         let generation = self.seq;
         let mut out = WrittenTrees::default();
         let mut map = |m: &FrozenMap, out: &mut WrittenTrees| -> std::result::Result<MapRecord, StoreError> {
+            let record = |root, c: MapCounts| MapRecord {
+                root,
+                mapped_blocks: c.mapped_blocks,
+                origin_blocks: c.origin_blocks,
+                extents: c.extents,
+            };
+            if let Some((entries, counts)) = inline_entries(m) {
+                out.inline.insert(m.tree, entries);
+                return Ok(record(Root::default(), counts));
+            }
             let merged = m.frozen.write(store, alloc, generation)?;
             let root = root(merged.root);
             out.merged.insert(m.tree, merged);
-            let c = m.counts;
-            Ok(MapRecord { root, mapped_blocks: c.mapped_blocks, origin_blocks: c.origin_blocks, extents: c.extents })
+            Ok(record(root, m.counts))
         };
         let mut volumes = Vec::with_capacity(self.volumes.len());
         for v in &self.volumes {
@@ -196,7 +226,8 @@ impl FrozenPool {
             for s in &v.snapshots {
                 let dead = map(&s.dead, &mut out)?;
                 let (epoch, size, created, referenced) = (s.epoch, s.size, s.created, s.referenced);
-                snapshots.push(SnapshotEntry { epoch, size, created, referenced, name: s.name.clone(), dead });
+                let inline = out.inline.get(&s.dead.tree).cloned().unwrap_or_default();
+                snapshots.push(SnapshotEntry { epoch, size, created, referenced, name: s.name.clone(), dead, inline });
             }
             volumes.push(VolumeEntry {
                 id: v.id,
@@ -234,6 +265,31 @@ impl FrozenPool {
         };
         Ok((catalog, out))
     }
+}
+
+/// A dead list small enough to stay in the catalog: its entries, which
+/// must agree with the counts frozen with it (else it is written as a tree,
+/// as any map is). None for an empty list: an empty root says it.
+fn inline_entries(m: &FrozenMap) -> Option<(Vec<(u64, ExtentValue)>, MapCounts)> {
+    let mut entries = m.frozen.small(m.inline_max).filter(|e| !e.is_empty())?;
+    let counts = |e: &[(u64, ExtentValue)]| MapCounts {
+        mapped_blocks: e.iter().map(|x| x.1.len).sum(),
+        origin_blocks: e.iter().filter(|x| Pba(x.1.pba).is_origin()).map(|x| x.1.len).sum(),
+        extents: e.len() as u64,
+    };
+    if counts(&entries) != m.counts {
+        let c = counts(&entries);
+        log::error!("dead list {:#x}: entries {c:?} against counts {:?}: written as a tree", m.tree, m.counts);
+        return None;
+    }
+    if m.control_drop {
+        entries.pop();
+        if entries.is_empty() {
+            return None;
+        }
+    }
+    let c = counts(&entries);
+    Some((entries, c))
 }
 
 /// Step 3, under the pool lock, once the checkpoint is durable. Returns
@@ -286,6 +342,15 @@ pub(crate) struct Retired {
 /// callers finish the checkpoint first); if one did, its merged nodes are
 /// leaked (`pool check` reports them), never freed twice.
 fn adopt_map(live: Option<&mut ExtentMap>, frozen: &FrozenMap, written: &mut WrittenTrees) {
+    if let Some(entries) = written.inline.remove(&frozen.tree) {
+        // Nothing was written: a map gone meanwhile leaks nothing.
+        if let Some(m) = live {
+            if !m.adopt_in_memory(&frozen.frozen, &entries) {
+                log::error!("dead list {:#x} changed during its checkpoint", frozen.tree);
+            }
+        }
+        return;
+    }
     let Some(merged) = written.merged.remove(&frozen.tree) else { return };
     if !live.is_some_and(|m| m.adopt(&frozen.frozen, &merged)) {
         log::error!("map tree {:#x} changed during its checkpoint: {} node blocks leaked", frozen.tree, merged.nodes);
@@ -299,6 +364,17 @@ fn bad(detail: impl std::fmt::Display) -> StateError {
 fn open_map(store: &Arc<Store>, id: u64, m: &MapRecord) -> Result<ExtentMap> {
     let counts = MapCounts { mapped_blocks: m.mapped_blocks, origin_blocks: m.origin_blocks, extents: m.extents };
     Ok(ExtentMap::open(store.clone(), id, root_ref(m.root), counts)?)
+}
+
+/// A snapshot's dead list: a tree at its root, or kept in the catalog.
+fn open_dead(store: &Arc<Store>, s: &SnapshotEntry) -> Result<ExtentMap> {
+    let id = tree_id::dead_list(s.epoch);
+    if s.inline.is_empty() {
+        return open_map(store, id, &s.dead);
+    }
+    let m = &s.dead;
+    let counts = MapCounts { mapped_blocks: m.mapped_blocks, origin_blocks: m.origin_blocks, extents: m.extents };
+    Ok(ExtentMap::open_in_memory(store.clone(), id, &s.inline, counts))
 }
 
 pub(crate) fn root_ref(r: Root) -> RootRef {
@@ -343,7 +419,7 @@ pub(crate) fn open_state(c: &Catalog, store: Arc<Store>) -> Result<State> {
                 size: s.size,
                 created: s.created,
                 referenced: s.referenced,
-                dead: open_map(&store, tree_id::dead_list(s.epoch), &s.dead)?,
+                dead: open_dead(&store, s)?,
             });
         }
         state.by_name.insert(v.name.clone(), v.id);

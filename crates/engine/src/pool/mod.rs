@@ -68,6 +68,16 @@ pub struct OpenOptions {
     /// in part is split in the next record, not the freeing one.
     #[doc(hidden)]
     pub control_split_late: bool,
+    /// Negative control of the crash simulation only: a checkpoint that
+    /// keeps a dead list in its catalog drops its last entry (counts
+    /// agreeing, so only the data tells).
+    #[doc(hidden)]
+    pub control_inline_drops_entry: bool,
+    /// Tests only: act as a build from before INLINE_DEAD_LISTS (the bit
+    /// is never set, every dead list is written as a tree), so a test can
+    /// make the pool an older build would have left.
+    #[doc(hidden)]
+    pub compat_no_inline_dead_lists: bool,
 }
 
 /// The metadata cache when none is asked for: 256 MiB.
@@ -518,6 +528,9 @@ pub struct PoolStatus {
     /// Nodes lookups read with the pool lock released (cache misses on
     /// the I/O path).
     pub node_fetches: u64,
+    /// Snapshots whose dead list the catalog holds (INLINE_DEAD_LISTS),
+    /// not a tree of nodes.
+    pub inline_dead_lists: u64,
 }
 
 impl PoolStatus {
@@ -792,6 +805,7 @@ impl Pool {
             dirty_nodes: store.dirty_nodes(),
             healed_nodes: store.healed_nodes(),
             node_fetches: self.counters.node_fetches.load(Ordering::Relaxed),
+            inline_dead_lists: inner.state.inline_dead_lists(),
         }
     }
 }

@@ -119,6 +119,26 @@ pub struct Near {
     /// `bases` when the region has data): a new home is searched for
     /// from there, so copy-on-write lands near the original (VC's rule).
     pub home: Option<Pba>,
+    /// The block after the region's copies: its data outside `home`
+    /// (copied on write since a snapshot), whose next copy packs on
+    /// there, so a region's copies are read as one dense run.
+    pub tail: Option<Pba>,
+}
+
+impl Near {
+    /// Note pieces just placed for logical blocks from `lba` (one
+    /// region of `region` blocks): those off their home's offsets are
+    /// copies, and the next copy follows the last of them.
+    pub fn note_placed(&mut self, lba: u64, pieces: &[(Pba, u64)], region: u64) {
+        let mut at = lba;
+        for &(pba, len) in pieces {
+            let at_home = self.home.and_then(|h| h.block().checked_add(at % region)).map(|b| Pba::new(pba.device(), b));
+            if self.home.is_some() && at_home != Some(pba) {
+                self.tail = Some(pba.offset_by(len));
+            }
+            at += len;
+        }
+    }
 }
 
 /// Whose data is placed: the volume, and the members its new data may
@@ -190,13 +210,28 @@ impl Placement for Contiguous {
         let off = lba % region;
         assert!(off + len <= region, "a placement request crosses a region");
         let named = |d: usize| owner.devices == 0 || (d < 16 && owner.devices & (1 << d) != 0);
-        if let Some(home) = at_offset(space, off, len, near, named)? {
-            return Ok(Some(home));
+        let (home, others) = near.bases.split_at(usize::from(near.home.is_some()).min(near.bases.len()));
+        if let Some(at) = at_offset(space, off, len, home, named)? {
+            return Ok(Some(at));
+        }
+        // A copy on write (its place at home is taken: a snapshot holds
+        // the old block) packs on after the region's earlier copies.
+        // (Free blocks inside the home were tried as well: the copy is
+        // then read with the home, but a read of one file's blocks spans
+        // the other files' blocks of the region to reach it: 81% dense
+        // against 86% on the web-server replay.)
+        if let Some(tail) = near.tail.filter(|t| named(usize::from(t.device()))) {
+            if space.allocate_exact(tail, len)? {
+                return Ok(Some(vec![(tail, len)]));
+            }
+        }
+        if let Some(at) = at_offset(space, off, len, others, named)? {
+            return Ok(Some(at));
         }
         if let Some(original) = near.home.filter(|h| named(usize::from(h.device()))) {
-            // The region has data: its next home goes as near the
-            // original as a whole free region is, searching forward.
-            if let Some(at) = new_home_near(space, original, off, len, region)? {
+            // The region's first copies: packed from the start of the
+            // first whole free region after the original.
+            if let Some(at) = copies_near(space, original, len, region)? {
                 return Ok(Some(at));
             }
         }
@@ -218,9 +253,9 @@ impl Placement for Contiguous {
 }
 
 /// Blocks [off, off+len) of a region at their offsets in one of its
-/// places (`near.bases` on the members `named`), if free there.
-fn at_offset(space: &mut Space, off: u64, len: u64, near: &Near, named: impl Fn(usize) -> bool) -> Placed {
-    for &base in near.bases.iter().filter(|b| named(usize::from(b.device()))) {
+/// places (`bases` on the members `named`), if free there.
+fn at_offset(space: &mut Space, off: u64, len: u64, bases: &[Pba], named: impl Fn(usize) -> bool) -> Placed {
+    for &base in bases.iter().filter(|b| named(usize::from(b.device()))) {
         if let Some(at) = base.block().checked_add(off).map(|b| Pba::new(base.device(), b)) {
             if space.allocate_exact(at, len)? {
                 return Ok(Some(vec![(at, len)]));
@@ -230,12 +265,14 @@ fn at_offset(space: &mut Space, off: u64, len: u64, near: &Near, named: impl Fn(
     Ok(None)
 }
 
-/// Blocks [off, off+len) of a region at their offsets in a new home: the
-/// first whole free region after `original` a short search finds.
-fn new_home_near(space: &mut Space, original: Pba, off: u64, len: u64, region: u64) -> Placed {
-    let Some(home) = space.find_region_near(original, region)? else { return Ok(None) };
-    let at = home.offset_by(off);
-    Ok(space.allocate_exact(at, len)?.then(|| vec![(at, len)]))
+/// `len` blocks at the start of the first whole free region after
+/// `original` a short search finds: where a region's copies begin.
+/// Packed rather than at their offsets, so a region rewritten in part
+/// (a tenth of it, say) is read as its home plus one short dense run,
+/// not plus a second home's span of mostly free blocks.
+fn copies_near(space: &mut Space, original: Pba, len: u64, region: u64) -> Placed {
+    let Some(start) = space.find_region_near(original, region)? else { return Ok(None) };
+    Ok(space.allocate_exact(start, len)?.then(|| vec![(start, len)]))
 }
 
 /// A number uniformly spread over u64 for a volume's logical region
@@ -266,7 +303,10 @@ mod tests {
     }
 
     fn place(s: &mut Space, lba: u64, len: u64, bases: &[Pba]) -> Vec<(Pba, u64)> {
-        Contiguous.place(s, vol(1), lba, len, &Near { bases: bases.to_vec(), home: None }, R).unwrap().expect("room")
+        Contiguous
+            .place(s, vol(1), lba, len, &Near { bases: bases.to_vec(), ..Near::default() }, R)
+            .unwrap()
+            .expect("room")
     }
 
     #[test]
@@ -289,14 +329,23 @@ mod tests {
     }
 
     #[test]
-    fn a_taken_place_moves_to_the_next_home_at_the_same_offset() {
+    fn copies_pack_from_a_whole_free_region_after_the_home() {
         let mut s = space(16 * R);
-        let home = place(&mut s, 10, 1, &[])[0].0.offset_by(0);
+        let home = place(&mut s, 10, 1, &[])[0].0;
         let home = Pba::new(0, home.block() - 10);
-        // The block at offset 10 is still taken (a snapshot holds it).
-        let copy = place(&mut s, 10, 1, &[home]);
-        assert_ne!(copy[0].0, home.offset_by(10));
-        assert_eq!((copy[0].0.block() - 10) % R, 0, "same offset in another whole region");
+        place(&mut s, 40, 1, &[home]);
+        // Offsets 10 and 40 are still taken (a snapshot holds them): each
+        // copy packs on after the one before, not at its offset.
+        let mut near = Near { bases: vec![home], home: Some(home), tail: None };
+        let first = Contiguous.place(&mut s, vol(1), 40, 1, &near, R).unwrap().expect("room");
+        assert!(first[0].0.block() > home.block(), "after the home");
+        assert_eq!(first[0].0.block() % R, 0, "at the start of a whole free region");
+        near.note_placed(40, &first, R);
+        assert_eq!(near.tail, Some(first[0].0.offset_by(1)));
+        let second = Contiguous.place(&mut s, vol(1), 10, 1, &near, R).unwrap().expect("room");
+        assert_eq!(second, vec![(first[0].0.offset_by(1), 1)], "packed after the first copy");
+        // A hole of the region still goes at its offset at home.
+        assert_eq!(Contiguous.place(&mut s, vol(1), 20, 1, &near, R).unwrap(), Some(vec![(home.offset_by(20), 1)]));
     }
 
     #[test]
@@ -347,7 +396,7 @@ mod tests {
         let home = Pba::new(0, first[0].0.block() - 100);
         assert_eq!(home.block() % r, 0, "aligned to the region size");
         let next = Contiguous
-            .place(&mut s, vol(2), 5 * r + 200, 1, &Near { bases: vec![home], home: None }, r)
+            .place(&mut s, vol(2), 5 * r + 200, 1, &Near { bases: vec![home], ..Near::default() }, r)
             .unwrap()
             .unwrap();
         assert_eq!(next, vec![(home.offset_by(200), 1)]);

@@ -87,7 +87,7 @@ impl Pool {
     fn clone_member(&self, origin: u32, epoch: u64, name: Option<&str>, owner: Option<u32>) -> Result<u32> {
         self.check_writable()?;
         let mut ctl = self.lock_commit();
-        self.enable_feature(&mut ctl, incompat::SNAPSHOTS)?;
+        self.enable_feature(&mut ctl, self.snapshot_features())?;
         let mut inner = self.write_inner();
         let id = inner.state.next_volume_id;
         let name = name.map_or_else(|| format!("{OBJECT_NAME_PREFIX}{id}"), str::to_string);

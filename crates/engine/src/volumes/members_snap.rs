@@ -37,7 +37,7 @@ impl Pool {
         let whole = member(&self.read_inner().state, id)?.role == Some(VolumeRole::FileVolume);
         // One commit of its own each, the first time only; a file volume's
         // snapshot is the first record that needs FS_VERSIONS.
-        self.enable_feature(&mut ctl, incompat::SNAPSHOTS)?;
+        self.enable_feature(&mut ctl, self.snapshot_features())?;
         if whole {
             self.enable_feature(&mut ctl, incompat::FS_VERSIONS)?;
             // A file version (tarn-fs names them `~f...`, `~c...`).

@@ -145,11 +145,20 @@ impl Pool {
         self.volume_info(id).ok_or(EngineError::VolumeGone(id))
     }
 
-    /// A feature bit must be durable before the first record that uses it
+    /// Set before a volume's first snapshot or clone: snapshot ops, and
+    /// small dead lists kept in the catalog (INLINE_DEAD_LISTS), so a pool
+    /// from before bit 19 gets it with its next snapshot and keeps its old
+    /// dead lists as trees.
+    pub(crate) fn snapshot_features(&self) -> u64 {
+        let inline = if self.options.compat_no_inline_dead_lists { 0 } else { incompat::INLINE_DEAD_LISTS };
+        incompat::SNAPSHOTS | inline
+    }
+
+    /// A feature bit (or bits, all set by one commit) must be durable before the first record that uses it
     /// (older builds then refuse the pool instead of failing on an
     /// unknown op).
     pub(crate) fn enable_feature(&self, ctl: &mut CommitCtl, bit: u64) -> Result<()> {
-        if ctl.sb.incompat & bit != 0 {
+        if ctl.sb.incompat & bit == bit {
             return Ok(());
         }
         ctl.sb.incompat |= bit;

@@ -11,7 +11,6 @@ use crate::map::state::{validate_name, State, Volume};
 use crate::map::view::View;
 use crate::pool::{volume_named, Pool, VolumeInfo};
 use tarn_format::ops::Op;
-use tarn_format::superblock::incompat;
 use tarn_format::BLOCK_SIZE;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,7 +38,7 @@ impl Pool {
         self.check_writable()?;
         validate_name(name).map_err(EngineError::InvalidArgument)?;
         let mut ctl = self.lock_commit();
-        self.enable_feature(&mut ctl, incompat::SNAPSHOTS)?;
+        self.enable_feature(&mut ctl, self.snapshot_features())?;
         {
             // Drain writes planned against the old epoch: one of them could
             // otherwise overwrite in place a block the snapshot now shows.
@@ -127,7 +126,7 @@ impl Pool {
         self.check_writable()?;
         super::files::check_user_name(clone)?;
         let mut ctl = self.lock_commit();
-        self.enable_feature(&mut ctl, incompat::SNAPSHOTS)?;
+        self.enable_feature(&mut ctl, self.snapshot_features())?;
         let id = {
             let mut inner = self.write_inner();
             if inner.state.by_name.contains_key(clone) {
