@@ -757,7 +757,6 @@ impl Pool {
         let inflight: u64 = inner.space.inflight.values().sum();
         let used_blocks = inner.space.data_blocks() - inner.space.free_blocks();
         let nodes = used_blocks.saturating_sub(inner.state.mapped_blocks() + freeing + inflight) * BLOCK_SIZE;
-        let store = &inner.state.store;
         let devices = self.device_statuses(&ctl, &inner);
         // A spare, even one missing, holds no data: the pool is whole without it.
         let whole = devices.iter().all(|d| matches!(d.state, "ONLINE" | "DRAINING" | "REMOVED" | "SPARE" | "MISSING"));
@@ -800,10 +799,10 @@ impl Pool {
             reconstructed_blocks: self.counters.reconstructed_blocks.load(Ordering::Relaxed),
             resynced_blocks: self.counters.resynced_blocks.load(Ordering::Relaxed),
             format: ctl.sb.version,
-            metadata_cache: store.cache.stats(),
+            metadata_cache: inner.state.store.cache.stats(),
             metadata_budget: self.metadata_budget() as u64,
-            dirty_nodes: store.dirty_nodes(),
-            healed_nodes: store.healed_nodes(),
+            dirty_nodes: inner.state.store.dirty_nodes(),
+            healed_nodes: inner.state.store.healed_nodes(),
             node_fetches: self.counters.node_fetches.load(Ordering::Relaxed),
             inline_dead_lists: inner.state.inline_dead_lists(),
         }
