@@ -25,9 +25,9 @@ check "qemu-img compare: d starts with the data" qemu-img compare -f raw -F raw 
 stop_serve
 
 step "flip one random bit in each of $FLIPS random data blocks of the pool file"
-"$SYSPY" - "$POOL" "$T/src.raw" "$FLIPS" >"$T/flipped.txt" <<'EOF' || die "flip script failed"
+"$SYSPY" - "$POOL" "$T/src.raw" "$FLIPS" "$T/groups.txt" >"$T/flipped.txt" <<'EOF' || die "flip script failed"
 import hashlib, random, sys
-pool, src, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+pool, src, n, groups_out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 BS = 4096
 blocks = {}
 with open(src, "rb") as f:
@@ -45,12 +45,20 @@ with open(pool, "rb") as f:
                 where.append((at + k, blocks[h]))
         at += len(b)
 assert len(where) == len(blocks), f"found {len(where)} of {len(blocks)} data blocks"
-with open(pool, "r+b") as f:
-    for pos, off in random.sample(where, n):
+# One flip per 64 KiB group of the pool file (a coarse checksum's group),
+# each line of groups.txt: the flipped block's volume offset, then those of
+# every block of its group.
+by_group = {}
+for pos, off in where:
+    by_group.setdefault(pos // (16 * BS), []).append((pos, off))
+with open(pool, "r+b") as f, open(groups_out, "w") as g:
+    for group in random.sample(sorted(by_group), n):
+        pos, off = random.choice(by_group[group])
         byte = pos + random.randrange(BS)
         f.seek(byte); v = f.read(1)[0]
         f.seek(byte); f.write(bytes([v ^ (1 << random.randrange(8))]))
         print(off)
+        print(off, *sorted(o for _, o in by_group[group]), file=g)
 EOF
 sort -n "$T/flipped.txt" >"$T/flipped.sorted"
 expect_eq "blocks damaged" "$(wc -l <"$T/flipped.sorted")" "$FLIPS"
@@ -75,8 +83,30 @@ EOF
 
 expect_eq "libnbd read of all 4096 blocks: no wrong bytes, only EIO" "$rc" 0
 [ $rc -eq 0 ] || cat "$T/eio.err"
-if diff -q "$T/eio.txt" "$T/flipped.sorted" >/dev/null; then ok "EIO exactly on the $FLIPS damaged blocks"
-else bad "EIO offsets differ from the damaged blocks: $(diff "$T/eio.txt" "$T/flipped.sorted" | head -5 | tr '\n' ' ')"; fi
+# nbdcopy wrote d in long runs: most 64 KiB groups have one coarse checksum,
+# so a flip fails exactly its block (a group with block sums) or exactly
+# the 16 blocks of its group, never anything else.
+rc=0; "$SYSPY" - "$T/eio.txt" "$T/groups.txt" >"$T/eio_kinds.txt" <<'EOF' || rc=$?
+import sys
+eio = {int(l) for l in open(sys.argv[1])}
+seen, whole, single = set(), 0, 0
+for line in open(sys.argv[2]):
+    off, *group = map(int, line.split())
+    failed = eio & set(group)
+    if failed == set(group) and len(group) == 16:
+        whole += 1
+    elif failed == {off}:
+        single += 1
+    else:
+        sys.exit(f"flip at {off}: EIO on {sorted(failed)}, not the block nor its whole group")
+    seen |= failed
+assert eio == seen, f"EIO outside the damaged groups: {sorted(eio - seen)[:5]}"
+print(whole, single)
+EOF
+expect_eq "EIO exactly on each damaged block or its whole 64 KiB group" "$rc" 0
+read -r whole single <"$T/eio_kinds.txt" || true
+expect_between "damaged groups failed whole (coarse checksums written)" "${whole:-0}" 1 "$FLIPS"
+say "  (${whole:-0} flips failed their whole coarse group, ${single:-0} only their block)"
 check_fails "qemu-img convert of d fails rather than copying bad data" timeout 60 qemu-img convert -f raw -O raw "$(uri d)" "$T/copy.raw"
 check "server still answers" timeout 10 nbdinfo --size "$(uri d)"
 errs=$(tarn pool status -p "$POOL" --json | "$SYSPY" -c 'import json,sys;print(json.load(sys.stdin)["checksum_errors"])')
@@ -93,8 +123,8 @@ for l in j["lost"]:
     for o in range(l["offset"], l["offset"] + l["length"], 4096):
         assert l["volume"] == "d" and l["snapshot"] is None, l
         print(o)' "$T/scrub.json" | sort -n >"$T/lost.txt"
-if diff -q "$T/lost.txt" "$T/flipped.sorted" >/dev/null; then ok "scrub lost ranges == damaged blocks"
-else bad "scrub lost ranges differ: $(diff "$T/lost.txt" "$T/flipped.sorted" | head -5 | tr '\n' ' ')"; fi
+if diff -q "$T/lost.txt" "$T/eio.txt" >/dev/null; then ok "scrub lost ranges == blocks that read as EIO"
+else bad "scrub lost ranges differ: $(diff "$T/lost.txt" "$T/eio.txt" | head -5 | tr '\n' ' ')"; fi
 text=$(tarn pool scrub -p "$POOL" 2>&1 || true)
 printf '%s' "$text" | grep -q "lost: d bytes" && ok "scrub text names the lost ranges" || bad "scrub text: $text"
 stop_serve
@@ -111,6 +141,45 @@ grep -q "superblock copy 1 .* rewritten" "$T/repair.txt" && ok "repair rewrote t
 out=$(tarn pool status -p "$POOL" 2>&1)
 printf '%s' "$out" | grep -q "superblock copy" && bad "note still there after repair: $out" || ok "no note after repair"
 check "pool check clean after repair" tarn pool check -p "$POOL"
+
+step "coarse groups overwritten in part and whole, trimmed in part: data right, pool check clean"
+CP=$T/c.img
+make_pool "$CP" 128M
+make_vol "$CP" e 16M
+head -c $((8 * M)) /dev/urandom >"$T/e.raw"
+start_serve "$CP"
+check "nbdcopy 8 MiB into e (long runs: coarse groups)" nbdcopy "$T/e.raw" "$(uri e)"
+rc=0; "$SYSPY" - "$(uri e)" "$T/e.raw" >"$T/e.out" 2>&1 <<'EOF' || rc=$?
+import os, sys, nbd
+uri, src = sys.argv[1], sys.argv[2]
+h = nbd.NBD(); h.connect_uri(uri)
+model = bytearray(open(src, "rb").read()) + bytearray(8 << 20)
+G, K = 65536, 4096
+def write(off, n):
+    data = os.urandom(n); h.pwrite(data, off); model[off:off + n] = data
+def trim(off, n):
+    h.trim(n, off); model[off:off + n] = bytes(n)
+write(3 * G + 5 * K, K)            # one block of a group, in place
+write(10 * G, G)                   # a whole group, in place
+write(20 * G + 2 * K, 3 * K)       # three blocks inside a group
+trim(30 * G + 4 * K, 2 * K)        # part of a group freed
+trim(40 * G + K, G + 3 * K)        # a whole group and parts of two
+write(64 * G + K, 1 << 20)         # 1 MiB across 17 groups, unaligned
+h.flush()
+got = h.pread(len(model) - (8 << 20), 0)
+assert got == bytes(model[:len(got)]), "e differs from the model after the overwrites"
+print("ok")
+EOF
+expect_eq "overwrites and trims of coarse groups read back right" "$rc" 0
+[ $rc -eq 0 ] || cat "$T/e.out"
+splits=$(tarn pool status -p "$CP" --json | "$SYSPY" -c 'import json,sys;print(json.load(sys.stdin).get("split_groups", 0))')
+expect_between "coarse groups split by the partial overwrites and trims" "$splits" 4 100
+stop_serve
+check "pool check clean after partial overwrites and trims of coarse groups" tarn pool check -p "$CP"
+start_serve "$CP"
+rc=0; tarn pool scrub -p "$CP" >"$T/c.scrub" 2>&1 || rc=$?
+expect_eq "scrub after reopen finds nothing lost" "$rc" 0
+stop_serve
 
 step "a device of another pool is refused and left as it was"
 make_pool "$T/a.img" 64M

@@ -624,6 +624,7 @@ pub fn status_json(s: &PoolStatus) -> Value {
         "fenced": s.fenced, "checksums": s.checksums, "checksum_errors": s.checksum_errors, "read_errors": s.read_errors,
         "healed_blocks": s.healed_blocks, "reconstructed_blocks": s.reconstructed_blocks,
         "resynced_blocks": s.resynced_blocks,
+        "coarse_sums": s.coarse_sums, "coarse_groups": s.coarse_groups, "split_groups": s.split_groups,
     });
     v["devices"] = s.devices.iter().map(device_json).collect();
     v["format"] = json!(s.format);

@@ -141,6 +141,13 @@ pub fn status(v: &Value) -> String {
         v["reconstructed_blocks"],
         v["resynced_blocks"]
     );
+    if v["coarse_sums"] == true {
+        let _ = writeln!(
+            s,
+            "  coarse     one crc32c per whole 64 KiB group written: {} groups written, {} split since open",
+            v["coarse_groups"], v["split_groups"]
+        );
+    }
     for n in v["notes"].as_array().into_iter().flatten() {
         let _ = writeln!(s, "  note: {}", n.as_str().unwrap_or(""));
     }

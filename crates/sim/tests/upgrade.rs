@@ -115,11 +115,27 @@ fn upgrade_keeps_every_view_and_is_idempotent() {
         // Writable and consistent after the upgrade: write, close, reopen.
         let (b, _) = pool.lookup_view("b").unwrap();
         pool.write(b, 0, &vec![0x5a; 2 * BS], false).unwrap();
+        // An older pool has no coarse sums until its first long write,
+        // which sets COARSE_SUMS by a commit of its own first.
+        assert!(!pool.status().coarse_sums, "from format {format}: coarse before any long write");
+        pool.write(b, 6 * MIB as u64, &vec![0x6b; 64 * BS], false).unwrap();
+        let st = pool.status();
+        assert!(
+            st.coarse_sums && st.coarse_groups >= 1,
+            "from format {format}: checksums {} coarse {} groups {}",
+            st.checksums,
+            st.coarse_sums,
+            st.coarse_groups
+        );
         pool.close().unwrap();
         let pool = open(&sim, true).expect("an upgrade open of the current format is a plain open");
         let mut buf = vec![0u8; 2 * BS];
         pool.read(b, 0, &mut buf).unwrap();
         assert!(buf.iter().all(|&x| x == 0x5a));
+        assert!(pool.status().coarse_sums, "COARSE_SUMS is durable");
+        let mut long = vec![0u8; 64 * BS];
+        pool.read(b, 6 * MIB as u64, &mut long).unwrap();
+        assert!(long.iter().all(|&x| x == 0x6b));
         assert!(pool.check().is_clean());
     }
 }

@@ -287,7 +287,7 @@ impl Pool {
             return Ok(Step::Drain);
         }
         let gen = self.write_gen.load(Ordering::SeqCst);
-        let (mut ops, frees) = inner.take_queue();
+        let (mut ops, frees) = self.take_queue_split(inner)?;
         if drained {
             let now = self.counters.commits.load(Ordering::Relaxed);
             let idle = inner.regions.idle(&inner.state.open_regions, now);
@@ -346,6 +346,30 @@ impl Pool {
             return Ok(Step::Take((Plan::JournalThenCheckpoint { payload, epoch, frozen }, frees, gen)));
         }
         Ok(Step::Take((Plan::Checkpoint(frozen), frees, gen)))
+    }
+
+    /// The pending ops and frees, with the split of every coarse group the
+    /// ops free in part (in the same record: see `integrity/split.rs`).
+    fn take_queue_split(&self, inner: &mut Inner) -> Result<(Vec<Op>, Freed)> {
+        let (mut ops, frees) = inner.take_queue();
+        self.split_freed(inner, &frees, &mut ops)?;
+        Ok((ops, frees))
+    }
+
+    /// Set COARSE_SUMS by a commit of its own (a checkpoint: the
+    /// superblock carries it) before the first GroupSums op; a no-op once
+    /// set. A pool gets it with its first write of 16 blocks or more.
+    pub(crate) fn enable_coarse(&self) -> Result<()> {
+        if self.coarse.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let mut ctl = self.lock_commit();
+        if ctl.sb.incompat & incompat::COARSE_SUMS == 0 {
+            ctl.sb.incompat |= incompat::COARSE_SUMS;
+            self.commit_locked(&mut ctl, true)?;
+        }
+        self.coarse.store(true, Ordering::SeqCst);
+        Ok(())
     }
 
     /// Why a commit must wait for the checkpoint in progress rather than

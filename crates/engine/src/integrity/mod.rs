@@ -7,4 +7,5 @@
 pub mod check;
 pub mod resync;
 pub mod scrub;
+pub mod split;
 pub mod verify;

@@ -111,7 +111,10 @@ impl Pool {
     /// sum was renewed (the Sums op is queued). A block of a coarse group
     /// is resynced with its whole group.
     pub(crate) fn resync_block(&self, pba: Pba) -> Result<(Vec<u8>, bool)> {
-        if let Some(BlockSum::Group(_)) = self.read_inner().state.sums.get(pba)? {
+        // Bound first: an `if let` scrutinee's lock guard would live through
+        // the body, and `resync_span` takes the lock for writing.
+        let sum = self.read_inner().state.sums.get(pba)?;
+        if let Some(BlockSum::Group(_)) = sum {
             let first = Pba(pba.0 / SUMS_GROUP * SUMS_GROUP);
             let (group, renewed) = self.resync_span(first, GROUP_BYTES)?;
             let at = ((pba.0 - first.0) as usize) * BS;

@@ -12,7 +12,8 @@ use crate::map::view::View;
 use crate::pool::{Inner, Pool, STRIPES};
 use crate::space::placement::{Near, Owner};
 use std::sync::atomic::Ordering;
-use tarn_format::ops::Op;
+use tarn_format::node::SUMS_GROUP;
+use tarn_format::ops::{Op, MAX_GROUPS_PER_OP};
 use tarn_format::{Pba, BLOCK_SIZE};
 use tarn_store::StoreError;
 
@@ -118,6 +119,9 @@ impl Pool {
     /// but applying it reads the checksum tree, whose nodes a device may
     /// have damaged: then the state may be half changed and the pool fences.
     fn push_sums(&self, inner: &mut Inner, op: Op) -> Result<()> {
+        if let Op::GroupSums { crcs, .. } = &op {
+            self.counters.coarse_groups.fetch_add(crcs.len() as u64, Ordering::Relaxed);
+        }
         let mut freed = Freed::new();
         if let Err(broken) = inner.state.apply(&op, &mut freed) {
             self.fenced.store(true, Ordering::SeqCst);
@@ -127,6 +131,56 @@ impl Pool {
         inner.queue(op, freed);
         Ok(())
     }
+}
+
+/// A write's sums ops: blocks overwritten in place, and each new piece
+/// with its own.
+struct WriteSums {
+    in_place: Vec<InPlace>,
+    pieces: Vec<(NewPiece, Vec<Op>)>,
+}
+
+/// An in-place piece of a write (`lba`, `len` blocks at `pba`) and its
+/// sums ops: whole groups coarse (COARSE_SUMS), the rest per block.
+struct InPlace {
+    lba: u64,
+    len: u64,
+    pba: Pba,
+    ops: Vec<Op>,
+}
+
+/// Whether `vol` still maps the in-place piece `p` where the plan found
+/// it (under the pool lock, when the write records its sums).
+fn still_mapped(inner: &Inner, vol: u32, p: &InPlace) -> Result<bool> {
+    let Some(v) = inner.state.volume(vol) else { return Ok(false) };
+    let segs = v.map.lookup(p.lba, p.len, 2)?;
+    Ok(matches!(segs[..], [Segment::Mapped { pba, len, .. }] if pba == p.pba && len == p.len))
+}
+
+/// The sums ops of new data `data` at `pba` (COARSE_SUMS): one crc32c per
+/// whole 64 KiB group it covers (GroupSums, computed over the data: no
+/// second pass), a crc per block for the blocks of groups it covers in
+/// part.
+pub(crate) fn piece_sums(pba: Pba, data: &[u8]) -> Vec<Op> {
+    let len = (data.len() / BS) as u64;
+    let first = pba.0.div_ceil(SUMS_GROUP) * SUMS_GROUP;
+    let end = (pba.0 + len) / SUMS_GROUP * SUMS_GROUP;
+    if end <= first {
+        return vec![Op::Sums { pba: pba.0, sums: sums_of(data) }];
+    }
+    let bytes = |from: u64, to: u64| &data[((from - pba.0) as usize) * BS..((to - pba.0) as usize) * BS];
+    let mut ops = Vec::new();
+    if first > pba.0 {
+        ops.push(Op::Sums { pba: pba.0, sums: sums_of(bytes(pba.0, first)) });
+    }
+    let crcs: Vec<u32> = bytes(first, end).chunks_exact(GROUP_BYTES).map(group_sum).collect();
+    for (i, chunk) in crcs.chunks(MAX_GROUPS_PER_OP).enumerate() {
+        ops.push(Op::GroupSums { pba: first + (i * MAX_GROUPS_PER_OP) as u64 * SUMS_GROUP, crcs: chunk.to_vec() });
+    }
+    if pba.0 + len > end {
+        ops.push(Op::Sums { pba: end, sums: sums_of(bytes(end, pba.0 + len)) });
+    }
+    ops
 }
 
 /// Where new data for a logical run goes.
@@ -286,7 +340,10 @@ impl Pool {
         if let Some((parity, blocks)) = self.parity_of(vol) {
             return self.write_parity(vol, parity, blocks, lba, data);
         }
-        let sums = if self.checksums { sums_of(data) } else { Vec::new() };
+        if self.checksums && n >= SUMS_GROUP {
+            // Whole groups may get one sum: the pool needs the feature first.
+            self.enable_coarse()?;
+        }
         // Whether the policy may send owned data to new space (re-layout,
         // append); off after a full pool refused that space.
         let mut relayout = true;
@@ -318,14 +375,22 @@ impl Pool {
                 }
                 other => other?,
             };
-            let written = self.write_planned(&plan.segs, &fresh, lba, data);
-            if let Err(e) = written.and_then(|()| self.prefetch_sums(&fresh)) {
+            // Coarse groups this write overwrites in part split first, under
+            // their locks, held until the write's sums are recorded.
+            let groups = if self.checksums { self.lock_groups(&plan.segs) } else { Vec::new() };
+            let written = self
+                .split_overwritten(&plan.segs)
+                .and_then(|()| self.write_planned(&plan.segs, &fresh, lba, data))
+                .and_then(|()| self.prefetch_sums(&fresh));
+            if let Err(e) = written {
                 self.give_back_unmapped(&fresh);
                 uncharge(&mut self.write_inner(), vol, charged);
                 return Err(e);
             }
             let allocated = !fresh.is_empty();
-            self.record_write(vol, lba, &plan, fresh, &sums, charged)?;
+            let sums = self.write_sums(&plan.segs, fresh, lba, data);
+            self.record_write(vol, &plan, sums, (lba, data), charged)?;
+            drop(groups);
             return Ok(allocated);
         }
         Err(EngineError::NoSpace)
@@ -403,6 +468,39 @@ impl Pool {
         self.checksums.then(|| Op::Sums { pba: pba.0, sums: sums_of(data) })
     }
 
+    /// The sums ops of a write, computed outside the pool lock: per-block
+    /// for blocks overwritten in place; for new pieces one GroupSums per
+    /// whole 64 KiB group they cover (COARSE_SUMS) and block sums at their
+    /// ends.
+    fn write_sums(&self, segs: &[Segment], fresh: Vec<NewPiece>, lba: u64, data: &[u8]) -> WriteSums {
+        let slice = |at: u64, len: u64| &data[((at - lba) as usize) * BS..((at - lba + len) as usize) * BS];
+        let coarse = self.coarse.load(Ordering::SeqCst);
+        let mut in_place = Vec::new();
+        if self.checksums {
+            for seg in segs {
+                if let Segment::Mapped { lba: at, len, pba, .. } = *seg {
+                    let ops = match coarse {
+                        true => piece_sums(pba, slice(at, len)),
+                        false => vec![Op::Sums { pba: pba.0, sums: sums_of(slice(at, len)) }],
+                    };
+                    in_place.push(InPlace { lba: at, len, pba, ops });
+                }
+            }
+        }
+        let pieces = fresh
+            .into_iter()
+            .map(|p| {
+                let ops = match self.checksums {
+                    false => Vec::new(),
+                    true if coarse => piece_sums(p.pba, slice(p.lba, p.len)),
+                    true => vec![Op::Sums { pba: p.pba.0, sums: sums_of(slice(p.lba, p.len)) }],
+                };
+                (p, ops)
+            })
+            .collect();
+        WriteSums { in_place, pieces }
+    }
+
     /// After the data is written: record checksums of blocks overwritten in
     /// place, point the map at new pieces (with their sums), and ask for
     /// the regions that were closed to open. If the volume vanished or
@@ -410,10 +508,9 @@ impl Pool {
     fn record_write(
         &self,
         vol: u32,
-        lba: u64,
         plan: &WritePlan<'_>,
-        fresh: Vec<NewPiece>,
-        sums: &[u32],
+        sums: WriteSums,
+        data: (u64, &[u8]),
         charged: u64,
     ) -> Result<()> {
         let mut inner = self.write_inner();
@@ -421,21 +518,25 @@ impl Pool {
         // The map takes the blocks over from here (same lock: never
         // counted twice nor missed by a concurrent quota check).
         uncharge(inner, vol, charged);
-        let part = |at: u64, len: u64| sums[(at - lba) as usize..(at - lba + len) as usize].to_vec();
         inner.regions.wanted.extend(plan.closed.iter().copied());
         inner.regions.urgent += plan.closed.len();
-        if self.checksums {
-            let now = self.counters.commits.load(Ordering::Relaxed);
-            for seg in &plan.segs {
-                if let Segment::Mapped { lba: at, len, pba, .. } = *seg {
-                    regions_of(pba, len).for_each(|r| {
-                        inner.regions.last_write.insert(r, now);
-                    });
-                    self.push_sums(inner, Op::Sums { pba: pba.0, sums: part(at, len) })?;
-                }
+        let now = self.counters.commits.load(Ordering::Relaxed);
+        for mut p in sums.in_place {
+            regions_of(p.pba, p.len).for_each(|r| {
+                inner.regions.last_write.insert(r, now);
+            });
+            if p.ops.iter().any(|op| matches!(op, Op::GroupSums { .. })) && !still_mapped(inner, vol, &p)? {
+                // A trim (or a move) took some of these blocks since the
+                // plan: a group sum over them could cover freed blocks.
+                let (lba, data) = data;
+                let at = ((p.lba - lba) as usize) * BS;
+                p.ops = vec![Op::Sums { pba: p.pba.0, sums: sums_of(&data[at..at + p.len as usize * BS]) }];
+            }
+            for op in p.ops {
+                self.push_sums(inner, op)?;
             }
         }
-        self.map_fresh(inner, vol, lba, fresh, sums)
+        self.map_pieces(inner, vol, sums.pieces)
     }
 
     /// Point the map at new pieces (with their sums, `sums[0]` being block
@@ -451,9 +552,23 @@ impl Pool {
         sums: &[u32],
     ) -> Result<()> {
         let part = |at: u64, len: u64| sums[(at - lba) as usize..(at - lba + len) as usize].to_vec();
+        let pieces = fresh
+            .into_iter()
+            .map(|p| {
+                let ops =
+                    if self.checksums { vec![Op::Sums { pba: p.pba.0, sums: part(p.lba, p.len) }] } else { vec![] };
+                (p, ops)
+            })
+            .collect();
+        self.map_pieces(inner, vol, pieces)
+    }
+
+    /// [`Pool::map_fresh`] with each piece's sums ops (Sums or GroupSums)
+    /// already made.
+    fn map_pieces(&self, inner: &mut Inner, vol: u32, pieces: Vec<(NewPiece, Vec<Op>)>) -> Result<()> {
         let birth = inner.state.epoch;
         let mut orphans = Vec::new();
-        for p in fresh {
+        for (p, sums) in pieces {
             if self.checksums {
                 // New data is what gets overwritten next: its regions open
                 // with the commit that maps it, so the next pass goes in place.
@@ -468,8 +583,8 @@ impl Pool {
             match inner.state.apply(&op, &mut freed) {
                 Ok(()) => {
                     inner.queue(op, freed);
-                    if self.checksums {
-                        self.push_sums(inner, Op::Sums { pba: p.pba.0, sums: part(p.lba, p.len) })?;
+                    for op in sums {
+                        self.push_sums(inner, op)?;
                     }
                 }
                 // The volume went away meanwhile: nothing changed.
@@ -1078,6 +1193,24 @@ mod tests {
     use crate::map::extent_map::tree_id;
     use std::sync::Arc;
     use tarn_store::Store;
+
+    /// New data gets one GroupSums per whole aligned group it covers and
+    /// block sums for the groups it covers in part, each matching the data.
+    #[test]
+    fn piece_sums_cover_whole_groups_coarsely_and_the_ends_per_block() {
+        let data: Vec<u8> = (0..45 * BS).map(|i| (i * 7 / 5) as u8).collect();
+        let ops = piece_sums(Pba(5), &data);
+        let at = |b: u64| &data[((b - 5) as usize) * BS..];
+        assert_eq!(ops.len(), 3, "{ops:?}");
+        assert!(matches!(&ops[0], Op::Sums { pba: 5, sums } if *sums == sums_of(&at(5)[..11 * BS])));
+        let want = vec![group_sum(&at(16)[..GROUP_BYTES]), group_sum(&at(32)[..GROUP_BYTES])];
+        assert!(matches!(&ops[1], Op::GroupSums { pba: 16, crcs } if *crcs == want));
+        assert!(matches!(&ops[2], Op::Sums { pba: 48, sums } if *sums == sums_of(&at(48)[..2 * BS])));
+        // No whole group inside: block sums only.
+        assert!(matches!(&piece_sums(Pba(17), &data[..15 * BS])[..], [Op::Sums { pba: 17, .. }]));
+        // Exactly one group: one GroupSums alone.
+        assert!(matches!(&piece_sums(Pba(32), &data[..16 * BS])[..], [Op::GroupSums { pba: 32, .. }]));
+    }
 
     #[test]
     fn pieces_that_follow_on_both_sides_are_written_as_one() {

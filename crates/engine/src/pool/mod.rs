@@ -70,6 +70,10 @@ pub struct OpenOptions {
     /// catch).
     #[doc(hidden)]
     pub control_replay_one_side: bool,
+    /// Negative control of the crash simulation only: a coarse group freed
+    /// in part is split in the next record, not the freeing one.
+    #[doc(hidden)]
+    pub control_split_late: bool,
     /// Negative control of the crash simulation only: a checkpoint that
     /// keeps a dead list in its catalog drops its last entry (counts
     /// agreeing, so only the data tells).
@@ -319,6 +323,11 @@ pub struct Counters {
     pub read_errors: AtomicU64,
     /// Bad copies rewritten from a good one (self-heal, scrub, resync).
     pub healed_blocks: AtomicU64,
+    /// Coarse checksum groups split into block sums (a partial overwrite
+    /// or free; `integrity/split.rs`).
+    pub split_groups: AtomicU64,
+    /// 64 KiB groups written with one coarse checksum (GroupSums).
+    pub coarse_groups: AtomicU64,
     /// Blocks of parity volumes read by reconstruction from the rest of
     /// their row (a missing, failing or rotted unit).
     pub reconstructed_blocks: AtomicU64,
@@ -398,6 +407,13 @@ pub struct Pool {
     pub(crate) options: OpenOptions,
     /// The pool keeps data checksums (DATA_CHECKSUMS feature).
     pub(crate) checksums: bool,
+    /// Whole 64 KiB groups written at once get one checksum (COARSE_SUMS
+    /// in the superblock: set by a commit of its own before the first).
+    pub(crate) coarse: AtomicBool,
+    /// Locks of coarse groups by stripe (`integrity/split.rs`): an
+    /// in-place writer holds those of the groups it touches from its split
+    /// check until its sums are recorded.
+    pub(crate) group_locks: Vec<Mutex<()>>,
     /// Writes in flight over uncommitted new data in closed regions.
     pub(crate) fresh_writes: AtomicU64,
     /// Parity volumes' row locks (hashed by volume and row): a write of a
@@ -497,6 +513,12 @@ pub struct PoolStatus {
     pub checksum_errors: u64,
     pub read_errors: u64,
     pub healed_blocks: u64,
+    /// Whether whole 64 KiB groups get one checksum (COARSE_SUMS).
+    pub coarse_sums: bool,
+    /// Coarse groups split into block sums since open.
+    pub split_groups: u64,
+    /// Groups written with one checksum since open.
+    pub coarse_groups: u64,
     pub reconstructed_blocks: u64,
     pub resynced_blocks: u64,
     /// The on-disk format version of the pool.
@@ -741,7 +763,6 @@ impl Pool {
         let inflight: u64 = inner.space.inflight.values().sum();
         let used_blocks = inner.space.data_blocks() - inner.space.free_blocks();
         let nodes = used_blocks.saturating_sub(inner.state.mapped_blocks() + freeing + inflight) * BLOCK_SIZE;
-        let store = &inner.state.store;
         let devices = self.device_statuses(&ctl, &inner);
         // A spare, even one missing, holds no data: the pool is whole without it.
         let whole = devices.iter().all(|d| matches!(d.state, "ONLINE" | "DRAINING" | "REMOVED" | "SPARE" | "MISSING"));
@@ -778,13 +799,16 @@ impl Pool {
             checksum_errors: self.counters.checksum_errors.load(Ordering::Relaxed),
             read_errors: self.counters.read_errors.load(Ordering::Relaxed),
             healed_blocks: self.counters.healed_blocks.load(Ordering::Relaxed),
+            coarse_sums: self.coarse.load(Ordering::SeqCst),
+            split_groups: self.counters.split_groups.load(Ordering::Relaxed),
+            coarse_groups: self.counters.coarse_groups.load(Ordering::Relaxed),
             reconstructed_blocks: self.counters.reconstructed_blocks.load(Ordering::Relaxed),
             resynced_blocks: self.counters.resynced_blocks.load(Ordering::Relaxed),
             format: ctl.sb.version,
-            metadata_cache: store.cache.stats(),
+            metadata_cache: inner.state.store.cache.stats(),
             metadata_budget: self.metadata_budget() as u64,
-            dirty_nodes: store.dirty_nodes(),
-            healed_nodes: store.healed_nodes(),
+            dirty_nodes: inner.state.store.dirty_nodes(),
+            healed_nodes: inner.state.store.healed_nodes(),
             node_fetches: self.counters.node_fetches.load(Ordering::Relaxed),
             inline_dead_lists: inner.state.inline_dead_lists(),
         }

@@ -82,7 +82,9 @@ pub fn create_mirrored_pool(slots: &[Vec<(Arc<dyn Device>, String)>], opts: &Cre
     };
     let mut features = incompat::SNAPSHOTS;
     if !opts.no_checksums {
-        features |= incompat::DATA_CHECKSUMS;
+        // New pools write coarse sums from the start; older pools get the
+        // bit with their first long write (`Pool::enable_coarse`).
+        features |= incompat::DATA_CHECKSUMS | incompat::COARSE_SUMS;
     }
     if mirrored {
         features |= incompat::MIRRORS;
@@ -364,6 +366,7 @@ impl Pool {
         // Room for members added online (`dev add`): never mirrored.
         mirrors.resize(MAX_DEVICE_ENTRIES, None);
         let checksums = ctl.sb.incompat & incompat::DATA_CHECKSUMS != 0;
+        let coarse = checksums && ctl.sb.incompat & incompat::COARSE_SUMS != 0;
         let pending_limit = journal::pending_limit(ctl.sb.journal_blocks);
         let device_placement = ctl.sb.devices.iter().map(|d| d.placement.map(PlacementKind::from)).collect();
         Pool {
@@ -396,6 +399,8 @@ impl Pool {
             dirty: (0..MAX_DEVICE_ENTRIES).map(|_| AtomicBool::new(false)).collect(),
             fenced: AtomicBool::new(false),
             checksums,
+            coarse: AtomicBool::new(coarse),
+            group_locks: (0..crate::integrity::split::GROUP_LOCKS).map(|_| Mutex::new(())).collect(),
             pending_limit,
             fresh_writes: AtomicU64::new(0),
             parity_rows: (0..STRIPES).map(|_| Mutex::new(())).collect(),

@@ -1,9 +1,9 @@
 //! Coarse checksums (COARSE_SUMS, docs/FORMAT.md *Data checksums*): one
 //! crc32c per 64 KiB group of 16 physical blocks. Reads, scrub, heal and
 //! resync verify them (`verify.rs`, `scrub.rs`, `resync.rs`); the writer
-//! does not make them yet (issue 10: the split of a group on a partial
-//! overwrite or a partial free must come first). Until then the only
-//! maker is [`Pool::coarsen_sums`], for tests.
+//! makes them for whole groups of new space (`io/mod.rs` `piece_sums`) and
+//! splits them before a partial overwrite or free (`integrity/split.rs`).
+//! [`Pool::coarsen_sums`] turns existing data coarse, for tests.
 
 use crate::error::{EngineError, Result};
 use crate::map::extent_map::Segment;
@@ -12,7 +12,6 @@ use crate::map::view::View;
 use crate::pool::Pool;
 use tarn_format::node::SUMS_GROUP;
 use tarn_format::ops::{Op, MAX_GROUPS_PER_OP};
-use tarn_format::superblock::incompat;
 use tarn_format::{Pba, BLOCK_SIZE};
 
 impl Pool {
@@ -25,7 +24,7 @@ impl Pool {
         if !self.checksums {
             return Err(EngineError::Inconsistent("coarse sums need data checksums".into()));
         }
-        self.enable_feature(&mut self.lock_commit(), incompat::COARSE_SUMS)?;
+        self.enable_coarse()?;
         let mut ops = Vec::new();
         for seg in self.resolve(vol, View::Head, lba, len)? {
             let Segment::Mapped { lba, len, pba, .. } = seg else { continue };

@@ -1,0 +1,161 @@
+//! Splitting coarse checksum groups (COARSE_SUMS, docs/FORMAT.md *Data
+//! checksums*): a group's one crc32c over 64 KiB becomes 16 block sums, read
+//! from the group's data and checked against the crc first. A group must be
+//! split before any of its blocks is written while another stays referenced:
+//! before a partial in-place overwrite ([`Pool::split_overwritten`], under
+//! the group's lock), and in the same journal record as the op that frees
+//! part of it ([`Pool::split_freed`], called by the commit): a split in a
+//! later record loses to a crash (replay frees the blocks, the group stays
+//! coarse, new data there breaks the crc of the blocks still referenced).
+
+use crate::error::{EngineError, Result};
+use crate::map::extent_map::{Freed, Segment};
+use crate::map::sums::{block_sum, sums_of, BlockSum, GROUP_BYTES};
+use crate::pool::{Inner, Pool};
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+use std::sync::MutexGuard;
+use tarn_format::node::SUMS_GROUP;
+use tarn_format::ops::Op;
+use tarn_format::Pba;
+
+/// Stripes of the group locks (a group's lock is `group % GROUP_LOCKS`).
+pub(crate) const GROUP_LOCKS: usize = 64;
+
+/// The first block of `pba`'s group (device bits kept).
+fn group_of(pba: u64) -> u64 {
+    pba / SUMS_GROUP * SUMS_GROUP
+}
+
+impl Pool {
+    /// Lock the groups that in-place pieces among `segs` touch, in stripe
+    /// order (no two writers wait on each other's stripes crosswise). Held
+    /// by a writer from the split check until its sums are recorded, so two
+    /// partial writers of one group never each check it after the other
+    /// wrote. Taken inside the I/O gate, before the pool lock; the commit
+    /// takes none.
+    pub(crate) fn lock_groups(&self, segs: &[Segment]) -> Vec<MutexGuard<'_, ()>> {
+        let mut stripes = BTreeSet::new();
+        for seg in segs {
+            let Segment::Mapped { pba, len, .. } = *seg else { continue };
+            let (first, end) = (pba.0 / SUMS_GROUP, (pba.0 + len).div_ceil(SUMS_GROUP));
+            // Bounded: a write is at most 32 MiB (512 groups), and once
+            // every stripe is in the set there is nothing more to add.
+            for g in first..end.min(first + GROUP_LOCKS as u64) {
+                stripes.insert((g % GROUP_LOCKS as u64) as usize);
+            }
+        }
+        stripes.into_iter().map(|s| self.group_locks[s].lock().unwrap_or_else(|p| p.into_inner())).collect()
+    }
+
+    /// Split the coarse groups that in-place pieces among `segs` cover only
+    /// in part (whole groups get 16 new block sums from the write itself).
+    /// The caller holds their locks ([`Pool::lock_groups`]) and writes the
+    /// data only after this returned.
+    pub(crate) fn split_overwritten(&self, segs: &[Segment]) -> Result<()> {
+        if !self.coarse.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let mut ends = BTreeSet::new();
+        for seg in segs {
+            let Segment::Mapped { pba, len, .. } = *seg else { continue };
+            if !pba.0.is_multiple_of(SUMS_GROUP) {
+                ends.insert(group_of(pba.0));
+            }
+            if !(pba.0 + len).is_multiple_of(SUMS_GROUP) {
+                ends.insert(group_of(pba.0 + len));
+            }
+        }
+        if ends.is_empty() {
+            return Ok(());
+        }
+        let coarse = self.with_cached_nodes(|inner| coarse_among(inner, &ends))?;
+        for (g, crc) in coarse {
+            let sums = self.group_block_sums(Pba(g), crc);
+            let mut inner = self.write_inner();
+            // Split meanwhile by a commit that freed part of it: done.
+            if coarse_among(&inner, &BTreeSet::from([g]))?.is_empty() {
+                continue;
+            }
+            self.split_in(&mut inner, Pba(g), sums, None)?;
+        }
+        Ok(())
+    }
+
+    /// Step 1 of a commit, under the pool lock: split every coarse group the
+    /// ops taken (`ops`) free only in part, appending the Sums ops to
+    /// `ops`, so the split is in the same record as the free. Reads 64 KiB
+    /// per such group (under the lock: see docs/ARCHITECTURE.md, left).
+    pub(crate) fn split_freed(&self, inner: &mut Inner, frees: &Freed, ops: &mut Vec<Op>) -> Result<()> {
+        if !self.coarse.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let mut ends = BTreeSet::new();
+        for &(pba, len) in frees {
+            // A group the range covers whole is unreferenced: nothing to keep.
+            if !pba.0.is_multiple_of(SUMS_GROUP) || len < SUMS_GROUP {
+                ends.insert(group_of(pba.0));
+            }
+            if !(pba.0 + len).is_multiple_of(SUMS_GROUP) {
+                ends.insert(group_of(pba.0 + len));
+            }
+        }
+        for (g, crc) in coarse_among(inner, &ends)? {
+            let sums = self.group_block_sums(Pba(g), crc);
+            self.split_in(inner, Pba(g), sums, Some(ops))?;
+        }
+        Ok(())
+    }
+
+    /// Apply the split of group `g`: queued for the next commit, or (`ops`)
+    /// straight into the ops a commit took.
+    fn split_in(&self, inner: &mut Inner, g: Pba, sums: Vec<u32>, ops: Option<&mut Vec<Op>>) -> Result<()> {
+        let op = Op::Sums { pba: g.0, sums };
+        let mut freed = Freed::new();
+        if let Err(broken) = inner.state.apply(&op, &mut freed) {
+            self.fenced.store(true, Ordering::SeqCst);
+            return Err(broken.into());
+        }
+        self.counters.split_groups.fetch_add(1, Ordering::Relaxed);
+        match ops {
+            Some(ops) if !self.options.control_split_late => ops.push(op),
+            _ => inner.queue(op, freed),
+        }
+        Ok(())
+    }
+
+    /// The 16 block sums of coarse group `g` (crc `crc`), from a copy whose
+    /// group matches. If none does (corruption, or a torn write of an open
+    /// region a crash left), the sums of copy 0's blocks inverted: every
+    /// block keeps failing its check, as the group did (never wrong data
+    /// from a split), and a resync of its open region replaces them.
+    fn group_block_sums(&self, g: Pba, crc: u32) -> Vec<u32> {
+        let copies = self.examine_span(g, GROUP_BYTES, crc);
+        if let Some(good) = copies.good {
+            return sums_of(&good);
+        }
+        let dev = &self.devices[usize::from(g.device())];
+        let mut data = vec![0u8; GROUP_BYTES];
+        if let Err(e) = dev.read_at(&mut data, g.byte_offset()) {
+            log::error!("splitting group at block {} of {}: read error {e}", g.block(), dev.name());
+        }
+        log::error!(
+            "coarse group at block {} of {} matches on no copy: split into failing sums",
+            g.block(),
+            dev.name()
+        );
+        self.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+        data.chunks_exact(GROUP_BYTES / SUMS_GROUP as usize).map(|b| !block_sum(b)).collect()
+    }
+}
+
+/// The groups among `groups` (first blocks) whose sum is coarse, with it.
+fn coarse_among(inner: &Inner, groups: &BTreeSet<u64>) -> Result<Vec<(u64, u32)>> {
+    let mut out = Vec::new();
+    for &g in groups {
+        if let Some(BlockSum::Group(crc)) = inner.state.sums.get(Pba(g)).map_err(EngineError::from)? {
+            out.push((g, crc));
+        }
+    }
+    Ok(out)
+}
