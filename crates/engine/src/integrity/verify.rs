@@ -305,12 +305,34 @@ impl Pool {
         let n = sums.len() as u64;
         let start = if is_group(sums.first()) { pba.0 / SUMS_GROUP * SUMS_GROUP } else { pba.0 };
         let end = if is_group(sums.last()) { (pba.0 + n).div_ceil(SUMS_GROUP) * SUMS_GROUP } else { pba.0 + n };
+        if (start, end) == (pba.0, pba.0 + n) {
+            // Whole groups asked for (a sequential read): checked where
+            // they land, no second buffer and copy.
+            self.read_data(pba, out, pba.byte_offset())?;
+            return self.check_span(pba, out, sums, heal);
+        }
         let mut buf = vec![0u8; ((end - start) as usize) * BS];
         self.read_data(Pba(start), &mut buf, Pba(start).byte_offset())?;
+        let inner = Pba(start);
+        let mut widened: Vec<Option<BlockSum>> = Vec::with_capacity((end - start) as usize);
+        widened.extend((start..end).map(|b| sums[(b.max(pba.0) - pba.0).min(n - 1) as usize]));
+        if !self.check_span(inner, &mut buf, &widened, heal)? {
+            return Ok(false);
+        }
+        let from = ((pba.0 - start) as usize) * BS;
+        out.copy_from_slice(&buf[from..from + out.len()]);
+        Ok(true)
+    }
+
+    /// Check `buf`, read from `at`, against `sums` (one per block of
+    /// `buf`; a coarse group's whole in it): each group's crc at its first
+    /// block, each other block's own; with `heal` a bad span is replaced
+    /// from a good copy (or resynced), else the first bad one returns false.
+    fn check_span(&self, at: Pba, buf: &mut [u8], sums: &[Option<BlockSum>], heal: bool) -> Result<bool> {
+        let (start, end) = (at.0, at.0 + sums.len() as u64);
         let mut b = start;
         while b < end {
-            // Blocks widened to lie in the first or last group.
-            let sum = sums[(b.max(pba.0) - pba.0).min(n - 1) as usize];
+            let sum = sums[(b - start) as usize];
             let at = ((b - start) as usize) * BS;
             let (len, want) = match sum {
                 // A group's blocks are contiguous here and widened at the
@@ -333,8 +355,6 @@ impl Pool {
             }
             b += (len / BS) as u64;
         }
-        let from = ((pba.0 - start) as usize) * BS;
-        out.copy_from_slice(&buf[from..from + out.len()]);
         Ok(true)
     }
 
