@@ -56,17 +56,12 @@ pub fn open_members(
         if spares.get(i) == Some(&true) {
             // A spare holds no data: the pool opens without it (the engine
             // notes it MISSING and never takes it).
-            let path = PathBuf::from(&legs[0]);
-            match crate::devices::open(&path, writable) {
-                Ok(dev) => slots.push(vec![dev]),
-                Err(e) => {
-                    eprintln!(
-                        "tarn: warning: spare device {i} at {} cannot be opened ({e:#}); it will not be taken",
-                        path.display()
-                    );
-                    slots.push(Vec::new());
-                }
-            }
+            slots.push(open_or_none(
+                &PathBuf::from(&legs[0]),
+                writable,
+                &format!("spare device {i}"),
+                "it will not be taken",
+            ));
             continue;
         }
         if legs.len() == 1 {
@@ -74,21 +69,24 @@ pub fn open_members(
             // A member that cannot be opened: the engine opens the pool
             // DEGRADED without it (parity volumes rebuild its blocks, other
             // blocks on it fail with EIO) and says so in `pool status`.
-            match crate::devices::open(&path, writable) {
-                Ok(dev) => slots.push(vec![dev]),
-                Err(e) => {
-                    eprintln!(
-                        "tarn: warning: member device {i} at {} cannot be opened ({e:#}); continuing DEGRADED",
-                        path.display()
-                    );
-                    slots.push(Vec::new());
-                }
-            }
+            slots.push(open_or_none(&path, writable, &format!("member device {i}"), "continuing DEGRADED"));
             continue;
         }
         slots.push(legs.iter().filter_map(|p| open_leg(i, Path::new(p), writable)).collect());
     }
     Ok(slots)
+}
+
+/// The device at `path` as a slot of one, or an empty slot (the pool
+/// opens without it) with a warning naming `what` and `then`.
+fn open_or_none(path: &Path, writable: bool, what: &str, then: &str) -> Vec<Arc<dyn Device>> {
+    match crate::devices::open(path, writable) {
+        Ok(dev) => vec![dev],
+        Err(e) => {
+            eprintln!("tarn: warning: {what} at {} cannot be opened ({e:#}); {then}", path.display());
+            Vec::new()
+        }
+    }
 }
 
 fn open_leg(member: usize, path: &Path, writable: bool) -> Option<Arc<dyn Device>> {
