@@ -4,7 +4,7 @@
 //! and wall time per 4 KiB write, in process (no NBD, no client), twin
 //! pools per round, the order rotating. Not a test.
 //!
-//! `cargo run --release -p tarn-engine --example cow_cost -- /var/tmp/x [--writes 200000] [--rounds 3] [--gib 2] [--modes fresh,none,snap]`
+//! `cargo run --release -p tarn-engine --example cow_cost -- /var/tmp/x [--writes 200000] [--rounds 3] [--gib 2] [--modes fresh,none,snap,snap10]`
 //!
 //! Each pool: one file, a volume of `--gib` GiB written sequentially in
 //! 1 MiB writes and flushed (not for `fresh`); the `snap` twin then takes
@@ -48,6 +48,10 @@ enum Mode {
     Overwrite,
     /// The same with a snapshot: every write breaks sharing.
     Snap,
+    /// Ten snapshots, 1% of the blocks rewritten at random before each
+    /// (the snapshot benchmark's k=10): every write breaks sharing, on a
+    /// map and dead lists those rewrites cut up.
+    Snap10,
 }
 
 impl Mode {
@@ -56,6 +60,7 @@ impl Mode {
             Mode::Fresh => "fresh",
             Mode::Overwrite => "none",
             Mode::Snap => "snap",
+            Mode::Snap10 => "snap10",
         }
     }
 }
@@ -75,10 +80,33 @@ fn prepare(path: &Path, gib: u64, mode: Mode) -> Pool {
         pool.write(vol, i * MIB, &buf, false).expect("fill");
     }
     pool.flush().expect("flush");
-    if mode == Mode::Snap {
-        pool.create_snapshot("v", "s").expect("snapshot");
+    match mode {
+        Mode::Snap => {
+            pool.create_snapshot("v", "s").expect("snapshot");
+        }
+        Mode::Snap10 => churn_and_snapshot(&pool, vol, gib, 10),
+        Mode::Fresh | Mode::Overwrite => {}
     }
     pool
+}
+
+/// `n` times: rewrite 1% of the volume's blocks at random (4 KiB writes),
+/// then take a snapshot.
+fn churn_and_snapshot(pool: &Pool, vol: u32, gib: u64, n: u32) {
+    let blocks = gib * GIB / BS;
+    let buf = vec![0x3c; BS as usize];
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for s in 0..n {
+        for _ in 0..blocks / 100 {
+            // xorshift: a scattered block, repeats allowed (as fio's norandommap).
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            pool.write(vol, (x % blocks) * BS, &buf, false).expect("churn");
+        }
+        pool.flush().expect("flush");
+        pool.create_snapshot("v", &format!("s{s}")).expect("snapshot");
+    }
 }
 
 /// Time `writes` 4 KiB writes to distinct blocks: (cpu us, wall us) per write.
@@ -108,8 +136,9 @@ fn main() {
     let only = args.iter().position(|a| a == "--modes").and_then(|i| args.get(i + 1)).cloned().unwrap_or_default();
     println!("round mode   cpu_us/write  wall_us/write  load1");
     for r in 0..rounds {
-        let mut order = [Mode::Fresh, Mode::Overwrite, Mode::Snap];
-        order.rotate_left(r as usize % 3);
+        let mut order = [Mode::Fresh, Mode::Overwrite, Mode::Snap, Mode::Snap10];
+        let n = order.len();
+        order.rotate_left(r as usize % n);
         for mode in order.into_iter().filter(|m| only.is_empty() || only.contains(m.name())) {
             let path = dir.join(format!("tarn-cow-cost-{}.img", mode.name()));
             let pool = prepare(&path, gib, mode);

@@ -338,6 +338,64 @@ fn a_partly_freed_coarse_group_is_split_in_the_freeing_record() {
     assert_eq!(flip_after_partial_trim_and_crash(true), (true, true), "control: split a record late");
 }
 
+/// A snapshot deletion whose dead list frees parts of coarse groups (here:
+/// three blocks overwritten after the snapshot, copied on write, in three
+/// groups) splits those groups before it takes the commit lock, reading
+/// them with no lock held, so its commit reads nothing under the pool lock
+/// (`commit_splits` stays 0; on a cold pool those reads stalled every
+/// writer for seconds). The remaining blocks of those groups have sums of
+/// their own, and the data is right after a crash and reopen. Negative
+/// control: without the early split the commit splits all three.
+fn delete_snapshot_freeing_parts_of_groups(presplit: bool) -> (u64, u64) {
+    let (sim, pool) = fixture::one_device_pool(64 * MIB);
+    pool.close().unwrap();
+    drop(pool);
+    let dyns: Vec<Arc<dyn Device>> = vec![sim.clone()];
+    let pool = Pool::open(dyns, OpenOptions { control_no_presplit: !presplit, ..Default::default() }).unwrap();
+    let v = pool.create_volume("d", 16 * MIB).unwrap().id;
+    let data: Vec<u8> = (0..64).flat_map(block).collect();
+    pool.write(v, 0, &data, false).unwrap();
+    pool.flush().unwrap();
+    assert!(pool.status().coarse_groups >= 3, "one long write, whole groups coarse");
+    // A checkpoint closes the data's overwrite region: after the crash a
+    // mismatch there is corruption, not a torn write to resync.
+    pool.checkpoint().unwrap();
+    // The first logical block of a whole physical group.
+    let first = (0..16).find(|&b| (find(&sim, &block(b)) / BS as u64).is_multiple_of(16)).unwrap();
+    let changed = [first + 5, first + 21, first + 37];
+    pool.create_snapshot("d", "s").unwrap();
+    for b in changed {
+        pool.write(v, b * BS as u64, &block(1000 + b), false).unwrap();
+    }
+    pool.flush().unwrap();
+    let splits = pool.status().split_groups;
+    pool.delete_snapshot("d", "s").unwrap();
+    let split = pool.status().split_groups - splits;
+    let at_commit = pool.counters.commit_splits.load(Ordering::Relaxed);
+    // The remaining blocks of a split group carry their own sums: a flip
+    // fails that block alone.
+    let mut buf = vec![0u8; BS];
+    sim.flip_bit(find(&sim, &block(first + 6)) + 9, 2);
+    assert!(pool.read(v, (first + 6) * BS as u64, &mut buf).is_err(), "the flipped block fails");
+    assert!(pool.read(v, (first + 4) * BS as u64, &mut buf).is_ok(), "its neighbour in the group does not");
+    sim.crash(&mut ChaCha8Rng::seed_from_u64(5));
+    drop(pool);
+    let pool = fixture::reopen(&sim).unwrap();
+    assert!(pool.check().is_clean());
+    for b in (0..64u64).filter(|&b| b != first + 6) {
+        pool.read(v, b * BS as u64, &mut buf).unwrap();
+        let want = if changed.contains(&b) { block(1000 + b) } else { block(b) };
+        assert_eq!(buf, want, "block {b} after the crash");
+    }
+    (split, at_commit)
+}
+
+#[test]
+fn deleting_a_snapshot_splits_the_groups_it_frees_in_part_before_its_commit() {
+    assert_eq!(delete_snapshot_freeing_parts_of_groups(true), (3, 0));
+    assert_eq!(delete_snapshot_freeing_parts_of_groups(false), (3, 3), "control: no early split");
+}
+
 /// A device counting the reads that reach it.
 struct CountedReads {
     inner: Arc<SimDevice>,

@@ -21,6 +21,11 @@ use tarn_format::Pba;
 
 /// Stripes of the group locks (a group's lock is `group % GROUP_LOCKS`).
 pub(crate) const GROUP_LOCKS: usize = 64;
+/// Groups looked up under one hold of the pool lock by [`Pool::presplit`].
+const PRESPLIT_CHUNK: usize = 256;
+/// Most groups one snapshot deletion splits ahead of its commit (32 MiB
+/// of group numbers at most); the commit splits any others, as before.
+pub(crate) const PRESPLIT_MAX: usize = 1 << 20;
 
 /// The first block of `pba`'s group (device bits kept).
 fn group_of(pba: u64) -> u64 {
@@ -92,19 +97,54 @@ impl Pool {
         }
         let mut ends = BTreeSet::new();
         for &(pba, len) in frees {
-            // A group the range covers whole is unreferenced: nothing to keep.
-            if !pba.0.is_multiple_of(SUMS_GROUP) || len < SUMS_GROUP {
-                ends.insert(group_of(pba.0));
-            }
-            if !(pba.0 + len).is_multiple_of(SUMS_GROUP) {
-                ends.insert(group_of(pba.0 + len));
-            }
+            partly_covered(pba, len, &mut ends);
         }
         for (g, crc) in coarse_among(inner, &ends)? {
             let sums = self.group_block_sums(Pba(g), crc);
             self.split_in(inner, Pba(g), sums, Some(ops))?;
+            self.counters.commit_splits.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
+    }
+
+    /// Split the coarse groups among `groups` (first blocks) ahead of an op
+    /// that will free them in part, each read with no pool lock held, and
+    /// queue the splits before that op: they reach the journal in its
+    /// record or an earlier one, and the commit's [`Pool::split_freed`]
+    /// finds nothing left to read under the pool lock. A group whose data
+    /// matches its crc on no copy here is left to the commit (which splits
+    /// it into failing sums and says so). Called without the commit lock,
+    /// so neither writers nor other commits wait for these reads.
+    pub(crate) fn presplit(&self, groups: &BTreeSet<u64>) -> Result<()> {
+        if !self.coarse.load(Ordering::SeqCst) || self.options.control_no_presplit {
+            return Ok(());
+        }
+        let groups: Vec<u64> = groups.iter().copied().collect();
+        // Looked up a chunk at a time: a miss re-runs one chunk, not all.
+        for chunk in groups.chunks(PRESPLIT_CHUNK) {
+            let chunk: BTreeSet<u64> = chunk.iter().copied().collect();
+            for (g, crc) in self.with_cached_nodes(|inner| coarse_among(inner, &chunk))? {
+                self.presplit_group(g, crc)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Pool::presplit`] of one group, under its group lock (as a writer's
+    /// split: no in-place write of the group meanwhile).
+    fn presplit_group(&self, g: u64, crc: u32) -> Result<()> {
+        let _gate = self.io_gate.read().unwrap_or_else(|p| p.into_inner());
+        let stripe = (g / SUMS_GROUP % GROUP_LOCKS as u64) as usize;
+        let _group = self.group_locks[stripe].lock().unwrap_or_else(|p| p.into_inner());
+        let Some(good) = self.examine_span(Pba(g), GROUP_BYTES, crc).good else {
+            return Ok(());
+        };
+        let mut inner = self.write_inner();
+        // Split (or rewritten whole, with another crc) meanwhile: not ours.
+        if coarse_among(&inner, &BTreeSet::from([g]))? != [(g, crc)] {
+            return Ok(());
+        }
+        self.split_in(&mut inner, Pba(g), sums_of(&good), None)
     }
 
     /// Apply the split of group `g`: queued for the next commit, or (`ops`)
@@ -146,6 +186,18 @@ impl Pool {
         );
         self.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
         data.chunks_exact(GROUP_BYTES / SUMS_GROUP as usize).map(|b| !block_sum(b)).collect()
+    }
+}
+
+/// Add to `out` the groups (first blocks) that the run of `len` blocks at
+/// `pba` covers only in part; a group it covers whole is not added (once
+/// freed, nothing of it is left to keep a sum for).
+pub(crate) fn partly_covered(pba: Pba, len: u64, out: &mut BTreeSet<u64>) {
+    if !pba.0.is_multiple_of(SUMS_GROUP) || len < SUMS_GROUP {
+        out.insert(group_of(pba.0));
+    }
+    if !(pba.0 + len).is_multiple_of(SUMS_GROUP) {
+        out.insert(group_of(pba.0 + len));
     }
 }
 

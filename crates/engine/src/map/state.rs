@@ -8,7 +8,7 @@
 //! snapshot's dead list instead of being freed. See `view.rs` for reads.
 
 pub use crate::error::StateError;
-use crate::map::extent_map::{tree_id, Extent, ExtentMap, Freed, Killed, Segment};
+use crate::map::extent_map::{tree_id, Extent, ExtentMap, Freed, Killed, Ranges, Segment};
 use crate::map::sums::BlockSums;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -150,15 +150,42 @@ impl Volume {
     /// Blocks deleting snapshot `i` would free: its dead list's entries born
     /// after the previous snapshot (no other view can see them).
     pub fn exclusive_blocks(&self, i: usize) -> Result<u64, StateError> {
-        let after = if i == 0 { None } else { Some(self.snapshots[i - 1].epoch) };
+        let owns = self.owned_by_snapshot(i);
         let mut sum = 0;
         self.snapshots[i].dead.for_each_from(0, &mut |_, e| {
-            if !e.pba.is_origin() && after.is_none_or(|a| e.birth > a) {
+            if owns(&e) {
                 sum += e.len;
             }
             true
         })?;
         Ok(sum)
+    }
+
+    /// The physical runs deleting snapshot `i` would free (as
+    /// [`Volume::exclusive_blocks`] counts them), from its dead list's
+    /// entries at logical block `from` on, at most `max` of them; with the
+    /// block to go on from, None once the list is done.
+    pub fn exclusive_runs(&self, i: usize, from: u64, max: usize) -> Result<(Ranges, Option<u64>), StateError> {
+        let owns = self.owned_by_snapshot(i);
+        let (mut runs, mut next) = (Ranges::new(), None);
+        self.snapshots[i].dead.for_each_from(from, &mut |lba, e| {
+            if runs.len() >= max {
+                next = Some(lba);
+                return false;
+            }
+            if owns(&e) {
+                runs.push((e.pba, e.len));
+            }
+            true
+        })?;
+        Ok((runs, next))
+    }
+
+    /// Whether a dead-list entry of snapshot `i` is its own: born after the
+    /// snapshot before it, and not read through to an origin.
+    fn owned_by_snapshot(&self, i: usize) -> impl Fn(&Extent) -> bool {
+        let after = if i == 0 { None } else { Some(self.snapshots[i - 1].epoch) };
+        move |e| !e.pba.is_origin() && after.is_none_or(|a| e.birth > a)
     }
 
     /// Send entries the head no longer shows to the newest snapshot's dead

@@ -74,6 +74,11 @@ pub struct OpenOptions {
     /// in part is split in the next record, not the freeing one.
     #[doc(hidden)]
     pub control_split_late: bool,
+    /// Negative control of tests only: a snapshot deletion does not split
+    /// the groups it frees in part ahead of its commit (the commit reads
+    /// them under the pool lock instead).
+    #[doc(hidden)]
+    pub control_no_presplit: bool,
     /// Negative control of the crash simulation only: a checkpoint that
     /// keeps a dead list in its catalog drops its last entry (counts
     /// agreeing, so only the data tells).
@@ -326,6 +331,9 @@ pub struct Counters {
     /// Coarse checksum groups split into block sums (a partial overwrite
     /// or free; `integrity/split.rs`).
     pub split_groups: AtomicU64,
+    /// Of those, the ones a commit split (read under the pool lock): a
+    /// group freed in part that nothing split ahead of the free.
+    pub commit_splits: AtomicU64,
     /// 64 KiB groups written with one coarse checksum (GroupSums).
     pub coarse_groups: AtomicU64,
     /// Blocks of parity volumes read by reconstruction from the rest of

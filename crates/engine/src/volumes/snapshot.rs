@@ -7,9 +7,11 @@
 //! volume holds.
 
 use crate::error::{EngineError, Result};
+use crate::integrity::split::{partly_covered, PRESPLIT_MAX};
 use crate::map::state::{validate_name, State, Volume};
 use crate::map::view::View;
 use crate::pool::{volume_named, Pool, VolumeInfo};
+use std::collections::BTreeSet;
 use tarn_format::ops::Op;
 use tarn_format::BLOCK_SIZE;
 
@@ -78,15 +80,17 @@ impl Pool {
     /// this returns. Refused while clones depend on it.
     pub fn delete_snapshot(&self, vol: &str, name: &str) -> Result<u64> {
         self.check_writable()?;
-        let mut ctl = self.lock_commit();
         let plan = |state: &State| -> Result<(Op, u64)> {
             let v = volume_named(state, vol)?;
             let i = snapshot_index(v, name)?;
             refuse_if_cloned(state, v, i)?;
             Ok((Op::SnapDelete { vol: v.id, epoch: v.snapshots[i].epoch }, v.exclusive_blocks(i)?))
         };
-        // Refused before any I/O; then the map it clears must not be merging.
+        // Refused before any I/O; then the groups it frees in part are
+        // split with no lock held, and the map it clears must not be merging.
         plan(&self.read_inner().state)?;
+        self.presplit(&self.partly_freed_by_delete(vol, name)?)?;
+        let mut ctl = self.lock_commit();
         self.settle_checkpoint(&mut ctl)?;
         let freed = {
             let mut inner = self.write_inner();
@@ -96,6 +100,27 @@ impl Pool {
         };
         self.commit_locked(&mut ctl, false)?;
         Ok(freed)
+    }
+
+    /// The 64 KiB checksum groups deleting `vol@name` would free in part
+    /// (at most [`PRESPLIT_MAX`]), walking its dead list a chunk of entries
+    /// per hold of the pool lock.
+    fn partly_freed_by_delete(&self, vol: &str, name: &str) -> Result<BTreeSet<u64>> {
+        let mut groups = BTreeSet::new();
+        let mut from = Some(0);
+        // Bounded: each pass moves `from` past up to 4,096 entries, and the
+        // walk stops once the set is full.
+        while let Some(at) = from.filter(|_| groups.len() < PRESPLIT_MAX) {
+            let (runs, next) = self.with_cached_nodes(|inner| {
+                let v = volume_named(&inner.state, vol)?;
+                Ok(v.exclusive_runs(snapshot_index(v, name)?, at, 4096)?)
+            })?;
+            for (pba, len) in runs {
+                partly_covered(pba, len, &mut groups);
+            }
+            from = next;
+        }
+        Ok(groups)
     }
 
     /// Make the volume's contents those of snapshot `name`. Newer snapshots
