@@ -302,17 +302,10 @@ fn flip_after_partial_trim_and_crash(split_late: bool) -> (bool, bool) {
     pool.close().unwrap();
     drop(pool);
     let dyns: Vec<Arc<dyn Device>> = vec![sim.clone()];
-    let pool = Pool::open(dyns, OpenOptions { control_split_late: split_late, ..Default::default() }).unwrap();
-    let v = pool.create_volume("d", 16 * MIB).unwrap().id;
-    let data: Vec<u8> = (0..64).flat_map(block).collect();
-    pool.write(v, 0, &data, false).unwrap();
-    pool.flush().unwrap();
-    assert!(pool.status().coarse_groups >= 3, "one long write, whole groups coarse");
-    // A checkpoint closes the data's overwrite region: after the crash a
-    // mismatch there is corruption, not a torn write to resync.
-    pool.checkpoint().unwrap();
-    let phys = |b: u64| find(&sim, &block(b)) / BS as u64;
-    let first = (0..48).find(|&b| phys(b).is_multiple_of(16)).unwrap();
+    // The trim's own early split is off: this is the commit's split.
+    let opts = OpenOptions { control_split_late: split_late, control_no_presplit: true, ..Default::default() };
+    let pool = Pool::open(dyns, opts).unwrap();
+    let (v, first) = one_long_write_checkpointed(&sim, &pool);
     pool.trim(v, (first + 2) * BS as u64, 4 * BS as u64).unwrap();
     pool.flush().unwrap();
     assert_eq!(pool.status().split_groups, 1);
@@ -324,6 +317,48 @@ fn flip_after_partial_trim_and_crash(split_late: bool) -> (bool, bool) {
     let mut buf = vec![0u8; BS];
     let mut fails = |b: u64| pool.read(v, b * BS as u64, &mut buf).is_err();
     (fails(first + 10), fails(first + 12))
+}
+
+/// A volume "d" with blocks 0..64 written in one write (whole physical
+/// groups coarse) and checkpointed; the first logical block of a whole
+/// group.
+fn one_long_write_checkpointed(sim: &SimDevice, pool: &Pool) -> (u32, u64) {
+    let v = pool.create_volume("d", 16 * MIB).unwrap().id;
+    let data: Vec<u8> = (0..64).flat_map(block).collect();
+    pool.write(v, 0, &data, false).unwrap();
+    pool.flush().unwrap();
+    assert!(pool.status().coarse_groups >= 3, "one long write, whole groups coarse");
+    // A checkpoint closes the data's overwrite region: after a crash a
+    // mismatch there is corruption, not a torn write to resync.
+    pool.checkpoint().unwrap();
+    let first = (0..16).find(|&b| (find(sim, &block(b)) / BS as u64).is_multiple_of(16)).unwrap();
+    (v, first)
+}
+
+/// A trim freeing part of a coarse group splits it before it unmaps, read
+/// with no lock held, so the commit splits nothing (`commit_splits` 0),
+/// and the group's other blocks keep sums of their own. Negative control:
+/// without the early split the commit splits it.
+fn trim_part_of_a_group(presplit: bool) -> (u64, u64) {
+    let (sim, pool) = fixture::one_device_pool(64 * MIB);
+    pool.close().unwrap();
+    drop(pool);
+    let dyns: Vec<Arc<dyn Device>> = vec![sim.clone()];
+    let pool = Pool::open(dyns, OpenOptions { control_no_presplit: !presplit, ..Default::default() }).unwrap();
+    let (v, first) = one_long_write_checkpointed(&sim, &pool);
+    pool.trim(v, (first + 2) * BS as u64, 4 * BS as u64).unwrap();
+    pool.flush().unwrap();
+    let mut buf = vec![0u8; BS];
+    sim.flip_bit(find(&sim, &block(first + 10)) + 77, 1);
+    assert!(pool.read(v, (first + 10) * BS as u64, &mut buf).is_err(), "the flipped block fails");
+    assert!(pool.read(v, (first + 12) * BS as u64, &mut buf).is_ok(), "its neighbour does not");
+    (pool.status().split_groups, pool.counters.commit_splits.load(Ordering::Relaxed))
+}
+
+#[test]
+fn a_trim_splits_the_group_it_frees_in_part_before_its_commit() {
+    assert_eq!(trim_part_of_a_group(true), (1, 0));
+    assert_eq!(trim_part_of_a_group(false), (1, 1), "control: no early split");
 }
 
 /// A coarse group freed in part is split in the record that frees the
@@ -352,16 +387,7 @@ fn delete_snapshot_freeing_parts_of_groups(presplit: bool) -> (u64, u64) {
     drop(pool);
     let dyns: Vec<Arc<dyn Device>> = vec![sim.clone()];
     let pool = Pool::open(dyns, OpenOptions { control_no_presplit: !presplit, ..Default::default() }).unwrap();
-    let v = pool.create_volume("d", 16 * MIB).unwrap().id;
-    let data: Vec<u8> = (0..64).flat_map(block).collect();
-    pool.write(v, 0, &data, false).unwrap();
-    pool.flush().unwrap();
-    assert!(pool.status().coarse_groups >= 3, "one long write, whole groups coarse");
-    // A checkpoint closes the data's overwrite region: after the crash a
-    // mismatch there is corruption, not a torn write to resync.
-    pool.checkpoint().unwrap();
-    // The first logical block of a whole physical group.
-    let first = (0..16).find(|&b| (find(&sim, &block(b)) / BS as u64).is_multiple_of(16)).unwrap();
+    let (v, first) = one_long_write_checkpointed(&sim, &pool);
     let changed = [first + 5, first + 21, first + 37];
     pool.create_snapshot("d", "s").unwrap();
     for b in changed {

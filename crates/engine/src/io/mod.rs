@@ -6,11 +6,13 @@
 //! points at it, so a commit never references unwritten blocks.
 
 use crate::error::{EngineError, Result, StateError};
+use crate::integrity::split::partly_covered;
 use crate::map::extent_map::{ExtentMap, Freed, Segment};
 use crate::map::sums::{group_sum, regions_of, sums_of, BlockSum, GROUP_BYTES};
 use crate::map::view::View;
 use crate::pool::{Inner, Pool, STRIPES};
 use crate::space::placement::{Near, Owner};
+use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use tarn_format::node::SUMS_GROUP;
 use tarn_format::ops::{Op, MAX_GROUPS_PER_OP};
@@ -783,6 +785,10 @@ impl Pool {
             // The rows' parity changes with their data.
             return self.unmap_parity(vol, p, blocks, lba, n);
         }
+        // The checksum groups it frees in part are split first, read with
+        // no lock held (integrity/split.rs), not by the commit under it.
+        let groups = self.with_cached_nodes(|inner| unmapped_groups(inner, vol, lba, n))?;
+        self.presplit(&groups)?;
         let mut inner = self.write_inner();
         let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
         if v.map.any_mapped(lba, n)? {
@@ -1185,6 +1191,29 @@ fn near_region(map: &ExtentMap, region: u64, region_blocks: u64) -> std::result:
         bases.push(after);
     }
     Ok(Near { bases, home, tail })
+}
+
+/// Most head segments an unmap looks at to split ahead; a longer unmap's
+/// other groups are split by the commit.
+const PRESPLIT_SEGMENTS: usize = 4096;
+
+/// The 64 KiB checksum groups an unmap of `[lba, lba + n)` of `vol`'s head
+/// frees in part: the ends of the runs it frees (blocks born after the
+/// newest snapshot; older ones go to its dead list, and an origin's are
+/// not the clone's to free).
+fn unmapped_groups(inner: &Inner, vol: u32, lba: u64, n: u64) -> Result<BTreeSet<u64>> {
+    let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
+    let newest = v.snapshots.last().map(|s| s.epoch);
+    let mut groups = BTreeSet::new();
+    for seg in v.map.lookup(lba, n, PRESPLIT_SEGMENTS)? {
+        match seg {
+            Segment::Mapped { pba, len, birth, .. } if !pba.is_origin() && newest.is_none_or(|e| birth > e) => {
+                partly_covered(pba, len, &mut groups);
+            }
+            _ => {}
+        }
+    }
+    Ok(groups)
 }
 
 #[cfg(test)]
