@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tarn_format::ops::Op;
 use tarn_format::superblock::incompat;
-use tarn_format::BLOCK_SIZE;
+use tarn_format::{Pba, BLOCK_SIZE};
 
 /// Blocks moved per step: 1 MiB, one read, one write.
 pub(crate) const WINDOW_BLOCKS: u64 = 256;
@@ -287,8 +287,11 @@ impl Pool {
         };
         let bs = BLOCK_SIZE as usize;
         let piece = |at: u64, n: u64| &data[(at - lba) as usize * bs..(at - lba + n) as usize * bs];
-        for p in &fresh {
-            if let Err(e) = self.write_device(p.pba, piece(p.lba, p.len)) {
+        // New pieces that follow each other both in the volume and on the
+        // device (a window's holes, placed one after the other) go as one
+        // write, not a request per hole.
+        for (pba, at, n) in write_runs(&fresh) {
+            if let Err(e) = self.write_device(pba, piece(at, n)) {
                 self.give_back_unmapped(&fresh);
                 return Err(e);
             }
@@ -365,6 +368,19 @@ fn window_segments(inner: &Inner, id: u32, lba: u64, len: u64) -> Result<Option<
         Some(v) => Ok(Some(v.map.lookup(lba, len, usize::MAX)?)),
         None => Ok(None),
     }
+}
+
+/// `fresh` as runs to write: (device block, first lba, blocks), pieces
+/// joined where the next follows the last both logically and physically.
+fn write_runs(fresh: &[NewPiece]) -> Vec<(Pba, u64, u64)> {
+    let mut runs: Vec<(Pba, u64, u64)> = Vec::new();
+    for p in fresh {
+        match runs.last_mut() {
+            Some((pba, at, n)) if pba.offset_by(*n) == p.pba && *at + *n == p.lba => *n += p.len,
+            _ => runs.push((p.pba, p.lba, p.len)),
+        }
+    }
+    runs
 }
 
 /// `pool compact`'s choice: every mapped block of a scattered window.
