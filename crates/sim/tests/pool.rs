@@ -316,14 +316,7 @@ fn compaction_re_lays_out_owned_data_and_keeps_shared_data() {
 /// contents after. Counted on the modeled disk (its delays made nil).
 #[test]
 fn compaction_reads_scattered_windows_in_device_order() {
-    let sim = Arc::new(SimDevice::new("sim0", 64 * MIB));
-    let model =
-        DiskModel { seek_min_us: 0, seek_full_us: 1, half_rotation_us: 0, bytes_per_sec: 1 << 40, ..DiskModel::HDD };
-    let disk = Arc::new(ModeledDisk::new(sim.clone(), model));
-    let dyns = vec![disk.clone() as Arc<dyn Device>];
-    create_pool(&dyns, &["sim0".to_string()], &CreateOptions { journal_bytes: Some(256 << 10), ..Default::default() })
-        .unwrap();
-    let pool = Pool::open(dyns, OpenOptions::default()).unwrap();
+    let (disk, pool) = modeled_pool();
     let v = pool.create_volume("scat", 16 * MIB).unwrap().id;
     write_scattered(&pool, v, 4096).unwrap();
     pool.flush().unwrap();
@@ -338,6 +331,45 @@ fn compaction_reads_scattered_windows_in_device_order() {
     assert!(seeks < 400, "compaction sought {seeks} times ({} requests)", after.requests - before.requests);
     let mut back = vec![0u8; 16 * MIB as usize];
     pool.read(v, 0, &mut back).unwrap();
+    assert_scattered_fill(&back, 0);
+    assert_clean(&pool);
+}
+
+/// A pool on one simulated device behind the modeled disk, its delays
+/// made nil: its `stats()` count requests and seeks.
+fn modeled_pool() -> (Arc<ModeledDisk>, Pool) {
+    let sim = Arc::new(SimDevice::new("sim0", 64 * MIB));
+    let model =
+        DiskModel { seek_min_us: 0, seek_full_us: 1, half_rotation_us: 0, bytes_per_sec: 1 << 40, ..DiskModel::HDD };
+    let disk = Arc::new(ModeledDisk::new(sim, model));
+    let dyns = vec![disk.clone() as Arc<dyn Device>];
+    create_pool(&dyns, &["sim0".to_string()], &CreateOptions { journal_bytes: Some(256 << 10), ..Default::default() })
+        .unwrap();
+    (disk, Pool::open(dyns, OpenOptions::default()).unwrap())
+}
+
+/// The same for what only a snapshot holds: its scattered dead-list
+/// windows are read in device order, many in one sweep, not run by run.
+#[test]
+fn compaction_reads_a_snapshot_s_scattered_data_in_device_order() {
+    let (disk, pool) = modeled_pool();
+    let v = pool.create_volume("dead", 16 * MIB).unwrap().id;
+    write_scattered(&pool, v, 4096).unwrap();
+    let snap = pool.create_snapshot("dead", "s").unwrap();
+    // The head overwrites everything in order: the scattered blocks are
+    // the snapshot's alone, the head is sequential.
+    for mib in 0..16 {
+        pool.write(v, mib * MIB, &vec![0xab; MIB as usize], false).unwrap();
+    }
+    pool.flush().unwrap();
+    let before = disk.stats();
+    let r = pool.relayout("dead", &mut |_, _| {}).unwrap();
+    let after = disk.stats();
+    assert_eq!((r.windows_moved, r.snapshot_windows_moved), (0, 16), "{r:?}");
+    let seeks = after.seeks - before.seeks;
+    assert!(seeks < 400, "compaction sought {seeks} times ({} requests)", after.requests - before.requests);
+    let mut back = vec![0u8; 16 * MIB as usize];
+    pool.read_view(v, View::Snapshot(snap.epoch), 0, &mut back).unwrap();
     assert_scattered_fill(&back, 0);
     assert_clean(&pool);
 }
