@@ -37,35 +37,55 @@ impl Pool {
         if epochs.is_empty() {
             return Ok(());
         }
-        let mut relocate_ready = false;
+        // Scattered windows of every snapshot, read together in device
+        // order (see `Pool::move_windows`) up to a batch's worth of blocks:
+        // a dead list holds a few blocks per window, its windows lie all
+        // over the device, and several snapshots' lie between each other.
+        let mut batch: Vec<Vec<LiveRun>> = Vec::new();
+        let mut blocks = 0;
         for epoch in epochs {
             let Some(entries) = self.dead_entries(id, epoch)? else { continue };
-            let scattered: Vec<Vec<LiveRun>> =
-                windows(id, epoch, entries).into_iter().filter(|w| scattered(w)).collect();
-            // Read together, in device order (see `Pool::move_windows`).
-            for batch in scattered.chunks(BATCH_WINDOWS as usize) {
-                if !relocate_ready {
-                    // Moves are Relocates: older tarns must not replay them.
-                    self.enable_feature(&mut self.lock_commit(), incompat::RELOCATE)?;
-                    relocate_ready = true;
-                }
-                self.make_room()?;
-                let (moved, room) = self.move_dead_windows(batch)?;
-                report.snapshot_windows_moved += moved.iter().filter(|&&n| n > 0).count() as u64;
-                report.snapshot_blocks_moved += moved.iter().sum::<u64>();
-                if !room {
-                    // A full pool: what moved stays moved, the rest where
-                    // it is (compaction never makes room, it needs some).
-                    report.windows_skipped += 1;
+            for window in windows(id, epoch, entries).into_iter().filter(|w| scattered(w)) {
+                blocks += window.iter().map(|r| r.len).sum::<u64>();
+                batch.push(window);
+                if blocks >= BATCH_WINDOWS * WINDOW_BLOCKS && !self.move_dead_batch(&mut batch, report, go_on)? {
                     return Ok(());
                 }
-                if !go_on() {
-                    report.stopped = true;
-                    return Ok(());
-                }
+                blocks = if batch.is_empty() { 0 } else { blocks };
             }
         }
+        if !batch.is_empty() {
+            self.move_dead_batch(&mut batch, report, go_on)?;
+        }
         Ok(())
+    }
+
+    /// Move one batch of dead-list windows (emptied); false when the
+    /// compaction stops there (a full pool, or `go_on` said so).
+    fn move_dead_batch(
+        &self,
+        batch: &mut Vec<Vec<LiveRun>>,
+        report: &mut RelayoutReport,
+        go_on: &mut dyn FnMut() -> bool,
+    ) -> Result<bool> {
+        // Moves are Relocates: older tarns must not replay them.
+        self.enable_feature(&mut self.lock_commit(), incompat::RELOCATE)?;
+        self.make_room()?;
+        let (moved, room) = self.move_dead_windows(batch)?;
+        batch.clear();
+        report.snapshot_windows_moved += moved.iter().filter(|&&n| n > 0).count() as u64;
+        report.snapshot_blocks_moved += moved.iter().sum::<u64>();
+        if !room {
+            // A full pool: what moved stays moved, the rest where it is
+            // (compaction never makes room, it needs some).
+            report.windows_skipped += 1;
+            return Ok(false);
+        }
+        if !go_on() {
+            report.stopped = true;
+            return Ok(false);
+        }
+        Ok(true)
     }
 
     /// Move windows' runs in order, their data read first in one sweep in
