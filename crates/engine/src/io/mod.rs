@@ -1187,7 +1187,11 @@ fn near_region(map: &ExtentMap, region: u64, region_blocks: u64) -> std::result:
     let home = bases.first().copied();
     // The copies (pieces away from home) end furthest on: the next packs on there.
     let tail = pieces.iter().filter(|p| Some(p.0) != home).map(|p| p.1).max();
-    if let Some(after) = after_previous.filter(|a| !bases.contains(a)) {
+    // Only a region with no data yet continues its predecessor's run: for
+    // one that has data, a copy at its offset from there would open a
+    // third place to read the region from (the web-server replay: 3.10
+    // -> 2.97 reads per rewritten file without it, 86 -> 87% dense).
+    if let Some(after) = after_previous.filter(|a| home.is_none() && !bases.contains(a)) {
         bases.push(after);
     }
     Ok(Near { bases, home, tail })
@@ -1280,5 +1284,20 @@ mod tests {
         assert_eq!(near_region(&map, 2, r).unwrap().home, None, "no data of its own");
         // Region 0: its own home; nothing before it.
         assert_eq!(near_region(&map, 0, r).unwrap().bases, vec![p(1000 - (r - 1))]);
+    }
+
+    /// A region with data of its own is read from its places only: a
+    /// copy never goes at its offset after the previous region's data
+    /// (a third place to read it from).
+    #[test]
+    fn a_region_with_data_does_not_continue_its_predecessor() {
+        let p = |b| Pba::new(0, b);
+        let mut map = ExtentMap::new(Arc::new(Store::memory()), tree_id::head(1));
+        let r = crate::space::placement::DEFAULT_REGION_BLOCKS;
+        map.insert(r - 1, 1, p(1000), 1).unwrap();
+        map.insert(r + 44, 1, p(5044), 1).unwrap();
+        let near = near_region(&map, 1, r).unwrap();
+        assert_eq!(near.bases, vec![p(5000)], "its home only, not p(1001)");
+        assert_eq!(near.home, Some(p(5000)));
     }
 }

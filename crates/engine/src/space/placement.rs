@@ -225,8 +225,16 @@ impl Placement for Contiguous {
                 return Ok(Some(vec![(tail, len)]));
             }
         }
-        if let Some(at) = at_offset(space, off, len, others, named)? {
-            return Ok(Some(at));
+        // A region with no data yet continues the previous region's run
+        // (`others` is then the block after it). One with data is read
+        // from its home and its copies: a copy at its offset in another
+        // place of it (its base computed from a packed run of copies, an
+        // arbitrary block) would add a place to read (web-server replay:
+        // 2.97 -> 2.98 reads per rewritten file, 87.5 -> 89.9% dense).
+        if near.home.is_none() {
+            if let Some(at) = at_offset(space, off, len, others, named)? {
+                return Ok(Some(at));
+            }
         }
         if let Some(original) = near.home.filter(|h| named(usize::from(h.device()))) {
             // The region's first copies: packed from the start of the
@@ -344,6 +352,13 @@ mod tests {
         assert_eq!(near.tail, Some(first[0].0.offset_by(1)));
         let second = Contiguous.place(&mut s, vol(1), 10, 1, &near, R).unwrap().expect("room");
         assert_eq!(second, vec![(first[0].0.offset_by(1), 1)], "packed after the first copy");
+        // Never at its offset in another place of the region.
+        let other = Pba::new(0, 8 * R);
+        near.bases.push(other);
+        near.tail = Some(Pba::new(0, home.block() + 10)); // taken: no packing on there
+        let third = Contiguous.place(&mut s, vol(1), 10, 1, &near, R).unwrap().expect("room");
+        assert_ne!(third, vec![(other.offset_by(10), 1)], "not at its offset elsewhere");
+        assert_eq!(third[0].0.block() % R, 0, "a new run of copies near the home");
         // A hole of the region still goes at its offset at home.
         assert_eq!(Contiguous.place(&mut s, vol(1), 20, 1, &near, R).unwrap(), Some(vec![(home.offset_by(20), 1)]));
     }

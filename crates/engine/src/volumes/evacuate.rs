@@ -214,12 +214,6 @@ impl Pool {
     /// snapshot delete or rollback may change it, so the run is looked up
     /// again under the pool lock before the Relocate is applied.
     pub(crate) fn move_dead_run(&self, run: LiveRun, dest: &mut Destination) -> Result<u64> {
-        let seg = Segment::Mapped { lba: run.lba, len: run.len, pba: run.pba, birth: run.birth };
-        let head_blocks = self.read_inner().state.volume(run.vol).map_or(0, Volume::blocks);
-        if run.lba + run.len > head_blocks {
-            // Past a shrunk head: older tarns bound a Relocate by it.
-            self.enable_feature(&mut self.lock_commit(), incompat::EVACUATION)?;
-        }
         // The snapshot's view shows exactly this run there (a dead list
         // holds what its snapshot saw and the head no longer does); read
         // through it so the data is verified against its checksums.
@@ -228,6 +222,19 @@ impl Pool {
         }
         let mut data = vec![0u8; (run.len * BLOCK_SIZE) as usize];
         self.read_view_mapped(run.vol, View::Snapshot(run.snap), run.lba * BLOCK_SIZE, &mut data)?;
+        self.place_dead_run(run, &data, dest)
+    }
+
+    /// The second half of [`Pool::move_dead_run`]: `data` (the run's, read
+    /// and verified through its snapshot) written to new space from `dest`
+    /// and relocated there if the run is still the snapshot's.
+    pub(crate) fn place_dead_run(&self, run: LiveRun, data: &[u8], dest: &mut Destination) -> Result<u64> {
+        let seg = Segment::Mapped { lba: run.lba, len: run.len, pba: run.pba, birth: run.birth };
+        let head_blocks = self.read_inner().state.volume(run.vol).map_or(0, Volume::blocks);
+        if run.lba + run.len > head_blocks {
+            // Past a shrunk head: older tarns bound a Relocate by it.
+            self.enable_feature(&mut self.lock_commit(), incompat::EVACUATION)?;
+        }
         let fresh = dest.allocate(self, run.vol, &[Segment::Hole { lba: run.lba, len: run.len }])?;
         let bs = BLOCK_SIZE as usize;
         let piece = |at: u64, n: u64| &data[(at - run.lba) as usize * bs..(at - run.lba + n) as usize * bs];
@@ -263,7 +270,7 @@ impl Pool {
 
 /// Whether `segs` (a view, which may cut a run in pieces) show exactly
 /// `run`'s blocks, in order.
-fn shows_run(segs: &[Segment], run: &LiveRun) -> bool {
+pub(crate) fn shows_run(segs: &[Segment], run: &LiveRun) -> bool {
     let mut at = run.lba;
     for s in segs {
         match *s {

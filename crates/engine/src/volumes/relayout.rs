@@ -11,6 +11,7 @@
 //! is compacted the same way (`dead_relayout`).
 
 use crate::error::{EngineError, Result};
+use crate::integrity::verify::Wanted;
 use crate::io::{physical_runs, NewPiece, RELAYOUT_RUN_BLOCKS};
 use crate::map::extent_map::Segment;
 use crate::map::state::Volume;
@@ -21,10 +22,27 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tarn_format::ops::Op;
 use tarn_format::superblock::incompat;
-use tarn_format::BLOCK_SIZE;
+use tarn_format::{Pba, BLOCK_SIZE};
 
 /// Blocks moved per step: 1 MiB, one read, one write.
 pub(crate) const WINDOW_BLOCKS: u64 = 256;
+
+/// Windows `pool compact` moves together: their blocks are read in one
+/// sweep in device order (16 MiB of volume, 16 MiB of buffers), so a
+/// volume written at random is read back in long requests, not a seek per
+/// block (see [`Pool::read_in_device_order`]).
+pub(crate) const BATCH_WINDOWS: u64 = 16;
+
+/// A window about to move: its head segments, the ones chosen, and its
+/// announcement.
+struct Plan {
+    at: usize,
+    lba: u64,
+    len: u64,
+    segs: Vec<Segment>,
+    chosen: Vec<Segment>,
+    moving: Arc<MovingWindow>,
+}
 
 /// What a compaction of one volume did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -93,17 +111,22 @@ impl Pool {
         };
         let extents = |pool: &Pool| pool.volume_info(id).map(|v| v.extents).ok_or(EngineError::VolumeGone(id));
         let mut report = RelayoutReport { extents_before: extents(self)?, ..Default::default() };
-        for lba in (0..blocks).step_by(WINDOW_BLOCKS as usize) {
+        for first in (0..blocks).step_by((WINDOW_BLOCKS * BATCH_WINDOWS) as usize) {
             self.make_room()?;
-            match self.relayout_window(id, lba, WINDOW_BLOCKS.min(blocks - lba))? {
-                Window::Fine => {}
-                Window::Moved(n) => {
-                    report.windows_moved += 1;
-                    report.blocks_moved += n;
+            let end = (first + WINDOW_BLOCKS * BATCH_WINDOWS).min(blocks);
+            let windows: Vec<(u64, u64)> =
+                (first..end).step_by(WINDOW_BLOCKS as usize).map(|lba| (lba, WINDOW_BLOCKS.min(end - lba))).collect();
+            for outcome in self.move_windows(id, &windows, &relayout_pick, &mut Destination::Placement)? {
+                match outcome {
+                    Window::Fine => {}
+                    Window::Moved(n) => {
+                        report.windows_moved += 1;
+                        report.blocks_moved += n;
+                    }
+                    Window::Skipped | Window::NoRoom => report.windows_skipped += 1,
                 }
-                Window::Skipped | Window::NoRoom => report.windows_skipped += 1,
             }
-            if !go_on(lba + WINDOW_BLOCKS.min(blocks - lba), blocks) {
+            if !go_on(end, blocks) {
                 report.stopped = true;
                 break;
             }
@@ -153,14 +176,7 @@ impl Pool {
 
     /// Move one window if it is scattered (see [`Pool::move_window`]).
     fn relayout_window(&self, id: u32, lba: u64, len: u64) -> Result<Window> {
-        let pick = |_: &Volume, segs: &[Segment]| -> Vec<Segment> {
-            if scattered(segs) {
-                segs.iter().copied().filter(|s| matches!(s, Segment::Mapped { .. })).collect()
-            } else {
-                Vec::new()
-            }
-        };
-        self.move_window(id, (lba, len), &pick, &mut Destination::Placement)
+        self.move_window(id, (lba, len), &relayout_pick, &mut Destination::Placement)
     }
 
     /// Move the blocks `pick` chooses among a window's head segments to new
@@ -174,32 +190,108 @@ impl Pool {
         pick: &Pick,
         dest: &mut Destination,
     ) -> Result<Window> {
-        if self.blocks_to_move(id, lba, len, pick)?.is_none() {
-            return Ok(Window::Fine);
+        Ok(self.move_windows(id, &[(lba, len)], pick, dest)?.pop().unwrap_or(Window::Fine))
+    }
+
+    /// [`Pool::move_window`] for several windows of one volume at once:
+    /// announced together, their blocks read in one sweep in device order,
+    /// then each copied and swapped in on its own. An outcome per window.
+    pub(crate) fn move_windows(
+        &self,
+        id: u32,
+        windows: &[(u64, u64)],
+        pick: &Pick,
+        dest: &mut Destination,
+    ) -> Result<Vec<Window>> {
+        let mut outcomes: Vec<Window> = windows.iter().map(|_| Window::Fine).collect();
+        let mut todo = Vec::new();
+        for (at, &(lba, len)) in windows.iter().enumerate() {
+            if self.blocks_to_move(id, lba, len, pick)?.is_some() {
+                let moving = Arc::new(MovingWindow { vol: id, lba, len, touched: AtomicBool::new(false) });
+                todo.push((at, moving));
+            }
         }
-        let moving = Arc::new(MovingWindow { vol: id, lba, len, touched: AtomicBool::new(false) });
-        let _announced = Announced::new(self, moving.clone());
+        if todo.is_empty() {
+            return Ok(outcomes);
+        }
+        let _announced: Vec<Announced> = todo.iter().map(|(_, m)| Announced::new(self, m.clone())).collect();
         // Writes planned before the announcement may still write in place:
         // wait for them (they hold the gate shared until they recorded).
         drop(self.io_gate.write().unwrap_or_else(|p| p.into_inner()));
-        let Some((segs, chosen)) = self.blocks_to_move(id, lba, len, pick)? else { return Ok(Window::Fine) };
-        let relocate_ready = self.any_shared(id, &chosen);
+        let mut plans = Vec::new();
+        for (at, moving) in todo {
+            if let Some((segs, chosen)) = self.blocks_to_move(id, moving.lba, moving.len, pick)? {
+                plans.push(Plan { at, lba: moving.lba, len: moving.len, segs, chosen, moving });
+            }
+        }
+        let relocate_ready = plans.iter().any(|p| self.any_shared(id, &p.chosen));
         if relocate_ready {
             // Shared blocks move by Relocate: older tarns must not replay it.
             self.enable_feature(&mut self.lock_commit(), incompat::RELOCATE)?;
         }
-        let mut data = vec![0u8; (len * BLOCK_SIZE) as usize];
-        // Unchecked: evacuation moves a parity volume's parity area too.
-        self.read_view_mapped(id, View::Head, lba * BLOCK_SIZE, &mut data)?;
-        let wanted: Vec<Segment> = chosen.iter().map(|s| Segment::Hole { lba: s.lba(), len: s.len() }).collect();
+        let data = self.read_windows(id, &plans)?;
+        for (plan, data) in plans.iter().zip(&data) {
+            outcomes[plan.at] = self.swap_window(id, plan, data, pick, dest, relocate_ready)?;
+        }
+        Ok(outcomes)
+    }
+
+    /// The head's data over each planned window, read in device order;
+    /// a window with a bad block or a failed request read again through
+    /// the verified read, which heals or fails naming the block.
+    fn read_windows(&self, id: u32, plans: &[Plan]) -> Result<Vec<Vec<u8>>> {
+        let mut bufs: Vec<Vec<u8>> = plans.iter().map(|p| vec![0u8; (p.len * BLOCK_SIZE) as usize]).collect();
+        let sound = {
+            let _gate = self.io_gate.read().unwrap_or_else(|p| p.into_inner());
+            let mut wanted = Vec::new();
+            let mut whole = vec![true; plans.len()];
+            for (k, p) in plans.iter().enumerate() {
+                for (seg, sums) in self.resolve_summed(id, View::Head, p.lba, p.len)? {
+                    let Segment::Mapped { lba, pba, len, .. } = seg else { continue };
+                    if lba < p.lba || lba + len > p.lba + p.len || pba.is_origin() {
+                        whole[k] = false; // not expected: the usual read takes it
+                        continue;
+                    }
+                    wanted.push(Wanted { buf: k, at: ((lba - p.lba) * BLOCK_SIZE) as usize, pba, len, sums });
+                }
+            }
+            let sound = self.read_in_device_order(wanted, &mut bufs);
+            sound.into_iter().zip(whole).map(|(a, b)| a && b).collect::<Vec<bool>>()
+        };
+        for ((p, buf), sound) in plans.iter().zip(bufs.iter_mut()).zip(sound) {
+            if !sound {
+                // Unchecked: evacuation moves a parity volume's parity area too.
+                self.read_view_mapped(id, View::Head, p.lba * BLOCK_SIZE, buf)?;
+            }
+        }
+        Ok(bufs)
+    }
+
+    /// Copy one planned window's chosen blocks (`data`: the window) to new
+    /// space from `dest` and swap the map, only if nothing changed it
+    /// meanwhile (and `pick` still chooses the same blocks).
+    fn swap_window(
+        &self,
+        id: u32,
+        plan: &Plan,
+        data: &[u8],
+        pick: &Pick,
+        dest: &mut Destination,
+        relocate_ready: bool,
+    ) -> Result<Window> {
+        let (lba, len) = (plan.lba, plan.len);
+        let wanted: Vec<Segment> = plan.chosen.iter().map(|s| Segment::Hole { lba: s.lba(), len: s.len() }).collect();
         let fresh = match dest.allocate(self, id, &wanted) {
             Err(EngineError::NoSpace) => return Ok(Window::NoRoom),
             other => other?,
         };
         let bs = BLOCK_SIZE as usize;
         let piece = |at: u64, n: u64| &data[(at - lba) as usize * bs..(at - lba + n) as usize * bs];
-        for p in &fresh {
-            if let Err(e) = self.write_device(p.pba, piece(p.lba, p.len)) {
+        // New pieces that follow each other both in the volume and on the
+        // device (a window's holes, placed one after the other) go as one
+        // write, not a request per hole.
+        for (pba, at, n) in write_runs(&fresh) {
+            if let Err(e) = self.write_device(pba, piece(at, n)) {
                 self.give_back_unmapped(&fresh);
                 return Err(e);
             }
@@ -207,16 +299,16 @@ impl Pool {
         let mut inner = self.write_inner();
         // Unchanged by writes, trims and resizes, and still chosen (a
         // snapshot taken meanwhile shares the blocks now).
-        let unchanged = !moving.touched.load(Ordering::Relaxed)
-            && window_segments(&inner, id, lba, len)?.is_some_and(|now| now == segs)
-            && inner.state.volume(id).is_some_and(|v| pick(v, &segs) == chosen);
+        let unchanged = !plan.moving.touched.load(Ordering::Relaxed)
+            && window_segments(&inner, id, lba, len)?.is_some_and(|now| now == plan.segs)
+            && inner.state.volume(id).is_some_and(|v| pick(v, &plan.segs) == plan.chosen);
         if !unchanged {
             drop(inner);
             self.give_back_unmapped(&fresh);
             return Ok(Window::Skipped);
         }
         let v = inner.state.volume(id).ok_or(EngineError::VolumeGone(id))?;
-        let mut ops = move_ops(v, id, &chosen, &fresh, inner.state.epoch);
+        let mut ops = move_ops(v, id, &plan.chosen, &fresh, inner.state.epoch);
         if !relocate_ready && ops.iter().any(|op| matches!(op, Op::Relocate { .. })) {
             // A snapshot came meanwhile and the feature bit may not be set
             // yet: the next pass sets it first.
@@ -275,6 +367,28 @@ fn window_segments(inner: &Inner, id: u32, lba: u64, len: u64) -> Result<Option<
     match inner.state.volume(id) {
         Some(v) => Ok(Some(v.map.lookup(lba, len, usize::MAX)?)),
         None => Ok(None),
+    }
+}
+
+/// `fresh` as runs to write: (device block, first lba, blocks), pieces
+/// joined where the next follows the last both logically and physically.
+fn write_runs(fresh: &[NewPiece]) -> Vec<(Pba, u64, u64)> {
+    let mut runs: Vec<(Pba, u64, u64)> = Vec::new();
+    for p in fresh {
+        match runs.last_mut() {
+            Some((pba, at, n)) if pba.offset_by(*n) == p.pba && *at + *n == p.lba => *n += p.len,
+            _ => runs.push((p.pba, p.lba, p.len)),
+        }
+    }
+    runs
+}
+
+/// `pool compact`'s choice: every mapped block of a scattered window.
+fn relayout_pick(_: &Volume, segs: &[Segment]) -> Vec<Segment> {
+    if scattered(segs) {
+        segs.iter().copied().filter(|s| matches!(s, Segment::Mapped { .. })).collect()
+    } else {
+        Vec::new()
     }
 }
 
