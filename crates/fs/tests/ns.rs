@@ -303,10 +303,19 @@ fn unlinked_while_the_kernel_holds_it() {
     fv.forgot(f, 1).unwrap();
     assert_eq!(fv.read(f, 0, 100).unwrap(), b"held", "one lookup is left");
     fv.opened(f);
-    fv.forgot(f, 1).unwrap();
-    assert_eq!(fv.read(f, 0, 100).unwrap(), b"held", "a handle is open");
     fv.released(f).unwrap();
-    assert!(matches!(fv.getattr(f), Err(FsError::NotFound)));
+    assert_eq!(fv.read(f, 0, 100).unwrap(), b"held", "released, one lookup left");
+    fv.forgot(f, 1).unwrap();
+    assert!(matches!(fv.getattr(f), Err(FsError::NotFound)), "freed at the last forget");
+    // Forgotten while a handle is open: freed at its release.
+    let o = file(&fv, ROOT, "open");
+    fv.looked_up(o);
+    fv.opened(o);
+    fv.unlink(ROOT, b"open").unwrap();
+    fv.forgot(o, 1).unwrap();
+    assert!(fv.getattr(o).is_ok(), "a handle is open");
+    fv.released(o).unwrap();
+    assert!(matches!(fv.getattr(o), Err(FsError::NotFound)), "freed at the release");
     // A file with a name left is not freed by its forget.
     let g = file(&fv, ROOT, "kept");
     fv.looked_up(g);
