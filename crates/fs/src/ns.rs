@@ -675,14 +675,6 @@ impl FileVolume {
         i.atime = s.atime.unwrap_or(i.atime);
         i.mtime = s.mtime.unwrap_or(i.mtime);
         i.ctime = t;
-        if s.size.is_none() && s.perm.is_none() && s.uid.is_none() && s.gid.is_none() {
-            // Times only (the writeback cache sends the file's times at
-            // every close of a written file): kept with the pending
-            // changes, as a write's times are, saved by the next commit.
-            let a = self.attr(&i);
-            self.defer_save(&mut ns, i)?;
-            return Ok(a);
-        }
         self.save(&mut ns, &i)?;
         Ok(self.attr(&i))
     }
@@ -770,19 +762,11 @@ impl FileVolume {
         i.size = i.size.max(end);
         i.mtime = now();
         i.ctime = i.mtime;
-        self.defer_save(&mut ns, i)?;
-        Ok(data.len() as u32)
-    }
-
-    /// Keep a change of `i` that a crash may lose (its times, a size its
-    /// data already holds) with the pending changes: saved by the next
-    /// commit, or now when DIRTY_MAX are pending.
-    fn defer_save(&self, ns: &mut Ns, i: Inode) -> Result<()> {
-        ns.dirty.insert(i.ino, i);
+        ns.dirty.insert(ino, i);
         if ns.dirty.len() > DIRTY_MAX {
-            self.save_dirty(ns)?;
+            self.save_dirty(&mut ns)?;
         }
-        Ok(())
+        Ok(data.len() as u32)
     }
 
     /// Refuse a write of `more` bytes past the quota. The bound is only
