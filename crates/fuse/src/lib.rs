@@ -15,6 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tarn_fs::{Attr, FileVolume, FsError, Kind, Node, SetAttr, Versioned, XattrMode};
 
 /// How long the kernel may cache the names and attributes of a version
+/// directory (a version's file entries are not cached: `TarnFs::gens`)
 /// (they change when a version is taken or deleted from here).
 const TTL: Duration = Duration::from_secs(1);
 /// ... and of a live file: every change to one comes through the kernel
