@@ -72,8 +72,15 @@ pub(crate) struct Ns {
     quota_used: Option<u64>,
     /// Open handles per inode (the kernel bounds them).
     open: HashMap<u64, u32>,
-    /// Files whose last name went while they were open: freed at the last
-    /// release (or, after a crash, at the next open of the volume).
+    /// The kernel's lookup count per inode, as a FUSE mount reports it
+    /// (`looked_up`, `forgot`; the kernel bounds it by the inodes it
+    /// caches): while it is above zero the kernel may still send requests
+    /// for the inode, an open file among them (a mount that answers OPEN
+    /// with ENOSYS never hears of opens).
+    looked: HashMap<u64, u64>,
+    /// Files whose last name went while they were open or known to the
+    /// kernel: freed at the last release or forget, whichever is later
+    /// (after a crash or an unmount, at the next open of the volume).
     orphans: HashSet<u64>,
     /// File versions by file and the volume snapshots' numbers (None:
     /// not built yet, or dropped by a delete; `vindex.rs`).
@@ -174,6 +181,7 @@ impl FileVolume {
                 last_volume: 0,
                 quota_used: None,
                 open: HashMap::new(),
+                looked: HashMap::new(),
                 orphans: HashSet::new(),
                 index: None,
                 records_enabled: false,
@@ -310,11 +318,54 @@ impl FileVolume {
             return Ok(());
         }
         ns.open.remove(&ino);
-        if ns.orphans.remove(&ino) {
-            let i = self.inode(&mut ns, ino)?;
-            self.free_inode(&mut ns, &i)?;
+        self.free_if_orphan(&mut ns, ino)
+    }
+
+    /// The kernel looked `ino` up once more (a FUSE entry reply).
+    pub fn looked_up(&self, ino: u64) {
+        *self.lock().looked.entry(ino).or_insert(0) += 1;
+    }
+
+    /// The kernel forgot `n` lookups of `ino` (FUSE forget): an unlinked
+    /// file goes with the last, once no handle is open either.
+    pub fn forgot(&self, ino: u64, n: u64) -> Result<()> {
+        let mut ns = self.lock();
+        let Some(left) = ns.looked.get_mut(&ino) else {
+            return Ok(());
+        };
+        *left = left.saturating_sub(n);
+        if *left > 0 {
+            return Ok(());
+        }
+        ns.looked.remove(&ino);
+        self.free_if_orphan(&mut ns, ino)
+    }
+
+    /// The session ends: the kernel sends no forget at unmount, so the
+    /// files it still knew without a name go now (not at the next open).
+    pub fn unmounted(&self) -> Result<()> {
+        let mut ns = self.lock();
+        ns.open.clear();
+        ns.looked.clear();
+        let orphans: Vec<u64> = ns.orphans.iter().copied().collect();
+        for ino in orphans {
+            self.free_if_orphan(&mut ns, ino)?;
         }
         Ok(())
+    }
+
+    /// Whether the kernel may still send requests for `ino`.
+    fn held(ns: &Ns, ino: u64) -> bool {
+        ns.open.get(&ino).is_some_and(|&n| n > 0) || ns.looked.contains_key(&ino)
+    }
+
+    /// Frees orphan `ino` once nothing holds it.
+    fn free_if_orphan(&self, ns: &mut Ns, ino: u64) -> Result<()> {
+        if Self::held(ns, ino) || !ns.orphans.remove(&ino) {
+            return Ok(());
+        }
+        let i = self.inode(ns, ino)?;
+        self.free_inode(ns, &i)
     }
 
     /// Files left without a name by a crash or an unmount while open.
@@ -491,9 +542,10 @@ impl FileVolume {
     /// One name fewer: the inode and its object go with the last one.
     fn drop_link(&self, ns: &mut Ns, mut i: Inode) -> Result<()> {
         i.nlink = if i.kind == Kind::Dir { 0 } else { i.nlink.saturating_sub(1) };
-        let open = ns.open.get(&i.ino).is_some_and(|&n| n > 0);
-        if i.nlink > 0 || (open && i.kind == Kind::File) {
-            // An open file with no name left stays readable until released.
+        let held = Self::held(ns, i.ino);
+        if i.nlink > 0 || (held && i.kind == Kind::File) {
+            // An open file with no name left stays readable until released
+            // and forgotten.
             i.ctime = now();
             if i.nlink == 0 {
                 ns.orphans.insert(i.ino);

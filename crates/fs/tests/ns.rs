@@ -286,6 +286,51 @@ fn unlinked_while_open() {
     assert_eq!(fv.check().unwrap().problems, Vec::<String>::new());
 }
 
+/// A file the kernel still knows (looked up, not yet forgotten) keeps its
+/// data after its last name goes, with no open handle seen (a mount that
+/// answers OPEN with ENOSYS): freed at the forget of its last lookup, and
+/// only once an open handle is released too; what an unmount leaves is
+/// freed by `unmounted`.
+#[test]
+fn unlinked_while_the_kernel_holds_it() {
+    let (_sim, _pool, fv) = fresh();
+    let f = file(&fv, ROOT, "tmp");
+    fv.write(f, 0, b"held").unwrap();
+    fv.looked_up(f);
+    fv.looked_up(f);
+    fv.unlink(ROOT, b"tmp").unwrap();
+    assert_eq!(fv.read(f, 0, 100).unwrap(), b"held");
+    fv.forgot(f, 1).unwrap();
+    assert_eq!(fv.read(f, 0, 100).unwrap(), b"held", "one lookup is left");
+    fv.opened(f);
+    fv.released(f).unwrap();
+    assert_eq!(fv.read(f, 0, 100).unwrap(), b"held", "released, one lookup left");
+    fv.forgot(f, 1).unwrap();
+    assert!(matches!(fv.getattr(f), Err(FsError::NotFound)), "freed at the last forget");
+    // Forgotten while a handle is open: freed at its release.
+    let o = file(&fv, ROOT, "open");
+    fv.looked_up(o);
+    fv.opened(o);
+    fv.unlink(ROOT, b"open").unwrap();
+    fv.forgot(o, 1).unwrap();
+    assert!(fv.getattr(o).is_ok(), "a handle is open");
+    fv.released(o).unwrap();
+    assert!(matches!(fv.getattr(o), Err(FsError::NotFound)), "freed at the release");
+    // A file with a name left is not freed by its forget.
+    let g = file(&fv, ROOT, "kept");
+    fv.looked_up(g);
+    fv.forgot(g, 1).unwrap();
+    assert!(fv.getattr(g).is_ok());
+    // Still held at the unmount: freed then.
+    let h = file(&fv, ROOT, "tmp2");
+    fv.looked_up(h);
+    fv.unlink(ROOT, b"tmp2").unwrap();
+    assert!(fv.getattr(h).is_ok());
+    fv.unmounted().unwrap();
+    assert!(matches!(fv.getattr(h), Err(FsError::NotFound)));
+    assert_eq!(fv.check().unwrap().problems, Vec::<String>::new());
+}
+
 /// A crash anywhere in `fs create` leaves no file volume or a whole one.
 #[test]
 fn crash_inside_format_leaves_none_or_a_whole_volume() {
