@@ -62,6 +62,7 @@ impl Pool {
             removed: false,
             spare,
             rebuilt: None,
+            replacing: None,
         };
         let mut label = member_label(&ctl.sb, &entry, index);
         label.created_unix = ctl.sb.created_unix;

@@ -154,6 +154,7 @@ impl NewPool {
             placement: None,
             spare: false,
             rebuilt: None,
+            replacing: None,
         };
         let label = Superblock {
             version: FORMAT_VERSION,
