@@ -58,7 +58,7 @@ impl Pool {
     /// The slot of member `index` if it is missing or being rebuilt (a
     /// slot whose rebuild ended is a whole member: not returned).
     fn rebuild_slot_of(&self, index: usize) -> Option<&RebuildSlot> {
-        self.devices.get(index).and_then(|d| d.rebuild_slot()).filter(|s| s.degraded())
+        self.devices.get(index).and_then(|d| d.rebuild_slot()).filter(|s| s.degraded() && !s.is_replacing())
     }
 
     /// Whether member `index` is being rebuilt (a new device in place).
@@ -297,7 +297,13 @@ impl Pool {
     /// any more (rewritten or moved since the list was taken). A head
     /// block overwritten since then may live on in a snapshot's dead list
     /// at the same address: the snapshots are looked at too.
-    fn rebuild_block(&self, slot: &RebuildSlot, run: &LiveRun, lba: u64, pba: tarn_format::Pba) -> Result<bool> {
+    pub(crate) fn rebuild_block(
+        &self,
+        slot: &RebuildSlot,
+        run: &LiveRun,
+        lba: u64,
+        pba: tarn_format::Pba,
+    ) -> Result<bool> {
         let Some(layout) = self.parity_of(run.vol) else { return Ok(false) };
         let _row = self.lock_row(run.vol, crate::io::row_of(layout.0, layout.1, lba));
         let _gate = self.io_gate.read().unwrap_or_else(|e| e.into_inner());
@@ -319,7 +325,13 @@ impl Pool {
             };
             if still {
                 let (data, _) = self.block_from_row(run.vol, view, layout, lba)?;
-                slot.write_at(&data, pba.byte_offset()).map_err(|e| EngineError::io("rebuild", slot.name(), e))?;
+                // A member being replaced: the new device only (the old one
+                // could not read it; `service/replace.rs`).
+                let written = match slot.is_replacing() {
+                    true => slot.write_new(&data, pba.byte_offset()),
+                    false => slot.write_at(&data, pba.byte_offset()),
+                };
+                written.map_err(|e| EngineError::io("rebuild", slot.name(), e))?;
                 return Ok(true);
             }
         }
