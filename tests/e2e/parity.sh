@@ -187,7 +187,7 @@ rm -f "$T/m3new.img"
 # Throttled to 2 MiB/s (48 MiB: at least 24 s), so fio's 16 MiB of 4K
 # writes run during the rebuild and the server can be killed mid-way.
 "$TARN" pool replace 3 "$T/m3new.img" --size 256M --rate 2M -p "$POOL" >"$T/replace.out" 2>&1 & REPLACE_PID=$!
-wait_until 60 grep -q "rebuild: *[1-9]" "$T/replace.out" && ok "the rebuild started (progress shown)" ||
+wait_until 60 grep -q "replace: *[1-9]" "$T/replace.out" && ok "the rebuild started (progress shown)" ||
   bad "no rebuild progress: $(tail -c 300 "$T/replace.out")"
 expect_eq "pool status --json: member 3 REBUILDING, the pool DEGRADED" "$(status | jq -r '.state + " " + .devices[3].state')" "DEGRADED REBUILDING"
 rc=0; fio_job live p randwrite 16M --bs=4k --iodepth=16 --offset=160M --end_fsync=1 || rc=$?

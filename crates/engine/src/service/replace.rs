@@ -31,8 +31,9 @@ use tarn_format::BLOCK_SIZE;
 
 /// Blocks copied per chunk (1 MiB: writes to the member wait at most one).
 const CHUNK_BLOCKS: u64 = 256;
-/// Blocks copied between two cursor records (16 MiB).
-const STEP_BLOCKS: u64 = 4096;
+/// Blocks copied between two cursor records (4 MiB: a superblock rewrite
+/// and two flushes per 4 MiB; a restart copies at most that again).
+const STEP_BLOCKS: u64 = 1024;
 
 /// What `Pool::copy_member` did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -73,11 +74,16 @@ impl Pool {
     }
 
     /// The member `name` designates (its index, or its recorded path) if it
-    /// is a plain member other than the primary that is present (or being
-    /// replaced): the one `pool replace` copies onto a new device.
+    /// is a plain member that is present (or being replaced): the one
+    /// `pool replace` copies onto a new device (the primary is named so
+    /// that its refusal says why).
     pub fn member_to_replace(&self, name: &str) -> Option<usize> {
         let ctl = self.lock_commit();
         let named = |i: usize| name == i.to_string() || ctl.sb.devices.get(i).is_some_and(|e| e.path == name);
+        if named(0) && ctl.sb.devices.first().is_some_and(|e| e.legs.is_empty()) {
+            // Refused by `replace_present`, by name.
+            return Some(0);
+        }
         (1..self.devices.len()).find(|&i| {
             let plain = ctl.sb.devices.get(i).is_some_and(|e| e.legs.is_empty() && !e.removed && !e.spare);
             named(i) && plain && self.devices[i].rebuild_slot().is_some_and(|s| s.is_replacing() || !s.degraded())
