@@ -50,6 +50,10 @@ check "vol clone a@s1 c" tarn vol clone a@s1 c -p "$POOL"
 # a is rewritten past the snapshot: the snapshot's blocks live on in its dead list.
 rc=0; fio_job seqa2 a write 8M --offset=0 --verify=crc32c || rc=$?
 expect_eq "fio rewrites a's first 8 MiB after the snapshot" "$rc" 0
+for v in a s; do
+  check "qemu-io writes $v's 24M..28M three times (0x11, 0x12, 0x13: its overwrite regions open)" \
+    qemu-io -f raw -c "write -P 0x11 24M 4M" -c flush -c "write -P 0x12 24M 4M" -c flush -c "write -P 0x13 24M 4M" -c flush "$(uri $v)"
+done
 expect_between "member 3's used bytes (pool status)" "$(status | jq '.devices[3].data - .devices[3].free')" $((8 * M)) $((256 * M))
 
 step "bad replacements are refused by name, nothing changed"
@@ -63,8 +67,24 @@ expect_eq "nothing changed: member 3 ONLINE on m3.img" "$(status | jq -r '.devic
 rm -f "$T/x.img" "$T/small.img"
 
 step "pool replace 3 NEW copies member 3 online while fio writes; the server is killed mid-copy"
-# Throttled to 1 MiB/s, so fio's writes run during the copy and the
-# server can be killed mid-way.
+# Throttled to 1 MiB/s, so writes run during the copy and the server
+# can be killed mid-way. fio's writes to new ranges land elsewhere
+# (nothing is allocated on member 3 while it is replaced).
+# s's and a's 24M..28M (on member 3 among others) are overwritten in a
+# loop from before the copy to past 90% of it: their overwrite regions
+# stay open, so the writes go in place, also below the cursor.
+overwrite_loop() {
+  local i=0
+  while [ ! -e "$T/stop-loop" ] && [ $i -lt 100000 ]; do
+    i=$((i + 1))
+    for v in a s; do
+      qemu-io -f raw -c "write -P $((0x20 + i % 200)) 24M 4M" -c flush "$(uri $v)" >/dev/null || return 1
+    done
+    echo $i >"$T/loops"
+  done
+}
+overwrite_loop & LOOP_PID=$!
+wait_until 30 test -s "$T/loops" || bad "the overwrite loop did not start"
 "$TARN" pool replace 3 "$T/m3new.img" --size 256M --rate 1M -p "$POOL" >"$T/replace.out" 2>&1 & REPLACE_PID=$!
 wait_until 60 grep -q "replace: *[1-9]" "$T/replace.out" && ok "the copy started (progress shown)" ||
   bad "no copy progress: $(tail -c 300 "$T/replace.out")"
@@ -78,10 +98,21 @@ for i in 0 1 2; do
   expect_eq "fio 4K randwrite + verify on $v during the copy (exit, errors)" "$rc $(jq '[.jobs[].error] | add' "$T/live$v.json" 2>/dev/null)" "0 0"
 done
 expect_eq "member 3 still REPLACING when fio is done" "$(status | jq -r '.devices[3].state')" REPLACING
-# Past the first cursor record (every 1,024 blocks) before the kill.
+# Then, once 90% of member 3 is copied (the cursor past the blocks of
+# the first writes), those blocks are overwritten: in place for s and
+# for a's first 8 MiB (not shared with the snapshot), copy-on-write for
+# p. Such writes must reach the new device too.
 copied() { tr '\r' '\n' <"$T/replace.out" | sed -n 's/.*(\([0-9]*\) of [0-9]* blocks).*/\1/p' | tail -1; }
-wait_until 120 bash -c "[ \"\$(tr '\r' '\n' <'$T/replace.out' | sed -n 's/.*(\([0-9]*\) of [0-9]* blocks).*/\1/p' | tail -1)\" -gt 1300 ]" ||
-  bad "the copy did not pass 1,300 blocks: $(copied)"
+total=$(tr '\r' '\n' <"$T/replace.out" | sed -n 's/.* of \([0-9]*\) blocks.*/\1/p' | tail -1)
+wait_until 120 bash -c "[ \"\$(tr '\r' '\n' <'$T/replace.out' | sed -n 's/.*(\([0-9]*\) of [0-9]* blocks).*/\1/p' | tail -1)\" -gt $((${total:-2000} * 9 / 10)) ]" ||
+  bad "the copy did not pass 90% of ${total:-?} blocks: $(copied)"
+head -c $((24 * M)) /dev/urandom >"$T/src2.raw"
+for v in a s p; do
+  check "qemu-img convert another 24 MiB over $v's first (copied) blocks" qemu-img convert -n -f raw -O raw "$T/src2.raw" "$(json_of $v $((24 * M)))"
+done
+touch "$T/stop-loop"; rc=0; wait "$LOOP_PID" || rc=$?
+expect_eq "the overwrite loop on s and a (exit)" "$rc" 0
+expect_between "overwrites of s's and a's 24M..28M during the copy" "$(cat "$T/loops")" 2 100000
 expect_eq "member 3 still REPLACING before the kill" "$(status | jq -r '.devices[3].state')" REPLACING
 kill9_serve
 rc=0; wait "$REPLACE_PID" || rc=$?
@@ -100,19 +131,21 @@ stop_serve
 
 step "after a restart everything reads back, nothing reconstructed"
 start_serve "$POOL"
-for v in s p; do
-  check "$v's first 24 MiB compare equal" qemu-img compare -f raw -F raw "$T/src.raw" "$(json_of $v $((24 * M)))"
+for v in a s p; do
+  check "$v's first 24 MiB compare equal (the overwrite during the copy)" qemu-img compare -f raw -F raw "$T/src2.raw" "$(json_of $v $((24 * M)))"
 done
 check "c (the clone of a's snapshot) compares equal" qemu-img compare -f raw -F raw "$T/src.raw" "$(json_of c $((24 * M)))"
 check "a@s1 compares equal" qemu-img compare -f raw -F raw "$T/src.raw" "$(json_of a@s1 $((24 * M)))"
+for v in a s; do
+  check "$v's 24M..28M reads the last pattern written during the copy" \
+    qemu-io -r -f raw -c "read -P $((0x20 + $(cat "$T/loops") % 200)) 24M 4M" "$(uri $v)"
+done
 for v in a s p; do
   rc=0; fio_job seq${v}r $v write 16M --offset=32M --verify_only=1 || rc=$?
   expect_eq "fio verify-only of $v's sequential writes" "$rc" 0
   rc=0; fio_job live${v}r $v randwrite 8M --bs=4k --iodepth=16 --offset=48M --verify_only=1 || rc=$?
   expect_eq "fio verify-only of $v's writes made during the copy" "$rc" 0
 done
-rc=0; fio_job seqa2r a write 8M --offset=0 --verify_only=1 || rc=$?
-expect_eq "fio verify-only of a's rewrite after the snapshot" "$rc" 0
 expect_eq "nothing read by reconstruction" "$(status | jq .reconstructed_blocks)" 0
 check_fails "pool replace 3 onto the old device (it is no member now, but the new one is: a second replace is a new copy)" \
   "$TARN" pool replace 3 "$T/m1.img" -p "$POOL"
