@@ -20,13 +20,16 @@ use crate::device::label::{read_label, uuid_string, write_both_labels};
 use crate::device::rebuild_slot::{RebuildSlot, WHOLE};
 use crate::device::Device;
 use crate::error::{EngineError, Result};
+use crate::io::{xor_into, BS};
 use crate::map::extent_map::Segment;
+use crate::map::sums::{block_sum, BlockSum};
 use crate::map::view::View;
 use crate::pool::Pool;
 use crate::service::grow::member_label;
 use crate::service::open::random_bytes;
 use crate::volumes::evacuate::{on_member, LiveRun};
 use std::sync::Arc;
+use tarn_format::stripe::Parity;
 use tarn_format::superblock::incompat;
 use tarn_format::BLOCK_SIZE;
 
@@ -47,6 +50,25 @@ pub struct RebuildReport {
     pub lost: u64,
     /// Stopped before the end (`go_on` said so); resumable.
     pub stopped: bool,
+}
+
+/// `runs` (in address order) from block `from` on, cut where a parity
+/// unit ends (`unit(vol)`: its unit in blocks; a volume gone: whole), so
+/// that each piece's blocks share one row.
+fn unit_pieces(runs: &[LiveRun], from: u64, unit: impl Fn(u32) -> Option<u64>) -> Vec<LiveRun> {
+    let mut out = Vec::new();
+    for r in runs {
+        let skip = from.saturating_sub(r.pba.block()).min(r.len);
+        let (mut lba, mut pba, mut left) = (r.lba + skip, r.pba.offset_by(skip), r.len - skip);
+        let u = unit(r.vol).unwrap_or(u64::MAX).max(1);
+        // Bounded by the run's length: each pass takes at least a block.
+        while left > 0 {
+            let n = left.min(u - lba % u);
+            out.push(LiveRun { lba, pba, len: n, ..*r });
+            (lba, pba, left) = (lba + n, pba.offset_by(n), left - n);
+        }
+    }
+    out
 }
 
 /// The named refusal.
@@ -241,38 +263,29 @@ impl Pool {
         };
         let from = slot.rebuilt();
         let runs = self.runs_to_rebuild(index, from)?;
-        let mut report = RebuildReport { index, blocks: runs.iter().map(|r| r.len).sum(), ..Default::default() };
+        let blocks = runs.iter().map(|r| r.len - from.saturating_sub(r.pba.block()).min(r.len)).sum();
+        let mut report = RebuildReport { index, blocks, ..Default::default() };
         let mut step = 0;
-        // Bounded by the runs listed (each block once).
-        for run in &runs {
-            for i in 0..run.len {
-                let (lba, pba) = (run.lba + i, run.pba.offset_by(i));
-                if pba.block() < from {
-                    continue;
-                }
-                match self.rebuild_block(slot, run, lba, pba) {
-                    Ok(true) => report.rebuilt += 1,
-                    Ok(false) => report.gone += 1,
-                    // Another unit of its row is lost too (a row placed
-                    // with two units on this member): it stays unreadable
-                    // (its checksum fails on the new device: EIO).
-                    Err(e @ (EngineError::Io { .. } | EngineError::Inconsistent(_) | EngineError::Checksum { .. })) => {
-                        log::error!("member {index}: volume {} block {lba} cannot be rebuilt: {e}", run.vol);
-                        report.lost += 1;
-                    }
-                    Err(e) => return Err(e),
-                }
-                // Reads may use what is written (durable or not: a crash
-                // forgets this cursor too); a later block's row may need it.
-                slot.advance(pba.block() + 1);
-                step += 1;
-                if step >= step_blocks {
-                    step = 0;
-                    self.rebuild_step_done(index, slot, pba.block() + 1)?;
-                    if !go_on(report.rebuilt + report.gone + report.lost, report.blocks) {
-                        report.stopped = true;
-                        return Ok(report);
-                    }
+        // Bounded by the runs listed (each block once), cut at unit ends.
+        for piece in unit_pieces(&runs, from, |v| self.parity_of(v).map(|(p, _)| p.unit_blocks())) {
+            let (counts, lost) = self.rebuild_piece(slot, &piece)?;
+            report.rebuilt += counts.0;
+            report.gone += counts.1;
+            for lba in lost {
+                log::error!("member {index}: volume {} block {lba} cannot be rebuilt", piece.vol);
+                report.lost += 1;
+            }
+            // Reads may use what is written (durable or not: a crash
+            // forgets this cursor too); a later block's row may need it.
+            let end = piece.pba.block() + piece.len;
+            slot.advance(end);
+            step += piece.len;
+            if step >= step_blocks {
+                step = 0;
+                self.rebuild_step_done(index, slot, end)?;
+                if !go_on(report.rebuilt + report.gone + report.lost, report.blocks) {
+                    report.stopped = true;
+                    return Ok(report);
                 }
             }
         }
@@ -336,6 +349,84 @@ impl Pool {
             }
         }
         Ok(false)
+    }
+
+    /// Rebuild `piece` (blocks of one unit of one row, consecutive on the
+    /// member) under its row's lock: each of the row's other units read
+    /// once for the whole piece, XORed, every block checked against its
+    /// checksum, written with one write. Returns (rebuilt, gone) and the
+    /// blocks that could not be rebuilt. Anything unusual (the piece
+    /// mapped in part, a peer unreadable, a coarse checksum) goes block by
+    /// block ([`Pool::rebuild_block`]), which says what each block is.
+    fn rebuild_piece(&self, slot: &RebuildSlot, piece: &LiveRun) -> Result<((u64, u64), Vec<u64>)> {
+        let Some(layout) = self.parity_of(piece.vol) else { return Ok(((0, piece.len), Vec::new())) };
+        let fast = {
+            let _row = self.lock_row(piece.vol, crate::io::row_of(layout.0, layout.1, piece.lba));
+            let _gate = self.io_gate.read().unwrap_or_else(|e| e.into_inner());
+            self.piece_from_row(piece, layout)?
+        };
+        if let Some(data) = fast {
+            let written = match slot.is_replacing() {
+                true => slot.write_new(&data, piece.pba.byte_offset()),
+                false => slot.write_at(&data, piece.pba.byte_offset()),
+            };
+            written.map_err(|e| EngineError::io("rebuild", slot.name(), e))?;
+            return Ok(((piece.len, 0), Vec::new()));
+        }
+        let (mut counts, mut lost) = ((0, 0), Vec::new());
+        for i in 0..piece.len {
+            match self.rebuild_block(slot, piece, piece.lba + i, piece.pba.offset_by(i)) {
+                Ok(true) => counts.0 += 1,
+                Ok(false) => counts.1 += 1,
+                // Another unit of its row is lost too (a row placed with
+                // two units on this member): it stays unreadable (its
+                // checksum fails on the new device: EIO).
+                Err(EngineError::Io { .. } | EngineError::Inconsistent(_) | EngineError::Checksum { .. }) => {
+                    lost.push(piece.lba + i)
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((counts, lost))
+    }
+
+    /// The piece's blocks from the rest of their row, if the view named
+    /// maps the whole piece where it was listed, every peer unit reads
+    /// and every block matches its own (per-block) checksum; else None.
+    fn piece_from_row(&self, piece: &LiveRun, (p, blocks): (Parity, u64)) -> Result<Option<Vec<u8>>> {
+        let view = if piece.snap == 0 { View::Head } else { View::Snapshot(piece.snap) };
+        let summed = match self.resolve_summed(piece.vol, view, piece.lba, piece.len) {
+            Ok(s) => s,
+            Err(EngineError::VolumeGone(_) | EngineError::NoSuchSnapshot { .. } | EngineError::OutOfRange { .. }) => {
+                return Ok(None)
+            }
+            Err(e) => return Err(e),
+        };
+        let [(Segment::Mapped { pba, len, .. }, sums)] = summed.as_slice() else { return Ok(None) };
+        if *pba != piece.pba || *len != piece.len {
+            return Ok(None);
+        }
+        let n = piece.len as usize * BS;
+        let mut out = vec![0u8; n];
+        let mut peer = vec![0u8; n];
+        let last = crate::io::row_peers(p, blocks, piece.lba + piece.len - 1);
+        for (k, first) in crate::io::row_peers(p, blocks, piece.lba).into_iter().enumerate() {
+            // Peers of a unit's consecutive blocks are consecutive.
+            if last.get(k) != Some(&(first + piece.len - 1)) {
+                return Ok(None);
+            }
+            match self.read_verified(piece.vol, view, first * BLOCK_SIZE, &mut peer, false) {
+                Ok(true) => xor_into(&mut out, &peer),
+                Ok(false) | Err(EngineError::Io { .. } | EngineError::Checksum { .. }) => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+        let checked = out.chunks(BS).enumerate().all(|(i, b)| match sums.get(i) {
+            Some(Some(BlockSum::Block(want))) => block_sum(b) == *want,
+            Some(Some(BlockSum::Group(_))) => false,
+            _ => true,
+        });
+        Ok(checked.then_some(out))
     }
 
     /// Blocks below `upto` are rebuilt: durable on the new device first,
