@@ -35,6 +35,10 @@ use tarn_format::BLOCK_SIZE;
 
 /// Blocks rebuilt between two cursor records (4 MiB).
 const STEP_BLOCKS: u64 = 1024;
+/// Pieces (units on the member) whose rows are read ahead at once.
+const PREFETCH_PIECES: usize = 256;
+/// Most blocks of a volume's data (or parity) area one read-ahead spans.
+const PREFETCH_SPAN: u64 = 16384;
 
 /// What `Pool::rebuild_member` did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -267,8 +271,12 @@ impl Pool {
         let mut report = RebuildReport { index, blocks, ..Default::default() };
         let mut step = 0;
         // Bounded by the runs listed (each block once), cut at unit ends.
-        for piece in unit_pieces(&runs, from, |v| self.parity_of(v).map(|(p, _)| p.unit_blocks())) {
-            let (counts, lost) = self.rebuild_piece(slot, &piece)?;
+        let pieces = unit_pieces(&runs, from, |v| self.parity_of(v).map(|(p, _)| p.unit_blocks()));
+        for (i, piece) in pieces.iter().enumerate() {
+            if i % PREFETCH_PIECES == 0 {
+                self.prefetch_rows(index, &pieces[i..(i + PREFETCH_PIECES).min(pieces.len())]);
+            }
+            let (counts, lost) = self.rebuild_piece(slot, piece)?;
             report.rebuilt += counts.0;
             report.gone += counts.1;
             for lba in lost {
@@ -349,6 +357,45 @@ impl Pool {
             }
         }
         Ok(false)
+    }
+
+    /// Start reading, on every other member, the rows `pieces` lie in: per
+    /// volume and view, the data and parity areas of those rows are looked
+    /// up at once and each member's adjacent blocks hinted as one range, so
+    /// the rows' units are then read from the page cache. A hint: a span
+    /// too wide (rows far apart) or a failed lookup just skips it.
+    fn prefetch_rows(&self, index: usize, pieces: &[LiveRun]) {
+        let mut groups: std::collections::BTreeMap<(u32, u64), (u64, u64)> = Default::default();
+        for piece in pieces {
+            let Some((p, blocks)) = self.parity_of(piece.vol) else { continue };
+            let row = crate::io::row_of(p, blocks, piece.lba);
+            let e = groups.entry((piece.vol, piece.snap)).or_insert((row, row));
+            *e = (e.0.min(row), e.1.max(row));
+        }
+        let mut ranges: Vec<(tarn_format::Pba, u64)> = Vec::new();
+        for ((vol, snap), (first, last)) in groups {
+            let Some((p, blocks)) = self.parity_of(vol) else { continue };
+            let view = if snap == 0 { View::Head } else { View::Snapshot(snap) };
+            let rows = last - first + 1;
+            let data = (first * p.row_blocks(), rows * p.row_blocks());
+            let parity = (p.parity_start(blocks) + first * p.unit_blocks(), rows * p.unit_blocks());
+            for (lba, len) in [data, parity].into_iter().filter(|r| r.1 <= PREFETCH_SPAN) {
+                let Ok(segs) = self.resolve(vol, view, lba, len) else { continue };
+                for seg in segs {
+                    let Segment::Mapped { pba, len, .. } = seg else { continue };
+                    if usize::from(pba.device()) == index {
+                        continue;
+                    }
+                    match ranges.iter_mut().find(|(p, l)| p.device() == pba.device() && p.offset_by(*l) == pba) {
+                        Some(r) => r.1 += len,
+                        None => ranges.push((pba, len)),
+                    }
+                }
+            }
+        }
+        for (pba, len) in ranges {
+            self.devices[usize::from(pba.device())].prefetch(pba.byte_offset(), len * BLOCK_SIZE);
+        }
     }
 
     /// Rebuild `piece` (blocks of one unit of one row, consecutive on the
