@@ -10,7 +10,10 @@
 # recorded cursor and finishes. The new file is member 3 (ONLINE, its
 # path), the old one carries no pool label, every volume compares equal
 # (qemu-img compare) and verifies (fio verify-only), nothing was read by
-# reconstruction, scrub is clean, `pool check` clean.
+# reconstruction. Then member 3 (the new device) is removed (`dev
+# remove`, evacuation) while fio verifies the striped and the parity
+# volume; they still compare and verify; scrub is clean, `pool check`
+# clean.
 . "$(dirname "$0")/lib.sh"
 need fio qemu-img jq
 e2e_init replace
@@ -149,6 +152,27 @@ done
 expect_eq "nothing read by reconstruction" "$(status | jq .reconstructed_blocks)" 0
 check_fails "pool replace 3 onto the old device (it is no member now, but the new one is: a second replace is a new copy)" \
   "$TARN" pool replace 3 "$T/m1.img" -p "$POOL"
+
+step "dev remove 3 (the new member) while fio reads and verifies: the striped and parity volumes' units move"
+# Issue 12's tests ask striped and parity volumes to pass the real-client
+# tests of plain ones: here an evacuation under load.
+pids=()
+for v in s p; do
+  fio_job rm$v $v write 16M --offset=32M --verify_only=1 & pids+=($!)
+done
+check "dev remove 3 while fio verifies s and p" tarn dev remove 3 -p "$POOL"
+for i in 0 1; do
+  v=$([ $i = 0 ] && echo s || echo p); rc=0; wait "${pids[$i]}" || rc=$?
+  expect_eq "fio verify-only of $v during the removal (exit)" "$rc" 0
+done
+expect_eq "member 3 REMOVED" "$(status | jq -r '.devices[3].state')" REMOVED
+check_fails "m3new.img carries no pool label after the removal" has_label "$T/m3new.img"
+for v in s p; do
+  check "$v compares equal after the removal" qemu-img compare -f raw -F raw "$T/src2.raw" "$(json_of $v $((24 * M)))"
+  rc=0; fio_job live${v}x $v randwrite 8M --bs=4k --iodepth=16 --offset=48M --verify_only=1 || rc=$?
+  expect_eq "fio verify-only of $v's 4K writes after the removal" "$rc" 0
+done
+check "a@s1 compares equal after the removal" qemu-img compare -f raw -F raw "$T/src.raw" "$(json_of a@s1 $((24 * M)))"
 stop_serve
 check "tarn pool scrub: clean" bash -c "\"$TARN\" pool scrub -p \"$POOL\" | grep -q ' 0 mismatched, 0 rebuilt from their row'"
 pool_check "$POOL" "at the end"
