@@ -838,7 +838,7 @@ mod tests {
         // Bits 0-19 and 22 are known here; bit 20 is not.
         sb.incompat = 1 << 20;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        assert_eq!(incompat::KNOWN, (1 << 20) - 1 | incompat::REPLACE);
+        assert_eq!(incompat::KNOWN, ((1 << 20) - 1) | incompat::REPLACE);
         assert_eq!(incompat::REPLACE, 1 << 22);
         assert_eq!(incompat::COARSE_SUMS, 1 << 13);
         sb.incompat = incompat::COARSE_SUMS;

@@ -137,7 +137,7 @@ type CutWrite = Option<(usize, usize, Vec<u8>)>;
 fn verify(pool: &Pool, m: &mut Model, cut: &CutWrite, what: &str) {
     let epoch = pool.snapshot_info("a", "as").unwrap().epoch;
     assert!(read_view(pool, m.ids[0], View::Snapshot(epoch)) == m.snap, "{what}: the snapshot");
-    for v in 0..4 {
+    for (v, name) in NAMES.iter().enumerate() {
         let head = read_view(pool, m.ids[v], View::Head);
         for b in 0..VOL / BLOCK {
             let r = b * BLOCK..(b + 1) * BLOCK;
@@ -146,7 +146,7 @@ fn verify(pool: &Pool, m: &mut Model, cut: &CutWrite, what: &str) {
             }
             let new = cut.as_ref().filter(|(cv, off, d)| *cv == v && r.start >= *off && r.end <= off + d.len());
             let where_ = pool.physical_runs(m.ids[v], View::Head, b as u64, 1).unwrap();
-            let Some((_, off, d)) = new else { panic!("{what}: {} block {b} lost data ({where_:?})", NAMES[v]) };
+            let Some((_, off, d)) = new else { panic!("{what}: {} block {b} lost data ({where_:?})", name) };
             // A write cut in place (plain and striped volumes overwrite
             // in place) may be torn: each sector old or new.
             let new_data = &d[r.start - off..r.end - off];
@@ -157,7 +157,7 @@ fn verify(pool: &Pool, m: &mut Model, cut: &CutWrite, what: &str) {
             assert!(
                 torn_ok,
                 "{what}: {} block {b} is neither old nor new ({where_:?}; {:?})",
-                NAMES[v],
+                name,
                 pool.status().notes
             );
             m.data[v][r.clone()].copy_from_slice(&head[r]);
