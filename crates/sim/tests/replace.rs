@@ -310,3 +310,30 @@ fn replace_crash_simulation_64_seeds() {
     eprintln!("replace crash simulation: {seeds} seeds, {crashes} crashes, {mid} resumed past a recorded cursor");
     assert!(crashes >= seeds as usize && mid >= seeds as usize / 4, "the power was cut ({crashes}, {mid} mid-copy)");
 }
+
+#[test]
+fn a_member_added_online_is_replaced_online() {
+    let (mut rig, pool, mut m) = rig(5);
+    let added = Arc::new(SimDevice::new("sim4", 24 * MIB));
+    let report = pool.add_device(added.clone(), "sim4").unwrap();
+    assert_eq!(report.index, 4);
+    let mut rng = ChaCha8Rng::seed_from_u64(6);
+    // Writes land on the new member (the roomiest).
+    for i in 0..60 {
+        let v = i % 4;
+        write_some(&pool, m.ids[v], &mut m.data[v], &mut rng, 4000 + i).unwrap();
+    }
+    let new = Arc::new(SimDevice::new("new4", 24 * MIB));
+    pool.replace_present(4, new.clone(), "new4").unwrap();
+    assert_eq!(pool.status().devices[4].state, "REPLACING");
+    let r = pool.copy_member(4, &mut |_, _| true).unwrap();
+    assert!(r.copied > 0 && r.lost == 0 && !r.stopped, "{r:?}");
+    verify(&pool, &mut m, &None, "after replacing the added member");
+    assert_eq!(pool.status().devices[4].path, "new4");
+    pool.close().unwrap();
+    assert!(read_label(added.as_ref()).is_err(), "the added device carries no label");
+    rig.sims.push(added);
+    rig.news.push(new);
+    let pool = rig.open();
+    verify(&pool, &mut m, &None, "after a reopen");
+}

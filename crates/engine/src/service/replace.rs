@@ -84,10 +84,8 @@ impl Pool {
             // Refused by `replace_present`, by name.
             return Some(0);
         }
-        (1..self.devices.len()).find(|&i| {
-            let plain = ctl.sb.devices.get(i).is_some_and(|e| e.legs.is_empty() && !e.removed && !e.spare);
-            named(i) && plain && self.devices[i].rebuild_slot().is_some_and(|s| s.is_replacing() || !s.degraded())
-        })
+        (1..self.devices.len())
+            .find(|&i| named(i) && ctl.sb.devices.get(i).is_some_and(|e| e.legs.is_empty() && !e.removed && !e.spare))
     }
 
     /// Every reason present member `index` cannot be replaced by `dev`.
@@ -145,7 +143,10 @@ impl Pool {
         self.check_writable()?;
         self.refuse_replace_present(index, dev.as_ref())?;
         let Some(slot) = self.devices[index].rebuild_slot() else {
-            return refuse(format!("member {index} cannot be replaced online"));
+            return refuse(format!(
+                "member {index} was a spare taken since the pool was opened: restart the server (or run \
+                 `pool replace` offline) to replace it"
+            ));
         };
         // Nothing new lands on the member from now on: what is copied is
         // what the allocator holds once the copy starts.
