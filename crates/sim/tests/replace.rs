@@ -337,3 +337,32 @@ fn a_member_added_online_is_replaced_online() {
     let pool = rig.open();
     verify(&pool, &mut m, &None, "after a reopen");
 }
+
+#[test]
+fn blocks_the_old_device_cannot_read_are_rebuilt_from_their_rows() {
+    let (mut rig, pool, m) = rig(7);
+    let on3 = |v: u32| {
+        let runs = pool.physical_runs(v, View::Head, 0, (VOL / BLOCK) as u64 * 2).unwrap();
+        runs.iter().filter(|r| r.device == 3).map(|r| r.len).sum::<u64>()
+    };
+    let (p3, plain3) = (on3(m.ids[2]), on3(m.ids[0]) + on3(m.ids[1]) + on3(m.ids[3]));
+    assert!(p3 > 50 && plain3 > 50, "member 3 holds parity ({p3}) and other ({plain3}) blocks");
+    // Every data block of member 3 fails its reads from now on.
+    rig.sims[3].fail_range(32 * 4096, 24 * MIB, true, false);
+    start(&mut rig, &pool).unwrap();
+    let r = pool.copy_member(3, &mut |_, _| true).unwrap();
+    // (A clone shares blocks with its origin: `plain3` counts some twice.)
+    let every = r.copied == 0 && r.reconstructed + r.lost == r.blocks;
+    assert!(every && r.reconstructed >= p3 && r.lost > 0, "{r:?} ({p3} parity, {plain3} other)");
+    // The parity volume reads right from the new device, nothing read by
+    // reconstruction; the others' blocks that were there fail (EIO),
+    // never read as something else.
+    rig.sims[3].clear_faults();
+    let before = pool.status().reconstructed_blocks;
+    assert!(read_view(&pool, m.ids[2], View::Head) == m.data[2], "p after the copy");
+    assert_eq!(pool.status().reconstructed_blocks, before, "p read from the new device");
+    let r = pool.check_parity(m.ids[2], false).unwrap();
+    assert_eq!((r.mismatched, r.rebuilt), (0, 0), "{r:?}");
+    let mut buf = vec![0u8; VOL];
+    assert!(pool.read_view(m.ids[1], View::Head, 0, &mut buf).is_err(), "s lost blocks: EIO");
+}
