@@ -366,3 +366,22 @@ fn blocks_the_old_device_cannot_read_are_rebuilt_from_their_rows() {
     let mut buf = vec![0u8; VOL];
     assert!(pool.read_view(m.ids[1], View::Head, 0, &mut buf).is_err(), "s lost blocks: EIO");
 }
+
+#[test]
+fn a_replace_whose_new_device_is_lost_starts_again_with_another() {
+    let (mut rig, pool, mut m) = rig(9);
+    start(&mut rig, &pool).unwrap();
+    let r = pool.copy_member_by(3, 16, &mut |done, _| done < 40).unwrap();
+    assert!(r.stopped);
+    pool.close().unwrap();
+    // The new device is gone: member 3 opens whole on the old one.
+    let lost = rig.news.pop().unwrap();
+    let pool = rig.open();
+    assert_eq!(pool.status().devices[3].state, "ONLINE");
+    verify(&pool, &mut m, &None, "without the new device");
+    start(&mut rig, &pool).unwrap();
+    let r = pool.copy_member(3, &mut |_, _| true).unwrap();
+    assert!(!r.stopped && r.lost == 0, "{r:?}");
+    drop(lost);
+    check_replaced(&rig, pool, &mut m, "replaced by another device", true);
+}

@@ -69,6 +69,9 @@ impl Pool {
 
     /// The device member `index` is being copied onto, if it is.
     pub fn replacing_onto(&self, index: usize) -> Option<String> {
+        // A replace whose new device was missing at open is over: a new
+        // one may start.
+        self.replace_slot_of(index)?;
         let ctl = self.lock_commit();
         ctl.sb.devices.get(index).and_then(|e| e.replacing.as_ref()).map(|r| r.path.clone())
     }
@@ -107,7 +110,7 @@ impl Pool {
             };
             return refuse(format!("member {index} is {what}: only a plain member is replaced"));
         }
-        if let Some(r) = &entry.replacing {
+        if let Some(r) = entry.replacing.as_ref().filter(|_| self.replace_slot_of(index).is_some()) {
             return refuse(format!("member {index} is being replaced by {} already", r.path));
         }
         if self.devices[index].rebuild_slot().is_none_or(|s| s.degraded()) {
