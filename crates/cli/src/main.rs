@@ -342,18 +342,20 @@ enum PoolCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Replace a mirror leg (failed, missing or healthy) and resilver onto the new device, or
-    /// a missing member (UNAVAIL) and rebuild its parity volumes' blocks onto it, online.
+    /// Replace a mirror leg (failed, missing or healthy) and resilver onto the new device, a
+    /// missing member (UNAVAIL) and rebuild its parity volumes' blocks onto it, or a present
+    /// member and copy everything on it onto the new device (which then takes its index; the
+    /// old one loses its pool label), online and resumable.
     Replace {
-        /// The leg to replace (its path as `pool status` shows it, or its uuid), or the missing
-        /// member (its index or recorded path).
+        /// The leg to replace (its path as `pool status` shows it, or its uuid), or the member
+        /// (its index or recorded path; missing or present).
         old: String,
         /// The new device (a file is created with --size if missing).
         new: PathBuf,
         /// Size of the file to create when NEW does not exist.
         #[arg(long, value_parser = size::parse_size)]
         size: Option<u64>,
-        /// Bytes rebuilt per second at most (a parity rebuild; e.g. 50M).
+        /// Bytes rebuilt or copied per second at most (a member's rebuild or copy; e.g. 50M).
         #[arg(long, value_parser = size::parse_size)]
         rate: Option<u64>,
         #[command(flatten)]

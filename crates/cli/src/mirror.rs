@@ -121,7 +121,7 @@ pub fn replace(
     let req = Request::PoolReplace { old, new: crate::absolute(new), rate };
     // The bar's name: a member named by index is rebuilt from parity rows
     // (a path may name either; the name is only the bar's).
-    let mut bar = Progress::new(if is_index { "rebuild" } else { "resilver" });
+    let mut bar = Progress::new(if is_index { "replace" } else { "resilver" });
     let mut started = false;
     let v = crate::admin_progress(pool, &req, &mut |done, total| {
         started = true;
@@ -148,6 +148,9 @@ pub fn execute_replace(
 ) -> Result<serde_json::Value, String> {
     if let Some(index) = pool.member_to_rebuild(old) {
         return execute_rebuild(pool, index, new, rate, progress, abandoned);
+    }
+    if let Some(index) = pool.member_to_replace(old) {
+        return execute_copy(pool, index, new, rate, progress, abandoned);
     }
     let dev = crate::devices::open(Path::new(new), true).map_err(|e| format!("{e:#}"))?;
     let r = pool.replace_leg(old, dev, new, progress).map_err(|e| e.to_string())?;
@@ -196,6 +199,50 @@ fn execute_rebuild(
     Ok(serde_json::json!({
         "member": index, "new": new, "rebuilt_bytes": bytes, "gone_blocks": r.gone, "lost_blocks": r.lost,
         "blocks": r.blocks, "stopped": r.stopped, "resumed": resumed, "seconds": seconds,
+        "mib_per_second": bytes as f64 / 1048576.0 / seconds.max(1e-9),
+    }))
+}
+
+/// Copy present member `index` onto `new` (unless that copy is under way
+/// already: a copy cut by a stop or a crash goes on), at most `rate` bytes
+/// per second; `new` then takes its index and the old device its label off.
+fn execute_copy(
+    pool: &Pool,
+    index: usize,
+    new: &str,
+    rate: Option<u64>,
+    progress: &mut dyn FnMut(u64, u64),
+    abandoned: &dyn Fn() -> bool,
+) -> Result<serde_json::Value, String> {
+    let onto = pool.replacing_onto(index);
+    let resumed = onto.is_some();
+    if let Some(onto) = onto.filter(|o| o.as_str() != new) {
+        return Err(format!("member {index} is being replaced by {onto}: give that device to resume it"));
+    }
+    let old = pool.devices().get(index).map(|d| d.name()).unwrap_or_default();
+    if !resumed {
+        let dev = crate::devices::open(Path::new(new), true).map_err(|e| format!("{e:#}"))?;
+        pool.replace_present(index, dev, new).map_err(|e| e.to_string())?;
+        crate::logging::notice(&format!("member {index} ({old}): being copied onto {new}"));
+    }
+    let started = std::time::Instant::now();
+    let mut go_on = |done: u64, total: u64| {
+        progress(done, total);
+        tarn_engine::scrub::throttle(rate, done * 4096, started);
+        !abandoned()
+    };
+    let r = pool.copy_member(index, &mut go_on).map_err(|e| e.to_string())?;
+    let seconds = started.elapsed().as_secs_f64();
+    let bytes = (r.copied + r.reconstructed) * 4096;
+    crate::logging::notice(&format!(
+        "member {index}: {} copied onto {new} in {seconds:.1}s{}",
+        crate::size::human(bytes),
+        if r.stopped { " (stopped: `pool replace` again resumes it)" } else { "" }
+    ));
+    Ok(serde_json::json!({
+        "member": index, "old": old, "new": new, "copied_bytes": r.copied * 4096,
+        "reconstructed_blocks": r.reconstructed, "lost_blocks": r.lost, "blocks": r.blocks,
+        "stopped": r.stopped, "resumed": resumed, "seconds": seconds,
         "mib_per_second": bytes as f64 / 1048576.0 / seconds.max(1e-9),
     }))
 }

@@ -214,6 +214,22 @@ pub fn replaced(v: &Value) -> String {
             if v["stopped"] == true { "; stopped, `pool replace` again resumes it" } else { "" }
         );
     }
+    if v.get("reconstructed_blocks").is_some() {
+        let (rec, lost) = (v["reconstructed_blocks"].as_u64().unwrap_or(0), v["lost_blocks"].as_u64().unwrap_or(0));
+        return format!(
+            "member {} ({}) {} {}: {} copied in {:.1}s ({:.0} MiB/s){}{}{}\n",
+            v["member"],
+            v["old"].as_str().unwrap_or("?"),
+            if v["stopped"] == true { "being replaced by" } else { "replaced by" },
+            v["new"].as_str().unwrap_or("?"),
+            b(&v["copied_bytes"]),
+            v["seconds"].as_f64().unwrap_or(0.0),
+            v["mib_per_second"].as_f64().unwrap_or(0.0),
+            if rec > 0 { format!("; {rec} unreadable blocks rebuilt from their parity rows") } else { String::new() },
+            if lost > 0 { format!("; {lost} unreadable blocks lost") } else { String::new() },
+            if v["stopped"] == true { "; stopped, `pool replace` again resumes it" } else { "" }
+        );
+    }
     format!(
         "replaced {} with {} (member {} leg {}): resilvered {} in {:.1}s ({:.0} MiB/s)\n",
         v["old"].as_str().unwrap_or("?"),

@@ -36,6 +36,7 @@ pub use pool::{DeviceStatus, OpenOptions, Pool, PoolStatus, VolumeInfo, DEFAULT_
 pub use service::grow::AddReport;
 pub use service::open::{create_mirrored_pool, create_pool, CreateOptions};
 pub use service::rebuild::RebuildReport;
+pub use service::replace::CopyReport;
 pub use service::resilver::ReplaceReport;
 pub use service::{Service, ServiceOptions};
 pub use space::expansion::Expansion;

@@ -119,6 +119,15 @@ pub mod incompat {
     /// *Catalog*, inline dead lists). An older tarn would refuse the
     /// catalog (an empty root with extents).
     pub const INLINE_DEAD_LISTS: u64 = 1 << 19;
+    /// A present member is being copied onto a new device (`tarn pool
+    /// replace` of a member that is still there): its device table entry
+    /// has state byte 5 (with EVACUATION) followed by `copied u64`, the new
+    /// device's `uuid[16]` and its `path` (u16 length, UTF-8), docs/FORMAT.md
+    /// *Members being replaced*. An older reader would not know that the
+    /// new device, not the old one, is the member once the copy ends, nor
+    /// find it. Set by the superblock rewrite that starts a replace,
+    /// cleared by the one that ends the last.
+    pub const REPLACE: u64 = 1 << 22;
     /// Features this build understands.
     pub const KNOWN: u64 = SNAPSHOTS
         | DATA_CHECKSUMS
@@ -139,7 +148,8 @@ pub mod incompat {
         | PARITY
         | FS_VERSION_RECORDS
         | REBUILD
-        | INLINE_DEAD_LISTS;
+        | INLINE_DEAD_LISTS
+        | REPLACE;
 }
 
 /// Superblock flag: a pool with mirrors is open for writing (set before its
@@ -179,6 +189,24 @@ pub struct DeviceEntry {
     /// the rest is rebuilt yet. Encoded as state byte 4 followed by `n
     /// u64`, only with REBUILD; never with `draining`, `removed`, `spare`.
     pub rebuilt: Option<u64>,
+    /// Being copied onto a new device while still present (`tarn pool
+    /// replace` of a present member). Encoded as state byte 5 followed by
+    /// the [`Replacement`], only with REPLACE; never with `draining`,
+    /// `removed`, `spare`, `rebuilt` nor a leg list, never entry 0.
+    pub replacing: Option<Replacement>,
+}
+
+/// The new device a present member is being copied onto.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Replacement {
+    /// Blocks [0, copied) of the new device hold what the member holds
+    /// (the label area is the new device's own).
+    pub copied: u64,
+    /// The uuid the new device's member label carries; the entry's once
+    /// the copy ends.
+    pub uuid: [u8; 16],
+    /// Where the new device was given (a hint; identity is the uuid).
+    pub path: String,
 }
 
 /// Whether a mirror leg holds every byte of its slot.
@@ -299,14 +327,23 @@ impl Superblock {
                     _ if d.removed => 2,
                     _ if d.spare => 3,
                     _ if d.rebuilt.is_some() => 4,
+                    _ if d.replacing.is_some() => 5,
                     _ => u8::from(d.draining),
                 });
                 if let Some(n) = d.rebuilt {
                     w.u64(n);
                 }
+                if let Some(r) = &d.replacing {
+                    assert!(self.incompat & incompat::REPLACE != 0, "a replace needs REPLACE");
+                    assert!(r.path.len() <= MAX_PATH_LEN);
+                    w.u64(r.copied);
+                    w.bytes(&r.uuid);
+                    w.u16(r.path.len() as u16);
+                    w.bytes(r.path.as_bytes());
+                }
             } else {
                 assert!(
-                    !d.draining && !d.removed && !d.spare && d.rebuilt.is_none(),
+                    !d.draining && !d.removed && !d.spare && d.rebuilt.is_none() && d.replacing.is_none(),
                     "a draining member needs the EVACUATION feature"
                 );
             }
@@ -388,6 +425,7 @@ impl Superblock {
             let path = String::from_utf8(r.take(len)?.to_vec()).map_err(|_| r.bad("path_utf8", 0))?;
             let legs = if incompat & incompat::MIRRORS != 0 { decode_legs(&mut r)? } else { Vec::new() };
             let mut rebuilt = None;
+            let mut replacing = None;
             let (draining, removed, spare) = match incompat & incompat::EVACUATION != 0 {
                 false => (false, false, false),
                 true => match r.u8()? {
@@ -403,6 +441,10 @@ impl Superblock {
                         rebuilt = Some(n);
                         (false, false, false)
                     }
+                    5 if incompat & incompat::REPLACE != 0 => {
+                        replacing = Some(decode_replacement(&mut r, blocks)?);
+                        (false, false, false)
+                    }
                     v => return Err(r.bad("member_state", u64::from(v))),
                 },
             };
@@ -413,7 +455,18 @@ impl Superblock {
                     b => Some(PolicyCode::from_byte(b).ok_or_else(|| r.bad("device placement", u64::from(b)))?),
                 },
             };
-            sb.devices.push(DeviceEntry { uuid, blocks, path, legs, draining, removed, placement, spare, rebuilt });
+            sb.devices.push(DeviceEntry {
+                uuid,
+                blocks,
+                path,
+                legs,
+                draining,
+                removed,
+                placement,
+                spare,
+                rebuilt,
+                replacing,
+            });
         }
         sb.validate()?;
         Ok(sb)
@@ -450,7 +503,7 @@ impl Superblock {
         }
         // Removed slots, spares and rebuilds are a state byte, which only
         // EVACUATION encodes.
-        let states = incompat::REMOVAL | incompat::SPARES | incompat::REBUILD;
+        let states = incompat::REMOVAL | incompat::SPARES | incompat::REBUILD | incompat::REPLACE;
         if self.incompat & states != 0 && self.incompat & incompat::EVACUATION == 0 {
             return Err(bad("incompat", self.incompat));
         }
@@ -466,6 +519,11 @@ impl Superblock {
         if self.devices.iter().any(|d| d.rebuilt.is_some() && !d.legs.is_empty()) {
             return Err(bad("member_state", 4));
         }
+        // Nor replaced (its journal is not copied), and a replaced member
+        // is one plain device.
+        if self.devices.iter().enumerate().any(|(i, d)| d.replacing.is_some() && (i == 0 || !d.legs.is_empty())) {
+            return Err(bad("member_state", 5));
+        }
         // A spare holds no leg list: it is one device.
         if self.devices.iter().any(|d| d.spare && !d.legs.is_empty()) {
             return Err(bad("member_state", 3));
@@ -479,7 +537,13 @@ impl Superblock {
         let mirrors = self.incompat & incompat::MIRRORS != 0;
         let state = usize::from(self.incompat & incompat::EVACUATION != 0)
             + usize::from(self.incompat & incompat::DEVICE_PLACEMENT != 0);
-        let cursor = |d: &DeviceEntry| if d.rebuilt.is_some() { 8 } else { 0 };
+        let cursor = |d: &DeviceEntry| {
+            if d.rebuilt.is_some() {
+                8
+            } else {
+                d.replacing.as_ref().map_or(0, |r| 8 + 16 + 2 + r.path.len())
+            }
+        };
         176 + self
             .devices
             .iter()
@@ -499,6 +563,22 @@ impl Superblock {
     pub fn first_segment(&self) -> Option<Pba> {
         (self.checkpoint.first_segment != 0).then_some(Pba(self.checkpoint.first_segment))
     }
+}
+
+/// State 5's tail: `copied u64` (at most the member's `blocks`), the new
+/// device's `uuid[16]`, `path_len u16` and its UTF-8 path.
+fn decode_replacement(r: &mut crate::codec::Reader<'_>, blocks: u64) -> Result<Replacement> {
+    let copied = r.u64()?;
+    if copied > blocks {
+        return Err(r.bad("copied", copied));
+    }
+    let uuid = r.array()?;
+    let len = usize::from(r.u16()?);
+    if len > MAX_PATH_LEN {
+        return Err(r.bad("replacement path_len", len as u64));
+    }
+    let path = String::from_utf8(r.take(len)?.to_vec()).map_err(|_| r.bad("replacement path_utf8", 0))?;
+    Ok(Replacement { copied, uuid, path })
 }
 
 /// `leg_count u8` (0 or 2..=MAX_LEGS), then per leg `uuid[16]`, `state u8`,
@@ -581,6 +661,7 @@ mod tests {
                 placement: None,
                 spare: false,
                 rebuilt: None,
+                replacing: None,
             }],
         }
     }
@@ -639,6 +720,7 @@ mod tests {
                 placement: None,
                 spare: false,
                 rebuilt: None,
+                replacing: None,
             }],
         };
         let bytes = sb.encode(16);
@@ -753,10 +835,11 @@ mod tests {
         let mut sb = sample();
         sb.incompat = 1 << 40;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        // Bits 0-19 are known here; bit 20 is not.
+        // Bits 0-19 and 22 are known here; bit 20 is not.
         sb.incompat = 1 << 20;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        assert_eq!(incompat::KNOWN, (1 << 20) - 1);
+        assert_eq!(incompat::KNOWN, ((1 << 20) - 1) | incompat::REPLACE);
+        assert_eq!(incompat::REPLACE, 1 << 22);
         assert_eq!(incompat::COARSE_SUMS, 1 << 13);
         sb.incompat = incompat::COARSE_SUMS;
         let b = sb.encode(0);
@@ -865,6 +948,7 @@ mod tests {
             placement: None,
             spare: false,
             rebuilt: None,
+            replacing: None,
         });
         let b = sb.encode(0);
         assert_eq!(&b[16..24], &[0xA0, 0, 0, 0, 0, 0, 0, 0]);
@@ -1011,6 +1095,56 @@ mod tests {
         // The primary is never rebuilt.
         let mut p = sb.clone();
         p.devices[0].rebuilt = Some(0);
+        assert!(Superblock::decode(&p.encode(0), 0).is_err());
+    }
+
+    /// Incompat bit 22 (REPLACE, docs/FORMAT.md): byte 18 of the
+    /// superblock is 0x40 and a member being replaced has state byte 5,
+    /// then `copied` (u64 little-endian), the new device's uuid and its
+    /// path (u16 length, bytes).
+    #[test]
+    fn golden_replace_state() {
+        let mut sb = sample();
+        sb.incompat = incompat::EVACUATION | incompat::REPLACE;
+        let replacing = Replacement { copied: 0x0123, uuid: [7; 16], path: "n1".into() };
+        sb.devices.push(DeviceEntry {
+            uuid: [3; 16],
+            blocks: 4096,
+            path: "d1".into(),
+            replacing: Some(replacing),
+            ..Default::default()
+        });
+        let b = sb.encode(0);
+        assert_eq!(&b[16..24], &[0x80, 0, 0x40, 0, 0, 0, 0, 0]);
+        let e1 = 176 + 16 + 8 + 2 + 13 + 1;
+        assert_eq!(&b[e1..e1 + 16], &[3; 16]);
+        assert_eq!(&b[e1 + 24..e1 + 28], &[2, 0, b'd', b'1']);
+        assert_eq!(b[e1 + 28], 5);
+        assert_eq!(&b[e1 + 29..e1 + 37], &[0x23, 0x01, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(&b[e1 + 37..e1 + 53], &[7; 16]);
+        assert_eq!(&b[e1 + 53..e1 + 57], &[2, 0, b'n', b'1']);
+        assert_eq!(b[e1 + 57], 0);
+        assert_eq!(sb.encoded_len(), e1 + 57);
+        assert_eq!(Superblock::decode(&b, 0).unwrap(), sb);
+        // State 5 without REPLACE is refused (an older reader's view).
+        let mut bad = b.clone();
+        bad[18] = 0;
+        assert!(Superblock::decode(&reseal(bad), 0).is_err());
+        // REPLACE without EVACUATION is refused (no state bytes to carry it).
+        let mut bad = b.clone();
+        bad[16] = 0;
+        assert!(Superblock::decode(&reseal(bad), 0).is_err());
+        // A count past the device's blocks is refused.
+        let mut bad = b.clone();
+        bad[e1 + 30] = 0x20;
+        assert!(Superblock::decode(&reseal(bad), 0).is_err());
+        // A path longer than the rest of the superblock is refused.
+        let mut bad = b.clone();
+        bad[e1 + 54] = 0x10;
+        assert!(Superblock::decode(&reseal(bad), 0).is_err());
+        // The primary is never replaced this way.
+        let mut p = sb.clone();
+        p.devices[0].replacing = p.devices[1].replacing.clone();
         assert!(Superblock::decode(&p.encode(0), 0).is_err());
     }
 }

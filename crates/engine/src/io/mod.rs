@@ -20,9 +20,9 @@ use tarn_format::{Pba, BLOCK_SIZE};
 use tarn_store::StoreError;
 
 mod parity;
-pub(crate) use parity::{parity_of_row, row_of};
+pub(crate) use parity::{parity_of_row, row_of, row_peers, xor_into};
 
-const BS: usize = BLOCK_SIZE as usize;
+pub(crate) const BS: usize = BLOCK_SIZE as usize;
 /// Largest single request the engine accepts (matches the NBD maximum).
 pub const MAX_IO_BYTES: u64 = 32 << 20;
 /// Segments one block-status answer may carry.

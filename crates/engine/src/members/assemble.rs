@@ -11,7 +11,7 @@ use crate::error::{EngineError, Result};
 use crate::members::mirror::{Leg, LegHealth, MirrorDevice};
 use std::sync::Arc;
 use tarn_format::leg::{LegLabel, LEG_LABEL_BLOCK};
-use tarn_format::superblock::{DeviceEntry, LegState, Superblock};
+use tarn_format::superblock::{DeviceEntry, LegState, Superblock, LABEL_BLOCKS};
 use tarn_format::BLOCK_SIZE;
 
 /// The members, ready for the pool.
@@ -160,14 +160,78 @@ fn assemble_plain(
         ));
         return Ok(Arc::new(RebuildSlot::missing(i, &entry.path)));
     }
+    if entry.replacing.is_some() {
+        return assemble_replacing(i, entry, found, notes);
+    }
     let [dev] = <[_; 1]>::try_from(found).map_err(|f: Vec<_>| {
         EngineError::InvalidArgument(format!("member {i} is not a mirror: one device, not {}", f.len()))
     })?;
-    let Some(n) = entry.rebuilt else { return Ok(dev) };
+    let Some(n) = entry.rebuilt else {
+        // The primary stays bare (it is never replaced: its journal);
+        // any other member may be replaced online (`service/replace.rs`).
+        return Ok(if i == 0 { dev } else { Arc::new(RebuildSlot::whole(i, dev)) });
+    };
     let note = format!("member {i} ({}) is being rebuilt from parity rows: done below block {n}", dev.name());
     log::warn!("{note}");
     notes.push(note);
     Ok(Arc::new(RebuildSlot::rebuilding(i, dev, n)))
+}
+
+/// A present member being copied onto a new device: the devices found
+/// (the recorded old and new paths) told apart by their labels' uuids.
+/// Without the new device the member opens whole on the old one (a `pool
+/// replace` starts the copy again); without the old one, as being rebuilt
+/// from parity rows on the new one past what was copied.
+fn assemble_replacing(
+    i: usize,
+    entry: &DeviceEntry,
+    found: Vec<Arc<dyn Device>>,
+    notes: &mut Vec<String>,
+) -> Result<Arc<dyn Device>> {
+    let Some(r) = &entry.replacing else { return Err(EngineError::Inconsistent(format!("member {i}: no replace"))) };
+    let uuid_of = |d: &Arc<dyn Device>| read_label(d.as_ref()).ok().map(|l| l.current.device_uuid);
+    let old = found.iter().find(|d| uuid_of(d) == Some(entry.uuid)).cloned();
+    let new = found.iter().find(|d| uuid_of(d) == Some(r.uuid)).cloned();
+    let note = match (old, new) {
+        (Some(old), Some(new)) => {
+            let note = format!(
+                "member {i} ({}) is being replaced by {}: copied below block {}",
+                old.name(),
+                new.name(),
+                r.copied
+            );
+            log::warn!("{note}");
+            notes.push(note);
+            return Ok(Arc::new(RebuildSlot::replacing(i, old, new, LABEL_BLOCKS, r.copied)));
+        }
+        (Some(old), None) => {
+            notes.push(format!(
+                "member {i} ({}) was being replaced by {}, which is missing: `tarn pool replace {i} NEW` starts again",
+                old.name(),
+                r.path
+            ));
+            return Ok(Arc::new(RebuildSlot::whole(i, old)));
+        }
+        (None, Some(new)) => {
+            let note = format!(
+                "member {i} ({}) is missing while being replaced: the rest is rebuilt from parity rows onto {} (from block {})",
+                entry.path,
+                new.name(),
+                r.copied
+            );
+            (note, new)
+        }
+        (None, None) => {
+            notes.push(format!(
+                "member {i} ({}) and its replacement {} are MISSING: the pool is DEGRADED",
+                entry.path, r.path
+            ));
+            return Ok(Arc::new(RebuildSlot::missing(i, &entry.path)));
+        }
+    };
+    log::warn!("{}", note.0);
+    notes.push(note.0);
+    Ok(Arc::new(RebuildSlot::replacing_without_old(i, note.1, LABEL_BLOCKS, r.copied)))
 }
 
 /// Match the devices found to the slot's legs by their leg labels.

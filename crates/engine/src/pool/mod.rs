@@ -612,6 +612,10 @@ impl<G> Drop for Held<G> {
 /// are evicted as fast as they are fetched).
 const MAX_FETCHES: usize = 64;
 
+/// Member states of a pool that is whole (not DEGRADED): a spare, even
+/// one missing, holds no data; a member being replaced is all there.
+const WHOLE_STATES: [&str; 6] = ["ONLINE", "DRAINING", "REMOVED", "SPARE", "MISSING", "REPLACING"];
+
 impl Pool {
     pub(crate) fn read_inner(&self) -> RwLockReadGuard<'_, Inner> {
         self.inner.read().unwrap_or_else(|p| p.into_inner())
@@ -773,7 +777,7 @@ impl Pool {
         let nodes = used_blocks.saturating_sub(inner.state.mapped_blocks() + freeing + inflight) * BLOCK_SIZE;
         let devices = self.device_statuses(&ctl, &inner);
         // A spare, even one missing, holds no data: the pool is whole without it.
-        let whole = devices.iter().all(|d| matches!(d.state, "ONLINE" | "DRAINING" | "REMOVED" | "SPARE" | "MISSING"));
+        let whole = devices.iter().all(|d| WHOLE_STATES.contains(&d.state));
         let state = if whole { "ONLINE" } else { "DEGRADED" };
         // Walks the free ranges under the read lock: O(fragments).
         let outside = inner.space.free_in_partial_regions(inner.region_blocks).unwrap_or(0);
@@ -857,6 +861,7 @@ impl Pool {
                     // A member holding data whose device was not found.
                     _ if d.missing_member() => "UNAVAIL",
                     // A new device being rebuilt from parity rows.
+                    _ if d.rebuild_slot().is_some_and(|s| s.is_replacing()) => "REPLACING",
                     _ if d.degraded() => "REBUILDING",
                     _ => self.member_state(inner, i),
                 };

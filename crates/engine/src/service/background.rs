@@ -121,6 +121,10 @@ impl Service {
         if !rebuilding.is_empty() && !service.pool.is_read_only() {
             service.spawn("rebuild", move |pool, stop| run_rebuild(pool, &rebuilding, stop));
         }
+        let replacing = service.pool.replacing_members();
+        if !replacing.is_empty() && !service.pool.is_read_only() {
+            service.spawn("replace", move |pool, stop| run_replace(pool, &replacing, stop));
+        }
         let pending = service.pool.resync_pending();
         if pending > 0 {
             service.spawn("resync", move |pool, stop| run_region_resync(pool, pending, stop));
@@ -369,6 +373,21 @@ fn run_rebuild(pool: &Pool, members: &[usize], stop: &Stop) {
             }
             Ok(_) => log::warn!("member {i}: rebuild stopped; it resumes at the next start"),
             Err(e) => log::error!("member {i}: background rebuild failed (run `tarn pool replace {i} DEVICE`): {e}"),
+        }
+    }
+}
+
+/// Go on copying the members a crash or a stop left half replaced (`tarn
+/// pool replace` of a present member), unthrottled, until done or stopped.
+fn run_replace(pool: &Pool, members: &[usize], stop: &Stop) {
+    for &i in members {
+        log::warn!("member {i} is being replaced: the copy resumes in the background");
+        match pool.copy_member(i, &mut |_, _| !stop.is_set()) {
+            Ok(r) if !r.stopped => {
+                log::warn!("member {i}: replaced in the background ({} MiB copied)", (r.copied * 4096) >> 20)
+            }
+            Ok(_) => log::warn!("member {i}: replace stopped; it resumes at the next start"),
+            Err(e) => log::error!("member {i}: background replace failed (run `tarn pool replace {i} DEVICE`): {e}"),
         }
     }
 }

@@ -62,6 +62,7 @@ impl Pool {
             removed: false,
             spare,
             rebuilt: None,
+            replacing: None,
         };
         let mut label = member_label(&ctl.sb, &entry, index);
         label.created_unix = ctl.sb.created_unix;
@@ -77,7 +78,13 @@ impl Pool {
         write_both_labels(dev.as_ref(), &label)
             .and_then(|()| dev.flush().map_err(|e| EngineError::io("flush superblock", dev.name(), e)))
             .map_err(|e| refine_write_error(e, dev.as_ref()))?;
-        if self.devices.push(dev.clone()) != Some(index) {
+        // A member (not a spare) in a slot a present-member replace can
+        // use, as members are at open (`service/replace.rs`).
+        let slot: Arc<dyn Device> = match spare {
+            true => dev.clone(),
+            false => Arc::new(crate::device::rebuild_slot::RebuildSlot::whole(index, dev.clone())),
+        };
+        if self.devices.push(slot) != Some(index) {
             return Err(EngineError::InvalidArgument("device table full".into()));
         }
         // A spare's area is empty: nothing is allocated there, and its

@@ -154,6 +154,7 @@ impl NewPool {
             placement: None,
             spare: false,
             rebuilt: None,
+            replacing: None,
         };
         let label = Superblock {
             version: FORMAT_VERSION,
@@ -311,7 +312,10 @@ impl Pool {
         let primary = &devices[0];
         let sb = label.current.clone();
         for (i, dev) in devices.iter().enumerate().skip(1).filter(|(i, _)| !sb.devices[*i].spare) {
-            if mirrors[i].is_none() && !sb.devices[i].removed && !dev.missing_member() {
+            // A member being replaced had its two devices told apart by
+            // their labels at assembly.
+            let replacing = sb.devices[i].replacing.is_some();
+            if mirrors[i].is_none() && !sb.devices[i].removed && !dev.missing_member() && !replacing {
                 verify_member(&sb, i, dev.as_ref())?;
             }
         }
@@ -440,7 +444,11 @@ impl Pool {
             .map(|d| match () {
                 // Nothing to open for a removed slot.
                 _ if d.removed => Vec::new(),
-                _ if d.legs.is_empty() => vec![d.path],
+                // A member being replaced: the old device, then the new.
+                _ if d.legs.is_empty() => match d.replacing {
+                    Some(r) => vec![d.path, r.path],
+                    None => vec![d.path],
+                },
                 _ => d.legs.into_iter().map(|l| l.path).collect(),
             })
             .collect())

@@ -20,18 +20,25 @@ use crate::device::label::{read_label, uuid_string, write_both_labels};
 use crate::device::rebuild_slot::{RebuildSlot, WHOLE};
 use crate::device::Device;
 use crate::error::{EngineError, Result};
+use crate::io::{xor_into, BS};
 use crate::map::extent_map::Segment;
+use crate::map::sums::{block_sum, BlockSum};
 use crate::map::view::View;
 use crate::pool::Pool;
 use crate::service::grow::member_label;
 use crate::service::open::random_bytes;
 use crate::volumes::evacuate::{on_member, LiveRun};
 use std::sync::Arc;
+use tarn_format::stripe::Parity;
 use tarn_format::superblock::incompat;
 use tarn_format::BLOCK_SIZE;
 
 /// Blocks rebuilt between two cursor records (4 MiB).
 const STEP_BLOCKS: u64 = 1024;
+/// Pieces (units on the member) whose rows are read ahead at once.
+const PREFETCH_PIECES: usize = 256;
+/// Most blocks of a volume's data (or parity) area one read-ahead spans.
+const PREFETCH_SPAN: u64 = 16384;
 
 /// What `Pool::rebuild_member` did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -49,6 +56,25 @@ pub struct RebuildReport {
     pub stopped: bool,
 }
 
+/// `runs` (in address order) from block `from` on, cut where a parity
+/// unit ends (`unit(vol)`: its unit in blocks; a volume gone: whole), so
+/// that each piece's blocks share one row.
+fn unit_pieces(runs: &[LiveRun], from: u64, unit: impl Fn(u32) -> Option<u64>) -> Vec<LiveRun> {
+    let mut out = Vec::new();
+    for r in runs {
+        let skip = from.saturating_sub(r.pba.block()).min(r.len);
+        let (mut lba, mut pba, mut left) = (r.lba + skip, r.pba.offset_by(skip), r.len - skip);
+        let u = unit(r.vol).unwrap_or(u64::MAX).max(1);
+        // Bounded by the run's length: each pass takes at least a block.
+        while left > 0 {
+            let n = left.min(u - lba % u);
+            out.push(LiveRun { lba, pba, len: n, ..*r });
+            (lba, pba, left) = (lba + n, pba.offset_by(n), left - n);
+        }
+    }
+    out
+}
+
 /// The named refusal.
 fn refuse<T>(why: String) -> Result<T> {
     Err(EngineError::InvalidArgument(why))
@@ -58,7 +84,7 @@ impl Pool {
     /// The slot of member `index` if it is missing or being rebuilt (a
     /// slot whose rebuild ended is a whole member: not returned).
     fn rebuild_slot_of(&self, index: usize) -> Option<&RebuildSlot> {
-        self.devices.get(index).and_then(|d| d.rebuild_slot()).filter(|s| s.degraded())
+        self.devices.get(index).and_then(|d| d.rebuild_slot()).filter(|s| s.degraded() && !s.is_replacing())
     }
 
     /// Whether member `index` is being rebuilt (a new device in place).
@@ -241,38 +267,33 @@ impl Pool {
         };
         let from = slot.rebuilt();
         let runs = self.runs_to_rebuild(index, from)?;
-        let mut report = RebuildReport { index, blocks: runs.iter().map(|r| r.len).sum(), ..Default::default() };
+        let blocks = runs.iter().map(|r| r.len - from.saturating_sub(r.pba.block()).min(r.len)).sum();
+        let mut report = RebuildReport { index, blocks, ..Default::default() };
         let mut step = 0;
-        // Bounded by the runs listed (each block once).
-        for run in &runs {
-            for i in 0..run.len {
-                let (lba, pba) = (run.lba + i, run.pba.offset_by(i));
-                if pba.block() < from {
-                    continue;
-                }
-                match self.rebuild_block(slot, run, lba, pba) {
-                    Ok(true) => report.rebuilt += 1,
-                    Ok(false) => report.gone += 1,
-                    // Another unit of its row is lost too (a row placed
-                    // with two units on this member): it stays unreadable
-                    // (its checksum fails on the new device: EIO).
-                    Err(e @ (EngineError::Io { .. } | EngineError::Inconsistent(_) | EngineError::Checksum { .. })) => {
-                        log::error!("member {index}: volume {} block {lba} cannot be rebuilt: {e}", run.vol);
-                        report.lost += 1;
-                    }
-                    Err(e) => return Err(e),
-                }
-                // Reads may use what is written (durable or not: a crash
-                // forgets this cursor too); a later block's row may need it.
-                slot.advance(pba.block() + 1);
-                step += 1;
-                if step >= step_blocks {
-                    step = 0;
-                    self.rebuild_step_done(index, slot, pba.block() + 1)?;
-                    if !go_on(report.rebuilt + report.gone + report.lost, report.blocks) {
-                        report.stopped = true;
-                        return Ok(report);
-                    }
+        // Bounded by the runs listed (each block once), cut at unit ends.
+        let pieces = unit_pieces(&runs, from, |v| self.parity_of(v).map(|(p, _)| p.unit_blocks()));
+        for (i, piece) in pieces.iter().enumerate() {
+            if i % PREFETCH_PIECES == 0 {
+                self.prefetch_rows(index, &pieces[i..(i + PREFETCH_PIECES).min(pieces.len())]);
+            }
+            let (counts, lost) = self.rebuild_piece(slot, piece)?;
+            report.rebuilt += counts.0;
+            report.gone += counts.1;
+            for lba in lost {
+                log::error!("member {index}: volume {} block {lba} cannot be rebuilt", piece.vol);
+                report.lost += 1;
+            }
+            // Reads may use what is written (durable or not: a crash
+            // forgets this cursor too); a later block's row may need it.
+            let end = piece.pba.block() + piece.len;
+            slot.advance(end);
+            step += piece.len;
+            if step >= step_blocks {
+                step = 0;
+                self.rebuild_step_done(index, slot, end)?;
+                if !go_on(report.rebuilt + report.gone + report.lost, report.blocks) {
+                    report.stopped = true;
+                    return Ok(report);
                 }
             }
         }
@@ -297,7 +318,13 @@ impl Pool {
     /// any more (rewritten or moved since the list was taken). A head
     /// block overwritten since then may live on in a snapshot's dead list
     /// at the same address: the snapshots are looked at too.
-    fn rebuild_block(&self, slot: &RebuildSlot, run: &LiveRun, lba: u64, pba: tarn_format::Pba) -> Result<bool> {
+    pub(crate) fn rebuild_block(
+        &self,
+        slot: &RebuildSlot,
+        run: &LiveRun,
+        lba: u64,
+        pba: tarn_format::Pba,
+    ) -> Result<bool> {
         let Some(layout) = self.parity_of(run.vol) else { return Ok(false) };
         let _row = self.lock_row(run.vol, crate::io::row_of(layout.0, layout.1, lba));
         let _gate = self.io_gate.read().unwrap_or_else(|e| e.into_inner());
@@ -319,11 +346,134 @@ impl Pool {
             };
             if still {
                 let (data, _) = self.block_from_row(run.vol, view, layout, lba)?;
-                slot.write_at(&data, pba.byte_offset()).map_err(|e| EngineError::io("rebuild", slot.name(), e))?;
+                // A member being replaced: the new device only (the old one
+                // could not read it; `service/replace.rs`).
+                let written = match slot.is_replacing() {
+                    true => slot.write_new(&data, pba.byte_offset()),
+                    false => slot.write_at(&data, pba.byte_offset()),
+                };
+                written.map_err(|e| EngineError::io("rebuild", slot.name(), e))?;
                 return Ok(true);
             }
         }
         Ok(false)
+    }
+
+    /// Start reading, on every other member, the rows `pieces` lie in: per
+    /// volume and view, the data and parity areas of those rows are looked
+    /// up at once and each member's adjacent blocks hinted as one range, so
+    /// the rows' units are then read from the page cache. A hint: a span
+    /// too wide (rows far apart) or a failed lookup just skips it.
+    fn prefetch_rows(&self, index: usize, pieces: &[LiveRun]) {
+        let mut groups: std::collections::BTreeMap<(u32, u64), (u64, u64)> = Default::default();
+        for piece in pieces {
+            let Some((p, blocks)) = self.parity_of(piece.vol) else { continue };
+            let row = crate::io::row_of(p, blocks, piece.lba);
+            let e = groups.entry((piece.vol, piece.snap)).or_insert((row, row));
+            *e = (e.0.min(row), e.1.max(row));
+        }
+        let mut ranges: Vec<(tarn_format::Pba, u64)> = Vec::new();
+        for ((vol, snap), (first, last)) in groups {
+            let Some((p, blocks)) = self.parity_of(vol) else { continue };
+            let view = if snap == 0 { View::Head } else { View::Snapshot(snap) };
+            let rows = last - first + 1;
+            let data = (first * p.row_blocks(), rows * p.row_blocks());
+            let parity = (p.parity_start(blocks) + first * p.unit_blocks(), rows * p.unit_blocks());
+            for (lba, len) in [data, parity].into_iter().filter(|r| r.1 <= PREFETCH_SPAN) {
+                let Ok(segs) = self.resolve(vol, view, lba, len) else { continue };
+                for seg in segs {
+                    let Segment::Mapped { pba, len, .. } = seg else { continue };
+                    if usize::from(pba.device()) == index {
+                        continue;
+                    }
+                    match ranges.iter_mut().find(|(p, l)| p.device() == pba.device() && p.offset_by(*l) == pba) {
+                        Some(r) => r.1 += len,
+                        None => ranges.push((pba, len)),
+                    }
+                }
+            }
+        }
+        for (pba, len) in ranges {
+            self.devices[usize::from(pba.device())].prefetch(pba.byte_offset(), len * BLOCK_SIZE);
+        }
+    }
+
+    /// Rebuild `piece` (blocks of one unit of one row, consecutive on the
+    /// member) under its row's lock: each of the row's other units read
+    /// once for the whole piece, XORed, every block checked against its
+    /// checksum, written with one write. Returns (rebuilt, gone) and the
+    /// blocks that could not be rebuilt. Anything unusual (the piece
+    /// mapped in part, a peer unreadable, a coarse checksum) goes block by
+    /// block ([`Pool::rebuild_block`]), which says what each block is.
+    fn rebuild_piece(&self, slot: &RebuildSlot, piece: &LiveRun) -> Result<((u64, u64), Vec<u64>)> {
+        let Some(layout) = self.parity_of(piece.vol) else { return Ok(((0, piece.len), Vec::new())) };
+        let fast = {
+            let _row = self.lock_row(piece.vol, crate::io::row_of(layout.0, layout.1, piece.lba));
+            let _gate = self.io_gate.read().unwrap_or_else(|e| e.into_inner());
+            self.piece_from_row(piece, layout)?
+        };
+        if let Some(data) = fast {
+            let written = match slot.is_replacing() {
+                true => slot.write_new(&data, piece.pba.byte_offset()),
+                false => slot.write_at(&data, piece.pba.byte_offset()),
+            };
+            written.map_err(|e| EngineError::io("rebuild", slot.name(), e))?;
+            return Ok(((piece.len, 0), Vec::new()));
+        }
+        let (mut counts, mut lost) = ((0, 0), Vec::new());
+        for i in 0..piece.len {
+            match self.rebuild_block(slot, piece, piece.lba + i, piece.pba.offset_by(i)) {
+                Ok(true) => counts.0 += 1,
+                Ok(false) => counts.1 += 1,
+                // Another unit of its row is lost too (a row placed with
+                // two units on this member): it stays unreadable (its
+                // checksum fails on the new device: EIO).
+                Err(EngineError::Io { .. } | EngineError::Inconsistent(_) | EngineError::Checksum { .. }) => {
+                    lost.push(piece.lba + i)
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((counts, lost))
+    }
+
+    /// The piece's blocks from the rest of their row, if the view named
+    /// maps the whole piece where it was listed, every peer unit reads
+    /// and every block matches its own (per-block) checksum; else None.
+    fn piece_from_row(&self, piece: &LiveRun, (p, blocks): (Parity, u64)) -> Result<Option<Vec<u8>>> {
+        let view = if piece.snap == 0 { View::Head } else { View::Snapshot(piece.snap) };
+        let summed = match self.resolve_summed(piece.vol, view, piece.lba, piece.len) {
+            Ok(s) => s,
+            Err(EngineError::VolumeGone(_) | EngineError::NoSuchSnapshot { .. } | EngineError::OutOfRange { .. }) => {
+                return Ok(None)
+            }
+            Err(e) => return Err(e),
+        };
+        let [(Segment::Mapped { pba, len, .. }, sums)] = summed.as_slice() else { return Ok(None) };
+        if *pba != piece.pba || *len != piece.len {
+            return Ok(None);
+        }
+        let n = piece.len as usize * BS;
+        let mut out = vec![0u8; n];
+        let mut peer = vec![0u8; n];
+        let last = crate::io::row_peers(p, blocks, piece.lba + piece.len - 1);
+        for (k, first) in crate::io::row_peers(p, blocks, piece.lba).into_iter().enumerate() {
+            // Peers of a unit's consecutive blocks are consecutive.
+            if last.get(k) != Some(&(first + piece.len - 1)) {
+                return Ok(None);
+            }
+            match self.read_verified(piece.vol, view, first * BLOCK_SIZE, &mut peer, false) {
+                Ok(true) => xor_into(&mut out, &peer),
+                Ok(false) | Err(EngineError::Io { .. } | EngineError::Checksum { .. }) => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+        let checked = out.chunks(BS).enumerate().all(|(i, b)| match sums.get(i) {
+            Some(Some(BlockSum::Block(want))) => block_sum(b) == *want,
+            Some(Some(BlockSum::Group(_))) => false,
+            _ => true,
+        });
+        Ok(checked.then_some(out))
     }
 
     /// Blocks below `upto` are rebuilt: durable on the new device first,
