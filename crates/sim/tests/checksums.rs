@@ -298,14 +298,9 @@ fn scrub_checks_a_coarse_group_cut_by_its_chunks() {
 /// trim's commit, a flip in one of the group's remaining blocks: whether
 /// that block, and a neighbour of it, fail their reads.
 fn flip_after_partial_trim_and_crash(split_late: bool) -> (bool, bool) {
-    let (sim, pool) = fixture::one_device_pool(64 * MIB);
-    pool.close().unwrap();
-    drop(pool);
-    let dyns: Vec<Arc<dyn Device>> = vec![sim.clone()];
     // The trim's own early split is off: this is the commit's split.
     let opts = OpenOptions { control_split_late: split_late, control_no_presplit: true, ..Default::default() };
-    let pool = Pool::open(dyns, opts).unwrap();
-    let (v, first) = one_long_write_checkpointed(&sim, &pool);
+    let (sim, pool, v, first) = long_write_pool(opts);
     pool.trim(v, (first + 2) * BS as u64, 4 * BS as u64).unwrap();
     pool.flush().unwrap();
     assert_eq!(pool.status().split_groups, 1);
@@ -317,6 +312,16 @@ fn flip_after_partial_trim_and_crash(split_late: bool) -> (bool, bool) {
     let mut buf = vec![0u8; BS];
     let mut fails = |b: u64| pool.read(v, b * BS as u64, &mut buf).is_err();
     (fails(first + 10), fails(first + 12))
+}
+
+/// A new pool opened with `opts`, holding [`one_long_write_checkpointed`].
+fn long_write_pool(opts: OpenOptions) -> (Arc<SimDevice>, Pool, u32, u64) {
+    let (sim, pool) = fixture::one_device_pool(64 * MIB);
+    pool.close().unwrap();
+    drop(pool);
+    let pool = Pool::open(vec![sim.clone() as Arc<dyn Device>], opts).unwrap();
+    let (v, first) = one_long_write_checkpointed(&sim, &pool);
+    (sim, pool, v, first)
 }
 
 /// A volume "d" with blocks 0..64 written in one write (whole physical
@@ -340,12 +345,7 @@ fn one_long_write_checkpointed(sim: &SimDevice, pool: &Pool) -> (u32, u64) {
 /// and the group's other blocks keep sums of their own. Negative control:
 /// without the early split the commit splits it.
 fn trim_part_of_a_group(presplit: bool) -> (u64, u64) {
-    let (sim, pool) = fixture::one_device_pool(64 * MIB);
-    pool.close().unwrap();
-    drop(pool);
-    let dyns: Vec<Arc<dyn Device>> = vec![sim.clone()];
-    let pool = Pool::open(dyns, OpenOptions { control_no_presplit: !presplit, ..Default::default() }).unwrap();
-    let (v, first) = one_long_write_checkpointed(&sim, &pool);
+    let (sim, pool, v, first) = long_write_pool(OpenOptions { control_no_presplit: !presplit, ..Default::default() });
     pool.trim(v, (first + 2) * BS as u64, 4 * BS as u64).unwrap();
     pool.flush().unwrap();
     let mut buf = vec![0u8; BS];
@@ -382,12 +382,7 @@ fn a_partly_freed_coarse_group_is_split_in_the_freeing_record() {
 /// their own, and the data is right after a crash and reopen. Negative
 /// control: without the early split the commit splits all three.
 fn delete_snapshot_freeing_parts_of_groups(presplit: bool) -> (u64, u64) {
-    let (sim, pool) = fixture::one_device_pool(64 * MIB);
-    pool.close().unwrap();
-    drop(pool);
-    let dyns: Vec<Arc<dyn Device>> = vec![sim.clone()];
-    let pool = Pool::open(dyns, OpenOptions { control_no_presplit: !presplit, ..Default::default() }).unwrap();
-    let (v, first) = one_long_write_checkpointed(&sim, &pool);
+    let (sim, pool, v, first) = long_write_pool(OpenOptions { control_no_presplit: !presplit, ..Default::default() });
     let changed = [first + 5, first + 21, first + 37];
     pool.create_snapshot("d", "s").unwrap();
     for b in changed {

@@ -76,8 +76,28 @@ fn unit_pieces(runs: &[LiveRun], from: u64, unit: impl Fn(u32) -> Option<u64>) -
 }
 
 /// The named refusal.
-fn refuse<T>(why: String) -> Result<T> {
+pub(crate) fn refuse<T>(why: String) -> Result<T> {
     Err(EngineError::InvalidArgument(why))
+}
+
+/// Refuse `dev` as the new device of member `index` (`blocks` long) if it
+/// is smaller or carries a tarn label (of this pool or another).
+pub(crate) fn refuse_unfit_device(index: usize, blocks: u64, dev: &dyn Device) -> Result<()> {
+    if dev.size() / BLOCK_SIZE < blocks {
+        let have = dev.size() / BLOCK_SIZE;
+        return refuse(format!("device {} is too small: {have} blocks, member {index} has {blocks}", dev.name()));
+    }
+    if let Ok(l) = read_label(dev) {
+        return Err(EngineError::ForeignDevice {
+            device: dev.name(),
+            detail: format!(
+                "it carries a tarn label (member {} of pool {}): wipe it first",
+                l.current.device_index,
+                uuid_string(&l.current.pool_uuid)
+            ),
+        });
+    }
+    Ok(())
 }
 
 impl Pool {
@@ -148,24 +168,7 @@ impl Pool {
                 ));
             }
         }
-        if dev.size() / BLOCK_SIZE < entry.blocks {
-            return refuse(format!(
-                "device {} is too small: {} blocks, member {index} had {}",
-                dev.name(),
-                dev.size() / BLOCK_SIZE,
-                entry.blocks
-            ));
-        }
-        if let Ok(l) = read_label(dev) {
-            return Err(EngineError::ForeignDevice {
-                device: dev.name(),
-                detail: format!(
-                    "it carries a tarn label (member {} of pool {}): wipe it first",
-                    l.current.device_index,
-                    uuid_string(&l.current.pool_uuid)
-                ),
-            });
-        }
+        refuse_unfit_device(index, entry.blocks, dev)?;
         let lost = self.unrebuildable(index)?;
         if !lost.is_empty() {
             return refuse(format!(

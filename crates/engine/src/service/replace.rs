@@ -17,13 +17,14 @@
 //! the cursor past it; at the end the entry takes the new device's uuid
 //! and path (state 0), then the old device's label is wiped.
 
-use crate::device::label::{read_label, uuid_string, wipe_label, write_both_labels};
+use crate::device::label::{wipe_label, write_both_labels};
 use crate::device::rebuild_slot::RebuildSlot;
 use crate::device::Device;
 use crate::error::{EngineError, Result};
 use crate::pool::Pool;
 use crate::service::grow::member_label;
 use crate::service::open::random_bytes;
+use crate::service::rebuild::{refuse, refuse_unfit_device};
 use crate::volumes::evacuate::{on_member, LiveRun};
 use std::sync::Arc;
 use tarn_format::superblock::{incompat, Replacement};
@@ -50,10 +51,6 @@ pub struct CopyReport {
     pub lost: u64,
     /// Stopped before the end (`go_on` said so); resumable.
     pub stopped: bool,
-}
-
-fn refuse<T>(why: String) -> Result<T> {
-    Err(EngineError::InvalidArgument(why))
 }
 
 impl Pool {
@@ -116,24 +113,7 @@ impl Pool {
         if self.devices[index].rebuild_slot().is_none_or(|s| s.degraded()) {
             return refuse(format!("member {index} is missing or being rebuilt: see `tarn pool status`"));
         }
-        if dev.size() / BLOCK_SIZE < entry.blocks {
-            return refuse(format!(
-                "device {} is too small: {} blocks, member {index} has {}",
-                dev.name(),
-                dev.size() / BLOCK_SIZE,
-                entry.blocks
-            ));
-        }
-        if let Ok(l) = read_label(dev) {
-            return Err(EngineError::ForeignDevice {
-                device: dev.name(),
-                detail: format!(
-                    "it carries a tarn label (member {} of pool {}): wipe it first",
-                    l.current.device_index,
-                    uuid_string(&l.current.pool_uuid)
-                ),
-            });
-        }
+        refuse_unfit_device(index, entry.blocks, dev)?;
         Ok(())
     }
 
