@@ -361,13 +361,14 @@ fn compact(pool: &Pool, volume: Option<&str>, rate: Option<u64>, ctx: &mut Ctx) 
     };
     let started = std::time::Instant::now();
     let (mut done, mut looked) = (Vec::new(), 0);
+    let batch = tarn_engine::volumes::relayout::batch_for_rate(rate);
     for name in names {
         let mut go_on = |d: u64, t: u64| {
             (ctx.progress)(d, t);
             tarn_engine::scrub::throttle(rate, looked + d * 4096, started);
             !(ctx.abandoned)()
         };
-        let r = pool.relayout_until(&name, &mut go_on)?;
+        let r = pool.relayout_until(&name, batch, &mut go_on)?;
         looked += pool.volume_id(&name).and_then(|id| pool.volume_info(id)).map_or(0, |v| v.size);
         done.push(json!({
             "volume": name, "extents_before": r.extents_before, "extents_after": r.extents_after,

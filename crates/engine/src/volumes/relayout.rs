@@ -33,6 +33,13 @@ pub(crate) const WINDOW_BLOCKS: u64 = 256;
 /// block (see [`Pool::read_in_device_order`]).
 pub(crate) const BATCH_WINDOWS: u64 = 16;
 
+/// Windows per batch for `pool compact` at `rate` bytes per second (None:
+/// unthrottled): at most a second's worth at that rate, at least one, so
+/// its throttle and a cancel act between batches about once a second.
+pub fn batch_for_rate(rate: Option<u64>) -> u64 {
+    rate.map_or(BATCH_WINDOWS, |r| (r / (WINDOW_BLOCKS * BLOCK_SIZE)).clamp(1, BATCH_WINDOWS))
+}
+
 /// A window about to move: its head segments, the ones chosen, and its
 /// announcement.
 struct Plan {
@@ -94,15 +101,23 @@ impl Pool {
     /// Re-lay out volume `name`'s head; `progress(done, total)` in blocks.
     /// Durable when it returns.
     pub fn relayout(&self, name: &str, progress: &mut dyn FnMut(u64, u64)) -> Result<RelayoutReport> {
-        self.relayout_until(name, &mut |done, total| {
+        self.relayout_until(name, BATCH_WINDOWS, &mut |done, total| {
             progress(done, total);
             true
         })
     }
 
-    /// [`Pool::relayout`] that stops after the window at which `go_on(done,
-    /// total)` answers false (a cancel, or a throttle's caller going away).
-    pub fn relayout_until(&self, name: &str, go_on: &mut dyn FnMut(u64, u64) -> bool) -> Result<RelayoutReport> {
+    /// [`Pool::relayout`] moving `batch` windows at a time (1 to
+    /// [`BATCH_WINDOWS`]; see [`batch_for_rate`]) that stops after the batch
+    /// at which `go_on(done, total)` answers false (a cancel, or a
+    /// throttle's caller going away).
+    pub fn relayout_until(
+        &self,
+        name: &str,
+        batch: u64,
+        go_on: &mut dyn FnMut(u64, u64) -> bool,
+    ) -> Result<RelayoutReport> {
+        let batch = batch.clamp(1, BATCH_WINDOWS);
         self.check_writable()?;
         let (id, blocks) = {
             let inner = self.read_inner();
@@ -111,9 +126,9 @@ impl Pool {
         };
         let extents = |pool: &Pool| pool.volume_info(id).map(|v| v.extents).ok_or(EngineError::VolumeGone(id));
         let mut report = RelayoutReport { extents_before: extents(self)?, ..Default::default() };
-        for first in (0..blocks).step_by((WINDOW_BLOCKS * BATCH_WINDOWS) as usize) {
+        for first in (0..blocks).step_by((WINDOW_BLOCKS * batch) as usize) {
             self.make_room()?;
-            let end = (first + WINDOW_BLOCKS * BATCH_WINDOWS).min(blocks);
+            let end = (first + WINDOW_BLOCKS * batch).min(blocks);
             let windows: Vec<(u64, u64)> =
                 (first..end).step_by(WINDOW_BLOCKS as usize).map(|lba| (lba, WINDOW_BLOCKS.min(end - lba))).collect();
             for outcome in self.move_windows(id, &windows, &relayout_pick, &mut Destination::Placement)? {
