@@ -361,6 +361,34 @@ fn a_trim_splits_the_group_it_frees_in_part_before_its_commit() {
     assert_eq!(trim_part_of_a_group(false), (1, 1), "control: no early split");
 }
 
+/// An overwrite that sends blocks the head owns to new space (here: into
+/// a closed overwrite region; also re-layout and `append`) frees part of
+/// their coarse group: the writer splits it before its commit, read with
+/// no pool lock held, so the commit splits nothing (`commit_splits` 0) and
+/// other writers never wait on that read. The group's other blocks keep
+/// sums of their own. Negative control: without the early split the
+/// commit splits it.
+fn redirect_part_of_a_group(presplit: bool) -> (u64, u64) {
+    let (sim, pool, v, first) = long_write_pool(OpenOptions { control_no_presplit: !presplit, ..Default::default() });
+    let old = find(&sim, &block(first + 5));
+    pool.write(v, (first + 5) * BS as u64, &block(2000), false).unwrap();
+    pool.flush().unwrap();
+    assert_ne!(find(&sim, &block(2000)), old, "the overwrite went to new space");
+    let mut buf = vec![0u8; BS];
+    pool.read(v, (first + 5) * BS as u64, &mut buf).unwrap();
+    assert_eq!(buf, block(2000));
+    sim.flip_bit(find(&sim, &block(first + 6)) + 9, 2);
+    assert!(pool.read(v, (first + 6) * BS as u64, &mut buf).is_err(), "the flipped block fails");
+    assert!(pool.read(v, (first + 4) * BS as u64, &mut buf).is_ok(), "its neighbour in the group does not");
+    (pool.status().split_groups, pool.counters.commit_splits.load(Ordering::Relaxed))
+}
+
+#[test]
+fn a_redirected_overwrite_splits_the_group_it_frees_in_part_before_its_commit() {
+    assert_eq!(redirect_part_of_a_group(true), (1, 0));
+    assert_eq!(redirect_part_of_a_group(false), (1, 1), "control: no early split");
+}
+
 /// A coarse group freed in part is split in the record that frees the
 /// blocks: after a crash right after it, the group's remaining blocks have
 /// their own sums (a flip fails its block alone). Negative control: split

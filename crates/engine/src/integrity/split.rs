@@ -7,6 +7,9 @@
 //! part of it ([`Pool::split_freed`], called by the commit): a split in a
 //! later record loses to a crash (replay frees the blocks, the group stays
 //! coarse, new data there breaks the crc of the blocks still referenced).
+//! Snapshot deletes, trims and redirected overwrites split the groups they
+//! will free in part ahead of their commit ([`Pool::presplit`]), so the
+//! commit's split under the pool lock is left for what they miss.
 
 use crate::error::{EngineError, Result};
 use crate::map::extent_map::{Freed, Segment};
@@ -90,7 +93,8 @@ impl Pool {
     /// Step 1 of a commit, under the pool lock: split every coarse group the
     /// ops taken (`ops`) free only in part, appending the Sums ops to
     /// `ops`, so the split is in the same record as the free. Reads 64 KiB
-    /// per such group (under the lock: see docs/ARCHITECTURE.md, left).
+    /// per such group under the lock (see docs/ARCHITECTURE.md *Coarse
+    /// checksums*): only groups no early split took care of.
     pub(crate) fn split_freed(&self, inner: &mut Inner, frees: &Freed, ops: &mut Vec<Op>) -> Result<()> {
         if !self.coarse.load(Ordering::SeqCst) {
             return Ok(());
@@ -116,7 +120,18 @@ impl Pool {
     /// it into failing sums and says so). Called without the commit lock,
     /// so neither writers nor other commits wait for these reads.
     pub(crate) fn presplit(&self, groups: &BTreeSet<u64>) -> Result<()> {
-        if !self.coarse.load(Ordering::SeqCst) || self.options.control_no_presplit {
+        self.presplit_each(groups, true)
+    }
+
+    /// [`Pool::presplit`] for a writer that holds the I/O gate (shared)
+    /// already and none of the group locks: the groups its redirected
+    /// blocks free in part.
+    pub(crate) fn presplit_in_gate(&self, groups: &BTreeSet<u64>) -> Result<()> {
+        self.presplit_each(groups, false)
+    }
+
+    fn presplit_each(&self, groups: &BTreeSet<u64>, take_gate: bool) -> Result<()> {
+        if groups.is_empty() || !self.coarse.load(Ordering::SeqCst) || self.options.control_no_presplit {
             return Ok(());
         }
         let groups: Vec<u64> = groups.iter().copied().collect();
@@ -124,16 +139,18 @@ impl Pool {
         for chunk in groups.chunks(PRESPLIT_CHUNK) {
             let chunk: BTreeSet<u64> = chunk.iter().copied().collect();
             for (g, crc) in self.with_cached_nodes(|inner| coarse_among(inner, &chunk))? {
-                self.presplit_group(g, crc)?;
+                self.presplit_group(g, crc, take_gate)?;
             }
         }
         Ok(())
     }
 
     /// [`Pool::presplit`] of one group, under its group lock (as a writer's
-    /// split: no in-place write of the group meanwhile).
-    fn presplit_group(&self, g: u64, crc: u32) -> Result<()> {
-        let _gate = self.io_gate.read().unwrap_or_else(|p| p.into_inner());
+    /// split: no in-place write of the group meanwhile), and under the I/O
+    /// gate (`take_gate`, or the caller holds it: a second shared hold
+    /// could wait behind a queued exclusive one and deadlock).
+    fn presplit_group(&self, g: u64, crc: u32, take_gate: bool) -> Result<()> {
+        let _gate = take_gate.then(|| self.io_gate.read().unwrap_or_else(|p| p.into_inner()));
         let stripe = (g / SUMS_GROUP % GROUP_LOCKS as u64) as usize;
         let _group = self.group_locks[stripe].lock().unwrap_or_else(|p| p.into_inner());
         let Some(good) = self.examine_span(Pba(g), GROUP_BYTES, crc).good else {

@@ -94,6 +94,9 @@ struct WritePlan<'a> {
     /// a snapshot or the origin keeps): what its quota is charged. Owned
     /// blocks moved to new space free their old copy: not charged.
     charge: u64,
+    /// Coarse checksum groups (first blocks) that owned blocks sent to new
+    /// space free in part: split ahead, not by the commit under its lock.
+    freed_groups: BTreeSet<u64>,
     /// Held while the write overwrites uncommitted new data in a closed
     /// region: a commit then waits for it (see `take_pending`).
     _fresh: Option<FreshWrite<'a>>,
@@ -352,6 +355,8 @@ impl Pool {
         for _ in 0..MAX_WRITE_ATTEMPTS {
             let gate = self.io_gate.read().unwrap_or_else(|p| p.into_inner());
             let plan = self.plan_write(vol, lba, n, relayout)?;
+            // Read with no pool lock held; this writer holds the gate.
+            self.presplit_in_gate(&plan.freed_groups)?;
             let placed = self.allocate_charged(vol, &plan.segs, &plan.near, plan.charge);
             let charged = placed.as_ref().map_or(0, |p| p.1);
             let fresh = match placed.map(|p| p.0) {
@@ -413,7 +418,9 @@ impl Pool {
         let charge = n - owned_blocks(v, &segs);
         inner.moving.iter().for_each(|w| w.note_write(vol, lba, n));
         let mut relaid = relayout && kind.relays_out() && scattered(&segs, n);
+        let mut freed_groups = BTreeSet::new();
         if relaid {
+            owned_runs(v, &segs).for_each(|(pba, len)| partly_covered(pba, len, &mut freed_groups));
             segs = vec![Segment::Hole { lba, len: n }];
         }
         let mut closed = Vec::new();
@@ -426,6 +433,7 @@ impl Pool {
                     // Append (the volume's, or the member's it lies on):
                     // owned data moves to the cursor too.
                     relaid = true;
+                    partly_covered(pba, len, &mut freed_groups);
                     *seg = Segment::Hole { lba, len };
                 } else if self.checksums {
                     let shut: Vec<u64> =
@@ -436,6 +444,7 @@ impl Pool {
                         fresh_guard.get_or_insert_with(|| FreshWrite::start(self));
                     } else if !shut.is_empty() {
                         closed.extend(shut);
+                        partly_covered(pba, len, &mut freed_groups);
                         *seg = Segment::Hole { lba, len };
                     }
                 }
@@ -443,7 +452,7 @@ impl Pool {
         }
         let near =
             if kind.policy().wants_near() { near_holes(&v.map, &segs, inner.region_blocks)? } else { Vec::new() };
-        Ok(WritePlan { segs, closed, near, relaid, charge, _fresh: fresh_guard })
+        Ok(WritePlan { segs, closed, near, relaid, charge, freed_groups, _fresh: fresh_guard })
     }
 
     /// Bring the checksum-tree nodes the new pieces' sums go to into the
@@ -1035,12 +1044,17 @@ fn byte_runs<F: PartialEq>(pieces: impl Iterator<Item = (u64, u64, F)>, offset: 
 /// Give back pieces allocated for data that no map took.
 /// Blocks of `segs` (a head lookup) the head owns alone: overwriting them
 /// adds nothing to the volume's own space.
+/// The physical runs among `segs` that `v`'s head owns alone (what moving
+/// them to new space frees).
+fn owned_runs<'a>(v: &'a crate::map::state::Volume, segs: &'a [Segment]) -> impl Iterator<Item = (Pba, u64)> + 'a {
+    segs.iter().filter_map(move |seg| match *seg {
+        Segment::Mapped { pba, len, birth, .. } if v.owns_alone(pba, birth) => Some((pba, len)),
+        _ => None,
+    })
+}
+
 fn owned_blocks(v: &crate::map::state::Volume, segs: &[Segment]) -> u64 {
-    let owned = |s: &Segment| match *s {
-        Segment::Mapped { len, pba, birth, .. } if v.owns_alone(pba, birth) => len,
-        _ => 0,
-    };
-    segs.iter().map(owned).sum()
+    owned_runs(v, segs).map(|(_, len)| len).sum()
 }
 
 /// Drop a write's quota charge once its pieces are mapped or given back.
