@@ -13,8 +13,10 @@
 #    then `dev remove` runs under it, then SIDE seconds more. fio logs its
 #    IOPS every 250 ms with wall-clock stamps: the client's IOPS during
 #    the evacuation is the mean of the intervals inside the evacuation's
-#    window, against the mean of the intervals in the SIDE seconds before
-#    and after it (the same client alone, adjacent in time).
+#    window, against the mean of the intervals in the SIDE seconds just
+#    before it (the same client alone, adjacent in time; fio's first
+#    second left out). The SIDE seconds after are shown, not used: the
+#    pool then still checkpoints what the evacuation changed.
 # Before every copy and evacuation only this bench's files leave the page
 # cache (fdatasync + POSIX_FADV_DONTNEED on each): dropping the whole
 # cache (echo 3 > drop_caches, what this bench did before) disturbs every
@@ -28,7 +30,7 @@
 # copy; clients keep >= 0.5x their IOPS. Not part of the tests.
 #
 #   bash bench/evacuate.sh
-# Env: BENCH_SIZE=2G (volume = live data), BENCH_ROUNDS=5, BENCH_SIDE=4
+# Env: BENCH_SIZE=2G (volume = live data), BENCH_ROUNDS=5, BENCH_SIDE=5
 #      (seconds of baseline each side), BENCH_DIR=/var/tmp/tarn-bench,
 #      TARN=target/release/tarn, TARN_B= (a second binary: A/B rounds),
 #      BENCH_RATE= (a --rate for the loaded evacuation; default none)
@@ -39,7 +41,7 @@ TARN_A=${TARN:-$REPO/target/release/tarn}
 TARN_B=${TARN_B:-}
 SIZE=${BENCH_SIZE:-2G}
 ROUNDS=${BENCH_ROUNDS:-5}
-SIDE=${BENCH_SIDE:-4}
+SIDE=${BENCH_SIDE:-5}
 RATE=${BENCH_RATE:-}
 DIR=${BENCH_DIR:-/var/tmp/tarn-bench}/evacuate.$$
 OUT=$BENCH/results/$(date +%Y-%m-%d-%H%M)-evacuate.txt
@@ -108,12 +110,19 @@ evac() {
   out=$("$bin" dev remove "$m" -p "$pool" --json ${2:+--rate "$2"} 2>>"$DIR/cli.log")
   t1=$(now)
   echo "$t0 $t1" >"$DIR/window"
-  if py "import json;exit(0 if json.loads('''$out''')['removed'] else 1)"; then
+  echo "$out" >"$DIR/evac.json"
+  py "import json;j=json.loads('''$out''');print(j['moved_bytes']>>20, round($t1-$t0, 2), j['live_bytes']>>20, j.get('client_yields', '-'))"
+}
+# readd BIN: the member file back after `evac` (a cut removal cancelled);
+# not inside the client's measured window (it commits)
+readd() {
+  local bin=$1 m
+  m=$(cat "$DIR/member")
+  if py "import json;exit(0 if json.load(open('$DIR/evac.json'))['removed'] else 1)"; then
     "$bin" dev add "$DIR/d1.img" -p "$pool" 2>>"$DIR/cli.log" | sed -n 's/.* as device \([0-9]*\):.*/\1/p' >"$DIR/member"
   else
     "$bin" dev remove --cancel "$m" -p "$pool" >/dev/null 2>>"$DIR/cli.log"
   fi
-  py "import json;j=json.loads('''$out''');print(j['moved_bytes']>>20, round($t1-$t0, 2), j['live_bytes']>>20, j.get('client_yields', '-'))"
 }
 copy_rate() { # MiB: sequential copy of the member file's first MiB
   evict
@@ -149,6 +158,7 @@ one_run() {
   on=$(live "$bin")
   read -r m1 t1 l1 y1 < <(evac "$bin")
   copy=$(copy_rate "$m1")
+  readd "$bin"
   fill
   rm -f "$DIR"/iops_iops*.log
   fio --name=rw --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=16 --size="$SIZE" \
@@ -161,15 +171,16 @@ one_run() {
   sleep "$SIDE"; sleep 0.5
   kill -INT "$FIO"; wait "$FIO" || true; FIO=
   read -r inside before after < <(window_iops "$DIR"/iops_iops*.log "$w0" "$w1")
+  readd "$bin"
   stop_server
   local idle loaded base
   idle=$(py "print(round($m1/$t1))")
   loaded=$(py "print(round($m2/$t2))")
-  base=$(py "print(round(($before+$after)/2))")
+  base=$before
   echo "$label $(py "print(f'{$idle/$copy:.3f}')") $(py "print(f'{$inside/max($base,1):.3f}')")" >>"$DIR/figures"
   echo "  $label: member held $on MiB; idle evacuation $m1 of $l1 MiB live in ${t1}s = $idle MiB/s vs copy $copy MiB/s" \
-    "= $(py "print(f'{$idle/$copy:.2f}')")x; under 4K randwrite: $m2 of $l2 MiB in ${t2}s = $loaded MiB/s (yields $y2);" \
-    "client IOPS $inside during vs $before before / $after after = $(py "print(f'{$inside/max($base,1):.2f}')")x"
+    "= $(py "print(f'{$idle/$copy:.2f}')")x (yields $y1); under 4K randwrite: $m2 of $l2 MiB in ${t2}s = $loaded MiB/s (yields $y2);" \
+    "client IOPS $inside during vs $before just before = $(py "print(f'{$inside/max($base,1):.2f}')")x ($after in the $SIDE s after)"
 }
 summary() {
   py "
