@@ -127,7 +127,9 @@ pub fn execute_remove(
         // A cancel (`dev remove --cancel`) opened the member again.
         !abandoned() && pool.is_draining(index)
     };
-    let r = pool.evacuate_device(index, &mut go_on).map_err(|e| e.to_string())?;
+    // A batch of at most a second's worth of windows at that rate.
+    let batch = tarn_engine::volumes::relayout::batch_for_rate(rate);
+    let r = pool.evacuate_device_batched(index, batch, &mut go_on).map_err(|e| e.to_string())?;
     let seconds = started.elapsed().as_secs_f64();
     let cancelled = r.stopped && !pool.is_draining(index);
     crate::logging::notice(&format!(

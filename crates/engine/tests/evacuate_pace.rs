@@ -2,7 +2,8 @@
 //! (`Pool::evacuate_device`) paced by `Pace` rests after exactly the steps
 //! clients shared (a client request since the step before), and never
 //! when no client sent one: the mover's own reads and writes are not
-//! counted as a client's. Counted with a recording sleeper, not timed.
+//! counted as a client's; head windows move in batches, a step each.
+//! Counted with a recording sleeper, not timed.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -30,9 +31,10 @@ fn pool_with_data_on_member() -> (Pool, u32) {
     (pool, id)
 }
 
-/// Evacuate member 1, a client reading one block before every step
-/// `client_before(step)` chooses; (steps, rests recorded, yields).
-fn evacuate_with_clients(client_before: &dyn Fn(u64) -> bool) -> (u64, Vec<Duration>, u64) {
+/// Evacuate member 1, `batch` windows a step, a client reading one block
+/// before every step `client_before(step)` chooses; (steps, rests
+/// recorded, yields).
+fn evacuate_with_clients(batch: u64, client_before: &dyn Fn(u64) -> bool) -> (u64, Vec<Duration>, u64) {
     let (pool, id) = pool_with_data_on_member();
     let rests = RefCell::new(Vec::new());
     let mut pace = Pace::with_sleep(&pool, None, Box::new(|d| rests.borrow_mut().push(d)));
@@ -46,7 +48,7 @@ fn evacuate_with_clients(client_before: &dyn Fn(u64) -> bool) -> (u64, Vec<Durat
         pace.after_step(moved);
         true
     };
-    let r = pool.evacuate_device(1, &mut go_on).unwrap();
+    let r = pool.evacuate_device_batched(1, batch, &mut go_on).unwrap();
     assert_eq!(r.moved_bytes, VOLUME_MIB * MIB, "every live byte moved: {r:?}");
     assert!(r.detached.is_some(), "the member is taken out: {r:?}");
     let yields = pace.yields;
@@ -59,7 +61,7 @@ fn evacuate_with_clients(client_before: &dyn Fn(u64) -> bool) -> (u64, Vec<Durat
 
 #[test]
 fn no_client_no_rest() {
-    let (steps, rests, yields) = evacuate_with_clients(&|_| false);
+    let (steps, rests, yields) = evacuate_with_clients(1, &|_| false);
     assert!(steps >= VOLUME_MIB, "a step per window: {steps}");
     assert_eq!(yields, 0, "the mover's own I/O is not a client's");
     assert!(rests.is_empty(), "rested {rests:?} with no client");
@@ -68,7 +70,7 @@ fn no_client_no_rest() {
 #[test]
 fn rests_after_exactly_the_steps_clients_shared() {
     // A client request before every third step.
-    let (steps, rests, yields) = evacuate_with_clients(&|s| s % 3 == 0);
+    let (steps, rests, yields) = evacuate_with_clients(1, &|s| s % 3 == 0);
     let shared = (0..steps).filter(|s| s % 3 == 0).count() as u64;
     assert!(shared >= 5, "{shared} steps shared of {steps}");
     assert_eq!(yields, shared, "a rest after each step a client shared, none after the others");
@@ -78,7 +80,19 @@ fn rests_after_exactly_the_steps_clients_shared() {
 
 #[test]
 fn a_busy_client_makes_every_step_rest() {
-    let (steps, rests, yields) = evacuate_with_clients(&|_| true);
+    let (steps, rests, yields) = evacuate_with_clients(1, &|_| true);
     assert_eq!(yields, steps);
     assert_eq!(rests.len() as u64, steps);
+}
+
+#[test]
+fn batches_of_windows_are_one_step_each() {
+    // 16 windows of 1 MiB in batches of 4: 4 steps, every byte moved and
+    // read back (checked in evacuate_with_clients), a rest after each.
+    let (steps, _, yields) = evacuate_with_clients(4, &|_| true);
+    assert_eq!(steps, VOLUME_MIB / 4);
+    assert_eq!(yields, steps);
+    // The default batch (16 windows): the whole volume in one step.
+    let (steps, _, _) = evacuate_with_clients(16, &|_| false);
+    assert_eq!(steps, 1);
 }

@@ -10,8 +10,8 @@
 //! times as long as that step took, so with clients busy it holds the
 //! devices, the CPUs and the pool's locks at most a third of the time and
 //! clients keep most of their rate. With no client it never rests: an
-//! idle evacuation runs at full speed. A step is one window (1 MiB), so
-//! rests are short and the copy always goes on.
+//! idle evacuation runs at full speed. A step is at most a batch of 16
+//! windows (16 MiB), so rests are short and the copy always goes on.
 
 use crate::pool::Pool;
 use std::sync::atomic::Ordering;
@@ -22,7 +22,7 @@ pub const YIELD_RATIO: u32 = 2;
 
 /// The longest rest after one step: a step slowed by something else (a
 /// commit, a slow device) does not stop the copy for long.
-pub const MAX_REST: Duration = Duration::from_millis(100);
+pub const MAX_REST: Duration = Duration::from_secs(1);
 
 /// The pace of one background copy; `after_step` after every step.
 pub struct Pace<'a> {
