@@ -16,7 +16,8 @@
 #    window, against the mean of the intervals in the SIDE seconds just
 #    before it (the same client alone, adjacent in time; fio's first
 #    second left out). The SIDE seconds after are shown, not used: the
-#    pool then still checkpoints what the evacuation changed.
+#    pool then still checkpoints what the evacuation changed. Every fill
+#    is written back (fdatasync) before the next phase starts.
 # Before every copy and evacuation only this bench's files leave the page
 # cache (fdatasync + POSIX_FADV_DONTNEED on each): dropping the whole
 # cache (echo 3 > drop_caches, what this bench did before) disturbs every
@@ -91,8 +92,11 @@ start() {
 stop_server() {
   if [ -n "$SRV" ]; then kill "$SRV" 2>/dev/null || true; wait "$SRV" 2>/dev/null || true; SRV=; fi
 }
+# fill: the whole volume written sequentially, then written back from the
+# page cache (else the write-back runs into the next measurement)
 fill() {
   fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 --size="$SIZE" --output=/dev/null >/dev/null
+  evict
 }
 # MiB in use on the member being removed
 live() {
