@@ -56,7 +56,7 @@ impl<'a> Pace<'a> {
     /// then rests if clients sent requests since the last step.
     pub fn after_step(&mut self, done: u64) {
         let worked = self.step_from.elapsed();
-        crate::scrub::throttle(self.rate, done, self.started);
+        crate::integrity::scrub::throttle(self.rate, done, self.started);
         let now = self.pool.client_ops.load(Ordering::Relaxed);
         // Requests during the last rest count too: clients still busy.
         let busy = now != self.seen;
