@@ -3,11 +3,11 @@
 # without --rate) against its peers; optionally two tarn binaries A/B.
 # Each run is a fresh pool of a 4x primary and a 5x member; the volume,
 # filled sequentially, lands on the member (the roomiest). A run:
-#  - copy: a sequential copy of as many MiB as the member holds, between
-#    files of the same file system (dd of the member file into a scratch
-#    file, conv=fsync): the peer a user would otherwise use, `cp`;
 #  - idle: `tarn dev remove 1` with no client; its rate (live MiB moved /
 #    wall time) against the copy's, measured right after it;
+#  - copy: a sequential copy of as many MiB as were moved, between files
+#    of the same file system (dd of the member file into a scratch file,
+#    conv=fsync): the peer a user would otherwise use, `cp`;
 #  - the member added back and the volume rewritten onto it;
 #  - loaded: one fio 4 KiB random write (QD16, NBD) runs SIDE seconds,
 #    then `dev remove` runs under it, then SIDE seconds more. fio logs its
@@ -27,7 +27,11 @@
 # bench whose evacuations lasted 1-7 s and whose "alone" baseline ranged
 # 32k-75k IOPS between rounds): the client's figures now come from the
 # same fio run, over the evacuation's own window, with the baseline
-# adjacent on both sides. Targets (issue 12): idle evacuation >= 0.5x the
+# adjacent; a run is a fresh pool (slots of removed members are never
+# reused, and a round no longer inherits the last one's placement). The
+# idle evacuation of 2 GiB lasts a few seconds: the rounds and the copy
+# measured right after it make that figure; BENCH_RATE makes the loaded
+# one last longer if wanted (unthrottled by default). Targets (issue 12): idle evacuation >= 0.5x the
 # copy; clients keep >= 0.5x their IOPS. Not part of the tests.
 #
 #   bash bench/evacuate.sh
