@@ -4,7 +4,8 @@
 # A pool of four 512 MiB files holding a 3+1 parity volume written full
 # (BENCH_SIZE, default 384M) over NBD; member 3's file is then set aside,
 # and each round restores the three others from a saved copy (the pool
-# DEGRADED again), drops the page cache and times, in alternating order:
+# DEGRADED again), evicts its files from the page cache and times, in
+# alternating order:
 #  - rebuild: offline `tarn pool replace 3 new.img --size 512M` (MiB of
 #    the member rebuilt / wall time of the command);
 #  - copy: `dd if=m1.img of=copy bs=1M count=<member MiB> conv=fsync`,
@@ -31,7 +32,20 @@ mkdir -p "$DIR" "$BENCH/results"
 SRV=
 cleanup() { [ -n "$SRV" ] && kill "$SRV" 2>/dev/null; rm -rf "$DIR"; }
 trap cleanup EXIT
-drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true; }
+# Only this bench's files leave the page cache (fdatasync +
+# POSIX_FADV_DONTNEED each): dropping the whole cache (echo 3 >
+# drop_caches, what this bench did before) disturbs every other user.
+drop_caches() {
+  python3 -c "
+import os, sys
+for p in sys.argv[1:]:
+    if os.path.isfile(p):
+        fd = os.open(p, os.O_RDONLY)
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+" "$DIR"/*.img "$DIR"/saved/*.img "$DIR"/m3.gone 2>/dev/null || true
+}
 now() { date +%s.%N; }
 say() { echo "$*" | tee -a "$OUT"; }
 POOL=$DIR/pool.img

@@ -119,13 +119,17 @@ pub fn execute_remove(
         );
     }
     let started = std::time::Instant::now();
+    // At most `rate`, and yielding to clients at any rate (service::pace).
+    let mut pace = tarn_engine::service::pace::Pace::new(pool, rate);
     let mut go_on = |moved: u64, live: u64| {
         progress(moved / 4096, live / 4096);
-        tarn_engine::scrub::throttle(rate, moved, started);
+        pace.after_step(moved);
         // A cancel (`dev remove --cancel`) opened the member again.
         !abandoned() && pool.is_draining(index)
     };
-    let r = pool.evacuate_device(index, &mut go_on).map_err(|e| e.to_string())?;
+    // A batch of at most a second's worth of windows at that rate.
+    let batch = tarn_engine::volumes::relayout::batch_for_rate(rate);
+    let r = pool.evacuate_device_batched(index, batch, &mut go_on).map_err(|e| e.to_string())?;
     let seconds = started.elapsed().as_secs_f64();
     let cancelled = r.stopped && !pool.is_draining(index);
     crate::logging::notice(&format!(
@@ -139,6 +143,7 @@ pub fn execute_remove(
         "index": index, "live_bytes": r.live_bytes, "moved_bytes": r.moved_bytes,
         "remaining_bytes": r.remaining_bytes, "stopped": r.stopped, "cancelled": cancelled,
         "seconds": seconds, "rate_mib_s": r.moved_bytes as f64 / 1048576.0 / seconds.max(1e-9),
+        "client_yields": pace.yields, "rested_seconds": pace.rested.as_secs_f64(),
         "draining": pool.is_draining(index) && !pool.is_removed(index),
         "removed": r.detached.is_some(),
         "label_wiped": r.detached.as_ref().map(|d| d.label_wiped),

@@ -162,18 +162,20 @@ pub fn execute_replace(
 }
 
 /// Run `work` with a callback that reports progress, holds the pace to
-/// `rate` bytes per second and stops once `abandoned`; its result and the
-/// seconds it took.
+/// `rate` bytes per second, yields to clients (`service::pace`) and stops
+/// once `abandoned`; its result and the seconds it took.
 fn throttled<R>(
+    pool: &Pool,
     rate: Option<u64>,
     progress: &mut dyn FnMut(u64, u64),
     abandoned: &dyn Fn() -> bool,
     work: impl FnOnce(&mut dyn FnMut(u64, u64) -> bool) -> tarn_engine::Result<R>,
 ) -> Result<(R, f64), String> {
     let started = std::time::Instant::now();
+    let mut pace = tarn_engine::service::pace::Pace::new(pool, rate);
     let mut go_on = |done: u64, total: u64| {
         progress(done, total);
-        tarn_engine::scrub::throttle(rate, done * 4096, started);
+        pace.after_step(done * 4096);
         !abandoned()
     };
     let r = work(&mut go_on).map_err(|e| e.to_string())?;
@@ -201,7 +203,7 @@ fn execute_rebuild(
         pool.replace_member(index, dev, new).map_err(|e| e.to_string())?;
         crate::logging::notice(&format!("member {index}: {new} takes its place; rebuilding from parity rows"));
     }
-    let (r, seconds) = throttled(rate, progress, abandoned, |go_on| pool.rebuild_member(index, go_on))?;
+    let (r, seconds) = throttled(pool, rate, progress, abandoned, |go_on| pool.rebuild_member(index, go_on))?;
     let bytes = r.rebuilt * 4096;
     crate::logging::notice(&format!(
         "member {index}: {} rebuilt from parity rows in {seconds:.1}s{}",
@@ -237,7 +239,7 @@ fn execute_copy(
         pool.replace_present(index, dev, new).map_err(|e| e.to_string())?;
         crate::logging::notice(&format!("member {index} ({old}): being copied onto {new}"));
     }
-    let (r, seconds) = throttled(rate, progress, abandoned, |go_on| pool.copy_member(index, go_on))?;
+    let (r, seconds) = throttled(pool, rate, progress, abandoned, |go_on| pool.copy_member(index, go_on))?;
     let bytes = (r.copied + r.reconstructed) * 4096;
     crate::logging::notice(&format!(
         "member {index}: {} copied onto {new} in {seconds:.1}s{}",

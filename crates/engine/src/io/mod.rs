@@ -231,6 +231,7 @@ impl Pool {
     /// (a racing in-place overwrite is not corruption), then served from a
     /// good copy (which heals the bad ones) or answered with an error.
     pub fn read_view(&self, vol: u32, view: View, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.client_ops.fetch_add(1, Ordering::Relaxed);
         self.check_view_range("read", vol, view, offset, buf.len() as u64, MAX_IO_BYTES)?;
         self.read_view_mapped(vol, view, offset, buf)
     }
@@ -265,6 +266,7 @@ impl Pool {
     /// Write `data` at byte `offset`. Returns once the data is in the
     /// devices' caches (durable after the next flush), or durable if `fua`.
     pub fn write(&self, vol: u32, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.client_ops.fetch_add(1, Ordering::Relaxed);
         self.check_writable()?;
         self.check_range("write", vol, offset, data.len() as u64, MAX_IO_BYTES)?;
         self.make_room()?;
@@ -777,6 +779,7 @@ impl Pool {
     /// Release whole blocks inside [offset, offset+len); partial blocks at
     /// the edges keep their data (TRIM is advisory there).
     pub fn trim(&self, vol: u32, offset: u64, len: u64) -> Result<()> {
+        self.client_ops.fetch_add(1, Ordering::Relaxed);
         self.check_writable()?;
         self.check_range("trim", vol, offset, len, u64::MAX)?;
         let first = offset.div_ceil(BLOCK_SIZE);
@@ -809,6 +812,7 @@ impl Pool {
     /// Make [offset, offset+len) read as zeros. Without `no_hole` whole
     /// blocks are unmapped (fast, frees space); with it they are written.
     pub fn write_zeroes(&self, vol: u32, offset: u64, len: u64, no_hole: bool, fast: bool) -> Result<()> {
+        self.client_ops.fetch_add(1, Ordering::Relaxed);
         self.check_writable()?;
         self.check_range("write_zeroes", vol, offset, len, u64::MAX)?;
         if no_hole && fast {

@@ -405,6 +405,11 @@ pub struct Pool {
     pub(crate) stripes: Vec<Mutex<()>>,
     /// Bumped after every completed change (data or map).
     pub(crate) write_gen: AtomicU64,
+    /// Bumped by every client request (read, write, trim, zeroes) through
+    /// the public I/O calls, never by the pool's own movers: background
+    /// copies (evacuation, rebuild, replace) yield while it moves
+    /// (`service::pace`).
+    pub(crate) client_ops: AtomicU64,
     /// The highest write_gen a durable commit covers.
     pub(crate) committed_gen: AtomicU64,
     /// Bound of the pending queue's weight (`Inner::pending_bytes`).

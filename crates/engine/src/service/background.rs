@@ -10,6 +10,7 @@
 //! between looks at the stop flag, so stopping takes at most one step.
 
 use crate::pool::Pool;
+use crate::service::pace::Pace;
 use crate::volumes::clean::CleanPass;
 use crate::volumes::relayout::RelayoutCursor;
 use std::sync::atomic::Ordering;
@@ -343,14 +344,20 @@ fn run_leg_resync(pool: &Pool, notice: Option<&(dyn Fn(&str) + Send + Sync)>, st
 }
 
 /// Go on evacuating the members a crash or a stop left draining (`tarn
-/// dev remove`), unthrottled, until done, stopped, or cancelled (`dev
+/// dev remove`), with no rate but yielding to clients (`service::pace`),
+/// until done, stopped, or cancelled (`dev
 /// remove --cancel` clears the member's draining state). A `dev remove`
 /// run meanwhile moves the same runs safely: each move checks, under the
 /// pool lock, that its run is still where it was.
 fn run_evacuation(pool: &Pool, members: &[usize], stop: &Stop) {
     for &i in members {
         log::warn!("member {i} is being removed: evacuation resumes in the background");
-        match pool.evacuate_device(i, &mut |_, _| !stop.is_set() && pool.is_draining(i)) {
+        let mut pace = Pace::new(pool, None);
+        let mut go_on = |moved: u64, _| {
+            pace.after_step(moved);
+            !stop.is_set() && pool.is_draining(i)
+        };
+        match pool.evacuate_device(i, &mut go_on) {
             Ok(r) if r.remaining_bytes == 0 => log::warn!(
                 "member {i}: evacuation done in the background ({} MiB moved); {}",
                 r.moved_bytes >> 20,
@@ -363,11 +370,17 @@ fn run_evacuation(pool: &Pool, members: &[usize], stop: &Stop) {
 }
 
 /// Go on rebuilding the members a crash or a stop left half rebuilt from
-/// parity rows (`tarn pool replace`), unthrottled, until done or stopped.
+/// parity rows (`tarn pool replace`), with no rate but yielding to
+/// clients, until done or stopped.
 fn run_rebuild(pool: &Pool, members: &[usize], stop: &Stop) {
     for &i in members {
         log::warn!("member {i} is being rebuilt from parity rows: the rebuild resumes in the background");
-        match pool.rebuild_member(i, &mut |_, _| !stop.is_set()) {
+        let mut pace = Pace::new(pool, None);
+        let mut go_on = |done: u64, _| {
+            pace.after_step(done * 4096);
+            !stop.is_set()
+        };
+        match pool.rebuild_member(i, &mut go_on) {
             Ok(r) if !r.stopped => {
                 log::warn!("member {i}: rebuilt in the background ({} MiB)", (r.rebuilt * 4096) >> 20)
             }
@@ -378,11 +391,17 @@ fn run_rebuild(pool: &Pool, members: &[usize], stop: &Stop) {
 }
 
 /// Go on copying the members a crash or a stop left half replaced (`tarn
-/// pool replace` of a present member), unthrottled, until done or stopped.
+/// pool replace` of a present member), with no rate but yielding to
+/// clients, until done or stopped.
 fn run_replace(pool: &Pool, members: &[usize], stop: &Stop) {
     for &i in members {
         log::warn!("member {i} is being replaced: the copy resumes in the background");
-        match pool.copy_member(i, &mut |_, _| !stop.is_set()) {
+        let mut pace = Pace::new(pool, None);
+        let mut go_on = |done: u64, _| {
+            pace.after_step(done * 4096);
+            !stop.is_set()
+        };
+        match pool.copy_member(i, &mut go_on) {
             Ok(r) if !r.stopped => {
                 log::warn!("member {i}: replaced in the background ({} MiB copied)", (r.copied * 4096) >> 20)
             }

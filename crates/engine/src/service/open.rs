@@ -399,6 +399,7 @@ impl Pool {
             io_gate: RwLock::new(()),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             write_gen: AtomicU64::new(0),
+            client_ops: AtomicU64::new(0),
             committed_gen: AtomicU64::new(0),
             dirty: (0..MAX_DEVICE_ENTRIES).map(|_| AtomicBool::new(false)).collect(),
             fenced: AtomicBool::new(false),

@@ -13,7 +13,7 @@ use crate::map::extent_map::Segment;
 use crate::map::state::Volume;
 use crate::map::view::View;
 use crate::pool::Pool;
-use crate::volumes::relayout::{Destination, Window, WINDOW_BLOCKS};
+use crate::volumes::relayout::{Destination, Window, BATCH_WINDOWS, WINDOW_BLOCKS};
 use tarn_format::ops::Op;
 use tarn_format::superblock::incompat;
 use tarn_format::{Pba, BLOCK_SIZE};
@@ -102,6 +102,21 @@ impl Pool {
     /// every step; false stops (the member stays draining: `undrain` or a
     /// later call). Durable (flushed) when it returns.
     pub fn evacuate_device(&self, index: usize, go_on: &mut dyn FnMut(u64, u64) -> bool) -> Result<EvacuateReport> {
+        self.evacuate_device_batched(index, BATCH_WINDOWS, go_on)
+    }
+
+    /// [`Pool::evacuate_device`] moving up to `batch` head runs of one
+    /// volume per step (1 to [`BATCH_WINDOWS`]; a `--rate` takes
+    /// `relayout::batch_for_rate`): announced together, so client writes
+    /// planned before are waited for once per batch, not once per window
+    /// (each wait holds new client I/O back until the ones in flight end),
+    /// and their blocks read in one sweep in device order.
+    pub fn evacuate_device_batched(
+        &self,
+        index: usize,
+        batch: u64,
+        go_on: &mut dyn FnMut(u64, u64) -> bool,
+    ) -> Result<EvacuateReport> {
         self.check_writable()?;
         let live = self.refuse_removal(index)?;
         self.write_inner().space.avoid |= 1 << index;
@@ -116,9 +131,9 @@ impl Pool {
             if runs.is_empty() || report.stopped {
                 break;
             }
-            for run in runs {
+            for group in batches(&runs, batch) {
                 self.make_room()?;
-                report.moved_bytes += self.move_live_run(index, run)? * BLOCK_SIZE;
+                report.moved_bytes += self.move_live_runs(index, group)? * BLOCK_SIZE;
                 if !go_on(report.moved_bytes, report.live_bytes) {
                     report.stopped = true;
                     break;
@@ -188,9 +203,28 @@ impl Pool {
         Ok(out)
     }
 
-    /// Move one run; the blocks moved (0 if it changed meanwhile).
-    fn move_live_run(&self, index: usize, run: LiveRun) -> Result<u64> {
-        self.move_run_where(run, &on_member(index), &mut Destination::Placement)
+    /// Move one batch of [`batches`]: a dead-list run alone, or head runs
+    /// of one volume together; the blocks moved (0 for a run that changed
+    /// meanwhile). `NoSpace` when placement finds no room.
+    fn move_live_runs(&self, index: usize, group: &[LiveRun]) -> Result<u64> {
+        let keep = on_member(index);
+        let Some(first) = group.first() else { return Ok(0) };
+        if first.snap != 0 || group.len() == 1 {
+            return self.move_run_where(*first, &keep, &mut Destination::Placement);
+        }
+        let chosen = |_: &Volume, segs: &[Segment]| -> Vec<Segment> {
+            segs.iter().copied().filter(|s| matches!(*s, Segment::Mapped { pba, .. } if real(pba, &keep))).collect()
+        };
+        let windows: Vec<(u64, u64)> = group.iter().map(|r| (r.lba, r.len)).collect();
+        let mut moved = 0;
+        for outcome in self.move_windows(first.vol, &windows, &chosen, &mut Destination::Placement)? {
+            match outcome {
+                Window::Moved(n) => moved += n,
+                Window::NoRoom => return Err(EngineError::NoSpace),
+                Window::Fine | Window::Skipped => {}
+            }
+        }
+        Ok(moved)
     }
 
     /// Move one run of [`Pool::live_runs_where`] to `dest`: of a head
@@ -266,6 +300,25 @@ impl Pool {
         self.apply_ops(&mut inner, ops)?;
         Ok(run.len)
     }
+}
+
+/// `runs` in steps: head runs of one volume, consecutive in the list (in
+/// volume order), up to `batch` at a time; a dead-list run alone.
+fn batches(runs: &[LiveRun], batch: u64) -> Vec<&[LiveRun]> {
+    let batch = batch.clamp(1, BATCH_WINDOWS) as usize;
+    let mut out = Vec::new();
+    let mut rest = runs;
+    while let Some(first) = rest.first() {
+        let n = if first.snap != 0 {
+            1
+        } else {
+            rest.iter().take(batch).take_while(|r| r.snap == 0 && r.vol == first.vol).count()
+        };
+        let (step, tail) = rest.split_at(n);
+        out.push(step);
+        rest = tail;
+    }
+    out
 }
 
 /// Whether `segs` (a view, which may cut a run in pieces) show exactly
