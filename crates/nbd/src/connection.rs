@@ -32,7 +32,7 @@ use crate::session::{Negotiated, ServerConfig};
 use crate::status::*;
 use crate::transport::Transport;
 use crate::util::{lock, wait};
-use crate::writer::{BufPool, Reply, ReplyWriter};
+use crate::writer::{BufPool, Reply, ReplyWriter, OWN_SEND_MIN};
 
 /// Payload bytes in flight per connection before the reader waits (one
 /// request may always be in flight, whatever its size).
@@ -105,6 +105,11 @@ struct QueueState {
     flusher: bool,
     closed: bool,
     idle: usize,
+    /// Workers running a job; each looks at the queue again before it
+    /// sleeps, so a job queued while one is busy is never left behind.
+    busy: usize,
+    /// Jobs queued without waking a worker (see [`enqueue`]).
+    unwoken: usize,
     in_flight: usize,
     in_flight_bytes: u64,
     reader_waiting: bool,
@@ -216,6 +221,8 @@ pub(crate) fn serve<R: Read>(
             flusher: false,
             closed: false,
             idle: 0,
+            busy: 0,
+            unwoken: 0,
             in_flight: 0,
             in_flight_bytes: 0,
             reader_waiting: false,
@@ -467,15 +474,34 @@ fn read_payload_into<R: Read>(reader: &mut BufReader<R>, buf: &mut [u8]) -> io::
 /// its in-flight limit (after sending the replies produced so far, which
 /// the workers may be waiting on). True if a worker should be spawned:
 /// more jobs than idle workers, and `can_spawn`.
+///
+/// A large read queued while another large reply already waits for the
+/// socket wakes no worker and starts none: a busy worker takes it when it
+/// is done. From the page cache such reads are ready faster than the
+/// socket sends them; with a worker per request (eight at queue depth 8)
+/// each one read, slept on the writer, was woken, sent, and slept on the
+/// queue again, and the extra threads' context switches cost more CPU per
+/// request than nbdkit spends (docs/ARCHITECTURE.md, *Sequential I/O*).
+/// Reads slower than the socket (a cold device) never find a reply
+/// waiting, so they still get every worker.
 fn enqueue(shared: &Shared, job: Job, max_in_flight: usize, can_spawn: bool) -> bool {
+    let large_read = matches!(job.req, Request::Read { length, .. } if length as usize >= OWN_SEND_MIN);
     let mut q = wait_for_room(shared, job.cost(), max_in_flight);
     q.in_flight += 1;
     q.in_flight_bytes += job.cost();
     q.jobs.push_back(job);
-    let notify = q.idle > 0;
-    let spawn = q.jobs.len() > q.idle && can_spawn;
+    let defer = large_read && q.busy > 0 && shared.writer.socket_bound();
+    let wake = if defer {
+        q.unwoken += 1;
+        0
+    } else {
+        // Also the wake-ups held back before: the socket may no longer be
+        // the bound, and the queue should get its workers back.
+        std::mem::take(&mut q.unwoken).saturating_add(1).min(q.idle)
+    };
+    let spawn = !defer && q.jobs.len() > q.idle && can_spawn;
     drop(q);
-    if notify {
+    for _ in 0..wake {
         shared.work_cv.notify_one();
     }
     spawn
@@ -679,9 +705,12 @@ fn worker(sh: Arc<Shared>) {
             let mut q = lock(&sh.queue);
             if let Some(cost) = done.take() {
                 sh.finished(&mut q, 1, cost);
+                q.busy -= 1;
             }
             loop {
                 if let Some(j) = q.jobs.pop_front() {
+                    q.busy += 1;
+                    q.unwoken = q.unwoken.saturating_sub(1);
                     break j;
                 }
                 if q.closed {
