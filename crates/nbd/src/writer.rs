@@ -19,7 +19,7 @@
 //! by another thread than the one that read them cost ~20% at depth 8.
 
 use std::io::IoSlice;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 use crate::protocol;
@@ -154,9 +154,6 @@ pub(crate) struct ReplyWriter {
     /// waits for the socket; all waiters when the writer breaks.
     idle: Condvar,
     broken: AtomicBool,
-    /// `WriterState::waiting`, readable without the lock (see
-    /// [`ReplyWriter::socket_bound`]).
-    waiters: AtomicUsize,
 }
 
 struct WriterState {
@@ -186,15 +183,7 @@ impl ReplyWriter {
             }),
             idle: Condvar::new(),
             broken: AtomicBool::new(false),
-            waiters: AtomicUsize::new(0),
         }
-    }
-
-    /// Whether a large reply is ready and waits for the socket: the
-    /// socket, not the readers, is then what limits this connection, and
-    /// another thread preparing another large reply would only wait too.
-    pub(crate) fn socket_bound(&self) -> bool {
-        self.waiters.load(Ordering::Relaxed) > 0
     }
 
     /// Whether a write failed (the connection is unusable).
@@ -218,10 +207,8 @@ impl ReplyWriter {
             // at it, which will.
             while st.writing && !self.is_broken() {
                 st.waiting += 1;
-                self.waiters.store(st.waiting, Ordering::Relaxed);
                 st = wait(&self.idle, st);
                 st.waiting -= 1;
-                self.waiters.store(st.waiting, Ordering::Relaxed);
             }
         }
         if let Some(st) = self.push(st, reply, pool) {

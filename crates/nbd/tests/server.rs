@@ -187,15 +187,15 @@ fn slow_requests_run_concurrently() {
     assert!(t < Duration::from_millis(500), "8 slow writes took {t:?}: not concurrent");
 }
 
-/// Large reads pipelined far beyond what the socket buffers hold: most
-/// replies wait for the socket, so the server queues the reads behind
-/// them without waking a worker (connection.rs `enqueue`); every one must
-/// still be answered, whole and with its data. A read nobody takes shows
-/// as the client's read timeout (a bound on progress, not a timing).
+/// Fast large reads pipelined far beyond what the socket buffers hold:
+/// while two workers are busy the server queues the reads behind them
+/// without waking another (connection.rs `enqueue`); every one must still
+/// be answered, whole and with its data. A read nobody takes shows as the
+/// client's read timeout (a bound on progress, not a timing).
 #[test]
 fn large_reads_behind_a_full_socket_all_arrive() {
     const MIB: usize = 1 << 20;
-    let export = Arc::new(SlowExport::new(16 << 20, Duration::from_millis(1), Duration::ZERO, Duration::ZERO));
+    let export = Arc::new(SlowExport::new(16 << 20, Duration::ZERO, Duration::ZERO, Duration::ZERO));
     for i in 0..16u64 {
         export.inner.write(i * MIB as u64, &pattern(i as u8, MIB), false).unwrap();
     }
