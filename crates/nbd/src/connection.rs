@@ -7,7 +7,9 @@
 //! the read buffer) or pushed into a bounded queue served by up to
 //! `workers_per_conn` worker threads spawned on demand; [`CostModel`]
 //! picks inline for request classes the export answers quickly and the
-//! workers for slow ones. Flushes go to a flusher thread of their own,
+//! workers for slow ones; large reads that come back fast (the page
+//! cache) are served by two workers at a time, one reading while the
+//! other sends (see [`enqueue`]). Flushes go to a flusher thread of their own,
 //! which answers all the flushes queued meanwhile with one export flush, so
 //! a slow commit never occupies the workers. Replies go through the shared
 //! combining [`ReplyWriter`]: inline replies are batched and written before
