@@ -7,9 +7,7 @@
 //! the read buffer) or pushed into a bounded queue served by up to
 //! `workers_per_conn` worker threads spawned on demand; [`CostModel`]
 //! picks inline for request classes the export answers quickly and the
-//! workers for slow ones; large reads that come back fast (the page
-//! cache) are served by two workers at a time, one reading while the
-//! other sends (see [`enqueue`]). Flushes go to a flusher thread of their own,
+//! workers for slow ones. Flushes go to a flusher thread of their own,
 //! which answers all the flushes queued meanwhile with one export flush, so
 //! a slow commit never occupies the workers. Replies go through the shared
 //! combining [`ReplyWriter`]: inline replies are batched and written before
@@ -34,7 +32,7 @@ use crate::session::{Negotiated, ServerConfig};
 use crate::status::*;
 use crate::transport::Transport;
 use crate::util::{lock, wait};
-use crate::writer::{BufPool, Reply, ReplyWriter, OWN_SEND_MIN};
+use crate::writer::{BufPool, Reply, ReplyWriter};
 
 /// Payload bytes in flight per connection before the reader waits (one
 /// request may always be in flight, whatever its size).
@@ -91,11 +89,6 @@ struct Job {
 }
 
 impl Job {
-    /// A read whose reply the writer sends from its worker's own thread.
-    fn large_read(&self) -> bool {
-        matches!(self.req, Request::Read { length, .. } if length as usize >= OWN_SEND_MIN)
-    }
-
     fn cost(&self) -> u64 {
         match self.req {
             Request::Read { length, .. } | Request::Write { length, .. } => length as u64,
@@ -112,9 +105,6 @@ struct QueueState {
     flusher: bool,
     closed: bool,
     idle: usize,
-    /// Workers running a large read; each looks at the queue again before
-    /// it sleeps, so a job queued while one runs is never left behind.
-    reading: usize,
     in_flight: usize,
     in_flight_bytes: u64,
     reader_waiting: bool,
@@ -226,7 +216,6 @@ pub(crate) fn serve<R: Read>(
             flusher: false,
             closed: false,
             idle: 0,
-            reading: 0,
             in_flight: 0,
             in_flight_bytes: 0,
             reader_waiting: false,
@@ -478,36 +467,19 @@ fn read_payload_into<R: Read>(reader: &mut BufReader<R>, buf: &mut [u8]) -> io::
 /// its in-flight limit (after sending the replies produced so far, which
 /// the workers may be waiting on). True if a worker should be spawned:
 /// more jobs than idle workers, and `can_spawn`.
-///
-/// A large read that the export answers fast (from the page cache) wakes
-/// no worker and starts none while [`READ_PAIR`] workers run large
-/// reads: they take it when done (every busy worker looks at the queue
-/// before it sleeps). Such reads are ready faster than the socket sends them, so
-/// one worker reading while another sends is all the socket can use;
-/// with a worker per request (eight at queue depth 8) each one read,
-/// slept on the writer, was woken, sent, and slept on the queue again,
-/// and those context switches cost more CPU per request than nbdkit
-/// spends (docs/ARCHITECTURE.md, *Sequential I/O*). Slow large reads (a
-/// cold device) get every worker, as before.
 fn enqueue(shared: &Shared, job: Job, max_in_flight: usize, can_spawn: bool) -> bool {
-    let large_read = job.large_read();
     let mut q = wait_for_room(shared, job.cost(), max_in_flight);
     q.in_flight += 1;
     q.in_flight_bytes += job.cost();
     q.jobs.push_back(job);
-    let defer = large_read && q.reading >= READ_PAIR && shared.costs.fast_large_reads();
-    let notify = q.idle > 0 && !defer;
-    let spawn = !defer && q.jobs.len() > q.idle && can_spawn;
+    let notify = q.idle > 0;
+    let spawn = q.jobs.len() > q.idle && can_spawn;
     drop(q);
     if notify {
         shared.work_cv.notify_one();
     }
     spawn
 }
-
-/// Workers that serve fast large reads: one reads while the other sends
-/// (see [`enqueue`]). At least 1, or a deferred read could wait for no one.
-const READ_PAIR: usize = 2;
 
 /// The queue, once it has room for a request of `cost` payload bytes (the
 /// replies produced so far are sent before the reader waits).
@@ -639,34 +611,14 @@ fn complete_request_buffered<R: Read>(shared: &Shared, reader: &BufReader<R>) ->
 pub(crate) struct CostModel {
     /// Moving average of export call durations (ns) per class.
     avg_ns: [AtomicU64; 3],
-    /// Moving average of the durations of large reads (a reply the
-    /// writer sends from its own thread) alone, see [`enqueue`].
-    large_read_ns: AtomicU64,
 }
 
 /// Requests of a class averaging longer than this run on workers.
 pub(crate) const INLINE_MAX_NS: u64 = 20_000;
-/// Large reads averaging at most this are "fast" (see [`enqueue`]): a
-/// 1 MiB read from the page cache, checksums verified, took ~75-150 us
-/// here; sending it over loopback TCP ~150-300 us; from a disk a
-/// millisecond or more.
-pub(crate) const FAST_LARGE_READ_NS: u64 = 500_000;
-
-/// Fold `ns` into the moving average `a` (weight 1/8); the old and new
-/// averages.
-fn average_in(a: &AtomicU64, ns: u64) -> (u64, u64) {
-    let old = a.load(Ordering::Relaxed);
-    let new = old - old / 8 + ns.min(1 << 40) / 8;
-    a.store(new, Ordering::Relaxed);
-    (old, new)
-}
 
 impl CostModel {
     pub(crate) fn new() -> CostModel {
-        CostModel {
-            avg_ns: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
-            large_read_ns: AtomicU64::new(0),
-        }
+        CostModel { avg_ns: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)] }
     }
 
     fn class(req: &Request) -> Option<usize> {
@@ -682,20 +634,14 @@ impl CostModel {
         Self::class(req).is_some_and(|c| self.avg_ns[c].load(Ordering::Relaxed) <= INLINE_MAX_NS)
     }
 
-    /// Whether large reads come back faster than [`FAST_LARGE_READ_NS`].
-    pub(crate) fn fast_large_reads(&self) -> bool {
-        self.large_read_ns.load(Ordering::Relaxed) <= FAST_LARGE_READ_NS
-    }
-
     /// Record one duration (exponential moving average, weight 1/8; the
     /// benign races between threads only lose samples).
     pub(crate) fn record(&self, req: &Request, ns: u64) {
-        if matches!(req, Request::Read { length, .. } if *length as usize >= OWN_SEND_MIN) {
-            average_in(&self.large_read_ns, ns);
-        }
         if let Some(c) = Self::class(req) {
             let a = &self.avg_ns[c];
-            let (old, new) = average_in(a, ns);
+            let old = a.load(Ordering::Relaxed);
+            let new = old - old / 8 + ns.min(1 << 40) / 8;
+            a.store(new, Ordering::Relaxed);
             if (old <= INLINE_MAX_NS) != (new <= INLINE_MAX_NS) {
                 const NAMES: [&str; 3] = ["reads", "writes", "other requests"];
                 let mode = if new <= INLINE_MAX_NS { "inline" } else { "on workers" };
@@ -727,18 +673,15 @@ fn run(sh: &Shared, tag: Tag, req: Request, data: &[u8]) -> Reply {
 }
 
 fn worker(sh: Arc<Shared>) {
-    // The last job's payload bytes and whether it was a large read.
-    let mut done: Option<(u64, bool)> = None;
+    let mut done: Option<u64> = None;
     loop {
         let job = {
             let mut q = lock(&sh.queue);
-            if let Some((cost, large_read)) = done.take() {
+            if let Some(cost) = done.take() {
                 sh.finished(&mut q, 1, cost);
-                q.reading -= usize::from(large_read);
             }
             loop {
                 if let Some(j) = q.jobs.pop_front() {
-                    q.reading += usize::from(j.large_read());
                     break j;
                 }
                 if q.closed {
@@ -749,14 +692,16 @@ fn worker(sh: Arc<Shared>) {
                 q.idle -= 1;
             }
         };
-        done = Some((job.cost(), job.large_read()));
+        let cost = job.cost();
         if sh.writer.is_broken() {
             // Nobody will see the reply: skip the work.
             sh.pool.put(job.data);
+            done = Some(cost);
             continue;
         }
         let reply = run_job(&sh, job);
         sh.send(reply);
+        done = Some(cost);
     }
 }
 

@@ -188,10 +188,11 @@ fn slow_requests_run_concurrently() {
 }
 
 /// Fast large reads pipelined far beyond what the socket buffers hold:
-/// while two workers are busy the server queues the reads behind them
-/// without waking another (connection.rs `enqueue`); every one must still
-/// be answered, whole and with its data. A read nobody takes shows as the
-/// client's read timeout (a bound on progress, not a timing).
+/// most replies wait for the socket while the reads behind them queue up;
+/// every one must still be answered, whole and with its data. A read
+/// nobody takes shows as the client's read timeout (a bound on progress,
+/// not a timing). Guards any rule that holds reads back from the workers
+/// (one was tried: docs/ARCHITECTURE.md, *Sequential I/O*).
 #[test]
 fn large_reads_behind_a_full_socket_all_arrive() {
     const MIB: usize = 1 << 20;
@@ -225,9 +226,9 @@ fn large_reads_behind_a_full_socket_all_arrive() {
     }
 }
 
-/// Large reads slower than the socket (a cold device) never find a reply
-/// waiting for it: each one sent while the others still run must get a
-/// worker of its own, not wait for a busy one.
+/// Large reads slower than the socket (a cold device): each one sent
+/// while the others still run must get a worker of its own, not wait for
+/// a busy one (the device then sees the client's queue depth).
 #[test]
 fn slow_large_reads_still_run_concurrently() {
     use std::sync::atomic::Ordering::SeqCst;
