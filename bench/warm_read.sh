@@ -8,6 +8,7 @@
 #
 #   bash bench/warm_read.sh
 # Env: TARN=target/release/tarn  TARN_B=/path/to/other/tarn (adds target tarn_b)
+#      TARN_C=/path/to/a/third/tarn (adds target tarn_c, compared with both)
 #      WARM_TARGETS="tarn nbdkit" (tarn_b is added when TARN_B is set)
 #      WARM_JOBS="sr1m"  (any of sr1m sw1m rr4k rw4k rr64k)  WARM_ROUNDS=6  WARM_SECS=4
 #      WARM_SIZE=2G  WARM_DIR=/var/tmp/tarn-warm
@@ -20,6 +21,7 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 TARN=${TARN:-$REPO/target/release/tarn}
 TARGETS=${WARM_TARGETS:-tarn nbdkit}
 [ -n "${TARN_B:-}" ] && TARGETS="$TARGETS tarn_b"
+[ -n "${TARN_C:-}" ] && TARGETS="$TARGETS tarn_c"
 JOBS=${WARM_JOBS:-sr1m}
 ROUNDS=${WARM_ROUNDS:-6}
 SECS=${WARM_SECS:-4}
@@ -46,8 +48,8 @@ start() { # start TARGET: a server on its own port, URI and PID set
   p=$(port)
   mkdir -p "$W/$t"
   case $t in
-    tarn|tarn_b)
-      bin=$TARN; [ "$t" = tarn_b ] && bin=$TARN_B
+    tarn|tarn_b|tarn_c)
+      bin=$TARN; [ "$t" = tarn_b ] && bin=$TARN_B; [ "$t" = tarn_c ] && bin=$TARN_C
       "$bin" pool create "$W/$t/pool.img" --size "$(($(numfmt --from=iec "$SIZE") * 2))" >/dev/null
       "$bin" vol create bench --size "$SIZE" -p "$W/$t/pool.img" >/dev/null
       "$bin" serve -p "$W/$t/pool.img" --listen "127.0.0.1:$p" >"$W/$t/serve.log" 2>&1 &
@@ -130,7 +132,7 @@ for r in $(seq 1 "$ROUNDS"); do
 done
 {
   echo "# warm_read: $ROUNDS rounds x ${SECS}s, $SIZE prefilled, fio nbd engine over TCP loopback, order rotating"
-  echo "# git $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo none); TARN=$TARN TARN_B=${TARN_B:-}"
+  echo "# git $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo none); TARN=$TARN TARN_B=${TARN_B:-} TARN_C=${TARN_C:-}"
   echo "# load at start $LOAD_START, at end $(cut -d' ' -f1-3 /proc/loadavg)"
   python3 - "$RES" <<'EOF'
 import sys, statistics as st

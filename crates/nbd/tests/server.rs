@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use tarn_nbd::memory::{MemoryBackend, MemoryExport};
 use tarn_nbd::protocol::*;
-use tarn_nbd::{Server, ServerConfig};
+use tarn_nbd::{Export, Server, ServerConfig};
 
 fn wait_for(mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -185,6 +185,68 @@ fn slow_requests_run_concurrently() {
     }
     let t = start.elapsed();
     assert!(t < Duration::from_millis(500), "8 slow writes took {t:?}: not concurrent");
+}
+
+/// Fast large reads pipelined far beyond what the socket buffers hold:
+/// most replies wait for the socket while the reads behind them queue up;
+/// every one must still be answered, whole and with its data. A read
+/// nobody takes shows as the client's read timeout (a bound on progress,
+/// not a timing). Guards any rule that holds reads back from the workers
+/// (one was tried: docs/ARCHITECTURE.md, *Sequential I/O*).
+#[test]
+fn large_reads_behind_a_full_socket_all_arrive() {
+    const MIB: usize = 1 << 20;
+    let export = Arc::new(SlowExport::new(16 << 20, Duration::ZERO, Duration::ZERO, Duration::ZERO));
+    for i in 0..16u64 {
+        export.inner.write(i * MIB as u64, &pattern(i as u8, MIB), false).unwrap();
+    }
+    let backend = MemoryBackend::new().with_export("mem", "", export.clone());
+    let server = Server::new(Arc::new(backend), ServerConfig::default());
+    let (mut c, _, _) = Client::open(server.listen_tcp("127.0.0.1:0").unwrap(), false);
+    c.s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    const READS: u64 = 96;
+    let mut batch = Vec::new();
+    for h in 0..READS {
+        let h = RequestHeader {
+            flags: 0,
+            command: NBD_CMD_READ,
+            handle: h,
+            offset: (h % 16) * MIB as u64,
+            length: MIB as u32,
+        };
+        batch.extend_from_slice(&encode_request_header(&h));
+    }
+    c.s.write_all(&batch).unwrap();
+    let mut seen = vec![false; READS as usize];
+    for _ in 0..READS {
+        let (r, data) = c.reply(|_| MIB);
+        let Reply::Simple { error: 0, handle } = r else { panic!("read failed: {r:?}") };
+        assert!(!std::mem::replace(&mut seen[handle as usize], true), "reply {handle} twice");
+        assert!(data == pattern((handle % 16) as u8, MIB), "reply {handle}: wrong data");
+    }
+}
+
+/// Large reads slower than the socket (a cold device): each one sent
+/// while the others still run must get a worker of its own, not wait for
+/// a busy one (the device then sees the client's queue depth).
+#[test]
+fn slow_large_reads_still_run_concurrently() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let export = Arc::new(SlowExport::new(16 << 20, Duration::from_secs(2), Duration::ZERO, Duration::ZERO));
+    let backend = MemoryBackend::new().with_export("mem", "", export.clone());
+    let server = Server::new(Arc::new(backend), ServerConfig::default());
+    let (mut c, _, _) = Client::open(server.listen_tcp("127.0.0.1:0").unwrap(), false);
+    // Slow enough to go to the workers from now on.
+    assert_eq!(c.read_simple(0, 0, 1 << 20).len(), 1 << 20);
+    for h in 1..=4u64 {
+        c.request(0, NBD_CMD_READ, h, h << 20, 1 << 20, &[]);
+        let running = wait_for(|| export.reads_now.load(SeqCst) as u64 >= h);
+        assert!(running, "read {h} sent while {} ran: it waits for a busy worker", h - 1);
+    }
+    for _ in 1..=4 {
+        let (r, _) = c.reply(|_| 1 << 20);
+        assert!(matches!(r, Reply::Simple { error: 0, .. }), "{r:?}");
+    }
 }
 
 #[test]

@@ -423,12 +423,23 @@ pub struct SlowExport {
     pub flush_delay: Duration,
     /// Export flushes run so far.
     pub flushes: std::sync::atomic::AtomicU64,
+    /// Reads running now, and the most that ever ran at once.
+    pub reads_now: std::sync::atomic::AtomicUsize,
+    pub reads_max: std::sync::atomic::AtomicUsize,
 }
 
 impl SlowExport {
     pub fn new(size: u64, read_delay: Duration, write_delay: Duration, flush_delay: Duration) -> SlowExport {
         let inner = MemoryExport::new(size);
-        SlowExport { inner, read_delay, write_delay, flush_delay, flushes: Default::default() }
+        SlowExport {
+            inner,
+            read_delay,
+            write_delay,
+            flush_delay,
+            flushes: Default::default(),
+            reads_now: Default::default(),
+            reads_max: Default::default(),
+        }
     }
 }
 
@@ -440,8 +451,13 @@ impl Export for SlowExport {
         false
     }
     fn read(&self, o: u64, b: &mut [u8]) -> Result<(), ExportError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = self.reads_now.fetch_add(1, SeqCst) + 1;
+        self.reads_max.fetch_max(now, SeqCst);
         std::thread::sleep(self.read_delay);
-        self.inner.read(o, b)
+        let r = self.inner.read(o, b);
+        self.reads_now.fetch_sub(1, SeqCst);
+        r
     }
     fn write(&self, o: u64, d: &[u8], f: bool) -> Result<(), ExportError> {
         std::thread::sleep(self.write_delay);
