@@ -426,6 +426,9 @@ pub struct SlowExport {
     /// Reads running now, and the most that ever ran at once.
     pub reads_now: std::sync::atomic::AtomicUsize,
     pub reads_max: std::sync::atomic::AtomicUsize,
+    /// Writes running now, and the most that ever ran at once.
+    pub writes_now: std::sync::atomic::AtomicUsize,
+    pub writes_max: std::sync::atomic::AtomicUsize,
 }
 
 impl SlowExport {
@@ -439,6 +442,8 @@ impl SlowExport {
             flushes: Default::default(),
             reads_now: Default::default(),
             reads_max: Default::default(),
+            writes_now: Default::default(),
+            writes_max: Default::default(),
         }
     }
 }
@@ -460,8 +465,13 @@ impl Export for SlowExport {
         r
     }
     fn write(&self, o: u64, d: &[u8], f: bool) -> Result<(), ExportError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = self.writes_now.fetch_add(1, SeqCst) + 1;
+        self.writes_max.fetch_max(now, SeqCst);
         std::thread::sleep(self.write_delay);
-        self.inner.write(o, d, f)
+        let r = self.inner.write(o, d, f);
+        self.writes_now.fetch_sub(1, SeqCst);
+        r
     }
     fn flush(&self) -> Result<(), ExportError> {
         std::thread::sleep(self.flush_delay);
