@@ -132,7 +132,7 @@ impl Pool {
             Some(device) => Destination::Run(FreeRuns::new(device, true)),
             None => Destination::Placement,
         };
-        self.head_pass(id, blocks, batch, &mut dest, &mut report, go_on)?;
+        self.head_pass(id, blocks, batch, (&relayout_pick, &mut dest), &mut report, go_on)?;
         if !report.stopped {
             self.relayout_dead_lists(id, &mut report, &mut || go_on(blocks, blocks))?;
         }
@@ -148,7 +148,7 @@ impl Pool {
                 self.flush()?;
                 self.checkpoint()?;
                 let mut again = Destination::Run(FreeRuns::new(device, false));
-                self.head_pass(id, blocks, batch, &mut again, &mut report, go_on)?;
+                self.head_pass(id, blocks, batch, (&whole_pick, &mut again), &mut report, go_on)?;
             }
         }
         self.flush()?;
@@ -163,7 +163,7 @@ impl Pool {
         id: u32,
         blocks: u64,
         batch: u64,
-        dest: &mut Destination,
+        (pick, dest): (&Pick, &mut Destination),
         report: &mut RelayoutReport,
         go_on: &mut dyn FnMut(u64, u64) -> bool,
     ) -> Result<()> {
@@ -172,7 +172,7 @@ impl Pool {
             let end = (first + WINDOW_BLOCKS * batch).min(blocks);
             let windows: Vec<(u64, u64)> =
                 (first..end).step_by(WINDOW_BLOCKS as usize).map(|lba| (lba, WINDOW_BLOCKS.min(end - lba))).collect();
-            for outcome in self.move_windows(id, &windows, &relayout_pick, dest)? {
+            for outcome in self.move_windows(id, &windows, pick, dest)? {
                 match outcome {
                     Window::Fine => {}
                     Window::Moved(n) => {
@@ -549,6 +549,19 @@ fn write_runs(fresh: &[NewPiece]) -> Vec<(Pba, u64, u64)> {
 /// `pool compact`'s choice: every mapped block of a scattered window.
 fn relayout_pick(_: &Volume, segs: &[Segment]) -> Vec<Segment> {
     if scattered(segs) {
+        segs.iter().copied().filter(|s| matches!(s, Segment::Mapped { .. })).collect()
+    } else {
+        Vec::new()
+    }
+}
+
+/// The second pass's choice: every mapped block of a window in two or
+/// more physical runs, however long (the first pass, threading windows
+/// through blocks in use, can leave one in a few pieces averaging a
+/// quarter of it, which [`scattered`] lets be).
+fn whole_pick(_: &Volume, segs: &[Segment]) -> Vec<Segment> {
+    let real = segs.iter().all(|s| !matches!(*s, Segment::Mapped { pba, .. } if pba.is_origin()));
+    if real && physical_runs(segs).0 >= 2 {
         segs.iter().copied().filter(|s| matches!(s, Segment::Mapped { .. })).collect()
     } else {
         Vec::new()
