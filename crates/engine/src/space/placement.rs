@@ -400,6 +400,50 @@ mod tests {
         assert_eq!(Contiguous.place(&mut s, vol(1), 20, 1, &near, R).unwrap(), Some(vec![(home.offset_by(20), 1)]));
     }
 
+    /// Bug guarded: when the block after a region's copies was taken,
+    /// the next copy opened a new run of copies far away, a second read
+    /// of the region (web-server replay: 647 regions read in two
+    /// pieces); it must go right beside a piece of the region.
+    #[test]
+    fn a_copy_with_no_room_after_the_copies_goes_beside_the_region() {
+        let mut s = space(16 * R);
+        let home = Pba::new(0, 5 * R);
+        assert!(s.allocate_exact(home.offset_by(10), 1).unwrap());
+        // Five copies of the region at 8R+1.., the block after them taken.
+        let copies = Pba::new(0, 8 * R + 1);
+        assert!(s.allocate_exact(copies, 6).unwrap());
+        let near = Near {
+            bases: vec![home],
+            home: Some(home),
+            tail: Some(copies.offset_by(5)),
+            edges: vec![(copies, copies.offset_by(5))],
+        };
+        let got = Contiguous.place(&mut s, vol(1), 10, 1, &near, R).unwrap();
+        assert_eq!(got, Some(vec![(Pba::new(0, 8 * R), 1)]), "right before the copies");
+        // Room after a piece: there.
+        let near = Near { edges: vec![(home.offset_by(10), home.offset_by(11))], ..near };
+        let got = Contiguous.place(&mut s, vol(1), 10, 1, &near, R).unwrap();
+        assert_eq!(got, Some(vec![(home.offset_by(11), 1)]), "right after a piece");
+    }
+
+    /// Bug guarded: a copy whose search near the home found no whole free
+    /// region took one from the cursor at its offset, leaving the run's
+    /// front for others; it packs from the start.
+    #[test]
+    fn a_copy_given_a_new_run_packs_from_its_start() {
+        let mut s = space(16 * R);
+        let home = Pba::new(0, 5 * R);
+        assert!(s.allocate_exact(home.offset_by(10), 1).unwrap());
+        // No whole free region after the home: the cursor's search (from
+        // the device's start) gives region 0.
+        for k in 6..16 {
+            let _ = s.allocate_exact(Pba::new(0, k * R + 3), 1).unwrap();
+        }
+        let near = Near { bases: vec![home], home: Some(home), ..Near::default() };
+        let got = Contiguous.place(&mut s, vol(1), 10, 1, &near, R).unwrap();
+        assert_eq!(got, Some(vec![(Pba::new(0, 0), 1)]));
+    }
+
     #[test]
     fn without_a_whole_free_region_any_free_block_is_used_until_none_is_left() {
         let mut s = space(2 * R);
