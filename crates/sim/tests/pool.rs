@@ -335,44 +335,6 @@ fn compaction_reads_scattered_windows_in_device_order() {
     assert_clean(&pool);
 }
 
-/// Bug guarded: with the pool's free space cut into holes of a few
-/// blocks, compaction threaded each window through the blocks in use
-/// (next-fit from the cursor), so the volume read back in runs of three
-/// blocks with a block of other data between them (1,599 gaps in a 64 MiB
-/// volume of bench/slow_disk.sh). Each window must end up whole in a free
-/// run, in logical order, like a freshly written volume: where no run
-/// holds one at first, a second pass lays them out once the old copies
-/// are freed.
-#[test]
-fn compaction_lays_windows_out_whole_even_from_cut_up_free_space() {
-    let (_sims, pool) = new_pool(1, 64 * MIB);
-    let v = pool.create_volume("scat", 4 * MIB).unwrap().id;
-    let f = pool.create_volume("holes", 12 * MIB).unwrap().id;
-    // Next-fit interleaves them: a block of `scat`, three of `holes`.
-    for i in 0..1024u64 {
-        let b = (i * 97) % 1024;
-        pool.write(v, b * 4096, &vec![b as u8; 4096], false).unwrap();
-        pool.write(f, i * 3 * 4096, &vec![0x77; 3 * 4096], false).unwrap();
-    }
-    let fill = pool.create_volume("fill", 64 * MIB).unwrap().id;
-    fill_until_full(&pool, fill, 64 << 10);
-    pool.delete_volume("holes", false).unwrap();
-    pool.flush().unwrap();
-    pool.checkpoint().unwrap();
-    let used = pool.status().used;
-    let r = pool.relayout("scat", &mut |_, _| {}).unwrap();
-    assert_eq!(r.windows_skipped, 0, "{r:?}");
-    let runs = pool.physical_runs(v, View::Head, 0, 1024).unwrap();
-    let gaps = runs.windows(2).filter(|w| w[1].block != w[0].block + w[0].len || w[1].device != w[0].device).count();
-    let pieces: Vec<(u64, u64, u64)> = runs.iter().take(8).map(|r| (r.lba, r.len, r.block)).collect();
-    assert!(gaps < 4, "the compacted volume reads in {} runs, {gaps} gaps ({r:?}), first {pieces:?}", runs.len());
-    assert_eq!(pool.status().used, used, "compaction changed the space in use");
-    let mut back = vec![0u8; 4 * MIB as usize];
-    pool.read(v, 0, &mut back).unwrap();
-    assert_scattered_fill(&back, 0);
-    assert_clean(&pool);
-}
-
 /// A pool on one simulated device behind the modeled disk, its delays
 /// made nil: its `stats()` count requests and seeks.
 fn modeled_pool() -> (Arc<ModeledDisk>, Pool) {

@@ -413,20 +413,6 @@ impl Space {
         })
     }
 
-    /// Free runs of at least `min_len` blocks in the part of `device`
-    /// data fills first (below the metadata's part), as (first block,
-    /// blocks), in device order, at most `most` of them: where `pool
-    /// compact` lays windows whole. Walks the device's space map.
-    pub fn data_runs(&self, device: usize, min_len: u64, most: usize) -> Result<Vec<(u64, u64)>> {
-        let Some(dev) = self.devices.get(device) else { return Ok(Vec::new()) };
-        let limit = metadata_start(dev);
-        let runs = self.free_ranges(device)?.into_iter().filter_map(|(start, len)| {
-            let len = len.min(limit.saturating_sub(start));
-            (len >= min_len).then_some((start, len))
-        });
-        Ok(runs.take(most).collect())
-    }
-
     /// Every device's free ranges (walks the space maps).
     pub fn free_ranges(&self, device: usize) -> Result<Vec<(u64, u64)>> {
         self.devices[device].verify(&self.store)

@@ -18,7 +18,6 @@ use crate::map::state::Volume;
 use crate::map::view::View;
 use crate::pool::{Inner, MovingWindow, Pool};
 use crate::space::placement::PlacementKind;
-use crate::space::Space;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tarn_format::ops::Op;
@@ -127,52 +126,12 @@ impl Pool {
         };
         let extents = |pool: &Pool| pool.volume_info(id).map(|v| v.extents).ok_or(EngineError::VolumeGone(id));
         let mut report = RelayoutReport { extents_before: extents(self)?, ..Default::default() };
-        let device = self.free_run_device(id);
-        let mut dest = match device {
-            Some(device) => Destination::Run(FreeRuns::new(device, true)),
-            None => Destination::Placement,
-        };
-        self.head_pass(id, blocks, batch, (&relayout_pick, &mut dest), &mut report, go_on)?;
-        if !report.stopped {
-            self.relayout_dead_lists(id, &mut report, &mut || go_on(blocks, blocks))?;
-        }
-        // No free run held a window (free space cut up by the volume's
-        // and its snapshots' scattered blocks): they were threaded
-        // through the blocks in use. Once the old copies are freed and
-        // the snapshots' data packed (the dead-list pass), the freed
-        // space makes runs: the windows left in pieces go there, whole.
-        if let (Some(device), Destination::Run(first), false) = (device, &dest, report.stopped) {
-            if first.threaded > 0 {
-                // A checkpoint: frees held while one was being written go
-                // back to the space map only then.
-                self.flush()?;
-                self.checkpoint()?;
-                let mut again = Destination::Run(FreeRuns::new(device, false));
-                self.head_pass(id, blocks, batch, (&whole_pick, &mut again), &mut report, go_on)?;
-            }
-        }
-        self.flush()?;
-        report.extents_after = extents(self)?;
-        Ok(report)
-    }
-
-    /// One pass of [`Pool::relayout_until`] over the head's windows, a
-    /// batch at a time; sets `report.stopped` when `go_on` says so.
-    fn head_pass(
-        &self,
-        id: u32,
-        blocks: u64,
-        batch: u64,
-        (pick, dest): (&Pick, &mut Destination),
-        report: &mut RelayoutReport,
-        go_on: &mut dyn FnMut(u64, u64) -> bool,
-    ) -> Result<()> {
         for first in (0..blocks).step_by((WINDOW_BLOCKS * batch) as usize) {
             self.make_room()?;
             let end = (first + WINDOW_BLOCKS * batch).min(blocks);
             let windows: Vec<(u64, u64)> =
                 (first..end).step_by(WINDOW_BLOCKS as usize).map(|lba| (lba, WINDOW_BLOCKS.min(end - lba))).collect();
-            for outcome in self.move_windows(id, &windows, pick, dest)? {
+            for outcome in self.move_windows(id, &windows, &relayout_pick, &mut Destination::Placement)? {
                 match outcome {
                     Window::Fine => {}
                     Window::Moved(n) => {
@@ -187,7 +146,12 @@ impl Pool {
                 break;
             }
         }
-        Ok(())
+        if !report.stopped {
+            self.relayout_dead_lists(id, &mut report, &mut || go_on(blocks, blocks))?;
+        }
+        self.flush()?;
+        report.extents_after = extents(self)?;
+        Ok(report)
     }
 
     /// Look at up to `windows` windows from `cursor` on (volumes by id),
@@ -223,55 +187,6 @@ impl Pool {
             *cursor = RelayoutCursor { vol: id, lba: lba + len };
         }
         Ok(step)
-    }
-
-    /// `wanted` (a window's segments, in logical order) as one run of
-    /// free blocks (see [`FreeRuns`]). None if no run holds it.
-    fn allocate_run(&self, wanted: &[Segment], run: &mut FreeRuns) -> Result<Option<Vec<NewPiece>>> {
-        let total: u64 = wanted.iter().map(Segment::len).sum();
-        let mut inner = self.write_inner();
-        let space = &mut inner.space;
-        let device = run.device as u16;
-        if let Some(next) = run.next {
-            if let Some(fresh) = claim_run(space, wanted, Pba::new(device, next))? {
-                run.next = Some(next + total);
-                return Ok(Some(fresh));
-            }
-        }
-        loop {
-            while let Some((start, len)) = run.runs.pop() {
-                if len < total {
-                    continue;
-                }
-                if let Some(fresh) = claim_run(space, wanted, Pba::new(device, start))? {
-                    run.next = Some(start + total);
-                    return Ok(Some(fresh));
-                }
-            }
-            if run.walks == 0 {
-                return Ok(None);
-            }
-            run.walks -= 1;
-            run.runs = space.data_runs(run.device, WINDOW_BLOCKS, FREE_RUNS_KEPT)?;
-            run.runs.reverse();
-            if run.runs.is_empty() {
-                run.walks = 0;
-                return Ok(None);
-            }
-        }
-    }
-
-    /// The device whose free runs `pool compact` moves volume `id`'s
-    /// windows to whole ([`Destination::Run`]), or None (the placement
-    /// decides) for `contiguous` volumes (their homes) and striped and
-    /// parity ones (their members).
-    fn free_run_device(&self, id: u32) -> Option<usize> {
-        let inner = self.read_inner();
-        let v = inner.state.volume(id)?;
-        if v.stripe.is_some() || v.parity.is_some() || inner.placement_of(v) == PlacementKind::Contiguous {
-            return None;
-        }
-        inner.space.roomiest_among(v.devices)
     }
 
     /// Move one window if it is scattered (see [`Pool::move_window`]).
@@ -451,78 +366,15 @@ pub(crate) enum Destination<'a> {
     Placement,
     /// Next-fit on one device from a cursor the mover keeps.
     Cursor { device: usize, cursor: &'a mut u64 },
-    /// One free run per window, in logical order (see [`FreeRuns`]).
-    Run(FreeRuns),
 }
-
-/// Where `pool compact` lays a volume's windows: each whole in one run of
-/// free blocks, right after the previous window's when free there (so
-/// windows moved one after the other read on), else at the start of the
-/// next free run that holds it, found by walking the device's space map
-/// (a bounded search for an aligned run found none on a pool whose free
-/// space the moves themselves cut up). Next-fit from the cursor had
-/// threaded the windows through the blocks in use there, and the commit
-/// then freed the old blocks between them: 1,548 gaps of 1-4 blocks in
-/// a compacted 64 MiB volume, each a request of its own and on a disk a
-/// rotation.
-pub(crate) struct FreeRuns {
-    device: usize,
-    /// The block after the last window laid.
-    next: Option<u64>,
-    /// Free runs not used yet, last first (popped).
-    runs: Vec<(u64, u64)>,
-    /// Walks of the space map left (each finds what the commits freed).
-    walks: u32,
-    /// Whether a window no run holds goes where the placement puts it
-    /// (else it stays: `NoRoom`), and how many went so.
-    fallback: bool,
-    threaded: u64,
-}
-
-impl FreeRuns {
-    fn new(device: usize, fallback: bool) -> FreeRuns {
-        FreeRuns { device, next: None, runs: Vec::new(), walks: FREE_RUN_WALKS, fallback, threaded: 0 }
-    }
-}
-
-/// Free runs one walk of the space map keeps for `pool compact`.
-const FREE_RUNS_KEPT: usize = 4096;
-
-/// Walks of the space map per compacted volume (the first, and after
-/// each time the runs kept were used up).
-const FREE_RUN_WALKS: u32 = 8;
 
 impl Destination<'_> {
     pub(crate) fn allocate(&mut self, pool: &Pool, id: u32, wanted: &[Segment]) -> Result<Vec<NewPiece>> {
         match self {
             Destination::Placement => pool.allocate_holes(id, wanted, &Vec::new()),
             Destination::Cursor { device, cursor } => pool.allocate_at_cursor(wanted, *device, cursor),
-            Destination::Run(run) => match pool.allocate_run(wanted, run)? {
-                Some(fresh) => Ok(fresh),
-                None if run.fallback => {
-                    run.threaded += 1;
-                    pool.allocate_holes(id, wanted, &Vec::new())
-                }
-                None => Err(EngineError::NoSpace),
-            },
         }
     }
-}
-
-/// `wanted` laid one after the other from `start`, each piece taken
-/// (in flight until settled); None, nothing kept, if any is not free.
-fn claim_run(space: &mut Space, wanted: &[Segment], start: Pba) -> Result<Option<Vec<NewPiece>>> {
-    let mut fresh: Vec<NewPiece> = Vec::with_capacity(wanted.len());
-    let mut pba = start;
-    for seg in wanted {
-        if !space.allocate_exact(pba, seg.len())? {
-            crate::io::release_unmapped(space, &fresh)?;
-            return Ok(None);
-        }
-        fresh.push(NewPiece { lba: seg.lba(), len: seg.len(), pba });
-        pba = pba.offset_by(seg.len());
-    }
-    Ok(Some(fresh))
 }
 
 /// The head's segments over the window (None if the volume went away).
@@ -549,19 +401,6 @@ fn write_runs(fresh: &[NewPiece]) -> Vec<(Pba, u64, u64)> {
 /// `pool compact`'s choice: every mapped block of a scattered window.
 fn relayout_pick(_: &Volume, segs: &[Segment]) -> Vec<Segment> {
     if scattered(segs) {
-        segs.iter().copied().filter(|s| matches!(s, Segment::Mapped { .. })).collect()
-    } else {
-        Vec::new()
-    }
-}
-
-/// The second pass's choice: every mapped block of a window in two or
-/// more physical runs, however long (the first pass, threading windows
-/// through blocks in use, can leave one in a few pieces averaging a
-/// quarter of it, which [`scattered`] lets be).
-fn whole_pick(_: &Volume, segs: &[Segment]) -> Vec<Segment> {
-    let real = segs.iter().all(|s| !matches!(*s, Segment::Mapped { pba, .. } if pba.is_origin()));
-    if real && physical_runs(segs).0 >= 2 {
         segs.iter().copied().filter(|s| matches!(s, Segment::Mapped { .. })).collect()
     } else {
         Vec::new()
