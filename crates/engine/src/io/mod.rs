@@ -1167,6 +1167,10 @@ fn near_holes(map: &ExtentMap, segs: &[Segment], region_blocks: u64) -> std::res
 /// snapshots make copies, each copy-on-write pass one more.
 const MAX_HOMES: usize = 4;
 
+/// Pieces of one region whose edges are kept as places for a copy (a
+/// region's data lies in a few pieces; the bound keeps a lookup short).
+const MAX_EDGES: usize = 16;
+
 /// Where region `region` of a map has its data: the block its first
 /// block maps to (or would, at the same offset) in each place, most
 /// blocks first; then the block after the previous region's last block.
@@ -1177,6 +1181,9 @@ fn near_region(map: &ExtentMap, region: u64, region_blocks: u64) -> std::result:
     let mut homes: Vec<(Pba, u64)> = Vec::new();
     // Each piece of the region: its place's base and its physical end.
     let mut pieces: Vec<(Pba, Pba)> = Vec::new();
+    // Each piece's first block and the block after it: a copy that can
+    // pack on nowhere else goes right beside one of them.
+    let mut edges: Vec<(Pba, Pba)> = Vec::new();
     let mut after_previous = None;
     for seg in map.lookup(from, start + region_blocks - from, usize::MAX)? {
         let Segment::Mapped { lba, len, pba, .. } = seg else { continue };
@@ -1195,6 +1202,9 @@ fn near_region(map: &ExtentMap, region: u64, region_blocks: u64) -> std::result:
         let Some(block) = pba.block().checked_sub(lba - start) else { continue };
         let home = Pba::new(pba.device(), block);
         pieces.push((home, pba.offset_by(len)));
+        if edges.len() < MAX_EDGES {
+            edges.push((pba, pba.offset_by(len)));
+        }
         match homes.iter_mut().find(|h| h.0 == home) {
             Some(h) => h.1 += len,
             None => homes.push((home, len)),
@@ -1212,7 +1222,7 @@ fn near_region(map: &ExtentMap, region: u64, region_blocks: u64) -> std::result:
     if let Some(after) = after_previous.filter(|a| home.is_none() && !bases.contains(a)) {
         bases.push(after);
     }
-    Ok(Near { bases, home, tail })
+    Ok(Near { bases, home, tail, edges })
 }
 
 /// Most head segments an unmap looks at to split ahead; a longer unmap's
