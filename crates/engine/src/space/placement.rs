@@ -194,8 +194,11 @@ impl Placement for Linear {
 /// from the data cursor (regions first written together lie together), or
 /// with [`Space::random_region_start`] from a start spread uniformly over
 /// the device (the paper's random start; derived from volume and region,
-/// so a replay places the same). A block whose place at home is taken (a snapshot holds the old
-/// version) goes at its offset in the region's next home. When no whole
+/// so a replay places the same). A block whose place at home is taken (a
+/// snapshot holds the old version) is a copy: on after the region's
+/// earlier copies, else right beside a piece of the region, else packed
+/// from the start of a new run near the home (docs/ARCHITECTURE.md
+/// *Placement*). When no whole
 /// region is free the space partly written regions hold is used like
 /// `linear`'s: ENOSPC only when no block is left.
 #[derive(Debug, Default)]
