@@ -8,9 +8,11 @@
 # and `ticker KIND` (MODE snap): a volume snapshot every SNAP_EVERY s, the
 # last SNAP_KEEP kept. Needs TARN, DIR, SIZE, VOL_SIZE, PORT, SNAP_EVERY,
 # SNAP_KEEP set by the caller.
-# TARNFS_MOUNT_ARGS: more `tarn mount` arguments (default none; e.g.
-# --no-discard, as ext4raw's ext4 mounts without `-o discard`).
-TARNFS_MOUNT_ARGS=${TARNFS_MOUNT_ARGS:-}
+# TARNFS_MOUNT_ARGS: more `tarn mount` arguments; default --no-discard,
+# like for like with ext4raw and ext4nbd, whose ext4 mounts without `-o
+# discard` (set it empty for tarn's default, a hole punched in the pool
+# file per freed range: ARCHITECTURE.md *PostMark figures*).
+TARNFS_MOUNT_ARGS=${TARNFS_MOUNT_ARGS---no-discard}
 RUN=$DIR/run
 MNT=$RUN/mnt
 FUSE=$RUN/fuse
