@@ -8,6 +8,11 @@
 # and `ticker KIND` (MODE snap): a volume snapshot every SNAP_EVERY s, the
 # last SNAP_KEEP kept. Needs TARN, DIR, SIZE, VOL_SIZE, PORT, SNAP_EVERY,
 # SNAP_KEEP set by the caller.
+# TARNFS_MOUNT_ARGS: more `tarn mount` arguments; default --no-discard,
+# like for like with ext4raw and ext4nbd, whose ext4 mounts without `-o
+# discard` (set it empty for tarn's default, a hole punched in the pool
+# file per freed range: ARCHITECTURE.md *PostMark figures*).
+TARNFS_MOUNT_ARGS=${TARNFS_MOUNT_ARGS---no-discard}
 RUN=$DIR/run
 MNT=$RUN/mnt
 FUSE=$RUN/fuse
@@ -62,7 +67,8 @@ setup() {
       if [ "$2" = ver ]; then
         "$TARN" fs version-policy home add '*' -p "$RUN/pool.img" >/dev/null
       fi
-      "$TARN" mount home "$MNT" -p "$RUN/pool.img" >"$DIR/mount.log" 2>&1 &
+      # shellcheck disable=SC2086 # TARNFS_MOUNT_ARGS: words
+      "$TARN" mount home "$MNT" -p "$RUN/pool.img" $TARNFS_MOUNT_ARGS >"$DIR/mount.log" 2>&1 &
       MOUNT_PID=$!
       wait_for 100 mountpoint -q "$MNT" ;;
   esac

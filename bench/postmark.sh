@@ -69,7 +69,7 @@ one() {
   echo "$(((t1 - t0) / 1000000)) ${tx:-?} $(cat "$DIR/snaps")" >"$DIR/result"
 }
 
-echo "# bench/postmark.sh $STAMP: PM_TX=$PM_TX PM_FILES=$PM_FILES ROUNDS=$ROUNDS SNAP_EVERY=$SNAP_EVERY SNAP_KEEP=$SNAP_KEEP ($(uname -r), $(nproc) cpus, git $(git -C "$REPO" rev-parse --short HEAD))"
+echo "# bench/postmark.sh $STAMP: PM_TX=$PM_TX PM_FILES=$PM_FILES ROUNDS=$ROUNDS SNAP_EVERY=$SNAP_EVERY SNAP_KEEP=$SNAP_KEEP TARNFS_MOUNT_ARGS=\"$TARNFS_MOUNT_ARGS\" TARN=$TARN ($(uname -r), $(nproc) cpus, git $(git -C "$REPO" rev-parse --short HEAD))"
 read -r -a LIST <<<"$CONFIGS"
 declare -A WALL TX
 for r in $(seq 1 "$ROUNDS"); do

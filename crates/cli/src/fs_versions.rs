@@ -1,7 +1,7 @@
 //! `tarn fs snap ...` and `tarn mount NAME@SNAP`: volume snapshots of
 //! file volumes (tarn-fs `snap`), on an offline pool.
 
-use crate::{open_file_volume, print, PoolArg};
+use crate::{open_file_volume, open_file_volume_with, print, PoolArg};
 use anyhow::{Context, Result};
 use clap::Subcommand;
 use serde_json::{json, Value};
@@ -188,11 +188,12 @@ fn with_volume<T>(p: &PoolArg, name: &str, f: impl FnOnce(&tarn_fs::FileVolume) 
 pub fn open_for_mount(
     p: &PoolArg,
     name: &str,
+    options: tarn_engine::OpenOptions,
 ) -> Result<(Arc<tarn_engine::Pool>, crate::poolfile::PoolLock, tarn_fs::FileVolume)> {
     let Some((volume, snap)) = name.split_once('@') else {
-        return open_file_volume(p, name);
+        return open_file_volume_with(p, name, options);
     };
-    let (pool, lock, live) = open_file_volume(p, volume)?;
+    let (pool, lock, live) = open_file_volume_with(p, volume, options)?;
     drop(live);
     let fv = tarn_fs::FileVolume::open_snapshot(pool.clone(), volume, snap)
         .with_context(|| format!("open snapshot {snap} of file volume {volume}"))?;

@@ -82,6 +82,13 @@ enum Command {
         /// returned by write(2) itself
         #[arg(long)]
         no_writeback_cache: bool,
+        /// Keep the space of deleted data allocated in the pool's files
+        /// (as ext4 without `-o discard`): no hole is punched per freed
+        /// range, each punch costing about a millisecond of the commit
+        /// that frees it, under the namespace lock; the space is reused
+        /// by tarn all the same
+        #[arg(long)]
+        no_discard: bool,
         #[command(flatten)]
         pool: PoolArg,
     },
@@ -937,12 +944,12 @@ fn dispatch(cmd: Command) -> Result<i32> {
         }
         Command::Vol(VolCmd::Flatten { name, pool }) => snapshots::vol_flatten(&pool, name),
         Command::Fs(cmd) => fs_cmd(cmd),
-        Command::Mount { name, dir, commit_interval, no_writeback_cache, pool } => {
+        Command::Mount { name, dir, commit_interval, no_writeback_cache, no_discard, pool } => {
             let durability = tarn_fuse::Durability {
                 commit_interval: std::time::Duration::from_secs(commit_interval),
                 writeback_cache: !no_writeback_cache,
             };
-            mount_cmd(&pool, &name, &dir, durability)
+            mount_cmd(&pool, &name, &dir, durability, no_discard)
         }
         Command::Snap(cmd) => snapshots::snap(cmd),
         Command::Diff(d) => snapshots::diff(d),
@@ -1017,6 +1024,15 @@ pub(crate) fn open_file_volume(
     p: &PoolArg,
     name: &str,
 ) -> Result<(Arc<tarn_engine::Pool>, poolfile::PoolLock, tarn_fs::FileVolume)> {
+    open_file_volume_with(p, name, OpenOptions::default())
+}
+
+/// `open_file_volume` with the pool opened with `options`.
+pub(crate) fn open_file_volume_with(
+    p: &PoolArg,
+    name: &str,
+    options: OpenOptions,
+) -> Result<(Arc<tarn_engine::Pool>, poolfile::PoolLock, tarn_fs::FileVolume)> {
     if poolfile::running_server(&p.pool).is_some() {
         bail!(
             "pool {} is held by a running `tarn serve`; stop it first \
@@ -1024,7 +1040,7 @@ pub(crate) fn open_file_volume(
             p.pool.display()
         );
     }
-    let (pool, lock) = poolfile::open_pool(&p.pool, &p.devices, OpenOptions::default())?.into_parts();
+    let (pool, lock) = poolfile::open_pool(&p.pool, &p.devices, options)?.into_parts();
     let pool = Arc::new(pool);
     let fv = tarn_fs::FileVolume::open(pool.clone(), name).with_context(|| format!("open file volume {name}"))?;
     Ok((pool, lock, fv))
@@ -1054,8 +1070,9 @@ fn fs_check(p: &PoolArg, name: &str, json: bool) -> Result<i32> {
 /// `tarn mount`: the pool must be offline; this process holds it until
 /// the mount is gone (`fusermount3 -u DIR` or `umount DIR`), then
 /// commits and closes it.
-fn mount_cmd(p: &PoolArg, name: &str, dir: &Path, durability: tarn_fuse::Durability) -> Result<i32> {
-    let (pool, lock, fv) = fs_versions::open_for_mount(p, name)?;
+fn mount_cmd(p: &PoolArg, name: &str, dir: &Path, durability: tarn_fuse::Durability, no_discard: bool) -> Result<i32> {
+    let options = OpenOptions { no_discard, ..Default::default() };
+    let (pool, lock, fv) = fs_versions::open_for_mount(p, name, options)?;
     eprintln!("mounted file volume {name} on {}; unmount with `fusermount3 -u {}`", dir.display(), dir.display());
     unmount_on_signal(dir)?;
     let served = tarn_fuse::mount(fv, name, dir, durability).with_context(|| format!("mount on {}", dir.display()));

@@ -415,11 +415,23 @@ impl State {
     /// Op VolDelete: refused while a clone or an object depends on the
     /// volume; else its map and every snapshot's dead list are released.
     fn drop_volume(&mut self, vol: u32, freed: &mut Freed) -> Result<(), StateError> {
-        if let Some(c) = self.clones_of(vol, None).first() {
-            return Err(format!("volume {vol} has clone {}", c.name).into());
+        // Both checks scan every volume (O(volumes): a file volume's
+        // objects are volumes, and a PostMark unlink deletes one: 7% of
+        // the mount's time at 5,000 files). Skipped where they cannot
+        // find anything: a clone's origin is a snapshot of `vol` (checked
+        // at clone creation and checkpoint load, and a snapshot delete is
+        // refused while a clone depends on it), and only a file volume
+        // owns objects (`set_role`).
+        let (snapshots, role) = self.volume(vol).map_or((true, None), |v| (!v.snapshots.is_empty(), v.role));
+        if snapshots {
+            if let Some(c) = self.clones_of(vol, None).first() {
+                return Err(format!("volume {vol} has clone {}", c.name).into());
+            }
         }
-        if let Some(o) = self.objects_of(vol).first() {
-            return Err(format!("file volume {vol} still owns object {o}").into());
+        if !matches!(role, Some(VolumeRole::Object { .. })) {
+            if let Some(o) = self.objects_of(vol).first() {
+                return Err(format!("file volume {vol} still owns object {o}").into());
+            }
         }
         let mut v = self.volumes.remove(&vol).ok_or(format!("delete of unknown volume {vol}"))?;
         self.by_name.remove(&v.name);
@@ -788,6 +800,40 @@ mod tests {
         let err = apply_all(&ops).unwrap_err();
         assert!(err.contains("48-bit"), "{err}");
         assert!(apply_all(&ops[..3]).is_ok());
+    }
+
+    /// VolDelete skips its O(volumes) scans where they cannot find
+    /// anything (`drop_volume`); the refusals they exist for still hold:
+    /// a volume whose snapshot has a clone, a file volume owning an
+    /// object; an object and a plain volume without snapshots go.
+    #[test]
+    fn vol_delete_refusals_survive_the_skipped_scans() {
+        let file_and_object = [
+            Op::VolCreate { vol: 1, size: 1 << 20, name: "fs".into() },
+            Op::VolRole { vol: 1, role: VolumeRole::FileVolume },
+            Op::VolCreate { vol: 2, size: 1 << 20, name: "obj".into() },
+            Op::VolRole { vol: 2, role: VolumeRole::Object { owner: 1 } },
+        ];
+        let mut ops = file_and_object.to_vec();
+        ops.push(Op::VolDelete { vol: 1 });
+        let err = apply_all(&ops).unwrap_err();
+        assert!(err.contains("still owns object 2"), "{err}");
+        ops.pop();
+        ops.extend([Op::VolDelete { vol: 2 }, Op::VolDelete { vol: 1 }]);
+        let state = apply_all(&ops).expect("the object, then its file volume");
+        assert!(state.volumes.is_empty());
+
+        let mut ops = vec![
+            Op::VolCreate { vol: 1, size: 1 << 20, name: "v".into() },
+            Op::SnapCreate { vol: 1, name: "s".into(), created: 0 },
+            Op::CloneCreate { vol: 2, origin_vol: 1, origin_epoch: 1, name: "c".into() },
+            Op::VolDelete { vol: 1 },
+        ];
+        let err = apply_all(&ops).unwrap_err();
+        assert!(err.contains("has clone c"), "{err}");
+        ops.pop();
+        ops.extend([Op::VolDelete { vol: 2 }, Op::VolDelete { vol: 1 }]);
+        assert!(apply_all(&ops).expect("the clone, then its origin").volumes.is_empty());
     }
 
     /// Found by fuzz/format_ops: VolCreate (or CloneCreate) of id u32::MAX
