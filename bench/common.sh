@@ -1,4 +1,4 @@
-# Sourced by the bench scripts: what each one's exit cleanup shares.
+# Sourced by the bench scripts: what their set-up and exit cleanup share.
 
 # stop_pids SECS PID...: SIGTERM every server still running, give each up
 # to SECS seconds to exit (tarn drains and commits), then SIGKILL it.
@@ -40,4 +40,20 @@ per_target_cleanup() {
   set +e
   stop_pids 60 "${PIDS[@]}"
   rm -rf "$DIR"/t.*
+}
+
+# evict_files PATH...: write back each existing file and drop it from the
+# page cache (fdatasync + POSIX_FADV_DONTNEED): only the files under test
+# go cold; dropping the whole cache (echo 3 > drop_caches) disturbs every
+# other user of the machine.
+evict_files() {
+  python3 -c "
+import os, sys
+for p in sys.argv[1:]:
+    if os.path.isfile(p):
+        fd = os.open(p, os.O_RDONLY)
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+" "$@" 2>/dev/null || true
 }

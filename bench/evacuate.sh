@@ -41,6 +41,7 @@
 #      BENCH_RATE= (a --rate for the loaded evacuation; default none)
 set -euo pipefail
 BENCH=$(cd "$(dirname "$0")" && pwd)
+. "$BENCH/common.sh"
 REPO=$(cd "$BENCH/.." && pwd)
 TARN_A=${TARN:-$REPO/target/release/tarn}
 TARN_B=${TARN_B:-}
@@ -62,18 +63,8 @@ cleanup() {
 trap cleanup EXIT
 py() { python3 -c "$1"; }
 now() { date +%s.%N; }
-# Only this bench's files leave the page cache.
-evict() {
-  py "
-import os, sys
-for p in sys.argv[1:]:
-    if os.path.exists(p):
-        fd = os.open(p, os.O_RDONLY)
-        os.fdatasync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
-" "$DIR"/*.img 2>/dev/null || true
-}
+# Only this bench's files leave the page cache (bench/common.sh).
+evict() { evict_files "$DIR"/*.img; }
 size_mib=$(numfmt --from=iec "$SIZE" | awk '{ print int($1 / 1048576) }')
 pool=$DIR/pool.img
 uri=

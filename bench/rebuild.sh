@@ -20,6 +20,7 @@
 #      BENCH_DIR=/var/tmp/tarn-bench, TARN=target/release/tarn
 set -euo pipefail
 BENCH=$(cd "$(dirname "$0")" && pwd)
+. "$BENCH/common.sh"
 REPO=$(cd "$BENCH/.." && pwd)
 TARN=${TARN:-$REPO/target/release/tarn}
 SIZE=${BENCH_SIZE:-384M}
@@ -35,17 +36,7 @@ trap cleanup EXIT
 # Only this bench's files leave the page cache (fdatasync +
 # POSIX_FADV_DONTNEED each): dropping the whole cache (echo 3 >
 # drop_caches, what this bench did before) disturbs every other user.
-drop_caches() {
-  python3 -c "
-import os, sys
-for p in sys.argv[1:]:
-    if os.path.isfile(p):
-        fd = os.open(p, os.O_RDONLY)
-        os.fdatasync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
-" "$DIR"/*.img "$DIR"/saved/*.img "$DIR"/m3.gone 2>/dev/null || true
-}
+drop_caches() { evict_files "$DIR"/*.img "$DIR"/saved/*.img "$DIR"/m3.gone; }
 now() { date +%s.%N; }
 say() { echo "$*" | tee -a "$OUT"; }
 POOL=$DIR/pool.img
