@@ -92,6 +92,9 @@ struct Target {
     cursor: u64,
     /// Blocks left in the current whole free region.
     left: u64,
+    /// Blocks moved here since the last commit: the regions they left
+    /// become whole free once it is durable.
+    uncommitted: u64,
 }
 
 /// A cleaning pass in progress: the regions chosen and the live runs in
@@ -168,6 +171,7 @@ impl Pool {
         let keep = |pba: Pba, len: u64| in_chosen(&pass.before, &pass.chosen, pba, len);
         let runs = self.live_runs_where(&keep)?;
         pass.runs = runs.into_iter().filter(|r| volume_ok(r.vol)).collect();
+        emptiest_regions_first(&pass.before, &mut pass.runs);
         Ok(pass)
     }
 
@@ -192,9 +196,10 @@ impl Pool {
             pass.next += 1;
             let device = usize::from(run.pba.device());
             let Some(o) = before.iter().find(|o| o.device == device) else { continue };
-            let target = targets.entry(device).or_insert_with(|| Some(Target { cursor: o.data_start, left: 0 }));
+            let fresh = || Some(Target { cursor: o.data_start, left: 0, uncommitted: 0 });
+            let target = targets.entry(device).or_insert_with(fresh);
             let Some(t) = target.as_mut() else { continue };
-            if t.left < run.len && !self.next_free_region(device, o.region, t)? {
+            if t.left < run.len && !self.next_target(device, o.region, t)? {
                 *target = None;
                 continue;
             }
@@ -203,7 +208,10 @@ impl Pool {
             let result = self.move_run_where(*run, &keep, &mut Destination::Cursor { device, cursor: &mut t.cursor });
             t.left = t.left.saturating_sub(t.cursor.saturating_sub(start));
             match result {
-                Ok(n) => report.blocks_moved += n,
+                Ok(n) => {
+                    report.blocks_moved += n;
+                    t.uncommitted += n;
+                }
                 Err(EngineError::NoSpace) => *target = None,
                 Err(e) => return Err(e),
             }
@@ -211,9 +219,10 @@ impl Pool {
         Ok(())
     }
 
-    /// Commit what `pass` moved and count the regions it freed.
+    /// Checkpoint what `pass` moved and count the regions it freed (a
+    /// commit alone would hold them while a checkpoint is under way).
     pub fn finish_cleaning(&self, mut pass: CleanPass) -> Result<CleanReport> {
-        self.flush()?;
+        self.checkpoint()?;
         let after = self.occupancy(pass.region)?;
         pass.report.free_regions_after = after.iter().map(Occupancy::whole_free).sum();
         pass.report.regions_freed = after
@@ -224,6 +233,27 @@ impl Pool {
             })
             .sum::<usize>() as u64;
         Ok(pass.report)
+    }
+
+    /// Point `t` at a whole free region of `device`; false if none. The
+    /// search from the cursor is bounded; where it fails (free space cut
+    /// into many holes, or only a few whole regions at the start), the
+    /// moves so far are checkpointed, which frees the regions they emptied
+    /// (a commit alone holds what it frees while a checkpoint is under
+    /// way), and the space maps are walked whole for the first free region.
+    fn next_target(&self, device: usize, region: u64, t: &mut Target) -> Result<bool> {
+        if self.next_free_region(device, region, t)? {
+            return Ok(true);
+        }
+        if t.uncommitted > 0 {
+            self.checkpoint()?;
+            t.uncommitted = 0;
+        }
+        let occupancy = self.occupancy(region)?;
+        let Some(o) = occupancy.iter().find(|o| o.device == device) else { return Ok(false) };
+        let Some(r) = o.free.iter().position(|&f| f == region) else { return Ok(false) };
+        t.cursor = o.data_start + r as u64 * region;
+        self.next_free_region(device, region, t)
     }
 
     /// Point `t` at the next whole free region of `device` after its
@@ -255,6 +285,20 @@ impl Pool {
         }
         Ok(out)
     }
+}
+
+/// Order `runs` by their regions, emptiest first (map order kept within
+/// one): each whole region filled with them empties at least two, so a
+/// pass that starts with one free region can go on after a commit.
+fn emptiest_regions_first(occupancy: &[Occupancy], runs: &mut [LiveRun]) {
+    let used = |run: &LiveRun| {
+        let device = usize::from(run.pba.device());
+        let o = occupancy.iter().find(|o| o.device == device);
+        let r = o.and_then(|o| o.region_of(run.pba.block()));
+        let used = o.zip(r).and_then(|(o, r)| o.free.get(r as usize).map(|f| o.region - f));
+        (used.unwrap_or(u64::MAX), device, r)
+    };
+    runs.sort_by_cached_key(used); // stable
 }
 
 /// Add the free blocks [start, end) to the regions they fall in.
