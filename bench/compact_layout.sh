@@ -10,7 +10,9 @@
 # sqrt(distance / device) + 4.17 ms per discontiguity that is not a
 # forward gap under 256 KiB, gaps read through, 150 MB/s). The fio read on
 # the modeled disk (bench/slow_disk.sh COMPACT_HDD=1) varies too much from
-# run to run to tell 0.9x from 1.0x; this does not vary with load.
+# run to run to tell 0.9x from 1.0x; this does not vary with load. Under
+# each compacted line, what the compaction moved (head, the span cleared
+# for it first, snapshots' data, regions cleaned): its cost.
 #
 #   bash bench/compact_layout.sh      env: TARN=<binary> SIZE_MIB=64 RAND_SECS=3 SNAPS=10 ROUNDS=2
 # Output: bench/results/<date>-compact-layout.txt
