@@ -22,13 +22,10 @@ use crate::io::NewPiece;
 use crate::map::extent_map::Segment;
 use crate::pool::Pool;
 use crate::space::metadata_start;
-use crate::volumes::evacuate::LiveRun;
-use crate::volumes::relayout::{relayout_pick, Destination, WINDOW_BLOCKS};
+use crate::volumes::evacuate::{batches, LiveRun};
+use crate::volumes::relayout::{relayout_pick, Destination, BATCH_WINDOWS, WINDOW_BLOCKS};
+use tarn_format::superblock::incompat;
 use tarn_format::Pba;
-
-/// Runs moved out of the span between two questions to the caller
-/// (cancel, throttle).
-const CLEAR_RUNS_PER_ASK: usize = 64;
 
 /// Where a volume's windows go: next-fit from `cursor` on `device`.
 pub(crate) struct Gather {
@@ -140,23 +137,39 @@ impl Pool {
     }
 
     /// Move every live run in `span` out of it (next-fit from the data
-    /// part's start, stepping over the span); the blocks moved.
+    /// part's start, stepping over the span), in batches read in device
+    /// order as compaction's; the blocks moved.
     fn clear_span(&self, span: Span, stopped: &mut bool, go_on: &mut dyn FnMut() -> bool) -> Result<u64> {
         let keep = |pba: Pba, len: u64| span.holds(pba, len);
-        let runs: Vec<LiveRun> = self.live_runs_where(&keep)?;
+        let (heads, dead): (Vec<LiveRun>, Vec<LiveRun>) =
+            self.live_runs_where(&keep)?.into_iter().partition(|r| r.snap == 0);
+        if !dead.is_empty() {
+            // Dead runs move by Relocate: older tarns must not replay it.
+            self.enable_feature(&mut self.lock_commit(), incompat::RELOCATE)?;
+        }
         let mut cursor = self.read_inner().space.devices.get(span.device).map_or(0, |d| d.data_start);
         let mut moved = 0;
-        for (k, run) in runs.into_iter().enumerate() {
+        let steps = batches(&heads, BATCH_WINDOWS).into_iter().map(Clear::Heads).chain(dead_batches(&dead));
+        for step in steps {
             self.make_room()?;
             let mut dest = Destination::Around { span, cursor: &mut cursor };
-            match self.move_run_where(run, &keep, &mut dest) {
-                Ok(n) => moved += n,
-                // No room outside the span: the rest stays, the windows
-                // thread around it.
-                Err(EngineError::NoSpace) => break,
-                Err(e) => return Err(e),
+            let (n, room) = match step {
+                Clear::Heads(group) => match self.move_live_runs_where(group, &keep, &mut dest) {
+                    Err(EngineError::NoSpace) => (0, false),
+                    other => (other?, true),
+                },
+                Clear::Dead(windows) => {
+                    let (n, room) = self.move_dead_windows(&windows, &mut dest)?;
+                    (n.iter().sum(), room)
+                }
+            };
+            moved += n;
+            // No room outside the span: the rest stays, the windows
+            // thread around it.
+            if !room {
+                break;
             }
-            if (k + 1) % CLEAR_RUNS_PER_ASK == 0 && !go_on() {
+            if !go_on() {
                 *stopped = true;
                 break;
             }
@@ -210,6 +223,32 @@ fn free_between(ranges: &[(u64, u64)], prefix: &[u64], s: u64, e: u64) -> u64 {
     }
     let (a, b) = (ranges[first], ranges[end - 1]);
     prefix[end] - prefix[first] - s.saturating_sub(a.0) - (b.0 + b.1).saturating_sub(e)
+}
+
+/// One step of clearing a span: head runs of one volume, or dead-list
+/// runs of any, read together.
+enum Clear<'a> {
+    Heads(&'a [LiveRun]),
+    Dead(Vec<Vec<LiveRun>>),
+}
+
+/// Dead-list runs in steps of up to a compaction batch's blocks.
+fn dead_batches(dead: &[LiveRun]) -> Vec<Clear<'static>> {
+    let mut out = Vec::new();
+    let mut step: Vec<Vec<LiveRun>> = Vec::new();
+    let mut blocks = 0;
+    for run in dead {
+        step.push(vec![*run]);
+        blocks += run.len;
+        if blocks >= BATCH_WINDOWS * WINDOW_BLOCKS {
+            out.push(Clear::Dead(std::mem::take(&mut step)));
+            blocks = 0;
+        }
+    }
+    if !step.is_empty() {
+        out.push(Clear::Dead(step));
+    }
+    out
 }
 
 #[cfg(test)]
