@@ -310,7 +310,7 @@ impl Pool {
 
 /// `runs` in steps: head runs of one volume, consecutive in the list (in
 /// volume order), up to `batch` at a time; a dead-list run alone.
-pub(crate) fn batches(runs: &[LiveRun], batch: u64) -> Vec<&[LiveRun]> {
+fn batches(runs: &[LiveRun], batch: u64) -> Vec<&[LiveRun]> {
     let batch = batch.clamp(1, BATCH_WINDOWS) as usize;
     let mut out = Vec::new();
     let mut rest = runs;

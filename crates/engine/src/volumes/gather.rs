@@ -22,7 +22,7 @@ use crate::io::NewPiece;
 use crate::map::extent_map::Segment;
 use crate::pool::Pool;
 use crate::space::metadata_start;
-use crate::volumes::evacuate::{batches, LiveRun};
+use crate::volumes::evacuate::LiveRun;
 use crate::volumes::relayout::{relayout_pick, Destination, BATCH_WINDOWS, WINDOW_BLOCKS};
 use tarn_format::superblock::incompat;
 use tarn_format::Pba;
@@ -141,27 +141,25 @@ impl Pool {
     /// order as compaction's; the blocks moved.
     fn clear_span(&self, span: Span, stopped: &mut bool, go_on: &mut dyn FnMut() -> bool) -> Result<u64> {
         let keep = |pba: Pba, len: u64| span.holds(pba, len);
-        let (heads, dead): (Vec<LiveRun>, Vec<LiveRun>) =
-            self.live_runs_where(&keep)?.into_iter().partition(|r| r.snap == 0);
-        if !dead.is_empty() {
+        let runs = self.live_runs_where(&keep)?;
+        if runs.iter().any(|r| r.snap != 0) {
             // Dead runs move by Relocate: older tarns must not replay it.
             self.enable_feature(&mut self.lock_commit(), incompat::RELOCATE)?;
         }
         let mut cursor = self.read_inner().space.devices.get(span.device).map_or(0, |d| d.data_start);
         let mut moved = 0;
-        let steps = batches(&heads, BATCH_WINDOWS).into_iter().map(Clear::Heads).chain(dead_batches(&dead));
-        for step in steps {
+        for step in clear_steps(&runs) {
             self.make_room()?;
             let mut dest = Destination::Around { span, cursor: &mut cursor };
-            let (n, room) = match step {
-                Clear::Heads(group) => match self.move_live_runs_where(group, &keep, &mut dest) {
+            let (n, room) = if step[0].snap == 0 {
+                match self.move_live_runs_where(step, &keep, &mut dest) {
                     Err(EngineError::NoSpace) => (0, false),
                     other => (other?, true),
-                },
-                Clear::Dead(windows) => {
-                    let (n, room) = self.move_dead_windows(&windows, &mut dest)?;
-                    (n.iter().sum(), room)
                 }
+            } else {
+                let windows: Vec<Vec<LiveRun>> = step.iter().map(|r| vec![*r]).collect();
+                let (n, room) = self.move_dead_windows(&windows, &mut dest)?;
+                (n.iter().sum(), room)
             };
             moved += n;
             // No room outside the span: the rest stays, the windows
@@ -225,28 +223,35 @@ fn free_between(ranges: &[(u64, u64)], prefix: &[u64], s: u64, e: u64) -> u64 {
     prefix[end] - prefix[first] - s.saturating_sub(a.0) - (b.0 + b.1).saturating_sub(e)
 }
 
-/// One step of clearing a span: head runs of one volume, or dead-list
-/// runs of any, read together.
-enum Clear<'a> {
-    Heads(&'a [LiveRun]),
-    Dead(Vec<Vec<LiveRun>>),
-}
+/// Runs read together per step of clearing a span: a span's live runs
+/// are mostly a block or a few (random overwrites), and a step of 16 runs
+/// (the evacuation's, whose runs are up to a window long) cost a seek a
+/// run on a disk.
+const CLEAR_STEP_RUNS: usize = 1024;
 
-/// Dead-list runs in steps of up to a compaction batch's blocks.
-fn dead_batches(dead: &[LiveRun]) -> Vec<Clear<'static>> {
+/// `runs` in steps of one volume's head runs or dead runs (as listed, a
+/// volume's together), each at most [`CLEAR_STEP_RUNS`] runs and a
+/// compaction batch's blocks, so a step's data is read in one sweep in
+/// device order and its buffers stay small.
+fn clear_steps(runs: &[LiveRun]) -> Vec<&[LiveRun]> {
     let mut out = Vec::new();
-    let mut step: Vec<Vec<LiveRun>> = Vec::new();
-    let mut blocks = 0;
-    for run in dead {
-        step.push(vec![*run]);
-        blocks += run.len;
-        if blocks >= BATCH_WINDOWS * WINDOW_BLOCKS {
-            out.push(Clear::Dead(std::mem::take(&mut step)));
-            blocks = 0;
-        }
-    }
-    if !step.is_empty() {
-        out.push(Clear::Dead(step));
+    let mut rest = runs;
+    while let Some(first) = rest.first() {
+        let mut blocks = 0;
+        let same = |r: &&LiveRun| r.vol == first.vol && (r.snap == 0) == (first.snap == 0);
+        let n = rest
+            .iter()
+            .take(CLEAR_STEP_RUNS)
+            .take_while(same)
+            .take_while(|r| {
+                blocks += r.len;
+                blocks <= BATCH_WINDOWS * WINDOW_BLOCKS
+            })
+            .count()
+            .max(1);
+        let (step, tail) = rest.split_at(n);
+        out.push(step);
+        rest = tail;
     }
     out
 }
