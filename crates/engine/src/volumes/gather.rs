@@ -151,7 +151,7 @@ impl Pool {
         for step in clear_steps(&runs) {
             self.make_room()?;
             let mut dest = Destination::Around { span, cursor: &mut cursor };
-            let (n, room) = if step[0].snap == 0 {
+            let (n, room) = if step.iter().all(|r| r.snap == 0) {
                 match self.move_live_runs_where(step, &keep, &mut dest) {
                     Err(EngineError::NoSpace) => (0, false),
                     other => (other?, true),
