@@ -10,7 +10,9 @@
 # sqrt(distance / device) + 4.17 ms per discontiguity that is not a
 # forward gap under 256 KiB, gaps read through, 150 MB/s). The fio read on
 # the modeled disk (bench/slow_disk.sh COMPACT_HDD=1) varies too much from
-# run to run to tell 0.9x from 1.0x; this does not vary with load.
+# run to run to tell 0.9x from 1.0x; this does not vary with load. Under
+# each compacted line, what the compaction moved (head, the span cleared
+# for it first, snapshots' data, regions cleaned): its cost.
 #
 #   bash bench/compact_layout.sh      env: TARN=<binary> SIZE_MIB=64 RAND_SECS=3 SNAPS=10 ROUNDS=2
 # Output: bench/results/<date>-compact-layout.txt
@@ -84,6 +86,18 @@ print(f"{label:<14} {len(runs):>7} {sum(gaps.values()):>6}  {gaps['1-4']:>5} {ga
 PY
 }
 
+moved() { # COMPACT_JSON: what the compaction moved (its cost)
+  python3 - "$1" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+v = r["volumes"][0]
+mib = lambda b: b / 2**20
+regions = r.get("regions") or {}
+print(f"  moved: head {mib(v['moved_bytes']):.1f} MiB, span cleared first {mib(v.get('cleared_bytes', 0)):.1f} MiB, "
+      f"snapshots {mib(v['snapshot_moved_bytes']):.1f} MiB, regions cleaned {mib(regions.get('moved_bytes', 0)):.1f} MiB")
+PY
+}
+
 {
   echo "tarn compact layout $STAMP: $(basename "$TARN") ($("$TARN" --version)), volume $((SIZE >> 20)) MiB on a pool 3x, append,"
   echo "random phases ${RAND_SECS}s, $SNAPS snapshots; gaps in the head read in logical order (blocks), modeled read of the volume"
@@ -91,6 +105,7 @@ PY
   for r in $(seq 1 "$ROUNDS"); do
     sequence "$WORK/aged$r" aged
     report "compacted r$r" "$WORK/aged$r/head.map" $((SIZE * 3 / 4096))
+    moved "$WORK/aged$r/compact.json"
     sequence "$WORK/fresh$r" fresh
     report "fresh r$r" "$WORK/fresh$r/head.map" $((SIZE * 3 / 4096))
     rm -rf "$WORK/aged$r" "$WORK/fresh$r"

@@ -375,6 +375,7 @@ fn compact(pool: &Pool, volume: Option<&str>, rate: Option<u64>, ctx: &mut Ctx) 
             "windows_moved": r.windows_moved, "moved_bytes": r.blocks_moved * 4096,
             "windows_skipped": r.windows_skipped, "stopped": r.stopped,
             "snapshot_windows_moved": r.snapshot_windows_moved, "snapshot_moved_bytes": r.snapshot_blocks_moved * 4096,
+            "cleared_bytes": r.blocks_cleared * 4096,
         }));
         if r.stopped {
             log::warn!("compaction stopped at volume {name}: the client went away; run it again to go on");

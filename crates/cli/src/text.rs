@@ -246,13 +246,14 @@ pub fn compacted(v: &Value) -> String {
     let mut s = String::new();
     for c in v["volumes"].as_array().into_iter().flatten() {
         s += &format!(
-            "{}: {} -> {} extents, moved {} in {} windows, {} skipped (written meanwhile or no room); \
-             snapshots' own data: moved {} in {} windows\n",
+            "{}: {} -> {} extents, moved {} in {} windows ({} moved out of their way first), {} skipped \
+             (written meanwhile or no room); snapshots' own data: moved {} in {} windows\n",
             c["volume"].as_str().unwrap_or("?"),
             c["extents_before"],
             c["extents_after"],
             b(&c["moved_bytes"]),
             c["windows_moved"],
+            b(&c["cleared_bytes"]),
             c["windows_skipped"],
             b(&c["snapshot_moved_bytes"]),
             c["snapshot_windows_moved"]

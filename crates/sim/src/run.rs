@@ -160,6 +160,9 @@ pub struct RunStats {
     pub crashes_mid_checkpoint: usize,
     /// Blocks compactions moved (`Pool::relayout`).
     pub blocks_relaid: usize,
+    /// Blocks compactions moved out of the span they then gathered a
+    /// volume's windows into (`RelayoutReport::blocks_cleared`).
+    pub blocks_cleared_for_gathering: usize,
     /// Blocks cleaning passes moved out of partly used regions
     /// (`Pool::clean_regions`).
     pub blocks_cleaned: usize,
@@ -198,6 +201,7 @@ impl RunStats {
         self.background_checkpoints += o.background_checkpoints;
         self.crashes_mid_checkpoint += o.crashes_mid_checkpoint;
         self.blocks_relaid += o.blocks_relaid;
+        self.blocks_cleared_for_gathering += o.blocks_cleared_for_gathering;
         self.blocks_cleaned += o.blocks_cleaned;
         self.blocks_hinted += o.blocks_hinted;
         self.dev_adds_cut += o.dev_adds_cut;

@@ -257,6 +257,7 @@ impl Run {
         };
         if let Ok(report) = &r {
             self.stats.blocks_relaid += report.blocks_moved as usize;
+            self.stats.blocks_cleared_for_gathering += report.blocks_cleared as usize;
         }
         self.admin_outcome(Pending::Compact { vol }, Ok(()), r).map(drop)
     }

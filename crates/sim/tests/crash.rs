@@ -73,6 +73,8 @@ fn snapshot_crash_simulation_500_seeds() {
     assert!(seeds < 100 || all_kinds, "admin ops done and cut: {stats:?}");
     // Compactions move data while snapshots and clones share some of it.
     assert!(seeds < 100 || stats.blocks_relaid > 0, "no compaction moved a block: {stats:?}");
+    // Some clear a span of other data first and gather the volume there.
+    assert!(seeds < 100 || stats.blocks_cleared_for_gathering > 0, "no compaction cleared a span: {stats:?}");
     // Cleaning passes move blocks out of partly used regions too.
     assert!(seeds < 100 || stats.blocks_cleaned > 0, "no cleaning moved a block: {stats:?}");
     // So do file-system hints (to a cluster, the device, and back).

@@ -71,7 +71,7 @@ impl Pool {
         // Moves are Relocates: older tarns must not replay them.
         self.enable_feature(&mut self.lock_commit(), incompat::RELOCATE)?;
         self.make_room()?;
-        let (moved, room) = self.move_dead_windows(batch)?;
+        let (moved, room) = self.move_dead_windows(batch, &mut Destination::Placement)?;
         batch.clear();
         report.snapshot_windows_moved += moved.iter().filter(|&&n| n > 0).count() as u64;
         report.snapshot_blocks_moved += moved.iter().sum::<u64>();
@@ -90,15 +90,19 @@ impl Pool {
 
     /// Move windows' runs in order, their data read first in one sweep in
     /// device order: the blocks moved per window, and false if the pool
-    /// had no room for the next run.
-    fn move_dead_windows(&self, windows: &[Vec<LiveRun>]) -> Result<(Vec<u64>, bool)> {
+    /// had no room for the next run in `dest`.
+    pub(crate) fn move_dead_windows(
+        &self,
+        windows: &[Vec<LiveRun>],
+        dest: &mut Destination,
+    ) -> Result<(Vec<u64>, bool)> {
         let data = self.read_dead_runs(windows)?;
         let mut moved = vec![0; windows.len()];
         for ((w, window), data) in windows.iter().enumerate().zip(data) {
             for (&run, data) in window.iter().zip(data) {
                 // None: the run changed since (a snapshot delete, a rollback).
                 let Some(data) = data else { continue };
-                match self.place_dead_run(run, &data, &mut Destination::Placement) {
+                match self.place_dead_run(run, &data, dest) {
                     Ok(n) => moved[w] += n,
                     Err(EngineError::NoSpace) => return Ok((moved, false)),
                     Err(e) => return Err(e),

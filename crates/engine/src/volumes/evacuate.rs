@@ -207,17 +207,23 @@ impl Pool {
     /// of one volume together; the blocks moved (0 for a run that changed
     /// meanwhile). `NoSpace` when placement finds no room.
     fn move_live_runs(&self, index: usize, group: &[LiveRun]) -> Result<u64> {
-        let keep = on_member(index);
+        self.move_live_runs_where(group, &on_member(index), &mut Destination::Placement)
+    }
+
+    /// Move one batch of [`batches`] to `dest`: of head runs, the segments
+    /// on blocks `keep` chooses. The blocks moved; `NoSpace` when `dest`
+    /// has no room.
+    pub(crate) fn move_live_runs_where(&self, group: &[LiveRun], keep: &Keep, dest: &mut Destination) -> Result<u64> {
         let Some(first) = group.first() else { return Ok(0) };
         if first.snap != 0 || group.len() == 1 {
-            return self.move_run_where(*first, &keep, &mut Destination::Placement);
+            return self.move_run_where(*first, keep, dest);
         }
         let chosen = |_: &Volume, segs: &[Segment]| -> Vec<Segment> {
-            segs.iter().copied().filter(|s| matches!(*s, Segment::Mapped { pba, .. } if real(pba, &keep))).collect()
+            segs.iter().copied().filter(|s| matches!(*s, Segment::Mapped { pba, .. } if real(pba, keep))).collect()
         };
         let windows: Vec<(u64, u64)> = group.iter().map(|r| (r.lba, r.len)).collect();
         let mut moved = 0;
-        for outcome in self.move_windows(first.vol, &windows, &chosen, &mut Destination::Placement)? {
+        for outcome in self.move_windows(first.vol, &windows, &chosen, dest)? {
             match outcome {
                 Window::Moved(n) => moved += n,
                 Window::NoRoom => return Err(EngineError::NoSpace),

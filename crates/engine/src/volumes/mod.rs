@@ -10,6 +10,7 @@ pub mod device_placement;
 pub mod evacuate;
 pub mod files;
 mod flatten;
+mod gather;
 pub mod hints;
 pub mod layout;
 pub mod members_snap;

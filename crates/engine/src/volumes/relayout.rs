@@ -18,6 +18,7 @@ use crate::map::state::Volume;
 use crate::map::view::View;
 use crate::pool::{Inner, MovingWindow, Pool};
 use crate::space::placement::PlacementKind;
+use crate::volumes::gather::Span;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tarn_format::ops::Op;
@@ -65,6 +66,9 @@ pub struct RelayoutReport {
     /// moved, and their blocks (see `dead_relayout`).
     pub snapshot_windows_moved: u64,
     pub snapshot_blocks_moved: u64,
+    /// Live blocks moved out of the span the head's windows were gathered
+    /// into, before they moved there (see `gather`).
+    pub blocks_cleared: u64,
     /// Stopped before the end because the caller asked (`relayout_until`);
     /// what moved is durable, and a later run goes on from there (windows
     /// already in long runs are left alone).
@@ -126,12 +130,21 @@ impl Pool {
         };
         let extents = |pool: &Pool| pool.volume_info(id).map(|v| v.extents).ok_or(EngineError::VolumeGone(id));
         let mut report = RelayoutReport { extents_before: extents(self)?, ..Default::default() };
+        let mut gather = self.prepare_gather(id, blocks, &mut report.stopped, &mut || go_on(0, blocks))?;
+        report.blocks_cleared = gather.as_ref().map_or(0, |g| g.cleared);
         for first in (0..blocks).step_by((WINDOW_BLOCKS * batch) as usize) {
+            if report.stopped {
+                break;
+            }
             self.make_room()?;
             let end = (first + WINDOW_BLOCKS * batch).min(blocks);
             let windows: Vec<(u64, u64)> =
                 (first..end).step_by(WINDOW_BLOCKS as usize).map(|lba| (lba, WINDOW_BLOCKS.min(end - lba))).collect();
-            for outcome in self.move_windows(id, &windows, &relayout_pick, &mut Destination::Placement)? {
+            let mut dest = match gather.as_mut() {
+                Some(g) => Destination::Cursor { device: g.device, cursor: &mut g.cursor },
+                None => Destination::Placement,
+            };
+            for outcome in self.move_windows(id, &windows, &relayout_pick, &mut dest)? {
                 match outcome {
                     Window::Fine => {}
                     Window::Moved(n) => {
@@ -347,7 +360,13 @@ impl Pool {
     }
 
     /// The window's segments and the mapped ones `pick` moves, if any.
-    fn blocks_to_move(&self, id: u32, lba: u64, len: u64, pick: &Pick) -> Result<Option<(Vec<Segment>, Vec<Segment>)>> {
+    pub(crate) fn blocks_to_move(
+        &self,
+        id: u32,
+        lba: u64,
+        len: u64,
+        pick: &Pick,
+    ) -> Result<Option<(Vec<Segment>, Vec<Segment>)>> {
         self.with_cached_nodes(|inner| {
             let Some(segs) = window_segments(inner, id, lba, len)? else { return Ok(None) };
             let v = inner.state.volume(id).ok_or(EngineError::VolumeGone(id))?;
@@ -366,6 +385,9 @@ pub(crate) enum Destination<'a> {
     Placement,
     /// Next-fit on one device from a cursor the mover keeps.
     Cursor { device: usize, cursor: &'a mut u64 },
+    /// Next-fit from a cursor the mover keeps, outside a span being
+    /// cleared for a volume's windows (see `gather`).
+    Around { span: Span, cursor: &'a mut u64 },
 }
 
 impl Destination<'_> {
@@ -373,6 +395,7 @@ impl Destination<'_> {
         match self {
             Destination::Placement => pool.allocate_holes(id, wanted, &Vec::new()),
             Destination::Cursor { device, cursor } => pool.allocate_at_cursor(wanted, *device, cursor),
+            Destination::Around { span, cursor } => pool.allocate_around(wanted, *span, cursor),
         }
     }
 }
@@ -399,7 +422,7 @@ fn write_runs(fresh: &[NewPiece]) -> Vec<(Pba, u64, u64)> {
 }
 
 /// `pool compact`'s choice: every mapped block of a scattered window.
-fn relayout_pick(_: &Volume, segs: &[Segment]) -> Vec<Segment> {
+pub(crate) fn relayout_pick(_: &Volume, segs: &[Segment]) -> Vec<Segment> {
     if scattered(segs) {
         segs.iter().copied().filter(|s| matches!(s, Segment::Mapped { .. })).collect()
     } else {
