@@ -57,6 +57,45 @@ fn service_commits_in_the_background_and_stops_promptly() {
     assert!(buf.iter().all(|&b| b == 0xab));
 }
 
+/// The checkpointer sleeps until a commit freezes a checkpoint (it used
+/// to poll every 2 ms). Guarded: a frozen checkpoint is written by the
+/// checkpointer on its own, with no later commit, long before its safety
+/// timeout (60 s): without the commit's wake-up it stays frozen past the
+/// bound below (a bound on progress, generous on a loaded machine; with
+/// the wake-up removed this test failed).
+#[test]
+fn the_checkpointer_is_woken_by_the_commit_that_freezes_a_checkpoint() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (_sim, pool) = one_device_pool(64 * MIB);
+    let pool = Arc::new(pool);
+    let v = pool.create_volume("v", 8 * MIB).unwrap().id;
+    let idle = ServiceOptions {
+        commit_interval: Duration::from_secs(3600),
+        tick: Duration::from_secs(3600),
+        notice: None,
+        compact_idle: None,
+        compact_at: None,
+    };
+    let service = Service::start(pool.clone(), idle);
+    // Until a checkpoint is seen frozen, or two were written (the first
+    // may be written by its commit: the journal's other side not free).
+    let checkpoints = pool.counters.checkpoints.load(Relaxed);
+    let stopped = (0..40_000u64).any(|i| {
+        pool.write(v, (i * 97) % 2048 * 4096, &[7u8; 4096], false).unwrap();
+        pool.flush().unwrap();
+        pool.checkpoint_waiting() || pool.counters.checkpoints.load(Relaxed) >= checkpoints + 2
+    });
+    assert!(stopped, "no checkpoint froze in 40,000 flushes");
+    // No commit from here on: only the checkpointer can write it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while pool.checkpoint_waiting() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!pool.checkpoint_waiting(), "the frozen checkpoint was not written: the checkpointer slept on");
+    assert!(pool.counters.checkpoints.load(Relaxed) > checkpoints);
+    service.stop();
+}
+
 /// Bug guarded: writes that never flush grew the queue of pending ops
 /// without limit until a commit took it (memory, and a journal record that
 /// no longer fits the journal). Now a writer over the bound commits first:

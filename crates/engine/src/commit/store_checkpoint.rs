@@ -233,18 +233,19 @@ impl Pool {
 
     /// Sleep until a commit freezes a checkpoint, [`Pool::wake_checkpointer`]
     /// is called, or `timeout` passes (spurious wake-ups too); whether a
-    /// frozen checkpoint waits.
-    pub(crate) fn wait_checkpoint_frozen(&self, timeout: Duration) -> bool {
+    /// frozen checkpoint waits. `stopping` is looked at under the slot's
+    /// lock, which the waker takes after setting it: no wake-up is lost.
+    pub(crate) fn wait_checkpoint_frozen(&self, timeout: Duration, stopping: impl Fn() -> bool) -> bool {
         let slot = self.lock_checkpoint();
-        if self.checkpoint_waiting() {
-            return true;
+        if self.checkpoint_waiting() || stopping() {
+            return self.checkpoint_waiting();
         }
         drop(self.checkpoint_frozen.wait_timeout(slot, timeout).unwrap_or_else(|p| p.into_inner()));
         self.checkpoint_waiting()
     }
 
-    /// Wake the checkpointer from [`Pool::wait_checkpoint_frozen`] (so it
-    /// sees its service stopping at once).
+    /// Wake the checkpointer from [`Pool::wait_checkpoint_frozen`], after
+    /// its `stopping` became true (so it stops at once).
     pub(crate) fn wake_checkpointer(&self) {
         let _slot = self.lock_checkpoint();
         self.checkpoint_frozen.notify_all();
