@@ -10,8 +10,11 @@
 # Env: TARN=target/release/tarn  TARN_B=/path/to/other/tarn (adds target tarn_b)
 #      TARN_C=/path/to/a/third/tarn (adds target tarn_c, compared with both)
 #      WARM_TARGETS="tarn nbdkit" (tarn_b is added when TARN_B is set)
-#      WARM_JOBS="sr1m"  (any of sr1m sw1m rr4k rw4k rr64k)  WARM_ROUNDS=6  WARM_SECS=4
+#      WARM_JOBS="sr1m"  (any of sr1m sr1mp sw1m rr4k rw4k rr64k)  WARM_ROUNDS=6  WARM_SECS=4
 #      WARM_SIZE=2G  WARM_DIR=/var/tmp/tarn-warm
+#      WARM_RANDOM_FIRST="tarn_c" (these targets are first written at random,
+#      4K QD32 for WARM_RANDOM_SECS=10 s, before the 1M prefill: the layout
+#      bench/layout.sh reads; TARN_C may be the same binary as TARN)
 # Prints one line per round and job (MiB/s or IOPS per target, the server's
 # CPU microseconds per request, TCP retransmits machine-wide) and, per job, each
 # target's min-max and its ratio to nbdkit per round (min, median, max);
@@ -70,13 +73,16 @@ start() { # start TARGET: a server on its own port, URI and PID set
 
 job_args() {
   case $1 in
-    sr1m) echo "--rw=read --bs=1M --iodepth=8" ;;
-    sw1m) echo "--rw=write --bs=1M --iodepth=8" ;;
-    rr4k) echo "--rw=randread --bs=4k --iodepth=32 --norandommap --randrepeat=0" ;;
-    rw4k) echo "--rw=randwrite --bs=4k --iodepth=32 --norandommap --randrepeat=0" ;;
+    sr1m) echo "--rw=read --bs=1M --iodepth=8 --time_based --runtime=$SECS" ;;
+    # One pass over the whole volume, as bench/layout.sh's reads (a 4 GiB
+    # pass takes ~1 s warm: a connection's first moments weigh more).
+    sr1mp) echo "--rw=read --bs=1M --iodepth=8" ;;
+    sw1m) echo "--rw=write --bs=1M --iodepth=8 --time_based --runtime=$SECS" ;;
+    rr4k) echo "--rw=randread --bs=4k --iodepth=32 --norandommap --randrepeat=0 --time_based --runtime=$SECS" ;;
+    rw4k) echo "--rw=randwrite --bs=4k --iodepth=32 --norandommap --randrepeat=0 --time_based --runtime=$SECS" ;;
     # 64 KiB random reads: what a 4 KiB read would cost if it had to read
     # and verify a whole 64 KiB checksum group (issue 10's coarse sums).
-    rr64k) echo "--rw=randread --bs=64k --iodepth=32 --norandommap --randrepeat=0" ;;
+    rr64k) echo "--rw=randread --bs=64k --iodepth=32 --norandommap --randrepeat=0 --time_based --runtime=$SECS" ;;
     *) echo "warm_read: unknown job $1" >&2; exit 2 ;;
   esac
 }
@@ -95,14 +101,14 @@ run() {
   c0=$(cpu "${PID[$2]}"); r0=$(retrans)
   # shellcheck disable=SC2046 # job_args: words on purpose
   timeout $((SECS + 120)) fio --name="$1" --ioengine=nbd --uri="${URI[$2]}" $(job_args "$1") \
-    --time_based --runtime="$SECS" --size="$SIZE" --numjobs=1 --output-format=json --output="$js" >/dev/null 2>&1
+    --size="$SIZE" --numjobs=1 --output-format=json --output="$js" >/dev/null 2>&1
   c1=$(cpu "${PID[$2]}"); r1=$(retrans)
   python3 - "$js" "$1" "$((c1 - c0))" "$(getconf CLK_TCK)" "$((r1 - r0))" <<'EOF'
 import json, sys
 j = json.load(open(sys.argv[1]))["jobs"][0]
 side = j["read"] if j["read"]["io_bytes"] else j["write"]
 n = max(side["total_ios"], 1)
-v = f'{side["bw"] / 1024:.0f}' if sys.argv[2].endswith("1m") else f'{side["iops"]:.0f}'
+v = f'{side["bw"] / 1024:.0f}' if "1m" in sys.argv[2] else f'{side["iops"]:.0f}'
 us = int(sys.argv[3]) * 1e6 / int(sys.argv[4]) / n
 print(f'{v}\t{us:.0f}\t{sys.argv[5]}')
 EOF
@@ -111,6 +117,10 @@ EOF
 read -r -a T <<<"$TARGETS"
 for t in "${T[@]}"; do
   start "$t"
+  if [[ " ${WARM_RANDOM_FIRST:-} " == *" $t "* ]]; then
+    fio --name=randfirst --ioengine=nbd --uri="${URI[$t]}" --rw=randwrite --bs=4k --iodepth=32 --norandommap \
+      --randrepeat=0 --time_based --runtime="${WARM_RANDOM_SECS:-10}" --size="$SIZE" --output=/dev/null >/dev/null 2>&1
+  fi
   fio --name=prefill --ioengine=nbd --uri="${URI[$t]}" --rw=write --bs=1M --iodepth=8 --size="$SIZE" \
     --output=/dev/null >/dev/null 2>&1
 done
@@ -132,7 +142,7 @@ for r in $(seq 1 "$ROUNDS"); do
 done
 {
   echo "# warm_read: $ROUNDS rounds x ${SECS}s, $SIZE prefilled, fio nbd engine over TCP loopback, order rotating"
-  echo "# git $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo none); TARN=$TARN TARN_B=${TARN_B:-} TARN_C=${TARN_C:-}"
+  echo "# git $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo none); TARN=$TARN TARN_B=${TARN_B:-} TARN_C=${TARN_C:-} WARM_RANDOM_FIRST=${WARM_RANDOM_FIRST:-}"
   echo "# load at start $LOAD_START, at end $(cut -d' ' -f1-3 /proc/loadavg)"
   python3 - "$RES" <<'EOF'
 import sys, statistics as st
@@ -141,7 +151,7 @@ val = {(int(r), j, t): float(v) for r, j, t, v, _, _ in rows}
 cpu = {(int(r), j, t): float(u) for r, j, t, _, u, _ in rows}
 rtx = {(int(r), j, t): float(x) for r, j, t, _, _, x in rows}
 for job in dict.fromkeys(j for _, j, _ in val):
-    unit = "MiB/s" if job.endswith("1m") else "IOPS"
+    unit = "MiB/s" if "1m" in job else "IOPS"
     tgts = list(dict.fromkeys(t for (_, j, t) in val if j == job))
     for t in tgts:
         vs = [v for (r, j, tt), v in sorted(val.items()) if j == job and tt == t]

@@ -14,17 +14,7 @@ const MIB: u64 = 1 << 20;
 /// flush), and stopping must wake it at once, not after its interval.
 #[test]
 fn service_commits_in_the_background_and_stops_promptly() {
-    let (sim, pool) = one_device_pool(64 * MIB);
-    let pool = Arc::new(pool);
-    let v = pool.create_volume("v", 8 * MIB).unwrap().id;
-    let opts = ServiceOptions {
-        commit_interval: Duration::from_millis(50),
-        tick: Duration::from_millis(10),
-        notice: None,
-        compact_idle: None,
-        compact_at: None,
-    };
-    let service = Service::start(pool.clone(), opts);
+    let (sim, pool, v, service) = served_volume(no_compaction(Duration::from_millis(50), Duration::from_millis(10)));
     pool.write(v, 0, &vec![0xabu8; 64 << 10], false).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while pool.is_dirty() && Instant::now() < deadline {
@@ -36,14 +26,7 @@ fn service_commits_in_the_background_and_stops_promptly() {
     assert!(started.elapsed() < Duration::from_secs(2), "stop took {:?}", started.elapsed());
 
     // A service with a long interval still stops at once.
-    let slow = ServiceOptions {
-        commit_interval: Duration::from_secs(3600),
-        tick: Duration::from_secs(60),
-        notice: None,
-        compact_idle: None,
-        compact_at: None,
-    };
-    let service = Service::start(pool.clone(), slow);
+    let service = Service::start(pool.clone(), no_compaction(Duration::from_secs(3600), Duration::from_secs(60)));
     let started = Instant::now();
     drop(service);
     assert!(started.elapsed() < Duration::from_secs(2), "drop took {:?}", started.elapsed());
@@ -55,6 +38,35 @@ fn service_commits_in_the_background_and_stops_promptly() {
     let mut buf = vec![0u8; 64 << 10];
     pool.read(v, 0, &mut buf).unwrap();
     assert!(buf.iter().all(|&b| b == 0xab));
+}
+
+/// The checkpointer sleeps until a commit freezes a checkpoint (it used
+/// to poll every 2 ms). Guarded: a frozen checkpoint is written by the
+/// checkpointer on its own, with no later commit, long before its safety
+/// timeout (60 s): without the commit's wake-up it stays frozen past the
+/// bound below (a bound on progress, generous on a loaded machine; with
+/// the wake-up removed this test failed).
+#[test]
+fn the_checkpointer_is_woken_by_the_commit_that_freezes_a_checkpoint() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (_sim, pool, v, service) = served_volume(no_compaction(Duration::from_secs(3600), Duration::from_secs(3600)));
+    // Until a checkpoint is seen frozen, or two were written (the first
+    // may be written by its commit: the journal's other side not free).
+    let checkpoints = pool.counters.checkpoints.load(Relaxed);
+    let stopped = (0..40_000u64).any(|i| {
+        pool.write(v, (i * 97) % 2048 * 4096, &[7u8; 4096], false).unwrap();
+        pool.flush().unwrap();
+        pool.checkpoint_waiting() || pool.counters.checkpoints.load(Relaxed) >= checkpoints + 2
+    });
+    assert!(stopped, "no checkpoint froze in 40,000 flushes");
+    // No commit from here on: only the checkpointer can write it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while pool.checkpoint_waiting() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!pool.checkpoint_waiting(), "the frozen checkpoint was not written: the checkpointer slept on");
+    assert!(pool.counters.checkpoints.load(Relaxed) > checkpoints);
+    service.stop();
 }
 
 /// Bug guarded: writes that never flush grew the queue of pending ops
@@ -254,6 +266,22 @@ fn the_idle_compactor_cleans_regions_behind_an_append_head() {
 }
 
 /// A service that commits every 50 ms and compacts after 200 ms idle.
+/// A 64 MiB pool on a simulated device with an 8 MiB volume, served by a
+/// service with `opts`.
+fn served_volume(opts: ServiceOptions) -> (Arc<tarn_sim::SimDevice>, Arc<tarn_engine::Pool>, u32, Service) {
+    let (sim, pool) = one_device_pool(64 * MIB);
+    let pool = Arc::new(pool);
+    let v = pool.create_volume("v", 8 * MIB).unwrap().id;
+    let service = Service::start(pool.clone(), opts);
+    (sim, pool, v, service)
+}
+
+/// A service that commits every `commit_interval`, looks every `tick`,
+/// and never compacts.
+fn no_compaction(commit_interval: Duration, tick: Duration) -> ServiceOptions {
+    ServiceOptions { commit_interval, tick, notice: None, compact_idle: None, compact_at: None }
+}
+
 fn idle_compaction_after_200_ms() -> ServiceOptions {
     ServiceOptions {
         commit_interval: Duration::from_millis(50),

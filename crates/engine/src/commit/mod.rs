@@ -212,8 +212,14 @@ impl Pool {
             Plan::JournalThenCheckpoint { payload, epoch, frozen } => {
                 self.write_journal(ctl, &payload, epoch)?;
                 let ck = start_checkpoint(ctl, *frozen, &frees);
-                self.lock_checkpoint().frozen = Some(Box::new(ck));
+                // The flag is set under the slot's lock, which the
+                // checkpointer holds from its look at the flag until it
+                // sleeps: the wake-up below cannot fall between the two.
+                let mut slot = self.lock_checkpoint();
+                slot.frozen = Some(Box::new(ck));
                 self.checkpoint_waiting.store(true, Ordering::SeqCst);
+                drop(slot);
+                self.checkpoint_frozen.notify_one();
             }
             Plan::Checkpoint(frozen) => {
                 let ck = start_checkpoint(ctl, *frozen, &frees);

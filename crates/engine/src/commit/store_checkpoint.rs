@@ -12,6 +12,7 @@ use crate::meta::checkpoint;
 use crate::pool::{CheckpointSlot, CommitCtl, FrozenCheckpoint, Pool, WrittenCheckpoint};
 use crate::space::Space;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 use tarn_format::superblock::{incompat, Superblock, FORMAT_VERSION};
 use tarn_format::Pba;
 use tarn_store::NodeAlloc;
@@ -228,6 +229,26 @@ impl Pool {
     /// A frozen checkpoint waits to be written.
     pub fn checkpoint_waiting(&self) -> bool {
         self.checkpoint_waiting.load(Ordering::SeqCst)
+    }
+
+    /// Sleep until a commit freezes a checkpoint, [`Pool::wake_checkpointer`]
+    /// is called, or `timeout` passes (spurious wake-ups too); whether a
+    /// frozen checkpoint waits. `stopping` is looked at under the slot's
+    /// lock, which the waker takes after setting it: no wake-up is lost.
+    pub(crate) fn wait_checkpoint_frozen(&self, timeout: Duration, stopping: impl Fn() -> bool) -> bool {
+        let slot = self.lock_checkpoint();
+        if self.checkpoint_waiting() || stopping() {
+            return self.checkpoint_waiting();
+        }
+        drop(self.checkpoint_frozen.wait_timeout(slot, timeout).unwrap_or_else(|p| p.into_inner()));
+        self.checkpoint_waiting()
+    }
+
+    /// Wake the checkpointer from [`Pool::wait_checkpoint_frozen`], after
+    /// its `stopping` became true (so it stops at once).
+    pub(crate) fn wake_checkpointer(&self) {
+        let _slot = self.lock_checkpoint();
+        self.checkpoint_frozen.notify_all();
     }
 }
 

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::panic::Location;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 use tarn_format::ops::Op;
 use tarn_format::role::VolumeRole;
@@ -397,6 +397,9 @@ pub struct Pool {
     pub(crate) checkpoint: Mutex<CheckpointSlot>,
     /// A frozen checkpoint waits for `Pool::checkpoint_work`.
     pub(crate) checkpoint_waiting: AtomicBool,
+    /// Signalled (with `checkpoint` held when set) when a commit freezes a
+    /// checkpoint: the checkpointer sleeps on it rather than polling.
+    pub(crate) checkpoint_frozen: Condvar,
     /// Held shared by every data I/O from planning to completion; the
     /// committer takes it exclusively once before freed space is reused, so
     /// no I/O planned against the old map can touch reused space.

@@ -152,6 +152,7 @@ impl Service {
 
     fn stop_and_join(&mut self) {
         self.stop.set();
+        self.pool.wake_checkpointer();
         for t in self.threads.drain(..) {
             let name = t.thread().name().unwrap_or("service").to_string();
             if t.join().is_err() {
@@ -194,18 +195,25 @@ fn run_committer(pool: &Pool, opts: &ServiceOptions, stop: &Stop) {
     }
 }
 
-/// How often the checkpointer looks for a frozen checkpoint: a commit that
-/// froze one is answered at once, and the checkpoint is written from here
-/// (on a quiet pool a commit finishes it itself when it needs to).
-const CHECKPOINT_POLL: Duration = Duration::from_millis(2);
+/// The longest the checkpointer sleeps: a safety net only. A commit that
+/// freezes a checkpoint wakes it at once, and so does stopping (it used
+/// to poll every 2 ms: ~480 wake-ups a second of an idle server, ~2 % of
+/// a warm 1M read's server CPU in a profile).
+const CHECKPOINT_WAIT: Duration = Duration::from_secs(60);
 
 /// Write each checkpoint a commit froze, so that FLUSH never waits for one.
 fn run_checkpointer(pool: &Pool, stop: &Stop) {
-    while !stop.wait(CHECKPOINT_POLL) {
-        if pool.checkpoint_waiting() && !pool.is_fenced() {
-            if let Err(e) = pool.checkpoint_work() {
-                log::error!("background checkpoint failed: {e}");
-            }
+    while !stop.is_set() {
+        if !pool.wait_checkpoint_frozen(CHECKPOINT_WAIT, || stop.is_set()) || stop.is_set() {
+            continue;
+        }
+        if pool.is_fenced() {
+            // The frozen checkpoint stays: sleep, not spin, until stopped.
+            stop.wait(Duration::from_millis(100));
+            continue;
+        }
+        if let Err(e) = pool.checkpoint_work() {
+            log::error!("background checkpoint failed: {e}");
         }
     }
 }

@@ -18,7 +18,7 @@ use crate::pool::{CheckpointSlot, CommitCtl, Counters, Inner, OpenOptions, Pool,
 use crate::space::placement::PlacementKind;
 use crate::space::{reserve_for, Space};
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use tarn_format::catalog::Catalog;
 use tarn_format::leg::LegLabel;
 use tarn_format::ops::Op;
@@ -394,6 +394,7 @@ impl Pool {
             commit: Mutex::new(ctl),
             checkpoint: Mutex::new(slot),
             checkpoint_waiting: AtomicBool::new(false),
+            checkpoint_frozen: Condvar::new(),
             devices,
             mirrors,
             io_gate: RwLock::new(()),
