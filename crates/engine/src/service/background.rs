@@ -214,6 +214,8 @@ fn run_checkpointer(pool: &Pool, stop: &Stop) {
         }
         if let Err(e) = pool.checkpoint_work() {
             log::error!("background checkpoint failed: {e}");
+            // Still frozen: try again later, not in a loop of errors.
+            stop.wait(Duration::from_millis(100));
         }
     }
 }
