@@ -15,6 +15,7 @@ pub mod inode;
 mod ns;
 pub mod policy;
 pub mod snap;
+mod table;
 pub mod versions;
 mod vindex;
 pub mod vrecord;
