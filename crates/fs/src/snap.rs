@@ -372,7 +372,7 @@ impl FileVolume {
             }
         }
         self.pool.make_room_for(64 * (drop_snaps.len() + drop_objects.len()) + 128 * slots.len() + 4096)?;
-        self.drop_records(&_ns, &slots)?;
+        self.drop_records(&mut _ns, &slots)?;
         self.pool.delete_member_snapshots(&drop_snaps)?;
         for id in drop_objects {
             self.pool.delete_object(id)?;
