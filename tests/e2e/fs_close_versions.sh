@@ -10,7 +10,8 @@
 # in that file's `foo@` only; `user.tarn.version.type` tells volume, file
 # and close apart; `rm foo@/N` deletes one file version, a volume
 # snapshot there is EROFS; the keep bound prunes the oldest close
-# versions; everything survives a remount; pool and fs checks clean.
+# versions; everything survives a remount; the first close after a
+# change takes the version, a reader's too; pool and fs checks clean.
 . "$(dirname "$0")/lib.sh"
 need fusermount3 mountpoint sha256sum dd jq setfattr getfattr
 need_root "mounts a FUSE file system"
@@ -132,6 +133,21 @@ check "one more edit of f.c" dd if=/dev/urandom of="$MNT/src/f.c" bs=4k count=1 
 LAST=$(sum "$MNT/src/f.c")
 expect_eq "f.c@: the last 3 close versions and the volume snapshot" "$(versions src/f.c)" "$((N - 1)) $N $V $((V + 2))"
 expect_eq "the newest is the last state" "$(sum "$MNT/src/f.c@/$((V + 2))")" "$LAST"
+
+step "the first close after a change takes the version, whoever closes"
+# OPEN is answered ENOSYS (no writers counted): a reader's close while a
+# writer holds the file open takes the writer's change so far (the
+# kernel writes the file's cached data back before the flush).
+newest() { ls "$MNT/src/f.c@" | sort -n | tail -n 1; }
+BEFORE=$(newest)
+exec 3>>"$MNT/src/f.c"
+printf 'tail' >&3
+check "cat f.c (a reader's close)" bash -c "cat '$MNT/src/f.c' >/dev/null"
+NEWEST=$(newest)
+expect_eq "a new version, the writer still holding f.c" "$([ "$NEWEST" -gt "$BEFORE" ] && echo yes || echo "no: $BEFORE $NEWEST")" yes
+expect_eq "it ends with the write" "$(tail -c 4 "$MNT/src/f.c@/$NEWEST")" tail
+exec 3>&-
+expect_eq "the writer's close finds it unmodified" "$(newest)" "$NEWEST"
 fs_umount
 fs_clean "at the end"
 
