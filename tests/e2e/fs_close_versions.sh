@@ -140,13 +140,20 @@ step "the first close after a change takes the version, whoever closes"
 # kernel writes the file's cached data back before the flush).
 newest() { ls "$MNT/src/f.c@" | sort -n | tail -n 1; }
 BEFORE=$(newest)
-exec 3>>"$MNT/src/f.c"
-printf 'tail' >&3
+# The writer is another process (a handle of this shell's would be
+# inherited by every command here, and each one's exit closes it).
+python3 -c 'import os, sys, time
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND)
+os.write(fd, b"tail")
+open(sys.argv[2], "w").close()
+time.sleep(60)' "$MNT/src/f.c" "$T/writing" &
+WRITER=$!
+for _ in $(seq 1 100); do [ -e "$T/writing" ] && break; sleep 0.1; done
 check "cat f.c (a reader's close)" bash -c "cat '$MNT/src/f.c' >/dev/null"
 NEWEST=$(newest)
 expect_eq "a new version, the writer still holding f.c" "$([ "$NEWEST" -gt "$BEFORE" ] && echo yes || echo "no: $BEFORE $NEWEST")" yes
 expect_eq "it ends with the write" "$(tail -c 4 "$MNT/src/f.c@/$NEWEST")" tail
-exec 3>&-
+kill "$WRITER"; wait "$WRITER" 2>/dev/null || true
 expect_eq "the writer's close finds it unmodified" "$(newest)" "$NEWEST"
 fs_umount
 fs_clean "at the end"
