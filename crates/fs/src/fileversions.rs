@@ -8,7 +8,7 @@
 //! reading and the delete pass need no new rule for objects.
 
 use crate::error::{FsError, Result};
-use crate::inode::{Kind, DEFAULT_KEEP, MAX_KEEP};
+use crate::inode::{Header, Kind, DEFAULT_KEEP, MAX_KEEP};
 use crate::ns::{FileVolume, Ns};
 use crate::policy::{self, Rule, MAX_RULES, POLICY_HEADER};
 use crate::snap::{version_name, FsSnapshot, VersionKind};
@@ -88,7 +88,7 @@ impl FileVolume {
         let rec = crate::vrecord::VersionRecord::of(&i, number, created);
         let slot = self.append_record(&mut ns, &rec)?;
         ns.header.epoch = number;
-        self.write_header(&mut ns)?;
+        self.write_header(&ns.header)?;
         i.epoch = number;
         self.save(&mut ns, &i)?;
         let s = FsSnapshot {
@@ -161,15 +161,13 @@ impl FileVolume {
         }
         let mut ns = self.lock();
         ns.header.keep = keep;
-        self.write_header(&mut ns)?;
+        self.write_header(&ns.header)?;
         drop(ns);
         Ok(self.pool.flush()?)
     }
 
-    /// The header (record 0 of the table) as `ns` holds it.
-    pub(crate) fn write_header(&self, ns: &mut Ns) -> Result<()> {
-        let h = ns.header.encode();
-        self.write_table(ns, 0, &h)
+    fn write_header(&self, h: &Header) -> Result<()> {
+        Ok(self.pool.write(self.id, 0, &h.encode(), false)?)
     }
 
     /// The close-version rules, in order (empty: no policy).
@@ -218,7 +216,7 @@ impl FileVolume {
         self.pool.make_room_for(bytes.len() / 4096 * 96 + 2048)?;
         if ns.header.policy == 0 {
             ns.header.policy = self.pool.create_object(self.id, crate::OBJECT_SIZE, Some(PlacementKind::Append))?;
-            self.write_header(&mut ns)?;
+            self.write_header(&ns.header)?;
         }
         self.pool.write(ns.header.policy, 0, &bytes, false)?;
         drop(ns);

@@ -15,7 +15,6 @@ pub mod inode;
 mod ns;
 pub mod policy;
 pub mod snap;
-mod table;
 pub mod versions;
 mod vindex;
 pub mod vrecord;

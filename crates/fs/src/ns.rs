@@ -87,8 +87,6 @@ pub(crate) struct Ns {
     pub(crate) index: Option<crate::vindex::VersionIndex>,
     /// FS_VERSION_RECORDS is known set (checked once per open).
     pub(crate) records_enabled: bool,
-    /// Blocks of the live inode table (`table.rs`).
-    pub(crate) table: crate::table::TableCache,
 }
 
 /// An open file volume.
@@ -187,7 +185,6 @@ impl FileVolume {
                 orphans: HashSet::new(),
                 index: None,
                 records_enabled: false,
-                table: Default::default(),
             }),
         };
         fv.inode(&mut fv.lock(), root)?;
@@ -212,17 +209,13 @@ impl FileVolume {
             return Err(FsError::NotFound);
         }
         let mut b = [0u8; RECORD];
-        if self.view.is_none() {
-            self.read_table(ns, ino * RECORD as u64, &mut b)?;
-        } else {
-            self.pool.read_view(self.id, self.table_view(), ino * RECORD as u64, &mut b)?;
-        }
+        self.pool.read_view(self.id, self.table_view(), ino * RECORD as u64, &mut b)?;
         Inode::decode(&b, ino)?.ok_or(FsError::NotFound)
     }
 
     pub(crate) fn save(&self, ns: &mut Ns, i: &Inode) -> Result<()> {
         ns.dirty.remove(&i.ino);
-        self.write_table(ns, i.ino * RECORD as u64, &i.encode())
+        Ok(self.pool.write(self.id, i.ino * RECORD as u64, &i.encode(), false)?)
     }
 
     fn attr(&self, i: &Inode) -> Attr {
@@ -467,7 +460,7 @@ impl FileVolume {
             return Err(FsError::Engine(tarn_engine::EngineError::NoSpace));
         }
         ns.header.next_ino += 1;
-        self.write_header(ns)?;
+        self.pool.write(self.id, 0, &ns.header.encode(), false)?;
         Ok(ino)
     }
 
@@ -567,7 +560,7 @@ impl FileVolume {
     fn free_inode(&self, ns: &mut Ns, i: &Inode) -> Result<()> {
         ns.dirty.remove(&i.ino);
         ns.dirs.remove(&i.ino);
-        self.write_table(ns, i.ino * RECORD as u64, &[0u8; RECORD])?;
+        self.pool.write(self.id, i.ino * RECORD as u64, &[0u8; RECORD], false)?;
         // Close versions go with the file's last name: no name leads to
         // them any more (a volume snapshot's `dir@N` still recovers the
         // file). Named file snapshots stay until deleted by number.

@@ -234,12 +234,12 @@ impl FileVolume {
     /// flushes).
     pub(crate) fn bump_and_snapshot(&self, ns: &mut Ns, name: &str) -> Result<(u64, u64)> {
         ns.header.epoch += 1;
-        self.write_header(ns)?;
+        self.pool.write(self.id, 0, &ns.header.encode(), false)?;
         match self.pool.snapshot_member(self.id, name) {
             Ok(e) => Ok((ns.header.epoch, e)),
             Err(e) => {
                 ns.header.epoch -= 1;
-                self.write_header(ns)?;
+                self.pool.write(self.id, 0, &ns.header.encode(), false)?;
                 Err(e.into())
             }
         }
@@ -372,7 +372,7 @@ impl FileVolume {
             }
         }
         self.pool.make_room_for(64 * (drop_snaps.len() + drop_objects.len()) + 128 * slots.len() + 4096)?;
-        self.drop_records(&mut _ns, &slots)?;
+        self.drop_records(&_ns, &slots)?;
         self.pool.delete_member_snapshots(&drop_snaps)?;
         for id in drop_objects {
             self.pool.delete_object(id)?;

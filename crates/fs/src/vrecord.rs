@@ -190,7 +190,7 @@ impl FileVolume {
             ns.header.vlog = self.pool.create_object(self.id, crate::OBJECT_SIZE, Some(PlacementKind::Append))?;
         }
         let slot = u64::from(ns.header.vlog_slots);
-        self.write_cached(ns, ns.header.vlog, slot * LEN as u64, &r.encode())?;
+        self.pool.write(ns.header.vlog, slot * LEN as u64, &r.encode(), false)?;
         ns.header.vlog_slots += 1;
         Ok(slot)
     }
@@ -198,7 +198,7 @@ impl FileVolume {
     /// Queue freeing the records at `slots`: each slot is zeroed; a log
     /// block left all zeros is unmapped, so a log of deleted versions
     /// holds no space.
-    pub(crate) fn drop_records(&self, ns: &mut Ns, slots: &[u64]) -> Result<()> {
+    pub(crate) fn drop_records(&self, ns: &Ns, slots: &[u64]) -> Result<()> {
         let log = ns.header.vlog;
         if log == 0 {
             return Ok(());
@@ -209,15 +209,15 @@ impl FileVolume {
         blocks.dedup();
         for block in blocks {
             let mut b = vec![0u8; 4096];
-            self.read_cached(ns, log, block * 4096, &mut b)?;
+            self.pool.read_view(log, View::Head, block * 4096, &mut b)?;
             for s in slots.iter().filter(|s| *s / per_block == block) {
                 let at = (*s % per_block) as usize * LEN;
                 b[at..at + LEN].fill(0);
             }
             if b.iter().all(|&x| x == 0) {
-                self.unmap_cached(ns, log, block)?;
+                self.pool.write_zeroes(log, block * 4096, 4096, false, false)?;
             } else {
-                self.write_cached(ns, log, block * 4096, &b)?;
+                self.pool.write(log, block * 4096, &b, false)?;
             }
         }
         Ok(())

@@ -378,33 +378,3 @@ fn garbage_in_a_directory_object_or_an_inode_record_is_corrupt() {
     let report = fv.check().unwrap();
     assert!(report.problems.iter().any(|p| p.contains("inode 4")), "{report:?}");
 }
-
-/// The inode table and the version log are written through a cache of
-/// whole blocks (`table.rs`): a second volume opened on the same pool,
-/// reading the engine with an empty cache, sees every record and version
-/// the first one wrote (inodes spanning several table blocks, saves,
-/// frees, close versions taken and dropped with their files).
-#[test]
-fn cached_blocks_are_what_the_engine_holds() {
-    let (_sim, pool, fv) = fresh();
-    let files: Vec<u64> = (0..40).map(|n| file(&fv, ROOT, &format!("f{n}"))).collect();
-    for (n, &f) in files.iter().enumerate() {
-        fv.write(f, 0, format!("data {n}").as_bytes()).unwrap();
-        fv.setattr(f, &SetAttr { perm: Some(0o600 + n as u32 % 8), ..Default::default() }).unwrap();
-        if n % 3 == 0 {
-            fv.close_version(f, false).unwrap();
-        }
-    }
-    for n in (0..40).step_by(4) {
-        fv.unlink(ROOT, format!("f{n}").as_bytes()).unwrap();
-    }
-    fv.sync().unwrap();
-    let other = FileVolume::open(pool.clone(), "home").unwrap();
-    for ino in 1..files[39] + 2 {
-        let (a, b) = (fv.getattr(ino).map(|a| a.inode), other.getattr(ino).map(|a| a.inode));
-        assert_eq!(format!("{a:?}"), format!("{b:?}"), "inode {ino}");
-    }
-    let numbers = |v: &FileVolume| v.versions().unwrap().into_iter().map(|s| (s.number, s.owner)).collect::<Vec<_>>();
-    assert_eq!(numbers(&fv), numbers(&other));
-    assert_eq!(numbers(&fv).len(), 10, "f3, f9, ..., f39: the unlinked files' versions went with them");
-}
