@@ -10,8 +10,7 @@
 # in that file's `foo@` only; `user.tarn.version.type` tells volume, file
 # and close apart; `rm foo@/N` deletes one file version, a volume
 # snapshot there is EROFS; the keep bound prunes the oldest close
-# versions; everything survives a remount; the first close after a
-# change takes the version, a reader's too; pool and fs checks clean.
+# versions; everything survives a remount; pool and fs checks clean.
 . "$(dirname "$0")/lib.sh"
 need fusermount3 mountpoint sha256sum dd jq setfattr getfattr
 need_root "mounts a FUSE file system"
@@ -133,28 +132,6 @@ check "one more edit of f.c" dd if=/dev/urandom of="$MNT/src/f.c" bs=4k count=1 
 LAST=$(sum "$MNT/src/f.c")
 expect_eq "f.c@: the last 3 close versions and the volume snapshot" "$(versions src/f.c)" "$((N - 1)) $N $V $((V + 2))"
 expect_eq "the newest is the last state" "$(sum "$MNT/src/f.c@/$((V + 2))")" "$LAST"
-
-step "the first close after a change takes the version, whoever closes"
-# OPEN is answered ENOSYS (no writers counted): a reader's close while a
-# writer holds the file open takes the writer's change so far (the
-# kernel writes the file's cached data back before the flush).
-newest() { ls "$MNT/src/f.c@" | sort -n | tail -n 1; }
-BEFORE=$(newest)
-# The writer is another process (a handle of this shell's would be
-# inherited by every command here, and each one's exit closes it).
-python3 -c 'import os, sys, time
-fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND)
-os.write(fd, b"tail")
-open(sys.argv[2], "w").close()
-time.sleep(60)' "$MNT/src/f.c" "$T/writing" &
-WRITER=$!
-for _ in $(seq 1 100); do [ -e "$T/writing" ] && break; sleep 0.1; done
-check "cat f.c (a reader's close)" bash -c "cat '$MNT/src/f.c' >/dev/null"
-NEWEST=$(newest)
-expect_eq "a new version, the writer still holding f.c" "$([ "$NEWEST" -gt "$BEFORE" ] && echo yes || echo "no: $BEFORE $NEWEST")" yes
-expect_eq "it ends with the write" "$(tail -c 4 "$MNT/src/f.c@/$NEWEST")" tail
-kill "$WRITER"; wait "$WRITER" 2>/dev/null || true
-expect_eq "the writer's close finds it unmodified" "$(newest)" "$NEWEST"
 fs_umount
 fs_clean "at the end"
 

@@ -1,12 +1,9 @@
 //! Open-close versioning on a mount (Loris; docs/ARCHITECTURE.md
-//! *Versioning: per-file snapshots and close versions*): a file's writes
-//! and truncates mark it modified; the next close (FUSE flush) of any of
-//! its handles matches it against the volume's policy on the path it was
-//! looked up by and takes one close version. An unmodified close takes
-//! none. The mount answers OPEN with ENOSYS (no OPEN and RELEASE round
-//! trips: the kernel still sends a flush at every close), so it does not
-//! count writers: a close after a change takes the version, whoever
-//! closes. The session thread alone calls these.
+//! *Versioning: per-file snapshots and close versions*): a file opened
+//! for writing is matched against the volume's policy on the path it was
+//! looked up by; its writes mark it modified; the close of its last
+//! writer takes one close version (one commit). An unmodified close takes
+//! none. The session thread alone calls these.
 
 use crate::error::Result;
 use crate::policy::Rule;
@@ -15,14 +12,18 @@ use crate::versions::Versioned;
 use std::collections::{HashMap, HashSet};
 
 /// Names remembered for the policy's paths (cleared whole past this: a
-/// file closed after that without a new lookup gets no close version).
+/// file opened after that without a new lookup gets no close versions).
 const NAMES: usize = 1 << 16;
 
-/// What the session knows of files, for close versions.
+/// What the session knows of open files, for close versions.
 #[derive(Default)]
 pub(crate) struct Sessions {
     /// The parent and name each regular file was last looked up or made by.
     names: HashMap<u64, (u64, Vec<u8>)>,
+    /// Open handles for writing per inode (the kernel bounds them).
+    writers: HashMap<u64, u32>,
+    /// Files the policy versions, decided at their first open for writing.
+    versioned: HashSet<u64>,
     /// Files written (or truncated) since their last close version.
     modified: HashSet<u64>,
     /// The policy, read once per mount (the pool is locked while mounted,
@@ -62,46 +63,82 @@ impl Versioned {
         }
     }
 
-    /// Whether the policy versions `ino`, by the path it was last looked
-    /// up or made by (none known: not versioned).
-    fn policy_versions(&self, ino: u64) -> Result<bool> {
+    /// A handle on `ino` was opened for writing: the first one decides
+    /// whether its closes take versions.
+    pub fn open_write(&self, ino: u64) -> Result<()> {
+        let first = {
+            let mut s = self.sessions();
+            let n = s.writers.entry(ino).or_insert(0);
+            *n += 1;
+            *n == 1
+        };
+        if !first {
+            return Ok(());
+        }
         let rules = self.rules()?;
         if rules.is_empty() {
-            return Ok(false);
+            return Ok(());
         }
         let noted = self.sessions().names.get(&ino).cloned();
         let Some((parent, name)) = noted else {
-            return Ok(false);
+            return Ok(());
         };
         let Some(dir) = self.live.dir_path(parent)? else {
-            return Ok(false);
+            return Ok(());
         };
         let name = String::from_utf8_lossy(&name);
         let path = if dir.is_empty() { name.into_owned() } else { format!("{dir}/{name}") };
-        Ok(self.live.versioned_path(&rules, &path))
+        if self.live.versioned_path(&rules, &path) {
+            self.sessions().versioned.insert(ino);
+        }
+        Ok(())
     }
 
-    /// `ino` was written or truncated (without rules, nothing to note).
+    /// `ino` was written or truncated.
     pub fn wrote(&self, ino: u64) {
         let mut s = self.sessions();
-        if s.rules.as_ref().is_none_or(|r| !r.is_empty()) {
+        if s.versioned.contains(&ino) {
             s.modified.insert(ino);
         }
     }
 
-    /// A close (FUSE flush) of a handle of `ino`: when the file was
-    /// modified since its last close version and the policy versions it,
-    /// a close version is taken (the kernel has written the file's
-    /// cached data back before the flush). A second close finds it
-    /// unmodified.
-    pub fn closed(&self, ino: u64) -> Result<Option<FsSnapshot>> {
-        if !self.sessions().modified.remove(&ino) {
-            return Ok(None);
+    /// The close (FUSE flush) of a handle for writing: when it is the last
+    /// writer's and the file was modified, its changes are committed and
+    /// a close version taken. Another close (a dup) finds it unmodified.
+    pub fn closed_write(&self, ino: u64) -> Result<Option<FsSnapshot>> {
+        let take = {
+            let mut s = self.sessions();
+            s.writers.get(&ino) == Some(&1) && s.modified.remove(&ino)
+        };
+        if take {
+            self.take_close_version(ino)
+        } else {
+            Ok(None)
         }
-        if !self.policy_versions(ino)? {
-            return Ok(None);
+    }
+
+    /// A handle for writing was released (after its last close): the last
+    /// one takes the version a close left to it (another writer's release
+    /// arrived after the last close).
+    pub fn release_write(&self, ino: u64) -> Result<Option<FsSnapshot>> {
+        let take = {
+            let mut s = self.sessions();
+            let Some(n) = s.writers.get_mut(&ino) else {
+                return Ok(None);
+            };
+            *n = n.saturating_sub(1);
+            if *n > 0 {
+                return Ok(None);
+            }
+            s.writers.remove(&ino);
+            s.versioned.remove(&ino);
+            s.modified.remove(&ino)
+        };
+        if take {
+            self.take_close_version(ino)
+        } else {
+            Ok(None)
         }
-        self.take_close_version(ino)
     }
 
     fn take_close_version(&self, ino: u64) -> Result<Option<FsSnapshot>> {

@@ -36,6 +36,9 @@ fn ttl(ino: u64) -> &'static Duration {
 }
 /// Bound of `TarnFs::gens`.
 const GENERATIONS: usize = 1 << 16;
+/// The file handle of an open for writing (0: read only): its close may
+/// take a close version.
+const WRITER: u64 = 1;
 /// Every open keeps the kernel's page cache of the file: every change to
 /// a live file's data comes through this mount (the pool lock keeps every
 /// other writer out), and a version's inode number names data that never
@@ -59,7 +62,12 @@ pub struct TarnFs {
     /// commit thread commits every interval and close does not.
     commit_on_close: bool,
     writeback_cache: bool,
-    /// An OPEN was answered ENOSYS (every one is: `open`): from then on the kernel sends no
+    /// OPEN is answered ENOSYS (decided at init: without a close-version
+    /// policy no open needs to be seen): the kernel then sends no OPEN
+    /// and no RELEASE for opens (4,000 of a PostMark smoke run's 22,500
+    /// requests) and keeps every file's page cache (its no-open default).
+    no_open: bool,
+    /// An OPEN was answered ENOSYS: from then on the kernel sends no
     /// RELEASE for the handle a CREATE opens either (it decides when it
     /// makes the handle, before sending the CREATE; this one session
     /// thread answers in order, so a CREATE answered before the ENOSYS
@@ -118,6 +126,7 @@ pub fn mount(fv: FileVolume, name: &str, dir: &Path, durability: Durability) -> 
         fv,
         commit_on_close: interval.is_zero(),
         writeback_cache: durability.writeback_cache,
+        no_open: false,
         open_refused: false,
         gens: Default::default(),
         notifier: notifier.clone(),
@@ -310,8 +319,7 @@ impl Filesystem for TarnFs {
         if let Err(missing) = config.add_capabilities(HANDLE_KILLPRIV_V2) {
             log::warn!("kernel without FUSE_HANDLE_KILLPRIV_V2 ({missing:#x}): every write asks security.capability");
         }
-        // Reads the close-version policy once (`wrote` needs it known).
-        let _ = self.fv.any_policy();
+        self.no_open = !self.fv.any_policy();
         Ok(())
     }
 
@@ -468,31 +476,48 @@ impl Filesystem for TarnFs {
         self.entry(reply, r.and_then(|(i, np)| self.fv.live.link(i, np, newname.as_bytes())))
     }
 
-    /// Every OPEN is answered ENOSYS: the kernel then sends no OPEN and,
-    /// for opens and later creates, no RELEASE (4,000 of a PostMark smoke
-    /// run's 22,500 requests; with a close-version policy three requests
-    /// per open-close became one, the flush), and keeps every file's page
-    /// cache (its no-open default). Nothing here needs an open: close
-    /// versions key on the flush (`Versioned::closed`), an unlinked file
-    /// is freed at the kernel's FORGET, and a write into a version is
-    /// refused at write-back (`gens`).
-    fn open(&mut self, _req: &Request<'_>, _ino: u64, _flags: i32, reply: ReplyOpen) {
-        self.open_refused = true;
-        reply.error(libc::ENOSYS)
+    fn open(&mut self, _req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
+        if self.no_open {
+            self.open_refused = true;
+            return reply.error(libc::ENOSYS);
+        }
+        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+        match (Node::decode(ino), writes) {
+            (Node::Live(i), _) => self.fv.live.opened(i),
+            (_, true) => return reply.error(libc::EROFS),
+            (_, false) => {}
+        }
+        if writes {
+            if let Err(e) = self.fv.open_write(ino) {
+                log::warn!("version policy at open: {e}");
+            }
+            if flags & libc::O_TRUNC != 0 {
+                self.fv.wrote(ino);
+            }
+            return reply.opened(WRITER, OPEN_FLAGS);
+        }
+        reply.opened(0, OPEN_FLAGS);
     }
 
     fn release(
         &mut self,
         _req: &Request<'_>,
         ino: u64,
-        _fh: u64,
+        fh: u64,
         _flags: i32,
         _lock_owner: Option<u64>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
         match Node::decode(ino) {
-            Node::Live(i) => empty(reply, self.fv.live.released(i)),
+            Node::Live(i) => {
+                if fh == WRITER {
+                    if let Err(e) = self.fv.release_write(i) {
+                        log::error!("close version of inode {i}: {e}");
+                    }
+                }
+                empty(reply, self.fv.live.released(i))
+            }
             _ => reply.ok(),
         }
     }
@@ -555,13 +580,13 @@ impl Filesystem for TarnFs {
 
     /// close(2): committed before close returns with
     /// `--commit-interval 0`, else at the next periodic commit (docs:
-    /// *File volumes*); a close of a modified, versioned file takes its
+    /// *File volumes*); the last writer's close of a modified, versioned file takes its
     /// close version before close returns.
-    fn flush(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, _lock_owner: u64, reply: ReplyEmpty) {
+    fn flush(&mut self, _req: &Request<'_>, ino: u64, fh: u64, _lock_owner: u64, reply: ReplyEmpty) {
         // A version that cannot be taken (the engine's snapshot bound, a
         // full pool) does not fail the close: the data is committed.
-        if live(ino) {
-            if let Err(e) = self.fv.closed(ino) {
+        if fh == WRITER {
+            if let Err(e) = self.fv.closed_write(ino) {
                 log::error!("close version of inode {ino}: {e}");
             }
         }
@@ -709,7 +734,10 @@ impl Filesystem for TarnFs {
                 if let Ok(p) = self.fv.writable(parent) {
                     self.fv.noted(p, name.as_bytes(), ino);
                 }
-                reply.created(ttl(a.inode.ino), &attr(&a), 0, 0, OPEN_FLAGS)
+                if let Err(e) = self.fv.open_write(ino) {
+                    log::warn!("version policy at create: {e}");
+                }
+                reply.created(ttl(a.inode.ino), &attr(&a), 0, WRITER, OPEN_FLAGS)
             }
             Err(e) => reply.error(e.errno()),
         }
