@@ -5,6 +5,8 @@
 #           close-version rule `*` (every file)
 #   ext4nbd ext4 on a tarn block volume (`tarn serve`, nbdfuse + loop)
 #   ext4raw ext4 on a loop device over a plain sparse file (the baseline)
+#   tarnfsbase  as tarnfs, with the binary TARN_BASE (an A/B of two
+#           builds in one run, alternating with the others)
 # and `ticker KIND` (MODE snap): a volume snapshot every SNAP_EVERY s, the
 # last SNAP_KEEP kept. Needs TARN, DIR, SIZE, VOL_SIZE, PORT, SNAP_EVERY,
 # SNAP_KEEP set by the caller.
@@ -61,7 +63,9 @@ setup() {
       LOOP=$(losetup -f --show "$FUSE/disk")
       mkfs.ext4 -q -F -b 4096 "$LOOP"
       mount "$LOOP" "$MNT" ;;
-    tarnfs)
+    tarnfs|tarnfsbase)
+      local TARN=$TARN
+      [ "$1" = tarnfsbase ] && TARN=${TARN_BASE:?tarnfsbase needs TARN_BASE}
       "$TARN" pool create "$RUN/pool.img" --size "$SIZE" >/dev/null
       "$TARN" fs create home -p "$RUN/pool.img" >/dev/null
       if [ "$2" = ver ]; then
@@ -82,7 +86,7 @@ ticker() {
   while sleep "$SNAP_EVERY"; do
     n=$((n + 1)) old=$((n - SNAP_KEEP))
     case $1 in
-      tarnfs) setfattr -n user.tarn.snapshot -v "pm$n" "$MNT" &&
+      tarnfs*) setfattr -n user.tarn.snapshot -v "pm$n" "$MNT" &&
         { [ "$old" -lt 1 ] || setfattr -n user.tarn.snapshot.delete -v "pm$old" "$MNT"; } ;;
       ext4nbd) "$TARN" snap create "pm@pm$n" -p "$RUN/pool.img" >/dev/null &&
         { [ "$old" -lt 1 ] || "$TARN" snap delete "pm@pm$old" -p "$RUN/pool.img" >/dev/null; } ;;

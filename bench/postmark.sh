@@ -21,6 +21,7 @@
 # Needs root (loop, mount), postmark, nbdfuse, e2fsprogs, attr.
 #   bash bench/postmark.sh                        # full: PM_TX=20000 PM_FILES=5000 ROUNDS=3
 #   PM_TX=2000 PM_FILES=500 ROUNDS=1 bash bench/postmark.sh   # smoke run
+#   TARN_BASE=OLD CONFIGS="tarnfsbase-ver tarnfs-ver" bash bench/postmark.sh   # A/B
 # Env: CONFIGS (default all six), SNAP_EVERY=2, DIR=/var/tmp/tarn-postmark
 # Output: stdout and bench/results/<date>-postmark.txt
 set -euo pipefail
@@ -69,7 +70,7 @@ one() {
   echo "$(((t1 - t0) / 1000000)) ${tx:-?} $(cat "$DIR/snaps")" >"$DIR/result"
 }
 
-echo "# bench/postmark.sh $STAMP: PM_TX=$PM_TX PM_FILES=$PM_FILES ROUNDS=$ROUNDS SNAP_EVERY=$SNAP_EVERY SNAP_KEEP=$SNAP_KEEP TARNFS_MOUNT_ARGS=\"$TARNFS_MOUNT_ARGS\" TARN=$TARN ($(uname -r), $(nproc) cpus, git $(git -C "$REPO" rev-parse --short HEAD))"
+echo "# bench/postmark.sh $STAMP: PM_TX=$PM_TX PM_FILES=$PM_FILES ROUNDS=$ROUNDS SNAP_EVERY=$SNAP_EVERY SNAP_KEEP=$SNAP_KEEP TARNFS_MOUNT_ARGS=\"$TARNFS_MOUNT_ARGS\" TARN=$TARN${TARN_BASE:+ TARN_BASE=$TARN_BASE} ($(uname -r), $(nproc) cpus, git $(git -C "$REPO" rev-parse --short HEAD))"
 read -r -a LIST <<<"$CONFIGS"
 declare -A WALL TX
 for r in $(seq 1 "$ROUNDS"); do
