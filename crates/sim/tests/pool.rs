@@ -777,7 +777,6 @@ fn racing_writers_stop_exactly_at_the_quota() {
 /// regions and free the old ones, with every view and all usage as it was.
 #[test]
 fn cleaning_frees_whole_regions_behind_an_append_head() {
-    use tarn_engine::PlacementKind;
     const BLOCKS: u64 = 4096; // 16 MiB: four cleaning regions
     let (sims, pool) = new_pool(1, 96 * MIB);
     let v = pool.create_volume_placed("log", BLOCKS * 4096, Some(PlacementKind::Append)).unwrap().id;
@@ -830,7 +829,6 @@ fn cleaning_frees_whole_regions_behind_an_append_head() {
 /// instead of stopping after one region (a CI run saw 1 of 275 freed).
 #[test]
 fn cleaning_goes_on_after_its_last_free_region_fills() {
-    use tarn_engine::PlacementKind;
     const REGION: u64 = 1024;
     let (_sims, pool) = new_pool(1, 64 * MIB);
     // The volume takes all but a little more than one region.

@@ -265,7 +265,6 @@ fn the_idle_compactor_cleans_regions_behind_an_append_head() {
     assert!(pool.check().is_clean());
 }
 
-/// A service that commits every 50 ms and compacts after 200 ms idle.
 /// A 64 MiB pool on a simulated device with an 8 MiB volume, served by a
 /// service with `opts`.
 fn served_volume(opts: ServiceOptions) -> (Arc<tarn_sim::SimDevice>, Arc<tarn_engine::Pool>, u32, Service) {
@@ -282,6 +281,7 @@ fn no_compaction(commit_interval: Duration, tick: Duration) -> ServiceOptions {
     ServiceOptions { commit_interval, tick, notice: None, compact_idle: None, compact_at: None }
 }
 
+/// A service that commits every 50 ms and compacts after 200 ms idle.
 fn idle_compaction_after_200_ms() -> ServiceOptions {
     ServiceOptions {
         commit_interval: Duration::from_millis(50),
