@@ -28,6 +28,7 @@
 //! (option haggling), `meta` (metadata context names, queries and IDs),
 //! `request` (request validation), `read` (read replies, holes as
 //! OFFSET_HOLE), `status` (block status descriptors),
+//! `congestion` (TCP congestion control of connections from this host),
 //! `connection` (transmission phase: reader, workers),
 //! `writer` (combining reply writer), `transport` (plain socket or TLS
 //! session), [`tls`] (certificates, modes, allow-list),
@@ -41,6 +42,7 @@ pub mod protocol;
 pub mod server;
 pub mod tls;
 
+mod congestion;
 mod connection;
 mod handshake;
 mod meta;

@@ -13,6 +13,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::congestion;
 use crate::connection;
 use crate::error::NbdError;
 use crate::export::Backend;
@@ -323,6 +324,7 @@ impl Drop for Server {
 fn tcp_stream(s: TcpStream) -> io::Result<Stream> {
     s.set_nonblocking(false)?;
     s.set_nodelay(true)?;
+    congestion::tune_local(&s);
     Ok(Stream::Tcp(s))
 }
 
