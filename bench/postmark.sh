@@ -28,6 +28,8 @@ set -euo pipefail
 BENCH=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$BENCH/.." && pwd)
 TARN=${TARN:-$REPO/target/release/tarn}
+# the mount logs what its staging area did at unmount (info)
+export RUST_LOG=${RUST_LOG:-warn,tarn_fuse=info}
 PM_TX=${PM_TX:-20000}
 PM_FILES=${PM_FILES:-5000}
 ROUNDS=${ROUNDS:-3}
@@ -66,8 +68,13 @@ one() {
   t1=$(date +%s%N)
   [ -n "$TICK" ] && { kill "$TICK"; wait "$TICK" || true; TICK=; }
   tx=$(sed -n 's/^[[:space:]]*\([0-9]*\) seconds of transactions.*/\1/p' "$DIR/pm.out")
+  # the tarn mount's peak RSS (MiB) and what its staging area did
+  # (logged at unmount: `RUST_LOG=tarn_fuse=info` below)
+  local hwm=-
+  [ -n "$MOUNT_PID" ] && hwm=$(awk '/^VmHWM/ { print int($2 / 1024) }' "/proc/$MOUNT_PID/status")
   teardown
-  echo "$(((t1 - t0) / 1000000)) ${tx:-?} $(cat "$DIR/snaps")" >"$DIR/result"
+  grep -o 'held data: .*' "$DIR/mount.log" >"$DIR/held" 2>/dev/null || : >"$DIR/held"
+  echo "$(((t1 - t0) / 1000000)) ${tx:-?} $(cat "$DIR/snaps") $hwm" >"$DIR/result"
 }
 
 echo "# bench/postmark.sh $STAMP: PM_TX=$PM_TX PM_FILES=$PM_FILES ROUNDS=$ROUNDS SNAP_EVERY=$SNAP_EVERY SNAP_KEEP=$SNAP_KEEP TARNFS_MOUNT_ARGS=\"$TARNFS_MOUNT_ARGS\" TARN=$TARN${TARN_BASE:+ TARN_BASE=$TARN_BASE} ($(uname -r), $(nproc) cpus, git $(git -C "$REPO" rev-parse --short HEAD))"
@@ -77,8 +84,9 @@ for r in $(seq 1 "$ROUNDS"); do
   round_order "$r"
   for c in "${ORDER[@]}"; do
     one "$c"
-    read -r ms tx snaps <"$DIR/result"
-    echo "round $r $c: ${ms} ms (postmark transactions ${tx} s, snapshots $snaps; load $(cut -d" " -f1 /proc/loadavg))"
+    read -r ms tx snaps hwm <"$DIR/result"
+    echo "round $r $c: ${ms} ms (postmark transactions ${tx} s, snapshots $snaps, mount peak RSS ${hwm} MiB; load $(cut -d" " -f1 /proc/loadavg))"
+    [ -s "$DIR/held" ] && echo "  $(cat "$DIR/held")"
     WALL[$c]="${WALL[$c]:-} $ms"
     TX[$c]="${TX[$c]:-} $tx"
   done

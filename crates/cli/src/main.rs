@@ -89,6 +89,14 @@ enum Command {
         /// by tarn all the same
         #[arg(long)]
         no_discard: bool,
+        /// MiB of written data the mount may hold before writing it into
+        /// the volume (a background thread writes the oldest once half is
+        /// held; every commit, fsync and snapshot writes it first; data of
+        /// a file deleted meanwhile is never written); 0: a write is
+        /// answered once it is in the volume. Held data makes a failed
+        /// write's ENOSPC or EDQUOT reach the writer at fsync, not close
+        #[arg(long, default_value_t = (tarn_fuse::DIRTY_MAX_DEFAULT >> 20) as u64)]
+        dirty_max: u64,
         #[command(flatten)]
         pool: PoolArg,
     },
@@ -944,10 +952,11 @@ fn dispatch(cmd: Command) -> Result<i32> {
         }
         Command::Vol(VolCmd::Flatten { name, pool }) => snapshots::vol_flatten(&pool, name),
         Command::Fs(cmd) => fs_cmd(cmd),
-        Command::Mount { name, dir, commit_interval, no_writeback_cache, no_discard, pool } => {
+        Command::Mount { name, dir, commit_interval, no_writeback_cache, no_discard, dirty_max, pool } => {
             let durability = tarn_fuse::Durability {
                 commit_interval: std::time::Duration::from_secs(commit_interval),
                 writeback_cache: !no_writeback_cache,
+                dirty_max: usize::try_from(dirty_max.saturating_mul(1 << 20)).unwrap_or(usize::MAX),
             };
             mount_cmd(&pool, &name, &dir, durability, no_discard)
         }
