@@ -56,6 +56,7 @@ exec > >(tee "$OUT") 2>&1
 # one CONFIG: writes "wall_ms tx_s snaps" to $DIR/result
 one() {
   local kind=${1%-*} mode=${1#*-} t0 t1 tx
+  rm -f "$DIR/mount.log"
   setup "$kind" "$mode"
   printf 'set location %s\nset number %s\nset transactions %s\nset subdirectories 10\nset size 4096 1048576\nset read 4096\nset write 4096\nset buffering false\nrun\nquit\n' \
     "$MNT" "$PM_FILES" "$PM_TX" >"$DIR/pm.cfg"

@@ -112,14 +112,33 @@ pub struct Durability {
     /// makes a write-back's ENOSPC or EDQUOT reach the writer at fsync
     /// only, no longer at close.
     pub dirty_max: usize,
+    /// Data held this long is written (then committed by the next
+    /// periodic commit), as ext4 writes dirty pages back after 30 s;
+    /// zero: written at once by the writer thread, and every periodic
+    /// commit writes what is held first.
+    pub dirty_expire: Duration,
 }
 
-/// `Durability::dirty_max` by default.
-pub const DIRTY_MAX_DEFAULT: usize = 512 << 20;
+/// `Durability::dirty_max` by default: a tenth of the RAM, at most
+/// 4 GiB (ZFS's `zfs_dirty_data_max`), at least 64 MiB.
+pub fn dirty_max_default() -> usize {
+    // SAFETY: sysconf reads a system constant.
+    let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    let ram = usize::try_from(pages).unwrap_or(0).saturating_mul(usize::try_from(page).unwrap_or(0));
+    (ram / 10).clamp(64 << 20, 4 << 30)
+}
+
+/// `Durability::dirty_expire` by default (ext4's dirty_expire_centisecs).
+pub const DIRTY_EXPIRE_DEFAULT: Duration = Duration::from_secs(30);
 
 impl Default for Durability {
     fn default() -> Self {
-        Durability { commit_interval: Duration::from_secs(5), writeback_cache: true, dirty_max: DIRTY_MAX_DEFAULT }
+        Durability {
+            commit_interval: Duration::from_secs(5),
+            writeback_cache: true,
+            dirty_max: dirty_max_default(),
+            dirty_expire: DIRTY_EXPIRE_DEFAULT,
+        }
     }
 }
 
@@ -149,7 +168,7 @@ pub fn mount(fv: FileVolume, name: &str, dir: &Path, durability: Durability) -> 
         staging: None,
     };
     let holds = durability.writeback_cache && durability.dirty_max > 0 && !fs.fv.live.is_snapshot();
-    let fs = TarnFs { staging: holds.then(|| Arc::new(Staging::new(durability.dirty_max))), ..fs };
+    let fs = TarnFs { staging: holds.then(|| Arc::new(Staging::new(durability.dirty_max, durability.dirty_expire))), ..fs };
     let held = fs.staging.clone();
     let writer = fs.staging.clone().map(|staging| {
         let live = fs.fv.live.clone();
@@ -158,7 +177,10 @@ pub fn mount(fv: FileVolume, name: &str, dir: &Path, durability: Durability) -> 
     // The commit thread ends when `stop` is dropped (the session is over).
     let (stop, stopped) = std::sync::mpsc::channel::<()>();
     let committer = (!interval.is_zero() && !fs.fv.live.is_snapshot()).then(|| {
-        let (live, staging) = (fs.fv.live.clone(), fs.staging.clone());
+        // With an expiry the writer thread writes held data; without, the
+        // commit writes everything held first.
+        let staging = fs.staging.clone().filter(|_| durability.dirty_expire.is_zero());
+        let live = fs.fv.live.clone();
         std::thread::Builder::new().name("fs-commit".into()).spawn(move || {
             while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(interval) {
                 commit_held(&live, staging.as_deref());
@@ -179,8 +201,8 @@ pub fn mount(fv: FileVolume, name: &str, dir: &Path, durability: Durability) -> 
     served
 }
 
-/// The periodic commit: what is held is written first, so a file closed
-/// before the commit began is in it (the contract of `--commit-interval`).
+/// The periodic commit; with `--dirty-expire 0`, what is held is written
+/// first, so a file closed before the commit began is in it.
 fn commit_held(live: &FileVolume, staging: Option<&Staging>) {
     if let Some(s) = staging {
         s.drain_all(live);
@@ -389,12 +411,15 @@ impl TarnFs {
     /// Runs `op`, which may free live file `ino`: its held data is
     /// dropped, never written, if it did.
     fn may_free<R>(&self, ino: u64, op: impl FnOnce() -> R) -> R {
+        // Also when nothing is held: the fs-writeback thread may be
+        // writing the file (not under the namespace mutex), and `op` must
+        // not free it before that write ends.
         match &self.staging {
-            Some(s) if s.holds(ino) => {
+            Some(s) => {
                 let freed = || matches!(self.fv.live.getattr(ino), Err(FsError::NotFound));
                 s.around_free(ino, op, freed)
             }
-            _ => op(),
+            None => op(),
         }
     }
 

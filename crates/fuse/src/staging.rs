@@ -16,6 +16,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 #[cfg(test)]
 use std::sync::Arc;
 use tarn_fs::FsError;
@@ -87,11 +88,18 @@ impl Spares {
 }
 
 /// What one file has staged, in the order it came.
-#[derive(Default)]
 pub struct Staged {
     runs: Vec<Run>,
     /// Capacity of the buffers held (what the bound counts).
     bytes: usize,
+    /// When the oldest of it came.
+    since: Instant,
+}
+
+impl Default for Staged {
+    fn default() -> Self {
+        Staged { runs: Vec::new(), bytes: 0, since: Instant::now() }
+    }
 }
 
 impl Staged {
@@ -118,6 +126,9 @@ impl Staged {
         cap
     }
 }
+
+/// How often the writer thread looks for data held past its expiry.
+const EXPIRY_CHECK: Duration = Duration::from_millis(500);
 
 /// Bytes that went through the staging area (reported at unmount).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -153,12 +164,17 @@ pub struct Staging {
     /// and at stop.
     changed: Condvar,
     max: usize,
+    /// Data held this long is written by the `fs-writeback` thread
+    /// (ext4's dirty_expire_centisecs: 30 s), then committed by the next
+    /// periodic commit.
+    expire: Duration,
 }
 
 impl Staging {
-    /// An area holding at most `max` bytes.
-    pub fn new(max: usize) -> Staging {
-        Staging { state: Mutex::new(State::default()), changed: Condvar::new(), max }
+    /// An area holding at most `max` bytes, each for at most `expire`
+    /// (then the writer thread writes it).
+    pub fn new(max: usize, expire: Duration) -> Staging {
+        Staging { state: Mutex::new(State::default()), changed: Condvar::new(), max, expire }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -367,11 +383,17 @@ impl Staging {
         loop {
             let next = {
                 let mut st = self.lock();
-                while !st.stop && st.bytes <= self.max / 2 {
-                    st = self.changed.wait(st).unwrap_or_else(|p| p.into_inner());
-                }
-                if st.stop {
-                    return;
+                loop {
+                    if st.stop {
+                        return;
+                    }
+                    if st.bytes > self.max / 2 || self.expired(&mut st) {
+                        break;
+                    }
+                    // Woken by a WRITE passing half the bound, or to look
+                    // for expired data again.
+                    let (g, _) = self.changed.wait_timeout(st, EXPIRY_CHECK).unwrap_or_else(|p| p.into_inner());
+                    st = g;
                 }
                 Self::oldest(&mut st)
             };
@@ -386,6 +408,17 @@ impl Staging {
                 }
             }
         }
+    }
+
+    /// Whether the oldest file held has held its data past `expire`.
+    fn expired(&self, st: &mut State) -> bool {
+        while let Some(front) = st.order.front() {
+            match st.files.get(front) {
+                Some(f) => return f.since.elapsed() >= self.expire,
+                None => st.order.pop_front(),
+            };
+        }
+        false
     }
 
     /// Ends `run_writer`.
@@ -428,7 +461,7 @@ mod tests {
 
     #[test]
     fn held_data_is_written_only_when_drained_in_order() {
-        let (s, f) = (Staging::new(1 << 20), Files::default());
+        let (s, f) = (Staging::new(1 << 20, Duration::MAX), Files::default());
         s.stage(&f, 7, 0, &[1; 2048]);
         s.stage(&f, 7, 2048, &[2; 2048]);
         s.stage(&f, 7, 0, &[3; 100]);
@@ -447,7 +480,7 @@ mod tests {
 
     #[test]
     fn a_freed_file_is_never_written() {
-        let (s, f) = (Staging::new(1 << 20), Files::default());
+        let (s, f) = (Staging::new(1 << 20, Duration::MAX), Files::default());
         s.stage(&f, 1, 0, &[9; 5000]);
         s.stage(&f, 2, 0, &[8; 300]);
         s.around_free(1, || (), || true);
@@ -462,7 +495,7 @@ mod tests {
 
     #[test]
     fn the_bound_is_held_by_writing_the_oldest_first() {
-        let (s, f) = (Staging::new(64 << 10), Files::default());
+        let (s, f) = (Staging::new(64 << 10, Duration::MAX), Files::default());
         for ino in 1..=20 {
             s.stage(&f, ino, 0, &[ino as u8; 8 << 10]);
             assert!(s.held() <= 64 << 10, "held {} over the bound", s.held());
@@ -478,7 +511,7 @@ mod tests {
 
     #[test]
     fn times_set_after_data_are_kept_by_its_write() {
-        let (s, f) = (Staging::new(1 << 20), Files::default());
+        let (s, f) = (Staging::new(1 << 20, Duration::MAX), Files::default());
         s.stage(&f, 4, 0, &[1; 10]);
         s.times_set(4);
         // Data after the times change gets its own stamp, in order after
@@ -500,7 +533,7 @@ mod tests {
 
     #[test]
     fn a_failed_write_reaches_the_next_fsync_once() {
-        let s = Staging::new(1 << 20);
+        let s = Staging::new(1 << 20, Duration::MAX);
         s.stage(&Full, 3, 0, &[1; 10]);
         s.drain(&Full, 3);
         assert!(matches!(s.take_error(3), Err(FsError::Quota)));
@@ -509,7 +542,7 @@ mod tests {
 
     #[test]
     fn the_writer_thread_and_drains_write_everything_once() {
-        let s = Arc::new(Staging::new(64 << 10));
+        let s = Arc::new(Staging::new(64 << 10, Duration::MAX));
         let f = Arc::new(Files::default());
         let (s2, f2) = (s.clone(), f.clone());
         let writer = std::thread::spawn(move || s2.run_writer(&*f2));
