@@ -169,7 +169,7 @@ pub fn mount(fv: FileVolume, name: &str, dir: &Path, durability: Durability) -> 
     };
     let holds = durability.writeback_cache && durability.dirty_max > 0 && !fs.fv.live.is_snapshot();
     let fs = TarnFs { staging: holds.then(|| Arc::new(Staging::new(durability.dirty_max, durability.dirty_expire))), ..fs };
-    let held = fs.staging.clone();
+    let (held, final_live) = (fs.staging.clone(), fs.fv.live.clone());
     let writer = fs.staging.clone().map(|staging| {
         let live = fs.fv.live.clone();
         std::thread::Builder::new().name("fs-writeback".into()).spawn(move || staging.run_writer(&*live))
@@ -194,6 +194,10 @@ pub fn mount(fv: FileVolume, name: &str, dir: &Path, durability: Durability) -> 
     drop(stop);
     if let Some(s) = held {
         s.stop();
+        // Nothing is left unless the session ended without its destroy.
+        if s.held() > 0 {
+            commit_held(&final_live, Some(&s));
+        }
     }
     for t in [committer, writer].into_iter().flatten().flatten() {
         let _ = t.join();
