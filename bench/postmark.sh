@@ -28,8 +28,6 @@ set -euo pipefail
 BENCH=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$BENCH/.." && pwd)
 TARN=${TARN:-$REPO/target/release/tarn}
-# the mount logs what its staging area did at unmount (info)
-export RUST_LOG=${RUST_LOG:-warn,tarn_fuse=info}
 PM_TX=${PM_TX:-20000}
 PM_FILES=${PM_FILES:-5000}
 ROUNDS=${ROUNDS:-3}
@@ -56,7 +54,6 @@ exec > >(tee "$OUT") 2>&1
 # one CONFIG: writes "wall_ms tx_s snaps" to $DIR/result
 one() {
   local kind=${1%-*} mode=${1#*-} t0 t1 tx
-  rm -f "$DIR/mount.log"
   setup "$kind" "$mode"
   printf 'set location %s\nset number %s\nset transactions %s\nset subdirectories 10\nset size 4096 1048576\nset read 4096\nset write 4096\nset buffering false\nrun\nquit\n' \
     "$MNT" "$PM_FILES" "$PM_TX" >"$DIR/pm.cfg"
@@ -69,12 +66,10 @@ one() {
   t1=$(date +%s%N)
   [ -n "$TICK" ] && { kill "$TICK"; wait "$TICK" || true; TICK=; }
   tx=$(sed -n 's/^[[:space:]]*\([0-9]*\) seconds of transactions.*/\1/p' "$DIR/pm.out")
-  # the tarn mount's peak RSS (MiB) and what its staging area did
-  # (logged at unmount: `RUST_LOG=tarn_fuse=info` below)
+  # the tarn mount's peak RSS (MiB)
   local hwm=-
   [ -n "$MOUNT_PID" ] && hwm=$(awk '/^VmHWM/ { print int($2 / 1024) }' "/proc/$MOUNT_PID/status")
   teardown
-  grep -o 'held data: .*' "$DIR/mount.log" >"$DIR/held" 2>/dev/null || : >"$DIR/held"
   echo "$(((t1 - t0) / 1000000)) ${tx:-?} $(cat "$DIR/snaps") $hwm" >"$DIR/result"
 }
 
@@ -87,7 +82,6 @@ for r in $(seq 1 "$ROUNDS"); do
     one "$c"
     read -r ms tx snaps hwm <"$DIR/result"
     echo "round $r $c: ${ms} ms (postmark transactions ${tx} s, snapshots $snaps, mount peak RSS ${hwm} MiB; load $(cut -d" " -f1 /proc/loadavg))"
-    [ -s "$DIR/held" ] && echo "  $(cat "$DIR/held")"
     WALL[$c]="${WALL[$c]:-} $ms"
     TX[$c]="${TX[$c]:-} $tx"
   done

@@ -89,22 +89,6 @@ enum Command {
         /// by tarn all the same
         #[arg(long)]
         no_discard: bool,
-        /// MiB of written data the mount may hold before writing it into
-        /// the volume (default: a tenth of the RAM, at most 4096; a thread
-        /// writes the oldest once half is held; fsync, `sync MOUNT` and
-        /// snapshots write it first; data of a file deleted meanwhile is
-        /// never written); 0: a write is answered once it is in the
-        /// volume. Held data makes a failed write's ENOSPC or EDQUOT reach
-        /// the writer at fsync, not close
-        #[arg(long)]
-        dirty_max: Option<u64>,
-        /// Seconds data may stay held before it is written (then committed
-        /// by the next periodic commit: a closed file is durable within
-        /// this plus --commit-interval, as ext4's 30 s + 5 s); 0: written
-        /// at once in the background, and every periodic commit writes
-        /// what is held first
-        #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=3600))]
-        dirty_expire: u64,
         #[command(flatten)]
         pool: PoolArg,
     },
@@ -960,14 +944,10 @@ fn dispatch(cmd: Command) -> Result<i32> {
         }
         Command::Vol(VolCmd::Flatten { name, pool }) => snapshots::vol_flatten(&pool, name),
         Command::Fs(cmd) => fs_cmd(cmd),
-        Command::Mount { name, dir, commit_interval, no_writeback_cache, no_discard, dirty_max, dirty_expire, pool } => {
+        Command::Mount { name, dir, commit_interval, no_writeback_cache, no_discard, pool } => {
             let durability = tarn_fuse::Durability {
                 commit_interval: std::time::Duration::from_secs(commit_interval),
                 writeback_cache: !no_writeback_cache,
-                dirty_max: dirty_max.map_or_else(tarn_fuse::dirty_max_default, |m| {
-                    usize::try_from(m.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
-                }),
-                dirty_expire: std::time::Duration::from_secs(dirty_expire),
             };
             mount_cmd(&pool, &name, &dir, durability, no_discard)
         }

@@ -738,102 +738,35 @@ impl FileVolume {
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<u32> {
         self.writable()?;
         let mut ns = self.lock();
-        let (i, end) = self.prepare_write(&mut ns, ino, offset, data.len())?;
-        match self.pool.write(i.object, offset, data, false) {
-            Err(e) => self.write_prepared(&mut ns, i, offset, data, e, end, true),
-            Ok(()) => {
-                self.wrote_to(&mut ns, i, end, true)?;
-                Ok(data.len() as u32)
-            }
-        }
-    }
-
-    /// `write` of data the mount held back (its staging area), from a
-    /// thread other than the session's: the namespace mutex is not held
-    /// while the data is copied into the pool, so the session thread's
-    /// requests go on meanwhile. The caller guarantees that nothing frees,
-    /// truncates or snapshots `ino` until this returns (the staging area
-    /// marks it busy; those requests wait). `stamp`: set mtime and ctime
-    /// now; false when the kernel set the file's times after this data
-    /// came (its writeback cache sends them at close), which a stamp now
-    /// would overwrite.
-    pub fn write_held(&self, ino: u64, offset: u64, data: &[u8], stamp: bool) -> Result<u32> {
-        self.writable()?;
-        let (object, end) = {
-            let mut ns = self.lock();
-            let (i, end) = self.prepare_write(&mut ns, ino, offset, data.len())?;
-            (i.object, end)
-        };
-        if let Err(e) = self.pool.write(object, offset, data, false) {
-            // Out of space: commit and retry under the mutex (`write`).
-            let mut ns = self.lock();
-            let i = self.inode(&mut ns, ino)?;
-            return self.write_prepared(&mut ns, i, offset, data, e, end, stamp);
-        }
-        let mut ns = self.lock();
-        let i = self.inode(&mut ns, ino)?;
-        self.wrote_to(&mut ns, i, end, stamp)?;
-        Ok(data.len() as u32)
-    }
-
-    /// The checks and bookkeeping before a write of `len` bytes at
-    /// `offset`: the inode (with its object) and the write's end.
-    fn prepare_write(&self, ns: &mut Ns, ino: u64, offset: u64, len: usize) -> Result<(Inode, u64)> {
-        let mut i = self.inode(ns, ino)?;
+        let mut i = self.inode(&mut ns, ino)?;
         if i.kind != Kind::File {
             return Err(FsError::IsDir);
         }
-        let end = offset.checked_add(len as u64).filter(|&e| e <= MAX_FILE_SIZE).ok_or(FsError::TooLarge)?;
-        self.check_quota(ns, len as u64)?;
-        self.before_change(ns, &mut i)?;
+        let end = offset.checked_add(data.len() as u64).filter(|&e| e <= MAX_FILE_SIZE).ok_or(FsError::TooLarge)?;
+        self.check_quota(&mut ns, data.len() as u64)?;
+        self.before_change(&mut ns, &mut i)?;
         if i.object == 0 {
             i.object = self.pool.create_object(self.id, OBJECT_SIZE, None)?;
-            self.save(ns, &i)?;
+            self.save(&mut ns, &i)?;
         }
-        Ok((i, end))
-    }
-
-    /// After the first try of a write failed with `first`: out of space,
-    /// commit and try once more; then the size and times.
-    #[allow(clippy::too_many_arguments)]
-    fn write_prepared(
-        &self,
-        ns: &mut Ns,
-        i: Inode,
-        offset: u64,
-        data: &[u8],
-        first: tarn_engine::EngineError,
-        end: u64,
-        stamp: bool,
-    ) -> Result<u32> {
-        match first {
+        match self.pool.write(i.object, offset, data, false) {
             // Space freed by deletes comes back at the commit that makes
             // them durable (the periodic commit may not have run yet):
             // commit, then try once more.
-            tarn_engine::EngineError::NoSpace => {
+            Err(tarn_engine::EngineError::NoSpace) => {
                 self.pool.flush()?;
                 self.pool.write(i.object, offset, data, false)?;
             }
-            e => return Err(e.into()),
+            r => r?,
         }
-        self.wrote_to(ns, i, end, stamp)?;
-        Ok(data.len() as u32)
-    }
-
-    /// The new size (and times) after a write ending at `end`: saved with
-    /// the other pending inode changes.
-    fn wrote_to(&self, ns: &mut Ns, mut i: Inode, end: u64, stamp: bool) -> Result<()> {
         i.size = i.size.max(end);
-        if stamp {
-            i.mtime = now();
-            i.ctime = i.mtime;
-        }
-        let ino = i.ino;
+        i.mtime = now();
+        i.ctime = i.mtime;
         ns.dirty.insert(ino, i);
         if ns.dirty.len() > DIRTY_MAX {
-            self.save_dirty(ns)?;
+            self.save_dirty(&mut ns)?;
         }
-        Ok(())
+        Ok(data.len() as u32)
     }
 
     /// Refuse a write of `more` bytes past the quota. The bound is only

@@ -378,26 +378,3 @@ fn garbage_in_a_directory_object_or_an_inode_record_is_corrupt() {
     let report = fv.check().unwrap();
     assert!(report.problems.iter().any(|p| p.contains("inode 4")), "{report:?}");
 }
-
-/// `write_held` (the mount's held data, written later from another
-/// thread): the data and the new size land like a `write`'s, and with
-/// `stamp` false the times set after the data came are kept; a crash
-/// after `sync` keeps all of it.
-#[test]
-fn held_writes_keep_the_times_set_after_them() {
-    let (sim, _pool, fv) = fresh();
-    let a = file(&fv, ROOT, "a");
-    let times = SetAttr { mtime: Some(1_000_000_000), atime: Some(2_000_000_000), ..Default::default() };
-    fv.setattr(a, &times).unwrap();
-    fv.write_held(a, 4096, b"later", false).unwrap();
-    let at = fv.getattr(a).unwrap().inode;
-    assert_eq!((at.size, at.mtime, at.atime), (4101, 1_000_000_000, 2_000_000_000));
-    fv.write_held(a, 0, b"first", true).unwrap();
-    assert_ne!(fv.getattr(a).unwrap().inode.mtime, 1_000_000_000, "a stamped write sets mtime");
-    fv.sync().unwrap();
-    drop(fv);
-    sim.crash(&mut ChaCha8Rng::seed_from_u64(7));
-    let (_pool, fv) = reopen(&sim);
-    let got = fv.read(a, 0, 8192).unwrap();
-    assert_eq!((&got[..5], &got[4096..]), (&b"first"[..], &b"later"[..]));
-}

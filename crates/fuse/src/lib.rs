@@ -12,11 +12,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use std::sync::Arc;
 use tarn_fs::{Attr, FileVolume, FsError, Kind, Node, SetAttr, Versioned, XattrMode};
-
-mod staging;
-pub use staging::{Counts, Sink, Staged, Staging};
 
 /// How long the kernel may cache the names and attributes of a version
 /// directory (a version's file entries are not cached: `TarnFs::gens`)
@@ -88,9 +84,6 @@ pub struct TarnFs {
     gens: std::collections::HashMap<u64, u64>,
     /// Set once the session exists (it owns the channel notices go to).
     notifier: std::sync::Arc<std::sync::OnceLock<fuser::Notifier>>,
-    /// File data held before it is written (`staging.rs`); None: every
-    /// WRITE goes to the volume before it is answered.
-    staging: Option<Arc<Staging>>,
 }
 
 /// When a mount makes changes durable besides fsync, fdatasync,
@@ -106,39 +99,11 @@ pub struct Durability {
     /// reaches the writer at fsync or close (and the mount's next
     /// syncfs), not at write(2).
     pub writeback_cache: bool,
-    /// Bytes of written data the mount may hold before writing them into
-    /// the volume (`staging.rs`; with the writeback cache only); zero:
-    /// none held, a WRITE is answered once in the volume. Held data
-    /// makes a write-back's ENOSPC or EDQUOT reach the writer at fsync
-    /// only, no longer at close.
-    pub dirty_max: usize,
-    /// Data held this long is written (then committed by the next
-    /// periodic commit), as ext4 writes dirty pages back after 30 s;
-    /// zero: written at once by the writer thread, and every periodic
-    /// commit writes what is held first.
-    pub dirty_expire: Duration,
 }
-
-/// `Durability::dirty_max` by default: a tenth of the RAM, at most
-/// 4 GiB (ZFS's `zfs_dirty_data_max`), at least 64 MiB.
-pub fn dirty_max_default() -> usize {
-    // SAFETY: sysconf reads a system constant.
-    let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
-    let ram = usize::try_from(pages).unwrap_or(0).saturating_mul(usize::try_from(page).unwrap_or(0));
-    (ram / 10).clamp(64 << 20, 4 << 30)
-}
-
-/// `Durability::dirty_expire` by default (ext4's dirty_expire_centisecs).
-pub const DIRTY_EXPIRE_DEFAULT: Duration = Duration::from_secs(30);
 
 impl Default for Durability {
     fn default() -> Self {
-        Durability {
-            commit_interval: Duration::from_secs(5),
-            writeback_cache: true,
-            dirty_max: dirty_max_default(),
-            dirty_expire: DIRTY_EXPIRE_DEFAULT,
-        }
+        Durability { commit_interval: Duration::from_secs(5), writeback_cache: true }
     }
 }
 
@@ -165,25 +130,16 @@ pub fn mount(fv: FileVolume, name: &str, dir: &Path, durability: Durability) -> 
         open_refused: false,
         gens: Default::default(),
         notifier: notifier.clone(),
-        staging: None,
     };
-    let holds = durability.writeback_cache && durability.dirty_max > 0 && !fs.fv.live.is_snapshot();
-    let fs = TarnFs { staging: holds.then(|| Arc::new(Staging::new(durability.dirty_max, durability.dirty_expire))), ..fs };
-    let (held, final_live) = (fs.staging.clone(), fs.fv.live.clone());
-    let writer = fs.staging.clone().map(|staging| {
-        let live = fs.fv.live.clone();
-        std::thread::Builder::new().name("fs-writeback".into()).spawn(move || staging.run_writer(&*live))
-    });
     // The commit thread ends when `stop` is dropped (the session is over).
     let (stop, stopped) = std::sync::mpsc::channel::<()>();
     let committer = (!interval.is_zero() && !fs.fv.live.is_snapshot()).then(|| {
-        // With an expiry the writer thread writes held data; without, the
-        // commit writes everything held first.
-        let staging = fs.staging.clone().filter(|_| durability.dirty_expire.is_zero());
         let live = fs.fv.live.clone();
         std::thread::Builder::new().name("fs-commit".into()).spawn(move || {
             while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(interval) {
-                commit_held(&live, staging.as_deref());
+                if let Err(e) = live.sync_between_changes() {
+                    log::error!("periodic commit failed: {e}");
+                }
             }
         })
     });
@@ -192,28 +148,10 @@ pub fn mount(fv: FileVolume, name: &str, dir: &Path, durability: Durability) -> 
         session.run()
     });
     drop(stop);
-    if let Some(s) = held {
-        s.stop();
-        // Nothing is left unless the session ended without its destroy.
-        if s.held() > 0 {
-            commit_held(&final_live, Some(&s));
-        }
-    }
-    for t in [committer, writer].into_iter().flatten().flatten() {
+    if let Some(Ok(t)) = committer {
         let _ = t.join();
     }
     served
-}
-
-/// The periodic commit; with `--dirty-expire 0`, what is held is written
-/// first, so a file closed before the commit began is in it.
-fn commit_held(live: &FileVolume, staging: Option<&Staging>) {
-    if let Some(s) = staging {
-        s.drain_all(live);
-    }
-    if let Err(e) = live.sync_between_changes() {
-        log::error!("periodic commit failed: {e}");
-    }
 }
 
 fn time(ns: i64) -> SystemTime {
@@ -365,74 +303,6 @@ impl TarnFs {
         }
         empty(reply, r)
     }
-
-    /// Before a setattr: a truncate comes after the data held (written
-    /// first); new times must outlast the held data's write (the kernel
-    /// sends them at close, before the data is written here).
-    fn hold_for_setattr(&self, ino: u64, s: &SetAttr) {
-        match &self.staging {
-            Some(_) if s.size.is_some() => self.drain(ino),
-            Some(st) if s.mtime.is_some() => st.times_set(ino),
-            _ => {}
-        }
-    }
-
-    /// Write what live file `ino` has held into the volume (before a
-    /// request that reads, sizes or captures its data).
-    fn drain(&self, ino: u64) {
-        if let (Some(s), true) = (&self.staging, live(ino)) {
-            s.drain(&*self.fv.live, ino)
-        }
-    }
-
-    /// Write everything held (before a volume snapshot, `sync MOUNT`,
-    /// unmount).
-    fn drain_all(&self) {
-        if let Some(s) = &self.staging {
-            s.drain_all(&*self.fv.live)
-        }
-    }
-
-    /// fsync of `ino` (None: of the whole mount): its held data written,
-    /// a commit, then the first error writing held data, as a failed
-    /// write-back's error reaches fsync.
-    fn fsync_held(&self, ino: Option<u64>, reply: ReplyEmpty) {
-        let Some(s) = &self.staging else { return self.sync(reply) };
-        match ino {
-            Some(i) => self.drain(i),
-            None => self.drain_all(),
-        }
-        let held = match ino {
-            Some(i) => s.take_error(i),
-            None => s.take_any_error(),
-        };
-        match held {
-            Ok(()) => self.sync(reply),
-            Err(e) => reply.error(e.errno()),
-        }
-    }
-
-    /// Runs `op`, which may free live file `ino`: its held data is
-    /// dropped, never written, if it did.
-    fn may_free<R>(&self, ino: u64, op: impl FnOnce() -> R) -> R {
-        // Also when nothing is held: the fs-writeback thread may be
-        // writing the file (not under the namespace mutex), and `op` must
-        // not free it before that write ends.
-        match &self.staging {
-            Some(s) => {
-                let freed = || matches!(self.fv.live.getattr(ino), Err(FsError::NotFound));
-                s.around_free(ino, op, freed)
-            }
-            None => op(),
-        }
-    }
-
-    /// The file `name` in live directory `parent` names, if any.
-    fn file_at(&self, parent: u64, name: &OsStr) -> Option<u64> {
-        self.staging.as_ref()?;
-        let a = self.fv.live.lookup(parent, name.as_bytes()).ok()?;
-        (a.inode.kind == Kind::File).then_some(a.inode.ino)
-    }
 }
 
 impl Filesystem for TarnFs {
@@ -454,18 +324,6 @@ impl Filesystem for TarnFs {
     }
 
     fn destroy(&mut self) {
-        if let Some(s) = &self.staging {
-            s.stop();
-            self.drain_all();
-            let c = s.counts();
-            log::info!(
-                "held data: {} bytes staged, {} written, {} dropped (file freed first), {} writes waited for room",
-                c.staged,
-                c.written,
-                c.dropped,
-                c.pressed
-            );
-        }
         if let Err(e) = self.fv.live.unmounted() {
             log::error!("freeing the files unlinked while the kernel held them: {e}");
         }
@@ -475,13 +333,7 @@ impl Filesystem for TarnFs {
     }
 
     fn lookup(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
-        let mut r = self.fv.lookup(parent, name.as_bytes());
-        if let (Ok(a), Some(s)) = (&r, &self.staging) {
-            if live(a.inode.ino) && s.holds(a.inode.ino) {
-                self.drain(a.inode.ino);
-                r = self.fv.lookup(parent, name.as_bytes());
-            }
-        }
+        let r = self.fv.lookup(parent, name.as_bytes());
         if let (Ok(a), Node::Live(p)) = (&r, Node::decode(parent)) {
             if a.inode.kind == Kind::File && Node::decode(a.inode.ino) == Node::Live(a.inode.ino) {
                 self.fv.noted(p, name.as_bytes(), a.inode.ino);
@@ -492,14 +344,13 @@ impl Filesystem for TarnFs {
 
     fn forget(&mut self, _req: &Request<'_>, ino: u64, nlookup: u64) {
         if live(ino) {
-            if let Err(e) = self.may_free(ino, || self.fv.live.forgot(ino, nlookup)) {
+            if let Err(e) = self.fv.live.forgot(ino, nlookup) {
                 log::error!("forget of inode {ino}: {e}");
             }
         }
     }
 
     fn getattr(&mut self, _req: &Request<'_>, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
-        self.drain(ino);
         match self.fv.getattr(ino) {
             Ok(a) => reply.attr(ttl(a.inode.ino), &attr(&a)),
             Err(e) => reply.error(e.errno()),
@@ -531,14 +382,10 @@ impl Filesystem for TarnFs {
         // pass it on).
         let kill = mode.is_none() && (uid.is_some() || gid.is_some() || (size.is_some() && !may_keep_setid(req)));
         let killed = |i: u64| if kill { self.fv.live.kill_suid(i).map(|_| i) } else { Ok(i) };
-        self.hold_for_setattr(ino, &s);
         match self.fv.writable(ino).and_then(killed).and_then(|i| self.fv.live.setattr(i, &s)) {
-            Ok(mut a) => {
+            Ok(a) => {
                 if size.is_some() {
                     self.fv.wrote(a.inode.ino);
-                }
-                if let Some(st) = &self.staging {
-                    a.inode.size = st.size(ino, a.inode.size);
                 }
                 reply.attr(ttl(a.inode.ino), &attr(&a))
             }
@@ -593,12 +440,7 @@ impl Filesystem for TarnFs {
         if let Node::List(i) = Node::decode(parent) {
             return empty(reply, self.fv.remove_version(i, name.as_bytes()));
         }
-        let p = match self.fv.writable(parent) {
-            Ok(p) => p,
-            Err(e) => return reply.error(e.errno()),
-        };
-        let unlink = || self.fv.live.unlink(p, name.as_bytes());
-        empty(reply, self.file_at(p, name).map_or_else(unlink, |ino| self.may_free(ino, unlink)))
+        empty(reply, self.fv.writable(parent).and_then(|p| self.fv.live.unlink(p, name.as_bytes())))
     }
 
     fn rmdir(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
@@ -625,17 +467,11 @@ impl Filesystem for TarnFs {
             // RENAME_NOREPLACE / EXCHANGE / WHITEOUT: not yet.
             return reply.error(libc::EINVAL);
         }
-        let (p, np) = match self.fv.writable(parent).and_then(|p| Ok((p, self.fv.writable(newparent)?))) {
-            Ok(pair) => pair,
-            Err(e) => return reply.error(e.errno()),
-        };
-        // A file renamed over goes like an unlinked one.
-        let rename = || self.fv.live.rename(p, name.as_bytes(), np, newname.as_bytes());
-        empty(reply, self.file_at(np, newname).map_or_else(rename, |ino| self.may_free(ino, rename)))
+        let r = self.fv.writable(parent).and_then(|p| Ok((p, self.fv.writable(newparent)?)));
+        empty(reply, r.and_then(|(p, np)| self.fv.live.rename(p, name.as_bytes(), np, newname.as_bytes())))
     }
 
     fn link(&mut self, _req: &Request<'_>, ino: u64, newparent: u64, newname: &OsStr, reply: ReplyEntry) {
-        self.drain(ino);
         let r = self.fv.writable(ino).and_then(|i| Ok((i, self.fv.writable(newparent)?)));
         self.entry(reply, r.and_then(|(i, np)| self.fv.live.link(i, np, newname.as_bytes())))
     }
@@ -652,7 +488,6 @@ impl Filesystem for TarnFs {
             (_, false) => {}
         }
         if writes {
-            self.drain(ino);
             if let Err(e) = self.fv.open_write(ino) {
                 log::warn!("version policy at open: {e}");
             }
@@ -676,16 +511,12 @@ impl Filesystem for TarnFs {
     ) {
         match Node::decode(ino) {
             Node::Live(i) => {
-                if fh == WRITER && self.fv.any_policy() {
-                    // The close version captures the held data.
-                    self.drain(i);
-                }
                 if fh == WRITER {
                     if let Err(e) = self.fv.release_write(i) {
                         log::error!("close version of inode {i}: {e}");
                     }
                 }
-                empty(reply, self.may_free(i, || self.fv.live.released(i)))
+                empty(reply, self.fv.live.released(i))
             }
             _ => reply.ok(),
         }
@@ -702,7 +533,6 @@ impl Filesystem for TarnFs {
         _lock_owner: Option<u64>,
         reply: ReplyData,
     ) {
-        self.drain(ino);
         data(reply, self.fv.read(ino, offset.max(0) as u64, size))
     }
 
@@ -731,17 +561,7 @@ impl Filesystem for TarnFs {
             }
             Ok(i)
         };
-        let put = |i: u64| match &self.staging {
-            Some(s) if !kill => {
-                s.stage(&*self.fv.live, i, offset.max(0) as u64, data);
-                Ok(data.len() as u32)
-            }
-            _ => {
-                self.drain(i);
-                self.fv.live.write(i, offset.max(0) as u64, data)
-            }
-        };
-        match self.fv.writable(ino).and_then(killed).and_then(put) {
+        match self.fv.writable(ino).and_then(killed).and_then(|i| self.fv.live.write(i, offset.max(0) as u64, data)) {
             Ok(n) => {
                 self.fv.wrote(ino);
                 reply.written(n)
@@ -765,11 +585,6 @@ impl Filesystem for TarnFs {
     fn flush(&mut self, _req: &Request<'_>, ino: u64, fh: u64, _lock_owner: u64, reply: ReplyEmpty) {
         // A version that cannot be taken (the engine's snapshot bound, a
         // full pool) does not fail the close: the data is committed.
-        if self.commit_on_close || self.fv.any_policy() {
-            // Committed at close or captured by a close version: held
-            // data first.
-            self.drain(ino);
-        }
         if fh == WRITER {
             if let Err(e) = self.fv.closed_write(ino) {
                 log::error!("close version of inode {ino}: {e}");
@@ -792,13 +607,12 @@ impl Filesystem for TarnFs {
         reply.ok()
     }
 
-    fn fsync(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, _datasync: bool, reply: ReplyEmpty) {
-        self.fsync_held(Some(ino), reply)
+    fn fsync(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _datasync: bool, reply: ReplyEmpty) {
+        self.sync(reply)
     }
 
-    /// `sync MOUNT` fsyncs the root: everything held is written first.
     fn fsyncdir(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _datasync: bool, reply: ReplyEmpty) {
-        self.fsync_held(None, reply)
+        self.sync(reply)
     }
 
     fn readdir(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, offset: i64, mut reply: ReplyDirectory) {
@@ -830,12 +644,6 @@ impl Filesystem for TarnFs {
         reply: ReplyEmpty,
     ) {
         let snap = std::str::from_utf8(value).map_err(|_| FsError::Invalid("snapshot name is not UTF-8"));
-        // A snapshot captures held data too.
-        if ino == tarn_fs::ROOT {
-            self.drain_all();
-        } else {
-            self.drain(ino);
-        }
         let r = match (ino, name.as_bytes()) {
             (tarn_fs::ROOT, b"user.tarn.snapshot") => {
                 self.fv.forget_views();
@@ -866,7 +674,6 @@ impl Filesystem for TarnFs {
     }
 
     fn removexattr(&mut self, _req: &Request<'_>, ino: u64, name: &OsStr, reply: ReplyEmpty) {
-        self.drain(ino);
         empty(reply, self.fv.writable(ino).and_then(|i| self.fv.live.remove_xattr(i, name.as_bytes())))
     }
 
@@ -942,7 +749,6 @@ impl Filesystem for TarnFs {
             libc::SEEK_HOLE => false,
             _ => return reply.error(libc::EINVAL),
         };
-        self.drain(ino);
         match self.fv.seek(ino, offset.max(0) as u64, data) {
             Ok(Some(at)) => reply.offset(at as i64),
             Ok(None) => reply.error(libc::ENXIO),
