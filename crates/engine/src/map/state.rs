@@ -374,12 +374,18 @@ impl State {
     }
 
     /// Add a volume built elsewhere (a checkpoint or catalog load): its
-    /// name, and its origin in the clone index.
+    /// name, its entries in the count, its origin in the clone index.
     pub fn add_volume(&mut self, v: Volume) {
+        self.extents += v.extent_count();
+        self.insert_volume(v);
+    }
+
+    /// Its name and its origin in the clone index (`apply` counts the
+    /// entries of a volume an op creates).
+    fn insert_volume(&mut self, v: Volume) {
         if let Some(o) = v.origin {
             self.clones.insert((o.vol, o.epoch, v.id));
         }
-        self.extents += v.extent_count();
         self.by_name.insert(v.name.clone(), v.id);
         self.volumes.insert(v.id, v);
     }
@@ -745,7 +751,7 @@ impl State {
         if size > 0 {
             v.map.insert(0, v.blocks(), Pba::origin(0), 0)?;
         }
-        self.add_volume(v);
+        self.insert_volume(v);
         self.next_volume_id = self.next_volume_id.max(vol + 1);
         Ok(())
     }
@@ -858,6 +864,43 @@ mod tests {
             state.apply(op, &mut freed).map_err(|e| e.to_string())?;
         }
         Ok(state)
+    }
+
+    /// The clone index and the kept entry count follow every op that
+    /// changes them (a refused one too) and agree with a scan of every
+    /// volume.
+    #[test]
+    fn clone_index_and_entry_count_follow_the_ops() {
+        let mut state = State::default();
+        let mut freed = Freed::new();
+        let mut step = |state: &mut State, op: Op| {
+            let r = state.apply(&op, &mut freed).map_err(|e| e.to_string());
+            assert_eq!(state.index_problems(), Vec::<String>::new(), "after {op:?}");
+            r
+        };
+        let clones = |state: &State, epoch| state.clones_of(1, epoch).iter().map(|c| c.id).collect::<Vec<_>>();
+        step(&mut state, Op::VolCreate { vol: 1, size: 1 << 20, name: "v".into() }).unwrap();
+        step(&mut state, Op::Map { vol: 1, lba: 0, len: 4, pba: 100, birth: 1 }).unwrap();
+        step(&mut state, Op::SnapCreate { vol: 1, name: "s".into(), created: 0 }).unwrap();
+        step(&mut state, Op::Map { vol: 1, lba: 2, len: 1, pba: 200, birth: 2 }).unwrap();
+        // Head: [0,2) [2,3) [3,4); dead list of s: [2,3).
+        assert_eq!(state.extent_count(), 4);
+        step(&mut state, Op::CloneCreate { vol: 2, origin_vol: 1, origin_epoch: 1, name: "c".into() }).unwrap();
+        step(&mut state, Op::CloneCreate { vol: 3, origin_vol: 1, origin_epoch: 1, name: "d".into() }).unwrap();
+        assert_eq!(
+            (clones(&state, None), clones(&state, Some(1)), clones(&state, Some(2))),
+            (vec![2, 3], vec![2, 3], vec![])
+        );
+        let refused = step(&mut state, Op::VolDelete { vol: 1 }).unwrap_err();
+        assert!(refused.contains("has clone c"), "{refused}");
+        step(&mut state, Op::Materialize { vol: 2, snap: 0, lba: 0, len: 256, pba: 300 }).unwrap();
+        step(&mut state, Op::CloneDetach { vol: 2 }).unwrap();
+        assert_eq!(clones(&state, None), vec![3]);
+        step(&mut state, Op::VolDelete { vol: 3 }).unwrap();
+        assert!(clones(&state, None).is_empty());
+        step(&mut state, Op::SnapDelete { vol: 1, epoch: 1 }).unwrap();
+        step(&mut state, Op::VolDelete { vol: 1 }).unwrap();
+        assert_eq!(state.extent_count(), state.volume(2).map_or(0, Volume::extent_count));
     }
 
     /// Found by fuzz/format_ops: a Map born before the current epoch (no
