@@ -504,13 +504,13 @@ impl State {
     /// Op VolDelete: refused while a clone or an object depends on the
     /// volume; else its map and every snapshot's dead list are released.
     fn drop_volume(&mut self, vol: u32, freed: &mut Freed) -> Result<(), StateError> {
-        // Both checks scan every volume (O(volumes): a file volume's
-        // objects are volumes, and a PostMark unlink deletes one: 7% of
-        // the mount's time at 5,000 files). Skipped where they cannot
-        // find anything: a clone's origin is a snapshot of `vol` (checked
-        // at clone creation and checkpoint load, and a snapshot delete is
-        // refused while a clone depends on it), and only a file volume
-        // owns objects (`set_role`).
+        // The objects check scans every volume (O(volumes): a file
+        // volume's objects are volumes, and a PostMark unlink deletes one);
+        // the clones check reads the clone index. Both are skipped where
+        // they cannot find anything: a clone's origin is a snapshot of
+        // `vol` (checked at clone creation and checkpoint load, and a
+        // snapshot delete is refused while a clone depends on it), and
+        // only a file volume owns objects (`set_role`).
         let (snapshots, role) = self.volume(vol).map_or((true, None), |v| (!v.snapshots.is_empty(), v.role));
         if snapshots {
             if let Some(c) = self.clones_of(vol, None).first() {
