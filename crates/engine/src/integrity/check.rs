@@ -75,6 +75,9 @@ impl Pool {
                 progress((r.extents as u64).min(total), total);
             }
         }
+        for msg in inner.state.index_problems() {
+            problem(&mut r, msg);
+        }
         metadata_owners(&inner, &slot, &mut owners, &mut r);
         for &(pba, len) in &ctl.held_frees {
             push_owner(&mut owners, pba, len, "space awaiting a checkpoint".into(), &mut r.problems);

@@ -422,8 +422,7 @@ pub(crate) fn open_state(c: &Catalog, store: Arc<Store>) -> Result<State> {
                 dead: open_dead(&store, s)?,
             });
         }
-        state.by_name.insert(v.name.clone(), v.id);
-        state.volumes.insert(v.id, vol);
+        state.add_volume(vol);
     }
     // Roles after every volume is in: an object's owner may have any id.
     for v in c.volumes.iter().filter(|v| v.role.is_some()) {

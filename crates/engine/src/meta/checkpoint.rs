@@ -131,8 +131,7 @@ pub fn decode_state(payload: &[u8], store: Arc<Store>) -> std::result::Result<(S
             });
         }
         check_versions(&vol)?;
-        state.by_name.insert(v.name.clone(), v.id);
-        state.volumes.insert(v.id, vol);
+        state.add_volume(vol);
     }
     for v in state.volumes.values() {
         if let Some(o) = v.origin {
