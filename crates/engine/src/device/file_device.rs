@@ -59,7 +59,14 @@ impl FileDevice {
     pub fn create_file(path: &Path, size: u64) -> io::Result<FileDevice> {
         let file = OpenOptions::new().read(true).write(true).create_new(true).open(path)?;
         file.set_len(size)?;
-        Ok(FileDevice { file, path: path.to_path_buf(), size: AtomicU64::new(size), is_block: false, direct: None, direct_bytes: AtomicU64::new(0) })
+        Ok(FileDevice {
+            file,
+            path: path.to_path_buf(),
+            size: AtomicU64::new(size),
+            is_block: false,
+            direct: None,
+            direct_bytes: AtomicU64::new(0),
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -80,7 +87,7 @@ fn open_direct(path: &Path) -> io::Result<Option<File>> {
 /// True when a write goes through O_DIRECT: large, offset and length on
 /// the boundary (a buffer off it is copied to an aligned one first).
 fn direct_eligible(data: &[u8], offset: u64) -> bool {
-    data.len() >= DIRECT_MIN && data.len() % DIRECT_ALIGN == 0 && offset % DIRECT_ALIGN as u64 == 0
+    data.len() >= DIRECT_MIN && data.len().is_multiple_of(DIRECT_ALIGN) && offset.is_multiple_of(DIRECT_ALIGN as u64)
 }
 
 /// Largest piece copied into the per-thread bounce buffer at once (bounds
@@ -136,7 +143,7 @@ impl Device for FileDevice {
         let Some(direct) = self.direct.as_ref().filter(|_| direct_eligible(data, offset)) else {
             return self.file.write_all_at(data, offset);
         };
-        if data.as_ptr() as usize % DIRECT_ALIGN == 0 {
+        if (data.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN) {
             direct.write_all_at(data, offset)?;
         } else {
             write_bounced(direct, data, offset)?;
