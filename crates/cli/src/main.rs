@@ -92,7 +92,8 @@ enum Command {
         /// Write large data through the page cache as other commands do
         /// (by default writes of 64 KiB and more go to the pool file
         /// with O_DIRECT, skipping the copy into new page-cache pages:
-        /// 9% faster PostMark on a VM, docs/ARCHITECTURE.md)
+        /// 6-10% faster at full-size PostMark on a VM, 11% slower when
+        /// the data fits in cache; docs/ARCHITECTURE.md *The pmd slice*)
         #[arg(long)]
         no_direct_writes: bool,
         #[command(flatten)]
