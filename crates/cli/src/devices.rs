@@ -4,6 +4,7 @@
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use tarn_engine::{Device, FileDevice};
 use tarn_rados::{is_rados_uri, CephConfig, RadosDevice};
@@ -51,12 +52,25 @@ pub fn open_rados(p: &Path, create_size: Option<u64>) -> Result<RadosDevice> {
     RadosDevice::open(uri(p), &ceph_config(), create_size).with_context(|| format!("open {}", p.display()))
 }
 
+/// Set once by `tarn mount` before it opens its pool: writable pool files
+/// then take large data writes through O_DIRECT (the other commands,
+/// `tarn serve` among them, keep buffered writes).
+static DIRECT_WRITES: AtomicBool = AtomicBool::new(false);
+
+pub fn use_direct_writes() {
+    DIRECT_WRITES.store(true, Ordering::Relaxed);
+}
+
 /// Open an existing device, file or RADOS.
 pub fn open(p: &Path, writable: bool) -> Result<Arc<dyn Device>> {
     if is_rados(p) {
         return Ok(Arc::new(open_rados(p, None)?));
     }
-    Ok(Arc::new(FileDevice::open(p, writable).with_context(|| format!("open {}", p.display()))?))
+    let dev = match writable && DIRECT_WRITES.load(Ordering::Relaxed) {
+        true => FileDevice::open_direct_writes(p),
+        false => FileDevice::open(p, writable),
+    };
+    Ok(Arc::new(dev.with_context(|| format!("open {}", p.display()))?))
 }
 
 /// `pool create`: open `p`, or create it with `size` (a sparse file, or a
