@@ -114,6 +114,12 @@ impl Volume {
         self.map.extent_count() + self.snapshots.iter().map(|s| s.dead.extent_count()).sum::<usize>()
     }
 
+    /// Entries of its head and of the newest snapshot's dead list: what a
+    /// Map or Unmap may change.
+    fn head_and_newest_dead_count(&self) -> usize {
+        self.map.extent_count() + self.snapshots.last().map_or(0, |s| s.dead.extent_count())
+    }
+
     fn new(store: &Arc<Store>, id: u32, name: String, size: u64) -> Volume {
         let map = ExtentMap::new(store.clone(), tree_id::head(id));
         Volume {
@@ -416,8 +422,15 @@ impl State {
         // An op changes the entries of the volume it names only: count
         // that volume's before and after (also after a failed op, which may
         // have changed some), not every volume's.
+        // A write (Map, Unmap) changes only the head and the newest
+        // snapshot's dead list (`Volume::retire`): count those two, not
+        // every snapshot's, on the hot path.
         let vol = op_volume(op);
-        let count = |s: &State| vol.and_then(|id| s.volume(id)).map_or(0, Volume::extent_count);
+        let write = matches!(op, Op::Map { .. } | Op::Unmap { .. });
+        let count = |s: &State| {
+            let v = vol.and_then(|id| s.volume(id));
+            v.map_or(0, |v| if write { v.head_and_newest_dead_count() } else { v.extent_count() })
+        };
         let before = count(self);
         let result = self.apply_op(op, freed);
         self.extents = self.extents.saturating_sub(before) + count(self);
@@ -885,6 +898,10 @@ mod tests {
         step(&mut state, Op::Map { vol: 1, lba: 2, len: 1, pba: 200, birth: 2 }).unwrap();
         // Head: [0,2) [2,3) [3,4); dead list of s: [2,3).
         assert_eq!(state.extent_count(), 4);
+        // A second snapshot: a write's replaced block goes to its dead list.
+        step(&mut state, Op::SnapCreate { vol: 1, name: "t".into(), created: 0 }).unwrap();
+        step(&mut state, Op::Map { vol: 1, lba: 0, len: 1, pba: 201, birth: 3 }).unwrap();
+        step(&mut state, Op::Unmap { vol: 1, lba: 3, len: 1 }).unwrap();
         step(&mut state, Op::CloneCreate { vol: 2, origin_vol: 1, origin_epoch: 1, name: "c".into() }).unwrap();
         step(&mut state, Op::CloneCreate { vol: 3, origin_vol: 1, origin_epoch: 1, name: "d".into() }).unwrap();
         assert_eq!(
