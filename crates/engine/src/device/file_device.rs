@@ -36,8 +36,13 @@ impl FileDevice {
         let meta = file.metadata()?;
         let is_block = meta.file_type().is_block_device();
         let size = if is_block { block_device_size(&file)? } else { meta.len() };
-        let (path, size, direct_bytes) = (path.to_path_buf(), AtomicU64::new(size), AtomicU64::new(0));
-        Ok(FileDevice { file, path, size, is_block, direct: None, direct_bytes })
+        Ok(FileDevice::buffered(file, path, size, is_block))
+    }
+
+    /// A device writing through `file` only (no O_DIRECT descriptor yet).
+    fn buffered(file: File, path: &Path, size: u64, is_block: bool) -> FileDevice {
+        let (path, size) = (path.to_path_buf(), AtomicU64::new(size));
+        FileDevice { file, path, size, is_block, direct: None, direct_bytes: AtomicU64::new(0) }
     }
 
     /// As [`FileDevice::open`] (writable), large aligned writes going
@@ -59,14 +64,7 @@ impl FileDevice {
     pub fn create_file(path: &Path, size: u64) -> io::Result<FileDevice> {
         let file = OpenOptions::new().read(true).write(true).create_new(true).open(path)?;
         file.set_len(size)?;
-        Ok(FileDevice {
-            file,
-            path: path.to_path_buf(),
-            size: AtomicU64::new(size),
-            is_block: false,
-            direct: None,
-            direct_bytes: AtomicU64::new(0),
-        })
+        Ok(FileDevice::buffered(file, path, size, false))
     }
 
     pub fn path(&self) -> &Path {
