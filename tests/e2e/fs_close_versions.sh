@@ -163,6 +163,20 @@ fs_umount
 fs_mount home
 expect_eq "a close right before the unmount has its version" "$(cat "$MNT/src/h.c@/$(ls -v "$MNT/src/h.c@" | tail -n 1)")" "state last"
 fs_umount
+
+# With a subtree rule the policy matches the path from the root (the
+# walk up the parents); with name rules only, the base name alone.
+step "a subtree rule: a file under keep/ is versioned by its path, one elsewhere is not"
+check "policy add keep/" tarn fs version-policy home add 'keep/' -p "$POOL"
+fs_mount home
+mkdir -p "$MNT/keep/deep" "$MNT/other"
+echo one >"$MNT/keep/deep/x.txt"
+echo one >"$MNT/other/x.txt"
+echo two >"$MNT/src/k.c"
+expect_eq "keep/deep/x.txt@ has one version" "$(ls "$MNT/keep/deep/x.txt@" | wc -l)" 1
+expect_eq "other/x.txt@ has none" "$(ls "$MNT/other/x.txt@" | wc -l)" 0
+expect_eq "src/k.c@ (the *.c rule) has one" "$(ls "$MNT/src/k.c@" | wc -l)" 1
+fs_umount
 fs_clean "at the end"
 
 e2e_finish

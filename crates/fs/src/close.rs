@@ -84,15 +84,25 @@ impl Versioned {
         let Some((parent, name)) = noted else {
             return Ok(());
         };
-        let Some(dir) = self.live.dir_path(parent)? else {
-            return Ok(());
-        };
-        let name = String::from_utf8_lossy(&name);
-        let path = if dir.is_empty() { name.into_owned() } else { format!("{dir}/{name}") };
-        if self.live.versioned_path(&rules, &path) {
-            self.sessions().versioned.insert(ino);
+        if let Some(path) = self.policy_path(&rules, parent, &name)? {
+            if self.live.versioned_path(&rules, &path) {
+                self.sessions().versioned.insert(ino);
+            }
         }
         Ok(())
+    }
+
+    /// The path the policy matches `name` in `parent` on: the base name
+    /// alone when no rule is a subtree (a glob looks at the base name
+    /// only), which spares the walk up the parents (`dir_path` searches
+    /// each parent's entries: 2.6% of a versioned copy's mount time);
+    /// None when the walk gives up.
+    fn policy_path(&self, rules: &[Rule], parent: u64, name: &[u8]) -> Result<Option<String>> {
+        let name = String::from_utf8_lossy(name).into_owned();
+        if !rules.iter().any(|r| r.subtree) {
+            return Ok(Some(name));
+        }
+        Ok(self.live.dir_path(parent)?.map(|dir| if dir.is_empty() { name } else { format!("{dir}/{name}") }))
     }
 
     /// `ino` was written or truncated.
