@@ -83,58 +83,13 @@ impl Pool {
     /// its bound commits it, or waits for the commit already taking it,
     /// instead of growing it. Takes the commit lock, first in the lock
     /// order: call it holding no other pool lock (nor a stripe lock).
-    /// Past half the bound it asks the background committer for a commit
-    /// instead (`Pool::ask_commit`): that commit's data flush then runs
-    /// beside the writes, and a writer waits only if the queue reaches
-    /// the bound before it ends.
     pub(crate) fn make_room(&self) -> Result<()> {
-        let pending = self.read_inner().pending_bytes;
-        if pending <= self.pending_limit {
-            if pending > self.pending_limit / 2 {
-                self.ask_commit();
-            }
+        if !self.pending_over_limit() {
             return Ok(());
         }
         let mut ctl = self.lock_commit();
         // The commit we may have waited for took the queue.
         if !self.pending_over_limit() {
-            return Ok(());
-        }
-        self.check_writable()?;
-        self.commit_locked(&mut ctl, false)
-    }
-
-    /// Wake the background committer for a commit of the pending queue
-    /// now, without waiting for it. Without a `Service` nobody listens:
-    /// the bound's back-pressure commit still applies.
-    pub(crate) fn ask_commit(&self) {
-        if !self.commit_ask.asked.swap(true, Ordering::SeqCst) {
-            // Taken so the notify cannot fall between the committer's look
-            // at `asked` and its sleep.
-            let _lock = self.commit_ask.lock.lock().unwrap_or_else(|p| p.into_inner());
-            self.commit_ask.wake.notify_one();
-        }
-    }
-
-    /// Sleep until a commit is asked for or `timeout` passes; whether one
-    /// was (the request is then taken).
-    pub(crate) fn wait_commit_asked(&self, timeout: std::time::Duration) -> bool {
-        let lock = self.commit_ask.lock.lock().unwrap_or_else(|p| p.into_inner());
-        if !self.commit_ask.asked.load(Ordering::SeqCst) {
-            drop(self.commit_ask.wake.wait_timeout(lock, timeout).unwrap_or_else(|p| p.into_inner()));
-        }
-        self.commit_ask.asked.swap(false, Ordering::SeqCst)
-    }
-
-    /// The committer's answer to [`Pool::ask_commit`]: commit the queue if
-    /// it is still past half its bound (a writer's back-pressure commit, or
-    /// a FLUSH, may have taken it meanwhile).
-    pub(crate) fn commit_asked(&self) -> Result<()> {
-        if !self.pending_over_half() {
-            return Ok(());
-        }
-        let mut ctl = self.lock_commit();
-        if !self.pending_over_half() {
             return Ok(());
         }
         self.check_writable()?;

@@ -384,16 +384,6 @@ impl DurationHistogram {
     }
 }
 
-/// A writer's request for a commit now, without waiting for it
-/// (`Pool::ask_commit`): the background committer sleeps on `wake` and
-/// commits the pending queue while writes go on.
-#[derive(Default)]
-pub(crate) struct CommitAsk {
-    pub(crate) asked: AtomicBool,
-    pub(crate) lock: Mutex<()>,
-    pub(crate) wake: Condvar,
-}
-
 /// Lock order: a stripe, then `commit`, then `checkpoint`, then `io_gate`, then
 /// `inner`; the committer never takes a stripe (docs/ARCHITECTURE.md, *Locks*).
 pub struct Pool {
@@ -427,9 +417,6 @@ pub struct Pool {
     pub(crate) committed_gen: AtomicU64,
     /// Bound of the pending queue's weight (`Inner::pending_bytes`).
     pub(crate) pending_limit: usize,
-    /// Past half the bound, writers ask the committer for a commit
-    /// (`Pool::make_room`), so the commit's data flush runs beside them.
-    pub(crate) commit_ask: CommitAsk,
     /// Devices written since their last flush.
     pub(crate) dirty: Vec<AtomicBool>,
     pub(crate) fenced: AtomicBool,
@@ -736,12 +723,6 @@ impl Pool {
     /// Whether the pending queue is over its bound (writers then commit first).
     pub(crate) fn pending_over_limit(&self) -> bool {
         self.read_inner().pending_bytes > self.pending_limit
-    }
-
-    /// Whether the pending queue is past half its bound: time to commit in
-    /// the background, before writers reach the bound and wait.
-    pub(crate) fn pending_over_half(&self) -> bool {
-        self.read_inner().pending_bytes > self.pending_limit / 2
     }
 
     /// Whether anything changed since the last durable commit.

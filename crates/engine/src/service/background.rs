@@ -153,8 +153,6 @@ impl Service {
     fn stop_and_join(&mut self) {
         self.stop.set();
         self.pool.wake_checkpointer();
-        // The committer sleeps on the pool's ask: wake it to see the stop.
-        self.pool.ask_commit();
         for t in self.threads.drain(..) {
             let name = t.thread().name().unwrap_or("service").to_string();
             if t.join().is_err() {
@@ -170,48 +168,29 @@ impl Drop for Service {
     }
 }
 
-/// Commit whatever changed every `commit_interval`, within a tick when
-/// writes wait for an overwrite region to open, and at once when a writer
-/// finds the pending queue past half its bound (`Pool::ask_commit`: the
-/// commit then runs beside the writes, not in the writer); grow the pool
-/// each tick its usage is past the expansion threshold (`commit/grow.rs`).
+/// Commit whatever changed every `commit_interval`, and within a tick when
+/// writes wait for an overwrite region to open; grow the pool each tick
+/// its usage is past the expansion threshold (`commit/grow.rs`).
 fn run_committer(pool: &Pool, opts: &ServiceOptions, stop: &Stop) {
     let tick = opts.tick.max(Duration::from_millis(1));
-    let (mut last_tick, mut last_commit) = (Instant::now(), Instant::now());
-    loop {
-        let asked = pool.wait_commit_asked(tick);
-        if stop.is_set() {
-            return;
-        }
-        if asked && !pool.is_fenced() {
-            if let Err(e) = pool.commit_asked() {
-                log::error!("background commit failed: {e}");
+    let mut waited = Duration::ZERO;
+    while !stop.wait(tick) {
+        waited += tick;
+        if !pool.is_fenced() && !pool.is_read_only() {
+            if let Err(e) = pool.expand_if_needed(false) {
+                log::error!("pool expansion failed: {e}");
             }
         }
-        if last_tick.elapsed() >= tick {
-            last_tick = Instant::now();
-            committer_tick(pool, opts, &mut last_commit);
+        // Writes waiting for an overwrite region to open are redirected
+        // meanwhile: open it within a tick.
+        if waited < opts.commit_interval && !pool.wants_commit() {
+            continue;
         }
-    }
-}
-
-/// A tick of the committer: grow the pool if due, commit if the interval
-/// passed or writes wait for an overwrite region to open.
-fn committer_tick(pool: &Pool, opts: &ServiceOptions, last_commit: &mut Instant) {
-    if !pool.is_fenced() && !pool.is_read_only() {
-        if let Err(e) = pool.expand_if_needed(false) {
-            log::error!("pool expansion failed: {e}");
-        }
-    }
-    // Writes waiting for an overwrite region to open are redirected
-    // meanwhile: open it within a tick.
-    if last_commit.elapsed() < opts.commit_interval && !pool.wants_commit() {
-        return;
-    }
-    *last_commit = Instant::now();
-    if pool.is_dirty() && !pool.is_fenced() {
-        if let Err(e) = pool.flush() {
-            log::error!("background commit failed: {e}");
+        waited = Duration::ZERO;
+        if pool.is_dirty() && !pool.is_fenced() {
+            if let Err(e) = pool.flush() {
+                log::error!("background commit failed: {e}");
+            }
         }
     }
 }

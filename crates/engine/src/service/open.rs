@@ -408,7 +408,6 @@ impl Pool {
             coarse: AtomicBool::new(coarse),
             group_locks: (0..crate::integrity::split::GROUP_LOCKS).map(|_| Mutex::new(())).collect(),
             pending_limit,
-            commit_ask: Default::default(),
             fresh_writes: AtomicU64::new(0),
             parity_rows: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             options,
