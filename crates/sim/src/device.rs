@@ -163,30 +163,6 @@ impl State {
         }
     }
 
-    /// Make the unflushed writes to `[off, off+len)` durable, and only
-    /// them (and, so that no older write can land over a newer one at a
-    /// crash, the older unflushed writes overlapping those): every other
-    /// write stays as volatile as before, which is all `write_durable`
-    /// promises about them.
-    fn make_durable(&mut self, off: u64, len: usize) {
-        let mut ranges = vec![(off, off + len as u64)];
-        let mut promote = vec![false; self.pending.len()];
-        for (i, (at, data)) in self.pending.iter().enumerate().rev() {
-            let end = at + data.len() as u64;
-            if ranges.iter().any(|&(lo, hi)| *at < hi && lo < end) {
-                promote[i] = true;
-                ranges.push((*at, end));
-            }
-        }
-        let pending = std::mem::take(&mut self.pending);
-        for ((at, data), durable) in pending.into_iter().zip(promote) {
-            match durable {
-                true => self.durable[at as usize..at as usize + data.len()].copy_from_slice(&data),
-                false => self.pending.push((at, data)),
-            }
-        }
-    }
-
     fn write_cache(&mut self, off: usize, data: &[u8]) {
         self.cache[off..off + data.len()].copy_from_slice(data);
         self.pending.push((off as u64, data.to_vec()));
@@ -508,17 +484,6 @@ impl Device for SimDevice {
         for (off, data) in pending {
             s.durable[off as usize..off as usize + data.len()].copy_from_slice(&data);
         }
-        Ok(())
-    }
-
-    fn write_durable(&self, data: &[u8], offset: u64) -> io::Result<()> {
-        self.write_at(data, offset)?;
-        let mut s = self.lock();
-        Self::tick(&mut s)?;
-        if s.ignore_flushes {
-            return Ok(());
-        }
-        s.make_durable(offset, data.len());
         Ok(())
     }
 

@@ -407,6 +407,7 @@ impl Pool {
     fn write_journal(&self, ctl: &mut CommitCtl, payload: &[u8], epoch: u64) -> Result<()> {
         let primary = &self.devices[0];
         let blocks = journal::append(primary.as_ref(), &ctl.journal, epoch, payload)?;
+        primary.flush().map_err(|e| EngineError::io("flush journal", primary.name(), e))?;
         ctl.journal.used += blocks;
         ctl.journal.seq += 1;
         self.counters.journal_bytes.fetch_add(blocks * BLOCK_SIZE, Ordering::Relaxed);

@@ -117,32 +117,6 @@ fn write_bounced(direct: &File, data: &[u8], offset: u64) -> io::Result<()> {
     })
 }
 
-/// All of `data` at `offset` with `pwritev2(RWF_DSYNC)`: when it returns
-/// the range (and what it takes to read it back) is durable, as after
-/// `fdatasync`, but only this range is written back: a commit's journal
-/// record no longer waits for the data clients wrote since its data flush
-/// (docs/ARCHITECTURE.md, *The commit's second writeback*).
-fn write_all_dsync(file: &File, mut data: &[u8], mut offset: u64) -> io::Result<()> {
-    while !data.is_empty() {
-        let iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
-        // SAFETY: one iovec over `data`, which outlives the call; the kernel only reads it.
-        let n = unsafe { libc::pwritev2(file.as_raw_fd(), &iov, 1, offset as libc::off_t, libc::RWF_DSYNC) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::WriteZero, "durable write wrote nothing"));
-        }
-        data = &data[n as usize..];
-        offset += n as u64;
-    }
-    Ok(())
-}
-
 fn block_device_size(file: &File) -> io::Result<u64> {
     let mut size: u64 = 0;
     // SAFETY: BLKGETSIZE64 writes one u64 through the pointer we pass.
@@ -185,17 +159,6 @@ impl Device for FileDevice {
 
     fn flush(&self) -> io::Result<()> {
         self.file.sync_data()
-    }
-
-    fn write_durable(&self, data: &[u8], offset: u64) -> io::Result<()> {
-        match write_all_dsync(&self.file, data, offset) {
-            // A kernel without RWF_DSYNC (before 4.7): sync the whole file.
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EINVAL | libc::ENOSYS)) => {
-                self.write_at(data, offset)?;
-                self.flush()
-            }
-            other => other,
-        }
     }
 
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {

@@ -29,15 +29,6 @@ pub trait Device: Send + Sync {
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()>;
     /// Make every write that returned before this call durable.
     fn flush(&self) -> io::Result<()>;
-    /// Write `data` at `offset` and make that write durable before
-    /// returning. Unlike `write_at` then `flush`, other writes need not
-    /// become durable: a caller that needs them flushes first (the commit
-    /// flushes the data its record covers, then writes the record with
-    /// this). A file device then writes back one range, not the whole file.
-    fn write_durable(&self, data: &[u8], offset: u64) -> io::Result<()> {
-        self.write_at(data, offset)?;
-        self.flush()
-    }
     /// Tell the device a range no longer holds data (a hint; may do nothing).
     fn discard(&self, offset: u64, len: u64) -> io::Result<()>;
     /// Size in bytes.

@@ -73,17 +73,14 @@ pub struct Replayed {
     pub ops: Vec<Op>,
 }
 
-/// Append one record, durable when this returns (this record only: the
-/// caller flushed what it covers first). Returns the blocks it took.
+/// Append one record; the caller flushes. Returns the blocks it took.
 pub fn append(dev: &dyn Device, cur: &JournalCursor, epoch: u64, payload: &[u8]) -> Result<u64> {
     assert!(!cur.whole_region, "format 2 journals are only replayed");
     let block = cur.side_start() + cur.used;
     let rec = RecordHeader::encode_record(cur.generation, cur.seq + 1, block, epoch, payload);
     let blocks = rec.len() as u64 / BLOCK_SIZE;
     assert!(cur.fits(blocks), "journal record written past the region");
-    // Durable on return, this record only: the commit flushed the data it
-    // covers before (`flush_dirty_devices`).
-    dev.write_durable(&rec, block * BLOCK_SIZE).map_err(|e| EngineError::io("write journal", dev.name(), e))?;
+    dev.write_at(&rec, block * BLOCK_SIZE).map_err(|e| EngineError::io("write journal", dev.name(), e))?;
     Ok(blocks)
 }
 
