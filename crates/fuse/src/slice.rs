@@ -78,10 +78,8 @@ mod tests {
         })
         .join()
         .expect("thread");
-        if before == 0 && after == 0 {
-            eprintln!("kernel without per-thread slices: nothing to check");
-            return;
-        }
+        // Per-thread slices came with Linux 6.12: on an older kernel this
+        // fails (the field reads back 0), it does not pass unchecked.
         assert_eq!(after, 100_000, "the slice read back (was {before})");
     }
 
