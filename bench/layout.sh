@@ -11,7 +11,8 @@
 #   6. tarn: SNAPS rounds of (snapshot, 4 KiB random overwrites of SNAP_PCT
 #      percent of the volume, QD32), then the cold and warm reads again,
 #      as a ratio to the same target's reads with no snapshots (step 4).
-# Targets: tarn (default placement, linear), tarn_contiguous (--placement
+# Targets: tarn (default placement, linear), tarn_b (the same with the
+# build TARN_B: a before/after comparison in one run), tarn_contiguous (--placement
 # contiguous), tarn_compact (default placement; step 2 is `tarn pool
 # compact` online instead of the overwrite: an existing volume re-laid
 # out), nbdkit (file plugin, raw sparse file), qemu (qemu-nbd, qcow2,
@@ -20,7 +21,7 @@
 #
 #   bash bench/layout.sh
 # Env: SIZE=4G RAND_SECS=10 ROUNDS=3 TARGETS="tarn tarn_contiguous tarn_compact nbdkit qemu"
-#      SNAPS=10 SNAP_PCT=1 BENCH_DIR=/var/tmp/tarn-layout TRANSPORT=tcp TARN=target/release/tarn
+#      SNAPS=10 SNAP_PCT=1 BENCH_DIR=/var/tmp/tarn-layout TRANSPORT=tcp TARN=target/release/tarn TARN_B=
 # Output: bench/results/<date>-layout.txt; raw fio JSON in bench/results/raw/<date>-layout/.
 set -euo pipefail
 BENCH=$(cd "$(dirname "$0")" && pwd)
@@ -80,12 +81,28 @@ snapshots() { # ROUND TARGET: SNAPS x (snapshot + random overwrites), then the r
   reads "$r" "$t" snap_
 }
 
+# Server CPU ticks (utime + stime, exited threads included); 0 without a server.
+server_ticks() { if [ -n "$SRV_PID" ]; then awk '{print $14 + $15}' "/proc/$SRV_PID/stat"; else echo 0; fi; }
+rand_write_detail() { # ROUND TARGET TICKS: server CPU us per request and completion latency p99 of step 1
+  local v
+  v=$("$SYSPY" - "$RAW/$2.r$1.randwrite.json" "$3" "$(getconf CLK_TCK)" <<'EOF'
+import json, sys
+w = json.load(open(sys.argv[1]))["jobs"][0]["write"]
+print(int(sys.argv[2]) * 1e6 / int(sys.argv[3]) / max(w["total_ios"], 1), w["clat_ns"]["percentile"]["99.000000"] / 1000)
+EOF
+  ) || return 0
+  record "$1" "$2" rand_write_cpu_us "${v% *}"
+  record "$1" "$2" rand_write_p99_us "${v#* }"
+}
+
 sequence() { # ROUND TARGET
   local r=$1 t=$2 v
   TGT_DIR=$(mktemp -d "$DIR/t.$t.XXXX")
   "setup_$t" || { log "setup of $t failed"; rm -rf "$TGT_DIR"; return 0; }
+  local c0; c0=$(server_ticks)
   v=$(fio_job "$r" "$t" randwrite --rw=randwrite --bs=4k --iodepth=32 --time_based "--runtime=$RAND_SECS" \
-      "--size=$SIZE_B" --norandommap --randrepeat=0) && record "$r" "$t" rand_write_iops "$v"
+      "--size=$SIZE_B" --norandommap --randrepeat=0) && record "$r" "$t" rand_write_iops "$v" &&
+    rand_write_detail "$r" "$t" "$(($(server_ticks) - c0))"
   if [ "$t" = tarn_compact ]; then
     compact "$r" "$t"
   else
@@ -104,11 +121,13 @@ sequence() { # ROUND TARGET
 }
 
 log "layout: targets [$TARGETS], $SIZE, random first writes ${RAND_SECS}s, $ROUNDS rounds"
+LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 rotate
 {
   echo "tarn layout benchmark $STAMP  ($(uname -r), $(nproc) cpus, fs of $DIR: $(df --output=fstype "$DIR" | tail -1))"
   echo "volume $SIZE; 4K random first writes QD32 for ${RAND_SECS}s, 1M sequential overwrite QD8 (tarn_compact: tarn pool compact), backing file evicted, 1M sequential read QD8 cold then warm; tarn: then $SNAPS x (snapshot, 4K random overwrites of $SNAP_PCT% of the volume) and the reads again; $ROUNDS rounds, order rotating"
-  echo "git: $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo none)  fio: $(fio --version)"
+  echo "git: $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo none)  fio: $(fio --version)  TARN=$TARN${TARN_B:+  TARN_B=$TARN_B}"
+  echo "load at start: $LOAD0; at end: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo
   "$SYSPY" "$BENCH/layout_report.py" "$RESULTS"
 } | tee "$OUT"

@@ -11,6 +11,8 @@ from collections import defaultdict
 
 METRICS = [
     ("rand_write_iops", "4K random first writes, IOPS"),
+    ("rand_write_cpu_us", "the same: server CPU microseconds per request"),
+    ("rand_write_p99_us", "the same: completion latency p99, microseconds"),
     ("seq_write_mibs", "1M sequential overwrite, MiB/s"),
     ("compact_mibs", "tarn pool compact instead, MiB of volume/s"),
     ("cold_read_mibs", "1M sequential read, cold, MiB/s"),
@@ -60,6 +62,8 @@ def main(path):
                 ratio, rr = "", ""
             print(f"{t:<14}{med:>12.1f}{rng:>24}{ratio:>12}{rr:>18}")
         print()
+    if "tarn_b" in targets:
+        new_over_old(vals)
     for metric, base_metric, title in SELF:
         rows = [t for t in targets if (metric, t) in vals and (base_metric, t) in vals]
         if not rows:
@@ -71,6 +75,17 @@ def main(path):
             if ratios:
                 print(f"{t:<14}{statistics.median(ratios):>11.2f}x{min(ratios):>14.2f} .. {max(ratios):.2f}")
         print()
+
+
+def new_over_old(vals):
+    """tarn / tarn_b per round (two builds in one run): median and range."""
+    print("== tarn / tarn_b (TARN over TARN_B, same round)")
+    for metric, _ in METRICS:
+        v, old = vals.get((metric, "tarn"), {}), vals.get((metric, "tarn_b"), {})
+        ratios = [v[r] / old[r] for r in v if r in old and old[r] > 0]
+        if ratios:
+            print(f"{metric:<26}{statistics.median(ratios):>8.2f}x{min(ratios):>10.2f} .. {max(ratios):.2f}")
+    print()
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@
 #   bash bench/warm_read.sh
 # Env: TARN=target/release/tarn  TARN_B=/path/to/other/tarn (adds target tarn_b)
 #      TARN_C=/path/to/a/third/tarn (adds target tarn_c, compared with both)
+#      TARN_B_SERVE="--commit-interval 60"  TARN_B_CREATE="--no-checksums" (and
+#      TARN_SERVE, TARN_CREATE, TARN_C_SERVE, TARN_C_CREATE): extra words for
+#      that target's `serve` / `pool create` (the same binary twice, one option apart)
 #      WARM_TARGETS="tarn nbdkit" (tarn_b is added when TARN_B is set)
 #      WARM_JOBS="sr1m"  (any of sr1m sr1mp sw1m rr4k rw4k rr64k)  WARM_ROUNDS=6  WARM_SECS=4
 #      WARM_SIZE=2G  WARM_DIR=/var/tmp/tarn-warm
@@ -53,9 +56,13 @@ start() { # start TARGET: a server on its own port, URI and PID set
   case $t in
     tarn|tarn_b|tarn_c)
       bin=$TARN; [ "$t" = tarn_b ] && bin=$TARN_B; [ "$t" = tarn_c ] && bin=$TARN_C
-      "$bin" pool create "$W/$t/pool.img" --size "$(($(numfmt --from=iec "$SIZE") * 2))" >/dev/null
+      local up=${t^^} create serve
+      create="${up}_CREATE"; serve="${up}_SERVE"
+      # shellcheck disable=SC2086 # the extra options: words on purpose
+      "$bin" pool create "$W/$t/pool.img" --size "$(($(numfmt --from=iec "$SIZE") * 2))" ${!create:-} >/dev/null
       "$bin" vol create bench --size "$SIZE" -p "$W/$t/pool.img" >/dev/null
-      "$bin" serve -p "$W/$t/pool.img" --listen "127.0.0.1:$p" >"$W/$t/serve.log" 2>&1 &
+      # shellcheck disable=SC2086
+      "$bin" serve -p "$W/$t/pool.img" --listen "127.0.0.1:$p" ${!serve:-} >"$W/$t/serve.log" 2>&1 &
       PID[$t]=$!; URI[$t]="nbd://127.0.0.1:$p/bench" ;;
     nbdkit)
       truncate -s "$SIZE" "$W/$t/disk.raw"
@@ -143,6 +150,9 @@ done
 {
   echo "# warm_read: $ROUNDS rounds x ${SECS}s, $SIZE prefilled, fio nbd engine over TCP loopback, order rotating"
   echo "# git $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo none); TARN=$TARN TARN_B=${TARN_B:-} TARN_C=${TARN_C:-} WARM_RANDOM_FIRST=${WARM_RANDOM_FIRST:-}"
+  for v in TARN_CREATE TARN_SERVE TARN_B_CREATE TARN_B_SERVE TARN_C_CREATE TARN_C_SERVE; do
+    if [ -n "${!v:-}" ]; then echo "# $v=${!v}"; fi
+  done
   echo "# load at start $LOAD_START, at end $(cut -d' ' -f1-3 /proc/loadavg)"
   python3 - "$RES" <<'EOF'
 import sys, statistics as st

@@ -96,6 +96,12 @@ enum Command {
         /// the data fits in cache; docs/ARCHITECTURE.md *The pmd slice*)
         #[arg(long)]
         no_direct_writes: bool,
+        /// Microseconds of the FUSE session thread's scheduler slice
+        /// (Linux 6.12+; 100 is the kernel's least): a short slice lets
+        /// each request preempt other work sooner, without more CPU
+        /// (docs/ARCHITECTURE.md *The pmt slice*); 0: the kernel's default
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(0..=100_000))]
+        session_slice_us: u64,
         #[command(flatten)]
         pool: PoolArg,
     },
@@ -951,7 +957,16 @@ fn dispatch(cmd: Command) -> Result<i32> {
         }
         Command::Vol(VolCmd::Flatten { name, pool }) => snapshots::vol_flatten(&pool, name),
         Command::Fs(cmd) => fs_cmd(cmd),
-        Command::Mount { name, dir, commit_interval, no_writeback_cache, no_discard, no_direct_writes, pool } => {
+        Command::Mount {
+            name,
+            dir,
+            commit_interval,
+            no_writeback_cache,
+            no_discard,
+            no_direct_writes,
+            session_slice_us,
+            pool,
+        } => {
             if !no_direct_writes {
                 devices::use_direct_writes();
             }
@@ -959,7 +974,8 @@ fn dispatch(cmd: Command) -> Result<i32> {
                 commit_interval: std::time::Duration::from_secs(commit_interval),
                 writeback_cache: !no_writeback_cache,
             };
-            mount_cmd(&pool, &name, &dir, durability, no_discard)
+            let slice = std::time::Duration::from_micros(session_slice_us);
+            mount_cmd(&pool, &name, &dir, durability, slice, no_discard)
         }
         Command::Snap(cmd) => snapshots::snap(cmd),
         Command::Diff(d) => snapshots::diff(d),
@@ -1080,12 +1096,20 @@ fn fs_check(p: &PoolArg, name: &str, json: bool) -> Result<i32> {
 /// `tarn mount`: the pool must be offline; this process holds it until
 /// the mount is gone (`fusermount3 -u DIR` or `umount DIR`), then
 /// commits and closes it.
-fn mount_cmd(p: &PoolArg, name: &str, dir: &Path, durability: tarn_fuse::Durability, no_discard: bool) -> Result<i32> {
+fn mount_cmd(
+    p: &PoolArg,
+    name: &str,
+    dir: &Path,
+    durability: tarn_fuse::Durability,
+    slice: std::time::Duration,
+    no_discard: bool,
+) -> Result<i32> {
     let options = OpenOptions { no_discard, ..Default::default() };
     let (pool, lock, fv) = fs_versions::open_for_mount(p, name, options)?;
     eprintln!("mounted file volume {name} on {}; unmount with `fusermount3 -u {}`", dir.display(), dir.display());
     unmount_on_signal(dir)?;
-    let served = tarn_fuse::mount(fv, name, dir, durability).with_context(|| format!("mount on {}", dir.display()));
+    let served =
+        tarn_fuse::mount(fv, name, dir, durability, slice).with_context(|| format!("mount on {}", dir.display()));
     let closed = pool.close().context("commit and close the pool");
     drop(lock);
     served?;

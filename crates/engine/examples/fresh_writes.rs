@@ -1,9 +1,11 @@
 //! Fresh 4 KiB random writes into an empty thin volume at the engine level
 //! (every write a new map entry), a flush every 256, then random 4 KiB
 //! reads: the map's cost per write, for twin builds side by side. Wall
-//! time depends on load; `perf stat -e instructions` does not.
+//! time depends on load; `perf stat -e instructions` does not. FLUSH_EVERY
+//! 0 never flushes (back-pressure commits only, as `bench/layout.sh`'s
+//! first writes); SUMS 1 keeps data checksums (the pool default).
 //!
-//!   cargo run --release -p tarn-engine --example fresh_writes -- DIR [WRITES]
+//!   cargo run --release -p tarn-engine --example fresh_writes -- DIR [WRITES [FLUSH_EVERY [SUMS]]]
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -13,9 +15,11 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let dir = args.next().unwrap_or_else(|| "/var/tmp".into());
     let writes: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(200_000);
+    let flush_every: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(256);
+    let sums = args.next().is_some_and(|s| s == "1");
     let path = std::path::Path::new(&dir).join(format!("tarn-fresh-writes-{}.img", std::process::id()));
     let dev: Arc<dyn Device> = Arc::new(FileDevice::create_file(&path, 8 << 30).expect("create"));
-    let opts = CreateOptions { no_checksums: true, ..Default::default() };
+    let opts = CreateOptions { no_checksums: !sums, ..Default::default() };
     create_pool(std::slice::from_ref(&dev), &[path.display().to_string()], &opts).expect("create pool");
     let pool = Pool::open(vec![dev], OpenOptions { no_discard: true, ..Default::default() }).expect("open");
     let blocks: u64 = 1 << 20;
@@ -31,7 +35,7 @@ fn main() {
     let t = Instant::now();
     for i in 0..writes {
         pool.write(v, (next() % blocks) * 4096, &buf, false).expect("write");
-        if i % 256 == 255 {
+        if flush_every > 0 && i % flush_every == flush_every - 1 {
             pool.flush().expect("flush");
         }
     }

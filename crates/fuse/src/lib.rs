@@ -4,6 +4,8 @@
 //! session thread (fuser's loop); permissions are the kernel's
 //! (`default_permissions`).
 
+mod slice;
+
 use fuser::{
     FileAttr, FileType, Filesystem, MountOption, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
     ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
@@ -108,8 +110,16 @@ impl Default for Durability {
 }
 
 /// Mount `fv` on `dir` and serve until it is unmounted; every pending
-/// change is committed before this returns.
-pub fn mount(fv: FileVolume, name: &str, dir: &Path, durability: Durability) -> std::io::Result<()> {
+/// change is committed before this returns. The session thread (the
+/// caller's) asks for a scheduler slice of `session_slice` (`slice.rs`;
+/// zero: the kernel's default).
+pub fn mount(
+    fv: FileVolume,
+    name: &str,
+    dir: &Path,
+    durability: Durability,
+    session_slice: Duration,
+) -> std::io::Result<()> {
     // A volume snapshot mounts read-only (the kernel then answers EROFS too).
     let access = if fv.is_snapshot() { MountOption::RO } else { MountOption::RW };
     let options = [
@@ -145,6 +155,11 @@ pub fn mount(fv: FileVolume, name: &str, dir: &Path, durability: Durability) -> 
     });
     let served = fuser::Session::new(fs, dir, &options).and_then(|mut session| {
         let _ = notifier.set(session.notifier());
+        if !session_slice.is_zero() {
+            if let Err(e) = slice::ask(session_slice) {
+                log::warn!("a {session_slice:?} scheduler slice for the session thread: {e}");
+            }
+        }
         session.run()
     });
     drop(stop);
