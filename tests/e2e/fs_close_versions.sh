@@ -143,9 +143,10 @@ step "close, then ls foo@ at once: the newest version is that close's (a big wri
 # One background request at a time on this mount (fusectl, when the
 # kernel has it), so the RELEASE waits behind the big file's write-backs.
 CONN=/sys/fs/fuse/connections/$(mountpoint -d "$MNT" | cut -d: -f2)
-mountpoint -q /sys/fs/fuse/connections || mount -t fusectl fusectl /sys/fs/fuse/connections 2>/dev/null || true
+FUSECTL=
+mountpoint -q /sys/fs/fuse/connections || { mount -t fusectl fusectl /sys/fs/fuse/connections 2>/dev/null && FUSECTL=1; } || true
 BG=$(cat "$CONN/max_background" 2>/dev/null || true)
-[ -z "$BG" ] || echo 1 >"$CONN/max_background"
+[ -z "$BG" ] || { echo 1 >"$CONN/max_background" && ok "max_background 1 on this mount's connection (was $BG)"; }
 dd if=/dev/zero of="$MNT/big.o" bs=1M count=512 status=none &
 BIG=$!
 BAD=0
@@ -156,6 +157,7 @@ for i in $(seq 1 40); do
 done
 wait "$BIG"
 [ -z "$BG" ] || echo "$BG" >"$CONN/max_background"
+[ -z "$FUSECTL" ] || umount /sys/fs/fuse/connections
 expect_eq "closes whose version was not the newest in ls right after" "$BAD" 0
 rm -f "$MNT/big.o"
 echo "state last" >"$MNT/src/h.c"
