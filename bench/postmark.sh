@@ -67,10 +67,13 @@ one() {
   [ -n "$TICK" ] && { kill "$TICK"; wait "$TICK" || true; TICK=; }
   tx=$(sed -n 's/^[[:space:]]*\([0-9]*\) seconds of transactions.*/\1/p' "$DIR/pm.out")
   # the tarn mount's peak RSS (MiB)
-  local hwm=-
+  # and its CPU seconds (user + system; steadier than wall time when
+  # other work shares the machine)
+  local hwm=- cpu=-
   [ -n "$MOUNT_PID" ] && hwm=$(awk '/^VmHWM/ { print int($2 / 1024) }' "/proc/$MOUNT_PID/status")
+  [ -n "$MOUNT_PID" ] && cpu=$(awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / hz }' "/proc/$MOUNT_PID/stat")
   teardown
-  echo "$(((t1 - t0) / 1000000)) ${tx:-?} $(cat "$DIR/snaps") $hwm" >"$DIR/result"
+  echo "$(((t1 - t0) / 1000000)) ${tx:-?} $(cat "$DIR/snaps") $hwm $cpu" >"$DIR/result"
 }
 
 echo "# bench/postmark.sh $STAMP: PM_TX=$PM_TX PM_FILES=$PM_FILES ROUNDS=$ROUNDS SNAP_EVERY=$SNAP_EVERY SNAP_KEEP=$SNAP_KEEP TARNFS_MOUNT_ARGS=\"$TARNFS_MOUNT_ARGS\" TARN=$TARN${TARN_BASE:+ TARN_BASE=$TARN_BASE} ($(uname -r), $(nproc) cpus, git $(git -C "$REPO" rev-parse --short HEAD))"
@@ -80,8 +83,8 @@ for r in $(seq 1 "$ROUNDS"); do
   round_order "$r"
   for c in "${ORDER[@]}"; do
     one "$c"
-    read -r ms tx snaps hwm <"$DIR/result"
-    echo "round $r $c: ${ms} ms (postmark transactions ${tx} s, snapshots $snaps, mount peak RSS ${hwm} MiB; load $(cut -d" " -f1 /proc/loadavg))"
+    read -r ms tx snaps hwm cpu <"$DIR/result"
+    echo "round $r $c: ${ms} ms (postmark transactions ${tx} s, snapshots $snaps, mount peak RSS ${hwm} MiB, mount CPU ${cpu} s; load $(cut -d" " -f1 /proc/loadavg))"
     WALL[$c]="${WALL[$c]:-} $ms"
     TX[$c]="${TX[$c]:-} $tx"
   done

@@ -10,7 +10,9 @@
 # in that file's `foo@` only; `user.tarn.version.type` tells volume, file
 # and close apart; `rm foo@/N` deletes one file version, a volume
 # snapshot there is EROFS; the keep bound prunes the oldest close
-# versions; everything survives a remount; pool and fs checks clean.
+# versions; a close's version is listed by an ls right after it, and a
+# close right before the unmount has its version; everything survives a
+# remount; pool and fs checks clean.
 . "$(dirname "$0")/lib.sh"
 need fusermount3 mountpoint sha256sum dd jq setfattr getfattr
 need_root "mounts a FUSE file system"
@@ -132,6 +134,50 @@ check "one more edit of f.c" dd if=/dev/urandom of="$MNT/src/f.c" bs=4k count=1 
 LAST=$(sum "$MNT/src/f.c")
 expect_eq "f.c@: the last 3 close versions and the volume snapshot" "$(versions src/f.c)" "$((N - 1)) $N $V $((V + 2))"
 expect_eq "the newest is the last state" "$(sum "$MNT/src/f.c@/$((V + 2))")" "$LAST"
+
+# Under a commit interval the close version is taken at the last writer's
+# RELEASE, which the kernel sends after close(2) returned and does not
+# order before the closer's next request (it queues behind the background
+# write-backs of a big file); a look at foo@ takes the version owed first.
+step "close, then ls foo@ at once: the newest version is that close's (a big write-back beside it)"
+# One background request at a time on this mount (fusectl, when the
+# kernel has it), so the RELEASE waits behind the big file's write-backs.
+CONN=/sys/fs/fuse/connections/$(mountpoint -d "$MNT" | cut -d: -f2)
+FUSECTL=
+mountpoint -q /sys/fs/fuse/connections || { mount -t fusectl fusectl /sys/fs/fuse/connections 2>/dev/null && FUSECTL=1; } || true
+BG=$(cat "$CONN/max_background" 2>/dev/null || true)
+[ -z "$BG" ] || { echo 1 >"$CONN/max_background" && ok "max_background 1 on this mount's connection (was $BG)"; }
+dd if=/dev/zero of="$MNT/big.o" bs=1M count=512 status=none &
+BIG=$!
+BAD=0
+for i in $(seq 1 40); do
+  echo "state $i" >"$MNT/src/h.c"
+  NEWEST=$(ls -v "$MNT/src/h.c@" | tail -n 1)
+  [ "$(cat "$MNT/src/h.c@/$NEWEST" 2>/dev/null)" = "state $i" ] || BAD=$((BAD + 1))
+done
+wait "$BIG"
+[ -z "$BG" ] || echo "$BG" >"$CONN/max_background"
+[ -z "$FUSECTL" ] || umount /sys/fs/fuse/connections
+expect_eq "closes whose version was not the newest in ls right after" "$BAD" 0
+rm -f "$MNT/big.o"
+echo "state last" >"$MNT/src/h.c"
+fs_umount
+fs_mount home
+expect_eq "a close right before the unmount has its version" "$(cat "$MNT/src/h.c@/$(ls -v "$MNT/src/h.c@" | tail -n 1)")" "state last"
+fs_umount
+
+# With a subtree rule the policy matches the path from the root (the
+# walk up the parents); with name rules only, the base name alone.
+step "a subtree rule: a file under keep/ is versioned by its path, one elsewhere is not"
+check "policy add keep/" tarn fs version-policy home add 'keep/' -p "$POOL"
+fs_mount home
+mkdir -p "$MNT/keep/deep" "$MNT/other"
+echo one >"$MNT/keep/deep/x.txt"
+echo one >"$MNT/other/x.txt"
+echo two >"$MNT/src/k.c"
+expect_eq "keep/deep/x.txt@ has one version" "$(ls "$MNT/keep/deep/x.txt@" | wc -l)" 1
+expect_eq "other/x.txt@ has none" "$(ls "$MNT/other/x.txt@" | wc -l)" 0
+expect_eq "src/k.c@ (the *.c rule) has one" "$(ls "$MNT/src/k.c@" | wc -l)" 1
 fs_umount
 fs_clean "at the end"
 

@@ -210,11 +210,7 @@ impl Versioned {
             Err(FsError::NotFound) if !self.live.is_snapshot() => {}
             other => return other,
         }
-        let at = name.iter().rposition(|&b| b == b'@').ok_or(FsError::NotFound)?;
-        let (base, rest) = (&name[..at], &name[at + 1..]);
-        if base.is_empty() {
-            return Err(FsError::NotFound);
-        }
+        let (base, rest) = version_base(name).ok_or(FsError::NotFound)?;
         let ino = self.live.lookup(p, base)?.inode.ino;
         if rest.is_empty() {
             return self.list_attr(ino);
@@ -318,6 +314,12 @@ impl Versioned {
             _ => Err(FsError::ReadOnly("a version directory")),
         }
     }
+}
+
+/// `foo@REST` split at its last `@` into `foo` (not empty) and `REST`.
+pub(crate) fn version_base(name: &[u8]) -> Option<(&[u8], &[u8])> {
+    let at = name.iter().rposition(|&b| b == b'@')?;
+    (at > 0).then(|| (&name[..at], &name[at + 1..]))
 }
 
 /// A version number: decimal digits only, no leading zero, 1..=MAX_NUMBER.

@@ -213,6 +213,33 @@ fn crash_around_a_close_version(durable: bool) {
     assert!(cut_inside >= least, "the power was cut inside only {cut_inside} times of 16");
 }
 
+/// A close version leaves a clean inode whose epoch already covers the
+/// latest volume snapshot unsaved (`save_epoch`), but saves a size a write
+/// left pending: a commit that does not save pending inode changes (a
+/// back-pressure commit, `Pool::flush` here) right after the version must
+/// still not hold a version longer than the file after a crash.
+#[test]
+fn a_commit_holding_a_close_version_holds_the_size_it_versions() {
+    for clean_first in [false, true] {
+        let (sim, pool, fv) = fresh();
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let a = file(&fv, ROOT, "a");
+        fv.write(a, 0, &[1u8; 5000]).unwrap();
+        fv.sync().unwrap();
+        fv.write(a, 5000, &[2u8; 4000]).unwrap();
+        if clean_first {
+            // As the mount's times SETATTR at close does: the inode saved.
+            fv.setattr(a, &SetAttr { mtime: Some(1), ..Default::default() }).unwrap();
+        }
+        let n = fv.close_version(a, false).unwrap().number;
+        pool.flush().unwrap();
+        let (_pool, fv) = crash_and_reopen(&sim, &mut rng, fv, pool);
+        assert_eq!(fv.getattr(a).unwrap().inode.size, 9000, "clean first: {clean_first}");
+        let v = Versioned::new(fv);
+        assert_eq!(version(&v, "a", n).unwrap().0.len(), 9000, "clean first: {clean_first}");
+    }
+}
+
 /// Deleting a volume snapshot drops another object's tag that only a
 /// file version of a different file falls in the range of: a tag's
 /// readers are the volume snapshots and its own object's versions.

@@ -339,6 +339,10 @@ impl Filesystem for TarnFs {
     }
 
     fn destroy(&mut self) {
+        // The kernel drops the RELEASEs it has not sent at unmount.
+        if let Err(e) = self.fv.settle_all() {
+            log::error!("close versions owed at unmount: {e}");
+        }
         if let Err(e) = self.fv.live.unmounted() {
             log::error!("freeing the files unlinked while the kernel held them: {e}");
         }
@@ -348,6 +352,9 @@ impl Filesystem for TarnFs {
     }
 
     fn lookup(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
+        if let Err(e) = self.fv.settle_view(parent, Some(name.as_bytes())) {
+            log::error!("close version owed before a lookup of versions: {e}");
+        }
         let r = self.fv.lookup(parent, name.as_bytes());
         if let (Ok(a), Node::Live(p)) = (&r, Node::decode(parent)) {
             if a.inode.kind == Kind::File && Node::decode(a.inode.ino) == Node::Live(a.inode.ino) {
@@ -593,11 +600,21 @@ impl Filesystem for TarnFs {
         }
     }
 
-    /// close(2): committed before close returns with
-    /// `--commit-interval 0`, else at the next periodic commit (docs:
-    /// *File volumes*); the last writer's close of a modified, versioned file takes its
-    /// close version before close returns.
+    /// close(2): with `--commit-interval 0` committed before close
+    /// returns, the last writer's close of a modified, versioned file
+    /// taking its close version first (docs: *File volumes*).
     fn flush(&mut self, _req: &Request<'_>, ino: u64, fh: u64, _lock_owner: u64, reply: ReplyEmpty) {
+        // Under a commit interval a flush has nothing to do: the data is
+        // the kernel's and ours already (written back before the flush),
+        // durable at the next commit, and a close version is taken at the
+        // last writer's RELEASE (or by the first look at the file's
+        // versions before it: `Versioned::settle`). ENOSYS tells the
+        // kernel to send no more (it still writes a file's cached data
+        // back at close and reports its errors there): a round trip fewer
+        // per close, read-only ones too.
+        if !self.commit_on_close {
+            return reply.error(libc::ENOSYS);
+        }
         // A version that cannot be taken (the engine's snapshot bound, a
         // full pool) does not fail the close: the data is committed.
         if fh == WRITER {
@@ -605,21 +622,7 @@ impl Filesystem for TarnFs {
                 log::error!("close version of inode {ino}: {e}");
             }
         }
-        if self.commit_on_close {
-            return self.sync(reply);
-        }
-        // Without a version policy (read once per mount: it cannot change
-        // while mounted) a flush has nothing to do: ENOSYS tells the
-        // kernel to send no more (it still writes a file's cached data
-        // back at close and reports its errors there), one request fewer
-        // per close.
-        if !self.fv.any_policy() {
-            return reply.error(libc::ENOSYS);
-        }
-        // The kernel ends every close with a flush, read-only ones too;
-        // the data is the kernel's and ours already (writeback cache:
-        // written back before the flush), durable at the next commit.
-        reply.ok()
+        self.sync(reply)
     }
 
     fn fsync(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _datasync: bool, reply: ReplyEmpty) {
@@ -631,6 +634,9 @@ impl Filesystem for TarnFs {
     }
 
     fn readdir(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, offset: i64, mut reply: ReplyDirectory) {
+        if let Err(e) = self.fv.settle_view(ino, None) {
+            log::error!("close version owed before a listing of versions: {e}");
+        }
         match self.fv.readdir(ino, offset.max(0) as u64) {
             Ok(list) => {
                 for e in list {
