@@ -12,6 +12,14 @@ stop_pids() {
   done
 }
 
+# need_tools NAME CMD...: stop with a hint when a command is missing.
+need_tools() {
+  local name=$1 c; shift
+  for c in "$@"; do
+    command -v "$c" >/dev/null || { echo "$name: $c is missing (bash scripts/deps.sh)" >&2; exit 1; }
+  done
+}
+
 # need_plots NAME: the plots beside the tables (bench/plots.py) need
 # matplotlib in the system python; checked before a long run, not after.
 need_plots() {

@@ -18,9 +18,8 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 TARN=${TARN:-$REPO/target/release/tarn}
 SECS=${WT_SECS:-12}
 DIR=${WT_DIR:-/var/tmp/tarn-wt}
-for c in fio nbdkit nbdinfo python3; do
-  command -v "$c" >/dev/null || { echo "write_timeline: $c is missing (bash scripts/deps.sh)" >&2; exit 1; }
-done
+. "$REPO/bench/common.sh"
+need_tools write_timeline fio nbdkit nbdinfo python3
 mkdir -p "$DIR" "$REPO/bench/results"
 W=$(mktemp -d "$DIR/w.XXXX")
 OUT="$REPO/bench/results/$(date -u +%Y-%m-%d-%H%M)-timeline.txt"
