@@ -35,9 +35,7 @@ SIZE=${WARM_SIZE:-2G}
 DIR=${WARM_DIR:-/var/tmp/tarn-warm}
 . "$REPO/bench/common.sh"
 need_tools warm_read fio nbdkit nbdinfo python3
-mkdir -p "$DIR" "$REPO/bench/results"
-W=$(mktemp -d "$DIR/w.XXXX")
-OUT="$REPO/bench/results/$(date -u +%Y-%m-%d-%H%M)-warm.txt"
+work_dir "$DIR" warm
 declare -A URI PID
 cleanup() {
   set +e

@@ -20,9 +20,7 @@ SECS=${WT_SECS:-12}
 DIR=${WT_DIR:-/var/tmp/tarn-wt}
 . "$REPO/bench/common.sh"
 need_tools write_timeline fio nbdkit nbdinfo python3
-mkdir -p "$DIR" "$REPO/bench/results"
-W=$(mktemp -d "$DIR/w.XXXX")
-OUT="$REPO/bench/results/$(date -u +%Y-%m-%d-%H%M)-timeline.txt"
+work_dir "$DIR" timeline
 SRV=
 cleanup() {
   set +e
