@@ -12,6 +12,22 @@ stop_pids() {
   done
 }
 
+# need_tools NAME CMD...: stop with a hint when a command is missing.
+need_tools() {
+  local name=$1 c; shift
+  for c in "$@"; do
+    command -v "$c" >/dev/null || { echo "$name: $c is missing (bash scripts/deps.sh)" >&2; exit 1; }
+  done
+}
+
+# work_dir DIR KIND: DIR and bench/results made; W a fresh work directory
+# under DIR, OUT this run's table (bench/results/<date>-KIND.txt).
+work_dir() {
+  mkdir -p "$1" "$REPO/bench/results"
+  W=$(mktemp -d "$1/w.XXXX")
+  OUT="$REPO/bench/results/$(date -u +%Y-%m-%d-%H%M)-$2.txt"
+}
+
 # need_plots NAME: the plots beside the tables (bench/plots.py) need
 # matplotlib in the system python; checked before a long run, not after.
 need_plots() {

@@ -26,9 +26,8 @@ OVERWRITES=${OVERWRITES:-10000}
 CASE=${CASE:-delete}
 DIR=${DIR:-/var/tmp/tarn-snapdel}
 OUT="$REPO/bench/results/$(date -u +%Y-%m-%d-%H%M)-snapdel.txt"
-for c in fio nbdinfo qemu-io python3; do
-  command -v "$c" >/dev/null || { echo "snap_delete_stall: $c is missing (bash scripts/deps.sh)" >&2; exit 1; }
-done
+. "$REPO/bench/common.sh"
+need_tools snap_delete_stall fio nbdinfo qemu-io python3
 mkdir -p "$DIR" "$REPO/bench/results"
 port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 

@@ -33,12 +33,9 @@ ROUNDS=${WARM_ROUNDS:-6}
 SECS=${WARM_SECS:-4}
 SIZE=${WARM_SIZE:-2G}
 DIR=${WARM_DIR:-/var/tmp/tarn-warm}
-for c in fio nbdkit nbdinfo python3; do
-  command -v "$c" >/dev/null || { echo "warm_read: $c is missing (bash scripts/deps.sh)" >&2; exit 1; }
-done
-mkdir -p "$DIR" "$REPO/bench/results"
-W=$(mktemp -d "$DIR/w.XXXX")
-OUT="$REPO/bench/results/$(date -u +%Y-%m-%d-%H%M)-warm.txt"
+. "$REPO/bench/common.sh"
+need_tools warm_read fio nbdkit nbdinfo python3
+work_dir "$DIR" warm
 declare -A URI PID
 cleanup() {
   set +e
