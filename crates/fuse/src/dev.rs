@@ -1,0 +1,197 @@
+//! The /dev/fuse transport: this loop answers INIT, then every request
+//! the kernel sends here — all of them without the ring, and with it the
+//! ones the kernel keeps on /dev/fuse (FORGET, INTERRUPT, requests sent
+//! before every ring queue registered). It starts the ring queues
+//! (`uring.rs`) once INIT is answered, and ends them when the kernel
+//! ends the session (ENODEV: unmounted).
+
+use crate::abi::{self, init, OUT_HEADER};
+use crate::decode::{self, Header, Op};
+use crate::reply::{self, Reply};
+use crate::tarnfs::{self, TarnFs};
+use crate::uring::{self, Rings};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Which transport `tarn mount --fuse-uring` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UringMode {
+    /// The ring when the kernel offers it, /dev/fuse otherwise.
+    #[default]
+    Auto,
+    /// The ring or no mount.
+    On,
+    /// /dev/fuse only.
+    Off,
+}
+
+/// Notifications to the kernel (written on /dev/fuse, any thread).
+#[derive(Clone)]
+pub struct Notifier {
+    fd: Arc<OwnedFd>,
+}
+
+impl Notifier {
+    /// FUSE_NOTIFY_INVAL_INODE: the kernel drops what it cached of `ino`
+    /// (offset -1: its attributes only).
+    pub fn inval_inode(&self, ino: u64, offset: i64, len: i64) -> io::Result<()> {
+        let body = reply::inval_inode(ino, offset, len);
+        write_reply(&self.fd, &reply::out_header(0, abi::NOTIFY_INVAL_INODE, body.len()), &body)
+    }
+}
+
+/// `header` then `body` in one write (the kernel takes a reply whole).
+fn write_reply(fd: &OwnedFd, header: &[u8; OUT_HEADER], body: &[u8]) -> io::Result<()> {
+    let iov = [
+        libc::iovec { iov_base: header.as_ptr() as *mut _, iov_len: header.len() },
+        libc::iovec { iov_base: body.as_ptr() as *mut _, iov_len: body.len() },
+    ];
+    // SAFETY: both iovecs point to live buffers of their lengths.
+    let n = unsafe { libc::writev(fd.as_raw_fd(), iov.as_ptr(), 2) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The handlers, shared by the /dev/fuse loop and the ring queues.
+pub(crate) type Shared = Arc<Mutex<TarnFs>>;
+
+/// The handlers' lock; a handler that panicked aborted the process
+/// (panic = "abort"), so a poisoned lock holds a whole state.
+pub(crate) fn lock(fs: &Shared) -> MutexGuard<'_, TarnFs> {
+    fs.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Serves one decoded request that is not INIT.
+pub(crate) fn serve(fs: &Shared, h: &Header, op: Result<Op<'_>, decode::Malformed>) -> Reply {
+    match op {
+        Ok(Op::Destroy) => Reply::Empty,
+        Ok(op) => lock(fs).handle(h, op),
+        Err(decode::Malformed) => {
+            log::warn!("malformed FUSE request (opcode {}, {} bytes)", h.opcode, h.len);
+            Reply::Error(libc::EIO)
+        }
+    }
+}
+
+/// A mounted session on /dev/fuse descriptor `fd`.
+pub(crate) struct Session {
+    pub fd: Arc<OwnedFd>,
+    pub fs: Shared,
+    pub uring: UringMode,
+    pub rings: Option<Rings>,
+    /// INIT was answered with FUSE_OVER_IO_URING.
+    pub ring_negotiated: bool,
+}
+
+impl Session {
+    pub fn notifier(fd: &Arc<OwnedFd>) -> Notifier {
+        Notifier { fd: fd.clone() }
+    }
+
+    /// Serves until the kernel ends the session; then stops the ring
+    /// queues and commits everything (`TarnFs::destroy`).
+    pub fn run(mut self) -> io::Result<()> {
+        let served = self.serve_dev();
+        if let Some(rings) = self.rings.take() {
+            rings.stop();
+        }
+        lock(&self.fs).destroy();
+        served
+    }
+
+    fn serve_dev(&mut self) -> io::Result<()> {
+        let mut buf = vec![0u8; tarnfs::MAX_WRITE as usize + 4096];
+        loop {
+            // SAFETY: read into `buf`, within its length.
+            let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                match e.raw_os_error() {
+                    // ENOENT: the request was interrupted before it was read.
+                    Some(libc::EINTR | libc::EAGAIN | libc::ENOENT) => continue,
+                    Some(libc::ENODEV) => return Ok(()),
+                    _ => return Err(e),
+                }
+            }
+            let frame = &buf[..n as usize];
+            let Ok(h) = decode::header(frame) else {
+                log::warn!("a FUSE request shorter than its header ({n} bytes)");
+                continue;
+            };
+            let op = decode::dev_request(frame).map(|(_, op)| op);
+            let reply = match op {
+                Ok(Op::Init { major, minor, max_readahead, flags }) => self.init(major, minor, max_readahead, flags)?,
+                op => serve(&self.fs, &h, op),
+            };
+            self.send(&h, &reply);
+            if h.opcode == abi::op::INIT && reply.is_ok() {
+                self.start_rings()?;
+            }
+        }
+    }
+
+    fn send(&self, h: &Header, reply: &Reply) {
+        if *reply == Reply::None {
+            return;
+        }
+        let mut body = Vec::new();
+        let error = reply.encode(&mut body);
+        let r = write_reply(&self.fd, &reply::out_header(h.unique, error, body.len()), &body);
+        // ENOENT: the request was interrupted (or aborted) meanwhile.
+        if let Err(e) = r.as_ref().map_err(io::Error::raw_os_error) {
+            if e != Some(libc::ENOENT) {
+                log::warn!("FUSE reply to request {} (opcode {}): {r:?}", h.unique, h.opcode);
+            }
+        }
+    }
+
+    /// INIT: the protocol version, the volume's flags and, unless `off`,
+    /// the io_uring transport (refused with `on` when the kernel lacks it).
+    fn init(&mut self, major: u32, minor: u32, max_readahead: u32, offered: u64) -> io::Result<Reply> {
+        if major != abi::KERNEL_MAJOR || minor < 31 {
+            log::error!("FUSE protocol {major}.{minor} of the kernel is too old (7.31 at least)");
+            return Ok(Reply::Error(libc::EPROTO));
+        }
+        let mut wanted = lock(&self.fs).init_flags();
+        let ring_offered = offered & init::OVER_IO_URING != 0;
+        match (self.uring, ring_offered) {
+            (UringMode::Off, _) => {}
+            (_, true) => wanted |= init::OVER_IO_URING,
+            (UringMode::On, false) => return Err(uring::unavailable()),
+            (UringMode::Auto, false) => {}
+        }
+        let out = tarnfs::init_reply(offered, minor, max_readahead, wanted);
+        self.ring_negotiated = out.flags & init::OVER_IO_URING != 0;
+        if !self.ring_negotiated {
+            log::info!("fuse transport: /dev/fuse");
+        }
+        Ok(Reply::Init(out))
+    }
+
+    fn start_rings(&mut self) -> io::Result<()> {
+        if !self.ring_negotiated {
+            return Ok(());
+        }
+        match Rings::start(self.fd.clone(), self.fs.clone(), tarnfs::MAX_WRITE as usize) {
+            Ok(rings) => {
+                log::info!("fuse transport: io_uring, {} queues", rings.queues());
+                self.rings = Some(rings);
+                Ok(())
+            }
+            Err(e) if self.uring == UringMode::Auto => {
+                log::warn!("fuse transport: /dev/fuse (the io_uring queues failed: {e})");
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl Reply {
+    fn is_ok(&self) -> bool {
+        !matches!(self, Reply::Error(_))
+    }
+}
