@@ -982,8 +982,12 @@ fn dispatch(cmd: Command) -> Result<i32> {
                 commit_interval: std::time::Duration::from_secs(commit_interval),
                 writeback_cache: !no_writeback_cache,
             };
-            let slice = std::time::Duration::from_micros(session_slice_us);
-            mount_cmd(&pool, &name, &dir, durability, slice, no_discard, fuse_uring.into())
+            let transport = tarn_fuse::Transport {
+                session_slice: std::time::Duration::from_micros(session_slice_us),
+                uring: fuse_uring.into(),
+                report: |m| eprintln!("tarn mount: {m}"),
+            };
+            mount_cmd(&pool, &name, &dir, durability, transport, no_discard)
         }
         Command::Snap(cmd) => snapshots::snap(cmd),
         Command::Diff(d) => snapshots::diff(d),
@@ -1109,16 +1113,15 @@ fn mount_cmd(
     name: &str,
     dir: &Path,
     durability: tarn_fuse::Durability,
-    slice: std::time::Duration,
+    transport: tarn_fuse::Transport,
     no_discard: bool,
-    uring: tarn_fuse::UringMode,
 ) -> Result<i32> {
     let options = OpenOptions { no_discard, ..Default::default() };
     let (pool, lock, fv) = fs_versions::open_for_mount(p, name, options)?;
     eprintln!("mounted file volume {name} on {}; unmount with `fusermount3 -u {}`", dir.display(), dir.display());
     unmount_on_signal(dir)?;
     let served =
-        tarn_fuse::mount(fv, name, dir, durability, slice, uring).with_context(|| format!("mount on {}", dir.display()));
+        tarn_fuse::mount(fv, name, dir, durability, transport).with_context(|| format!("mount on {}", dir.display()));
     let closed = pool.close().context("commit and close the pool");
     drop(lock);
     served?;

@@ -78,15 +78,23 @@ pub(crate) fn serve(fs: &Shared, h: &Header, op: Result<Op<'_>, decode::Malforme
 
 /// A mounted session on /dev/fuse descriptor `fd`.
 pub(crate) struct Session {
-    pub fd: Arc<OwnedFd>,
-    pub fs: Shared,
-    pub uring: UringMode,
-    pub rings: Option<Rings>,
+    fd: Arc<OwnedFd>,
+    fs: Shared,
+    uring: UringMode,
+    report: fn(&str),
+    rings: Option<Rings>,
     /// INIT was answered with FUSE_OVER_IO_URING.
-    pub ring_negotiated: bool,
+    ring_negotiated: bool,
+    /// Requests read from /dev/fuse.
+    dev_requests: u64,
 }
 
 impl Session {
+    pub fn new(fd: Arc<OwnedFd>, fs: Shared, transport: crate::Transport) -> Session {
+        let (uring, report) = (transport.uring, transport.report);
+        Session { fd, fs, uring, report, rings: None, ring_negotiated: false, dev_requests: 0 }
+    }
+
     pub fn notifier(fd: &Arc<OwnedFd>) -> Notifier {
         Notifier { fd: fd.clone() }
     }
@@ -95,9 +103,11 @@ impl Session {
     /// queues and commits everything (`TarnFs::destroy`).
     pub fn run(mut self) -> io::Result<()> {
         let served = self.serve_dev();
-        if let Some(rings) = self.rings.take() {
-            rings.stop();
-        }
+        let ring_requests = self.rings.take().map_or(0, Rings::stop);
+        (self.report)(&format!(
+            "fuse requests: {ring_requests} through io_uring, {} through /dev/fuse",
+            self.dev_requests
+        ));
         lock(&self.fs).destroy();
         served
     }
@@ -116,6 +126,7 @@ impl Session {
                     _ => return Err(e),
                 }
             }
+            self.dev_requests += 1;
             let frame = &buf[..n as usize];
             let Ok(h) = decode::header(frame) else {
                 log::warn!("a FUSE request shorter than its header ({n} bytes)");
@@ -166,7 +177,7 @@ impl Session {
         let out = tarnfs::init_reply(offered, minor, max_readahead, wanted);
         self.ring_negotiated = out.flags & init::OVER_IO_URING != 0;
         if !self.ring_negotiated {
-            log::info!("fuse transport: /dev/fuse");
+            (self.report)("fuse transport: /dev/fuse");
         }
         Ok(Reply::Init(out))
     }
@@ -177,12 +188,12 @@ impl Session {
         }
         match Rings::start(self.fd.clone(), self.fs.clone(), tarnfs::MAX_WRITE as usize) {
             Ok(rings) => {
-                log::info!("fuse transport: io_uring, {} queues", rings.queues());
+                (self.report)(&format!("fuse transport: io_uring, {} queues", rings.queues()));
                 self.rings = Some(rings);
                 Ok(())
             }
             Err(e) if self.uring == UringMode::Auto => {
-                log::warn!("fuse transport: /dev/fuse (the io_uring queues failed: {e})");
+                (self.report)(&format!("fuse transport: /dev/fuse (the io_uring queues failed: {e})"));
                 Ok(())
             }
             Err(e) => Err(e),

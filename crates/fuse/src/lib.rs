@@ -44,19 +44,29 @@ impl Default for Durability {
     }
 }
 
+/// How a mount talks to the kernel.
+#[derive(Debug, Clone, Copy)]
+pub struct Transport {
+    /// The scheduler slice the /dev/fuse session thread asks for
+    /// (`slice.rs`; zero: the kernel's default).
+    pub session_slice: Duration,
+    pub uring: UringMode,
+    /// Told the transport chosen at INIT and, at the end, how many
+    /// requests each transport served (`tarn mount` prints them).
+    pub report: fn(&str),
+}
+
 /// Mount `fv` on `dir` and serve until it is unmounted; every pending
-/// change is committed before this returns. The session thread (the
-/// caller's) asks for a scheduler slice of `session_slice` (`slice.rs`;
-/// zero: the kernel's default).
+/// change is committed before this returns. The /dev/fuse session
+/// thread is the caller's.
 pub fn mount(
     fv: FileVolume,
     name: &str,
     dir: &Path,
     durability: Durability,
-    session_slice: Duration,
-    uring: UringMode,
+    transport: Transport,
 ) -> std::io::Result<()> {
-    if uring == UringMode::On && !uring::enabled() {
+    if transport.uring == UringMode::On && !uring::enabled() {
         return Err(uring::unavailable());
     }
     // A volume snapshot mounts read-only (the kernel then answers EROFS too).
@@ -87,7 +97,7 @@ pub fn mount(
             }
         })
     });
-    let served = serve(fd, fs, session_slice, uring);
+    let served = serve(fd, fs, transport);
     if served.is_err() {
         // The kernel may still hold the mount (an INIT refused): drop it.
         let _ = mount::unmount(dir);
@@ -100,12 +110,13 @@ pub fn mount(
 }
 
 /// Serves the mounted session on `fd` until it is unmounted.
-fn serve(fd: Arc<OwnedFd>, fs: TarnFs, session_slice: Duration, uring: UringMode) -> std::io::Result<()> {
+fn serve(fd: Arc<OwnedFd>, fs: TarnFs, transport: Transport) -> std::io::Result<()> {
+    let session_slice = transport.session_slice;
     if !session_slice.is_zero() {
         if let Err(e) = slice::ask(session_slice) {
             log::warn!("a {session_slice:?} scheduler slice for the session thread: {e}");
         }
     }
-    let session = dev::Session { fd, fs: Arc::new(Mutex::new(fs)), uring, rings: None, ring_negotiated: false };
+    let session = dev::Session::new(fd, Arc::new(Mutex::new(fs)), transport);
     session.run()
 }

@@ -81,11 +81,19 @@ impl Rings {
     }
 
     /// Ends every queue (the session is over: the kernel has ended the
-    /// entries it held, or does so as each ring closes).
-    pub fn stop(mut self) {
-        self.wake_all();
-        for t in self.threads.drain(..) {
-            let _ = t.join();
+    /// entries it held, or does so as each ring closes); returns how many
+    /// requests they served.
+    pub fn stop(mut self) -> u64 {
+        self.end_threads();
+        self.served.load(Ordering::Relaxed)
+    }
+
+    fn end_threads(&mut self) {
+        if !self.threads.is_empty() {
+            self.wake_all();
+            for t in self.threads.drain(..) {
+                let _ = t.join();
+            }
         }
     }
 
@@ -101,12 +109,7 @@ impl Rings {
 impl Drop for Rings {
     /// A session that ends in an error still ends its queues.
     fn drop(&mut self) {
-        if !self.threads.is_empty() {
-            self.wake_all();
-            for t in self.threads.drain(..) {
-                let _ = t.join();
-            }
-        }
+        self.end_threads();
     }
 }
 
