@@ -9,6 +9,8 @@ mod abi;
 mod decode;
 mod dev;
 mod mount;
+#[cfg(test)]
+mod protocol_tests;
 mod reply;
 mod slice;
 mod tarnfs;
