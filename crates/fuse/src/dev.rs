@@ -5,14 +5,16 @@
 //! (`uring.rs`) once INIT is answered, and ends them when the kernel
 //! ends the session (ENODEV: unmounted).
 
-use crate::abi::{self, init, OUT_HEADER};
+use crate::abi::{self, init};
 use crate::decode::{self, Header, Op};
+use crate::dispatch::{lock, serve, Shared};
+use crate::notify::{write_reply, Notifier};
 use crate::reply::{self, Reply};
-use crate::tarnfs::{self, TarnFs};
-use crate::uring::{self, Rings};
+use crate::tarnfs;
+use crate::uring::{self, QueueConfig, Rings};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 /// Which transport `tarn mount --fuse-uring` asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -24,56 +26,6 @@ pub enum UringMode {
     On,
     /// /dev/fuse only.
     Off,
-}
-
-/// Notifications to the kernel (written on /dev/fuse, any thread).
-#[derive(Clone)]
-pub struct Notifier {
-    fd: Arc<OwnedFd>,
-}
-
-impl Notifier {
-    /// FUSE_NOTIFY_INVAL_INODE: the kernel drops what it cached of `ino`
-    /// (offset -1: its attributes only).
-    pub fn inval_inode(&self, ino: u64, offset: i64, len: i64) -> io::Result<()> {
-        let body = reply::inval_inode(ino, offset, len);
-        write_reply(&self.fd, &reply::out_header(0, abi::NOTIFY_INVAL_INODE, body.len()), &body)
-    }
-}
-
-/// `header` then `body` in one write (the kernel takes a reply whole).
-fn write_reply(fd: &OwnedFd, header: &[u8; OUT_HEADER], body: &[u8]) -> io::Result<()> {
-    let iov = [
-        libc::iovec { iov_base: header.as_ptr() as *mut _, iov_len: header.len() },
-        libc::iovec { iov_base: body.as_ptr() as *mut _, iov_len: body.len() },
-    ];
-    // SAFETY: both iovecs point to live buffers of their lengths.
-    let n = unsafe { libc::writev(fd.as_raw_fd(), iov.as_ptr(), 2) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// The handlers, shared by the /dev/fuse loop and the ring queues.
-pub(crate) type Shared = Arc<Mutex<TarnFs>>;
-
-/// The handlers' lock; a handler that panicked aborted the process
-/// (panic = "abort"), so a poisoned lock holds a whole state.
-pub(crate) fn lock(fs: &Shared) -> MutexGuard<'_, TarnFs> {
-    fs.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Serves one decoded request that is not INIT.
-pub(crate) fn serve(fs: &Shared, h: &Header, op: Result<Op<'_>, decode::Malformed>) -> Reply {
-    match op {
-        Ok(Op::Destroy) => Reply::Empty,
-        Ok(op) => lock(fs).handle(h, op),
-        Err(decode::Malformed) => {
-            log::warn!("malformed FUSE request (opcode {}, {} bytes)", h.opcode, h.len);
-            Reply::Error(libc::EIO)
-        }
-    }
 }
 
 /// A mounted session on /dev/fuse descriptor `fd`.
@@ -90,13 +42,12 @@ pub(crate) struct Session {
 }
 
 impl Session {
-    pub fn new(fd: Arc<OwnedFd>, fs: Shared, transport: crate::Transport) -> Session {
-        let (uring, report) = (transport.uring, transport.report);
+    pub fn new(fd: Arc<OwnedFd>, fs: Shared, uring: UringMode, report: fn(&str)) -> Session {
         Session { fd, fs, uring, report, rings: None, ring_negotiated: false, dev_requests: 0 }
     }
 
     pub fn notifier(fd: &Arc<OwnedFd>) -> Notifier {
-        Notifier { fd: fd.clone() }
+        Notifier::new(fd.clone())
     }
 
     /// Serves until the kernel ends the session; then stops the ring
@@ -186,7 +137,13 @@ impl Session {
         if !self.ring_negotiated {
             return Ok(());
         }
-        match Rings::start(self.fd.clone(), self.fs.clone(), tarnfs::MAX_WRITE as usize) {
+        let cfg = QueueConfig {
+            dev: self.fd.clone(),
+            fs: self.fs.clone(),
+            payload: tarnfs::MAX_WRITE as usize,
+            report: self.report,
+        };
+        match Rings::start(cfg) {
             Ok(rings) => {
                 (self.report)(&format!("fuse transport: io_uring, {} queues", rings.queues()));
                 self.rings = Some(rings);
@@ -198,11 +155,5 @@ impl Session {
             }
             Err(e) => Err(e),
         }
-    }
-}
-
-impl Reply {
-    fn is_ok(&self) -> bool {
-        !matches!(self, Reply::Error(_))
     }
 }

@@ -8,7 +8,9 @@
 mod abi;
 mod decode;
 mod dev;
+mod dispatch;
 mod mount;
+mod notify;
 #[cfg(test)]
 mod protocol_tests;
 mod reply;
@@ -119,6 +121,6 @@ fn serve(fd: Arc<OwnedFd>, fs: TarnFs, transport: Transport) -> std::io::Result<
             log::warn!("a {session_slice:?} scheduler slice for the session thread: {e}");
         }
     }
-    let session = dev::Session::new(fd, Arc::new(Mutex::new(fs)), transport);
+    let session = dev::Session::new(fd, Arc::new(Mutex::new(fs)), transport.uring, transport.report);
     session.run()
 }

@@ -149,6 +149,10 @@ fn put_statfs(out: &mut Vec<u8>, s: &Statfs) {
 }
 
 impl Reply {
+    pub fn is_ok(&self) -> bool {
+        !matches!(self, Reply::Error(_))
+    }
+
     /// Appends the reply's arguments to `out`; returns the out header's
     /// error field (0 or a negative errno).
     pub fn encode(&self, out: &mut Vec<u8>) -> i32 {

@@ -4,7 +4,7 @@
 
 use crate::abi::{self, fattr, init};
 use crate::decode::{Header, Op, SetattrIn};
-use crate::dev::Notifier;
+use crate::notify::Notifier;
 use crate::reply::{self, Reply};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tarn_fs::{Attr, FsError, Kind, Node, SetAttr, Versioned, XattrMode};

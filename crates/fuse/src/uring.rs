@@ -13,7 +13,7 @@
 
 use crate::abi::{ring, OUT_HEADER};
 use crate::decode;
-use crate::dev::{serve, Shared};
+use crate::dispatch::{serve, Shared};
 use crate::reply::{self, Reply};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::io;
@@ -42,6 +42,18 @@ pub fn enabled() -> bool {
     std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring").is_ok_and(|v| v.trim() == "Y")
 }
 
+/// What every queue is started with.
+#[derive(Clone)]
+pub(crate) struct QueueConfig {
+    /// The session's /dev/fuse descriptor (the rings' commands name it).
+    pub dev: Arc<OwnedFd>,
+    pub fs: Shared,
+    /// Bytes of each entry's payload buffer.
+    pub payload: usize,
+    /// Told when a queue fails (the session's `report`).
+    pub report: fn(&str),
+}
+
 /// The running queues.
 pub(crate) struct Rings {
     /// An eventfd every queue polls: written to end them.
@@ -54,7 +66,7 @@ pub(crate) struct Rings {
 impl Rings {
     /// One queue per possible CPU (the kernel uses the ring only once
     /// every queue has an entry registered); `payload` bytes per entry.
-    pub fn start(dev: Arc<OwnedFd>, fs: Shared, payload: usize) -> io::Result<Rings> {
+    pub fn start(cfg: QueueConfig) -> io::Result<Rings> {
         // SAFETY: plain syscalls on values this function owns.
         let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as usize;
         // SAFETY: as above.
@@ -68,7 +80,7 @@ impl Rings {
         let mut rings = Rings { stop, threads: Vec::new(), served };
         for qid in 0..cpus {
             let (ready, started) = mpsc::channel();
-            let q = QueueArgs { qid, dev: dev.clone(), fs: fs.clone(), payload, stop: efd, served: rings.served.clone() };
+            let q = QueueArgs { qid, cfg: cfg.clone(), stop: efd, served: rings.served.clone() };
             let t = std::thread::Builder::new().name(format!("fuse-ring-{qid}")).spawn(move || q.run(ready))?;
             rings.threads.push(t);
             started.recv().unwrap_or_else(|_| Err(io::Error::other("ring queue thread ended")))?;
@@ -116,9 +128,7 @@ impl Drop for Rings {
 /// What a queue thread is started with.
 struct QueueArgs {
     qid: usize,
-    dev: Arc<OwnedFd>,
-    fs: Shared,
-    payload: usize,
+    cfg: QueueConfig,
     stop: RawFd,
     served: Arc<AtomicU64>,
 }
@@ -166,8 +176,7 @@ impl QueueArgs {
     /// entries, says so on `ready`, then serves until stopped.
     fn run(self, ready: mpsc::Sender<io::Result<()>>) {
         pin_to_cpu(self.qid);
-        let qid = self.qid;
-        let stop = self.stop;
+        let (qid, stop, report) = (self.qid, self.stop, self.cfg.report);
         let mut q = match Queue::new(self).and_then(|mut q| q.register(stop).map(|_| q)) {
             Ok(q) => q,
             Err(e) => {
@@ -177,7 +186,9 @@ impl QueueArgs {
         };
         let _ = ready.send(Ok(()));
         if let Err(e) = q.serve() {
-            log::error!("fuse ring queue {qid}: {e}");
+            // Requests of this CPU now wait for an entry that will not
+            // come: say so where the mount's user sees it.
+            report(&format!("fuse ring queue {qid} failed: {e}"));
         }
     }
 }
@@ -208,8 +219,8 @@ fn with_len(e: squeue::Entry128, len: u32) -> squeue::Entry128 {
 impl Queue {
     fn new(a: QueueArgs) -> io::Result<Queue> {
         let ring = IoUring::builder().setup_cqsize(4 * ENTRIES as u32).build(2 * ENTRIES as u32)?;
-        let ents = (0..ENTRIES).map(|_| Entry::new(a.payload)).collect();
-        Ok(Queue { ring, qid: a.qid as u16, dev: a.dev, fs: a.fs, ents, served: a.served })
+        let ents = (0..ENTRIES).map(|_| Entry::new(a.cfg.payload)).collect();
+        Ok(Queue { ring, qid: a.qid as u16, dev: a.cfg.dev, fs: a.cfg.fs, ents, served: a.served })
     }
 
     /// A FUSE ring command for entry `ent` (`commit_id`: the request it answers).
