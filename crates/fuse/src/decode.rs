@@ -38,40 +38,106 @@ pub struct SetattrIn {
 /// One request, its arguments borrowed from the transport's buffer.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Op<'a> {
-    Init { major: u32, minor: u32, max_readahead: u32, flags: u64 },
+    Init {
+        major: u32,
+        minor: u32,
+        max_readahead: u32,
+        flags: u64,
+    },
     Destroy,
-    Lookup { name: &'a [u8] },
-    Forget { nlookup: u64 },
+    Lookup {
+        name: &'a [u8],
+    },
+    Forget {
+        nlookup: u64,
+    },
     /// (nodeid, nlookup) pairs.
     BatchForget(Vec<(u64, u64)>),
     Interrupt,
     Getattr,
     Setattr(SetattrIn),
     Readlink,
-    Symlink { name: &'a [u8], target: &'a [u8] },
-    Mknod { mode: u32, umask: u32, name: &'a [u8] },
-    Mkdir { mode: u32, umask: u32, name: &'a [u8] },
-    Unlink { name: &'a [u8] },
-    Rmdir { name: &'a [u8] },
-    Rename { newdir: u64, flags: u32, name: &'a [u8], newname: &'a [u8] },
-    Link { oldnodeid: u64, newname: &'a [u8] },
-    Open { flags: u32 },
+    Symlink {
+        name: &'a [u8],
+        target: &'a [u8],
+    },
+    Mknod {
+        mode: u32,
+        umask: u32,
+        name: &'a [u8],
+    },
+    Mkdir {
+        mode: u32,
+        umask: u32,
+        name: &'a [u8],
+    },
+    Unlink {
+        name: &'a [u8],
+    },
+    Rmdir {
+        name: &'a [u8],
+    },
+    Rename {
+        newdir: u64,
+        flags: u32,
+        name: &'a [u8],
+        newname: &'a [u8],
+    },
+    Link {
+        oldnodeid: u64,
+        newname: &'a [u8],
+    },
+    Open {
+        flags: u32,
+    },
     Opendir,
-    Read { offset: u64, size: u32 },
-    Readdir { offset: u64, size: u32 },
-    Write { offset: u64, write_flags: u32, data: &'a [u8] },
+    Read {
+        offset: u64,
+        size: u32,
+    },
+    Readdir {
+        offset: u64,
+        size: u32,
+    },
+    Write {
+        offset: u64,
+        write_flags: u32,
+        data: &'a [u8],
+    },
     Statfs,
-    Release { fh: u64 },
+    Release {
+        fh: u64,
+    },
     Releasedir,
     Fsync,
     Fsyncdir,
-    Flush { fh: u64 },
-    Setxattr { flags: u32, name: &'a [u8], value: &'a [u8] },
-    Getxattr { size: u32, name: &'a [u8] },
-    Listxattr { size: u32 },
-    Removexattr { name: &'a [u8] },
-    Create { mode: u32, umask: u32, name: &'a [u8] },
-    Lseek { offset: u64, whence: u32 },
+    Flush {
+        fh: u64,
+    },
+    Setxattr {
+        flags: u32,
+        name: &'a [u8],
+        value: &'a [u8],
+    },
+    Getxattr {
+        size: u32,
+        name: &'a [u8],
+    },
+    Listxattr {
+        size: u32,
+    },
+    Removexattr {
+        name: &'a [u8],
+    },
+    Create {
+        mode: u32,
+        umask: u32,
+        name: &'a [u8],
+    },
+    Lseek {
+        offset: u64,
+        whence: u32,
+    },
     /// An opcode this server does not implement (answered ENOSYS).
     Other(u32),
 }
@@ -194,14 +260,33 @@ fn op<'a>(opcode: u32, fixed: &'a [u8], rest: &'a [u8]) -> Result<Op<'a>, Malfor
         op::FSYNC => Ok(Op::Fsync),
         op::FSYNCDIR => Ok(Op::Fsyncdir),
         op::FLUSH => Ok(Op::Flush { fh: a.u64()? }),
-        op::SETXATTR => Ok(Op::Setxattr { flags: { a.skip(4)?; a.u32()? }, name: a.name()?, value: a.remaining() }),
-        op::GETXATTR => Ok(Op::Getxattr { size: { a.u32()? }, name: { a.skip(4)?; a.name()? } }),
+        op::SETXATTR => Ok(Op::Setxattr {
+            flags: {
+                a.skip(4)?;
+                a.u32()?
+            },
+            name: a.name()?,
+            value: a.remaining(),
+        }),
+        op::GETXATTR => Ok(Op::Getxattr {
+            size: { a.u32()? },
+            name: {
+                a.skip(4)?;
+                a.name()?
+            },
+        }),
         op::LISTXATTR => Ok(Op::Listxattr { size: a.u32()? }),
         op::REMOVEXATTR => Ok(Op::Removexattr { name: a.name()? }),
         op::CREATE => create(&mut a),
         op::INTERRUPT => Ok(Op::Interrupt),
         op::DESTROY => Ok(Op::Destroy),
-        op::LSEEK => Ok(Op::Lseek { offset: { a.skip(8)?; a.u64()? }, whence: a.u32()? }),
+        op::LSEEK => Ok(Op::Lseek {
+            offset: {
+                a.skip(8)?;
+                a.u64()?
+            },
+            whence: a.u32()?,
+        }),
         other => Ok(Op::Other(other)),
     }
 }

@@ -3,7 +3,7 @@
 //! truncated frames.
 
 use crate::abi::{init, op, ring, IN_HEADER};
-use crate::decode::{dev_request, header, ring_request, Header, Malformed, Op};
+use crate::decode::{dev_request, header, ring_request, Malformed, Op};
 use crate::reply::{self, Attr, Entry, InitOut, Reply};
 use std::time::Duration;
 
@@ -198,7 +198,7 @@ fn random_and_truncated_frames_never_panic() {
         let mut headers = a.to_vec();
         headers.resize(ring::HEADER_SIZE, 0);
         decoded += ring_request(&headers, b).is_ok() as u32;
-        let _ = header(&frame).unwrap_or(Header::default());
+        let _ = header(&frame);
     }
     assert!(decoded > 0, "some random frames are whole requests");
 }

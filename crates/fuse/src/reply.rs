@@ -64,9 +64,19 @@ pub enum Reply {
     Error(i32),
     Empty,
     Entry(Entry),
-    Attr { attr: Attr, ttl: Duration },
-    Open { fh: u64, flags: u32 },
-    Create { entry: Entry, fh: u64, flags: u32 },
+    Attr {
+        attr: Attr,
+        ttl: Duration,
+    },
+    Open {
+        fh: u64,
+        flags: u32,
+    },
+    Create {
+        entry: Entry,
+        fh: u64,
+        flags: u32,
+    },
     Written(u32),
     Data(Vec<u8>),
     Statfs(Statfs),

@@ -71,7 +71,6 @@ pub struct TarnFs {
     pub(crate) notifier: Notifier,
 }
 
-
 /// The attributes the kernel gets of `at`.
 fn attr(at: &Attr) -> reply::Attr {
     let a = &at.inode;
@@ -293,9 +292,7 @@ impl TarnFs {
             Op::Releasedir => Reply::Empty,
             Op::Readdir { offset, size } => self.readdir(ino, offset, size),
             Op::Setxattr { flags, name, value } => self.setxattr(ino, name, value, flags as i32),
-            Op::Removexattr { name } => {
-                empty(self.fv.writable(ino).and_then(|i| self.fv.live.remove_xattr(i, name)))
-            }
+            Op::Removexattr { name } => empty(self.fv.writable(ino).and_then(|i| self.fv.live.remove_xattr(i, name))),
             Op::Listxattr { size } => self.listxattr(ino, size),
             Op::Getxattr { size, name } => self.getxattr(ino, name, size),
             Op::Statfs => self.statfs(),
@@ -366,8 +363,7 @@ impl TarnFs {
         let s = set_attr(s);
         // HANDLE_KILLPRIV_V2: a chown, or a truncate by a caller without
         // CAP_FSETID, drops the set-ID bits unless it sets the mode itself.
-        let kill = s.perm.is_none()
-            && (s.uid.is_some() || s.gid.is_some() || (s.size.is_some() && !may_keep_setid(h)));
+        let kill = s.perm.is_none() && (s.uid.is_some() || s.gid.is_some() || (s.size.is_some() && !may_keep_setid(h)));
         let killed = |i: u64| if kill { self.fv.live.kill_suid(i).map(|_| i) } else { Ok(i) };
         match self.fv.writable(ino).and_then(killed).and_then(|i| self.fv.live.setattr(i, &s)) {
             Ok(a) => {
@@ -381,7 +377,9 @@ impl TarnFs {
             // tarn freed the record at the unlink): a times-only setattr
             // of a freed inode changes nothing anyone can see, and an
             // ENOENT would fail the caller's syncfs.
-            Err(FsError::NotFound) if times_only(&s) && live(ino) => Reply::Attr { attr: gone(ino), ttl: Duration::ZERO },
+            Err(FsError::NotFound) if times_only(&s) && live(ino) => {
+                Reply::Attr { attr: gone(ino), ttl: Duration::ZERO }
+            }
             Err(e) => Reply::Error(e.errno()),
         }
     }

@@ -287,10 +287,11 @@ impl Queue {
         let commit_id = e.u64_at(ring::ENT_IN_OUT + 8);
         let payload_sz = (e.u64_at(ring::ENT_IN_OUT + 16) as u32 as usize).min(e.payload.len());
         let h = decode::header(&e.header[..]).unwrap_or_default();
-        let reply = match serve(&self.fs, &h, decode::ring_request(&e.header[..], &e.payload[..payload_sz]).map(|r| r.1)) {
-            Reply::None => Reply::Empty,
-            r => r,
-        };
+        let reply =
+            match serve(&self.fs, &h, decode::ring_request(&e.header[..], &e.payload[..payload_sz]).map(|r| r.1)) {
+                Reply::None => Reply::Empty,
+                r => r,
+            };
         self.served.fetch_add(1, Ordering::Relaxed);
         let mut body = Vec::new();
         let mut error = reply.encode(&mut body);
