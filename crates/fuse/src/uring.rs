@@ -255,7 +255,7 @@ impl Queue {
     /// Until the stop poll fires or every entry has ended (the kernel
     /// ends them with an error when the session ends).
     fn serve(&mut self) -> io::Result<()> {
-        let mut live = self.ents.len();
+        let (mut live, mut answered) = (self.ents.len(), 0u64);
         loop {
             match self.ring.submit_and_wait(1) {
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
@@ -267,16 +267,23 @@ impl Queue {
                     return Ok(());
                 }
                 let ent = ud as usize;
-                if res < 0 || ent >= self.ents.len() {
-                    // ENOTCONN/ECONNABORTED: the session ended.
-                    log::debug!("fuse ring queue {} entry {ent}: {}", self.qid, io::Error::from_raw_os_error(-res));
-                    live -= 1;
-                    if live == 0 {
-                        return Ok(());
-                    }
+                if res >= 0 && ent < self.ents.len() {
+                    self.answer(ent)?;
+                    answered += 1;
                     continue;
                 }
-                self.answer(ent)?;
+                // ENOTCONN/ECONNABORTED: the session ended; another error
+                // before any request: the kernel refused the registration.
+                let ended = [libc::ENOTCONN, libc::ECONNABORTED, libc::ECANCELED].contains(&-res);
+                let err = io::Error::from_raw_os_error(-res);
+                if !ended && answered == 0 {
+                    return Err(io::Error::new(err.kind(), format!("the kernel refused an entry: {err}")));
+                }
+                live = live.saturating_sub(1);
+                if live == 0 {
+                    return Ok(());
+                }
+                log::debug!("fuse ring queue {} entry {ent}: {err}", self.qid);
             }
         }
     }
