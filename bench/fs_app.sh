@@ -70,19 +70,21 @@ one() {
   total=$(ms "$t0")
   [ -n "$TICK" ] && { kill "$TICK"; wait "$TICK" || true; TICK=; }
   [ -f "$MNT/build/libfuzzer.a" ] || echo "no libfuzzer.a built" >&2
+  local tarnfs=$MOUNT_PID fuse=-
   teardown
-  echo "$cp $build $find $grep $total $(cat "$DIR/snaps")" >"$DIR/result"
+  [ -n "$tarnfs" ] && fuse=$(fuse_transport)
+  echo "$cp $build $find $grep $total $(cat "$DIR/snaps") $fuse" >"$DIR/result"
 }
 
-echo "# bench/fs_app.sh $STAMP: ROUNDS=$ROUNDS SNAP_EVERY=$SNAP_EVERY SNAP_KEEP=$SNAP_KEEP src=$APP_SRC build=$APP_BUILD ($(uname -r), $(nproc) cpus, git $(git -C "$REPO" rev-parse --short HEAD), load $(cut -d' ' -f1-3 /proc/loadavg))"
+echo "# bench/fs_app.sh $STAMP: fuse enable_uring=$(cat /sys/module/fuse/parameters/enable_uring 2>/dev/null || echo -) ROUNDS=$ROUNDS SNAP_EVERY=$SNAP_EVERY SNAP_KEEP=$SNAP_KEEP src=$APP_SRC build=$APP_BUILD ($(uname -r), $(nproc) cpus, git $(git -C "$REPO" rev-parse --short HEAD), load $(cut -d' ' -f1-3 /proc/loadavg))"
 read -r -a LIST <<<"$CONFIGS"
 declare -A TOTAL
 for r in $(seq 1 "$ROUNDS"); do
   round_order "$r"
   for c in "${ORDER[@]}"; do
     one "$c"
-    read -r cp build find grep total snaps <"$DIR/result"
-    echo "round $r $c: total ${total} ms (cp $cp, build $build, find $find, grep $grep; snapshots $snaps; load $(cut -d' ' -f1 /proc/loadavg))"
+    read -r cp build find grep total snaps fuse <"$DIR/result"
+    echo "round $r $c: total ${total} ms (cp $cp, build $build, find $find, grep $grep; snapshots $snaps; fuse requests: $fuse; load $(cut -d' ' -f1 /proc/loadavg))"
     TOTAL[$c]="${TOTAL[$c]:-} $total"
   done
 done

@@ -7,6 +7,9 @@
 #   ext4raw ext4 on a loop device over a plain sparse file (the baseline)
 #   tarnfsbase  as tarnfs, with the binary TARN_BASE (an A/B of two
 #           builds in one run, alternating with the others)
+#   tarnfsdev  as tarnfs, with `--fuse-uring off` (the /dev/fuse
+#           transport: an A/B of the transports in one run; tarnfs takes
+#           io_uring where the kernel offers it, see `fuse_transport`)
 # and `ticker KIND` (MODE snap): a volume snapshot every SNAP_EVERY s, the
 # last SNAP_KEEP kept. Needs TARN, DIR, SIZE, VOL_SIZE, PORT, SNAP_EVERY,
 # SNAP_KEEP set by the caller.
@@ -33,6 +36,15 @@ teardown() {
   [ -n "$SRV" ] && { kill -TERM "$SRV"; wait "$SRV"; SRV=; }
   rm -rf "$RUN"
   set -e
+}
+
+# fuse_transport: after a tarn mount's teardown, the requests it served
+# through each FUSE transport (as `tarn mount` said at exit; "-" when it
+# did not, an older binary)
+fuse_transport() {
+  local said
+  said=$(sed -n 's/^tarn mount: fuse requests: //p' "$DIR/mount.log" 2>/dev/null)
+  echo "${said:--}"
 }
 
 wait_for() { # TRIES CMD...: poll every 0.1 s
@@ -63,16 +75,17 @@ setup() {
       LOOP=$(losetup -f --show "$FUSE/disk")
       mkfs.ext4 -q -F -b 4096 "$LOOP"
       mount "$LOOP" "$MNT" ;;
-    tarnfs|tarnfsbase)
-      local TARN=$TARN
+    tarnfs|tarnfsbase|tarnfsdev)
+      local TARN=$TARN transport=
       [ "$1" = tarnfsbase ] && TARN=${TARN_BASE:?tarnfsbase needs TARN_BASE}
+      [ "$1" = tarnfsdev ] && transport="--fuse-uring off"
       "$TARN" pool create "$RUN/pool.img" --size "$SIZE" >/dev/null
       "$TARN" fs create home -p "$RUN/pool.img" >/dev/null
       if [ "$2" = ver ]; then
         "$TARN" fs version-policy home add '*' -p "$RUN/pool.img" >/dev/null
       fi
-      # shellcheck disable=SC2086 # TARNFS_MOUNT_ARGS: words
-      "$TARN" mount home "$MNT" -p "$RUN/pool.img" $TARNFS_MOUNT_ARGS >"$DIR/mount.log" 2>&1 &
+      # shellcheck disable=SC2086 # TARNFS_MOUNT_ARGS, transport: words
+      "$TARN" mount home "$MNT" -p "$RUN/pool.img" $TARNFS_MOUNT_ARGS $transport >"$DIR/mount.log" 2>&1 &
       MOUNT_PID=$!
       wait_for 100 mountpoint -q "$MNT" ;;
   esac

@@ -69,22 +69,24 @@ one() {
   # the tarn mount's peak RSS (MiB)
   # and its CPU seconds (user + system; steadier than wall time when
   # other work shares the machine)
-  local hwm=- cpu=-
+  local hwm=- cpu=- tarnfs=$MOUNT_PID
   [ -n "$MOUNT_PID" ] && hwm=$(awk '/^VmHWM/ { print int($2 / 1024) }' "/proc/$MOUNT_PID/status")
   [ -n "$MOUNT_PID" ] && cpu=$(awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / hz }' "/proc/$MOUNT_PID/stat")
   teardown
-  echo "$(((t1 - t0) / 1000000)) ${tx:-?} $(cat "$DIR/snaps") $hwm $cpu" >"$DIR/result"
+  local fuse=-
+  [ -n "$tarnfs" ] && fuse=$(fuse_transport)
+  echo "$(((t1 - t0) / 1000000)) ${tx:-?} $(cat "$DIR/snaps") $hwm $cpu $fuse" >"$DIR/result"
 }
 
-echo "# bench/postmark.sh $STAMP: PM_TX=$PM_TX PM_FILES=$PM_FILES ROUNDS=$ROUNDS SNAP_EVERY=$SNAP_EVERY SNAP_KEEP=$SNAP_KEEP TARNFS_MOUNT_ARGS=\"$TARNFS_MOUNT_ARGS\" TARN=$TARN${TARN_BASE:+ TARN_BASE=$TARN_BASE} ($(uname -r), $(nproc) cpus, git $(git -C "$REPO" rev-parse --short HEAD))"
+echo "# bench/postmark.sh $STAMP: fuse enable_uring=$(cat /sys/module/fuse/parameters/enable_uring 2>/dev/null || echo -) PM_TX=$PM_TX PM_FILES=$PM_FILES ROUNDS=$ROUNDS SNAP_EVERY=$SNAP_EVERY SNAP_KEEP=$SNAP_KEEP TARNFS_MOUNT_ARGS=\"$TARNFS_MOUNT_ARGS\" TARN=$TARN${TARN_BASE:+ TARN_BASE=$TARN_BASE} ($(uname -r), $(nproc) cpus, git $(git -C "$REPO" rev-parse --short HEAD))"
 read -r -a LIST <<<"$CONFIGS"
 declare -A WALL TX
 for r in $(seq 1 "$ROUNDS"); do
   round_order "$r"
   for c in "${ORDER[@]}"; do
     one "$c"
-    read -r ms tx snaps hwm cpu <"$DIR/result"
-    echo "round $r $c: ${ms} ms (postmark transactions ${tx} s, snapshots $snaps, mount peak RSS ${hwm} MiB, mount CPU ${cpu} s; load $(cut -d" " -f1 /proc/loadavg))"
+    read -r ms tx snaps hwm cpu fuse <"$DIR/result"
+    echo "round $r $c: ${ms} ms (postmark transactions ${tx} s, snapshots $snaps, mount peak RSS ${hwm} MiB, mount CPU ${cpu} s, fuse requests: $fuse; load $(cut -d" " -f1 /proc/loadavg))"
     WALL[$c]="${WALL[$c]:-} $ms"
     TX[$c]="${TX[$c]:-} $tx"
   done

@@ -102,6 +102,13 @@ enum Command {
         /// (docs/ARCHITECTURE.md *The pmt slice*); 0: the kernel's default
         #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(0..=100_000))]
         session_slice_us: u64,
+        /// The FUSE transport: io_uring queues, one per CPU, serve each
+        /// request on the CPU of its caller (Linux 6.14+ with the fuse
+        /// module's enable_uring=Y; docs/ARCHITECTURE.md *FUSE
+        /// transport*); auto: when the kernel offers them, on: refuse to
+        /// mount without, off: /dev/fuse only
+        #[arg(long, value_enum, default_value = "auto")]
+        fuse_uring: FuseUring,
         #[command(flatten)]
         pool: PoolArg,
     },
@@ -965,6 +972,7 @@ fn dispatch(cmd: Command) -> Result<i32> {
             no_discard,
             no_direct_writes,
             session_slice_us,
+            fuse_uring,
             pool,
         } => {
             if !no_direct_writes {
@@ -974,8 +982,12 @@ fn dispatch(cmd: Command) -> Result<i32> {
                 commit_interval: std::time::Duration::from_secs(commit_interval),
                 writeback_cache: !no_writeback_cache,
             };
-            let slice = std::time::Duration::from_micros(session_slice_us);
-            mount_cmd(&pool, &name, &dir, durability, slice, no_discard)
+            let transport = tarn_fuse::Transport {
+                session_slice: std::time::Duration::from_micros(session_slice_us),
+                uring: fuse_uring.into(),
+                report: |m| eprintln!("tarn mount: {m}"),
+            };
+            mount_cmd(&pool, &name, &dir, durability, transport, no_discard)
         }
         Command::Snap(cmd) => snapshots::snap(cmd),
         Command::Diff(d) => snapshots::diff(d),
@@ -1101,7 +1113,7 @@ fn mount_cmd(
     name: &str,
     dir: &Path,
     durability: tarn_fuse::Durability,
-    slice: std::time::Duration,
+    transport: tarn_fuse::Transport,
     no_discard: bool,
 ) -> Result<i32> {
     let options = OpenOptions { no_discard, ..Default::default() };
@@ -1109,7 +1121,7 @@ fn mount_cmd(
     eprintln!("mounted file volume {name} on {}; unmount with `fusermount3 -u {}`", dir.display(), dir.display());
     unmount_on_signal(dir)?;
     let served =
-        tarn_fuse::mount(fv, name, dir, durability, slice).with_context(|| format!("mount on {}", dir.display()));
+        tarn_fuse::mount(fv, name, dir, durability, transport).with_context(|| format!("mount on {}", dir.display()));
     let closed = pool.close().context("commit and close the pool");
     drop(lock);
     served?;
@@ -1446,6 +1458,24 @@ fn expansion(o: &config::ServeOpts) -> Result<Option<tarn_engine::Expansion>> {
 }
 
 /// `pool create --start`.
+/// `tarn mount --fuse-uring`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum FuseUring {
+    Auto,
+    On,
+    Off,
+}
+
+impl From<FuseUring> for tarn_fuse::UringMode {
+    fn from(f: FuseUring) -> Self {
+        match f {
+            FuseUring::Auto => tarn_fuse::UringMode::Auto,
+            FuseUring::On => tarn_fuse::UringMode::On,
+            FuseUring::Off => tarn_fuse::UringMode::Off,
+        }
+    }
+}
+
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 enum StartArg {
     Front,
