@@ -12,6 +12,8 @@
 #   TARN_SKIP=ext4_kernel,snapshots:ext4 bash scripts/test.sh
 #                                        # skip e2e scripts (NAME) or parts of
 #                                        # them (NAME:PART) on purpose
+#                                        # (uring: the file volume scenarios'
+#                                        # second pass, over FUSE io_uring)
 # Skips: an e2e script that cannot run here (a tool, root, /dev/fuse, a loop
 # device missing) FAILS. Only what TARN_SKIP names may skip: the script exits
 # 77 and is listed as "SKIPPED name (reason)", counted in K, never as passed.
@@ -34,19 +36,20 @@ record_skip() { # NAME REASON
 SKIP_EXIT=77   # tests/e2e/lib.sh E2E_SKIP_EXIT (the automake convention)
 skip_requested() { [[ ",${TARN_SKIP:-}," == *",$1,"* ]]; }
 
-# record_e2e NAME RC SECS REPORT: the script's entry, plus one per part it
+# record_e2e NAME RC SECS REPORT [LABEL]: the script's entry (LABEL follows
+# its name: the transport of the io_uring pass), plus one per part it
 # skipped. REPORT holds "ID<TAB>REASON" lines for what lib.sh skipped; a skip
 # counts only if TARN_SKIP names it, so no script can skip silently.
 record_e2e() {
-  local name=$1 rc=$2 secs=$3 report=$4 id reason
+  local name=$1 rc=$2 secs=$3 report=$4 label=${5:-} id reason
   if [ "$rc" -eq $SKIP_EXIT ]; then
     reason=$(awk -F '\t' -v n="$name" '$1 == n { print $2; exit }' "$report")
-    if ! skip_requested "$name"; then record "e2e $name (exit $SKIP_EXIT = skipped, but TARN_SKIP does not name it)" "$rc" "$secs"
-    elif [ -z "$reason" ]; then record "e2e $name (exit $SKIP_EXIT = skipped, but not through lib.sh: no reason)" "$rc" "$secs"
-    else record_skip "e2e $name" "$reason"; fi
+    if ! skip_requested "$name"; then record "e2e $name$label (exit $SKIP_EXIT = skipped, but TARN_SKIP does not name it)" "$rc" "$secs"
+    elif [ -z "$reason" ]; then record "e2e $name$label (exit $SKIP_EXIT = skipped, but not through lib.sh: no reason)" "$rc" "$secs"
+    else record_skip "e2e $name$label" "$reason"; fi
     return
   fi
-  record "e2e $name" "$rc" "$secs"
+  record "e2e $name$label" "$rc" "$secs"
   while IFS=$'\t' read -r id reason; do
     [ "$id" != "$name" ] || continue
     if skip_requested "$id"; then record_skip "e2e $id" "$reason"
@@ -89,18 +92,42 @@ else
   record_skip "fuzz" "SKIP_CARGO=1"
 fi
 
-for s in "${e2e[@]}"; do
+# run_e2e SCRIPT [LABEL]: one scenario, bounded by E2E_TIMEOUT.
+run_e2e() {
+  local s=$1 label=${2:-} name t rc report
   name=$(basename "$s" .sh)
   if [ $built = 0 ]; then
-    record "e2e $name (not run: build failed)" 1 0; continue
+    record "e2e $name$label (not run: build failed)" 1 0; return
   fi
-  banner "e2e $name"
+  banner "e2e $name$label"
   t=$SECONDS; rc=0; report=$(mktemp)
   TARN_SKIP_REPORT=$report timeout -k 30 "$E2E_TIMEOUT" bash "$s" </dev/null || rc=$?
-  [ $rc -eq 124 ] && echo "e2e $name: timed out after ${E2E_TIMEOUT}s"
-  record_e2e "$name" $rc $((SECONDS - t)) "$report"
+  [ $rc -eq 124 ] && echo "e2e $name$label: timed out after ${E2E_TIMEOUT}s"
+  record_e2e "$name" $rc $((SECONDS - t)) "$report" "$label"
   rm -f "$report"
+}
+
+# `tarn mount` takes FUSE over io_uring when the fuse module allows it
+# (enable_uring): the scenarios run with it off (/dev/fuse), then the file
+# volume ones again with it on; the module's setting is put back after.
+URING=/sys/module/fuse/parameters/enable_uring
+URING_WAS=$(cat "$URING" 2>/dev/null || echo -)
+set_uring() { [ "$URING_WAS" = - ] || echo "$1" >"$URING" 2>/dev/null; }
+set_uring N
+for s in "${e2e[@]}"; do run_e2e "$s"; done
+ring_e2e=()
+for s in "${e2e[@]}"; do
+  case $(basename "$s" .sh) in fs|fs_cache|fs_clone|fs_close_versions|fs_versions|fs_xattrs) ring_e2e+=("$s") ;; esac
 done
+if [ ${#ring_e2e[@]} -gt 0 ]; then
+  if skip_requested uring; then record_skip "e2e file volumes over io_uring" "TARN_SKIP=uring"
+  elif ! set_uring Y || [ "$(cat "$URING" 2>/dev/null)" != Y ]; then
+    record "e2e file volumes over io_uring (cannot run: $URING not settable; TARN_SKIP=uring skips)" 1 0
+  else
+    for s in "${ring_e2e[@]}"; do run_e2e "$s" " (io_uring)"; done
+  fi
+fi
+set_uring "$URING_WAS"
 
 banner "summary ($((SECONDS - start))s)"
 printf '%s\n' "${results[@]}"

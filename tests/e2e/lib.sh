@@ -360,12 +360,28 @@ fuse_detach() {
 # File volumes (tarn mount), with the caller's POOL and MNT:
 # fs_mount NAME [OPTION...]: `tarn mount` in the background until the mount is up
 fs_mount() {
+  local said
+  said=$(grep -c "fuse transport:" "$T/mount.log" 2>/dev/null) || true
   "$TARN" mount "$1" "$MNT" -p "$POOL" "${@:2}" >>"$T/mount.log" 2>&1 &
   MOUNT_PID=$!
   E2E_PIDS+=("$MOUNT_PID")
   E2E_FUSE+=("$MNT")
   wait_until 30 mountpoint -q "$MNT" || die "tarn mount $1 did not come up: $(tail -n 3 "$T/mount.log" | tr '\n' ' ')"
   ok "tarn mount $1"
+  fs_transport_follows_module "${said:-0}" "${@:2}"
+}
+# fs_transport_follows_module SAID ARGS: without --fuse-uring, the mount
+# took the transport the fuse module's enable_uring allows (the test
+# command runs the file volume scenarios with it N, then Y): SAID is the
+# count of "fuse transport:" lines in mount.log before this mount.
+fs_transport_follows_module() {
+  local said=$1 want=/dev/fuse param=/sys/module/fuse/parameters/enable_uring
+  [[ " ${*:2} " == *" --fuse-uring "* ]] && return 0
+  [ -r "$param" ] && [ "$(cat "$param")" = Y ] && want="io_uring"
+  wait_until 10 test "$(grep -c "fuse transport:" "$T/mount.log")" -gt "$said" ||
+    die "tarn mount did not say its FUSE transport"
+  expect_eq "FUSE transport (enable_uring $(cat "$param" 2>/dev/null))" \
+    "$(sed -n 's/^tarn mount: fuse transport: \([^ ,]*\).*/\1/p' "$T/mount.log" | tail -n 1)" "$want"
 }
 # fs_umount: unmount; `tarn mount` then commits, closes the pool and exits 0
 fs_umount() {
