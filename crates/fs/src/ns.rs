@@ -45,6 +45,13 @@ pub struct SetAttr {
     pub mtime: Option<i64>,
 }
 
+impl SetAttr {
+    /// Only atime and/or mtime (ctime follows): no size, mode or owner.
+    pub fn times_only(&self) -> bool {
+        self.perm.is_none() && self.uid.is_none() && self.gid.is_none() && self.size.is_none()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DirEntry {
     pub ino: u64,
@@ -702,8 +709,25 @@ impl FileVolume {
         i.atime = s.atime.unwrap_or(i.atime);
         i.mtime = s.mtime.unwrap_or(i.mtime);
         i.ctime = t;
-        self.save(&mut ns, &i)?;
+        if s.times_only() {
+            // Times are kept with the write's pending size and mtime
+            // (saved at the next sync, commit, close version or volume
+            // snapshot): the writeback cache sends one such setattr at
+            // every close of a written file, a record write each.
+            self.defer(&mut ns, i.clone())?;
+        } else {
+            self.save(&mut ns, &i)?;
+        }
         Ok(self.attr(&i))
+    }
+
+    /// Keep `i`'s change with the pending ones (saved past DIRTY_MAX).
+    fn defer(&self, ns: &mut Ns, i: Inode) -> Result<()> {
+        ns.dirty.insert(i.ino, i);
+        if ns.dirty.len() > DIRTY_MAX {
+            self.save_dirty(ns)?;
+        }
+        Ok(())
     }
 
     /// Clear set-user-ID, and set-group-ID when group-executable (as
@@ -789,10 +813,7 @@ impl FileVolume {
         i.size = i.size.max(end);
         i.mtime = now();
         i.ctime = i.mtime;
-        ns.dirty.insert(ino, i);
-        if ns.dirty.len() > DIRTY_MAX {
-            self.save_dirty(&mut ns)?;
-        }
+        self.defer(&mut ns, i)?;
         Ok(data.len() as u32)
     }
 
