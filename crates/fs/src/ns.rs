@@ -115,6 +115,14 @@ pub struct FileVolume {
     ns: Mutex<Ns>,
 }
 
+/// `a` and `b` are one record but for size and times (what may wait
+/// unsaved: nothing a crash check or another inode depends on).
+fn only_size_and_times_differ(a: &Inode, b: &Inode) -> bool {
+    let mut a = a.clone();
+    (a.size, a.atime, a.mtime, a.ctime) = (b.size, b.atime, b.mtime, b.ctime);
+    a == *b
+}
+
 pub(crate) fn now() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
 }
@@ -303,7 +311,12 @@ impl FileVolume {
     }
 
     /// Rewrite directory `d` with `dir` (one engine write) and its inode's
-    /// size and times.
+    /// size and times. When only those differ from the record as saved,
+    /// the inode waits with the pending changes for the next sync or
+    /// commit (the directory's own header says how long it is, so a crash
+    /// between leaves only an older size and mtime; a record write per
+    /// create and unlink saved); a new object, link count or epoch is
+    /// saved in the change itself.
     fn write_dir(&self, ns: &mut Ns, d: &mut Inode, dir: Dir) -> Result<()> {
         self.before_change(ns, d)?;
         if d.object == 0 {
@@ -314,7 +327,10 @@ impl FileVolume {
         ns.dirs.insert(d.ino, dir);
         let t = now();
         (d.size, d.mtime, d.ctime) = (bytes.len() as u64, t, t);
-        self.save(ns, d)
+        match ns.cached.get(&d.ino) {
+            Some(saved) if only_size_and_times_differ(saved, d) => self.defer(ns, d.clone()),
+            _ => self.save(ns, d),
+        }
     }
 
     /// Before a namespace change of `small` one-block writes and

@@ -88,3 +88,35 @@ fn a_times_only_setattr_writes_nothing_until_the_next_sync() {
     sim.crash(&mut ChaCha8Rng::seed_from_u64(2));
     assert_eq!(reopen(&sim).getattr(f).unwrap().inode.mtime, 9);
 }
+
+#[test]
+fn a_create_or_unlink_leaves_the_directory_record_to_the_next_sync_unless_its_links_change() {
+    let (sim, pool, fv) = fresh();
+    let d = fv.create(ROOT, b"d", Kind::Dir, 0o755, 0, 0).unwrap().inode.ino;
+    file(&fv, d, "first");
+    fv.sync().unwrap();
+    // The same change but for the parent's link count (a new directory
+    // links `..` to it): only that one must write the parent's record.
+    let queued = |f: &dyn Fn()| {
+        fv.sync().unwrap();
+        f();
+        pool.pending().ops
+    };
+    let by_create = queued(&|| drop(file(&fv, d, "f")));
+    let by_mkdir = queued(&|| drop(fv.create(d, b"sub", Kind::Dir, 0o755, 0, 0).unwrap()));
+    assert!(by_create < by_mkdir, "create queued {by_create} ops, mkdir {by_mkdir}");
+    let by_unlink = queued(&|| fv.unlink(d, b"f").unwrap());
+    let by_rmdir = queued(&|| fv.rmdir(d, b"sub").unwrap());
+    assert!(by_unlink < by_rmdir, "unlink queued {by_unlink} ops, rmdir {by_rmdir}");
+    // Shown at once, durable at the sync.
+    file(&fv, d, "last");
+    let shown = fv.getattr(d).unwrap().inode;
+    assert_eq!(shown.nlink, 2);
+    fv.sync().unwrap();
+    drop(fv);
+    drop(pool);
+    sim.crash(&mut ChaCha8Rng::seed_from_u64(3));
+    let fv = reopen(&sim);
+    assert_eq!(fv.getattr(d).unwrap().inode, shown);
+    assert_eq!(fv.check().unwrap().problems, Vec::<String>::new());
+}
