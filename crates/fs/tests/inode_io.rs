@@ -102,7 +102,9 @@ fn a_create_or_unlink_leaves_the_directory_record_to_the_next_sync_unless_its_li
         f();
         pool.pending().ops
     };
-    let by_create = queued(&|| drop(file(&fv, d, "f")));
+    let by_create = queued(&|| {
+        file(&fv, d, "f");
+    });
     let by_mkdir = queued(&|| drop(fv.create(d, b"sub", Kind::Dir, 0o755, 0, 0).unwrap()));
     assert!(by_create < by_mkdir, "create queued {by_create} ops, mkdir {by_mkdir}");
     let by_unlink = queued(&|| fv.unlink(d, b"f").unwrap());
