@@ -189,7 +189,7 @@ fn back_pressure_commits_fall_between_namespace_changes() {
     for seed in 0..16u64 {
         let (sim, pool, fv) = fresh();
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        sim.crash_after(rand::Rng::random_range(&mut rng, 200..6000));
+        sim.crash_after(rand::Rng::random_range(&mut rng, 200..4000));
         let finished = workload(&fv, &mut rng).is_ok();
         cut_inside += u32::from(!finished);
         sim.crash(&mut rng);
