@@ -128,10 +128,6 @@ fn xattr_reply(size: u32, v: Vec<u8>) -> Reply {
     }
 }
 
-fn times_only(s: &SetAttr) -> bool {
-    s.perm.is_none() && s.uid.is_none() && s.gid.is_none() && s.size.is_none()
-}
-
 /// The attributes of a freed inode: no link, no data.
 fn gone(ino: u64) -> reply::Attr {
     reply::Attr { ino, mode: libc::S_IFREG, blksize: 4096, ..Default::default() }
@@ -377,7 +373,7 @@ impl TarnFs {
             // tarn freed the record at the unlink): a times-only setattr
             // of a freed inode changes nothing anyone can see, and an
             // ENOENT would fail the caller's syncfs.
-            Err(FsError::NotFound) if times_only(&s) && live(ino) => {
+            Err(FsError::NotFound) if s.times_only() && live(ino) => {
                 Reply::Attr { attr: gone(ino), ttl: Duration::ZERO }
             }
             Err(e) => Reply::Error(e.errno()),
