@@ -83,7 +83,11 @@ echo N >"$PARAM"
 check_fails "on, with enable_uring=N: refused" tarn mount home "$MNT" -p "$POOL" --fuse-uring on
 expect_eq "nothing mounted" "$(mountpoint -q "$MNT" && echo mounted || echo none)" none
 fs_mount home
-expect_eq "auto, with enable_uring=N: /dev/fuse" "$(said_transport)" "/dev/fuse"
+expect_eq "auto, with enable_uring=N: /dev/fuse" "$(said_transport | cut -d' ' -f1)" "/dev/fuse"
+case $(said_transport) in
+  *"enable_uring"*) ok "auto, with enable_uring=N: the mount says how to turn the ring on" ;;
+  *) bad "auto, with enable_uring=N: no hint about enable_uring in '$(said_transport)'" ;;
+esac
 fs_umount
 fs_clean "at the end"
 e2e_finish

@@ -128,7 +128,12 @@ impl Session {
         let out = tarnfs::init_reply(offered, minor, max_readahead, wanted);
         self.ring_negotiated = out.flags & init::OVER_IO_URING != 0;
         if !self.ring_negotiated {
-            (self.report)("fuse transport: /dev/fuse");
+            (self.report)(if self.uring == UringMode::Auto && uring::switched_off() {
+                "fuse transport: /dev/fuse (FUSE over io_uring is off in the fuse module: `echo Y > \
+                 /sys/module/fuse/parameters/enable_uring` as root serves each CPU's requests on that CPU)"
+            } else {
+                "fuse transport: /dev/fuse"
+            });
         }
         Ok(Reply::Init(out))
     }

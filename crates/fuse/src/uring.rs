@@ -37,9 +37,17 @@ pub fn unavailable() -> io::Error {
     )
 }
 
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
 /// Whether the fuse module lets a server use io_uring now.
 pub fn enabled() -> bool {
-    std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring").is_ok_and(|v| v.trim() == "Y")
+    std::fs::read_to_string(ENABLE_URING).is_ok_and(|v| v.trim() == "Y")
+}
+
+/// Whether the fuse module has io_uring but does not let servers use it
+/// (its default): worth a hint to the user.
+pub fn switched_off() -> bool {
+    std::fs::read_to_string(ENABLE_URING).is_ok_and(|v| v.trim() == "N")
 }
 
 /// What every queue is started with.
