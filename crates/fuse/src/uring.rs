@@ -146,20 +146,39 @@ struct QueueArgs {
 /// and writes them only after the completion.
 struct Entry {
     header: Box<[u8; ring::HEADER_SIZE]>,
-    payload: Vec<u8>,
+    /// The payload buffer is `buf[start..start + len]`, on a 4 KiB
+    /// boundary: a WRITE's data sits at its start, so the pool file's
+    /// O_DIRECT write takes it as it is instead of through a bounce copy
+    /// (`FileDevice::write_at`).
+    buf: Vec<u8>,
+    start: usize,
+    len: usize,
     /// Where the header and payload are (read by the kernel at REGISTER).
     iov: Box<[libc::iovec; 2]>,
 }
 
+/// The alignment of a payload buffer (O_DIRECT's).
+const PAYLOAD_ALIGN: usize = 4096;
+
 impl Entry {
-    fn new(payload: usize) -> Entry {
+    fn new(len: usize) -> Entry {
         let mut header = Box::new([0u8; ring::HEADER_SIZE]);
-        let mut payload = vec![0u8; payload];
+        let mut buf = vec![0u8; len + PAYLOAD_ALIGN];
+        let start = (PAYLOAD_ALIGN - buf.as_ptr() as usize % PAYLOAD_ALIGN) % PAYLOAD_ALIGN;
+        let payload = &mut buf[start..start + len];
         let iov = Box::new([
             libc::iovec { iov_base: header.as_mut_ptr().cast(), iov_len: ring::HEADER_SIZE },
-            libc::iovec { iov_base: payload.as_mut_ptr().cast(), iov_len: payload.len() },
+            libc::iovec { iov_base: payload.as_mut_ptr().cast(), iov_len: len },
         ]);
-        Entry { header, payload, iov }
+        Entry { header, buf, start, len, iov }
+    }
+
+    fn payload(&self) -> &[u8] {
+        &self.buf[self.start..self.start + self.len]
+    }
+
+    fn payload_mut(&mut self) -> &mut [u8] {
+        &mut self.buf[self.start..self.start + self.len]
     }
 
     fn u64_at(&self, at: usize) -> u64 {
@@ -300,10 +319,10 @@ impl Queue {
     fn answer(&mut self, ent: usize) -> io::Result<()> {
         let e = &self.ents[ent];
         let commit_id = e.u64_at(ring::ENT_IN_OUT + 8);
-        let payload_sz = (e.u64_at(ring::ENT_IN_OUT + 16) as u32 as usize).min(e.payload.len());
+        let payload_sz = (e.u64_at(ring::ENT_IN_OUT + 16) as u32 as usize).min(e.len);
         let h = decode::header(&e.header[..]).unwrap_or_default();
         let reply =
-            match serve(&self.fs, &h, decode::ring_request(&e.header[..], &e.payload[..payload_sz]).map(|r| r.1)) {
+            match serve(&self.fs, &h, decode::ring_request(&e.header[..], &e.payload()[..payload_sz]).map(|r| r.1)) {
                 Reply::None => Reply::Empty,
                 r => r,
             };
@@ -311,10 +330,10 @@ impl Queue {
         let mut body = Vec::new();
         let mut error = reply.encode(&mut body);
         let e = &mut self.ents[ent];
-        if body.len() > e.payload.len() {
+        if body.len() > e.len {
             (error, body) = (-libc::EIO, Vec::new());
         }
-        e.payload[..body.len()].copy_from_slice(&body);
+        e.payload_mut()[..body.len()].copy_from_slice(&body);
         let out: [u8; OUT_HEADER] = reply::out_header(h.unique, error, body.len());
         e.header[ring::IN_OUT..ring::IN_OUT + OUT_HEADER].copy_from_slice(&out);
         e.header[ring::ENT_IN_OUT + 16..ring::ENT_IN_OUT + 20].copy_from_slice(&(body.len() as u32).to_le_bytes());
