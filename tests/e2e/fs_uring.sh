@@ -81,6 +81,12 @@ check "data through /dev/fuse" cmp "$MNT/big" "$T/big"
 fs_umount
 echo N >"$PARAM"
 check_fails "on, with enable_uring=N: refused" tarn mount home "$MNT" -p "$POOL" --fuse-uring on
+refusal=$(tarn mount home "$MNT" -p "$POOL" --fuse-uring on 2>&1 || true)
+case $refusal in
+  *"mounted file volume"*) bad "on, with enable_uring=N: said 'mounted' before refusing: $refusal" ;;
+  *enable_uring*) ok "on, with enable_uring=N: the refusal alone, naming enable_uring" ;;
+  *) bad "on, with enable_uring=N: refusal does not name enable_uring: $refusal" ;;
+esac
 expect_eq "nothing mounted" "$(mountpoint -q "$MNT" && echo mounted || echo none)" none
 fs_mount home
 expect_eq "auto, with enable_uring=N: /dev/fuse" "$(said_transport | cut -d' ' -f1)" "/dev/fuse"

@@ -1116,6 +1116,7 @@ fn mount_cmd(
     transport: tarn_fuse::Transport,
     no_discard: bool,
 ) -> Result<i32> {
+    tarn_fuse::check_transport(&transport).with_context(|| format!("mount on {}", dir.display()))?;
     let options = OpenOptions { no_discard, ..Default::default() };
     let (pool, lock, fv) = fs_versions::open_for_mount(p, name, options)?;
     eprintln!("mounted file volume {name} on {}; unmount with `fusermount3 -u {}`", dir.display(), dir.display());

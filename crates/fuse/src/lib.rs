@@ -60,6 +60,16 @@ pub struct Transport {
     pub report: fn(&str),
 }
 
+/// Refuse a transport this kernel cannot give (`--fuse-uring on` with
+/// the ring switched off) before anything is mounted, so a caller can
+/// check it before it says "mounted".
+pub fn check_transport(transport: &Transport) -> std::io::Result<()> {
+    if transport.uring == UringMode::On && !uring::enabled() {
+        return Err(uring::unavailable());
+    }
+    Ok(())
+}
+
 /// Mount `fv` on `dir` and serve until it is unmounted; every pending
 /// change is committed before this returns. The /dev/fuse session
 /// thread is the caller's.
@@ -70,9 +80,7 @@ pub fn mount(
     durability: Durability,
     transport: Transport,
 ) -> std::io::Result<()> {
-    if transport.uring == UringMode::On && !uring::enabled() {
-        return Err(uring::unavailable());
-    }
+    check_transport(&transport)?;
     // A volume snapshot mounts read-only (the kernel then answers EROFS too).
     let access = if fv.is_snapshot() { "ro" } else { "rw" };
     let options = format!("fsname=tarn:{name},subtype=tarn,default_permissions,{access}");
