@@ -6,6 +6,7 @@
 //! here: `tarn-fuse` adapts this API.
 
 pub mod check;
+pub mod cache;
 mod clone;
 mod close;
 pub mod dir;

@@ -330,6 +330,32 @@ impl Pool {
             .collect())
     }
 
+    /// Ask the devices to read ahead the blocks under bytes [offset,
+    /// offset+len) of a view, physically adjacent blocks as one range
+    /// (a file's sequential reader whose blocks lie scattered: the device
+    /// then reads them at once, not one synchronous read each). A hint:
+    /// asynchronous, and a range it cannot resolve is skipped.
+    pub fn prefetch_view(&self, vol: u32, view: View, offset: u64, len: u64) {
+        let first = offset / BLOCK_SIZE;
+        let end = offset.saturating_add(len).div_ceil(BLOCK_SIZE);
+        if end <= first || self.check_view_range("prefetch", vol, view, offset, len, MAX_IO_BYTES).is_err() {
+            return;
+        }
+        let Ok(segs) = self.resolve(vol, view, first, end - first) else { return };
+        let mut runs = crate::integrity::verify::device_runs(segs.iter());
+        // In device order, joined where they touch: blocks of one window
+        // written at different times may still lie next to each other.
+        runs.sort_unstable_by_key(|(pba, _)| (pba.device(), pba.block()));
+        runs.dedup_by(|next, run| {
+            let touches = run.0.device() == next.0.device() && run.0.offset_by(run.1) == next.0;
+            if touches {
+                run.1 += next.1;
+            }
+            touches
+        });
+        self.prefetch_runs(&runs);
+    }
+
     /// Segments of a view with clones' origin markers resolved.
     pub(crate) fn resolve(&self, vol: u32, view: View, lba: u64, len: u64) -> Result<Vec<Segment>> {
         self.with_cached_nodes(|inner| crate::pool::resolve_in(inner, vol, view, lba, len))
