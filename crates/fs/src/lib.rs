@@ -6,7 +6,7 @@
 //! here: `tarn-fuse` adapts this API.
 
 pub mod check;
-pub mod cache;
+pub mod readahead;
 mod clone;
 mod close;
 pub mod dir;

@@ -113,8 +113,8 @@ pub struct FileVolume {
     /// keeps it (every other inode is ENOENT).
     pinned: Option<Inode>,
     ns: Mutex<Ns>,
-    /// The file-aware read cache (`cache.rs`; None: off, or a view).
-    pub(crate) cache: Option<crate::cache::FileCache>,
+    /// Per-file readahead (`readahead.rs`; None: off, or a view).
+    pub(crate) readahead: Option<crate::readahead::Readahead>,
 }
 
 /// `a` and `b` are one record but for size and times (what may wait
@@ -211,7 +211,7 @@ impl FileVolume {
                 index: None,
                 records_enabled: false,
             }),
-            cache: None,
+            readahead: None,
         };
         fv.inode(&mut fv.lock(), root)?;
         if view.is_none() {
@@ -370,7 +370,6 @@ impl FileVolume {
             return Ok(());
         }
         ns.open.remove(&ino);
-        self.file_closed(Self::object_of(&ns, ino));
         self.free_if_orphan(&mut ns, ino)
     }
 
@@ -391,14 +390,13 @@ impl FileVolume {
             return Ok(());
         }
         ns.looked.remove(&ino);
-        self.file_closed(Self::object_of(&ns, ino));
         self.free_if_orphan(&mut ns, ino)
     }
 
     /// The session ends: the kernel sends no forget at unmount, so the
     /// files it still knew without a name go now (not at the next open).
     pub fn unmounted(&self) -> Result<()> {
-        self.stop_file_cache();
+        self.stop_readahead();
         let mut ns = self.lock();
         ns.open.clear();
         ns.looked.clear();
@@ -407,11 +405,6 @@ impl FileVolume {
             self.free_if_orphan(&mut ns, ino)?;
         }
         Ok(())
-    }
-
-    /// The object of `ino` when its inode is at hand (0: not, or none).
-    fn object_of(ns: &Ns, ino: u64) -> u32 {
-        ns.dirty.get(&ino).or_else(|| ns.cached.get(&ino)).map_or(0, |i| i.object)
     }
 
     /// Whether the kernel may still send requests for `ino`.
@@ -618,7 +611,6 @@ impl FileVolume {
     /// The record and the object go (the record first: a crash between
     /// leaks the object, never leaves a record pointing at a freed one).
     fn free_inode(&self, ns: &mut Ns, i: &Inode) -> Result<()> {
-        let _fresh = self.changing(i.object);
         ns.dirty.remove(&i.ino);
         ns.cached.remove(&i.ino);
         ns.dirs.remove(&i.ino);
@@ -728,7 +720,6 @@ impl FileVolume {
         let t = now();
         if let Some(size) = s.size {
             self.before_change(&mut ns, &mut i)?;
-            let _fresh = self.changing(i.object);
             self.truncate(&mut i, size)?;
             i.mtime = t;
         }
@@ -808,7 +799,8 @@ impl FileVolume {
         let n = size.saturating_sub(offset).min(u64::from(len)) as usize;
         let mut buf = vec![0u8; n];
         if n > 0 && object != 0 {
-            self.read_file_data(object, offset, size, &mut buf)?;
+            self.read_object(object, offset, &mut buf)?;
+            self.read_ahead(object, offset, &buf, size);
         }
         Ok(buf)
     }
@@ -829,7 +821,6 @@ impl FileVolume {
             i.object = self.pool.create_object(self.id, OBJECT_SIZE, None)?;
             self.save(&mut ns, &i)?;
         }
-        let _fresh = self.changing(i.object);
         match self.pool.write(i.object, offset, data, false) {
             // Space freed by deletes comes back at the commit that makes
             // them durable (the periodic commit may not have run yet):
