@@ -6,7 +6,6 @@
 //! here: `tarn-fuse` adapts this API.
 
 pub mod check;
-pub mod readahead;
 mod clone;
 mod close;
 pub mod dir;
@@ -15,6 +14,7 @@ mod fileversions;
 pub mod inode;
 mod ns;
 pub mod policy;
+pub mod readahead;
 pub mod snap;
 pub mod versions;
 mod vindex;

@@ -112,8 +112,11 @@ impl Streams {
             return None;
         }
         s.ahead = s.ahead.max(end.next_multiple_of(ALIGN));
-        let window = (s.ahead < size && s.ahead < end + s.window / 2)
-            .then(|| Window { object, offset: s.ahead, len: s.window.min(size - s.ahead) });
+        let window = (s.ahead < size && s.ahead < end + s.window / 2).then(|| Window {
+            object,
+            offset: s.ahead,
+            len: s.window.min(size - s.ahead),
+        });
         if let Some(w) = &window {
             s.ahead += w.len;
             s.window = (s.window * 2).min(self.max_window);
@@ -156,7 +159,8 @@ impl Readahead {
         let streams = Arc::new(Mutex::new(Streams::new(max_window)));
         let (windows, queue) = sync_channel(QUEUE);
         let shared = streams.clone();
-        let spawned = std::thread::Builder::new().name("fs-readahead".into()).spawn(move || hint(&pool, &shared, queue));
+        let spawned =
+            std::thread::Builder::new().name("fs-readahead".into()).spawn(move || hint(&pool, &shared, queue));
         match spawned {
             Ok(thread) => Some(Readahead { streams, hinter: Mutex::new(Some(Hinter { windows, thread })) }),
             Err(e) => {
