@@ -19,6 +19,14 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("invalid size {s:?}: must be above zero and below 16 EiB"))
 }
 
+/// `parse_size`, or "0" (a feature's size that turns it off).
+pub fn parse_size_or_zero(s: &str) -> Result<u64, String> {
+    if s.trim() == "0" {
+        return Ok(0);
+    }
+    parse_size(s)
+}
+
 pub fn human(bytes: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut v = bytes as f64;
@@ -47,6 +55,8 @@ mod tests {
         assert_eq!(parse_size("1t"), Ok(1 << 40));
         assert!(parse_size("").is_err());
         assert!(parse_size("0").is_err());
+        assert_eq!(parse_size_or_zero("0"), Ok(0));
+        assert_eq!(parse_size_or_zero("64M"), Ok(64 << 20));
         assert!(parse_size("12X").is_err());
         assert!(parse_size("99999999P").is_err());
     }

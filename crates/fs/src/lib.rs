@@ -14,6 +14,7 @@ mod fileversions;
 pub mod inode;
 mod ns;
 pub mod policy;
+pub mod readahead;
 pub mod snap;
 pub mod versions;
 mod vindex;

@@ -113,6 +113,8 @@ pub struct FileVolume {
     /// keeps it (every other inode is ENOENT).
     pinned: Option<Inode>,
     ns: Mutex<Ns>,
+    /// Per-file readahead (`readahead.rs`; None: off, or a view).
+    pub(crate) readahead: Option<crate::readahead::Readahead>,
 }
 
 /// `a` and `b` are one record but for size and times (what may wait
@@ -209,6 +211,7 @@ impl FileVolume {
                 index: None,
                 records_enabled: false,
             }),
+            readahead: None,
         };
         fv.inode(&mut fv.lock(), root)?;
         if view.is_none() {
@@ -393,6 +396,7 @@ impl FileVolume {
     /// The session ends: the kernel sends no forget at unmount, so the
     /// files it still knew without a name go now (not at the next open).
     pub fn unmounted(&self) -> Result<()> {
+        self.stop_readahead();
         let mut ns = self.lock();
         ns.open.clear();
         ns.looked.clear();
@@ -796,6 +800,7 @@ impl FileVolume {
         let mut buf = vec![0u8; n];
         if n > 0 && object != 0 {
             self.read_object(object, offset, &mut buf)?;
+            self.read_ahead(object, offset, &buf, size);
         }
         Ok(buf)
     }

@@ -199,18 +199,16 @@ impl Pool {
     /// first, so the members read at once and in large I/Os while the
     /// pieces are then read one by one (measured: bench/stripe.sh).
     fn prefetch_members(&self, segs: &[Summed]) {
-        let mut runs: Vec<(Pba, u64)> = Vec::new();
-        for (seg, _) in segs {
-            let Segment::Mapped { pba, len, .. } = *seg else { continue };
-            match runs.iter_mut().find(|(p, l)| p.device() == pba.device() && p.offset_by(*l) == pba) {
-                Some(run) => run.1 += len,
-                None => runs.push((pba, len)),
-            }
-        }
+        let runs = device_runs(segs.iter().map(|(seg, _)| seg));
         if runs.iter().all(|(p, _)| p.device() == runs[0].0.device()) {
             return; // One member: its own readahead serves it.
         }
-        for (pba, len) in runs {
+        self.prefetch_runs(&runs);
+    }
+
+    /// Hint each device to read its runs ahead (asynchronous, never fails).
+    pub(crate) fn prefetch_runs(&self, runs: &[(Pba, u64)]) {
+        for &(pba, len) in runs {
             self.devices[usize::from(pba.device())].prefetch(pba.byte_offset(), len * BLOCK_SIZE);
         }
     }
@@ -521,4 +519,23 @@ pub(crate) struct Copies {
     pub good: Option<Vec<u8>>,
     pub bad: Vec<usize>,
     pub found: u32,
+}
+
+/// The mapped segments' blocks as runs (start, blocks) that follow each
+/// other on one device (a run joins one of the last 64 it continues, a
+/// stripe's members interleaving): one
+/// readahead hint per run instead of one per segment.
+pub(crate) fn device_runs<'a>(segs: impl Iterator<Item = &'a Segment>) -> Vec<(Pba, u64)> {
+    let mut runs: Vec<(Pba, u64)> = Vec::new();
+    for seg in segs {
+        let Segment::Mapped { pba, len, .. } = *seg else { continue };
+        if pba.is_origin() {
+            continue;
+        }
+        match runs.iter_mut().rev().take(64).find(|(p, l)| p.device() == pba.device() && p.offset_by(*l) == pba) {
+            Some(run) => run.1 += len,
+            None => runs.push((pba, len)),
+        }
+    }
+    runs
 }

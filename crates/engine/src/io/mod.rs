@@ -25,6 +25,11 @@ pub(crate) use parity::{parity_of_row, row_of, row_peers, xor_into};
 pub(crate) const BS: usize = BLOCK_SIZE as usize;
 /// Largest single request the engine accepts (matches the NBD maximum).
 pub const MAX_IO_BYTES: u64 = 32 << 20;
+/// `Pool::prefetch_view` hints a range whose pieces on the devices average
+/// less than this (the pool file's own readahead serves longer pieces: a
+/// hint per 4 MiB window over contiguous data halved a cold sequential
+/// read, bench/fs_readahead.sh).
+const SCATTERED_BELOW: u64 = 1 << 20;
 /// Segments one block-status answer may carry.
 const MAX_STATUS_SEGMENTS: usize = 1024;
 
@@ -328,6 +333,40 @@ impl Pool {
                 _ => None,
             })
             .collect())
+    }
+
+    /// Ask the devices to read ahead the blocks under bytes [offset,
+    /// offset+len) of a view when they lie scattered (a file's sequential
+    /// reader whose blocks were written at random): physically adjacent
+    /// blocks as one range, so the device reads them all at once, not one
+    /// synchronous read each. Pieces averaging SCATTERED_BELOW or more
+    /// are left to the device's own readahead, which a hint would only
+    /// disturb. A hint: asynchronous, and a range it cannot resolve is
+    /// skipped. Returns the pieces hinted (0: none).
+    pub fn prefetch_view(&self, vol: u32, view: View, offset: u64, len: u64) -> usize {
+        let first = offset / BLOCK_SIZE;
+        let end = offset.saturating_add(len).div_ceil(BLOCK_SIZE);
+        if end <= first || self.check_view_range("prefetch", vol, view, offset, len, MAX_IO_BYTES).is_err() {
+            return 0;
+        }
+        let Ok(segs) = self.resolve(vol, view, first, end - first) else { return 0 };
+        let mut runs = crate::integrity::verify::device_runs(segs.iter());
+        // In device order, joined where they touch: blocks of one window
+        // written at different times may still lie next to each other.
+        runs.sort_unstable_by_key(|(pba, _)| (pba.device(), pba.block()));
+        runs.dedup_by(|next, run| {
+            let touches = run.0.device() == next.0.device() && run.0.offset_by(run.1) == next.0;
+            if touches {
+                run.1 += next.1;
+            }
+            touches
+        });
+        let blocks: u64 = runs.iter().map(|(_, n)| n).sum();
+        if runs.len() < 2 || blocks * BLOCK_SIZE / runs.len() as u64 >= SCATTERED_BELOW {
+            return 0;
+        }
+        self.prefetch_runs(&runs);
+        runs.len()
     }
 
     /// Segments of a view with clones' origin markers resolved.
