@@ -47,6 +47,7 @@ pub use tarn_store::cache::MIN_CACHE_BYTES as MIN_METADATA_CACHE;
 pub use volumes::files::FileVolumeInfo;
 pub use volumes::hints::{blocks_covering, HintReport, HintTarget};
 pub use volumes::layout::{DeviceLayout, HeldRun, Holder};
+pub use volumes::object_layout::ObjectLayout;
 pub use volumes::members_snap::{MemberSnapshot, ObjectSnapshots};
 pub use volumes::parity::{ParityReport, DEFAULT_PARITY_UNIT};
 pub use volumes::reclaim::ReclaimCount;
