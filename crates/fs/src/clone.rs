@@ -39,7 +39,8 @@ impl FileVolume {
             return Err(FsError::corrupt("inode table", 0, d.clone()));
         }
         let mut header = view.lock().header.clone();
-        let objects = inodes.values().filter(|i| i.object != 0).count() + usize::from(header.policy != 0)
+        let objects = inodes.values().filter(|i| i.object != 0).count()
+            + usize::from(header.policy != 0)
             + usize::from(header.layout != 0);
         // Everything below in one commit: a crash never leaves a clone
         // whose records still name the origin's objects.

@@ -240,7 +240,8 @@ impl FileVolume {
         let mut ns: std::sync::MutexGuard<'_, Ns> = self.lock();
         self.pool.make_room_for(bytes.len() / 4096 * 96 + 2048)?;
         if *slot(&mut ns.header) == 0 {
-            *slot(&mut ns.header) = self.pool.create_object(self.id, crate::OBJECT_SIZE, Some(PlacementKind::Append))?;
+            *slot(&mut ns.header) =
+                self.pool.create_object(self.id, crate::OBJECT_SIZE, Some(PlacementKind::Append))?;
             self.write_header(&ns.header)?;
         }
         let object = *slot(&mut ns.header);

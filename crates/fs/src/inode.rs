@@ -275,7 +275,8 @@ mod tests {
     /// 24, an inode's epoch at 60 (docs/FORMAT.md *File volumes*).
     #[test]
     fn golden_epoch_bytes() {
-        let h = Header { next_ino: 2, quota: 0, epoch: 3, policy: 0, keep: 0, vlog: 0, vlog_slots: 0, layout: 0 }.encode();
+        let h =
+            Header { next_ino: 2, quota: 0, epoch: 3, policy: 0, keep: 0, vlog: 0, vlog_slots: 0, layout: 0 }.encode();
         assert_eq!(&h[24..32], &[3, 0, 0, 0, 0, 0, 0, 0]);
         let mut i = sample();
         i.epoch = 0x0102;
@@ -286,10 +287,20 @@ mod tests {
     /// object at 32, close versions kept per file at 36.
     #[test]
     fn golden_policy_bytes() {
-        let h = Header { next_ino: 2, quota: 0, epoch: 0, policy: 0x0304, keep: 5, vlog: 0, vlog_slots: 0, layout: 0 }.encode();
+        let h = Header { next_ino: 2, quota: 0, epoch: 0, policy: 0x0304, keep: 5, vlog: 0, vlog_slots: 0, layout: 0 }
+            .encode();
         assert_eq!(&h[32..40], &[4, 3, 0, 0, 5, 0, 0, 0]);
-        let mut bad =
-            Header { next_ino: 2, quota: 0, epoch: 0, policy: 0, keep: MAX_KEEP + 1, vlog: 0, vlog_slots: 0, layout: 0 }.encode();
+        let mut bad = Header {
+            next_ino: 2,
+            quota: 0,
+            epoch: 0,
+            policy: 0,
+            keep: MAX_KEEP + 1,
+            vlog: 0,
+            vlog_slots: 0,
+            layout: 0,
+        }
+        .encode();
         assert!(Header::decode(&bad).is_err(), "keep over its bound");
         bad[36..40].copy_from_slice(&MAX_KEEP.to_le_bytes());
         seal(&mut bad);
@@ -300,7 +311,8 @@ mod tests {
     /// at 40, slots used at 44; slots without a log are damage.
     #[test]
     fn golden_version_log_bytes() {
-        let h = Header { next_ino: 2, quota: 0, epoch: 0, policy: 0, keep: 0, vlog: 0x0506, vlog_slots: 0x0708, layout: 0 };
+        let h =
+            Header { next_ino: 2, quota: 0, epoch: 0, policy: 0, keep: 0, vlog: 0x0506, vlog_slots: 0x0708, layout: 0 };
         assert_eq!(&h.encode()[40..48], &[6, 5, 0, 0, 8, 7, 0, 0]);
         let bad = Header { vlog: 0, ..h.clone() }.encode();
         assert!(Header::decode(&bad).is_err(), "slots without a log");

@@ -50,7 +50,8 @@ impl FileVolume {
     pub fn layout_remove(&self, text: &str) -> Result<()> {
         let rule = crate::policy::Rule::parse(text)?;
         let mut rules = self.layout_policy()?;
-        let at = rules.iter().position(|r| r.rule == rule).ok_or(FsError::Invalid("no such rule in the layout policy"))?;
+        let at =
+            rules.iter().position(|r| r.rule == rule).ok_or(FsError::Invalid("no such rule in the layout policy"))?;
         rules.remove(at);
         self.write_layout_policy(&rules)
     }

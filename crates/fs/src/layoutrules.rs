@@ -54,11 +54,9 @@ impl LayoutSpec {
                 Some(("placement", p)) => spec.placement = Some(parse_placement(p)?),
                 Some(("devices", d)) => spec.devices = parse_devices(d)?,
                 Some(("stripe", s)) => spec.stripe = Some(parse_stripe(s)?),
-                _ => {
-                    return Err(FsError::Invalid(
-                        "layout: say placement=linear|inplace|append|contiguous, mirrored, devices=0,2, stripe=N[:UNIT]",
-                    ))
-                }
+                _ => return Err(FsError::Invalid(
+                    "layout: say placement=linear|inplace|append|contiguous, mirrored, devices=0,2, stripe=N[:UNIT]",
+                )),
             }
         }
         Ok(spec)
@@ -167,9 +165,9 @@ impl LayoutRule {
     pub fn new(text: &str, spec: LayoutSpec) -> Result<LayoutRule> {
         let rule = Rule::parse(text)?;
         match (rule.exclude, spec.is_default()) {
-            (false, true) => Err(FsError::Invalid(
-                "a layout rule sets nothing: give --placement, --mirrored, --devices or --stripe",
-            )),
+            (false, true) => {
+                Err(FsError::Invalid("a layout rule sets nothing: give --placement, --mirrored, --devices or --stripe"))
+            }
             (true, false) => Err(FsError::Invalid("an exclude rule (!) keeps the default layout: it sets nothing")),
             _ => Ok(LayoutRule { rule, spec }),
         }
@@ -205,7 +203,8 @@ pub fn decode(b: &[u8]) -> Result<Vec<LayoutRule>> {
         let (rule, next) = policy::take_rule(b, at, WHAT)?;
         let spec = b.get(next..next + SPEC_BYTES).ok_or_else(|| FsError::corrupt(WHAT, 0, "truncated"))?;
         let spec = LayoutSpec::take(spec)?;
-        let r = LayoutRule::new(&rule.text(), spec).map_err(|_| FsError::corrupt(WHAT, 0, "a rule that sets nothing"))?;
+        let r =
+            LayoutRule::new(&rule.text(), spec).map_err(|_| FsError::corrupt(WHAT, 0, "a rule that sets nothing"))?;
         rules.push(r);
         at = next + SPEC_BYTES;
     }
