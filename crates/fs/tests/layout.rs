@@ -184,3 +184,33 @@ fn a_crash_loses_a_layout_change_only_with_what_was_written_after_it() {
     }
     assert!(cut_inside >= 4, "the power was cut inside only {cut_inside} times of 12");
 }
+
+/// A power cut anywhere in a rule's add (the policy object, the header
+/// naming it, one commit): after recovery the policy has the rules before
+/// or after the add, whole, and the volume checks clean.
+#[test]
+fn a_crash_in_a_rule_add_leaves_the_old_or_the_new_policy() {
+    let mut cut_inside = 0;
+    for seed in 0..12u64 {
+        let (sim, pool, fv) = fresh();
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        fv.layout_add("*.log", spec("placement=append")).unwrap();
+        sim.crash_after(seed);
+        let done = fv.layout_add("db/", spec("placement=inplace")).is_ok();
+        cut_inside += u32::from(!done);
+        sim.crash(&mut rng);
+        drop(fv);
+        drop(pool);
+        let pool = Arc::new(Pool::open(vec![sim.clone() as Arc<dyn Device>], OpenOptions::default()).unwrap());
+        let fv = FileVolume::open(pool.clone(), "home").unwrap();
+        let rules: Vec<String> = fv.layout_policy().unwrap().iter().map(|r| r.rule.text()).collect();
+        if done {
+            assert_eq!(rules, ["*.log", "db/"], "seed {seed}: an add that returned was lost");
+        } else {
+            assert!(rules == ["*.log"] || rules == ["*.log", "db/"], "seed {seed}: {rules:?}");
+        }
+        assert_eq!(fv.check().unwrap().problems, Vec::<String>::new(), "seed {seed}");
+        assert_eq!(pool.check().problems, Vec::<String>::new(), "seed {seed}");
+    }
+    assert!(cut_inside >= 2, "the power was cut inside only {cut_inside} times of 12");
+}
