@@ -22,13 +22,6 @@ MOUNT_PID=
 layout() { getfattr --absolute-names --only-values -n user.tarn.layout "$1" 2>&1; }
 # blocks_on FILE MEMBER: the file's 4 KiB blocks on that member
 blocks_on() { layout "$1" | sed -n "s/.*blocks=.*\b$2:\([0-9]*\).*/\1/p"; }
-# pyx CODE: python with os imported (errno names printed)
-pyx() { "$SYSPY" -c "import os, errno
-def err(f):
-    try:
-        f(); print('ok')
-    except OSError as e: print(errno.errorcode[e.errno])
-$1"; }
 
 step "a pool with a mirrored member 0 (A + B) and a plain member 1 (C)"
 check "tarn pool create A --mirror B" tarn pool create "$POOL" --mirror "$T/B.img" --size 256M

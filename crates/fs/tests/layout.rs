@@ -12,7 +12,7 @@ use tarn_fs::{FileVolume, FsError, LayoutSpec, Versioned, ROOT};
 use tarn_sim::SimDevice;
 
 mod common;
-use common::{file, fresh, MIB};
+use common::{crash_and_reopen, file, fresh, MIB};
 
 /// Member 0 the mirror (a, b), member 1 plain c; file volume "home".
 fn mirrored_pool() -> (Vec<Arc<SimDevice>>, Arc<Pool>, FileVolume) {
@@ -167,11 +167,7 @@ fn a_crash_loses_a_layout_change_only_with_what_was_written_after_it() {
             && fv.write(a, 0, &[5u8; 8192]).is_ok()
             && fv.sync().is_ok();
         cut_inside += u32::from(!done);
-        sim.crash(&mut rng);
-        drop(fv);
-        drop(pool);
-        let pool = Arc::new(Pool::open(vec![sim.clone() as Arc<dyn Device>], OpenOptions::default()).unwrap());
-        let fv = FileVolume::open(pool.clone(), "home").unwrap();
+        let (pool, fv) = crash_and_reopen(&sim, &mut rng, fv, pool);
         let i = fv.getattr(a).unwrap().inode;
         if i.size > 0 || done {
             assert_eq!(fv.read(a, 0, 8192).unwrap(), vec![5u8; 8192], "seed {seed}");
@@ -198,11 +194,7 @@ fn a_crash_in_a_rule_add_leaves_the_old_or_the_new_policy() {
         sim.crash_after(seed);
         let done = fv.layout_add("db/", spec("placement=inplace")).is_ok();
         cut_inside += u32::from(!done);
-        sim.crash(&mut rng);
-        drop(fv);
-        drop(pool);
-        let pool = Arc::new(Pool::open(vec![sim.clone() as Arc<dyn Device>], OpenOptions::default()).unwrap());
-        let fv = FileVolume::open(pool.clone(), "home").unwrap();
+        let (pool, fv) = crash_and_reopen(&sim, &mut rng, fv, pool);
         let rules: Vec<String> = fv.layout_policy().unwrap().iter().map(|r| r.rule.text()).collect();
         if done {
             assert_eq!(rules, ["*.log", "db/"], "seed {seed}: an add that returned was lost");
