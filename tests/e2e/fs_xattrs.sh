@@ -24,13 +24,6 @@ get() { getfattr --absolute-names --only-values -n "$1" "$2" 2>&1; }
 hex() { getfattr --absolute-names -e hex -n "$1" "$2" 2>&1 | sed -n "s/^$1=//p"; }
 # attrs FILE: every user.* name=value, one line
 attrs() { getfattr --absolute-names -d -e hex "$1" 2>&1 | grep '^user' | tr '\n' ' '; }
-# pyx CODE: python with os imported, on the mount (errno names printed)
-pyx() { "$SYSPY" -c "import os, errno
-def err(f):
-    try:
-        f(); print('ok')
-    except OSError as e: print(errno.errorcode[e.errno])
-$1"; }
 
 step "set, get, list on a file and a directory"
 make_pool "$POOL" 1G

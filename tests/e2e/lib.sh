@@ -383,6 +383,14 @@ fs_transport_follows_module() {
   expect_eq "FUSE transport (enable_uring $(cat "$param" 2>/dev/null))" \
     "$(sed -n 's/^tarn mount: fuse transport: \([^ ,]*\).*/\1/p' "$T/mount.log" | tail -n 1)" "$want"
 }
+# pyx CODE: python with os imported; err(f) runs f and prints ok or the
+# errno's name (what a syscall on the mount answered)
+pyx() { "$SYSPY" -c "import os, errno
+def err(f):
+    try:
+        f(); print('ok')
+    except OSError as e: print(errno.errorcode[e.errno])
+$1"; }
 # fs_umount: unmount; `tarn mount` then commits, closes the pool and exits 0
 fs_umount() {
   local rc=0

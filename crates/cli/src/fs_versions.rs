@@ -175,7 +175,7 @@ pub fn snap(cmd: FsSnapCmd) -> Result<i32> {
 }
 
 /// Run `f` on the live file volume, then commit and close the pool.
-fn with_volume<T>(p: &PoolArg, name: &str, f: impl FnOnce(&tarn_fs::FileVolume) -> Result<T>) -> Result<T> {
+pub(crate) fn with_volume<T>(p: &PoolArg, name: &str, f: impl FnOnce(&tarn_fs::FileVolume) -> Result<T>) -> Result<T> {
     let (pool, lock, fv) = open_file_volume(p, name)?;
     let out = f(&fv);
     drop(fv);

@@ -3,6 +3,7 @@
 mod admin;
 mod daemon;
 mod devices;
+mod fs_layout;
 mod fs_versions;
 mod guest;
 mod members;
@@ -265,6 +266,11 @@ enum FsCmd {
     /// Open-close versioning (offline): rules for the files whose every
     /// modified close takes a version, and how many are kept.
     VersionPolicy(fs_versions::FsPolicyArgs),
+    /// Per-file placement and protection (offline): rules giving the
+    /// files they match a placement, members (or mirrored members only)
+    /// and a stripe of their own. On a mount, `user.tarn.layout` sets
+    /// and shows one file's.
+    LayoutPolicy(fs_layout::FsLayoutArgs),
     /// Check a file volume's namespace (offline): every inode reachable,
     /// every entry to an allocated inode, link counts; exit 0 clean, 1 not.
     Check {
@@ -1060,6 +1066,7 @@ fn fs_cmd(cmd: FsCmd) -> Result<i32> {
         }
         FsCmd::Snap(cmd) => return fs_versions::snap(cmd),
         FsCmd::VersionPolicy(cmd) => return fs_versions::policy(cmd),
+        FsCmd::LayoutPolicy(cmd) => return fs_layout::layout_policy(cmd),
     }
     Ok(0)
 }

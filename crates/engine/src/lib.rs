@@ -48,6 +48,7 @@ pub use volumes::files::FileVolumeInfo;
 pub use volumes::hints::{blocks_covering, HintReport, HintTarget};
 pub use volumes::layout::{DeviceLayout, HeldRun, Holder};
 pub use volumes::members_snap::{MemberSnapshot, ObjectSnapshots};
+pub use volumes::object_layout::ObjectLayout;
 pub use volumes::parity::{ParityReport, DEFAULT_PARITY_UNIT};
 pub use volumes::reclaim::ReclaimCount;
 pub use volumes::snapshot::SnapshotInfo;

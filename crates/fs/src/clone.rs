@@ -39,7 +39,9 @@ impl FileVolume {
             return Err(FsError::corrupt("inode table", 0, d.clone()));
         }
         let mut header = view.lock().header.clone();
-        let objects = inodes.values().filter(|i| i.object != 0).count() + usize::from(header.policy != 0);
+        let objects = inodes.values().filter(|i| i.object != 0).count()
+            + usize::from(header.policy != 0)
+            + usize::from(header.layout != 0);
         // Everything below in one commit: a crash never leaves a clone
         // whose records still name the origin's objects.
         if !pool.make_room_for((objects + 1) * PER_OBJECT)? {
@@ -65,6 +67,9 @@ impl FileVolume {
         }
         if header.policy != 0 {
             header.policy = clone_of(header.policy)?;
+        }
+        if header.layout != 0 {
+            header.layout = clone_of(header.layout)?;
         }
         // The origin's version log is not the clone's: its `foo@` starts
         // empty (the log object belongs to the origin volume).

@@ -30,10 +30,12 @@ pub(crate) struct Sessions {
     /// The policy, read once per mount (the pool is locked while mounted,
     /// so `tarn fs version-policy` cannot change it meanwhile).
     rules: Option<Vec<Rule>>,
+    /// The layout policy, read once per mount likewise (`layout.rs`).
+    pub(crate) layout: Option<std::sync::Arc<Vec<crate::layoutrules::LayoutRule>>>,
 }
 
 impl Versioned {
-    fn sessions(&self) -> std::sync::MutexGuard<'_, Sessions> {
+    pub(crate) fn sessions(&self) -> std::sync::MutexGuard<'_, Sessions> {
         self.close.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -65,7 +67,8 @@ impl Versioned {
     }
 
     /// A handle on `ino` was opened for writing: the first one decides
-    /// whether its closes take versions.
+    /// whether its closes take versions, and gives a file without data a
+    /// layout rule's layout (`layout.rs`).
     pub fn open_write(&self, ino: u64) -> Result<()> {
         let first = {
             let mut s = self.sessions();
@@ -76,15 +79,25 @@ impl Versioned {
         if !first {
             return Ok(());
         }
+        let laid_out = self.layout_at_open(ino);
+        self.version_at_open(ino)?;
+        laid_out
+    }
+
+    /// The parent and name regular file `ino` was last found by.
+    pub(crate) fn noted_name(&self, ino: u64) -> Option<(u64, Vec<u8>)> {
+        self.sessions().names.get(&ino).cloned()
+    }
+
+    fn version_at_open(&self, ino: u64) -> Result<()> {
         let rules = self.rules()?;
         if rules.is_empty() {
             return Ok(());
         }
-        let noted = self.sessions().names.get(&ino).cloned();
-        let Some((parent, name)) = noted else {
+        let Some((parent, name)) = self.noted_name(ino) else {
             return Ok(());
         };
-        if let Some(path) = self.policy_path(&rules, parent, &name)? {
+        if let Some(path) = self.policy_path(rules.iter().any(|r| r.subtree), parent, &name)? {
             if self.live.versioned_path(&rules, &path) {
                 self.sessions().versioned.insert(ino);
             }
@@ -92,14 +105,14 @@ impl Versioned {
         Ok(())
     }
 
-    /// The path the policy matches `name` in `parent` on: the base name
+    /// The path a policy matches `name` in `parent` on: the base name
     /// alone when no rule is a subtree (a glob looks at the base name
     /// only), which spares the walk up the parents (`dir_path` searches
     /// each parent's entries: 2.6% of a versioned copy's mount time);
     /// None when the walk gives up.
-    fn policy_path(&self, rules: &[Rule], parent: u64, name: &[u8]) -> Result<Option<String>> {
+    pub(crate) fn policy_path(&self, any_subtree: bool, parent: u64, name: &[u8]) -> Result<Option<String>> {
         let name = String::from_utf8_lossy(name).into_owned();
-        if !rules.iter().any(|r| r.subtree) {
+        if !any_subtree {
             return Ok(Some(name));
         }
         Ok(self.live.dir_path(parent)?.map(|dir| if dir.is_empty() { name } else { format!("{dir}/{name}") }))

@@ -191,11 +191,17 @@ impl FileVolume {
         if object == 0 {
             return Ok(Vec::new());
         }
+        policy::decode(&self.read_rule_object(object, policy::body_len)?)
+    }
+
+    /// A rule list object's bytes (`policy.rs` framing): its header, then
+    /// the body it says (`body_len` bounds it).
+    pub(crate) fn read_rule_object(&self, object: u32, body_len: fn(&[u8]) -> Result<usize>) -> Result<Vec<u8>> {
         let mut head = [0u8; POLICY_HEADER];
         self.read_object(object, 0, &mut head)?;
-        let mut b = vec![0u8; POLICY_HEADER + policy::body_len(&head)?];
+        let mut b = vec![0u8; POLICY_HEADER + body_len(&head)?];
         self.read_object(object, 0, &mut b)?;
-        policy::decode(&b)
+        Ok(b)
     }
 
     /// Add rule `text` at the end (first match wins); a bad rule or one
@@ -222,18 +228,24 @@ impl FileVolume {
         self.write_policy(&rules)
     }
 
-    /// The policy object (created on first use, append placement so a
-    /// rewrite is whole or absent) and the header naming it: one commit.
     fn write_policy(&self, rules: &[Rule]) -> Result<()> {
+        self.write_rule_object(&policy::encode(rules), |h| &mut h.policy)
+    }
+
+    /// A rule list object (created on first use, append placement so a
+    /// rewrite is whole or absent) and the header field `slot` naming it:
+    /// one commit.
+    pub(crate) fn write_rule_object(&self, bytes: &[u8], slot: fn(&mut Header) -> &mut u32) -> Result<()> {
         self.writable()?;
-        let bytes = policy::encode(rules);
         let mut ns: std::sync::MutexGuard<'_, Ns> = self.lock();
         self.pool.make_room_for(bytes.len() / 4096 * 96 + 2048)?;
-        if ns.header.policy == 0 {
-            ns.header.policy = self.pool.create_object(self.id, crate::OBJECT_SIZE, Some(PlacementKind::Append))?;
+        if *slot(&mut ns.header) == 0 {
+            *slot(&mut ns.header) =
+                self.pool.create_object(self.id, crate::OBJECT_SIZE, Some(PlacementKind::Append))?;
             self.write_header(&ns.header)?;
         }
-        self.pool.write(ns.header.policy, 0, &bytes, false)?;
+        let object = *slot(&mut ns.header);
+        self.pool.write(object, 0, bytes, false)?;
         drop(ns);
         Ok(self.pool.flush()?)
     }

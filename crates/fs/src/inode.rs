@@ -83,6 +83,9 @@ pub struct Header {
     /// Record slots of the version log used so far: the next record goes
     /// at this slot (slots are not reused; a freed one is zeros).
     pub vlog_slots: u32,
+    /// The object holding the layout policy (0: none; an older volume's
+    /// spare bytes read as 0, `layoutrules.rs`).
+    pub layout: u32,
 }
 
 /// Close versions kept per file when the header says 0.
@@ -131,6 +134,7 @@ impl Header {
         b[36..40].copy_from_slice(&self.keep.to_le_bytes());
         b[40..44].copy_from_slice(&self.vlog.to_le_bytes());
         b[44..48].copy_from_slice(&self.vlog_slots.to_le_bytes());
+        b[48..52].copy_from_slice(&self.layout.to_le_bytes());
         seal(&mut b);
         b
     }
@@ -145,6 +149,7 @@ impl Header {
             keep: u32_at(b, 36),
             vlog: u32_at(b, 40),
             vlog_slots: u32_at(b, 44),
+            layout: u32_at(b, 48),
         };
         if h.vlog_slots > crate::vrecord::MAX_SLOTS || (h.vlog == 0 && h.vlog_slots != 0) {
             return Err(FsError::corrupt(
@@ -254,7 +259,7 @@ mod tests {
         let i = sample();
         assert_eq!(Inode::decode(&i.encode(), 7).unwrap(), Some(i));
         assert_eq!(Inode::decode(&[0; RECORD], 9).unwrap(), None);
-        let h = Header { next_ino: 5, quota: 1 << 30, epoch: 0, policy: 9, keep: 3, vlog: 4, vlog_slots: 5 };
+        let h = Header { next_ino: 5, quota: 1 << 30, epoch: 0, policy: 9, keep: 3, vlog: 4, vlog_slots: 5, layout: 0 };
         assert_eq!(Header::decode(&h.encode()).unwrap(), h);
     }
 
@@ -270,7 +275,8 @@ mod tests {
     /// 24, an inode's epoch at 60 (docs/FORMAT.md *File volumes*).
     #[test]
     fn golden_epoch_bytes() {
-        let h = Header { next_ino: 2, quota: 0, epoch: 3, policy: 0, keep: 0, vlog: 0, vlog_slots: 0 }.encode();
+        let h =
+            Header { next_ino: 2, quota: 0, epoch: 3, policy: 0, keep: 0, vlog: 0, vlog_slots: 0, layout: 0 }.encode();
         assert_eq!(&h[24..32], &[3, 0, 0, 0, 0, 0, 0, 0]);
         let mut i = sample();
         i.epoch = 0x0102;
@@ -281,10 +287,20 @@ mod tests {
     /// object at 32, close versions kept per file at 36.
     #[test]
     fn golden_policy_bytes() {
-        let h = Header { next_ino: 2, quota: 0, epoch: 0, policy: 0x0304, keep: 5, vlog: 0, vlog_slots: 0 }.encode();
+        let h = Header { next_ino: 2, quota: 0, epoch: 0, policy: 0x0304, keep: 5, vlog: 0, vlog_slots: 0, layout: 0 }
+            .encode();
         assert_eq!(&h[32..40], &[4, 3, 0, 0, 5, 0, 0, 0]);
-        let mut bad =
-            Header { next_ino: 2, quota: 0, epoch: 0, policy: 0, keep: MAX_KEEP + 1, vlog: 0, vlog_slots: 0 }.encode();
+        let mut bad = Header {
+            next_ino: 2,
+            quota: 0,
+            epoch: 0,
+            policy: 0,
+            keep: MAX_KEEP + 1,
+            vlog: 0,
+            vlog_slots: 0,
+            layout: 0,
+        }
+        .encode();
         assert!(Header::decode(&bad).is_err(), "keep over its bound");
         bad[36..40].copy_from_slice(&MAX_KEEP.to_le_bytes());
         seal(&mut bad);
@@ -295,12 +311,24 @@ mod tests {
     /// at 40, slots used at 44; slots without a log are damage.
     #[test]
     fn golden_version_log_bytes() {
-        let h = Header { next_ino: 2, quota: 0, epoch: 0, policy: 0, keep: 0, vlog: 0x0506, vlog_slots: 0x0708 };
+        let h =
+            Header { next_ino: 2, quota: 0, epoch: 0, policy: 0, keep: 0, vlog: 0x0506, vlog_slots: 0x0708, layout: 0 };
         assert_eq!(&h.encode()[40..48], &[6, 5, 0, 0, 8, 7, 0, 0]);
         let bad = Header { vlog: 0, ..h.clone() }.encode();
         assert!(Header::decode(&bad).is_err(), "slots without a log");
         let over = Header { vlog_slots: crate::vrecord::MAX_SLOTS + 1, ..h }.encode();
         assert!(Header::decode(&over).is_err(), "slots over the bound");
+    }
+
+    /// Pins the layout policy field at 48; an older volume's header (zeros
+    /// there) reads as no layout policy.
+    #[test]
+    fn golden_layout_policy_bytes() {
+        let h = Header { next_ino: 2, quota: 0, epoch: 0, policy: 0, keep: 0, vlog: 0, vlog_slots: 0, layout: 0x090a };
+        assert_eq!(&h.encode()[48..52], &[0x0a, 9, 0, 0]);
+        let old = Header { layout: 0, ..h }.encode();
+        assert!(old[48..].iter().take(4).all(|&x| x == 0));
+        assert_eq!(Header::decode(&old).unwrap().layout, 0);
     }
 
     #[test]

@@ -158,7 +158,7 @@ impl FileVolume {
         pool.write(
             info.id,
             0,
-            &Header { next_ino: 2, quota, epoch: 0, policy: 0, keep: 0, vlog: 0, vlog_slots: 0 }.encode(),
+            &Header { next_ino: 2, quota, epoch: 0, policy: 0, keep: 0, vlog: 0, vlog_slots: 0, layout: 0 }.encode(),
             false,
         )?;
         Ok(pool.flush()?)

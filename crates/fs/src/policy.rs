@@ -31,10 +31,10 @@ impl Rule {
     /// Parse one rule; a bad one is refused naming the cause.
     pub fn parse(text: &str) -> Result<Rule> {
         if text.len() > MAX_RULE {
-            return Err(FsError::Invalid("version rule longer than 255 bytes"));
+            return Err(FsError::Invalid("rule longer than 255 bytes"));
         }
         if text.contains('\0') {
-            return Err(FsError::Invalid("version rule contains NUL"));
+            return Err(FsError::Invalid("rule contains NUL"));
         }
         let (exclude, body) = match text.strip_prefix('!') {
             Some(b) => (true, b),
@@ -45,13 +45,13 @@ impl Rule {
             None => (false, body),
         };
         if pattern.is_empty() {
-            return Err(FsError::Invalid("version rule is empty"));
+            return Err(FsError::Invalid("rule is empty"));
         }
         if pattern.starts_with('/') || pattern.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
-            return Err(FsError::Invalid("version rule path must be relative, without empty, . or .. parts"));
+            return Err(FsError::Invalid("rule path must be relative, without empty, . or .. parts"));
         }
         if !subtree && pattern.contains('/') {
-            return Err(FsError::Invalid("version rule: a name pattern has no '/' (end a subtree with '/')"));
+            return Err(FsError::Invalid("rule: a name pattern has no '/' (end a subtree with '/')"));
         }
         Ok(Rule { exclude, subtree, pattern: pattern.to_string() })
     }
@@ -86,39 +86,55 @@ impl Rule {
 /// its text.
 pub fn encode(rules: &[Rule]) -> Vec<u8> {
     let mut body = Vec::new();
-    for r in rules {
-        let t = r.text();
-        body.push(t.len() as u8);
-        body.extend_from_slice(t.as_bytes());
-    }
+    rules.iter().for_each(|r| put_rule(&mut body, r));
+    frame(POLICY_MAGIC, rules.len(), &body)
+}
+
+/// A rule as a rule list's body keeps it: `len u8` and its text.
+pub(crate) fn put_rule(body: &mut Vec<u8>, r: &Rule) {
+    let t = r.text();
+    body.push(t.len() as u8);
+    body.extend_from_slice(t.as_bytes());
+}
+
+/// A rule list object (this policy, or the layout policy of
+/// `layoutrules.rs`): the 24-byte header before `body`, sealed.
+pub(crate) fn frame(magic: &[u8; 4], count: usize, body: &[u8]) -> Vec<u8> {
     let mut b = vec![0u8; POLICY_HEADER];
-    b[..4].copy_from_slice(POLICY_MAGIC);
+    b[..4].copy_from_slice(magic);
     b[4] = POLICY_VERSION;
-    b[8..12].copy_from_slice(&(rules.len() as u32).to_le_bytes());
+    b[8..12].copy_from_slice(&(count as u32).to_le_bytes());
     b[12..16].copy_from_slice(&(body.len() as u32).to_le_bytes());
-    b.extend_from_slice(&body);
+    b.extend_from_slice(body);
     let crc = crc32c(&b);
     b[16..20].copy_from_slice(&crc.to_le_bytes());
     b
 }
 
-/// The body length a policy header says (bounded), to read the rest.
-pub fn body_len(head: &[u8]) -> Result<usize> {
+/// The body length a rule list header says (bounded by `max` bytes in
+/// all), to read the rest.
+pub(crate) fn body_len_within(head: &[u8], max: usize, what: &'static str) -> Result<usize> {
     let len = head.get(12..16).map_or(0, |x| u32::from_le_bytes([x[0], x[1], x[2], x[3]]) as usize);
-    if len > MAX_POLICY_BYTES - POLICY_HEADER {
-        return Err(FsError::corrupt("version policy", 0, format!("body of {len} bytes")));
+    if len > max - POLICY_HEADER {
+        return Err(FsError::corrupt(what, 0, format!("body of {len} bytes")));
     }
     Ok(len)
 }
 
-/// Decode a policy object with every check (never trusted).
-pub fn decode(b: &[u8]) -> Result<Vec<Rule>> {
-    let bad = |d: String| FsError::corrupt("version policy", 0, d);
-    if b.len() < POLICY_HEADER || &b[..4] != POLICY_MAGIC || b[4] != POLICY_VERSION {
+/// The body length a policy header says (bounded), to read the rest.
+pub fn body_len(head: &[u8]) -> Result<usize> {
+    body_len_within(head, MAX_POLICY_BYTES, "version policy")
+}
+
+/// Check a rule list object's header and checksum (never trusted):
+/// its rule count, bounded by MAX_RULES.
+pub(crate) fn unframe(b: &[u8], magic: &[u8; 4], max: usize, what: &'static str) -> Result<usize> {
+    let bad = |d: String| FsError::corrupt(what, 0, d);
+    if b.len() < POLICY_HEADER || &b[..4] != magic || b[4] != POLICY_VERSION {
         return Err(bad("magic or version".into()));
     }
     let count = u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize;
-    let len = body_len(b)?;
+    let len = body_len_within(b, max, what)?;
     if count > MAX_RULES || b.len() != POLICY_HEADER + len {
         return Err(bad(format!("{count} rules, {len} bytes")));
     }
@@ -127,16 +143,31 @@ pub fn decode(b: &[u8]) -> Result<Vec<Rule>> {
     if crc32c(&zeroed).to_le_bytes() != b[16..20] {
         return Err(bad("checksum mismatch".into()));
     }
+    Ok(count)
+}
+
+/// The rule at `b[at..]` (`len u8`, text) and where the next item starts.
+pub(crate) fn take_rule(b: &[u8], at: usize, what: &'static str) -> Result<(Rule, usize)> {
+    let bad = |d: String| FsError::corrupt(what, 0, d);
+    let n = *b.get(at).ok_or_else(|| bad("truncated".into()))? as usize;
+    let t = b.get(at + 1..at + 1 + n).ok_or_else(|| bad("truncated".into()))?;
+    let t = std::str::from_utf8(t).map_err(|_| bad("rule not UTF-8".into()))?;
+    let rule = Rule::parse(t).map_err(|_| bad(format!("rule {t:?} does not parse")))?;
+    Ok((rule, at + 1 + n))
+}
+
+/// Decode a policy object with every check (never trusted).
+pub fn decode(b: &[u8]) -> Result<Vec<Rule>> {
+    let what = "version policy";
+    let count = unframe(b, POLICY_MAGIC, MAX_POLICY_BYTES, what)?;
     let (mut at, mut rules) = (POLICY_HEADER, Vec::with_capacity(count));
     for _ in 0..count {
-        let n = *b.get(at).ok_or_else(|| bad("truncated".into()))? as usize;
-        let t = b.get(at + 1..at + 1 + n).ok_or_else(|| bad("truncated".into()))?;
-        let t = std::str::from_utf8(t).map_err(|_| bad("rule not UTF-8".into()))?;
-        rules.push(Rule::parse(t).map_err(|_| bad(format!("rule {t:?} does not parse")))?);
-        at += 1 + n;
+        let (rule, next) = take_rule(b, at, what)?;
+        rules.push(rule);
+        at = next;
     }
     if at != b.len() {
-        return Err(bad("bytes after the last rule".into()));
+        return Err(FsError::corrupt(what, 0, "bytes after the last rule"));
     }
     Ok(rules)
 }

@@ -10,25 +10,9 @@ use tarn_engine::{Device, OpenOptions, Pool};
 use tarn_fs::{FileVolume, SetAttr, VersionKind, Versioned, ROOT};
 
 mod common;
-use common::{file, fresh};
+use common::{crash_and_reopen, file, fresh};
 
 /// Version `n` of `name` (in the root) as `name@n` reads: data and mode.
-/// Power cut: the pool and its file volume opened again from what the
-/// device kept.
-fn crash_and_reopen(
-    sim: &Arc<tarn_sim::SimDevice>,
-    rng: &mut ChaCha8Rng,
-    fv: FileVolume,
-    pool: Arc<Pool>,
-) -> (Arc<Pool>, FileVolume) {
-    sim.crash(rng);
-    drop(fv);
-    drop(pool);
-    let pool = Arc::new(Pool::open(vec![sim.clone() as Arc<dyn Device>], OpenOptions::default()).unwrap());
-    let fv = FileVolume::open(pool.clone(), "home").unwrap();
-    (pool, fv)
-}
-
 fn version(v: &Versioned, name: &str, n: u64) -> Option<(Vec<u8>, u32)> {
     let a = v.lookup(ROOT, format!("{name}@{n}").as_bytes()).ok()?;
     Some((v.read(a.inode.ino, 0, 1 << 20).unwrap(), a.inode.perm))

@@ -424,7 +424,7 @@ impl TarnFs {
         }
         if writes {
             if let Err(e) = self.fv.open_write(ino) {
-                log::warn!("version policy at open: {e}");
+                log::warn!("version or layout policy at open: {e}");
             }
             if flags & libc::O_TRUNC != 0 {
                 self.fv.wrote(ino);
@@ -539,6 +539,9 @@ impl TarnFs {
             }
             (tarn_fs::ROOT, b"user.tarn.version.delete") => self.fv.delete_version(value),
             (_, b"user.tarn.snapshot") => self.snap_file(ino, snap),
+            // The file's own layout (tarn_fs `layout.rs`): not stored as
+            // an attribute, so not listed, like the other control names.
+            (_, b"user.tarn.layout") => self.fv.set_layout(ino, value),
             (_, n) if !n.starts_with(tarn_fs::xattr::CONTROL) => {
                 let mode = match flags {
                     0 => XattrMode::Any,
@@ -551,7 +554,7 @@ impl TarnFs {
             _ => return Reply::Error(libc::ENOTSUP),
         };
         if let Err(e) = &r {
-            log::warn!("snapshot by setxattr: {e}");
+            log::warn!("{} by setxattr: {e}", String::from_utf8_lossy(name));
         }
         empty(r)
     }
@@ -566,7 +569,7 @@ impl TarnFs {
     }
 
     /// `user.tarn.version.type` of a version (`foo@/N`, `foo@N`):
-    /// volume, file or close. Other `user.*` names: as stored (in a
+    /// volume, file or close; `user.tarn.layout` of a live file. Other `user.*` names: as stored (in a
     /// version, as the version keeps them); other namespaces: ENODATA.
     fn getxattr(&mut self, ino: u64, name: &[u8], size: u32) -> Reply {
         let r = if name == b"user.tarn.version.type" {
@@ -575,6 +578,8 @@ impl TarnFs {
                 Ok(None) => Err(FsError::NoData),
                 Err(e) => Err(e),
             }
+        } else if name == b"user.tarn.layout" {
+            self.fv.layout(ino)
         } else {
             self.fv.get_xattr(ino, name)
         };
@@ -613,7 +618,7 @@ impl TarnFs {
                     self.fv.noted(p, name, ino);
                 }
                 if let Err(e) = self.fv.open_write(ino) {
-                    log::warn!("version policy at create: {e}");
+                    log::warn!("version or layout policy at create: {e}");
                 }
                 let t = *ttl(ino);
                 let entry = reply::Entry { attr: attr(&a), generation: 0, entry_ttl: t, attr_ttl: t };

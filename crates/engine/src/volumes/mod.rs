@@ -14,6 +14,7 @@ mod gather;
 pub mod hints;
 pub mod layout;
 pub mod members_snap;
+pub mod object_layout;
 pub mod parity;
 pub mod quota;
 pub mod reclaim;

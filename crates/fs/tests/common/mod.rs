@@ -22,3 +22,21 @@ pub fn fresh() -> (Arc<SimDevice>, Arc<Pool>, FileVolume) {
 pub fn file(fv: &FileVolume, dir: u64, name: &str) -> u64 {
     fv.create(dir, name.as_bytes(), Kind::File, 0o644, 1, 2).unwrap().inode.ino
 }
+
+/// Power cut: the pool and its file volume "home" opened again from what
+/// the device kept.
+#[allow(dead_code)]
+pub fn crash_and_reopen(
+    sim: &Arc<SimDevice>,
+    rng: &mut rand_chacha::ChaCha8Rng,
+    fv: FileVolume,
+    pool: Arc<Pool>,
+) -> (Arc<Pool>, FileVolume) {
+    sim.crash(rng);
+    drop(fv);
+    drop(pool);
+    let device = sim.clone() as Arc<dyn tarn_engine::Device>;
+    let pool = Arc::new(Pool::open(vec![device], tarn_engine::OpenOptions::default()).unwrap());
+    let fv = FileVolume::open(pool.clone(), "home").unwrap();
+    (pool, fv)
+}
