@@ -28,6 +28,11 @@ check "tarn pool create A --mirror B" tarn pool create "$POOL" --mirror "$T/B.im
 check "tarn dev add C" tarn dev add "$T/C.img" --size 256M -p "$POOL"
 check "tarn fs create home" tarn fs create home -p "$POOL"
 
+step "an empty file made before any rule (it has no data object yet)"
+fs_mount home
+: >"$MNT/early.db"
+fs_umount
+
 step "layout rules (offline)"
 check "rule *.db --mirrored" tarn fs layout-policy home add '*.db' --mirrored -p "$POOL"
 check "rule *.log --devices 1 --placement append" \
@@ -61,6 +66,11 @@ expect_eq "app.log layout" "$(layout "$MNT/app.log" | sed 's/ blocks=.*//')" "pl
 expect_eq "app.log blocks on member 0" "$(blocks_on "$MNT/app.log" 0)" 0
 expect_eq "app.log blocks on member 1" "$(blocks_on "$MNT/app.log" 1)" 512
 expect_eq "notes.txt (no rule) keeps the default" "$(layout "$MNT/notes.txt" | sed 's/ blocks=.*//')" default
+head -c $((1 << 20)) /dev/urandom >>"$MNT/early.db"
+check "sync" sync "$MNT/early.db"
+expect_eq "early.db, made before the rule, takes it at its first open for writing" \
+  "$(layout "$MNT/early.db" | sed 's/ blocks=.*//')" "mirrored devices=0"
+expect_eq "early.db blocks on member 0" "$(blocks_on "$MNT/early.db" 0)" 256
 expect_eq "user.tarn.layout is not listed" "$(getfattr --absolute-names -d "$MNT/app.db" 2>&1 | grep -c tarn)" 0
 
 step "a file's own layout (setfattr user.tarn.layout)"

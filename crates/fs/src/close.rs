@@ -48,10 +48,14 @@ impl Versioned {
         s.names.insert(ino, (parent, name.to_vec()));
     }
 
-    /// Whether the volume has close-version rules (true when they cannot
-    /// be read: then every close is handled as with rules).
+    /// Whether the mount must see opens: the volume has close-version
+    /// rules, or layout rules (a layout rule applies at a file's first open
+    /// for writing, which for a file made before the rule is an OPEN, not a
+    /// CREATE). True when they cannot be read: then every open and close is
+    /// handled as with rules.
     pub fn any_policy(&self) -> bool {
-        self.rules().map_or(true, |r| !r.is_empty())
+        let versions = self.rules().map_or(true, |r| !r.is_empty());
+        versions || self.layout_rules().map_or(true, |r| !r.is_empty())
     }
 
     fn rules(&self) -> Result<Vec<Rule>> {

@@ -134,7 +134,7 @@ impl FileVolume {
 impl Versioned {
     /// The layout rules, read once per mount (the pool is locked while
     /// mounted, so `tarn fs layout-policy` cannot change them meanwhile).
-    fn layout_rules(&self) -> Result<Arc<Vec<LayoutRule>>> {
+    pub(crate) fn layout_rules(&self) -> Result<Arc<Vec<LayoutRule>>> {
         let cached = self.sessions().layout.clone();
         match cached {
             Some(r) => Ok(r),

@@ -48,7 +48,7 @@ pub struct TarnFs {
     pub(crate) commit_on_close: bool,
     pub(crate) writeback_cache: bool,
     /// OPEN is answered ENOSYS (decided at init: without a close-version
-    /// policy no open needs to be seen): the kernel then sends no OPEN
+    /// or layout policy no open needs to be seen): the kernel then sends no OPEN
     /// and no RELEASE for opens (4,000 of a PostMark smoke run's 22,500
     /// requests) and keeps every file's page cache (its no-open default).
     pub(crate) no_open: bool,
