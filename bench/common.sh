@@ -25,7 +25,7 @@ need_tools() {
 work_dir() {
   mkdir -p "$1" "$REPO/bench/results"
   W=$(mktemp -d "$1/w.XXXX")
-  OUT="$REPO/bench/results/$(date -u +%Y-%m-%d-%H%M)-$2.txt"
+  OUT="$REPO/bench/results/$(date -u +%Y-%m-%d-%H%M%S)-$2.txt"
 }
 
 # need_plots NAME: the plots beside the tables (bench/plots.py) need

@@ -50,7 +50,7 @@ ROUNDS=${BENCH_ROUNDS:-5}
 SIDE=${BENCH_SIDE:-5}
 RATE=${BENCH_RATE:-}
 DIR=${BENCH_DIR:-/var/tmp/tarn-bench}/evacuate.$$
-OUT=$BENCH/results/$(date +%Y-%m-%d-%H%M)-evacuate.txt
+OUT=$BENCH/results/$(date +%Y-%m-%d-%H%M%S)-evacuate.txt
 export LC_ALL=C
 mkdir -p "$DIR" "$BENCH/results"
 SRV= FIO=

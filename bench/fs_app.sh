@@ -31,7 +31,7 @@ VOL_SIZE=$(( ${SIZE%G} * 3 / 4 ))G
 REG=$(ls -d "$HOME"/.cargo/registry/src/*/ 2>/dev/null | head -n 1)
 APP_SRC=${APP_SRC:-$(ls -d "$REG"aws-lc-sys-* 2>/dev/null | head -n 1)}
 APP_BUILD=${APP_BUILD:-$(ls -d "$REG"libfuzzer-sys-*/libfuzzer 2>/dev/null | head -n 1)}
-STAMP=$(date +%Y-%m-%d-%H%M)
+STAMP=$(date +%Y-%m-%d-%H%M%S)  # seconds: two runs started in one minute kept apart
 OUT=$BENCH/results/$STAMP-fs_app.txt
 for c in make c++ ar nbdfuse nbdinfo fusermount3 losetup mkfs.ext4 setfattr; do
   command -v $c >/dev/null || { echo "fs_app.sh: $c missing, run: bash scripts/deps.sh" >&2; exit 1; }

@@ -28,7 +28,7 @@ FILE_MB=${FILE_MB:-1024}
 ON_ARGS=${ON_ARGS:-}
 OFF_ARGS=${OFF_ARGS:---readahead 0}
 SIZE=$((FILE_MB * 3 + 1024))M
-OUT=bench/results/$(date -u +%Y-%m-%d-%H%M)-fs-readahead.txt
+OUT=bench/results/$(date -u +%Y-%m-%d-%H%M%S)-fs-readahead.txt
 POOL=$DIR/pool.img MNT=$DIR/tarn EXT=$DIR/ext4 LOOP= MOUNT_PID=
 
 cleanup() {

@@ -46,7 +46,7 @@ META_SIZE=${META_SIZE:-1G}
 FS_TYPE=${FS_TYPE:-ext4}
 READAHEAD=${READAHEAD:-}
 DIR=${BENCH_DIR:-/var/tmp/tarn-hints}
-STAMP=$(date +%Y-%m-%d-%H%M)
+STAMP=$(date +%Y-%m-%d-%H%M%S)  # seconds: two runs started in one minute kept apart
 OUT=$BENCH/results/$STAMP-hints.txt
 SYSPY=/usr/bin/python3
 PORT=${PORT:-$("$SYSPY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}

@@ -38,7 +38,7 @@ DIR=${DIR:-/var/tmp/tarn-postmark}
 PORT=${PORT:-10879}
 SIZE=${SIZE:-8G}
 VOL_SIZE=$(( ${SIZE%G} * 3 / 4 ))G
-STAMP=$(date +%Y-%m-%d-%H%M)
+STAMP=$(date +%Y-%m-%d-%H%M%S)  # seconds: two runs started in one minute kept apart
 OUT=$BENCH/results/$STAMP-postmark.txt
 for c in postmark nbdfuse nbdinfo fusermount3 losetup mkfs.ext4 setfattr; do
   command -v $c >/dev/null || { echo "postmark.sh: $c missing, run: bash scripts/deps.sh" >&2; exit 1; }

@@ -27,7 +27,7 @@ SIZE=${BENCH_SIZE:-384M}
 ROUNDS=${BENCH_ROUNDS:-2}
 LOADED=${BENCH_LOADED:-1}
 DIR=${BENCH_DIR:-/var/tmp/tarn-bench}/rebuild.$$
-OUT=$BENCH/results/$(date +%Y-%m-%d-%H%M)-rebuild.txt
+OUT=$BENCH/results/$(date +%Y-%m-%d-%H%M%S)-rebuild.txt
 export LC_ALL=C
 mkdir -p "$DIR" "$BENCH/results"
 SRV=

@@ -15,7 +15,7 @@ SIZE=${BENCH_SIZE:-2G}
 ROUNDS=${BENCH_ROUNDS:-3}
 RATE=${SCRUB_RATE:-200M}
 DIR=${BENCH_DIR:-/var/tmp/tarn-bench}/scrub.$$
-OUT=$BENCH/results/$(date +%Y-%m-%d-%H%M)-scrub.txt
+OUT=$BENCH/results/$(date +%Y-%m-%d-%H%M%S)-scrub.txt
 export LC_ALL=C
 mkdir -p "$DIR" "$BENCH/results"
 SRV=

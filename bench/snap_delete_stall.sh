@@ -25,7 +25,7 @@ ROUNDS=${ROUNDS:-2}
 OVERWRITES=${OVERWRITES:-10000}
 CASE=${CASE:-delete}
 DIR=${DIR:-/var/tmp/tarn-snapdel}
-OUT="$REPO/bench/results/$(date -u +%Y-%m-%d-%H%M)-snapdel.txt"
+OUT="$REPO/bench/results/$(date -u +%Y-%m-%d-%H%M%S)-snapdel.txt"
 . "$REPO/bench/common.sh"
 need_tools snap_delete_stall fio nbdinfo qemu-io python3
 mkdir -p "$DIR" "$REPO/bench/results"

@@ -28,7 +28,7 @@ SIZE=${BENCH_SIZE:-1G}
 ROUNDS=${BENCH_ROUNDS:-2}
 RUNTIME=${BENCH_RUNTIME:-10}
 DIR=${BENCH_DIR:-/var/tmp/tarn-bench}/stripe.$$
-OUT=$BENCH/results/$(date +%Y-%m-%d-%H%M)-stripe.txt
+OUT=$BENCH/results/$(date +%Y-%m-%d-%H%M%S)-stripe.txt
 export LC_ALL=C
 mkdir -p "$DIR" "$BENCH/results"
 PIDS=()

@@ -14,7 +14,7 @@
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 TARN=${TARN:-$REPO/target/release/tarn}
-STAMP=$(date +%Y-%m-%d-%H%M)
+STAMP=$(date +%Y-%m-%d-%H%M%S)  # seconds: two runs started in one minute kept apart
 RAW=$REPO/bench/results/raw/$STAMP-vc
 OUT=$REPO/bench/results/$STAMP-vc.txt
 POLICIES=${POLICIES:-linear inplace append contiguous}
