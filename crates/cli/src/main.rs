@@ -117,6 +117,14 @@ enum Command {
         /// (docs/ARCHITECTURE.md *File readahead*); 0: off
         #[arg(long, default_value = "4M", value_parser = size::parse_size_or_zero)]
         readahead: u64,
+        /// Write file data behind: a WRITE is answered once copied, and a
+        /// thread of the mount writes it to the pool, up to this many
+        /// bytes queued (reads, fsync, versions and snapshots wait for
+        /// what they need; a write lost behind fails the file's next
+        /// fsync; docs/ARCHITECTURE.md *Write-behind*); 0: off, every
+        /// WRITE waits for the pool
+        #[arg(long, default_value = "32M", value_parser = size::parse_size_or_zero)]
+        write_behind: u64,
         #[command(flatten)]
         pool: PoolArg,
     },
@@ -987,6 +995,7 @@ fn dispatch(cmd: Command) -> Result<i32> {
             session_slice_us,
             fuse_uring,
             readahead,
+            write_behind,
             pool,
         } => {
             if !no_direct_writes {
@@ -1001,7 +1010,7 @@ fn dispatch(cmd: Command) -> Result<i32> {
                 uring: fuse_uring.into(),
                 report: |m| eprintln!("tarn mount: {m}"),
             };
-            mount_cmd(&pool, &name, &dir, durability, transport, (no_discard, readahead))
+            mount_cmd(&pool, &name, &dir, durability, transport, (no_discard, readahead, write_behind))
         }
         Command::Snap(cmd) => snapshots::snap(cmd),
         Command::Diff(d) => snapshots::diff(d),
@@ -1129,12 +1138,14 @@ fn mount_cmd(
     dir: &Path,
     durability: tarn_fuse::Durability,
     transport: tarn_fuse::Transport,
-    (no_discard, readahead): (bool, u64),
+    (no_discard, readahead, write_behind): (bool, u64, u64),
 ) -> Result<i32> {
     tarn_fuse::check_transport(&transport).with_context(|| format!("mount on {}", dir.display()))?;
     let options = OpenOptions { no_discard, ..Default::default() };
     let (pool, lock, mut fv) = fs_versions::open_for_mount(p, name, options)?;
     fv.start_readahead(readahead);
+    let bound = usize::try_from(write_behind).context("--write-behind")?;
+    fv.start_write_behind(bound).context("start the write-behind thread")?;
     eprintln!("mounted file volume {name} on {}; unmount with `fusermount3 -u {}`", dir.display(), dir.display());
     unmount_on_signal(dir)?;
     let served =

@@ -25,6 +25,11 @@ pub enum EngineError {
     MemberUnavailable { member: usize, detail: String },
     #[error("no space left in the pool")]
     NoSpace,
+    /// A write made without commits (`Pool::write_reserved`) needs one
+    /// first (a feature to enable, overwrite regions to open, a full or
+    /// growing pool): write it again the ordinary way.
+    #[error("the write needs a commit first")]
+    NeedsCommit,
     /// A write would allocate past the volume's quota (ENOSPC on the
     /// wire). Distinct from `NoSpace`: it never grows the pool.
     #[error("volume {volume:?} is at its quota of {quota} bytes ({used} used)")]

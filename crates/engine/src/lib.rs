@@ -24,6 +24,7 @@ pub use integrity::scrub;
 pub use map::{extent_map, state, sums};
 
 pub use commit::grow::{GrowReport, Growth};
+pub use commit::room::OpsRoom;
 pub use commit::spare::{DropReport, TakeReport};
 pub use device::file_device::FileDevice;
 pub use device::Device;

@@ -72,6 +72,8 @@ impl FileVolume {
         if i.kind != Kind::File {
             return Err(FsError::Invalid("a file version is of a regular file"));
         }
+        // The version holds every byte written before it.
+        self.settle(&mut ns, i.object);
         if !ns.records_enabled {
             // Its own commit, the first time only (lock order: namespace,
             // then commit, as the mount's periodic commit takes them).

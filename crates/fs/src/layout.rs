@@ -93,6 +93,8 @@ impl FileVolume {
             return Err(FsError::Invalid("a layout is for regular files"));
         }
         if i.object != 0 {
+            // Data written before the change keeps the old layout.
+            self.settle(&mut ns, i.object);
             return Ok(self.pool.set_object_layout(i.object, &layout)?);
         }
         self.before_change(&mut ns, &mut i)?;
@@ -114,7 +116,11 @@ impl FileVolume {
     /// it ("default" when it sets nothing), then `blocks=M:N,...`, the 4
     /// KiB blocks of its data on each member M (`none`: no data object).
     pub fn file_layout(&self, ino: u64) -> Result<String> {
-        let i = self.inode(&mut self.lock(), ino)?;
+        let mut ns = self.lock();
+        let i = self.inode(&mut ns, ino)?;
+        // Blocks counted where they are, none still queued.
+        self.settle(&mut ns, i.object);
+        drop(ns);
         if i.kind != Kind::File {
             return Err(FsError::NoData);
         }

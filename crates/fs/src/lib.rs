@@ -21,6 +21,7 @@ pub mod snap;
 pub mod versions;
 mod vindex;
 pub mod vrecord;
+pub mod writebehind;
 pub mod xattr;
 
 pub use check::CheckReport;

@@ -115,6 +115,8 @@ pub struct FileVolume {
     ns: Mutex<Ns>,
     /// Per-file readahead (`readahead.rs`; None: off, or a view).
     pub(crate) readahead: Option<crate::readahead::Readahead>,
+    /// File data written behind (`writebehind.rs`; None: written at once).
+    pub(crate) write_behind: Option<crate::writebehind::WriteBehind>,
 }
 
 /// `a` and `b` are one record but for size and times (what may wait
@@ -212,6 +214,7 @@ impl FileVolume {
                 records_enabled: false,
             }),
             readahead: None,
+            write_behind: None,
         };
         fv.inode(&mut fv.lock(), root)?;
         if view.is_none() {
@@ -254,6 +257,10 @@ impl FileVolume {
     }
 
     pub(crate) fn save(&self, ns: &mut Ns, i: &Inode) -> Result<()> {
+        // A durable size never covers data still queued behind.
+        if i.kind == Kind::File {
+            self.settle(ns, i.object);
+        }
         ns.dirty.remove(&i.ino);
         // Not kept until written: a failed write leaves the record as read.
         ns.cached.remove(&i.ino);
@@ -263,7 +270,14 @@ impl FileVolume {
     }
 
     fn attr(&self, i: &Inode) -> Attr {
-        let allocated = if i.object == 0 { 0 } else { self.pool.object_allocated(i.object).unwrap_or(0) };
+        let allocated = if i.object == 0 {
+            0
+        } else {
+            // Data queued behind counts as allocated (as ext4 counts its
+            // delayed allocations): `du` right after a write sees it.
+            let queued = self.write_behind.as_ref().map_or(0, |w| w.queued_bytes(i.object));
+            self.pool.object_allocated(i.object).unwrap_or(0) + queued
+        };
         Attr { inode: i.clone(), allocated }
     }
 
@@ -611,6 +625,7 @@ impl FileVolume {
     /// The record and the object go (the record first: a crash between
     /// leaks the object, never leaves a record pointing at a freed one).
     fn free_inode(&self, ns: &mut Ns, i: &Inode) -> Result<()> {
+        self.settle(ns, i.object);
         ns.dirty.remove(&i.ino);
         ns.cached.remove(&i.ino);
         ns.dirs.remove(&i.ino);
@@ -720,7 +735,7 @@ impl FileVolume {
         let t = now();
         if let Some(size) = s.size {
             self.before_change(&mut ns, &mut i)?;
-            self.truncate(&mut i, size)?;
+            self.truncate(&mut ns, &mut i, size)?;
             i.mtime = t;
         }
         i.perm = s.perm.map_or(i.perm, |m| m & 0o7777);
@@ -772,7 +787,7 @@ impl FileVolume {
 
     /// Shrinking zeroes everything past the new end (whole blocks are
     /// unmapped): an older, larger size can never show stale bytes.
-    fn truncate(&self, i: &mut Inode, size: u64) -> Result<()> {
+    fn truncate(&self, ns: &mut Ns, i: &mut Inode, size: u64) -> Result<()> {
         if i.kind != Kind::File {
             return Err(if i.kind == Kind::Dir { FsError::IsDir } else { FsError::Invalid("truncate of a symlink") });
         }
@@ -780,6 +795,7 @@ impl FileVolume {
             return Err(FsError::TooLarge);
         }
         if size < i.size && i.object != 0 {
+            self.settle(ns, i.object);
             self.pool.write_zeroes(i.object, size, MAX_FILE_SIZE - size, false, false)?;
         }
         i.size = size;
@@ -794,6 +810,7 @@ impl FileVolume {
             if i.kind == Kind::Dir {
                 return Err(FsError::IsDir);
             }
+            self.settle(&mut ns, i.object);
             (i.object, i.size)
         };
         let n = size.saturating_sub(offset).min(u64::from(len)) as usize;
@@ -821,21 +838,80 @@ impl FileVolume {
             i.object = self.pool.create_object(self.id, OBJECT_SIZE, None)?;
             self.save(&mut ns, &i)?;
         }
-        match self.pool.write(i.object, offset, data, false) {
-            // Space freed by deletes comes back at the commit that makes
-            // them durable (the periodic commit may not have run yet):
-            // commit, then try once more.
-            Err(tarn_engine::EngineError::NoSpace) => {
-                self.pool.flush()?;
-                self.pool.write(i.object, offset, data, false)?;
-            }
-            r => r?,
+        let behind = match &self.write_behind {
+            Some(w) => w.push(ino, i.object, offset, data)?,
+            None => false,
+        };
+        if !behind {
+            self.settle(&mut ns, i.object);
+            self.write_now(i.object, offset, data)?;
         }
         i.size = i.size.max(end);
         i.mtime = now();
         i.ctime = i.mtime;
         self.defer(&mut ns, i)?;
         Ok(data.len() as u32)
+    }
+
+    /// Write file data through at once.
+    fn write_now(&self, object: u32, offset: u64, data: &[u8]) -> Result<()> {
+        match self.pool.write(object, offset, data, false) {
+            // Space freed by deletes comes back at the commit that makes
+            // them durable (the periodic commit may not have run yet):
+            // commit, then try once more.
+            Err(tarn_engine::EngineError::NoSpace) => {
+                self.pool.flush()?;
+                self.pool.write(object, offset, data, false)?;
+            }
+            r => r?,
+        }
+        Ok(())
+    }
+
+    /// Wait for `object`'s writes queued behind (0: none); hold the
+    /// namespace lock (`ns`), before the change that needs them written.
+    pub(crate) fn settle(&self, _ns: &mut Ns, object: u32) {
+        if let (Some(w), true) = (&self.write_behind, object != 0) {
+            w.settle(Some(object));
+        }
+    }
+
+    /// Wait for every write queued behind (before pending records are
+    /// saved and committed).
+    pub(crate) fn settle_all(&self, _ns: &mut Ns) {
+        if let Some(w) = &self.write_behind {
+            w.settle(None);
+        }
+    }
+
+    /// Write file data behind from now on, `bound` bytes queued at most
+    /// (0: off; a view has none).
+    pub fn start_write_behind(&mut self, bound: usize) -> Result<()> {
+        if bound > 0 && self.view.is_none() {
+            self.write_behind = Some(crate::writebehind::WriteBehind::start(self.pool.clone(), bound)?);
+        }
+        Ok(())
+    }
+
+    /// What the write-behind did so far (None: off).
+    pub fn write_behind_stats(&self) -> Option<crate::writebehind::WriteBehindStats> {
+        self.write_behind.as_ref().map(|w| w.stats())
+    }
+
+    /// Write out what is queued behind and stop its thread (unmount).
+    pub fn stop_write_behind(&self) {
+        if let Some(w) = &self.write_behind {
+            w.stop();
+            let s = w.stats();
+            log::info!(
+                "write-behind: {} writes queued ({} MiB), {} through at once, {} written again, {} lost",
+                s.queued,
+                s.queued_bytes >> 20,
+                s.direct,
+                s.retried,
+                s.lost
+            );
+        }
     }
 
     /// Refuse a write of `more` bytes past the quota. The bound is only
@@ -863,6 +939,7 @@ impl FileVolume {
     }
 
     fn save_dirty(&self, ns: &mut Ns) -> Result<()> {
+        self.settle_all(ns);
         let dirty: Vec<Inode> = ns.dirty.drain().map(|(_, i)| i).collect();
         for i in &dirty {
             self.save(ns, i)?;
@@ -874,6 +951,16 @@ impl FileVolume {
     pub fn sync(&self) -> Result<()> {
         self.save_dirty(&mut self.lock())?;
         Ok(self.pool.flush()?)
+    }
+
+    /// fsync(2) of `ino`: `sync`, then the error of a write of it lost
+    /// behind since its last fsync, if any (`writebehind.rs`).
+    pub fn fsync(&self, ino: u64) -> Result<()> {
+        self.sync()?;
+        match self.write_behind.as_ref().and_then(|w| w.take_error(ino)) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// `sync` from a thread other than the one making changes (the
@@ -908,6 +995,7 @@ impl FileVolume {
         let (object, size) = {
             let mut ns = self.lock();
             let i = self.inode(&mut ns, ino)?;
+            self.settle(&mut ns, i.object);
             (i.object, i.size)
         };
         if offset >= size {

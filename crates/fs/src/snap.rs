@@ -163,6 +163,7 @@ impl FileVolume {
         }
         let current = ns.header.epoch;
         if i.object != 0 {
+            self.settle(ns, i.object);
             self.tag_object(i.object, current)?;
         }
         i.epoch = current;
@@ -204,7 +205,9 @@ impl FileVolume {
             return Err(EngineError::SnapshotExists { volume: self.volume_name(), name: name.into() }.into());
         }
         let mut ns = self.lock();
-        // Sizes and times not yet saved belong in the snapshot's table.
+        // Data written behind belongs in the snapshot, as do sizes and
+        // times not yet saved in its table.
+        self.settle_all(&mut ns);
         let dirty: Vec<Inode> = ns.dirty.drain().map(|(_, i)| i).collect();
         for i in &dirty {
             self.save(&mut ns, i)?;

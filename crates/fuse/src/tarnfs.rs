@@ -245,6 +245,7 @@ impl TarnFs {
         if let Err(e) = self.fv.live.sync() {
             log::error!("final commit failed: {e}");
         }
+        self.fv.live.stop_write_behind();
     }
 
     /// Serves one request (INIT and DESTROY are the session's).
@@ -283,7 +284,8 @@ impl TarnFs {
             Op::Read { offset, size } => data(self.fv.read(ino, offset, size)),
             Op::Write { offset, write_flags, data } => self.write(ino, offset, data, write_flags),
             Op::Flush { fh } => self.flush(ino, fh),
-            Op::Fsync | Op::Fsyncdir => self.sync(),
+            Op::Fsync => self.fsync(ino),
+            Op::Fsyncdir => self.sync(),
             Op::Opendir => Reply::Open { fh: 0, flags: 0 },
             Op::Releasedir => Reply::Empty,
             Op::Readdir { offset, size } => self.readdir(ino, offset, size),
@@ -328,6 +330,14 @@ impl TarnFs {
         let r = self.fv.live.sync();
         if let Err(e) = &r {
             log::error!("commit failed: {e}");
+        }
+        empty(r)
+    }
+
+    fn fsync(&self, ino: u64) -> Reply {
+        let r = self.fv.live.fsync(ino);
+        if let Err(e) = &r {
+            log::error!("fsync of inode {ino}: {e}");
         }
         empty(r)
     }

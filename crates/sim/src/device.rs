@@ -181,6 +181,11 @@ impl State {
 
 pub struct SimDevice {
     name: String,
+    /// A write of at least this many bytes sleeps one millisecond first
+    /// (0: none): a slow device, so work queued behind it lags.
+    slow_writes_from: std::sync::atomic::AtomicUsize,
+    /// A write of at least this many bytes fails (0: none).
+    failed_writes_from: std::sync::atomic::AtomicUsize,
     /// Grows (`Device::grow`): the new bytes are zero and durable at once.
     size: std::sync::atomic::AtomicU64,
     state: Mutex<State>,
@@ -195,6 +200,8 @@ impl SimDevice {
         let image = vec![0u8; size as usize];
         SimDevice {
             name: name.to_string(),
+            slow_writes_from: std::sync::atomic::AtomicUsize::new(0),
+            failed_writes_from: std::sync::atomic::AtomicUsize::new(0),
             size: std::sync::atomic::AtomicU64::new(size),
             state: Mutex::new(State {
                 durable: image.clone(),
@@ -223,6 +230,18 @@ impl SimDevice {
     /// Negative controls: flushes answer without making anything durable.
     pub fn ignore_flushes(&self) {
         self.lock().ignore_flushes = true;
+    }
+
+    /// Writes of at least `bytes` (0: none) take a millisecond each, as
+    /// on a slow disk (data lags behind whoever queued it).
+    pub fn slow_writes_from(&self, bytes: usize) {
+        self.slow_writes_from.store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Writes of at least `bytes` (0: none) fail: data writes, not the
+    /// small metadata ones.
+    pub fn fail_writes_from(&self, bytes: usize) {
+        self.failed_writes_from.store(bytes, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Cut the power after `calls` more writes or flushes.
@@ -432,6 +451,14 @@ impl Device for SimDevice {
 
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
         self.check(offset, data.len())?;
+        let slow = self.slow_writes_from.load(std::sync::atomic::Ordering::Relaxed);
+        if slow > 0 && data.len() >= slow {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let failing = self.failed_writes_from.load(std::sync::atomic::Ordering::Relaxed);
+        if failing > 0 && data.len() >= failing {
+            return Err(io::Error::other(format!("injected write error at {offset}+{}", data.len())));
+        }
         let mut s = self.lock();
         Self::tick(&mut s)?;
         let (off, len) = (offset as usize, data.len());

@@ -19,6 +19,7 @@
 //! a checkpoint itself.
 
 pub mod grow;
+pub mod room;
 pub mod spare;
 mod store_checkpoint;
 mod superblock;
@@ -105,11 +106,11 @@ impl Pool {
     /// this way; the `Service`'s timed commit is not held back).
     pub fn make_room_for(&self, bytes: usize) -> Result<bool> {
         let fits = bytes <= self.pending_limit;
-        if self.read_inner().pending_bytes.saturating_add(bytes) <= self.pending_limit {
+        if self.queued_weight().saturating_add(bytes) <= self.pending_limit {
             return Ok(fits);
         }
         let mut ctl = self.lock_commit();
-        if self.read_inner().pending_bytes.saturating_add(bytes) > self.pending_limit {
+        if self.queued_weight().saturating_add(bytes) > self.pending_limit {
             self.check_writable()?;
             self.commit_locked(&mut ctl, false)?;
         }

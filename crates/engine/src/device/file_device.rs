@@ -1,6 +1,6 @@
 //! A device backed by a regular file or a block device.
 
-use crate::device::Device;
+use crate::device::{direct_ring, Device};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
@@ -110,7 +110,7 @@ fn write_bounced(direct: &File, data: &[u8], offset: u64) -> io::Result<()> {
         let mut at = offset;
         for piece in data.chunks(BOUNCE_MAX) {
             aligned[..piece.len()].copy_from_slice(piece);
-            direct.write_all_at(&aligned[..piece.len()], at)?;
+            direct_ring::write_all_at(direct, &aligned[..piece.len()], at)?;
             at += piece.len() as u64;
         }
         Ok(())
@@ -142,7 +142,7 @@ impl Device for FileDevice {
             return self.file.write_all_at(data, offset);
         };
         if (data.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN) {
-            direct.write_all_at(data, offset)?;
+            direct_ring::write_all_at(direct, data, offset)?;
         } else {
             write_bounced(direct, data, offset)?;
         }

@@ -5,7 +5,9 @@
 //! calls the file system, the clock or OS randomness directly, so the simulator
 //! can stand in for any of them.
 
+mod direct_ring;
 pub mod disk_model;
+pub use direct_ring::submit_direct_writes_async;
 pub mod file_device;
 pub mod label;
 pub mod mem_device;

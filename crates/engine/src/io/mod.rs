@@ -203,7 +203,7 @@ pub(crate) struct NewPiece {
 impl Pool {
     /// Validate a request against the volume's size; the name is only
     /// copied for the error (this runs on every I/O).
-    fn check_range(&self, op: &'static str, vol: u32, offset: u64, len: u64, max: u64) -> Result<()> {
+    pub(crate) fn check_range(&self, op: &'static str, vol: u32, offset: u64, len: u64, max: u64) -> Result<()> {
         self.check_view_range(op, vol, View::Head, offset, len, max)
     }
 
@@ -275,7 +275,7 @@ impl Pool {
         self.check_writable()?;
         self.check_range("write", vol, offset, data.len() as u64, MAX_IO_BYTES)?;
         self.make_room()?;
-        let result = self.write_pieces(vol, offset, data);
+        let result = self.write_pieces(vol, offset, data, true);
         // Counted even on failure: earlier pieces may have changed the map,
         // and the next flush must not skip them.
         self.write_gen.fetch_add(1, Ordering::SeqCst);
@@ -287,8 +287,10 @@ impl Pool {
     }
 
     /// Split a write into a partial head block, whole blocks, a partial
-    /// tail block; returns whether any of them allocated.
-    fn write_pieces(&self, vol: u32, offset: u64, data: &[u8]) -> Result<bool> {
+    /// tail block; returns whether any of them allocated. `may_commit`
+    /// false: a piece that needs a commit first fails instead
+    /// (`write_reserved`).
+    pub(crate) fn write_pieces(&self, vol: u32, offset: u64, data: &[u8], may_commit: bool) -> Result<bool> {
         let mut allocated = false;
         let mut pos = 0usize;
         while pos < data.len() {
@@ -297,11 +299,11 @@ impl Pool {
             let lba = at / BLOCK_SIZE;
             if in_block != 0 || data.len() - pos < BS {
                 let n = (BS - in_block).min(data.len() - pos);
-                allocated |= self.write_partial(vol, lba, in_block, &data[pos..pos + n])?;
+                allocated |= self.write_partial(vol, lba, in_block, &data[pos..pos + n], may_commit)?;
                 pos += n;
             } else {
                 let n = (data.len() - pos) / BS * BS;
-                allocated |= self.write_blocks(vol, lba, &data[pos..pos + n])?;
+                allocated |= self.write_blocks(vol, lba, &data[pos..pos + n], may_commit)?;
                 pos += n;
             }
         }
@@ -310,13 +312,13 @@ impl Pool {
 
     /// Read-modify-write one block under its stripe lock, so two sub-block
     /// writes to different sectors of one block cannot lose each other.
-    fn write_partial(&self, vol: u32, lba: u64, in_block: usize, bytes: &[u8]) -> Result<bool> {
+    fn write_partial(&self, vol: u32, lba: u64, in_block: usize, bytes: &[u8], may_commit: bool) -> Result<bool> {
         let stripe = (lba as usize ^ (vol as usize).wrapping_mul(0x9e37)) % STRIPES;
         let _s = self.stripes[stripe].lock().unwrap_or_else(|p| p.into_inner());
         let mut block = vec![0u8; BS];
         self.read(vol, lba * BLOCK_SIZE, &mut block)?;
         block[in_block..in_block + bytes.len()].copy_from_slice(bytes);
-        self.write_blocks(vol, lba, &block)
+        self.write_blocks(vol, lba, &block, may_commit)
     }
 
     /// The mapped runs of blocks [lba, lba+len) of a view, in logical
@@ -380,7 +382,7 @@ impl Pool {
     /// origin) still shows are redirected to new space, exactly the blocks
     /// written. A full pool never fails a write to owned blocks: their
     /// regions are opened at once and the write goes in place.
-    fn write_blocks(&self, vol: u32, lba: u64, data: &[u8]) -> Result<bool> {
+    fn write_blocks(&self, vol: u32, lba: u64, data: &[u8], may_commit: bool) -> Result<bool> {
         debug_assert!(data.len().is_multiple_of(BS) && !data.is_empty());
         let n = (data.len() / BS) as u64;
         if let Some((parity, blocks)) = self.parity_of(vol) {
@@ -388,6 +390,9 @@ impl Pool {
         }
         if self.checksums && n >= SUMS_GROUP {
             // Whole groups may get one sum: the pool needs the feature first.
+            if !may_commit && !self.coarse.load(Ordering::SeqCst) {
+                return Err(EngineError::NeedsCommit);
+            }
             self.enable_coarse()?;
         }
         // Whether the policy may send owned data to new space (re-layout,
@@ -406,6 +411,7 @@ impl Pool {
                     relayout = false;
                     continue;
                 }
+                Err(EngineError::NoSpace) if !may_commit => return Err(EngineError::NeedsCommit),
                 Err(EngineError::NoSpace) if !plan.closed.is_empty() => {
                     drop(gate);
                     self.open_regions_now(plan.closed)?;

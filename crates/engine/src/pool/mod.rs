@@ -18,7 +18,7 @@ use crate::space::Space;
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::panic::Location;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 use tarn_format::ops::Op;
@@ -417,6 +417,9 @@ pub struct Pool {
     pub(crate) committed_gen: AtomicU64,
     /// Bound of the pending queue's weight (`Inner::pending_bytes`).
     pub(crate) pending_limit: usize,
+    /// Queue weight held by `OpsRoom`s for writes made later without
+    /// back-pressure commits (`commit/room.rs`): counted as pending.
+    pub(crate) reserved: AtomicUsize,
     /// Devices written since their last flush.
     pub(crate) dirty: Vec<AtomicBool>,
     pub(crate) fenced: AtomicBool,
@@ -722,7 +725,12 @@ impl Pool {
 
     /// Whether the pending queue is over its bound (writers then commit first).
     pub(crate) fn pending_over_limit(&self) -> bool {
-        self.read_inner().pending_bytes > self.pending_limit
+        self.queued_weight() > self.pending_limit
+    }
+
+    /// The pending queue's weight plus the room reserved for writes to come.
+    pub(crate) fn queued_weight(&self) -> usize {
+        self.read_inner().pending_bytes.saturating_add(self.reserved.load(Ordering::SeqCst))
     }
 
     /// Whether anything changed since the last durable commit.

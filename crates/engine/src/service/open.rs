@@ -409,6 +409,7 @@ impl Pool {
             group_locks: (0..crate::integrity::split::GROUP_LOCKS).map(|_| Mutex::new(())).collect(),
             pending_limit,
             fresh_writes: AtomicU64::new(0),
+            reserved: std::sync::atomic::AtomicUsize::new(0),
             parity_rows: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             options,
             counters: Counters::default(),
