@@ -838,9 +838,11 @@ impl FileVolume {
             i.object = self.pool.create_object(self.id, OBJECT_SIZE, None)?;
             self.save(&mut ns, &i)?;
         }
+        // Under a quota a write goes through at once: the quota counts
+        // allocated blocks, which queued data has not yet.
         let behind = match &self.write_behind {
-            Some(w) => w.push(ino, i.object, offset, data)?,
-            None => false,
+            Some(w) if ns.header.quota == 0 => w.push(ino, i.object, offset, data)?,
+            _ => false,
         };
         if !behind {
             self.settle(&mut ns, i.object);
@@ -891,6 +893,14 @@ impl FileVolume {
             self.write_behind = Some(crate::writebehind::WriteBehind::start(self.pool.clone(), bound)?);
         }
         Ok(())
+    }
+
+    /// Whether file `ino` has data queued behind (false: none, or no
+    /// such file).
+    pub fn writes_queued(&self, ino: u64) -> bool {
+        let Some(w) = &self.write_behind else { return false };
+        let object = self.inode(&mut self.lock(), ino).map_or(0, |i| i.object);
+        object != 0 && w.queued_bytes(object) > 0
     }
 
     /// What the write-behind did so far (None: off).

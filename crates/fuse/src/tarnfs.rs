@@ -251,6 +251,7 @@ impl TarnFs {
     /// Serves one request (INIT and DESTROY are the session's).
     pub(crate) fn handle(&mut self, h: &Header, op: Op<'_>) -> Reply {
         let ino = h.nodeid;
+        self.take_owed_versions(ino, &op);
         match op {
             Op::Lookup { name } => self.lookup(ino, name),
             Op::Forget { nlookup } => self.forget(ino, nlookup),
@@ -324,6 +325,27 @@ impl TarnFs {
         self.fv.live.snap_file(i, label?)?;
         self.fv.forget_views();
         Ok(())
+    }
+
+    /// Close versions owed while their data was queued behind: the ones
+    /// of the files this request names first (a FORGET may free the
+    /// inode, a write would change it), all of them before a setxattr (a
+    /// volume or file snapshot numbers after them), then, at a request
+    /// nobody waits for (RELEASE, FORGET), those whose data landed
+    /// (`Versioned::take_owed`): a version's work stays off the path of
+    /// the requests a caller waits for, as when RELEASE took it.
+    fn take_owed_versions(&self, ino: u64, op: &Op<'_>) {
+        let mut named = vec![ino];
+        match op {
+            Op::BatchForget(list) => named.extend(list.iter().map(|(i, _)| *i)),
+            Op::Link { oldnodeid, .. } => named.push(*oldnodeid),
+            _ => {}
+        }
+        let all = matches!(op, Op::Setxattr { .. });
+        let background = matches!(op, Op::Release { .. } | Op::Forget { .. } | Op::BatchForget(_));
+        if let Err(e) = self.fv.take_owed(&named, all, background) {
+            log::error!("close version owed: {e}");
+        }
     }
 
     fn sync(&self) -> Reply {

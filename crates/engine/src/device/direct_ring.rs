@@ -33,7 +33,7 @@ const MAX_ROUNDS: usize = 64;
 
 enum Ring {
     Unset,
-    Ready(IoUring),
+    Ready(Box<IoUring>),
     Refused,
 }
 
@@ -56,7 +56,7 @@ pub(crate) fn write_all_at(file: &File, data: &[u8], offset: u64) -> io::Result<
     RING.with_borrow_mut(|ring| {
         if let Ring::Unset = ring {
             *ring = match IoUring::new(RING_ENTRIES) {
-                Ok(r) => Ring::Ready(r),
+                Ok(r) => Ring::Ready(Box::new(r)),
                 Err(e) => {
                     log::debug!("io_uring for direct writes refused ({e}): pwrite instead");
                     Ring::Refused
@@ -77,7 +77,7 @@ fn write_through(ring: &mut IoUring, file: &File, data: &[u8], offset: u64) -> i
             return Ok(());
         }
         let rest = &data[done..];
-        let len = u32::try_from(rest.len()).unwrap_or(u32::MAX & !4095);
+        let len = u32::try_from(rest.len()).unwrap_or(!4095);
         let sqe =
             opcode::Write::new(types::Fd(file.as_raw_fd()), rest.as_ptr(), len).offset(offset + done as u64).build();
         // SAFETY: `rest` outlives the wait below, which returns only once

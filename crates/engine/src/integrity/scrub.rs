@@ -123,7 +123,7 @@ impl Pool {
         let copies = dev.copies();
         let mut suspects: BTreeSet<u64> = BTreeSet::new();
         {
-            let _gate = self.io_gate.read().unwrap_or_else(|p| p.into_inner());
+            let _gate = self.gate_shared();
             let sums = self.read_inner().state.sums.get_run(pba, n)?;
             let mut buf = vec![0u8; n as usize * BS];
             for copy in 0..copies {

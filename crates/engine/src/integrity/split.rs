@@ -150,7 +150,7 @@ impl Pool {
     /// gate (`take_gate`, or the caller holds it: a second shared hold
     /// could wait behind a queued exclusive one and deadlock).
     fn presplit_group(&self, g: u64, crc: u32, take_gate: bool) -> Result<()> {
-        let _gate = take_gate.then(|| self.io_gate.read().unwrap_or_else(|p| p.into_inner()));
+        let _gate = take_gate.then(|| self.gate_shared());
         let stripe = (g / SUMS_GROUP % GROUP_LOCKS as u64) as usize;
         let _group = self.group_locks[stripe].lock().unwrap_or_else(|p| p.into_inner());
         let Some(good) = self.examine_span(Pba(g), GROUP_BYTES, crc).good else {

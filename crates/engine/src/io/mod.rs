@@ -19,7 +19,9 @@ use tarn_format::ops::{Op, MAX_GROUPS_PER_OP};
 use tarn_format::{Pba, BLOCK_SIZE};
 use tarn_store::StoreError;
 
+mod gate;
 mod parity;
+pub(crate) use gate::GateCounts;
 pub(crate) use parity::{parity_of_row, row_of, row_peers, xor_into};
 
 pub(crate) const BS: usize = BLOCK_SIZE as usize;
@@ -399,7 +401,7 @@ impl Pool {
         // append); off after a full pool refused that space.
         let mut relayout = true;
         for _ in 0..MAX_WRITE_ATTEMPTS {
-            let gate = self.io_gate.read().unwrap_or_else(|p| p.into_inner());
+            let gate = self.gate_for_write(vol);
             let plan = self.plan_write(vol, lba, n, relayout)?;
             // Read with no pool lock held; this writer holds the gate.
             self.presplit_in_gate(&plan.freed_groups)?;

@@ -145,7 +145,7 @@ impl Pool {
         let segs: Vec<Segment> =
             runs.iter().map(|&(lba, d)| Segment::Hole { lba, len: (d.len() / BS) as u64 }).collect();
         for _ in 0..MAX_WRITE_ATTEMPTS {
-            let gate = self.io_gate.read().unwrap_or_else(|e| e.into_inner());
+            let gate = self.gate_shared();
             let charge = self.with_cached_nodes(|inner| {
                 let v = inner.state.volume(vol).ok_or(EngineError::VolumeGone(vol))?;
                 let mut owned = 0;
@@ -225,7 +225,7 @@ impl Pool {
         buf: &mut [u8],
     ) -> Result<bool> {
         let failed = {
-            let _gate = self.io_gate.read().unwrap_or_else(|e| e.into_inner());
+            let _gate = self.gate_shared();
             match self.read_verified(vol, view, lba * BLOCK_SIZE, buf, false) {
                 Ok(true) => return Ok(false),
                 Ok(false) => EngineError::Inconsistent(format!("volume {vol} block {lba}+: checksum mismatch")),
@@ -250,7 +250,7 @@ impl Pool {
         buf: &mut [u8],
         err: EngineError,
     ) -> Result<()> {
-        let _gate = self.io_gate.read().unwrap_or_else(|e| e.into_inner());
+        let _gate = self.gate_shared();
         let end = offset + buf.len() as u64;
         let mut block = vec![0u8; BS];
         // Bounded by the request's blocks (at most 32 MiB).

@@ -404,6 +404,8 @@ pub struct Pool {
     /// committer takes it exclusively once before freed space is reused, so
     /// no I/O planned against the old map can touch reused space.
     pub(crate) io_gate: RwLock<()>,
+    /// Who holds `io_gate` shared, by kind (`io/gate.rs`).
+    pub(crate) gate_counts: crate::io::GateCounts,
     /// Serialize read-modify-write of partial blocks.
     pub(crate) stripes: Vec<Mutex<()>>,
     /// Bumped after every completed change (data or map).

@@ -398,6 +398,7 @@ impl Pool {
             devices,
             mirrors,
             io_gate: RwLock::new(()),
+            gate_counts: Default::default(),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             write_gen: AtomicU64::new(0),
             client_ops: AtomicU64::new(0),

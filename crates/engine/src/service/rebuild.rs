@@ -330,7 +330,7 @@ impl Pool {
     ) -> Result<bool> {
         let Some(layout) = self.parity_of(run.vol) else { return Ok(false) };
         let _row = self.lock_row(run.vol, crate::io::row_of(layout.0, layout.1, lba));
-        let _gate = self.io_gate.read().unwrap_or_else(|e| e.into_inner());
+        let _gate = self.gate_shared();
         let mut views = vec![if run.snap == 0 { View::Head } else { View::Snapshot(run.snap) }];
         if run.snap == 0 {
             let inner = self.read_inner();
@@ -412,7 +412,7 @@ impl Pool {
         let Some(layout) = self.parity_of(piece.vol) else { return Ok(((0, piece.len), Vec::new())) };
         let fast = {
             let _row = self.lock_row(piece.vol, crate::io::row_of(layout.0, layout.1, piece.lba));
-            let _gate = self.io_gate.read().unwrap_or_else(|e| e.into_inner());
+            let _gate = self.gate_shared();
             self.piece_from_row(piece, layout)?
         };
         if let Some(data) = fast {

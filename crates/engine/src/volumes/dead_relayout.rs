@@ -138,7 +138,7 @@ impl Pool {
             }
         }
         let mut sound = {
-            let _gate = self.io_gate.read().unwrap_or_else(|p| p.into_inner());
+            let _gate = self.gate_shared();
             self.read_in_device_order(wanted, &mut bufs)
         };
         whole.into_iter().for_each(|k| sound[k] = false);

@@ -45,9 +45,17 @@ impl Pool {
                 self.enable_feature(&mut ctl, incompat::FS_FILE_VERSIONS)?;
             }
         }
-        // Drain writes planned against the old epoch (see create_snapshot).
-        let _quiet = self.io_gate.write().unwrap_or_else(|p| p.into_inner());
+        // Drain writes planned against the old epoch (see create_snapshot),
+        // unless none can be writing this member (`io/gate.rs`).
         let mut inner = self.write_inner();
+        let _quiet = if self.quiet_for(id) {
+            None
+        } else {
+            drop(inner);
+            let quiet = self.io_gate.write().unwrap_or_else(|p| p.into_inner());
+            inner = self.write_inner();
+            Some(quiet)
+        };
         let v = member(&inner.state, id)?;
         if v.snapshot_named(name).is_some() {
             return Err(EngineError::SnapshotExists { volume: v.name.clone(), name: name.into() });

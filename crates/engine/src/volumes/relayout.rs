@@ -270,7 +270,7 @@ impl Pool {
     fn read_windows(&self, id: u32, plans: &[Plan]) -> Result<Vec<Vec<u8>>> {
         let mut bufs: Vec<Vec<u8>> = plans.iter().map(|p| vec![0u8; (p.len * BLOCK_SIZE) as usize]).collect();
         let sound = {
-            let _gate = self.io_gate.read().unwrap_or_else(|p| p.into_inner());
+            let _gate = self.gate_shared();
             let mut wanted = Vec::new();
             let mut whole = vec![true; plans.len()];
             for (k, p) in plans.iter().enumerate() {

@@ -1,0 +1,110 @@
+//! `Pool::io_gate` held shared, counted by kind, so a snapshot of one
+//! file object can skip draining every write in the pool.
+//!
+//! Why: a snapshot takes the gate exclusively to drain the writes planned
+//! against the old epoch, one of which could overwrite in place a block
+//! the snapshot now shows. Only writes to the snapshotted volume can.
+//! With tarn-fs's write-behind thread streaming other files' data, every
+//! close version and every first write after a volume snapshot waited
+//! for that thread's transfer in flight (2.7 s of a versioned PostMark
+//! run). A plain write counts itself in its volume's slot (hashed, so a
+//! slot may count several volumes: only ever too many); every other
+//! holder of the gate that may write (relayout, scrub, rebuild, parity,
+//! a checksum split) counts as "other". A snapshot that finds, under the
+//! pool lock (no write is then between its plan and its count), neither
+//! an other holder nor a write in its volume's slot applies at once: any
+//! write planned later sees the snapshot.
+
+use crate::pool::Pool;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::RwLockReadGuard;
+
+/// Slots of per-volume write counts.
+pub(crate) const SLOTS: usize = 64;
+
+pub(crate) struct GateCounts {
+    others: AtomicUsize,
+    writes: [AtomicUsize; SLOTS],
+}
+
+impl Default for GateCounts {
+    fn default() -> Self {
+        GateCounts { others: AtomicUsize::new(0), writes: std::array::from_fn(|_| AtomicUsize::new(0)) }
+    }
+}
+
+/// The gate held shared, with its count; both go when dropped.
+pub(crate) struct GateShared<'a> {
+    _guard: RwLockReadGuard<'a, ()>,
+    count: &'a AtomicUsize,
+}
+
+impl Drop for GateShared<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn slot(vol: u32) -> usize {
+    (vol as usize).wrapping_mul(0x9e37_79b9) % SLOTS
+}
+
+impl Pool {
+    fn gate_counted<'a>(&'a self, count: &'a AtomicUsize) -> GateShared<'a> {
+        let guard = self.io_gate.read().unwrap_or_else(|p| p.into_inner());
+        // Counted before the holder plans anything (under the pool lock).
+        count.fetch_add(1, Ordering::SeqCst);
+        GateShared { _guard: guard, count }
+    }
+
+    /// The gate for I/O that may write blocks of any volume.
+    pub(crate) fn gate_shared(&self) -> GateShared<'_> {
+        self.gate_counted(&self.gate_counts.others)
+    }
+
+    /// The gate for a plain write to `vol`.
+    pub(crate) fn gate_for_write(&self, vol: u32) -> GateShared<'_> {
+        self.gate_counted(&self.gate_counts.writes[slot(vol)])
+    }
+
+    /// Whether no holder of the gate may be writing `vol`'s blocks: call
+    /// it holding the pool lock for writing, so none plans meanwhile.
+    pub(crate) fn quiet_for(&self, vol: u32) -> bool {
+        let c = &self.gate_counts;
+        c.others.load(Ordering::SeqCst) == 0 && c.writes[slot(vol)].load(Ordering::SeqCst) == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::mem_device::MemDevice;
+    use crate::{create_pool, CreateOptions, Device, OpenOptions};
+    use std::sync::Arc;
+
+    fn pool() -> Pool {
+        let dev: Vec<Arc<dyn Device>> = vec![Arc::new(MemDevice::new("m", 64 << 20, 1))];
+        create_pool(&dev, &["m".into()], &CreateOptions::default()).unwrap();
+        Pool::open(dev, OpenOptions::default()).unwrap()
+    }
+
+    /// A write in flight to one volume keeps a snapshot of it from the
+    /// fast path, not one of a volume in another slot; any other holder
+    /// of the gate keeps every snapshot from it.
+    #[test]
+    fn only_writes_to_the_volume_or_other_holders_stop_the_fast_path() {
+        let p = pool();
+        let (x, y) = (5u32, 6u32);
+        assert_ne!(slot(x), slot(y));
+        assert!(p.quiet_for(x) && p.quiet_for(y));
+        let w = p.gate_for_write(x);
+        assert!(!p.quiet_for(x), "a write to x is in flight");
+        assert!(p.quiet_for(y), "a write to x does not touch y");
+        drop(w);
+        assert!(p.quiet_for(x));
+        let other = p.gate_shared();
+        assert!(!p.quiet_for(x) && !p.quiet_for(y), "a relayout or scrub may write anything");
+        drop(other);
+        assert!(p.quiet_for(x) && p.quiet_for(y));
+    }
+}
