@@ -9,7 +9,7 @@
 //! where a commit is allowed) and counted as pending, the queue never
 //! grows past what the change made room for.
 
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 use crate::pool::Pool;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -60,23 +60,5 @@ impl Pool {
     /// reserve): a cheap look, no commit.
     pub fn available_bytes(&self) -> u64 {
         self.read_inner().space.available_blocks() * tarn_format::BLOCK_SIZE
-    }
-
-    /// Write `data` at byte `offset` of `vol` with its ops charged to
-    /// `room`: never commits. A write that would need a commit (a feature
-    /// to enable first, overwrite regions to open, a full pool, strict
-    /// mode) returns `NeedsCommit` or `NoSpace` having changed nothing the
-    /// ordinary `write` cannot redo.
-    pub fn write_reserved(&self, vol: u32, offset: u64, data: &[u8], room: OpsRoom) -> Result<()> {
-        self.client_ops.fetch_add(1, Ordering::Relaxed);
-        self.check_writable()?;
-        self.check_range("write", vol, offset, data.len() as u64, crate::io::MAX_IO_BYTES)?;
-        if self.options.strict {
-            return Err(EngineError::NeedsCommit);
-        }
-        let result = self.write_pieces(vol, offset, data, false);
-        self.write_gen.fetch_add(1, Ordering::SeqCst);
-        drop(room);
-        result.map(drop)
     }
 }

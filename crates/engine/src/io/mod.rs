@@ -19,9 +19,8 @@ use tarn_format::ops::{Op, MAX_GROUPS_PER_OP};
 use tarn_format::{Pba, BLOCK_SIZE};
 use tarn_store::StoreError;
 
-mod gate;
 mod parity;
-pub(crate) use gate::GateCounts;
+mod reserved;
 pub(crate) use parity::{parity_of_row, row_of, row_peers, xor_into};
 
 pub(crate) const BS: usize = BLOCK_SIZE as usize;
@@ -205,7 +204,7 @@ pub(crate) struct NewPiece {
 impl Pool {
     /// Validate a request against the volume's size; the name is only
     /// copied for the error (this runs on every I/O).
-    pub(crate) fn check_range(&self, op: &'static str, vol: u32, offset: u64, len: u64, max: u64) -> Result<()> {
+    fn check_range(&self, op: &'static str, vol: u32, offset: u64, len: u64, max: u64) -> Result<()> {
         self.check_view_range(op, vol, View::Head, offset, len, max)
     }
 
@@ -292,7 +291,7 @@ impl Pool {
     /// tail block; returns whether any of them allocated. `may_commit`
     /// false: a piece that needs a commit first fails instead
     /// (`write_reserved`).
-    pub(crate) fn write_pieces(&self, vol: u32, offset: u64, data: &[u8], may_commit: bool) -> Result<bool> {
+    fn write_pieces(&self, vol: u32, offset: u64, data: &[u8], may_commit: bool) -> Result<bool> {
         let mut allocated = false;
         let mut pos = 0usize;
         while pos < data.len() {

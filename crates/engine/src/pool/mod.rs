@@ -4,6 +4,8 @@
 //! (`integrity/`, `commit/`, `io/`, `volumes/`, `service/`), each in its
 //! own `impl Pool`; docs/ARCHITECTURE.md (*Locks*) has the lock order.
 
+mod gate;
+
 use crate::device::Device;
 use crate::error::{EngineError, Result, StateError};
 use crate::map::extent_map::Freed;
@@ -404,8 +406,8 @@ pub struct Pool {
     /// committer takes it exclusively once before freed space is reused, so
     /// no I/O planned against the old map can touch reused space.
     pub(crate) io_gate: RwLock<()>,
-    /// Who holds `io_gate` shared, by kind (`io/gate.rs`).
-    pub(crate) gate_counts: crate::io::GateCounts,
+    /// Who holds `io_gate` shared, by kind (`pool/gate.rs`).
+    pub(crate) gate_counts: gate::GateCounts,
     /// Serialize read-modify-write of partial blocks.
     pub(crate) stripes: Vec<Mutex<()>>,
     /// Bumped after every completed change (data or map).

@@ -46,7 +46,7 @@ impl Pool {
             }
         }
         // Drain writes planned against the old epoch (see create_snapshot),
-        // unless none can be writing this member (`io/gate.rs`).
+        // unless none can be writing this member (`pool/gate.rs`).
         let mut inner = self.write_inner();
         let _quiet = if self.quiet_for(id) {
             None
