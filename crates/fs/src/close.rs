@@ -188,6 +188,11 @@ impl Versioned {
         self.take_close_version(ino)
     }
 
+    /// Whether any close version is owed (`take_owed` has work).
+    pub fn owes_versions(&self) -> bool {
+        !self.sessions().owed.is_empty()
+    }
+
     /// Before a request naming `inos`: their owed close versions are
     /// taken (waiting for their data), so the version holds the file as
     /// it was closed; with `all`, every owed one (a volume snapshot, or
