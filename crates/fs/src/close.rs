@@ -16,10 +16,6 @@ use std::collections::{HashMap, HashSet};
 /// file opened after that without a new lookup gets no close versions).
 const NAMES: usize = 1 << 16;
 
-/// Owed close versions (`Sessions::owed`) past which any request takes
-/// those whose data landed, not only RELEASE and FORGET.
-const OWED_BOUND: usize = 256;
-
 /// What the session knows of open files, for close versions.
 #[derive(Default)]
 pub(crate) struct Sessions {
@@ -31,11 +27,6 @@ pub(crate) struct Sessions {
     versioned: HashSet<u64>,
     /// Files written (or truncated) since their last close version.
     modified: HashSet<u64>,
-    /// Files whose last writer was released while their data was still
-    /// queued behind (`writebehind.rs`): the close version is owed, taken
-    /// once the data landed or before anything else names the file
-    /// (`take_owed`).
-    owed: HashSet<u64>,
     /// The policy, read once per mount (the pool is locked while mounted,
     /// so `tarn fs version-policy` cannot change it meanwhile).
     rules: Option<Vec<Rule>>,
@@ -178,44 +169,30 @@ impl Versioned {
         if !take {
             return Ok(None);
         }
-        // Taken now it would wait for the data still queued behind (the
-        // RELEASE would then hold the session as long as the device
-        // takes): owed instead.
-        if self.live.writes_queued(ino) {
-            self.sessions().owed.insert(ino);
-            return Ok(None);
+        if self.commit_at_close {
+            return self.take_close_version(ino);
         }
-        self.take_close_version(ino)
+        // Owed: taken with others before the next commit, or before
+        // anything changes the file (`owed.rs`).
+        self.live.owe_close_version(ino)?;
+        Ok(None)
     }
 
     /// Whether any close version is owed (`take_owed` has work).
     pub fn owes_versions(&self) -> bool {
-        !self.sessions().owed.is_empty()
+        self.live.owes_versions()
     }
 
-    /// Before a request naming `inos`: their owed close versions are
-    /// taken (waiting for their data), so the version holds the file as
-    /// it was closed; with `all`, every owed one (a volume snapshot, or
-    /// anything that may number versions, comes after them). With
-    /// `landed` (a request no caller waits for: RELEASE, FORGET), or once
-    /// OWED_BOUND are owed, the owed versions whose data has landed are
-    /// taken too, without waiting.
-    pub fn take_owed(&self, inos: &[u64], all: bool, landed: bool) -> Result<()> {
-        let owed: Vec<u64> = self.sessions().owed.iter().copied().collect();
-        if owed.is_empty() {
-            return Ok(());
+    /// Before a request that may change `inos`: their owed close versions
+    /// are taken (waiting for their data), so each holds the file as it
+    /// was closed; with `all`, every owed one (a volume snapshot, or
+    /// anything that may number versions, comes after them).
+    pub fn take_owed(&self, inos: &[u64], all: bool) -> Result<()> {
+        let taken = self.live.take_owed(if all { None } else { Some(inos) })?;
+        if taken > 0 {
+            self.forget_views();
         }
-        let landed = landed || owed.len() >= OWED_BOUND;
-        // The session lock is not held across the namespace lock.
-        let due = owed.into_iter().filter(|i| all || inos.contains(i) || (landed && !self.live.writes_queued(*i)));
-        let mut first = Ok(());
-        for ino in due.collect::<Vec<u64>>() {
-            self.sessions().owed.remove(&ino);
-            if let Err(e) = self.take_close_version(ino) {
-                first = first.and(Err(e));
-            }
-        }
-        first
+        Ok(())
     }
 
     /// Before a view of `ino`'s versions (`foo@`, `foo@N`, an entry of
@@ -231,26 +208,18 @@ impl Versioned {
     /// unmodified. A writer still open gets a version of what it wrote
     /// so far.
     pub fn settle(&self, ino: u64) -> Result<Option<FsSnapshot>> {
-        let take = {
-            let mut s = self.sessions();
-            s.modified.remove(&ino) | s.owed.remove(&ino)
-        };
-        if take {
-            self.take_close_version(ino)
-        } else {
-            Ok(None)
+        if self.sessions().modified.remove(&ino) {
+            return self.take_close_version(ino);
         }
+        self.take_owed(&[ino], false)?;
+        Ok(None)
     }
 
     /// `settle` for the file whose versions a request on `x` views: a
     /// readdir of a list `foo@` (`name` None), or a lookup of `name` in
     /// `x` (an entry of `foo@`, or `foo@`/`foo@N` in a live directory).
     pub fn settle_view(&self, x: u64, name: Option<&[u8]>) -> Result<()> {
-        let none = {
-            let s = self.sessions();
-            s.modified.is_empty() && s.owed.is_empty()
-        };
-        if none {
+        if self.sessions().modified.is_empty() && !self.live.owes_versions() {
             return Ok(());
         }
         let ino = match (Node::decode(x), name.map(version_base)) {
@@ -268,14 +237,9 @@ impl Versioned {
     /// the RELEASEs it has not sent at unmount). Each file is tried; the
     /// first error is returned.
     pub fn settle_all(&self) -> Result<()> {
-        let owed: Vec<u64> = {
-            let mut s = self.sessions();
-            let mut owed: Vec<u64> = s.modified.drain().collect();
-            owed.extend(s.owed.drain());
-            owed
-        };
-        let mut first = Ok(());
-        for ino in owed {
+        let modified: Vec<u64> = self.sessions().modified.drain().collect();
+        let mut first = self.take_owed(&[], true);
+        for ino in modified {
             if let Err(e) = self.take_close_version(ino) {
                 first = first.and(Err(e));
             }

@@ -29,6 +29,14 @@ fn check_label(label: &str) -> Result<()> {
     Ok(())
 }
 
+/// Close versions kept per file by header `h`.
+pub(crate) fn keep_of(h: &Header) -> u32 {
+    match h.keep {
+        0 => DEFAULT_KEEP,
+        k => k,
+    }
+}
+
 impl FileVolume {
     /// A per-file snapshot of regular file `ino`, labelled `label` (may be
     /// empty): durable when it returns.
@@ -37,77 +45,23 @@ impl FileVolume {
         self.version_of(ino, VersionKind::File, label, true)
     }
 
-    /// A close version of `ino`, then the file's close versions past the
-    /// volume's bound are deleted, oldest first (a second commit: a crash
-    /// between keeps one version more, pruned at the next close).
-    /// `durable`: committed when it returns; else queued whole (one
-    /// batch, after the file's data) for the next commit.
+    /// A close version of `ino` taken now (a batch of one: `owed.rs`),
+    /// then the file's close versions past the volume's bound are deleted,
+    /// oldest first. `durable`: committed when it returns; else queued
+    /// whole (after the file's data) for the next commit.
     pub fn close_version(&self, ino: u64, durable: bool) -> Result<FsSnapshot> {
-        let v = self.record_version(ino, durable)?;
-        let keep = self.keep() as usize;
-        let mut ns = self.lock();
-        let closes = self.closes_of(&mut ns, ino)?;
-        if closes.len() > keep {
-            let gone = &closes[..closes.len() - keep];
-            self.pool.make_room_for(64 * 2 * gone.len() + 4096)?;
-            self.drop_file_versions(&mut ns, ino, gone, 0)?;
-            drop(ns);
-            if durable {
-                self.pool.flush()?;
-            }
-        }
-        Ok(v)
-    }
-
-    /// A close version as a record (FS_VERSION_RECORDS, `vrecord.rs`), in
-    /// one commit: tag `gN` of the file's object, the record in the
-    /// version log, the header (epoch N, slot count), the inode's epoch N
-    /// (committed at once if `durable`). No table snapshot: the record
-    /// keeps what the table snapshot kept of the file (its 256-byte
-    /// record) in 64 bytes.
-    fn record_version(&self, ino: u64, durable: bool) -> Result<FsSnapshot> {
         self.writable()?;
         let mut ns = self.lock();
-        let mut i = self.inode(&mut ns, ino)?;
+        let i = self.inode(&mut ns, ino)?;
         if i.kind != Kind::File {
             return Err(FsError::Invalid("a file version is of a regular file"));
         }
-        // The version holds every byte written before it.
-        self.settle(&mut ns, i.object);
-        if !ns.records_enabled {
-            // Its own commit, the first time only (lock order: namespace,
-            // then commit, as the mount's periodic commit takes them).
-            self.pool.enable_fs_version_records()?;
-            ns.records_enabled = true;
-        }
-        // Everything below in one commit: no back-pressure commit inside.
-        self.pool.make_room_for(4 * 4096)?;
-        let number = ns.header.epoch + 1;
-        if i.object != 0 {
-            self.tag_object(i.object, number)?;
-        }
-        let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        let rec = crate::vrecord::VersionRecord::of(&i, number, created);
-        let slot = self.append_record(&mut ns, &rec)?;
-        ns.header.epoch = number;
-        self.write_header(&ns.header)?;
-        self.save_epoch(&mut ns, &mut i, number)?;
-        let s = FsSnapshot {
-            name: version_name(VersionKind::Close, ino, i.object, number, ""),
-            kind: VersionKind::Close,
-            owner: ino,
-            object: i.object,
-            number,
-            created,
-            engine_epoch: 0,
-            slot: Some(slot),
-        };
-        crate::vindex::VersionIndex::taken(&mut ns.index, &s);
+        let v = self.record_batch(&mut ns, std::iter::once(&i))?.pop().ok_or(FsError::NotFound)?;
         drop(ns);
         if durable {
             self.pool.flush()?;
         }
-        Ok(s)
+        Ok(v)
     }
 
     /// The inode with epoch `number`, saved in the version's commit when
@@ -118,7 +72,7 @@ impl FileVolume {
     /// versioned PostMark mount). An unsaved change (a write's size) is
     /// saved with the version, so a commit holding the version holds the
     /// size of the data it versions.
-    fn save_epoch(&self, ns: &mut Ns, i: &mut Inode, number: u64) -> Result<()> {
+    pub(crate) fn save_epoch(&self, ns: &mut Ns, i: &mut Inode, number: u64) -> Result<()> {
         if i.epoch >= ns.last_volume && !ns.dirty.contains_key(&i.ino) {
             return Ok(());
         }
@@ -163,10 +117,7 @@ impl FileVolume {
 
     /// Close versions kept per file.
     pub fn keep(&self) -> u32 {
-        match self.lock().header.keep {
-            0 => DEFAULT_KEEP,
-            k => k,
-        }
+        keep_of(&self.lock().header)
     }
 
     /// Set the close versions kept per file (1..=MAX_KEEP); one commit.
@@ -183,7 +134,7 @@ impl FileVolume {
         Ok(self.pool.flush()?)
     }
 
-    fn write_header(&self, h: &Header) -> Result<()> {
+    pub(crate) fn write_header(&self, h: &Header) -> Result<()> {
         Ok(self.pool.write(self.id, 0, &h.encode(), false)?)
     }
 

@@ -8,6 +8,7 @@ use crate::error::{FsError, Result};
 use crate::inode::{Header, Inode, Kind, INLINE_TARGET, RECORD};
 use crate::{MAX_FILE_SIZE, MAX_INODES, OBJECT_SIZE, ROOT};
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tarn_engine::{PlacementKind, Pool, View};
@@ -101,6 +102,10 @@ pub(crate) struct Ns {
     pub(crate) index: Option<crate::vindex::VersionIndex>,
     /// FS_VERSION_RECORDS is known set (checked once per open).
     pub(crate) records_enabled: bool,
+    /// Close versions owed, by file (`owed.rs`), and the last release's
+    /// sequence number.
+    pub(crate) owed: HashMap<u64, crate::owed::Owed>,
+    pub(crate) owed_seq: u64,
 }
 
 /// An open file volume.
@@ -117,6 +122,10 @@ pub struct FileVolume {
     pub(crate) readahead: Option<crate::readahead::Readahead>,
     /// File data written behind (`writebehind.rs`; None: written at once).
     pub(crate) write_behind: Option<crate::writebehind::WriteBehind>,
+    /// `Ns::owed.len()`, read without the lock on every request.
+    pub(crate) owed_count: AtomicUsize,
+    /// Bumped at every batch of versions taken (`owed.rs`).
+    pub(crate) versions_gen: AtomicU64,
 }
 
 /// `a` and `b` are one record but for size and times (what may wait
@@ -212,9 +221,13 @@ impl FileVolume {
                 orphans: HashSet::new(),
                 index: None,
                 records_enabled: false,
+                owed: HashMap::new(),
+                owed_seq: 0,
             }),
             readahead: None,
             write_behind: None,
+            owed_count: AtomicUsize::new(0),
+            versions_gen: AtomicU64::new(0),
         };
         fv.inode(&mut fv.lock(), root)?;
         if view.is_none() {
@@ -626,6 +639,7 @@ impl FileVolume {
     /// leaks the object, never leaves a record pointing at a freed one).
     fn free_inode(&self, ns: &mut Ns, i: &Inode) -> Result<()> {
         self.settle(ns, i.object);
+        self.forget_owed(ns, i.ino);
         ns.dirty.remove(&i.ino);
         ns.cached.remove(&i.ino);
         ns.dirs.remove(&i.ino);
@@ -949,6 +963,11 @@ impl FileVolume {
     }
 
     fn save_dirty(&self, ns: &mut Ns) -> Result<()> {
+        // A commit of the mount holds the versions of the files closed
+        // before it (their data with them).
+        if let Err(e) = self.take_owed_locked(ns, None) {
+            log::error!("close versions owed before a commit: {e}");
+        }
         self.settle_all(ns);
         let dirty: Vec<Inode> = ns.dirty.drain().map(|(_, i)| i).collect();
         for i in &dirty {

@@ -205,8 +205,10 @@ impl FileVolume {
             return Err(EngineError::SnapshotExists { volume: self.volume_name(), name: name.into() }.into());
         }
         let mut ns = self.lock();
-        // Data written behind belongs in the snapshot, as do sizes and
-        // times not yet saved in its table.
+        // Close versions owed come before it (numbered before it), as
+        // data written behind belongs in it, and sizes and times not yet
+        // saved in its table.
+        self.take_owed_locked(&mut ns, None)?;
         self.settle_all(&mut ns);
         let dirty: Vec<Inode> = ns.dirty.drain().map(|(_, i)| i).collect();
         for i in &dirty {

@@ -81,7 +81,8 @@ pub struct Versioned {
 #[derive(Default)]
 struct Views {
     open: HashMap<u64, Arc<FileVolume>>,
-    list: Option<Arc<Vec<FsSnapshot>>>,
+    /// With `FileVolume::versions_gen` when read.
+    list: Option<(u64, Arc<Vec<FsSnapshot>>)>,
 }
 
 impl Versioned {
@@ -111,11 +112,16 @@ impl Versioned {
     }
 
     fn snapshots(&self) -> Result<Arc<Vec<FsSnapshot>>> {
-        if let Some(l) = &self.views.lock().unwrap_or_else(|p| p.into_inner()).list {
-            return Ok(l.clone());
+        // Versions taken since (the mount's commit takes owed ones) make
+        // the list stale.
+        let gen = self.live.versions_gen();
+        if let Some((at, l)) = &self.views.lock().unwrap_or_else(|p| p.into_inner()).list {
+            if *at == gen {
+                return Ok(l.clone());
+            }
         }
         let list = Arc::new(self.live.versions()?);
-        self.views.lock().unwrap_or_else(|p| p.into_inner()).list = Some(list.clone());
+        self.views.lock().unwrap_or_else(|p| p.into_inner()).list = Some((gen, list.clone()));
         Ok(list)
     }
 

@@ -12,7 +12,7 @@
 use crate::error::{FsError, Result};
 use crate::inode::{Inode, Kind};
 use crate::ns::{FileVolume, Ns};
-use tarn_engine::{PlacementKind, View};
+use tarn_engine::View;
 use tarn_format::checksum::crc32c;
 
 /// Bytes of one record; a slot of zeros is free.
@@ -177,22 +177,6 @@ impl FileVolume {
         let mut b = [0u8; LEN];
         self.pool.read_view(ns.header.vlog, View::Head, slot * LEN as u64, &mut b)?;
         VersionRecord::decode(&b, slot)?.ok_or(FsError::NotFound)
-    }
-
-    /// Queue `r` into the next slot (the log is made on first use); the
-    /// caller writes the header with the new slot count in the same
-    /// commit. Returns the slot.
-    pub(crate) fn append_record(&self, ns: &mut Ns, r: &VersionRecord) -> Result<u64> {
-        if ns.header.vlog_slots >= MAX_SLOTS {
-            return Err(FsError::Invalid("the version log is full (2^26 close versions taken)"));
-        }
-        if ns.header.vlog == 0 {
-            ns.header.vlog = self.pool.create_object(self.id, crate::OBJECT_SIZE, Some(PlacementKind::Append))?;
-        }
-        let slot = u64::from(ns.header.vlog_slots);
-        self.pool.write(ns.header.vlog, slot * LEN as u64, &r.encode(), false)?;
-        ns.header.vlog_slots += 1;
-        Ok(slot)
     }
 
     /// Queue freeing the records at `slots`: each slot is zeroed; a log

@@ -327,27 +327,22 @@ impl TarnFs {
         Ok(())
     }
 
-    /// Close versions owed while their data was queued behind: the ones
-    /// of the files this request names first (a FORGET may free the
-    /// inode, a write would change it), all of them before a setxattr (a
-    /// volume or file snapshot numbers after them), then, at a request
-    /// nobody waits for (RELEASE, FORGET), those whose data landed
-    /// (`Versioned::take_owed`): a version's work stays off the path of
-    /// the requests a caller waits for, as when RELEASE took it.
+    /// Close versions owed (`tarn_fs` `owed.rs`) are taken before a
+    /// request that may change a file they are owed by (the files it
+    /// names), all of them before a setxattr (a volume or file snapshot
+    /// numbers after them). Requests that change nothing take none: the
+    /// rest wait for the next commit's batch.
     fn take_owed_versions(&self, ino: u64, op: &Op<'_>) {
         // Every request passes here: nothing built when nothing is owed.
-        if !self.fv.owes_versions() {
+        if !self.fv.owes_versions() || changes_nothing(op) {
             return;
         }
         let mut named = vec![ino];
-        match op {
-            Op::BatchForget(list) => named.extend(list.iter().map(|(i, _)| *i)),
-            Op::Link { oldnodeid, .. } => named.push(*oldnodeid),
-            _ => {}
+        if let Op::Link { oldnodeid, .. } = op {
+            named.push(*oldnodeid);
         }
         let all = matches!(op, Op::Setxattr { .. });
-        let background = matches!(op, Op::Release { .. } | Op::Forget { .. } | Op::BatchForget(_));
-        if let Err(e) = self.fv.take_owed(&named, all, background) {
+        if let Err(e) = self.fv.take_owed(&named, all) {
             log::error!("close version owed: {e}");
         }
     }
@@ -675,5 +670,32 @@ impl TarnFs {
             Ok(None) => Reply::Error(libc::ENXIO),
             Err(e) => Reply::Error(e.errno()),
         }
+    }
+}
+
+/// Requests that change no file (nor number a version): an owed close
+/// version waits through them. OPEN with O_TRUNC truncates.
+fn changes_nothing(op: &Op<'_>) -> bool {
+    match op {
+        Op::Open { flags } => *flags as i32 & libc::O_TRUNC == 0,
+        _ => matches!(
+            op,
+            Op::Lookup { .. }
+                | Op::Forget { .. }
+                | Op::BatchForget(_)
+                | Op::Interrupt
+                | Op::Getattr
+                | Op::Readlink
+                | Op::Opendir
+                | Op::Read { .. }
+                | Op::Readdir { .. }
+                | Op::Statfs
+                | Op::Release { .. }
+                | Op::Releasedir
+                | Op::Flush { .. }
+                | Op::Getxattr { .. }
+                | Op::Listxattr { .. }
+                | Op::Lseek { .. }
+        ),
     }
 }
