@@ -978,15 +978,29 @@ impl FileVolume {
 
     /// Save every pending inode change and commit: durable when it returns.
     pub fn sync(&self) -> Result<()> {
-        self.save_dirty(&mut self.lock())?;
+        self.save_pending()?;
         Ok(self.pool.flush()?)
     }
 
     /// fsync(2) of `ino`: `sync`, then the error of a write of it lost
     /// behind since its last fsync, if any (`writebehind.rs`).
     pub fn fsync(&self, ino: u64) -> Result<()> {
-        self.sync()?;
-        match self.write_behind.as_ref().and_then(|w| w.take_error(ino)) {
+        self.save_pending()?;
+        self.commit_saved(Some(ino))
+    }
+
+    /// The first half of `sync`: every pending inode change (and owed
+    /// close version) queued for the next commit.
+    pub fn save_pending(&self) -> Result<()> {
+        self.save_dirty(&mut self.lock())
+    }
+
+    /// The second half of `sync` or `fsync`: commit (the namespace lock
+    /// not held: other requests go on meanwhile), then for `fsync_of` the
+    /// error of a write of it lost behind since its last fsync, if any.
+    pub fn commit_saved(&self, fsync_of: Option<u64>) -> Result<()> {
+        self.pool.flush()?;
+        match fsync_of.and_then(|ino| self.write_behind.as_ref()?.take_error(ino)) {
             Some(e) => Err(e),
             None => Ok(()),
         }

@@ -196,6 +196,14 @@ impl FileVolume {
 
     /// Snapshot the whole volume as `name`: durable when it returns.
     pub fn snap_create(&self, name: &str) -> Result<FsSnapshot> {
+        let s = self.queue_snap_create(name)?;
+        self.pool.flush()?;
+        Ok(s)
+    }
+
+    /// `snap_create` queued for the next commit (the caller commits,
+    /// without holding what other requests wait for).
+    pub fn queue_snap_create(&self, name: &str) -> Result<FsSnapshot> {
         self.writable()?;
         if name.starts_with('~') {
             return Err(FsError::Invalid("a snapshot name may not start with '~' (file versions' prefix)"));
@@ -229,8 +237,6 @@ impl FileVolume {
             slot: None,
         };
         crate::vindex::VersionIndex::taken(&mut ns.index, &s);
-        drop(ns);
-        self.pool.flush()?;
         Ok(s)
     }
 
@@ -316,8 +322,15 @@ impl FileVolume {
         }
     }
 
-    /// Delete volume snapshot `name` (file versions are deleted by number).
+    /// Delete volume snapshot `name` (file versions are deleted by
+    /// number): durable when it returns.
     pub fn snap_delete(&self, name: &str) -> Result<()> {
+        self.queue_snap_delete(name)?;
+        Ok(self.pool.flush()?)
+    }
+
+    /// `snap_delete` queued for the next commit (the caller commits).
+    pub fn queue_snap_delete(&self, name: &str) -> Result<()> {
         self.writable()?;
         let list = self.versions()?;
         let gone = list
@@ -334,7 +347,8 @@ impl FileVolume {
         if !list.iter().any(|s| s.number == number) {
             return Err(FsError::NotFound);
         }
-        self.delete_versions(&list, &[number])
+        self.delete_versions(&list, &[number])?;
+        Ok(self.pool.flush()?)
     }
 
     /// Delete the versions numbered `gone` of `list` (every version of the
@@ -342,7 +356,7 @@ impl FileVolume {
     /// version reads, and retired objects left without tags. What each
     /// alone held is freed (the engine's dead lists). The tags are found
     /// in the catalog in memory (no volume read); the pass is O(objects of
-    /// this volume + versions). Durable when it returns.
+    /// this volume + versions). Queued whole for the next commit.
     pub(crate) fn delete_versions(&self, list: &[FsSnapshot], gone: &[u64]) -> Result<()> {
         let remaining: Vec<&FsSnapshot> = list.iter().filter(|s| !gone.contains(&s.number)).collect();
         let volumes: Vec<u64> = remaining.iter().filter(|s| s.kind == VersionKind::Volume).map(|s| s.number).collect();
@@ -382,7 +396,6 @@ impl FileVolume {
         for id in drop_objects {
             self.pool.delete_object(id)?;
         }
-        self.pool.flush()?;
         drop(_ns);
         let latest = self.latest_volume_number()?;
         self.lock().last_volume = latest;

@@ -19,7 +19,17 @@ pub(crate) fn lock(fs: &Shared) -> MutexGuard<'_, TarnFs> {
 pub(crate) fn serve(fs: &Shared, h: &Header, op: Result<Op<'_>, decode::Malformed>) -> Reply {
     match op {
         Ok(Op::Destroy) => Reply::Empty,
-        Ok(op) => lock(fs).handle(h, op),
+        Ok(op) => {
+            let mut fs = lock(fs);
+            let reply = fs.handle(h, op);
+            match fs.commit_after.take() {
+                None => reply,
+                Some(commit) => {
+                    drop(fs);
+                    commit.run(reply)
+                }
+            }
+        }
         Err(decode::Malformed) => {
             log::warn!("malformed FUSE request (opcode {}, {} bytes)", h.opcode, h.len);
             Reply::Error(libc::EIO)

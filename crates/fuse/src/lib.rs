@@ -90,6 +90,7 @@ pub fn mount(
     fv.commit_at_close = interval.is_zero();
     let fs = TarnFs {
         fv,
+        commit_after: None,
         commit_on_close: interval.is_zero(),
         writeback_cache: durability.writeback_cache,
         no_open: false,
