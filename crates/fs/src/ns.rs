@@ -962,12 +962,17 @@ impl FileVolume {
         self.pool.file_volumes().into_iter().find(|f| f.id == self.id).map_or(0, |f| f.allocated)
     }
 
-    fn save_dirty(&self, ns: &mut Ns) -> Result<()> {
-        // A commit of the mount holds the versions of the files closed
-        // before it (their data with them).
+    /// What a commit of the mount saves first: the close versions owed
+    /// (a commit holds the versions of the files closed before it, their
+    /// data with them) and every pending inode change.
+    fn save_for_commit(&self, ns: &mut Ns) -> Result<()> {
         if let Err(e) = self.take_owed_locked(ns, None) {
             log::error!("close versions owed before a commit: {e}");
         }
+        self.save_dirty(ns)
+    }
+
+    fn save_dirty(&self, ns: &mut Ns) -> Result<()> {
         self.settle_all(ns);
         let dirty: Vec<Inode> = ns.dirty.drain().map(|(_, i)| i).collect();
         for i in &dirty {
@@ -992,7 +997,7 @@ impl FileVolume {
     /// The first half of `sync`: every pending inode change (and owed
     /// close version) queued for the next commit.
     pub fn save_pending(&self) -> Result<()> {
-        self.save_dirty(&mut self.lock())
+        self.save_for_commit(&mut self.lock())
     }
 
     /// The second half of `sync` or `fsync`: commit (the namespace lock
@@ -1012,7 +1017,7 @@ impl FileVolume {
     /// one (a change holds the mutex from its first write to its last).
     pub fn sync_between_changes(&self) -> Result<()> {
         let mut ns = self.lock();
-        self.save_dirty(&mut ns)?;
+        self.save_for_commit(&mut ns)?;
         Ok(self.pool.flush()?)
     }
 

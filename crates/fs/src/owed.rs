@@ -23,7 +23,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use tarn_engine::PlacementKind;
 
 /// Owed versions past which the next one taken takes them all.
-pub const OWED_BOUND: usize = 1024;
+pub const OWED_BOUND: usize = 4096;
 /// Versions taken per batch (one commit's worth, made room for whole).
 const BATCH: usize = 64;
 /// Ops weight made room for: per version (its tag, its inode, its share

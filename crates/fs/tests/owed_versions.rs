@@ -21,7 +21,7 @@ fn files(fv: &FileVolume, n: usize) -> Vec<u64> {
 }
 
 fn content(k: usize, round: u8) -> Vec<u8> {
-    vec![k as u8 ^ round; 3000 + 97 * k]
+    vec![k as u8 ^ round; 3000 + 97 * (k % 64)]
 }
 
 /// `name@N`'s data and mode, N the newest close version of `name`.
