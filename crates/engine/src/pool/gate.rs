@@ -73,7 +73,27 @@ impl Pool {
         let c = &self.gate_counts;
         c.others.load(Ordering::SeqCst) == 0 && c.writes[slot(vol)].load(Ordering::SeqCst) == 0
     }
+
+    /// The pool lock for a change that must not race a write planned
+    /// against `vol`'s old map (a snapshot of it, a shrink freeing its
+    /// tail): taken at once when none can be in flight (`quiet_for`),
+    /// else after draining every write (the gate held exclusively, and
+    /// returned with it). Lock order: the gate before the pool lock.
+    pub(crate) fn write_inner_quiet_for(&self, vol: u32) -> (Option<GateExclusive<'_>>, InnerWrite<'_>) {
+        let inner = self.write_inner();
+        if self.quiet_for(vol) {
+            return (None, inner);
+        }
+        drop(inner);
+        let quiet = self.io_gate.write().unwrap_or_else(|p| p.into_inner());
+        (Some(quiet), self.write_inner())
+    }
 }
+
+/// The gate held exclusively: no I/O planned against an older map is in flight.
+pub(crate) type GateExclusive<'a> = std::sync::RwLockWriteGuard<'a, ()>;
+/// The pool lock held for writing.
+pub(crate) type InnerWrite<'a> = crate::pool::Held<std::sync::RwLockWriteGuard<'a, crate::pool::Inner>>;
 
 #[cfg(test)]
 mod tests {
@@ -106,5 +126,30 @@ mod tests {
         assert!(!p.quiet_for(x) && !p.quiet_for(y), "a relayout or scrub may write anything");
         drop(other);
         assert!(p.quiet_for(x) && p.quiet_for(y));
+    }
+
+    /// A change to y (a snapshot, a shrink) takes the pool lock without
+    /// the gate while a write to x is in flight; one to x drains it (the
+    /// write, held by another thread for 50 ms, must have ended first).
+    #[test]
+    fn a_change_drains_only_writes_that_may_touch_its_volume() {
+        let p = pool();
+        let (x, y) = (5u32, 6u32);
+        let (held, release) = (std::sync::Barrier::new(2), std::time::Duration::from_millis(50));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let _w = p.gate_for_write(x);
+                held.wait();
+                std::thread::sleep(release);
+            });
+            held.wait();
+            let started = std::time::Instant::now();
+            let (gate, inner) = p.write_inner_quiet_for(y);
+            assert!(gate.is_none(), "y is quiet: no drain");
+            drop(inner);
+            let (gate, _inner) = p.write_inner_quiet_for(x);
+            assert!(gate.is_some(), "x drained through the gate");
+            assert!(started.elapsed() >= release, "did not wait for the write to x");
+        });
     }
 }

@@ -47,15 +47,7 @@ impl Pool {
         }
         // Drain writes planned against the old epoch (see create_snapshot),
         // unless none can be writing this member (`pool/gate.rs`).
-        let mut inner = self.write_inner();
-        let _quiet = if self.quiet_for(id) {
-            None
-        } else {
-            drop(inner);
-            let quiet = self.io_gate.write().unwrap_or_else(|p| p.into_inner());
-            inner = self.write_inner();
-            Some(quiet)
-        };
+        let (_quiet, mut inner) = self.write_inner_quiet_for(id);
         let v = member(&inner.state, id)?;
         if v.snapshot_named(name).is_some() {
             return Err(EngineError::SnapshotExists { volume: v.name.clone(), name: name.into() });
@@ -120,8 +112,10 @@ impl Pool {
         self.check_writable()?;
         let size = super::round_size(size)?;
         let _ctl = self.lock_commit();
-        let _quiet = self.io_gate.write().unwrap_or_else(|p| p.into_inner());
-        let mut inner = self.write_inner();
+        // Writes planned against the tail it frees drain first, unless
+        // none can be writing the object (a retired file's object: its
+        // data written behind was settled before).
+        let (_quiet, mut inner) = self.write_inner_quiet_for(id);
         let v = member(&inner.state, id)?;
         if !matches!(v.role, Some(VolumeRole::Object { .. })) || size > v.size {
             return Err(EngineError::InvalidArgument(format!("object {id} cannot shrink to {size} bytes")));
