@@ -270,8 +270,10 @@ impl FileVolume {
     }
 
     pub(crate) fn save(&self, ns: &mut Ns, i: &Inode) -> Result<()> {
-        // A durable size never covers data still queued behind.
-        if i.kind == Kind::File {
+        // A durable size never covers data still queued behind (a file
+        // with no name left is freed at the next open after a crash: its
+        // size says nothing there).
+        if i.kind == Kind::File && i.nlink > 0 {
             self.settle(ns, i.object);
         }
         ns.dirty.remove(&i.ino);
@@ -638,7 +640,10 @@ impl FileVolume {
     /// The record and the object go (the record first: a crash between
     /// leaks the object, never leaves a record pointing at a freed one).
     fn free_inode(&self, ns: &mut Ns, i: &Inode) -> Result<()> {
-        self.settle(ns, i.object);
+        // Data still queued behind for it is never written.
+        if let (Some(w), true) = (&self.write_behind, i.object != 0) {
+            w.discard(i.object);
+        }
         self.forget_owed(ns, i.ino);
         ns.dirty.remove(&i.ino);
         ns.cached.remove(&i.ino);
@@ -928,12 +933,13 @@ impl FileVolume {
             w.stop();
             let s = w.stats();
             log::info!(
-                "write-behind: {} writes queued ({} MiB), {} through at once, {} written again, {} lost",
+                "write-behind: {} writes queued ({} MiB), {} through at once, {} written again, {} lost, {} dropped (file deleted first)",
                 s.queued,
                 s.queued_bytes >> 20,
                 s.direct,
                 s.retried,
-                s.lost
+                s.lost,
+                s.discarded
             );
         }
     }

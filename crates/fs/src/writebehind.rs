@@ -116,6 +116,8 @@ pub struct WriteBehindStats {
     pub retried: u64,
     /// Writes lost behind (their error kept for the file's fsync).
     pub lost: u64,
+    /// Writes dropped unwritten: their file was deleted first.
+    pub discarded: u64,
 }
 
 struct Shared {
@@ -274,6 +276,32 @@ impl WriteBehind {
             }
             q = s.done.wait(q).unwrap_or_else(|p| p.into_inner());
         }
+    }
+
+    /// `object` is being deleted: its writes not yet taken by the writer
+    /// are dropped (never written: the file is gone), the one in flight
+    /// waited for. Call it holding the namespace lock.
+    pub(crate) fn discard(&self, object: u32) {
+        let s = &self.shared;
+        let dropped = {
+            let mut q = s.lock();
+            let (mine, rest): (VecDeque<Job>, VecDeque<Job>) =
+                std::mem::take(&mut q.jobs).into_iter().partition(|j| j.object == object);
+            q.jobs = rest;
+            let (failed, others): (Vec<Job>, Vec<Job>) =
+                std::mem::take(&mut q.failed).into_iter().partition(|j| j.object == object);
+            q.failed = others;
+            let n = mine.len() + failed.len();
+            for job in mine.into_iter().chain(failed) {
+                finish(&mut q, s.bound, job);
+            }
+            n
+        };
+        if dropped > 0 {
+            s.count(|st| st.discarded += dropped as u64);
+            s.done.notify_all();
+        }
+        self.settle(Some(object));
     }
 
     /// A job the writer failed, written with commits allowed (a full pool

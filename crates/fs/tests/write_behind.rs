@@ -167,3 +167,35 @@ fn a_write_lost_behind_fails_the_files_fsync() {
     fv.fsync(other).unwrap();
     assert!(fv.read(other, 0, 256 << 10).unwrap() == pattern(3, 256 << 10));
 }
+
+/// A file deleted while its data waits in the queue: those writes are
+/// dropped unwritten (counted), the other files' queued data lands, and
+/// the space, volume and pool check clean; a file unlinked while held
+/// open keeps its queued data readable until it is freed.
+#[test]
+fn a_deleted_files_queued_writes_are_dropped() {
+    let (sim, pool, mut fv) = fresh();
+    fv.start_write_behind(32 * MIB as usize).unwrap();
+    sim.slow_writes_from(SLOW_FROM);
+    let (gone, kept, held) = (file(&fv, ROOT, "gone"), file(&fv, ROOT, "kept"), file(&fv, ROOT, "held"));
+    let data = pattern(5, 2 << 20);
+    let write_all = |ino: u64| {
+        for (i, chunk) in data.chunks(256 << 10).enumerate() {
+            fv.write(ino, (i as u64) << 18, chunk).unwrap();
+        }
+    };
+    write_all(gone);
+    fv.unlink(ROOT, b"gone").unwrap();
+    write_all(held);
+    fv.opened(held);
+    fv.unlink(ROOT, b"held").unwrap();
+    write_all(kept);
+    let dropped = fv.write_behind_stats().unwrap().discarded;
+    assert!(dropped > 0, "no queued write of the deleted file was dropped");
+    assert!(fv.read(held, 0, 2 << 20).unwrap() == data, "an open unlinked file lost its queued data");
+    fv.released(held).unwrap();
+    assert!(fv.read(kept, 0, 2 << 20).unwrap() == data);
+    fv.sync().unwrap();
+    assert_eq!(fv.check().unwrap().problems, Vec::<String>::new());
+    assert_eq!(pool.check().problems, Vec::<String>::new());
+}
