@@ -196,15 +196,16 @@ impl Versioned {
     }
 
     /// Before a view of `ino`'s versions (`foo@`, `foo@N`, an entry of
-    /// `foo@`): a close version its last writer's release still owes is
-    /// taken now. Under a commit interval the version is taken at RELEASE,
-    /// which the kernel sends in the background after close(2) returned,
-    /// and it does not order that RELEASE before the closer's next
-    /// request (it waits behind `max_background` background requests, or
-    /// is sent by a write-back's reply after the close), so `ls foo@` right
-    /// after a close could be served first. The data is all here already
-    /// (the close wrote it back and waited), so the version taken now is
-    /// the one the release would take; the release then finds the file
+    /// `foo@`): the close version the file owes is taken now, or, when its
+    /// last writer's RELEASE has not come yet, the one it would owe. Under
+    /// a commit interval the version is owed at RELEASE, which the kernel
+    /// sends in the background after close(2) returned, and it does not
+    /// order that RELEASE before the closer's next request (it waits
+    /// behind `max_background` background requests, or is sent by a
+    /// write-back's reply after the close), so `ls foo@` right after a
+    /// close could be served first. The data is all here already (the
+    /// close wrote it back and waited), so the version taken now is the
+    /// one the release would owe; the release then finds the file
     /// unmodified. A writer still open gets a version of what it wrote
     /// so far.
     pub fn settle(&self, ino: u64) -> Result<Option<FsSnapshot>> {

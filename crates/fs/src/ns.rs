@@ -914,14 +914,6 @@ impl FileVolume {
         Ok(())
     }
 
-    /// Whether file `ino` has data queued behind (false: none, or no
-    /// such file).
-    pub fn writes_queued(&self, ino: u64) -> bool {
-        let Some(w) = &self.write_behind else { return false };
-        let object = self.inode(&mut self.lock(), ino).map_or(0, |i| i.object);
-        object != 0 && w.queued_bytes(object) > 0
-    }
-
     /// What the write-behind did so far (None: off).
     pub fn write_behind_stats(&self) -> Option<crate::writebehind::WriteBehindStats> {
         self.write_behind.as_ref().map(|w| w.stats())
