@@ -86,7 +86,7 @@ impl FileVolume {
             match self.record_batch(ns, chunk.iter().map(|o| &o.inode)) {
                 Ok(v) => first = first.map(|n| n + v.len()),
                 Err(e) => {
-                    log::error!("{} close versions lost: {e}", chunk.len());
+                    log::error!("a batch of {} close versions stopped short (the rest lost): {e}", chunk.len());
                     first = first.and(Err(e));
                 }
             }

@@ -285,6 +285,10 @@ impl WriteBehind {
         let s = &self.shared;
         let dropped = {
             let mut q = s.lock();
+            // Most deleted files have nothing queued: no pass over the queue.
+            if !q.per_object.contains_key(&object) {
+                return;
+            }
             let (mine, rest): (VecDeque<Job>, VecDeque<Job>) =
                 std::mem::take(&mut q.jobs).into_iter().partition(|j| j.object == object);
             q.jobs = rest;
