@@ -45,6 +45,33 @@ expect_eq "old name gone" "$(ls b 2>&1 >/dev/null | grep -c 'No such file')" 1
 check "rename across directories" mv a d2/a
 expect_eq "moved file" "$(cat d2/a)" two
 check_fails "directory into its own subtree" mv d1 d1/sub/
+# renameat2(2) with flags (coreutils 9.1's mv has no --exchange): FLAGS
+# 1 = RENAME_NOREPLACE, 2 = RENAME_EXCHANGE; prints strerror on failure.
+renameat2() {
+  "$SYSPY" -c '
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.renameat2(-100, sys.argv[1].encode(), -100, sys.argv[2].encode(), int(sys.argv[3])) != 0:
+    sys.exit(os.strerror(ctypes.get_errno()))' "$@"
+}
+echo keep >nr1; echo other >nr2
+check_fails "RENAME_NOREPLACE over an existing name" renameat2 nr1 nr2 1
+expect_eq "its error is EEXIST" "$(printf '%s' "$LAST_OUT" | grep -c 'File exists')" 1
+expect_eq "the target is untouched" "$(cat nr2)" other
+check "RENAME_NOREPLACE to a free name" renameat2 nr1 nr3 1
+expect_eq "the file under its new name" "$(cat nr3)" keep
+mkdir ex1; echo inside >ex1/f
+check "RENAME_EXCHANGE of a directory and a file" renameat2 ex1 nr3 2
+expect_eq "the file under the directory's name" "$(cat ex1)" keep
+expect_eq "the directory under the file's name" "$(cat nr3/f)" inside
+LINKS_D1=$(stat -c %h d1)
+check "RENAME_EXCHANGE of directories across directories" renameat2 nr3 d1/sub 2
+expect_eq "the swapped directory's content" "$(cat d1/sub/f)" inside
+expect_eq "d1's link count unchanged (a directory for a directory)" "$(stat -c %h d1)" "$LINKS_D1"
+check_fails "RENAME_EXCHANGE with a missing target" renameat2 nr2 nosuch 2
+expect_eq "its error is ENOENT" "$(printf '%s' "$LAST_OUT" | grep -c 'No such file')" 1
+check_fails "RENAME_EXCHANGE of a directory into its own subtree" renameat2 d1 d1/sub/f 2
+rm -rf nr2 nr3 ex1
 check "hard link" ln d2/a d1/hard
 expect_eq "nlink after ln" "$(stat -c %h d2/a)" 2
 check "symlink" ln -s ../d2/a d1/sym

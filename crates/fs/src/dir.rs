@@ -64,6 +64,18 @@ impl Dir {
         Ok(())
     }
 
+    /// Point an existing name at another inode (a rename's exchange: the
+    /// entry keeps its place and cookie); false if the name is absent.
+    pub fn retarget(&mut self, name: &[u8], ino: u64, kind: Kind) -> bool {
+        match self.entries.iter_mut().find(|e| e.name == name) {
+            Some(e) => {
+                (e.ino, e.kind) = (ino, kind);
+                true
+            }
+            None => false,
+        }
+    }
+
     pub fn remove(&mut self, name: &[u8]) -> Option<Entry> {
         let at = self.entries.iter().position(|e| e.name == name)?;
         Some(self.entries.remove(at))

@@ -349,7 +349,7 @@ impl FileVolume {
     /// between leaves only an older size and mtime; a record write per
     /// create and unlink saved); a new object, link count or epoch is
     /// saved in the change itself.
-    fn write_dir(&self, ns: &mut Ns, d: &mut Inode, dir: Dir) -> Result<()> {
+    pub(crate) fn write_dir(&self, ns: &mut Ns, d: &mut Inode, dir: Dir) -> Result<()> {
         self.before_change(ns, d)?;
         if d.object == 0 {
             d.object = self.pool.create_object(self.id, OBJECT_SIZE, Some(PlacementKind::Append))?;
@@ -622,7 +622,7 @@ impl FileVolume {
     }
 
     /// One name fewer: the inode and its object go with the last one.
-    fn drop_link(&self, ns: &mut Ns, mut i: Inode) -> Result<()> {
+    pub(crate) fn drop_link(&self, ns: &mut Ns, mut i: Inode) -> Result<()> {
         i.nlink = if i.kind == Kind::Dir { 0 } else { i.nlink.saturating_sub(1) };
         let held = Self::held(ns, i.ino);
         if i.nlink > 0 || (held && i.kind == Kind::File) {
@@ -664,87 +664,6 @@ impl FileVolume {
             self.pool.delete_object(i.object)?;
         }
         Ok(())
-    }
-
-    /// Rename, over an existing name too. Same directory: one write.
-    /// Across directories the new entry is written before the old one
-    /// goes (a crash between shows the file under both names).
-    pub fn rename(&self, parent: u64, name: &[u8], newparent: u64, newname: &[u8]) -> Result<()> {
-        self.writable()?;
-        check_name(name)?;
-        check_name(newname)?;
-        let mut ns = self.lock();
-        let mut p = self.inode(&mut ns, parent)?;
-        let mut from = self.dir(&mut ns, &p)?;
-        let e = from.find(name).cloned().ok_or(FsError::NotFound)?;
-        if parent == newparent && name == newname {
-            return Ok(());
-        }
-        let mut np = self.inode(&mut ns, newparent)?;
-        let mut to = if parent == newparent { from.clone() } else { self.dir(&mut ns, &np)? };
-        if e.kind == Kind::Dir {
-            self.refuse_loop(&mut ns, e.ino, newparent)?;
-        }
-        let old = match to.find(newname).cloned() {
-            // Two names of one inode: POSIX says nothing happens.
-            Some(o) if o.ino == e.ino => return Ok(()),
-            Some(o) => Some(self.check_replace(&mut ns, &e, &o)?),
-            None => None,
-        };
-        self.room(6, p.size + if parent == newparent { 0 } else { np.size })?;
-        to.remove(newname);
-        to.insert(newname, e.ino, e.kind)?;
-        let dir_moves = e.kind == Kind::Dir && parent != newparent;
-        let replaced_dir = old.as_ref().is_some_and(|o| o.kind == Kind::Dir);
-        if parent == newparent {
-            to.remove(name);
-            if replaced_dir {
-                p.nlink = p.nlink.saturating_sub(1);
-            }
-            self.write_dir(&mut ns, &mut p, to)?;
-        } else {
-            np.nlink += u32::from(dir_moves && !replaced_dir);
-            self.write_dir(&mut ns, &mut np, to)?;
-            from.remove(name);
-            p.nlink -= u32::from(dir_moves);
-            self.write_dir(&mut ns, &mut p, from)?;
-        }
-        if dir_moves {
-            let mut moved = self.inode(&mut ns, e.ino)?;
-            (moved.parent, moved.ctime) = (newparent, now());
-            self.save(&mut ns, &moved)?;
-        }
-        match old {
-            Some(o) => self.drop_link(&mut ns, o),
-            None => Ok(()),
-        }
-    }
-
-    /// What an existing target of a rename may be: a file for a file, an
-    /// empty directory for a directory.
-    fn check_replace(&self, ns: &mut Ns, e: &crate::dir::Entry, o: &crate::dir::Entry) -> Result<Inode> {
-        let target = self.inode(ns, o.ino)?;
-        match (e.kind == Kind::Dir, target.kind == Kind::Dir) {
-            (true, false) => Err(FsError::NotDir),
-            (false, true) => Err(FsError::IsDir),
-            (true, true) if !self.dir_ref(ns, &target)?.entries.is_empty() => Err(FsError::NotEmpty),
-            _ => Ok(target),
-        }
-    }
-
-    /// A directory may not move into its own subtree.
-    fn refuse_loop(&self, ns: &mut Ns, moving: u64, newparent: u64) -> Result<()> {
-        let mut at = newparent;
-        for _ in 0..MAX_DEPTH {
-            if at == moving {
-                return Err(FsError::Invalid("a directory cannot move into itself"));
-            }
-            if at == ROOT {
-                return Ok(());
-            }
-            at = self.inode(ns, at)?.parent;
-        }
-        Err(FsError::corrupt("directory tree", newparent, "deeper than the walk's bound"))
     }
 
     pub fn setattr(&self, ino: u64, s: &SetAttr) -> Result<Attr> {

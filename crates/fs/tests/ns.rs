@@ -6,7 +6,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
 use tarn_engine::{Device, OpenOptions, Pool};
-use tarn_fs::{FileVolume, FsError, Kind, SetAttr, ROOT};
+use tarn_fs::{FileVolume, FsError, Kind, RenameMode, SetAttr, ROOT};
 use tarn_sim::fixture::one_device_pool;
 use tarn_sim::SimDevice;
 
@@ -78,6 +78,44 @@ fn namespace_operations() {
     fv.unlink(d, b"a2").unwrap();
     assert!(matches!(fv.getattr(a), Err(FsError::NotFound)));
     fv.rmdir(ROOT, b"d").unwrap();
+    assert_eq!(fv.check().unwrap().problems, Vec::<String>::new());
+}
+
+#[test]
+fn rename_noreplace_and_exchange() {
+    let (sim, pool, fv) = fresh();
+    let (a, b) = (file(&fv, ROOT, "a"), file(&fv, ROOT, "b"));
+    fv.write(a, 0, b"aaa").unwrap();
+    let d = fv.create(ROOT, b"d", Kind::Dir, 0o755, 0, 0).unwrap().inode.ino;
+    let e = fv.create(ROOT, b"e", Kind::Dir, 0o755, 0, 0).unwrap().inode.ino;
+    let sub = fv.create(d, b"sub", Kind::Dir, 0o755, 0, 0).unwrap().inode.ino;
+    let ino_of = |dir, name: &str| fv.lookup(dir, name.as_bytes()).unwrap().inode.ino;
+    // NOREPLACE: an existing target stays, a free name is taken.
+    assert!(matches!(fv.rename_as(ROOT, b"a", ROOT, b"b", RenameMode::NoReplace), Err(FsError::Exists)));
+    assert!(matches!(fv.rename_as(ROOT, b"a", ROOT, b"a", RenameMode::NoReplace), Err(FsError::Exists)));
+    assert_eq!((ino_of(ROOT, "a"), ino_of(ROOT, "b")), (a, b));
+    fv.rename_as(ROOT, b"a", d, b"a", RenameMode::NoReplace).unwrap();
+    assert_eq!(ino_of(d, "a"), a);
+    // EXCHANGE in one directory and across, file for directory.
+    fv.rename_as(ROOT, b"d", ROOT, b"e", RenameMode::Exchange).unwrap();
+    assert_eq!((ino_of(ROOT, "d"), ino_of(ROOT, "e")), (e, d));
+    fv.rename_as(d, b"a", e, b"missing", RenameMode::Exchange).expect_err("both names must exist");
+    fv.rename_as(ROOT, b"b", d, b"sub", RenameMode::Exchange).unwrap();
+    assert_eq!((ino_of(ROOT, "b"), ino_of(d, "sub")), (sub, b), "the subdirectory and the file swapped");
+    assert_eq!(fv.getattr(sub).unwrap().inode.parent, ROOT);
+    assert_eq!(fv.getattr(d).unwrap().inode.nlink, 2, "d lost its subdirectory");
+    assert_eq!(fv.getattr(ROOT).unwrap().inode.nlink, 5, "the root gained one");
+    assert_eq!(fv.read(a, 0, 10).unwrap(), b"aaa");
+    // A directory may not swap into its own subtree.
+    fv.rename_as(ROOT, b"b", sub, b"x", RenameMode::Replace).expect_err("into itself");
+    fv.create(sub, b"inner", Kind::Dir, 0o755, 0, 0).unwrap();
+    assert!(matches!(fv.rename_as(ROOT, b"b", sub, b"inner", RenameMode::Exchange), Err(FsError::Invalid(_))));
+    assert_eq!(fv.check().unwrap().problems, Vec::<String>::new());
+    // All of it after a power cut once synced.
+    fv.sync().unwrap();
+    let (_pool, fv) = common::crash_and_reopen(&sim, &mut ChaCha8Rng::seed_from_u64(3), fv, pool);
+    assert_eq!(fv.lookup(ROOT, b"b").unwrap().inode.ino, sub);
+    assert_eq!(fv.lookup(d, b"sub").unwrap().inode.ino, b);
     assert_eq!(fv.check().unwrap().problems, Vec::<String>::new());
 }
 

@@ -7,7 +7,7 @@ use crate::decode::{Header, Op, SetattrIn};
 use crate::notify::Notifier;
 use crate::reply::{self, Reply};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tarn_fs::{Attr, FsError, Kind, Node, SetAttr, Versioned, XattrMode};
+use tarn_fs::{Attr, FsError, Kind, Node, RenameMode, SetAttr, Versioned, XattrMode};
 
 /// How long the kernel may cache the names and attributes of a version
 /// directory (a version's file entries are not cached: `TarnFs::gens`)
@@ -437,12 +437,15 @@ impl TarnFs {
     }
 
     fn rename(&mut self, parent: u64, name: &[u8], newparent: u64, newname: &[u8], flags: u32) -> Reply {
-        if flags != 0 {
-            // RENAME_NOREPLACE / EXCHANGE / WHITEOUT: not yet.
-            return Reply::Error(libc::EINVAL);
-        }
+        // renameat2's flags; RENAME_WHITEOUT is for overlay file systems.
+        let mode = match flags {
+            0 => RenameMode::Replace,
+            libc::RENAME_NOREPLACE => RenameMode::NoReplace,
+            libc::RENAME_EXCHANGE => RenameMode::Exchange,
+            _ => return Reply::Error(libc::EINVAL),
+        };
         let r = self.fv.writable(parent).and_then(|p| Ok((p, self.fv.writable(newparent)?)));
-        empty(r.and_then(|(p, np)| self.fv.live.rename(p, name, np, newname)))
+        empty(r.and_then(|(p, np)| self.fv.live.rename_as(p, name, np, newname, mode)))
     }
 
     fn open(&mut self, ino: u64, flags: i32) -> Reply {
