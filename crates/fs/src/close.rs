@@ -7,6 +7,7 @@
 //! none. The session thread alone calls these.
 
 use crate::error::Result;
+use crate::owed::Change;
 use crate::policy::Rule;
 use crate::snap::FsSnapshot;
 use crate::versions::{version_base, Node, Versioned};
@@ -189,10 +190,23 @@ impl Versioned {
     /// anything that may number versions, comes after them).
     pub fn take_owed(&self, inos: &[u64], all: bool) -> Result<()> {
         let taken = self.live.take_owed(if all { None } else { Some(inos) })?;
-        if taken > 0 {
+        self.taken(taken);
+        Ok(())
+    }
+
+    /// Before `change` to file `ino`: its owed close versions are taken
+    /// unless the change spares every byte they hold (`owed.rs`).
+    pub fn take_owed_before(&self, ino: u64, change: Change<'_>) -> Result<()> {
+        let taken = self.live.take_owed_before(ino, change)?;
+        self.taken(taken);
+        Ok(())
+    }
+
+    /// Versions were taken: the cached version lists are stale.
+    fn taken(&self, count: usize) {
+        if count > 0 {
             self.forget_views();
         }
-        Ok(())
     }
 
     /// Before a view of `ino`'s versions (`foo@`, `foo@N`, an entry of

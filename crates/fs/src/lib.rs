@@ -31,7 +31,7 @@ pub use error::{FsError, Result};
 pub use inode::{Inode, Kind};
 pub use layoutrules::{LayoutRule, LayoutSpec};
 pub use ns::{Attr, DirEntry, FileVolume, SetAttr, StatFs};
-pub use owed::OWED_BOUND;
+pub use owed::{Change, OWED_BOUND};
 pub use rename::RenameMode;
 pub use snap::{FsSnapshot, VersionKind};
 pub use versions::{Node, Versioned};

@@ -104,7 +104,9 @@ pub(crate) struct Ns {
     pub(crate) records_enabled: bool,
     /// Close versions owed, by file (`owed.rs`), and the last release's
     /// sequence number.
-    pub(crate) owed: HashMap<u64, crate::owed::Owed>,
+    pub(crate) owed: HashMap<u64, Vec<crate::owed::Owed>>,
+    /// Versions in `owed`, all files together.
+    pub(crate) owed_total: usize,
     pub(crate) owed_seq: u64,
 }
 
@@ -222,6 +224,7 @@ impl FileVolume {
                 index: None,
                 records_enabled: false,
                 owed: HashMap::new(),
+                owed_total: 0,
                 owed_seq: 0,
             }),
             readahead: None,

@@ -1,10 +1,13 @@
 //! Close versions owed, taken in batches (docs/ARCHITECTURE.md *Close
 //! versions in batches*). A close version is owed at its last writer's
 //! release: the file as the release saw it (size, mode, owner, times) is
-//! kept in memory, and its data stays as it is until the version is
-//! taken, because anything that would change the file takes it first
-//! (the mount's requests that change a file, `free_inode`, which drops
-//! it with the file's other close versions). Owed versions are taken
+//! kept in memory, and the bytes it holds stay as they are until the
+//! version is taken, because anything that would change one of them
+//! takes it first (the mount's requests that change a file's data below
+//! the version's end, `take_owed_before`; `free_inode`, which drops it
+//! with the file's other close versions). A change that spares them (an
+//! append, a chmod) leaves it owed, and a file closed again owes a
+//! second version beside the first. Owed versions are taken
 //! together: before the mount's commits (periodic, fsync, unmount),
 //! before a volume snapshot, or once `OWED_BOUND` are owed. A batch is
 //! one commit's worth: the tags, one write of the records into the
@@ -32,6 +35,25 @@ const BATCH: usize = 64;
 const WEIGHT_EACH: usize = 1024;
 const WEIGHT_FIXED: usize = 3 * 4096;
 
+/// Bytes of a write below an owed version's end compared with what the
+/// file holds there before the write may spare the version (a page the
+/// kernel writes back is 4 KiB; more is taken as a change).
+const SPARE_COMPARE: usize = 64 << 10;
+
+/// What a request may change of a file, as its owed close versions see it.
+#[derive(Debug, Clone, Copy)]
+pub enum Change<'a> {
+    /// Attributes only (mode, owner, times, links): a version keeps the
+    /// closed ones.
+    Attributes,
+    /// A truncate or an extension to this size.
+    Size(u64),
+    /// `data` written at `offset`.
+    Write { offset: u64, data: &'a [u8] },
+    /// Anything else: its data may change.
+    Data,
+}
+
 /// One owed close version: the file as its last writer's release saw it.
 pub(crate) struct Owed {
     /// Order of the releases (versions are numbered in it).
@@ -51,12 +73,61 @@ impl FileVolume {
         }
         ns.owed_seq += 1;
         let seq = ns.owed_seq;
-        ns.owed.insert(ino, Owed { seq, inode: i });
-        self.owed_count.store(ns.owed.len(), Ordering::Relaxed);
-        if ns.owed.len() >= OWED_BOUND {
+        // A file closed again before its last version was taken (a change
+        // since spared it, `take_owed_before`) owes both.
+        ns.owed.entry(ino).or_default().push(Owed { seq, inode: i });
+        ns.owed_total += 1;
+        self.owed_count.store(ns.owed_total, Ordering::Relaxed);
+        if ns.owed_total >= OWED_BOUND {
             self.take_owed_locked(&mut ns, None)?;
         }
         Ok(())
+    }
+
+    /// Before `change` to `ino`: its owed close versions are taken, unless
+    /// the change leaves every byte they hold as it is (their sizes and
+    /// times are the closed ones, kept in memory). Returns the versions
+    /// taken. An append after a close, the commonest change of a file
+    /// just closed, then leaves its version to the next batch.
+    pub fn take_owed_before(&self, ino: u64, change: Change<'_>) -> Result<usize> {
+        if !self.owes_versions() {
+            return Ok(0);
+        }
+        let mut ns = self.lock();
+        let Some(owed) = ns.owed.get(&ino) else {
+            return Ok(0);
+        };
+        // The largest of them holds the most bytes (each later one saw
+        // the same bytes below its size: nothing changed them between).
+        let (object, size) = owed.iter().map(|o| (o.inode.object, o.inode.size)).max_by_key(|o| o.1).unwrap_or((0, 0));
+        if self.spares(&mut ns, object, size, change) {
+            return Ok(0);
+        }
+        self.take_owed_locked(&mut ns, Some(&[ino]))
+    }
+
+    /// Whether `change` leaves bytes [0, size) of `object` as they are.
+    fn spares(&self, ns: &mut Ns, object: u32, size: u64, change: Change<'_>) -> bool {
+        match change {
+            Change::Attributes => true,
+            Change::Size(n) => n >= size,
+            Change::Write { offset, .. } if offset >= size => true,
+            Change::Write { offset, data } => {
+                // The kernel writes back whole pages: an append rewrites
+                // the bytes of its first page below the old end as they are.
+                let n = (size - offset).min(data.len() as u64) as usize;
+                n <= SPARE_COMPARE && object != 0 && self.holds(ns, object, offset, &data[..n])
+            }
+            Change::Data => false,
+        }
+    }
+
+    /// Whether `object` holds `bytes` at `offset` now (what is queued
+    /// behind for it written first); a failed read proves nothing.
+    fn holds(&self, ns: &mut Ns, object: u32, offset: u64, bytes: &[u8]) -> bool {
+        self.settle(ns, object);
+        let mut now = vec![0u8; bytes.len()];
+        self.read_object(object, offset, &mut now).is_ok() && now == bytes
     }
 
     /// Whether any close version is owed (no lock taken).
@@ -76,10 +147,11 @@ impl FileVolume {
     /// `take_owed` under the namespace lock the caller holds.
     pub(crate) fn take_owed_locked(&self, ns: &mut Ns, inos: Option<&[u64]>) -> Result<usize> {
         let mut due: Vec<Owed> = match inos {
-            None => ns.owed.drain().map(|(_, o)| o).collect(),
-            Some(list) => list.iter().filter_map(|i| ns.owed.remove(i)).collect(),
+            None => ns.owed.drain().flat_map(|(_, o)| o).collect(),
+            Some(list) => list.iter().filter_map(|i| ns.owed.remove(i)).flatten().collect(),
         };
-        self.owed_count.store(ns.owed.len(), Ordering::Relaxed);
+        ns.owed_total -= due.len();
+        self.owed_count.store(ns.owed_total, Ordering::Relaxed);
         due.sort_unstable_by_key(|o| o.seq);
         let mut first = Ok(0);
         for chunk in due.chunks(BATCH) {
@@ -97,8 +169,9 @@ impl FileVolume {
     /// The file's last name went: its owed version goes with its other
     /// close versions.
     pub(crate) fn forget_owed(&self, ns: &mut Ns, ino: u64) {
-        if ns.owed.remove(&ino).is_some() {
-            self.owed_count.store(ns.owed.len(), Ordering::Relaxed);
+        if let Some(gone) = ns.owed.remove(&ino) {
+            ns.owed_total -= gone.len();
+            self.owed_count.store(ns.owed_total, Ordering::Relaxed);
         }
     }
 

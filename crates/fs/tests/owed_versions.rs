@@ -8,7 +8,7 @@ mod common;
 use common::{crash_and_reopen, file, fresh};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use tarn_fs::{FileVolume, SetAttr, VersionKind, Versioned, OWED_BOUND, ROOT};
+use tarn_fs::{Change, FileVolume, SetAttr, VersionKind, Versioned, OWED_BOUND, ROOT};
 
 /// Files f0..fN, file k holding `content(k)`, committed.
 fn files(fv: &FileVolume, n: usize) -> Vec<u64> {
@@ -70,6 +70,72 @@ fn owed_versions_are_taken_at_the_next_commit_as_their_files_were_closed() {
         assert_eq!(perm, 0o644, "f{k}'s version holds another mode");
     }
     assert_eq!(v.live.read(inos[2], 0, 1 << 20).unwrap(), content(2, 0xff));
+    assert_eq!(v.live.check().unwrap().problems, Vec::<String>::new());
+    assert_eq!(pool.check().problems, Vec::<String>::new());
+}
+
+/// The data of every close version of `name`, oldest first.
+fn close_data(v: &Versioned, name: &str) -> Vec<Vec<u8>> {
+    let ino = v.live.lookup(ROOT, name.as_bytes()).unwrap().inode.ino;
+    let mut numbers: Vec<u64> = v
+        .live
+        .versions()
+        .unwrap()
+        .iter()
+        .filter(|s| s.owner == ino && s.kind == VersionKind::Close)
+        .map(|s| s.number)
+        .collect();
+    numbers.sort_unstable();
+    let read = |n: u64| {
+        let a = v.lookup(ROOT, format!("{name}@{n}").as_bytes()).unwrap();
+        v.read(a.inode.ino, 0, 1 << 20).unwrap()
+    };
+    numbers.into_iter().map(read).collect()
+}
+
+/// A change that leaves every byte an owed version holds as it is (an
+/// append rewriting its first page as it was, a chmod, an extension)
+/// leaves the version to the next commit's batch; one that changes a
+/// byte below the version's end (a write, a truncate) takes it first.
+/// Each version holds its file as closed, after a crash too.
+#[test]
+fn a_change_that_spares_the_owed_bytes_leaves_the_version_to_the_batch() {
+    let (sim, pool, fv) = fresh();
+    let inos = files(&fv, 4);
+    let c: Vec<Vec<u8>> = (0..4).map(|k| content(k, 0)).collect();
+    for ino in &inos {
+        fv.owe_close_version(*ino).unwrap();
+    }
+    // f0: appended to (its one page rewritten as it was), closed again.
+    let mut appended = c[0].clone();
+    appended.extend_from_slice(b"appended");
+    assert_eq!(fv.take_owed_before(inos[0], Change::Write { offset: 0, data: &appended }).unwrap(), 0);
+    fv.write(inos[0], 0, &appended).unwrap();
+    fv.owe_close_version(inos[0]).unwrap();
+    // f1: a chmod, then an extension.
+    let chmod = SetAttr { perm: Some(0o600), ..Default::default() };
+    assert_eq!(fv.take_owed_before(inos[1], Change::Attributes).unwrap(), 0);
+    fv.setattr(inos[1], &chmod).unwrap();
+    let longer = c[1].len() as u64 + 10;
+    assert_eq!(fv.take_owed_before(inos[1], Change::Size(longer)).unwrap(), 0);
+    fv.setattr(inos[1], &SetAttr { size: Some(longer), ..Default::default() }).unwrap();
+    // f2: one byte below its end changed; f3: truncated below its end.
+    let mut changed = c[2].clone();
+    changed[100] ^= 1;
+    assert_eq!(fv.take_owed_before(inos[2], Change::Write { offset: 0, data: &changed }).unwrap(), 1);
+    fv.write(inos[2], 0, &changed).unwrap();
+    assert_eq!(fv.take_owed_before(inos[3], Change::Size(10)).unwrap(), 1);
+    fv.setattr(inos[3], &SetAttr { size: Some(10), ..Default::default() }).unwrap();
+    assert_eq!(closes(&fv), 2, "the spared versions wait for the commit");
+    fv.sync().unwrap();
+    let (pool, fv) = crash_and_reopen(&sim, &mut ChaCha8Rng::seed_from_u64(5), fv, pool);
+    let v = Versioned::new(fv);
+    assert!(close_data(&v, "f0") == [c[0].clone(), appended], "f0: as closed, then as appended");
+    assert!(close_data(&v, "f1") == [c[1].clone()], "f1: as closed (its extension not in it)");
+    assert_eq!(newest(&v, "f1").unwrap().1, 0o644, "f1's version keeps its mode at close");
+    assert!(close_data(&v, "f2") == [c[2].clone()], "f2: as closed, not as changed");
+    assert!(close_data(&v, "f3") == [c[3].clone()], "f3: as closed, not truncated");
+    assert_eq!(v.live.read(inos[2], 0, 1 << 20).unwrap(), changed);
     assert_eq!(v.live.check().unwrap().problems, Vec::<String>::new());
     assert_eq!(pool.check().problems, Vec::<String>::new());
 }

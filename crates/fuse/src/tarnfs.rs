@@ -7,7 +7,7 @@ use crate::decode::{Header, Op, SetattrIn};
 use crate::notify::Notifier;
 use crate::reply::{self, Reply};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tarn_fs::{Attr, FsError, Kind, Node, RenameMode, SetAttr, Versioned, XattrMode};
+use tarn_fs::{Attr, Change, FsError, Kind, Node, RenameMode, SetAttr, Versioned, XattrMode};
 
 /// How long the kernel may cache the names and attributes of a version
 /// directory (a version's file entries are not cached: `TarnFs::gens`)
@@ -331,21 +331,33 @@ impl TarnFs {
     }
 
     /// Close versions owed (`tarn_fs` `owed.rs`) are taken before a
-    /// request that may change a file they are owed by (the files it
-    /// names), all of them before a setxattr (a volume or file snapshot
-    /// numbers after them). Requests that change nothing take none: the
-    /// rest wait for the next commit's batch.
+    /// request that may change bytes they hold of the file it names (a
+    /// write below their end, a truncate, anything unknown), all of them
+    /// before a setxattr (a volume or file snapshot numbers after them).
+    /// Requests that change nothing or spare those bytes (an append, a
+    /// chmod, a new link) take none: they wait for the next commit's batch.
     fn take_owed_versions(&self, ino: u64, op: &Op<'_>) {
         // Every request passes here: nothing built when nothing is owed.
         if !self.fv.owes_versions() || changes_nothing(op) {
             return;
         }
-        let mut named = vec![ino];
-        if let Op::Link { oldnodeid, .. } = op {
-            named.push(*oldnodeid);
-        }
-        let all = matches!(op, Op::Setxattr { .. });
-        if let Err(e) = self.fv.take_owed(&named, all) {
+        let change = match op {
+            // A volume or file snapshot numbers after every owed version.
+            Op::Setxattr { .. } => return self.report_owed(self.fv.take_owed(&[], true)),
+            // A new name changes no data (nor the directory's: not a file).
+            Op::Link { .. } => return,
+            Op::Setattr(s) if s.valid & fattr::SIZE != 0 => Change::Size(s.size),
+            Op::Setattr(_) => Change::Attributes,
+            Op::Write { offset, data, .. } => Change::Write { offset: *offset, data },
+            // OPEN with O_TRUNC (changes_nothing let the others through).
+            Op::Open { .. } => Change::Size(0),
+            _ => Change::Data,
+        };
+        self.report_owed(self.fv.take_owed_before(ino, change));
+    }
+
+    fn report_owed(&self, r: Result<(), FsError>) {
+        if let Err(e) = r {
             log::error!("close version owed: {e}");
         }
     }
