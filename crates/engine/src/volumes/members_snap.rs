@@ -35,16 +35,18 @@ impl Pool {
         self.check_writable()?;
         let mut ctl = self.lock_commit();
         let whole = member(&self.read_inner().state, id)?.role == Some(VolumeRole::FileVolume);
-        // One commit of its own each, the first time only; a file volume's
-        // snapshot is the first record that needs FS_VERSIONS.
-        self.enable_feature(&mut ctl, self.snapshot_features())?;
+        // The bits it needs, set by one commit of their own the first
+        // time only; a file volume's snapshot is the first record that
+        // needs FS_VERSIONS, a file version (tarn-fs names them `~f...`,
+        // `~c...`) FS_FILE_VERSIONS.
+        let mut bits = self.snapshot_features();
         if whole {
-            self.enable_feature(&mut ctl, incompat::FS_VERSIONS)?;
-            // A file version (tarn-fs names them `~f...`, `~c...`).
+            bits |= incompat::FS_VERSIONS;
             if name.starts_with('~') {
-                self.enable_feature(&mut ctl, incompat::FS_FILE_VERSIONS)?;
+                bits |= incompat::FS_FILE_VERSIONS;
             }
         }
+        self.enable_feature(&mut ctl, bits)?;
         // Drain writes planned against the old epoch (see create_snapshot),
         // unless none can be writing this member (`pool/gate.rs`).
         let (_quiet, mut inner) = self.write_inner_quiet_for(id);
