@@ -72,6 +72,19 @@ check_fails "RENAME_EXCHANGE with a missing target" renameat2 nr2 nosuch 2
 expect_eq "its error is ENOENT" "$(printf '%s' "$LAST_OUT" | grep -c 'No such file')" 1
 check_fails "RENAME_EXCHANGE of a directory into its own subtree" renameat2 d1 d1/sub/f 2
 rm -rf nr2 nr3 ex1
+mkdir spc
+check "mkfifo" mkfifo -m 640 spc/fifo
+expect_eq "a fifo, its mode" "$(stat -c '%F %a' spc/fifo)" "fifo 640"
+check "the fifo carries data from one process to another" bash -c '(echo through >spc/fifo &); read -r x <spc/fifo; [ "$x" = through ]'
+check "mknod c 1 3" mknod -m 666 spc/null c 1 3
+expect_eq "a character device, its number" "$(stat -c '%F %t:%T %a' spc/null)" "character special file 1:3 666"
+check "mknod b 7 200" mknod spc/blk b 7 200
+expect_eq "a block device, its number" "$(stat -c '%F %t:%T' spc/blk)" "block special file 7:c8"
+check "a unix socket bound in the mount" "$SYSPY" -c "import socket; socket.socket(socket.AF_UNIX).bind('spc/sock')"
+expect_eq "a socket" "$(stat -c %F spc/sock)" socket
+check "cp -a of the special files" cp -a spc spc2
+expect_eq "the copies keep kind, numbers, mode, owner" "$(cd spc2 && stat -c '%n %F %t:%T %a %u' * | sort | md5sum)" "$(cd spc && stat -c '%n %F %t:%T %a %u' * | sort | md5sum)"
+SPECIAL=$(cd spc && stat -c '%n %F %t:%T %a %u' * | sort)
 check "hard link" ln d2/a d1/hard
 expect_eq "nlink after ln" "$(stat -c %h d2/a)" 2
 check "symlink" ln -s ../d2/a d1/sym
@@ -179,6 +192,7 @@ fs_mount home
 check "sha256sum -c after remount" bash -c "cd '$MNT' && sha256sum --quiet -c '$T/sums'"
 expect_eq "same names after remount" "$(cd "$MNT" && find . | sort | sha256sum)" "$(sha256sum <"$T/names")"
 expect_eq "sqlite3 integrity_check after remount" "$(sqlite3 "$MNT/t.db" 'pragma integrity_check')" ok
+expect_eq "special files after remount" "$(cd "$MNT/spc" && stat -c '%n %F %t:%T %a %u' * | sort)" "$SPECIAL"
 check "rm -rf of everything" bash -c "rm -rf '$MNT'/* && [ -z \"\$(ls -A '$MNT')\" ]"
 fs_umount
 pool_check "$POOL" "after rm -rf"

@@ -119,6 +119,12 @@ pub mod incompat {
     /// *Catalog*, inline dead lists). An older tarn would refuse the
     /// catalog (an empty root with extents).
     pub const INLINE_DEAD_LISTS: u64 = 1 << 19;
+    /// File volumes may hold fifos, sockets and character and block
+    /// device nodes: inode and directory entry kinds 4 to 7, a device
+    /// number in the inode record (docs/FORMAT.md *File volumes*). An
+    /// older tarn would refuse such an inode and the whole directory that
+    /// names it as damage.
+    pub const FS_SPECIAL_FILES: u64 = 1 << 20;
     /// A present member is being copied onto a new device (`tarn pool
     /// replace` of a member that is still there): its device table entry
     /// has state byte 5 (with EVACUATION) followed by `copied u64`, the new
@@ -149,6 +155,7 @@ pub mod incompat {
         | FS_VERSION_RECORDS
         | REBUILD
         | INLINE_DEAD_LISTS
+        | FS_SPECIAL_FILES
         | REPLACE;
 }
 
@@ -835,10 +842,10 @@ mod tests {
         let mut sb = sample();
         sb.incompat = 1 << 40;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        // Bits 0-19 and 22 are known here; bit 20 is not.
-        sb.incompat = 1 << 20;
+        // Bits 0-20 and 22 are known here; bit 21 is not.
+        sb.incompat = 1 << 21;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        assert_eq!(incompat::KNOWN, ((1 << 20) - 1) | incompat::REPLACE);
+        assert_eq!(incompat::KNOWN, ((1 << 21) - 1) | incompat::REPLACE);
         assert_eq!(incompat::REPLACE, 1 << 22);
         assert_eq!(incompat::COARSE_SUMS, 1 << 13);
         sb.incompat = incompat::COARSE_SUMS;
@@ -900,6 +907,17 @@ mod tests {
         let b = sb.encode(0);
         assert_eq!(&b[16..24], &[0, 0x08, 0, 0, 0, 0, 0, 0]);
         assert_eq!(Superblock::decode(&b, 0).unwrap().incompat, incompat::FS_XATTRS);
+    }
+
+    /// Incompat bit 20 (FS_SPECIAL_FILES, docs/FORMAT.md): byte 18 of the
+    /// superblock is 0x10, and this build opens it.
+    #[test]
+    fn golden_fs_special_files_bit() {
+        let mut sb = sample();
+        sb.incompat = incompat::FS_SPECIAL_FILES;
+        let b = sb.encode(0);
+        assert_eq!(&b[16..24], &[0, 0, 0x10, 0, 0, 0, 0, 0]);
+        assert_eq!(Superblock::decode(&b, 0).unwrap().incompat, incompat::FS_SPECIAL_FILES);
     }
 
     /// Incompat bit 12 (DEVICE_PLACEMENT, docs/FORMAT.md): a policy byte

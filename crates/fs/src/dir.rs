@@ -151,7 +151,7 @@ fn decode_entry(r: &mut &[u8]) -> Option<Entry> {
     let head = r.get(..18)?;
     let cookie = u64::from_le_bytes(head[..8].try_into().ok()?);
     let ino = u64::from_le_bytes(head[8..16].try_into().ok()?);
-    let kind = [Kind::File, Kind::Dir, Kind::Symlink].into_iter().find(|k| *k as u8 == head[16])?;
+    let kind = Kind::from_byte(head[16])?;
     let n = usize::from(head[17]);
     let name = r.get(18..18 + n)?.to_vec();
     *r = &r[18 + n..];

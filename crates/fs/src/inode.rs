@@ -21,11 +21,20 @@ pub enum Kind {
     File = 1,
     Dir = 2,
     Symlink = 3,
+    /// Special files (FS_SPECIAL_FILES): no data, no object; the kernel
+    /// serves their opens itself.
+    Fifo = 4,
+    Socket = 5,
+    CharDev = 6,
+    BlockDev = 7,
 }
 
 impl Kind {
-    fn from_byte(b: u8) -> Option<Kind> {
-        [Kind::File, Kind::Dir, Kind::Symlink].into_iter().find(|k| *k as u8 == b)
+    const ALL: [Kind; 7] =
+        [Kind::File, Kind::Dir, Kind::Symlink, Kind::Fifo, Kind::Socket, Kind::CharDev, Kind::BlockDev];
+
+    pub(crate) fn from_byte(b: u8) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| *k as u8 == b)
     }
 
     /// The S_IFMT bits of st_mode.
@@ -34,7 +43,26 @@ impl Kind {
             Kind::File => libc::S_IFREG,
             Kind::Dir => libc::S_IFDIR,
             Kind::Symlink => libc::S_IFLNK,
+            Kind::Fifo => libc::S_IFIFO,
+            Kind::Socket => libc::S_IFSOCK,
+            Kind::CharDev => libc::S_IFCHR,
+            Kind::BlockDev => libc::S_IFBLK,
         }
+    }
+
+    /// The kind of st_mode's S_IFMT bits (None: not a kind kept here).
+    pub fn of_mode(mode: u32) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.mode_bits() == mode & libc::S_IFMT)
+    }
+
+    /// A fifo, socket or device node (FS_SPECIAL_FILES).
+    pub fn is_special(self) -> bool {
+        self as u8 >= Kind::Fifo as u8
+    }
+
+    /// A node that carries a device number.
+    pub fn is_device(self) -> bool {
+        matches!(self, Kind::CharDev | Kind::BlockDev)
     }
 }
 
@@ -61,6 +89,9 @@ pub struct Inode {
     pub parent: u64,
     /// A symlink target of at most INLINE_TARGET bytes (else in `object`).
     pub target: Vec<u8>,
+    /// A device node's number (the kernel's encoding, as FUSE carries
+    /// it); 0 for other kinds.
+    pub rdev: u32,
 }
 
 /// The file volume's header, record 0.
@@ -185,7 +216,7 @@ impl Inode {
         b[56..60].copy_from_slice(&self.object.to_le_bytes());
         b[60..68].copy_from_slice(&self.epoch.to_le_bytes());
         b[68..76].copy_from_slice(&self.ino.to_le_bytes());
-        b[76..80].copy_from_slice(&[0; 4]);
+        b[76..80].copy_from_slice(&self.rdev.to_le_bytes());
         let n = self.target.len().min(INLINE_TARGET);
         b[80..82].copy_from_slice(&(n as u16).to_le_bytes());
         b[TARGET_AT..TARGET_AT + n].copy_from_slice(&self.target[..n]);
@@ -211,6 +242,10 @@ impl Inode {
         if n > INLINE_TARGET || perm & !0o7777 != 0 || size > crate::OBJECT_SIZE {
             return Err(bad(format!("target length {n}, mode {perm:o} or size {size}")));
         }
+        let rdev = u32_at(b, 76);
+        if (rdev != 0 && !kind.is_device()) || (kind.is_special() && (size != 0 || u32_at(b, 56) != 0)) {
+            return Err(bad(format!("a {kind:?} with device {rdev:#x}, size {size}, object {}", u32_at(b, 56))));
+        }
         let at = TARGET_AT + INLINE_TARGET;
         Ok(Some(Inode {
             ino,
@@ -227,6 +262,7 @@ impl Inode {
             epoch: u64_at(b, 60),
             target: b[TARGET_AT..TARGET_AT + n].to_vec(),
             parent: u64_at(b, at),
+            rdev,
         }))
     }
 }
@@ -251,6 +287,7 @@ mod tests {
             epoch: 0,
             parent: 0,
             target: b"abc".to_vec(),
+            rdev: 0,
         }
     }
 
@@ -329,6 +366,25 @@ mod tests {
         let old = Header { layout: 0, ..h }.encode();
         assert!(old[48..].iter().take(4).all(|&x| x == 0));
         assert_eq!(Header::decode(&old).unwrap().layout, 0);
+    }
+
+    /// Pins the special kinds and the device number at 76
+    /// (FS_SPECIAL_FILES); a device number on another kind, or data on a
+    /// special file, is damage.
+    #[test]
+    fn golden_special_file_bytes() {
+        let dev = Inode { kind: Kind::CharDev, size: 0, target: Vec::new(), rdev: 0x0103, ..sample() };
+        let b = dev.encode();
+        assert_eq!((b[5], &b[76..80]), (6, &[3, 1, 0, 0][..]));
+        assert_eq!(Inode::decode(&b, 7).unwrap(), Some(dev.clone()));
+        let kinds: Vec<u8> = [Kind::Fifo, Kind::Socket, Kind::CharDev, Kind::BlockDev].map(|k| k as u8).to_vec();
+        assert_eq!(kinds, [4, 5, 6, 7]);
+        assert_eq!(Kind::of_mode(libc::S_IFIFO | 0o644), Some(Kind::Fifo));
+        assert_eq!(Kind::of_mode(0o170000), None);
+        let bad_dev = Inode { kind: Kind::Fifo, ..dev.clone() }.encode();
+        assert!(Inode::decode(&bad_dev, 7).is_err(), "a fifo with a device number");
+        let with_data = Inode { size: 5, ..dev }.encode();
+        assert!(Inode::decode(&with_data, 7).is_err(), "a device node with a size");
     }
 
     #[test]

@@ -110,6 +110,15 @@ pub(crate) struct Ns {
     pub(crate) owed_seq: u64,
 }
 
+/// What a new inode holds besides its attributes.
+enum Body<'a> {
+    Empty,
+    /// A symlink's target.
+    Target(&'a [u8]),
+    /// A device node's number.
+    Device(u32),
+}
+
 /// An open file volume.
 pub struct FileVolume {
     pub(crate) pool: Arc<Pool>,
@@ -166,6 +175,7 @@ impl FileVolume {
             epoch: 0,
             parent: ROOT,
             target: Vec::new(),
+            rdev: 0,
         };
         pool.write(info.id, RECORD as u64, &root.encode(), false)?;
         pool.write(
@@ -486,17 +496,38 @@ impl FileVolume {
     /// first, then the entry (a crash between leaves an unreachable inode,
     /// never an entry without one).
     pub fn create(&self, parent: u64, name: &[u8], kind: Kind, perm: u32, uid: u32, gid: u32) -> Result<Attr> {
-        self.make(parent, name, kind, perm & 0o7777, (uid, gid), &[])
+        if kind.is_special() {
+            return self.mknod(parent, name, kind, perm, 0, (uid, gid));
+        }
+        self.make(parent, name, kind, perm & 0o7777, (uid, gid), Body::Empty)
+    }
+
+    /// mknod(2) of a fifo, socket or device node (`rdev`, devices only):
+    /// an inode with no data. The first one of a pool sets
+    /// FS_SPECIAL_FILES (a commit of its own) before it is written.
+    pub fn mknod(&self, parent: u64, name: &[u8], kind: Kind, perm: u32, rdev: u32, owner: (u32, u32)) -> Result<Attr> {
+        if !kind.is_special() {
+            return Err(FsError::Invalid("mknod makes fifos, sockets and device nodes"));
+        }
+        self.writable()?;
+        self.pool.enable_fs_special_files()?;
+        let body = if kind.is_device() { Body::Device(rdev) } else { Body::Empty };
+        self.make(parent, name, kind, perm & 0o7777, owner, body)
     }
 
     pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
         if target.is_empty() || target.len() > 4095 {
             return Err(FsError::Invalid("symlink target length"));
         }
-        self.make(parent, name, Kind::Symlink, 0o777, (uid, gid), target)
+        self.make(parent, name, Kind::Symlink, 0o777, (uid, gid), Body::Target(target))
     }
 
-    fn make(&self, parent: u64, name: &[u8], kind: Kind, perm: u32, owner: (u32, u32), target: &[u8]) -> Result<Attr> {
+    fn make(&self, parent: u64, name: &[u8], kind: Kind, perm: u32, owner: (u32, u32), body: Body) -> Result<Attr> {
+        let (target, rdev) = match body {
+            Body::Empty => (&[][..], 0),
+            Body::Target(t) => (t, 0),
+            Body::Device(d) => (&[][..], d),
+        };
         self.writable()?;
         check_name(name)?;
         let mut ns = self.lock();
@@ -523,6 +554,7 @@ impl FileVolume {
             epoch: ns.header.epoch,
             parent: if kind == Kind::Dir { parent } else { 0 },
             target: Vec::new(),
+            rdev,
         };
         if target.len() <= INLINE_TARGET {
             i.target = target.to_vec();

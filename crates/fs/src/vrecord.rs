@@ -90,6 +90,7 @@ impl VersionRecord {
             epoch: self.number,
             parent: 0,
             target: Vec::new(),
+            rdev: 0,
         }
     }
 

@@ -63,6 +63,8 @@ pub enum Op<'a> {
     },
     Mknod {
         mode: u32,
+        /// A device node's number (the kernel's encoding).
+        rdev: u32,
         umask: u32,
         name: &'a [u8],
     },
@@ -329,9 +331,9 @@ fn setattr<'a>(a: &mut Args<'a>) -> Result<Op<'a>, Malformed> {
 }
 
 fn mknod<'a>(a: &mut Args<'a>) -> Result<Op<'a>, Malformed> {
-    let (mode, _rdev, umask) = (a.u32()?, a.u32()?, a.u32()?);
+    let (mode, rdev, umask) = (a.u32()?, a.u32()?, a.u32()?);
     a.skip(4)?;
-    Ok(Op::Mknod { mode, umask, name: a.name()? })
+    Ok(Op::Mknod { mode, rdev, umask, name: a.name()? })
 }
 
 fn rename2<'a>(a: &mut Args<'a>) -> Result<Op<'a>, Malformed> {

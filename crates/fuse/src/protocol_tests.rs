@@ -61,6 +61,20 @@ fn ring_lookup_has_its_name_in_the_payload() {
     assert_eq!(ring_request(&headers, b"foobar\0").err(), Some(Malformed));
 }
 
+/// fuse_mknod_in: mode, rdev, umask, padding, then the name.
+#[test]
+fn mknod_carries_the_device_number() {
+    let mut body = Vec::new();
+    for v in [libc::S_IFCHR | 0o640, 0x0103, 0o022, 0] {
+        body.extend_from_slice(&v.to_le_bytes());
+    }
+    body.extend_from_slice(b"null\0");
+    let mut frame = in_header((IN_HEADER + body.len()) as u32, op::MKNOD, 3, 1);
+    frame.extend_from_slice(&body);
+    let (_, got) = dev_request(&frame).expect("a whole MKNOD");
+    assert_eq!(got, Op::Mknod { mode: libc::S_IFCHR | 0o640, rdev: 0x0103, umask: 0o022, name: b"null" });
+}
+
 #[test]
 fn a_write_shorter_than_its_size_is_malformed() {
     let body: Vec<u8> = [write_in(), b"hel".to_vec()].concat();
@@ -123,10 +137,11 @@ fn entry_reply_bytes() {
         atime: 1_500_000_000,
         mtime: -1,
         ctime: 3_000_000_007,
-        mode: libc::S_IFREG | 0o644,
+        mode: libc::S_IFCHR | 0o644,
         nlink: 1,
         uid: 1000,
         gid: 1001,
+        rdev: 0x0103,
         blksize: 4096,
     };
     let e = Entry { attr, generation: 3, entry_ttl: Duration::from_millis(1500), attr_ttl: Duration::from_secs(30) };
@@ -142,7 +157,8 @@ fn entry_reply_bytes() {
     for v in [42u64, 5, 8, 1, u64::MAX, 3] {
         want.extend_from_slice(&v.to_le_bytes());
     }
-    for v in [500_000_000u32, 999_999_999, 7, libc::S_IFREG | 0o644, 1, 1000, 1001, 0, 4096, 0] {
+    // ... mode nlink uid gid rdev blksize flags.
+    for v in [500_000_000u32, 999_999_999, 7, libc::S_IFCHR | 0o644, 1, 1000, 1001, 0x0103, 4096, 0] {
         want.extend_from_slice(&v.to_le_bytes());
     }
     assert_eq!(bytes, want);

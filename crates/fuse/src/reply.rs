@@ -19,6 +19,8 @@ pub struct Attr {
     pub nlink: u32,
     pub uid: u32,
     pub gid: u32,
+    /// A device node's number.
+    pub rdev: u32,
     pub blksize: u32,
 }
 
@@ -118,7 +120,7 @@ fn put_attr(out: &mut Vec<u8>, a: &Attr) {
         out.u64(v);
     }
     // atimensec, mtimensec, ctimensec, mode, nlink, uid, gid, rdev, blksize, flags
-    for v in [an, mn, cn, a.mode, a.nlink, a.uid, a.gid, 0, a.blksize, 0] {
+    for v in [an, mn, cn, a.mode, a.nlink, a.uid, a.gid, a.rdev, a.blksize, 0] {
         out.u32(v);
     }
 }

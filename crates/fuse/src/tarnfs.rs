@@ -84,7 +84,8 @@ fn attr(at: &Attr) -> reply::Attr {
         atime: a.atime,
         mtime: a.mtime,
         ctime: a.ctime,
-        mode: file_type(a.kind) | (a.perm & 0o7777),
+        mode: a.kind.mode_bits() | (a.perm & 0o7777),
+        rdev: a.rdev,
         nlink: a.nlink,
         uid: a.uid,
         gid: a.gid,
@@ -92,18 +93,9 @@ fn attr(at: &Attr) -> reply::Attr {
     }
 }
 
-/// The S_IFMT bits of a kind.
-fn file_type(k: Kind) -> u32 {
-    match k {
-        Kind::File => libc::S_IFREG,
-        Kind::Dir => libc::S_IFDIR,
-        Kind::Symlink => libc::S_IFLNK,
-    }
-}
-
 /// The d_type of a kind (a directory entry's type).
 fn dirent_type(k: Kind) -> u32 {
-    file_type(k) >> 12
+    k.mode_bits() >> 12
 }
 
 /// Whether the caller holds CAP_FSETID (bit 4 of its effective set in
@@ -274,7 +266,7 @@ impl TarnFs {
                 let r = self.fv.writable(ino);
                 self.entry(r.and_then(|p| self.fv.live.symlink(p, name, target, h.uid, h.gid)))
             }
-            Op::Mknod { mode, umask, name } => self.mknod(h, mode, umask, name),
+            Op::Mknod { mode, rdev, umask, name } => self.mknod(h, mode & !umask, rdev, name),
             Op::Mkdir { mode, umask, name } => self.make(h, Kind::Dir, mode & !umask, name),
             Op::Unlink { name } => self.unlink(ino, name),
             Op::Rmdir { name } => empty(self.fv.writable(ino).and_then(|p| self.fv.live.rmdir(p, name))),
@@ -431,12 +423,17 @@ impl TarnFs {
         self.entry(r.and_then(|p| self.fv.live.create(p, name, kind, perm, h.uid, h.gid)))
     }
 
-    fn mknod(&mut self, h: &Header, mode: u32, umask: u32, name: &[u8]) -> Reply {
-        if mode & libc::S_IFMT != libc::S_IFREG {
-            // Devices, fifos and sockets are not kept yet.
-            return Reply::Error(libc::EPERM);
+    /// mknod(2): a regular file, fifo, socket or device node (the
+    /// kernel checked the caller may make a device).
+    fn mknod(&mut self, h: &Header, mode: u32, rdev: u32, name: &[u8]) -> Reply {
+        match Kind::of_mode(mode) {
+            Some(Kind::File) => self.make(h, Kind::File, mode, name),
+            Some(kind) if kind.is_special() => {
+                let r = self.fv.writable(h.nodeid);
+                self.entry(r.and_then(|p| self.fv.live.mknod(p, name, kind, mode, rdev, (h.uid, h.gid))))
+            }
+            _ => Reply::Error(libc::EINVAL),
         }
-        self.make(h, Kind::File, mode & !umask, name)
     }
 
     /// `rm foo@/N` deletes file version N of foo; anything else in a

@@ -40,6 +40,15 @@ impl Pool {
         self.enable_feature(&mut ctl, incompat::FS_XATTRS)
     }
 
+    /// Set incompat bit 20 (FS_SPECIAL_FILES) before a file volume's
+    /// first fifo, socket or device node is written: one commit of its
+    /// own, the first time only (then a check under the commit lock).
+    pub fn enable_fs_special_files(&self) -> Result<()> {
+        self.check_writable()?;
+        let mut ctl = self.lock_commit();
+        self.enable_feature(&mut ctl, incompat::FS_SPECIAL_FILES)
+    }
+
     /// Set incompat bit 17 (FS_VERSION_RECORDS) before a file volume's
     /// first close version record is written: one commit of its own, the
     /// first time only (then a check under the commit lock).
