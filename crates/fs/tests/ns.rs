@@ -119,6 +119,36 @@ fn rename_noreplace_and_exchange() {
     assert_eq!(fv.check().unwrap().problems, Vec::<String>::new());
 }
 
+/// A power cut anywhere in the commit of an exchange across two
+/// directories (a subdirectory for a file): after it, the old names or the
+/// new ones, never a mix; the new ones once the commit returned; link
+/// counts and parents checked clean.
+#[test]
+fn a_crash_in_an_exchange_keeps_all_of_it_or_none() {
+    let mut cut_inside = 0;
+    for seed in 0..12u64 {
+        let (sim, pool, fv) = fresh();
+        let d = fv.create(ROOT, b"d", Kind::Dir, 0o755, 0, 0).unwrap().inode.ino;
+        let e = fv.create(ROOT, b"e", Kind::Dir, 0o755, 0, 0).unwrap().inode.ino;
+        let sub = fv.create(d, b"x", Kind::Dir, 0o755, 0, 0).unwrap().inode.ino;
+        let f = file(&fv, e, "y");
+        fv.sync().unwrap();
+        sim.crash_after(seed);
+        let done = fv.rename_as(d, b"x", e, b"y", RenameMode::Exchange).and_then(|_| fv.sync()).is_ok();
+        cut_inside += u32::from(!done);
+        let (pool, fv) = common::crash_and_reopen(&sim, &mut ChaCha8Rng::seed_from_u64(seed), fv, pool);
+        let at = |dir, name: &[u8]| fv.lookup(dir, name).unwrap().inode.ino;
+        let now = (at(d, b"x"), at(e, b"y"));
+        assert!(now == (sub, f) || now == (f, sub), "seed {seed}: a mix {now:?}");
+        if done {
+            assert_eq!(now, (f, sub), "seed {seed}: the exchange was committed but lost");
+        }
+        assert_eq!(fv.check().unwrap().problems, Vec::<String>::new(), "seed {seed}");
+        assert_eq!(pool.check().problems, Vec::<String>::new(), "seed {seed}");
+    }
+    assert!(cut_inside >= 4, "the power was cut inside the commit only {cut_inside} times of 12");
+}
+
 /// Fifos, sockets and device nodes (FS_SPECIAL_FILES): made with their
 /// kind, mode, owner and device number, listed with their kind, linked,
 /// renamed and unlinked like files, kept across a power cut once synced.
