@@ -151,7 +151,8 @@ fn a_crash_in_an_exchange_keeps_all_of_it_or_none() {
 
 /// Fifos, sockets and device nodes (FS_SPECIAL_FILES): made with their
 /// kind, mode, owner and device number, listed with their kind, linked,
-/// renamed and unlinked like files, kept across a power cut once synced.
+/// renamed and unlinked like files, kept across a power cut once synced,
+/// in a volume snapshot and in a writable clone of it.
 #[test]
 fn fifos_sockets_and_device_nodes() {
     let (sim, pool, fv) = fresh();
@@ -180,18 +181,30 @@ fn fifos_sockets_and_device_nodes() {
             ("sda".to_string(), Kind::BlockDev)
         ]
     );
+    // A volume snapshot keeps them as they were.
+    fv.snap_create("s1").unwrap();
     fv.link(null.ino, ROOT, b"null2").unwrap();
     fv.unlink(ROOT, b"null").unwrap();
     fv.rename(ROOT, b"fifo", ROOT, b"pipe").unwrap();
     fv.unlink(ROOT, b"sock").unwrap();
     assert_eq!(fv.check().unwrap().problems, Vec::<String>::new());
     fv.sync().unwrap();
-    let (_pool, fv) = common::crash_and_reopen(&sim, &mut ChaCha8Rng::seed_from_u64(4), fv, pool);
+    let (pool, fv) = common::crash_and_reopen(&sim, &mut ChaCha8Rng::seed_from_u64(4), fv, pool);
     let back = fv.lookup(ROOT, b"null2").unwrap().inode;
     assert_eq!((back.kind, back.rdev, back.nlink), (Kind::CharDev, 0x0103, 1));
     assert_eq!(fv.lookup(ROOT, b"pipe").unwrap().inode.kind, Kind::Fifo);
     assert_eq!(names(&fv, ROOT), [".", "..", "null2", "pipe", "sda"]);
     assert_eq!(fv.check().unwrap().problems, Vec::<String>::new());
+    let view = FileVolume::open_snapshot(pool.clone(), "home", "s1").unwrap();
+    assert_eq!(names(&view, ROOT), [".", "..", "fifo", "null", "sda", "sock"]);
+    let old = view.lookup(ROOT, b"null").unwrap().inode;
+    assert_eq!((old.kind, old.rdev, old.nlink), (Kind::CharDev, 0x0103, 1));
+    // And so does a writable clone of it.
+    FileVolume::clone_snapshot(pool.clone(), "home", "s1", "copy").unwrap();
+    let copy = FileVolume::open(pool, "copy").unwrap();
+    assert_eq!(copy.lookup(ROOT, b"sock").unwrap().inode.kind, Kind::Socket);
+    copy.unlink(ROOT, b"null").unwrap();
+    assert_eq!(copy.check().unwrap().problems, Vec::<String>::new());
 }
 
 #[test]
