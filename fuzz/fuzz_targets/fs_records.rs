@@ -5,9 +5,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tarn_fs::dir::Dir;
-use tarn_fs::inode::{Header, Inode, RECORD};
-use tarn_fs::vrecord::{VersionRecord, LEN};
+use tarn_fs::namespace::dir::Dir;
+use tarn_fs::namespace::inode::{Header, Inode, RECORD};
+use tarn_fs::history::vrecord::{VersionRecord, LEN};
 
 fuzz_target!(|data: &[u8]| {
     if data.len() >= RECORD {

@@ -14,7 +14,7 @@ pub enum FsError {
     IsDir,
     #[error("directory not empty")]
     NotEmpty,
-    #[error("name longer than {max} bytes", max = crate::dir::MAX_NAME)]
+    #[error("name longer than {max} bytes", max = crate::namespace::dir::MAX_NAME)]
     NameTooLong,
     #[error("invalid argument: {0}")]
     Invalid(&'static str),
@@ -36,9 +36,9 @@ pub enum FsError {
     NotSupported,
     #[error("extended attributes: {0}")]
     XattrRange(&'static str),
-    #[error("extended attribute value longer than {max} bytes", max = crate::xattr::MAX_VALUE)]
+    #[error("extended attribute value longer than {max} bytes", max = crate::namespace::xattr::MAX_VALUE)]
     XattrTooBig,
-    #[error("extended attributes of one inode take at most {max} bytes", max = crate::xattr::MAX_SET)]
+    #[error("extended attributes of one inode take at most {max} bytes", max = crate::namespace::xattr::MAX_SET)]
     XattrSpace,
     #[error("operation not permitted: {0}")]
     NotPermitted(&'static str),

@@ -5,43 +5,27 @@
 //! its object. The inode table is the file volume's own map. No FUSE
 //! here: `tarn-fuse` adapts this API.
 
-pub mod check;
-mod clone;
-mod close;
-pub mod dir;
+pub mod data;
 pub mod error;
-mod fileversions;
-pub mod inode;
-mod layout;
-pub mod layoutrules;
-mod ns;
-mod owed;
-pub mod policy;
-pub mod readahead;
-mod rename;
-pub mod snap;
-pub mod versions;
-mod vindex;
-pub mod vrecord;
-pub mod writebehind;
-pub mod xattr;
+pub mod history;
+pub mod namespace;
 
-pub use check::CheckReport;
+pub use data::layoutrules::{LayoutRule, LayoutSpec};
 pub use error::{FsError, Result};
-pub use inode::{Inode, Kind};
-pub use layoutrules::{LayoutRule, LayoutSpec};
-pub use ns::{Attr, DirEntry, FileVolume, SetAttr, StatFs};
-pub use owed::{Change, OWED_BOUND};
-pub use rename::RenameMode;
-pub use snap::{FsSnapshot, VersionKind};
-pub use versions::{Node, Versioned};
-pub use xattr::XattrMode;
+pub use history::owed::{Change, OWED_BOUND};
+pub use history::snap::{FsSnapshot, VersionKind};
+pub use history::versions::{Node, Versioned};
+pub use namespace::check::CheckReport;
+pub use namespace::inode::{Inode, Kind};
+pub use namespace::ns::{Attr, DirEntry, FileVolume, SetAttr, StatFs};
+pub use namespace::rename::RenameMode;
+pub use namespace::xattr::XattrMode;
 
 /// Each object is a thin volume of this size (16 TiB).
 pub const OBJECT_SIZE: u64 = 1 << 44;
 /// Largest file: the object less its extended attributes' area at the
 /// end (`xattr::AREA`, 512 KiB).
-pub const MAX_FILE_SIZE: u64 = OBJECT_SIZE - xattr::AREA;
+pub const MAX_FILE_SIZE: u64 = OBJECT_SIZE - namespace::xattr::AREA;
 /// Inode numbers are below this: the inode table's size / 256.
 pub const MAX_INODES: u64 = 1 << 32;
 /// The root directory's inode.

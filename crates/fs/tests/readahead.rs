@@ -6,7 +6,7 @@
 use rand::seq::SliceRandom;
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use tarn_fs::readahead::{Streams, Window, FIRST_WINDOW};
+use tarn_fs::data::readahead::{Streams, Window, FIRST_WINDOW};
 use tarn_fs::ROOT;
 
 mod common;

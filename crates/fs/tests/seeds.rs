@@ -2,9 +2,9 @@
 //! a Python encoder from docs/FORMAT.md *File volumes*, not by these
 //! encoders: decoding them pins the documented layout.
 
-use tarn_fs::dir::Dir;
-use tarn_fs::inode::{Header, Inode, RECORD};
-use tarn_fs::vrecord::{VersionRecord, LEN};
+use tarn_fs::history::vrecord::{VersionRecord, LEN};
+use tarn_fs::namespace::dir::Dir;
+use tarn_fs::namespace::inode::{Header, Inode, RECORD};
 use tarn_fs::Kind;
 
 fn seed(name: &str) -> Vec<u8> {

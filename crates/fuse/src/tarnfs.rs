@@ -591,7 +591,7 @@ impl TarnFs {
             // The file's own layout (tarn_fs `layout.rs`): not stored as
             // an attribute, so not listed, like the other control names.
             (_, b"user.tarn.layout") => self.fv.set_layout(ino, value).map(|()| false),
-            (_, n) if !n.starts_with(tarn_fs::xattr::CONTROL) => {
+            (_, n) if !n.starts_with(tarn_fs::namespace::xattr::CONTROL) => {
                 let mode = match flags {
                     0 => XattrMode::Any,
                     libc::XATTR_CREATE => XattrMode::Create,

@@ -13,8 +13,8 @@
 //! head is shrunk to one zeroed block (the mark) and its tags stay.
 
 use crate::error::{FsError, Result};
-use crate::inode::{Header, Inode, RECORD};
-use crate::ns::{FileVolume, Ns};
+use crate::namespace::inode::{Header, Inode, RECORD};
+use crate::namespace::ns::{FileVolume, Ns};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tarn_engine::{EngineError, Pool, View};
@@ -236,7 +236,7 @@ impl FileVolume {
             engine_epoch,
             slot: None,
         };
-        crate::vindex::VersionIndex::taken(&mut ns.index, &s);
+        crate::history::vindex::VersionIndex::taken(&mut ns.index, &s);
         Ok(s)
     }
 

@@ -8,10 +8,10 @@
 //! reading and the delete pass need no new rule for objects.
 
 use crate::error::{FsError, Result};
-use crate::inode::{Header, Inode, Kind, DEFAULT_KEEP, MAX_KEEP};
-use crate::ns::{FileVolume, Ns};
-use crate::policy::{self, Rule, MAX_RULES, POLICY_HEADER};
-use crate::snap::{version_name, FsSnapshot, VersionKind};
+use crate::history::policy::{self, Rule, MAX_RULES, POLICY_HEADER};
+use crate::history::snap::{version_name, FsSnapshot, VersionKind};
+use crate::namespace::inode::{Header, Inode, Kind, DEFAULT_KEEP, MAX_KEEP};
+use crate::namespace::ns::{FileVolume, Ns};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tarn_engine::PlacementKind;
 
@@ -107,7 +107,7 @@ impl FileVolume {
         self.save(&mut ns, &i)?;
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let s = FsSnapshot { name, kind, owner: ino, object: i.object, number, created, engine_epoch, slot: None };
-        crate::vindex::VersionIndex::taken(&mut ns.index, &s);
+        crate::history::vindex::VersionIndex::taken(&mut ns.index, &s);
         drop(ns);
         if durable {
             self.pool.flush()?;
@@ -214,7 +214,7 @@ impl FileVolume {
         let mut names: Vec<String> = Vec::new();
         let mut at = dir;
         let mut ns = self.lock();
-        for _ in 0..crate::ns::MAX_DEPTH {
+        for _ in 0..crate::namespace::ns::MAX_DEPTH {
             if at == crate::ROOT {
                 names.reverse();
                 return Ok(Some(names.join("/")));
@@ -235,7 +235,7 @@ impl FileVolume {
     /// empty parts are ignored). At most 4096 parts.
     pub fn resolve(&self, path: &str) -> Result<u64> {
         let mut ino = crate::ROOT;
-        for part in path.split('/').filter(|p| !p.is_empty()).take(crate::ns::MAX_DEPTH) {
+        for part in path.split('/').filter(|p| !p.is_empty()).take(crate::namespace::ns::MAX_DEPTH) {
             ino = self.lookup(ino, part.as_bytes())?.inode.ino;
         }
         Ok(ino)

@@ -8,8 +8,8 @@
 //! it with no extra rule (a tag of the object is a tag of its xattrs).
 
 use crate::error::{FsError, Result};
-use crate::inode::{Inode, Kind};
-use crate::ns::{now, FileVolume, Ns};
+use crate::namespace::inode::{Inode, Kind};
+use crate::namespace::ns::{now, FileVolume, Ns};
 use crate::MAX_FILE_SIZE;
 use std::collections::BTreeMap;
 use tarn_engine::PlacementKind;

@@ -7,11 +7,11 @@
 //! holds it; "mirrored" is "only mirrored members", resolved when the
 //! layout is given to an object.
 
+use crate::data::layoutrules::{self, layout_for, LayoutRule, LayoutSpec, MAX_LAYOUT_BYTES};
 use crate::error::{FsError, Result};
-use crate::layoutrules::{self, layout_for, LayoutRule, LayoutSpec, MAX_LAYOUT_BYTES};
-use crate::ns::FileVolume;
-use crate::policy::MAX_RULES;
-use crate::versions::Versioned;
+use crate::history::policy::MAX_RULES;
+use crate::history::versions::Versioned;
+use crate::namespace::ns::FileVolume;
 use crate::{Kind, OBJECT_SIZE};
 use std::sync::Arc;
 use tarn_engine::ObjectLayout;
@@ -48,7 +48,7 @@ impl FileVolume {
 
     /// Remove rule `text` (refused when not there). Durable on return.
     pub fn layout_remove(&self, text: &str) -> Result<()> {
-        let rule = crate::policy::Rule::parse(text)?;
+        let rule = crate::history::policy::Rule::parse(text)?;
         let mut rules = self.layout_policy()?;
         let at =
             rules.iter().position(|r| r.rule == rule).ok_or(FsError::Invalid("no such rule in the layout policy"))?;

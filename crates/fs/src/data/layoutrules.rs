@@ -7,7 +7,7 @@
 //! *File volumes*, layout policy).
 
 use crate::error::{FsError, Result};
-use crate::policy::{self, Rule, MAX_RULE, MAX_RULES, POLICY_HEADER};
+use crate::history::policy::{self, Rule, MAX_RULE, MAX_RULES, POLICY_HEADER};
 use tarn_engine::PlacementKind;
 
 const LAYOUT_MAGIC: &[u8; 4] = b"TFSL";

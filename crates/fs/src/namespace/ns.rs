@@ -3,9 +3,9 @@
 //! changes; writes are ordered so that any prefix of an operation is a
 //! valid namespace (docs/ARCHITECTURE.md *File volumes*, crash behaviour).
 
-use crate::dir::{check_name, Dir, HEADER};
 use crate::error::{FsError, Result};
-use crate::inode::{Header, Inode, Kind, INLINE_TARGET, RECORD};
+use crate::namespace::dir::{check_name, Dir, HEADER};
+use crate::namespace::inode::{Header, Inode, Kind, INLINE_TARGET, RECORD};
 use crate::{MAX_FILE_SIZE, MAX_INODES, OBJECT_SIZE, ROOT};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize};
@@ -99,12 +99,12 @@ pub(crate) struct Ns {
     orphans: HashSet<u64>,
     /// File versions by file and the volume snapshots' numbers (None:
     /// not built yet, or dropped by a delete; `vindex.rs`).
-    pub(crate) index: Option<crate::vindex::VersionIndex>,
+    pub(crate) index: Option<crate::history::vindex::VersionIndex>,
     /// FS_VERSION_RECORDS is known set (checked once per open).
     pub(crate) records_enabled: bool,
     /// Close versions owed, by file (`owed.rs`), and the last release's
     /// sequence number.
-    pub(crate) owed: HashMap<u64, Vec<crate::owed::Owed>>,
+    pub(crate) owed: HashMap<u64, Vec<crate::history::owed::Owed>>,
     /// Versions in `owed`, all files together.
     pub(crate) owed_total: usize,
     pub(crate) owed_seq: u64,
@@ -124,15 +124,15 @@ pub struct FileVolume {
     pub(crate) pool: Arc<Pool>,
     pub(crate) id: u32,
     /// A volume snapshot opened read-only (None: the live volume).
-    pub(crate) view: Option<crate::snap::SnapView>,
+    pub(crate) view: Option<crate::history::snap::SnapView>,
     /// A close version record's view: this file alone, as the record
     /// keeps it (every other inode is ENOENT).
     pinned: Option<Inode>,
     ns: Mutex<Ns>,
     /// Per-file readahead (`readahead.rs`; None: off, or a view).
-    pub(crate) readahead: Option<crate::readahead::Readahead>,
+    pub(crate) readahead: Option<crate::data::readahead::Readahead>,
     /// File data written behind (`writebehind.rs`; None: written at once).
-    pub(crate) write_behind: Option<crate::writebehind::WriteBehind>,
+    pub(crate) write_behind: Option<crate::data::writebehind::WriteBehind>,
     /// `Ns::owed.len()`, read without the lock on every request.
     pub(crate) owed_count: AtomicUsize,
     /// Bumped at every batch of versions taken (`owed.rs`).
@@ -195,7 +195,11 @@ impl FileVolume {
     }
 
     /// Open the live volume (`view` None) or one of its snapshots.
-    pub(crate) fn open_view(pool: Arc<Pool>, name: &str, view: Option<crate::snap::SnapView>) -> Result<FileVolume> {
+    pub(crate) fn open_view(
+        pool: Arc<Pool>,
+        name: &str,
+        view: Option<crate::history::snap::SnapView>,
+    ) -> Result<FileVolume> {
         Self::open_pinned(pool, name, view, None)
     }
 
@@ -204,7 +208,7 @@ impl FileVolume {
     pub(crate) fn open_pinned(
         pool: Arc<Pool>,
         name: &str,
-        view: Option<crate::snap::SnapView>,
+        view: Option<crate::history::snap::SnapView>,
         pinned: Option<Inode>,
     ) -> Result<FileVolume> {
         let id = pool.file_volume(name).ok_or_else(|| FsError::NoSuchVolume(name.to_string()))?.id;
@@ -347,7 +351,7 @@ impl FileVolume {
         let mut head = [0u8; HEADER];
         self.read_object(d.object, 0, &mut head)?;
         let len = u32::from_le_bytes([head[20], head[21], head[22], head[23]]) as usize;
-        if len > crate::dir::MAX_BYTES {
+        if len > crate::namespace::dir::MAX_BYTES {
             return Err(FsError::corrupt("directory", d.ino, format!("body of {len} bytes")));
         }
         let mut b = vec![0u8; HEADER + len];
@@ -863,13 +867,13 @@ impl FileVolume {
     /// (0: off; a view has none).
     pub fn start_write_behind(&mut self, bound: usize) -> Result<()> {
         if bound > 0 && self.view.is_none() {
-            self.write_behind = Some(crate::writebehind::WriteBehind::start(self.pool.clone(), bound)?);
+            self.write_behind = Some(crate::data::writebehind::WriteBehind::start(self.pool.clone(), bound)?);
         }
         Ok(())
     }
 
     /// What the write-behind did so far (None: off).
-    pub fn write_behind_stats(&self) -> Option<crate::writebehind::WriteBehindStats> {
+    pub fn write_behind_stats(&self) -> Option<crate::data::writebehind::WriteBehindStats> {
         self.write_behind.as_ref().map(|w| w.stats())
     }
 

@@ -2,10 +2,10 @@
 //! RENAME_EXCHANGE. A rename is one namespace change: made room for
 //! whole (`FileVolume::room`), so a crash keeps all of it or none.
 
-use crate::dir::{check_name, Dir, Entry};
 use crate::error::{FsError, Result};
-use crate::inode::{Inode, Kind};
-use crate::ns::{now, FileVolume, Ns, MAX_DEPTH};
+use crate::namespace::dir::{check_name, Dir, Entry};
+use crate::namespace::inode::{Inode, Kind};
+use crate::namespace::ns::{now, FileVolume, Ns, MAX_DEPTH};
 use crate::ROOT;
 
 /// What a rename does with an existing target (renameat2's flags).

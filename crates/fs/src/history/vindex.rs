@@ -7,8 +7,8 @@
 //! need) by a delete of any other kind.
 
 use crate::error::Result;
-use crate::ns::{FileVolume, Ns};
-use crate::snap::{tag_of, FsSnapshot, VersionKind};
+use crate::history::snap::{tag_of, FsSnapshot, VersionKind};
+use crate::namespace::ns::{FileVolume, Ns};
 use std::collections::{BTreeSet, HashMap};
 
 #[derive(Debug, Default)]

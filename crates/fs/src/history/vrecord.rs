@@ -10,8 +10,8 @@
 //! slot count and the inode's epoch are queued in one commit.
 
 use crate::error::{FsError, Result};
-use crate::inode::{Inode, Kind};
-use crate::ns::{FileVolume, Ns};
+use crate::namespace::inode::{Inode, Kind};
+use crate::namespace::ns::{FileVolume, Ns};
 use tarn_engine::View;
 use tarn_format::checksum::crc32c;
 

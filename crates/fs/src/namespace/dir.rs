@@ -4,7 +4,7 @@
 //! offset (the last cookie seen) stays valid while entries come and go.
 
 use crate::error::{FsError, Result};
-use crate::inode::Kind;
+use crate::namespace::inode::Kind;
 use tarn_format::checksum::crc32c;
 
 const MAGIC: &[u8; 4] = b"TFSD";

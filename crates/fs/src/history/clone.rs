@@ -6,9 +6,9 @@
 //! clones. Nothing of the data is copied; all of it in one commit.
 
 use crate::error::{FsError, Result};
-use crate::inode::RECORD;
-use crate::ns::FileVolume;
-use crate::snap::{tag_name, SnapView};
+use crate::history::snap::{tag_name, SnapView};
+use crate::namespace::inode::RECORD;
+use crate::namespace::ns::FileVolume;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tarn_engine::{EngineError, Pool, View};

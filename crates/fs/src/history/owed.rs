@@ -17,10 +17,10 @@
 //! PostMark's overhead.
 
 use crate::error::{FsError, Result};
-use crate::inode::{Inode, Kind};
-use crate::ns::{FileVolume, Ns};
-use crate::snap::{version_name, FsSnapshot, VersionKind};
-use crate::vrecord::{VersionRecord, LEN, MAX_SLOTS};
+use crate::history::snap::{version_name, FsSnapshot, VersionKind};
+use crate::history::vrecord::{VersionRecord, LEN, MAX_SLOTS};
+use crate::namespace::inode::{Inode, Kind};
+use crate::namespace::ns::{FileVolume, Ns};
 use std::sync::atomic::Ordering;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tarn_engine::PlacementKind;
@@ -273,13 +273,13 @@ impl FileVolume {
             engine_epoch: 0,
             slot: Some(slot),
         };
-        crate::vindex::VersionIndex::taken(&mut ns.index, &s);
+        crate::history::vindex::VersionIndex::taken(&mut ns.index, &s);
         Ok(Some((s, VersionRecord::of(closed, number, created).encode())))
     }
 
     /// Drop `ino`'s oldest close versions past the volume's bound.
     fn prune_closes(&self, ns: &mut Ns, ino: u64) -> Result<()> {
-        let keep = crate::fileversions::keep_of(&ns.header) as usize;
+        let keep = crate::history::fileversions::keep_of(&ns.header) as usize;
         let closes = self.closes_of(ns, ino)?;
         if closes.len() > keep {
             let gone = &closes[..closes.len() - keep];

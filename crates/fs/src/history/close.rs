@@ -7,10 +7,10 @@
 //! none. The session thread alone calls these.
 
 use crate::error::Result;
-use crate::owed::Change;
-use crate::policy::Rule;
-use crate::snap::FsSnapshot;
-use crate::versions::{version_base, Node, Versioned};
+use crate::history::owed::Change;
+use crate::history::policy::Rule;
+use crate::history::snap::FsSnapshot;
+use crate::history::versions::{version_base, Node, Versioned};
 use std::collections::{HashMap, HashSet};
 
 /// Names remembered for the policy's paths (cleared whole past this: a
@@ -32,7 +32,7 @@ pub(crate) struct Sessions {
     /// so `tarn fs version-policy` cannot change it meanwhile).
     rules: Option<Vec<Rule>>,
     /// The layout policy, read once per mount likewise (`layout.rs`).
-    pub(crate) layout: Option<std::sync::Arc<Vec<crate::layoutrules::LayoutRule>>>,
+    pub(crate) layout: Option<std::sync::Arc<Vec<crate::data::layoutrules::LayoutRule>>>,
 }
 
 impl Versioned {

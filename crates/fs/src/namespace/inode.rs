@@ -182,7 +182,7 @@ impl Header {
             vlog_slots: u32_at(b, 44),
             layout: u32_at(b, 48),
         };
-        if h.vlog_slots > crate::vrecord::MAX_SLOTS || (h.vlog == 0 && h.vlog_slots != 0) {
+        if h.vlog_slots > crate::history::vrecord::MAX_SLOTS || (h.vlog == 0 && h.vlog_slots != 0) {
             return Err(FsError::corrupt(
                 "volume header",
                 0,
@@ -353,7 +353,7 @@ mod tests {
         assert_eq!(&h.encode()[40..48], &[6, 5, 0, 0, 8, 7, 0, 0]);
         let bad = Header { vlog: 0, ..h.clone() }.encode();
         assert!(Header::decode(&bad).is_err(), "slots without a log");
-        let over = Header { vlog_slots: crate::vrecord::MAX_SLOTS + 1, ..h }.encode();
+        let over = Header { vlog_slots: crate::history::vrecord::MAX_SLOTS + 1, ..h }.encode();
         assert!(Header::decode(&over).is_err(), "slots over the bound");
     }
 

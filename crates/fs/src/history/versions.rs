@@ -17,9 +17,9 @@
 //! the `foo@` list of inode `ino`.
 
 use crate::error::{FsError, Result};
-use crate::inode::{Inode, Kind};
-use crate::ns::{Attr, DirEntry, FileVolume};
-use crate::snap::{FsSnapshot, VersionKind};
+use crate::history::snap::{FsSnapshot, VersionKind};
+use crate::namespace::inode::{Inode, Kind};
+use crate::namespace::ns::{Attr, DirEntry, FileVolume};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -70,7 +70,7 @@ pub struct Versioned {
     pub live: Arc<FileVolume>,
     views: Mutex<Views>,
     /// Open-close versioning state (`close.rs`).
-    pub(crate) close: Mutex<crate::close::Sessions>,
+    pub(crate) close: Mutex<crate::history::close::Sessions>,
     /// Close versions are committed before the close returns (the mount
     /// commits at every close); else at the next commit.
     pub commit_at_close: bool,

@@ -4,8 +4,8 @@
 //! The crash tests use it; `tarn fs check` can later.
 
 use crate::error::{FsError, Result};
-use crate::inode::{Inode, Kind, RECORD};
-use crate::ns::FileVolume;
+use crate::namespace::inode::{Inode, Kind, RECORD};
+use crate::namespace::ns::FileVolume;
 use crate::ROOT;
 use std::collections::{BTreeMap, VecDeque};
 
