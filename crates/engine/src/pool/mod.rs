@@ -394,6 +394,12 @@ pub struct Pool {
     /// Per slot, its mirror when mirrored (the same object as in `devices`).
     pub(crate) mirrors: Vec<Option<Arc<crate::members::mirror::MirrorDevice>>>,
     pub(crate) inner: RwLock<Inner>,
+    /// Incompat bits found at open or made durable by `enable_feature`
+    /// since: a set bit stays set, so the file volumes' `enable_fs_*`
+    /// calls return without the commit lock (which waits for a commit in
+    /// flight) once their bit is on. Bits a superblock rewrite clears
+    /// again (REPLACE, REBUILD) are never asked of it.
+    pub(crate) enabled_features: AtomicU64,
     pub(crate) commit: Mutex<CommitCtl>,
     /// The checkpoint being written while commits go on (`commit/`).
     pub(crate) checkpoint: Mutex<CheckpointSlot>,

@@ -391,6 +391,7 @@ impl Pool {
                 moving: Vec::new(),
                 quota_pending: Default::default(),
             }),
+            enabled_features: AtomicU64::new(ctl.sb.incompat),
             commit: Mutex::new(ctl),
             checkpoint: Mutex::new(slot),
             checkpoint_waiting: AtomicBool::new(false),

@@ -33,29 +33,34 @@ pub struct FileVolumeInfo {
 impl Pool {
     /// Set incompat bit 11 (FS_XATTRS) before a file volume's first
     /// extended attribute is written: one commit of its own, the first
-    /// time only (then a check under the commit lock).
+    /// time only (`enable_fs_feature`).
     pub fn enable_fs_xattrs(&self) -> Result<()> {
-        self.check_writable()?;
-        let mut ctl = self.lock_commit();
-        self.enable_feature(&mut ctl, incompat::FS_XATTRS)
+        self.enable_fs_feature(incompat::FS_XATTRS)
     }
 
     /// Set incompat bit 20 (FS_SPECIAL_FILES) before a file volume's
     /// first fifo, socket or device node is written: one commit of its
-    /// own, the first time only (then a check under the commit lock).
+    /// own, the first time only (`enable_fs_feature`).
     pub fn enable_fs_special_files(&self) -> Result<()> {
-        self.check_writable()?;
-        let mut ctl = self.lock_commit();
-        self.enable_feature(&mut ctl, incompat::FS_SPECIAL_FILES)
+        self.enable_fs_feature(incompat::FS_SPECIAL_FILES)
     }
 
     /// Set incompat bit 17 (FS_VERSION_RECORDS) before a file volume's
     /// first close version record is written: one commit of its own, the
-    /// first time only (then a check under the commit lock).
+    /// first time only (`enable_fs_feature`).
     pub fn enable_fs_version_records(&self) -> Result<()> {
+        self.enable_fs_feature(incompat::FS_VERSION_RECORDS)
+    }
+
+    /// A file volume feature `bit`, made durable by a commit of its own
+    /// the first time; once on, checked without the commit lock.
+    fn enable_fs_feature(&self, bit: u64) -> Result<()> {
         self.check_writable()?;
+        if self.enabled_features.load(std::sync::atomic::Ordering::Acquire) & bit == bit {
+            return Ok(());
+        }
         let mut ctl = self.lock_commit();
-        self.enable_feature(&mut ctl, incompat::FS_VERSION_RECORDS)
+        self.enable_feature(&mut ctl, bit)
     }
 
     /// A new file volume whose own map (`size` bytes, thin) holds its
@@ -253,4 +258,38 @@ fn file_volume_named<'a>(state: &'a State, name: &str) -> Result<&'a Volume> {
 pub(crate) fn object_of(state: &State, id: u32) -> Result<&Volume> {
     let v = state.volume(id).filter(|v| matches!(v.role, Some(VolumeRole::Object { .. })));
     v.ok_or_else(|| EngineError::InvalidArgument(format!("volume {id} is not a file object")))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::device::mem_device::MemDevice;
+    use crate::{create_pool, CreateOptions, Device, OpenOptions, Pool};
+    use std::sync::mpsc::channel;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// Once its bit is on, a file volume feature is checked without the
+    /// commit lock: a setxattr does not wait for a commit in flight. The
+    /// first time it is a commit, and waits for the lock.
+    #[test]
+    fn an_enabled_fs_feature_does_not_wait_for_the_commit_lock() {
+        let dev: Vec<Arc<dyn Device>> = vec![Arc::new(MemDevice::new("m", 64 << 20, 1))];
+        create_pool(&dev, &["m".into()], &CreateOptions::default()).unwrap();
+        let pool = Arc::new(Pool::open(dev, OpenOptions::default()).unwrap());
+        pool.enable_fs_xattrs().unwrap();
+        let held = pool.lock_commit();
+        let (done, finished) = channel();
+        let p = pool.clone();
+        let first = std::thread::spawn(move || {
+            p.enable_fs_xattrs().unwrap();
+            done.send("xattrs").unwrap();
+            p.enable_fs_special_files().unwrap();
+            done.send("special").unwrap();
+        });
+        assert_eq!(finished.recv_timeout(Duration::from_secs(10)), Ok("xattrs"), "an enabled bit waited for the lock");
+        assert!(finished.recv_timeout(Duration::from_millis(200)).is_err(), "a new bit is a commit under the lock");
+        drop(held);
+        assert_eq!(finished.recv_timeout(Duration::from_secs(10)), Ok("special"));
+        first.join().unwrap();
+    }
 }

@@ -161,10 +161,13 @@ impl Pool {
     /// unknown op).
     pub(crate) fn enable_feature(&self, ctl: &mut CommitCtl, bit: u64) -> Result<()> {
         if ctl.sb.incompat & bit == bit {
+            self.enabled_features.fetch_or(bit, std::sync::atomic::Ordering::Release);
             return Ok(());
         }
         ctl.sb.incompat |= bit;
-        self.commit_locked(ctl, true)
+        self.commit_locked(ctl, true)?;
+        self.enabled_features.fetch_or(bit, std::sync::atomic::Ordering::Release);
+        Ok(())
     }
 
     /// Grow or shrink; shrinking discards the tail and needs `allow_shrink`.
