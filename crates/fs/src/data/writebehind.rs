@@ -209,9 +209,12 @@ impl WriteBehind {
             s.count(|c| c.direct += 1);
             return Ok(false);
         };
-        let mut q = s.lock();
-        let mut buffer = q.spare.pop().unwrap_or_else(Buffer::new);
+        // The copy (up to 1 MiB) is made with the queue unlocked: the
+        // writer and settlers take the lock after every write. Pushes
+        // stay in order: each is made under the namespace lock.
+        let mut buffer = s.lock().spare.pop().unwrap_or_else(Buffer::new);
         buffer.slice_mut(len).copy_from_slice(data);
+        let mut q = s.lock();
         let p = q.per_object.entry(object).or_default();
         p.jobs += 1;
         p.bytes += len as u64;
