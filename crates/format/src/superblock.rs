@@ -125,6 +125,11 @@ pub mod incompat {
     /// older tarn would refuse such an inode and the whole directory that
     /// names it as damage.
     pub const FS_SPECIAL_FILES: u64 = 1 << 20;
+    /// File volumes' directories are 4 KiB directory blocks, each
+    /// checksummed on its own (docs/FORMAT.md *File volumes*, directory
+    /// blocks), so a change rewrites the block it touches. An older tarn
+    /// would refuse every such directory as damage.
+    pub const FS_DIR_BLOCKS: u64 = 1 << 21;
     /// A present member is being copied onto a new device (`tarn pool
     /// replace` of a member that is still there): its device table entry
     /// has state byte 5 (with EVACUATION) followed by `copied u64`, the new
@@ -156,6 +161,7 @@ pub mod incompat {
         | REBUILD
         | INLINE_DEAD_LISTS
         | FS_SPECIAL_FILES
+        | FS_DIR_BLOCKS
         | REPLACE;
 }
 
@@ -842,10 +848,10 @@ mod tests {
         let mut sb = sample();
         sb.incompat = 1 << 40;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        // Bits 0-20 and 22 are known here; bit 21 is not.
-        sb.incompat = 1 << 21;
+        // Bits 0-22 are known here; bit 23 is not.
+        sb.incompat = 1 << 23;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        assert_eq!(incompat::KNOWN, ((1 << 21) - 1) | incompat::REPLACE);
+        assert_eq!(incompat::KNOWN, (1 << 23) - 1);
         assert_eq!(incompat::REPLACE, 1 << 22);
         assert_eq!(incompat::COARSE_SUMS, 1 << 13);
         sb.incompat = incompat::COARSE_SUMS;
@@ -918,6 +924,17 @@ mod tests {
         let b = sb.encode(0);
         assert_eq!(&b[16..24], &[0, 0, 0x10, 0, 0, 0, 0, 0]);
         assert_eq!(Superblock::decode(&b, 0).unwrap().incompat, incompat::FS_SPECIAL_FILES);
+    }
+
+    /// Incompat bit 21 (FS_DIR_BLOCKS, docs/FORMAT.md): byte 18 of the
+    /// superblock is 0x20, and this build opens it.
+    #[test]
+    fn golden_fs_dir_blocks_bit() {
+        let mut sb = sample();
+        sb.incompat = incompat::FS_DIR_BLOCKS;
+        let b = sb.encode(0);
+        assert_eq!(&b[16..24], &[0, 0, 0x20, 0, 0, 0, 0, 0]);
+        assert_eq!(Superblock::decode(&b, 0).unwrap().incompat, incompat::FS_DIR_BLOCKS);
     }
 
     /// Incompat bit 12 (DEVICE_PLACEMENT, docs/FORMAT.md): a policy byte

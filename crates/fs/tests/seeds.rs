@@ -24,10 +24,16 @@ fn documented_bytes_decode_to_the_documented_values() {
     assert_eq!(i.encode(), record("inode7"), "the encoder writes the documented bytes");
     let h = Header::decode(&record("header")).unwrap();
     assert_eq!((h.next_ino, h.quota, h.epoch), (9, 0, 0));
-    let d = Dir::decode(&seed("dir3"), 1).unwrap();
-    let names: Vec<(u64, u64, &[u8])> = d.entries.iter().map(|e| (e.cookie, e.ino, &e.name[..])).collect();
-    assert_eq!(names, [(3, 5, &b"a"[..]), (4, 6, b"sub"), (6, 7, b"link")]);
-    assert_eq!((d.next_cookie, d.encode()), (7, seed("dir3")));
+    // The whole format of version 1 (an older tarn's directories) and
+    // the same directory in two directory blocks (FS_DIR_BLOCKS).
+    for name in ["dir3", "dirblocks2"] {
+        let d = Dir::decode(&seed(name), 1).unwrap();
+        let names: Vec<(u64, u64, &[u8])> = d.iter().map(|e| (e.cookie, e.ino, &e.name[..])).collect();
+        assert_eq!(names, [(3, 5, &b"a"[..]), (4, 6, b"sub"), (6, 7, b"link")], "{name}");
+        assert_eq!(d.next_cookie(), 7, "{name}");
+    }
+    let d = Dir::decode(&seed("dirblocks2"), 1).unwrap();
+    assert_eq!(d.encode(), seed("dirblocks2"), "the encoder writes the documented bytes");
     let b: [u8; LEN] = seed("vrecord5").try_into().expect("a 64-byte version record");
     let r = VersionRecord::decode(&b, 0).unwrap().expect("a version record");
     assert_eq!((r.number, r.ino, r.object, r.size, r.perm, r.uid, r.gid), (5, 7, 12, 4096, 0o640, 1000, 100));

@@ -45,6 +45,13 @@ impl Pool {
         self.enable_fs_feature(incompat::FS_SPECIAL_FILES)
     }
 
+    /// Set incompat bit 21 (FS_DIR_BLOCKS) before a file volume's first
+    /// directory block is written: one commit of its own, the first time
+    /// only (`enable_fs_feature`).
+    pub fn enable_fs_dir_blocks(&self) -> Result<()> {
+        self.enable_fs_feature(incompat::FS_DIR_BLOCKS)
+    }
+
     /// Set incompat bit 17 (FS_VERSION_RECORDS) before a file volume's
     /// first close version record is written: one commit of its own, the
     /// first time only (`enable_fs_feature`).

@@ -221,8 +221,7 @@ impl FileVolume {
             }
             let d = self.inode(&mut ns, at)?;
             let p = self.inode(&mut ns, d.parent)?;
-            let e =
-                self.dir_ref(&mut ns, &p)?.entries.iter().find(|e| e.ino == at).cloned().ok_or(FsError::NotFound)?;
+            let e = self.dir_ref(&mut ns, &p)?.iter().find(|e| e.ino == at).cloned().ok_or(FsError::NotFound)?;
             names.push(String::from_utf8_lossy(&e.name).into_owned());
             at = d.parent;
         }

@@ -101,7 +101,7 @@ impl FileVolume {
                 }
                 Err(e) => return Err(e),
             };
-            for e in dir.entries {
+            for e in dir.iter() {
                 let n = names.entry(e.ino).or_default();
                 n.names += 1;
                 match allocated.get(&e.ino) {

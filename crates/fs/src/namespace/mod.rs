@@ -4,6 +4,7 @@
 
 pub mod check;
 pub mod dir;
+pub mod dirblock;
 pub mod inode;
 pub(crate) mod ns;
 pub(crate) mod rename;

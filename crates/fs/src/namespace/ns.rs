@@ -4,7 +4,8 @@
 //! valid namespace (docs/ARCHITECTURE.md *File volumes*, crash behaviour).
 
 use crate::error::{FsError, Result};
-use crate::namespace::dir::{check_name, Dir, HEADER};
+use crate::namespace::dir::{check_name, Dir};
+use crate::namespace::dirblock;
 use crate::namespace::inode::{Header, Inode, Kind, INLINE_TARGET, RECORD};
 use crate::{MAX_FILE_SIZE, MAX_INODES, OBJECT_SIZE, ROOT};
 use std::collections::{HashMap, HashSet};
@@ -342,40 +343,37 @@ impl FileVolume {
         ns.dirs.get(&d.ino).ok_or(FsError::NotFound)
     }
 
-    /// The directory's header says how long it is: the inode's size is
-    /// informational, so the two never have to change together.
+    /// The directory's first block says how long it is: the inode's size
+    /// is informational, so the two never have to change together.
     fn read_dir(&self, d: &Inode) -> Result<Dir> {
         if d.object == 0 {
             return Ok(Dir::new());
         }
-        let mut head = [0u8; HEADER];
+        let mut head = [0u8; dirblock::PROBE];
         self.read_object(d.object, 0, &mut head)?;
-        let len = u32::from_le_bytes([head[20], head[21], head[22], head[23]]) as usize;
-        if len > crate::namespace::dir::MAX_BYTES {
-            return Err(FsError::corrupt("directory", d.ino, format!("body of {len} bytes")));
-        }
-        let mut b = vec![0u8; HEADER + len];
+        let mut b = vec![0u8; dirblock::stored_len(&head, d.ino)?];
         self.read_object(d.object, 0, &mut b)?;
         Dir::decode(&b, d.ino)
     }
 
-    /// Rewrite directory `d` with `dir` (one engine write) and its inode's
-    /// size and times. When only those differ from the record as saved,
+    /// Write directory `d`'s changed blocks from `dir` (block 0 last: it
+    /// counts the others) and its inode's size and times. When only those differ from the record as saved,
     /// the inode waits with the pending changes for the next sync or
     /// commit (the directory's own header says how long it is, so a crash
     /// between leaves only an older size and mtime; a record write per
     /// create and unlink saved); a new object, link count or epoch is
     /// saved in the change itself.
-    pub(crate) fn write_dir(&self, ns: &mut Ns, d: &mut Inode, dir: Dir) -> Result<()> {
+    pub(crate) fn write_dir(&self, ns: &mut Ns, d: &mut Inode, mut dir: Dir) -> Result<()> {
         self.before_change(ns, d)?;
         if d.object == 0 {
             d.object = self.pool.create_object(self.id, OBJECT_SIZE, Some(PlacementKind::Append))?;
         }
-        let bytes = dir.encode();
-        self.pool.write(d.object, 0, &bytes, false)?;
-        ns.dirs.insert(d.ino, dir);
+        for (offset, bytes) in dir.take_writes() {
+            self.pool.write(d.object, offset, &bytes, false)?;
+        }
         let t = now();
-        (d.size, d.mtime, d.ctime) = (bytes.len() as u64, t, t);
+        (d.size, d.mtime, d.ctime) = (dir.size(), t, t);
+        ns.dirs.insert(d.ino, dir);
         match ns.cached.get(&d.ino) {
             Some(saved) if only_size_and_times_differ(saved, d) => self.defer(ns, d.clone()),
             _ => self.save(ns, d),
@@ -383,11 +381,14 @@ impl FileVolume {
     }
 
     /// Before a namespace change of `small` one-block writes and
-    /// directory rewrites of `dir_bytes` in all: commit the queue now if
+    /// directory writes of `dir_bytes` in all: commit the queue now if
     /// the change could push it over its bound, so that no back-pressure
     /// commit falls inside the change and a crash keeps all of it or none
     /// (a change too large for the bound still keeps every prefix valid).
+    /// Every such change may write directory blocks, so FS_DIR_BLOCKS is
+    /// made durable here first (a commit of its own, the first time).
     pub(crate) fn room(&self, small: usize, dir_bytes: u64) -> Result<()> {
+        self.pool.enable_fs_dir_blocks()?;
         // Per 4 KiB written at most: a Map and a Sums op and a freed range.
         const PER_BLOCK: usize = 96;
         const PER_WRITE: usize = 64 + 2 * PER_BLOCK;
@@ -540,7 +541,7 @@ impl FileVolume {
         if dir.find(name).is_some() {
             return Err(FsError::Exists);
         }
-        self.room(5, p.size)?;
+        self.room(5, dir.write_bound())?;
         let ino = self.new_ino(&mut ns)?;
         let t = now();
         let mut i = Inode {
@@ -616,7 +617,7 @@ impl FileVolume {
         if dir.find(name).is_some() {
             return Err(FsError::Exists);
         }
-        self.room(3, p.size)?;
+        self.room(3, dir.write_bound())?;
         i.nlink += 1;
         i.ctime = now();
         self.save(&mut ns, &i)?;
@@ -646,12 +647,12 @@ impl FileVolume {
         match (want_dir, i.kind == Kind::Dir) {
             (true, false) => return Err(FsError::NotDir),
             (false, true) => return Err(FsError::IsDir),
-            (true, true) if !self.dir_ref(&mut ns, &i)?.entries.is_empty() => return Err(FsError::NotEmpty),
+            (true, true) if !self.dir_ref(&mut ns, &i)?.is_empty() => return Err(FsError::NotEmpty),
             _ => {}
         }
         // The file's close versions go in the same change (free_inode).
         let closes = if i.kind == Kind::File && i.nlink == 1 { self.closes_of(&mut ns, i.ino)?.len() } else { 0 };
-        self.room(3 + closes, p.size)?;
+        self.room(3 + closes, dir.write_bound())?;
         dir.remove(name);
         if want_dir {
             p.nlink = p.nlink.saturating_sub(1);
@@ -988,7 +989,7 @@ impl FileVolume {
             .filter(|(c, _, _)| *c > offset)
             .map(|(cookie, ino, name)| DirEntry { ino, kind: Kind::Dir, name, cookie })
             .collect();
-        let rest = dir.entries.iter().filter(|e| e.cookie > offset).take(READDIR_BATCH);
+        let rest = dir.after(offset).take(READDIR_BATCH);
         out.extend(rest.map(|e| DirEntry { ino: e.ino, kind: e.kind, name: e.name.clone(), cookie: e.cookie }));
         Ok(out)
     }

@@ -78,7 +78,7 @@ impl FileVolume {
             Some(o) => Some(self.check_replace(ns, &e, &o)?),
             None => None,
         };
-        self.room(6, p.size + if same { 0 } else { np.size })?;
+        self.room(6, to.write_bound() + if same { 0 } else { from.write_bound() })?;
         to.remove(newname);
         to.insert(newname, e.ino, e.kind)?;
         let dir_moves = e.kind == Kind::Dir && !same;
@@ -124,7 +124,7 @@ impl FileVolume {
                 self.refuse_loop(ns, o.ino, p.ino)?;
             }
         }
-        self.room(6, p.size + if same { 0 } else { np.size })?;
+        self.room(6, to.write_bound() + if same { 0 } else { from.write_bound() })?;
         if same {
             let swapped = to.retarget(&e.name, o.ino, o.kind) && to.retarget(newname, e.ino, e.kind);
             assert!(swapped, "both names were found in this directory under the lock");
@@ -161,7 +161,7 @@ impl FileVolume {
         match (e.kind == Kind::Dir, target.kind == Kind::Dir) {
             (true, false) => Err(FsError::NotDir),
             (false, true) => Err(FsError::IsDir),
-            (true, true) if !self.dir_ref(ns, &target)?.entries.is_empty() => Err(FsError::NotEmpty),
+            (true, true) if !self.dir_ref(ns, &target)?.is_empty() => Err(FsError::NotEmpty),
             _ => Ok(target),
         }
     }
