@@ -220,6 +220,58 @@ fn sorted(names: &[String]) -> Vec<String> {
     n
 }
 
+/// A directory an older tarn wrote (the whole format of version 1) is
+/// read as it was, and its first change rewrites it as directory blocks:
+/// every name, inode and readdir cookie kept, after a reopen too.
+#[test]
+fn a_directory_of_the_whole_format_reads_and_is_rewritten_as_blocks() {
+    let (_sim, pool, fv) = fresh();
+    let d = fv.create(ROOT, b"old", Kind::Dir, 0o755, 0, 0).unwrap().inode.ino;
+    let inos: Vec<u64> = (0..3).map(|i| file(&fv, d, &format!("f{i}"))).collect();
+    let object = fv.getattr(d).unwrap().inode.object;
+    fv.sync().unwrap();
+    drop(fv);
+    // The same entries as version 1 bytes, cookies 3, 5 and 9 (some given
+    // and gone), next cookie 10, written over the blocks.
+    let mut body = Vec::new();
+    for (ino, (cookie, name)) in inos.iter().zip([(3u64, b"f0"), (5, b"f1"), (9, b"f2")]) {
+        body.extend_from_slice(&cookie.to_le_bytes());
+        body.extend_from_slice(&ino.to_le_bytes());
+        body.extend_from_slice(&[1, 2]);
+        body.extend_from_slice(name);
+    }
+    let mut old = b"TFSD\x01\0\0\0".to_vec();
+    old.extend_from_slice(&3u32.to_le_bytes());
+    old.extend_from_slice(&10u64.to_le_bytes());
+    old.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    old.extend_from_slice(&[0; 8]);
+    old.extend_from_slice(&body);
+    let crc = tarn_format::checksum::crc32c(&old);
+    old[24..28].copy_from_slice(&crc.to_le_bytes());
+    pool.write(object, 0, &old, false).unwrap();
+    pool.flush().unwrap();
+    let fv = FileVolume::open(pool.clone(), "home").unwrap();
+    let cookies = |fv: &FileVolume| -> Vec<(String, u64)> {
+        let all = fv.readdir(d, 0).unwrap().into_iter().skip(2);
+        all.map(|e| (String::from_utf8(e.name).unwrap(), e.cookie)).collect()
+    };
+    assert_eq!(cookies(&fv), [("f0".to_string(), 3), ("f1".to_string(), 5), ("f2".to_string(), 9)]);
+    let g = file(&fv, d, "g");
+    fv.unlink(d, b"f1").unwrap();
+    fv.sync().unwrap();
+    let mut head = [0u8; 4];
+    pool.read(object, 0, &mut head).unwrap();
+    assert_eq!(&head, b"TFDB", "rewritten as directory blocks");
+    drop(fv);
+    let fv = FileVolume::open(pool.clone(), "home").unwrap();
+    let want = [("f0".to_string(), 3), ("f2".to_string(), 9), ("g".to_string(), 10)];
+    assert_eq!(cookies(&fv), want);
+    assert_eq!(fv.lookup(d, b"g").unwrap().inode.ino, g);
+    assert_eq!(fv.lookup(d, b"f2").unwrap().inode.ino, inos[2]);
+    assert_eq!(fv.check().unwrap().problems, Vec::<String>::new());
+    assert_eq!(pool.check().problems, Vec::<String>::new());
+}
+
 /// Fifos, sockets and device nodes (FS_SPECIAL_FILES): made with their
 /// kind, mode, owner and device number, listed with their kind, linked,
 /// renamed and unlinked like files, kept across a power cut once synced,
