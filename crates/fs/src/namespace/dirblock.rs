@@ -53,33 +53,41 @@ const WHOLE_VERSION: u8 = 1;
 /// an object's length (`stored_len`).
 pub const PROBE: usize = 32;
 
-/// Block `index` of a directory: `blocks` is the directory's block
-/// count in block 0 and zero in the others; `entries` ascend by cookie
-/// and fit (the caller placed them).
-pub fn encode<'a>(
-    index: u32,
-    blocks: u32,
-    next_cookie: u64,
-    entries: impl Iterator<Item = &'a Entry>,
-) -> Box<[u8; BLOCK]> {
-    let mut b = Box::new([0u8; BLOCK]);
-    let mut at = HEAD;
-    let mut count = 0u16;
-    for e in entries {
-        let end = at + e.encoded_len();
-        assert!(end <= CRC_AT, "entries overflow their directory block");
-        b[at..at + 8].copy_from_slice(&e.cookie.to_le_bytes());
-        b[at + 8..at + 16].copy_from_slice(&e.ino.to_le_bytes());
-        (b[at + 16], b[at + 17]) = (e.kind as u8, e.name.len() as u8);
-        b[at + ENTRY_HEAD..end].copy_from_slice(&e.name);
-        (at, count) = (end, count + 1);
+/// Append entry `e` to a block's entry bytes (the caller made room).
+pub fn push_entry(image: &mut Vec<u8>, e: &Entry) {
+    image.extend_from_slice(&e.cookie.to_le_bytes());
+    image.extend_from_slice(&e.ino.to_le_bytes());
+    image.extend_from_slice(&[e.kind as u8, e.name.len() as u8]);
+    image.extend_from_slice(&e.name);
+}
+
+/// Where the entry with `cookie` lies in a block's entry bytes (as
+/// `push_entry` wrote them): its offset and length.
+pub fn entry_at(image: &[u8], cookie: u64) -> Option<(usize, usize)> {
+    let mut at = 0;
+    while at + ENTRY_HEAD <= image.len() {
+        let len = ENTRY_HEAD + usize::from(image[at + 17]);
+        if image[at..at + 8] == cookie.to_le_bytes() {
+            return Some((at, len));
+        }
+        at += len;
     }
+    None
+}
+
+/// Block `index` of a directory from its `count` entries' bytes
+/// (`push_entry`'s, ascending cookies, fitting): `blocks` is the
+/// directory's block count in block 0 and zero in the others.
+pub fn encode(index: u32, blocks: u32, next_cookie: u64, count: u16, image: &[u8]) -> Vec<u8> {
+    assert!(image.len() <= BLOCK_ROOM, "entries overflow their directory block");
+    let mut b = vec![0u8; BLOCK];
     b[..4].copy_from_slice(MAGIC);
     b[4] = VERSION;
     b[6..8].copy_from_slice(&count.to_le_bytes());
     b[8..12].copy_from_slice(&index.to_le_bytes());
     b[12..16].copy_from_slice(&blocks.to_le_bytes());
     b[16..24].copy_from_slice(&next_cookie.to_le_bytes());
+    b[HEAD..HEAD + image.len()].copy_from_slice(image);
     let crc = crc32c(&b[..CRC_AT]);
     b[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
     b
