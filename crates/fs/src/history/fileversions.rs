@@ -129,13 +129,9 @@ impl FileVolume {
         }
         let mut ns = self.lock();
         ns.header.keep = keep;
-        self.write_header(&ns.header)?;
+        self.write_header(&mut ns)?;
         drop(ns);
         Ok(self.pool.flush()?)
-    }
-
-    pub(crate) fn write_header(&self, h: &Header) -> Result<()> {
-        Ok(self.pool.write(self.id, 0, &h.encode(), false)?)
     }
 
     /// The close-version rules, in order (empty: no policy).
@@ -195,7 +191,7 @@ impl FileVolume {
         if *slot(&mut ns.header) == 0 {
             *slot(&mut ns.header) =
                 self.pool.create_object(self.id, crate::OBJECT_SIZE, Some(PlacementKind::Append))?;
-            self.write_header(&ns.header)?;
+            self.write_header(&mut ns)?;
         }
         let object = *slot(&mut ns.header);
         self.pool.write(object, 0, bytes, false)?;

@@ -230,7 +230,7 @@ impl FileVolume {
         if !log.is_empty() {
             self.pool.write(ns.header.vlog, first_slot * LEN as u64, &log, false)?;
             ns.header.vlog_slots += taken.len() as u32;
-            self.write_header(&ns.header)?;
+            self.write_header(ns)?;
             self.versions_gen.fetch_add(1, Ordering::Relaxed);
         }
         failed?;

@@ -245,12 +245,12 @@ impl FileVolume {
     /// flushes).
     pub(crate) fn bump_and_snapshot(&self, ns: &mut Ns, name: &str) -> Result<(u64, u64)> {
         ns.header.epoch += 1;
-        self.pool.write(self.id, 0, &ns.header.encode(), false)?;
+        self.write_header(ns)?;
         match self.pool.snapshot_member(self.id, name) {
             Ok(e) => Ok((ns.header.epoch, e)),
             Err(e) => {
                 ns.header.epoch -= 1;
-                self.pool.write(self.id, 0, &ns.header.encode(), false)?;
+                self.write_header(ns)?;
                 Err(e.into())
             }
         }

@@ -22,6 +22,9 @@ const DIR_CACHE: usize = 512;
 const DIRTY_MAX: usize = 1024;
 /// Decoded inodes of the live volume kept (cleared whole past this).
 const INODE_CACHE: usize = 8192;
+/// Table blocks kept (16 MiB: 65,536 records).
+const TABLE_CACHE: usize = 4096;
+const TABLE_BLOCK: u64 = 4096;
 /// Entries one readdir call returns at most.
 const READDIR_BATCH: usize = 4096;
 /// Depth of the parent walk that refuses a directory moved into itself.
@@ -79,6 +82,13 @@ pub(crate) struct Ns {
     /// inode read is otherwise an engine read of its 4 KiB block and a
     /// checksum, 4.7% of a versioned PostMark mount's CPU.
     cached: HashMap<u64, Inode>,
+    /// The live table's 4 KiB blocks as last read or written here (every
+    /// table write goes through `write_table`, under this lock): a record
+    /// or header write is then a whole-block engine write from this copy,
+    /// not the engine's read-modify-write of the block (that read was
+    /// most of a create's header write and of each record save in
+    /// PostMark's profile).
+    table: HashMap<u64, Vec<u8>>,
     /// The latest volume snapshot's number (file versions take numbers
     /// from the same counter, but only volume snapshots make other
     /// objects take tags; see `before_change`).
@@ -231,6 +241,7 @@ impl FileVolume {
                 dirs: HashMap::new(),
                 dirty: HashMap::new(),
                 cached: HashMap::new(),
+                table: HashMap::new(),
                 last_volume: 0,
                 quota_used: None,
                 open: HashMap::new(),
@@ -268,11 +279,45 @@ impl FileVolume {
         if ino == 0 || ino >= ns.header.next_ino {
             return Err(FsError::NotFound);
         }
+        let at = ino * RECORD as u64;
         let mut b = [0u8; RECORD];
-        self.pool.read_view(self.id, self.table_view(), ino * RECORD as u64, &mut b)?;
+        match ns.table.get(&(at / TABLE_BLOCK)) {
+            Some(t) => b.copy_from_slice(&t[(at % TABLE_BLOCK) as usize..][..RECORD]),
+            None => self.pool.read_view(self.id, self.table_view(), at, &mut b)?,
+        }
         let i = Inode::decode(&b, ino)?.ok_or(FsError::NotFound)?;
         self.cache_inode(ns, &i);
         Ok(i)
+    }
+
+    /// Write `bytes` at `at` of the live table: its block, changed in the
+    /// cached copy (read once), written whole. A failed write drops the
+    /// copy, so it never holds what the table does not.
+    pub(crate) fn write_table(&self, ns: &mut Ns, at: u64, bytes: &[u8]) -> Result<()> {
+        let (block, within) = (at / TABLE_BLOCK, (at % TABLE_BLOCK) as usize);
+        assert!(within + bytes.len() <= TABLE_BLOCK as usize, "a table write stays inside one block");
+        assert!(self.view.is_none(), "only the live table is written");
+        let mut b = match ns.table.remove(&block) {
+            Some(b) => b,
+            None => {
+                let mut b = vec![0u8; TABLE_BLOCK as usize];
+                self.pool.read(self.id, block * TABLE_BLOCK, &mut b)?;
+                b
+            }
+        };
+        b[within..within + bytes.len()].copy_from_slice(bytes);
+        self.pool.write(self.id, block * TABLE_BLOCK, &b, false)?;
+        if ns.table.len() >= TABLE_CACHE {
+            ns.table.clear();
+        }
+        ns.table.insert(block, b);
+        Ok(())
+    }
+
+    /// The header (record 0) as `ns` holds it, written.
+    pub(crate) fn write_header(&self, ns: &mut Ns) -> Result<()> {
+        let h = ns.header.encode();
+        self.write_table(ns, 0, &h)
     }
 
     /// Keep `i` as the live volume's record of its inode (a view of a
@@ -297,7 +342,7 @@ impl FileVolume {
         ns.dirty.remove(&i.ino);
         // Not kept until written: a failed write leaves the record as read.
         ns.cached.remove(&i.ino);
-        self.pool.write(self.id, i.ino * RECORD as u64, &i.encode(), false)?;
+        self.write_table(ns, i.ino * RECORD as u64, &i.encode())?;
         self.cache_inode(ns, i);
         Ok(())
     }
@@ -582,7 +627,7 @@ impl FileVolume {
             return Err(FsError::Engine(tarn_engine::EngineError::NoSpace));
         }
         ns.header.next_ino += 1;
-        self.pool.write(self.id, 0, &ns.header.encode(), false)?;
+        self.write_header(ns)?;
         Ok(ino)
     }
 
@@ -688,7 +733,7 @@ impl FileVolume {
         ns.dirty.remove(&i.ino);
         ns.cached.remove(&i.ino);
         ns.dirs.remove(&i.ino);
-        self.pool.write(self.id, i.ino * RECORD as u64, &[0u8; RECORD], false)?;
+        self.write_table(ns, i.ino * RECORD as u64, &[0u8; RECORD])?;
         // Close versions go with the file's last name: no name leads to
         // them any more (a volume snapshot's `dir@N` still recovers the
         // file). Named file snapshots stay until deleted by number.
