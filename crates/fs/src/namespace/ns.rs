@@ -25,6 +25,8 @@ const INODE_CACHE: usize = 8192;
 /// Table blocks kept (16 MiB: 65,536 records).
 const TABLE_CACHE: usize = 4096;
 const TABLE_BLOCK: u64 = 4096;
+/// Inode numbers the header reserves at a time.
+const INO_BATCH: u64 = 64;
 /// Entries one readdir call returns at most.
 const READDIR_BATCH: usize = 4096;
 /// Depth of the parent walk that refuses a directory moved into itself.
@@ -89,6 +91,9 @@ pub(crate) struct Ns {
     /// most of a create's header write and of each record save in
     /// PostMark's profile).
     table: HashMap<u64, Vec<u8>>,
+    /// The next inode number to give; the header's `next_ino` is the end
+    /// of the numbers reserved (`new_ino`).
+    next_free_ino: u64,
     /// The latest volume snapshot's number (file versions take numbers
     /// from the same counter, but only volume snapshots make other
     /// objects take tags; see `before_change`).
@@ -230,6 +235,7 @@ impl FileVolume {
         };
         pool.read_view(id, table, 0, &mut b)?;
         let header = Header::decode(&b)?;
+        let next_ino = header.next_ino;
         let root = pinned.as_ref().map_or(ROOT, |i| i.ino);
         let fv = FileVolume {
             pool,
@@ -242,6 +248,7 @@ impl FileVolume {
                 dirty: HashMap::new(),
                 cached: HashMap::new(),
                 table: HashMap::new(),
+                next_free_ino: next_ino,
                 last_volume: 0,
                 quota_used: None,
                 open: HashMap::new(),
@@ -621,13 +628,25 @@ impl FileVolume {
         Ok(self.attr(&i))
     }
 
+    /// The next inode number. The header reserves numbers `INO_BATCH` at
+    /// a time (its `next_ino` is the reservation's end, written with the
+    /// first inode of the batch), so a create writes no header but every
+    /// 64th; a crash skips the rest of a reservation, as numbers are
+    /// never reused anyway.
     fn new_ino(&self, ns: &mut Ns) -> Result<u64> {
-        let ino = ns.header.next_ino;
+        let ino = ns.next_free_ino;
         if ino >= MAX_INODES {
             return Err(FsError::Engine(tarn_engine::EngineError::NoSpace));
         }
-        ns.header.next_ino += 1;
-        self.write_header(ns)?;
+        if ino >= ns.header.next_ino {
+            let end = (ino + INO_BATCH).min(MAX_INODES);
+            let before = std::mem::replace(&mut ns.header.next_ino, end);
+            if let Err(e) = self.write_header(ns) {
+                ns.header.next_ino = before;
+                return Err(e);
+            }
+        }
+        ns.next_free_ino += 1;
         Ok(ino)
     }
 
@@ -1083,6 +1102,6 @@ impl FileVolume {
             total = quota.min(total);
             free = free.min(quota.saturating_sub(used));
         }
-        StatFs { total, free, files: self.lock().header.next_ino - 1 }
+        StatFs { total, free, files: self.lock().next_free_ino - 1 }
     }
 }
