@@ -9,7 +9,9 @@
 
 use crate::error::{FsError, Result};
 use crate::namespace::dirblock::{self, Stored, BLOCK, BLOCK_ROOM, ENTRY_HEAD};
-pub use crate::namespace::dirblock::{check_name, Entry, MAX_BLOCKS, MAX_BYTES, MAX_ENTRIES, MAX_NAME};
+pub use crate::namespace::dirblock::{
+    check_name, Entry, MAX_BLOCKS, MAX_BYTES, MAX_ENTRIES, MAX_NAME, MAX_READ_BLOCKS,
+};
 use crate::namespace::inode::Kind;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -101,7 +103,7 @@ impl Dir {
             return Err(FsError::TooManyLinks);
         }
         let entry = Entry { cookie: self.next_cookie, ino, kind, name: name.to_vec() };
-        let block = self.block_with_room(entry.encoded_len())?;
+        let block = self.block_with_room(entry.encoded_len(), MAX_BLOCKS)?;
         self.next_cookie += 1;
         self.place(entry, block);
         self.dirty.insert(block);
@@ -219,8 +221,9 @@ impl Dir {
         Ok(())
     }
 
-    /// The first block with room for `len` more bytes, or a new one.
-    fn block_with_room(&mut self, len: usize) -> Result<u32> {
+    /// The first block with room for `len` more bytes, or a new one if
+    /// there are fewer than `limit`.
+    fn block_with_room(&mut self, len: usize, limit: usize) -> Result<u32> {
         let longest = ENTRY_HEAD + MAX_NAME;
         for i in self.full_below..self.blocks.len() {
             let used = self.blocks[i].image.len();
@@ -231,7 +234,7 @@ impl Dir {
                 self.full_below = i + 1;
             }
         }
-        if self.blocks.len() >= MAX_BLOCKS {
+        if self.blocks.len() >= limit {
             return Err(FsError::TooManyLinks);
         }
         self.blocks.push(Block::default());
@@ -261,7 +264,7 @@ impl Dir {
     fn from_whole(next_cookie: u64, entries: Vec<Entry>, ino: u64) -> Result<Dir> {
         let mut dir = Dir::loading(next_cookie, 0);
         for e in entries {
-            let block = dir.block_with_room(e.encoded_len())?;
+            let block = dir.block_with_room(e.encoded_len(), MAX_READ_BLOCKS)?;
             dir.load(e, block, ino)?;
         }
         dir.dirty = (0..dir.blocks.len().max(1) as u32).collect();
@@ -483,6 +486,52 @@ mod tests {
             }
         }
         assert!(d.size() > 4 * BLOCK as u64);
+    }
+
+    /// The largest whole-format directory an older tarn could write (16
+    /// MiB of 255-byte names) takes more than MAX_BLOCKS once blocked: it
+    /// still reads, converts and loses entries, and takes no new block.
+    #[test]
+    fn the_largest_whole_format_directory_still_converts() {
+        let n = 61_000u64;
+        let mut body = Vec::with_capacity(n as usize * 273);
+        for i in 0..n {
+            let mut name = format!("{i:07}").into_bytes();
+            name.resize(255, b'x');
+            body.extend_from_slice(&(3 + i).to_le_bytes());
+            body.extend_from_slice(&(10 + i).to_le_bytes());
+            body.extend_from_slice(&[1, 255]);
+            body.extend_from_slice(&name);
+        }
+        let mut b = b"TFSD\x01\0\0\0".to_vec();
+        b.extend_from_slice(&(n as u32).to_le_bytes());
+        b.extend_from_slice(&(3 + n).to_le_bytes());
+        b.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        b.extend_from_slice(&[0; 8]);
+        b.extend_from_slice(&body);
+        let crc = tarn_format::checksum::crc32c(&b);
+        b[24..28].copy_from_slice(&crc.to_le_bytes());
+        assert!(b.len() <= MAX_BYTES);
+        let mut d = Dir::decode(&b, 1).unwrap();
+        assert!(d.size() > MAX_BYTES as u64, "{} bytes of blocks", d.size());
+        let blocked = d.encode();
+        assert_eq!(Dir::decode(&blocked, 1).unwrap(), d);
+        // The last block's room is taken; no block is added.
+        let size = d.size();
+        let mut i = 0u8;
+        let err = loop {
+            if let Err(e) = d.insert(&[b'a' + i; 255], 5, Kind::File) {
+                break e;
+            }
+            i += 1;
+            assert!(i < 14, "a block holds at most 14 such entries");
+        };
+        assert!(matches!(err, FsError::TooManyLinks));
+        assert_eq!(d.size(), size);
+        let mut first = format!("{:07}", 0).into_bytes();
+        first.resize(255, b'x');
+        assert!(d.remove(&first).is_some());
+        assert_eq!(d.len(), n as usize + usize::from(i) - 1);
     }
 
     #[test]

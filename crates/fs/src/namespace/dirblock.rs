@@ -13,6 +13,12 @@ pub const MAX_ENTRIES: usize = 1 << 18;
 pub const MAX_BYTES: usize = 16 << 20;
 pub const BLOCK: usize = 4096;
 pub const MAX_BLOCKS: usize = MAX_BYTES / BLOCK;
+/// Blocks a directory may have when read: a whole-format directory of up
+/// to 16 MiB takes more than MAX_BLOCKS once blocked (each block's header
+/// and crc, and room too small for the next entry), at most 16 MiB /
+/// (BLOCK_ROOM - the longest entry) < 4,608; such a directory reads and
+/// shrinks but takes no new entry past MAX_BLOCKS.
+pub const MAX_READ_BLOCKS: usize = MAX_BLOCKS + MAX_BLOCKS / 8;
 const MAGIC: &[u8; 4] = b"TFDB";
 const VERSION: u8 = 2;
 const HEAD: usize = 24;
@@ -102,7 +108,7 @@ pub fn stored_len(head: &[u8; PROBE], ino: u64) -> Result<usize> {
         m if m == WHOLE_MAGIC => Some(PROBE + word(20)),
         _ => None,
     };
-    len.filter(|&l| l <= MAX_BYTES)
+    len.filter(|&l| l <= MAX_READ_BLOCKS * BLOCK)
         .ok_or_else(|| FsError::corrupt("directory", ino, format!("first bytes {:?}", &head[..16])))
 }
 
@@ -126,7 +132,7 @@ pub fn decode(b: &[u8], ino: u64) -> Result<Stored> {
 
 fn decode_blocks(b: &[u8], ino: u64) -> Result<Stored> {
     let blocks = b.len() / BLOCK;
-    if !b.len().is_multiple_of(BLOCK) || !(1..=MAX_BLOCKS).contains(&blocks) {
+    if !b.len().is_multiple_of(BLOCK) || !(1..=MAX_READ_BLOCKS).contains(&blocks) {
         return Err(FsError::corrupt("directory", ino, format!("{} bytes of blocks", b.len())));
     }
     let mut loaded = Vec::with_capacity(blocks);
