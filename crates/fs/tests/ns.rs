@@ -6,6 +6,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
 use tarn_engine::{Device, OpenOptions, Pool};
+use tarn_fs::namespace::dir::Entry;
 use tarn_fs::{FileVolume, FsError, Kind, RenameMode, SetAttr, ROOT};
 use tarn_sim::fixture::one_device_pool;
 use tarn_sim::SimDevice;
@@ -233,21 +234,12 @@ fn a_directory_of_the_whole_format_reads_and_is_rewritten_as_blocks() {
     drop(fv);
     // The same entries as version 1 bytes, cookies 3, 5 and 9 (some given
     // and gone), next cookie 10, written over the blocks.
-    let mut body = Vec::new();
-    for (ino, (cookie, name)) in inos.iter().zip([(3u64, b"f0"), (5, b"f1"), (9, b"f2")]) {
-        body.extend_from_slice(&cookie.to_le_bytes());
-        body.extend_from_slice(&ino.to_le_bytes());
-        body.extend_from_slice(&[1, 2]);
-        body.extend_from_slice(name);
-    }
-    let mut old = b"TFSD\x01\0\0\0".to_vec();
-    old.extend_from_slice(&3u32.to_le_bytes());
-    old.extend_from_slice(&10u64.to_le_bytes());
-    old.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    old.extend_from_slice(&[0; 8]);
-    old.extend_from_slice(&body);
-    let crc = tarn_format::checksum::crc32c(&old);
-    old[24..28].copy_from_slice(&crc.to_le_bytes());
+    let entries: Vec<Entry> = inos
+        .iter()
+        .zip([(3u64, b"f0"), (5, b"f1"), (9, b"f2")])
+        .map(|(&ino, (cookie, name))| Entry { cookie, ino, kind: Kind::File, name: name.to_vec() })
+        .collect();
+    let old = tarn_fs::namespace::dirblock::encode_whole(10, &entries);
     pool.write(object, 0, &old, false).unwrap();
     pool.flush().unwrap();
     let fv = FileVolume::open(pool.clone(), "home").unwrap();

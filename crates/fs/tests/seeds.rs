@@ -4,6 +4,7 @@
 
 use tarn_fs::history::vrecord::{VersionRecord, LEN};
 use tarn_fs::namespace::dir::Dir;
+use tarn_fs::namespace::dirblock::encode_whole;
 use tarn_fs::namespace::inode::{Header, Inode, RECORD};
 use tarn_fs::Kind;
 
@@ -34,6 +35,9 @@ fn documented_bytes_decode_to_the_documented_values() {
     }
     let d = Dir::decode(&seed("dirblocks2"), 1).unwrap();
     assert_eq!(d.encode(), seed("dirblocks2"), "the encoder writes the documented bytes");
+    let old = Dir::decode(&seed("dir3"), 1).unwrap();
+    let whole: Vec<_> = old.iter().cloned().collect();
+    assert_eq!(encode_whole(7, &whole), seed("dir3"), "and the version 1 encoder (tests' older pools) too");
     let b: [u8; LEN] = seed("vrecord5").try_into().expect("a 64-byte version record");
     let r = VersionRecord::decode(&b, 0).unwrap().expect("a version record");
     assert_eq!((r.number, r.ino, r.object, r.size, r.perm, r.uid, r.gid), (5, 7, 12, 4096, 0o640, 1000, 100));

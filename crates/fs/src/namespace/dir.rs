@@ -417,22 +417,8 @@ mod tests {
     /// first write is the blocked directory whole.
     #[test]
     fn the_whole_format_reads_and_converts() {
-        let mut old = Vec::new();
-        let entries: [(u64, u64, &[u8]); 2] = [(3, 5, b"a"), (5, 8, b"bb")];
-        for (cookie, ino, name) in entries {
-            old.extend_from_slice(&cookie.to_le_bytes());
-            old.extend_from_slice(&ino.to_le_bytes());
-            old.extend_from_slice(&[1, name.len() as u8]);
-            old.extend_from_slice(name);
-        }
-        let mut b = b"TFSD\x01\0\0\0".to_vec();
-        b.extend_from_slice(&2u32.to_le_bytes());
-        b.extend_from_slice(&7u64.to_le_bytes());
-        b.extend_from_slice(&(old.len() as u32).to_le_bytes());
-        b.extend_from_slice(&[0; 8]);
-        b.extend_from_slice(&old);
-        let crc = tarn_format::checksum::crc32c(&b);
-        b[24..28].copy_from_slice(&crc.to_le_bytes());
+        let entry = |cookie, ino, name: &[u8]| Entry { cookie, ino, kind: Kind::File, name: name.to_vec() };
+        let mut b = dirblock::encode_whole(7, &[entry(3, 5, b"a"), entry(5, 8, b"bb")]);
         let mut head = [0u8; dirblock::PROBE];
         head.copy_from_slice(&b[..dirblock::PROBE]);
         assert_eq!(dirblock::stored_len(&head, 1).unwrap(), b.len());
@@ -494,23 +480,14 @@ mod tests {
     #[test]
     fn the_largest_whole_format_directory_still_converts() {
         let n = 61_000u64;
-        let mut body = Vec::with_capacity(n as usize * 273);
-        for i in 0..n {
+        let name = |i: u64| {
             let mut name = format!("{i:07}").into_bytes();
             name.resize(255, b'x');
-            body.extend_from_slice(&(3 + i).to_le_bytes());
-            body.extend_from_slice(&(10 + i).to_le_bytes());
-            body.extend_from_slice(&[1, 255]);
-            body.extend_from_slice(&name);
-        }
-        let mut b = b"TFSD\x01\0\0\0".to_vec();
-        b.extend_from_slice(&(n as u32).to_le_bytes());
-        b.extend_from_slice(&(3 + n).to_le_bytes());
-        b.extend_from_slice(&(body.len() as u32).to_le_bytes());
-        b.extend_from_slice(&[0; 8]);
-        b.extend_from_slice(&body);
-        let crc = tarn_format::checksum::crc32c(&b);
-        b[24..28].copy_from_slice(&crc.to_le_bytes());
+            name
+        };
+        let entries: Vec<Entry> =
+            (0..n).map(|i| Entry { cookie: 3 + i, ino: 10 + i, kind: Kind::File, name: name(i) }).collect();
+        let b = dirblock::encode_whole(3 + n, &entries);
         assert!(b.len() <= MAX_BYTES);
         let mut d = Dir::decode(&b, 1).unwrap();
         assert!(d.size() > MAX_BYTES as u64, "{} bytes of blocks", d.size());
@@ -528,9 +505,7 @@ mod tests {
         };
         assert!(matches!(err, FsError::TooManyLinks));
         assert_eq!(d.size(), size);
-        let mut first = format!("{:07}", 0).into_bytes();
-        first.resize(255, b'x');
-        assert!(d.remove(&first).is_some());
+        assert!(d.remove(&name(0)).is_some());
         assert_eq!(d.len(), n as usize + usize::from(i) - 1);
     }
 

@@ -206,6 +206,26 @@ fn decode_whole(b: &[u8], ino: u64) -> Result<Stored> {
     Ok(Stored::Whole(next_cookie, entries))
 }
 
+/// A directory in the whole format of version 1, as a tarn before
+/// FS_DIR_BLOCKS wrote it (tarn now writes blocks; tests build older
+/// pools' directories with it, and `seeds.rs` pins it to the spec).
+pub fn encode_whole(next_cookie: u64, entries: &[Entry]) -> Vec<u8> {
+    let mut body = Vec::new();
+    for e in entries {
+        push_entry(&mut body, e);
+    }
+    let mut b = WHOLE_MAGIC.to_vec();
+    b.extend_from_slice(&[WHOLE_VERSION, 0, 0, 0]);
+    b.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+    b.extend_from_slice(&next_cookie.to_le_bytes());
+    b.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    b.extend_from_slice(&[0; 8]);
+    b.extend_from_slice(&body);
+    let crc = whole_sum(&b);
+    b[24..28].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
 /// crc32c of a whole-format encoding with its crc field (24..28) as zeros.
 fn whole_sum(b: &[u8]) -> u32 {
     let mut copy = b.to_vec();
