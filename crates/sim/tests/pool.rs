@@ -784,6 +784,9 @@ fn cleaning_frees_whole_regions_behind_an_append_head() {
     for b in 0..BLOCKS {
         pool.write(v, b * 4096, &vec![head[b as usize]; 4096], false).unwrap();
     }
+    // Committed, so that each overwrite moves (data no commit has taken
+    // yet is rewritten in place, even on `append`).
+    pool.flush().unwrap();
     // Three quarters overwritten in random order: the first regions keep
     // a quarter of their blocks, scattered.
     let mut order: Vec<u64> = (0..BLOCKS).collect();

@@ -478,6 +478,16 @@ impl Pool {
                 if !v.owns_alone(pba, birth) {
                     *seg = Segment::Hole { lba, len };
                 } else if relayout && !inner.placement_on(v, usize::from(pba.device())).overwrites_in_place() {
+                    if inner.regions.is_fresh(pba, len) {
+                        // Append, over data written since the last commit
+                        // took its ops: no durable entry maps it, so in
+                        // place is as safe as new space (a crash forgets
+                        // it) while no commit takes ops meanwhile, and a
+                        // block rewritten many times between commits (a
+                        // directory's, an inode table's) is placed once.
+                        fresh_guard.get_or_insert_with(|| FreshWrite::start(self));
+                        continue;
+                    }
                     // Append (the volume's, or the member's it lies on):
                     // owned data moves to the cursor too.
                     relaid = true;
