@@ -165,12 +165,13 @@ expect_eq "a volume's placement survives a restart" "$shown" append
 step "pool compact cleans regions behind an append head (idle compactor off): each 4 MiB keeps 1 MiB"
 # A server of its own with the idle compactor off, so that only `pool
 # compact` cleans. The volume is written in long runs (each 1 MiB window one
-# run, which the compaction of volumes leaves alone), then 3 MiB of every
-# 4 MiB overwritten: `append` puts the new data at the head, and each old
-# region keeps a quarter.
+# run, which the compaction of volumes leaves alone) and flushed (data no
+# commit has taken is rewritten in place even by `append`), then 3 MiB of
+# every 4 MiB overwritten: `append` puts the new data at the head, and
+# each old region keeps a quarter.
 start_serve "$POOL" --compact-idle 0
 out=$(tarn vol create clean --size 64M --placement append -p "$POOL" 2>&1) || bad "vol create clean: $out"
-printf '[fill]\nioengine=nbd\nuri=%s\nrw=write\nbs=1M\niodepth=8\nsize=64M\n' "$(uri clean)" >"$T/cleanfill.fio"
+printf '[fill]\nioengine=nbd\nuri=%s\nrw=write\nbs=1M\niodepth=8\nsize=64M\nend_fsync=1\n' "$(uri clean)" >"$T/cleanfill.fio"
 run_fio cleanfill "$T/cleanfill.fio"
 printf '[over]\nioengine=nbd\nuri=%s\nrw=write:1M\nbs=3M\niodepth=4\noffset=1M\nsize=63M\n' "$(uri clean)" >"$T/cleanover.fio"
 run_fio cleanover "$T/cleanover.fio"
