@@ -409,12 +409,13 @@ impl FileVolume {
     }
 
     /// Write directory `d`'s changed blocks from `dir` (block 0 last: it
-    /// counts the others) and its inode's size and times. When only those differ from the record as saved,
-    /// the inode waits with the pending changes for the next sync or
-    /// commit (the directory's own header says how long it is, so a crash
-    /// between leaves only an older size and mtime; a record write per
-    /// create and unlink saved); a new object, link count or epoch is
-    /// saved in the change itself.
+    /// counts the others) and its inode's size and times. When only those
+    /// differ from the record as saved, the inode waits with the pending
+    /// changes for the next sync or commit (the directory's first block
+    /// says how long it is, so a crash between leaves only an older size
+    /// and mtime; a record write per create and unlink saved); a new
+    /// object, link count or epoch is saved in the change itself. A write
+    /// that fails leaves `dir` out of the cache: the object is the truth.
     pub(crate) fn write_dir(&self, ns: &mut Ns, d: &mut Inode, mut dir: Dir) -> Result<()> {
         self.before_change(ns, d)?;
         if d.object == 0 {
