@@ -15,7 +15,7 @@ declare -A NEED=(
   [nbdfuse]=nbdfuse [fusermount3]=fuse3 [fio]=fio
   [mkfs.ext4]=e2fsprogs [e2fsck]=e2fsprogs [nbdkit]=nbdkit
   [losetup]=util-linux [fstrim]=util-linux [pgrep]=procps
-  [sqlite3]=sqlite3 [git]=git [setfattr]=attr
+  [sqlite3]=sqlite3 [git]=git [setfattr]=attr [setfacl]=acl [getfacl]=acl
   [jq]=jq [promtool]=prometheus [python3]=python3 [timeout]=coreutils [openssl]=openssl [stat]=coreutils
   [systemd-analyze]=systemd [man]=man-db [postmark]=postmark
   # a throwaway Ceph cluster for the RADOS tests (scripts/ceph.sh)

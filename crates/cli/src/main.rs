@@ -125,6 +125,12 @@ enum Command {
         /// WRITE waits for the pool
         #[arg(long, default_value = "32M", value_parser = size::parse_size_or_zero)]
         write_behind: u64,
+        /// Let every user reach the mount (FUSE's allow_other: root, or
+        /// user_allow_other in /etc/fuse.conf); permissions are checked
+        /// by the kernel against the mode and POSIX access control lists.
+        /// Without it only the user who mounted reaches it
+        #[arg(long)]
+        allow_other: bool,
         #[command(flatten)]
         pool: PoolArg,
     },
@@ -996,6 +1002,7 @@ fn dispatch(cmd: Command) -> Result<i32> {
             fuse_uring,
             readahead,
             write_behind,
+            allow_other,
             pool,
         } => {
             if !no_direct_writes {
@@ -1009,6 +1016,7 @@ fn dispatch(cmd: Command) -> Result<i32> {
                 session_slice: std::time::Duration::from_micros(session_slice_us),
                 uring: fuse_uring.into(),
                 report: |m| eprintln!("tarn mount: {m}"),
+                allow_other,
             };
             mount_cmd(&pool, &name, &dir, durability, transport, (no_discard, readahead, write_behind))
         }

@@ -139,6 +139,13 @@ pub mod incompat {
     /// find it. Set by the superblock rewrite that starts a replace,
     /// cleared by the one that ends the last.
     pub const REPLACE: u64 = 1 << 22;
+    /// File volumes may keep POSIX access control lists: extended
+    /// attribute sets may hold `system.posix_acl_access` and
+    /// `system.posix_acl_default`, and inode byte 6 says which an inode
+    /// has (docs/FORMAT.md *File volumes*, access control lists). An
+    /// older tarn would refuse such a set as damage, and without the
+    /// lists it would grant what they deny.
+    pub const FS_POSIX_ACLS: u64 = 1 << 23;
     /// Features this build understands.
     pub const KNOWN: u64 = SNAPSHOTS
         | DATA_CHECKSUMS
@@ -162,7 +169,8 @@ pub mod incompat {
         | INLINE_DEAD_LISTS
         | FS_SPECIAL_FILES
         | FS_DIR_BLOCKS
-        | REPLACE;
+        | REPLACE
+        | FS_POSIX_ACLS;
 }
 
 /// Superblock flag: a pool with mirrors is open for writing (set before its
@@ -848,10 +856,10 @@ mod tests {
         let mut sb = sample();
         sb.incompat = 1 << 40;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        // Bits 0-22 are known here; bit 23 is not.
-        sb.incompat = 1 << 23;
+        // Bits 0-23 are known here; bit 24 is not.
+        sb.incompat = 1 << 24;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        assert_eq!(incompat::KNOWN, (1 << 23) - 1);
+        assert_eq!(incompat::KNOWN, (1 << 24) - 1);
         assert_eq!(incompat::REPLACE, 1 << 22);
         assert_eq!(incompat::COARSE_SUMS, 1 << 13);
         sb.incompat = incompat::COARSE_SUMS;
@@ -935,6 +943,17 @@ mod tests {
         let b = sb.encode(0);
         assert_eq!(&b[16..24], &[0, 0, 0x20, 0, 0, 0, 0, 0]);
         assert_eq!(Superblock::decode(&b, 0).unwrap().incompat, incompat::FS_DIR_BLOCKS);
+    }
+
+    /// Incompat bit 23 (FS_POSIX_ACLS, docs/FORMAT.md): byte 18 of the
+    /// superblock is 0x80, and this build opens it.
+    #[test]
+    fn golden_fs_posix_acls_bit() {
+        let mut sb = sample();
+        sb.incompat = incompat::FS_POSIX_ACLS;
+        let b = sb.encode(0);
+        assert_eq!(&b[16..24], &[0, 0, 0x80, 0, 0, 0, 0, 0]);
+        assert_eq!(Superblock::decode(&b, 0).unwrap().incompat, incompat::FS_POSIX_ACLS);
     }
 
     /// Incompat bit 12 (DEVICE_PLACEMENT, docs/FORMAT.md): a policy byte

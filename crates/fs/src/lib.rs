@@ -15,9 +15,10 @@ pub use error::{FsError, Result};
 pub use history::owed::{Change, OWED_BOUND};
 pub use history::snap::{FsSnapshot, VersionKind};
 pub use history::versions::{Node, Versioned};
+pub use namespace::acl::AclKind;
 pub use namespace::check::CheckReport;
 pub use namespace::inode::{Inode, Kind};
-pub use namespace::ns::{Attr, DirEntry, FileVolume, SetAttr, StatFs};
+pub use namespace::ns::{Attr, DirEntry, FileVolume, NewMode, SetAttr, StatFs};
 pub use namespace::rename::RenameMode;
 pub use namespace::xattr::XattrMode;
 

@@ -52,9 +52,18 @@ pub mod op {
 pub mod init {
     pub const ASYNC_READ: u64 = 1 << 0;
     pub const BIG_WRITES: u64 = 1 << 5;
+    /// The kernel leaves the umask to this server (it applies it unless
+    /// the directory has a default access control list).
+    pub const DONT_MASK: u64 = 1 << 6;
+    /// The kernel checks permissions against POSIX access control lists
+    /// it reads as `system.posix_acl_*` attributes (and turns on
+    /// default_permissions); this server keeps them and the mode in step.
+    pub const POSIX_ACL: u64 = 1 << 20;
     pub const WRITEBACK_CACHE: u64 = 1 << 16;
     pub const MAX_PAGES: u64 = 1 << 22;
     pub const HANDLE_KILLPRIV_V2: u64 = 1 << 28;
+    /// fuse_setxattr_in carries setxattr_flags (ACL_KILL_SGID).
+    pub const SETXATTR_EXT: u64 = 1 << 29;
     /// The kernel reads `flags2` (the upper 32 bits).
     pub const INIT_EXT: u64 = 1 << 30;
     pub const OVER_IO_URING: u64 = 1 << 41;
@@ -71,6 +80,12 @@ pub mod fattr {
     pub const ATIME_NOW: u32 = 1 << 7;
     pub const MTIME_NOW: u32 = 1 << 8;
 }
+
+/// fuse_setxattr_in with FUSE_SETXATTR_EXT (8 bytes without).
+pub const SETXATTR_IN_EXT: usize = 16;
+/// setxattr_flags: setting this access control list clears set-group-ID
+/// (the caller is neither in the file's group nor CAP_FSETID).
+pub const SETXATTR_ACL_KILL_SGID: u32 = 1 << 0;
 
 /// FOPEN_KEEP_CACHE: the kernel keeps the file's page cache at open.
 pub const FOPEN_KEEP_CACHE: u32 = 1 << 1;

@@ -118,6 +118,9 @@ pub enum Op<'a> {
     },
     Setxattr {
         flags: u32,
+        /// fuse_setxattr_in's `setxattr_flags` (FUSE_SETXATTR_EXT; 0 in
+        /// the compat form).
+        setxattr_flags: u32,
         name: &'a [u8],
         value: &'a [u8],
     },
@@ -214,10 +217,12 @@ pub fn header(buf: &[u8]) -> Result<Header, Malformed> {
 }
 
 /// A request as /dev/fuse hands it: header and arguments in one buffer.
-pub fn dev_request(buf: &[u8]) -> Result<(Header, Op<'_>), Malformed> {
+/// `setxattr_ext`: INIT settled FUSE_SETXATTR_EXT (fuse_setxattr_in is
+/// then 16 bytes, not 8; nothing else in the buffer says which).
+pub fn dev_request(buf: &[u8], setxattr_ext: bool) -> Result<(Header, Op<'_>), Malformed> {
     let h = header(buf)?;
     let body = buf.get(IN_HEADER..h.len as usize).ok_or(Malformed)?;
-    Ok((h, op(h.opcode, body, &[])?))
+    Ok((h, op(h.opcode, body, &[], setxattr_ext)?))
 }
 
 /// A request as a ring entry hands it: `headers` is the entry's
@@ -231,10 +236,13 @@ pub fn ring_request<'a>(headers: &'a [u8], payload: &'a [u8]) -> Result<(Header,
         return Err(Malformed);
     }
     let fixed = headers.get(abi::ring::OP_IN..abi::ring::OP_IN + fixed_len).ok_or(Malformed)?;
-    Ok((h, op(h.opcode, fixed, payload)?))
+    // Here the op's struct comes apart from its payload: its length says
+    // which fuse_setxattr_in the kernel sent.
+    let setxattr_ext = fixed_len == abi::SETXATTR_IN_EXT;
+    Ok((h, op(h.opcode, fixed, payload, setxattr_ext)?))
 }
 
-fn op<'a>(opcode: u32, fixed: &'a [u8], rest: &'a [u8]) -> Result<Op<'a>, Malformed> {
+fn op<'a>(opcode: u32, fixed: &'a [u8], rest: &'a [u8], setxattr_ext: bool) -> Result<Op<'a>, Malformed> {
     let mut a = Args { fixed, rest };
     match opcode {
         op::INIT => init(&mut a),
@@ -262,14 +270,7 @@ fn op<'a>(opcode: u32, fixed: &'a [u8], rest: &'a [u8]) -> Result<Op<'a>, Malfor
         op::FSYNC => Ok(Op::Fsync),
         op::FSYNCDIR => Ok(Op::Fsyncdir),
         op::FLUSH => Ok(Op::Flush { fh: a.u64()? }),
-        op::SETXATTR => Ok(Op::Setxattr {
-            flags: {
-                a.skip(4)?;
-                a.u32()?
-            },
-            name: a.name()?,
-            value: a.remaining(),
-        }),
+        op::SETXATTR => setxattr(&mut a, setxattr_ext),
         op::GETXATTR => Ok(Op::Getxattr {
             size: { a.u32()? },
             name: {
@@ -291,6 +292,14 @@ fn op<'a>(opcode: u32, fixed: &'a [u8], rest: &'a [u8]) -> Result<Op<'a>, Malfor
         }),
         other => Ok(Op::Other(other)),
     }
+}
+
+/// fuse_setxattr_in: size, flags, and with FUSE_SETXATTR_EXT
+/// setxattr_flags and padding; then the name and the value.
+fn setxattr<'a>(a: &mut Args<'a>, ext: bool) -> Result<Op<'a>, Malformed> {
+    let (_size, flags) = (a.u32()?, a.u32()?);
+    let setxattr_flags = if ext { a.u64()? as u32 } else { 0 };
+    Ok(Op::Setxattr { flags, setxattr_flags, name: a.name()?, value: a.remaining() })
 }
 
 /// fuse_init_in: major, minor, max_readahead, flags, then (7.36+) flags2.

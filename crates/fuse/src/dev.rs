@@ -37,13 +37,15 @@ pub(crate) struct Session {
     rings: Option<Rings>,
     /// INIT was answered with FUSE_OVER_IO_URING.
     ring_negotiated: bool,
+    /// INIT was answered with FUSE_SETXATTR_EXT (`decode::dev_request`).
+    setxattr_ext: bool,
     /// Requests read from /dev/fuse.
     dev_requests: u64,
 }
 
 impl Session {
     pub fn new(fd: Arc<OwnedFd>, fs: Shared, uring: UringMode, report: fn(&str)) -> Session {
-        Session { fd, fs, uring, report, rings: None, ring_negotiated: false, dev_requests: 0 }
+        Session { fd, fs, uring, report, rings: None, ring_negotiated: false, setxattr_ext: false, dev_requests: 0 }
     }
 
     pub fn notifier(fd: &Arc<OwnedFd>) -> Notifier {
@@ -83,7 +85,7 @@ impl Session {
                 log::warn!("a FUSE request shorter than its header ({n} bytes)");
                 continue;
             };
-            let op = decode::dev_request(frame).map(|(_, op)| op);
+            let op = decode::dev_request(frame, self.setxattr_ext).map(|(_, op)| op);
             let reply = match op {
                 Ok(Op::Init { major, minor, max_readahead, flags }) => self.init(major, minor, max_readahead, flags)?,
                 op => serve(&self.fs, &h, op),
@@ -127,6 +129,7 @@ impl Session {
         }
         let out = tarnfs::init_reply(offered, minor, max_readahead, wanted);
         self.ring_negotiated = out.flags & init::OVER_IO_URING != 0;
+        self.setxattr_ext = out.flags & init::SETXATTR_EXT != 0;
         if !self.ring_negotiated {
             (self.report)(if self.uring == UringMode::Auto && uring::switched_off() {
                 "fuse transport: /dev/fuse (FUSE over io_uring is off in the fuse module: `echo Y > \

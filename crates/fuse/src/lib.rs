@@ -58,6 +58,10 @@ pub struct Transport {
     /// Told the transport chosen at INIT and, at the end, how many
     /// requests each transport served (`tarn mount` prints them).
     pub report: fn(&str),
+    /// Every user's requests reach the mount (FUSE's `allow_other`; the
+    /// kernel checks each against the mode and access control lists),
+    /// not only those of the user who mounted it.
+    pub allow_other: bool,
 }
 
 /// Refuse a transport this kernel cannot give (`--fuse-uring on` with
@@ -83,7 +87,8 @@ pub fn mount(
     check_transport(&transport)?;
     // A volume snapshot mounts read-only (the kernel then answers EROFS too).
     let access = if fv.is_snapshot() { "ro" } else { "rw" };
-    let options = format!("fsname=tarn:{name},subtype=tarn,default_permissions,{access}");
+    let others = if transport.allow_other { ",allow_other" } else { "" };
+    let options = format!("fsname=tarn:{name},subtype=tarn,default_permissions,{access}{others}");
     let fd = Arc::new(mount::mount(dir, &options)?);
     let interval = durability.commit_interval;
     let mut fv = Versioned::new(fv);

@@ -38,7 +38,7 @@ fn write_request_decodes_alike_from_both_transports() {
     let mut frame = in_header((IN_HEADER + body.len()) as u32, op::WRITE, 99, 12);
     frame.extend_from_slice(&body);
     let want = Op::Write { offset: 8192, write_flags: 4, data: b"hello" };
-    let (h, got) = dev_request(&frame).expect("a whole WRITE");
+    let (h, got) = dev_request(&frame, false).expect("a whole WRITE");
     assert_eq!((h.unique, h.nodeid, h.uid, h.gid, h.pid), (99, 12, 1000, 1001, 4242));
     assert_eq!(got, want);
 
@@ -71,7 +71,7 @@ fn mknod_carries_the_device_number() {
     body.extend_from_slice(b"null\0");
     let mut frame = in_header((IN_HEADER + body.len()) as u32, op::MKNOD, 3, 1);
     frame.extend_from_slice(&body);
-    let (_, got) = dev_request(&frame).expect("a whole MKNOD");
+    let (_, got) = dev_request(&frame, false).expect("a whole MKNOD");
     assert_eq!(got, Op::Mknod { mode: libc::S_IFCHR | 0o640, rdev: 0x0103, umask: 0o022, name: b"null" });
 }
 
@@ -80,7 +80,7 @@ fn a_write_shorter_than_its_size_is_malformed() {
     let body: Vec<u8> = [write_in(), b"hel".to_vec()].concat();
     let mut frame = in_header((IN_HEADER + body.len()) as u32, op::WRITE, 1, 1);
     frame.extend_from_slice(&body);
-    assert_eq!(dev_request(&frame).err(), Some(Malformed));
+    assert_eq!(dev_request(&frame, false).err(), Some(Malformed));
 }
 
 #[test]
@@ -95,7 +95,7 @@ fn init_with_flags2_and_its_reply_bytes() {
     body.extend_from_slice(&[0; 44]);
     let mut frame = in_header((IN_HEADER + body.len()) as u32, op::INIT, 1, 0);
     frame.extend_from_slice(&body);
-    let (_, got) = dev_request(&frame).expect("an INIT");
+    let (_, got) = dev_request(&frame, false).expect("an INIT");
     assert_eq!(got, Op::Init { major: 7, minor: 45, max_readahead: 131072, flags: offered });
 
     let out = InitOut {
@@ -208,7 +208,7 @@ fn random_and_truncated_frames_never_panic() {
             let claimed = if round % 3 == 0 { len as u32 } else { next(&mut s) as u32 % 500 };
             frame[..IN_HEADER].copy_from_slice(&in_header(claimed, (next(&mut s) % 52) as u32, 1, 1));
         }
-        decoded += dev_request(&frame).is_ok() as u32;
+        decoded += dev_request(&frame, false).is_ok() as u32;
         let split = (next(&mut s) as usize) % (len + 1);
         let (a, b) = frame.split_at(split);
         let mut headers = a.to_vec();

@@ -7,7 +7,7 @@ use crate::decode::{Header, Op, SetattrIn};
 use crate::notify::Notifier;
 use crate::reply::{self, Reply};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tarn_fs::{Attr, Change, FsError, Kind, Node, RenameMode, SetAttr, Versioned, XattrMode};
+use tarn_fs::{AclKind, Attr, Change, FsError, Kind, NewMode, Node, RenameMode, SetAttr, Versioned, XattrMode};
 
 /// How long the kernel may cache the names and attributes of a version
 /// directory (a version's file entries are not cached: `TarnFs::gens`)
@@ -190,7 +190,14 @@ fn set_attr(s: &SetattrIn) -> SetAttr {
 /// `security.capability` before each write(2): that getxattr round trip
 /// was 241,447 of the 266,260 requests of a PostMark smoke run.
 pub(crate) fn init_reply(offered: u64, minor: u32, max_readahead: u32, wanted: u64) -> reply::InitOut {
-    let mut flags = init::ASYNC_READ | init::BIG_WRITES | init::MAX_PAGES | init::HANDLE_KILLPRIV_V2 | wanted;
+    let mut flags = init::ASYNC_READ
+        | init::BIG_WRITES
+        | init::MAX_PAGES
+        | init::HANDLE_KILLPRIV_V2
+        | init::POSIX_ACL
+        | init::DONT_MASK
+        | init::SETXATTR_EXT
+        | wanted;
     for (bit, what) in [
         (init::WRITEBACK_CACHE, "the FUSE writeback cache: every write is a request"),
         (init::HANDLE_KILLPRIV_V2, "FUSE_HANDLE_KILLPRIV_V2: every write asks security.capability"),
@@ -266,8 +273,10 @@ impl TarnFs {
                 let r = self.fv.writable(ino);
                 self.entry(r.and_then(|p| self.fv.live.symlink(p, name, target, h.uid, h.gid)))
             }
-            Op::Mknod { mode, rdev, umask, name } => self.mknod(h, mode & !umask, rdev, name),
-            Op::Mkdir { mode, umask, name } => self.make(h, Kind::Dir, mode & !umask, name),
+            // The umask is this server's to apply (FUSE_DONT_MASK): not
+            // under a directory with a default access control list.
+            Op::Mknod { mode, rdev, umask, name } => self.mknod(h, NewMode { perm: mode, umask }, rdev, name),
+            Op::Mkdir { mode, umask, name } => self.make(h, Kind::Dir, NewMode { perm: mode, umask }, name),
             Op::Unlink { name } => self.unlink(ino, name),
             Op::Rmdir { name } => empty(self.fv.writable(ino).and_then(|p| self.fv.live.rmdir(p, name))),
             Op::Rename { newdir, flags, name, newname } => self.rename(ino, name, newdir, newname, flags),
@@ -285,12 +294,18 @@ impl TarnFs {
             Op::Opendir => Reply::Open { fh: 0, flags: 0 },
             Op::Releasedir => Reply::Empty,
             Op::Readdir { offset, size } => self.readdir(ino, offset, size),
-            Op::Setxattr { flags, name, value } => self.setxattr(ino, name, value, flags as i32),
-            Op::Removexattr { name } => empty(self.fv.writable(ino).and_then(|i| self.fv.live.remove_xattr(i, name))),
+            Op::Setxattr { flags, setxattr_flags, name, value } => match AclKind::of_name(name) {
+                Some(k) => self.set_acl(ino, k, value, setxattr_flags),
+                None => self.setxattr(ino, name, value, flags as i32),
+            },
+            Op::Removexattr { name } => empty(self.fv.writable(ino).and_then(|i| match AclKind::of_name(name) {
+                Some(k) => self.fv.live.remove_acl(i, k),
+                None => self.fv.live.remove_xattr(i, name),
+            })),
             Op::Listxattr { size } => self.listxattr(ino, size),
             Op::Getxattr { size, name } => self.getxattr(ino, name, size),
             Op::Statfs => self.statfs(),
-            Op::Create { mode, umask, name } => self.create(h, ino, mode & !umask, name),
+            Op::Create { mode, umask, name } => self.create(h, ino, NewMode { perm: mode, umask }, name),
             Op::Lseek { offset, whence } => self.lseek(ino, offset, whence as i32),
             Op::Interrupt => Reply::None,
             Op::Init { .. } | Op::Destroy | Op::Other(_) => Reply::Error(libc::ENOSYS),
@@ -418,15 +433,22 @@ impl TarnFs {
         }
     }
 
-    fn make(&mut self, h: &Header, kind: Kind, perm: u32, name: &[u8]) -> Reply {
+    fn make(&mut self, h: &Header, kind: Kind, mode: NewMode, name: &[u8]) -> Reply {
         let r = self.fv.writable(h.nodeid);
-        self.entry(r.and_then(|p| self.fv.live.create(p, name, kind, perm, h.uid, h.gid)))
+        self.entry(r.and_then(|p| self.fv.live.create(p, name, kind, mode, h.uid, h.gid)))
+    }
+
+    /// A POSIX access control list the kernel sets (FUSE_POSIX_ACL; it
+    /// checked the caller owns the inode): the mode follows it.
+    fn set_acl(&mut self, ino: u64, kind: AclKind, value: &[u8], setxattr_flags: u32) -> Reply {
+        let kill_sgid = setxattr_flags & abi::SETXATTR_ACL_KILL_SGID != 0;
+        empty(self.fv.writable(ino).and_then(|i| self.fv.live.set_acl(i, kind, value, kill_sgid)))
     }
 
     /// mknod(2): a regular file, fifo, socket or device node (the
     /// kernel checked the caller may make a device).
-    fn mknod(&mut self, h: &Header, mode: u32, rdev: u32, name: &[u8]) -> Reply {
-        match Kind::of_mode(mode) {
+    fn mknod(&mut self, h: &Header, mode: NewMode, rdev: u32, name: &[u8]) -> Reply {
+        match Kind::of_mode(mode.perm) {
             Some(Kind::File) => self.make(h, Kind::File, mode, name),
             Some(kind) if kind.is_special() => {
                 let r = self.fv.writable(h.nodeid);
@@ -658,9 +680,9 @@ impl TarnFs {
         })
     }
 
-    fn create(&mut self, h: &Header, parent: u64, perm: u32, name: &[u8]) -> Reply {
+    fn create(&mut self, h: &Header, parent: u64, mode: NewMode, name: &[u8]) -> Reply {
         let r = self.fv.writable(parent);
-        match r.and_then(|p| self.fv.live.create(p, name, Kind::File, perm, h.uid, h.gid)) {
+        match r.and_then(|p| self.fv.live.create(p, name, Kind::File, mode, h.uid, h.gid)) {
             Ok(a) => {
                 let ino = a.inode.ino;
                 self.fv.live.looked_up(ino);

@@ -52,6 +52,13 @@ impl Pool {
         self.enable_fs_feature(incompat::FS_DIR_BLOCKS)
     }
 
+    /// Set incompat bit 23 (FS_POSIX_ACLS) before a file volume's first
+    /// access control list is written: one commit of its own, the first
+    /// time only (`enable_fs_feature`).
+    pub fn enable_fs_posix_acls(&self) -> Result<()> {
+        self.enable_fs_feature(incompat::FS_POSIX_ACLS)
+    }
+
     /// Set incompat bit 17 (FS_VERSION_RECORDS) before a file volume's
     /// first close version record is written: one commit of its own, the
     /// first time only (`enable_fs_feature`).

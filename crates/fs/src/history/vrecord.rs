@@ -91,6 +91,9 @@ impl VersionRecord {
             parent: 0,
             target: Vec::new(),
             rdev: 0,
+            // A version record does not say: the version's attribute set
+            // (its object's tag) is read to know.
+            acl: crate::namespace::acl::HAS_ACCESS,
         }
     }
 

@@ -4,6 +4,7 @@
 //! Every record carries a crc32c: what is read is never trusted.
 
 use crate::error::{FsError, Result};
+use crate::namespace::acl::{HAS_ACCESS, HAS_DEFAULT};
 use tarn_format::checksum::crc32c;
 
 pub const RECORD: usize = 256;
@@ -92,6 +93,10 @@ pub struct Inode {
     /// A device node's number (the kernel's encoding, as FUSE carries
     /// it); 0 for other kinds.
     pub rdev: u32,
+    /// The access control lists in its attribute set (`acl.rs`
+    /// HAS_ACCESS, HAS_DEFAULT; FS_POSIX_ACLS): a check of a list needs
+    /// no read of the set when the inode has none.
+    pub acl: u8,
 }
 
 /// The file volume's header, record 0.
@@ -205,6 +210,7 @@ impl Inode {
         b[..4].copy_from_slice(INODE_MAGIC);
         b[4] = VERSION;
         b[5] = self.kind as u8;
+        b[6] = self.acl;
         b[8..12].copy_from_slice(&self.perm.to_le_bytes());
         b[12..16].copy_from_slice(&self.uid.to_le_bytes());
         b[16..20].copy_from_slice(&self.gid.to_le_bytes());
@@ -246,6 +252,15 @@ impl Inode {
         if (rdev != 0 && !kind.is_device()) || (kind.is_special() && (size != 0 || u32_at(b, 56) != 0)) {
             return Err(bad(format!("a {kind:?} with device {rdev:#x}, size {size}, object {}", u32_at(b, 56))));
         }
+        let acl = b[6];
+        let lists = match kind {
+            Kind::Dir => HAS_ACCESS | HAS_DEFAULT,
+            Kind::File => HAS_ACCESS,
+            _ => 0,
+        };
+        if acl & !lists != 0 || b[7] != 0 {
+            return Err(bad(format!("a {kind:?} with access control list bits {acl:#x}, byte 7 {}", b[7])));
+        }
         let at = TARGET_AT + INLINE_TARGET;
         Ok(Some(Inode {
             ino,
@@ -263,6 +278,7 @@ impl Inode {
             target: b[TARGET_AT..TARGET_AT + n].to_vec(),
             parent: u64_at(b, at),
             rdev,
+            acl,
         }))
     }
 }
@@ -288,6 +304,7 @@ mod tests {
             parent: 0,
             target: b"abc".to_vec(),
             rdev: 0,
+            acl: 0,
         }
     }
 

@@ -2,6 +2,7 @@
 //! them (create, link, rename, unlink, attributes, extended attributes),
 //! and the offline check of it all.
 
+pub mod acl;
 pub mod check;
 pub mod dir;
 pub mod dirblock;

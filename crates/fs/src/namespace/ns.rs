@@ -4,6 +4,7 @@
 //! valid namespace (docs/ARCHITECTURE.md *File volumes*, crash behaviour).
 
 use crate::error::{FsError, Result};
+use crate::namespace::acl::{HAS_ACCESS, HAS_DEFAULT};
 use crate::namespace::dir::{check_name, Dir};
 use crate::namespace::dirblock;
 use crate::namespace::inode::{Header, Inode, Kind, INLINE_TARGET, RECORD};
@@ -126,6 +127,22 @@ pub(crate) struct Ns {
     pub(crate) owed_seq: u64,
 }
 
+/// The mode a create asks for: permission bits and the caller's umask.
+/// The umask applies unless the directory has a default access control
+/// list; then the list narrows the bits instead (POSIX.1e). A bare
+/// `u32` is bits with no umask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NewMode {
+    pub perm: u32,
+    pub umask: u32,
+}
+
+impl From<u32> for NewMode {
+    fn from(perm: u32) -> NewMode {
+        NewMode { perm, umask: 0 }
+    }
+}
+
 /// What a new inode holds besides its attributes.
 enum Body<'a> {
     Empty,
@@ -192,6 +209,7 @@ impl FileVolume {
             parent: ROOT,
             target: Vec::new(),
             rdev: 0,
+            acl: 0,
         };
         pool.write(info.id, RECORD as u64, &root.encode(), false)?;
         pool.write(
@@ -553,34 +571,61 @@ impl FileVolume {
     /// Create a file, directory or symlink `name` in `parent`: the inode
     /// first, then the entry (a crash between leaves an unreachable inode,
     /// never an entry without one).
-    pub fn create(&self, parent: u64, name: &[u8], kind: Kind, perm: u32, uid: u32, gid: u32) -> Result<Attr> {
+    pub fn create(
+        &self,
+        parent: u64,
+        name: &[u8],
+        kind: Kind,
+        mode: impl Into<NewMode>,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr> {
         if kind.is_special() {
-            return self.mknod(parent, name, kind, perm, 0, (uid, gid));
+            return self.mknod(parent, name, kind, mode, 0, (uid, gid));
         }
-        self.make(parent, name, kind, perm & 0o7777, (uid, gid), Body::Empty)
+        self.make(parent, name, kind, mode.into(), (uid, gid), Body::Empty)
     }
 
     /// mknod(2) of a fifo, socket or device node (`rdev`, devices only):
     /// an inode with no data. The first one of a pool sets
     /// FS_SPECIAL_FILES (a commit of its own) before it is written.
-    pub fn mknod(&self, parent: u64, name: &[u8], kind: Kind, perm: u32, rdev: u32, owner: (u32, u32)) -> Result<Attr> {
+    pub fn mknod(
+        &self,
+        parent: u64,
+        name: &[u8],
+        kind: Kind,
+        mode: impl Into<NewMode>,
+        rdev: u32,
+        owner: (u32, u32),
+    ) -> Result<Attr> {
         if !kind.is_special() {
             return Err(FsError::Invalid("mknod makes fifos, sockets and device nodes"));
         }
         self.writable()?;
         self.pool.enable_fs_special_files()?;
         let body = if kind.is_device() { Body::Device(rdev) } else { Body::Empty };
-        self.make(parent, name, kind, perm & 0o7777, owner, body)
+        self.make(parent, name, kind, mode.into(), owner, body)
     }
 
     pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
         if target.is_empty() || target.len() > 4095 {
             return Err(FsError::Invalid("symlink target length"));
         }
-        self.make(parent, name, Kind::Symlink, 0o777, (uid, gid), Body::Target(target))
+        self.make(parent, name, Kind::Symlink, 0o777.into(), (uid, gid), Body::Target(target))
     }
 
-    fn make(&self, parent: u64, name: &[u8], kind: Kind, perm: u32, owner: (u32, u32), body: Body) -> Result<Attr> {
+    /// `mode`'s bits for a new inode of `kind` in `p`, and the attribute
+    /// set it inherits with byte 6 (a symlink is always 0777).
+    fn new_perm(&self, p: &Inode, kind: Kind, mode: NewMode) -> Result<(u32, Option<Vec<u8>>, u8)> {
+        let perm = mode.perm & 0o7777;
+        match kind {
+            Kind::Symlink => Ok((perm, None, 0)),
+            _ if p.acl & HAS_DEFAULT != 0 => self.inherit_acl(p, kind, perm),
+            _ => Ok((perm & !mode.umask, None, 0)),
+        }
+    }
+
+    fn make(&self, parent: u64, name: &[u8], kind: Kind, mode: NewMode, owner: (u32, u32), body: Body) -> Result<Attr> {
         let (target, rdev) = match body {
             Body::Empty => (&[][..], 0),
             Body::Target(t) => (t, 0),
@@ -594,6 +639,7 @@ impl FileVolume {
         if dir.find(name).is_some() {
             return Err(FsError::Exists);
         }
+        let (perm, lists, acl) = self.new_perm(&p, kind, mode)?;
         self.room(5, dir.write_bound())?;
         let ino = self.new_ino(&mut ns)?;
         let t = now();
@@ -613,6 +659,7 @@ impl FileVolume {
             parent: if kind == Kind::Dir { parent } else { 0 },
             target: Vec::new(),
             rdev,
+            acl,
         };
         if target.len() <= INLINE_TARGET {
             i.target = target.to_vec();
@@ -620,7 +667,11 @@ impl FileVolume {
             i.object = self.pool.create_object(self.id, OBJECT_SIZE, Some(PlacementKind::Append))?;
             self.pool.write(i.object, 0, target, false)?;
         }
-        self.save(&mut ns, &i)?;
+        match lists {
+            // Saves the inode too.
+            Some(set) => self.write_xattrs(&mut ns, &mut i, None, &set)?,
+            None => self.save(&mut ns, &i)?,
+        }
         dir.insert(name, ino, kind)?;
         if kind == Kind::Dir {
             p.nlink += 1;
@@ -782,6 +833,9 @@ impl FileVolume {
             i.mtime = t;
         }
         i.perm = s.perm.map_or(i.perm, |m| m & 0o7777);
+        if s.perm.is_some() && i.acl & HAS_ACCESS != 0 {
+            self.chmod_acl(&mut ns, &mut i)?;
+        }
         i.uid = s.uid.unwrap_or(i.uid);
         i.gid = s.gid.unwrap_or(i.gid);
         i.atime = s.atime.unwrap_or(i.atime);

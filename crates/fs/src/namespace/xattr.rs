@@ -8,6 +8,7 @@
 //! it with no extra rule (a tag of the object is a tag of its xattrs).
 
 use crate::error::{FsError, Result};
+use crate::namespace::acl::{Acl, AclKind, DEFAULT as DEFAULT_NAME};
 use crate::namespace::inode::{Inode, Kind};
 use crate::namespace::ns::{now, FileVolume, Ns};
 use crate::MAX_FILE_SIZE;
@@ -141,7 +142,10 @@ fn entries(mut body: &[u8], count: usize) -> std::result::Result<Map, String> {
             return Err(format!("entry {k}: value of {v} bytes or past the body"));
         }
         let (name, value) = (&body[5..5 + n], &body[5 + n..5 + n + v]);
-        check_name(name).map_err(|_| format!("entry {k}: name not kept by tarn"))?;
+        match AclKind::of_name(name) {
+            Some(_) => Acl::decode(value).map(drop).map_err(|e| format!("entry {k}: {e}"))?,
+            None => check_name(name).map_err(|_| format!("entry {k}: name not kept by tarn"))?,
+        }
         if last.as_deref().is_some_and(|l| l >= name) {
             return Err(format!("entry {k}: names not in ascending order"));
         }
@@ -153,6 +157,21 @@ fn entries(mut body: &[u8], count: usize) -> std::result::Result<Map, String> {
         return Err(format!("{} bytes past the last entry", body.len()));
     }
     Ok(map)
+}
+
+/// Keep `list` as access control list `kind` of `i` (None: drop it), and
+/// byte 6 in step.
+fn put_list(map: &mut Map, i: &mut Inode, kind: AclKind, list: Option<Vec<u8>>) {
+    match list {
+        Some(b) => {
+            map.insert(kind.name().to_vec(), b);
+            i.acl |= kind.flag();
+        }
+        None => {
+            map.remove(kind.name());
+            i.acl &= !kind.flag();
+        }
+    }
 }
 
 impl FileVolume {
@@ -197,11 +216,18 @@ impl FileVolume {
     }
 
     /// The value of `name` (ENODATA: none).
+    /// An access control list's name is answered from the inode's byte 6
+    /// when it has none (the kernel asks for an inode's list once, on the
+    /// first permission check by someone not its owner).
     pub fn get_xattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
-        if check_name(name).is_err() {
+        let list = AclKind::of_name(name);
+        if list.is_none() && check_name(name).is_err() {
             return Err(FsError::NoData);
         }
         let i = self.inode(&mut self.lock(), ino)?;
+        if list.is_some_and(|k| i.acl & k.flag() == 0) {
+            return Err(FsError::NoData);
+        }
         self.load_xattrs(&i)?.map.remove(name).ok_or(FsError::NoData)
     }
 
@@ -222,7 +248,7 @@ impl FileVolume {
         if value.len() > MAX_VALUE {
             return Err(FsError::XattrTooBig);
         }
-        self.change_xattrs(ino, |map| {
+        self.change_xattrs(ino, |map, _| {
             match (mode, map.contains_key(name)) {
                 (XattrMode::Create, true) => return Err(FsError::Exists),
                 (XattrMode::Replace, false) => return Err(FsError::NoData),
@@ -238,13 +264,14 @@ impl FileVolume {
         if check_name(name).is_err() {
             return Err(FsError::NoData);
         }
-        self.change_xattrs(ino, |map| map.remove(name).map(drop).ok_or(FsError::NoData))
+        self.change_xattrs(ino, |map, _| map.remove(name).map(drop).ok_or(FsError::NoData))
     }
 
     /// Load, change and write back the set of `ino` as one namespace
     /// change: the object's tag (first change after a snapshot), the
-    /// slot write and the inode's ctime in one commit.
-    fn change_xattrs(&self, ino: u64, change: impl FnOnce(&mut Map) -> Result<()>) -> Result<()> {
+    /// slot write and the inode (its ctime, and the mode and byte 6 an
+    /// access control list changes) in one commit.
+    fn change_xattrs(&self, ino: u64, change: impl FnOnce(&mut Map, &mut Inode) -> Result<()>) -> Result<()> {
         self.writable()?;
         let mut ns = self.lock();
         let mut i = self.inode(&mut ns, ino)?;
@@ -256,16 +283,114 @@ impl FileVolume {
             return Err(FsError::TooLarge);
         }
         let mut found = self.load_xattrs(&i)?;
-        change(&mut found.map)?;
+        change(&mut found.map, &mut i)?;
         let bytes = encode(found.generation + 1, &found.map);
         if bytes.len() > SLOT as usize {
             return Err(FsError::XattrSpace);
         }
         self.pool.enable_fs_xattrs()?;
+        if i.acl != 0 {
+            self.pool.enable_fs_posix_acls()?;
+        }
         self.write_xattrs(&mut ns, &mut i, found.slot, &bytes)
     }
 
-    fn write_xattrs(&self, ns: &mut Ns, i: &mut Inode, newest: Option<usize>, bytes: &[u8]) -> Result<()> {
+    /// Set access control list `kind` of `ino` from `value` (its xattr
+    /// form, as the kernel sends it). An access list sets the mode's rwx
+    /// bits (the group bits are its mask's) and is not kept when the mode
+    /// says all of it; `kill_sgid` (the kernel's
+    /// FUSE_SETXATTR_ACL_KILL_SGID: the caller is not in the file's group
+    /// and may not keep it) clears set-group-ID.
+    pub fn set_acl(&self, ino: u64, kind: AclKind, value: &[u8], kill_sgid: bool) -> Result<()> {
+        let acl = Acl::decode(value)?;
+        self.holds_lists(ino)?;
+        self.change_xattrs(ino, |map, i| {
+            let keep = match kind {
+                AclKind::Access => {
+                    let (bits, equiv) = acl.equiv_mode();
+                    i.perm = (i.perm & !0o777) | bits;
+                    if kill_sgid {
+                        i.perm &= !0o2000;
+                    }
+                    !equiv
+                }
+                AclKind::Default if i.kind == Kind::Dir => true,
+                AclKind::Default => {
+                    return Err(FsError::NotPermitted("a default access control list is for directories"))
+                }
+            };
+            put_list(map, i, kind, keep.then(|| acl.encode()));
+            Ok(())
+        })
+    }
+
+    /// Remove access control list `kind` of `ino` (ENODATA: none); the
+    /// mode stays.
+    pub fn remove_acl(&self, ino: u64, kind: AclKind) -> Result<()> {
+        self.holds_lists(ino)?;
+        self.change_xattrs(ino, |map, i| {
+            if !map.contains_key(kind.name()) {
+                return Err(FsError::NoData);
+            }
+            put_list(map, i, kind, None);
+            Ok(())
+        })
+    }
+
+    /// Only files and directories hold lists (their attribute set is in
+    /// their object; fifos, sockets and device nodes have none):
+    /// EOPNOTSUPP for the others.
+    fn holds_lists(&self, ino: u64) -> Result<()> {
+        match self.inode(&mut self.lock(), ino)?.kind {
+            Kind::File | Kind::Dir => Ok(()),
+            _ => Err(FsError::NotSupported),
+        }
+    }
+
+    /// chmod of `i` (its new `perm` set) when it has an access list: the
+    /// list's owner, group class and other entries follow the mode, all
+    /// saved as one change.
+    pub(crate) fn chmod_acl(&self, ns: &mut Ns, i: &mut Inode) -> Result<()> {
+        let mut found = self.load_xattrs(i)?;
+        let stored = found.map.get(AclKind::Access.name()).ok_or_else(|| {
+            FsError::corrupt("access control list", i.ino, "byte 6 names a list the set does not hold")
+        })?;
+        let mut acl = Acl::decode(stored)?;
+        acl.chmod(i.perm);
+        found.map.insert(AclKind::Access.name().to_vec(), acl.encode());
+        self.write_xattrs(ns, i, found.slot, &encode(found.generation + 1, &found.map))
+    }
+
+    /// What an inode of `kind` made with `perm` in directory `p`, which
+    /// has a default list, inherits (POSIX.1e; Linux's
+    /// `posix_acl_create`): its permission bits narrowed by the list (no
+    /// umask), and the attribute set to write with it (a directory keeps
+    /// the default list; an access list when the mode cannot say it).
+    /// Fifos, sockets and device nodes keep no attribute set: their
+    /// group bits are the owning group's entry, not the mask's, so no one
+    /// is given more than the list gives them.
+    pub(crate) fn inherit_acl(&self, p: &Inode, kind: Kind, perm: u32) -> Result<(u32, Option<Vec<u8>>, u8)> {
+        let map = self.load_xattrs(p)?.map;
+        let default = map.get(DEFAULT_NAME).ok_or_else(|| {
+            FsError::corrupt("access control list", p.ino, "byte 6 names a default list the set does not hold")
+        })?;
+        let mut acl = Acl::decode(default)?;
+        let (perm, equiv) = acl.create_masq(perm);
+        if !matches!(kind, Kind::File | Kind::Dir) {
+            return Ok(((perm & !0o070) | (acl.owning_group() << 3), None, 0));
+        }
+        let mut set = Map::new();
+        if kind == Kind::Dir {
+            set.insert(DEFAULT_NAME.to_vec(), default.clone());
+        }
+        if !equiv {
+            set.insert(AclKind::Access.name().to_vec(), acl.encode());
+        }
+        let flags = set.keys().filter_map(|n| AclKind::of_name(n)).fold(0, |f, k| f | k.flag());
+        Ok((perm, (!set.is_empty()).then(|| encode(1, &set)), flags))
+    }
+
+    pub(crate) fn write_xattrs(&self, ns: &mut Ns, i: &mut Inode, newest: Option<usize>, bytes: &[u8]) -> Result<()> {
         // The other slot may be overwritten in place (a file's object has
         // the pool's placement): the newest set must be committed first,
         // or a crash tearing this write would leave no whole set (a
