@@ -218,3 +218,26 @@ fn random_and_truncated_frames_never_panic() {
     }
     assert!(decoded > 0, "some random frames are whole requests");
 }
+
+/// fuse_setxattr_in: 8 bytes, or 16 with FUSE_SETXATTR_EXT (settled at
+/// INIT: /dev/fuse is told, the ring's op_in length says it).
+#[test]
+fn setxattr_in_both_forms() {
+    let want =
+        |setxattr_flags| Op::Setxattr { flags: 1, setxattr_flags, name: b"system.posix_acl_access", value: b"ab" };
+    for (ext, fixed) in [(false, vec![2u32, 1]), (true, vec![2, 1, 1, 0])] {
+        let fixed: Vec<u8> = fixed.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let payload = b"system.posix_acl_access\0ab";
+        let len = (IN_HEADER + fixed.len() + payload.len()) as u32;
+        let mut frame = in_header(len, op::SETXATTR, 7, 3);
+        frame.extend_from_slice(&fixed);
+        frame.extend_from_slice(payload);
+        let (_, got) = dev_request(&frame, ext).expect("a whole SETXATTR");
+        assert_eq!(got, want(u32::from(ext)));
+        let mut headers = vec![0u8; ring::HEADER_SIZE];
+        headers[..IN_HEADER].copy_from_slice(&frame[..IN_HEADER]);
+        headers[ring::OP_IN..ring::OP_IN + fixed.len()].copy_from_slice(&fixed);
+        let (_, rgot) = ring_request(&headers, payload).expect("a whole ring SETXATTR");
+        assert_eq!(rgot, want(u32::from(ext)));
+    }
+}

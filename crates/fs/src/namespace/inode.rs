@@ -404,6 +404,31 @@ mod tests {
         assert!(Inode::decode(&with_data, 7).is_err(), "a device node with a size");
     }
 
+    /// Pins the access control list bits at byte 6 (FS_POSIX_ACLS): a
+    /// directory may have both, a file the access list only, other kinds
+    /// none; byte 7 stays zero.
+    #[test]
+    fn golden_acl_byte() {
+        let dir = Inode { kind: Kind::Dir, size: 0, target: Vec::new(), acl: HAS_ACCESS | HAS_DEFAULT, ..sample() };
+        let b = dir.encode();
+        assert_eq!(&b[5..8], &[2, 3, 0]);
+        assert_eq!(Inode::decode(&b, 7).unwrap(), Some(dir.clone()));
+        let file = Inode { kind: Kind::File, acl: HAS_ACCESS, ..dir.clone() };
+        assert_eq!(Inode::decode(&file.encode(), 7).unwrap(), Some(file.clone()));
+        for bad in [
+            Inode { kind: Kind::File, acl: HAS_DEFAULT, ..dir.clone() },
+            Inode { kind: Kind::Symlink, acl: HAS_ACCESS, ..dir.clone() },
+            Inode { kind: Kind::Fifo, acl: HAS_ACCESS, ..dir.clone() },
+            Inode { acl: 4, ..dir.clone() },
+        ] {
+            assert!(Inode::decode(&bad.encode(), 7).is_err(), "{:?} with {:#x}", bad.kind, bad.acl);
+        }
+        let mut byte7 = file.encode();
+        byte7[7] = 1;
+        seal(&mut byte7);
+        assert!(Inode::decode(&byte7, 7).is_err(), "byte 7 set");
+    }
+
     #[test]
     fn every_flipped_byte_is_an_error_not_a_panic() {
         let good = sample().encode();

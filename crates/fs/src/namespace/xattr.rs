@@ -414,6 +414,14 @@ impl FileVolume {
             }
         }
         let slot = newest.map_or(0, |s| 1 - s);
+        if i.kind == Kind::File && newest.is_some() {
+            // Unmapped first, the slot's blocks are written anew: the set
+            // shows only with the commit that saves the inode, never
+            // before it (a write in place would show at once, and a crash
+            // before the commit would pair it with the old inode: an
+            // access list with the mode of the change before it).
+            self.pool.write_zeroes(i.object, slot_offset(slot), SLOT, false, false)?;
+        }
         self.pool.write(i.object, slot_offset(slot), bytes, false)?;
         i.ctime = now();
         self.save(ns, i)
