@@ -100,7 +100,7 @@ impl Acl {
     /// `e_perm u16` (rwx bits), `e_id u32` (a uid or gid for named
     /// entries, 0xffffffff for the others), little-endian.
     pub fn decode(b: &[u8]) -> Result<Acl> {
-        if b.len() < 4 || (b.len() - 4) % ENTRY != 0 || (b.len() - 4) / ENTRY > MAX_ENTRIES {
+        if b.len() < 4 || !(b.len() - 4).is_multiple_of(ENTRY) || (b.len() - 4) / ENTRY > MAX_ENTRIES {
             return Err(invalid("an access control list's length"));
         }
         if u32::from_le_bytes([b[0], b[1], b[2], b[3]]) != XATTR_VERSION {
