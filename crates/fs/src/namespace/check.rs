@@ -4,6 +4,7 @@
 //! The crash tests use it; `tarn fs check` can later.
 
 use crate::error::{FsError, Result};
+use crate::namespace::acl::AclKind;
 use crate::namespace::inode::{Inode, Kind, RECORD};
 use crate::namespace::ns::FileVolume;
 use crate::ROOT;
@@ -50,9 +51,37 @@ impl FileVolume {
             } else if i.nlink != want {
                 report.problem(format!("inode {ino}: nlink {} but {want} expected", i.nlink));
             }
+            if i.acl != 0 {
+                self.check_lists(i, &mut report)?;
+            }
         }
         report.inodes = allocated.len() as u64;
         Ok(report)
+    }
+
+    /// An inode whose byte 6 names access control lists: its attribute
+    /// set holds each (a set that does not decode is reported too; the
+    /// lists in it were checked by its decode).
+    fn check_lists(&self, i: &Inode, report: &mut CheckReport) -> Result<()> {
+        let names = match self.list_xattrs(i.ino) {
+            Ok(n) => n,
+            Err(e @ FsError::Corrupt { .. }) => {
+                report.problem(e.to_string());
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        for kind in [AclKind::Access, AclKind::Default] {
+            let held = names.split(|&b| b == 0).any(|n| n == kind.name());
+            if i.acl & kind.flag() != 0 && !held {
+                report.problem(format!(
+                    "inode {}: byte 6 names {} but its set does not hold it",
+                    i.ino,
+                    lossy(kind.name())
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Every allocated record of the table, read in chunks, and what the
