@@ -833,9 +833,6 @@ impl FileVolume {
             i.mtime = t;
         }
         i.perm = s.perm.map_or(i.perm, |m| m & 0o7777);
-        if s.perm.is_some() && i.acl & HAS_ACCESS != 0 {
-            self.chmod_acl(&mut ns, &mut i)?;
-        }
         i.uid = s.uid.unwrap_or(i.uid);
         i.gid = s.gid.unwrap_or(i.gid);
         i.atime = s.atime.unwrap_or(i.atime);
@@ -847,6 +844,9 @@ impl FileVolume {
             // snapshot): the writeback cache sends one such setattr at
             // every close of a written file, a record write each.
             self.defer(&mut ns, i.clone())?;
+        } else if s.perm.is_some() && i.acl & HAS_ACCESS != 0 {
+            // The list follows the mode; saves the inode with it.
+            self.chmod_acl(&mut ns, &mut i)?;
         } else {
             self.save(&mut ns, &i)?;
         }

@@ -159,6 +159,13 @@ fn entries(mut body: &[u8], count: usize) -> std::result::Result<Map, String> {
     Ok(map)
 }
 
+/// `user.*` names on a symlink or special file: EPERM, as Linux.
+const USER_KINDS: fn() -> FsError = || FsError::NotPermitted("user extended attributes are for files and directories");
+
+/// Access control lists on fifos, sockets and device nodes (no object
+/// holds their set) and symlinks: EOPNOTSUPP.
+const LIST_KINDS: fn() -> FsError = || FsError::NotSupported;
+
 /// Keep `list` as access control list `kind` of `i` (None: drop it), and
 /// byte 6 in step.
 fn put_list(map: &mut Map, i: &mut Inode, kind: AclKind, list: Option<Vec<u8>>) {
@@ -248,7 +255,7 @@ impl FileVolume {
         if value.len() > MAX_VALUE {
             return Err(FsError::XattrTooBig);
         }
-        self.change_xattrs(ino, |map, _| {
+        self.change_xattrs(ino, USER_KINDS, |map, _| {
             match (mode, map.contains_key(name)) {
                 (XattrMode::Create, true) => return Err(FsError::Exists),
                 (XattrMode::Replace, false) => return Err(FsError::NoData),
@@ -264,19 +271,26 @@ impl FileVolume {
         if check_name(name).is_err() {
             return Err(FsError::NoData);
         }
-        self.change_xattrs(ino, |map, _| map.remove(name).map(drop).ok_or(FsError::NoData))
+        self.change_xattrs(ino, USER_KINDS, |map, _| map.remove(name).map(drop).ok_or(FsError::NoData))
     }
 
     /// Load, change and write back the set of `ino` as one namespace
     /// change: the object's tag (first change after a snapshot), the
     /// slot write and the inode (its ctime, and the mode and byte 6 an
     /// access control list changes) in one commit.
-    fn change_xattrs(&self, ino: u64, change: impl FnOnce(&mut Map, &mut Inode) -> Result<()>) -> Result<()> {
+    /// `elsewhere`: the error for an inode that holds no set (not a file
+    /// or directory).
+    fn change_xattrs(
+        &self,
+        ino: u64,
+        elsewhere: fn() -> FsError,
+        change: impl FnOnce(&mut Map, &mut Inode) -> Result<()>,
+    ) -> Result<()> {
         self.writable()?;
         let mut ns = self.lock();
         let mut i = self.inode(&mut ns, ino)?;
         if !matches!(i.kind, Kind::File | Kind::Dir) {
-            return Err(FsError::NotPermitted("user extended attributes are for files and directories"));
+            return Err(elsewhere());
         }
         // A file an older tarn let grow into the area.
         if i.size > MAX_FILE_SIZE {
@@ -303,8 +317,7 @@ impl FileVolume {
     /// and may not keep it) clears set-group-ID.
     pub fn set_acl(&self, ino: u64, kind: AclKind, value: &[u8], kill_sgid: bool) -> Result<()> {
         let acl = Acl::decode(value)?;
-        self.holds_lists(ino)?;
-        self.change_xattrs(ino, |map, i| {
+        self.change_xattrs(ino, LIST_KINDS, |map, i| {
             let keep = match kind {
                 AclKind::Access => {
                     let (bits, equiv) = acl.equiv_mode();
@@ -327,24 +340,13 @@ impl FileVolume {
     /// Remove access control list `kind` of `ino` (ENODATA: none); the
     /// mode stays.
     pub fn remove_acl(&self, ino: u64, kind: AclKind) -> Result<()> {
-        self.holds_lists(ino)?;
-        self.change_xattrs(ino, |map, i| {
+        self.change_xattrs(ino, LIST_KINDS, |map, i| {
             if !map.contains_key(kind.name()) {
                 return Err(FsError::NoData);
             }
             put_list(map, i, kind, None);
             Ok(())
         })
-    }
-
-    /// Only files and directories hold lists (their attribute set is in
-    /// their object; fifos, sockets and device nodes have none):
-    /// EOPNOTSUPP for the others.
-    fn holds_lists(&self, ino: u64) -> Result<()> {
-        match self.inode(&mut self.lock(), ino)?.kind {
-            Kind::File | Kind::Dir => Ok(()),
-            _ => Err(FsError::NotSupported),
-        }
     }
 
     /// chmod of `i` (its new `perm` set) when it has an access list: the
