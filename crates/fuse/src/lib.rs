@@ -109,7 +109,7 @@ pub fn mount(
         let live = fs.fv.live.clone();
         std::thread::Builder::new().name("fs-commit".into()).spawn(move || {
             while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(interval) {
-                if let Err(e) = live.sync_between_changes() {
+                if let Err(e) = live.sync() {
                     log::error!("periodic commit failed: {e}");
                 }
             }

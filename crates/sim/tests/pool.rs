@@ -924,3 +924,28 @@ fn racing_group_writes_trims_and_partial_overwrites_keep_every_block_summed() {
     drop(pool);
     check(&reopen(&sims).unwrap());
 }
+
+/// `flush_then` calls its closure once, after the commit has taken the
+/// queued ops and before it is durable: a write made from the closure is
+/// left to the next commit (tarn-fs releases its namespace lock there, so
+/// a change made meanwhile is not cut in two); with nothing left to
+/// commit it is called at once.
+#[test]
+fn flush_then_calls_back_once_the_ops_are_taken() {
+    let (_sims, pool) = new_pool(1, 64 * MIB);
+    let v = pool.create_volume("v", 16 * MIB).unwrap().id;
+    pool.write(v, 0, &[1u8; 4096], false).unwrap();
+    let commits = || pool.counters.commits.load(Ordering::Relaxed);
+    let before = commits();
+    let mut called = 0;
+    pool.flush_then(|| {
+        called += 1;
+        pool.write(v, 4096, &[2u8; 4096], false).unwrap();
+    })
+    .unwrap();
+    assert_eq!((called, commits()), (1, before + 1));
+    pool.flush().unwrap();
+    assert_eq!(commits(), before + 2, "the closure's write was in the first commit");
+    pool.flush_then(|| called += 1).unwrap();
+    assert_eq!((called, commits()), (2, before + 2));
+}

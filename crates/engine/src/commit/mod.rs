@@ -69,15 +69,28 @@ impl Pool {
     /// Make every write answered before this call durable (NBD FLUSH).
     /// Concurrent callers share one commit.
     pub fn flush(&self) -> Result<()> {
+        self.flush_then(|| {})
+    }
+
+    /// `flush`, calling `on_taken` as soon as the commit has taken the
+    /// queued ops (its point in time), before it flushes the devices and
+    /// writes its journal record. A caller that holds its writers back
+    /// until then (tarn-fs holds its namespace lock: the commit falls
+    /// between two namespace changes, never inside one) lets them go on
+    /// through the slow part. Called at once when nothing is left to
+    /// commit; never called (only dropped) when the commit fails first.
+    pub fn flush_then(&self, on_taken: impl FnOnce()) -> Result<()> {
         self.check_writable()?;
         let target = self.write_gen.load(Ordering::SeqCst);
         let mut ctl = self.lock_commit();
         if self.committed_gen.load(Ordering::SeqCst) >= target {
+            on_taken();
             return Ok(());
         }
         // A commit that failed while we waited fenced the pool: do not retry.
         self.check_writable()?;
-        self.commit_locked(&mut ctl, false)
+        let mut once = Some(on_taken);
+        self.commit_locked_then(&mut ctl, false, &mut || once.take().into_iter().for_each(|f| f()))
     }
 
     /// Back-pressure on the queue of pending ops: a writer that finds it over
@@ -176,8 +189,18 @@ impl Pool {
     }
 
     pub(crate) fn commit_locked(&self, ctl: &mut CommitCtl, force_checkpoint: bool) -> Result<()> {
+        self.commit_locked_then(ctl, force_checkpoint, &mut || {})
+    }
+
+    /// `commit_locked`, calling `on_taken` once the ops are taken (`flush_then`).
+    fn commit_locked_then(
+        &self,
+        ctl: &mut CommitCtl,
+        force_checkpoint: bool,
+        on_taken: &mut dyn FnMut(),
+    ) -> Result<()> {
         let started = std::time::Instant::now();
-        let result = self.commit_steps(ctl, force_checkpoint);
+        let result = self.commit_steps(ctl, force_checkpoint, on_taken);
         match &result {
             Ok(()) => self.counters.commit_times.record(started.elapsed()),
             Err(e) => {
@@ -188,12 +211,13 @@ impl Pool {
         result
     }
 
-    fn commit_steps(&self, ctl: &mut CommitCtl, force_checkpoint: bool) -> Result<()> {
+    fn commit_steps(&self, ctl: &mut CommitCtl, force_checkpoint: bool, on_taken: &mut dyn FnMut()) -> Result<()> {
         if force_checkpoint || self.checkpoint_due(ctl) {
             // A checkpoint closes every region: resync what a crash left open.
             self.resync_suspects()?;
         }
         let (plan, mut frees, gen) = self.take_step(ctl, force_checkpoint)?;
+        on_taken();
         self.flush_dirty_devices()?;
         // A mirror leg that dropped out is recorded before anything this
         // commit makes durable, and again if it dropped out during it.

@@ -57,9 +57,8 @@ impl FileVolume {
             return Err(FsError::Invalid("a file version is of a regular file"));
         }
         let v = self.record_batch(&mut ns, std::iter::once(&i))?.pop().ok_or(FsError::NotFound)?;
-        drop(ns);
         if durable {
-            self.pool.flush()?;
+            self.commit_then_release(ns)?;
         }
         Ok(v)
     }
@@ -108,9 +107,8 @@ impl FileVolume {
         let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let s = FsSnapshot { name, kind, owner: ino, object: i.object, number, created, engine_epoch, slot: None };
         crate::history::vindex::VersionIndex::taken(&mut ns.index, &s);
-        drop(ns);
         if durable {
-            self.pool.flush()?;
+            self.commit_then_release(ns)?;
         }
         Ok(s)
     }
@@ -130,8 +128,7 @@ impl FileVolume {
         let mut ns = self.lock();
         ns.header.keep = keep;
         self.write_header(&mut ns)?;
-        drop(ns);
-        Ok(self.pool.flush()?)
+        self.commit_then_release(ns)
     }
 
     /// The close-version rules, in order (empty: no policy).
@@ -195,8 +192,7 @@ impl FileVolume {
         }
         let object = *slot(&mut ns.header);
         self.pool.write(object, 0, bytes, false)?;
-        drop(ns);
-        Ok(self.pool.flush()?)
+        self.commit_then_release(ns)
     }
 
     /// Whether `path` (from the root, no leading '/') gets close versions.

@@ -197,7 +197,7 @@ impl FileVolume {
     /// Snapshot the whole volume as `name`: durable when it returns.
     pub fn snap_create(&self, name: &str) -> Result<FsSnapshot> {
         let s = self.queue_snap_create(name)?;
-        self.pool.flush()?;
+        self.commit()?;
         Ok(s)
     }
 
@@ -326,7 +326,7 @@ impl FileVolume {
     /// number): durable when it returns.
     pub fn snap_delete(&self, name: &str) -> Result<()> {
         self.queue_snap_delete(name)?;
-        Ok(self.pool.flush()?)
+        self.commit()
     }
 
     /// `snap_delete` queued for the next commit (the caller commits).
@@ -348,7 +348,7 @@ impl FileVolume {
             return Err(FsError::NotFound);
         }
         self.delete_versions(&list, &[number])?;
-        Ok(self.pool.flush()?)
+        self.commit()
     }
 
     /// Delete the versions numbered `gone` of `list` (every version of the

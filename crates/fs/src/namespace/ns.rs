@@ -1057,10 +1057,28 @@ impl FileVolume {
         Ok(())
     }
 
-    /// Save every pending inode change and commit: durable when it returns.
+    /// Save every pending inode change and commit: durable when it
+    /// returns. From any thread (the mount's periodic commit too): the
+    /// commit falls between two namespace changes (`commit_then_release`).
     pub fn sync(&self) -> Result<()> {
-        self.save_pending()?;
-        Ok(self.pool.flush()?)
+        let mut ns = self.lock();
+        self.save_for_commit(&mut ns)?;
+        self.commit_then_release(ns)
+    }
+
+    /// Commit what is queued, the namespace lock `ns` held until the commit
+    /// has taken its ops and released for its device flush and journal
+    /// write. Every commit from this crate goes this way: another thread's
+    /// namespace change (the mount's ring queues serve requests on one
+    /// thread per CPU) is then in it whole or not at all, so a crash never
+    /// keeps half of one (a rename's new name without the old one gone).
+    pub(crate) fn commit_then_release(&self, ns: MutexGuard<'_, Ns>) -> Result<()> {
+        Ok(self.pool.flush_then(move || drop(ns))?)
+    }
+
+    /// `commit_then_release`, taking the namespace lock first.
+    pub(crate) fn commit(&self) -> Result<()> {
+        self.commit_then_release(self.lock())
     }
 
     /// fsync(2) of `ino`: `sync`, then the error of a write of it lost
@@ -1077,24 +1095,15 @@ impl FileVolume {
     }
 
     /// The second half of `sync` or `fsync`: commit (the namespace lock
-    /// not held: other requests go on meanwhile), then for `fsync_of` the
-    /// error of a write of it lost behind since its last fsync, if any.
+    /// held only until the commit has taken its ops: other requests go on
+    /// through its device flush), then for `fsync_of` the error of a write
+    /// of it lost behind since its last fsync, if any.
     pub fn commit_saved(&self, fsync_of: Option<u64>) -> Result<()> {
-        self.pool.flush()?;
+        self.commit()?;
         match fsync_of.and_then(|ino| self.write_behind.as_ref()?.take_error(ino)) {
             Some(e) => Err(e),
             None => Ok(()),
         }
-    }
-
-    /// `sync` from a thread other than the one making changes (the
-    /// mount's periodic commit): the namespace mutex is held through the
-    /// commit, so it lands between two namespace changes, never inside
-    /// one (a change holds the mutex from its first write to its last).
-    pub fn sync_between_changes(&self) -> Result<()> {
-        let mut ns = self.lock();
-        self.save_for_commit(&mut ns)?;
-        Ok(self.pool.flush()?)
     }
 
     /// Entries after readdir offset `offset` (0 starts with `.` and `..`).
