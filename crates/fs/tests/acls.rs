@@ -131,3 +131,40 @@ fn a_crash_keeps_mode_and_list_of_one_change() {
     }
     assert!(cut_inside > 8, "the cuts fell inside the run {cut_inside} times");
 }
+
+/// The checker compares byte 6 with the attribute set both ways: a list
+/// byte 6 names that the set lacks, and a list the set holds that byte 6
+/// does not name (the kernel, answered from byte 6, would see no list).
+/// The damage is a record rewritten with another byte 6 (a valid crc).
+#[test]
+fn the_checker_compares_byte_6_with_the_set() {
+    use tarn_fs::namespace::inode::{Inode, RECORD};
+    let (_sim, pool, fv) = fresh();
+    let f = file(&fv, ROOT, "f");
+    let g = file(&fv, ROOT, "g");
+    fv.set_acl(f, AclKind::Access, &named(100, 7), false).unwrap();
+    fv.set_xattr(g, b"user.x", b"1", tarn_fs::XattrMode::Any).unwrap();
+    fv.sync().unwrap();
+    assert_eq!(fv.check().unwrap().problems, Vec::<String>::new());
+    drop(fv);
+    let id = pool.file_volume("home").unwrap().id;
+    let set_byte_6 = |ino: u64, acl: u8| {
+        let mut b = [0u8; RECORD];
+        pool.read(id, ino * RECORD as u64, &mut b).unwrap();
+        let mut i = Inode::decode(&b, ino).unwrap().unwrap();
+        i.acl = acl;
+        pool.write(id, ino * RECORD as u64, &i.encode(), false).unwrap();
+        pool.flush().unwrap();
+    };
+    set_byte_6(f, 0);
+    set_byte_6(g, 1);
+    let fv = FileVolume::open(pool.clone(), "home").unwrap();
+    let problems = fv.check().unwrap().problems;
+    assert_eq!(
+        problems,
+        vec![
+            format!("inode {f}: its set holds system.posix_acl_access but byte 6 does not name it"),
+            format!("inode {g}: byte 6 names system.posix_acl_access but its set does not hold it"),
+        ]
+    );
+}

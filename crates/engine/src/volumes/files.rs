@@ -66,11 +66,17 @@ impl Pool {
         self.enable_fs_feature(incompat::FS_VERSION_RECORDS)
     }
 
+    /// Whether every bit of `bit` is on in the pool's incompat features
+    /// (as opened, or enabled since): no commit lock.
+    pub fn has_feature(&self, bit: u64) -> bool {
+        self.enabled_features.load(std::sync::atomic::Ordering::Acquire) & bit == bit
+    }
+
     /// A file volume feature `bit`, made durable by a commit of its own
     /// the first time; once on, checked without the commit lock.
     fn enable_fs_feature(&self, bit: u64) -> Result<()> {
         self.check_writable()?;
-        if self.enabled_features.load(std::sync::atomic::Ordering::Acquire) & bit == bit {
+        if self.has_feature(bit) {
             return Ok(());
         }
         let mut ctl = self.lock_commit();

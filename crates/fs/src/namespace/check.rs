@@ -40,6 +40,9 @@ impl FileVolume {
         let (allocated, damaged) = self.table()?;
         damaged.into_iter().for_each(|d| report.problem(d));
         let names = self.walk(&allocated, &mut report)?;
+        // A set can hold a list only once the pool has the feature: no
+        // set is read on a pool that never stored one.
+        let lists_stored = self.pool.has_feature(tarn_format::superblock::incompat::FS_POSIX_ACLS);
         for (ino, i) in &allocated {
             let found = names.get(ino);
             let want = match i.kind {
@@ -51,7 +54,7 @@ impl FileVolume {
             } else if i.nlink != want {
                 report.problem(format!("inode {ino}: nlink {} but {want} expected", i.nlink));
             }
-            if i.acl != 0 {
+            if i.acl != 0 || (lists_stored && i.object != 0 && matches!(i.kind, Kind::File | Kind::Dir)) {
                 self.check_lists(i, &mut report)?;
             }
         }
@@ -59,9 +62,12 @@ impl FileVolume {
         Ok(report)
     }
 
-    /// An inode whose byte 6 names access control lists: its attribute
-    /// set holds each (a set that does not decode is reported too; the
-    /// lists in it were checked by its decode).
+    /// Byte 6 names exactly the access control lists the inode's
+    /// attribute set holds: a list it names that the set lacks, or one the
+    /// set holds that it does not name (the kernel, answered from byte 6,
+    /// would see no list: a file open to more than its list allows). A
+    /// set that does not decode is reported too; the lists in it were
+    /// checked by its decode.
     fn check_lists(&self, i: &Inode, report: &mut CheckReport) -> Result<()> {
         let names = match self.list_xattrs(i.ino) {
             Ok(n) => n,
@@ -73,12 +79,15 @@ impl FileVolume {
         };
         for kind in [AclKind::Access, AclKind::Default] {
             let held = names.split(|&b| b == 0).any(|n| n == kind.name());
-            if i.acl & kind.flag() != 0 && !held {
-                report.problem(format!(
-                    "inode {}: byte 6 names {} but its set does not hold it",
-                    i.ino,
-                    lossy(kind.name())
-                ));
+            let (name, ino) = (lossy(kind.name()), i.ino);
+            match (i.acl & kind.flag() != 0, held) {
+                (true, false) => {
+                    report.problem(format!("inode {ino}: byte 6 names {name} but its set does not hold it"))
+                }
+                (false, true) => {
+                    report.problem(format!("inode {ino}: its set holds {name} but byte 6 does not name it"))
+                }
+                _ => {}
             }
         }
         Ok(())
