@@ -142,8 +142,10 @@ mod tests {
                 held.wait();
                 std::thread::sleep(release);
             });
-            held.wait();
+            // Before the barrier: the write is released at least 50 ms
+            // after it, however late either thread runs past it.
             let started = std::time::Instant::now();
+            held.wait();
             let (gate, inner) = p.write_inner_quiet_for(y);
             assert!(gate.is_none(), "y is quiet: no drain");
             drop(inner);
