@@ -949,3 +949,43 @@ fn flush_then_calls_back_once_the_ops_are_taken() {
     pool.flush_then(|| called += 1).unwrap();
     assert_eq!((called, commits()), (2, before + 2));
 }
+
+/// An object is deleted at once when no checkpoint is frozen (no wait for
+/// the commit lock, which a commit holds through its device flush), and
+/// only after the frozen checkpoint is durable when one is: its map may
+/// be merging into it. The frozen checkpoint is made by commits filling
+/// the journal with no service thread to write it; the pool checks clean
+/// and reopens without the objects.
+#[test]
+fn an_object_deleted_while_a_checkpoint_is_frozen_waits_for_it() {
+    let (sims, pool) = new_pool(1, 64 * MIB);
+    let owner = pool.create_file_volume("fs", 16 * MIB).unwrap().id;
+    let objects: Vec<u32> = (0..3).map(|_| pool.create_object(owner, 16 * MIB, None).unwrap()).collect();
+    for &o in &objects {
+        pool.write(o, 0, &[7u8; 8192], false).unwrap();
+    }
+    pool.flush().unwrap();
+    pool.delete_object(objects[0]).unwrap();
+    assert!(!pool.checkpoint_in_progress());
+    // Bounded: a 256 KiB journal freezes a checkpoint within ~64 commits.
+    for i in 0..10_000u64 {
+        if pool.checkpoint_in_progress() {
+            break;
+        }
+        pool.write(objects[2], (i % 1024) * 4096, &[i as u8; 4096], false).unwrap();
+        pool.flush().unwrap();
+    }
+    assert!(pool.checkpoint_in_progress(), "no checkpoint was frozen");
+    pool.delete_object(objects[1]).unwrap();
+    assert!(!pool.checkpoint_in_progress(), "deleted while the checkpoint it may be merged into was frozen");
+    pool.flush().unwrap();
+    assert_clean(&pool);
+    drop(pool);
+    let pool = reopen(&sims).unwrap();
+    assert_clean(&pool);
+    let mut b = [0u8; 4096];
+    for &o in &objects[..2] {
+        assert!(pool.read(o, 0, &mut b).is_err(), "object {o} still there");
+    }
+    pool.read(objects[2], 0, &mut b).unwrap();
+}

@@ -368,6 +368,7 @@ impl Pool {
             inner.state.store.dirty_nodes()
         );
         let frozen = self.freeze_pool(ctl, inner);
+        self.merging.store(true, Ordering::SeqCst);
         let payload = encode_ops(&ops);
         // The journal's other side must be free: it is unless a crash cut
         // the last checkpoint short after commits went on there.

@@ -146,7 +146,9 @@ impl Pool {
         let (leftovers, fills, retired) = {
             let mut inner = self.write_inner();
             let inner = &mut *inner;
-            catalog::adopt(&mut inner.state, &mut inner.space, w.frozen, w.written)
+            let adopted = catalog::adopt(&mut inner.state, &mut inner.space, w.frozen, w.written);
+            self.merging.store(false, Ordering::SeqCst);
+            adopted
         };
         // Writers wait on the pool lock: the cache inserts and the freeing of
         // the merged buffers come after it.

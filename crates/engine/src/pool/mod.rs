@@ -401,6 +401,12 @@ pub struct Pool {
     /// again (REPLACE, REBUILD) are never asked of it.
     pub(crate) enabled_features: AtomicU64,
     pub(crate) commit: Mutex<CommitCtl>,
+    /// A checkpoint has frozen the maps and not adopted its nodes yet, so
+    /// a map may be merging: set and cleared under `inner` held for
+    /// writing (at the freeze, after the adopt), so an op that clears a
+    /// map (`delete_object`) reads it under `inner` and waits for the
+    /// commit lock only while it is set, instead of at every call.
+    pub(crate) merging: AtomicBool,
     /// The checkpoint being written while commits go on (`commit/`).
     pub(crate) checkpoint: Mutex<CheckpointSlot>,
     /// A frozen checkpoint waits for `Pool::checkpoint_work`.

@@ -393,6 +393,7 @@ impl Pool {
             }),
             enabled_features: AtomicU64::new(ctl.sb.incompat),
             commit: Mutex::new(ctl),
+            merging: AtomicBool::new(false),
             checkpoint: Mutex::new(slot),
             checkpoint_waiting: AtomicBool::new(false),
             checkpoint_frozen: Condvar::new(),

@@ -177,6 +177,17 @@ impl Pool {
     /// after the next commit. Not flushed.
     pub fn delete_object(&self, id: u32) -> Result<()> {
         self.check_writable()?;
+        {
+            // No map merging (read under the lock that sets it): no wait
+            // for the commit lock, which a commit holds through its device
+            // flush (a file's unlink waited for it under tarn-fs's
+            // namespace lock).
+            let mut inner = self.write_inner();
+            if !self.merging.load(std::sync::atomic::Ordering::SeqCst) {
+                object_of(&inner.state, id)?;
+                return self.apply_ops(&mut inner, vec![Op::VolDelete { vol: id }]);
+            }
+        }
         let mut ctl = self.lock_commit();
         object_of(&self.read_inner().state, id)?;
         // The map it clears must not be merging into a checkpoint.

@@ -33,7 +33,6 @@ impl Pool {
     /// snapshot's epoch. Durable at the caller's next flush.
     pub fn snapshot_member(&self, id: u32, name: &str) -> Result<u64> {
         self.check_writable()?;
-        let mut ctl = self.lock_commit();
         let whole = member(&self.read_inner().state, id)?.role == Some(VolumeRole::FileVolume);
         // The bits it needs, set by one commit of their own the first
         // time only; a file volume's snapshot is the first record that
@@ -46,7 +45,13 @@ impl Pool {
                 bits |= incompat::FS_FILE_VERSIONS;
             }
         }
-        self.enable_feature(&mut ctl, bits)?;
+        // The commit lock only for that: a snapshot's op needs none (it
+        // goes to the queue as a write's ops do), and a commit holds it
+        // through its device flush (tarn-fs tags each object at its first
+        // change after a volume snapshot, under its namespace lock).
+        if !self.has_feature(bits) {
+            self.enable_feature(&mut self.lock_commit(), bits)?;
+        }
         // Drain writes planned against the old epoch (see create_snapshot),
         // unless none can be writing this member (`pool/gate.rs`).
         let (_quiet, mut inner) = self.write_inner_quiet_for(id);
@@ -113,7 +118,7 @@ impl Pool {
     pub fn shrink_object(&self, id: u32, size: u64) -> Result<()> {
         self.check_writable()?;
         let size = super::round_size(size)?;
-        let _ctl = self.lock_commit();
+        // No commit lock: the tail goes as a trim's blocks do.
         // Writes planned against the tail it frees drain first, unless
         // none can be writing the object (a retired file's object: its
         // data written behind was settled before).
