@@ -82,7 +82,9 @@ impl Pool {
         if stripe.is_some() {
             bits |= incompat::STRIPES;
         }
-        if bits != 0 {
+        // The commit lock (held by a commit through its device flush) only
+        // the first time: tarn-fs creates files under its namespace lock.
+        if bits != 0 && !self.has_feature(bits) {
             self.enable_feature(&mut self.lock_commit(), bits)?;
         }
         Ok(Resolved { placement: layout.placement, devices: layout.devices, stripe })
