@@ -1068,10 +1068,12 @@ impl FileVolume {
 
     /// Commit what is queued, the namespace lock `ns` held until the commit
     /// has taken its ops and released for its device flush and journal
-    /// write. Every commit from this crate goes this way: another thread's
-    /// namespace change (the mount's ring queues serve requests on one
-    /// thread per CPU) is then in it whole or not at all, so a crash never
-    /// keeps half of one (a rename's new name without the old one gone).
+    /// write. Every commit this crate makes between changes goes this way
+    /// (the few made inside a change, a full pool's retry or an attribute
+    /// slot's, are that change's own): another thread's namespace change
+    /// (the mount's ring queues serve requests on one thread per CPU) is
+    /// then in it whole or not at all, so a crash never keeps half of one
+    /// (a rename's new name without the old one gone).
     pub(crate) fn commit_then_release(&self, ns: MutexGuard<'_, Ns>) -> Result<()> {
         Ok(self.pool.flush_then(move || drop(ns))?)
     }
