@@ -368,7 +368,6 @@ impl Pool {
             inner.state.store.dirty_nodes()
         );
         let frozen = self.freeze_pool(ctl, inner);
-        self.merging.store(true, Ordering::SeqCst);
         let payload = encode_ops(&ops);
         // The journal's other side must be free: it is unless a crash cut
         // the last checkpoint short after commits went on there.
@@ -490,6 +489,8 @@ impl Pool {
             _ if self.options.control_inline_drops_entry => catalog::InlineDead::ControlDropLast,
             _ => catalog::InlineDead::On,
         };
+        // Under `inner`, as the delete that reads it (`delete_object`).
+        self.merging.store(true, Ordering::SeqCst);
         Box::new(catalog::freeze(&mut inner.state, &mut inner.space, ctl.journal.seq + 1, inline))
     }
 
