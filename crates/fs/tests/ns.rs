@@ -675,7 +675,7 @@ fn a_commit_from_another_thread_never_splits_a_change() {
                 done.store(true, Ordering::SeqCst);
             });
             s.spawn(|| {
-                // Bounded: the device dies after at most 400 writes.
+                // Bounded: the device dies after at most 300 calls.
                 while !done.load(Ordering::SeqCst) {
                     let r = if seed % 2 == 0 { fv.sync() } else { fv.fsync(f) };
                     if r.is_err() {

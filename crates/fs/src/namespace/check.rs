@@ -69,8 +69,9 @@ impl FileVolume {
     /// set that does not decode is reported too; the lists in it were
     /// checked by its decode.
     fn check_lists(&self, i: &Inode, report: &mut CheckReport) -> Result<()> {
-        let names = match self.list_xattrs(i.ino) {
-            Ok(n) => n,
+        // The record in hand: no second inode read, no name list built.
+        let set = match self.load_xattrs(i) {
+            Ok(found) => found.map,
             Err(e @ FsError::Corrupt { .. }) => {
                 report.problem(e.to_string());
                 return Ok(());
@@ -78,7 +79,7 @@ impl FileVolume {
             Err(e) => return Err(e),
         };
         for kind in [AclKind::Access, AclKind::Default] {
-            let held = names.split(|&b| b == 0).any(|n| n == kind.name());
+            let held = set.contains_key(kind.name());
             let (name, ino) = (lossy(kind.name()), i.ino);
             match (i.acl & kind.flag() != 0, held) {
                 (true, false) => {

@@ -51,10 +51,10 @@ pub enum XattrMode {
 type Map = BTreeMap<Vec<u8>, Vec<u8>>;
 
 /// The newest set of an inode and the slot holding it.
-struct Found {
+pub(crate) struct Found {
     generation: u64,
     slot: Option<usize>,
-    map: Map,
+    pub(crate) map: Map,
 }
 
 fn slot_offset(slot: usize) -> u64 {
@@ -201,7 +201,7 @@ impl FileVolume {
 
     /// The newest set of `i`. A slot that does not decode is one a crash
     /// tore (the other holds the set before it); both: corrupt.
-    fn load_xattrs(&self, i: &Inode) -> Result<Found> {
+    pub(crate) fn load_xattrs(&self, i: &Inode) -> Result<Found> {
         let mut found = Found { generation: 0, slot: None, map: Map::new() };
         if i.object == 0 || !matches!(i.kind, Kind::File | Kind::Dir) {
             return Ok(found);
