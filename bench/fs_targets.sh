@@ -26,9 +26,15 @@ SRV= FUSE_PID= LOOP= MOUNT_PID= TICK=
 teardown() {
   set +e
   [ -n "$TICK" ] && { kill "$TICK"; wait "$TICK"; TICK=; }
-  if mountpoint -q "$MNT"; then
-    if [ -n "$MOUNT_PID" ]; then fusermount3 -u "$MNT"; else umount "$MNT"; fi
-  fi
+  # a snapshot's setfattr the ticker started may still be running (the
+  # kill ends the ticker, not its child): the mount is busy until it ends
+  local try
+  for try in $(seq 50); do
+    mountpoint -q "$MNT" || break
+    if [ -n "$MOUNT_PID" ]; then fusermount3 -u "$MNT" 2>/dev/null && break; else umount "$MNT" 2>/dev/null && break; fi
+    sleep 0.2
+  done
+  mountpoint -q "$MNT" && echo "teardown: $MNT still mounted" >&2
   [ -n "$MOUNT_PID" ] && { wait "$MOUNT_PID"; MOUNT_PID=; }
   [ -n "$LOOP" ] && { losetup -d "$LOOP"; LOOP=; }
   mountpoint -q "$FUSE" && fusermount3 -u "$FUSE"

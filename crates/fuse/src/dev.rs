@@ -7,6 +7,7 @@
 
 use crate::abi::{self, init};
 use crate::decode::{self, Header, Op};
+use crate::deferred::{Committer, Deferrer};
 use crate::dispatch::{lock, serve, Shared};
 use crate::notify::{write_reply, Notifier};
 use crate::reply::{self, Reply};
@@ -53,10 +54,15 @@ impl Session {
     }
 
     /// Serves until the kernel ends the session; then stops the ring
-    /// queues and commits everything (`TarnFs::destroy`).
+    /// queues, waits for the replies that wait for a commit
+    /// (`deferred.rs`) and commits everything (`TarnFs::destroy`).
     pub fn run(mut self) -> io::Result<()> {
-        let served = self.serve_dev();
+        let mut committer = Committer::start()?;
+        let deferrer = committer.deferrer().ok_or_else(|| io::Error::other("fuse commit thread"))?;
+        let served = self.serve_dev(&deferrer);
         let ring_requests = self.rings.take().map_or(0, Rings::stop);
+        drop(deferrer);
+        committer.stop();
         (self.report)(&format!(
             "fuse requests: {ring_requests} through io_uring, {} through /dev/fuse",
             self.dev_requests
@@ -65,7 +71,7 @@ impl Session {
         served
     }
 
-    fn serve_dev(&mut self) -> io::Result<()> {
+    fn serve_dev(&mut self, deferrer: &Deferrer) -> io::Result<()> {
         let mut buf = vec![0u8; tarnfs::MAX_WRITE as usize + 4096];
         loop {
             // SAFETY: read into `buf`, within its length.
@@ -88,26 +94,17 @@ impl Session {
             let op = decode::dev_request(frame, self.setxattr_ext).map(|(_, op)| op);
             let reply = match op {
                 Ok(Op::Init { major, minor, max_readahead, flags }) => self.init(major, minor, max_readahead, flags)?,
-                op => serve(&self.fs, &h, op),
+                op => {
+                    let fd = self.fd.clone();
+                    match serve(&self.fs, &h, op).reply_or_defer(deferrer, move |r| send(&fd, &h, &r)) {
+                        Some(reply) => reply,
+                        None => continue,
+                    }
+                }
             };
-            self.send(&h, &reply);
+            send(&self.fd, &h, &reply);
             if h.opcode == abi::op::INIT && reply.is_ok() {
-                self.start_rings()?;
-            }
-        }
-    }
-
-    fn send(&self, h: &Header, reply: &Reply) {
-        if *reply == Reply::None {
-            return;
-        }
-        let mut body = Vec::new();
-        let error = reply.encode(&mut body);
-        let r = write_reply(&self.fd, &reply::out_header(h.unique, error, body.len()), &body);
-        // ENOENT: the request was interrupted (or aborted) meanwhile.
-        if let Err(e) = r.as_ref().map_err(io::Error::raw_os_error) {
-            if e != Some(libc::ENOENT) {
-                log::warn!("FUSE reply to request {} (opcode {}): {r:?}", h.unique, h.opcode);
+                self.start_rings(deferrer)?;
             }
         }
     }
@@ -141,7 +138,7 @@ impl Session {
         Ok(Reply::Init(out))
     }
 
-    fn start_rings(&mut self) -> io::Result<()> {
+    fn start_rings(&mut self, deferrer: &Deferrer) -> io::Result<()> {
         if !self.ring_negotiated {
             return Ok(());
         }
@@ -150,6 +147,7 @@ impl Session {
             fs: self.fs.clone(),
             payload: tarnfs::MAX_WRITE as usize,
             report: self.report,
+            deferrer: deferrer.clone(),
         };
         match Rings::start(cfg) {
             Ok(rings) => {
@@ -162,6 +160,23 @@ impl Session {
                 Ok(())
             }
             Err(e) => Err(e),
+        }
+    }
+}
+
+/// Write `reply` to request `h` on /dev/fuse (any thread: the commit
+/// thread answers deferred replies here too).
+fn send(fd: &OwnedFd, h: &Header, reply: &Reply) {
+    if *reply == Reply::None {
+        return;
+    }
+    let mut body = Vec::new();
+    let error = reply.encode(&mut body);
+    let r = write_reply(fd, &reply::out_header(h.unique, error, body.len()), &body);
+    // ENOENT: the request was interrupted (or aborted) meanwhile.
+    if let Err(e) = r.as_ref().map_err(io::Error::raw_os_error) {
+        if e != Some(libc::ENOENT) {
+            log::warn!("FUSE reply to request {} (opcode {}): {r:?}", h.unique, h.opcode);
         }
     }
 }

@@ -7,6 +7,7 @@
 
 mod abi;
 mod decode;
+mod deferred;
 mod dev;
 mod dispatch;
 mod mount;

@@ -10,16 +10,22 @@
 //! a completion means a request sits in them, and its reply goes back in
 //! the same buffers with COMMIT_AND_FETCH, which also makes the entry
 //! wait for the next request.
+//!
+//! A reply that waits for a commit (fsync, a volume snapshot) is made by
+//! the commit thread (`deferred.rs`) while this queue serves its other
+//! entries; the commit thread leaves it in the queue's mailbox and wakes
+//! the queue through the mailbox's eventfd, which the queue polls.
 
 use crate::abi::{ring, OUT_HEADER};
 use crate::decode;
+use crate::deferred::Deferrer;
 use crate::dispatch::{serve, Shared};
 use crate::reply::{self, Reply};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 
 /// Ring entries per queue (libfuse's default too): requests one CPU's
@@ -27,6 +33,8 @@ use std::thread::JoinHandle;
 const ENTRIES: usize = 8;
 /// The user_data of the stop poll (entries use their index).
 const STOP: u64 = u64::MAX;
+/// The user_data of the mailbox poll.
+const WAKE: u64 = u64::MAX - 1;
 
 /// The error of `--fuse-uring on` on a kernel without the transport.
 pub fn unavailable() -> io::Error {
@@ -60,6 +68,8 @@ pub(crate) struct QueueConfig {
     pub payload: usize,
     /// Told when a queue fails (the session's `report`).
     pub report: fn(&str),
+    /// Where replies that wait for a commit go (`deferred.rs`).
+    pub deferrer: Deferrer,
 }
 
 /// The running queues.
@@ -196,6 +206,48 @@ struct Queue {
     fs: Shared,
     ents: Vec<Entry>,
     served: Arc<AtomicU64>,
+    deferrer: Deferrer,
+    mailbox: Arc<Mailbox>,
+}
+
+/// Replies the commit thread made for this queue's entries (entry,
+/// request id, reply), and the eventfd it writes to wake the queue. An
+/// entry whose reply is deferred is not touched by the queue (nor by the
+/// kernel, which waits for its COMMIT_AND_FETCH) until it comes back here.
+struct Mailbox {
+    done: Mutex<Vec<(usize, u64, Reply)>>,
+    wake: OwnedFd,
+}
+
+impl Mailbox {
+    fn new() -> io::Result<Mailbox> {
+        // SAFETY: a plain syscall; the descriptor is owned below.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if efd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `efd` was just opened and is owned here only.
+        Ok(Mailbox { done: Mutex::new(Vec::new()), wake: unsafe { OwnedFd::from_raw_fd(efd) } })
+    }
+
+    /// On the commit thread: leave the reply, then wake the queue.
+    fn post(&self, ent: usize, unique: u64, reply: Reply) {
+        self.done.lock().unwrap_or_else(|p| p.into_inner()).push((ent, unique, reply));
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: an 8-byte write from a live buffer to our eventfd.
+        if unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), 8) } != 8 {
+            log::error!("waking a fuse ring queue: {}", io::Error::last_os_error());
+        }
+    }
+
+    /// On the queue's thread, woken: the replies left so far. The count
+    /// is read first, so a reply posted after the take wakes it again.
+    fn take(&self) -> Vec<(usize, u64, Reply)> {
+        let mut count = [0u8; 8];
+        // SAFETY: an 8-byte read into a live buffer; EAGAIN when zero.
+        unsafe { libc::read(self.wake.as_raw_fd(), count.as_mut_ptr().cast(), 8) };
+        std::mem::take(&mut *self.done.lock().unwrap_or_else(|p| p.into_inner()))
+    }
 }
 
 impl QueueArgs {
@@ -247,7 +299,9 @@ impl Queue {
     fn new(a: QueueArgs) -> io::Result<Queue> {
         let ring = IoUring::builder().setup_cqsize(4 * ENTRIES as u32).build(2 * ENTRIES as u32)?;
         let ents = (0..ENTRIES).map(|_| Entry::new(a.cfg.payload)).collect();
-        Ok(Queue { ring, qid: a.qid as u16, dev: a.cfg.dev, fs: a.cfg.fs, ents, served: a.served })
+        let mailbox = Arc::new(Mailbox::new()?);
+        let (dev, fs, deferrer) = (a.cfg.dev, a.cfg.fs, a.cfg.deferrer);
+        Ok(Queue { ring, qid: a.qid as u16, dev, fs, ents, served: a.served, deferrer, mailbox })
     }
 
     /// A FUSE ring command for entry `ent` (`commit_id`: the request it answers).
@@ -275,8 +329,27 @@ impl Queue {
         }
         let poll = opcode::PollAdd::new(types::Fd(stop), libc::POLLIN as u32).build().user_data(STOP);
         self.push(&poll.into())?;
+        self.poll_mailbox()?;
         self.ring.submit()?;
         Ok(())
+    }
+
+    /// (Re)arm the one-shot poll of the mailbox's eventfd.
+    fn poll_mailbox(&mut self) -> io::Result<()> {
+        let fd = self.mailbox.wake.as_raw_fd();
+        let poll = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32).build().user_data(WAKE);
+        self.push(&poll.into())
+    }
+
+    /// Send the replies the commit thread left; then poll again.
+    fn answer_deferred(&mut self) -> io::Result<u64> {
+        let done = self.mailbox.take();
+        let n = done.len() as u64;
+        for (ent, unique, reply) in done {
+            self.commit_reply(ent, unique, reply)?;
+        }
+        self.poll_mailbox()?;
+        Ok(n)
     }
 
     /// Until the stop poll fires or every entry has ended (the kernel
@@ -292,6 +365,10 @@ impl Queue {
             for (ud, res) in done {
                 if ud == STOP {
                     return Ok(());
+                }
+                if ud == WAKE {
+                    answered += self.answer_deferred()?;
+                    continue;
                 }
                 let ent = ud as usize;
                 if res >= 0 && ent < self.ents.len() {
@@ -315,18 +392,26 @@ impl Queue {
         }
     }
 
-    /// Serves the request in entry `ent` and queues its commit.
+    /// Serves the request in entry `ent` and queues its reply, or leaves
+    /// it to the commit thread.
     fn answer(&mut self, ent: usize) -> io::Result<()> {
         let e = &self.ents[ent];
-        let commit_id = e.u64_at(ring::ENT_IN_OUT + 8);
         let payload_sz = (e.u64_at(ring::ENT_IN_OUT + 16) as u32 as usize).min(e.len);
         let h = decode::header(&e.header[..]).unwrap_or_default();
-        let reply =
-            match serve(&self.fs, &h, decode::ring_request(&e.header[..], &e.payload()[..payload_sz]).map(|r| r.1)) {
-                Reply::None => Reply::Empty,
-                r => r,
-            };
+        let served = serve(&self.fs, &h, decode::ring_request(&e.header[..], &e.payload()[..payload_sz]).map(|r| r.1));
         self.served.fetch_add(1, Ordering::Relaxed);
+        let mailbox = self.mailbox.clone();
+        match served.reply_or_defer(&self.deferrer, move |r| mailbox.post(ent, h.unique, r)) {
+            Some(reply) => self.commit_reply(ent, h.unique, reply),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes `reply` to request `unique` into entry `ent` and queues its
+    /// COMMIT_AND_FETCH.
+    fn commit_reply(&mut self, ent: usize, unique: u64, reply: Reply) -> io::Result<()> {
+        let reply = if reply == Reply::None { Reply::Empty } else { reply };
+        let commit_id = self.ents[ent].u64_at(ring::ENT_IN_OUT + 8);
         let mut body = Vec::new();
         let mut error = reply.encode(&mut body);
         let e = &mut self.ents[ent];
@@ -334,7 +419,7 @@ impl Queue {
             (error, body) = (-libc::EIO, Vec::new());
         }
         e.payload_mut()[..body.len()].copy_from_slice(&body);
-        let out: [u8; OUT_HEADER] = reply::out_header(h.unique, error, body.len());
+        let out: [u8; OUT_HEADER] = reply::out_header(unique, error, body.len());
         e.header[ring::IN_OUT..ring::IN_OUT + OUT_HEADER].copy_from_slice(&out);
         e.header[ring::ENT_IN_OUT + 16..ring::ENT_IN_OUT + 20].copy_from_slice(&(body.len() as u32).to_le_bytes());
         let sqe = self.command(ring::CMD_COMMIT_AND_FETCH, ent, commit_id);

@@ -189,7 +189,22 @@ pub struct SimDevice {
     /// Grows (`Device::grow`): the new bytes are zero and durable at once.
     size: std::sync::atomic::AtomicU64,
     state: Mutex<State>,
+    /// Flushes wait while it is held (`hold_flushes`): a commit in
+    /// flight for as long as a test wants.
+    flush_gate: Mutex<FlushGate>,
+    flush_released: std::sync::Condvar,
 }
+
+#[derive(Default)]
+struct FlushGate {
+    held: bool,
+    /// Flushes waiting at the gate now.
+    waiting: usize,
+}
+
+/// How long a flush waits at a held gate at most (then it goes on, so a
+/// test that forgot to let it go ends).
+const FLUSH_HOLD_MAX: std::time::Duration = std::time::Duration::from_secs(60);
 
 fn dead() -> io::Error {
     io::Error::other("simulated power loss")
@@ -203,6 +218,8 @@ impl SimDevice {
             slow_writes_from: std::sync::atomic::AtomicUsize::new(0),
             failed_writes_from: std::sync::atomic::AtomicUsize::new(0),
             size: std::sync::atomic::AtomicU64::new(size),
+            flush_gate: Mutex::new(FlushGate::default()),
+            flush_released: std::sync::Condvar::new(),
             state: Mutex::new(State {
                 durable: image.clone(),
                 cache: image,
@@ -230,6 +247,30 @@ impl SimDevice {
     /// Negative controls: flushes answer without making anything durable.
     pub fn ignore_flushes(&self) {
         self.lock().ignore_flushes = true;
+    }
+
+    /// From now on every flush waits until `release_flushes` (at most a
+    /// minute): the commit making it stays in flight.
+    pub fn hold_flushes(&self) {
+        self.flush_gate.lock().unwrap_or_else(|p| p.into_inner()).held = true;
+    }
+
+    pub fn release_flushes(&self) {
+        self.flush_gate.lock().unwrap_or_else(|p| p.into_inner()).held = false;
+        self.flush_released.notify_all();
+    }
+
+    /// Flushes waiting at the held gate now.
+    pub fn flushes_waiting(&self) -> usize {
+        self.flush_gate.lock().unwrap_or_else(|p| p.into_inner()).waiting
+    }
+
+    fn wait_at_flush_gate(&self) {
+        let mut g = self.flush_gate.lock().unwrap_or_else(|p| p.into_inner());
+        g.waiting += 1;
+        let (mut g, _) =
+            self.flush_released.wait_timeout_while(g, FLUSH_HOLD_MAX, |g| g.held).unwrap_or_else(|p| p.into_inner());
+        g.waiting -= 1;
     }
 
     /// Writes of at least `bytes` (0: none) take a millisecond each, as
@@ -502,6 +543,7 @@ impl Device for SimDevice {
     }
 
     fn flush(&self) -> io::Result<()> {
+        self.wait_at_flush_gate();
         let mut s = self.lock();
         Self::tick(&mut s)?;
         if s.ignore_flushes {

@@ -26,3 +26,15 @@ pub fn find_block(sim: &SimDevice, data: &[u8]) -> Option<u64> {
     let mut buf = vec![0u8; bs];
     (0..sim.size() / bs as u64).map(|b| b * bs as u64).find(|&at| sim.read_at(&mut buf, at).is_ok() && buf == data)
 }
+
+/// Wait until `cond` holds (another thread's progress), polling every
+/// 5 ms for at most 20 s; panics naming `what` when it never does.
+pub fn wait_until(what: &str, cond: impl Fn() -> bool) {
+    for _ in 0..4000 {
+        if cond() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    panic!("never happened within 20 s: {what}");
+}

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tarn_engine::device::disk_model::{DiskModel, ModeledDisk};
 use tarn_engine::{create_pool, CreateOptions, Device, EngineError, OpenOptions, PlacementKind, Pool, View};
+use tarn_sim::fixture::wait_until;
 use tarn_sim::SimDevice;
 
 const MIB: u64 = 1 << 20;
@@ -948,6 +949,34 @@ fn flush_then_calls_back_once_the_ops_are_taken() {
     assert_eq!(commits(), before + 2, "the closure's write was in the first commit");
     pool.flush_then(|| called += 1).unwrap();
     assert_eq!((called, commits()), (2, before + 2));
+}
+
+/// `commit_in_flight` sees a commit held in its device flush, and
+/// `await_commit_in_flight` returns only once that commit is done.
+#[test]
+fn a_commit_in_flight_is_seen_and_awaited() {
+    let (sims, pool) = new_pool(1, 64 * MIB);
+    let v = pool.create_volume("v", 16 * MIB).unwrap().id;
+    pool.flush().unwrap();
+    assert!(!pool.commit_in_flight());
+    pool.write(v, 0, &[1u8; 4096], false).unwrap();
+    sims[0].hold_flushes();
+    std::thread::scope(|s| {
+        let commit = s.spawn(|| pool.flush());
+        wait_until("the commit reaches its device flush", || sims[0].flushes_waiting() == 1);
+        assert!(pool.commit_in_flight());
+        let (awaited, done) = std::sync::mpsc::channel();
+        let pool = &pool;
+        s.spawn(move || {
+            pool.await_commit_in_flight();
+            awaited.send(()).unwrap();
+        });
+        assert!(done.recv_timeout(std::time::Duration::from_millis(200)).is_err(), "returned during the commit");
+        sims[0].release_flushes();
+        done.recv_timeout(std::time::Duration::from_secs(20)).expect("returned after the commit");
+        commit.join().unwrap().unwrap();
+    });
+    assert!(!pool.commit_in_flight());
 }
 
 /// An object is deleted at once when no checkpoint is frozen (no wait for

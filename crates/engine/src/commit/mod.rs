@@ -93,6 +93,19 @@ impl Pool {
         self.commit_locked_then(&mut ctl, false, &mut || once.take().into_iter().for_each(|f| f()))
     }
 
+    /// Whether a commit (or anything else holding the commit lock) is in
+    /// flight now. A hint only: one may start right after.
+    pub fn commit_in_flight(&self) -> bool {
+        matches!(self.commit.try_lock(), Err(std::sync::TryLockError::WouldBlock))
+    }
+
+    /// Wait until the commit in flight, if any, is done. tarn-fs waits
+    /// here without its namespace lock before a commit of its own, rather
+    /// than in `flush_then` with the lock held (every request takes it).
+    pub fn await_commit_in_flight(&self) {
+        drop(self.lock_commit());
+    }
+
     /// Back-pressure on the queue of pending ops: a writer that finds it over
     /// its bound commits it, or waits for the commit already taking it,
     /// instead of growing it. Takes the commit lock, first in the lock

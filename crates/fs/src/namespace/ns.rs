@@ -33,6 +33,9 @@ const READDIR_BATCH: usize = 4096;
 /// Depth of the parent walk that refuses a directory moved into itself.
 pub(crate) const MAX_DEPTH: usize = 4096;
 const MAX_LINKS: u32 = 65_000;
+/// Commits in flight a commit of ours waits out without the namespace
+/// lock (`commit_then_release`) before it waits with it.
+const AWAIT_IN_FLIGHT: usize = 4;
 
 /// What stat shows: the inode as stored and the space its data takes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1074,7 +1077,21 @@ impl FileVolume {
     /// (the mount's ring queues serve requests on one thread per CPU) is
     /// then in it whole or not at all, so a crash never keeps half of one
     /// (a rename's new name without the old one gone).
-    pub(crate) fn commit_then_release(&self, ns: MutexGuard<'_, Ns>) -> Result<()> {
+    ///
+    /// A commit already in flight holds the engine's commit lock through
+    /// its device flush (0.5-1 s under PostMark's writes, the periodic
+    /// commit or a back-pressure one): that wait is made without the
+    /// namespace lock, so requests go on meanwhile (a few times at most;
+    /// then with it held).
+    pub(crate) fn commit_then_release<'a>(&'a self, mut ns: MutexGuard<'a, Ns>) -> Result<()> {
+        for _ in 0..AWAIT_IN_FLIGHT {
+            if !self.pool.commit_in_flight() {
+                break;
+            }
+            drop(ns);
+            self.pool.await_commit_in_flight();
+            ns = self.lock();
+        }
         Ok(self.pool.flush_then(move || drop(ns))?)
     }
 
