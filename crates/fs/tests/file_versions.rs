@@ -121,7 +121,11 @@ fn the_keep_bound_prunes_the_oldest_close_versions() {
 #[test]
 fn the_policy_is_kept_in_the_volume() {
     let (sim, pool, fv) = fresh();
+    let records = tarn_format::superblock::incompat::FS_VERSION_RECORDS;
+    assert!(!pool.has_feature(records));
     fv.policy_add("*.c").unwrap();
+    // Enabled with the policy, not by the first close version's batch.
+    assert!(pool.has_feature(records));
     fv.policy_add("!tmp/").unwrap();
     assert!(fv.policy_add("a/*.c").is_err());
     assert!(fv.policy_add("*.c").is_err(), "twice");

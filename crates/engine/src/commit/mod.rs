@@ -502,7 +502,7 @@ impl Pool {
             _ if self.options.control_inline_drops_entry => catalog::InlineDead::ControlDropLast,
             _ => catalog::InlineDead::On,
         };
-        // Under `inner`, as the delete that reads it (`delete_object`).
+        // Under `inner`, as the delete that reads it (`apply_clearing`).
         self.merging.store(true, Ordering::SeqCst);
         Box::new(catalog::freeze(&mut inner.state, &mut inner.space, ctl.journal.seq + 1, inline))
     }

@@ -404,7 +404,7 @@ pub struct Pool {
     /// A checkpoint has frozen the maps and not adopted its nodes yet, so
     /// a map may be merging: set and cleared under `inner` held for
     /// writing (at the freeze, after the adopt), so an op that clears a
-    /// map (`delete_object`) reads it under `inner` and waits for the
+    /// map (`apply_clearing`) reads it under `inner` and waits for the
     /// commit lock only while it is set, instead of at every call.
     pub(crate) merging: AtomicBool,
     /// The checkpoint being written while commits go on (`commit/`).

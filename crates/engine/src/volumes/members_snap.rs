@@ -92,8 +92,10 @@ impl Pool {
     /// only it held (its dead list). Durable at the caller's next flush.
     pub fn delete_member_snapshots(&self, gone: &[(u32, u64)]) -> Result<()> {
         self.check_writable()?;
-        let mut ctl = self.lock_commit();
-        let ops = |state: &State| -> Result<Vec<Op>> {
+        if gone.is_empty() {
+            return Ok(());
+        }
+        self.apply_clearing(|state| {
             gone.iter()
                 .map(|&(vol, epoch)| {
                     let v = member(state, vol)?;
@@ -104,13 +106,7 @@ impl Pool {
                     Ok(Op::SnapDelete { vol, epoch })
                 })
                 .collect()
-        };
-        ops(&self.read_inner().state)?;
-        // The maps it clears must not be merging into a checkpoint.
-        self.settle_checkpoint(&mut ctl)?;
-        let mut inner = self.write_inner();
-        let list = ops(&inner.state)?;
-        self.apply_ops(&mut inner, list)
+        })
     }
 
     /// Shrink object `id` to `size` bytes (its tail's blocks go to the
