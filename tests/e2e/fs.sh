@@ -71,7 +71,32 @@ expect_eq "d1's link count unchanged (a directory for a directory)" "$(stat -c %
 check_fails "RENAME_EXCHANGE with a missing target" renameat2 nr2 nosuch 2
 expect_eq "its error is ENOENT" "$(printf '%s' "$LAST_OUT" | grep -c 'No such file')" 1
 check_fails "RENAME_EXCHANGE of a directory into its own subtree" renameat2 d1 d1/sub/f 2
-rm -rf nr2 nr3 ex1
+# 4 = RENAME_WHITEOUT (overlayfs's upper layer): the old name becomes a
+# character device 0:0 of mode 0.
+echo lower >wo1
+check "RENAME_WHITEOUT" renameat2 wo1 wo2 4
+expect_eq "the file under its new name" "$(cat wo2)" lower
+expect_eq "a whiteout at the old name" "$(stat -c '%F %t:%T %a' wo1)" "character special file 0:0 0"
+check_fails "RENAME_WHITEOUT with NOREPLACE over an existing name" renameat2 wo2 nr2 5
+expect_eq "both names untouched" "$(cat wo2 nr2)" "lower
+other"
+rm -rf nr2 nr3 ex1 wo1 wo2
+# An overlayfs upper layer here (a container's writable layer): the
+# kernel takes a FUSE upper only with RENAME_WHITEOUT, d_type and xattrs
+# (user.overlay.* with userxattr), and refuses the mount otherwise.
+mkdir -p "$T/ovl/lower/dir" "$T/ovl/merged" ovl/upper ovl/work
+echo lower >"$T/ovl/lower/f"; echo x >"$T/ovl/lower/dir/g"
+check "overlayfs mounted with its upper layer on the mount" mount -t overlay overlay \
+  -o "lowerdir=$T/ovl/lower,upperdir=$MNT/ovl/upper,workdir=$MNT/ovl/work,userxattr" "$T/ovl/merged"
+if mountpoint -q "$T/ovl/merged"; then
+  check "a lower file deleted through the overlay" rm "$T/ovl/merged/f"
+  check "a lower directory replaced by a new one" bash -c "rm -r '$T/ovl/merged/dir' && mkdir '$T/ovl/merged/dir' && echo new >'$T/ovl/merged/dir/h'"
+  expect_eq "the merged view" "$(ls -A "$T/ovl/merged") / $(ls -A "$T/ovl/merged/dir")" "dir / h"
+  expect_eq "a whiteout in the upper layer hides the lower file" "$(stat -c '%F %t:%T' ovl/upper/f)" "character special file 0:0"
+  expect_eq "the new directory is opaque" "$("$SYSPY" -c 'import os, sys; print(os.getxattr(sys.argv[1], "user.overlay.opaque").decode())' ovl/upper/dir)" y
+  check "overlayfs unmounted" umount "$T/ovl/merged"
+fi
+rm -rf ovl
 mkdir spc
 check "mkfifo" mkfifo -m 640 spc/fifo
 expect_eq "a fifo, its mode" "$(stat -c '%F %a' spc/fifo)" "fifo 640"

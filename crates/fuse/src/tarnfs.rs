@@ -279,7 +279,7 @@ impl TarnFs {
             Op::Mkdir { mode, umask, name } => self.make(h, Kind::Dir, NewMode { perm: mode, umask }, name),
             Op::Unlink { name } => self.unlink(ino, name),
             Op::Rmdir { name } => empty(self.fv.writable(ino).and_then(|p| self.fv.live.rmdir(p, name))),
-            Op::Rename { newdir, flags, name, newname } => self.rename(ino, name, newdir, newname, flags),
+            Op::Rename { newdir, flags, name, newname } => self.rename(h, ino, name, newdir, newname, flags),
             Op::Link { oldnodeid, newname } => {
                 let r = self.fv.writable(oldnodeid).and_then(|i| Ok((i, self.fv.writable(ino)?)));
                 self.entry(r.and_then(|(i, np)| self.fv.live.link(i, np, newname)))
@@ -467,12 +467,16 @@ impl TarnFs {
         empty(self.fv.writable(parent).and_then(|p| self.fv.live.unlink(p, name)))
     }
 
-    fn rename(&mut self, parent: u64, name: &[u8], newparent: u64, newname: &[u8], flags: u32) -> Reply {
-        // renameat2's flags; RENAME_WHITEOUT is for overlay file systems.
+    fn rename(&mut self, h: &Header, parent: u64, name: &[u8], newparent: u64, newname: &[u8], flags: u32) -> Reply {
+        // renameat2's flags (RENAME_WHITEOUT: an overlay file system's
+        // upper layer; the whiteout is the caller's, as a mknod's node).
+        let whiteout = |no_replace| RenameMode::Whiteout { owner: (h.uid, h.gid), no_replace };
         let mode = match flags {
             0 => RenameMode::Replace,
             libc::RENAME_NOREPLACE => RenameMode::NoReplace,
             libc::RENAME_EXCHANGE => RenameMode::Exchange,
+            libc::RENAME_WHITEOUT => whiteout(false),
+            f if f == libc::RENAME_WHITEOUT | libc::RENAME_NOREPLACE => whiteout(true),
             _ => return Reply::Error(libc::EINVAL),
         };
         let r = self.fv.writable(parent).and_then(|p| Ok((p, self.fv.writable(newparent)?)));

@@ -683,6 +683,33 @@ impl FileVolume {
         Ok(self.attr(&i))
     }
 
+    /// A whiteout's inode (RENAME_WHITEOUT): a character device 0:0,
+    /// mode 0, saved; the caller names it in the same change.
+    pub(crate) fn make_whiteout(&self, ns: &mut Ns, owner: (u32, u32)) -> Result<u64> {
+        let ino = self.new_ino(ns)?;
+        let t = now();
+        let i = Inode {
+            ino,
+            kind: Kind::CharDev,
+            perm: 0,
+            uid: owner.0,
+            gid: owner.1,
+            nlink: 1,
+            size: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            object: 0,
+            epoch: ns.header.epoch,
+            parent: 0,
+            target: Vec::new(),
+            rdev: 0,
+            acl: 0,
+        };
+        self.save(ns, &i)?;
+        Ok(ino)
+    }
+
     /// The next inode number. The header reserves numbers `INO_BATCH` at
     /// a time (its `next_ino` is the reservation's end, written with the
     /// first inode of the batch), so a create writes no header but every

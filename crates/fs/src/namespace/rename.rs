@@ -1,6 +1,7 @@
-//! Rename: rename(2) and renameat2(2)'s RENAME_NOREPLACE and
-//! RENAME_EXCHANGE. A rename is one namespace change: made room for
-//! whole (`FileVolume::room`), so a crash keeps all of it or none.
+//! Rename: rename(2) and renameat2(2)'s RENAME_NOREPLACE,
+//! RENAME_EXCHANGE and RENAME_WHITEOUT. A rename is one namespace change:
+//! made room for whole (`FileVolume::room`), so a crash keeps all of it
+//! or none.
 
 use crate::error::{FsError, Result};
 use crate::namespace::dir::{check_name, Dir, Entry};
@@ -18,6 +19,17 @@ pub enum RenameMode {
     NoReplace,
     /// RENAME_EXCHANGE: both names must exist and swap (of any kinds).
     Exchange,
+    /// RENAME_WHITEOUT (an overlay file system's upper layer): a move as
+    /// Replace (NoReplace with `no_replace`) whose old name becomes a
+    /// *whiteout*, a character device 0:0 owned by `owner`, in the same
+    /// change (overlayfs hides the lower layer's file behind it).
+    Whiteout { owner: (u32, u32), no_replace: bool },
+}
+
+impl RenameMode {
+    fn no_replace(self) -> bool {
+        matches!(self, RenameMode::NoReplace | RenameMode::Whiteout { no_replace: true, .. })
+    }
 }
 
 /// The source side of a rename, read under the namespace lock.
@@ -39,6 +51,10 @@ impl FileVolume {
         self.writable()?;
         check_name(name)?;
         check_name(newname)?;
+        if matches!(mode, RenameMode::Whiteout { .. }) {
+            // A whiteout is a special file (a commit of its own, once).
+            self.pool.enable_fs_special_files()?;
+        }
         let mut ns = self.lock();
         let p = self.inode(&mut ns, parent)?;
         let dir = self.dir(&mut ns, &p)?;
@@ -47,7 +63,7 @@ impl FileVolume {
         if parent == newparent && name == newname {
             // The VFS answers these before asking; a direct caller gets
             // what it would.
-            return if mode == RenameMode::NoReplace { Err(FsError::Exists) } else { Ok(()) };
+            return if mode.no_replace() { Err(FsError::Exists) } else { Ok(()) };
         }
         match mode {
             RenameMode::Exchange => self.exchange(&mut ns, src, newparent, newname),
@@ -72,19 +88,27 @@ impl FileVolume {
             self.refuse_loop(ns, e.ino, newparent)?;
         }
         let old = match to.find(newname).cloned() {
-            Some(_) if mode == RenameMode::NoReplace => return Err(FsError::Exists),
+            Some(_) if mode.no_replace() => return Err(FsError::Exists),
             // Two names of one inode: POSIX says nothing happens.
             Some(o) if o.ino == e.ino => return Ok(()),
             Some(o) => Some(self.check_replace(ns, &e, &o)?),
             None => None,
         };
-        self.room(6, to.write_bound() + if same { 0 } else { from.write_bound() })?;
+        self.room(7, to.write_bound() + if same { 0 } else { from.write_bound() })?;
+        // Its inode before the entry naming it, as a create writes them.
+        let whiteout = match mode {
+            RenameMode::Whiteout { owner, .. } => Some(self.make_whiteout(ns, owner)?),
+            _ => None,
+        };
         to.remove(newname);
         to.insert(newname, e.ino, e.kind)?;
         let dir_moves = e.kind == Kind::Dir && !same;
         let replaced_dir = old.as_ref().is_some_and(|o| o.kind == Kind::Dir);
         if same {
             to.remove(&e.name);
+            if let Some(w) = whiteout {
+                to.insert(&e.name, w, Kind::CharDev)?;
+            }
             if replaced_dir {
                 p.nlink = p.nlink.saturating_sub(1);
             }
@@ -93,6 +117,9 @@ impl FileVolume {
             np.nlink += u32::from(dir_moves && !replaced_dir);
             self.write_dir(ns, &mut np, to)?;
             from.remove(&e.name);
+            if let Some(w) = whiteout {
+                from.insert(&e.name, w, Kind::CharDev)?;
+            }
             p.nlink = p.nlink.saturating_sub(u32::from(dir_moves));
             self.write_dir(ns, &mut p, from)?;
         }
