@@ -979,6 +979,18 @@ fn a_commit_in_flight_is_seen_and_awaited() {
     assert!(!pool.commit_in_flight());
 }
 
+/// A delete made while a checkpoint was frozen waited for it; committed,
+/// the pool checks clean before and after a reopen (returned).
+fn delete_done_after_the_freeze(pool: Pool, sims: &[Arc<SimDevice>]) -> Pool {
+    assert!(!pool.checkpoint_in_progress(), "deleted while the checkpoint it may be merged into was frozen");
+    pool.flush().unwrap();
+    assert_clean(&pool);
+    drop(pool);
+    let pool = reopen(sims).unwrap();
+    assert_clean(&pool);
+    pool
+}
+
 /// An object is deleted at once when no checkpoint is frozen (no wait for
 /// the commit lock, which a commit holds through its device flush), and
 /// only after the frozen checkpoint is durable when one is: its map may
@@ -996,22 +1008,9 @@ fn an_object_deleted_while_a_checkpoint_is_frozen_waits_for_it() {
     pool.flush().unwrap();
     pool.delete_object(objects[0]).unwrap();
     assert!(!pool.checkpoint_in_progress());
-    // Bounded: a 256 KiB journal freezes a checkpoint within ~64 commits.
-    for i in 0..10_000u64 {
-        if pool.checkpoint_in_progress() {
-            break;
-        }
-        pool.write(objects[2], (i % 1024) * 4096, &[i as u8; 4096], false).unwrap();
-        pool.flush().unwrap();
-    }
-    assert!(pool.checkpoint_in_progress(), "no checkpoint was frozen");
+    freeze_a_checkpoint(&pool, objects[2]);
     pool.delete_object(objects[1]).unwrap();
-    assert!(!pool.checkpoint_in_progress(), "deleted while the checkpoint it may be merged into was frozen");
-    pool.flush().unwrap();
-    assert_clean(&pool);
-    drop(pool);
-    let pool = reopen(&sims).unwrap();
-    assert_clean(&pool);
+    let pool = delete_done_after_the_freeze(pool, &sims);
     let mut b = [0u8; 4096];
     for &o in &objects[..2] {
         assert!(pool.read(o, 0, &mut b).is_err(), "object {o} still there");
@@ -1056,21 +1055,8 @@ fn a_member_snapshot_is_deleted_during_a_commit_in_flight() {
     let names =
         |pool: &Pool| -> Vec<String> { pool.member_snapshots(o).unwrap().into_iter().map(|s| s.name).collect() };
     assert_eq!(names(&pool), ["g2"]);
-    // Bounded: a 256 KiB journal freezes a checkpoint within ~64 commits.
-    for i in 0..10_000u64 {
-        if pool.checkpoint_in_progress() {
-            break;
-        }
-        pool.write(o, (i % 1024) * 4096, &[i as u8; 4096], false).unwrap();
-        pool.flush().unwrap();
-    }
-    assert!(pool.checkpoint_in_progress(), "no checkpoint was frozen");
+    freeze_a_checkpoint(&pool, o);
     pool.delete_member_snapshots(&[(o, tags[1])]).unwrap();
-    assert!(!pool.checkpoint_in_progress(), "deleted while the checkpoint it may be merged into was frozen");
-    pool.flush().unwrap();
-    assert_clean(&pool);
-    drop(pool);
-    let pool = reopen(&sims).unwrap();
-    assert_clean(&pool);
+    let pool = delete_done_after_the_freeze(pool, &sims);
     assert!(names(&pool).is_empty(), "{:?}", names(&pool));
 }
