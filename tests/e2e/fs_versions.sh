@@ -190,6 +190,29 @@ check_fails "keep_last.sh of a file with no version dir" bash "$REPO/examples/re
 fs_umount
 fs_clean "after version directories and retention"
 
+# A snapshot taken from the mount is a namespace change: durable with the
+# next commit (an fsync after it, `sync MOUNT`, the timed one), never
+# without the changes before it. The mount gets a long commit interval so
+# that only the fsync and the sync commit here.
+step "snapshots from the mount: durable with the next commit"
+fs_mount home --commit-interval 3600
+check "snapshot d1 by setfattr" setfattr -n user.tarn.snapshot -v d1 "$MNT"
+check "a file written with fsync after it" dd if=/dev/urandom of="$MNT/after_d1" bs=64k count=4 conv=fsync status=none
+SUM_D1=$(sum "$MNT/after_d1")
+kill -KILL "$MOUNT_PID"; wait "$MOUNT_PID" 2>/dev/null || true
+check "fusermount3 -u of the dead mount" fusermount3 -u "$MNT"
+fs_clean "after kill -9 with d1 and an fsync after it"
+expect_eq "d1 kept: the fsync after it committed it" "$(tarn fs snap list home --json -p "$POOL" | jq -r '.[].name' | grep -c '^d1$')" 1
+fs_mount home --commit-interval 3600
+expect_eq "the fsync'd file kept" "$(sum "$MNT/after_d1")" "$SUM_D1"
+check "snapshot d2 by setfattr" setfattr -n user.tarn.snapshot -v d2 "$MNT"
+check "delete d1 by setfattr" setfattr -n user.tarn.snapshot.delete -v d1 "$MNT"
+check "sync MOUNT" sync "$MNT"
+kill -KILL "$MOUNT_PID"; wait "$MOUNT_PID" 2>/dev/null || true
+check "fusermount3 -u of the dead mount" fusermount3 -u "$MNT"
+fs_clean "after kill -9 with d2, d1 deleted and sync MOUNT"
+expect_eq "after sync MOUNT: d2 kept, d1 gone" "$(tarn fs snap list home --json -p "$POOL" | jq -r '.[].name' | grep -E '^d[12]$' | tr '\n' ' ')" "d2 "
+
 step "bad input"
 BEFORE=$(tarn fs snap list home --json -p "$POOL" | jq -c '[.[].name]')
 check_fails "delete of an unknown snapshot" tarn fs snap delete home nosuch -p "$POOL"
