@@ -8,6 +8,7 @@ use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
 use tarn_engine::{Device, OpenOptions, Pool};
 use tarn_fs::{FileVolume, FsError, Kind, SetAttr, ROOT};
+use tarn_sim::fixture::wait_until;
 
 mod common;
 use common::{file, fresh};
@@ -224,4 +225,40 @@ fn crash_inside_delete_loses_nothing_still_seen() {
         assert_eq!(fv.check().unwrap().problems, Vec::<String>::new(), "seed {seed}");
     }
     assert!(cut_inside >= 4, "the power was cut inside the delete only {cut_inside} times of 8");
+}
+
+/// A new file volume has what its snapshots need (FS_VERSIONS): its first
+/// snapshot, taken under the namespace lock on a mount, makes no commit
+/// of its own, so it returns while a commit is held in its device flush
+/// (it waited for that commit, then made its own: 1.5 s of stalled
+/// requests in PostMark). Queued, it is durable with the next commit.
+#[test]
+fn the_first_snapshot_of_a_new_volume_waits_for_no_commit() {
+    let (sim, pool, fv) = fresh();
+    assert!(pool.has_feature(tarn_format::superblock::incompat::FS_VERSIONS));
+    let a = file(&fv, ROOT, "a");
+    fv.write(a, 0, b"before").unwrap();
+    sim.hold_flushes();
+    std::thread::scope(|s| {
+        let in_flight = s.spawn(|| pool.flush());
+        wait_until("the commit reaches its device flush", || sim.flushes_waiting() == 1);
+        let (taken, answer) = std::sync::mpsc::channel();
+        let fv = &fv;
+        s.spawn(move || taken.send(fv.queue_snap_create("s1").map(|s| s.number)));
+        let number = answer.recv_timeout(std::time::Duration::from_secs(20));
+        sim.release_flushes();
+        assert!(number.is_ok(), "the first snapshot waited for the commit in flight");
+        number.unwrap().unwrap();
+        in_flight.join().unwrap().unwrap();
+    });
+    fv.write(a, 0, b"after!").unwrap();
+    fv.sync().unwrap();
+    drop(fv);
+    pool.close().unwrap();
+    let pool = Arc::new(Pool::open(vec![sim as Arc<dyn Device>], OpenOptions::default()).unwrap());
+    let fv = FileVolume::open(pool.clone(), "home").unwrap();
+    let s1 = FileVolume::open_snapshot(pool, "home", "s1").unwrap();
+    assert_eq!(cat(&s1, &["a"]).unwrap(), b"before");
+    assert_eq!(cat(&fv, &["a"]).unwrap(), b"after!");
+    assert_eq!(fv.check().unwrap().problems, Vec::<String>::new());
 }

@@ -84,8 +84,9 @@ impl Pool {
     }
 
     /// A new file volume whose own map (`size` bytes, thin) holds its
-    /// inode table. Sets FILES (and PLACEMENT) first, each by a commit of
-    /// its own; the volume itself is durable at the next flush, so the
+    /// inode table. Sets PLACEMENT, then FILES with what its snapshots
+    /// need (FS_VERSIONS and the snapshot bits), each by a commit of its
+    /// own; the volume itself is durable at the next flush, so the
     /// caller's first writes (tarn-fs: header and root) land in the same
     /// commit and a crash never leaves a file volume without them.
     pub fn create_file_volume(&self, name: &str, size: u64) -> Result<FileVolumeInfo> {
@@ -94,11 +95,17 @@ impl Pool {
             return Err(EngineError::VolumeExists(name.to_string()));
         }
         {
-            // Both durable before the first record that uses them; objects
-            // created later may then name a policy without a commit.
+            // Durable before the first record that uses them; objects
+            // created later may then name a policy without a commit. The
+            // snapshot bits now (as ZFS enables its features at pool
+            // creation) rather than at the first snapshot: that one is
+            // taken on a mount, under its namespace lock, and a commit
+            // there stalled every request for as long as its device flush
+            // (1.5 s in PostMark, whose file volume is new each run).
             let mut ctl = self.lock_commit();
             self.enable_feature(&mut ctl, incompat::PLACEMENT)?;
-            self.enable_feature(&mut ctl, incompat::FILES)?;
+            let versions = incompat::FS_VERSIONS | self.snapshot_features();
+            self.enable_feature(&mut ctl, incompat::FILES | versions)?;
         }
         let append = Resolved { placement: Some(PlacementKind::Append), ..Default::default() };
         let id = self.create_with_role(Some(name), size, &append, VolumeRole::FileVolume)?;
