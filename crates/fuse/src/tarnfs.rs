@@ -604,9 +604,8 @@ impl TarnFs {
         // mkdir: done at once in memory, durable with the next commit
         // (the timed one, an fsync, `sync MOUNT`), never split from the
         // changes before it. It does not force a commit of its own: a
-        // commit's device flush holds up the writes behind (PostMark with
-        // a snapshot every 2 s: 1.26x the run without, 1.13x with no
-        // commit per snapshot; ARCHITECTURE.md *Snapshots from the mount*).
+        // commit's device flush holds up the writes behind
+        // (ARCHITECTURE.md *Snapshots from the mount*).
         let r = match (ino, name) {
             (tarn_fs::ROOT, b"user.tarn.snapshot") => {
                 self.fv.forget_views();
