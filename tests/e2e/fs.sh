@@ -268,14 +268,12 @@ fs_mount home --commit-interval 3600
 echo one >"$MNT/c1"
 check "sync MOUNT (fsync of the root: FSYNCDIR)" sync "$MNT"
 echo two >"$MNT/c2"
-kill -KILL "$MOUNT_PID"; wait "$MOUNT_PID" 2>/dev/null || true
-check "fusermount3 -u of the dead mount" fusermount3 -u "$MNT"
+kill9_mount
 fs_mount home --commit-interval 0
 expect_eq "a file closed before sync MOUNT survives kill -9" "$(cat "$MNT/c1")" one
 expect_eq "a file closed after it, with no commit since, does not" "$(ls "$MNT/c2" 2>&1 | grep -c 'No such file')" 1
 echo three >"$MNT/c3"
-kill -KILL "$MOUNT_PID"; wait "$MOUNT_PID" 2>/dev/null || true
-check "fusermount3 -u of the dead mount" fusermount3 -u "$MNT"
+kill9_mount
 fs_mount home
 expect_eq "with --commit-interval 0 a closed file survives kill -9" "$(cat "$MNT/c3")" three
 fs_umount

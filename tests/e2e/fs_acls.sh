@@ -124,8 +124,7 @@ fs_mount home --allow-other
 expect_eq "after remount: a default list" "$(acl "$MNT/shared/sub" | grep -c 'default:user:nobody:rwx')" 1
 expect_eq "after remount: nobody still writes through its entry" "$(as_nobody sh -c "echo again >>'$MNT/shared/sub/by-nobody' && echo ok" 2>&1)" ok
 check "setfacl then sync MOUNT" bash -c "setfacl -m u:daemon:rw '$MNT/f' && sync '$MNT'"
-kill -KILL "$MOUNT_PID"; wait "$MOUNT_PID" 2>/dev/null || true
-check "fusermount3 -u of the dead mount" fusermount3 -u "$MNT"
+kill9_mount
 fs_clean "after kill -9"
 fs_mount home --allow-other
 expect_eq "after kill -9: the synced list" "$(getfacl -cp "$MNT/f" | grep -c '^user:daemon:rw-')" 1

@@ -199,8 +199,7 @@ fs_mount home --commit-interval 3600
 check "snapshot d1 by setfattr" setfattr -n user.tarn.snapshot -v d1 "$MNT"
 check "a file written with fsync after it" dd if=/dev/urandom of="$MNT/after_d1" bs=64k count=4 conv=fsync status=none
 SUM_D1=$(sum "$MNT/after_d1")
-kill -KILL "$MOUNT_PID"; wait "$MOUNT_PID" 2>/dev/null || true
-check "fusermount3 -u of the dead mount" fusermount3 -u "$MNT"
+kill9_mount
 fs_clean "after kill -9 with d1 and an fsync after it"
 expect_eq "d1 kept: the fsync after it committed it" "$(tarn fs snap list home --json -p "$POOL" | jq -r '.[].name' | grep -c '^d1$')" 1
 fs_mount home --commit-interval 3600
@@ -208,8 +207,7 @@ expect_eq "the fsync'd file kept" "$(sum "$MNT/after_d1")" "$SUM_D1"
 check "snapshot d2 by setfattr" setfattr -n user.tarn.snapshot -v d2 "$MNT"
 check "delete d1 by setfattr" setfattr -n user.tarn.snapshot.delete -v d1 "$MNT"
 check "sync MOUNT" sync "$MNT"
-kill -KILL "$MOUNT_PID"; wait "$MOUNT_PID" 2>/dev/null || true
-check "fusermount3 -u of the dead mount" fusermount3 -u "$MNT"
+kill9_mount
 fs_clean "after kill -9 with d2, d1 deleted and sync MOUNT"
 expect_eq "after sync MOUNT: d2 kept, d1 gone" "$(tarn fs snap list home --json -p "$POOL" | jq -r '.[].name' | grep -E '^d[12]$' | tr '\n' ' ')" "d2 "
 

@@ -105,8 +105,7 @@ expect_eq "after remount: head" "$(get user.color "$MNT/f")" black
 expect_eq "after remount: f@1" "$(get user.color "$MNT/f@1")" red
 expect_eq "after remount: a 64 KiB value" "$(pyx "print(os.getxattr('$MNT/f', 'user.v4') == b'b' * 65536)")" True
 check "setfattr then sync MOUNT" bash -c "setfattr -n user.last -v durable '$MNT/d' && sync '$MNT'"
-kill -KILL "$MOUNT_PID"; wait "$MOUNT_PID" 2>/dev/null || true
-check "fusermount3 -u of the dead mount" fusermount3 -u "$MNT"
+kill9_mount
 fs_clean "after kill -9"
 fs_mount home
 expect_eq "after kill -9: the synced attribute" "$(get user.last "$MNT/d")" durable

@@ -392,6 +392,14 @@ def err(f):
     except OSError as e: print(errno.errorcode[e.errno])
 $1"; }
 # fs_umount: unmount; `tarn mount` then commits, closes the pool and exits 0
+# kill9_mount: SIGKILL of `tarn mount` (no final commit), then the dead
+# mount is unmounted (a check).
+kill9_mount() {
+  kill -KILL "$MOUNT_PID"; wait "$MOUNT_PID" 2>/dev/null || true
+  MOUNT_PID=
+  check "fusermount3 -u of the dead mount" fusermount3 -u "$MNT"
+}
+
 fs_umount() {
   local rc=0
   check "fusermount3 -u" fusermount3 -u "$MNT"
