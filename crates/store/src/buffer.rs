@@ -13,25 +13,22 @@
 //! into a new tree on its own copy, with no lock (`FrozenChanges::write`),
 //! and `adopt` makes that tree the base once it is durable.
 
+use crate::changes::Changes;
 use crate::checkpoint::{NodeAlloc, Written};
 use crate::error::{Result, StoreError};
 use crate::node::Ptr;
 use crate::tree::{RootRef, Tree};
 use crate::Store;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::iter::Peekable;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tarn_format::node::LeafValue;
 use tarn_format::Pba;
 
-/// Keys set (`Some`) or removed (`None`), in key order.
-pub type Changes<V> = BTreeMap<u64, Option<V>>;
-
 /// What one buffered change costs in memory beyond its key and value (the
-/// B-tree's share, and its key in the index of set keys), for the store's
-/// bound on memory held by buffers.
-pub(crate) const CHANGE_OVERHEAD: usize = 40;
+/// B-tree's share), for the store's bound on memory held by buffers.
+pub(crate) const CHANGE_OVERHEAD: usize = 24;
 
 /// Changes a checkpoint merges before it writes the nodes they made dirty:
 /// bounds the dirty nodes of a merge (each change dirties at most a path).
@@ -41,14 +38,6 @@ pub struct Buffered<V: LeafValue> {
     pub base: Tree<V>,
     pending: Changes<V>,
     frozen: Option<Arc<Changes<V>>>,
-    /// The keys `pending` (`frozen_live`: `frozen`) sets, not removes: the
-    /// buffers' greatest set key under a lookup is found in O(log n), not
-    /// by walking the removals between (after a merge grew one entry over
-    /// many removed ones, every lookup behind it walked them all until the
-    /// next checkpoint: the compaction of a volume of 32,689 scattered
-    /// extents into runs took 96 s, now 1.3 s).
-    live: BTreeSet<u64>,
-    frozen_live: BTreeSet<u64>,
     /// Keys lookups looked at and passed over (changed base keys, frozen
     /// keys `pending` changed): what a test bounds.
     #[cfg(test)]
@@ -111,10 +100,8 @@ impl<V: LeafValue> Buffered<V> {
     fn over(store: &Store, base: Tree<V>) -> Buffered<V> {
         Buffered {
             base,
-            pending: Changes::new(),
+            pending: Changes::default(),
             frozen: None,
-            live: BTreeSet::new(),
-            frozen_live: BTreeSet::new(),
             #[cfg(test)]
             passed_over: AtomicU64::new(0),
             counter: store.buffered.clone(),
@@ -147,14 +134,14 @@ impl<V: LeafValue> Buffered<V> {
 
     /// The newest change to `key`: Some(None) if it was removed.
     fn changed(&self, key: u64) -> Option<Option<V>> {
-        if let Some(c) = self.pending.get(&key) {
-            return Some(*c);
+        if let Some(c) = self.pending.get(key) {
+            return Some(c);
         }
-        self.frozen.as_ref().and_then(|f| f.get(&key).copied())
+        self.frozen.as_ref().and_then(|f| f.get(key))
     }
 
     fn is_changed(&self, key: u64) -> bool {
-        self.pending.contains_key(&key) || self.frozen.as_ref().is_some_and(|f| f.contains_key(&key))
+        self.pending.contains(key) || self.frozen.as_ref().is_some_and(|f| f.contains(key))
     }
 
     pub fn get(&self, store: &Store, key: u64) -> Result<Option<V>> {
@@ -189,20 +176,19 @@ impl<V: LeafValue> Buffered<V> {
         Ok(self.base.get_le_except(store, lo, key, &skip)?.or(layered))
     }
 
-    /// The greatest key <= `key` the buffers set (not removed): `pending`'s
-    /// by its index; above it, `frozen`'s unless `pending` changed it.
+    /// The greatest key <= `key` the buffers set (not removed): `pending`'s,
+    /// or above it `frozen`'s unless `pending` changed it. Removed keys
+    /// are kept apart (`Changes`), so none is walked.
     fn layers_le(&self, key: u64) -> Option<(u64, V)> {
-        let newest =
-            self.live.range(..=key).next_back().and_then(|&k| self.pending.get(&k).copied().flatten().map(|v| (k, v)));
+        let newest = self.pending.sets_down(0, key).next();
         let floor = match newest {
             Some((k, _)) if k == key => return newest,
             Some((k, _)) => k + 1,
             None => 0,
         };
         let Some(frozen) = self.frozen.as_deref() else { return newest };
-        let mut older = self.frozen_live.range(floor..=key).rev();
-        let found = older.find(|k| !self.passing_over(self.pending.contains_key(k)));
-        found.and_then(|&k| frozen.get(&k).copied().flatten().map(|v| (k, v))).or(newest)
+        let mut older = frozen.sets_down(floor, key);
+        older.find(|(k, _)| !self.passing_over(self.pending.contains(*k))).or(newest)
     }
 
     /// Call `f` on every entry with `from <= key < to`, in order, until it
@@ -212,9 +198,9 @@ impl<V: LeafValue> Buffered<V> {
             // `BTreeMap::range` panics on a reversed range.
             return Ok(());
         }
-        let empty = Changes::new();
+        let empty = Changes::default();
         let frozen = self.frozen.as_deref().unwrap_or(&empty);
-        let mut layers = Layers::new(self.pending.range(from..to), frozen.range(from..to));
+        let mut layers = Layers::new(self.pending.range(from, to), frozen.range(from, to));
         let mut next = layers.next();
         let mut stopped = false;
         self.base.range(store, from, to, &mut |k, v| {
@@ -248,8 +234,7 @@ impl<V: LeafValue> Buffered<V> {
     /// Set `key`; returns the value it replaced.
     pub fn insert(&mut self, store: &Store, key: u64, value: V) -> Result<Option<V>> {
         let old = self.get(store, key)?;
-        self.live.insert(key);
-        if self.pending.insert(key, Some(value)).is_none() {
+        if self.pending.set(key, value) {
             self.counter.fetch_add(bytes::<V>(1), Ordering::Relaxed);
         }
         Ok(old)
@@ -259,17 +244,16 @@ impl<V: LeafValue> Buffered<V> {
     pub fn remove_present(&mut self, store: &Store, key: u64) -> Result<Option<V>> {
         // What the layers under `pending` hold at `key` (one lookup): a
         // tombstone is needed only if they hold something.
-        let below = match self.frozen.as_ref().and_then(|f| f.get(&key)) {
-            Some(c) => *c,
+        let below = match self.frozen.as_ref().and_then(|f| f.get(key)) {
+            Some(c) => c,
             None => self.base.get_le(store, key)?.filter(|(k, _)| *k == key).map(|(_, v)| v),
         };
-        let old = self.pending.get(&key).copied().unwrap_or(below);
+        let old = self.pending.get(key).unwrap_or(below);
         let before = self.pending.len();
-        self.live.remove(&key);
         if below.is_some() {
-            self.pending.insert(key, None);
+            self.pending.remove(key);
         } else {
-            self.pending.remove(&key);
+            self.pending.forget(key);
         }
         let after = self.pending.len();
         self.counter.fetch_add(bytes::<V>(after), Ordering::Relaxed);
@@ -281,27 +265,15 @@ impl<V: LeafValue> Buffered<V> {
     /// checkpoint never adopted are handed again, under the newer ones.
     pub fn freeze(&mut self) -> FrozenChanges<V> {
         let mut changes = std::mem::take(&mut self.pending);
-        let mut live = std::mem::take(&mut self.live);
         if let Some(old) = self.frozen.take() {
-            // The older changes' set keys, as the newer ones leave them.
-            let mut all_live = std::mem::take(&mut self.frozen_live);
-            for (&k, c) in &changes {
-                if c.is_some() {
-                    all_live.insert(k);
-                } else {
-                    all_live.remove(&k);
-                }
-            }
-            live = all_live;
             let before = old.len() + changes.len();
             let mut all = Arc::unwrap_or_clone(old);
-            all.append(&mut changes);
+            all.append(changes);
             changes = all;
             self.counter.fetch_sub(bytes::<V>(before - changes.len()), Ordering::Relaxed);
         }
         let changes = Arc::new(changes);
         self.frozen = Some(changes.clone());
-        self.frozen_live = live;
         FrozenChanges { id: self.base.id, root: self.base.root.clone(), height: self.base.height, changes }
     }
 
@@ -315,7 +287,6 @@ impl<V: LeafValue> Buffered<V> {
         }
         self.base = Tree::written(self.base.id, merged.root);
         let done = self.frozen.take().map_or(0, |f| f.len());
-        self.frozen_live.clear();
         self.counter.fetch_sub(bytes::<V>(done), Ordering::Relaxed);
         true
     }
@@ -335,7 +306,6 @@ impl<V: LeafValue> Buffered<V> {
             self.base = Tree::in_memory(self.base.id, entries);
         }
         let done = self.frozen.take().map_or(0, |f| f.len());
-        self.frozen_live.clear();
         self.counter.fetch_sub(bytes::<V>(done), Ordering::Relaxed);
         true
     }
@@ -361,38 +331,36 @@ impl<V: LeafValue> Buffered<V> {
         }
         let blocks = self.base.walk(store, &mut |_, _| {})?.blocks;
         self.counter.fetch_sub(bytes::<V>(self.pending.len()), Ordering::Relaxed);
-        self.pending.clear();
-        self.live.clear();
+        self.pending = Changes::default();
         self.base = Tree::new(self.base.id);
         Ok(blocks)
     }
 }
 
 /// `pending` over `frozen`, in key order; a key in both is `pending`'s.
-struct Layers<'a, V: 'a, I: Iterator<Item = (&'a u64, &'a Option<V>)>> {
+struct Layers<V, I: Iterator<Item = (u64, Option<V>)>> {
     p: Peekable<I>,
     f: Peekable<I>,
 }
 
-impl<'a, V: Copy + 'a, I: Iterator<Item = (&'a u64, &'a Option<V>)>> Layers<'a, V, I> {
+impl<V, I: Iterator<Item = (u64, Option<V>)>> Layers<V, I> {
     fn new(p: I, f: I) -> Self {
         Layers { p: p.peekable(), f: f.peekable() }
     }
 
     fn next(&mut self) -> Option<(u64, Option<V>)> {
-        let (k, c) = match (self.p.peek(), self.f.peek()) {
-            (None, None) => return None,
-            (Some(&(pk, _)), Some(&(fk, _))) if fk < pk => self.f.next()?,
+        match (self.p.peek(), self.f.peek()) {
+            (None, None) => None,
+            (Some(&(pk, _)), Some(&(fk, _))) if fk < pk => self.f.next(),
             (Some(&(pk, _)), Some(&(fk, _))) => {
                 if fk == pk {
                     self.f.next();
                 }
-                self.p.next()?
+                self.p.next()
             }
-            (Some(_), None) => self.p.next()?,
-            (None, Some(_)) => self.f.next()?,
-        };
-        Some((*k, *c))
+            (Some(_), None) => self.p.next(),
+            (None, Some(_)) => self.f.next(),
+        }
     }
 }
 
@@ -418,12 +386,10 @@ impl<V: LeafValue> FrozenChanges<V> {
             return None;
         }
         let mut all: BTreeMap<u64, V> = leaf.entries().into_iter().collect();
-        for (&k, c) in self.changes.iter() {
-            match c {
-                Some(v) => all.insert(k, *v),
-                None => all.remove(&k),
-            };
+        for k in self.changes.removals() {
+            all.remove(&k);
         }
+        all.extend(self.changes.sets());
         (all.len() <= max).then(|| all.into_iter().collect())
     }
 
@@ -437,10 +403,10 @@ impl<V: LeafValue> FrozenChanges<V> {
         // it (a merge of neighbours), and leaves hold entries that never
         // overlap. Then every set, in key order, meets only keys below it
         // already final and keys above it that start past its end.
-        let removals = self.changes.iter().filter(|(_, c)| c.is_none());
-        let sets = self.changes.iter().filter(|(_, c)| c.is_some());
-        let apply = |work: &mut Tree<V>, (&key, change): (&u64, &Option<V>), sup: &mut Vec<Pba>| match change {
-            Some(v) => work.insert(store, key, *v, sup).map(drop),
+        let removals = self.changes.removals().map(|k| (k, None));
+        let sets = self.changes.sets().map(|(k, v)| (k, Some(v)));
+        let apply = |work: &mut Tree<V>, (key, change): (u64, Option<V>), sup: &mut Vec<Pba>| match change {
+            Some(v) => work.insert(store, key, v, sup).map(drop),
             None => work.remove(store, key, sup).map(drop),
         };
         merge_in_chunks(store, alloc, generation, work, removals.chain(sets), apply)

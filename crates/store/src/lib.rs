@@ -14,6 +14,7 @@
 
 pub mod buffer;
 pub mod cache;
+mod changes;
 pub mod check;
 pub mod checkpoint;
 pub mod error;
