@@ -73,3 +73,18 @@ for p in sys.argv[1:]:
         os.close(fd)
 " "$@" 2>/dev/null || true
 }
+
+# append_volume_served BIN DIR SIZE: in DIR a pool file 3x SIZE bytes with
+# volume `bench` of SIZE, served by BIN with append placement and the idle
+# compactor off (only `pool compact` moves data); SRV its pid, URI the
+# volume's NBD address, once it answers.
+append_volume_served() {
+  local bin=$1 d=$2 size=$3 port
+  "$bin" pool create "$d/pool.img" --size $((size * 3)) >/dev/null
+  "$bin" vol create bench --size "$size" -p "$d/pool.img" >/dev/null
+  port=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
+  "$bin" serve -p "$d/pool.img" --listen "127.0.0.1:$port" --placement append --compact-idle 0 >"$d/serve.log" 2>&1 &
+  SRV=$!
+  URI="nbd://127.0.0.1:$port/bench"
+  for _ in $(seq 1 100); do nbdinfo --size "$URI" >/dev/null 2>&1 && break; sleep 0.1; done
+}

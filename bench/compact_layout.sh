@@ -18,6 +18,7 @@
 # Output: bench/results/<date>-compact-layout.txt
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
+source "$REPO/bench/common.sh"
 TARN=${TARN:-$REPO/target/release/tarn}
 SIZE=$((${SIZE_MIB:-64} << 20))
 RAND_SECS=${RAND_SECS:-3}
@@ -31,19 +32,12 @@ trap '[ -n "$SRV" ] && kill "$SRV" 2>/dev/null; rm -rf "$WORK"' EXIT
 command -v fio >/dev/null && command -v nbdinfo >/dev/null || { echo "compact_layout: fio and nbdinfo needed (bash scripts/deps.sh)" >&2; exit 1; }
 [ -x "$TARN" ] || { echo "compact_layout: $TARN not built" >&2; exit 1; }
 
-free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
-
 # sequence DIR fresh|aged: leaves DIR/head.map (lba len device block per line)
 sequence() {
-  local d=$1 kind=$2 port uri s
+  local d=$1 kind=$2 uri s
   mkdir -p "$d"
-  "$TARN" pool create "$d/pool.img" --size $((SIZE * 3)) >/dev/null
-  "$TARN" vol create bench --size "$SIZE" -p "$d/pool.img" >/dev/null
-  port=$(free_port)
-  "$TARN" serve -p "$d/pool.img" --listen "127.0.0.1:$port" --placement append --compact-idle 0 >"$d/serve.log" 2>&1 &
-  SRV=$!
-  uri="nbd://127.0.0.1:$port/bench"
-  for _ in $(seq 1 100); do nbdinfo --size "$uri" >/dev/null 2>&1 && break; sleep 0.1; done
+  append_volume_served "$TARN" "$d" "$SIZE"
+  uri=$URI
   local fio=(fio --ioengine=nbd "--uri=$uri" --numjobs=1 --output=/dev/null)
   local rand=(--rw=randwrite --bs=4k --iodepth=32 "--size=$SIZE" --norandommap --randrepeat=0)
   if [ "$kind" = aged ]; then

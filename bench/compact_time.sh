@@ -23,19 +23,12 @@ work_dir /var/tmp/tarn-compact-time compact-time
 SRV=
 trap '[ -n "$SRV" ] && kill "$SRV" 2>/dev/null; rm -rf "$W"' EXIT
 
-free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
-
 # one LABEL BINARY: prints "LABEL extents compact_s read_s ratio moved_MiB"
 one() {
-  local label=$1 bin=$2 d=$W/$1 port uri t0 t1 t2 rc
+  local label=$1 bin=$2 d=$W/$1 uri t0 t1 t2 rc
   mkdir -p "$d"
-  "$bin" pool create "$d/pool.img" --size $((SIZE * 3)) >/dev/null
-  "$bin" vol create bench --size "$SIZE" -p "$d/pool.img" >/dev/null
-  port=$(free_port)
-  "$bin" serve -p "$d/pool.img" --listen "127.0.0.1:$port" --placement append --compact-idle 0 >"$d/serve.log" 2>&1 &
-  SRV=$!
-  uri="nbd://127.0.0.1:$port/bench"
-  for _ in $(seq 1 100); do nbdinfo --size "$uri" >/dev/null 2>&1 && break; sleep 0.1; done
+  append_volume_served "$bin" "$d" "$SIZE"
+  uri=$URI
   fio --ioengine=nbd "--uri=$uri" --name=scatter --rw=randwrite --bs=4k --iodepth=32 "--size=$SIZE" --randseed=7 --output=/dev/null
   "$bin" snap create bench@s1 -p "$d/pool.img" >/dev/null
   local extents
