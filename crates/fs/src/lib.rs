@@ -12,6 +12,7 @@ pub mod namespace;
 
 pub use data::layoutrules::{LayoutRule, LayoutSpec};
 pub use error::{FsError, Result};
+pub use history::logcompact::{MIN_FREE, STEP};
 pub use history::owed::{Change, OWED_BOUND};
 pub use history::snap::{FsSnapshot, VersionKind};
 pub use history::versions::{Node, Versioned};

@@ -6,6 +6,7 @@
 pub(crate) mod clone;
 pub(crate) mod close;
 pub(crate) mod fileversions;
+pub(crate) mod logcompact;
 pub(crate) mod owed;
 pub mod policy;
 pub mod snap;

@@ -237,6 +237,7 @@ impl FileVolume {
         for s in &taken {
             self.prune_closes(ns, s.owner)?;
         }
+        self.compact_log_step(ns)?;
         Ok(taken)
     }
 

@@ -364,7 +364,18 @@ impl FileVolume {
         // Any version may go here: the index is rebuilt at its next use.
         _ns.index = None;
         let going = list.iter().filter(|s| gone.contains(&s.number));
-        let slots: Vec<u64> = going.clone().filter_map(|s| s.slot).collect();
+        // The list was read before the mutex was taken: a record may
+        // have moved since (a compaction step).
+        let mut slots = Vec::new();
+        for s in going.clone() {
+            if let Some(slot) = s.slot {
+                match self.record_numbered(&_ns, slot, s.number) {
+                    Ok((now, _)) => slots.push(now),
+                    Err(FsError::NotFound) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
         let mut drop_snaps: Vec<(u32, u64)> =
             going.filter(|s| s.slot.is_none()).map(|s| (self.id, s.engine_epoch)).collect();
         let mut drop_objects = Vec::new();
@@ -407,7 +418,7 @@ impl FileVolume {
     pub(crate) fn open_number(&self, s: &FsSnapshot) -> Result<FileVolume> {
         let view = SnapView { epoch: s.engine_epoch, number: s.number };
         let pinned = match s.slot {
-            Some(slot) => Some(self.record_at(&self.lock(), slot)?.inode()),
+            Some(slot) => Some(self.record_numbered(&self.lock(), slot, s.number)?.1.inode()),
             None => None,
         };
         FileVolume::open_pinned(self.pool.clone(), &self.volume_name(), Some(view), pinned)

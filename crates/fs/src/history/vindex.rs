@@ -18,28 +18,57 @@ pub(crate) struct VersionIndex {
     /// File and close versions by the inode they are of, oldest first.
     /// The engine's bound on snapshots per volume bounds them all.
     by_owner: HashMap<u64, Vec<FsSnapshot>>,
+    /// The version log's slots that hold a record (`logcompact.rs`).
+    pub(crate) slots: BTreeSet<u64>,
+    /// Slots below it all hold records (a hint: the first free slot is
+    /// at or above it).
+    pub(crate) packed: u64,
+    /// A compaction of the log is under way (steps go on until the log
+    /// is packed, not only while half of it is free).
+    pub(crate) compacting: bool,
 }
 
 impl VersionIndex {
     /// A version this mount just took (a no-op while not built).
     pub(crate) fn taken(ix: &mut Option<VersionIndex>, s: &FsSnapshot) {
         let Some(ix) = ix.as_mut() else { return };
+        ix.add(s.clone());
+    }
+
+    fn add(&mut self, s: FsSnapshot) {
+        if let Some(slot) = s.slot {
+            self.slots.insert(slot);
+        }
         match s.kind {
-            VersionKind::Volume => ix.volumes.push(s.clone()),
-            _ => ix.by_owner.entry(s.owner).or_default().push(s.clone()),
+            VersionKind::Volume => self.volumes.push(s),
+            _ => self.by_owner.entry(s.owner).or_default().push(s),
+        }
+    }
+
+    /// The record of version `number` of file `ino` moved to slot `to`.
+    pub(crate) fn moved(&mut self, ino: u64, number: u64, from: u64, to: u64) {
+        self.slots.remove(&from);
+        self.slots.insert(to);
+        let mine = self.by_owner.get_mut(&ino).map_or(&mut [][..], |v| v.as_mut_slice());
+        if let Some(s) = mine.iter_mut().find(|s| s.number == number) {
+            s.slot = Some(to);
+        }
+    }
+
+    fn freed(&mut self, slots: &[u64]) {
+        for s in slots {
+            self.slots.remove(s);
+            self.packed = self.packed.min(*s);
         }
     }
 }
 
 impl FileVolume {
-    fn index<'a>(&self, ns: &'a mut Ns) -> Result<&'a mut VersionIndex> {
+    pub(crate) fn index<'a>(&self, ns: &'a mut Ns) -> Result<&'a mut VersionIndex> {
         if ns.index.is_none() {
             let mut ix = VersionIndex::default();
             for s in self.versions_in(ns)? {
-                match s.kind {
-                    VersionKind::Volume => ix.volumes.push(s),
-                    _ => ix.by_owner.entry(s.owner).or_default().push(s),
-                }
+                ix.add(s);
             }
             ns.index = Some(ix);
         }
@@ -80,6 +109,7 @@ impl FileVolume {
         if !kept.is_empty() {
             ix.by_owner.insert(ino, kept.clone());
         }
+        ix.freed(&slots);
         let mut whole = false;
         for o in objects {
             // An object already gone has no tag left to drop.

@@ -173,6 +173,30 @@ impl FileVolume {
         Ok(out)
     }
 
+    /// The version log as the checker sees it: every record decodes, and
+    /// numbers rise with slots (slot order is number order: a record
+    /// twice, or one out of order, is damage) up to the header's epoch.
+    pub(crate) fn check_version_log(&self, report: &mut crate::CheckReport) -> Result<()> {
+        let ns = self.lock();
+        let records = match self.records(&ns) {
+            Ok(r) => r,
+            Err(e @ FsError::Corrupt { .. }) => {
+                report.problem(e.to_string());
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        let mut before = 0;
+        for (slot, r) in records {
+            if r.number <= before || r.number > ns.header.epoch {
+                let epoch = ns.header.epoch;
+                report.problem(format!("version record {slot}: number {} after {before} (epoch {epoch})", r.number));
+            }
+            before = r.number;
+        }
+        Ok(())
+    }
+
     /// The record at `slot` (ENOENT: a free slot or past the log).
     pub(crate) fn record_at(&self, ns: &Ns, slot: u64) -> Result<VersionRecord> {
         if ns.header.vlog == 0 || slot >= u64::from(ns.header.vlog_slots) {
@@ -181,6 +205,19 @@ impl FileVolume {
         let mut b = [0u8; LEN];
         self.pool.read_view(ns.header.vlog, View::Head, slot * LEN as u64, &mut b)?;
         VersionRecord::decode(&b, slot)?.ok_or(FsError::NotFound)
+    }
+
+    /// The record of version `number`, looked for at `slot` first: a
+    /// slot read before the mutex was last released may hold another
+    /// record since (a compaction step moves records down,
+    /// `logcompact.rs`); then the log is searched (ENOENT: none).
+    pub(crate) fn record_numbered(&self, ns: &Ns, slot: u64, number: u64) -> Result<(u64, VersionRecord)> {
+        match self.record_at(ns, slot) {
+            Ok(r) if r.number == number => return Ok((slot, r)),
+            Ok(_) | Err(FsError::NotFound) => {}
+            Err(e) => return Err(e),
+        }
+        self.records(ns)?.into_iter().find(|(_, r)| r.number == number).ok_or(FsError::NotFound)
     }
 
     /// Queue freeing the records at `slots`: each slot is zeroed; a log

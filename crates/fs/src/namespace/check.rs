@@ -24,7 +24,7 @@ pub struct CheckReport {
 }
 
 impl CheckReport {
-    fn problem(&mut self, p: String) {
+    pub(crate) fn problem(&mut self, p: String) {
         if self.problems.len() < MAX_PROBLEMS {
             self.problems.push(p);
         } else {
@@ -58,6 +58,7 @@ impl FileVolume {
                 self.check_lists(i, &mut report)?;
             }
         }
+        self.check_version_log(&mut report)?;
         report.inodes = allocated.len() as u64;
         Ok(report)
     }
