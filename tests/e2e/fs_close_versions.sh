@@ -42,7 +42,7 @@ expect_eq "the error names the cause" "$(printf '%s' "$LAST_OUT" | grep -c "must
 check_fails "a rule twice" tarn fs version-policy home add '*.c' -p "$POOL"
 check_fails "removing a rule that is not there" tarn fs version-policy home remove '*.h' -p "$POOL"
 check_fails "keep 0" tarn fs version-policy home keep 0 -p "$POOL"
-expect_eq "rules unchanged" "$(tarn fs version-policy home list --json -p "$POOL" | jq -c .)" '{"keep":16,"rules":["*.c","!*.o"]}'
+expect_eq "rules unchanged" "$(tarn fs version-policy home list --json -p "$POOL" | jq -c .)" '{"keep":16,"log_slots":0,"rules":["*.c","!*.o"]}'
 
 step "f.c: 4 MiB written once (close version 1)"
 fs_mount home
@@ -165,6 +165,20 @@ fs_umount
 fs_mount home
 expect_eq "a close right before the unmount has its version" "$(cat "$MNT/src/h.c@/$(ls -v "$MNT/src/h.c@" | tail -n 1)")" "state last"
 fs_umount
+
+# A freed slot of the version log is not handed out again: without
+# compaction (crates/fs logcompact.rs) 1,500 pruned closes would leave
+# the log over 1,500 slots long (1,550 here, measured).
+step "a long history: 1,500 closes of l.c with keep 3; the version log stays compact"
+fs_mount home
+for i in $(seq 1 1500); do echo "edit $i" >"$MNT/src/l.c"; done
+expect_eq "l.c@ lists the last 3" "$(ls -v "$MNT/src/l.c@" | wc -l)" 3
+expect_eq "the newest is the last edit" "$(cat "$MNT/src/l.c@/$(ls -v "$MNT/src/l.c@" | tail -n 1)")" "edit 1500"
+expect_eq "the oldest kept is edit 1498" "$(cat "$MNT/src/l.c@/$(ls -v "$MNT/src/l.c@" | head -n 1)")" "edit 1498"
+fs_umount
+SLOTS=$(tarn fs version-policy home list --json -p "$POOL" | jq .log_slots)
+expect_eq "version log slots within 1,200 (1,024 free at most, then packed; $SLOTS)" "$([ "$SLOTS" -le 1200 ] && echo yes || echo "no: $SLOTS")" yes
+fs_clean "after the long history"
 
 # With a subtree rule the policy matches the path from the root (the
 # walk up the parents); with name rules only, the base name alone.

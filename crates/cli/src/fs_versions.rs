@@ -103,10 +103,12 @@ pub fn policy(args: FsPolicyArgs) -> Result<i32> {
             println!("removed version rule {rule:?} from {volume}");
         }
         FsPolicyCmd::List { pool, json } => {
-            let (rules, keep) = with_volume(&pool, &volume, |fv| Ok((fv.policy()?, fv.keep())))?;
-            let v = json!({"rules": rules.iter().map(|r| r.text()).collect::<Vec<_>>(), "keep": keep});
+            let (rules, keep, slots) =
+                with_volume(&pool, &volume, |fv| Ok((fv.policy()?, fv.keep(), fv.version_log_slots())))?;
+            let rules: Vec<String> = rules.iter().map(|r| r.text()).collect();
+            let v = json!({"rules": rules, "keep": keep, "log_slots": slots});
             print(json, &v, |v| {
-                let mut out = format!("keep {} close versions per file\n", v["keep"]);
+                let mut out = format!("keep {} close versions per file (version log: {} slots)\n", v["keep"], v["log_slots"]);
                 for r in v["rules"].as_array().into_iter().flatten() {
                     out.push_str(&format!("{}\n", r.as_str().unwrap_or("")));
                 }
