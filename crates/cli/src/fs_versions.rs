@@ -108,7 +108,8 @@ pub fn policy(args: FsPolicyArgs) -> Result<i32> {
             let rules: Vec<String> = rules.iter().map(|r| r.text()).collect();
             let v = json!({"rules": rules, "keep": keep, "log_slots": slots});
             print(json, &v, |v| {
-                let mut out = format!("keep {} close versions per file (version log: {} slots)\n", v["keep"], v["log_slots"]);
+                let mut out =
+                    format!("keep {} close versions per file (version log: {} slots)\n", v["keep"], v["log_slots"]);
                 for r in v["rules"].as_array().into_iter().flatten() {
                     out.push_str(&format!("{}\n", r.as_str().unwrap_or("")));
                 }
