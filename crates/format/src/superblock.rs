@@ -146,6 +146,11 @@ pub mod incompat {
     /// older tarn would refuse such a set as damage, and without the
     /// lists it would grant what they deny.
     pub const FS_POSIX_ACLS: u64 = 1 << 23;
+    /// Fifos, sockets and device nodes of file volumes may hold an
+    /// object (inode bytes 56..60) for their attribute set, and name an
+    /// access list in byte 6 (docs/FORMAT.md *File volumes*, access
+    /// control lists). An older tarn would refuse such a record as damage.
+    pub const FS_SPECIAL_SETS: u64 = 1 << 24;
     /// Features this build understands.
     pub const KNOWN: u64 = SNAPSHOTS
         | DATA_CHECKSUMS
@@ -170,7 +175,8 @@ pub mod incompat {
         | FS_SPECIAL_FILES
         | FS_DIR_BLOCKS
         | REPLACE
-        | FS_POSIX_ACLS;
+        | FS_POSIX_ACLS
+        | FS_SPECIAL_SETS;
 }
 
 /// Superblock flag: a pool with mirrors is open for writing (set before its
@@ -856,10 +862,10 @@ mod tests {
         let mut sb = sample();
         sb.incompat = 1 << 40;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        // Bits 0-23 are known here; bit 24 is not.
-        sb.incompat = 1 << 24;
+        // Bits 0-24 are known here; bit 25 is not.
+        sb.incompat = 1 << 25;
         assert!(matches!(Superblock::decode(&sb.encode(0), 0), Err(FormatError::UnsupportedFeatures(_))));
-        assert_eq!(incompat::KNOWN, (1 << 24) - 1);
+        assert_eq!(incompat::KNOWN, (1 << 25) - 1);
         assert_eq!(incompat::REPLACE, 1 << 22);
         assert_eq!(incompat::COARSE_SUMS, 1 << 13);
         sb.incompat = incompat::COARSE_SUMS;
@@ -954,6 +960,17 @@ mod tests {
         let b = sb.encode(0);
         assert_eq!(&b[16..24], &[0, 0, 0x80, 0, 0, 0, 0, 0]);
         assert_eq!(Superblock::decode(&b, 0).unwrap().incompat, incompat::FS_POSIX_ACLS);
+    }
+
+    /// Incompat bit 24 (FS_SPECIAL_SETS, docs/FORMAT.md): byte 19 of the
+    /// superblock is 0x01, and this build opens it.
+    #[test]
+    fn golden_fs_special_sets_bit() {
+        let mut sb = sample();
+        sb.incompat = incompat::FS_SPECIAL_SETS;
+        let b = sb.encode(0);
+        assert_eq!(&b[16..24], &[0, 0, 0, 0x01, 0, 0, 0, 0]);
+        assert_eq!(Superblock::decode(&b, 0).unwrap().incompat, incompat::FS_SPECIAL_SETS);
     }
 
     /// Incompat bit 12 (DEVICE_PLACEMENT, docs/FORMAT.md): a policy byte

@@ -82,7 +82,11 @@ fn default_lists_are_inherited_without_the_umask() {
     let deep = fv.create(sub.ino, b"deep", Kind::File, with_umask(0o644), 0, 0).unwrap().inode;
     assert_eq!(deep.perm, 0o640, "two levels down");
     let fifo = fv.create(d, b"p", Kind::Fifo, with_umask(0o666), 0, 0).unwrap().inode;
-    assert_eq!(fifo.perm, 0o640, "a fifo: the owning group's entry");
+    assert_eq!(fifo.perm, 0o660, "a fifo inherits as a file does");
+    assert_eq!(
+        fv.get_xattr(fifo.ino, b"system.posix_acl_access").unwrap(),
+        fv.get_xattr(f.ino, b"system.posix_acl_access").unwrap()
+    );
     let link = fv.symlink(d, b"l", b"f", 0, 0).unwrap().inode;
     assert_eq!(link.perm, 0o777);
     fv.remove_acl(d, AclKind::Default).unwrap();
@@ -94,12 +98,27 @@ fn default_lists_are_inherited_without_the_umask() {
 /// power cut the inode's list and mode must be one change's pair.
 #[test]
 fn a_crash_keeps_mode_and_list_of_one_change() {
+    crash_in_list_changes(Kind::File);
+}
+
+/// The same on a device node, whose set is in an object of its own.
+#[test]
+fn a_crash_keeps_mode_and_list_of_one_change_on_a_device_node() {
+    crash_in_list_changes(Kind::CharDev);
+}
+
+fn crash_in_list_changes(kind: Kind) {
     let mut cut_inside = 0;
     for seed in 0..16u64 {
         let (sim, pool, fv) = fresh();
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let f = file(&fv, ROOT, "f");
-        fv.write(f, 0, b"data").unwrap();
+        let f = match kind {
+            Kind::File => file(&fv, ROOT, "f"),
+            _ => fv.mknod(ROOT, b"f", kind, 0o644, 0x0103, (0, 0)).unwrap().inode.ino,
+        };
+        if kind == Kind::File {
+            fv.write(f, 0, b"data").unwrap();
+        }
         fv.set_acl(f, AclKind::Access, &named(100, 7), false).unwrap();
         fv.sync().unwrap();
         sim.crash_after(seed * 2);
@@ -167,4 +186,65 @@ fn the_checker_compares_byte_6_with_the_set() {
             format!("inode {g}: byte 6 names system.posix_acl_access but its set does not hold it"),
         ]
     );
+}
+
+/// Fifos, sockets and device nodes keep lists as files do, in an object
+/// made at their first list (FS_SPECIAL_SETS, set then): the mode
+/// follows, chmod follows into the list, a volume snapshot keeps the list
+/// of its time (also of a node unlinked since), a reopen keeps it, and
+/// the object goes with the node (a retired one with the snapshot).
+/// `user.*` names stay refused there (EPERM, as Linux), and a symlink
+/// takes no list.
+#[test]
+fn lists_on_fifos_sockets_and_device_nodes() {
+    use tarn_format::superblock::incompat::FS_SPECIAL_SETS;
+    let (sim, pool, fv) = fresh();
+    let name = b"system.posix_acl_access";
+    let mut nodes = Vec::new();
+    for (k, kind) in [Kind::Fifo, Kind::Socket, Kind::CharDev, Kind::BlockDev].into_iter().enumerate() {
+        let rdev = if matches!(kind, Kind::CharDev | Kind::BlockDev) { 0x0801 } else { 0 };
+        let n = fv.mknod(ROOT, format!("n{k}").as_bytes(), kind, 0o644, rdev, (0, 0)).unwrap().inode.ino;
+        assert!(k > 0 || !pool.has_feature(FS_SPECIAL_SETS), "set before any list");
+        fv.set_acl(n, AclKind::Access, &named(100 + k as u32, 6), false).unwrap();
+        assert!(pool.has_feature(FS_SPECIAL_SETS));
+        assert_eq!(perm(&fv, n), 0o760, "{kind:?}: the mode's group bits are the mask's");
+        assert_eq!(fv.get_xattr(n, name).unwrap(), named(100 + k as u32, 6));
+        assert!(fv.set_xattr(n, b"user.x", b"1", tarn_fs::XattrMode::Any).is_err(), "{kind:?}: user.*");
+        nodes.push(n);
+    }
+    let link = fv.symlink(ROOT, b"l", b"n0", 0, 0).unwrap().inode.ino;
+    assert!(matches!(fv.set_acl(link, AclKind::Access, &named(1, 7), false), Err(tarn_fs::FsError::NotSupported)));
+    fv.snap_create("s").unwrap();
+    fv.setattr(nodes[2], &SetAttr { perm: Some(0o640), ..Default::default() }).unwrap();
+    let after_chmod = list(&[(1, 6, NO_ID), (2, 5, 102), (4, 4, NO_ID), (0x10, 4, NO_ID), (0x20, 0, NO_ID)]);
+    assert_eq!(fv.get_xattr(nodes[2], name).unwrap(), after_chmod, "chmod follows into the list");
+    fv.sync().unwrap();
+    drop(fv);
+    pool.close().unwrap();
+    let pool = std::sync::Arc::new(
+        tarn_engine::Pool::open(vec![sim as std::sync::Arc<dyn tarn_engine::Device>], Default::default()).unwrap(),
+    );
+    let fv = FileVolume::open(pool.clone(), "home").unwrap();
+    assert_eq!(fv.get_xattr(nodes[2], name).unwrap(), after_chmod, "after a reopen");
+    assert_eq!(fv.get_xattr(nodes[3], name).unwrap(), named(103, 6));
+    let snap = FileVolume::open_snapshot(pool.clone(), "home", "s").unwrap();
+    assert_eq!(snap.get_xattr(nodes[2], name).unwrap(), named(102, 6), "the snapshot keeps the list of its time");
+    drop(snap);
+    assert_eq!(fv.check().unwrap().problems, Vec::<String>::new());
+    let objects = || pool.file_volume("home").unwrap().objects;
+    let before = objects();
+    fv.unlink(ROOT, b"n0").unwrap();
+    assert_eq!(objects(), before, "a node the snapshot saw is retired, its object kept");
+    let snap = FileVolume::open_snapshot(pool.clone(), "home", "s").unwrap();
+    assert_eq!(snap.get_xattr(nodes[0], name).unwrap(), named(100, 6), "the snapshot still reads it");
+    drop(snap);
+    fv.snap_delete("s").unwrap();
+    assert_eq!(objects(), before - 1, "the snapshot's delete frees the retired node's object");
+    for k in 1..4 {
+        fv.unlink(ROOT, format!("n{k}").as_bytes()).unwrap();
+    }
+    fv.sync().unwrap();
+    assert_eq!(objects(), before - 4, "nodes no snapshot sees go with their objects");
+    assert_eq!(fv.check().unwrap().problems, Vec::<String>::new());
+    assert_eq!(pool.check().problems, Vec::<String>::new());
 }

@@ -59,6 +59,13 @@ impl Pool {
         self.enable_fs_feature(incompat::FS_POSIX_ACLS)
     }
 
+    /// Set incompat bit 24 (FS_SPECIAL_SETS) before a fifo, socket or
+    /// device node first gets an object for its attribute set: one commit
+    /// of its own, the first time only (`enable_fs_feature`).
+    pub fn enable_fs_special_sets(&self) -> Result<()> {
+        self.enable_fs_feature(incompat::FS_SPECIAL_SETS)
+    }
+
     /// Set incompat bit 17 (FS_VERSION_RECORDS) before a file volume's
     /// first close version record is written: one commit of its own, the
     /// first time only (`enable_fs_feature`).

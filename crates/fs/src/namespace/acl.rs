@@ -177,13 +177,6 @@ impl Acl {
         (perm(USER_OBJ) << 6 | group << 3 | perm(OTHER), equiv)
     }
 
-    /// The owning group's rwx bits as the list grants them (its entry
-    /// within the mask).
-    pub fn owning_group(&self) -> u32 {
-        let perm = |tag| self.find(tag).map_or(7, |k| u32::from(self.entries[k].perm));
-        perm(GROUP_OBJ) & perm(MASK)
-    }
-
     /// A new inode of mode `perm` under this default list: the list is
     /// narrowed to what `perm` allows and `perm`'s rwx bits to what the
     /// list allows. Returns the new permission bits (set-ID bits kept)

@@ -249,14 +249,16 @@ impl Inode {
             return Err(bad(format!("target length {n}, mode {perm:o} or size {size}")));
         }
         let rdev = u32_at(b, 76);
-        if (rdev != 0 && !kind.is_device()) || (kind.is_special() && (size != 0 || u32_at(b, 56) != 0)) {
-            return Err(bad(format!("a {kind:?} with device {rdev:#x}, size {size}, object {}", u32_at(b, 56))));
+        // A special file's object holds its attribute set only
+        // (FS_SPECIAL_SETS): it has no size.
+        if (rdev != 0 && !kind.is_device()) || (kind.is_special() && size != 0) {
+            return Err(bad(format!("a {kind:?} with device {rdev:#x}, size {size}")));
         }
         let acl = b[6];
         let lists = match kind {
             Kind::Dir => HAS_ACCESS | HAS_DEFAULT,
-            Kind::File => HAS_ACCESS,
-            _ => 0,
+            Kind::Symlink => 0,
+            _ => HAS_ACCESS,
         };
         if acl & !lists != 0 || b[7] != 0 {
             return Err(bad(format!("a {kind:?} with access control list bits {acl:#x}, byte 7 {}", b[7])));
@@ -405,8 +407,9 @@ mod tests {
     }
 
     /// Pins the access control list bits at byte 6 (FS_POSIX_ACLS): a
-    /// directory may have both, a file the access list only, other kinds
-    /// none; byte 7 stays zero.
+    /// directory may have both, a symlink none, other kinds the access
+    /// list only (fifos, sockets and device nodes with an object for their
+    /// set: FS_SPECIAL_SETS); byte 7 stays zero.
     #[test]
     fn golden_acl_byte() {
         let dir = Inode { kind: Kind::Dir, size: 0, target: Vec::new(), acl: HAS_ACCESS | HAS_DEFAULT, ..sample() };
@@ -415,10 +418,13 @@ mod tests {
         assert_eq!(Inode::decode(&b, 7).unwrap(), Some(dir.clone()));
         let file = Inode { kind: Kind::File, acl: HAS_ACCESS, ..dir.clone() };
         assert_eq!(Inode::decode(&file.encode(), 7).unwrap(), Some(file.clone()));
+        let fifo = Inode { kind: Kind::Fifo, acl: HAS_ACCESS, object: 9, ..dir.clone() };
+        assert_eq!(&fifo.encode()[56..60], &[9, 0, 0, 0]);
+        assert_eq!(Inode::decode(&fifo.encode(), 7).unwrap(), Some(fifo.clone()));
         for bad in [
+            Inode { kind: Kind::Fifo, acl: HAS_DEFAULT, ..fifo.clone() },
             Inode { kind: Kind::File, acl: HAS_DEFAULT, ..dir.clone() },
             Inode { kind: Kind::Symlink, acl: HAS_ACCESS, ..dir.clone() },
-            Inode { kind: Kind::Fifo, acl: HAS_ACCESS, ..dir.clone() },
             Inode { acl: 4, ..dir.clone() },
         ] {
             assert!(Inode::decode(&bad.encode(), 7).is_err(), "{:?} with {:#x}", bad.kind, bad.acl);

@@ -643,6 +643,9 @@ impl FileVolume {
             return Err(FsError::Exists);
         }
         let (perm, lists, acl) = self.new_perm(&p, kind, mode)?;
+        if lists.is_some() {
+            self.enable_set_features(kind, acl != 0)?;
+        }
         self.room(5, dir.write_bound())?;
         let ino = self.new_ino(&mut ns)?;
         let t = now();

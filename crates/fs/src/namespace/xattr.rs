@@ -159,12 +159,34 @@ fn entries(mut body: &[u8], count: usize) -> std::result::Result<Map, String> {
     Ok(map)
 }
 
-/// `user.*` names on a symlink or special file: EPERM, as Linux.
-const USER_KINDS: fn() -> FsError = || FsError::NotPermitted("user extended attributes are for files and directories");
+/// Which inodes a change of their attribute set is for.
+#[derive(Clone, Copy)]
+enum Holders {
+    /// `user.*` names: files and directories (EPERM elsewhere, as Linux).
+    User,
+    /// Access control lists: every kind but symlinks (EOPNOTSUPP there;
+    /// Linux keeps none on a symlink). A fifo, socket or device node gets
+    /// an object for its set at its first list (FS_SPECIAL_SETS).
+    Lists,
+}
 
-/// Access control lists on fifos, sockets and device nodes (no object
-/// holds their set) and symlinks: EOPNOTSUPP.
-const LIST_KINDS: fn() -> FsError = || FsError::NotSupported;
+impl Holders {
+    fn admit(self, kind: Kind) -> Result<()> {
+        match self {
+            Holders::User if !matches!(kind, Kind::File | Kind::Dir) => {
+                Err(FsError::NotPermitted("user extended attributes are for files and directories"))
+            }
+            Holders::Lists if kind == Kind::Symlink => Err(FsError::NotSupported),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Whether inodes of `kind` may keep an attribute set in their object (a
+/// symlink's object holds its target only).
+fn holds_set(kind: Kind) -> bool {
+    kind != Kind::Symlink
+}
 
 /// Keep `list` as access control list `kind` of `i` (None: drop it), and
 /// byte 6 in step.
@@ -203,7 +225,7 @@ impl FileVolume {
     /// tore (the other holds the set before it); both: corrupt.
     pub(crate) fn load_xattrs(&self, i: &Inode) -> Result<Found> {
         let mut found = Found { generation: 0, slot: None, map: Map::new() };
-        if i.object == 0 || !matches!(i.kind, Kind::File | Kind::Dir) {
+        if i.object == 0 || !holds_set(i.kind) {
             return Ok(found);
         }
         let mut bad = Vec::new();
@@ -255,7 +277,7 @@ impl FileVolume {
         if value.len() > MAX_VALUE {
             return Err(FsError::XattrTooBig);
         }
-        self.change_xattrs(ino, USER_KINDS, |map, _| {
+        self.change_xattrs(ino, Holders::User, |map, _| {
             match (mode, map.contains_key(name)) {
                 (XattrMode::Create, true) => return Err(FsError::Exists),
                 (XattrMode::Replace, false) => return Err(FsError::NoData),
@@ -271,27 +293,24 @@ impl FileVolume {
         if check_name(name).is_err() {
             return Err(FsError::NoData);
         }
-        self.change_xattrs(ino, USER_KINDS, |map, _| map.remove(name).map(drop).ok_or(FsError::NoData))
+        self.change_xattrs(ino, Holders::User, |map, _| map.remove(name).map(drop).ok_or(FsError::NoData))
     }
 
     /// Load, change and write back the set of `ino` as one namespace
     /// change: the object's tag (first change after a snapshot), the
     /// slot write and the inode (its ctime, and the mode and byte 6 an
     /// access control list changes) in one commit.
-    /// `elsewhere`: the error for an inode that holds no set (not a file
-    /// or directory).
+    /// `holders`: the kinds of inode the change is for.
     fn change_xattrs(
         &self,
         ino: u64,
-        elsewhere: fn() -> FsError,
+        holders: Holders,
         change: impl FnOnce(&mut Map, &mut Inode) -> Result<()>,
     ) -> Result<()> {
         self.writable()?;
         let mut ns = self.lock();
         let mut i = self.inode(&mut ns, ino)?;
-        if !matches!(i.kind, Kind::File | Kind::Dir) {
-            return Err(elsewhere());
-        }
+        holders.admit(i.kind)?;
         // A file an older tarn let grow into the area.
         if i.size > MAX_FILE_SIZE {
             return Err(FsError::TooLarge);
@@ -302,11 +321,22 @@ impl FileVolume {
         if bytes.len() > SLOT as usize {
             return Err(FsError::XattrSpace);
         }
+        self.enable_set_features(i.kind, i.acl != 0)?;
+        self.write_xattrs(&mut ns, &mut i, found.slot, &bytes)
+    }
+
+    /// The pool features an attribute set of an inode of `kind` needs,
+    /// each set by a commit of its own the first time: before the change
+    /// queues anything, so no commit falls inside it.
+    pub(crate) fn enable_set_features(&self, kind: Kind, lists: bool) -> Result<()> {
         self.pool.enable_fs_xattrs()?;
-        if i.acl != 0 {
+        if lists {
             self.pool.enable_fs_posix_acls()?;
         }
-        self.write_xattrs(&mut ns, &mut i, found.slot, &bytes)
+        if kind.is_special() {
+            self.pool.enable_fs_special_sets()?;
+        }
+        Ok(())
     }
 
     /// Set access control list `kind` of `ino` from `value` (its xattr
@@ -317,7 +347,7 @@ impl FileVolume {
     /// and may not keep it) clears set-group-ID.
     pub fn set_acl(&self, ino: u64, kind: AclKind, value: &[u8], kill_sgid: bool) -> Result<()> {
         let acl = Acl::decode(value)?;
-        self.change_xattrs(ino, LIST_KINDS, |map, i| {
+        self.change_xattrs(ino, Holders::Lists, |map, i| {
             let keep = match kind {
                 AclKind::Access => {
                     let (bits, equiv) = acl.equiv_mode();
@@ -340,7 +370,7 @@ impl FileVolume {
     /// Remove access control list `kind` of `ino` (ENODATA: none); the
     /// mode stays.
     pub fn remove_acl(&self, ino: u64, kind: AclKind) -> Result<()> {
-        self.change_xattrs(ino, LIST_KINDS, |map, i| {
+        self.change_xattrs(ino, Holders::Lists, |map, i| {
             if !map.contains_key(kind.name()) {
                 return Err(FsError::NoData);
             }
@@ -368,9 +398,8 @@ impl FileVolume {
     /// `posix_acl_create`): its permission bits narrowed by the list (no
     /// umask), and the attribute set to write with it (a directory keeps
     /// the default list; an access list when the mode cannot say it).
-    /// Fifos, sockets and device nodes keep no attribute set: their
-    /// group bits are the owning group's entry, not the mask's, so no one
-    /// is given more than the list gives them.
+    /// Fifos, sockets and device nodes inherit an access list as files
+    /// do (their set in an object of their own: FS_SPECIAL_SETS).
     pub(crate) fn inherit_acl(&self, p: &Inode, kind: Kind, perm: u32) -> Result<(u32, Option<Vec<u8>>, u8)> {
         let map = self.load_xattrs(p)?.map;
         let default = map.get(DEFAULT_NAME).ok_or_else(|| {
@@ -378,9 +407,7 @@ impl FileVolume {
         })?;
         let mut acl = Acl::decode(default)?;
         let (perm, equiv) = acl.create_masq(perm);
-        if !matches!(kind, Kind::File | Kind::Dir) {
-            return Ok(((perm & !0o070) | (acl.owning_group() << 3), None, 0));
-        }
+        assert!(holds_set(kind), "a symlink inherits no list");
         let mut set = Map::new();
         if kind == Kind::Dir {
             set.insert(DEFAULT_NAME.to_vec(), default.clone());
@@ -398,7 +425,9 @@ impl FileVolume {
         // or a crash tearing this write would leave no whole set (a
         // directory's object is append-placed: nothing committed is
         // overwritten). No-op when nothing is pending.
-        if newest.is_some() && i.kind == Kind::File {
+        // A special file's object has the pool's placement too.
+        let in_place = i.kind != Kind::Dir;
+        if newest.is_some() && in_place {
             self.pool.flush()?;
         }
         self.room(3, bytes.len() as u64)?;
@@ -416,7 +445,7 @@ impl FileVolume {
             }
         }
         let slot = newest.map_or(0, |s| 1 - s);
-        if i.kind == Kind::File && newest.is_some() {
+        if in_place && newest.is_some() {
             // Unmapped first, the slot's blocks are written anew: the set
             // shows only with the commit that saves the inode, never
             // before it (a write in place would show at once, and a crash
