@@ -212,6 +212,11 @@ fn lists_on_fifos_sockets_and_device_nodes() {
         assert!(fv.set_xattr(n, b"user.x", b"1", tarn_fs::XattrMode::Any).is_err(), "{kind:?}: user.*");
         nodes.push(n);
     }
+    // A list the mode says all of is not kept: no object for nothing.
+    let plain = fv.mknod(ROOT, b"plain", Kind::Fifo, 0o600, 0, (0, 0)).unwrap().inode.ino;
+    fv.set_acl(plain, AclKind::Access, &list(&[(1, 7, NO_ID), (4, 0, NO_ID), (0x20, 0, NO_ID)]), false).unwrap();
+    let i = fv.getattr(plain).unwrap().inode;
+    assert_eq!((i.perm, i.object, i.acl), (0o700, 0, 0), "the mode alone");
     let link = fv.symlink(ROOT, b"l", b"n0", 0, 0).unwrap().inode.ino;
     assert!(matches!(fv.set_acl(link, AclKind::Access, &named(1, 7), false), Err(tarn_fs::FsError::NotSupported)));
     fv.snap_create("s").unwrap();

@@ -317,6 +317,12 @@ impl FileVolume {
         }
         let mut found = self.load_xattrs(&i)?;
         change(&mut found.map, &mut i)?;
+        if i.object == 0 && found.map.is_empty() {
+            // No set to keep (a list the mode says all of): the mode
+            // alone, and no object made for nothing.
+            i.ctime = now();
+            return self.save(&mut ns, &i);
+        }
         let bytes = encode(found.generation + 1, &found.map);
         if bytes.len() > SLOT as usize {
             return Err(FsError::XattrSpace);
