@@ -228,7 +228,12 @@ impl FileVolume {
         }
         // What was tagged is recorded even when a later one failed.
         if !log.is_empty() {
-            self.pool.write(ns.header.vlog, first_slot * LEN as u64, &log, false)?;
+            if let Err(e) = self.pool.write(ns.header.vlog, first_slot * LEN as u64, &log, false) {
+                // The index took versions the log did not: rebuilt from
+                // the log at its next use.
+                ns.index = None;
+                return Err(e.into());
+            }
             ns.header.vlog_slots += taken.len() as u32;
             self.write_header(ns)?;
             self.versions_gen.fetch_add(1, Ordering::Relaxed);
