@@ -52,7 +52,7 @@ impl Expected {
 }
 
 /// File b keeps two close versions at the front of the log while file a
-/// is edited 3,000 times with one kept: the log, 3,002 slots without
+/// is edited 3,000 times with two kept: the log, 3,002 slots without
 /// compaction, stays within a step of the bound; every kept version
 /// reads its state, also after a reopen; deleting a moved version frees
 /// it.
