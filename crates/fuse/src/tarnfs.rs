@@ -600,8 +600,8 @@ impl TarnFs {
     /// deletes version N (as `foo@` names it). Other `user.*` names are stored (`xattr.rs`).
     fn setxattr(&mut self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Reply {
         let snap = std::str::from_utf8(value).map_err(|_| FsError::Invalid("snapshot name is not UTF-8"));
-        // A volume snapshot or its delete is a namespace change like a
-        // mkdir: done at once in memory, durable with the next commit
+        // A volume snapshot, its delete or a version's delete is a
+        // namespace change like a mkdir: done at once, durable with the next commit
         // (the timed one, an fsync, `sync MOUNT`), never split from the
         // changes before it. It does not force a commit of its own: a
         // commit's device flush holds up the writes behind

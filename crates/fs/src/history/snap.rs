@@ -340,15 +340,22 @@ impl FileVolume {
         self.delete_versions(&list, &[gone.number])
     }
 
-    /// Delete the version numbered `number`, of any kind (ENOENT: none).
+    /// Delete the version numbered `number`, of any kind (ENOENT: none):
+    /// durable when it returns.
     pub fn delete_version(&self, number: u64) -> Result<()> {
+        self.queue_delete_version(number)?;
+        self.commit()
+    }
+
+    /// `delete_version` queued for the next commit (the caller commits;
+    /// from a mount, a namespace change like an unlink).
+    pub fn queue_delete_version(&self, number: u64) -> Result<()> {
         self.writable()?;
         let list = self.versions()?;
         if !list.iter().any(|s| s.number == number) {
             return Err(FsError::NotFound);
         }
-        self.delete_versions(&list, &[number])?;
-        self.commit()
+        self.delete_versions(&list, &[number])
     }
 
     /// Delete the versions numbered `gone` of `list` (every version of the

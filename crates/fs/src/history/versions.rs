@@ -133,14 +133,17 @@ impl Versioned {
 
     /// Delete version `n` (written as in `foo@`), of any kind; a volume
     /// snapshot goes for every file (ENOENT: none, EINVAL: not a number).
+    /// A namespace change like an unlink: made at once, durable with the
+    /// next commit (ARCHITECTURE.md *Snapshots from the mount*).
     pub fn delete_version(&self, n: &[u8]) -> Result<()> {
         let n = number(n).ok_or(FsError::Invalid("a version is a number as foo@ lists it"))?;
         self.forget_views();
-        self.live.delete_version(n)
+        self.live.queue_delete_version(n)
     }
 
-    /// `rm foo@/N`: deletes file version N of foo (inode `ino`). A volume
-    /// snapshot is every file's: EROFS here, deleted by name or setfattr.
+    /// `rm foo@/N`: deletes file version N of foo (inode `ino`), durable
+    /// with the next commit as any unlink. A volume snapshot is every
+    /// file's: EROFS here, deleted by name or setfattr.
     pub fn remove_version(&self, ino: u64, name: &[u8]) -> Result<()> {
         let n = number(name).ok_or(FsError::NotFound)?;
         let s = self.version_for(n, ino)?;
@@ -148,7 +151,7 @@ impl Versioned {
             return Err(FsError::ReadOnly("a volume snapshot (delete it with user.tarn.version.delete)"));
         }
         self.forget_views();
-        self.live.delete_version(n)
+        self.live.queue_delete_version(n)
     }
 
     /// Version `n` as seen from inode `ino`: a volume snapshot, or a file
