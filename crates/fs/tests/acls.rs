@@ -9,7 +9,7 @@ use rand_chacha::ChaCha8Rng;
 use tarn_fs::{AclKind, FileVolume, Kind, NewMode, SetAttr, ROOT};
 
 mod common;
-use common::{crash_and_reopen, file, fresh};
+use common::{close_and_reopen, crash_and_reopen, file, fresh};
 
 const NO_ID: u32 = u32::MAX;
 
@@ -224,12 +224,7 @@ fn lists_on_fifos_sockets_and_device_nodes() {
     let after_chmod = list(&[(1, 6, NO_ID), (2, 5, 102), (4, 4, NO_ID), (0x10, 4, NO_ID), (0x20, 0, NO_ID)]);
     assert_eq!(fv.get_xattr(nodes[2], name).unwrap(), after_chmod, "chmod follows into the list");
     fv.sync().unwrap();
-    drop(fv);
-    pool.close().unwrap();
-    let pool = std::sync::Arc::new(
-        tarn_engine::Pool::open(vec![sim as std::sync::Arc<dyn tarn_engine::Device>], Default::default()).unwrap(),
-    );
-    let fv = FileVolume::open(pool.clone(), "home").unwrap();
+    let (pool, fv) = close_and_reopen(&sim, fv, pool);
     assert_eq!(fv.get_xattr(nodes[2], name).unwrap(), after_chmod, "after a reopen");
     assert_eq!(fv.get_xattr(nodes[3], name).unwrap(), named(103, 6));
     let snap = FileVolume::open_snapshot(pool.clone(), "home", "s").unwrap();

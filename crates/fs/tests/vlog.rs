@@ -8,11 +8,10 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use tarn_engine::{Device, OpenOptions, Pool};
 use tarn_fs::{FileVolume, VersionKind, Versioned, ROOT};
 
 mod common;
-use common::{crash_and_reopen, file, fresh};
+use common::{close_and_reopen, crash_and_reopen, file, fresh};
 
 /// The numbers of the volume's close versions, as listed.
 fn closes(fv: &FileVolume) -> Vec<u64> {
@@ -83,10 +82,7 @@ fn a_pruned_log_stays_the_size_of_what_it_keeps() {
     assert!(most <= bound, "the log grew to {most} slots (bound {bound}) for {} versions", e.want.len());
     fv.sync().unwrap();
     let fv = e.check(fv, "after 3,000 edits");
-    drop(fv);
-    pool.close().unwrap();
-    let pool = Arc::new(Pool::open(vec![sim as Arc<dyn Device>], OpenOptions::default()).unwrap());
-    let fv = FileVolume::open(pool.clone(), "home").unwrap();
+    let (pool, fv) = close_and_reopen(&sim, fv, pool);
     let fv = e.check(fv, "after a reopen");
     let newest = *e.want.keys().last().unwrap();
     fv.delete_version(newest).unwrap();

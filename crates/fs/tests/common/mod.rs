@@ -40,3 +40,14 @@ pub fn crash_and_reopen(
     let fv = FileVolume::open(pool.clone(), "home").unwrap();
     (pool, fv)
 }
+
+/// A clean close: the pool and its file volume "home" opened again.
+#[allow(dead_code)]
+pub fn close_and_reopen(sim: &Arc<SimDevice>, fv: FileVolume, pool: Arc<Pool>) -> (Arc<Pool>, FileVolume) {
+    drop(fv);
+    pool.close().unwrap();
+    let device = sim.clone() as Arc<dyn tarn_engine::Device>;
+    let pool = Arc::new(Pool::open(vec![device], tarn_engine::OpenOptions::default()).unwrap());
+    let fv = FileVolume::open(pool.clone(), "home").unwrap();
+    (pool, fv)
+}
