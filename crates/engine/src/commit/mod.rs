@@ -18,6 +18,7 @@
 //! full side or a pile of dirty nodes makes a commit write (or wait for)
 //! a checkpoint itself.
 
+pub mod changes;
 pub mod grow;
 pub mod room;
 pub mod spare;
@@ -28,7 +29,7 @@ use crate::error::{EngineError, Result};
 use crate::map::extent_map::Freed;
 use crate::meta::catalog::{self, FrozenPool};
 use crate::meta::journal;
-use crate::pool::{CommitCtl, FrozenCheckpoint, Inner, Pool};
+use crate::pool::{CommitCtl, FrozenCheckpoint, Gated, Held, Inner, Pool};
 use crate::space::reserve_for;
 use std::sync::atomic::Ordering;
 use tarn_format::journal::RecordHeader;
@@ -90,7 +91,28 @@ impl Pool {
         // A commit that failed while we waited fenced the pool: do not retry.
         self.check_writable()?;
         let mut once = Some(on_taken);
-        self.commit_locked_then(&mut ctl, false, &mut || once.take().into_iter().for_each(|f| f()))
+        self.commit_opening_gate(&mut ctl, &mut || once.take().into_iter().for_each(|f| f()))
+    }
+
+    /// One commit under `ctl`, opening the change gate `ctl` closed as
+    /// soon as the ops are taken: changes go on through the device flush
+    /// and the journal write, as tarn-fs's own do (`flush_then`).
+    fn commit_opening_gate(&self, ctl: &mut Held<Gated<'_>>, on_taken: &mut dyn FnMut()) -> Result<()> {
+        let mut closed = ctl.take_closed();
+        self.commit_locked_then(ctl, false, &mut || {
+            drop(closed.take());
+            on_taken();
+        })
+    }
+
+    /// Enter the change gate (`changes.rs`): while the share is held, no
+    /// commit by a thread without one takes the queued ops, and once room
+    /// was made (`make_room_for`) this thread's writes make no
+    /// back-pressure commit. tarn-fs holds one with its namespace lock;
+    /// `helper`: a thread a share holder may wait for (write-behind),
+    /// which enters past closers waiting.
+    pub fn enter_changes(&self, helper: bool) -> changes::ChangeShare<'_> {
+        self.changes.enter(!helper)
     }
 
     /// Whether a commit (or anything else holding the commit lock) is in
@@ -111,7 +133,7 @@ impl Pool {
     /// instead of growing it. Takes the commit lock, first in the lock
     /// order: call it holding no other pool lock (nor a stripe lock).
     pub(crate) fn make_room(&self) -> Result<()> {
-        if !self.pending_over_limit() {
+        if !self.pending_over_limit() || self.changes.changing_here() {
             return Ok(());
         }
         let mut ctl = self.lock_commit();
@@ -120,7 +142,7 @@ impl Pool {
             return Ok(());
         }
         self.check_writable()?;
-        self.commit_locked(&mut ctl, false)
+        self.commit_opening_gate(&mut ctl, &mut || {})
     }
 
     /// Make room for a batch of writes whose ops weigh at most `bytes`
@@ -132,14 +154,18 @@ impl Pool {
     /// this way; the `Service`'s timed commit is not held back).
     pub fn make_room_for(&self, bytes: usize) -> Result<bool> {
         let fits = bytes <= self.pending_limit;
-        if self.queued_weight().saturating_add(bytes) <= self.pending_limit {
+        if self.changes.changing_here() {
+            // Room was made when the change began; a commit now splits it.
             return Ok(fits);
         }
-        let mut ctl = self.lock_commit();
         if self.queued_weight().saturating_add(bytes) > self.pending_limit {
-            self.check_writable()?;
-            self.commit_locked(&mut ctl, false)?;
+            let mut ctl = self.lock_commit();
+            if self.queued_weight().saturating_add(bytes) > self.pending_limit {
+                self.check_writable()?;
+                self.commit_opening_gate(&mut ctl, &mut || {})?;
+            }
         }
+        self.changes.mark_changing();
         Ok(fits)
     }
 

@@ -411,6 +411,8 @@ pub struct Pool {
     pub(crate) checkpoint: Mutex<CheckpointSlot>,
     /// A frozen checkpoint waits for `Pool::checkpoint_work`.
     pub(crate) checkpoint_waiting: AtomicBool,
+    /// Keeps commits out of callers' multi-write changes (`commit/changes.rs`).
+    pub(crate) changes: crate::commit::changes::ChangeGate,
     /// Signalled (with `checkpoint` held when set) when a commit freezes a
     /// checkpoint: the checkpointer sleeps on it rather than polling.
     pub(crate) checkpoint_frozen: Condvar,
@@ -625,6 +627,35 @@ impl<G: DerefMut> DerefMut for Held<G> {
     }
 }
 
+/// The commit lock and the change gate it closed (None: the holder holds
+/// a share). Fields drop in order: the lock first, then the gate opens.
+pub(crate) struct Gated<'a> {
+    ctl: MutexGuard<'a, CommitCtl>,
+    closed: Option<crate::commit::changes::Closed<'a>>,
+}
+
+impl Deref for Gated<'_> {
+    type Target = CommitCtl;
+    fn deref(&self) -> &CommitCtl {
+        &self.ctl
+    }
+}
+
+impl DerefMut for Gated<'_> {
+    fn deref_mut(&mut self) -> &mut CommitCtl {
+        &mut self.ctl
+    }
+}
+
+impl<'a> Held<Gated<'a>> {
+    /// The closed gate, to open once a commit has taken its ops (before
+    /// its device flush) while the commit lock stays held: only for a
+    /// hold that commits once, as a second commit would find it open.
+    pub(crate) fn take_closed(&mut self) -> Option<crate::commit::changes::Closed<'a>> {
+        self.guard.closed.take()
+    }
+}
+
 impl<G> Drop for Held<G> {
     fn drop(&mut self) {
         let held = self.since.elapsed();
@@ -654,9 +685,14 @@ impl Pool {
         Held::new(self.inner.write().unwrap_or_else(|p| p.into_inner()), "pool lock", LONG_POOL_HOLD)
     }
 
+    /// The commit lock, first closing the change gate unless this thread
+    /// holds a share (`commit/changes.rs`): no commit falls inside a
+    /// caller's change.
     #[track_caller]
-    pub(crate) fn lock_commit(&self) -> Held<MutexGuard<'_, CommitCtl>> {
-        Held::new(self.commit.lock().unwrap_or_else(|p| p.into_inner()), "commit lock", LONG_COMMIT_HOLD)
+    pub(crate) fn lock_commit(&self) -> Held<Gated<'_>> {
+        let closed = self.changes.close();
+        let ctl = self.commit.lock().unwrap_or_else(|p| p.into_inner());
+        Held::new(Gated { ctl, closed }, "commit lock", LONG_COMMIT_HOLD)
     }
 
     /// After `commit` (if held) and before `io_gate` and `inner`.

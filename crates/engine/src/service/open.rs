@@ -396,6 +396,7 @@ impl Pool {
             merging: AtomicBool::new(false),
             checkpoint: Mutex::new(slot),
             checkpoint_waiting: AtomicBool::new(false),
+            changes: Default::default(),
             checkpoint_frozen: Condvar::new(),
             devices,
             mirrors,

@@ -188,7 +188,7 @@ impl FileVolume {
     /// one commit.
     pub(crate) fn write_rule_object(&self, bytes: &[u8], slot: fn(&mut Header) -> &mut u32) -> Result<()> {
         self.writable()?;
-        let mut ns: std::sync::MutexGuard<'_, Ns> = self.lock();
+        let mut ns: crate::namespace::ns::NsGuard<'_> = self.lock();
         self.pool.make_room_for(bytes.len() / 4096 * 96 + 2048)?;
         if *slot(&mut ns.header) == 0 {
             *slot(&mut ns.header) =

@@ -79,6 +79,26 @@ pub struct StatFs {
     pub files: u64,
 }
 
+/// The namespace lock and the change-gate share taken with it; the lock
+/// is released first (fields drop in order).
+pub(crate) struct NsGuard<'a> {
+    ns: MutexGuard<'a, Ns>,
+    _share: tarn_engine::commit::changes::ChangeShare<'a>,
+}
+
+impl std::ops::Deref for NsGuard<'_> {
+    type Target = Ns;
+    fn deref(&self) -> &Ns {
+        &self.ns
+    }
+}
+
+impl std::ops::DerefMut for NsGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Ns {
+        &mut self.ns
+    }
+}
+
 pub(crate) struct Ns {
     pub(crate) header: Header,
     dirs: HashMap<u64, Dir>,
@@ -293,8 +313,14 @@ impl FileVolume {
         Ok(fv)
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Ns> {
-        self.ns.lock().unwrap_or_else(|p| p.into_inner())
+    /// The namespace lock, with a share of the pool's change gate: no
+    /// commit from a thread without one (an NBD FLUSH, the service's timed
+    /// commit, a block writer's back-pressure under `tarn serve --mount`)
+    /// takes the queued ops while it is held, so none falls inside a
+    /// namespace change (engine `commit/changes.rs`).
+    pub(crate) fn lock(&self) -> NsGuard<'_> {
+        let ns = self.ns.lock().unwrap_or_else(|p| p.into_inner());
+        NsGuard { ns, _share: self.pool.enter_changes(false) }
     }
 
     pub(crate) fn inode(&self, ns: &mut Ns, ino: u64) -> Result<Inode> {
@@ -1113,7 +1139,7 @@ impl FileVolume {
     /// commit or a back-pressure one): that wait is made without the
     /// namespace lock, so requests go on meanwhile (a few times at most;
     /// then with it held).
-    pub(crate) fn commit_then_release<'a>(&'a self, mut ns: MutexGuard<'a, Ns>) -> Result<()> {
+    pub(crate) fn commit_then_release<'a>(&'a self, mut ns: NsGuard<'a>) -> Result<()> {
         for _ in 0..AWAIT_IN_FLIGHT {
             if !self.pool.commit_in_flight() {
                 break;
