@@ -1446,6 +1446,7 @@ fn serve_args(o: &config::ServeOpts) -> Result<serve::ServeArgs> {
             },
             exec: o.alert_exec.clone(),
         },
+        mount: o.mount.as_deref().map(config::mount_spec).transpose()?,
     })
 }
 
@@ -1574,6 +1575,7 @@ fn run_cmd(r: RunCmd) -> Result<i32> {
         takeover: false,
         lock_wait: Duration::ZERO,
         alerts: Default::default(),
+        mount: None,
     };
     let volume = r.volume;
     serve::serve(args, None, move |addr| {

@@ -148,6 +148,11 @@ pub struct ServeOpts {
     /// line on its standard input.
     #[arg(long, value_name = "CMD")]
     pub alert_exec: Option<String>,
+    /// NAME:DIR: also mount file volume NAME on DIR through FUSE, served
+    /// by this process beside the block volumes (as `tarn mount` with its
+    /// defaults); unmounted, committed and closed with the pool at stop.
+    #[arg(long, value_name = "NAME:DIR")]
+    pub mount: Option<String>,
     /// error, warn (default), info, debug or trace; RUST_LOG, when set,
     /// also filters by module.
     #[arg(long, value_enum)]
@@ -292,6 +297,7 @@ impl ServeOpts {
             expand_max: self.expand_max.or(f.expand_max),
             expand_device: self.expand_device.or(f.expand_device),
             alert_exec: self.alert_exec.clone().or(f.alert_exec),
+            mount: self.mount.clone().or(f.mount),
         }
     }
 
@@ -317,8 +323,26 @@ impl ServeOpts {
         if self.no_tcp == Some(true) && self.socket.is_none() {
             bail!("--no-tcp needs --socket");
         }
+        if let Some(m) = &self.mount {
+            mount_spec(m)?;
+        }
         Ok(())
     }
+}
+
+/// `--mount NAME:DIR` split at its first colon (a file volume's name has
+/// none); NAME@SNAP, a read-only snapshot, is `tarn mount`'s alone.
+pub fn mount_spec(spec: &str) -> Result<(String, PathBuf)> {
+    let Some((name, dir)) = spec.split_once(':') else {
+        bail!("--mount {spec}: NAME:DIR expected (a file volume and the directory to mount it on)");
+    };
+    if name.is_empty() || dir.is_empty() {
+        bail!("--mount {spec}: NAME:DIR expected, with neither empty");
+    }
+    if name.contains('@') {
+        bail!("--mount {spec}: a snapshot is mounted with `tarn mount NAME@SNAP DIR`, not by the server");
+    }
+    Ok((name.to_string(), PathBuf::from(dir)))
 }
 
 /// The command line with the config file it names, merged and checked,
@@ -392,6 +416,7 @@ impl ServeOpts {
             "expand-max" => t.expand_max = None,
             "expand-device" => t.expand_device = None,
             "alert-exec" => t.alert_exec = None,
+            "mount" => t.mount = None,
             _ => {}
         }
         t

@@ -5,6 +5,7 @@ pub mod alerts;
 pub mod config;
 pub mod control;
 pub mod export;
+pub mod fsmount;
 pub mod handover;
 pub mod logging;
 pub mod metrics;

@@ -63,6 +63,8 @@ pub struct ServeArgs {
     pub lock_wait: Duration,
     /// Usage thresholds and the alert hook.
     pub alerts: crate::alerts::AlertConfig,
+    /// A file volume to mount through FUSE, and where.
+    pub mount: Option<(String, PathBuf)>,
 }
 
 /// The modeled disk the placement benchmarks serve from
@@ -193,6 +195,19 @@ pub fn serve(
         })
     };
     control::listen(control_path.clone(), pool.clone(), clients, metrics, Some(hand_over))?;
+    let mounted = match &args.mount {
+        None => None,
+        Some((name, dir)) => match super::fsmount::start(&pool, name, dir) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                server.shutdown();
+                service.stop();
+                let _ = std::fs::remove_file(&control_path);
+                pool.close().context("final commit")?;
+                return Err(e);
+            }
+        },
+    };
     log::info!("serving pool {} ({} volumes) on {:?} {:?}", status.uuid, status.volumes, addr, args.socket);
     // Before READY=1: a SIGHUP sent once systemd thinks we are up must
     // reload, not kill (its default action).
@@ -208,6 +223,10 @@ pub fn serve(
     }
     sd_notify_states(&[NotifyState::Stopping, NotifyState::Status("draining connections, committing")]);
     server.shutdown();
+    let unmounted = mounted.map(super::fsmount::ServedMount::stop).transpose();
+    if let Err(e) = &unmounted {
+        log::error!("file volume mount: {e:#}");
+    }
     let handed_over = handed_over.load(Ordering::SeqCst);
     if let (Some(t), Some(path)) = (&tracer, &args.trace) {
         let (recorded, dropped) = t.finish().with_context(|| format!("write trace {}", path.display()))?;
@@ -223,7 +242,7 @@ pub fn serve(
     pool.close().context("final commit")?;
     log::info!("final commit and close took {:.3} s", started.elapsed().as_secs_f64());
     notice("pool committed and closed");
-    Ok(())
+    unmounted.map(drop)
 }
 
 /// Listening sockets this process starts with.

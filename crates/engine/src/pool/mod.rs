@@ -6,6 +6,7 @@
 
 mod gate;
 
+use crate::commit::changes::Closed;
 use crate::device::Device;
 use crate::error::{EngineError, Result, StateError};
 use crate::map::extent_map::Freed;
@@ -627,11 +628,14 @@ impl<G: DerefMut> DerefMut for Held<G> {
     }
 }
 
+/// Times `lock_commit` waits for the commit lock with the gate open.
+const CLOSE_TRIES: usize = 8;
+
 /// The commit lock and the change gate it closed (None: the holder holds
 /// a share). Fields drop in order: the lock first, then the gate opens.
 pub(crate) struct Gated<'a> {
     ctl: MutexGuard<'a, CommitCtl>,
-    closed: Option<crate::commit::changes::Closed<'a>>,
+    closed: Option<Closed<'a>>,
 }
 
 impl Deref for Gated<'_> {
@@ -651,7 +655,7 @@ impl<'a> Held<Gated<'a>> {
     /// The closed gate, to open once a commit has taken its ops (before
     /// its device flush) while the commit lock stays held: only for a
     /// hold that commits once, as a second commit would find it open.
-    pub(crate) fn take_closed(&mut self) -> Option<crate::commit::changes::Closed<'a>> {
+    pub(crate) fn take_closed(&mut self) -> Option<Closed<'a>> {
         self.guard.closed.take()
     }
 }
@@ -690,9 +694,32 @@ impl Pool {
     /// caller's change.
     #[track_caller]
     pub(crate) fn lock_commit(&self) -> Held<Gated<'_>> {
-        let closed = self.changes.close();
-        let ctl = self.commit.lock().unwrap_or_else(|p| p.into_inner());
+        let (ctl, closed) = self.commit_lock_between_changes();
         Held::new(Gated { ctl, closed }, "commit lock", LONG_COMMIT_HOLD)
+    }
+
+    /// Close the gate, then take the commit lock; while another holds it
+    /// (a commit in its device flush), wait for it with the gate open,
+    /// so changes go on meanwhile, and try again (a few times; then the
+    /// gate stays closed while the lock is waited for).
+    fn commit_lock_between_changes(&self) -> (MutexGuard<'_, CommitCtl>, Option<Closed<'_>>) {
+        use std::sync::TryLockError;
+        for _ in 0..CLOSE_TRIES {
+            let closed = self.changes.close();
+            if closed.is_none() {
+                break;
+            }
+            match self.commit.try_lock() {
+                Ok(ctl) => return (ctl, closed),
+                Err(TryLockError::Poisoned(p)) => return (p.into_inner(), closed),
+                Err(TryLockError::WouldBlock) => {
+                    drop(closed);
+                    drop(self.commit.lock().unwrap_or_else(|p| p.into_inner()));
+                }
+            }
+        }
+        let closed = self.changes.close();
+        (self.commit.lock().unwrap_or_else(|p| p.into_inner()), closed)
     }
 
     /// After `commit` (if held) and before `io_gate` and `inner`.
