@@ -117,7 +117,7 @@ set_uring N
 for s in "${e2e[@]}"; do run_e2e "$s"; done
 ring_e2e=()
 for s in "${e2e[@]}"; do
-  case $(basename "$s" .sh) in fs|fs_acls|fs_cache|fs_clone|fs_close_versions|fs_layout|fs_readahead|fs_versions|fs_xattrs) ring_e2e+=("$s") ;; esac
+  case $(basename "$s" .sh) in fs|fs_acls|fs_cache|fs_clone|fs_close_versions|fs_layout|fs_readahead|fs_serve|fs_versions|fs_xattrs) ring_e2e+=("$s") ;; esac
 done
 if [ ${#ring_e2e[@]} -gt 0 ]; then
   if skip_requested uring; then record_skip "e2e file volumes over io_uring" "TARN_SKIP=uring"

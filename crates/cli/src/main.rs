@@ -1105,8 +1105,8 @@ pub(crate) fn open_file_volume_with(
 ) -> Result<(Arc<tarn_engine::Pool>, poolfile::PoolLock, tarn_fs::FileVolume)> {
     if poolfile::running_server(&p.pool).is_some() {
         bail!(
-            "pool {} is held by a running `tarn serve`; stop it first \
-             (serving file volumes from `tarn serve` is not there yet)",
+            "pool {} is held by a running `tarn serve`: stop it first, or \
+             serve the file volume from it (`tarn serve --mount NAME:DIR`)",
             p.pool.display()
         );
     }

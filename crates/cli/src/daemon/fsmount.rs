@@ -48,9 +48,11 @@ pub fn start(pool: &Arc<tarn_engine::Pool>, name: &str, dir: &Path) -> Result<Se
     let started = Instant::now();
     while device_of(dir)? == parent_dev {
         if session.is_finished() {
-            return Err(session.join().unwrap_or_else(|_| bail_panic()).err().unwrap_or_else(|| {
-                anyhow::anyhow!("the mount on {} ended before it appeared", dir.display())
-            }));
+            return Err(session
+                .join()
+                .unwrap_or_else(|_| bail_panic())
+                .err()
+                .unwrap_or_else(|| anyhow::anyhow!("the mount on {} ended before it appeared", dir.display())));
         }
         if started.elapsed() > MOUNT_WAIT {
             bail!("file volume {name} did not appear on {} within {MOUNT_WAIT:?}", dir.display());

@@ -18,7 +18,6 @@
 //! full side or a pile of dirty nodes makes a commit write (or wait for)
 //! a checkpoint itself.
 
-pub mod changes;
 pub mod grow;
 pub mod room;
 pub mod spare;
@@ -111,7 +110,7 @@ impl Pool {
     /// back-pressure commit. tarn-fs holds one with its namespace lock;
     /// `helper`: a thread a share holder may wait for (write-behind),
     /// which enters past closers waiting.
-    pub fn enter_changes(&self, helper: bool) -> changes::ChangeShare<'_> {
+    pub fn enter_changes(&self, helper: bool) -> crate::pool::changes::ChangeShare<'_> {
         self.changes.enter(!helper)
     }
 

@@ -315,6 +315,10 @@ impl Pool {
     /// writes to different sectors of one block cannot lose each other.
     fn write_partial(&self, vol: u32, lba: u64, in_block: usize, bytes: &[u8], may_commit: bool) -> Result<bool> {
         let stripe = (lba as usize ^ (vol as usize).wrapping_mul(0x9e37)) % STRIPES;
+        // A helper's share of the change gate first: a commit this write
+        // must make (a full pool) then waits for no change, whose thread
+        // may be waiting for this stripe (`pool/changes.rs`).
+        let _share = self.changes.enter(false);
         let _s = self.stripes[stripe].lock().unwrap_or_else(|p| p.into_inner());
         let mut block = vec![0u8; BS];
         self.read(vol, lba * BLOCK_SIZE, &mut block)?;
@@ -387,6 +391,8 @@ impl Pool {
         debug_assert!(data.len().is_multiple_of(BS) && !data.is_empty());
         let n = (data.len() / BS) as u64;
         if let Some((parity, blocks)) = self.parity_of(vol) {
+            // As a partial write's stripe: its row locks may be waited for.
+            let _share = self.changes.enter(false);
             return self.write_parity(vol, parity, blocks, lba, data);
         }
         if self.checksums && n >= SUMS_GROUP {

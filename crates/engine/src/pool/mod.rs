@@ -4,9 +4,9 @@
 //! (`integrity/`, `commit/`, `io/`, `volumes/`, `service/`), each in its
 //! own `impl Pool`; docs/ARCHITECTURE.md (*Locks*) has the lock order.
 
+pub mod changes;
 mod gate;
 
-use crate::commit::changes::Closed;
 use crate::device::Device;
 use crate::error::{EngineError, Result, StateError};
 use crate::map::extent_map::Freed;
@@ -18,6 +18,7 @@ use crate::meta::catalog::{FrozenPool, WrittenTrees};
 use crate::meta::journal::{op_bytes_bound, JournalCursor};
 use crate::space::placement::PlacementKind;
 use crate::space::Space;
+use changes::Closed;
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::panic::Location;
@@ -412,8 +413,8 @@ pub struct Pool {
     pub(crate) checkpoint: Mutex<CheckpointSlot>,
     /// A frozen checkpoint waits for `Pool::checkpoint_work`.
     pub(crate) checkpoint_waiting: AtomicBool,
-    /// Keeps commits out of callers' multi-write changes (`commit/changes.rs`).
-    pub(crate) changes: crate::commit::changes::ChangeGate,
+    /// Keeps commits out of callers' multi-write changes (`pool/changes.rs`).
+    pub(crate) changes: changes::ChangeGate,
     /// Signalled (with `checkpoint` held when set) when a commit freezes a
     /// checkpoint: the checkpointer sleeps on it rather than polling.
     pub(crate) checkpoint_frozen: Condvar,
@@ -690,7 +691,7 @@ impl Pool {
     }
 
     /// The commit lock, first closing the change gate unless this thread
-    /// holds a share (`commit/changes.rs`): no commit falls inside a
+    /// holds a share (`pool/changes.rs`): no commit falls inside a
     /// caller's change.
     #[track_caller]
     pub(crate) fn lock_commit(&self) -> Held<Gated<'_>> {

@@ -382,7 +382,7 @@ fn write_queue(s: &Shared) {
         let room = job.room.take().expect("a queued job holds its room");
         // A helper's share: a commit its write must make (a full pool)
         // then waits for no settler, which may be waiting for this write
-        // holding the namespace lock (engine `commit/changes.rs`).
+        // holding the namespace lock (engine `pool/changes.rs`).
         let share = s.pool.enter_changes(true);
         let r = s.pool.write_reserved(job.object, job.offset, job.buffer.slice(job.len), room);
         drop(share);

@@ -83,7 +83,7 @@ pub struct StatFs {
 /// is released first (fields drop in order).
 pub(crate) struct NsGuard<'a> {
     ns: MutexGuard<'a, Ns>,
-    _share: tarn_engine::commit::changes::ChangeShare<'a>,
+    _share: tarn_engine::pool::changes::ChangeShare<'a>,
 }
 
 impl std::ops::Deref for NsGuard<'_> {
@@ -317,7 +317,7 @@ impl FileVolume {
     /// commit from a thread without one (an NBD FLUSH, the service's timed
     /// commit, a block writer's back-pressure under `tarn serve --mount`)
     /// takes the queued ops while it is held, so none falls inside a
-    /// namespace change (engine `commit/changes.rs`).
+    /// namespace change (engine `pool/changes.rs`).
     pub(crate) fn lock(&self) -> NsGuard<'_> {
         let ns = self.ns.lock().unwrap_or_else(|p| p.into_inner());
         NsGuard { ns, _share: self.pool.enter_changes(false) }
