@@ -6,7 +6,9 @@
 # either side do not show on the other; a bad source is refused naming
 # the cause; the origin cannot be destroyed (nor the snapshot deleted)
 # while the clone exists; destroying the clone keeps the origin whole,
-# and then both go; fs and pool checks clean throughout.
+# and then both go; `tarn fs flatten` makes a clone independent (the
+# shared data copied) so its origin can be destroyed under it; fs and
+# pool checks clean throughout.
 . "$(dirname "$0")/lib.sh"
 need fusermount3 mountpoint setfattr getfattr jq sha256sum
 need_root "mounts a FUSE file system"
@@ -87,5 +89,39 @@ expect_eq "origin's big after the clone went" "$(sum "$MNT/big")" "$BIG"
 fs_umount
 check "delete snapshot s1" tarn fs snap delete home s1 -p "$POOL"
 check "tarn fs destroy home" tarn fs destroy home -p "$POOL"
+pool_check "$POOL" "after destroying both"
+
+step "flatten: a clone made independent, then its origin destroyed under it"
+check "tarn fs create base" tarn fs create base -p "$POOL"
+expect_eq "tarn fs flatten of a volume that is no clone says so" \
+  "$(tarn fs flatten base -p "$POOL" 2>&1 | grep -c 'not a clone')" 1
+fs_mount base
+mkdir "$MNT/d"
+dd if=/dev/urandom of="$MNT/d/data" bs=1M count=16 status=none
+echo small >"$MNT/d/small"
+DATA=$(sum "$MNT/d/data")
+check "snapshot s1 of base" setfattr -n user.tarn.snapshot -v s1 "$MNT"
+echo after >"$MNT/d/small"
+fs_umount
+check "clone base@s1 as copy" tarn fs clone base@s1 copy -p "$POOL"
+check_fails "destroy base while copy exists" tarn fs destroy base -p "$POOL"
+expect_eq "the error points to tarn fs flatten" "$(printf '%s' "$LAST_OUT" | grep -c 'tarn fs flatten copy')" 1
+check_fails "flatten of an unknown file volume" tarn fs flatten nosuch -p "$POOL"
+U1=$(used)
+check "tarn fs flatten copy" tarn fs flatten copy -p "$POOL"
+U2=$(used)
+say "  pool use: $(mib "$U1") before the flatten, $(mib "$U2") after"
+check "the flatten copied the 16 MiB it shared" test $((U2 - U1)) -ge $((16 << 20))
+check "delete snapshot s1 of base" tarn fs snap delete base s1 -p "$POOL"
+check "tarn fs destroy base" tarn fs destroy base -p "$POOL"
+check "tarn fs check copy clean" tarn fs check copy -p "$POOL"
+pool_check "$POOL" "after destroying the origin"
+fs_mount copy
+expect_eq "the clone's data after its origin went" "$(sum "$MNT/d/data")" "$DATA"
+expect_eq "the clone's small file is the snapshot's" "$(cat "$MNT/d/small")" small
+echo changed >"$MNT/d/small"
+fs_umount
+check "tarn fs flatten again: nothing to do" tarn fs flatten copy -p "$POOL"
+check "tarn fs destroy copy" tarn fs destroy copy -p "$POOL"
 pool_check "$POOL" "at the end"
 e2e_finish

@@ -274,6 +274,14 @@ enum FsCmd {
         #[command(flatten)]
         pool: PoolArg,
     },
+    /// Make a clone independent of the file volume it was cloned from
+    /// (offline): what its table and files still share is copied, so the
+    /// origin (and the snapshot it came from) can be destroyed.
+    Flatten {
+        name: String,
+        #[command(flatten)]
+        pool: PoolArg,
+    },
     /// Volume snapshots of a file volume (offline): create, list, delete.
     #[command(subcommand)]
     Snap(fs_versions::FsSnapCmd),
@@ -1080,6 +1088,20 @@ fn fs_cmd(cmd: FsCmd) -> Result<i32> {
             pool_.close().context("close the pool")?;
             drop(lock);
             println!("cloned {source} as file volume {new}");
+        }
+        FsCmd::Flatten { name, pool } => {
+            let (pool_, lock, fv) = open_file_volume(&pool, &name)?;
+            drop(fv);
+            let mut bar = progress::Progress::new(&format!("flatten {name}"));
+            let flattened = pool_.flatten_file_volume(&name, &mut |d, t| bar.update(d, t));
+            bar.finish();
+            let members = flattened.with_context(|| format!("flatten file volume {name}"))?;
+            pool_.close().context("close the pool")?;
+            drop(lock);
+            match members {
+                0 => println!("file volume {name} is not a clone: nothing to flatten"),
+                n => println!("file volume {name} flattened: {n} volumes copied from their origins"),
+            }
         }
         FsCmd::Snap(cmd) => return fs_versions::snap(cmd),
         FsCmd::VersionPolicy(cmd) => return fs_versions::policy(cmd),

@@ -147,6 +147,34 @@ fn clones_read_through_write_apart_and_flatten() {
     assert_clean(&pool);
 }
 
+/// A clone of a sparse volume (a file volume's table spans terabytes)
+/// flattens its origin's holes a hole at a time, reading nothing there:
+/// chunk by chunk, 16 TiB would take 16 million steps.
+#[test]
+fn a_sparse_clone_flattens_its_holes_without_stepping_through_them() {
+    const TIB: u64 = 1 << 40;
+    let (_sim, pool) = new_pool(64 * MIB);
+    let v = pool.create_volume("sparse", 16 * TIB).unwrap().id;
+    let at = [0, 5 * TIB, 10 * TIB + 7 * BS as u64, 16 * TIB - BS as u64];
+    for (i, &off) in at.iter().enumerate() {
+        pool.write(v, off, &block(i as u8 + 1), false).unwrap();
+    }
+    pool.create_snapshot("sparse", "s").unwrap();
+    let c = pool.create_clone("sparse", "s", "c").unwrap().id;
+    pool.write(c, 5 * TIB + BS as u64, &block(9), false).unwrap();
+    let mut steps = 0u64;
+    pool.flatten("c", &mut |_, _| steps += 1).unwrap();
+    assert!(steps < 64, "{steps} steps for 4 blocks and the holes between");
+    pool.delete_snapshot("sparse", "s").unwrap();
+    pool.delete_volume("sparse", false).unwrap();
+    for (i, &off) in at.iter().enumerate() {
+        assert_eq!(read_block(&pool, c, View::Head, off / BS as u64), i as u8 + 1, "block at {off}");
+    }
+    assert_eq!(read_block(&pool, c, View::Head, 5 * TIB / BS as u64 + 1), 9);
+    assert_eq!(read_block(&pool, c, View::Head, 3 * TIB / BS as u64), 0, "a hole reads zeros");
+    assert_clean(&pool);
+}
+
 #[test]
 fn bad_names_and_duplicates_are_refused() {
     let (_sim, pool) = new_pool(16 * MIB);

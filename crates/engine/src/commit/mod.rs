@@ -147,10 +147,10 @@ impl Pool {
     /// Make room for a batch of writes whose ops weigh at most `bytes`
     /// (journal size bound plus 16 per freed range): commit the queue now
     /// if the batch would push it over its bound. Returns whether the batch
-    /// fits under the bound at all; if it does and no other thread writes
-    /// meanwhile, no back-pressure commit falls inside the batch, so a
-    /// crash keeps all of it or none (tarn-fs makes namespace changes whole
-    /// this way; the `Service`'s timed commit is not held back).
+    /// fits under the bound at all. A caller holding a change share
+    /// (tarn-fs) is then inside a change: its writes make no back-pressure
+    /// commit until the share ends, and other threads' commits wait for
+    /// it (`pool/changes.rs`), so a crash keeps all of the batch or none.
     pub fn make_room_for(&self, bytes: usize) -> Result<bool> {
         let fits = bytes <= self.pending_limit;
         if self.changes.changing_here() {

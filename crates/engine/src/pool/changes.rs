@@ -21,8 +21,10 @@
 //! make no back-pressure commit until the share ends: other writers may
 //! have filled the queue meanwhile, and such a commit would fall inside
 //! the change. Closers are served before new shares, except a helper's
-//! (`enter(false)`: tarn-fs's write-behind thread, which a share holder
-//! may wait for).
+//! (`enter(false)`), taken where a share holder may wait for its taker:
+//! tarn-fs's write-behind thread around each write, a partial block
+//! write around its stripe lock, a parity write around its row locks. A
+//! commit a helper makes (a full pool) does not wait for changes.
 //!
 //! Lock order: a share is taken after the caller's own locks (tarn-fs's
 //! namespace lock) and before every pool lock. A closer waits holding no

@@ -281,7 +281,8 @@ fn refuse_if_cloned(state: &State, id: u32) -> Result<()> {
         _ => c.name.clone(),
     };
     Err(EngineError::InvalidArgument(format!(
-        "file volume {owner} is a clone of one of its snapshots: destroy {owner} first"
+        "file volume {owner} is a clone of one of its snapshots: destroy {owner} first, \
+         or make it independent with `tarn fs flatten {owner}` (copies what it shares)"
     )))
 }
 
@@ -302,6 +303,38 @@ fn fv_info(state: &State, v: &Volume) -> FileVolumeInfo {
         size: v.size,
         objects: objects.len() as u64,
         allocated: (blocks + v.map.physical_blocks()) * BLOCK_SIZE,
+    }
+}
+
+impl Pool {
+    /// Make file volume `name` (a clone) independent of the file volume
+    /// it was cloned from: its inode table and every object still reading
+    /// from the origin's are flattened (`flatten`: what they share is
+    /// copied into their own space), so the origin and the snapshot it was
+    /// cloned from can be destroyed. `progress(done, total)` in blocks over
+    /// all of them. Returns the members flattened; durable when it returns.
+    pub fn flatten_file_volume(&self, name: &str, progress: &mut dyn FnMut(u64, u64)) -> Result<usize> {
+        self.check_writable()?;
+        let (members, total) = {
+            let inner = self.read_inner();
+            let id = file_volume_named(&inner.state, name)?.id;
+            let mut ids = inner.state.objects_of(id);
+            ids.push(id);
+            let clones: Vec<&Volume> =
+                ids.iter().filter_map(|m| inner.state.volume(*m)).filter(|v| v.origin.is_some()).collect();
+            let total = clones.iter().map(|v| v.origin_blocks()).sum::<u64>();
+            (clones.iter().map(|v| (v.id, v.name.clone())).collect::<Vec<_>>(), total)
+        };
+        let mut before = 0;
+        for (id, member) in &members {
+            let mut last = 0;
+            self.flatten_member(*id, member, &mut |done, _| {
+                last = done;
+                progress(before + done, total.max(before + done));
+            })?;
+            before += last;
+        }
+        Ok(members.len())
     }
 }
 

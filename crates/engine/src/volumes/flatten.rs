@@ -31,13 +31,20 @@ impl Pool {
     /// is called after every chunk, in blocks. Durable when it returns.
     pub fn flatten(&self, vol: &str, progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
         self.check_writable()?;
-        let (id, total) = {
+        let id = crate::pool::volume_named(&self.read_inner().state, vol)?.id;
+        self.flatten_member(id, vol, progress)
+    }
+
+    /// `flatten` of volume `id` of any role (a file volume's table or
+    /// object: `flatten_file_volume`), named `vol` in errors.
+    pub(crate) fn flatten_member(&self, id: u32, vol: &str, progress: &mut dyn FnMut(u64, u64)) -> Result<()> {
+        let total = {
             let inner = self.read_inner();
-            let v = crate::pool::volume_named(&inner.state, vol)?;
+            let v = inner.state.volume(id).ok_or(EngineError::VolumeGone(id))?;
             if v.origin.is_none() {
                 return Err(EngineError::InvalidArgument(format!("volume {vol} is not a clone")));
             }
-            (v.id, v.origin_blocks())
+            v.origin_blocks()
         };
         for _ in 0..MAX_PASSES {
             if self.flatten_pass(id, total, progress)? == 0 {
@@ -63,9 +70,9 @@ impl Pool {
         while let Some(m) = self.next_marker(id, cursor)? {
             cursor = (m.snap, m.lba);
             self.make_room()?;
-            if self.materialize(id, m)? {
-                copied += m.len;
-                cursor.1 = m.lba + m.len;
+            if let Some(done) = self.materialize(id, m)? {
+                copied += done;
+                cursor.1 = m.lba + done;
             }
             let left = self.read_inner().state.volume(id).map_or(0, Volume::origin_blocks);
             progress(total.saturating_sub(left), total);
@@ -83,24 +90,45 @@ impl Pool {
         for (n, (snap, map)) in lists.enumerate().skip(start) {
             let from = if n == start { cursor.1 } else { 0 };
             if let Some((lba, len)) = first_marker(map, from)? {
-                return Ok(Some(Marker { snap, lba, len: len.min(CHUNK_BLOCKS) }));
+                return Ok(Some(Marker { snap, lba, len }));
             }
         }
         Ok(None)
     }
 
-    /// Copy one marker's data from the origin and swap it in; false if the
-    /// marker changed meanwhile (nothing is kept then).
-    fn materialize(&self, id: u32, m: Marker) -> Result<bool> {
+    /// Copy the start of a marker's data from the origin (one chunk, or
+    /// the hole the origin has there, however long: a file volume's table
+    /// spans terabytes, nearly all holes) and swap it in; the blocks done,
+    /// None if the marker changed meanwhile (nothing is kept then).
+    fn materialize(&self, id: u32, m: Marker) -> Result<Option<u64>> {
         let origin = {
             let inner = self.read_inner();
             inner.state.volume(id).and_then(|v| v.origin).ok_or(EngineError::VolumeGone(id))?
         };
         let up = View::Snapshot(origin.epoch);
-        let segs = self.resolve(origin.vol, up, m.lba, m.len)?;
-        let mut data = vec![0u8; (m.len * BLOCK_SIZE) as usize];
+        let chunk = m.len.min(CHUNK_BLOCKS);
+        let mut segs = self.resolve(origin.vol, up, m.lba, chunk)?;
+        // A chunk all hole: look further, doubling, for where the hole
+        // ends (what is looked at stays within twice the hole's length).
+        let mut probe = chunk;
+        while probe < m.len && matches!(segs.as_slice(), [Segment::Hole { .. }]) {
+            probe = probe.saturating_mul(2).min(m.len);
+            segs = self.resolve(origin.vol, up, m.lba, probe)?;
+        }
+        let m = match segs.first() {
+            Some(&Segment::Hole { lba, len }) if probe > chunk => {
+                segs = vec![Segment::Hole { lba, len }];
+                Marker { len, ..m }
+            }
+            _ => Marker { len: chunk, ..m },
+        };
+        let mapped = segs.iter().any(|s| matches!(s, Segment::Mapped { .. }));
+        debug_assert!(!mapped || m.len <= CHUNK_BLOCKS, "a hole's marker is dropped without reading");
+        let mut data = vec![0u8; if mapped { (m.len * BLOCK_SIZE) as usize } else { 0 }];
         // Unchecked: a parity volume's markers cover its parity area too.
-        self.read_view_mapped(origin.vol, up, m.lba * BLOCK_SIZE, &mut data)?;
+        if mapped {
+            self.read_view_mapped(origin.vol, up, m.lba * BLOCK_SIZE, &mut data)?;
+        }
         // Only the origin's data needs space; its holes stay holes.
         let wanted: Vec<Segment> = segs
             .iter()
@@ -124,7 +152,7 @@ impl Pool {
         if !still {
             drop(inner);
             self.give_back_unmapped(&fresh);
-            return Ok(false);
+            return Ok(None);
         }
         let mut ops = Vec::new();
         for p in &fresh {
@@ -139,7 +167,7 @@ impl Pool {
             }
         }
         self.apply_ops(&mut inner, ops)?;
-        Ok(true)
+        Ok(Some(m.len))
     }
 }
 
