@@ -48,11 +48,10 @@ pub fn start(pool: &Arc<tarn_engine::Pool>, name: &str, dir: &Path) -> Result<Se
     let started = Instant::now();
     while device_of(dir)? == parent_dev {
         if session.is_finished() {
-            return Err(session
-                .join()
-                .unwrap_or_else(|_| bail_panic())
-                .err()
-                .unwrap_or_else(|| anyhow::anyhow!("the mount on {} ended before it appeared", dir.display())));
+            let why = session.join().unwrap_or_else(|_| panicked()).err();
+            return Err(
+                why.unwrap_or_else(|| anyhow::anyhow!("the mount on {} ended before it appeared", dir.display()))
+            );
         }
         if started.elapsed() > MOUNT_WAIT {
             bail!("file volume {name} did not appear on {} within {MOUNT_WAIT:?}", dir.display());
@@ -63,7 +62,8 @@ pub fn start(pool: &Arc<tarn_engine::Pool>, name: &str, dir: &Path) -> Result<Se
     Ok(ServedMount { dir: dir.to_path_buf(), session })
 }
 
-fn bail_panic() -> Result<()> {
+/// A session thread's panic, as its result.
+fn panicked() -> Result<()> {
     Err(anyhow::anyhow!("the mount's session thread panicked"))
 }
 
@@ -102,7 +102,7 @@ impl ServedMount {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        self.session.join().unwrap_or_else(|_| bail_panic())
+        self.session.join().unwrap_or_else(|_| panicked())
     }
 }
 

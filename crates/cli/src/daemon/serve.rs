@@ -203,6 +203,7 @@ pub fn serve(
                 server.shutdown();
                 service.stop();
                 let _ = std::fs::remove_file(&control_path);
+                let _ = std::fs::remove_file(&alias);
                 pool.close().context("final commit")?;
                 return Err(e);
             }

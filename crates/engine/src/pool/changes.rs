@@ -110,7 +110,8 @@ impl ChangeGate {
                 h.depth += 1;
                 break;
             }
-            if !s.closed && !(yield_to_closers && s.closers > 0) {
+            let kept_out = s.closed || (yield_to_closers && s.closers > 0);
+            if !kept_out {
                 assert!(s.holders.len() < MAX_HOLDERS, "change gate: more than {MAX_HOLDERS} threads hold shares");
                 s.holders.push(Holder { thread: me, depth: 1, changing: false });
                 break;
