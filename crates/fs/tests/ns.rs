@@ -686,19 +686,29 @@ fn garbage_in_a_directory_object_or_an_inode_record_is_corrupt() {
     assert!(report.problems.iter().any(|p| p.contains("inode 4")), "{report:?}");
 }
 
-/// A commit asked for from another thread (fsync, sync: the mount's ring
-/// queues serve requests on two threads) lands between two namespace
-/// changes, never inside one: a power cut keeps a cross-directory rename
-/// whole. A power cut after a random number of device writes while one
-/// thread renames a file back and forth between two directories and
-/// another commits; after reopen the file has exactly one name.
-#[test]
-fn a_commit_from_another_thread_never_splits_a_change() {
+/// What runs beside the renamer in `renames_beside`: one step of it.
+struct Beside<'a> {
+    pool: &'a Pool,
+    fv: &'a FileVolume,
+    seed: u64,
+    /// The renamed file.
+    f: u64,
+    /// A block volume of the same pool.
+    disk: u32,
+    step: u64,
+}
+
+/// A power cut after a random number of device writes while one thread
+/// renames a file back and forth between two directories and another
+/// runs `step` (until it fails or the renamer is done): after reopen the
+/// file has exactly one name and the checker is clean, for 16 seeds.
+fn renames_beside(rng_seed: u64, step: impl Fn(&Beside) -> bool + Sync) {
     use rand::Rng;
     use std::sync::atomic::{AtomicBool, Ordering};
-    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let mut rng = ChaCha8Rng::seed_from_u64(rng_seed);
     for seed in 0..16u64 {
         let (sim, pool, fv) = fresh();
+        let disk = pool.create_volume("disk", 64 * MIB).unwrap().id;
         let a = fv.create(ROOT, b"a", Kind::Dir, 0o755, 0, 0).unwrap().inode.ino;
         let b = fv.create(ROOT, b"b", Kind::Dir, 0o755, 0, 0).unwrap().inode.ino;
         let f = file(&fv, a, "f");
@@ -719,10 +729,10 @@ fn a_commit_from_another_thread_never_splits_a_change() {
                 done.store(true, Ordering::SeqCst);
             });
             s.spawn(|| {
-                // Bounded: the device dies after at most 300 calls.
-                while !done.load(Ordering::SeqCst) {
-                    let r = if seed % 2 == 0 { fv.sync() } else { fv.fsync(f) };
-                    if r.is_err() {
+                // Bounded: the device dies after at most 300 writes.
+                for k in 0..u64::MAX {
+                    let side = Beside { pool: &pool, fv: &fv, seed, f, disk, step: k };
+                    if done.load(Ordering::SeqCst) || !step(&side) {
                         break;
                     }
                 }
@@ -737,59 +747,26 @@ fn a_commit_from_another_thread_never_splits_a_change() {
     }
 }
 
+/// A commit asked for from another thread (fsync, sync: the mount's ring
+/// queues serve requests on two threads) lands between two namespace
+/// changes, never inside one: a power cut keeps a cross-directory rename
+/// whole.
+#[test]
+fn a_commit_from_another_thread_never_splits_a_change() {
+    renames_beside(7, |b| if b.seed % 2 == 0 { b.fv.sync() } else { b.fv.fsync(b.f) }.is_ok());
+}
+
 /// Under `tarn serve --mount` other threads commit the same pool without
 /// the namespace lock: a block volume's writer and its NBD FLUSH. Their
 /// commits wait for the change in progress (the engine's change gate), so
-/// a power cut at a random device write keeps a cross-directory rename
-/// whole while a block writer writes and flushes beside it.
+/// a power cut keeps a cross-directory rename whole while a block writer
+/// writes and flushes beside it.
 #[test]
 fn a_commit_from_a_block_volume_writer_never_splits_a_change() {
-    use rand::Rng;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let mut rng = ChaCha8Rng::seed_from_u64(11);
-    for seed in 0..16u64 {
-        let (sim, pool, fv) = fresh();
-        let disk = pool.create_volume("disk", 64 * 1024 * 1024).unwrap().id;
-        let a = fv.create(ROOT, b"a", Kind::Dir, 0o755, 0, 0).unwrap().inode.ino;
-        let b = fv.create(ROOT, b"b", Kind::Dir, 0o755, 0, 0).unwrap().inode.ino;
-        file(&fv, a, "f");
-        fv.sync().unwrap();
-        let fv = Arc::new(fv);
-        sim.slow_writes_from(4096);
-        sim.crash_after(rng.random_range(20..300));
-        let done = AtomicBool::new(false);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                for k in 0..100_000u32 {
-                    let (from, to) = if k % 2 == 0 { (a, b) } else { (b, a) };
-                    if fv.rename(from, b"f", to, b"f").is_err() {
-                        break;
-                    }
-                    std::thread::yield_now();
-                }
-                done.store(true, Ordering::SeqCst);
-            });
-            s.spawn(|| {
-                // Bounded: the device dies after at most 300 writes.
-                for k in 0..u64::MAX {
-                    if done.load(Ordering::SeqCst) {
-                        break;
-                    }
-                    let block = [k as u8; 4096];
-                    let r = pool.write(disk, (k % 4096) * 4096, &block, false).and_then(|()| pool.flush());
-                    if r.is_err() {
-                        break;
-                    }
-                }
-            });
-        });
-        let fv = Arc::into_inner(fv).unwrap();
-        let (_pool, fv) = common::crash_and_reopen(&sim, &mut rng, fv, pool);
-        let problems = fv.check().unwrap().problems;
-        assert!(problems.is_empty(), "seed {seed}: {problems:?}");
-        let found = [a, b].iter().filter(|&&d| fv.lookup(d, b"f").is_ok()).count();
-        assert_eq!(found, 1, "seed {seed}: the file under {found} names");
-    }
+    renames_beside(11, |b| {
+        let block = [b.step as u8; 4096];
+        b.pool.write(b.disk, (b.step % 4096) * 4096, &block, false).and_then(|()| b.pool.flush()).is_ok()
+    });
 }
 
 /// A commit that must wait for one already in flight (its device flush
