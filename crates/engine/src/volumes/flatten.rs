@@ -120,7 +120,14 @@ impl Pool {
                 segs = vec![Segment::Hole { lba, len }];
                 Marker { len, ..m }
             }
-            _ => Marker { len: chunk, ..m },
+            _ => {
+                if probe > chunk {
+                    // Not reached (a longer look starts with the hole the
+                    // shorter one found); the chunk's own segments if so.
+                    segs = self.resolve(origin.vol, up, m.lba, chunk)?;
+                }
+                Marker { len: chunk, ..m }
+            }
         };
         let mapped = segs.iter().any(|s| matches!(s, Segment::Mapped { .. }));
         debug_assert!(!mapped || m.len <= CHUNK_BLOCKS, "a hole's marker is dropped without reading");
