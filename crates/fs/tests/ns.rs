@@ -12,13 +12,7 @@ use tarn_sim::fixture::{one_device_pool, wait_until};
 use tarn_sim::SimDevice;
 
 mod common;
-use common::{file, fresh, MIB};
-
-fn reopen(sim: &Arc<SimDevice>) -> (Arc<Pool>, FileVolume) {
-    let pool = Arc::new(Pool::open(vec![sim.clone() as Arc<dyn Device>], OpenOptions::default()).unwrap());
-    let fv = FileVolume::open(pool.clone(), "home").unwrap();
-    (pool, fv)
-}
+use common::{file, fresh, reopen, MIB};
 
 /// Byte offset of the first 4 KiB block on `sim` that contains `needle`.
 fn find_block_containing(sim: &SimDevice, needle: &[u8]) -> Option<u64> {

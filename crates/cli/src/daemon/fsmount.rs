@@ -73,10 +73,11 @@ fn parent_device(dir: &Path) -> Result<u64> {
     if !meta.is_dir() {
         bail!("mount point {} is not a directory", dir.display());
     }
-    if device_of(dir)? != device_of(&dir.join(".."))? {
+    let parent = device_of(&dir.join(".."))?;
+    if meta.dev() != parent {
         bail!("{} is already a mount point", dir.display());
     }
-    device_of(&dir.join(".."))
+    Ok(parent)
 }
 
 fn device_of(dir: &Path) -> Result<u64> {

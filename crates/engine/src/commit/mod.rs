@@ -153,7 +153,9 @@ impl Pool {
     /// it (`pool/changes.rs`), so a crash keeps all of the batch or none.
     pub fn make_room_for(&self, bytes: usize) -> Result<bool> {
         let fits = bytes <= self.pending_limit;
-        if self.changes.changing_here() {
+        // Marked first: the commit below is this thread's own, between its
+        // changes (a share holder's commit lock does not close the gate).
+        if self.changes.mark_changing() {
             // Room was made when the change began; a commit now splits it.
             return Ok(fits);
         }
@@ -164,7 +166,6 @@ impl Pool {
                 self.commit_opening_gate(&mut ctl, &mut || {})?;
             }
         }
-        self.changes.mark_changing();
         Ok(fits)
     }
 

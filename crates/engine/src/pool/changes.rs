@@ -72,11 +72,14 @@ impl GateState {
 /// A share of the gate: changes may be made while it is held.
 pub struct ChangeShare<'a> {
     gate: &'a ChangeGate,
+    /// Its holder (a share is not `Send`: it ends on this thread).
+    thread: ThreadId,
+    _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl Drop for ChangeShare<'_> {
     fn drop(&mut self) {
-        self.gate.exit();
+        self.gate.exit(self.thread);
     }
 }
 
@@ -118,14 +121,13 @@ impl ChangeGate {
             }
             s = self.turn.wait(s).unwrap_or_else(|p| p.into_inner());
         }
-        ChangeShare { gate: self }
+        ChangeShare { gate: self, thread: me, _not_send: std::marker::PhantomData }
     }
 
-    fn exit(&self) {
-        let me = std::thread::current().id();
+    fn exit(&self, me: ThreadId) {
         let mut s = self.lock();
         let Some(at) = s.holders.iter().position(|h| h.thread == me) else {
-            debug_assert!(false, "a change share dropped on another thread");
+            debug_assert!(false, "a change share without its holder");
             return;
         };
         s.holders[at].depth -= 1;
@@ -156,12 +158,13 @@ impl ChangeGate {
         Some(Closed { gate: self })
     }
 
-    /// The calling thread made room for a change: its writes make no
-    /// back-pressure commit until its share ends. No-op without a share.
-    pub(crate) fn mark_changing(&self) {
-        if let Some(h) = self.lock().holder(std::thread::current().id()) {
-            h.changing = true;
-        }
+    /// The calling thread begins a change it makes room for: its writes
+    /// make no back-pressure commit until its share ends. Returns whether
+    /// it was inside one already. No-op (false) without a share.
+    pub(crate) fn mark_changing(&self) -> bool {
+        let mut s = self.lock();
+        let Some(h) = s.holder(std::thread::current().id()) else { return false };
+        std::mem::replace(&mut h.changing, true)
     }
 
     /// Whether the calling thread is inside a change it made room for.
@@ -209,7 +212,8 @@ mod tests {
         let outer = gate.enter(true);
         let inner = gate.enter(true);
         assert!(gate.close().is_none());
-        gate.mark_changing();
+        assert!(!gate.mark_changing());
+        assert!(gate.mark_changing(), "a second mark finds the change");
         assert!(gate.changing_here());
         drop(inner);
         assert!(gate.changing_here(), "the outer share still holds the change");

@@ -35,10 +35,7 @@ pub fn crash_and_reopen(
     sim.crash(rng);
     drop(fv);
     drop(pool);
-    let device = sim.clone() as Arc<dyn tarn_engine::Device>;
-    let pool = Arc::new(Pool::open(vec![device], tarn_engine::OpenOptions::default()).unwrap());
-    let fv = FileVolume::open(pool.clone(), "home").unwrap();
-    (pool, fv)
+    reopen(sim)
 }
 
 /// A clean close: the pool and its file volume "home" opened again.
@@ -46,6 +43,11 @@ pub fn crash_and_reopen(
 pub fn close_and_reopen(sim: &Arc<SimDevice>, fv: FileVolume, pool: Arc<Pool>) -> (Arc<Pool>, FileVolume) {
     drop(fv);
     pool.close().unwrap();
+    reopen(sim)
+}
+
+/// The pool on `sim` and its file volume "home", opened.
+pub fn reopen(sim: &Arc<SimDevice>) -> (Arc<Pool>, FileVolume) {
     let device = sim.clone() as Arc<dyn tarn_engine::Device>;
     let pool = Arc::new(Pool::open(vec![device], tarn_engine::OpenOptions::default()).unwrap());
     let fv = FileVolume::open(pool.clone(), "home").unwrap();
